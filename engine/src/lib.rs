@@ -1,0 +1,21 @@
+//! ferroraid's RAID engine.
+//!
+//! The engine is pure computation plus (in later modules) the reactor and stripe state
+//! machines; it performs no syscalls of its own and talks to devices through a trait.
+//! See `../shared/DESIGN.md` for the architecture and vocabulary.
+//!
+//! Modules present so far:
+//! - [`geometry`]: md raid5/raid6 member layout (the six md layouts), logical→member
+//!   mapping, P/Q placement, Q syndrome slots, array capacity.
+//! - [`parity`]: P (XOR) and P+Q (GF(2^8), polynomial 0x11d, generator {02}) generation,
+//!   read-modify-write updates and recovery of every recoverable erasure, with scalar,
+//!   AVX2, AVX-512BW and GFNI kernels chosen at run time.
+//! - [`buf`]: aligned, zero-initialised buffers for chunks (the parity kernels require
+//!   64-byte alignment; device DMA wants 4 KiB).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod buf;
+pub mod geometry;
+pub mod parity;

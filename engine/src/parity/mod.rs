@@ -1,0 +1,613 @@
+//! RAID parity: P (XOR) and Q (Reed–Solomon syndrome over GF(2^8)), generation,
+//! read-modify-write updates, and recovery of every erasure a stripe can survive.
+//!
+//! # Definitions
+//! For data chunks `D_0 .. D_{k-1}` in **Q syndrome slot order** (see
+//! [`crate::geometry::StripeLayout::q_slot`]; for md's asymmetric layouts this is not the
+//! logical data order):
+//!
+//! - `P = D_0 ⊕ D_1 ⊕ … ⊕ D_{k-1}`
+//! - `Q = g^0·D_0 ⊕ g^1·D_1 ⊕ … ⊕ g^{k-1}·D_{k-1}` in GF(2^8) with polynomial 0x11d and
+//!   generator g = {02}, byte by byte (H. P. Anvin, "The mathematics of RAID-6"; Linux
+//!   `lib/raid6`; md's `raid6_idx_to_slot`).
+//!
+//! # Buffers
+//! All functions work on caller-provided buffers and never allocate. Every buffer passed to
+//! one call must have the same length, a multiple of 64 bytes, and start on a 64-byte
+//! boundary ([`crate::buf::AlignedBuf`] satisfies this); outputs must not overlap inputs.
+//! Violations are programmer errors and panic (the checks are O(number of buffers)).
+//!
+//! # Kernels
+//! [`Kernel`] names the implementations: the scalar reference and AVX2, AVX-512BW and
+//! AVX-512+GFNI kernels, all bit-identical to the reference. [`Parity::new`] picks the best
+//! one the CPU has, at run time.
+
+mod gf;
+mod kernels;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::fmt;
+
+use thiserror::Error;
+
+pub use gf::{inv as gf_inv, mul as gf_mul, pow_g as gf_pow_g};
+
+/// Most sources a kernel reads in one call: 255 data chunks plus P.
+const MAX_SOURCES: usize = 256;
+/// Most data chunks in a stripe (255: the Q coefficient limit, see
+/// [`crate::geometry::MAX_RAID6_DATA_CHUNKS`]); RAID5 stripes share the bound.
+pub const MAX_DATA_CHUNKS: usize = crate::geometry::MAX_RAID6_DATA_CHUNKS as usize;
+/// Required alignment and length granularity of every buffer, in bytes.
+pub const ALIGN: usize = kernels::UNIT;
+
+const _: () = assert!(MAX_SOURCES > MAX_DATA_CHUNKS);
+const _: () = assert!(crate::buf::BUF_ALIGN % ALIGN == 0);
+
+/// An implementation of the parity arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Byte-at-a-time reference; runs everywhere.
+    Scalar,
+    /// AVX2 with `pshufb` nibble tables.
+    Avx2,
+    /// AVX-512F/BW with `vpshufb` nibble tables and mask-register reduction.
+    Avx512bw,
+    /// AVX-512F/BW with GFNI `gf2p8affineqb` for every GF(2^8) multiplication.
+    Avx512Gfni,
+}
+
+impl Kernel {
+    /// Every kernel, slowest first.
+    pub const ALL: [Kernel; 4] = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512bw, Kernel::Avx512Gfni];
+
+    /// Whether this CPU can run the kernel (runtime CPUID check).
+    pub fn is_available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512bw => {
+                std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Gfni => {
+                Kernel::Avx512bw.is_available() && std::arch::is_x86_feature_detected!("gfni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The kernels this CPU can run, slowest first.
+    pub fn available() -> impl Iterator<Item = Kernel> {
+        Self::ALL.into_iter().filter(|k| k.is_available())
+    }
+
+    /// The fastest kernel this CPU can run (the last of [`Kernel::available`]).
+    pub fn best() -> Kernel {
+        Self::available().last().unwrap_or(Kernel::Scalar)
+    }
+
+    /// Short name: `scalar`, `avx2`, `avx512bw`, `avx512-gfni`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512bw => "avx512bw",
+            Kernel::Avx512Gfni => "avx512-gfni",
+        }
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Kernel {
+    type Err = ParityError;
+    fn from_str(s: &str) -> Result<Self, ParityError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| ParityError::UnknownKernel(s.to_string()))
+    }
+}
+
+/// Errors of the parity layer (what callers can get wrong at run time; buffer-shape
+/// violations are asserted instead).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ParityError {
+    /// The CPU lacks the instructions of the requested kernel.
+    #[error("parity kernel {0} is not supported by this CPU")]
+    KernelUnavailable(Kernel),
+    /// No kernel of that name.
+    #[error("unknown parity kernel {0:?}: expected scalar, avx2, avx512bw or avx512-gfni")]
+    UnknownKernel(String),
+    /// More chunks lost than the stripe's redundancy.
+    #[error("{lost} chunks of the stripe are lost but it has only {redundancy} parity chunk(s): data is unrecoverable")]
+    TooManyErasures {
+        /// Distinct chunks reported lost.
+        lost: usize,
+        /// Parity chunks of the stripe (1 or 2).
+        redundancy: usize,
+    },
+    /// An erasure naming a chunk the stripe does not have (Q of a RAID5 stripe, a data slot
+    /// past the end).
+    #[error("erasure {0:?} names a chunk this stripe does not have")]
+    NoSuchChunk(ChunkId),
+}
+
+/// A chunk of a stripe, by role; data chunks by Q syndrome slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChunkId {
+    /// Data chunk at this syndrome slot (index into the slot-ordered data array).
+    Data(u8),
+    /// The P chunk.
+    P,
+    /// The Q chunk.
+    Q,
+}
+
+/// One data chunk changed by a read-modify-write.
+#[derive(Clone, Copy, Debug)]
+pub struct Delta<'a> {
+    /// The chunk's Q syndrome slot (0..=254).
+    pub slot: u8,
+    /// Its contents before the write (the range being updated).
+    pub old: &'a [u8],
+    /// Its contents after the write (same range).
+    pub new: &'a [u8],
+}
+
+/// Kernel entry points: `#[target_feature]` functions that instantiate the generic
+/// algorithms for one instruction set, so the vector operations inline into code compiled
+/// for it.
+macro_rules! entries {
+    ($(#[$attr:meta])* $modname:ident, $isa:ty) => {
+        mod $modname {
+            #![allow(clippy::too_many_arguments)]
+            use super::kernels::{self, Isa, Recovery};
+            use super::Delta;
+
+            $(#[$attr])*
+            pub unsafe fn gen<const P: bool, const Q: bool, const S: bool>(
+                srcs: &[*const u8], p: *mut u8, q: *mut u8, len: usize,
+            ) {
+                // SAFETY: caller (Parity) checked buffers and the CPU feature.
+                unsafe { kernels::gen::<$isa, P, Q, S>(srcs, p, q, len) }
+            }
+
+            $(#[$attr])*
+            pub unsafe fn recover<const S: bool>(
+                srcs: &[*const u8], p_in: *const u8, q_in: *const u8, a: Option<u8>, b: u8,
+                out_x: *mut u8, out_y: *mut u8, len: usize,
+            ) {
+                // SAFETY: caller (Parity) checked buffers and the CPU feature.
+                unsafe {
+                    let k = Recovery { a: a.map(|c| <$isa>::prep(c)), b: <$isa>::prep(b) };
+                    kernels::recover::<$isa, S>(srcs, p_in, q_in, &k, out_x, out_y, len)
+                }
+            }
+
+            $(#[$attr])*
+            pub unsafe fn update<const Q: bool>(deltas: &[Delta<'_>], p: *mut u8, q: *mut u8, len: usize) {
+                // SAFETY: caller (Parity) checked buffers and the CPU feature.
+                unsafe { kernels::update::<$isa, Q>(deltas, p, q, len) }
+            }
+        }
+    };
+}
+
+entries!(scalar_entry, super::scalar::Scalar);
+#[cfg(target_arch = "x86_64")]
+entries!(#[target_feature(enable = "avx2")] avx2_entry, super::x86::Avx2);
+#[cfg(target_arch = "x86_64")]
+entries!(#[target_feature(enable = "avx512f,avx512bw")] avx512_entry, super::x86::Avx512);
+#[cfg(target_arch = "x86_64")]
+entries!(#[target_feature(enable = "avx512f,avx512bw,gfni")] gfni_entry, super::x86::Gfni);
+
+/// Calls `$f` of the entry module for `$self.kernel`, with the streaming flag folded into
+/// const generics where the entry takes one.
+macro_rules! dispatch {
+    ($self:expr, $f:ident :: <$($g:tt),*> ($($arg:expr),*)) => {{
+        // SAFETY: callers of this macro have validated every buffer; the kernel was checked
+        // to be available when the Parity was built.
+        unsafe {
+            match $self.kernel {
+                Kernel::Scalar => scalar_entry::$f::<$($g),*>($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx2 => avx2_entry::$f::<$($g),*>($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512bw => avx512_entry::$f::<$($g),*>($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512Gfni => gfni_entry::$f::<$($g),*>($($arg),*),
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => unreachable!("non-scalar kernels are never available off x86_64"),
+            }
+        }
+    }};
+}
+
+/// The parity engine: a chosen [`Kernel`] plus the store policy. Cheap to copy; every
+/// method is a pure function of its buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct Parity {
+    kernel: Kernel,
+    streaming: bool,
+}
+
+impl Default for Parity {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Validates one call's buffers: equal length `len`, a multiple of [`ALIGN`], each
+/// [`ALIGN`]-aligned.
+fn check(len: usize, bufs: impl IntoIterator<Item = *const u8>, lens: impl IntoIterator<Item = usize>) {
+    assert!(len % ALIGN == 0, "parity buffer length {len} is not a multiple of {ALIGN} bytes");
+    for l in lens {
+        assert_eq!(l, len, "parity buffers of one call must have equal lengths");
+    }
+    for p in bufs {
+        assert!(p as usize % ALIGN == 0, "parity buffer {p:p} is not {ALIGN}-byte aligned");
+    }
+}
+
+/// Fills `out[..n]` with the data pointers (null for erased chunks) and returns n.
+fn pointers(data: &[Option<&[u8]>], len: usize, out: &mut [*const u8; MAX_SOURCES]) -> usize {
+    assert!(data.len() <= MAX_DATA_CHUNKS, "a stripe has at most {MAX_DATA_CHUNKS} data chunks");
+    for (o, d) in out.iter_mut().zip(data) {
+        *o = match d {
+            Some(b) => {
+                check(len, [b.as_ptr()], [b.len()]);
+                b.as_ptr()
+            }
+            None => std::ptr::null(),
+        };
+    }
+    data.len()
+}
+
+/// Slot indices of the `None` entries of `data`, which must number exactly `N`.
+fn erased<const N: usize>(data: &[Option<&[u8]>]) -> [usize; N] {
+    let mut found = [0usize; N];
+    let mut n = 0;
+    for (i, d) in data.iter().enumerate() {
+        if d.is_none() {
+            assert!(n < N, "more than {N} data chunks marked erased");
+            found[n] = i;
+            n += 1;
+        }
+    }
+    assert_eq!(n, N, "expected exactly {N} erased data chunk(s)");
+    found
+}
+
+/// The data chunks of a stripe with none erased, as a fixed array and its length.
+fn full<'a>(s: &[Option<&'a [u8]>]) -> ([&'a [u8]; MAX_DATA_CHUNKS], usize) {
+    let mut all: [&[u8]; MAX_DATA_CHUNKS] = [&[]; MAX_DATA_CHUNKS];
+    for (a, b) in all.iter_mut().zip(s) {
+        *a = b.expect("no data chunk erased");
+    }
+    (all, s.len())
+}
+
+impl Parity {
+    /// The best kernel for this CPU ([`Kernel::best`]), streaming stores on.
+    pub fn new() -> Self {
+        Self {
+            kernel: Kernel::best(),
+            streaming: true,
+        }
+    }
+
+    /// A specific kernel.
+    ///
+    /// # Errors
+    /// [`ParityError::KernelUnavailable`] if the CPU lacks its instructions.
+    pub fn with_kernel(kernel: Kernel) -> Result<Self, ParityError> {
+        if !kernel.is_available() {
+            return Err(ParityError::KernelUnavailable(kernel));
+        }
+        Ok(Self {
+            kernel,
+            streaming: true,
+        })
+    }
+
+    /// Sets whether generated and recovered chunks are written with non-temporal
+    /// (cache-bypassing) stores. On (the default) suits parity headed for a device; off
+    /// suits results read back at once (scrub compares). Scalar ignores it.
+    pub fn streaming(mut self, on: bool) -> Self {
+        self.streaming = on;
+        self
+    }
+
+    /// The kernel in use.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    fn gen<const P: bool, const Q: bool>(&self, data: &[&[u8]], p: *mut u8, q: *mut u8, len: usize) {
+        assert!(!data.is_empty(), "parity needs at least one data chunk");
+        assert!(data.len() <= MAX_DATA_CHUNKS, "a stripe has at most {MAX_DATA_CHUNKS} data chunks");
+        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
+        for (o, d) in ptrs.iter_mut().zip(data) {
+            *o = d.as_ptr();
+        }
+        check(len, data.iter().map(|d| d.as_ptr()), data.iter().map(|d| d.len()));
+        let srcs = &ptrs[..data.len()];
+        if self.streaming {
+            dispatch!(self, gen::<P, Q, true>(srcs, p, q, len))
+        } else {
+            dispatch!(self, gen::<P, Q, false>(srcs, p, q, len))
+        }
+    }
+
+    /// P = ⊕ data. `data`: 1..=255 chunks; `p`: output, same length.
+    pub fn gen_p(&self, data: &[&[u8]], p: &mut [u8]) {
+        check(p.len(), [p.as_ptr()], []);
+        self.gen::<true, false>(data, p.as_mut_ptr(), std::ptr::null_mut(), p.len())
+    }
+
+    /// Q = Σ g^i·data[i] (`data` in slot order), for when only Q must be (re)generated.
+    pub fn gen_q(&self, data: &[&[u8]], q: &mut [u8]) {
+        check(q.len(), [q.as_ptr()], []);
+        self.gen::<false, true>(data, std::ptr::null_mut(), q.as_mut_ptr(), q.len())
+    }
+
+    /// P and Q in one pass over `data` (slot order, 1..=255 chunks).
+    pub fn gen_pq(&self, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+        check(p.len(), [p.as_ptr(), q.as_ptr()], [q.len()]);
+        self.gen::<true, true>(data, p.as_mut_ptr(), q.as_mut_ptr(), p.len())
+    }
+
+    /// RAID5 read-modify-write: `P ⊕= Σ (old ⊕ new)` over `deltas`, in place, without the
+    /// unchanged data chunks.
+    pub fn update_p(&self, deltas: &[Delta<'_>], p: &mut [u8]) {
+        self.check_deltas(deltas, p.len());
+        check(p.len(), [p.as_ptr()], []);
+        dispatch!(self, update::<false>(deltas, p.as_mut_ptr(), std::ptr::null_mut(), p.len()))
+    }
+
+    /// RAID6 read-modify-write: `P ⊕= Σ (old ⊕ new)`, `Q ⊕= Σ g^slot·(old ⊕ new)`, in place.
+    pub fn update_pq(&self, deltas: &[Delta<'_>], p: &mut [u8], q: &mut [u8]) {
+        self.check_deltas(deltas, p.len());
+        check(p.len(), [p.as_ptr(), q.as_ptr()], [q.len()]);
+        dispatch!(self, update::<true>(deltas, p.as_mut_ptr(), q.as_mut_ptr(), p.len()))
+    }
+
+    fn check_deltas(&self, deltas: &[Delta<'_>], len: usize) {
+        assert!(!deltas.is_empty(), "an update needs at least one changed chunk");
+        assert!(deltas.len() <= MAX_DATA_CHUNKS, "a stripe has at most {MAX_DATA_CHUNKS} data chunks");
+        for d in deltas {
+            assert!(usize::from(d.slot) < MAX_DATA_CHUNKS, "slot {} beyond 254", d.slot);
+            check(len, [d.old.as_ptr(), d.new.as_ptr()], [d.old.len(), d.new.len()]);
+        }
+    }
+
+    /// Recovers the one erased data chunk (`None` in `data`, slot order) from P:
+    /// `out = P ⊕ (⊕ surviving data)`.
+    ///
+    /// # Panics
+    /// Unless exactly one entry of `data` is `None`.
+    pub fn recover_data_from_p(&self, data: &[Option<&[u8]>], p: &[u8], out: &mut [u8]) {
+        erased::<1>(data);
+        let len = out.len();
+        check(len, [p.as_ptr(), out.as_ptr()], [p.len()]);
+        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
+        let mut n = 0;
+        for b in data.iter().flatten() {
+            ptrs[n] = b.as_ptr();
+            check(len, [b.as_ptr()], [b.len()]);
+            n += 1;
+        }
+        ptrs[n] = p.as_ptr();
+        let srcs = &ptrs[..=n];
+        if self.streaming {
+            dispatch!(self, gen::<true, false, true>(srcs, out.as_mut_ptr(), std::ptr::null_mut(), len))
+        } else {
+            dispatch!(self, gen::<true, false, false>(srcs, out.as_mut_ptr(), std::ptr::null_mut(), len))
+        }
+    }
+
+    /// Recovers the one erased data chunk x (`None` in `data`, slot order) from Q alone:
+    /// `D_x = g^-x · (Q ⊕ Σ_{i≠x} g^i·D_i)`. If `p_out` is given, P is regenerated in the
+    /// same pass (the case "data + P lost").
+    ///
+    /// # Panics
+    /// Unless exactly one entry of `data` is `None`.
+    pub fn recover_data_from_q(&self, data: &[Option<&[u8]>], q: &[u8], out: &mut [u8], p_out: Option<&mut [u8]>) {
+        let [x] = erased::<1>(data);
+        let len = out.len();
+        check(len, [q.as_ptr(), out.as_ptr()], [q.len()]);
+        let out_y = match p_out {
+            Some(p) => {
+                check(len, [p.as_ptr()], [p.len()]);
+                p.as_mut_ptr()
+            }
+            None => std::ptr::null_mut(),
+        };
+        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
+        let n = pointers(data, len, &mut ptrs);
+        let b = gf::inv(gf::pow_g(x as u32));
+        self.recover(&ptrs[..n], std::ptr::null(), q.as_ptr(), None, b, out.as_mut_ptr(), out_y, len)
+    }
+
+    /// Recovers the two erased data chunks x < y (the two `None`s in `data`, slot order)
+    /// from P and Q: with `Pxy = P ⊕ Σ D_i`, `Qxy = Q ⊕ Σ g^i·D_i` over the survivors,
+    /// `D_x = A·Pxy ⊕ B·Qxy` where `A = g^(y-x)/(g^(y-x) ⊕ 1)`, `B = g^-x/(g^(y-x) ⊕ 1)`,
+    /// and `D_y = Pxy ⊕ D_x` (Anvin §4).
+    ///
+    /// # Panics
+    /// Unless exactly two entries of `data` are `None`.
+    pub fn recover_two_data(
+        &self,
+        data: &[Option<&[u8]>],
+        p: &[u8],
+        q: &[u8],
+        out_x: &mut [u8],
+        out_y: &mut [u8],
+    ) {
+        let [x, y] = erased::<2>(data);
+        let len = out_x.len();
+        check(
+            len,
+            [p.as_ptr(), q.as_ptr(), out_x.as_ptr(), out_y.as_ptr()],
+            [p.len(), q.len(), out_y.len()],
+        );
+        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
+        let n = pointers(data, len, &mut ptrs);
+        let gyx = gf::pow_g((y - x) as u32);
+        let denom = gf::inv(gyx ^ 1);
+        let a = gf::mul(gyx, denom);
+        let b = gf::mul(gf::inv(gf::pow_g(x as u32)), denom);
+        self.recover(
+            &ptrs[..n],
+            p.as_ptr(),
+            q.as_ptr(),
+            Some(a),
+            b,
+            out_x.as_mut_ptr(),
+            out_y.as_mut_ptr(),
+            len,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn recover(
+        &self,
+        srcs: &[*const u8],
+        p_in: *const u8,
+        q_in: *const u8,
+        a: Option<u8>,
+        b: u8,
+        out_x: *mut u8,
+        out_y: *mut u8,
+        len: usize,
+    ) {
+        if self.streaming {
+            dispatch!(self, recover::<true>(srcs, p_in, q_in, a, b, out_x, out_y, len))
+        } else {
+            dispatch!(self, recover::<false>(srcs, p_in, q_in, a, b, out_x, out_y, len))
+        }
+    }
+
+    /// Rebuilds whatever `lost` names, in place, from what survives: the general entry
+    /// point for degraded reads, rebuild and resync.
+    ///
+    /// `data` holds the stripe's data chunks in slot order; `q` is `None` for RAID5. Chunks
+    /// named in `lost` are overwritten; the others are read. Picks the cheapest route: one
+    /// lost data chunk comes from P (XOR only) when P survives.
+    ///
+    /// # Errors
+    /// [`ParityError::TooManyErasures`] beyond the stripe's redundancy (nothing is
+    /// written); [`ParityError::NoSuchChunk`] for Q of a RAID5 stripe or a slot past the
+    /// end of `data`.
+    pub fn reconstruct(
+        &self,
+        data: &mut [&mut [u8]],
+        p: &mut [u8],
+        q: Option<&mut [u8]>,
+        lost: &[ChunkId],
+    ) -> Result<(), ParityError> {
+        // Distinct erasures, validated, in canonical order (data slots ascending, P, Q).
+        let redundancy = if q.is_some() { 2 } else { 1 };
+        let mut distinct = 0;
+        for (i, &c) in lost.iter().enumerate() {
+            match c {
+                ChunkId::Data(s) if usize::from(s) >= data.len() => return Err(ParityError::NoSuchChunk(c)),
+                ChunkId::Q if q.is_none() => return Err(ParityError::NoSuchChunk(c)),
+                _ => {}
+            }
+            if !lost[..i].contains(&c) {
+                distinct += 1;
+            }
+        }
+        if distinct > redundancy {
+            return Err(ParityError::TooManyErasures {
+                lost: distinct,
+                redundancy,
+            });
+        }
+        let mut set = [ChunkId::P; 2];
+        let mut n = 0;
+        for &c in lost {
+            if !set[..n].contains(&c) {
+                set[n] = c;
+                n += 1;
+            }
+        }
+        let set = &mut set[..n];
+        set.sort_unstable();
+        let lost_data = set.iter().filter(|c| matches!(c, ChunkId::Data(_))).count();
+
+        let nd = data.len();
+        // Split the data chunks into read-only survivors and the (at most two) outputs.
+        let mut survivors: [Option<&[u8]>; MAX_DATA_CHUNKS] = [None; MAX_DATA_CHUNKS];
+        let mut outs: [Option<&mut [u8]>; 2] = [None, None];
+        let mut o = 0;
+        for (i, d) in data.iter_mut().enumerate() {
+            if set.contains(&ChunkId::Data(i as u8)) {
+                outs[o] = Some(&mut **d);
+                o += 1;
+            } else {
+                survivors[i] = Some(&**d);
+            }
+        }
+        let surv = &survivors[..nd];
+        let [o0, o1] = outs;
+        match (lost_data, &*set) {
+            (0, []) => {}
+            (0, [ChunkId::P]) => {
+                let (all, k) = full(surv);
+                self.gen_p(&all[..k], p);
+            }
+            (0, [ChunkId::Q]) => {
+                let (all, k) = full(surv);
+                self.gen_q(&all[..k], q.expect("checked"));
+            }
+            (0, [ChunkId::P, ChunkId::Q]) => {
+                let (all, k) = full(surv);
+                self.gen_pq(&all[..k], p, q.expect("checked"));
+            }
+            (1, [ChunkId::Data(_)]) => {
+                self.recover_data_from_p(surv, p, o0.expect("one output"));
+            }
+            (1, [ChunkId::Data(_), ChunkId::P]) => {
+                let q = q.expect("checked");
+                self.recover_data_from_q(surv, q, o0.expect("one output"), Some(p));
+            }
+            (1, [ChunkId::Data(x), ChunkId::Q]) => {
+                let out = o0.expect("one output");
+                self.recover_data_from_p(surv, p, out);
+                // Regenerate Q now that the data is whole again.
+                let mut all: [&[u8]; MAX_DATA_CHUNKS] = [&[]; MAX_DATA_CHUNKS];
+                for (i, a) in all.iter_mut().enumerate().take(nd) {
+                    *a = if i == usize::from(*x) { &*out } else { surv[i].expect("survivor") };
+                }
+                self.gen_q(&all[..nd], q.expect("checked"));
+            }
+            (2, [ChunkId::Data(_), ChunkId::Data(_)]) => {
+                self.recover_two_data(
+                    surv,
+                    p,
+                    q.as_deref().expect("checked"),
+                    o0.expect("two outputs"),
+                    o1.expect("two outputs"),
+                );
+            }
+            _ => unreachable!("erasure sets are bounded by the redundancy above"),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
