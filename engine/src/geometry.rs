@@ -581,7 +581,9 @@ impl StripeLayout {
         let p = self.p;
         match (self.q, self.layout) {
             (None, Layout::LeftSymmetric | Layout::RightSymmetric) => (member + n - p - 1) % n,
-            (Some(_), Layout::LeftSymmetric | Layout::RightSymmetric) => (member + 2 * n - p - 2) % n,
+            (Some(_), Layout::LeftSymmetric | Layout::RightSymmetric) => {
+                (member + 2 * n - p - 2) % n
+            }
             (None, _) => {
                 if member > p {
                     member - 1
@@ -659,9 +661,13 @@ impl ArrayGeometry {
     /// # Errors
     /// [`GeometryError::Misaligned`] if either end is not on a block boundary;
     /// [`GeometryError::OutOfRange`] if the range ends beyond the capacity.
-    pub fn map_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<MemberExtents, GeometryError> {
+    pub fn map_range(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<MemberExtents, GeometryError> {
         let block = u64::from(self.geometry.block_bytes);
-        if offset_bytes % block != 0 || len_bytes % block != 0 {
+        if !offset_bytes.is_multiple_of(block) || !len_bytes.is_multiple_of(block) {
             return Err(GeometryError::Misaligned {
                 offset_bytes,
                 len_bytes,
@@ -783,7 +789,10 @@ mod tests {
         // P on the last member: Q wraps to member 0 and data starts at member 1.
         let s = g.stripe(0);
         assert_eq!((s.p_member(), s.q_member()), (4, Some(0)));
-        assert_eq!((0..3).map(|k| s.data_member(k)).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            (0..3).map(|k| s.data_member(k)).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
         assert_eq!((0..3).map(|k| s.q_slot(k)).collect::<Vec<_>>(), [0, 1, 2]);
     }
 
@@ -834,7 +843,10 @@ mod tests {
         for bad in [0u64, 2048, 4095, 3 << 12, 32 << 20] {
             let e = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, bad, 512).unwrap_err();
             let msg = e.to_string();
-            assert!(msg.contains("4096 bytes") && msg.contains("16777216 bytes"), "{msg}");
+            assert!(
+                msg.contains("4096 bytes") && msg.contains("16777216 bytes"),
+                "{msg}"
+            );
         }
         let e = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 65536, 1024).unwrap_err();
         assert!(e.to_string().contains("512 or 4096"));
@@ -852,17 +864,30 @@ mod tests {
     fn capacity_follows_md() {
         let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, 512 << 10, 4096).unwrap();
         // Smallest member wins; its data area is rounded down to whole chunks.
-        let sizes = [10 << 30, 9 << 30, (9 << 30) + 12345, 10 << 30, 10 << 30, 10 << 30];
+        let sizes = [
+            10 << 30,
+            9 << 30,
+            (9 << 30) + 12345,
+            10 << 30,
+            10 << 30,
+            10 << 30,
+        ];
         let a = g.with_members(&sizes, 1 << 20).unwrap();
         let per_member = ((9u64 << 30) - (1 << 20)) / (512 << 10) * (512 << 10);
         assert_eq!(a.member_data_bytes(), per_member);
         assert_eq!(a.capacity_bytes(), per_member * 4);
         assert!(matches!(
             g.with_members(&sizes[..5], 0),
-            Err(GeometryError::MemberSizes { expected: 6, got: 5 })
+            Err(GeometryError::MemberSizes {
+                expected: 6,
+                got: 5
+            })
         ));
         let tiny = [1 << 20; 6];
-        assert!(matches!(g.with_members(&tiny, 1 << 20), Err(GeometryError::MemberTooSmall { .. })));
+        assert!(matches!(
+            g.with_members(&tiny, 1 << 20),
+            Err(GeometryError::MemberTooSmall { .. })
+        ));
     }
 
     #[test]
@@ -872,14 +897,32 @@ mod tests {
         assert_eq!(a.capacity_bytes(), 10 * 3 * 4096);
         let ext: Vec<_> = a.map_range(3584, 4096 + 1024).unwrap().collect();
         assert_eq!(ext.len(), 3);
-        assert_eq!((ext[0].data_index, ext[0].chunk_offset, ext[0].len), (0, 3584, 512));
-        assert_eq!((ext[1].data_index, ext[1].chunk_offset, ext[1].len), (1, 0, 4096));
-        assert_eq!((ext[2].data_index, ext[2].chunk_offset, ext[2].len), (2, 0, 512));
+        assert_eq!(
+            (ext[0].data_index, ext[0].chunk_offset, ext[0].len),
+            (0, 3584, 512)
+        );
+        assert_eq!(
+            (ext[1].data_index, ext[1].chunk_offset, ext[1].len),
+            (1, 0, 4096)
+        );
+        assert_eq!(
+            (ext[2].data_index, ext[2].chunk_offset, ext[2].len),
+            (2, 0, 512)
+        );
         // left-symmetric stripe 0 on 4 members: P on 3, data 0,1,2.
         assert_eq!(ext.iter().map(|e| e.member).collect::<Vec<_>>(), [0, 1, 2]);
-        assert!(matches!(a.map_range(100, 512), Err(GeometryError::Misaligned { .. })));
-        assert!(matches!(a.map_range(a.capacity_bytes() - 512, 1024), Err(GeometryError::OutOfRange { .. })));
-        assert!(matches!(a.map_blocks(u64::MAX, 2), Err(GeometryError::OutOfRange { .. })));
+        assert!(matches!(
+            a.map_range(100, 512),
+            Err(GeometryError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            a.map_range(a.capacity_bytes() - 512, 1024),
+            Err(GeometryError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            a.map_blocks(u64::MAX, 2),
+            Err(GeometryError::OutOfRange { .. })
+        ));
         assert_eq!(a.map_range(a.capacity_bytes(), 0).unwrap().count(), 0);
     }
 }

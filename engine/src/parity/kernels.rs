@@ -225,7 +225,12 @@ unsafe fn recover_step<I: Isa, const N: usize, const STREAM: bool>(
 /// # Safety
 /// See the module docs; `deltas` non-empty; `q` non-null when `Q`.
 #[inline(always)]
-pub unsafe fn update<I: Isa, const Q: bool>(deltas: &[Delta<'_>], p: *mut u8, q: *mut u8, len: usize) {
+pub unsafe fn update<I: Isa, const Q: bool>(
+    deltas: &[Delta<'_>],
+    p: *mut u8,
+    q: *mut u8,
+    len: usize,
+) {
     // SAFETY: forwarded caller contract; offsets stay below len.
     unsafe {
         let mut off = 0;

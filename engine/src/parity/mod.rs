@@ -43,7 +43,7 @@ pub const MAX_DATA_CHUNKS: usize = crate::geometry::MAX_RAID6_DATA_CHUNKS as usi
 pub const ALIGN: usize = kernels::UNIT;
 
 const _: () = assert!(MAX_SOURCES > MAX_DATA_CHUNKS);
-const _: () = assert!(crate::buf::BUF_ALIGN % ALIGN == 0);
+const _: () = assert!(crate::buf::BUF_ALIGN.is_multiple_of(ALIGN));
 
 /// An implementation of the parity arithmetic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,7 +60,12 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel, slowest first.
-    pub const ALL: [Kernel; 4] = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512bw, Kernel::Avx512Gfni];
+    pub const ALL: [Kernel; 4] = [
+        Kernel::Scalar,
+        Kernel::Avx2,
+        Kernel::Avx512bw,
+        Kernel::Avx512Gfni,
+    ];
 
     /// Whether this CPU can run the kernel (runtime CPUID check).
     pub fn is_available(self) -> bool {
@@ -70,7 +75,8 @@ impl Kernel {
             Kernel::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512bw => {
-                std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
             }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Gfni => {
@@ -205,11 +211,23 @@ macro_rules! entries {
 
 entries!(scalar_entry, super::scalar::Scalar);
 #[cfg(target_arch = "x86_64")]
-entries!(#[target_feature(enable = "avx2")] avx2_entry, super::x86::Avx2);
+entries!(
+    #[target_feature(enable = "avx2")]
+    avx2_entry,
+    super::x86::Avx2
+);
 #[cfg(target_arch = "x86_64")]
-entries!(#[target_feature(enable = "avx512f,avx512bw")] avx512_entry, super::x86::Avx512);
+entries!(
+    #[target_feature(enable = "avx512f,avx512bw")]
+    avx512_entry,
+    super::x86::Avx512
+);
 #[cfg(target_arch = "x86_64")]
-entries!(#[target_feature(enable = "avx512f,avx512bw,gfni")] gfni_entry, super::x86::Gfni);
+entries!(
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    gfni_entry,
+    super::x86::Gfni
+);
 
 /// Calls `$f` of the entry module for `$self.kernel`, with the streaming flag folded into
 /// const generics where the entry takes one.
@@ -249,19 +267,32 @@ impl Default for Parity {
 
 /// Validates one call's buffers: equal length `len`, a multiple of [`ALIGN`], each
 /// [`ALIGN`]-aligned.
-fn check(len: usize, bufs: impl IntoIterator<Item = *const u8>, lens: impl IntoIterator<Item = usize>) {
-    assert!(len % ALIGN == 0, "parity buffer length {len} is not a multiple of {ALIGN} bytes");
+fn check(
+    len: usize,
+    bufs: impl IntoIterator<Item = *const u8>,
+    lens: impl IntoIterator<Item = usize>,
+) {
+    assert!(
+        len.is_multiple_of(ALIGN),
+        "parity buffer length {len} is not a multiple of {ALIGN} bytes"
+    );
     for l in lens {
         assert_eq!(l, len, "parity buffers of one call must have equal lengths");
     }
     for p in bufs {
-        assert!(p as usize % ALIGN == 0, "parity buffer {p:p} is not {ALIGN}-byte aligned");
+        assert!(
+            (p as usize).is_multiple_of(ALIGN),
+            "parity buffer {p:p} is not {ALIGN}-byte aligned"
+        );
     }
 }
 
 /// Fills `out[..n]` with the data pointers (null for erased chunks) and returns n.
 fn pointers(data: &[Option<&[u8]>], len: usize, out: &mut [*const u8; MAX_SOURCES]) -> usize {
-    assert!(data.len() <= MAX_DATA_CHUNKS, "a stripe has at most {MAX_DATA_CHUNKS} data chunks");
+    assert!(
+        data.len() <= MAX_DATA_CHUNKS,
+        "a stripe has at most {MAX_DATA_CHUNKS} data chunks"
+    );
     for (o, d) in out.iter_mut().zip(data) {
         *o = match d {
             Some(b) => {
@@ -334,14 +365,27 @@ impl Parity {
         self.kernel
     }
 
-    fn gen<const P: bool, const Q: bool>(&self, data: &[&[u8]], p: *mut u8, q: *mut u8, len: usize) {
+    fn gen<const P: bool, const Q: bool>(
+        &self,
+        data: &[&[u8]],
+        p: *mut u8,
+        q: *mut u8,
+        len: usize,
+    ) {
         assert!(!data.is_empty(), "parity needs at least one data chunk");
-        assert!(data.len() <= MAX_DATA_CHUNKS, "a stripe has at most {MAX_DATA_CHUNKS} data chunks");
+        assert!(
+            data.len() <= MAX_DATA_CHUNKS,
+            "a stripe has at most {MAX_DATA_CHUNKS} data chunks"
+        );
         let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
         for (o, d) in ptrs.iter_mut().zip(data) {
             *o = d.as_ptr();
         }
-        check(len, data.iter().map(|d| d.as_ptr()), data.iter().map(|d| d.len()));
+        check(
+            len,
+            data.iter().map(|d| d.as_ptr()),
+            data.iter().map(|d| d.len()),
+        );
         let srcs = &ptrs[..data.len()];
         if self.streaming {
             dispatch!(self, gen::<P, Q, true>(srcs, p, q, len))
@@ -373,22 +417,42 @@ impl Parity {
     pub fn update_p(&self, deltas: &[Delta<'_>], p: &mut [u8]) {
         self.check_deltas(deltas, p.len());
         check(p.len(), [p.as_ptr()], []);
-        dispatch!(self, update::<false>(deltas, p.as_mut_ptr(), std::ptr::null_mut(), p.len()))
+        dispatch!(
+            self,
+            update::<false>(deltas, p.as_mut_ptr(), std::ptr::null_mut(), p.len())
+        )
     }
 
     /// RAID6 read-modify-write: `P ⊕= Σ (old ⊕ new)`, `Q ⊕= Σ g^slot·(old ⊕ new)`, in place.
     pub fn update_pq(&self, deltas: &[Delta<'_>], p: &mut [u8], q: &mut [u8]) {
         self.check_deltas(deltas, p.len());
         check(p.len(), [p.as_ptr(), q.as_ptr()], [q.len()]);
-        dispatch!(self, update::<true>(deltas, p.as_mut_ptr(), q.as_mut_ptr(), p.len()))
+        dispatch!(
+            self,
+            update::<true>(deltas, p.as_mut_ptr(), q.as_mut_ptr(), p.len())
+        )
     }
 
     fn check_deltas(&self, deltas: &[Delta<'_>], len: usize) {
-        assert!(!deltas.is_empty(), "an update needs at least one changed chunk");
-        assert!(deltas.len() <= MAX_DATA_CHUNKS, "a stripe has at most {MAX_DATA_CHUNKS} data chunks");
+        assert!(
+            !deltas.is_empty(),
+            "an update needs at least one changed chunk"
+        );
+        assert!(
+            deltas.len() <= MAX_DATA_CHUNKS,
+            "a stripe has at most {MAX_DATA_CHUNKS} data chunks"
+        );
         for d in deltas {
-            assert!(usize::from(d.slot) < MAX_DATA_CHUNKS, "slot {} beyond 254", d.slot);
-            check(len, [d.old.as_ptr(), d.new.as_ptr()], [d.old.len(), d.new.len()]);
+            assert!(
+                usize::from(d.slot) < MAX_DATA_CHUNKS,
+                "slot {} beyond 254",
+                d.slot
+            );
+            check(
+                len,
+                [d.old.as_ptr(), d.new.as_ptr()],
+                [d.old.len(), d.new.len()],
+            );
         }
     }
 
@@ -411,9 +475,15 @@ impl Parity {
         ptrs[n] = p.as_ptr();
         let srcs = &ptrs[..=n];
         if self.streaming {
-            dispatch!(self, gen::<true, false, true>(srcs, out.as_mut_ptr(), std::ptr::null_mut(), len))
+            dispatch!(
+                self,
+                gen::<true, false, true>(srcs, out.as_mut_ptr(), std::ptr::null_mut(), len)
+            )
         } else {
-            dispatch!(self, gen::<true, false, false>(srcs, out.as_mut_ptr(), std::ptr::null_mut(), len))
+            dispatch!(
+                self,
+                gen::<true, false, false>(srcs, out.as_mut_ptr(), std::ptr::null_mut(), len)
+            )
         }
     }
 
@@ -423,7 +493,13 @@ impl Parity {
     ///
     /// # Panics
     /// Unless exactly one entry of `data` is `None`.
-    pub fn recover_data_from_q(&self, data: &[Option<&[u8]>], q: &[u8], out: &mut [u8], p_out: Option<&mut [u8]>) {
+    pub fn recover_data_from_q(
+        &self,
+        data: &[Option<&[u8]>],
+        q: &[u8],
+        out: &mut [u8],
+        p_out: Option<&mut [u8]>,
+    ) {
         let [x] = erased::<1>(data);
         let len = out.len();
         check(len, [q.as_ptr(), out.as_ptr()], [q.len()]);
@@ -437,7 +513,16 @@ impl Parity {
         let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
         let n = pointers(data, len, &mut ptrs);
         let b = gf::inv(gf::pow_g(x as u32));
-        self.recover(&ptrs[..n], std::ptr::null(), q.as_ptr(), None, b, out.as_mut_ptr(), out_y, len)
+        self.recover(
+            &ptrs[..n],
+            std::ptr::null(),
+            q.as_ptr(),
+            None,
+            b,
+            out.as_mut_ptr(),
+            out_y,
+            len,
+        )
     }
 
     /// Recovers the two erased data chunks x < y (the two `None`s in `data`, slot order)
@@ -493,9 +578,15 @@ impl Parity {
         len: usize,
     ) {
         if self.streaming {
-            dispatch!(self, recover::<true>(srcs, p_in, q_in, a, b, out_x, out_y, len))
+            dispatch!(
+                self,
+                recover::<true>(srcs, p_in, q_in, a, b, out_x, out_y, len)
+            )
         } else {
-            dispatch!(self, recover::<false>(srcs, p_in, q_in, a, b, out_x, out_y, len))
+            dispatch!(
+                self,
+                recover::<false>(srcs, p_in, q_in, a, b, out_x, out_y, len)
+            )
         }
     }
 
@@ -522,7 +613,9 @@ impl Parity {
         let mut distinct = 0;
         for (i, &c) in lost.iter().enumerate() {
             match c {
-                ChunkId::Data(s) if usize::from(s) >= data.len() => return Err(ParityError::NoSuchChunk(c)),
+                ChunkId::Data(s) if usize::from(s) >= data.len() => {
+                    return Err(ParityError::NoSuchChunk(c))
+                }
                 ChunkId::Q if q.is_none() => return Err(ParityError::NoSuchChunk(c)),
                 _ => {}
             }
@@ -590,7 +683,11 @@ impl Parity {
                 // Regenerate Q now that the data is whole again.
                 let mut all: [&[u8]; MAX_DATA_CHUNKS] = [&[]; MAX_DATA_CHUNKS];
                 for (i, a) in all.iter_mut().enumerate().take(nd) {
-                    *a = if i == usize::from(*x) { &*out } else { surv[i].expect("survivor") };
+                    *a = if i == usize::from(*x) {
+                        &*out
+                    } else {
+                        surv[i].expect("survivor")
+                    };
                 }
                 self.gen_q(&all[..nd], q.expect("checked"));
             }

@@ -24,7 +24,10 @@ fn chunks(n: usize, len: usize, seed: u64) -> Vec<AlignedBuf> {
     (0..n)
         .map(|i| {
             let mut b = AlignedBuf::zeroed(len);
-            fill(&mut b, seed ^ (i as u64).wrapping_mul(0x1234_5678_9abc_def1));
+            fill(
+                &mut b,
+                seed ^ (i as u64).wrapping_mul(0x1234_5678_9abc_def1),
+            );
             b
         })
         .collect()
@@ -119,9 +122,20 @@ fn too_many_erasures_and_bad_ids_are_errors() {
     let before: Vec<Vec<u8>> = data.iter().map(|b| b.to_vec()).collect();
     let mut dm: Vec<&mut [u8]> = data.iter_mut().map(|b| &mut b[..]).collect();
     let e = par
-        .reconstruct(&mut dm, &mut p, Some(&mut q), &[ChunkId::Data(0), ChunkId::P, ChunkId::Q])
+        .reconstruct(
+            &mut dm,
+            &mut p,
+            Some(&mut q),
+            &[ChunkId::Data(0), ChunkId::P, ChunkId::Q],
+        )
         .unwrap_err();
-    assert_eq!(e, ParityError::TooManyErasures { lost: 3, redundancy: 2 });
+    assert_eq!(
+        e,
+        ParityError::TooManyErasures {
+            lost: 3,
+            redundancy: 2
+        }
+    );
     let e = par
         .reconstruct(&mut dm, &mut p, None, &[ChunkId::Data(0), ChunkId::Data(1)])
         .unwrap_err();
@@ -135,7 +149,8 @@ fn too_many_erasures_and_bad_ids_are_errors() {
         Err(ParityError::NoSuchChunk(ChunkId::Data(4)))
     );
     // Duplicates count once.
-    par.reconstruct(&mut dm, &mut p, None, &[ChunkId::P, ChunkId::P]).unwrap();
+    par.reconstruct(&mut dm, &mut p, None, &[ChunkId::P, ChunkId::P])
+        .unwrap();
     // Nothing was written by the refused calls.
     for (b, d) in before.iter().zip(&dm) {
         assert_eq!(&b[..], &d[..]);
@@ -182,7 +197,11 @@ fn check_all_recoveries(par: &Parity, nd: usize, len: usize, seed: u64, raid6: b
         par.reconstruct(&mut dm, &mut p, qarg, &lost)
             .unwrap_or_else(|e| panic!("{lost:?}: {e}"));
         for (i, (w, d)) in work.iter().zip(&data).enumerate() {
-            assert!(w[..] == d[..], "{} lost {lost:?}: data slot {i} differs", par.kernel());
+            assert!(
+                w[..] == d[..],
+                "{} lost {lost:?}: data slot {i} differs",
+                par.kernel()
+            );
         }
         assert!(p[..] == ep[..], "{} lost {lost:?}: P differs", par.kernel());
         if raid6 {

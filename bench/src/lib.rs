@@ -1,0 +1,57 @@
+//! Shared pieces of ferroraid's benchmarks: the reference implementations measured beside
+//! ferroraid in the same run (memory-read bandwidth, Intel ISA-L) and timing helpers.
+//!
+//! Benchmarks report ratios measured side by side, never lone absolute times: the machines
+//! they run on are shared and noisy.
+
+pub mod isal;
+pub mod membw;
+
+use std::time::Instant;
+
+/// Runs `f` once and returns its wall time in seconds.
+pub fn time_s(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Median of `v` (sorted in place); `NaN` for an empty slice.
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Fills `buf` with deterministic pseudo-random bytes (splitmix64 from `seed`), touching
+/// every page so that measurement never pays first-touch faults.
+pub fn fill_random(buf: &mut [u8], seed: u64) {
+    let mut x = seed;
+    for chunk in buf.chunks_mut(8) {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&mut []).is_nan());
+    }
+}

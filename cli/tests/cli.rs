@@ -1,0 +1,116 @@
+//! The `ferroraid` binary as a user runs it.
+
+use std::process::Command;
+
+fn ferroraid(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ferroraid"))
+        .args(args)
+        .output()
+        .expect("run ferroraid")
+}
+
+fn oracle() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracle/raidref.py")
+}
+
+/// The demo builds, verifies, degrades and reconstructs an array, and the member images it
+/// leaves behind pass the independent oracle.
+#[test]
+fn demo_images_pass_the_oracle() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for (level, layout, members, fail) in [
+        ("6", "left-asymmetric", "7", "0,4"),
+        ("5", "right-symmetric", "4", "2"),
+    ] {
+        let out = ferroraid(&[
+            "demo",
+            "--dir",
+            d,
+            "--level",
+            level,
+            "--layout",
+            layout,
+            "--members",
+            members,
+            "--chunk",
+            "16K",
+            "--member-size",
+            "2M",
+            "--fail",
+            fail,
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "demo failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("0 mismatches"), "{stdout}");
+        assert!(
+            stdout.contains("read back every logical byte correctly"),
+            "{stdout}"
+        );
+        let n: usize = members.parse().unwrap();
+        let mut cmd = Command::new("python3");
+        cmd.arg(oracle()).arg("verify");
+        for i in 0..n {
+            cmd.arg(dir.path().join(format!("member-{i}.img")));
+        }
+        cmd.args(["--level", level, "--layout", layout, "--chunk", "16384"]);
+        let v = cmd.output().expect("run python3");
+        assert!(
+            v.status.success(),
+            "oracle rejected demo images: {}",
+            String::from_utf8_lossy(&v.stdout)
+        );
+    }
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    for (args, want) in [
+        (vec!["demo", "--members", "300"], "4 to 257 members"),
+        (vec!["demo", "--chunk", "3K"], "power of two"),
+        (vec!["demo", "--fail", "1,2,3"], "survives only 2"),
+        (
+            vec!["demo", "--level", "5", "--fail", "9"],
+            "does not exist",
+        ),
+        (vec!["layout", "--layout", "diagonal"], "left-symmetric (2)"),
+        (vec!["map", "--chunk", "64Q", "0"], "not a byte size"),
+    ] {
+        let out = ferroraid(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn layout_and_map_agree() {
+    let out = ferroraid(&["layout", "--level", "6", "--layout", "la", "--members", "5"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    // md RAID6 left-asymmetric, stripe 2: D6 D7 P Q D8 with slots 1 2 - - 0.
+    assert!(
+        s.contains("D6/s1     D7/s2         P         Q     D8/s0"),
+        "{s}"
+    );
+    let out = ferroraid(&[
+        "map",
+        "--level",
+        "6",
+        "--layout",
+        "la",
+        "--members",
+        "5",
+        "384K",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("member 0 offset 131072 (stripe 2, data index 0, slot 1"),
+        "{s}"
+    );
+}

@@ -1,0 +1,328 @@
+//! Shared helpers for ferroraid's cross-crate integration tests (`tests/tests/*.rs`).
+//!
+//! - [`Oracle`] finds and runs the independent Python reference of md's layout and parity,
+//!   `../shared/oracle/raidref.py` beside the repository (see `shared/DESIGN.md`,
+//!   "Correctness references"), and turns a failed run into an error that carries the
+//!   command line, exit status and the oracle's stderr.
+//! - [`Rng`] is a tiny deterministic generator (SplitMix64): every test case derives its
+//!   data from a printed seed ([`seed_of`]), so a failure replays exactly.
+//!
+//! The crate deliberately has no dependencies beyond `engine` and the standard library, so
+//! the oracle tests stay independent of the code they check.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+
+/// Where the oracle script lives: `shared/oracle/raidref.py` beside the workspace root.
+///
+/// Resolved from this crate's manifest directory (`<root>/tests`), never from an absolute
+/// path, so it works wherever the repository is cloned as long as `shared/` sits beside it.
+pub fn oracle_path() -> PathBuf {
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/oracle/raidref.py"
+    ))
+    .to_path_buf()
+}
+
+/// Why the oracle could not be run, or what it said when it refused.
+#[derive(Debug, Clone)]
+pub enum OracleError {
+    /// The script is not where [`oracle_path`] says.
+    Missing(PathBuf),
+    /// `python3` could not be started.
+    NoPython(String),
+    /// The oracle ran and exited with a status other than the one required.
+    Failed {
+        /// The command line, for replaying by hand.
+        command: String,
+        /// Its exit status.
+        status: ExitStatus,
+        /// Its standard output.
+        stdout: String,
+        /// Its standard error (argparse messages, "mismatch in stripe N", tracebacks).
+        stderr: String,
+    },
+}
+
+impl fmt::Display for OracleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OracleError::Missing(p) => write!(
+                f,
+                "the oracle {} does not exist: the repository must be cloned with shared/ beside it",
+                p.display()
+            ),
+            OracleError::NoPython(why) => write!(f, "cannot run python3 for the oracle: {why}"),
+            OracleError::Failed {
+                command,
+                status,
+                stdout,
+                stderr,
+            } => write!(
+                f,
+                "oracle failed ({status}): {command}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                stdout.trim_end(),
+                stderr.trim_end()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OracleError {}
+
+/// What one oracle run printed, and how it ended.
+#[derive(Debug, Clone)]
+pub struct OracleOutput {
+    /// The command line, for messages.
+    pub command: String,
+    /// Exit status (0: success; `verify` exits 1 on a parity mismatch, argparse 2 on usage).
+    pub status: ExitStatus,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl OracleOutput {
+    /// Exit code, or -1 if the process was killed by a signal.
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+
+    /// This output as an [`OracleError::Failed`].
+    pub fn into_error(self) -> OracleError {
+        OracleError::Failed {
+            command: self.command,
+            status: self.status,
+            stdout: self.stdout,
+            stderr: self.stderr,
+        }
+    }
+}
+
+/// The interpreter behind `python3`, resolved once.
+///
+/// Asking `python3` for `sys.executable` once and running that directly skips wrapper
+/// scripts (pyenv shims cost ~100 ms per start), which matters for the hundreds of short
+/// oracle runs a test file makes.
+fn python() -> Result<&'static Path, OracleError> {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let out = Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("python3 is not on PATH ({e})"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "python3 -c 'import sys' exited with {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim_end()
+                ));
+            }
+            let exe = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            Ok(if exe.is_empty() {
+                PathBuf::from("python3")
+            } else {
+                PathBuf::from(exe)
+            })
+        })
+        .as_deref()
+        .map_err(|e| OracleError::NoPython(e.clone()))
+}
+
+/// A handle on the oracle script; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Oracle {
+    script: PathBuf,
+}
+
+impl Oracle {
+    /// Finds the oracle at [`oracle_path`] and checks that `python3` runs.
+    ///
+    /// # Errors
+    /// [`OracleError::Missing`] or [`OracleError::NoPython`].
+    pub fn locate() -> Result<Self, OracleError> {
+        let script = oracle_path();
+        if !script.is_file() {
+            return Err(OracleError::Missing(script));
+        }
+        python()?;
+        Ok(Self { script })
+    }
+
+    /// The script's path.
+    pub fn script(&self) -> &Path {
+        &self.script
+    }
+
+    /// Runs `python3 -I -S raidref.py ARGS...` and returns its output whatever the exit status.
+    ///
+    /// `-I -S` (isolated, no `site`): the oracle uses only the standard library, so the
+    /// environment (PYTHONPATH, user site packages) cannot change what it computes.
+    ///
+    /// Note that raidref.py parses its member list as a positional right after the command:
+    /// pass `verify IMG... --level ...`, not `verify --level ... IMG...` (argparse then
+    /// rejects the images as "unrecognized arguments").
+    ///
+    /// # Errors
+    /// [`OracleError::NoPython`] if the interpreter cannot be started.
+    pub fn run<I, S>(&self, args: I) -> Result<OracleOutput, OracleError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let python = python()?;
+        let mut cmd = Command::new(python);
+        cmd.args(["-I", "-S"]).arg(&self.script);
+        let mut command = format!("python3 -I -S {}", self.script.display());
+        for a in args {
+            command.push(' ');
+            command.push_str(&a.as_ref().to_string_lossy());
+            cmd.arg(a);
+        }
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| OracleError::NoPython(format!("{} ({e})", python.display())))?;
+        Ok(OracleOutput {
+            command,
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// Runs the oracle and requires exit status 0; returns its stdout.
+    ///
+    /// # Errors
+    /// [`OracleError::Failed`] (with stderr) on any other status; see [`Oracle::run`].
+    pub fn run_ok<I, S>(&self, args: I) -> Result<String, OracleError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let out = self.run(args)?;
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            Err(out.into_error())
+        }
+    }
+}
+
+/// Mixes the parts of a test-case description into one 64-bit seed (FNV-1a over the parts,
+/// finished with SplitMix64), so each case has a fixed, distinct, printable seed.
+pub fn seed_of(parts: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Rng::new(h).next_u64()
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): small, fast, deterministic; good enough to make
+/// test data that no layout or parity bug can agree with by accident.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator started at `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (`n > 0`; the tiny modulo bias is irrelevant here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "Rng::below(0)");
+        self.next_u64() % n
+    }
+
+    /// Fills `buf` with random bytes.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        let mut chunks = buf.chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        let last = self.next_u64().to_le_bytes();
+        rest.copy_from_slice(&last[..rest.len()]);
+    }
+
+    /// `len` random bytes.
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.fill(&mut v);
+        v
+    }
+}
+
+/// Index and the surrounding bytes of the first difference between `a` and `b`, for
+/// assertion messages (`None` if they are equal, including in length).
+pub fn first_difference(a: &[u8], b: &[u8]) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    let i = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    let show = |s: &[u8]| {
+        let end = (i + 8).min(s.len());
+        format!("{:02x?}", &s[i.min(end)..end])
+    };
+    Some(format!(
+        "first difference at byte {i} (lengths {} and {}): {} vs {}",
+        a.len(),
+        b.len(),
+        show(a),
+        show(b)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_deterministic_and_fills_odd_lengths() {
+        let a = Rng::new(7).bytes(13);
+        let b = Rng::new(7).bytes(13);
+        assert_eq!(a, b);
+        assert_ne!(a, Rng::new(8).bytes(13));
+        assert_ne!(seed_of(&[1, 2]), seed_of(&[2, 1]));
+    }
+
+    #[test]
+    fn first_difference_names_the_byte() {
+        assert!(first_difference(b"abc", b"abc").is_none());
+        let d = first_difference(b"abcd", b"abXd").unwrap();
+        assert!(d.contains("byte 2"), "{d}");
+        let d = first_difference(b"ab", b"abc").unwrap();
+        assert!(d.contains("byte 2"), "{d}");
+    }
+
+    #[test]
+    fn oracle_path_is_beside_the_workspace() {
+        let p = oracle_path();
+        assert!(p.ends_with("shared/oracle/raidref.py"), "{}", p.display());
+    }
+}
