@@ -30,18 +30,11 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Fills `buf` with deterministic pseudo-random bytes (splitmix64 from `seed`), touching
+/// Fills `buf` with deterministic pseudo-random bytes (ChaCha8 from `seed`), touching
 /// every page so that measurement never pays first-touch faults.
 pub fn fill_random(buf: &mut [u8], seed: u64) {
-    let mut x = seed;
-    for chunk in buf.chunks_mut(8) {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
-    }
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed).fill_bytes(buf);
 }
 
 #[cfg(test)]

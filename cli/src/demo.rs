@@ -160,17 +160,10 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Deterministic pseudo-random bytes (splitmix64).
+/// Deterministic pseudo-random bytes (ChaCha8 from `seed`).
 fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed;
-    for chunk in buf.chunks_mut(8) {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
-    }
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed).fill_bytes(buf);
 }
 
 /// Data chunks of `stripe` in Q slot order, as slices of `chunk_of(data_index)`.

@@ -6,18 +6,11 @@ use proptest::prelude::*;
 use super::*;
 use crate::buf::AlignedBuf;
 
-/// Deterministic pseudo-random fill (splitmix64), so a failing proptest case replays from
-/// its printed seed without storing megabytes of input.
+/// Deterministic pseudo-random fill (ChaCha8 from `seed`), so a failing proptest case
+/// replays from its printed seed without storing megabytes of input.
 fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed;
-    for chunk in buf.chunks_mut(8) {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
-    }
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed).fill_bytes(buf);
 }
 
 fn chunks(n: usize, len: usize, seed: u64) -> Vec<AlignedBuf> {
