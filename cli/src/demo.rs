@@ -48,8 +48,19 @@ pub struct DemoArgs {
     seed: u64,
 }
 
-/// Largest member image the demo will create, in bytes: the logical data is held in memory.
-const MAX_DEMO_MEMBER_BYTES: u64 = 1 << 30;
+/// Largest array capacity the demo builds, in bytes. The demo keeps the logical data and
+/// every member image in memory to check them, about `capacity × (1 + members/data_chunks)`
+/// bytes: at most 3 GiB at this limit (RAID6 with 4 members).
+const MAX_DEMO_CAPACITY_BYTES: u64 = 1 << 30;
+
+/// Progress output: best effort, so a closed stdout (`| head`) never stops the demo
+/// half-way through writing its images.
+macro_rules! progress {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
 
 /// Runs the demo.
 ///
@@ -58,18 +69,21 @@ const MAX_DEMO_MEMBER_BYTES: u64 = 1 << 30;
 /// verification/reconstruction mismatch (which would be a bug).
 pub fn run(a: &DemoArgs) -> Result<()> {
     let geo = Geometry::new(a.level, a.layout, a.members, a.chunk, 512)?;
-    ensure!(
-        a.member_size <= MAX_DEMO_MEMBER_BYTES,
-        "--member-size {} exceeds the demo's limit of {MAX_DEMO_MEMBER_BYTES} bytes",
-        a.member_size
-    );
     let parity = match a.kernel {
         Some(k) => Parity::with_kernel(k)?,
         None => Parity::new(),
     };
     let n = usize::from(a.members);
     let arr = geo.with_members(&vec![a.member_size; n], 0)?;
-    let fail: Vec<u16> = if a.fail.is_empty() {
+    ensure!(
+        arr.capacity_bytes() <= MAX_DEMO_CAPACITY_BYTES,
+        "the demo holds the array in memory and is limited to {MAX_DEMO_CAPACITY_BYTES} bytes of \
+         capacity; {} members of {} bytes give {}: lower --member-size or --members",
+        n,
+        a.member_size,
+        arr.capacity_bytes()
+    );
+    let mut fail: Vec<u16> = if a.fail.is_empty() {
         match a.level {
             Level::Raid6 => vec![1, 3],
             Level::Raid5 => vec![1],
@@ -77,6 +91,8 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     } else {
         a.fail.clone()
     };
+    fail.sort_unstable();
+    fail.dedup();
     for &m in &fail {
         ensure!(
             m < a.members,
@@ -98,17 +114,37 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     let paths: Vec<PathBuf> = (0..n)
         .map(|i| a.dir.join(format!("member-{i}.img")))
         .collect();
-    println!(
-        "ferroraid demo: {} {} over {} members of {} bytes in {} (chunk {} bytes, parity kernel {})",
+    // Check every path before writing any: only regular files (or nothing) are replaced,
+    // never a symlink, directory or device someone left under that name.
+    for p in &paths {
+        match fs::symlink_metadata(p) {
+            Ok(m) if !m.file_type().is_file() => {
+                let t = m.file_type();
+                let what = if t.is_symlink() {
+                    "a symbolic link"
+                } else if t.is_dir() {
+                    "a directory"
+                } else {
+                    "not a regular file"
+                };
+                bail!("refusing to overwrite {}: it is {what}", p.display())
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("inspecting {}", p.display())),
+        }
+    }
+    progress!(
+        "ferroraid demo: {} {} over {} member images of {} bytes in {} (chunk {} bytes, parity kernel {})",
         geo.level(),
         geo.layout(),
         n,
-        a.member_size,
+        arr.member_data_bytes(),
         a.dir.display(),
         geo.chunk_bytes(),
         parity.kernel()
     );
-    println!(
+    progress!(
         "  capacity {} bytes in {} stripes",
         arr.capacity_bytes(),
         arr.stripes()
@@ -119,7 +155,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     fill(&mut logical, a.seed);
     let t = Instant::now();
     write_array(&arr, &parity, &logical, &paths)?;
-    println!(
+    progress!(
         "1. wrote {} bytes of data and parity in {:.2?}",
         arr.capacity_bytes(),
         t.elapsed()
@@ -132,7 +168,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         mismatches == 0,
         "{mismatches} stripes have inconsistent parity"
     );
-    println!(
+    progress!(
         "2. verified P{} of all {} stripes: 0 mismatches",
         if a.level == Level::Raid6 { "+Q" } else { "" },
         arr.stripes()
@@ -142,7 +178,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     let t = Instant::now();
     let rebuilt = reconstruct(&arr, &parity, &images, &fail, &logical)?;
     let el = t.elapsed();
-    println!(
+    progress!(
         "3. lost members {:?}; reconstructed {} chunks ({} bytes) and read back every logical byte correctly in {:.2?} ({:.2} GB/s of array data)",
         fail,
         rebuilt,
@@ -150,8 +186,8 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         el,
         arr.capacity_bytes() as f64 / el.as_secs_f64() / 1e9
     );
-    println!(
-        "Cross-check with the independent oracle:\n  python3 ../shared/oracle/raidref.py verify {} --level {} --layout {} --chunk {}",
+    progress!(
+        "Cross-check with the independent oracle, from the repository root:\n  python3 ../shared/oracle/raidref.py verify {} --level {} --layout {} --chunk {}",
         paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" "),
         geo.level().md_level(),
         geo.layout(),

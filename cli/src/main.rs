@@ -8,6 +8,22 @@
 
 mod demo;
 
+/// `println!` that returns the I/O error instead of panicking when stdout is closed
+/// (`ferroraid layout | head`).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($t)*)
+    }};
+}
+/// `print!` counterpart of [`say!`].
+macro_rules! say_part {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($t)*)
+    }};
+}
+
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use engine::geometry::{Geometry, Layout, Level, Role};
@@ -31,8 +47,8 @@ enum Command {
     Layout {
         #[command(flatten)]
         shape: Shape,
-        /// Stripes to print (one full rotation by default).
-        #[arg(long)]
+        /// Stripes to print (one full rotation by default; at most 1048576).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
         stripes: Option<u64>,
     },
     /// Map a logical byte offset to (member, byte offset in the member's data area).
@@ -80,6 +96,11 @@ impl Shape {
 
 /// Parses a byte count with optional binary suffix (`64K` = 65536, `1M`, `1GiB`).
 fn parse_bytes(s: &str) -> Result<u64, String> {
+    if s.contains('.') {
+        return Err(format!(
+            "{s:?} is not a whole number of bytes; use e.g. 65536, 64K, 1M"
+        ));
+    }
     parse_size::Config::new()
         .with_binary()
         .parse_size(s)
@@ -89,11 +110,20 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader went away (`| head`): stop quietly, as Unix tools do.
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferroraid: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn run() -> Result<()> {
@@ -116,7 +146,7 @@ fn run() -> Result<()> {
                 } else {
                     "not supported by this CPU"
                 };
-                println!("{:<12} {state}", k.name());
+                say!("{:<12} {state}", k.name())?;
             }
             Ok(())
         }
@@ -127,7 +157,7 @@ fn run() -> Result<()> {
 fn layout(shape: &Shape, stripes: Option<u64>) -> Result<()> {
     let g = shape.geometry()?;
     let n = u64::from(g.members());
-    println!(
+    say!(
         "{} {} · {} members ({} data + {} parity) · chunk {} bytes",
         g.level(),
         g.layout(),
@@ -135,15 +165,15 @@ fn layout(shape: &Shape, stripes: Option<u64>) -> Result<()> {
         g.data_chunks(),
         g.parity_chunks(),
         g.chunk_bytes()
-    );
-    print!("{:>8}", "stripe");
+    )?;
+    say_part!("{:>8}", "stripe")?;
     for m in 0..g.members() {
-        print!(" {:>9}", format!("m{m}"));
+        say_part!(" {:>9}", format!("m{m}"))?;
     }
-    println!();
+    say!()?;
     for s in 0..stripes.unwrap_or(n) {
         let st = g.stripe(s);
-        print!("{s:>8}");
+        say_part!("{s:>8}")?;
         for m in 0..g.members() {
             let cell = match st.role(m) {
                 Role::P => "P".to_string(),
@@ -157,12 +187,12 @@ fn layout(shape: &Shape, stripes: Option<u64>) -> Result<()> {
                     }
                 }
             };
-            print!(" {cell:>9}");
+            say_part!(" {cell:>9}")?;
         }
-        println!();
+        say!()?;
     }
     if g.level() == Level::Raid6 {
-        println!("(Dn/sk: logical chunk n, entering Q as g^k·Dn)");
+        say!("(Dn/sk: logical chunk n, entering Q as g^k·Dn)")?;
     }
     Ok(())
 }
@@ -172,7 +202,7 @@ fn map(shape: &Shape, offset: u64) -> Result<()> {
     let stripe_bytes = g.stripe_data_bytes();
     // Map within an array just big enough to hold the offset.
     let stripes = offset / stripe_bytes + 1;
-    let arr = engine::geometry::ArrayGeometry::new(g, stripes);
+    let arr = engine::geometry::ArrayGeometry::new(g, stripes)?;
     let block = u64::from(g.block_bytes());
     let aligned = offset - offset % block;
     let ext = arr
@@ -180,16 +210,19 @@ fn map(shape: &Shape, offset: u64) -> Result<()> {
         .next()
         .context("an in-range block always maps to one extent")?;
     let st = g.stripe(ext.stripe);
-    println!(
-        "offset {offset} -> member {} offset {} (stripe {}, data index {}, slot {}, chunk offset {}); P on member {}{}",
+    let slot = st
+        .q_member()
+        .map(|_| format!(", slot {}", st.q_slot(ext.data_index)))
+        .unwrap_or_default();
+    say!(
+        "offset {offset} -> member {} offset {} (stripe {}, data index {}{slot}, chunk offset {}); P on member {}{}",
         ext.member,
         ext.member_offset + offset % block,
         ext.stripe,
         ext.data_index,
-        st.q_slot(ext.data_index),
         u64::from(ext.chunk_offset) + offset % block,
         st.p_member(),
         st.q_member().map(|q| format!(", Q on member {q}")).unwrap_or_default()
-    );
+    )?;
     Ok(())
 }

@@ -79,6 +79,17 @@ fn bad_input_gets_a_clear_error() {
         ),
         (vec!["layout", "--layout", "diagonal"], "left-symmetric (2)"),
         (vec!["map", "--chunk", "64Q", "0"], "not a byte size"),
+        (vec!["map", "4096.5"], "not a whole number"),
+        (
+            vec!["demo", "--level", "5", "--members", "257"],
+            "3 to 256 members",
+        ),
+        (
+            vec!["demo", "--members", "257", "--member-size", "1G"],
+            "limited to 1073741824 bytes",
+        ),
+        (vec!["map", "18446744073709551615"], "capacity limit"),
+        (vec!["layout", "--stripes", "2000000"], "2000000"),
     ] {
         let out = ferroraid(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -113,4 +124,56 @@ fn layout_and_map_agree() {
         s.contains("member 0 offset 131072 (stripe 2, data index 0, slot 1"),
         "{s}"
     );
+}
+
+/// The demo replaces only regular files: a symlink named like a member image is refused
+/// before anything is written, and the file it points to is untouched.
+#[test]
+fn demo_refuses_symlinks_and_dedups_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("precious.txt");
+    std::fs::write(&target, b"PRECIOUS").unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::os::unix::fs::symlink(&target, data.join("member-2.img")).unwrap();
+    let d = data.to_str().unwrap();
+    let out = ferroraid(&[
+        "demo",
+        "--dir",
+        d,
+        "--members",
+        "4",
+        "--chunk",
+        "4K",
+        "--member-size",
+        "64K",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("symbolic link"));
+    assert_eq!(std::fs::read(&target).unwrap(), b"PRECIOUS");
+    assert!(
+        !data.join("member-0.img").exists(),
+        "nothing may be written before the check"
+    );
+    // Naming a member twice loses it once.
+    std::fs::remove_file(data.join("member-2.img")).unwrap();
+    let out = ferroraid(&[
+        "demo",
+        "--dir",
+        d,
+        "--level",
+        "5",
+        "--members",
+        "4",
+        "--member-size",
+        "1M",
+        "--fail",
+        "0,0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("lost members [0]"));
 }

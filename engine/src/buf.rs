@@ -33,6 +33,9 @@ impl AlignedBuf {
     ///
     /// `len` may be 0. Aborts through `handle_alloc_error` if the allocator fails (as `Vec`
     /// does); pools call this only at start-up.
+    ///
+    /// # Panics
+    /// If `len` rounded up to [`BUF_ALIGN`] exceeds `isize::MAX`.
     pub fn zeroed(len: usize) -> Self {
         if len == 0 {
             // A dangling but aligned pointer: never dereferenced for a zero-length slice.

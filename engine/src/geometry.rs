@@ -42,21 +42,22 @@ pub const MAX_CHUNK_BYTES: u32 = 16 << 20;
 pub const MIN_RAID5_MEMBERS: u16 = 3;
 /// Smallest RAID6 member count (two data chunks, P and Q).
 pub const MIN_RAID6_MEMBERS: u16 = 4;
-/// Largest number of data chunks in a RAID6 stripe: 255.
+/// Largest number of data chunks in a stripe, for both levels: 255.
 ///
 /// Q weights data chunk `slot` by `g^slot` with `g = {02}`, whose multiplicative order in
 /// GF(2^8) is 255, so only slots 0..=254 get distinct coefficients. Two-erasure recovery
 /// divides by `g^x ⊕ g^y`, which is zero when `x ≡ y (mod 255)`: a 256th data chunk would
 /// share a coefficient with slot 0 and make that pair unrecoverable (H. P. Anvin, "The
-/// mathematics of RAID-6", §2).
-pub const MAX_RAID6_DATA_CHUNKS: u16 = 255;
-/// Largest member count, for both levels: 257 = 255 data chunks + P + Q.
+/// mathematics of RAID-6", §2). RAID5 has no such arithmetic limit; it shares the bound so
+/// the parity layer and every per-stripe table have one fixed size.
+pub const MAX_DATA_CHUNKS: u16 = 255;
+/// Largest RAID5 member count: 256 = [`MAX_DATA_CHUNKS`] + P.
+pub const MAX_RAID5_MEMBERS: u16 = MAX_DATA_CHUNKS + 1;
+/// Largest RAID6 member count: 257 = [`MAX_DATA_CHUNKS`] + P + Q.
 ///
-/// RAID6 cannot go further (see [`MAX_RAID6_DATA_CHUNKS`]). RAID5 has no arithmetic limit;
-/// it shares the bound so every per-stripe table in the engine has one fixed size. Note
-/// that Linux's `async_pq` refuses more than 255 RAID6 devices in all (it BUG()s at 256);
-/// an array meant to move to kernel md should stay at or below that.
-pub const MAX_MEMBERS: u16 = MAX_RAID6_DATA_CHUNKS + 2;
+/// Note that Linux's `async_pq` refuses more than 255 RAID6 devices in all (it BUG()s at
+/// 256); an array meant to move to kernel md should stay at or below that.
+pub const MAX_RAID6_MEMBERS: u16 = MAX_DATA_CHUNKS + 2;
 
 /// RAID level: 5 (P) or 6 (P+Q).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,6 +104,11 @@ impl Level {
             Level::Raid5 => MIN_RAID5_MEMBERS,
             Level::Raid6 => MIN_RAID6_MEMBERS,
         }
+    }
+
+    /// Most members an array of this level may have ([`MAX_DATA_CHUNKS`] + parity).
+    pub fn max_members(self) -> u16 {
+        MAX_DATA_CHUNKS + self.parity_chunks()
     }
 }
 
@@ -285,6 +291,16 @@ pub enum GeometryError {
         /// Sizes given.
         got: usize,
     },
+    /// An array whose capacity in bytes does not fit in 64 bits.
+    #[error(
+        "{stripes} stripes of {stripe_data_bytes} data bytes exceed the 2^64-byte capacity limit"
+    )]
+    CapacityOverflow {
+        /// Stripes asked for.
+        stripes: u64,
+        /// Data bytes per stripe.
+        stripe_data_bytes: u64,
+    },
     /// A range that does not start and end on a block boundary.
     #[error("range {offset_bytes}+{len_bytes} bytes is not aligned to the {block_bytes}-byte block size")]
     Misaligned {
@@ -323,7 +339,7 @@ pub struct Geometry {
 impl Geometry {
     /// Validates and builds a geometry.
     ///
-    /// - `members`: RAID5 3..=[`MAX_MEMBERS`], RAID6 4..=[`MAX_MEMBERS`];
+    /// - `members`: RAID5 3..=[`MAX_RAID5_MEMBERS`], RAID6 4..=[`MAX_RAID6_MEMBERS`];
     /// - `chunk_bytes`: a power of two, [`MIN_CHUNK_BYTES`]..=[`MAX_CHUNK_BYTES`];
     /// - `block_bytes`: 512 or 4096.
     ///
@@ -337,16 +353,11 @@ impl Geometry {
         chunk_bytes: u64,
         block_bytes: u32,
     ) -> Result<Self, GeometryError> {
-        let min = level.min_members();
-        if members < min || members > MAX_MEMBERS {
-            let why = if members > MAX_MEMBERS {
-                match level {
-                    Level::Raid6 => {
-                        " (Q over GF(2^8) has 255 distinct coefficients {02}^0..{02}^254, so \
-                         at most 255 data chunks plus P and Q)"
-                    }
-                    Level::Raid5 => " (ferroraid's per-stripe tables hold at most 257 members)",
-                }
+        let (min, max) = (level.min_members(), level.max_members());
+        if members < min || members > max {
+            let why = if members > max {
+                " (at most 255 data chunks: Q over GF(2^8) has only 255 distinct coefficients \
+                 {02}^0..{02}^254, and RAID5 shares the bound)"
             } else {
                 ""
             };
@@ -354,7 +365,7 @@ impl Geometry {
                 level,
                 members,
                 min,
-                max: MAX_MEMBERS,
+                max,
                 why,
             });
         }
@@ -448,7 +459,8 @@ impl Geometry {
     ///
     /// # Errors
     /// [`GeometryError::MemberSizes`] when the list length differs from the member count;
-    /// [`GeometryError::MemberTooSmall`] when a member cannot hold one chunk.
+    /// [`GeometryError::MemberTooSmall`] when a member cannot hold one chunk;
+    /// [`GeometryError::CapacityOverflow`] when the capacity does not fit in 64 bits.
     pub fn with_members(
         self,
         member_bytes: &[u64],
@@ -463,7 +475,8 @@ impl Geometry {
         let chunk = u64::from(self.chunk_bytes);
         let mut smallest = u64::MAX;
         for (member, &size) in member_bytes.iter().enumerate() {
-            if size < data_offset_bytes.saturating_add(chunk) {
+            let needed = data_offset_bytes.checked_add(chunk);
+            if needed.is_none_or(|n| size < n) {
                 return Err(GeometryError::MemberTooSmall {
                     member,
                     member_bytes: size,
@@ -473,7 +486,7 @@ impl Geometry {
             }
             smallest = smallest.min(size - data_offset_bytes);
         }
-        Ok(ArrayGeometry::new(self, smallest / chunk))
+        ArrayGeometry::new(self, smallest / chunk)
     }
 }
 
@@ -604,7 +617,10 @@ impl StripeLayout {
     }
 
     /// Q syndrome slot of logical data index `index`: the chunk enters Q as `g^slot · D`.
-    /// For RAID5 the slot is still defined (it is what md would use) and is harmless.
+    /// For RAID5 (no Q) this is the data index.
+    ///
+    /// # Panics
+    /// If `index >= data_chunks` (a programmer error).
     pub fn q_slot(&self, index: u16) -> u16 {
         self.slot_of_member(self.data_member(index))
     }
@@ -630,8 +646,19 @@ pub struct ArrayGeometry {
 impl ArrayGeometry {
     /// An array of `stripes` stripes. Prefer [`Geometry::with_members`], which derives the
     /// stripe count from member sizes.
-    pub fn new(geometry: Geometry, stripes: u64) -> Self {
-        Self { geometry, stripes }
+    ///
+    /// # Errors
+    /// [`GeometryError::CapacityOverflow`] when the capacity in bytes
+    /// (`stripes × data_chunks × chunk_bytes`) does not fit in 64 bits; every size this
+    /// type reports is then computed without overflow.
+    pub fn new(geometry: Geometry, stripes: u64) -> Result<Self, GeometryError> {
+        if stripes.checked_mul(geometry.stripe_data_bytes()).is_none() {
+            return Err(GeometryError::CapacityOverflow {
+                stripes,
+                stripe_data_bytes: geometry.stripe_data_bytes(),
+            });
+        }
+        Ok(Self { geometry, stripes })
     }
 
     /// The stripe shape.
@@ -836,7 +863,13 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("4 to 257") && msg.contains("255"), "{msg}");
         let e = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 2, 65536, 512).unwrap_err();
-        assert!(e.to_string().contains("3 to 257"), "{e}");
+        assert!(e.to_string().contains("3 to 256"), "{e}");
+        let e = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 257, 65536, 512).unwrap_err();
+        assert!(
+            e.to_string().contains("3 to 256") && e.to_string().contains("255 data"),
+            "{e}"
+        );
+        assert!(Geometry::new(Level::Raid5, Layout::LeftSymmetric, 256, 65536, 512).is_ok());
         let e = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 3, 65536, 512).unwrap_err();
         assert!(e.to_string().contains("4 to 257"), "{e}");
         assert!(Geometry::new(Level::Raid6, Layout::LeftSymmetric, 257, 65536, 512).is_ok());
@@ -893,7 +926,7 @@ mod tests {
     #[test]
     fn map_range_splits_on_chunks() {
         let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 4096, 512).unwrap();
-        let a = ArrayGeometry::new(g, 10);
+        let a = ArrayGeometry::new(g, 10).unwrap();
         assert_eq!(a.capacity_bytes(), 10 * 3 * 4096);
         let ext: Vec<_> = a.map_range(3584, 4096 + 1024).unwrap().collect();
         assert_eq!(ext.len(), 3);

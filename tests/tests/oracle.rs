@@ -89,6 +89,7 @@ impl Case {
 
     fn array(&self) -> ArrayGeometry {
         ArrayGeometry::new(self.geometry(), self.stripes)
+            .unwrap_or_else(|e| panic!("{self}: ArrayGeometry::new refused: {e}"))
     }
 
     fn n(&self) -> usize {

@@ -37,8 +37,8 @@ pub use gf::{inv as gf_inv, mul as gf_mul, pow_g as gf_pow_g};
 /// Most sources a kernel reads in one call: 255 data chunks plus P.
 const MAX_SOURCES: usize = 256;
 /// Most data chunks in a stripe (255: the Q coefficient limit, see
-/// [`crate::geometry::MAX_RAID6_DATA_CHUNKS`]); RAID5 stripes share the bound.
-pub const MAX_DATA_CHUNKS: usize = crate::geometry::MAX_RAID6_DATA_CHUNKS as usize;
+/// [`crate::geometry::MAX_DATA_CHUNKS`]); RAID5 stripes share the bound.
+pub const MAX_DATA_CHUNKS: usize = crate::geometry::MAX_DATA_CHUNKS as usize;
 /// Required alignment and length granularity of every buffer, in bytes.
 pub const ALIGN: usize = kernels::UNIT;
 
@@ -601,6 +601,10 @@ impl Parity {
     /// [`ParityError::TooManyErasures`] beyond the stripe's redundancy (nothing is
     /// written); [`ParityError::NoSuchChunk`] for Q of a RAID5 stripe or a slot past the
     /// end of `data`.
+    ///
+    /// # Panics
+    /// On buffer-shape violations (see the module docs), an empty `data`, or more than 255
+    /// data chunks: a valid [`crate::geometry::Geometry`] never produces these.
     pub fn reconstruct(
         &self,
         data: &mut [&mut [u8]],
@@ -608,6 +612,11 @@ impl Parity {
         q: Option<&mut [u8]>,
         lost: &[ChunkId],
     ) -> Result<(), ParityError> {
+        assert!(
+            !data.is_empty() && data.len() <= MAX_DATA_CHUNKS,
+            "a stripe has 1..={MAX_DATA_CHUNKS} data chunks, got {}",
+            data.len()
+        );
         // Distinct erasures, validated, in canonical order (data slots ascending, P, Q).
         let redundancy = if q.is_some() { 2 } else { 1 };
         let mut distinct = 0;

@@ -209,6 +209,8 @@ fn all_recoveries_with_wide_stripes() {
         for nd in [2usize, 3, 254, 255] {
             check_all_recoveries(&par, nd, 64, nd as u64, true);
         }
+        // The widest RAID5 stripe (256 members) too.
+        check_all_recoveries(&par, 255, 64, 7, false);
     }
 }
 
