@@ -16,6 +16,8 @@ use bench::{fill_random, isal, median, membw, time_s};
 use clap::Parser;
 use engine::buf::AlignedBuf;
 use engine::parity::{Kernel, Parity};
+use rand::seq::SliceRandom;
+use rand_chacha::rand_core::SeedableRng;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark ferroraid's parity kernels against memory bandwidth and ISA-L")]
@@ -31,8 +33,13 @@ struct Args {
     #[arg(long, default_value_t = 512)]
     working_set_mib: usize,
     /// Measured passes per candidate (median reported).
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 11)]
     reps: usize,
+    /// Unrelated memory read before every timed pass, in MiB (≥ 4× the last-level cache):
+    /// it evicts what the previous pass left in the cache, dirty lines included, so no
+    /// candidate pays for its predecessor's write-backs or profits from its leftovers.
+    #[arg(long, default_value_t = 128)]
+    scrub_mib: usize,
     /// Measured passes for the (slow) scalar kernel.
     #[arg(long, default_value_t = 3)]
     scalar_reps: usize,
@@ -240,7 +247,7 @@ fn main() -> Result<()> {
     let best = Parity::new();
     println!("# ferroraid parity benchmark\n");
     println!(
-        "- CPU: {}\n- kernels available: {}; default (best): {}\n- ISA-L: {}\n- chunk {} KiB, working set {} MiB of data (out of cache), median of {} passes ({} for scalar), core {}\n",
+        "- CPU: {}\n- kernels available: {}; default (best): {}\n- ISA-L: {}\n- chunk {} KiB, working set {} MiB of data (out of cache), median of {} passes ({} for scalar) in random order, each after an untimed {} MiB cache scrub, core {}\n",
         cpu_model(),
         kernels.iter().map(|k| k.name()).collect::<Vec<_>>().join(", "),
         best.kernel(),
@@ -249,11 +256,39 @@ fn main() -> Result<()> {
         args.working_set_mib,
         args.reps,
         args.scalar_reps,
+        args.scrub_mib,
         args.core
     );
 
-    let mut summary = Vec::new();
+    let mut scrub = AlignedBuf::zeroed((args.scrub_mib << 20) / chunk * chunk);
+    fill_random(&mut scrub, 0x5c2b);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xbe4c);
     let mut sink = 0u64;
+    // How fast one core can read at all, by number of interleaved streams: the ceiling
+    // every kernel below works under.
+    println!("## Memory-read bandwidth of one core, by interleaved streams\n");
+    println!("| streams | GB/s |");
+    println!("|---:|---:|");
+    for streams in [1usize, 2, 4, 8, 16] {
+        let stripes = ws / (streams * chunk);
+        let mut gbs = Vec::with_capacity(args.reps);
+        for _ in 0..args.reps {
+            let t = time_s(|| {
+                for s in 0..stripes {
+                    let mut arr: [&[u8]; 16] = [&[]; 16];
+                    for (i, a) in arr.iter_mut().enumerate().take(streams) {
+                        *a = r.chunk_of(&r.data, s * streams + i);
+                    }
+                    sink ^= membw::read_all(&arr[..streams]);
+                }
+            });
+            gbs.push((stripes * streams * chunk) as f64 / t / 1e9);
+        }
+        println!("| {streams} | {:.2} |", median(&mut gbs));
+    }
+    println!();
+
+    let mut summary = Vec::new();
     for &nd in &args.data_chunks {
         let stripes = ws / (nd * chunk);
         verify(&mut r, nd, stripes)?;
@@ -288,9 +323,11 @@ fn main() -> Result<()> {
             }
             let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cands.len()];
             for rep in 0..args.reps {
-                // Rotate the order each repetition so drift does not favour one candidate.
-                for j in 0..cands.len() {
-                    let i = (j + rep) % cands.len();
+                // A fresh random order each repetition so neither drift nor a fixed
+                // predecessor favours one candidate.
+                let mut order: Vec<usize> = (0..cands.len()).collect();
+                order.shuffle(&mut rng);
+                for i in order {
                     let c = cands[i];
                     let scalar = matches!(
                         c,
@@ -302,6 +339,7 @@ fn main() -> Result<()> {
                     if scalar && rep >= args.scalar_reps {
                         continue;
                     }
+                    sink ^= scrub_cache(&scrub, chunk);
                     let t = time_s(|| sink ^= run_pass(&mut r, nd, stripes, op, c));
                     samples[i].push(bytes / t / 1e9);
                 }
@@ -361,8 +399,15 @@ fn main() -> Result<()> {
     }
 
     println!("## Targets (issue 2), default kernel\n");
-    println!("| data chunks | operation | % of memory read | × ISA-L | × scalar | target | met |");
-    println!("|---:|---|---:|---:|---:|---|---|");
+    println!(
+        "Store-traffic ratio: a bandwidth-bound pass over k data chunks reads k chunks and \
+         writes 1 (P) or 2 (P+Q); ISA-L's ordinary stores also read every destination line \
+         first (read-for-ownership), ferroraid's streaming stores do not. At equal efficiency \
+         otherwise, that alone makes ferroraid (k+2)/(k+1) (P) or (k+4)/(k+2) (P+Q) times \
+         faster; more than that means ISA-L loses elsewhere too.\n"
+    );
+    println!("| data chunks | operation | % of memory read | × ISA-L | store-traffic ratio | × scalar | target | met |");
+    println!("|---:|---|---:|---:|---:|---:|---|---|");
     for (nd, op, vs_mem, vs_isal, vs_scalar) in summary {
         let (target, met) = match op {
             Op::Pq => (
@@ -375,12 +420,18 @@ fn main() -> Result<()> {
             ),
             Op::Recover2 => ("(reported)", true),
         };
+        let ceiling = match op {
+            Op::Pq => format!("{:.2}×", (nd as f64 + 4.0) / (nd as f64 + 2.0)),
+            Op::P => format!("{:.2}×", (nd as f64 + 2.0) / (nd as f64 + 1.0)),
+            Op::Recover2 => "–".into(),
+        };
         println!(
-            "| {} | {} | {:.0}% | {} | {:.1}× | {} | {} |",
+            "| {} | {} | {:.0}% | {} | {} | {:.1}× | {} | {} |",
             nd,
             op.name(),
             100.0 * vs_mem,
             vs_isal.map_or("–".into(), |v| format!("{v:.2}×")),
+            ceiling,
             vs_scalar,
             target,
             if met { "yes" } else { "NO" }
@@ -388,6 +439,15 @@ fn main() -> Result<()> {
     }
     eprintln!("(checksum {sink:#x})");
     Ok(())
+}
+
+/// Reads all of `scrub` (untimed), evicting the cache contents of the previous pass.
+fn scrub_cache(scrub: &[u8], chunk: usize) -> u64 {
+    let mut x = 0;
+    for c in scrub.chunks_exact(chunk) {
+        x ^= membw::read_all(&[c]);
+    }
+    x
 }
 
 fn cpu_model() -> String {
