@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use engine::buf::AlignedBuf;
-use engine::geometry::{ArrayGeometry, Geometry, Layout, Level, Role};
+use engine::geometry::{ArrayGeometry, Level, Role};
 use engine::parity::{ChunkId, Kernel, Parity};
 
 /// Options of `ferroraid demo`.
@@ -22,18 +22,8 @@ pub struct DemoArgs {
     /// `member-N.img` files in it are overwritten, nothing else is touched).
     #[arg(long, default_value = "ferroraid-demo")]
     dir: PathBuf,
-    /// RAID level: 5 or 6.
-    #[arg(long, default_value = "6")]
-    level: Level,
-    /// md layout name or number.
-    #[arg(long, default_value = "left-symmetric")]
-    layout: Layout,
-    /// Member count.
-    #[arg(long, default_value_t = 6)]
-    members: u16,
-    /// Chunk size (K, M suffixes are binary).
-    #[arg(long, default_value = "64K", value_parser = crate::parse_bytes)]
-    chunk: u64,
+    #[command(flatten)]
+    shape: crate::Shape,
     /// Size of each member image (K, M, G suffixes are binary).
     #[arg(long, default_value = "16M", value_parser = crate::parse_bytes)]
     member_size: u64,
@@ -68,12 +58,12 @@ macro_rules! progress {
 /// Invalid geometry, unusable directory, I/O failures on the member images, or a
 /// verification/reconstruction mismatch (which would be a bug).
 pub fn run(a: &DemoArgs) -> Result<()> {
-    let geo = Geometry::new(a.level, a.layout, a.members, a.chunk, 512)?;
+    let geo = a.shape.geometry()?;
     let parity = match a.kernel {
         Some(k) => Parity::with_kernel(k)?,
         None => Parity::new(),
     };
-    let n = usize::from(a.members);
+    let n = usize::from(geo.members());
     let arr = geo.with_members(&vec![a.member_size; n], 0)?;
     ensure!(
         arr.capacity_bytes() <= MAX_DEMO_CAPACITY_BYTES,
@@ -84,7 +74,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         arr.capacity_bytes()
     );
     let mut fail: Vec<u16> = if a.fail.is_empty() {
-        match a.level {
+        match geo.level() {
             Level::Raid6 => vec![1, 3],
             Level::Raid5 => vec![1],
         }
@@ -95,16 +85,16 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     fail.dedup();
     for &m in &fail {
         ensure!(
-            m < a.members,
+            m < geo.members(),
             "--fail member {m} does not exist (members are 0..{})",
-            a.members
+            geo.members()
         );
     }
     if fail.len() > usize::from(geo.parity_chunks()) {
         bail!(
             "--fail names {} members but {} survives only {}",
             fail.len(),
-            a.level,
+            geo.level(),
             geo.parity_chunks()
         );
     }
@@ -170,7 +160,11 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     );
     progress!(
         "2. verified P{} of all {} stripes: 0 mismatches",
-        if a.level == Level::Raid6 { "+Q" } else { "" },
+        if geo.level() == Level::Raid6 {
+            "+Q"
+        } else {
+            ""
+        },
         arr.stripes()
     );
 

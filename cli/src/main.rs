@@ -67,23 +67,23 @@ enum Command {
 
 /// The stripe shape options shared by several commands.
 #[derive(Args, Debug, Clone)]
-struct Shape {
+pub(crate) struct Shape {
     /// RAID level: 5 or 6.
     #[arg(long, default_value = "6")]
-    level: Level,
+    pub(crate) level: Level,
     /// md layout name or number (left-symmetric is md's default).
     #[arg(long, default_value = "left-symmetric")]
-    layout: Layout,
-    /// Member count (RAID5: 3..=257, RAID6: 4..=257).
+    pub(crate) layout: Layout,
+    /// Member count (RAID5: 3..=256, RAID6: 4..=257).
     #[arg(long, default_value_t = 6)]
-    members: u16,
+    pub(crate) members: u16,
     /// Chunk size: a power of two from 4K to 16M.
     #[arg(long, default_value = "64K", value_parser = parse_bytes)]
-    chunk: u64,
+    pub(crate) chunk: u64,
 }
 
 impl Shape {
-    fn geometry(&self) -> Result<Geometry> {
+    pub(crate) fn geometry(&self) -> Result<Geometry> {
         Ok(Geometry::new(
             self.level,
             self.layout,
