@@ -12,10 +12,13 @@
 //!   AVX2, AVX-512BW and GFNI kernels chosen at run time.
 //! - [`buf`]: aligned, zero-initialised buffers for chunks (the parity kernels require
 //!   64-byte alignment; device DMA wants 4 KiB).
+//! - [`device`]: the block-device interface (device facts, per-reactor channels, requests,
+//!   completions, typed I/O errors) that every back end implements.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub mod buf;
+pub mod device;
 pub mod geometry;
 pub mod parity;

@@ -1,0 +1,366 @@
+//! The block-device interface every back end implements (`drivers/`: io_uring, vfio NVMe,
+//! RAM, null; [`crate::sim`] for the engine's own test world).
+//!
+//! A [`BlockDevice`] describes a device ([`DeviceInfo`]) and opens **channels**: one
+//! [`Channel`] (queue pair) per reactor. A channel is owned by one reactor and never shared:
+//! `submit` queues a [`Request`], `kick` hands queued requests to the device in one batch
+//! (one `io_uring_enter`, one doorbell write), and `poll` reaps finished requests as
+//! [`Completion`]s without blocking. Every completion carries the caller's tag and a
+//! status; device errors never panic and never go unreported.
+//!
+//! Units: offsets and lengths are in **bytes** and must be multiples of the device's
+//! logical block size ([`DeviceInfo::block_bytes`]); queue depths count requests.
+//!
+//! Buffers are lent to the device through [`IoBuf`], a raw handle whose constructor carries
+//! the safety contract (the memory stays valid and untouched until the request completes),
+//! so submission itself is safe and allocation-free. Buffer pools (allocated at start) mint
+//! `IoBuf`s; registered-buffer indices (io_uring fixed buffers, vfio DMA mappings) travel
+//! with them.
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use thiserror::Error;
+
+/// Static facts about a device, read once at open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Human-readable name (path, or `mem0`, `sim3`), used in logs and errors.
+    pub name: String,
+    /// Logical block size in bytes: every offset and length is a multiple of it.
+    pub block_bytes: u32,
+    /// Usable size in bytes (a multiple of `block_bytes`).
+    pub capacity_bytes: u64,
+    /// Most requests one channel may have in flight (its queue depth).
+    pub queue_depth: u32,
+    /// Largest transfer of one request, in bytes (a multiple of `block_bytes`).
+    pub max_transfer_bytes: u32,
+    /// Whether the device has a volatile write cache, so `Flush` (and FUA) matter.
+    pub volatile_cache: bool,
+    /// Whether `WriteZeroes` is supported natively (else callers write zero buffers).
+    pub write_zeroes: bool,
+    /// Whether `Discard` (deallocate / TRIM / UNMAP) is supported.
+    pub discard: bool,
+}
+
+/// What a request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Read `len_bytes` at `offset_bytes` into the buffer.
+    Read,
+    /// Write the buffer to `offset_bytes`; with `fua`, durable (past any volatile cache)
+    /// before the completion (NVMe FUA bit; `RWF_DSYNC` for io_uring).
+    Write {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Make every write completed before this request durable. No range, no buffer.
+    Flush,
+    /// Write zeroes to the range without a data buffer.
+    WriteZeroes,
+    /// Deallocate the range; later reads return zeroes or the old data (device-defined), so
+    /// the engine only discards ranges whose parity it keeps consistent itself.
+    Discard,
+}
+
+impl Op {
+    /// Whether the request moves data through its buffer.
+    pub fn has_data(self) -> bool {
+        matches!(self, Op::Read | Op::Write { .. })
+    }
+}
+
+/// A buffer lent to a device for the life of one request.
+///
+/// Holds a pointer, a length, and the index of the registered region it lies in (io_uring
+/// fixed buffer, vfio DMA mapping), if any. Created only through the `unsafe`
+/// [`IoBuf::from_raw`], whose caller promises what the device relies on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct IoBuf {
+    ptr: NonNull<u8>,
+    len: u32,
+    region: Option<u16>,
+}
+
+// SAFETY: an IoBuf is a lent region of memory; from_raw's contract makes the device the only
+// user of that memory while the request is in flight, whichever thread it runs on.
+unsafe impl Send for IoBuf {}
+
+impl IoBuf {
+    /// An empty buffer, for requests without data (`Flush`, `WriteZeroes`, `Discard`).
+    pub const NONE: IoBuf = IoBuf {
+        ptr: NonNull::dangling(),
+        len: 0,
+        region: None,
+    };
+
+    /// Lends `len` bytes at `ptr` to a device; `region` is the registered-buffer index the
+    /// memory lies in, if it was registered with the back end.
+    ///
+    /// # Safety
+    /// From the submission of the request carrying this buffer until its completion is
+    /// returned by `poll` (or the channel is dropped): `ptr..ptr+len` is valid, writable
+    /// memory that nothing else reads or writes, and (if `region` is given) it lies inside
+    /// that registered region. For O_DIRECT and DMA back ends the pointer must also be
+    /// aligned to the device's block size (4 KiB alignment always suffices).
+    pub unsafe fn from_raw(ptr: NonNull<u8>, len: u32, region: Option<u16>) -> Self {
+        Self { ptr, len, region }
+    }
+
+    /// Start of the buffer.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Registered region index, if any.
+    pub fn region(&self) -> Option<u16> {
+        self.region
+    }
+}
+
+impl fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IoBuf({:p}+{}, region {:?})", self.ptr, self.len, self.region)
+    }
+}
+
+/// One request to a channel.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    /// The caller's tag, returned unchanged in the [`Completion`].
+    pub tag: u64,
+    /// What to do.
+    pub op: Op,
+    /// Byte offset on the device (multiple of the block size; 0 for `Flush`).
+    pub offset_bytes: u64,
+    /// Length in bytes (multiple of the block size; 0 for `Flush`). For `Read`/`Write` it
+    /// must equal `buf.len()`.
+    pub len_bytes: u32,
+    /// The data buffer for `Read`/`Write`; [`IoBuf::NONE`] otherwise.
+    pub buf: IoBuf,
+}
+
+/// Why a request failed. Each is reported in its [`Completion`]; none panics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum IoError {
+    /// The device reported an I/O error (EIO, NVMe media/data-transfer errors): the member
+    /// should be failed.
+    #[error("I/O error (errno {errno})")]
+    Io {
+        /// OS errno or the back end's closest equivalent (5 = EIO).
+        errno: i32,
+    },
+    /// An unrecovered read error on the range: a latent sector error; the data can be
+    /// rebuilt from redundancy and rewritten.
+    #[error("unrecovered read error (medium error)")]
+    Medium,
+    /// The device ran out of space (ENOSPC: sparse backing file on a full filesystem).
+    #[error("no space left on the backing store")]
+    NoSpace,
+    /// The device transferred fewer bytes than asked and could not complete the rest.
+    #[error("short transfer: {done} of {expected} bytes")]
+    Short {
+        /// Bytes transferred.
+        done: u32,
+        /// Bytes requested.
+        expected: u32,
+    },
+    /// The request lies outside the device or is not block-aligned (a caller bug the
+    /// back end still refuses cleanly).
+    #[error("request out of range or misaligned")]
+    Invalid,
+    /// The operation is not supported by this device (see [`DeviceInfo`]).
+    #[error("operation not supported by the device")]
+    Unsupported,
+    /// The device is gone (hot-removed, controller failed, simulated disappearance).
+    #[error("device is gone")]
+    Gone,
+    /// The request did not complete within the back end's timeout and was aborted.
+    #[error("request timed out")]
+    Timeout,
+}
+
+/// A finished request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The tag of the request.
+    pub tag: u64,
+    /// `Ok` when the whole range was transferred (and, for FUA writes and flushes, made
+    /// durable).
+    pub status: Result<(), IoError>,
+}
+
+impl Completion {
+    /// A completion with no tag and a successful status: a placeholder for completion
+    /// arrays that `poll` fills.
+    pub const EMPTY: Completion = Completion { tag: 0, status: Ok(()) };
+}
+
+/// Why `submit` did not accept a request. The request was not queued; nothing happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum SubmitError {
+    /// The channel already has `queue_depth` requests in flight: poll, then retry.
+    #[error("channel queue is full")]
+    QueueFull,
+    /// The request is malformed for this device (range, alignment, buffer length,
+    /// unsupported op); it would never succeed.
+    #[error("invalid request: {0}")]
+    Invalid(&'static str),
+    /// The device is gone; no request will ever be accepted again.
+    #[error("device is gone")]
+    Gone,
+}
+
+/// Why a device or channel could not be opened.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// An OS call failed while opening or setting up.
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done (with the path).
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The device or its configuration is unusable (wrong size, unsupported block size...).
+    #[error("{0}")]
+    Unusable(String),
+}
+
+/// A per-reactor queue pair to one device. Owned by exactly one reactor.
+pub trait Channel {
+    /// Queues `req`. Nothing reaches the device until [`Channel::kick`] (back ends may
+    /// kick early when their submission ring is full).
+    ///
+    /// # Errors
+    /// [`SubmitError::QueueFull`] at the queue-depth limit (retry after `poll`);
+    /// [`SubmitError::Invalid`] for a request that can never succeed;
+    /// [`SubmitError::Gone`] once the device has disappeared.
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError>;
+
+    /// Hands every queued request to the device in one batch.
+    fn kick(&mut self);
+
+    /// Moves up to `out.len()` finished requests into `out` without blocking; returns how
+    /// many.
+    fn poll(&mut self, out: &mut [Completion]) -> usize;
+
+    /// Requests submitted and not yet returned by `poll`.
+    fn in_flight(&self) -> usize;
+}
+
+/// A block device: its facts and a factory of per-reactor channels.
+pub trait BlockDevice {
+    /// The channel type (monomorphised into the reactor: no `dyn` on the hot path).
+    type Channel: Channel;
+
+    /// The device's facts.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Opens a new channel (queue pair) for one reactor.
+    ///
+    /// # Errors
+    /// [`DeviceError`] when the back end cannot create another queue.
+    fn open_channel(&self) -> Result<Self::Channel, DeviceError>;
+}
+
+/// Checks `req` against `info`: alignment, range, buffer length, supported op. Back ends
+/// call it in `submit` so every one refuses bad requests the same way.
+///
+/// # Errors
+/// [`SubmitError::Invalid`] naming the first problem found.
+pub fn validate(info: &DeviceInfo, req: &Request) -> Result<(), SubmitError> {
+    let block = u64::from(info.block_bytes);
+    match req.op {
+        Op::Flush => {
+            if req.len_bytes != 0 || !req.buf.is_empty() {
+                return Err(SubmitError::Invalid("flush carries no range or buffer"));
+            }
+            return Ok(());
+        }
+        Op::Read | Op::Write { .. } => {
+            if req.buf.len() != req.len_bytes {
+                return Err(SubmitError::Invalid("buffer length differs from request length"));
+            }
+            if req.len_bytes > info.max_transfer_bytes {
+                return Err(SubmitError::Invalid("transfer larger than the device's maximum"));
+            }
+        }
+        Op::WriteZeroes if !info.write_zeroes => {
+            return Err(SubmitError::Invalid("write-zeroes not supported"));
+        }
+        Op::Discard if !info.discard => return Err(SubmitError::Invalid("discard not supported")),
+        Op::WriteZeroes | Op::Discard => {}
+    }
+    if req.len_bytes == 0 {
+        return Err(SubmitError::Invalid("zero-length request"));
+    }
+    if req.offset_bytes % block != 0 || u64::from(req.len_bytes) % block != 0 {
+        return Err(SubmitError::Invalid("offset or length not a multiple of the block size"));
+    }
+    match req.offset_bytes.checked_add(u64::from(req.len_bytes)) {
+        Some(end) if end <= info.capacity_bytes => Ok(()),
+        _ => Err(SubmitError::Invalid("request beyond the end of the device")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> DeviceInfo {
+        DeviceInfo {
+            name: "t".into(),
+            block_bytes: 512,
+            capacity_bytes: 1 << 20,
+            queue_depth: 4,
+            max_transfer_bytes: 128 << 10,
+            volatile_cache: false,
+            write_zeroes: true,
+            discard: false,
+        }
+    }
+
+    fn req(op: Op, off: u64, len: u32, buf_len: u32) -> Request {
+        let mut storage = [0u8; 1];
+        // SAFETY: never submitted; validate only reads the length.
+        let buf = unsafe { IoBuf::from_raw(NonNull::new(storage.as_mut_ptr()).unwrap(), buf_len, None) };
+        Request {
+            tag: 1,
+            op,
+            offset_bytes: off,
+            len_bytes: len,
+            buf: if buf_len == 0 { IoBuf::NONE } else { buf },
+        }
+    }
+
+    #[test]
+    fn validation_refuses_bad_requests() {
+        let i = info();
+        assert!(validate(&i, &req(Op::Read, 0, 512, 512)).is_ok());
+        assert!(validate(&i, &req(Op::Flush, 0, 0, 0)).is_ok());
+        assert!(validate(&i, &req(Op::WriteZeroes, 512, 4096, 0)).is_ok());
+        for (r, why) in [
+            (req(Op::Read, 100, 512, 512), "multiple"),
+            (req(Op::Read, 0, 512, 1024), "buffer length"),
+            (req(Op::Write { fua: true }, (1 << 20) - 512, 1024, 1024), "beyond"),
+            (req(Op::Read, u64::MAX - 511, 512, 512), "beyond"),
+            (req(Op::Discard, 0, 512, 0), "discard"),
+            (req(Op::Read, 0, 0, 0), "zero-length"),
+            (req(Op::Flush, 0, 512, 0), "flush"),
+            (req(Op::Read, 0, 256 << 10, 256 << 10), "maximum"),
+        ] {
+            match validate(&i, &r) {
+                Err(SubmitError::Invalid(m)) => assert!(m.contains(why), "{m} vs {why}"),
+                other => panic!("{r:?}: {other:?}"),
+            }
+        }
+    }
+}
