@@ -127,7 +127,11 @@ impl IoBuf {
 
 impl fmt::Debug for IoBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IoBuf({:p}+{}, region {:?})", self.ptr, self.len, self.region)
+        write!(
+            f,
+            "IoBuf({:p}+{}, region {:?})",
+            self.ptr, self.len, self.region
+        )
     }
 }
 
@@ -200,7 +204,10 @@ pub struct Completion {
 impl Completion {
     /// A completion with no tag and a successful status: a placeholder for completion
     /// arrays that `poll` fills.
-    pub const EMPTY: Completion = Completion { tag: 0, status: Ok(()) };
+    pub const EMPTY: Completion = Completion {
+        tag: 0,
+        status: Ok(()),
+    };
 }
 
 /// Why `submit` did not accept a request. The request was not queued; nothing happened.
@@ -287,10 +294,14 @@ pub fn validate(info: &DeviceInfo, req: &Request) -> Result<(), SubmitError> {
         }
         Op::Read | Op::Write { .. } => {
             if req.buf.len() != req.len_bytes {
-                return Err(SubmitError::Invalid("buffer length differs from request length"));
+                return Err(SubmitError::Invalid(
+                    "buffer length differs from request length",
+                ));
             }
             if req.len_bytes > info.max_transfer_bytes {
-                return Err(SubmitError::Invalid("transfer larger than the device's maximum"));
+                return Err(SubmitError::Invalid(
+                    "transfer larger than the device's maximum",
+                ));
             }
         }
         Op::WriteZeroes if !info.write_zeroes => {
@@ -302,13 +313,43 @@ pub fn validate(info: &DeviceInfo, req: &Request) -> Result<(), SubmitError> {
     if req.len_bytes == 0 {
         return Err(SubmitError::Invalid("zero-length request"));
     }
-    if req.offset_bytes % block != 0 || u64::from(req.len_bytes) % block != 0 {
-        return Err(SubmitError::Invalid("offset or length not a multiple of the block size"));
+    if !req.offset_bytes.is_multiple_of(block) || !u64::from(req.len_bytes).is_multiple_of(block) {
+        return Err(SubmitError::Invalid(
+            "offset or length not a multiple of the block size",
+        ));
     }
     match req.offset_bytes.checked_add(u64::from(req.len_bytes)) {
         Some(end) if end <= info.capacity_bytes => Ok(()),
         _ => Err(SubmitError::Invalid("request beyond the end of the device")),
     }
+}
+
+/// Checks the shape of a device that keeps its data in memory (RAM disk, simulated
+/// device): block size 512 or 4096, capacity a positive multiple of it that fits in memory.
+/// Returns the capacity as a `usize` length.
+///
+/// # Errors
+/// [`DeviceError::Unusable`] naming the device and the problem.
+pub fn check_memory_shape(
+    name: &str,
+    capacity_bytes: u64,
+    block_bytes: u32,
+) -> Result<usize, DeviceError> {
+    if block_bytes != 512 && block_bytes != 4096 {
+        return Err(DeviceError::Unusable(format!(
+            "{name}: block size {block_bytes} is not 512 or 4096"
+        )));
+    }
+    if capacity_bytes == 0 || !capacity_bytes.is_multiple_of(u64::from(block_bytes)) {
+        return Err(DeviceError::Unusable(format!(
+            "{name}: capacity {capacity_bytes} bytes is not a positive multiple of the {block_bytes}-byte block"
+        )));
+    }
+    usize::try_from(capacity_bytes).map_err(|_| {
+        DeviceError::Unusable(format!(
+            "{name}: {capacity_bytes} bytes do not fit in memory"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -331,7 +372,8 @@ mod tests {
     fn req(op: Op, off: u64, len: u32, buf_len: u32) -> Request {
         let mut storage = [0u8; 1];
         // SAFETY: never submitted; validate only reads the length.
-        let buf = unsafe { IoBuf::from_raw(NonNull::new(storage.as_mut_ptr()).unwrap(), buf_len, None) };
+        let buf =
+            unsafe { IoBuf::from_raw(NonNull::new(storage.as_mut_ptr()).unwrap(), buf_len, None) };
         Request {
             tag: 1,
             op,
@@ -350,7 +392,10 @@ mod tests {
         for (r, why) in [
             (req(Op::Read, 100, 512, 512), "multiple"),
             (req(Op::Read, 0, 512, 1024), "buffer length"),
-            (req(Op::Write { fua: true }, (1 << 20) - 512, 1024, 1024), "beyond"),
+            (
+                req(Op::Write { fua: true }, (1 << 20) - 512, 1024, 1024),
+                "beyond",
+            ),
             (req(Op::Read, u64::MAX - 511, 512, 512), "beyond"),
             (req(Op::Discard, 0, 512, 0), "discard"),
             (req(Op::Read, 0, 0, 0), "zero-length"),

@@ -1,0 +1,802 @@
+//! A simulated block device on virtual time.
+
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::ops::Range;
+use std::rc::Rc;
+
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::clock::SimClock;
+use super::profile::{Profile, Seek};
+use crate::device::{
+    check_memory_shape, validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo,
+    IoError, Op, Request, SubmitError,
+};
+
+/// Which requests a [`FaultRule`] applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpFilter {
+    /// Reads.
+    Read,
+    /// Writes, write-zeroes and discards (anything that changes data).
+    Write,
+    /// Flushes.
+    Flush,
+    /// Every request.
+    Any,
+}
+
+impl OpFilter {
+    fn matches(self, op: Op) -> bool {
+        match self {
+            OpFilter::Any => true,
+            OpFilter::Read => op == Op::Read,
+            OpFilter::Write => matches!(op, Op::Write { .. } | Op::WriteZeroes | Op::Discard),
+            OpFilter::Flush => op == Op::Flush,
+        }
+    }
+}
+
+/// What an injected fault does to a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The request fails with this error and has no effect.
+    Error(IoError),
+    /// A torn write: only the first `blocks` logical blocks reach the media, then the write
+    /// fails with an I/O error (power cut or link reset mid-transfer).
+    Torn {
+        /// Blocks applied before the failure.
+        blocks: u32,
+    },
+}
+
+/// A fault-injection rule: requests matching `filter` and overlapping `range` fail with
+/// `fault`, each with probability `probability` (drawn from the device's seeded RNG), at
+/// most `count` times (`None`: without limit).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultRule {
+    /// Which operations.
+    pub filter: OpFilter,
+    /// Byte range on the device (`None`: anywhere).
+    pub range: Option<Range<u64>>,
+    /// The fault.
+    pub fault: Fault,
+    /// Chance of firing on each matching request, 0.0..=1.0.
+    pub probability: f64,
+    /// Firings left (`None`: unlimited).
+    pub count: Option<u32>,
+}
+
+/// Counters of what a simulated device did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Read requests completed (any status).
+    pub reads: u64,
+    /// Write, write-zeroes and discard requests completed.
+    pub writes: u64,
+    /// Flushes completed.
+    pub flushes: u64,
+    /// Bytes read successfully.
+    pub bytes_read: u64,
+    /// Bytes written successfully (torn writes count what was applied).
+    pub bytes_written: u64,
+    /// Requests failed by an injected fault, a latent sector error or disappearance.
+    pub failed: u64,
+}
+
+struct State {
+    info: DeviceInfo,
+    profile: Profile,
+    data: Vec<u8>,
+    /// busy-until time of each parallel unit (at most `MAX_UNITS` tracked).
+    units: Vec<u64>,
+    /// Where the head is (end of the last request), for seek modelling.
+    head: u64,
+    /// Bytes sitting in the volatile write cache.
+    dirty_bytes: u64,
+    /// Requests in the device (all channels).
+    queued: u32,
+    faults: Vec<FaultRule>,
+    /// Latent sector errors: reads overlapping them fail until a write covers them.
+    latent: Vec<Range<u64>>,
+    gone: bool,
+    slowdown: u32,
+    rng: ChaCha8Rng,
+    stats: SimStats,
+}
+
+/// Parallel units modelled individually; devices with more (or "unlimited") parallelism
+/// are modelled as this many, enough that requests never wait for one in the engine's
+/// tests (queue depths stay below it per device).
+const MAX_UNITS: usize = 256;
+
+/// A simulated block device. Cheap to clone; clones share the device (its data, queue,
+/// faults and counters).
+#[derive(Clone)]
+pub struct SimDevice {
+    state: Rc<RefCell<State>>,
+    /// The device's facts, immutable after `new`, kept outside the RefCell so `info()` can
+    /// hand out a plain reference.
+    info: Rc<DeviceInfo>,
+    clock: SimClock,
+}
+
+impl SimDevice {
+    /// A zero-filled device of `capacity_bytes` with `block_bytes` blocks, timed by
+    /// `profile` on `clock`; `seed` drives the probabilistic faults.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unusable`] for a block size other than 512/4096 or a capacity that
+    /// is zero, not a multiple of the block size, or too large for memory.
+    pub fn new(
+        name: &str,
+        capacity_bytes: u64,
+        block_bytes: u32,
+        profile: Profile,
+        clock: SimClock,
+        seed: u64,
+    ) -> Result<Self, DeviceError> {
+        let len = check_memory_shape(name, capacity_bytes, block_bytes)?;
+        let units = (profile.parallelism as usize).clamp(1, MAX_UNITS);
+        let info = DeviceInfo {
+            name: name.to_string(),
+            block_bytes,
+            capacity_bytes,
+            queue_depth: profile.queue_depth,
+            max_transfer_bytes: 1 << 20,
+            volatile_cache: profile.write_cache_latency_ns.is_some(),
+            write_zeroes: true,
+            discard: true,
+        };
+        Ok(Self {
+            info: Rc::new(info.clone()),
+            state: Rc::new(RefCell::new(State {
+                info,
+                profile,
+                data: vec![0; len],
+                units: vec![0; units],
+                head: 0,
+                dirty_bytes: 0,
+                queued: 0,
+                faults: Vec::new(),
+                latent: Vec::new(),
+                gone: false,
+                slowdown: 1,
+                rng: ChaCha8Rng::seed_from_u64(seed),
+                stats: SimStats::default(),
+            })),
+            clock,
+        })
+    }
+
+    /// Adds a fault-injection rule (checked in the order added; the first that fires wins).
+    pub fn add_fault(&self, rule: FaultRule) {
+        self.state.borrow_mut().faults.push(rule);
+    }
+
+    /// Removes every fault rule and latent sector error (the "faults stop" phase of a
+    /// simulation).
+    pub fn clear_faults(&self) {
+        let mut s = self.state.borrow_mut();
+        s.faults.clear();
+        s.latent.clear();
+    }
+
+    /// Marks `range` (bytes) as a latent sector error: reads overlapping it fail with
+    /// [`IoError::Medium`] until a successful write covers it.
+    pub fn add_latent_error(&self, range: Range<u64>) {
+        self.state.borrow_mut().latent.push(range);
+    }
+
+    /// Makes the device disappear: requests in flight complete with [`IoError::Gone`] at the
+    /// next poll, and `submit` refuses everything from now on.
+    pub fn disappear(&self) {
+        self.state.borrow_mut().gone = true;
+    }
+
+    /// Multiplies every service time by `factor` (≥ 1): a slow member.
+    pub fn set_slowdown(&self, factor: u32) {
+        self.state.borrow_mut().slowdown = factor.max(1);
+    }
+
+    /// What the device did so far.
+    pub fn stats(&self) -> SimStats {
+        self.state.borrow().stats
+    }
+
+    /// A copy of the device's contents.
+    pub fn contents(&self) -> Vec<u8> {
+        self.state.borrow().data.clone()
+    }
+
+    /// Overwrites bytes at `offset` directly (no timing, no faults): for building a test's
+    /// starting state, or for silent corruption.
+    ///
+    /// # Panics
+    /// If the range exceeds the capacity.
+    pub fn poke(&self, offset: u64, bytes: &[u8]) {
+        let mut s = self.state.borrow_mut();
+        let off = usize::try_from(offset).expect("offset fits in memory");
+        s.data[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+impl BlockDevice for SimDevice {
+    type Channel = SimChannel;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn open_channel(&self) -> Result<SimChannel, DeviceError> {
+        let qd = self.info.queue_depth as usize;
+        Ok(SimChannel {
+            dev: self.clone(),
+            slots: (0..qd).map(|_| None).collect(),
+            free: (0..qd).rev().collect(),
+            ready: BinaryHeap::with_capacity(qd),
+            seq: 0,
+        })
+    }
+}
+
+/// One request inside the simulated device.
+struct InFlight {
+    req: Request,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    Fail(IoError),
+    Torn(u32),
+}
+
+/// A channel of a [`SimDevice`]: completions become visible when the clock reaches their
+/// completion time, in (time, submission) order.
+pub struct SimChannel {
+    dev: SimDevice,
+    /// In-flight requests by slot; sized to the queue depth at open.
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    /// (done_at, submission sequence, slot), earliest first.
+    ready: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    seq: u64,
+}
+
+impl SimChannel {
+    /// Virtual time at which the next request of this channel completes, if any. The
+    /// executor advances the clock to the earliest of these when nothing else can run.
+    pub fn next_completion_ns(&self) -> Option<u64> {
+        if self.dev.state.borrow().gone && !self.ready.is_empty() {
+            return Some(self.dev.clock.now_ns());
+        }
+        self.ready.peek().map(|Reverse((t, _, _))| *t)
+    }
+}
+
+impl State {
+    /// Schedules `req` on the earliest-free parallel unit; returns its completion time, ns.
+    fn schedule(&mut self, req: &Request, now: u64) -> u64 {
+        let p = &self.profile;
+        let len = u64::from(req.len_bytes);
+        let positioning = match p.seek {
+            Seek::Disk {
+                avg_seek_ns,
+                rotation_ns,
+            } if req.op != Op::Flush && req.offset_bytes != self.head => {
+                avg_seek_ns + rotation_ns / 2
+            }
+            _ => 0,
+        };
+        let service = match req.op {
+            Op::Read => {
+                p.read_latency_ns + positioning + Profile::transfer_ns(len, p.read_bytes_per_s)
+            }
+            Op::Write { fua } => match p.write_cache_latency_ns {
+                Some(cache) if !fua => {
+                    self.dirty_bytes += len;
+                    cache
+                }
+                _ => {
+                    p.write_latency_ns
+                        + positioning
+                        + Profile::transfer_ns(len, p.write_bytes_per_s)
+                }
+            },
+            Op::Flush => {
+                let dirty = std::mem::take(&mut self.dirty_bytes);
+                let units = self.units.len() as u64;
+                p.write_latency_ns / 4
+                    + Profile::transfer_ns(dirty, p.write_bytes_per_s.saturating_mul(units))
+            }
+            Op::WriteZeroes | Op::Discard => p.write_latency_ns + positioning,
+        };
+        if req.op != Op::Flush {
+            self.head = req.offset_bytes + len;
+        }
+        let service = service.saturating_mul(u64::from(self.slowdown));
+        // The earliest-free unit serves it.
+        let (i, free_at) = self
+            .units
+            .iter()
+            .copied()
+            .enumerate()
+            .min_by_key(|&(_, t)| t)
+            .expect("at least one unit");
+        let done = free_at.max(now).saturating_add(service);
+        self.units[i] = done;
+        done
+    }
+
+    fn inject(&mut self, req: &Request) -> Outcome {
+        let end = req.offset_bytes + u64::from(req.len_bytes);
+        for i in 0..self.faults.len() {
+            let rule = &self.faults[i];
+            if !rule.filter.matches(req.op) || rule.count == Some(0) {
+                continue;
+            }
+            if let Some(r) = &rule.range {
+                if !(r.start < end && req.offset_bytes < r.end) || req.op == Op::Flush {
+                    continue;
+                }
+            }
+            let p = rule.probability;
+            if p < 1.0 {
+                // 53 random bits -> uniform in [0, 1).
+                let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                if draw >= p {
+                    continue;
+                }
+            }
+            let fault = rule.fault;
+            if let Some(c) = self.faults[i].count.as_mut() {
+                *c -= 1;
+            }
+            return match fault {
+                Fault::Error(e) => Outcome::Fail(e),
+                Fault::Torn { blocks } if matches!(req.op, Op::Write { .. }) => {
+                    Outcome::Torn(blocks.min(req.len_bytes / self.info.block_bytes))
+                }
+                Fault::Torn { .. } => Outcome::Fail(IoError::Io { errno: 5 }),
+            };
+        }
+        Outcome::Ok
+    }
+
+    /// Applies a finished request to the media and the caller's buffer.
+    fn apply(&mut self, f: &InFlight) -> Result<(), IoError> {
+        let req = &f.req;
+        let off = req.offset_bytes as usize;
+        let len = req.len_bytes as usize;
+        let is_write = matches!(req.op, Op::Write { .. } | Op::WriteZeroes | Op::Discard);
+        // Latent sector errors are judged when the read reaches the media, after any write
+        // that completed before it has remapped the sectors.
+        let end = req.offset_bytes + len as u64;
+        let latent = req.op == Op::Read
+            && self
+                .latent
+                .iter()
+                .any(|r| r.start < end && req.offset_bytes < r.end);
+        let outcome = if latent && f.outcome == Outcome::Ok {
+            Outcome::Fail(IoError::Medium)
+        } else {
+            f.outcome
+        };
+        match req.op {
+            Op::Flush => self.stats.flushes += 1,
+            Op::Read => self.stats.reads += 1,
+            _ => self.stats.writes += 1,
+        }
+        let applied = match outcome {
+            Outcome::Ok => len,
+            Outcome::Torn(blocks) => blocks as usize * self.info.block_bytes as usize,
+            Outcome::Fail(e) => {
+                self.stats.failed += 1;
+                return Err(e);
+            }
+        };
+        match req.op {
+            Op::Read => {
+                // SAFETY: validate() bounded off+len by the capacity (= data.len()); the
+                // request buffer is valid, exclusive memory of len bytes until this
+                // completion is returned (IoBuf::from_raw contract); data is our own Vec,
+                // so the two do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.data.as_ptr().add(off),
+                        req.buf.as_ptr(),
+                        len,
+                    )
+                };
+                self.stats.bytes_read += len as u64;
+            }
+            Op::Write { .. } => {
+                // SAFETY: as above; `applied <= len`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        req.buf.as_ptr(),
+                        self.data.as_mut_ptr().add(off),
+                        applied,
+                    )
+                };
+            }
+            Op::WriteZeroes | Op::Discard => self.data[off..off + applied].fill(0),
+            Op::Flush => {}
+        }
+        if is_write {
+            self.stats.bytes_written += applied as u64;
+            let (start, end) = (req.offset_bytes, req.offset_bytes + applied as u64);
+            // Rewritten sectors are remapped: their latent errors are gone.
+            self.latent.retain(|r| !(start <= r.start && r.end <= end));
+        }
+        match outcome {
+            Outcome::Torn(_) => {
+                self.stats.failed += 1;
+                Err(IoError::Io { errno: 5 })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Channel for SimChannel {
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        let now = self.dev.clock.now_ns();
+        let mut s = self.dev.state.borrow_mut();
+        if s.gone {
+            return Err(SubmitError::Gone);
+        }
+        validate(&s.info, &req)?;
+        let Some(slot) = self.free.pop() else {
+            return Err(SubmitError::QueueFull);
+        };
+        if s.queued >= s.info.queue_depth {
+            self.free.push(slot);
+            return Err(SubmitError::QueueFull);
+        }
+        s.queued += 1;
+        let outcome = s.inject(&req);
+        let done_at = s.schedule(&req, now);
+        self.slots[slot] = Some(InFlight { req, outcome });
+        self.seq += 1;
+        self.ready.push(Reverse((done_at, self.seq, slot)));
+        Ok(())
+    }
+
+    fn kick(&mut self) {}
+
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        let now = self.dev.clock.now_ns();
+        let mut s = self.dev.state.borrow_mut();
+        let mut n = 0;
+        while n < out.len() {
+            let Some(&Reverse((t, _, slot))) = self.ready.peek() else {
+                break;
+            };
+            if t > now && !s.gone {
+                break;
+            }
+            self.ready.pop();
+            let f = self.slots[slot]
+                .take()
+                .expect("queued slot holds a request");
+            self.free.push(slot);
+            s.queued -= 1;
+            let status = if s.gone {
+                s.stats.failed += 1;
+                Err(IoError::Gone)
+            } else {
+                s.apply(&f)
+            };
+            out[n] = Completion {
+                tag: f.req.tag,
+                status,
+            };
+            n += 1;
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.ready.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buf::AlignedBuf;
+    use crate::device::IoBuf;
+    use std::ptr::NonNull;
+
+    fn io(buf: &mut AlignedBuf) -> IoBuf {
+        // SAFETY: test buffers outlive their requests and are not touched while in flight.
+        unsafe {
+            IoBuf::from_raw(
+                NonNull::new(buf.as_mut_ptr()).unwrap(),
+                buf.len() as u32,
+                None,
+            )
+        }
+    }
+
+    fn rw(tag: u64, op: Op, off: u64, buf: IoBuf) -> Request {
+        Request {
+            tag,
+            op,
+            offset_bytes: off,
+            len_bytes: buf.len(),
+            buf,
+        }
+    }
+
+    fn run_until_idle(
+        clock: &SimClock,
+        ch: &mut SimChannel,
+        out: &mut Vec<(u64, u64, Result<(), IoError>)>,
+    ) {
+        let mut c = [Completion::EMPTY; 8];
+        while let Some(t) = ch.next_completion_ns() {
+            clock.advance_to(t.max(clock.now_ns()));
+            let n = ch.poll(&mut c);
+            for x in &c[..n] {
+                out.push((clock.now_ns(), x.tag, x.status));
+            }
+        }
+    }
+
+    #[test]
+    fn data_moves_at_completion_time_in_order() {
+        let clock = SimClock::new();
+        let dev = SimDevice::new(
+            "sim0",
+            1 << 20,
+            4096,
+            Profile::fixed(1000),
+            clock.clone(),
+            1,
+        )
+        .unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut w = AlignedBuf::from_slice(&[7u8; 4096]);
+        let mut r = AlignedBuf::zeroed(4096);
+        ch.submit(rw(1, Op::Write { fua: false }, 8192, io(&mut w)))
+            .unwrap();
+        let mut c = [Completion::EMPTY; 4];
+        assert_eq!(ch.poll(&mut c), 0, "nothing completes before its time");
+        clock.advance_by(1000);
+        assert_eq!(ch.poll(&mut c), 1);
+        ch.submit(rw(2, Op::Read, 8192, io(&mut r))).unwrap();
+        let mut done = Vec::new();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert_eq!(done, vec![(2000, 2, Ok(()))]);
+        assert_eq!(&r[..], &w[..]);
+        assert_eq!(dev.stats().bytes_written, 4096);
+    }
+
+    #[test]
+    fn hdd_seeks_and_queue_depth_one() {
+        let clock = SimClock::new();
+        let dev = SimDevice::new(
+            "hdd",
+            64 << 20,
+            512,
+            Profile::hdd_7200(false),
+            clock.clone(),
+            1,
+        )
+        .unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut a = AlignedBuf::zeroed(4096);
+        let mut b = AlignedBuf::zeroed(4096);
+        ch.submit(rw(1, Op::Read, 1 << 20, io(&mut a))).unwrap();
+        assert_eq!(
+            ch.submit(rw(2, Op::Read, 0, io(&mut b))),
+            Err(SubmitError::QueueFull)
+        );
+        let mut done = Vec::new();
+        run_until_idle(&clock, &mut ch, &mut done);
+        let random = done[0].0;
+        assert!(
+            random > 12_000_000,
+            "random read pays seek + half a rotation: {random}"
+        );
+        // Sequential continuation pays no positioning.
+        ch.submit(rw(3, Op::Read, (1 << 20) + 4096, io(&mut b)))
+            .unwrap();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert!(done[1].0 - random < 1_000_000);
+    }
+
+    #[test]
+    fn parallel_units_overlap_requests() {
+        let clock = SimClock::new();
+        let dev = SimDevice::new(
+            "nvme",
+            64 << 20,
+            4096,
+            Profile::nvme_ssd(),
+            clock.clone(),
+            1,
+        )
+        .unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut bufs: Vec<AlignedBuf> = (0..8).map(|_| AlignedBuf::zeroed(4096)).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            ch.submit(rw(i as u64, Op::Read, i as u64 * 4096, io(b)))
+                .unwrap();
+        }
+        let mut done = Vec::new();
+        run_until_idle(&clock, &mut ch, &mut done);
+        // Eight reads on 32 units finish together, not one after the other.
+        assert_eq!(done.len(), 8);
+        assert_eq!(done.first().unwrap().0, done.last().unwrap().0);
+    }
+
+    #[test]
+    fn cached_writes_are_fast_and_flush_pays() {
+        let clock = SimClock::new();
+        let dev = SimDevice::new(
+            "sata",
+            64 << 20,
+            4096,
+            Profile::sata_ssd_cached(),
+            clock.clone(),
+            1,
+        )
+        .unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut w = AlignedBuf::zeroed(1 << 20);
+        ch.submit(rw(1, Op::Write { fua: false }, 0, io(&mut w)))
+            .unwrap();
+        let mut done = Vec::new();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert_eq!(done[0].0, 25_000);
+        ch.submit(Request {
+            tag: 2,
+            op: Op::Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+            buf: IoBuf::NONE,
+        })
+        .unwrap();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert!(
+            done[1].0 - 25_000 > 1_000_000,
+            "flush writes the cached MiB: {:?}",
+            done
+        );
+        ch.submit(rw(3, Op::Write { fua: true }, 0, io(&mut w)))
+            .unwrap();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert!(done[2].0 - done[1].0 > 1_000_000, "FUA bypasses the cache");
+    }
+
+    #[test]
+    fn faults_fire_by_rule_and_by_seed() {
+        let clock = SimClock::new();
+        let dev = SimDevice::new("f", 1 << 20, 512, Profile::fixed(10), clock.clone(), 42).unwrap();
+        dev.add_fault(FaultRule {
+            filter: OpFilter::Read,
+            range: Some(4096..8192),
+            fault: Fault::Error(IoError::Io { errno: 5 }),
+            probability: 1.0,
+            count: Some(1),
+        });
+        dev.add_latent_error(65536..66048);
+        let mut ch = dev.open_channel().unwrap();
+        let mut b = AlignedBuf::zeroed(4096);
+        let mut done = Vec::new();
+        for (tag, off) in [(1, 4096), (2, 4096), (3, 65536)] {
+            ch.submit(rw(tag, Op::Read, off, io(&mut b))).unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+        }
+        let st: Vec<_> = done.iter().map(|d| d.2).collect();
+        assert_eq!(
+            st,
+            vec![Err(IoError::Io { errno: 5 }), Ok(()), Err(IoError::Medium)]
+        );
+        // Rewriting the latent sector clears it.
+        ch.submit(rw(4, Op::Write { fua: false }, 65536, io(&mut b)))
+            .unwrap();
+        ch.submit(rw(5, Op::Read, 65536, io(&mut b))).unwrap();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert_eq!(
+            done[3..].iter().map(|d| d.2).collect::<Vec<_>>(),
+            vec![Ok(()), Ok(())]
+        );
+
+        // Probabilistic faults replay exactly from the seed.
+        let fire_pattern = |seed| {
+            let clock = SimClock::new();
+            let dev =
+                SimDevice::new("p", 1 << 20, 512, Profile::fixed(1), clock.clone(), seed).unwrap();
+            dev.add_fault(FaultRule {
+                filter: OpFilter::Any,
+                range: None,
+                fault: Fault::Error(IoError::Io { errno: 5 }),
+                probability: 0.3,
+                count: None,
+            });
+            let mut ch = dev.open_channel().unwrap();
+            let mut b = AlignedBuf::zeroed(512);
+            let mut done = Vec::new();
+            for i in 0..64 {
+                ch.submit(rw(i, Op::Read, 0, io(&mut b))).unwrap();
+                run_until_idle(&clock, &mut ch, &mut done);
+            }
+            done.iter().map(|d| d.2.is_err()).collect::<Vec<_>>()
+        };
+        let a = fire_pattern(7);
+        assert_eq!(a, fire_pattern(7));
+        assert_ne!(a, fire_pattern(8));
+        let fired = a.iter().filter(|&&x| x).count();
+        assert!((8..=32).contains(&fired), "about 30% of 64: {fired}");
+    }
+
+    #[test]
+    fn torn_write_applies_a_prefix_and_fails() {
+        let clock = SimClock::new();
+        let dev = SimDevice::new("t", 1 << 20, 512, Profile::fixed(10), clock.clone(), 1).unwrap();
+        dev.add_fault(FaultRule {
+            filter: OpFilter::Write,
+            range: None,
+            fault: Fault::Torn { blocks: 3 },
+            probability: 1.0,
+            count: Some(1),
+        });
+        let mut ch = dev.open_channel().unwrap();
+        let mut w = AlignedBuf::from_slice(&[0xabu8; 4096]);
+        ch.submit(rw(1, Op::Write { fua: false }, 0, io(&mut w)))
+            .unwrap();
+        let mut done = Vec::new();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert_eq!(done[0].2, Err(IoError::Io { errno: 5 }));
+        let img = dev.contents();
+        assert!(img[..1536].iter().all(|&b| b == 0xab));
+        assert!(img[1536..4096].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn disappearing_device_fails_in_flight_and_refuses_new() {
+        let clock = SimClock::new();
+        let dev = SimDevice::new(
+            "g",
+            1 << 20,
+            512,
+            Profile::fixed(1_000_000),
+            clock.clone(),
+            1,
+        )
+        .unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut b = AlignedBuf::zeroed(512);
+        ch.submit(rw(1, Op::Read, 0, io(&mut b))).unwrap();
+        dev.disappear();
+        let mut c = [Completion::EMPTY; 2];
+        assert_eq!(ch.poll(&mut c), 1);
+        assert_eq!(c[0].status, Err(IoError::Gone));
+        assert_eq!(
+            ch.submit(rw(2, Op::Read, 0, io(&mut b))),
+            Err(SubmitError::Gone)
+        );
+        assert_eq!(dev.stats().failed, 1);
+    }
+
+    #[test]
+    fn slow_member_takes_longer() {
+        let clock = SimClock::new();
+        let dev =
+            SimDevice::new("s", 1 << 20, 512, Profile::fixed(1000), clock.clone(), 1).unwrap();
+        dev.set_slowdown(10);
+        let mut ch = dev.open_channel().unwrap();
+        let mut b = AlignedBuf::zeroed(512);
+        ch.submit(rw(1, Op::Read, 0, io(&mut b))).unwrap();
+        assert_eq!(ch.next_completion_ns(), Some(10_000));
+    }
+}
