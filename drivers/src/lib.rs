@@ -1,9 +1,12 @@
-//! ferroraid device back ends.
+//! ferroraid device back ends: implementations of [`engine::device::BlockDevice`].
 //!
-//! This crate will hold the implementations of the engine's block-device trait (io_uring
-//! over files and block devices, NVMe passthrough, a vfio user-space NVMe driver, and RAM
-//! and null devices). The trait itself arrives with the data path (issue 3); until then the
-//! crate only re-exports the engine so that the dependency direction `drivers -> engine`
-//! is fixed from the start.
+//! - [`mem`]: a RAM disk (data kept in memory; for tests and CPU-cost benchmarks).
+//! - [`null`]: no data at all; every request completes at once (pure CPU cost).
+//! - [`uring`]: io_uring over regular files and block devices with O_DIRECT.
+//!
+//! The simulated device with a virtual clock lives in the engine (`engine::sim`), as the
+//! engine's own test world.
 
-pub use engine;
+pub mod mem;
+pub mod null;
+pub mod uring;

@@ -14,14 +14,19 @@
 //!   64-byte alignment; device DMA wants 4 KiB).
 //! - [`device`]: the block-device interface (device facts, per-reactor channels, requests,
 //!   completions, typed I/O errors) that every back end implements.
+//! - [`stripe`]: write planning (full-stripe / RMW / RCW / degraded reconstruct-write).
+//! - [`array`]: one reactor's stripe engine: array requests to member I/O, per-stripe
+//!   ordering, degraded reads and writes, member failure handling.
 //! - [`sim`]: the engine's test world — a virtual clock and simulated devices with latency
 //!   profiles (NVMe, cached SATA SSD, 7200 rpm disk) and seeded fault injection.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod array;
 pub mod buf;
 pub mod device;
 pub mod geometry;
 pub mod parity;
 pub mod sim;
+pub mod stripe;

@@ -15,6 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// Where the oracle script lives: `shared/oracle/raidref.py` beside the workspace root.
 ///
@@ -296,6 +297,65 @@ pub fn first_difference(a: &[u8], b: &[u8]) -> Option<String> {
         show(a),
         show(b)
     ))
+}
+
+/// A loop device a test created; `Drop` detaches exactly it and waits until the kernel
+/// has let go of it.
+pub struct LoopGuard {
+    /// The device path, `/dev/loopN`.
+    pub dev: String,
+}
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        match Command::new("losetup").arg("-d").arg(&self.dev).status() {
+            Ok(s) if s.success() => {}
+            other => {
+                eprintln!("WARNING: `losetup -d {}` failed: {other:?}", self.dev);
+                return;
+            }
+        }
+        // The kernel finishes the detach when the last opener goes; an io_uring's reference
+        // to its fixed file is dropped by the ring's asynchronous teardown, a few
+        // milliseconds after the channel. Wait for it so the test leaves nothing behind.
+        let name = self.dev.trim_start_matches("/dev/");
+        let attached = PathBuf::from(format!("/sys/block/{name}/loop/backing_file"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while attached.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if attached.exists() {
+            eprintln!(
+                "WARNING: {} still attached 10 s after `losetup -d`",
+                self.dev
+            );
+        }
+    }
+}
+
+/// Attaches `file` to a free loop device with direct I/O (`losetup --find --show
+/// --direct-io=on`), or says why not (no losetup, not root).
+///
+/// # Errors
+/// A message saying why the device could not be attached.
+pub fn attach_loop(file: &Path) -> Result<LoopGuard, String> {
+    let out = Command::new("losetup")
+        .args(["--find", "--show", "--direct-io=on"])
+        .arg(file)
+        .output()
+        .map_err(|e| format!("cannot run losetup: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "losetup failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !dev.starts_with("/dev/loop") {
+        return Err(format!("losetup printed {dev:?}, not a loop device"));
+    }
+    Ok(LoopGuard { dev })
 }
 
 #[cfg(test)]

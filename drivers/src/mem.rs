@@ -1,0 +1,229 @@
+//! `mem`: a RAM disk. Requests complete synchronously inside `submit` (a memory copy) and
+//! are handed back by the next `poll`; it exists to measure the engine's CPU cost with real
+//! data movement, and for tests that want to look at member contents.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use engine::buf::AlignedBuf;
+use engine::device::{
+    check_memory_shape, validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, Op,
+    Request, SubmitError,
+};
+
+/// The memory behind a [`MemDevice`], shared by its channels.
+struct Store {
+    buf: std::cell::UnsafeCell<AlignedBuf>,
+}
+
+// SAFETY: channels on different reactors access the store concurrently through raw
+// copies. Soundness rests on the engine's data-path invariant (DESIGN.md "The data path"):
+// a member byte range is written only by the reactor that owns its stripe, and no request
+// touching a range is issued while a write to an overlapping range is in flight. Under
+// that rule no two threads access the same bytes concurrently with one of them writing.
+unsafe impl Sync for Store {}
+// SAFETY: the AlignedBuf is owned; moving the store between threads moves ownership.
+unsafe impl Send for Store {}
+
+/// A RAM-backed block device.
+pub struct MemDevice {
+    info: DeviceInfo,
+    store: Arc<Store>,
+}
+
+impl MemDevice {
+    /// A zero-filled RAM disk of `capacity_bytes` with `block_bytes` logical blocks and
+    /// `queue_depth` requests per channel.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unusable`] for a block size other than 512/4096, a capacity that is
+    /// zero or not a multiple of the block size, or a zero queue depth.
+    pub fn new(
+        name: &str,
+        capacity_bytes: u64,
+        block_bytes: u32,
+        queue_depth: u32,
+    ) -> Result<Self, DeviceError> {
+        let info = memory_device_info(name, capacity_bytes, block_bytes, queue_depth)?;
+        let len = check_memory_shape(name, capacity_bytes, block_bytes)?;
+        Ok(Self {
+            info,
+            store: Arc::new(Store {
+                buf: std::cell::UnsafeCell::new(AlignedBuf::zeroed(len)),
+            }),
+        })
+    }
+
+    /// A copy of the device's contents, for tests (e.g. to hand member images to the
+    /// oracle). Call only while no channel has requests in flight.
+    pub fn contents(&self) -> Vec<u8> {
+        // SAFETY: per the doc contract no request is in flight, so nothing writes the store.
+        unsafe { (*self.store.buf.get()).to_vec() }
+    }
+}
+
+impl BlockDevice for MemDevice {
+    type Channel = MemChannel;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn open_channel(&self) -> Result<MemChannel, DeviceError> {
+        Ok(MemChannel {
+            info: self.info.clone(),
+            store: Arc::clone(&self.store),
+            done: VecDeque::with_capacity(self.info.queue_depth as usize),
+        })
+    }
+}
+
+/// A channel of a [`MemDevice`].
+pub struct MemChannel {
+    info: DeviceInfo,
+    store: Arc<Store>,
+    /// Finished requests not yet polled; capacity = queue depth, so it never reallocates.
+    done: VecDeque<Completion>,
+}
+
+impl Channel for MemChannel {
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        validate(&self.info, &req)?;
+        if self.done.len() >= self.info.queue_depth as usize {
+            return Err(SubmitError::QueueFull);
+        }
+        let off = req.offset_bytes as usize; // < capacity, which fits in usize (checked at new)
+        let len = req.len_bytes as usize;
+        // SAFETY: validate() bounded off+len by the capacity (the store's length); the
+        // request's buffer is valid for len bytes (IoBuf::from_raw contract); store and
+        // buffer do not overlap (the buffer is caller memory); concurrent access to the same
+        // store bytes is excluded by the engine invariant documented on `Store`.
+        unsafe {
+            let base = (*self.store.buf.get()).as_mut_ptr();
+            match req.op {
+                Op::Read => std::ptr::copy_nonoverlapping(base.add(off), req.buf.as_ptr(), len),
+                Op::Write { .. } => {
+                    std::ptr::copy_nonoverlapping(req.buf.as_ptr(), base.add(off), len)
+                }
+                Op::WriteZeroes | Op::Discard => std::ptr::write_bytes(base.add(off), 0, len),
+                Op::Flush => {}
+            }
+        }
+        self.done.push_back(Completion {
+            tag: req.tag,
+            status: Ok(()),
+        });
+        Ok(())
+    }
+
+    fn kick(&mut self) {}
+
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        drain(&mut self.done, out)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+}
+
+/// The facts of a memory-speed device (`mem`, `null`), after checking its shape.
+///
+/// # Errors
+/// [`DeviceError::Unusable`] for a block size other than 512/4096, a capacity that is zero
+/// or not a multiple of the block size, or a zero queue depth.
+pub(crate) fn memory_device_info(
+    name: &str,
+    capacity_bytes: u64,
+    block_bytes: u32,
+    queue_depth: u32,
+) -> Result<DeviceInfo, DeviceError> {
+    check_memory_shape(name, capacity_bytes, block_bytes)?;
+    if queue_depth == 0 {
+        return Err(DeviceError::Unusable(format!(
+            "{name}: queue depth must be at least 1"
+        )));
+    }
+    Ok(DeviceInfo {
+        name: name.to_string(),
+        block_bytes,
+        capacity_bytes,
+        queue_depth,
+        max_transfer_bytes: 16 << 20,
+        volatile_cache: false,
+        write_zeroes: true,
+        discard: true,
+    })
+}
+
+/// Moves up to `out.len()` completions from `done` into `out`; returns how many.
+pub(crate) fn drain(done: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
+    let n = done.len().min(out.len());
+    for (o, c) in out.iter_mut().zip(done.drain(..n)) {
+        *o = c;
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::device::IoBuf;
+    use std::ptr::NonNull;
+
+    fn io(buf: &mut AlignedBuf) -> IoBuf {
+        // SAFETY: the buffer outlives every request in these tests and is not touched while
+        // a request is in flight (MemChannel completes synchronously in submit).
+        unsafe {
+            IoBuf::from_raw(
+                NonNull::new(buf.as_mut_ptr()).unwrap(),
+                buf.len() as u32,
+                None,
+            )
+        }
+    }
+
+    #[test]
+    fn writes_read_back_and_zeroes_zero() {
+        let dev = MemDevice::new("mem0", 1 << 20, 512, 2).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut w = AlignedBuf::zeroed(4096);
+        w.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let req = |tag, op, off, buf| Request {
+            tag,
+            op,
+            offset_bytes: off,
+            len_bytes: 4096,
+            buf,
+        };
+        ch.submit(req(1, Op::Write { fua: true }, 8192, io(&mut w)))
+            .unwrap();
+        ch.submit(req(2, Op::WriteZeroes, 8192 + 4096, IoBuf::NONE))
+            .unwrap();
+        assert_eq!(
+            ch.submit(req(3, Op::Read, 0, io(&mut w))),
+            Err(SubmitError::QueueFull)
+        );
+        let mut out = [Completion::EMPTY; 4];
+        assert_eq!(ch.poll(&mut out), 2);
+        assert_eq!((out[0].tag, out[1].tag), (1, 2));
+        let mut r = AlignedBuf::zeroed(4096);
+        ch.submit(req(4, Op::Read, 8192, io(&mut r))).unwrap();
+        assert_eq!(ch.poll(&mut out), 1);
+        assert_eq!(&r[..], &w[..]);
+        let img = dev.contents();
+        assert_eq!(&img[8192..12288], &w[..]);
+        assert!(img[12288..16384].iter().all(|&b| b == 0));
+        assert!(matches!(
+            ch.submit(req(5, Op::Read, (1 << 20) - 512, io(&mut r))),
+            Err(SubmitError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn bad_geometry_is_refused() {
+        assert!(MemDevice::new("m", 1000, 512, 1).is_err());
+        assert!(MemDevice::new("m", 4096, 1024, 1).is_err());
+        assert!(MemDevice::new("m", 4096, 512, 0).is_err());
+    }
+}

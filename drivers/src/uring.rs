@@ -1,0 +1,1128 @@
+//! `uring`: io_uring over regular files and block devices (`/dev/sdX`, `/dev/nvmeXnY`,
+//! `/dev/loopN`), opened `O_RDWR | O_DIRECT` by default.
+//!
+//! A [`UringDevice`] is opened once per member; every reactor then calls
+//! [`BlockDevice::open_channel`] and gets its own [`UringChannel`]: its own io_uring (nothing
+//! is shared between channels), sized to the queue depth, with the member registered as fixed
+//! file 0 and, optionally, an SQPOLL kernel thread.
+//!
+//! # Requests
+//!
+//! | [`Op`]            | io_uring operation                                         |
+//! |-------------------|------------------------------------------------------------|
+//! | `Read`            | `READ`, or `READ_FIXED` when the buffer has a region       |
+//! | `Write { fua }`   | `WRITE` / `WRITE_FIXED`, with `RWF_DSYNC` when `fua`       |
+//! | `Flush`           | `FSYNC` with `IORING_FSYNC_DATASYNC`                       |
+//! | `WriteZeroes`     | `FALLOCATE` with `FALLOC_FL_ZERO_RANGE \| FALLOC_FL_KEEP_SIZE` |
+//! | `Discard`         | `FALLOCATE` with `FALLOC_FL_PUNCH_HOLE \| FALLOC_FL_KEEP_SIZE` |
+//!
+//! On a block device the kernel turns `ZERO_RANGE` into `blkdev_issue_zeroout` (a WRITE
+//! ZEROES command, or zero pages written by the kernel where the device has none) and
+//! `PUNCH_HOLE` into a WRITE ZEROES that may unmap and has no fallback, so `Discard` on a
+//! block device needs hardware write-zeroes support (`queue/write_zeroes_max_bytes > 0`)
+//! and always leaves zeroes behind. That support can vanish at run time: a loop device over
+//! a file system without `ZERO_RANGE` (tmpfs) advertises write zeroes until its first one
+//! fails, then clears it, so a `Discard` that [`DeviceInfo::discard`] promised may still
+//! complete with [`IoError::Unsupported`] (harmless: discard is advisory).
+//!
+//! # Hot path
+//!
+//! `submit` validates, takes a slot of a fixed in-flight table allocated when the channel was
+//! opened (the slot index is the SQE's `user_data`; the slot holds the tag, the expected
+//! length and the op) and writes one SQE: no allocation, no lock, no syscall (unless the
+//! submission ring is full). `kick` is one `io_uring_enter` for the whole batch (none at all
+//! when nothing is queued, or when an SQPOLL thread is awake). `poll` reads the completion
+//! ring without a syscall.
+//!
+//! # Device facts ([`DeviceInfo`])
+//!
+//! - **Block size** (bytes). Block device: the logical block size (`BLKSSZGET`). Regular
+//!   file opened with `O_DIRECT`: the file's direct-I/O offset alignment from
+//!   `statx(STATX_DIOALIGN)` (`stx_dio_offset_align`, raised to 512 if smaller) when the
+//!   kernel and file system report it; otherwise 512 if a 512-byte `O_DIRECT` read at offset
+//!   0 succeeds, else 4096. Regular file without `O_DIRECT`: 512 (the page cache takes any
+//!   alignment; 512 is md's sector). The block size must be a power of two from 512 to
+//!   65536 bytes.
+//! - **Capacity** (bytes): `BLKGETSIZE64` or the file length, rounded down to the block size.
+//!   A device smaller than one block is refused.
+//! - **Largest transfer** (bytes): 1 MiB, lowered to `queue/max_sectors_kb` for a block
+//!   device that reports less; the kernel splits anything larger than the device takes.
+//! - **Volatile cache**: always for a regular file (page cache and the disk's cache sit
+//!   behind `fsync`); for a block device, `queue/write_cache` reads `write back` (also
+//!   assumed when sysfs cannot be read: flushing is the safe side).
+//! - **Write zeroes / discard**: for a regular file, checked once at open with an anonymous
+//!   `O_TMPFILE` in the same directory (same file system): each is reported unless the file
+//!   system answers `EOPNOTSUPP` (tmpfs, for example, has no `ZERO_RANGE`); the member file
+//!   itself is never touched by the probe. For a block device, write zeroes is always
+//!   reported (the kernel falls back to writing zero pages) and discard when
+//!   `queue/write_zeroes_max_bytes` is non-zero.
+//!
+//! # Errors in completions
+//!
+//! A negative CQE result is mapped by errno: `EIO` → [`IoError::Io`] `{ errno: 5 }`,
+//! `ENOSPC` → [`IoError::NoSpace`], `ENODEV`/`ENXIO` → [`IoError::Gone`], `ENODATA` (the
+//! block layer's "critical medium error") → [`IoError::Medium`], `ETIMEDOUT` →
+//! [`IoError::Timeout`], `EOPNOTSUPP` → [`IoError::Unsupported`], `EINVAL` for `FALLOCATE`
+//! or `FSYNC` → [`IoError::Unsupported`], anything else → [`IoError::Io`] with its errno. A
+//! read or write that moved fewer bytes than asked → [`IoError::Short`].
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::buf::{AlignedBuf, BUF_ALIGN};
+use engine::device::{
+    validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, IoError, Op, Request,
+    SubmitError,
+};
+use io_uring::{opcode, squeue, types, IoUring};
+
+/// Default queue depth of a channel (requests in flight): deep enough to keep an NVMe SSD
+/// busy from one reactor, small enough that 64 members × a few reactors stay cheap.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 128;
+
+/// Largest queue depth a channel accepts: the kernel's `IORING_MAX_ENTRIES`.
+pub const MAX_QUEUE_DEPTH: u32 = 32768;
+
+/// Largest transfer of one request, in bytes, unless a block device asks for less: large
+/// enough for a full chunk of common RAID geometries, small enough that one request does
+/// not monopolise a device queue.
+pub const DEFAULT_MAX_TRANSFER_BYTES: u32 = 1 << 20;
+
+/// Smallest and largest block sizes accepted, in bytes.
+const MIN_BLOCK_BYTES: u32 = 512;
+const MAX_BLOCK_BYTES: u32 = 65536;
+
+/// Most registered buffer regions: an [`engine::device::IoBuf`] region index is a `u16`.
+const MAX_REGIONS: usize = 1 << 16;
+
+/// `io_uring_enter` calls one `kick` makes (retrying `EINTR`, or a kernel that stopped
+/// early in a batch) before leaving the rest for the next kick: every loop is bounded.
+const MAX_ENTER_TRIES: u32 = 16;
+
+/// Fixed-file index of the member in every channel's file table.
+const MEMBER: types::Fixed = types::Fixed(0);
+
+/// `BLKGETSIZE64` = `_IOR(0x12, 114, size_t)`; the libc crate does not define it.
+#[cfg(not(any(
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "sparc",
+    target_arch = "sparc64"
+)))]
+const BLKGETSIZE64: u32 =
+    (2 << 30) | ((std::mem::size_of::<usize>() as u32) << 16) | (0x12 << 8) | 114;
+/// `BLKGETSIZE64` on architectures whose ioctl encoding puts the direction in bits 29..31.
+#[cfg(any(
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "sparc",
+    target_arch = "sparc64"
+))]
+const BLKGETSIZE64: u32 =
+    (2 << 29) | ((std::mem::size_of::<usize>() as u32) << 16) | (0x12 << 8) | 114;
+
+/// How to open a [`UringDevice`] and its channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UringConfig {
+    /// Open with `O_DIRECT` (bypass the page cache). Default `true`. Without it, regular
+    /// files go through the page cache and their block size is 512 bytes.
+    pub direct: bool,
+    /// Requests one channel may have in flight; also the size of each channel's rings
+    /// (rounded up to a power of two by the kernel). 1 to [`MAX_QUEUE_DEPTH`]; default
+    /// [`DEFAULT_QUEUE_DEPTH`].
+    pub queue_depth: u32,
+    /// `Some(idle_ms)`: each channel gets an SQPOLL kernel thread that polls its submission
+    /// ring and sleeps after `idle_ms` milliseconds without work, so `kick` usually needs no
+    /// syscall (costs a kernel thread per channel, busy while I/O flows). Default `None`.
+    pub sqpoll: Option<u32>,
+}
+
+impl Default for UringConfig {
+    fn default() -> Self {
+        Self {
+            direct: true,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            sqpoll: None,
+        }
+    }
+}
+
+/// What was opened: decides how the device facts are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    RegularFile,
+    BlockDevice,
+}
+
+/// What a device shares with its channels (read-only after open).
+#[derive(Debug)]
+struct Shared {
+    info: DeviceInfo,
+    file: File,
+    sqpoll: Option<u32>,
+}
+
+/// A regular file or block device driven through io_uring: one member.
+///
+/// Holds the open file and the device facts; [`BlockDevice::open_channel`] creates one
+/// [`UringChannel`] per reactor. Channels keep the file open on their own, so the device
+/// may be dropped before its channels.
+#[derive(Debug)]
+pub struct UringDevice {
+    shared: Arc<Shared>,
+    kind: Kind,
+}
+
+impl UringDevice {
+    /// Opens `path` (a regular file or a block device) read-write, with `O_DIRECT` unless
+    /// `config.direct` is false, and reads its facts (see the module documentation for the
+    /// rules behind each [`DeviceInfo`] field). The device name is the path as given.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unusable`] (message names the path) for a queue depth outside
+    /// 1..=[`MAX_QUEUE_DEPTH`], a path that is neither a regular file nor a block device, a
+    /// block size that is not a power of two from 512 to 65536 bytes, a direct-I/O memory
+    /// alignment above 4096 bytes, or a capacity below one block;
+    /// [`DeviceError::Os`] when `stat`, `open` (for instance `EINVAL` from a file system
+    /// without `O_DIRECT`: use `direct: false`), `statx` or a block-device ioctl fails.
+    pub fn open(path: impl AsRef<Path>, config: &UringConfig) -> Result<Self, DeviceError> {
+        let path = path.as_ref();
+        let shown = path.display().to_string();
+        if config.queue_depth == 0 || config.queue_depth > MAX_QUEUE_DEPTH {
+            return Err(DeviceError::Unusable(format!(
+                "{shown}: queue depth {} outside 1..={MAX_QUEUE_DEPTH}",
+                config.queue_depth
+            )));
+        }
+        // Refuse anything else before opening it: opening a character device or a FIFO can
+        // have side effects (tape rewind, blocking).
+        let meta = std::fs::metadata(path).map_err(|e| os(format!("stat {shown}"), e))?;
+        let kind = file_kind(&shown, meta.file_type())?;
+
+        let mut flags = 0;
+        if config.direct {
+            flags |= libc::O_DIRECT;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(path)
+            .map_err(|e| {
+                let how = if config.direct { " with O_DIRECT" } else { "" };
+                os(format!("open {shown} read-write{how}"), e)
+            })?;
+        let opened = file
+            .metadata()
+            .map_err(|e| os(format!("fstat {shown}"), e))?;
+        if file_kind(&shown, opened.file_type())? != kind {
+            return Err(DeviceError::Unusable(format!(
+                "{shown}: changed type while being opened"
+            )));
+        }
+
+        let info = match kind {
+            Kind::BlockDevice => block_device_info(&shown, &file, config)?,
+            Kind::RegularFile => regular_file_info(path, &shown, &file, config)?,
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                info,
+                file,
+                sqpoll: config.sqpoll,
+            }),
+            kind,
+        })
+    }
+
+    /// Whether the device is a block device (else a regular file).
+    pub fn is_block_device(&self) -> bool {
+        self.kind == Kind::BlockDevice
+    }
+}
+
+impl BlockDevice for UringDevice {
+    type Channel = UringChannel;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    /// Creates an io_uring of `queue_depth` entries (completion ring twice that, so it can
+    /// never overflow), with SQPOLL if configured, and registers the member as fixed file 0.
+    ///
+    /// # Errors
+    /// [`DeviceError::Os`] when the kernel refuses the ring (`io_uring_setup`: memory lock
+    /// limits, io_uring disabled by `kernel.io_uring_disabled`) or the file registration.
+    fn open_channel(&self) -> Result<UringChannel, DeviceError> {
+        let info = &self.shared.info;
+        // IORING_SETUP_SUBMIT_ALL (5.18): one bad SQE does not stop the kernel from taking
+        // the rest of the batch; older kernels refuse the flag with EINVAL, so retry
+        // without it (`submit_queued` then loops until the ring is empty).
+        // Not IORING_SETUP_SINGLE_ISSUER: the channel is created on one thread and moved to
+        // its reactor, and that flag binds the ring to the creating thread.
+        // Not COOP_TASKRUN / DEFER_TASKRUN: completions must reach the completion ring while
+        // the reactor polls without entering the kernel.
+        let build = |submit_all: bool| {
+            let mut builder = IoUring::builder();
+            if let Some(idle_ms) = self.shared.sqpoll {
+                builder.setup_sqpoll(idle_ms);
+            }
+            if submit_all {
+                builder.setup_submit_all();
+            }
+            builder.build(info.queue_depth)
+        };
+        let ring = match build(true) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => build(false),
+            other => other,
+        }
+        .map_err(|e| {
+            os(
+                format!(
+                    "io_uring setup ({} entries) for {}",
+                    info.queue_depth, info.name
+                ),
+                e,
+            )
+        })?;
+        ring.submitter()
+            .register_files(&[self.shared.file.as_raw_fd()])
+            .map_err(|e| os(format!("io_uring file registration for {}", info.name), e))?;
+
+        let depth = info.queue_depth as usize;
+        let slots = vec![Slot::IDLE; depth].into_boxed_slice();
+        // Pop from the end: slot 0 is used first.
+        let free: Box<[u32]> = (0..info.queue_depth).rev().collect();
+        Ok(UringChannel {
+            ring,
+            shared: Arc::clone(&self.shared),
+            slots,
+            free,
+            free_top: depth,
+            in_flight: 0,
+            regions: Box::new([]),
+            stats: UringStats::default(),
+        })
+    }
+}
+
+/// Counters of one channel, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UringStats {
+    /// `io_uring_enter` calls from `kick` (and from `submit` when the submission ring was
+    /// full) that failed with something other than `EINTR`; the requests stay queued and
+    /// the next `kick` hands them over again.
+    pub kick_errors: u64,
+    /// Completions whose `user_data` matched no request in flight (ignored; never expected).
+    pub stray_completions: u64,
+}
+
+/// One entry of the in-flight table.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    tag: u64,
+    /// Bytes the request moves (for short-transfer detection).
+    expected: u32,
+    op: Op,
+    busy: bool,
+}
+
+impl Slot {
+    const IDLE: Slot = Slot {
+        tag: 0,
+        expected: 0,
+        op: Op::Flush,
+        busy: false,
+    };
+}
+
+/// A per-reactor queue pair on a [`UringDevice`]: one io_uring of its own.
+///
+/// # Why `UringChannel` is `Send`
+///
+/// A channel is created on one thread and moved to the reactor that owns it. That is sound:
+/// the ring's shared memory maps and file descriptor are owned by the channel and touched
+/// only through `&mut self` (the `io-uring` crate's `IoUring` is `Send` for this reason);
+/// the kernel does not tie a ring to a thread unless `IORING_SETUP_SINGLE_ISSUER` is set,
+/// which this back end never sets; the in-flight table holds plain data; the device facts
+/// and file are behind an `Arc` of immutable data; registered-buffer addresses are
+/// process-wide. Completions of requests submitted before a move may be finished by the
+/// kernel through the old thread's task work (or its fallback worker after the thread
+/// exits); they still reach this channel's completion ring. Moving a channel while it has
+/// requests in flight is therefore safe, though reactors move channels before using them.
+/// The channel is not `Sync`: every method that touches the rings takes `&mut self`.
+pub struct UringChannel {
+    ring: IoUring,
+    shared: Arc<Shared>,
+    /// In-flight table, `queue_depth` entries; `user_data` of an SQE is its slot index.
+    slots: Box<[Slot]>,
+    /// Stack of free slot indices: `free[..free_top]`.
+    free: Box<[u32]>,
+    free_top: usize,
+    in_flight: usize,
+    /// Registered buffer regions as (start address, length in bytes).
+    regions: Box<[(usize, usize)]>,
+    stats: UringStats,
+}
+
+/// Compile-time check of the promise documented on [`UringChannel`].
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<UringChannel>();
+};
+
+impl fmt::Debug for UringChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UringChannel")
+            .field("device", &self.shared.info.name)
+            .field("queue_depth", &self.slots.len())
+            .field("in_flight", &self.in_flight)
+            .field("regions", &self.regions.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl UringChannel {
+    /// Registers `regions` as this ring's fixed buffers; region `i` is `regions[i]` (start,
+    /// length in bytes). A request whose [`engine::device::IoBuf::region`] is `Some(i)` is
+    /// then issued as `READ_FIXED`/`WRITE_FIXED` on buffer `i` (the kernel skips pinning the
+    /// pages on every request). Replaces any earlier registration; an empty slice just
+    /// removes it.
+    ///
+    /// # Safety
+    /// Every region must be valid, writable memory of its length and must stay allocated
+    /// (not unmapped, not freed) until this channel is dropped or its registration is
+    /// replaced or removed ([`UringChannel::register_buffers`] again,
+    /// [`UringChannel::unregister_buffers`]): the kernel pins the pages at registration and
+    /// reads and writes them through that pinning. Memory that belongs to a live
+    /// registration must not be freed even while no request uses it.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unusable`] while requests are in flight or for more than 65536
+    /// regions; [`DeviceError::Os`] when the kernel refuses (`EINVAL`: an empty region or
+    /// one over 1 GiB, too many regions; `ENOMEM`: memory-lock limit; `EFAULT`: bad memory).
+    /// With requests in flight nothing changes; after any other error no buffers are
+    /// registered.
+    pub unsafe fn register_buffers(
+        &mut self,
+        regions: &[(NonNull<u8>, usize)],
+    ) -> Result<(), DeviceError> {
+        if regions.len() > MAX_REGIONS {
+            return Err(DeviceError::Unusable(format!(
+                "{}: {} buffer regions (at most {MAX_REGIONS})",
+                self.shared.info.name,
+                regions.len()
+            )));
+        }
+        self.unregister_buffers()?;
+        if regions.is_empty() {
+            return Ok(());
+        }
+        let iovecs: Vec<libc::iovec> = regions
+            .iter()
+            .map(|&(ptr, len)| libc::iovec {
+                iov_base: ptr.as_ptr().cast(),
+                iov_len: len,
+            })
+            .collect();
+        // SAFETY: the caller promises each region is valid, writable memory that stays
+        // allocated until this registration is replaced or removed or the ring is closed
+        // (exactly the crate's contract); no request is in flight (checked by
+        // unregister_buffers above), so no old fixed buffer is in use.
+        unsafe { self.ring.submitter().register_buffers(&iovecs) }.map_err(|e| {
+            os(
+                format!("io_uring buffer registration for {}", self.shared.info.name),
+                e,
+            )
+        })?;
+        self.regions = regions
+            .iter()
+            .map(|&(ptr, len)| (ptr.as_ptr() as usize, len))
+            .collect();
+        Ok(())
+    }
+
+    /// Removes the registered buffers (if any); requests with a region are refused from
+    /// then on. After it returns `Ok`, the regions' memory may be freed.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unusable`] while requests are in flight (they may use the buffers);
+    /// [`DeviceError::Os`] if the kernel refuses.
+    pub fn unregister_buffers(&mut self) -> Result<(), DeviceError> {
+        if self.in_flight != 0 {
+            return Err(DeviceError::Unusable(format!(
+                "{}: cannot change registered buffers with {} requests in flight",
+                self.shared.info.name, self.in_flight
+            )));
+        }
+        if self.regions.is_empty() {
+            return Ok(());
+        }
+        self.ring.submitter().unregister_buffers().map_err(|e| {
+            os(
+                format!(
+                    "io_uring buffer unregistration for {}",
+                    self.shared.info.name
+                ),
+                e,
+            )
+        })?;
+        self.regions = Box::new([]);
+        Ok(())
+    }
+
+    /// Number of registered buffer regions.
+    pub fn registered_regions(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Hands queued requests to the kernel and blocks until at least `min_complete`
+    /// completions are ready to [`Channel::poll`] (capped at the requests in flight, so it
+    /// never waits for something that cannot come), or `timeout` passes, or a signal
+    /// arrives. For the adaptive mode (block in the kernel when idle) and for tests; the
+    /// polled hot path never calls it.
+    ///
+    /// # Errors
+    /// [`DeviceError::Os`] when `io_uring_enter` fails with anything but `EINTR`, `ETIME`
+    /// (the timeout passed), `EAGAIN` or `EBUSY`: those return `Ok` and the caller polls.
+    pub fn wait(
+        &mut self,
+        min_complete: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), DeviceError> {
+        let want = min_complete.min(self.in_flight);
+        let res = match timeout {
+            None => self.ring.submit_and_wait(want),
+            Some(t) => {
+                let ts = types::Timespec::from(t);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(want, &args)
+            }
+        };
+        match res {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::ETIME | libc::EAGAIN | libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(os(format!("io_uring wait on {}", self.shared.info.name), e)),
+        }
+    }
+
+    /// The channel's counters.
+    pub fn stats(&self) -> UringStats {
+        self.stats
+    }
+
+    /// The device facts (the same as the device's).
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    /// Builds the SQE for `req` (already validated) with `user_data` = `slot`.
+    fn entry(req: &Request, slot: u32) -> squeue::Entry {
+        let ptr = req.buf.as_ptr();
+        let len = req.len_bytes;
+        let off = req.offset_bytes;
+        let entry = match (req.op, req.buf.region()) {
+            (Op::Read, Some(i)) => opcode::ReadFixed::new(MEMBER, ptr, len, i)
+                .offset(off)
+                .build(),
+            (Op::Read, None) => opcode::Read::new(MEMBER, ptr, len).offset(off).build(),
+            (Op::Write { fua }, Some(i)) => opcode::WriteFixed::new(MEMBER, ptr, len, i)
+                .offset(off)
+                .rw_flags(write_flags(fua))
+                .build(),
+            (Op::Write { fua }, None) => opcode::Write::new(MEMBER, ptr, len)
+                .offset(off)
+                .rw_flags(write_flags(fua))
+                .build(),
+            (Op::Flush, _) => opcode::Fsync::new(MEMBER)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            (Op::WriteZeroes, _) => opcode::Fallocate::new(MEMBER, u64::from(len))
+                .offset(off)
+                .mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
+                .build(),
+            (Op::Discard, _) => opcode::Fallocate::new(MEMBER, u64::from(len))
+                .offset(off)
+                .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                .build(),
+        };
+        entry.user_data(u64::from(slot))
+    }
+
+    /// Whether `req`'s buffer lies inside the registered region it names (true without a
+    /// region or for ops without data).
+    fn region_ok(&self, req: &Request) -> bool {
+        let Some(i) = req.buf.region() else {
+            return true;
+        };
+        if !req.op.has_data() {
+            return true;
+        }
+        let Some(&(start, len)) = self.regions.get(usize::from(i)) else {
+            return false;
+        };
+        let p = req.buf.as_ptr() as usize;
+        p >= start
+            && (p - start)
+                .checked_add(req.buf.len() as usize)
+                .is_some_and(|end| end <= len)
+    }
+
+    /// Pushes `entry`; when the submission ring is full, hands what is queued to the kernel
+    /// and tries once more.
+    fn push(&mut self, entry: &squeue::Entry) -> bool {
+        for attempt in 0..2 {
+            if attempt > 0 && !self.submit_queued() {
+                return false;
+            }
+            let mut sq = self.ring.submission();
+            // SAFETY: the entry's buffer (if any) is an IoBuf whose `from_raw` contract keeps
+            // it valid and untouched until its completion is returned by `poll` or the
+            // channel is dropped, and `Drop` waits for every completion; fixed file 0 is
+            // registered at channel creation and fixed buffer indices were checked against
+            // the live registration (`region_ok`), which cannot change while requests are in
+            // flight.
+            if unsafe { sq.push(entry) }.is_ok() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// One `io_uring_enter` for everything queued (none when SQPOLL is awake), retried a
+    /// bounded number of times on `EINTR` or when the kernel took only part of the batch
+    /// (a failed SQE on a kernel without `SUBMIT_ALL`). Returns false (and counts a kick
+    /// error) when entries are left queued; they go with the next kick.
+    fn submit_queued(&mut self) -> bool {
+        let sqpoll = self.ring.params().is_setup_sqpoll();
+        for _ in 0..MAX_ENTER_TRIES {
+            match self.ring.submit() {
+                Ok(_) if sqpoll || self.ring.submission().is_empty() => return true,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        self.stats.kick_errors += 1;
+        false
+    }
+
+    /// Reaps completions into `out` (or discards them when `out` is `None`); returns how
+    /// many requests finished.
+    fn reap(&mut self, mut out: Option<&mut [Completion]>) -> usize {
+        let limit = out.as_ref().map_or(usize::MAX, |o| o.len());
+        let mut n = 0;
+        let mut cq = self.ring.completion();
+        while n < limit {
+            let Some(cqe) = cq.next() else { break };
+            let index = usize::try_from(cqe.user_data()).unwrap_or(usize::MAX);
+            let Some(slot) = self.slots.get_mut(index).filter(|s| s.busy) else {
+                self.stats.stray_completions += 1;
+                continue;
+            };
+            slot.busy = false;
+            let done = Completion {
+                tag: slot.tag,
+                status: completion_status(slot.op, slot.expected, cqe.result()),
+            };
+            if let Some(o) = out.as_deref_mut() {
+                o[n] = done;
+            }
+            // A busy slot is never on the free stack, so there is room for it.
+            self.free[self.free_top] = index as u32;
+            self.free_top += 1;
+            self.in_flight -= 1;
+            n += 1;
+        }
+        n
+    }
+
+    /// Waits until the kernel holds none of this channel's requests (used by `Drop`).
+    fn drain(&mut self) {
+        loop {
+            self.reap(None);
+            if self.in_flight == 0 {
+                return;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) => {}
+                Err(_) => {
+                    // The ring refuses to enter (e.g. its SQPOLL thread died). Requests the
+                    // kernel never picked up cannot touch memory; stop when nothing else is
+                    // left, otherwise wait for the accepted ones the slow way.
+                    if self.in_flight <= self.ring.submission().len() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
+impl Channel for UringChannel {
+    /// Validates `req` ([`validate`]), takes a free slot and queues one SQE (no syscall,
+    /// unless the submission ring is full, then one `io_uring_enter` to make room).
+    ///
+    /// # Errors
+    /// [`SubmitError::Invalid`] from [`validate`], or for a buffer region that is not
+    /// registered or does not contain the buffer; [`SubmitError::QueueFull`] at
+    /// `queue_depth` requests in flight, or when the kernel would not take entries off a
+    /// full submission ring.
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        validate(&self.shared.info, &req)?;
+        if !self.region_ok(&req) {
+            return Err(SubmitError::Invalid(
+                "buffer not inside the registered region it names",
+            ));
+        }
+        if self.free_top == 0 {
+            return Err(SubmitError::QueueFull);
+        }
+        let index = self.free[self.free_top - 1];
+        if !self.push(&Self::entry(&req, index)) {
+            return Err(SubmitError::QueueFull);
+        }
+        self.free_top -= 1;
+        self.slots[index as usize] = Slot {
+            tag: req.tag,
+            expected: req.len_bytes,
+            op: req.op,
+            busy: true,
+        };
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Hands every queued request to the kernel: one `io_uring_enter`, or none when nothing
+    /// is queued or an SQPOLL thread is awake. A failing enter is counted in
+    /// [`UringStats::kick_errors`] and the requests stay queued for the next kick.
+    fn kick(&mut self) {
+        if self.ring.submission().is_empty() {
+            return;
+        }
+        self.submit_queued();
+    }
+
+    /// Moves finished requests into `out` from the completion ring, without a syscall.
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        if self.in_flight == 0 || out.is_empty() {
+            return 0;
+        }
+        self.reap(Some(out))
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl Drop for UringChannel {
+    /// Submits what is queued and blocks until every request the kernel accepted has
+    /// completed, so the kernel never writes into buffers freed after the channel. Blocks
+    /// as long as the device takes (a hung device hangs the drop, as it would any reader).
+    fn drop(&mut self) {
+        self.drain();
+    }
+}
+
+/// `RWF_*` flags of a write.
+fn write_flags(fua: bool) -> i32 {
+    if fua {
+        libc::RWF_DSYNC
+    } else {
+        0
+    }
+}
+
+/// Maps one CQE result to a completion status: negative → [`errno_to_io_error`]; for
+/// reads and writes, fewer bytes than `expected` → [`IoError::Short`].
+fn completion_status(op: Op, expected: u32, res: i32) -> Result<(), IoError> {
+    if res < 0 {
+        return Err(errno_to_io_error(op, res.wrapping_neg()));
+    }
+    let done = res.unsigned_abs();
+    if op.has_data() && done < expected {
+        return Err(IoError::Short { done, expected });
+    }
+    Ok(())
+}
+
+/// Maps a (positive) errno from a completion of `op` to an [`IoError`] (table in the module
+/// documentation).
+fn errno_to_io_error(op: Op, errno: i32) -> IoError {
+    let sync_or_alloc = matches!(op, Op::Flush | Op::WriteZeroes | Op::Discard);
+    match errno {
+        libc::ENOSPC => IoError::NoSpace,
+        libc::ENODEV | libc::ENXIO => IoError::Gone,
+        libc::ENODATA => IoError::Medium,
+        libc::ETIMEDOUT => IoError::Timeout,
+        libc::EOPNOTSUPP => IoError::Unsupported,
+        libc::EINVAL if sync_or_alloc => IoError::Unsupported,
+        errno => IoError::Io { errno },
+    }
+}
+
+fn os(what: String, source: io::Error) -> DeviceError {
+    DeviceError::Os { what, source }
+}
+
+/// Accepts regular files and block devices only.
+fn file_kind(shown: &str, t: std::fs::FileType) -> Result<Kind, DeviceError> {
+    if t.is_file() {
+        Ok(Kind::RegularFile)
+    } else if t.is_block_device() {
+        Ok(Kind::BlockDevice)
+    } else {
+        let what = if t.is_dir() {
+            "a directory"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file or block device"
+        };
+        Err(DeviceError::Unusable(format!(
+            "{shown}: is {what}; a member must be a regular file or a block device"
+        )))
+    }
+}
+
+/// Checks a block size and returns it.
+fn check_block(shown: &str, block: u64, source: &str) -> Result<u32, DeviceError> {
+    match u32::try_from(block) {
+        Ok(b) if b.is_power_of_two() && (MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&b) => Ok(b),
+        _ => Err(DeviceError::Unusable(format!(
+            "{shown}: block size {block} bytes ({source}) is not a power of two from \
+             {MIN_BLOCK_BYTES} to {MAX_BLOCK_BYTES}"
+        ))),
+    }
+}
+
+/// Rounds `bytes` down to whole blocks and refuses less than one block.
+fn check_capacity(shown: &str, bytes: u64, block: u32) -> Result<u64, DeviceError> {
+    let capacity = bytes - bytes % u64::from(block);
+    if capacity == 0 {
+        return Err(DeviceError::Unusable(format!(
+            "{shown}: size {bytes} bytes is less than one {block}-byte block"
+        )));
+    }
+    Ok(capacity)
+}
+
+fn base_info(shown: &str, config: &UringConfig, block: u32, capacity: u64) -> DeviceInfo {
+    DeviceInfo {
+        name: shown.to_owned(),
+        block_bytes: block,
+        capacity_bytes: capacity,
+        queue_depth: config.queue_depth,
+        max_transfer_bytes: DEFAULT_MAX_TRANSFER_BYTES,
+        volatile_cache: true,
+        write_zeroes: true,
+        discard: true,
+    }
+}
+
+/// `statx` of an open file.
+fn statx(file: &File, mask: u32) -> io::Result<libc::statx> {
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: the descriptor is open for the call; an empty path with AT_EMPTY_PATH names
+    // the descriptor itself; `stx` points to writable memory of the struct's size.
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            mask,
+            stx.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx is plain old data (integers only), so the zeroed value is valid; the
+    // kernel filled what it reports.
+    Ok(unsafe { stx.assume_init() })
+}
+
+fn regular_file_info(
+    path: &Path,
+    shown: &str,
+    file: &File,
+    config: &UringConfig,
+) -> Result<DeviceInfo, DeviceError> {
+    let stx = statx(file, libc::STATX_SIZE | libc::STATX_DIOALIGN)
+        .map_err(|e| os(format!("statx {shown}"), e))?;
+    let block = if !config.direct {
+        MIN_BLOCK_BYTES
+    } else if stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_offset_align != 0 {
+        if stx.stx_dio_mem_align as usize > BUF_ALIGN {
+            return Err(DeviceError::Unusable(format!(
+                "{shown}: direct I/O needs {}-byte memory alignment (buffers are \
+                 {BUF_ALIGN}-aligned)",
+                stx.stx_dio_mem_align
+            )));
+        }
+        let align = stx.stx_dio_offset_align.max(MIN_BLOCK_BYTES);
+        check_block(shown, u64::from(align), "statx DIO offset alignment")?
+    } else if probe_direct_512(file)
+        .map_err(|e| os(format!("probe O_DIRECT read of {shown}"), e))?
+    {
+        MIN_BLOCK_BYTES
+    } else {
+        4096
+    };
+    let capacity = check_capacity(shown, stx.stx_size, block)?;
+    let (write_zeroes, discard) = probe_fallocate(path);
+    Ok(DeviceInfo {
+        write_zeroes,
+        discard,
+        ..base_info(shown, config, block, capacity)
+    })
+}
+
+/// Whether a 512-byte `O_DIRECT` read at offset 0 (into a 4 KiB-aligned buffer) is
+/// accepted; `EINVAL` means a coarser alignment.
+fn probe_direct_512(file: &File) -> io::Result<bool> {
+    let mut buf = AlignedBuf::zeroed(MIN_BLOCK_BYTES as usize);
+    match file.read_at(&mut buf, 0) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Which of `ZERO_RANGE|KEEP_SIZE` and `PUNCH_HOLE|KEEP_SIZE` the file system holding
+/// `path` supports, tried on an anonymous `O_TMPFILE` in the same directory (never on the
+/// member). Only `EOPNOTSUPP` counts as unsupported; when no temporary file can be made,
+/// both are assumed (a request then fails with [`IoError::Unsupported`] if wrong).
+fn probe_fallocate(path: &Path) -> (bool, bool) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Ok(tmp) = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(&dir)
+    else {
+        return (true, true);
+    };
+    let works = |mode: i32| {
+        // SAFETY: plain syscall on a descriptor we own, no memory passed.
+        let rc = unsafe { libc::fallocate(tmp.as_raw_fd(), mode, 0, 4096) };
+        rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EOPNOTSUPP)
+    };
+    (
+        works(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE),
+        works(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE),
+    )
+}
+
+fn block_device_info(
+    shown: &str,
+    file: &File,
+    config: &UringConfig,
+) -> Result<DeviceInfo, DeviceError> {
+    let fd = file.as_raw_fd();
+    let mut logical: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which points to a live int.
+    let rc = unsafe { libc::ioctl(fd, libc::BLKSSZGET, &mut logical as *mut libc::c_int) };
+    if rc != 0 {
+        return Err(os(
+            format!("ioctl BLKSSZGET on {shown}"),
+            io::Error::last_os_error(),
+        ));
+    }
+    let block = check_block(shown, u64::try_from(logical).unwrap_or(0), "BLKSSZGET")?;
+
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points to a live u64.
+    let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if rc != 0 {
+        return Err(os(
+            format!("ioctl BLKGETSIZE64 on {shown}"),
+            io::Error::last_os_error(),
+        ));
+    }
+    let capacity = check_capacity(shown, size, block)?;
+
+    let stx = statx(file, libc::STATX_TYPE).map_err(|e| os(format!("statx {shown}"), e))?;
+    let queue = SysfsQueue::of(stx.stx_rdev_major, stx.stx_rdev_minor);
+    let max_transfer = queue
+        .read_u64("max_sectors_kb")
+        .and_then(|kb| kb.checked_mul(1024))
+        .map_or(DEFAULT_MAX_TRANSFER_BYTES, |b| {
+            b.min(u64::from(DEFAULT_MAX_TRANSFER_BYTES)) as u32
+        });
+    let max_transfer = (max_transfer - max_transfer % block).max(block);
+    let volatile_cache = queue
+        .read("write_cache")
+        .is_none_or(|s| s.trim() != "write through");
+    let discard = queue
+        .read_u64("write_zeroes_max_bytes")
+        .is_some_and(|b| b > 0);
+    Ok(DeviceInfo {
+        max_transfer_bytes: max_transfer,
+        volatile_cache,
+        write_zeroes: true,
+        discard,
+        ..base_info(shown, config, block, capacity)
+    })
+}
+
+/// The `queue/` directory of a block device in sysfs (a partition's is its disk's).
+struct SysfsQueue {
+    dirs: [PathBuf; 2],
+}
+
+impl SysfsQueue {
+    fn of(major: u32, minor: u32) -> Self {
+        let dev = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        Self {
+            dirs: [dev.join("queue"), dev.join("../queue")],
+        }
+    }
+
+    fn read(&self, attr: &str) -> Option<String> {
+        self.dirs
+            .iter()
+            .find_map(|d| std::fs::read_to_string(d.join(attr)).ok())
+    }
+
+    fn read_u64(&self, attr: &str) -> Option<u64> {
+        self.read(attr)?.trim().parse().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: Op = Op::Write { fua: false };
+
+    #[test]
+    fn errno_mapping() {
+        for op in [Op::Read, W, Op::Flush, Op::WriteZeroes, Op::Discard] {
+            assert_eq!(errno_to_io_error(op, libc::EIO), IoError::Io { errno: 5 });
+            assert_eq!(errno_to_io_error(op, libc::ENOSPC), IoError::NoSpace);
+            assert_eq!(errno_to_io_error(op, libc::ENODEV), IoError::Gone);
+            assert_eq!(errno_to_io_error(op, libc::ENXIO), IoError::Gone);
+            assert_eq!(errno_to_io_error(op, libc::ENODATA), IoError::Medium);
+            assert_eq!(errno_to_io_error(op, libc::ETIMEDOUT), IoError::Timeout);
+            assert_eq!(
+                errno_to_io_error(op, libc::EOPNOTSUPP),
+                IoError::Unsupported
+            );
+            assert_eq!(
+                errno_to_io_error(op, libc::EBADF),
+                IoError::Io { errno: libc::EBADF }
+            );
+        }
+        for op in [Op::Flush, Op::WriteZeroes, Op::Discard] {
+            assert_eq!(errno_to_io_error(op, libc::EINVAL), IoError::Unsupported);
+        }
+        for op in [Op::Read, Op::Write { fua: true }] {
+            assert_eq!(
+                errno_to_io_error(op, libc::EINVAL),
+                IoError::Io {
+                    errno: libc::EINVAL
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn completion_results() {
+        assert_eq!(completion_status(Op::Read, 4096, 4096), Ok(()));
+        assert_eq!(
+            completion_status(Op::Read, 4096, 512),
+            Err(IoError::Short {
+                done: 512,
+                expected: 4096
+            })
+        );
+        assert_eq!(
+            completion_status(W, 4096, 0),
+            Err(IoError::Short {
+                done: 0,
+                expected: 4096
+            })
+        );
+        assert_eq!(completion_status(Op::Flush, 0, 0), Ok(()));
+        assert_eq!(completion_status(Op::Discard, 4096, 0), Ok(()));
+        assert_eq!(
+            completion_status(Op::Read, 4096, -libc::EIO),
+            Err(IoError::Io { errno: 5 })
+        );
+        assert_eq!(
+            completion_status(Op::WriteZeroes, 4096, -libc::EINVAL),
+            Err(IoError::Unsupported)
+        );
+        // Nothing the kernel returns panics, not even nonsense.
+        assert_eq!(
+            completion_status(Op::Read, 4096, i32::MIN),
+            Err(IoError::Io { errno: i32::MIN })
+        );
+        assert_eq!(completion_status(Op::Read, 4096, i32::MAX), Ok(()));
+    }
+
+    #[test]
+    fn blkgetsize64_matches_the_kernel_header_on_x86_64() {
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(BLKGETSIZE64, 0x8008_1272);
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_member() {
+        let cfg = UringConfig::default();
+        let err = UringDevice::open("/dev/null", &cfg).unwrap_err();
+        assert!(err.to_string().contains("/dev/null"), "{err}");
+        assert!(err.to_string().contains("character device"), "{err}");
+        let err = UringDevice::open("/", &cfg).unwrap_err();
+        assert!(err.to_string().contains("directory"), "{err}");
+        let err = UringDevice::open("/nonexistent/ferroraid", &cfg).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/ferroraid"), "{err}");
+        let zero = UringConfig {
+            queue_depth: 0,
+            ..cfg
+        };
+        assert!(matches!(
+            UringDevice::open("/dev/null", &zero),
+            Err(DeviceError::Unusable(_))
+        ));
+    }
+}

@@ -1,0 +1,1151 @@
+//! The array: turns array requests into member I/O on one reactor's channels.
+//!
+//! An [`Array`] owns one channel to each member and runs every stripe operation it is given
+//! as an explicit state machine driven by member completions. It is the per-reactor core of
+//! the stripe engine: with several reactors, each runs an `Array` over its own channels and
+//! receives only requests for the stripes it owns (the routing between reactors lives in
+//! the reactor layer). Everything here is single-threaded and lock-free by construction.
+//!
+//! # Ordering
+//! A request is split at stripe boundaries into stripe operations. Operations on one
+//! stripe run one at a time, in arrival order (the stripe's owner orders them), so
+//! overlapping writes land in submission order and a read never sees half of a write.
+//! Requests are split in arrival order too, so a request cannot overtake an earlier one on
+//! any stripe.
+//!
+//! # Reads
+//! A read of healthy members goes straight into the caller's buffer. If a member of the
+//! stripe has failed, or a read fails (which fails that member), the stripe's surviving
+//! chunks are read over the needed range and the lost data is rebuilt from parity.
+//!
+//! # Writes
+//! Planned by [`crate::stripe::plan_write`]: full-stripe, RMW, RCW or degraded
+//! reconstruct-write. A member write that fails fails the member; the write still succeeds
+//! while the stripe keeps enough members to rebuild it (the parity written with it covers
+//! the lost chunk). The client sees an error only when data is unrecoverable.
+//!
+//! # Limits
+//! Every pool is sized at construction ([`ArrayConfig`]); the data path allocates nothing.
+
+use std::collections::VecDeque;
+
+use arrayvec::ArrayVec;
+use thiserror::Error;
+
+use crate::buf::AlignedBuf;
+use crate::device::{Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
+use crate::geometry::{ArrayGeometry, Level, Role, MAX_RAID6_MEMBERS};
+use crate::parity::{ChunkId, Parity, MAX_DATA_CHUNKS};
+use crate::stripe::{plan_write, ChunkRange, StripeWrite, WriteMode};
+
+/// What an array request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArrayOp {
+    /// Read `len_bytes` at `offset_bytes` into the buffer.
+    Read,
+    /// Write the buffer; with `fua`, durable on every member it touched before completion.
+    Write {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Flush every member.
+    Flush,
+}
+
+/// An array request.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayRequest {
+    /// Caller's tag, returned in the completion.
+    pub tag: u64,
+    /// What to do.
+    pub op: ArrayOp,
+    /// Logical byte offset (multiple of the block size; 0 for `Flush`).
+    pub offset_bytes: u64,
+    /// Length in bytes (multiple of the block size; 0 for `Flush`); equals `buf.len()`.
+    pub len_bytes: u32,
+    /// Data buffer, 64-byte aligned (4 KiB for O_DIRECT members); [`IoBuf::NONE`] for
+    /// `Flush`.
+    pub buf: IoBuf,
+}
+
+/// Why an array request failed or was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum ArrayError {
+    /// Malformed request (range, alignment, buffer length).
+    #[error("invalid request: {0}")]
+    Invalid(&'static str),
+    /// The request pool is full: poll completions, then retry.
+    #[error("array request queue is full")]
+    QueueFull,
+    /// More members of the stripe are lost than its redundancy: its data cannot be served.
+    #[error("stripe {stripe} has lost more members than its redundancy: data unrecoverable")]
+    Unrecoverable {
+        /// The stripe.
+        stripe: u64,
+    },
+    /// The array has lost more members than its redundancy and is failed.
+    #[error("the array has failed")]
+    Failed,
+}
+
+/// A finished array request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrayCompletion {
+    /// The request's tag.
+    pub tag: u64,
+    /// Outcome.
+    pub status: Result<(), ArrayError>,
+}
+
+/// Health of a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// Serving I/O.
+    Online,
+    /// Failed by the error shown; never used again until replaced (rebuild: issue 5).
+    Failed(IoError),
+}
+
+/// Counters of what the array did, by path: what a benchmark or test reads to know which
+/// strategies ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArrayStats {
+    /// Stripe reads served straight from the members.
+    pub direct_reads: u64,
+    /// Stripe reads that rebuilt data from parity.
+    pub degraded_reads: u64,
+    /// Stripe writes by strategy.
+    pub full_stripe_writes: u64,
+    /// Read-modify-write stripe writes.
+    pub rmw_writes: u64,
+    /// Reconstruct-write stripe writes.
+    pub rcw_writes: u64,
+    /// Degraded reconstruct-writes.
+    pub degraded_writes: u64,
+    /// Members failed by I/O errors or disappearance.
+    pub member_failures: u64,
+}
+
+/// Pool sizes, fixed at construction.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayConfig {
+    /// Array requests in flight at once.
+    pub requests: usize,
+    /// Stripe operations in flight or waiting at once; each holds one chunk buffer per
+    /// member, so memory is `stripe_ops × members × chunk`.
+    pub stripe_ops: usize,
+    /// Byte offset of the data area on every member (md's `data_offset`).
+    pub data_offset_bytes: u64,
+}
+
+impl Default for ArrayConfig {
+    /// 256 requests, 32 stripe operations, data at offset 0.
+    fn default() -> Self {
+        Self {
+            requests: 256,
+            stripe_ops: 32,
+            data_offset_bytes: 0,
+        }
+    }
+}
+
+/// Member-tag layout: stripe operation index in the high bits, member in the low 16.
+const MEMBER_BITS: u32 = 16;
+const _: () = assert!((MAX_RAID6_MEMBERS as u64) < (1 << MEMBER_BITS));
+
+struct Member<C> {
+    ch: C,
+    state: MemberState,
+    /// Requests the channel refused with QueueFull, resubmitted in order.
+    overflow: VecDeque<Request>,
+}
+
+struct ReqCtx {
+    tag: u64,
+    op: ArrayOp,
+    buf: IoBuf,
+    offset: u64,
+    len: u64,
+    /// Bytes already split into stripe operations.
+    split: u64,
+    /// Stripe operations not yet finished.
+    pending: u32,
+    error: Option<ArrayError>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    DirectRead,
+    DegradedRead,
+    WriteRead(WriteMode),
+    Writing,
+    Flushing,
+}
+
+struct Sop {
+    req: u32,
+    stripe: u64,
+    /// Range within the stripe's logical data, bytes.
+    start: u64,
+    end: u64,
+    /// Where `start` lies in the request's buffer, bytes.
+    buf_off: u64,
+    phase: Phase,
+    outstanding: u32,
+    /// A member I/O of the current phase failed.
+    io_error: bool,
+    /// Parity range of the current write or degraded read.
+    range: ChunkRange,
+    /// Strategy of the current write.
+    mode: WriteMode,
+    /// One chunk buffer per member.
+    bufs: Vec<AlignedBuf>,
+}
+
+/// One reactor's view of an array; see the module docs.
+pub struct Array<C: Channel> {
+    geo: ArrayGeometry,
+    data_offset: u64,
+    parity: Parity,
+    members: Vec<Member<C>>,
+    reqs: Vec<Option<ReqCtx>>,
+    free_reqs: Vec<u32>,
+    sops: Vec<Sop>,
+    free_sops: Vec<u32>,
+    /// Stripes with an operation running: (stripe, sop).
+    locked: Vec<(u64, u32)>,
+    /// Operations waiting for their stripe, in arrival order.
+    waiting: VecDeque<u32>,
+    /// Operations whose phase finished, to advance.
+    ready: VecDeque<u32>,
+    /// Requests not yet fully split (waiting for free stripe operations), in order.
+    backlog: VecDeque<u32>,
+    done: VecDeque<ArrayCompletion>,
+    /// Member completions synthesised for requests a channel refused for good.
+    synthetic: VecDeque<Completion>,
+    scratch: Vec<Completion>,
+    failed_members: u16,
+    zero: AlignedBuf,
+    stats: ArrayStats,
+}
+
+/// Why an [`Array`] could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ArrayBuildError {
+    /// Channel count differs from the member count.
+    #[error("{got} member channels for a {expected}-member array")]
+    Members {
+        /// Members of the geometry.
+        expected: u16,
+        /// Channels given.
+        got: usize,
+    },
+    /// A pool size of zero.
+    #[error("array pools must hold at least one request and one stripe operation")]
+    EmptyPool,
+}
+
+impl<C: Channel> Array<C> {
+    /// An array over `channels` (one per member, in member order), all members online.
+    ///
+    /// # Errors
+    /// [`ArrayBuildError`] on a channel count that does not match or an empty pool.
+    pub fn new(
+        geo: ArrayGeometry,
+        channels: Vec<C>,
+        parity: Parity,
+        cfg: ArrayConfig,
+    ) -> Result<Self, ArrayBuildError> {
+        let g = *geo.geometry();
+        if channels.len() != usize::from(g.members()) {
+            return Err(ArrayBuildError::Members {
+                expected: g.members(),
+                got: channels.len(),
+            });
+        }
+        if cfg.requests == 0 || cfg.stripe_ops == 0 {
+            return Err(ArrayBuildError::EmptyPool);
+        }
+        let chunk = g.chunk_bytes() as usize;
+        let n = channels.len();
+        Ok(Self {
+            geo,
+            data_offset: cfg.data_offset_bytes,
+            parity,
+            members: channels
+                .into_iter()
+                .map(|ch| Member {
+                    ch,
+                    state: MemberState::Online,
+                    overflow: VecDeque::with_capacity(cfg.stripe_ops),
+                })
+                .collect(),
+            reqs: (0..cfg.requests).map(|_| None).collect(),
+            free_reqs: (0..cfg.requests as u32).rev().collect(),
+            sops: (0..cfg.stripe_ops)
+                .map(|_| Sop {
+                    req: 0,
+                    stripe: 0,
+                    start: 0,
+                    end: 0,
+                    buf_off: 0,
+                    phase: Phase::Queued,
+                    outstanding: 0,
+                    io_error: false,
+                    range: ChunkRange::default(),
+                    mode: WriteMode::FullStripe,
+                    bufs: (0..n).map(|_| AlignedBuf::zeroed(chunk)).collect(),
+                })
+                .collect(),
+            free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
+            locked: Vec::with_capacity(cfg.stripe_ops),
+            waiting: VecDeque::with_capacity(cfg.stripe_ops),
+            ready: VecDeque::with_capacity(cfg.stripe_ops),
+            backlog: VecDeque::with_capacity(cfg.requests),
+            done: VecDeque::with_capacity(cfg.requests),
+            synthetic: VecDeque::with_capacity(cfg.stripe_ops * n),
+            scratch: vec![Completion::EMPTY; 64],
+            failed_members: 0,
+            zero: AlignedBuf::zeroed(chunk),
+            stats: ArrayStats::default(),
+        })
+    }
+
+    /// The array's geometry.
+    pub fn geometry(&self) -> &ArrayGeometry {
+        &self.geo
+    }
+
+    /// State of every member, in member order.
+    pub fn member_states(&self) -> impl Iterator<Item = MemberState> + '_ {
+        self.members.iter().map(|m| m.state)
+    }
+
+    /// The member channels (for an executor that needs to know when they next complete).
+    pub fn channels(&self) -> impl Iterator<Item = &C> {
+        self.members.iter().map(|m| &m.ch)
+    }
+
+    /// What the array did so far.
+    pub fn stats(&self) -> ArrayStats {
+        self.stats
+    }
+
+    /// Whether any request is still in progress.
+    pub fn busy(&self) -> bool {
+        self.free_reqs.len() != self.reqs.len()
+    }
+
+    /// Marks a member failed (as if it had returned `err`): an operator action or a
+    /// failure detected outside the data path.
+    pub fn fail_member(&mut self, member: u16, err: IoError) {
+        let m = &mut self.members[usize::from(member)];
+        if m.state == MemberState::Online {
+            m.state = MemberState::Failed(err);
+            self.failed_members += 1;
+            self.stats.member_failures += 1;
+        }
+    }
+
+    fn is_failed(&self, member: u16) -> bool {
+        self.members[usize::from(member)].state != MemberState::Online
+    }
+
+    fn array_failed(&self) -> bool {
+        self.failed_members > self.geo.geometry().parity_chunks()
+    }
+
+    /// Accepts a request. Malformed requests complete at once with
+    /// [`ArrayError::Invalid`] (returned by `poll`), never panic.
+    ///
+    /// # Errors
+    /// [`ArrayError::QueueFull`] when the request pool is exhausted: poll, then retry.
+    pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        let Some(idx) = self.free_reqs.pop() else {
+            return Err(ArrayError::QueueFull);
+        };
+        let invalid = self.check(&r).err();
+        self.reqs[idx as usize] = Some(ReqCtx {
+            tag: r.tag,
+            op: r.op,
+            buf: r.buf,
+            offset: r.offset_bytes,
+            len: u64::from(r.len_bytes),
+            split: 0,
+            pending: 0,
+            error: invalid,
+        });
+        if invalid.is_some() {
+            self.finish_req(idx);
+        } else if r.op == ArrayOp::Flush {
+            self.start_flush(idx);
+        } else {
+            self.backlog.push_back(idx);
+        }
+        Ok(())
+    }
+
+    fn check(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
+        if r.op == ArrayOp::Flush {
+            return if r.len_bytes == 0 {
+                Ok(())
+            } else {
+                Err(ArrayError::Invalid("flush carries no range"))
+            };
+        }
+        if r.buf.len() != r.len_bytes {
+            return Err(ArrayError::Invalid(
+                "buffer length differs from request length",
+            ));
+        }
+        if r.len_bytes == 0 {
+            return Err(ArrayError::Invalid("zero-length request"));
+        }
+        if !(r.buf.as_ptr() as usize).is_multiple_of(crate::parity::ALIGN) {
+            return Err(ArrayError::Invalid("buffer not 64-byte aligned"));
+        }
+        self.geo
+            .map_range(r.offset_bytes, u64::from(r.len_bytes))
+            .map(|_| ())
+            .map_err(|e| match e {
+                crate::geometry::GeometryError::Misaligned { .. } => {
+                    ArrayError::Invalid("offset or length not a multiple of the block size")
+                }
+                _ => ArrayError::Invalid("request beyond the end of the array"),
+            })
+    }
+
+    /// Runs the state machines: resubmits, reaps member completions, advances stripe
+    /// operations, starts waiting ones, and kicks the channels. Returns whether anything
+    /// happened (an executor idles when it returns false).
+    pub fn process(&mut self) -> bool {
+        let mut progress = false;
+        loop {
+            let mut round = false;
+            round |= self.resubmit();
+            round |= self.reap();
+            while let Some(s) = self.ready.pop_front() {
+                self.advance(s);
+                round = true;
+            }
+            round |= self.split_backlog();
+            round |= self.start_waiting();
+            for m in &mut self.members {
+                m.ch.kick();
+            }
+            if !round {
+                break;
+            }
+            progress = true;
+        }
+        progress
+    }
+
+    /// Moves up to `out.len()` finished requests into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut [ArrayCompletion]) -> usize {
+        let n = self.done.len().min(out.len());
+        for (o, c) in out.iter_mut().zip(self.done.drain(..n)) {
+            *o = c;
+        }
+        n
+    }
+
+    // ---- member I/O --------------------------------------------------------------------
+
+    fn resubmit(&mut self) -> bool {
+        let mut any = false;
+        for mi in 0..self.members.len() {
+            while let Some(req) = self.members[mi].overflow.pop_front() {
+                match self.members[mi].ch.submit(req) {
+                    Ok(()) => any = true,
+                    Err(SubmitError::QueueFull) => {
+                        self.members[mi].overflow.push_front(req);
+                        break;
+                    }
+                    Err(e) => {
+                        self.refused(req.tag, e);
+                        any = true;
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    fn refused(&mut self, tag: u64, e: SubmitError) {
+        let err = match e {
+            SubmitError::Gone => IoError::Gone,
+            // The engine built a request the device refuses: treat the member as failed
+            // rather than lose the I/O.
+            _ => IoError::Io { errno: 22 },
+        };
+        self.synthetic.push_back(Completion {
+            tag,
+            status: Err(err),
+        });
+    }
+
+    fn reap(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.synthetic.pop_front() {
+            self.member_done(c);
+            any = true;
+        }
+        for mi in 0..self.members.len() {
+            loop {
+                let n = self.members[mi].ch.poll(&mut self.scratch);
+                for i in 0..n {
+                    let c = self.scratch[i];
+                    self.member_done(c);
+                }
+                any |= n > 0;
+                if n < self.scratch.len() {
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    fn member_done(&mut self, c: Completion) {
+        let s = (c.tag >> MEMBER_BITS) as u32;
+        let member = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
+        if let Err(e) = c.status {
+            self.fail_member(member, e);
+            self.sops[s as usize].io_error = true;
+        }
+        let sop = &mut self.sops[s as usize];
+        assert!(
+            sop.outstanding > 0,
+            "completion for an idle stripe operation"
+        );
+        sop.outstanding -= 1;
+        if sop.outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Issues one member I/O for stripe operation `s`: `len` bytes at `chunk_off` of the
+    /// member's chunk in the operation's stripe, to/from `ptr`.
+    fn io(&mut self, s: u32, member: u16, op: Op, chunk_off: u32, len: u32, ptr: *mut u8) {
+        debug_assert!(!self.is_failed(member), "I/O planned on a failed member");
+        let g = self.geo.geometry();
+        let stripe = self.sops[s as usize].stripe;
+        let offset_bytes =
+            self.data_offset + stripe * u64::from(g.chunk_bytes()) + u64::from(chunk_off);
+        // SAFETY: every pointer passed here is either a chunk buffer of this operation (owned
+        // by the Array, untouched until the operation's I/O completes: the state machine only
+        // reads its buffers after `outstanding` reaches 0) or a range of the caller's request
+        // buffer, which the caller lent until the request completes (ArrayRequest contract),
+        // and which this operation alone uses for that range.
+        let buf = unsafe {
+            IoBuf::from_raw(
+                std::ptr::NonNull::new(ptr).expect("non-null buffer"),
+                len,
+                None,
+            )
+        };
+        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let req = Request {
+            tag,
+            op,
+            offset_bytes,
+            len_bytes: len,
+            buf,
+        };
+        self.sops[s as usize].outstanding += 1;
+        let m = &mut self.members[usize::from(member)];
+        if !m.overflow.is_empty() {
+            m.overflow.push_back(req);
+            return;
+        }
+        match m.ch.submit(req) {
+            Ok(()) => {}
+            Err(SubmitError::QueueFull) => m.overflow.push_back(req),
+            Err(e) => self.refused(tag, e),
+        }
+    }
+
+    fn io_flush(&mut self, s: u32, member: u16) {
+        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let req = Request {
+            tag,
+            op: Op::Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+            buf: IoBuf::NONE,
+        };
+        self.sops[s as usize].outstanding += 1;
+        let m = &mut self.members[usize::from(member)];
+        match m.ch.submit(req) {
+            Ok(()) => {}
+            Err(SubmitError::QueueFull) => m.overflow.push_back(req),
+            Err(e) => self.refused(tag, e),
+        }
+    }
+
+    // ---- request and operation lifecycle -------------------------------------------------
+
+    fn split_backlog(&mut self) -> bool {
+        let mut any = false;
+        let stripe_bytes = self.geo.geometry().stripe_data_bytes();
+        while let Some(&ri) = self.backlog.front() {
+            let Some(s) = self.free_sops.last().copied() else {
+                break;
+            };
+            if self.reqs[ri as usize]
+                .as_ref()
+                .expect("backlogged request")
+                .op
+                == ArrayOp::Flush
+            {
+                self.backlog.pop_front();
+                self.start_flush(ri);
+                any = true;
+                continue;
+            }
+            let req = self.reqs[ri as usize].as_mut().expect("backlogged request");
+            let pos = req.offset + req.split;
+            let stripe = pos / stripe_bytes;
+            let start = pos - stripe * stripe_bytes;
+            let end = (start + (req.len - req.split)).min(stripe_bytes);
+            let buf_off = req.split;
+            req.split += end - start;
+            req.pending += 1;
+            let fully = req.split == req.len;
+            self.free_sops.pop();
+            let sop = &mut self.sops[s as usize];
+            sop.req = ri;
+            sop.stripe = stripe;
+            sop.start = start;
+            sop.end = end;
+            sop.buf_off = buf_off;
+            sop.phase = Phase::Queued;
+            sop.outstanding = 0;
+            sop.io_error = false;
+            self.waiting.push_back(s);
+            if fully {
+                self.backlog.pop_front();
+            }
+            any = true;
+        }
+        any
+    }
+
+    /// Starts every waiting operation whose stripe is free, oldest first. Once an operation
+    /// starts its stripe is locked, so later operations on the same stripe keep waiting
+    /// behind it: per-stripe FIFO.
+    fn start_waiting(&mut self) -> bool {
+        let mut started = false;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let s = self.waiting[i];
+            let stripe = self.sops[s as usize].stripe;
+            if self.locked.iter().any(|&(st, _)| st == stripe) {
+                i += 1;
+                continue;
+            }
+            self.waiting.remove(i);
+            self.locked.push((stripe, s));
+            self.start_sop(s);
+            started = true;
+        }
+        started
+    }
+
+    fn start_sop(&mut self, s: u32) {
+        if self.array_failed() {
+            return self.finish_sop(s, Err(ArrayError::Failed));
+        }
+        let req = self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .expect("live request");
+        match req.op {
+            ArrayOp::Read => self.start_read(s),
+            ArrayOp::Write { .. } => self.start_write(s),
+            ArrayOp::Flush => unreachable!("flushes are not stripe operations"),
+        }
+    }
+
+    fn finish_sop(&mut self, s: u32, status: Result<(), ArrayError>) {
+        let sop = &self.sops[s as usize];
+        debug_assert_eq!(sop.outstanding, 0);
+        if let Some(p) = self.locked.iter().position(|&(_, x)| x == s) {
+            self.locked.swap_remove(p);
+        }
+        let ri = sop.req;
+        self.free_sops.push(s);
+        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        if let Err(e) = status {
+            req.error.get_or_insert(e);
+        }
+        req.pending -= 1;
+        if req.pending == 0 && req.split == req.len {
+            self.finish_req(ri);
+        }
+    }
+
+    fn finish_req(&mut self, ri: u32) {
+        let req = self.reqs[ri as usize].take().expect("live request");
+        self.done.push_back(ArrayCompletion {
+            tag: req.tag,
+            status: req.error.map_or(Ok(()), Err),
+        });
+        self.free_reqs.push(ri);
+    }
+
+    fn start_flush(&mut self, ri: u32) {
+        let Some(s) = self.free_sops.pop() else {
+            // No operation free: wait in the backlog, in order with the other requests.
+            self.backlog.push_back(ri);
+            return;
+        };
+        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        req.pending = 1;
+        let sop = &mut self.sops[s as usize];
+        sop.req = ri;
+        sop.phase = Phase::Flushing;
+        sop.outstanding = 0;
+        sop.io_error = false;
+        for m in 0..self.members.len() as u16 {
+            if !self.is_failed(m) {
+                self.io_flush(s, m);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Pointer to stripe-data byte `x` of operation `s` in the caller's buffer.
+    fn client_ptr(&self, s: u32, x: u64) -> *mut u8 {
+        let sop = &self.sops[s as usize];
+        let req = self.reqs[sop.req as usize].as_ref().expect("live request");
+        debug_assert!(sop.start <= x && x <= sop.end);
+        // In bounds: buf_off + (x - start) <= request length = buffer length.
+        req.buf
+            .as_ptr()
+            .wrapping_add((sop.buf_off + x - sop.start) as usize)
+    }
+
+    fn footprint(&self, s: u32) -> StripeWrite {
+        let g = self.geo.geometry();
+        let sop = &self.sops[s as usize];
+        StripeWrite::from_range(g.data_chunks(), g.chunk_bytes(), sop.start, sop.end)
+    }
+
+    // ---- reads -----------------------------------------------------------------------------
+
+    fn start_read(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let st = g.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let healthy = (0..g.data_chunks())
+            .all(|k| w.written[usize::from(k)].is_none() || !self.is_failed(st.data_member(k)));
+        if !healthy {
+            return self.start_degraded(s, Phase::DegradedRead);
+        }
+        self.sops[s as usize].phase = Phase::DirectRead;
+        self.sops[s as usize].io_error = false;
+        let c = u64::from(g.chunk_bytes());
+        for k in 0..g.data_chunks() {
+            if let Some(r) = w.written[usize::from(k)] {
+                let ptr = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+                self.io(s, st.data_member(k), Op::Read, r.start, r.len(), ptr);
+            }
+        }
+    }
+
+    /// Reads every surviving member of the stripe over the operation's parity range into
+    /// its chunk buffers, for a degraded read or write.
+    fn start_degraded(&mut self, s: u32, phase: Phase) {
+        let g = *self.geo.geometry();
+        let st = g.stripe(self.sops[s as usize].stripe);
+        let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+        if lost > usize::from(g.parity_chunks()) {
+            let stripe = st.stripe();
+            return self.finish_sop(s, Err(ArrayError::Unrecoverable { stripe }));
+        }
+        let range = self.footprint(s).parity_range();
+        let sop = &mut self.sops[s as usize];
+        sop.phase = phase;
+        sop.range = range;
+        sop.io_error = false;
+        for m in 0..g.members() {
+            if !self.is_failed(m) {
+                let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                    .as_mut_ptr()
+                    .wrapping_add(range.start as usize);
+                self.io(s, m, Op::Read, range.start, range.len(), ptr);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Rebuilds the failed members' chunks over the parity range from the survivors in the
+    /// operation's buffers.
+    fn rebuild_in_buffers(&mut self, s: u32) -> Result<(), ArrayError> {
+        let g = *self.geo.geometry();
+        let sop = &mut self.sops[s as usize];
+        let st = g.stripe(sop.stripe);
+        let r = sop.range;
+        let mut lost: ArrayVec<ChunkId, 2> = ArrayVec::new();
+        for m in 0..g.members() {
+            if self.members[usize::from(m)].state != MemberState::Online {
+                let id = match st.role(m) {
+                    Role::P => ChunkId::P,
+                    Role::Q => ChunkId::Q,
+                    Role::Data { slot, .. } => ChunkId::Data(slot as u8),
+                };
+                if lost.try_push(id).is_err() {
+                    return Err(ArrayError::Unrecoverable { stripe: sop.stripe });
+                }
+            }
+        }
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let (data, p, q) = views(&mut sop.bufs, &st, g.data_chunks(), g.level(), r);
+        let mut data = data;
+        self.parity
+            .reconstruct(&mut data, p, q, &lost)
+            .map_err(|_| ArrayError::Unrecoverable { stripe: sop.stripe })
+    }
+
+    fn finish_degraded_read(&mut self, s: u32) {
+        self.stats.degraded_reads += 1;
+        if let Err(e) = self.rebuild_in_buffers(s) {
+            return self.finish_sop(s, Err(e));
+        }
+        let g = *self.geo.geometry();
+        let st = g.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let c = u64::from(g.chunk_bytes());
+        for k in 0..g.data_chunks() {
+            if let Some(r) = w.written[usize::from(k)] {
+                let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+                let src = &self.sops[s as usize].bufs[usize::from(st.data_member(k))]
+                    [r.start as usize..r.end as usize];
+                // SAFETY: dst is the caller's buffer range for these bytes (lent until the
+                // request completes, used by this operation alone); src is our own buffer.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            }
+        }
+        self.finish_sop(s, Ok(()))
+    }
+
+    // ---- writes ----------------------------------------------------------------------------
+
+    fn start_write(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let st = g.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let plan = plan_write(&w, &st, |m| self.is_failed(m));
+        let r = plan.range;
+        self.sops[s as usize].range = r;
+        self.sops[s as usize].io_error = false;
+        match plan.mode {
+            WriteMode::FullStripe => self.write_out(s, WriteMode::FullStripe),
+            WriteMode::Degraded => self.start_degraded(s, Phase::WriteRead(WriteMode::Degraded)),
+            mode @ (WriteMode::Rmw | WriteMode::Rcw) => {
+                self.sops[s as usize].phase = Phase::WriteRead(mode);
+                for k in 0..g.data_chunks() {
+                    let written = w.written[usize::from(k)];
+                    let read = match mode {
+                        WriteMode::Rmw => written.is_some(),
+                        _ => !written.is_some_and(|x| x.contains(&r)),
+                    };
+                    if read {
+                        let m = st.data_member(k);
+                        let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                            .as_mut_ptr()
+                            .wrapping_add(r.start as usize);
+                        self.io(s, m, Op::Read, r.start, r.len(), ptr);
+                    }
+                }
+                if mode == WriteMode::Rmw {
+                    for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
+                        let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                            .as_mut_ptr()
+                            .wrapping_add(r.start as usize);
+                        self.io(s, m, Op::Read, r.start, r.len(), ptr);
+                    }
+                }
+                if self.sops[s as usize].outstanding == 0 {
+                    self.ready.push_back(s);
+                }
+            }
+        }
+    }
+
+    /// Computes the new parity for `mode` from what the read phase left in the buffers and
+    /// the caller's data, then issues the data and parity writes.
+    fn write_out(&mut self, s: u32, mode: WriteMode) {
+        let g = *self.geo.geometry();
+        let st = g.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let r = self.sops[s as usize].range;
+        let c = u64::from(g.chunk_bytes());
+        let nd = g.data_chunks();
+        let (ri, rl) = (r.start as usize, r.end as usize);
+        let fua = matches!(
+            self.reqs[self.sops[s as usize].req as usize]
+                .as_ref()
+                .expect("live")
+                .op,
+            ArrayOp::Write { fua: true }
+        );
+
+        // Pointers to the caller's data of each touched chunk, at the start of its range.
+        let client =
+            |this: &Self, k: u16, from: u32| this.client_ptr(s, u64::from(k) * c + u64::from(from));
+
+        match mode {
+            WriteMode::FullStripe | WriteMode::Rcw => {
+                // Overlay partial new data onto the chunks read (RCW), then regenerate P/Q
+                // from the complete new data over R.
+                let mut srcs: ArrayVec<*const u8, MAX_DATA_CHUNKS> = ArrayVec::new();
+                for _ in 0..nd {
+                    srcs.push(std::ptr::null());
+                }
+                for k in 0..nd {
+                    let m = usize::from(st.data_member(k));
+                    let slot = usize::from(st.q_slot(k));
+                    match w.written[usize::from(k)] {
+                        Some(x) if x.contains(&r) => {
+                            srcs[slot] = client(self, k, r.start) as *const u8
+                        }
+                        written => {
+                            if let Some(x) = written {
+                                let src = client(self, k, x.start);
+                                let dst = self.sops[s as usize].bufs[m]
+                                    .as_mut_ptr()
+                                    .wrapping_add(x.start as usize);
+                                // SAFETY: src is the caller's range for chunk k (lent); dst our buffer.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(src, dst, x.len() as usize)
+                                };
+                            }
+                            srcs[slot] = self.sops[s as usize].bufs[m].as_ptr().wrapping_add(ri);
+                        }
+                    }
+                }
+                self.gen_parity_from(s, &st, &srcs, r);
+            }
+            WriteMode::Rmw => {
+                // Turn each touched chunk's old data into Δ = old ⊕ new over R (zero where
+                // not written), then P ⊕= ΣΔ, Q ⊕= Σ g^slot·Δ.
+                for k in 0..nd {
+                    if let Some(x) = w.written[usize::from(k)] {
+                        let m = usize::from(st.data_member(k));
+                        let src = client(self, k, x.start);
+                        let buf = &mut self.sops[s as usize].bufs[m];
+                        buf[ri..x.start as usize].fill(0);
+                        buf[x.end as usize..rl].fill(0);
+                        // SAFETY: src is the caller's range for chunk k, x.len() bytes (lent).
+                        let new = unsafe { std::slice::from_raw_parts(src, x.len() as usize) };
+                        for (b, n) in buf[x.start as usize..x.end as usize].iter_mut().zip(new) {
+                            *b ^= n;
+                        }
+                    }
+                }
+                let sop = &mut self.sops[s as usize];
+                let zero = &self.zero[ri..rl];
+                let mut deltas: ArrayVec<crate::parity::Delta<'_>, MAX_DATA_CHUNKS> =
+                    ArrayVec::new();
+                let mut p_buf: Option<&mut [u8]> = None;
+                let mut q_buf: Option<&mut [u8]> = None;
+                for (m, b) in sop.bufs.iter_mut().enumerate() {
+                    match st.role(m as u16) {
+                        Role::P => p_buf = Some(&mut b[ri..rl]),
+                        Role::Q => q_buf = Some(&mut b[ri..rl]),
+                        Role::Data { index, slot } => {
+                            if w.written[usize::from(index)].is_some() {
+                                deltas.push(crate::parity::Delta {
+                                    slot: slot as u8,
+                                    old: zero,
+                                    new: &b[ri..rl],
+                                });
+                            }
+                        }
+                    }
+                }
+                let p = p_buf.expect("stripe has P");
+                match q_buf {
+                    Some(q) => self.parity.update_pq(&deltas, p, q),
+                    None => self.parity.update_p(&deltas, p),
+                }
+            }
+            WriteMode::Degraded => {
+                if let Err(e) = self.rebuild_in_buffers(s) {
+                    return self.finish_sop(s, Err(e));
+                }
+                let mut srcs: ArrayVec<*const u8, MAX_DATA_CHUNKS> = ArrayVec::new();
+                for _ in 0..nd {
+                    srcs.push(std::ptr::null());
+                }
+                for k in 0..nd {
+                    let m = usize::from(st.data_member(k));
+                    if let Some(x) = w.written[usize::from(k)] {
+                        let src = client(self, k, x.start);
+                        let dst = self.sops[s as usize].bufs[m]
+                            .as_mut_ptr()
+                            .wrapping_add(x.start as usize);
+                        // SAFETY: src is the caller's range for chunk k (lent); dst our buffer.
+                        unsafe { std::ptr::copy_nonoverlapping(src, dst, x.len() as usize) };
+                    }
+                    srcs[usize::from(st.q_slot(k))] =
+                        self.sops[s as usize].bufs[m].as_ptr().wrapping_add(ri);
+                }
+                self.gen_parity_from(s, &st, &srcs, r);
+            }
+        }
+
+        // Issue the writes: touched data chunks from the caller's buffer, then P/Q over R.
+        self.sops[s as usize].phase = Phase::Writing;
+        self.sops[s as usize].mode = mode;
+        self.sops[s as usize].io_error = false;
+        for k in 0..nd {
+            let m = st.data_member(k);
+            if let Some(x) = w.written[usize::from(k)] {
+                if !self.is_failed(m) {
+                    let ptr = client(self, k, x.start);
+                    self.io(s, m, Op::Write { fua }, x.start, x.len(), ptr);
+                }
+            }
+        }
+        for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
+            if !self.is_failed(m) {
+                let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                    .as_mut_ptr()
+                    .wrapping_add(ri);
+                self.io(s, m, Op::Write { fua }, r.start, r.len(), ptr);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// P (and Q) over `r` from data pointers in slot order, into the P/Q members' buffers.
+    fn gen_parity_from(
+        &mut self,
+        s: u32,
+        st: &crate::geometry::StripeLayout,
+        srcs: &[*const u8],
+        r: ChunkRange,
+    ) {
+        let len = r.len() as usize;
+        let mut data: ArrayVec<&[u8], MAX_DATA_CHUNKS> = ArrayVec::new();
+        for &p in srcs {
+            // SAFETY: each pointer is either the caller's buffer range for a fully written
+            // chunk (lent, len bytes from R's start lie inside the written range) or one of
+            // this operation's chunk buffers at offset R.start (R lies within the chunk).
+            data.push(unsafe { std::slice::from_raw_parts(p, len) });
+        }
+        let sop = &mut self.sops[s as usize];
+        let (ri, rl) = (r.start as usize, r.end as usize);
+        let pm = usize::from(st.p_member());
+        match st.q_member() {
+            Some(qm) => {
+                let qm = usize::from(qm);
+                let (a, b) = if pm < qm {
+                    let (lo, hi) = sop.bufs.split_at_mut(qm);
+                    (&mut lo[pm], &mut hi[0])
+                } else {
+                    let (lo, hi) = sop.bufs.split_at_mut(pm);
+                    (&mut hi[0], &mut lo[qm])
+                };
+                self.parity.gen_pq(&data, &mut a[ri..rl], &mut b[ri..rl]);
+            }
+            None => self.parity.gen_p(&data, &mut sop.bufs[pm][ri..rl]),
+        }
+    }
+
+    fn advance(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let sop = &self.sops[s as usize];
+        let failed = sop.io_error;
+        match sop.phase {
+            Phase::Queued => unreachable!("queued operations have no I/O"),
+            Phase::Flushing => {
+                let ri = sop.req;
+                self.free_sops.push(s);
+                let req = self.reqs[ri as usize].as_mut().expect("live request");
+                if self.failed_members > g.parity_chunks() {
+                    req.error.get_or_insert(ArrayError::Failed);
+                }
+                req.pending = 0;
+                self.finish_req(ri);
+            }
+            Phase::DirectRead if failed => self.start_degraded(s, Phase::DegradedRead),
+            Phase::DirectRead => {
+                self.stats.direct_reads += 1;
+                self.finish_sop(s, Ok(()))
+            }
+            Phase::DegradedRead if failed => self.start_degraded(s, Phase::DegradedRead),
+            Phase::DegradedRead => self.finish_degraded_read(s),
+            Phase::WriteRead(_) if failed => self.start_write(s),
+            Phase::WriteRead(mode) => self.write_out(s, mode),
+            Phase::Writing => {
+                let st = g.stripe(sop.stripe);
+                match sop.mode {
+                    WriteMode::FullStripe => self.stats.full_stripe_writes += 1,
+                    WriteMode::Rmw => self.stats.rmw_writes += 1,
+                    WriteMode::Rcw => self.stats.rcw_writes += 1,
+                    WriteMode::Degraded => self.stats.degraded_writes += 1,
+                }
+                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+                let status = if lost > usize::from(g.parity_chunks()) {
+                    Err(ArrayError::Unrecoverable {
+                        stripe: st.stripe(),
+                    })
+                } else {
+                    Ok(())
+                };
+                self.finish_sop(s, status)
+            }
+        }
+    }
+}
+
+/// Splits one operation's member buffers into slot-ordered data views, P and Q, each over
+/// the parity range `r`.
+fn views<'a>(
+    bufs: &'a mut [AlignedBuf],
+    st: &crate::geometry::StripeLayout,
+    nd: u16,
+    level: Level,
+    r: ChunkRange,
+) -> (
+    ArrayVec<&'a mut [u8], MAX_DATA_CHUNKS>,
+    &'a mut [u8],
+    Option<&'a mut [u8]>,
+) {
+    let (ri, rl) = (r.start as usize, r.end as usize);
+    let mut by_slot: ArrayVec<Option<&'a mut [u8]>, MAX_DATA_CHUNKS> = ArrayVec::new();
+    for _ in 0..nd {
+        by_slot.push(None);
+    }
+    let mut p = None;
+    let mut q = None;
+    for (m, b) in bufs.iter_mut().enumerate() {
+        match st.role(m as u16) {
+            Role::P => p = Some(&mut b[ri..rl]),
+            Role::Q => q = Some(&mut b[ri..rl]),
+            Role::Data { slot, .. } => by_slot[usize::from(slot)] = Some(&mut b[ri..rl]),
+        }
+    }
+    let data = by_slot
+        .into_iter()
+        .map(|x| x.expect("every slot has a member"))
+        .collect();
+    debug_assert_eq!(q.is_some(), level == Level::Raid6);
+    (data, p.expect("stripe has P"), q)
+}
+
+#[cfg(test)]
+mod tests;
