@@ -365,7 +365,7 @@ impl<C: Channel> Array<C> {
         let Some(idx) = self.free_reqs.pop() else {
             return Err(ArrayError::QueueFull);
         };
-        let invalid = self.check(&r).err();
+        let invalid = self.validate(&r).err();
         self.reqs[idx as usize] = Some(ReqCtx {
             tag: r.tag,
             op: r.op,
@@ -386,7 +386,12 @@ impl<C: Channel> Array<C> {
         Ok(())
     }
 
-    fn check(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
+    /// Checks a request against the array: buffer length and alignment, block alignment,
+    /// range.
+    ///
+    /// # Errors
+    /// [`ArrayError::Invalid`] naming the problem.
+    pub fn validate(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
         if r.op == ArrayOp::Flush {
             return if r.len_bytes == 0 {
                 Ok(())

@@ -1,0 +1,289 @@
+//! Stripe ownership across reactors, and a single-threaded composition of shards.
+//!
+//! Every stripe is owned by exactly one reactor: [`owner`] maps stripe `s` to reactor
+//! `s mod reactors`, so consecutive stripes (sequential I/O) spread over all reactors and
+//! each reactor's [`Array`] sees only its own stripes — stripe state needs no locks.
+//! [`split`] cuts an array request at stripe boundaries into pieces for their owners; a
+//! piece lends a sub-range of the caller's buffer (moved by reference, never copied).
+//!
+//! [`ShardedArray`] runs several shards in one thread: what the virtual-time executor uses
+//! to run 1, 2 or 4 "reactors" deterministically over simulated members. The threaded
+//! reactor runtime routes with the same [`split`].
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+
+use crate::array::{Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest};
+use crate::device::{Channel, IoBuf};
+use crate::geometry::ArrayGeometry;
+
+/// The reactor owning `stripe` among `reactors`.
+///
+/// # Panics
+/// If `reactors` is 0.
+pub fn owner(stripe: u64, reactors: usize) -> usize {
+    assert!(reactors > 0, "at least one reactor");
+    (stripe % reactors as u64) as usize
+}
+
+/// One piece of a split request: the reactor that owns it and the request it gets.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece {
+    /// Owning reactor.
+    pub owner: usize,
+    /// The piece (same tag and op as the parent; a sub-range of its buffer).
+    pub request: ArrayRequest,
+}
+
+/// Splits `r` (a read or write, already validated against `geo`) into pieces at stripe
+/// boundaries; consecutive stripes with the same owner stay in one piece (with one reactor
+/// the request stays whole). Allocation-free iterator.
+pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iterator<Item = Piece> {
+    let stripe_bytes = geo.geometry().stripe_data_bytes();
+    let end = r.offset_bytes + u64::from(r.len_bytes);
+    let mut pos = r.offset_bytes;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let first = pos / stripe_bytes;
+        let who = owner(first, reactors);
+        let mut stop = ((first + 1) * stripe_bytes).min(end);
+        while stop < end && owner(stop / stripe_bytes, reactors) == who {
+            stop = ((stop / stripe_bytes + 1) * stripe_bytes).min(end);
+        }
+        let at = (pos - r.offset_bytes) as usize;
+        let len = (stop - pos) as u32;
+        // SAFETY: the piece is a sub-range (at..at+len) of the parent's lent buffer; the
+        // pieces of one request are disjoint, and the parent completes only after every piece
+        // has, so the caller's promise (valid and untouched until completion) covers each.
+        let buf = unsafe {
+            IoBuf::from_raw(
+                NonNull::new(r.buf.as_ptr().wrapping_add(at)).expect("non-null"),
+                len,
+                r.buf.region(),
+            )
+        };
+        let piece = Piece {
+            owner: who,
+            request: ArrayRequest {
+                tag: r.tag,
+                op: r.op,
+                offset_bytes: pos,
+                len_bytes: len,
+                buf,
+            },
+        };
+        pos = stop;
+        Some(piece)
+    })
+}
+
+struct Parent {
+    tag: u64,
+    remaining: u32,
+    error: Option<ArrayError>,
+}
+
+/// Several shards ([`Array`]s, one per "reactor", each over its own channels to the same
+/// members) driven from one thread. Same request interface as [`Array`].
+pub struct ShardedArray<C: Channel> {
+    shards: Vec<Array<C>>,
+    parents: Vec<Option<Parent>>,
+    free: Vec<u32>,
+    /// Pieces a shard refused with QueueFull, resubmitted in order (per shard).
+    overflow: Vec<VecDeque<ArrayRequest>>,
+    done: VecDeque<ArrayCompletion>,
+    scratch: Vec<ArrayCompletion>,
+}
+
+impl<C: Channel> ShardedArray<C> {
+    /// Composes `shards` (stripe `s` goes to shard `s mod shards.len()`), accepting up to
+    /// `requests` requests in flight.
+    ///
+    /// # Panics
+    /// If `shards` is empty or the shards' geometries differ (programmer errors).
+    pub fn new(shards: Vec<Array<C>>, requests: usize) -> Self {
+        assert!(!shards.is_empty(), "at least one shard");
+        assert!(
+            shards.iter().all(|s| s.geometry() == shards[0].geometry()),
+            "shards must share one geometry"
+        );
+        let n = shards.len();
+        Self {
+            shards,
+            parents: (0..requests).map(|_| None).collect(),
+            free: (0..requests as u32).rev().collect(),
+            overflow: (0..n).map(|_| VecDeque::with_capacity(requests)).collect(),
+            done: VecDeque::with_capacity(requests),
+            scratch: vec![
+                ArrayCompletion {
+                    tag: 0,
+                    status: Ok(())
+                };
+                64
+            ],
+        }
+    }
+
+    /// The shards.
+    pub fn shards(&self) -> &[Array<C>] {
+        &self.shards
+    }
+
+    /// The array geometry.
+    pub fn geometry(&self) -> &ArrayGeometry {
+        self.shards[0].geometry()
+    }
+
+    /// Accepts a request; see [`Array::submit`].
+    ///
+    /// # Errors
+    /// [`ArrayError::QueueFull`] when `requests` are already in flight.
+    pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        let Some(p) = self.free.pop() else {
+            return Err(ArrayError::QueueFull);
+        };
+        let n = self.shards.len();
+        let mut parent = Parent {
+            tag: r.tag,
+            remaining: 0,
+            error: None,
+        };
+        let tagged = ArrayRequest {
+            tag: u64::from(p),
+            ..r
+        };
+        match r.op {
+            ArrayOp::Flush => {
+                // Every shard flushes its channels: a flush covers every completed write,
+                // whichever shard carried it.
+                for s in 0..n {
+                    self.push(s, tagged);
+                    parent.remaining += 1;
+                }
+            }
+            _ => match self.shards[0].validate(&r) {
+                Err(e) => parent.error = Some(e),
+                Ok(()) => {
+                    for piece in split(tagged, self.shards[0].geometry(), n) {
+                        self.push(piece.owner, piece.request);
+                        parent.remaining += 1;
+                    }
+                }
+            },
+        }
+        let done = parent.remaining == 0;
+        self.parents[p as usize] = Some(parent);
+        if done {
+            self.finish(p);
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, shard: usize, r: ArrayRequest) {
+        if self.overflow[shard].is_empty() && self.shards[shard].submit(r).is_ok() {
+            return;
+        }
+        self.overflow[shard].push_back(r);
+    }
+
+    fn finish(&mut self, p: u32) {
+        let parent = self.parents[p as usize].take().expect("live parent");
+        self.done.push_back(ArrayCompletion {
+            tag: parent.tag,
+            status: parent.error.map_or(Ok(()), Err),
+        });
+        self.free.push(p);
+    }
+
+    /// Runs every shard once; returns whether anything happened.
+    pub fn process(&mut self) -> bool {
+        let mut any = false;
+        for s in 0..self.shards.len() {
+            while let Some(r) = self.overflow[s].pop_front() {
+                if self.shards[s].submit(r).is_err() {
+                    self.overflow[s].push_front(r);
+                    break;
+                }
+                any = true;
+            }
+            any |= self.shards[s].process();
+            loop {
+                let k = self.shards[s].poll(&mut self.scratch);
+                for i in 0..k {
+                    let c = self.scratch[i];
+                    let parent = self.parents[c.tag as usize].as_mut().expect("live parent");
+                    if let Err(e) = c.status {
+                        parent.error.get_or_insert(e);
+                    }
+                    parent.remaining -= 1;
+                    if parent.remaining == 0 {
+                        self.finish(c.tag as u32);
+                    }
+                }
+                any |= k > 0;
+                if k < self.scratch.len() {
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    /// Moves finished requests into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut [ArrayCompletion]) -> usize {
+        let n = self.done.len().min(out.len());
+        for (o, c) in out.iter_mut().zip(self.done.drain(..n)) {
+            *o = c;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::{Geometry, Layout, Level};
+
+    #[test]
+    fn pieces_follow_stripe_owners() {
+        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 4096, 512).unwrap();
+        let geo = ArrayGeometry::new(g, 10).unwrap();
+        let stripe = g.stripe_data_bytes();
+        let mut buf = vec![0u8; 3 * stripe as usize];
+        // SAFETY: never submitted; only split.
+        let io = unsafe {
+            IoBuf::from_raw(
+                NonNull::new(buf.as_mut_ptr()).unwrap(),
+                buf.len() as u32,
+                None,
+            )
+        };
+        let r = ArrayRequest {
+            tag: 5,
+            op: ArrayOp::Read,
+            offset_bytes: stripe / 2,
+            len_bytes: io.len(),
+            buf: io,
+        };
+        let two: Vec<Piece> = split(r, &geo, 2).collect();
+        assert_eq!(
+            two.iter().map(|p| p.owner).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
+        assert_eq!(
+            two.iter()
+                .map(|p| u64::from(p.request.len_bytes))
+                .sum::<u64>(),
+            3 * stripe
+        );
+        assert_eq!(
+            two[1].request.buf.as_ptr() as usize - buf.as_ptr() as usize,
+            (stripe / 2) as usize
+        );
+        let one: Vec<Piece> = split(r, &geo, 1).collect();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].request.len_bytes, r.len_bytes);
+    }
+}
