@@ -17,6 +17,8 @@
 //! - [`stripe`]: write planning (full-stripe / RMW / RCW / degraded reconstruct-write).
 //! - [`array`]: one reactor's stripe engine: array requests to member I/O, per-stripe
 //!   ordering, degraded reads and writes, member failure handling.
+//! - [`reactor`]: reactor threads (pinned, polled or adaptive) each running a shard, an
+//!   inbound lock-free ring and a front-end hook.
 //! - [`shard`]: stripe ownership across reactors (stripe `s` → reactor `s mod n`), request
 //!   splitting, and a single-threaded composition of shards for virtual-time runs.
 //! - [`sim`]: the engine's test world — a virtual clock and simulated devices with latency
@@ -30,6 +32,7 @@ pub mod buf;
 pub mod device;
 pub mod geometry;
 pub mod parity;
+pub mod reactor;
 pub mod shard;
 pub mod sim;
 pub mod stripe;

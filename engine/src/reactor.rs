@@ -1,0 +1,455 @@
+//! Reactors: one thread per core, each owning a shard of the stripes.
+//!
+//! A reactor is a thread pinned to one core (core_affinity) running one loop that turns
+//! every source into work, in order:
+//!
+//! 1. its **inbound ring** (a bounded lock-free `crossbeam_queue::ArrayQueue`): pieces of
+//!    requests for stripes it owns, sent by other reactors, and completions of pieces it sent
+//!    away;
+//! 2. its **array shard** ([`Array`]): member completions from its own channels (one queue
+//!    pair per member, never shared), stripe state machines, new member I/O;
+//! 3. its **front-end** ([`Frontend`]): whatever submits array requests here — an NBD
+//!    connection, a load generator.
+//!
+//! A request submitted on a reactor is split at stripe boundaries ([`crate::shard::split`]);
+//! pieces owned here go straight into the local shard, the others travel over the owner's
+//! ring (buffers lent by pointer, never copied) and their completions come back over this
+//! reactor's ring. The request completes when every piece has.
+//!
+//! Modes: **polled** spins (the production default: lowest latency, a whole core), while
+//! **adaptive** backs off into sleeps of up to [`ADAPTIVE_MAX_SLEEP`] after
+//! [`ADAPTIVE_SPINS`] idle turns (tests, the demo, shared machines).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use thiserror::Error;
+
+use crate::array::{
+    Array, ArrayBuildError, ArrayCompletion, ArrayConfig, ArrayError, ArrayOp, ArrayRequest,
+};
+use crate::device::{BlockDevice, Channel, DeviceError};
+use crate::geometry::ArrayGeometry;
+use crate::parity::Parity;
+use crate::shard::split;
+
+/// Idle loop turns before an adaptive reactor starts sleeping.
+pub const ADAPTIVE_SPINS: u32 = 1000;
+/// Longest sleep of an idle adaptive reactor: bounds the latency added to the first request
+/// after an idle period.
+pub const ADAPTIVE_MAX_SLEEP: Duration = Duration::from_micros(200);
+/// Capacity of each reactor's inbound ring, in messages.
+pub const RING_CAPACITY: usize = 4096;
+
+/// How a reactor waits when idle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Busy-poll: never sleeps.
+    Polled,
+    /// Spin briefly, then sleep with growing naps up to [`ADAPTIVE_MAX_SLEEP`].
+    Adaptive,
+}
+
+/// Reactor layout.
+#[derive(Clone, Debug)]
+pub struct ReactorConfig {
+    /// CPU core of each reactor (one reactor per entry); `None` entries are not pinned.
+    pub cores: Vec<Option<usize>>,
+    /// Idle behaviour.
+    pub mode: Mode,
+    /// Array requests in flight per reactor (its parent table).
+    pub requests: usize,
+}
+
+/// Something that submits array requests on a reactor (NBD connection, load generator).
+pub trait Frontend: Send + 'static {
+    /// Called every loop turn: submit requests through `io`. Returns whether it did anything.
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool;
+    /// A request this front-end submitted has finished (`tag` is the front-end's).
+    fn complete(&mut self, c: ArrayCompletion);
+    /// Whether the front-end has nothing more to do and never will (once true it must stay
+    /// true): the reactors stop once asked to, every front-end is finished and no request is
+    /// in flight anywhere.
+    fn finished(&self) -> bool;
+}
+
+/// Why reactors could not start.
+#[derive(Debug, Error)]
+pub enum ReactorError {
+    /// A member channel could not be opened on a reactor.
+    #[error("reactor {reactor}: {source}")]
+    Device {
+        /// The reactor.
+        reactor: usize,
+        /// The device error.
+        source: DeviceError,
+    },
+    /// The array shard could not be built.
+    #[error("reactor {reactor}: {source}")]
+    Array {
+        /// The reactor.
+        reactor: usize,
+        /// Why.
+        source: ArrayBuildError,
+    },
+    /// The configuration names no reactor, or front-ends do not match the reactors.
+    #[error("{0}")]
+    Config(String),
+    /// A reactor thread could not be spawned.
+    #[error("spawning reactor thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+enum Msg {
+    /// A piece of a request owned by the receiving reactor; `tag` = (origin, parent).
+    Piece(ArrayRequest),
+    /// A piece sent away has finished; `tag` = parent slot on the receiver.
+    Done(ArrayCompletion),
+}
+
+/// Tag of a piece executing on some reactor: origin reactor in the high 16 bits, the
+/// origin's parent slot below.
+fn piece_tag(origin: usize, parent: u32) -> u64 {
+    ((origin as u64) << 48) | u64::from(parent)
+}
+
+fn split_tag(tag: u64) -> (usize, u32) {
+    ((tag >> 48) as usize, (tag & 0xffff_ffff) as u32)
+}
+
+struct Parent {
+    tag: u64,
+    remaining: u32,
+    error: Option<ArrayError>,
+}
+
+/// The request side of a reactor, handed to its front-end each turn.
+pub struct Io<'a, C: Channel> {
+    me: usize,
+    geo: &'a ArrayGeometry,
+    array: &'a mut Array<C>,
+    local: &'a mut VecDeque<ArrayRequest>,
+    outbox: &'a mut VecDeque<(usize, Msg)>,
+    parents: &'a mut Vec<Option<Parent>>,
+    free: &'a mut Vec<u32>,
+    reactors: usize,
+    done: &'a mut VecDeque<ArrayCompletion>,
+    in_flight: &'a AtomicUsize,
+}
+
+impl<C: Channel> Io<'_, C> {
+    /// Submits an array request; its completion reaches the front-end's `complete`.
+    ///
+    /// # Errors
+    /// [`ArrayError::QueueFull`] when this reactor's parent table is full (wait for
+    /// completions); malformed requests complete with [`ArrayError::Invalid`].
+    pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        let Some(p) = self.free.pop() else {
+            return Err(ArrayError::QueueFull);
+        };
+        // Counted until the completion reaches the front-end (see the stop rule).
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let mut parent = Parent {
+            tag: r.tag,
+            remaining: 0,
+            error: None,
+        };
+        let tagged = ArrayRequest {
+            tag: piece_tag(self.me, p),
+            ..r
+        };
+        if r.op == ArrayOp::Flush {
+            for owner in 0..self.reactors {
+                self.route(owner, tagged);
+                parent.remaining += 1;
+            }
+        } else if let Err(e) = self.array.validate(&r) {
+            parent.error = Some(e);
+        } else {
+            for piece in split(tagged, self.geo, self.reactors) {
+                self.route(piece.owner, piece.request);
+                parent.remaining += 1;
+            }
+        }
+        let finished = parent.remaining == 0;
+        self.parents[p as usize] = Some(parent);
+        if finished {
+            let parent = self.parents[p as usize].take().expect("just stored");
+            self.free.push(p);
+            self.done.push_back(ArrayCompletion {
+                tag: parent.tag,
+                status: parent.error.map_or(Ok(()), Err),
+            });
+        }
+        Ok(())
+    }
+
+    fn route(&mut self, owner: usize, r: ArrayRequest) {
+        if owner == self.me {
+            self.local.push_back(r);
+        } else {
+            self.outbox.push_back((owner, Msg::Piece(r)));
+        }
+    }
+}
+
+/// State every reactor shares for an orderly stop: a reactor may only leave once no other
+/// reactor can send it work, i.e. once every front-end is finished and no request is in
+/// flight anywhere.
+struct Shared {
+    stop: AtomicBool,
+    /// Front-ends that reported `finished` (each counted once; finished is final).
+    finished: AtomicUsize,
+    /// Array requests accepted by any reactor and not yet completed.
+    in_flight: AtomicUsize,
+}
+
+/// Running reactors; [`Reactors::stop`] joins them and returns their front-ends.
+pub struct Reactors<F: Frontend> {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<Result<F, ReactorError>>>,
+}
+
+impl<F: Frontend> Reactors<F> {
+    /// Starts one reactor per entry of `cfg.cores`, each with its own channel to every device
+    /// in `devices` (member order) and one front-end from `frontends`.
+    ///
+    /// # Errors
+    /// [`ReactorError`] if the configuration is inconsistent or a thread cannot start.
+    /// Channel or shard construction errors surface from [`Reactors::stop`].
+    pub fn start<D>(
+        devices: Arc<Vec<D>>,
+        geo: ArrayGeometry,
+        parity: Parity,
+        array_cfg: ArrayConfig,
+        cfg: ReactorConfig,
+        frontends: Vec<F>,
+    ) -> Result<Self, ReactorError>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+    {
+        let n = cfg.cores.len();
+        if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
+            return Err(ReactorError::Config(format!(
+                "{} reactors with {} front-ends: need one front-end per reactor, at least one reactor",
+                n,
+                frontends.len()
+            )));
+        }
+        let rings: Arc<Vec<ArrayQueue<Msg>>> =
+            Arc::new((0..n).map(|_| ArrayQueue::new(RING_CAPACITY)).collect());
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            finished: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+        });
+        let mut threads = Vec::with_capacity(n);
+        for (me, fe) in frontends.into_iter().enumerate() {
+            let devices = Arc::clone(&devices);
+            let rings = Arc::clone(&rings);
+            let shared = Arc::clone(&shared);
+            let core = cfg.cores[me];
+            let mode = cfg.mode;
+            let requests = cfg.requests;
+            let t = std::thread::Builder::new()
+                .name(format!("reactor-{me}"))
+                .spawn(move || {
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+                    }
+                    // Channels are opened here, on the reactor's own thread: no queue pair is
+                    // ever touched by another thread.
+                    let mut chans = Vec::with_capacity(devices.len());
+                    for d in devices.iter() {
+                        chans.push(d.open_channel().map_err(|source| ReactorError::Device {
+                            reactor: me,
+                            source,
+                        })?);
+                    }
+                    let array = Array::new(geo, chans, parity, array_cfg).map_err(|source| {
+                        ReactorError::Array {
+                            reactor: me,
+                            source,
+                        }
+                    })?;
+                    Ok(run(me, n, geo, array, &rings, &shared, mode, requests, fe))
+                })
+                .map_err(ReactorError::Spawn)?;
+            threads.push(t);
+        }
+        Ok(Self { shared, threads })
+    }
+
+    /// Asks every reactor to stop once its front-end is finished and nothing is in flight,
+    /// joins them, and returns the front-ends in reactor order.
+    ///
+    /// # Errors
+    /// The first reactor's setup error, if any.
+    ///
+    /// # Panics
+    /// If a reactor thread panicked (a bug; the panic is propagated).
+    pub fn stop(self) -> Result<Vec<F>, ReactorError> {
+        self.shared.stop.store(true, Ordering::Release);
+        let mut out = Vec::with_capacity(self.threads.len());
+        for t in self.threads {
+            match t.join() {
+                Ok(r) => out.push(r?),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run<F: Frontend, C: Channel>(
+    me: usize,
+    reactors: usize,
+    geo: ArrayGeometry,
+    mut array: Array<C>,
+    rings: &[ArrayQueue<Msg>],
+    shared: &Shared,
+    mode: Mode,
+    requests: usize,
+    mut fe: F,
+) -> F {
+    let mut parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
+    let mut free: Vec<u32> = (0..requests as u32).rev().collect();
+    let mut local: VecDeque<ArrayRequest> = VecDeque::with_capacity(requests);
+    let mut outbox: VecDeque<(usize, Msg)> = VecDeque::with_capacity(requests);
+    let mut done: VecDeque<ArrayCompletion> = VecDeque::with_capacity(requests);
+    let mut comps = vec![
+        ArrayCompletion {
+            tag: 0,
+            status: Ok(())
+        };
+        64
+    ];
+    let mut idle = 0u32;
+    let mut nap = Duration::from_micros(1);
+    let mut counted_finished = false;
+    loop {
+        let mut progress = false;
+        // 1. Inbound ring.
+        while let Some(msg) = rings[me].pop() {
+            progress = true;
+            match msg {
+                Msg::Piece(r) => local.push_back(r),
+                Msg::Done(c) => account(&mut parents, &mut free, &mut done, c),
+            }
+        }
+        // 2. Front-end.
+        {
+            let mut io = Io {
+                me,
+                geo: &geo,
+                array: &mut array,
+                local: &mut local,
+                outbox: &mut outbox,
+                parents: &mut parents,
+                free: &mut free,
+                reactors,
+                done: &mut done,
+                in_flight: &shared.in_flight,
+            };
+            progress |= fe.poll(&mut io);
+        }
+        // 3. Local pieces into the shard, in order.
+        while let Some(r) = local.front().copied() {
+            if array.submit(r).is_err() {
+                break;
+            }
+            local.pop_front();
+            progress = true;
+        }
+        progress |= array.process();
+        loop {
+            let k = array.poll(&mut comps);
+            for &c in &comps[..k] {
+                let (origin, p) = split_tag(c.tag);
+                let back = ArrayCompletion {
+                    tag: u64::from(p),
+                    status: c.status,
+                };
+                if origin == me {
+                    account(&mut parents, &mut free, &mut done, back);
+                } else {
+                    outbox.push_back((origin, Msg::Done(back)));
+                }
+            }
+            progress |= k > 0;
+            if k < comps.len() {
+                break;
+            }
+        }
+        // 4. Messages to other reactors; a full ring keeps the rest for the next turn.
+        while let Some((to, msg)) = outbox.pop_front() {
+            if let Err(msg) = rings[to].push(msg) {
+                outbox.push_front((to, msg));
+                break;
+            }
+            progress = true;
+        }
+        // 5. Completions to the front-end.
+        while let Some(c) = done.pop_front() {
+            fe.complete(c);
+            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            progress = true;
+        }
+        // Stop only when no reactor can send this one work any more: every front-end is
+        // finished and no request is in flight anywhere.
+        if !counted_finished && fe.finished() {
+            counted_finished = true;
+            shared.finished.fetch_add(1, Ordering::AcqRel);
+        }
+        if shared.stop.load(Ordering::Acquire)
+            && shared.finished.load(Ordering::Acquire) == reactors
+            && shared.in_flight.load(Ordering::Acquire) == 0
+        {
+            debug_assert!(local.is_empty() && outbox.is_empty() && !array.busy());
+            return fe;
+        }
+        if progress {
+            idle = 0;
+            nap = Duration::from_micros(1);
+        } else {
+            idle = idle.saturating_add(1);
+            match mode {
+                Mode::Polled => std::hint::spin_loop(),
+                Mode::Adaptive if idle < ADAPTIVE_SPINS => std::hint::spin_loop(),
+                Mode::Adaptive => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(ADAPTIVE_MAX_SLEEP);
+                }
+            }
+        }
+    }
+}
+
+fn account(
+    parents: &mut [Option<Parent>],
+    free: &mut Vec<u32>,
+    done: &mut VecDeque<ArrayCompletion>,
+    c: ArrayCompletion,
+) {
+    let p = c.tag as u32;
+    let parent = parents[p as usize]
+        .as_mut()
+        .expect("completion for a live parent");
+    if let Err(e) = c.status {
+        parent.error.get_or_insert(e);
+    }
+    parent.remaining -= 1;
+    if parent.remaining == 0 {
+        let parent = parents[p as usize].take().expect("live");
+        free.push(p);
+        done.push_back(ArrayCompletion {
+            tag: parent.tag,
+            status: parent.error.map_or(Ok(()), Err),
+        });
+    }
+}
