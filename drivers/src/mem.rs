@@ -87,6 +87,10 @@ pub struct MemChannel {
 }
 
 impl Channel for MemChannel {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
         validate(&self.info, &req)?;
         if self.done.len() >= self.info.queue_depth as usize {

@@ -56,6 +56,10 @@ pub struct NullChannel {
 }
 
 impl Channel for NullChannel {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
         validate(&self.info, &req)?;
         if self.done.len() >= self.info.queue_depth as usize {

@@ -535,11 +535,6 @@ impl UringChannel {
         self.stats
     }
 
-    /// The device facts (the same as the device's).
-    pub fn info(&self) -> &DeviceInfo {
-        &self.shared.info
-    }
-
     /// Builds the SQE for `req` (already validated) with `user_data` = `slot`.
     fn entry(req: &Request, slot: u32) -> squeue::Entry {
         let ptr = req.buf.as_ptr();
@@ -690,6 +685,10 @@ impl UringChannel {
 }
 
 impl Channel for UringChannel {
+    fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
     /// Validates `req` ([`validate`]), takes a free slot and queues one SQE (no syscall,
     /// unless the submission ring is full, then one `io_uring_enter` to make room).
     ///

@@ -124,6 +124,11 @@ pub struct ArrayStats {
     pub degraded_writes: u64,
     /// Members failed by I/O errors or disappearance.
     pub member_failures: u64,
+    /// Unrecovered read errors (latent sector errors) rebuilt from redundancy and rewritten
+    /// in place, without failing the member.
+    pub read_errors_repaired: u64,
+    /// Completions with a tag the array never issued (a back-end bug): counted, ignored.
+    pub stray_completions: u64,
 }
 
 /// Pool sizes, fixed at construction.
@@ -158,6 +163,8 @@ struct Member<C> {
     state: MemberState,
     /// Requests the channel refused with QueueFull, resubmitted in order.
     overflow: VecDeque<Request>,
+    /// Largest request the member takes, bytes (a multiple of its block size).
+    max_transfer: u32,
 }
 
 struct ReqCtx {
@@ -180,6 +187,8 @@ enum Phase {
     DegradedRead,
     WriteRead(WriteMode),
     Writing,
+    /// Rewriting ranges that returned unrecovered read errors, after a degraded read.
+    Repair,
     Flushing,
 }
 
@@ -199,6 +208,9 @@ struct Sop {
     range: ChunkRange,
     /// Strategy of the current write.
     mode: WriteMode,
+    /// Members that returned an unrecovered read error in this operation: treated as
+    /// missing for it, and rewritten from redundancy.
+    bad: ArrayVec<u16, 2>,
     /// One chunk buffer per member.
     bufs: Vec<AlignedBuf>,
 }
@@ -244,13 +256,26 @@ pub enum ArrayBuildError {
     /// A pool size of zero.
     #[error("array pools must hold at least one request and one stripe operation")]
     EmptyPool,
+    /// A member cannot serve this array.
+    #[error("member {member} ({name}): {why}")]
+    Member {
+        /// Member index.
+        member: usize,
+        /// Device name.
+        name: String,
+        /// What does not fit.
+        why: String,
+    },
 }
 
 impl<C: Channel> Array<C> {
     /// An array over `channels` (one per member, in member order), all members online.
     ///
     /// # Errors
-    /// [`ArrayBuildError`] on a channel count that does not match or an empty pool.
+    /// [`ArrayBuildError`] on a channel count that does not match, an empty pool, or a
+    /// member that cannot serve the geometry: its block size does not divide the array's,
+    /// the data offset is not a multiple of its block size, or it is smaller than the data
+    /// offset plus the data area.
     pub fn new(
         geo: ArrayGeometry,
         channels: Vec<C>,
@@ -267,6 +292,45 @@ impl<C: Channel> Array<C> {
         if cfg.requests == 0 || cfg.stripe_ops == 0 {
             return Err(ArrayBuildError::EmptyPool);
         }
+        for (member, ch) in channels.iter().enumerate() {
+            let i = ch.info();
+            let bad = |why: String| ArrayBuildError::Member {
+                member,
+                name: i.name.clone(),
+                why,
+            };
+            if i.block_bytes == 0 || !g.block_bytes().is_multiple_of(i.block_bytes) {
+                return Err(bad(format!(
+                    "its {}-byte blocks do not divide the array's {}-byte blocks",
+                    i.block_bytes,
+                    g.block_bytes()
+                )));
+            }
+            if !cfg
+                .data_offset_bytes
+                .is_multiple_of(u64::from(i.block_bytes))
+            {
+                return Err(bad(format!(
+                    "data offset {} is not a multiple of its {}-byte blocks",
+                    cfg.data_offset_bytes, i.block_bytes
+                )));
+            }
+            let need = cfg
+                .data_offset_bytes
+                .saturating_add(geo.member_data_bytes());
+            if i.capacity_bytes < need {
+                return Err(bad(format!(
+                    "{} bytes is less than the data offset plus data area, {need} bytes",
+                    i.capacity_bytes
+                )));
+            }
+            if i.max_transfer_bytes < i.block_bytes {
+                return Err(bad(format!(
+                    "largest transfer {} bytes is below one block",
+                    i.max_transfer_bytes
+                )));
+            }
+        }
         let chunk = g.chunk_bytes() as usize;
         let n = channels.len();
         Ok(Self {
@@ -275,10 +339,19 @@ impl<C: Channel> Array<C> {
             parity,
             members: channels
                 .into_iter()
-                .map(|ch| Member {
-                    ch,
-                    state: MemberState::Online,
-                    overflow: VecDeque::with_capacity(cfg.stripe_ops),
+                .map(|ch| {
+                    let i = ch.info();
+                    let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
+                    Member {
+                        ch,
+                        state: MemberState::Online,
+                        // A chunk split at the largest transfer: room for every piece of
+                        // every operation.
+                        overflow: VecDeque::with_capacity(
+                            cfg.stripe_ops * (chunk / max_transfer as usize + 1),
+                        ),
+                        max_transfer,
+                    }
                 })
                 .collect(),
             reqs: (0..cfg.requests).map(|_| None).collect(),
@@ -295,6 +368,7 @@ impl<C: Channel> Array<C> {
                     io_error: false,
                     range: ChunkRange::default(),
                     mode: WriteMode::FullStripe,
+                    bad: ArrayVec::new(),
                     bufs: (0..n).map(|_| AlignedBuf::zeroed(chunk)).collect(),
                 })
                 .collect(),
@@ -350,6 +424,12 @@ impl<C: Channel> Array<C> {
 
     fn is_failed(&self, member: u16) -> bool {
         self.members[usize::from(member)].state != MemberState::Online
+    }
+
+    /// Whether operation `s` must do without `member`: failed, or it returned an
+    /// unrecovered read error to this operation.
+    fn missing(&self, s: u32, member: u16) -> bool {
+        self.is_failed(member) || self.sops[s as usize].bad.contains(&member)
     }
 
     fn array_failed(&self) -> bool {
@@ -464,6 +544,11 @@ impl<C: Channel> Array<C> {
             while let Some(req) = self.members[mi].overflow.pop_front() {
                 match self.members[mi].ch.submit(req) {
                     Ok(()) => any = true,
+                    Err(SubmitError::QueueFull) if self.members[mi].ch.in_flight() == 0 => {
+                        // Full with nothing of ours in flight: it will never take anything.
+                        self.refused(req.tag, SubmitError::Gone);
+                        any = true;
+                    }
                     Err(SubmitError::QueueFull) => {
                         self.members[mi].overflow.push_front(req);
                         break;
@@ -479,6 +564,10 @@ impl<C: Channel> Array<C> {
     }
 
     fn refused(&mut self, tag: u64, e: SubmitError) {
+        debug_assert!(
+            !matches!(e, SubmitError::Invalid(_)),
+            "the array built a request its member refuses: {e}"
+        );
         let err = match e {
             SubmitError::Gone => IoError::Gone,
             // The engine built a request the device refuses: treat the member as failed
@@ -516,15 +605,29 @@ impl<C: Channel> Array<C> {
     fn member_done(&mut self, c: Completion) {
         let s = (c.tag >> MEMBER_BITS) as u32;
         let member = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
+        let known = (s as usize) < self.sops.len()
+            && usize::from(member) < self.members.len()
+            && self.sops[s as usize].outstanding > 0;
+        if !known {
+            self.stats.stray_completions += 1;
+            return;
+        }
         if let Err(e) = c.status {
-            self.fail_member(member, e);
-            self.sops[s as usize].io_error = true;
+            let sop = &mut self.sops[s as usize];
+            sop.io_error = true;
+            let reading = matches!(
+                sop.phase,
+                Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_)
+            );
+            // A latent sector error on a read: rebuild the range from redundancy and
+            // rewrite it; the member stays in service (md's read-error handling).
+            if e == IoError::Medium && reading && !sop.bad.contains(&member) && !sop.bad.is_full() {
+                sop.bad.push(member);
+            } else {
+                self.fail_member(member, e);
+            }
         }
         let sop = &mut self.sops[s as usize];
-        assert!(
-            sop.outstanding > 0,
-            "completion for an idle stripe operation"
-        );
         sop.outstanding -= 1;
         if sop.outstanding == 0 {
             self.ready.push_back(s);
@@ -537,29 +640,42 @@ impl<C: Channel> Array<C> {
         debug_assert!(!self.is_failed(member), "I/O planned on a failed member");
         let g = self.geo.geometry();
         let stripe = self.sops[s as usize].stripe;
-        let offset_bytes =
-            self.data_offset + stripe * u64::from(g.chunk_bytes()) + u64::from(chunk_off);
-        // SAFETY: every pointer passed here is either a chunk buffer of this operation (owned
-        // by the Array, untouched until the operation's I/O completes: the state machine only
-        // reads its buffers after `outstanding` reaches 0) or a range of the caller's request
-        // buffer, which the caller lent until the request completes (ArrayRequest contract),
-        // and which this operation alone uses for that range.
-        let buf = unsafe {
-            IoBuf::from_raw(
-                std::ptr::NonNull::new(ptr).expect("non-null buffer"),
-                len,
-                None,
-            )
-        };
+        let base = self.data_offset + stripe * u64::from(g.chunk_bytes()) + u64::from(chunk_off);
         let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
-        let req = Request {
-            tag,
-            op,
-            offset_bytes,
-            len_bytes: len,
-            buf,
-        };
-        self.sops[s as usize].outstanding += 1;
+        // Requests larger than the member takes go out in pieces (each counted).
+        let max = self.members[usize::from(member)].max_transfer;
+        let mut done = 0u32;
+        while done < len {
+            let piece = (len - done).min(max);
+            // SAFETY: every pointer passed here is either a chunk buffer of this operation
+            // (owned by the Array, untouched until the operation's I/O completes: the state
+            // machine only reads its buffers after `outstanding` reaches 0) or a range of the
+            // caller's request buffer, which the caller lent until the request completes
+            // (ArrayRequest contract) and which this operation alone uses for that range.
+            // `done + piece <= len` keeps the piece inside that range.
+            let buf = unsafe {
+                IoBuf::from_raw(
+                    std::ptr::NonNull::new(ptr.wrapping_add(done as usize))
+                        .expect("non-null buffer"),
+                    piece,
+                    None,
+                )
+            };
+            let req = Request {
+                tag,
+                op,
+                offset_bytes: base + u64::from(done),
+                len_bytes: piece,
+                buf,
+            };
+            done += piece;
+            self.sops[s as usize].outstanding += 1;
+            self.send(member, req);
+        }
+    }
+
+    /// Hands `req` to the member's channel, queueing it behind earlier refused requests.
+    fn send(&mut self, member: u16, req: Request) {
         let m = &mut self.members[usize::from(member)];
         if !m.overflow.is_empty() {
             m.overflow.push_back(req);
@@ -567,27 +683,25 @@ impl<C: Channel> Array<C> {
         }
         match m.ch.submit(req) {
             Ok(()) => {}
+            // Full with nothing of ours in flight: it will never take anything.
+            Err(SubmitError::QueueFull) if m.ch.in_flight() == 0 => {
+                self.refused(req.tag, SubmitError::Gone)
+            }
             Err(SubmitError::QueueFull) => m.overflow.push_back(req),
-            Err(e) => self.refused(tag, e),
+            Err(e) => self.refused(req.tag, e),
         }
     }
 
     fn io_flush(&mut self, s: u32, member: u16) {
-        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
         let req = Request {
-            tag,
+            tag: (u64::from(s) << MEMBER_BITS) | u64::from(member),
             op: Op::Flush,
             offset_bytes: 0,
             len_bytes: 0,
             buf: IoBuf::NONE,
         };
         self.sops[s as usize].outstanding += 1;
-        let m = &mut self.members[usize::from(member)];
-        match m.ch.submit(req) {
-            Ok(()) => {}
-            Err(SubmitError::QueueFull) => m.overflow.push_back(req),
-            Err(e) => self.refused(tag, e),
-        }
+        self.send(member, req);
     }
 
     // ---- request and operation lifecycle -------------------------------------------------
@@ -629,6 +743,7 @@ impl<C: Channel> Array<C> {
             sop.phase = Phase::Queued;
             sop.outstanding = 0;
             sop.io_error = false;
+            sop.bad.clear();
             self.waiting.push_back(s);
             if fully {
                 self.backlog.pop_front();
@@ -747,7 +862,7 @@ impl<C: Channel> Array<C> {
         let st = g.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
         let healthy = (0..g.data_chunks())
-            .all(|k| w.written[usize::from(k)].is_none() || !self.is_failed(st.data_member(k)));
+            .all(|k| w.written[usize::from(k)].is_none() || !self.missing(s, st.data_member(k)));
         if !healthy {
             return self.start_degraded(s, Phase::DegradedRead);
         }
@@ -767,7 +882,7 @@ impl<C: Channel> Array<C> {
     fn start_degraded(&mut self, s: u32, phase: Phase) {
         let g = *self.geo.geometry();
         let st = g.stripe(self.sops[s as usize].stripe);
-        let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+        let lost = (0..g.members()).filter(|&m| self.missing(s, m)).count();
         if lost > usize::from(g.parity_chunks()) {
             let stripe = st.stripe();
             return self.finish_sop(s, Err(ArrayError::Unrecoverable { stripe }));
@@ -778,7 +893,7 @@ impl<C: Channel> Array<C> {
         sop.range = range;
         sop.io_error = false;
         for m in 0..g.members() {
-            if !self.is_failed(m) {
+            if !self.missing(s, m) {
                 let ptr = self.sops[s as usize].bufs[usize::from(m)]
                     .as_mut_ptr()
                     .wrapping_add(range.start as usize);
@@ -799,7 +914,7 @@ impl<C: Channel> Array<C> {
         let r = sop.range;
         let mut lost: ArrayVec<ChunkId, 2> = ArrayVec::new();
         for m in 0..g.members() {
-            if self.members[usize::from(m)].state != MemberState::Online {
+            if self.members[usize::from(m)].state != MemberState::Online || sop.bad.contains(&m) {
                 let id = match st.role(m) {
                     Role::P => ChunkId::P,
                     Role::Q => ChunkId::Q,
@@ -839,7 +954,27 @@ impl<C: Channel> Array<C> {
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
             }
         }
-        self.finish_sop(s, Ok(()))
+        // Rewrite what the members with unrecovered read errors could not return: the
+        // device remaps the sectors, and the member stays in service.
+        let bad = self.sops[s as usize].bad.clone();
+        if bad.is_empty() {
+            return self.finish_sop(s, Ok(()));
+        }
+        let r = self.sops[s as usize].range;
+        self.sops[s as usize].phase = Phase::Repair;
+        self.sops[s as usize].io_error = false;
+        for m in bad {
+            if !self.is_failed(m) {
+                self.stats.read_errors_repaired += 1;
+                let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                    .as_mut_ptr()
+                    .wrapping_add(r.start as usize);
+                self.io(s, m, Op::Write { fua: false }, r.start, r.len(), ptr);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
     }
 
     // ---- writes ----------------------------------------------------------------------------
@@ -848,7 +983,7 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let st = g.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
-        let plan = plan_write(&w, &st, |m| self.is_failed(m));
+        let plan = plan_write(&w, &st, |m| self.missing(s, m));
         let r = plan.range;
         self.sops[s as usize].range = r;
         self.sops[s as usize].io_error = false;
@@ -1093,6 +1228,8 @@ impl<C: Channel> Array<C> {
             }
             Phase::DegradedRead if failed => self.start_degraded(s, Phase::DegradedRead),
             Phase::DegradedRead => self.finish_degraded_read(s),
+            // The read was served from redundancy; a failed rewrite failed the member.
+            Phase::Repair => self.finish_sop(s, Ok(())),
             Phase::WriteRead(_) if failed => self.start_write(s),
             Phase::WriteRead(mode) => self.write_out(s, mode),
             Phase::Writing => {

@@ -243,6 +243,9 @@ pub enum DeviceError {
 
 /// A per-reactor queue pair to one device. Owned by exactly one reactor.
 pub trait Channel {
+    /// The facts of the device this channel leads to.
+    fn info(&self) -> &DeviceInfo;
+
     /// Queues `req`. Nothing reaches the device until [`Channel::kick`] (back ends may
     /// kick early when their submission ring is full).
     ///

@@ -445,6 +445,10 @@ impl State {
 }
 
 impl Channel for SimChannel {
+    fn info(&self) -> &DeviceInfo {
+        &self.dev.info
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
         let now = self.dev.clock.now_ns();
         let mut s = self.dev.state.borrow_mut();
