@@ -141,15 +141,18 @@ pub struct ArrayConfig {
     pub stripe_ops: usize,
     /// Byte offset of the data area on every member (md's `data_offset`).
     pub data_offset_bytes: u64,
+    /// Members known to be failed when the array starts (assembled degraded).
+    pub failed_members: [Option<u16>; 2],
 }
 
 impl Default for ArrayConfig {
-    /// 256 requests, 32 stripe operations, data at offset 0.
+    /// 256 requests, 32 stripe operations, data at offset 0, no member failed.
     fn default() -> Self {
         Self {
             requests: 256,
             stripe_ops: 32,
             data_offset_bytes: 0,
+            failed_members: [None, None],
         }
     }
 }
@@ -333,7 +336,7 @@ impl<C: Channel> Array<C> {
         }
         let chunk = g.chunk_bytes() as usize;
         let n = channels.len();
-        Ok(Self {
+        let mut array = Self {
             geo,
             data_offset: cfg.data_offset_bytes,
             parity,
@@ -383,7 +386,18 @@ impl<C: Channel> Array<C> {
             failed_members: 0,
             zero: AlignedBuf::zeroed(chunk),
             stats: ArrayStats::default(),
-        })
+        };
+        for m in cfg.failed_members.into_iter().flatten() {
+            if usize::from(m) >= n {
+                return Err(ArrayBuildError::Member {
+                    member: usize::from(m),
+                    name: String::new(),
+                    why: format!("listed as failed but the array has {n} members"),
+                });
+            }
+            array.fail_member(m, IoError::Gone);
+        }
+        Ok(array)
     }
 
     /// The array's geometry.

@@ -79,6 +79,7 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
         requests: 16,
         stripe_ops: 8,
         data_offset_bytes: data_offset,
+        ..ArrayConfig::default()
     };
     // One shard per reactor, each with its own channel to every member.
     let shards = (0..c.reactors)

@@ -1,0 +1,465 @@
+//! Array benchmark in the manner of SPDK's bdevperf: every reactor runs an in-process load
+//! generator (fixed queue depth, block size, pattern, duration) as its front-end, against a
+//! RAID5/RAID6 of `null` or `mem` members; beside each figure, the same load run directly
+//! on one member in the same run, and the ratio.
+//!
+//! ```text
+//! cargo run --release -p bench --bin array-bench -- [--device null|mem] [--reactors 1,2]
+//! ```
+//!
+//! Workloads: `randread` and `randwrite` (4 KiB random), `seqwrite` (full-stripe
+//! sequential writes), `degraded-randread` (4 KiB random reads with one member failed).
+//! Figures: IOPS, GB/s (10^9 bytes/s) and reactor CPU time per I/O (µs, thread CPU clock).
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use drivers::mem::MemDevice;
+use drivers::null::NullDevice;
+use engine::array::{ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest};
+use engine::buf::AlignedBuf;
+use engine::device::{BlockDevice, Channel, Completion, IoBuf, Op, Request};
+use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+use engine::parity::Parity;
+use engine::reactor::{Frontend, Io, Mode, ReactorConfig, Reactors};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DeviceKind {
+    Null,
+    Mem,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Workload {
+    Randread,
+    Randwrite,
+    Seqwrite,
+    DegradedRandread,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "bdevperf-style array benchmark on null/mem members")]
+struct Args {
+    /// Member device kind.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "null,mem")]
+    device: Vec<DeviceKind>,
+    /// Reactor counts to run.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    reactors: Vec<usize>,
+    /// Workloads.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "randread,randwrite,seqwrite,degraded-randread"
+    )]
+    workload: Vec<Workload>,
+    /// Levels (5 runs with 5 members, 6 with 6).
+    #[arg(long, value_delimiter = ',', default_value = "5,6")]
+    level: Vec<u32>,
+    /// Chunk size, KiB.
+    #[arg(long, default_value_t = 64)]
+    chunk_kib: u64,
+    /// Member size, MiB.
+    #[arg(long, default_value_t = 256)]
+    member_mib: u64,
+    /// Requests in flight per reactor.
+    #[arg(long, default_value_t = 32)]
+    qd: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+/// Thread CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into valid memory we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What one load generator measured.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    ios: u64,
+    bytes: u64,
+    errors: u64,
+    wall: Duration,
+    cpu_ns: u64,
+}
+
+/// The per-reactor load generator (front-end).
+struct LoadGen {
+    workload: Workload,
+    bs: u64,
+    cap: u64,
+    /// Region of the array this generator covers (sequential writes: disjoint per reactor).
+    region: (u64, u64),
+    next_seq: u64,
+    bufs: Vec<AlignedBuf>,
+    free: Vec<usize>,
+    rng: ChaCha8Rng,
+    duration: Duration,
+    start: Option<(Instant, u64)>,
+    tally: Tally,
+    stopping: bool,
+}
+
+impl LoadGen {
+    fn request(&mut self, slot: usize) -> ArrayRequest {
+        let (off, op) = match self.workload {
+            Workload::Seqwrite => {
+                let off = self.region.0 + self.next_seq;
+                self.next_seq = (self.next_seq + self.bs) % (self.region.1 - self.region.0);
+                (off, ArrayOp::Write { fua: false })
+            }
+            w => {
+                let blocks = self.cap / self.bs;
+                let off = self.rng.gen_range(0..blocks) * self.bs;
+                let op = if w == Workload::Randwrite {
+                    ArrayOp::Write { fua: false }
+                } else {
+                    ArrayOp::Read
+                };
+                (off, op)
+            }
+        };
+        let b = &mut self.bufs[slot];
+        // SAFETY: buffer `slot` is owned by this generator and untouched until its request
+        // completes (the slot returns to `free` only then).
+        let buf = unsafe {
+            IoBuf::from_raw(
+                NonNull::new(b.as_mut_ptr()).expect("non-null"),
+                b.len() as u32,
+                None,
+            )
+        };
+        ArrayRequest {
+            tag: slot as u64,
+            op,
+            offset_bytes: off,
+            len_bytes: b.len() as u32,
+            buf,
+        }
+    }
+}
+
+impl Frontend for LoadGen {
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        let (t0, _) = *self
+            .start
+            .get_or_insert_with(|| (Instant::now(), thread_cpu_ns()));
+        if t0.elapsed() >= self.duration {
+            if !self.stopping {
+                self.stopping = true;
+                self.tally.wall = t0.elapsed();
+                self.tally.cpu_ns = thread_cpu_ns() - self.start.expect("started").1;
+            }
+            return false;
+        }
+        let mut any = false;
+        while let Some(slot) = self.free.pop() {
+            let r = self.request(slot);
+            if io.submit(r).is_err() {
+                self.free.push(slot);
+                break;
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn complete(&mut self, c: ArrayCompletion) {
+        if !self.stopping {
+            self.tally.ios += 1;
+            self.tally.bytes += self.bs;
+            if c.status.is_err() {
+                self.tally.errors += 1;
+            }
+        }
+        self.free.push(c.tag as usize);
+    }
+
+    fn finished(&self) -> bool {
+        self.stopping && self.free.len() == self.bufs.len()
+    }
+}
+
+/// The same load straight on one member's channel (no array): the raw-device reference.
+fn raw_load<D: BlockDevice>(
+    dev: &D,
+    workload: Workload,
+    bs: u64,
+    qd: usize,
+    duration: Duration,
+) -> Tally {
+    let mut ch = dev.open_channel().expect("raw channel");
+    let cap = dev.info().capacity_bytes;
+    let mut bufs: Vec<AlignedBuf> = (0..qd).map(|_| AlignedBuf::zeroed(bs as usize)).collect();
+    let mut free: Vec<usize> = (0..qd).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut seq = 0u64;
+    let mut comps = vec![Completion::EMPTY; 64];
+    let mut t = Tally::default();
+    let (t0, c0) = (Instant::now(), thread_cpu_ns());
+    while t0.elapsed() < duration {
+        while let Some(slot) = free.pop() {
+            let off = match workload {
+                Workload::Seqwrite => {
+                    seq = (seq + bs) % (cap / bs * bs);
+                    seq
+                }
+                _ => rng.gen_range(0..cap / bs) * bs,
+            };
+            let op = match workload {
+                Workload::Randwrite | Workload::Seqwrite => Op::Write { fua: false },
+                _ => Op::Read,
+            };
+            let b = &mut bufs[slot];
+            // SAFETY: buffer `slot` is untouched until its completion returns the slot.
+            let buf = unsafe {
+                IoBuf::from_raw(
+                    NonNull::new(b.as_mut_ptr()).expect("non-null"),
+                    bs as u32,
+                    None,
+                )
+            };
+            if ch
+                .submit(Request {
+                    tag: slot as u64,
+                    op,
+                    offset_bytes: off,
+                    len_bytes: bs as u32,
+                    buf,
+                })
+                .is_err()
+            {
+                free.push(slot);
+                break;
+            }
+        }
+        ch.kick();
+        let n = ch.poll(&mut comps);
+        for c in &comps[..n] {
+            t.ios += 1;
+            t.bytes += bs;
+            free.push(c.tag as usize);
+        }
+    }
+    t.wall = t0.elapsed();
+    t.cpu_ns = thread_cpu_ns() - c0;
+    // Drain.
+    while ch.in_flight() > 0 {
+        ch.poll(&mut comps);
+    }
+    t
+}
+
+fn run_array<D>(
+    devices: Arc<Vec<D>>,
+    geo: ArrayGeometry,
+    workload: Workload,
+    reactors: usize,
+    args: &Args,
+) -> Result<Tally>
+where
+    D: BlockDevice + Send + Sync + 'static,
+{
+    let g = geo.geometry();
+    let bs = match workload {
+        Workload::Seqwrite => g.stripe_data_bytes(),
+        _ => 4096,
+    };
+    let cap = geo.capacity_bytes();
+    let cores: Vec<Option<usize>> = (0..reactors).map(|i| Some(i % num_cpus())).collect();
+    let share = cap / reactors as u64 / g.stripe_data_bytes() * g.stripe_data_bytes();
+    let gens: Vec<LoadGen> = (0..reactors)
+        .map(|i| LoadGen {
+            workload,
+            bs,
+            cap,
+            region: (i as u64 * share, (i as u64 + 1) * share),
+            next_seq: 0,
+            bufs: (0..args.qd)
+                .map(|_| AlignedBuf::zeroed(bs as usize))
+                .collect(),
+            free: (0..args.qd).collect(),
+            rng: ChaCha8Rng::seed_from_u64(100 + i as u64),
+            duration: Duration::from_secs_f64(args.seconds),
+            start: None,
+            tally: Tally::default(),
+            stopping: false,
+        })
+        .collect();
+    let array_cfg = ArrayConfig {
+        requests: args.qd * 2,
+        stripe_ops: args.qd * 2,
+        data_offset_bytes: 0,
+        failed_members: [
+            if workload == Workload::DegradedRandread {
+                Some(0)
+            } else {
+                None
+            },
+            None,
+        ],
+    };
+    let cfg = ReactorConfig {
+        cores,
+        mode: Mode::Polled,
+        requests: args.qd * 2,
+    };
+    let running = Reactors::start(devices, geo, Parity::new(), array_cfg, cfg, gens)
+        .context("starting reactors")?;
+    let done = running.stop().context("stopping reactors")?;
+    let mut t = Tally::default();
+    for g in done {
+        t.ios += g.tally.ios;
+        t.bytes += g.tally.bytes;
+        t.errors += g.tally.errors;
+        t.cpu_ns += g.tally.cpu_ns;
+        t.wall = t.wall.max(g.tally.wall);
+    }
+    if t.errors > 0 {
+        bail!("{} requests failed", t.errors);
+    }
+    Ok(t)
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn raw_parallel<D: BlockDevice + Sync>(
+    dev: &D,
+    workload: Workload,
+    bs: u64,
+    qd: usize,
+    threads: usize,
+    duration: Duration,
+) -> Tally {
+    let tallies: Vec<Tally> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|i| {
+                s.spawn(move || {
+                    core_affinity::set_for_current(core_affinity::CoreId { id: i % num_cpus() });
+                    raw_load(dev, workload, bs, qd, duration)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("raw thread"))
+            .collect()
+    });
+    let mut t = Tally::default();
+    for x in tallies {
+        t.ios += x.ios;
+        t.bytes += x.bytes;
+        t.cpu_ns += x.cpu_ns;
+        t.wall = t.wall.max(x.wall);
+    }
+    t
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let chunk = args.chunk_kib * 1024;
+    let member = args.member_mib << 20;
+    println!("# ferroraid array benchmark (bdevperf-style)\n");
+    println!(
+        "- CPU: {} ({} cores available); reactors polled, pinned; qd {} per reactor; {} s per run; chunk {} KiB; members {} MiB\n",
+        cpu_model(),
+        num_cpus(),
+        args.qd,
+        args.seconds,
+        args.chunk_kib,
+        args.member_mib
+    );
+    println!("| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+    let duration = Duration::from_secs_f64(args.seconds);
+    for &kind in &args.device {
+        for &level in &args.level {
+            let (lvl, n) = match level {
+                5 => (Level::Raid5, 5u16),
+                6 => (Level::Raid6, 6u16),
+                other => bail!("--level {other}: expected 5 or 6"),
+            };
+            let g = Geometry::new(lvl, Layout::LeftSymmetric, n, chunk, 512)?;
+            let geo = g.with_members(&vec![member; usize::from(n)], 0)?;
+            for &w in &args.workload {
+                for &r in &args.reactors {
+                    let bs = if w == Workload::Seqwrite {
+                        g.stripe_data_bytes()
+                    } else {
+                        4096
+                    };
+                    let raw_w = if w == Workload::DegradedRandread {
+                        Workload::Randread
+                    } else {
+                        w
+                    };
+                    let (t, raw) = match kind {
+                        DeviceKind::Null => {
+                            let devs: Arc<Vec<NullDevice>> = Arc::new(
+                                (0..n)
+                                    .map(|i| {
+                                        NullDevice::new(&format!("null{i}"), member, 512, 1024)
+                                    })
+                                    .collect::<Result<_, _>>()?,
+                            );
+                            let t = run_array(Arc::clone(&devs), geo, w, r, &args)?;
+                            (t, raw_parallel(&devs[1], raw_w, bs, args.qd, r, duration))
+                        }
+                        DeviceKind::Mem => {
+                            let devs: Arc<Vec<MemDevice>> = Arc::new(
+                                (0..n)
+                                    .map(|i| MemDevice::new(&format!("mem{i}"), member, 512, 1024))
+                                    .collect::<Result<_, _>>()?,
+                            );
+                            let t = run_array(Arc::clone(&devs), geo, w, r, &args)?;
+                            (t, raw_parallel(&devs[1], raw_w, bs, args.qd, r, duration))
+                        }
+                    };
+                    let secs = t.wall.as_secs_f64();
+                    let iops = t.ios as f64 / secs;
+                    let raw_iops = raw.ios as f64 / raw.wall.as_secs_f64();
+                    println!(
+                        "| {:?} | raid{} | {:?} | {} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0}% |",
+                        kind,
+                        level,
+                        w,
+                        r,
+                        iops,
+                        t.bytes as f64 / secs / 1e9,
+                        t.cpu_ns as f64 / 1e3 / t.ios.max(1) as f64,
+                        raw_iops,
+                        100.0 * iops / raw_iops
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
