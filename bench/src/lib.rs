@@ -16,6 +16,19 @@ pub fn time_s(f: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
+/// The CPU model name from /proc/cpuinfo ("unknown" if unreadable), for benchmark headers.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// Median of `v` (sorted in place); `NaN` for an empty slice.
 pub fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {

@@ -73,7 +73,7 @@ impl BlockDevice for MemDevice {
         Ok(MemChannel {
             info: self.info.clone(),
             store: Arc::clone(&self.store),
-            done: VecDeque::with_capacity(self.info.queue_depth as usize),
+            done: Immediate::new(self.info.queue_depth),
         })
     }
 }
@@ -82,8 +82,7 @@ impl BlockDevice for MemDevice {
 pub struct MemChannel {
     info: DeviceInfo,
     store: Arc<Store>,
-    /// Finished requests not yet polled; capacity = queue depth, so it never reallocates.
-    done: VecDeque<Completion>,
+    done: Immediate,
 }
 
 impl Channel for MemChannel {
@@ -93,9 +92,7 @@ impl Channel for MemChannel {
 
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
         validate(&self.info, &req)?;
-        if self.done.len() >= self.info.queue_depth as usize {
-            return Err(SubmitError::QueueFull);
-        }
+        self.done.admit()?;
         let off = req.offset_bytes as usize; // < capacity, which fits in usize (checked at new)
         let len = req.len_bytes as usize;
         // SAFETY: validate() bounded off+len by the capacity (the store's length); the
@@ -113,17 +110,14 @@ impl Channel for MemChannel {
                 Op::Flush => {}
             }
         }
-        self.done.push_back(Completion {
-            tag: req.tag,
-            status: Ok(()),
-        });
+        self.done.complete(req.tag);
         Ok(())
     }
 
     fn kick(&mut self) {}
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
-        drain(&mut self.done, out)
+        self.done.poll(out)
     }
 
     fn in_flight(&self) -> usize {
@@ -160,31 +154,63 @@ pub(crate) fn memory_device_info(
     })
 }
 
-/// Moves up to `out.len()` completions from `done` into `out`; returns how many.
-pub(crate) fn drain(done: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
-    let n = done.len().min(out.len());
-    for (o, c) in out.iter_mut().zip(done.drain(..n)) {
-        *o = c;
+/// Requests a synchronous back end (`mem`, `null`) finished inside `submit`, waiting for
+/// `poll`: bounded by the queue depth, allocated once, never reallocated.
+pub(crate) struct Immediate {
+    done: VecDeque<Completion>,
+    depth: usize,
+}
+
+impl Immediate {
+    pub(crate) fn new(queue_depth: u32) -> Self {
+        Self {
+            done: VecDeque::with_capacity(queue_depth as usize),
+            depth: queue_depth as usize,
+        }
     }
-    n
+
+    /// Room for one more request?
+    pub(crate) fn admit(&self) -> Result<(), SubmitError> {
+        if self.done.len() >= self.depth {
+            Err(SubmitError::QueueFull)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Records a successful completion of `tag`.
+    pub(crate) fn complete(&mut self, tag: u64) {
+        debug_assert!(self.done.len() < self.depth, "admit() first");
+        self.done.push_back(Completion {
+            tag,
+            status: Ok(()),
+        });
+    }
+
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    pub(crate) fn poll(&mut self, out: &mut [Completion]) -> usize {
+        let n = self.done.len().min(out.len());
+        for (o, c) in out.iter_mut().zip(self.done.drain(..n)) {
+            *o = c;
+        }
+        n
+    }
+
+    /// Completions not yet polled.
+    pub(crate) fn len(&self) -> usize {
+        self.done.len()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use engine::device::IoBuf;
-    use std::ptr::NonNull;
 
     fn io(buf: &mut AlignedBuf) -> IoBuf {
         // SAFETY: the buffer outlives every request in these tests and is not touched while
         // a request is in flight (MemChannel completes synchronously in submit).
-        unsafe {
-            IoBuf::from_raw(
-                NonNull::new(buf.as_mut_ptr()).unwrap(),
-                buf.len() as u32,
-                None,
-            )
-        }
+        unsafe { IoBuf::from_slice(buf) }
     }
 
     #[test]

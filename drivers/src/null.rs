@@ -2,13 +2,11 @@
 //! next `poll` without touching its buffer (reads leave the buffer as it was), so the cost
 //! measured through it is the engine's own.
 
-use std::collections::VecDeque;
-
 use engine::device::{
     validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, Request, SubmitError,
 };
 
-use crate::mem::{drain, memory_device_info};
+use crate::mem::{memory_device_info, Immediate};
 
 /// A block device without data.
 pub struct NullDevice {
@@ -44,7 +42,7 @@ impl BlockDevice for NullDevice {
     fn open_channel(&self) -> Result<NullChannel, DeviceError> {
         Ok(NullChannel {
             info: self.info.clone(),
-            done: VecDeque::with_capacity(self.info.queue_depth as usize),
+            done: Immediate::new(self.info.queue_depth),
         })
     }
 }
@@ -52,7 +50,7 @@ impl BlockDevice for NullDevice {
 /// A channel of a [`NullDevice`].
 pub struct NullChannel {
     info: DeviceInfo,
-    done: VecDeque<Completion>,
+    done: Immediate,
 }
 
 impl Channel for NullChannel {
@@ -62,20 +60,15 @@ impl Channel for NullChannel {
 
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
         validate(&self.info, &req)?;
-        if self.done.len() >= self.info.queue_depth as usize {
-            return Err(SubmitError::QueueFull);
-        }
-        self.done.push_back(Completion {
-            tag: req.tag,
-            status: Ok(()),
-        });
+        self.done.admit()?;
+        self.done.complete(req.tag);
         Ok(())
     }
 
     fn kick(&mut self) {}
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
-        drain(&mut self.done, out)
+        self.done.poll(out)
     }
 
     fn in_flight(&self) -> usize {

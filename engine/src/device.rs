@@ -107,6 +107,21 @@ impl IoBuf {
         Self { ptr, len, region }
     }
 
+    /// Lends `buf` (not registered with any back end).
+    ///
+    /// # Safety
+    /// As [`IoBuf::from_raw`]: from submission until the request's completion is returned,
+    /// `buf` stays allocated and nothing else reads or writes it — although the borrow ends
+    /// when this call returns. `buf.len()` must fit in `u32`.
+    pub unsafe fn from_slice(buf: &mut [u8]) -> Self {
+        let len = u32::try_from(buf.len()).expect("an I/O buffer is smaller than 4 GiB");
+        Self {
+            ptr: NonNull::new(buf.as_mut_ptr()).unwrap_or(NonNull::dangling()),
+            len,
+            region: None,
+        }
+    }
+
     /// Start of the buffer.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()

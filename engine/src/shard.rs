@@ -253,13 +253,7 @@ mod tests {
         let stripe = g.stripe_data_bytes();
         let mut buf = vec![0u8; 3 * stripe as usize];
         // SAFETY: never submitted; only split.
-        let io = unsafe {
-            IoBuf::from_raw(
-                NonNull::new(buf.as_mut_ptr()).unwrap(),
-                buf.len() as u32,
-                None,
-            )
-        };
+        let io = unsafe { IoBuf::from_slice(&mut buf) };
         let r = ArrayRequest {
             tag: 5,
             op: ArrayOp::Read,

@@ -6,7 +6,6 @@
 //! `FERRORAID_REQUIRE_LOOP` is set.
 
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 
 use drivers::mem::MemDevice;
 use drivers::null::NullDevice;
@@ -31,13 +30,7 @@ fn geometry(level: Level, layout: Layout, members: u16) -> ArrayGeometry {
 fn run_one<C: Channel>(arr: &mut Array<C>, op: ArrayOp, off: u64, buf: &mut [u8]) {
     // SAFETY: `buf` outlives the request, which completes before this function returns,
     // and is not touched meanwhile.
-    let io = unsafe {
-        IoBuf::from_raw(
-            NonNull::new(buf.as_mut_ptr()).unwrap(),
-            buf.len() as u32,
-            None,
-        )
-    };
+    let io = unsafe { IoBuf::from_slice(buf) };
     arr.submit(ArrayRequest {
         tag: 1,
         op,

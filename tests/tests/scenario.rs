@@ -6,8 +6,6 @@
 //! arrived before it: its worst latency is bounded by (FULL_QD + 1) full-stripe write
 //! service times plus its own RMW — asserted below on virtual time.
 
-use std::ptr::NonNull;
-
 use engine::array::{Array, ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest};
 use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, IoBuf};
@@ -58,7 +56,7 @@ fn world() -> World {
 fn lend(b: &mut AlignedBuf) -> IoBuf {
     // SAFETY: every buffer lives in the test until its request completes and is not touched
     // meanwhile.
-    unsafe { IoBuf::from_raw(NonNull::new(b.as_mut_ptr()).unwrap(), b.len() as u32, None) }
+    unsafe { IoBuf::from_slice(b) }
 }
 
 /// Runs the scenario; returns (partial-write latencies, full-stripe-write latencies), ns.

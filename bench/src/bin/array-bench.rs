@@ -377,7 +377,7 @@ fn main() -> Result<()> {
     println!("# ferroraid array benchmark (bdevperf-style)\n");
     println!(
         "- CPU: {} ({} cores available); reactors polled, pinned; qd {} per reactor; {} s per run; chunk {} KiB; members {} MiB\n",
-        cpu_model(),
+        bench::cpu_model(),
         num_cpus(),
         args.qd,
         args.seconds,
@@ -450,16 +450,4 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
 }

@@ -248,7 +248,7 @@ fn main() -> Result<()> {
     println!("# ferroraid parity benchmark\n");
     println!(
         "- CPU: {}\n- kernels available: {}; default (best): {}\n- ISA-L: {}\n- chunk {} KiB, working set {} MiB of data (out of cache), median of {} passes ({} for scalar) in random order, each after an untimed {} MiB cache scrub, core {}\n",
-        cpu_model(),
+        bench::cpu_model(),
         kernels.iter().map(|k| k.name()).collect::<Vec<_>>().join(", "),
         best.kernel(),
         if isal::available() { "linked (pq_gen/xor_gen multibinary dispatch)" } else { "not linked" },
@@ -438,16 +438,4 @@ fn scrub_cache(scrub: &[u8], chunk: usize) -> u64 {
         x ^= membw::read_all(&[c]);
     }
     x
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
 }

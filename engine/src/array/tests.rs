@@ -37,13 +37,7 @@ fn beyond_redundancy_is_an_error_never_wrong_data() {
     devs[2].disappear();
     let mut buf = AlignedBuf::zeroed(4096 * 3);
     // SAFETY: buf outlives the request.
-    let io = unsafe {
-        IoBuf::from_raw(
-            NonNull::new(buf.as_mut_ptr()).unwrap(),
-            buf.len() as u32,
-            None,
-        )
-    };
+    let io = unsafe { IoBuf::from_slice(&mut buf) };
     arr.submit(ArrayRequest {
         tag: 7,
         op: ArrayOp::Read,
@@ -137,13 +131,7 @@ fn rw(
     buf: &mut [u8],
 ) -> Result<(), ArrayError> {
     // SAFETY: buf outlives the request, which completes before we return.
-    let io = unsafe {
-        IoBuf::from_raw(
-            NonNull::new(buf.as_mut_ptr()).unwrap(),
-            buf.len() as u32,
-            None,
-        )
-    };
+    let io = unsafe { IoBuf::from_slice(buf) };
     arr.submit(ArrayRequest {
         tag,
         op,

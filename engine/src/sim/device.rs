@@ -516,17 +516,10 @@ mod tests {
     use super::*;
     use crate::buf::AlignedBuf;
     use crate::device::IoBuf;
-    use std::ptr::NonNull;
 
     fn io(buf: &mut AlignedBuf) -> IoBuf {
         // SAFETY: test buffers outlive their requests and are not touched while in flight.
-        unsafe {
-            IoBuf::from_raw(
-                NonNull::new(buf.as_mut_ptr()).unwrap(),
-                buf.len() as u32,
-                None,
-            )
-        }
+        unsafe { IoBuf::from_slice(buf) }
     }
 
     fn rw(tag: u64, op: Op, off: u64, buf: IoBuf) -> Request {
