@@ -124,8 +124,10 @@ pub struct ArrayStats {
     pub degraded_writes: u64,
     /// Members failed by I/O errors or disappearance.
     pub member_failures: u64,
-    /// Unrecovered read errors (latent sector errors) rebuilt from redundancy and rewritten
-    /// in place, without failing the member.
+    /// Unrecovered read errors (latent sector errors) absorbed: the range was rebuilt from
+    /// redundancy for the operation, and the member kept in service.
+    pub medium_errors: u64,
+    /// Ranges rewritten after a degraded read rebuilt them from redundancy.
     pub read_errors_repaired: u64,
     /// Completions with a tag the array never issued (a back-end bug): counted, ignored.
     pub stray_completions: u64,
@@ -637,6 +639,7 @@ impl<C: Channel> Array<C> {
             // rewrite it; the member stays in service (md's read-error handling).
             if e == IoError::Medium && reading && !sop.bad.contains(&member) && !sop.bad.is_full() {
                 sop.bad.push(member);
+                self.stats.medium_errors += 1;
             } else {
                 self.fail_member(member, e);
             }
