@@ -879,7 +879,7 @@ impl<C: Channel> Array<C> {
         let st = g.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
         let healthy = (0..g.data_chunks())
-            .all(|k| w.written[usize::from(k)].is_none() || !self.missing(s, st.data_member(k)));
+            .all(|k| w.written(k).is_none() || !self.missing(s, st.data_member(k)));
         if !healthy {
             return self.start_degraded(s, Phase::DegradedRead);
         }
@@ -887,7 +887,7 @@ impl<C: Channel> Array<C> {
         self.sops[s as usize].io_error = false;
         let c = u64::from(g.chunk_bytes());
         for k in 0..g.data_chunks() {
-            if let Some(r) = w.written[usize::from(k)] {
+            if let Some(r) = w.written(k) {
                 let ptr = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
                 self.io(s, st.data_member(k), Op::Read, r.start, r.len(), ptr);
             }
@@ -962,7 +962,7 @@ impl<C: Channel> Array<C> {
         let w = self.footprint(s);
         let c = u64::from(g.chunk_bytes());
         for k in 0..g.data_chunks() {
-            if let Some(r) = w.written[usize::from(k)] {
+            if let Some(r) = w.written(k) {
                 let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
                 let src = &self.sops[s as usize].bufs[usize::from(st.data_member(k))]
                     [r.start as usize..r.end as usize];
@@ -1010,7 +1010,7 @@ impl<C: Channel> Array<C> {
             mode @ (WriteMode::Rmw | WriteMode::Rcw) => {
                 self.sops[s as usize].phase = Phase::WriteRead(mode);
                 for k in 0..g.data_chunks() {
-                    let written = w.written[usize::from(k)];
+                    let written = w.written(k);
                     let read = match mode {
                         WriteMode::Rmw => written.is_some(),
                         _ => !written.is_some_and(|x| x.contains(&r)),
@@ -1071,7 +1071,7 @@ impl<C: Channel> Array<C> {
                 for k in 0..nd {
                     let m = usize::from(st.data_member(k));
                     let slot = usize::from(st.q_slot(k));
-                    match w.written[usize::from(k)] {
+                    match w.written(k) {
                         Some(x) if x.contains(&r) => {
                             srcs[slot] = client(self, k, r.start) as *const u8
                         }
@@ -1096,7 +1096,7 @@ impl<C: Channel> Array<C> {
                 // Turn each touched chunk's old data into Δ = old ⊕ new over R (zero where
                 // not written), then P ⊕= ΣΔ, Q ⊕= Σ g^slot·Δ.
                 for k in 0..nd {
-                    if let Some(x) = w.written[usize::from(k)] {
+                    if let Some(x) = w.written(k) {
                         let m = usize::from(st.data_member(k));
                         let src = client(self, k, x.start);
                         let buf = &mut self.sops[s as usize].bufs[m];
@@ -1120,7 +1120,7 @@ impl<C: Channel> Array<C> {
                         Role::P => p_buf = Some(&mut b[ri..rl]),
                         Role::Q => q_buf = Some(&mut b[ri..rl]),
                         Role::Data { index, slot } => {
-                            if w.written[usize::from(index)].is_some() {
+                            if w.written(index).is_some() {
                                 deltas.push(crate::parity::Delta {
                                     slot: slot as u8,
                                     old: zero,
@@ -1146,7 +1146,7 @@ impl<C: Channel> Array<C> {
                 }
                 for k in 0..nd {
                     let m = usize::from(st.data_member(k));
-                    if let Some(x) = w.written[usize::from(k)] {
+                    if let Some(x) = w.written(k) {
                         let src = client(self, k, x.start);
                         let dst = self.sops[s as usize].bufs[m]
                             .as_mut_ptr()
@@ -1167,7 +1167,7 @@ impl<C: Channel> Array<C> {
         self.sops[s as usize].io_error = false;
         for k in 0..nd {
             let m = st.data_member(k);
-            if let Some(x) = w.written[usize::from(k)] {
+            if let Some(x) = w.written(k) {
                 if !self.is_failed(m) {
                     let ptr = client(self, k, x.start);
                     self.io(s, m, Op::Write { fua }, x.start, x.len(), ptr);

@@ -23,7 +23,6 @@
 //!   `handle_stripe_dirtying`: `rmw < rcw` → RMW, else RCW).
 
 use crate::geometry::StripeLayout;
-use crate::parity::MAX_DATA_CHUNKS;
 
 /// A byte range within a chunk, `start..end`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -49,12 +48,15 @@ impl ChunkRange {
     }
 }
 
-/// What a write does to each data chunk of one stripe: the written range of each data
-/// index, or `None` for chunks it does not touch.
-#[derive(Clone, Debug)]
+/// What a write does to the data chunks of one stripe. A contiguous range touches a run of
+/// consecutive chunks `first..=last`, the first from `first_start`, the last up to
+/// `last_end`, the ones between whole: four numbers, no per-chunk table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StripeWrite {
-    /// Written range per logical data index (`0..data_chunks`).
-    pub written: [Option<ChunkRange>; MAX_DATA_CHUNKS],
+    first: u16,
+    last: u16,
+    first_start: u32,
+    last_end: u32,
     /// Data chunks in the stripe.
     pub data_chunks: u16,
     /// Chunk size, bytes.
@@ -73,55 +75,58 @@ impl StripeWrite {
             start < end && end <= u64::from(data_chunks) * c,
             "range {start}..{end} outside the stripe"
         );
-        let mut written = [None; MAX_DATA_CHUNKS];
-        for (k, w) in written
-            .iter_mut()
-            .enumerate()
-            .take(usize::from(data_chunks))
-        {
-            let (lo, hi) = (k as u64 * c, (k as u64 + 1) * c);
-            if start < hi && lo < end {
-                *w = Some(ChunkRange {
-                    start: (start.max(lo) - lo) as u32,
-                    end: (end.min(hi) - lo) as u32,
-                });
-            }
-        }
+        let (first, last) = ((start / c) as u16, ((end - 1) / c) as u16);
         Self {
-            written,
+            first,
+            last,
+            first_start: (start % c) as u32,
+            last_end: (end - u64::from(last) * c) as u32,
             data_chunks,
             chunk_bytes,
         }
     }
 
-    fn touched(&self) -> impl Iterator<Item = (u16, ChunkRange)> + '_ {
-        self.written[..usize::from(self.data_chunks)]
-            .iter()
-            .enumerate()
-            .filter_map(|(k, w)| w.map(|r| (k as u16, r)))
+    /// The written range of data chunk `k`, or `None` if the write does not touch it.
+    pub fn written(&self, k: u16) -> Option<ChunkRange> {
+        if k < self.first || k > self.last {
+            return None;
+        }
+        Some(ChunkRange {
+            start: if k == self.first { self.first_start } else { 0 },
+            end: if k == self.last {
+                self.last_end
+            } else {
+                self.chunk_bytes
+            },
+        })
+    }
+
+    /// Data chunks touched.
+    pub fn touched(&self) -> u16 {
+        self.last - self.first + 1
     }
 
     /// The parity range `R` (see the module docs).
     pub fn parity_range(&self) -> ChunkRange {
-        let mut it = self.touched();
-        match (it.next(), it.next()) {
-            (Some((_, r)), None) => r,
-            _ => ChunkRange {
+        if self.first == self.last {
+            ChunkRange {
+                start: self.first_start,
+                end: self.last_end,
+            }
+        } else {
+            ChunkRange {
                 start: 0,
                 end: self.chunk_bytes,
-            },
+            }
         }
     }
 
     /// Whether every data chunk is written whole.
     pub fn is_full_stripe(&self) -> bool {
-        let whole = ChunkRange {
-            start: 0,
-            end: self.chunk_bytes,
-        };
-        self.written[..usize::from(self.data_chunks)]
-            .iter()
-            .all(|w| *w == Some(whole))
+        self.first == 0
+            && self.last + 1 == self.data_chunks
+            && self.first_start == 0
+            && self.last_end == self.chunk_bytes
     }
 }
 
@@ -180,12 +185,11 @@ pub fn plan_write(
             reads: live as u16,
         };
     }
-    let touched = w.touched().count() as u16;
+    let touched = w.touched();
     let parity = parity_members.iter().flatten().count() as u16;
     let rmw = touched + parity;
-    let rcw = w.written[..usize::from(nd)]
-        .iter()
-        .filter(|x| !x.is_some_and(|r| r.contains(&range)))
+    let rcw = (0..nd)
+        .filter(|&k| !w.written(k).is_some_and(|r| r.contains(&range)))
         .count() as u16;
     if rmw < rcw {
         WritePlan {
@@ -219,7 +223,7 @@ mod tests {
     fn footprint_and_parity_range() {
         let w = StripeWrite::from_range(4, C, 4096, 8192);
         assert_eq!(
-            w.written[0],
+            w.written(0),
             Some(ChunkRange {
                 start: 4096,
                 end: 8192
