@@ -33,7 +33,8 @@ pub struct MemDevice {
 
 impl MemDevice {
     /// A zero-filled RAM disk of `capacity_bytes` with `block_bytes` logical blocks and
-    /// `queue_depth` requests per channel.
+    /// `queue_depth` requests per channel. All of its memory is touched here, so requests
+    /// never fault pages in.
     ///
     /// # Errors
     /// [`DeviceError::Unusable`] for a block size other than 512/4096, a capacity that is
@@ -46,10 +47,14 @@ impl MemDevice {
     ) -> Result<Self, DeviceError> {
         let info = memory_device_info(name, capacity_bytes, block_bytes, queue_depth)?;
         let len = check_memory_shape(name, capacity_bytes, block_bytes)?;
+        let mut buf = AlignedBuf::zeroed(len);
+        // Touch every page now: the data path must not take page faults (a fresh zeroed
+        // allocation is mapped lazily, first to the shared zero page, then copied on write).
+        buf.fill(0);
         Ok(Self {
             info,
             store: Arc::new(Store {
-                buf: std::cell::UnsafeCell::new(AlignedBuf::zeroed(len)),
+                buf: std::cell::UnsafeCell::new(buf),
             }),
         })
     }
