@@ -195,19 +195,25 @@ impl Frontend for LoadGen {
 }
 
 /// The same load straight on one member's channel (no array): the raw-device reference.
+/// The same load straight on member channels (no array): round-robin over `devs` (one
+/// device: the "raw member" reference; all members: the same memory footprint as the array).
 fn raw_load<D: BlockDevice>(
-    dev: &D,
+    devs: &[D],
     workload: Workload,
     bs: u64,
     qd: usize,
     duration: Duration,
 ) -> Tally {
-    let mut ch = dev.open_channel().expect("raw channel");
-    let cap = dev.info().capacity_bytes;
+    let mut chans: Vec<D::Channel> = devs
+        .iter()
+        .map(|d| d.open_channel().expect("raw channel"))
+        .collect();
+    let cap = devs[0].info().capacity_bytes;
     let mut bufs: Vec<AlignedBuf> = (0..qd).map(|_| AlignedBuf::zeroed(bs as usize)).collect();
     let mut free: Vec<usize> = (0..qd).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut seq = 0u64;
+    let mut next = 0usize;
     let mut comps = vec![Completion::EMPTY; 64];
     let mut t = Tally::default();
     let (t0, c0) = (Instant::now(), thread_cpu_ns());
@@ -224,42 +230,37 @@ fn raw_load<D: BlockDevice>(
                 Workload::Randwrite | Workload::Seqwrite => Op::Write { fua: false },
                 _ => Op::Read,
             };
-            let b = &mut bufs[slot];
             // SAFETY: buffer `slot` is untouched until its completion returns the slot.
-            let buf = unsafe {
-                IoBuf::from_raw(
-                    NonNull::new(b.as_mut_ptr()).expect("non-null"),
-                    bs as u32,
-                    None,
-                )
+            let buf = unsafe { IoBuf::from_slice(&mut bufs[slot]) };
+            next = (next + 1) % chans.len();
+            let req = Request {
+                tag: slot as u64,
+                op,
+                offset_bytes: off,
+                len_bytes: bs as u32,
+                buf,
             };
-            if ch
-                .submit(Request {
-                    tag: slot as u64,
-                    op,
-                    offset_bytes: off,
-                    len_bytes: bs as u32,
-                    buf,
-                })
-                .is_err()
-            {
+            if chans[next].submit(req).is_err() {
                 free.push(slot);
                 break;
             }
         }
-        ch.kick();
-        let n = ch.poll(&mut comps);
-        for c in &comps[..n] {
-            t.ios += 1;
-            t.bytes += bs;
-            free.push(c.tag as usize);
+        for ch in &mut chans {
+            ch.kick();
+            let n = ch.poll(&mut comps);
+            for c in &comps[..n] {
+                t.ios += 1;
+                t.bytes += bs;
+                free.push(c.tag as usize);
+            }
         }
     }
     t.wall = t0.elapsed();
     t.cpu_ns = thread_cpu_ns() - c0;
-    // Drain.
-    while ch.in_flight() > 0 {
-        ch.poll(&mut comps);
+    for ch in &mut chans {
+        while ch.in_flight() > 0 {
+            ch.poll(&mut comps);
+        }
     }
     t
 }
@@ -340,7 +341,7 @@ fn num_cpus() -> usize {
 }
 
 fn raw_parallel<D: BlockDevice + Sync>(
-    dev: &D,
+    dev: &[D],
     workload: Workload,
     bs: u64,
     qd: usize,
@@ -384,8 +385,11 @@ fn main() -> Result<()> {
         args.chunk_kib,
         args.member_mib
     );
-    println!("| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw \
+         | raw spread over all members | array ÷ spread |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let duration = Duration::from_secs_f64(args.seconds);
     for &kind in &args.device {
         for &level in &args.level {
@@ -408,7 +412,7 @@ fn main() -> Result<()> {
                     } else {
                         w
                     };
-                    let (t, raw) = match kind {
+                    let (t, raw, spread) = match kind {
                         DeviceKind::Null => {
                             let devs: Arc<Vec<NullDevice>> = Arc::new(
                                 (0..n)
@@ -418,7 +422,11 @@ fn main() -> Result<()> {
                                     .collect::<Result<_, _>>()?,
                             );
                             let t = run_array(Arc::clone(&devs), geo, w, r, &args)?;
-                            (t, raw_parallel(&devs[1], raw_w, bs, args.qd, r, duration))
+                            (
+                                t,
+                                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
+                                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
+                            )
                         }
                         DeviceKind::Mem => {
                             let devs: Arc<Vec<MemDevice>> = Arc::new(
@@ -427,14 +435,19 @@ fn main() -> Result<()> {
                                     .collect::<Result<_, _>>()?,
                             );
                             let t = run_array(Arc::clone(&devs), geo, w, r, &args)?;
-                            (t, raw_parallel(&devs[1], raw_w, bs, args.qd, r, duration))
+                            (
+                                t,
+                                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
+                                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
+                            )
                         }
                     };
                     let secs = t.wall.as_secs_f64();
                     let iops = t.ios as f64 / secs;
                     let raw_iops = raw.ios as f64 / raw.wall.as_secs_f64();
+                    let spread_iops = spread.ios as f64 / spread.wall.as_secs_f64();
                     println!(
-                        "| {:?} | raid{} | {:?} | {} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0}% |",
+                        "| {:?} | raid{} | {:?} | {} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0}% | {:.0} | {:.0}% |",
                         kind,
                         level,
                         w,
@@ -443,7 +456,9 @@ fn main() -> Result<()> {
                         t.bytes as f64 / secs / 1e9,
                         t.cpu_ns as f64 / 1e3 / t.ios.max(1) as f64,
                         raw_iops,
-                        100.0 * iops / raw_iops
+                        100.0 * iops / raw_iops,
+                        spread_iops,
+                        100.0 * iops / spread_iops
                     );
                 }
             }
