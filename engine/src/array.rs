@@ -216,6 +216,10 @@ struct Sop {
     /// Members that returned an unrecovered read error in this operation: treated as
     /// missing for it, and rewritten from redundancy.
     bad: ArrayVec<u16, 2>,
+    /// Members a degraded phase did without (missing when it started): exactly what the
+    /// rebuild reconstructs. A member failed by another operation after this one read it
+    /// successfully is not among them — its data in our buffers is good.
+    lost: ArrayVec<u16, 2>,
     /// One chunk buffer per member.
     bufs: Vec<AlignedBuf>,
 }
@@ -374,6 +378,7 @@ impl<C: Channel> Array<C> {
                     range: ChunkRange::default(),
                     mode: WriteMode::FullStripe,
                     bad: ArrayVec::new(),
+                    lost: ArrayVec::new(),
                     bufs: (0..n).map(|_| AlignedBuf::zeroed(chunk)).collect(),
                 })
                 .collect(),
@@ -904,13 +909,34 @@ impl<C: Channel> Array<C> {
             let stripe = st.stripe();
             return self.finish_sop(s, Err(ArrayError::Unrecoverable { stripe }));
         }
+        // Read only the parity the rebuild needs: P for one lost data chunk, Q as well for
+        // two (or for one when P is lost too); none when only parity is lost (a degraded
+        // write regenerates P/Q from the data anyway).
+        let lost_data = (0..g.data_chunks())
+            .filter(|&k| self.missing(s, st.data_member(k)))
+            .count();
+        let p_lost = self.missing(s, st.p_member());
+        let need_p = lost_data > 0;
+        let need_q = lost_data == 2 || (lost_data == 1 && p_lost);
         let range = self.footprint(s).parity_range();
+        let mut lost_members: ArrayVec<u16, 2> = ArrayVec::new();
+        for m in 0..g.members() {
+            if self.missing(s, m) {
+                lost_members.push(m); // at most the redundancy (checked above)
+            }
+        }
         let sop = &mut self.sops[s as usize];
         sop.phase = phase;
         sop.range = range;
         sop.io_error = false;
+        sop.lost = lost_members;
         for m in 0..g.members() {
-            if !self.missing(s, m) {
+            let needed = match st.role(m) {
+                Role::P => need_p,
+                Role::Q => need_q,
+                Role::Data { .. } => true,
+            };
+            if needed && !self.missing(s, m) {
                 let ptr = self.sops[s as usize].bufs[usize::from(m)]
                     .as_mut_ptr()
                     .wrapping_add(range.start as usize);
@@ -930,24 +956,22 @@ impl<C: Channel> Array<C> {
         let st = g.stripe(sop.stripe);
         let r = sop.range;
         let mut lost: ArrayVec<ChunkId, 2> = ArrayVec::new();
-        for m in 0..g.members() {
-            if self.members[usize::from(m)].state != MemberState::Online || sop.bad.contains(&m) {
-                let id = match st.role(m) {
-                    Role::P => ChunkId::P,
-                    Role::Q => ChunkId::Q,
-                    Role::Data { slot, .. } => ChunkId::Data(slot as u8),
-                };
-                if lost.try_push(id).is_err() {
-                    return Err(ArrayError::Unrecoverable { stripe: sop.stripe });
-                }
-            }
+        for &m in &sop.lost {
+            lost.push(match st.role(m) {
+                Role::P => ChunkId::P,
+                Role::Q => ChunkId::Q,
+                Role::Data { slot, .. } => ChunkId::Data(slot as u8),
+            });
         }
         if lost.is_empty() {
             return Ok(());
         }
         let (data, p, q) = views(&mut sop.bufs, &st, g.data_chunks(), g.level(), r);
         let mut data = data;
+        // Rebuilt data is read again at once (copied to the caller, or fed to the new parity):
+        // ordinary stores keep it in cache.
         self.parity
+            .streaming(false)
             .reconstruct(&mut data, p, q, &lost)
             .map_err(|_| ArrayError::Unrecoverable { stripe: sop.stripe })
     }
