@@ -563,15 +563,13 @@ impl<C: Channel> Array<C> {
         let mut any = false;
         for mi in 0..self.members.len() {
             while let Some(req) = self.members[mi].overflow.pop_front() {
-                match self.members[mi].ch.submit(req) {
+                let m = &mut self.members[mi];
+                match m.ch.submit(req) {
                     Ok(()) => any = true,
-                    Err(SubmitError::QueueFull) if self.members[mi].ch.in_flight() == 0 => {
-                        // Full with nothing of ours in flight: it will never take anything.
-                        self.refused(req.tag, SubmitError::Gone);
-                        any = true;
-                    }
+                    // A member that never accepts again is not detected here: that takes a
+                    // command timeout (an issue-3 follow-up), not a guess from refusals.
                     Err(SubmitError::QueueFull) => {
-                        self.members[mi].overflow.push_front(req);
+                        m.overflow.push_front(req);
                         break;
                     }
                     Err(e) => {
