@@ -26,6 +26,16 @@ fn geometry(level: Level, layout: Layout, members: u16) -> ArrayGeometry {
     ArrayGeometry::new(g, STRIPES).unwrap()
 }
 
+/// An array over `devs` (member order), data area at [`DATA_OFFSET`].
+fn array_over<D: BlockDevice>(geo: ArrayGeometry, devs: &[D]) -> Array<D::Channel> {
+    let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+    let cfg = ArrayConfig {
+        data_offset_bytes: DATA_OFFSET,
+        ..ArrayConfig::default()
+    };
+    Array::new(geo, chans, Parity::new(), cfg).unwrap()
+}
+
 /// Runs one request to completion, busy-polling the engine.
 fn run_one<C: Channel>(arr: &mut Array<C>, op: ArrayOp, off: u64, buf: &mut [u8]) {
     // SAFETY: `buf` outlives the request, which completes before this function returns,
@@ -149,12 +159,7 @@ fn array_on_mem_members_passes_the_oracle() {
                 MemDevice::new(&format!("mem{i}"), DATA_OFFSET + STRIPES * CHUNK, 512, 32).unwrap()
             })
             .collect();
-        let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
-        let cfg = ArrayConfig {
-            data_offset_bytes: DATA_OFFSET,
-            ..ArrayConfig::default()
-        };
-        let mut arr = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+        let mut arr = array_over(geo, &devs);
         let reference = workload(&mut arr, 11 + u64::from(n), 400, true);
         let images: Vec<Vec<u8>> = devs.iter().map(|d| d.contents()).collect();
         let dir = tempfile::tempdir().unwrap();
@@ -170,12 +175,7 @@ fn array_on_null_members_completes_everything() {
             NullDevice::new(&format!("null{i}"), DATA_OFFSET + STRIPES * CHUNK, 512, 32).unwrap()
         })
         .collect();
-    let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
-    let cfg = ArrayConfig {
-        data_offset_bytes: DATA_OFFSET,
-        ..ArrayConfig::default()
-    };
-    let mut arr = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+    let mut arr = array_over(geo, &devs);
     workload(&mut arr, 5, 400, false);
     let st = arr.stats();
     assert!(st.rmw_writes + st.rcw_writes + st.full_stripe_writes > 0 && st.direct_reads > 0);
@@ -187,12 +187,7 @@ fn uring_array(paths: &[PathBuf]) -> (Array<drivers::uring::UringChannel>, Vec<U
         .iter()
         .map(|p| UringDevice::open(p, &UringConfig::default()).unwrap())
         .collect();
-    let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
-    let cfg = ArrayConfig {
-        data_offset_bytes: DATA_OFFSET,
-        ..ArrayConfig::default()
-    };
-    (Array::new(geo, chans, Parity::new(), cfg).unwrap(), devs)
+    (array_over(geo, &devs), devs)
 }
 
 fn member_files(dir: &Path, n: usize) -> Vec<PathBuf> {
