@@ -50,6 +50,17 @@ pub enum ArrayOp {
     },
     /// Flush every member.
     Flush,
+    /// Make `len_bytes` at `offset_bytes` read back as zeroes, parity kept consistent
+    /// (carries no buffer: [`IoBuf::NONE`], `len_bytes` is the range). With `fua`, durable
+    /// on every member it touched before completion.
+    WriteZeroes {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Advisory deallocation of `len_bytes` at `offset_bytes` (no buffer). Only whole
+    /// stripes inside the range are deallocated on the members; the contents of the range
+    /// afterwards are unspecified by the caller's contract but parity stays consistent.
+    Discard,
 }
 
 /// An array request.
@@ -493,6 +504,9 @@ impl<C: Channel> Array<C> {
     /// # Errors
     /// [`ArrayError::Invalid`] naming the problem.
     pub fn validate(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
+        if matches!(r.op, ArrayOp::WriteZeroes { .. } | ArrayOp::Discard) {
+            return Err(ArrayError::Invalid("write-zeroes/discard: not yet implemented"));
+        }
         if r.op == ArrayOp::Flush {
             return if r.len_bytes == 0 {
                 Ok(())
@@ -804,7 +818,9 @@ impl<C: Channel> Array<C> {
         match req.op {
             ArrayOp::Read => self.start_read(s),
             ArrayOp::Write { .. } => self.start_write(s),
-            ArrayOp::Flush => unreachable!("flushes are not stripe operations"),
+            ArrayOp::Flush | ArrayOp::WriteZeroes { .. } | ArrayOp::Discard => {
+                unreachable!("not stripe operations yet")
+            }
         }
     }
 
