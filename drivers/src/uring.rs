@@ -61,7 +61,7 @@
 //!
 //! A negative CQE result is mapped by errno: `EIO` → [`IoError::Io`] `{ errno: 5 }`,
 //! `ENOSPC` → [`IoError::NoSpace`], `ENODEV`/`ENXIO` → [`IoError::Gone`], `ENODATA` (the
-//! block layer's "critical medium error") → [`IoError::Medium`], `ETIMEDOUT` →
+//! block layer's "critical medium error") → [`IoError::Medium`], `ETIMEDOUT` and `ECANCELED` (an aborted request) →
 //! [`IoError::Timeout`], `EOPNOTSUPP` → [`IoError::Unsupported`], `EINVAL` for `FALLOCATE`
 //! or `FSYNC` → [`IoError::Unsupported`], anything else → [`IoError::Io`] with its errno. A
 //! read or write that moved fewer bytes than asked → [`IoError::Short`].
@@ -331,6 +331,9 @@ pub struct UringStats {
     pub kick_errors: u64,
     /// Completions whose `user_data` matched no request in flight (ignored; never expected).
     pub stray_completions: u64,
+    /// Abort (`ASYNC_CANCEL`) requests issued for requests past the array's command
+    /// timeout.
+    pub aborts: u64,
 }
 
 /// One entry of the in-flight table.
@@ -634,6 +637,10 @@ impl UringChannel {
         let mut cq = self.ring.completion();
         while n < limit {
             let Some(cqe) = cq.next() else { break };
+            if cqe.user_data() == CANCEL_USER_DATA {
+                // The outcome of an abort request: the aborted request reports its own.
+                continue;
+            }
             let index = usize::try_from(cqe.user_data()).unwrap_or(usize::MAX);
             let Some(slot) = self.slots.get_mut(index).filter(|s| s.busy) else {
                 self.stats.stray_completions += 1;
@@ -743,7 +750,29 @@ impl Channel for UringChannel {
     fn in_flight(&self) -> usize {
         self.in_flight
     }
+
+    /// Queues an `IORING_OP_ASYNC_CANCEL` for each request with `tag` and kicks. A request
+    /// the kernel can still cancel completes with `-ECANCELED`, reported as
+    /// [`IoError::Timeout`]; one already at the device completes when the device returns
+    /// it (the block layer's own timeout bounds that).
+    fn abort(&mut self, tag: u64) {
+        for index in 0..self.slots.len() {
+            let slot = &self.slots[index];
+            if slot.busy && slot.tag == tag {
+                let entry = opcode::AsyncCancel::new(index as u64)
+                    .build()
+                    .user_data(CANCEL_USER_DATA);
+                if self.push(&entry) {
+                    self.stats.aborts += 1;
+                }
+            }
+        }
+        self.kick();
+    }
 }
+
+/// `user_data` of abort requests: above every slot index.
+const CANCEL_USER_DATA: u64 = u64::MAX;
 
 impl Drop for UringChannel {
     /// Submits what is queued and blocks until every request the kernel accepted has
@@ -784,7 +813,7 @@ fn errno_to_io_error(op: Op, errno: i32) -> IoError {
         libc::ENOSPC => IoError::NoSpace,
         libc::ENODEV | libc::ENXIO => IoError::Gone,
         libc::ENODATA => IoError::Medium,
-        libc::ETIMEDOUT => IoError::Timeout,
+        libc::ETIMEDOUT | libc::ECANCELED => IoError::Timeout,
         libc::EOPNOTSUPP => IoError::Unsupported,
         libc::EINVAL if sync_or_alloc => IoError::Unsupported,
         errno => IoError::Io { errno },

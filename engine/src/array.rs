@@ -63,6 +63,28 @@ pub enum ArrayOp {
     Discard,
 }
 
+impl ArrayOp {
+    /// Whether the request moves data through its buffer (read, write).
+    pub fn has_buffer(self) -> bool {
+        matches!(self, ArrayOp::Read | ArrayOp::Write { .. })
+    }
+
+    /// Whether the request changes the array's contents (write, write-zeroes, discard).
+    pub fn is_write(self) -> bool {
+        matches!(
+            self,
+            ArrayOp::Write { .. } | ArrayOp::WriteZeroes { .. } | ArrayOp::Discard
+        )
+    }
+
+    fn fua(self) -> bool {
+        matches!(
+            self,
+            ArrayOp::Write { fua: true } | ArrayOp::WriteZeroes { fua: true }
+        )
+    }
+}
+
 /// An array request.
 #[derive(Clone, Copy, Debug)]
 pub struct ArrayRequest {
@@ -72,10 +94,11 @@ pub struct ArrayRequest {
     pub op: ArrayOp,
     /// Logical byte offset (multiple of the block size; 0 for `Flush`).
     pub offset_bytes: u64,
-    /// Length in bytes (multiple of the block size; 0 for `Flush`); equals `buf.len()`.
+    /// Length in bytes (multiple of the block size; 0 for `Flush`); equals `buf.len()` for
+    /// reads and writes.
     pub len_bytes: u32,
     /// Data buffer, 64-byte aligned (4 KiB for O_DIRECT members); [`IoBuf::NONE`] for
-    /// `Flush`.
+    /// `Flush`, `WriteZeroes` and `Discard`.
     pub buf: IoBuf,
 }
 
@@ -142,6 +165,16 @@ pub struct ArrayStats {
     pub read_errors_repaired: u64,
     /// Completions with a tag the array never issued (a back-end bug): counted, ignored.
     pub stray_completions: u64,
+    /// Whole stripes zeroed with member write-zeroes (data and parity alike: the parity
+    /// of all-zero data is zero).
+    pub zeroed_stripes: u64,
+    /// Whole stripes deallocated with member discards.
+    pub discarded_stripes: u64,
+    /// Stripe pieces of discard requests left alone (partial stripes, or members that do
+    /// not promise zeroes after a discard): discard is advisory.
+    pub discards_skipped: u64,
+    /// Member requests that outlived the command timeout (each failed its member).
+    pub timeouts: u64,
 }
 
 /// Pool sizes, fixed at construction.
@@ -156,16 +189,26 @@ pub struct ArrayConfig {
     pub data_offset_bytes: u64,
     /// Members known to be failed when the array starts (assembled degraded).
     pub failed_members: [Option<u16>; 2],
+    /// Command timeout, ns: a member request outstanding longer than this (counted from
+    /// the start of its operation's phase, on the clock given to [`Array::set_now`]) fails
+    /// its member, is aborted ([`Channel::abort`]) and the operation continues from
+    /// redundancy. 0 disables timeouts.
+    pub io_timeout_ns: u64,
 }
 
+/// Default command timeout: 30 s, the Linux block layer's and NVMe driver's default.
+pub const DEFAULT_IO_TIMEOUT_NS: u64 = 30_000_000_000;
+
 impl Default for ArrayConfig {
-    /// 256 requests, 32 stripe operations, data at offset 0, no member failed.
+    /// 256 requests, 32 stripe operations, data at offset 0, no member failed, 30 s
+    /// command timeout.
     fn default() -> Self {
         Self {
             requests: 256,
             stripe_ops: 32,
             data_offset_bytes: 0,
             failed_members: [None, None],
+            io_timeout_ns: DEFAULT_IO_TIMEOUT_NS,
         }
     }
 }
@@ -206,6 +249,8 @@ enum Phase {
     /// Rewriting ranges that returned unrecovered read errors, after a degraded read.
     Repair,
     Flushing,
+    /// Member write-zeroes or discards over a whole stripe.
+    Zeroing,
 }
 
 struct Sop {
@@ -233,6 +278,12 @@ struct Sop {
     lost: ArrayVec<u16, 2>,
     /// One chunk buffer per member.
     bufs: Vec<AlignedBuf>,
+    /// Member requests outstanding, per member (for timeouts: whom to fail and abort).
+    per_member: Vec<u16>,
+    /// When the current phase issued its first member request, ns (array clock).
+    issued_ns: u64,
+    /// A member refused a write-zeroes/discard of a `Zeroing` phase as unsupported.
+    unsupported: bool,
 }
 
 /// One reactor's view of an array; see the module docs.
@@ -260,6 +311,11 @@ pub struct Array<C: Channel> {
     failed_members: u16,
     zero: AlignedBuf,
     stats: ArrayStats,
+    /// The executor's clock, ns ([`Array::set_now`]).
+    now: u64,
+    io_timeout_ns: u64,
+    /// Next time the operations are scanned for timeouts, ns.
+    next_timeout_scan: u64,
 }
 
 /// Why an [`Array`] could not be built.
@@ -391,6 +447,9 @@ impl<C: Channel> Array<C> {
                     bad: ArrayVec::new(),
                     lost: ArrayVec::new(),
                     bufs: (0..n).map(|_| AlignedBuf::zeroed(chunk)).collect(),
+                    per_member: vec![0; n],
+                    issued_ns: 0,
+                    unsupported: false,
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
@@ -404,6 +463,9 @@ impl<C: Channel> Array<C> {
             failed_members: 0,
             zero: AlignedBuf::zeroed(chunk),
             stats: ArrayStats::default(),
+            now: 0,
+            io_timeout_ns: cfg.io_timeout_ns,
+            next_timeout_scan: 0,
         };
         for m in cfg.failed_members.into_iter().flatten() {
             if usize::from(m) >= n {
@@ -436,6 +498,28 @@ impl<C: Channel> Array<C> {
     /// What the array did so far.
     pub fn stats(&self) -> ArrayStats {
         self.stats
+    }
+
+    /// Sets the array's clock (ns, monotonic, any epoch): what command timeouts are
+    /// measured on. A reactor passes real time, a virtual-time executor its virtual clock.
+    /// Never set: timeouts never fire.
+    pub fn set_now(&mut self, now_ns: u64) {
+        debug_assert!(now_ns >= self.now, "the array clock went backwards");
+        self.now = self.now.max(now_ns);
+    }
+
+    /// The earliest time (array clock, ns) at which a command timeout can fire, if any
+    /// member request is outstanding and timeouts are on: a virtual-time executor advances
+    /// its clock no further than this while waiting for completions.
+    pub fn next_deadline_ns(&self) -> Option<u64> {
+        if self.io_timeout_ns == 0 {
+            return None;
+        }
+        self.sops
+            .iter()
+            .filter(|s| s.outstanding > 0)
+            .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
+            .min()
     }
 
     /// Whether any request is still in progress.
@@ -504,9 +588,6 @@ impl<C: Channel> Array<C> {
     /// # Errors
     /// [`ArrayError::Invalid`] naming the problem.
     pub fn validate(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
-        if matches!(r.op, ArrayOp::WriteZeroes { .. } | ArrayOp::Discard) {
-            return Err(ArrayError::Invalid("write-zeroes/discard: not yet implemented"));
-        }
         if r.op == ArrayOp::Flush {
             return if r.len_bytes == 0 {
                 Ok(())
@@ -514,16 +595,22 @@ impl<C: Channel> Array<C> {
                 Err(ArrayError::Invalid("flush carries no range"))
             };
         }
-        if r.buf.len() != r.len_bytes {
-            return Err(ArrayError::Invalid(
-                "buffer length differs from request length",
-            ));
-        }
         if r.len_bytes == 0 {
             return Err(ArrayError::Invalid("zero-length request"));
         }
-        if !(r.buf.as_ptr() as usize).is_multiple_of(crate::parity::ALIGN) {
-            return Err(ArrayError::Invalid("buffer not 64-byte aligned"));
+        if r.op.has_buffer() {
+            if r.buf.len() != r.len_bytes {
+                return Err(ArrayError::Invalid(
+                    "buffer length differs from request length",
+                ));
+            }
+            if !(r.buf.as_ptr() as usize).is_multiple_of(crate::parity::ALIGN) {
+                return Err(ArrayError::Invalid("buffer not 64-byte aligned"));
+            }
+        } else if !r.buf.is_empty() {
+            return Err(ArrayError::Invalid(
+                "write-zeroes and discard carry no buffer",
+            ));
         }
         self.geo
             .map_range(r.offset_bytes, u64::from(r.len_bytes))
@@ -543,6 +630,7 @@ impl<C: Channel> Array<C> {
         let mut progress = false;
         loop {
             let mut round = false;
+            round |= self.check_timeouts();
             round |= self.resubmit();
             round |= self.reap();
             while let Some(s) = self.ready.pop_front() {
@@ -645,7 +733,17 @@ impl<C: Channel> Array<C> {
             self.stats.stray_completions += 1;
             return;
         }
-        if let Err(e) = c.status {
+        {
+            let sop = &mut self.sops[s as usize];
+            let pm = &mut sop.per_member[usize::from(member)];
+            debug_assert!(*pm > 0, "completion from a member with nothing outstanding");
+            *pm = pm.saturating_sub(1);
+        }
+        if c.status == Err(IoError::Unsupported) && self.sops[s as usize].phase == Phase::Zeroing {
+            // The member cannot zero or deallocate natively (support can vanish at run
+            // time): the stripe is rewritten with zero buffers instead; not a failure.
+            self.sops[s as usize].unsupported = true;
+        } else if let Err(e) = c.status {
             let sop = &mut self.sops[s as usize];
             sop.io_error = true;
             let reading = matches!(
@@ -703,7 +801,7 @@ impl<C: Channel> Array<C> {
                 buf,
             };
             done += piece;
-            self.sops[s as usize].outstanding += 1;
+            self.count_issue(s, member);
             self.send(member, req);
         }
     }
@@ -734,8 +832,83 @@ impl<C: Channel> Array<C> {
             len_bytes: 0,
             buf: IoBuf::NONE,
         };
-        self.sops[s as usize].outstanding += 1;
+        self.count_issue(s, member);
         self.send(member, req);
+    }
+
+    /// Issues one bufferless member request (`WriteZeroes`, `Discard`) over the whole chunk
+    /// of operation `s`'s stripe, split at the member's largest transfer.
+    fn io_nodata(&mut self, s: u32, member: u16, op: Op) {
+        let g = self.geo.geometry();
+        let chunk = g.chunk_bytes();
+        let base = self.data_offset + self.sops[s as usize].stripe * u64::from(chunk);
+        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let max = self.members[usize::from(member)].max_transfer;
+        let mut done = 0u32;
+        while done < chunk {
+            let piece = (chunk - done).min(max);
+            let req = Request {
+                tag,
+                op,
+                offset_bytes: base + u64::from(done),
+                len_bytes: piece,
+                buf: IoBuf::NONE,
+            };
+            done += piece;
+            self.count_issue(s, member);
+            self.send(member, req);
+        }
+    }
+
+    /// Accounts one member request of operation `s` about to be sent.
+    fn count_issue(&mut self, s: u32, member: u16) {
+        let sop = &mut self.sops[s as usize];
+        if sop.outstanding == 0 {
+            sop.issued_ns = self.now;
+        }
+        sop.outstanding += 1;
+        sop.per_member[usize::from(member)] += 1;
+    }
+
+    /// Fails members whose requests outlived the command timeout: their requests still
+    /// waiting in our overflow queue complete with [`IoError::Timeout`] at once, those on
+    /// the device are aborted (best effort; see [`Channel::abort`]), and the operation
+    /// goes on from redundancy once they are back. Scans at most every 1/16 of the
+    /// timeout.
+    fn check_timeouts(&mut self) -> bool {
+        if self.io_timeout_ns == 0 || self.now < self.next_timeout_scan {
+            return false;
+        }
+        self.next_timeout_scan = self.now + (self.io_timeout_ns / 16).max(1);
+        let mut any = false;
+        for s in 0..self.sops.len() as u32 {
+            let sop = &self.sops[s as usize];
+            if sop.outstanding == 0 || self.now - sop.issued_ns < self.io_timeout_ns {
+                continue;
+            }
+            // Abort again only after another full timeout.
+            self.sops[s as usize].issued_ns = self.now;
+            for member in 0..self.members.len() as u16 {
+                if self.sops[s as usize].per_member[usize::from(member)] == 0 {
+                    continue;
+                }
+                any = true;
+                self.stats.timeouts += 1;
+                self.fail_member(member, IoError::Timeout);
+                let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+                let m = &mut self.members[usize::from(member)];
+                let before = m.overflow.len();
+                m.overflow.retain(|r| r.tag != tag);
+                for _ in m.overflow.len()..before {
+                    self.synthetic.push_back(Completion {
+                        tag,
+                        status: Err(IoError::Timeout),
+                    });
+                }
+                self.members[usize::from(member)].ch.abort(tag);
+            }
+        }
+        any
     }
 
     // ---- request and operation lifecycle -------------------------------------------------
@@ -777,6 +950,7 @@ impl<C: Channel> Array<C> {
             sop.phase = Phase::Queued;
             sop.outstanding = 0;
             sop.io_error = false;
+            sop.unsupported = false;
             sop.bad.clear();
             self.waiting.push_back(s);
             if fully {
@@ -818,9 +992,9 @@ impl<C: Channel> Array<C> {
         match req.op {
             ArrayOp::Read => self.start_read(s),
             ArrayOp::Write { .. } => self.start_write(s),
-            ArrayOp::Flush | ArrayOp::WriteZeroes { .. } | ArrayOp::Discard => {
-                unreachable!("not stripe operations yet")
-            }
+            ArrayOp::WriteZeroes { fua } => self.start_zeroes(s, fua),
+            ArrayOp::Discard => self.start_discard(s),
+            ArrayOp::Flush => unreachable!("flushes are not stripe operations"),
         }
     }
 
@@ -879,6 +1053,14 @@ impl<C: Channel> Array<C> {
         let sop = &self.sops[s as usize];
         let req = self.reqs[sop.req as usize].as_ref().expect("live request");
         debug_assert!(sop.start <= x && x <= sop.end);
+        if !req.op.has_buffer() {
+            // Write-zeroes (or a discard rewritten as zeroes) takes its data from the
+            // chunk-sized zero buffer: stripe byte x lies at x % chunk in its chunk, and
+            // every range the engine reads from here stays inside that chunk. Only ever
+            // read through this pointer.
+            let c = u64::from(self.geo.geometry().chunk_bytes());
+            return self.zero.as_ptr().wrapping_add((x % c) as usize).cast_mut();
+        }
         // In bounds: buf_off + (x - start) <= request length = buffer length.
         req.buf
             .as_ptr()
@@ -889,6 +1071,63 @@ impl<C: Channel> Array<C> {
         let g = self.geo.geometry();
         let sop = &self.sops[s as usize];
         StripeWrite::from_range(g.data_chunks(), g.chunk_bytes(), sop.start, sop.end)
+    }
+
+    // ---- write-zeroes and discard ---------------------------------------------------------
+
+    /// Whether every surviving member supports `op` natively (`WriteZeroes` or a `Discard`
+    /// that leaves zeroes).
+    fn members_support(&self, op: Op) -> bool {
+        self.members.iter().all(|m| {
+            m.state != MemberState::Online
+                || match op {
+                    Op::WriteZeroes => m.ch.info().write_zeroes,
+                    _ => m.ch.info().discard,
+                }
+        })
+    }
+
+    /// Zeroes a whole stripe on every surviving member with `op` (data and parity: the P
+    /// and Q of all-zero data are zero, so the stripe stays consistent).
+    fn zero_stripe(&mut self, s: u32, op: Op) {
+        let g = *self.geo.geometry();
+        self.sops[s as usize].phase = Phase::Zeroing;
+        self.sops[s as usize].io_error = false;
+        self.sops[s as usize].unsupported = false;
+        for m in 0..g.members() {
+            if !self.is_failed(m) {
+                self.io_nodata(s, m, op);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Write-zeroes of one stripe piece: a whole stripe without FUA goes to the members
+    /// as write-zeroes; anything else is an ordinary write whose data is the zero buffer
+    /// (RMW/RCW keep parity right; FUA writes are durable on completion).
+    fn start_zeroes(&mut self, s: u32, fua: bool) {
+        if !fua && self.footprint(s).is_full_stripe() && self.members_support(Op::WriteZeroes) {
+            self.stats.zeroed_stripes += 1;
+            self.zero_stripe(s, Op::WriteZeroes)
+        } else {
+            self.start_write(s)
+        }
+    }
+
+    /// Discard of one stripe piece: a whole stripe is deallocated on every member when all
+    /// promise zeroes afterwards (parity of zeroes is zero); partial stripes, and arrays
+    /// whose members make no such promise, are left alone (discard is advisory; md's
+    /// raid456 likewise discards only whole stripes).
+    fn start_discard(&mut self, s: u32) {
+        if self.footprint(s).is_full_stripe() && self.members_support(Op::Discard) {
+            self.stats.discarded_stripes += 1;
+            self.zero_stripe(s, Op::Discard)
+        } else {
+            self.stats.discards_skipped += 1;
+            self.finish_sop(s, Ok(()))
+        }
     }
 
     // ---- reads -----------------------------------------------------------------------------
@@ -1086,13 +1325,11 @@ impl<C: Channel> Array<C> {
         let c = u64::from(g.chunk_bytes());
         let nd = g.data_chunks();
         let (ri, rl) = (r.start as usize, r.end as usize);
-        let fua = matches!(
-            self.reqs[self.sops[s as usize].req as usize]
-                .as_ref()
-                .expect("live")
-                .op,
-            ArrayOp::Write { fua: true }
-        );
+        let fua = self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .expect("live")
+            .op
+            .fua();
 
         // Pointers to the caller's data of each touched chunk, at the start of its range.
         let client =
@@ -1287,6 +1524,28 @@ impl<C: Channel> Array<C> {
             Phase::Repair => self.finish_sop(s, Ok(())),
             Phase::WriteRead(_) if failed => self.start_write(s),
             Phase::WriteRead(mode) => self.write_out(s, mode),
+            Phase::Zeroing if sop.unsupported => {
+                // Some member could not zero natively: write the whole stripe from the zero
+                // buffer (data and parity), which needs no reads.
+                self.sops[s as usize].unsupported = false;
+                self.sops[s as usize].range = ChunkRange {
+                    start: 0,
+                    end: g.chunk_bytes(),
+                };
+                self.write_out(s, WriteMode::FullStripe)
+            }
+            Phase::Zeroing => {
+                let st = g.stripe(sop.stripe);
+                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+                let status = if lost > usize::from(g.parity_chunks()) {
+                    Err(ArrayError::Unrecoverable {
+                        stripe: st.stripe(),
+                    })
+                } else {
+                    Ok(())
+                };
+                self.finish_sop(s, status)
+            }
             Phase::Writing => {
                 let st = g.stripe(sop.stripe);
                 match sop.mode {

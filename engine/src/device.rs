@@ -39,7 +39,11 @@ pub struct DeviceInfo {
     pub volatile_cache: bool,
     /// Whether `WriteZeroes` is supported natively (else callers write zero buffers).
     pub write_zeroes: bool,
-    /// Whether `Discard` (deallocate / TRIM / UNMAP) is supported.
+    /// Whether `Discard` (deallocate / TRIM / UNMAP) is supported **and leaves zeroes**:
+    /// reads of a discarded range return zeroes (md's `devices_handle_discard_safely`). The
+    /// array discards whole stripes only, and only when every member promises this, so
+    /// parity (all zero for all-zero data) stays consistent. A device that may return old
+    /// data after a discard reports `false`.
     pub discard: bool,
 }
 
@@ -58,8 +62,9 @@ pub enum Op {
     Flush,
     /// Write zeroes to the range without a data buffer.
     WriteZeroes,
-    /// Deallocate the range; later reads return zeroes or the old data (device-defined), so
-    /// the engine only discards ranges whose parity it keeps consistent itself.
+    /// Deallocate the range. Back ends that report [`DeviceInfo::discard`] leave zeroes
+    /// behind; a device that cannot do it at run time completes with
+    /// [`IoError::Unsupported`] and leaves the range unchanged.
     Discard,
 }
 
@@ -279,6 +284,15 @@ pub trait Channel {
 
     /// Requests submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
+
+    /// Best-effort abort of every request with `tag` that this channel accepted and has
+    /// not yet returned (the array calls it when a request outlives its command timeout).
+    /// A request the back end manages to abort completes through `poll` with
+    /// [`IoError::Timeout`]; one it cannot abort completes whenever the device returns it
+    /// (its buffer stays lent until then). The default aborts nothing.
+    fn abort(&mut self, tag: u64) {
+        let _ = tag;
+    }
 }
 
 /// A block device: its facts and a factory of per-reactor channels.

@@ -17,14 +17,20 @@
 //! reactor's ring. The request completes when every piece has.
 //!
 //! Modes: **polled** spins (the production default: lowest latency, a whole core), while
-//! **adaptive** backs off into sleeps of up to [`ADAPTIVE_MAX_SLEEP`] after
-//! [`ADAPTIVE_SPINS`] idle turns (tests, the demo, shared machines).
+//! **adaptive** parks the thread (a futex wait in the kernel) after [`ADAPTIVE_SPINS`] idle
+//! turns, for growing naps of up to [`ADAPTIVE_MAX_SLEEP`] (tests, the demo, shared
+//! machines). A reactor that sends work to a parked one unparks it at once, so requests
+//! crossing reactors never wait out a nap; device completions and front-end sockets are
+//! noticed at the end of the nap (at most [`ADAPTIVE_MAX_SLEEP`] late).
+//!
+//! Every turn also gives the shard the time ([`Array::set_now`], ns since the reactors
+//! started) that its command timeouts are measured on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use thiserror::Error;
@@ -206,6 +212,21 @@ struct Shared {
     finished: AtomicUsize,
     /// Array requests accepted by any reactor and not yet completed.
     in_flight: AtomicUsize,
+    /// Each reactor's thread, for unparking (set when the thread starts).
+    threads: Vec<OnceLock<Thread>>,
+    /// Whether each reactor is (about to be) parked.
+    parked: Vec<AtomicBool>,
+}
+
+impl Shared {
+    /// Wakes reactor `to` if it is parked (adaptive mode), after work was queued for it.
+    fn wake(&self, to: usize) {
+        if self.parked[to].load(Ordering::SeqCst) {
+            if let Some(t) = self.threads[to].get() {
+                t.unpark();
+            }
+        }
+    }
 }
 
 /// Running reactors; [`Reactors::stop`] joins them and returns their front-ends.
@@ -246,6 +267,8 @@ impl<F: Frontend> Reactors<F> {
             stop: AtomicBool::new(false),
             finished: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
+            threads: (0..n).map(|_| OnceLock::new()).collect(),
+            parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
         });
         let mut threads = Vec::with_capacity(n);
         for (me, fe) in frontends.into_iter().enumerate() {
@@ -258,6 +281,7 @@ impl<F: Frontend> Reactors<F> {
             let t = std::thread::Builder::new()
                 .name(format!("reactor-{me}"))
                 .spawn(move || {
+                    let _ = shared.threads[me].set(std::thread::current());
                     if let Some(c) = core {
                         core_affinity::set_for_current(core_affinity::CoreId { id: c });
                     }
@@ -332,8 +356,10 @@ fn run<F: Frontend, C: Channel>(
     let mut idle = 0u32;
     let mut nap = Duration::from_micros(1);
     let mut counted_finished = false;
+    let epoch = Instant::now();
     loop {
         let mut progress = false;
+        array.set_now(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX));
         // 1. Inbound ring.
         while let Some(msg) = rings[me].pop() {
             progress = true;
@@ -392,6 +418,7 @@ fn run<F: Frontend, C: Channel>(
                 outbox.push_front((to, msg));
                 break;
             }
+            shared.wake(to);
             progress = true;
         }
         // 5. Completions to the front-end.
@@ -422,7 +449,14 @@ fn run<F: Frontend, C: Channel>(
                 Mode::Polled => std::hint::spin_loop(),
                 Mode::Adaptive if idle < ADAPTIVE_SPINS => std::hint::spin_loop(),
                 Mode::Adaptive => {
-                    std::thread::sleep(nap);
+                    // Announce the park before the last look at the ring: a sender that
+                    // pushes after that look sees the flag and unparks us (an unpark before
+                    // the park makes it return at once).
+                    shared.parked[me].store(true, Ordering::SeqCst);
+                    if rings[me].is_empty() {
+                        std::thread::park_timeout(nap);
+                    }
+                    shared.parked[me].store(false, Ordering::SeqCst);
                     nap = (nap * 2).min(ADAPTIVE_MAX_SLEEP);
                 }
             }

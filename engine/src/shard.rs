@@ -35,7 +35,7 @@ pub struct Piece {
     pub request: ArrayRequest,
 }
 
-/// Splits `r` (a read or write, already validated against `geo`) into pieces at stripe
+/// Splits `r` (a read, write, write-zeroes or discard, already validated against `geo`) into pieces at stripe
 /// boundaries; consecutive stripes with the same owner stay in one piece (with one reactor
 /// the request stays whole). Allocation-free iterator.
 pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iterator<Item = Piece> {
@@ -54,15 +54,21 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
         }
         let at = (pos - r.offset_bytes) as usize;
         let len = (stop - pos) as u32;
-        // SAFETY: the piece is a sub-range (at..at+len) of the parent's lent buffer; the
-        // pieces of one request are disjoint, and the parent completes only after every piece
-        // has, so the caller's promise (valid and untouched until completion) covers each.
-        let buf = unsafe {
-            IoBuf::from_raw(
-                NonNull::new(r.buf.as_ptr().wrapping_add(at)).expect("non-null"),
-                len,
-                r.buf.region(),
-            )
+        let buf = if r.op.has_buffer() {
+            // SAFETY: the piece is a sub-range (at..at+len) of the parent's lent buffer; the
+            // pieces of one request are disjoint, and the parent completes only after every
+            // piece has, so the caller's promise (valid and untouched until completion)
+            // covers each.
+            unsafe {
+                IoBuf::from_raw(
+                    NonNull::new(r.buf.as_ptr().wrapping_add(at)).expect("non-null"),
+                    len,
+                    r.buf.region(),
+                )
+            }
+        } else {
+            // Write-zeroes and discard carry no buffer; the range is the request's.
+            IoBuf::NONE
         };
         let piece = Piece {
             owner: who,
@@ -195,6 +201,18 @@ impl<C: Channel> ShardedArray<C> {
             status: parent.error.map_or(Ok(()), Err),
         });
         self.free.push(p);
+    }
+
+    /// Sets every shard's clock, ns (see [`Array::set_now`]).
+    pub fn set_now(&mut self, now_ns: u64) {
+        for s in &mut self.shards {
+            s.set_now(now_ns);
+        }
+    }
+
+    /// The earliest command-timeout deadline of any shard (see [`Array::next_deadline_ns`]).
+    pub fn next_deadline_ns(&self) -> Option<u64> {
+        self.shards.iter().filter_map(Array::next_deadline_ns).min()
     }
 
     /// Runs every shard once; returns whether anything happened.

@@ -36,11 +36,16 @@ fn array_over<D: BlockDevice>(geo: ArrayGeometry, devs: &[D]) -> Array<D::Channe
     Array::new(geo, chans, Parity::new(), cfg).unwrap()
 }
 
-/// Runs one request to completion, busy-polling the engine.
+/// Runs one request to completion, busy-polling the engine; `buf` is the data of a read or
+/// write, and only gives the length of a write-zeroes or discard.
 fn run_one<C: Channel>(arr: &mut Array<C>, op: ArrayOp, off: u64, buf: &mut [u8]) {
-    // SAFETY: `buf` outlives the request, which completes before this function returns,
-    // and is not touched meanwhile.
-    let io = unsafe { IoBuf::from_slice(buf) };
+    let io = if op.has_buffer() {
+        // SAFETY: `buf` outlives the request, which completes before this function returns,
+        // and is not touched meanwhile.
+        unsafe { IoBuf::from_slice(buf) }
+    } else {
+        IoBuf::NONE
+    };
     arr.submit(ArrayRequest {
         tag: 1,
         op,
@@ -82,11 +87,30 @@ fn workload<C: Channel>(arr: &mut Array<C>, seed: u64, ops: usize, check_reads: 
     let mut reference = vec![0u8; cap as usize];
     let mut rng = Rng::new(seed);
     let mut buf = AlignedBuf::zeroed((2 * stripe) as usize);
+    // Whole stripes of a discard read back as zeroes when every member promises it.
+    let discard_zeroes = arr.channels().all(|c| c.info().discard);
     for i in 0..ops {
         let len = 512 * (1 + rng.below(if i % 2 == 0 { 16 } else { 2 * stripe / 512 }));
         let off = 512 * rng.below((cap - len) / 512 + 1);
         let b = &mut buf[..len as usize];
-        if rng.below(2) == 0 {
+        let kind = rng.below(16);
+        if kind == 0 {
+            reference[off as usize..(off + len) as usize].fill(0);
+            run_one(
+                arr,
+                ArrayOp::WriteZeroes {
+                    fua: rng.below(2) == 0,
+                },
+                off,
+                b,
+            );
+        } else if kind == 1 {
+            let (first, last) = (off.div_ceil(stripe) * stripe, (off + len) / stripe * stripe);
+            if discard_zeroes && first < last {
+                reference[first as usize..last as usize].fill(0);
+            }
+            run_one(arr, ArrayOp::Discard, off, b);
+        } else if kind < 9 {
             rng.fill(b);
             reference[off as usize..(off + len) as usize].copy_from_slice(b);
             run_one(

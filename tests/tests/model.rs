@@ -197,26 +197,52 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
                 break;
             }
             let mut buf = AlignedBuf::zeroed(len as usize);
-            if write {
-                rng.fill(&mut buf);
-                reference[off as usize..(off + len) as usize].copy_from_slice(&buf);
+            // One write in 16 is a write-zeroes, one in 16 a discard.
+            let op = match (write, rng.below(16)) {
+                (false, _) => ArrayOp::Read,
+                (true, 0) => ArrayOp::WriteZeroes {
+                    fua: rng.below(4) == 0,
+                },
+                (true, 1) => ArrayOp::Discard,
+                (true, _) => ArrayOp::Write {
+                    fua: rng.below(8) == 0,
+                },
+            };
+            match op {
+                ArrayOp::Write { .. } => {
+                    rng.fill(&mut buf);
+                    reference[off as usize..(off + len) as usize].copy_from_slice(&buf);
+                }
+                ArrayOp::WriteZeroes { .. } => {
+                    reference[off as usize..(off + len) as usize].fill(0)
+                }
+                ArrayOp::Discard => {
+                    // The documented rule: whole stripes inside the range are deallocated on
+                    // every member (sim members read zeroes after a discard), partial
+                    // stripes are left alone.
+                    let first = off.div_ceil(stripe_bytes) * stripe_bytes;
+                    let last = (off + len) / stripe_bytes * stripe_bytes;
+                    if first < last {
+                        reference[first as usize..last as usize].fill(0);
+                    }
+                }
+                _ => {}
             }
             let tag = next_tag;
             next_tag += 1;
-            // SAFETY: the buffer lives in `inflight` until its completion is handled and is
-            // not touched meanwhile (AlignedBuf's heap memory does not move with the Vec).
-            let io = unsafe {
-                IoBuf::from_raw(NonNull::new(buf.as_mut_ptr()).unwrap(), len as u32, None)
+            let io = if op.has_buffer() {
+                // SAFETY: the buffer lives in `inflight` until its completion is handled and
+                // is not touched meanwhile (AlignedBuf's heap memory does not move with the
+                // Vec).
+                unsafe {
+                    IoBuf::from_raw(NonNull::new(buf.as_mut_ptr()).unwrap(), len as u32, None)
+                }
+            } else {
+                IoBuf::NONE
             };
             arr.submit(ArrayRequest {
                 tag,
-                op: if write {
-                    ArrayOp::Write {
-                        fua: rng.below(8) == 0,
-                    }
-                } else {
-                    ArrayOp::Read
-                },
+                op,
                 offset_bytes: off,
                 len_bytes: len as u32,
                 buf: io,
@@ -231,6 +257,7 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
             });
             issued += 1;
         }
+        arr.set_now(clock.now_ns());
         let progressed = arr.process();
         let n = arr.poll(&mut out);
         for done in &out[..n] {
@@ -351,11 +378,13 @@ fn assert_parity_consistent(g: &Geometry, stripes: u64, devs: &[SimDevice], data
 }
 
 /// Earliest completion time over every shard's member channels.
+/// The next virtual time anything happens: a member completion or a command timeout.
 fn next_event(arr: &ShardedArray<SimChannel>) -> Option<u64> {
     arr.shards()
         .iter()
         .flat_map(|s| s.channels())
         .filter_map(|ch| ch.next_completion_ns())
+        .chain(arr.next_deadline_ns())
         .min()
 }
 
@@ -369,6 +398,9 @@ fn stats(arr: &ShardedArray<SimChannel>) -> ArrayStats {
         t.rmw_writes += x.rmw_writes;
         t.rcw_writes += x.rcw_writes;
         t.degraded_writes += x.degraded_writes;
+        t.zeroed_stripes += x.zeroed_stripes;
+        t.discarded_stripes += x.discarded_stripes;
+        t.discards_skipped += x.discards_skipped;
     }
     t
 }
@@ -485,7 +517,12 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
         oracle_verify(c, &devs, 8192);
         let st = stats(&arr);
         assert!(
-            st.full_stripe_writes > 0 && st.rcw_writes > 0 && st.direct_reads > 0,
+            st.full_stripe_writes > 0
+                && st.rcw_writes > 0
+                && st.direct_reads > 0
+                && st.zeroed_stripes > 0
+                && st.discarded_stripes > 0
+                && st.discards_skipped > 0,
             "seed {}: {st:?}",
             c.seed
         );

@@ -313,6 +313,7 @@ where
             },
             None,
         ],
+        ..ArrayConfig::default()
     };
     let cfg = ReactorConfig {
         cores,

@@ -32,31 +32,50 @@ fn beyond_redundancy_is_an_error_never_wrong_data() {
     }
 }
 
+/// Drives `arr` until every request in `tags` completes; returns their statuses in order.
+fn complete_all(
+    arr: &mut Array<crate::sim::SimChannel>,
+    clock: &SimClock,
+    tags: &[u64],
+) -> Vec<Result<(), ArrayError>> {
+    let mut got: Vec<Option<Result<(), ArrayError>>> = vec![None; tags.len()];
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 4];
+    for _ in 0..100_000 {
+        arr.set_now(clock.now_ns());
+        let progressed = arr.process();
+        let n = arr.poll(&mut out);
+        for c in &out[..n] {
+            if let Some(i) = tags.iter().position(|&t| t == c.tag) {
+                got[i] = Some(c.status);
+            }
+        }
+        if got.iter().all(Option::is_some) {
+            return got.into_iter().map(Option::unwrap).collect();
+        }
+        if !progressed && n == 0 {
+            let next = arr
+                .channels()
+                .filter_map(|c| c.next_completion_ns())
+                .chain(arr.next_deadline_ns())
+                .min();
+            if let Some(t) = next {
+                clock.advance_to(t.max(clock.now_ns()));
+            }
+        }
+    }
+    panic!("requests {tags:?} never completed: {got:?}");
+}
+
 /// Drives `arr` until request `tag` completes; returns its status.
 fn complete(
     arr: &mut Array<crate::sim::SimChannel>,
     clock: &SimClock,
     tag: u64,
 ) -> Result<(), ArrayError> {
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 4];
-    for _ in 0..100_000 {
-        let progressed = arr.process();
-        let n = arr.poll(&mut out);
-        if let Some(c) = out[..n].iter().find(|c| c.tag == tag) {
-            return c.status;
-        }
-        if !progressed && n == 0 {
-            // Nothing in flight may still mean work waiting for a refusing member: keep
-            // turning the loop, as a reactor would.
-            if let Some(t) = arr.channels().filter_map(|c| c.next_completion_ns()).min() {
-                clock.advance_to(t.max(clock.now_ns()));
-            }
-        }
-    }
-    panic!("request {tag} never completed");
+    complete_all(arr, clock, &[tag])[0]
 }
 
 fn rw(
@@ -299,4 +318,224 @@ fn shards_sharing_qd1_members_wait_instead_of_failing_them() {
             s.member_states().collect::<Vec<_>>()
         );
     }
+}
+
+/// A member whose command never completes is failed after the command timeout, the
+/// command aborted, and the request served from redundancy; a member that keeps its queue
+/// full forever (every command hung, later ones refused) is failed the same way.
+#[test]
+fn hung_member_commands_time_out_and_fail_the_member() {
+    use crate::sim::{Fault, FaultRule, OpFilter};
+    for depth in [1024u32, 1] {
+        let mut profile = Profile::fixed(1000);
+        profile.queue_depth = depth;
+        let (mut arr, devs, clock) = sim_array(Level::Raid6, 5, 4096, 512, 8, profile);
+        let cap = arr.geometry().capacity_bytes();
+        let mut data = AlignedBuf::zeroed(cap as usize);
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        assert_eq!(
+            rw(
+                &mut arr,
+                &clock,
+                1,
+                ArrayOp::Write { fua: false },
+                0,
+                &mut data
+            ),
+            Ok(())
+        );
+        devs[2].add_fault(FaultRule {
+            filter: OpFilter::Any,
+            range: None,
+            fault: Fault::Hang,
+            probability: 1.0,
+            count: None,
+        });
+        let t0 = clock.now_ns();
+        // Several requests at once, so with queue depth 1 the later ones wait in the
+        // array's overflow queue behind the hung one.
+        let mut bufs: Vec<AlignedBuf> = (0..4)
+            .map(|_| AlignedBuf::zeroed(cap as usize / 4))
+            .collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            // SAFETY: the buffers outlive the requests, which complete below.
+            let io = unsafe { IoBuf::from_slice(b) };
+            arr.submit(ArrayRequest {
+                tag: 10 + i as u64,
+                op: ArrayOp::Read,
+                offset_bytes: i as u64 * cap / 4,
+                len_bytes: io.len(),
+                buf: io,
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            complete_all(&mut arr, &clock, &[10, 11, 12, 13]),
+            vec![Ok(()); 4],
+            "depth {depth}"
+        );
+        for (i, b) in bufs.iter().enumerate() {
+            let at = i * cap as usize / 4;
+            assert!(
+                b[..] == data[at..at + b.len()],
+                "depth {depth}: read {i} differs"
+            );
+        }
+        let waited = clock.now_ns() - t0;
+        assert!(
+            (DEFAULT_IO_TIMEOUT_NS..2 * DEFAULT_IO_TIMEOUT_NS).contains(&waited),
+            "depth {depth}: the reads took {waited} ns"
+        );
+        assert_eq!(
+            arr.member_states().nth(2),
+            Some(MemberState::Failed(IoError::Timeout))
+        );
+        assert!(arr.stats().timeouts >= 1);
+        // Writes go on degraded, and the member is not touched again.
+        assert_eq!(
+            rw(
+                &mut arr,
+                &clock,
+                20,
+                ArrayOp::Write { fua: true },
+                0,
+                &mut data
+            ),
+            Ok(())
+        );
+        assert!(!arr.busy());
+    }
+}
+
+/// Write-zeroes zeroes whole stripes natively and partial ones by RMW/RCW from the zero
+/// buffer; discard deallocates whole stripes only. Parity stays right either way: the
+/// data survives the loss of two members afterwards.
+#[test]
+fn write_zeroes_and_discard_keep_parity_consistent() {
+    let (mut arr, devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 16, Profile::fixed(1000));
+    let cap = arr.geometry().capacity_bytes() as usize;
+    let stripe = arr.geometry().geometry().stripe_data_bytes() as usize;
+    let mut data = AlignedBuf::zeroed(cap);
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i % 251) as u8 | 1;
+    }
+    assert_eq!(
+        rw(
+            &mut arr,
+            &clock,
+            1,
+            ArrayOp::Write { fua: false },
+            0,
+            &mut data
+        ),
+        Ok(())
+    );
+    let mut want = data.to_vec();
+    let ops = [
+        // (op, offset, len)
+        (
+            ArrayOp::WriteZeroes { fua: false },
+            512u64,
+            2 * stripe as u32,
+        ),
+        (
+            ArrayOp::WriteZeroes { fua: true },
+            5 * stripe as u64,
+            stripe as u32,
+        ),
+        (
+            ArrayOp::Discard,
+            7 * stripe as u64 + 1024,
+            3 * stripe as u32,
+        ),
+        (ArrayOp::Discard, 12 * stripe as u64 + 512, 4096),
+    ];
+    for (i, &(op, off, len)) in ops.iter().enumerate() {
+        arr.submit(ArrayRequest {
+            tag: 100 + i as u64,
+            op,
+            offset_bytes: off,
+            len_bytes: len,
+            buf: IoBuf::NONE,
+        })
+        .unwrap();
+        assert_eq!(complete(&mut arr, &clock, 100 + i as u64), Ok(()));
+        let (o, l) = (off as usize, len as usize);
+        match op {
+            ArrayOp::Discard => {
+                let first = o.div_ceil(stripe) * stripe;
+                let last = (o + l) / stripe * stripe;
+                if first < last {
+                    want[first..last].fill(0);
+                }
+            }
+            _ => want[o..o + l].fill(0),
+        }
+    }
+    let st = arr.stats();
+    assert!(
+        st.zeroed_stripes >= 1 && st.discarded_stripes == 2 && st.discards_skipped >= 2,
+        "{st:?}"
+    );
+    assert!(
+        st.rmw_writes + st.rcw_writes >= 2,
+        "partial zeroing goes through the write path: {st:?}"
+    );
+    // Buffers are refused on bufferless ops, and missing ones on data ops.
+    let mut b = AlignedBuf::zeroed(512);
+    let status = rw(&mut arr, &clock, 7, ArrayOp::Discard, 0, &mut b);
+    assert!(matches!(status, Err(ArrayError::Invalid(_))), "{status:?}");
+    devs[0].disappear();
+    devs[3].disappear();
+    let mut got = AlignedBuf::zeroed(cap);
+    assert_eq!(
+        rw(&mut arr, &clock, 200, ArrayOp::Read, 0, &mut got),
+        Ok(())
+    );
+    assert!(got[..] == want[..], "data differs after losing two members");
+}
+
+/// A device whose native write-zeroes fails as unsupported at run time (a loop device over
+/// tmpfs) does not fail the member: the stripe is rewritten from the zero buffer.
+#[test]
+fn unsupported_native_zeroing_falls_back_to_writes() {
+    use crate::sim::{Fault, FaultRule, OpFilter};
+    let (mut arr, devs, clock) = sim_array(Level::Raid5, 4, 4096, 512, 4, Profile::fixed(1000));
+    let cap = arr.geometry().capacity_bytes() as usize;
+    let mut data = AlignedBuf::zeroed(cap);
+    data.fill(0xa5);
+    assert_eq!(
+        rw(
+            &mut arr,
+            &clock,
+            1,
+            ArrayOp::Write { fua: false },
+            0,
+            &mut data
+        ),
+        Ok(())
+    );
+    devs[1].add_fault(FaultRule {
+        filter: OpFilter::Write,
+        range: None,
+        fault: Fault::Error(IoError::Unsupported),
+        probability: 1.0,
+        count: Some(1),
+    });
+    arr.submit(ArrayRequest {
+        tag: 2,
+        op: ArrayOp::WriteZeroes { fua: false },
+        offset_bytes: 0,
+        len_bytes: cap as u32,
+        buf: IoBuf::NONE,
+    })
+    .unwrap();
+    assert_eq!(complete(&mut arr, &clock, 2), Ok(()));
+    assert!(arr.member_states().all(|m| m == MemberState::Online));
+    devs[3].disappear();
+    let mut got = AlignedBuf::zeroed(cap);
+    assert_eq!(rw(&mut arr, &clock, 3, ArrayOp::Read, 0, &mut got), Ok(()));
+    assert!(got.iter().all(|&b| b == 0));
 }

@@ -51,6 +51,10 @@ pub enum Fault {
         /// Blocks applied before the failure.
         blocks: u32,
     },
+    /// The request is accepted and never completes (a hung command: firmware stall, lost
+    /// completion) until the caller aborts it ([`Channel::abort`]), which completes it
+    /// with [`IoError::Timeout`] and no effect.
+    Hang,
 }
 
 /// A fault-injection rule: requests matching `filter` and overlapping `range` fail with
@@ -254,7 +258,11 @@ enum Outcome {
     Ok,
     Fail(IoError),
     Torn(u32),
+    Hang,
 }
+
+/// Completion time of a hung request: never, until aborted.
+const NEVER: u64 = u64::MAX;
 
 /// A channel of a [`SimDevice`]: completions become visible when the clock reaches their
 /// completion time, in (time, submission) order.
@@ -275,7 +283,10 @@ impl SimChannel {
         if self.dev.state.borrow().gone && !self.ready.is_empty() {
             return Some(self.dev.clock.now_ns());
         }
-        self.ready.peek().map(|Reverse((t, _, _))| *t)
+        self.ready
+            .peek()
+            .map(|Reverse((t, _, _))| *t)
+            .filter(|&t| t != NEVER)
     }
 }
 
@@ -363,6 +374,7 @@ impl State {
                     Outcome::Torn(blocks.min(req.len_bytes / self.info.block_bytes))
                 }
                 Fault::Torn { .. } => Outcome::Fail(IoError::Io { errno: 5 }),
+                Fault::Hang => Outcome::Hang,
             };
         }
         Outcome::Ok
@@ -393,6 +405,7 @@ impl State {
             _ => self.stats.writes += 1,
         }
         let applied = match outcome {
+            Outcome::Hang => unreachable!("hung requests complete only when aborted"),
             Outcome::Ok => len,
             Outcome::Torn(blocks) => blocks as usize * self.info.block_bytes as usize,
             Outcome::Fail(e) => {
@@ -464,7 +477,11 @@ impl Channel for SimChannel {
         };
         s.queued += 1;
         let outcome = s.inject(&req);
-        let done_at = s.schedule(&req, now);
+        let done_at = if outcome == Outcome::Hang {
+            NEVER
+        } else {
+            s.schedule(&req, now)
+        };
         self.slots[slot] = Some(InFlight { req, outcome });
         self.seq += 1;
         self.ready.push(Reverse((done_at, self.seq, slot)));
@@ -493,6 +510,10 @@ impl Channel for SimChannel {
             let status = if s.gone {
                 s.stats.failed += 1;
                 Err(IoError::Gone)
+            } else if f.outcome == Outcome::Hang {
+                // Only an abort brings a hung request back (see `abort`).
+                s.stats.failed += 1;
+                Err(IoError::Timeout)
             } else {
                 s.apply(&f)
             };
@@ -507,6 +528,24 @@ impl Channel for SimChannel {
 
     fn in_flight(&self) -> usize {
         self.ready.len()
+    }
+
+    /// Aborts hung requests with `tag`: they complete now with [`IoError::Timeout`]. A
+    /// request that is merely slow is not abortable (it is "on the media") and completes
+    /// when its time comes, as a real device's in-progress command would.
+    fn abort(&mut self, tag: u64) {
+        let now = self.dev.clock.now_ns();
+        let slots = &self.slots;
+        let mut entries = std::mem::take(&mut self.ready).into_vec();
+        for Reverse((t, _, slot)) in &mut entries {
+            let hung = slots[*slot]
+                .as_ref()
+                .is_some_and(|f| f.req.tag == tag && f.outcome == Outcome::Hang);
+            if hung && *t == NEVER {
+                *t = now;
+            }
+        }
+        self.ready = entries.into();
     }
 }
 
