@@ -5,15 +5,58 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use engine::buf::AlignedBuf;
 use engine::device::{
     check_memory_shape, validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, Op,
     Request, SubmitError,
 };
 
-/// The memory behind a [`MemDevice`], shared by its channels.
+/// Transparent-huge-page size the store is aligned to (x86-64 PMD size).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// The memory behind a [`MemDevice`], shared by its channels: an anonymous mapping, with
+/// the store's `len` bytes starting at `off`, the first 2 MiB boundary inside it.
 struct Store {
-    buf: std::cell::UnsafeCell<AlignedBuf>,
+    map: std::cell::UnsafeCell<memmap2::MmapMut>,
+    off: usize,
+    len: usize,
+}
+
+impl Store {
+    /// Maps `len` zeroed bytes on transparent huge pages where the kernel gives them, all
+    /// faulted in.
+    fn new(name: &str, len: usize) -> Result<Self, DeviceError> {
+        let mut map = memmap2::MmapOptions::new()
+            .len(len + HUGE_PAGE)
+            .map_anon()
+            .map_err(|source| DeviceError::Os {
+                what: format!("{name}: mapping {len} bytes of RAM"),
+                source,
+            })?;
+        // Ask for transparent huge pages *before* the first touch (THP mode is often
+        // `madvise`; pages faulted in earlier stay small): random 4 KiB I/O over gigabytes
+        // of RAM disk otherwise misses the TLB on nearly every request. Advisory: on
+        // failure the device just uses small pages.
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let off = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
+        // Touch every page now (one fault per huge page): the data path must not take page
+        // faults. The mapping is opaque to the compiler, so the stores are kept.
+        map[off..off + len].fill(0);
+        Ok(Self {
+            map: std::cell::UnsafeCell::new(map),
+            off,
+            len,
+        })
+    }
+
+    /// Start of the store's bytes.
+    ///
+    /// # Safety
+    /// The caller upholds the access rule documented on the `Sync` impl.
+    unsafe fn base(&self) -> *mut u8 {
+        // SAFETY: `off + len` lies inside the mapping (mapped `len + HUGE_PAGE` bytes, `off`
+        // < HUGE_PAGE); the pointer is derived without creating a reference to the bytes.
+        unsafe { (*self.map.get()).as_mut_ptr().add(self.off) }
+    }
 }
 
 // SAFETY: channels on different reactors access the store concurrently through raw
@@ -22,7 +65,7 @@ struct Store {
 // touching a range is issued while a write to an overlapping range is in flight. Under
 // that rule no two threads access the same bytes concurrently with one of them writing.
 unsafe impl Sync for Store {}
-// SAFETY: the AlignedBuf is owned; moving the store between threads moves ownership.
+// SAFETY: the mapping is owned; moving the store between threads moves ownership.
 unsafe impl Send for Store {}
 
 /// A RAM-backed block device.
@@ -47,30 +90,18 @@ impl MemDevice {
     ) -> Result<Self, DeviceError> {
         let info = memory_device_info(name, capacity_bytes, block_bytes, queue_depth)?;
         let len = check_memory_shape(name, capacity_bytes, block_bytes)?;
-        let mut buf = AlignedBuf::zeroed(len);
-        // Ask for transparent huge pages (the system's THP mode is often `madvise`): random
-        // 4 KiB I/O over gigabytes of RAM disk otherwise misses the TLB on nearly every
-        // request. Advisory: on failure the device just uses small pages.
-        // SAFETY: madvise only reads the range description; ptr..ptr+len is our allocation.
-        unsafe {
-            libc::madvise(buf.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE);
-        }
-        // Touch every page now: the data path must not take page faults (a fresh zeroed
-        // allocation is mapped lazily, first to the shared zero page, then copied on write).
-        buf.fill(0);
         Ok(Self {
             info,
-            store: Arc::new(Store {
-                buf: std::cell::UnsafeCell::new(buf),
-            }),
+            store: Arc::new(Store::new(name, len)?),
         })
     }
 
     /// A copy of the device's contents, for tests (e.g. to hand member images to the
     /// oracle). Call only while no channel has requests in flight.
     pub fn contents(&self) -> Vec<u8> {
-        // SAFETY: per the doc contract no request is in flight, so nothing writes the store.
-        unsafe { (*self.store.buf.get()).to_vec() }
+        // SAFETY: per the doc contract no request is in flight, so nothing writes the store;
+        // base..base+len is the store.
+        unsafe { std::slice::from_raw_parts(self.store.base(), self.store.len).to_vec() }
     }
 }
 
@@ -112,7 +143,7 @@ impl Channel for MemChannel {
         // buffer do not overlap (the buffer is caller memory); concurrent access to the same
         // store bytes is excluded by the engine invariant documented on `Store`.
         unsafe {
-            let base = (*self.store.buf.get()).as_mut_ptr();
+            let base = self.store.base();
             match req.op {
                 Op::Read => std::ptr::copy_nonoverlapping(base.add(off), req.buf.as_ptr(), len),
                 Op::Write { .. } => {
@@ -217,6 +248,7 @@ impl Immediate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine::buf::AlignedBuf;
     use engine::device::IoBuf;
 
     fn io(buf: &mut AlignedBuf) -> IoBuf {
