@@ -138,6 +138,8 @@ pub enum MemberState {
     Online,
     /// Failed by the error shown; never used again until replaced (rebuild: issue 5).
     Failed(IoError),
+    /// Marked faulty by the operator (`ferroraid fail`); never used again until replaced.
+    FailedByOperator,
 }
 
 /// Counters of what the array did, by path: what a benchmark or test reads to know which
@@ -177,6 +179,41 @@ pub struct ArrayStats {
     pub timeouts: u64,
 }
 
+/// What one shard sent to one member, for status and statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberCounters {
+    /// Read requests issued.
+    pub reads: u64,
+    /// Write, write-zeroes and discard requests issued.
+    pub writes: u64,
+    /// Flush requests issued.
+    pub flushes: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written (write-zeroes and discards count their range).
+    pub write_bytes: u64,
+    /// Requests that completed with an error (any kind).
+    pub errors: u64,
+}
+
+impl MemberCounters {
+    /// Adds `o` into `self` (merging shards).
+    pub fn add(&mut self, o: &MemberCounters) {
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.flushes += o.flushes;
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+        self.errors += o.errors;
+    }
+}
+
+/// A member-latency histogram: ns, 1 ns to one hour, 2 significant digits (fixed size,
+/// so recording never allocates).
+pub fn new_latency_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
+}
+
 /// Pool sizes, fixed at construction.
 #[derive(Clone, Copy, Debug)]
 pub struct ArrayConfig {
@@ -198,6 +235,26 @@ pub struct ArrayConfig {
 
 /// Default command timeout: 30 s, the Linux block layer's and NVMe driver's default.
 pub const DEFAULT_IO_TIMEOUT_NS: u64 = 30_000_000_000;
+
+impl ArrayStats {
+    /// Adds `o` into `self` (merging shards).
+    pub fn add(&mut self, o: &ArrayStats) {
+        self.direct_reads += o.direct_reads;
+        self.degraded_reads += o.degraded_reads;
+        self.full_stripe_writes += o.full_stripe_writes;
+        self.rmw_writes += o.rmw_writes;
+        self.rcw_writes += o.rcw_writes;
+        self.degraded_writes += o.degraded_writes;
+        self.member_failures += o.member_failures;
+        self.medium_errors += o.medium_errors;
+        self.read_errors_repaired += o.read_errors_repaired;
+        self.stray_completions += o.stray_completions;
+        self.zeroed_stripes += o.zeroed_stripes;
+        self.discarded_stripes += o.discarded_stripes;
+        self.discards_skipped += o.discards_skipped;
+        self.timeouts += o.timeouts;
+    }
+}
 
 impl Default for ArrayConfig {
     /// 256 requests, 32 stripe operations, data at offset 0, no member failed, 30 s
@@ -224,6 +281,10 @@ struct Member<C> {
     overflow: VecDeque<Request>,
     /// Largest request the member takes, bytes (a multiple of its block size).
     max_transfer: u32,
+    counters: MemberCounters,
+    /// Completion latency of this shard's requests to the member, ns, measured from the
+    /// start of the issuing phase to the loop turn that reaped it.
+    latency: hdrhistogram::Histogram<u64>,
 }
 
 struct ReqCtx {
@@ -427,6 +488,8 @@ impl<C: Channel> Array<C> {
                             cfg.stripe_ops * (chunk / max_transfer as usize + 1),
                         ),
                         max_transfer,
+                        counters: MemberCounters::default(),
+                        latency: new_latency_histogram(),
                     }
                 })
                 .collect(),
@@ -500,6 +563,22 @@ impl<C: Channel> Array<C> {
         self.stats
     }
 
+    /// What this shard sent to member `m` so far.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_counters(&self, m: u16) -> MemberCounters {
+        self.members[usize::from(m)].counters
+    }
+
+    /// Completion latency of this shard's requests to member `m`, ns.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_latency(&self, m: u16) -> &hdrhistogram::Histogram<u64> {
+        &self.members[usize::from(m)].latency
+    }
+
     /// Sets the array's clock (ns, monotonic, any epoch): what command timeouts are
     /// measured on. A reactor passes real time, a virtual-time executor its virtual clock.
     /// Never set: timeouts never fire.
@@ -527,12 +606,28 @@ impl<C: Channel> Array<C> {
         self.free_reqs.len() != self.reqs.len()
     }
 
-    /// Marks a member failed (as if it had returned `err`): an operator action or a
-    /// failure detected outside the data path.
+    /// Marks a member failed (as if it had returned `err`): a failure detected outside
+    /// this shard's data path (another reactor's, a vanished device).
+    ///
+    /// # Panics
+    /// If `member` is not a member index.
     pub fn fail_member(&mut self, member: u16, err: IoError) {
+        self.set_failed(member, MemberState::Failed(err));
+    }
+
+    /// Marks a member faulty on the operator's request ([`MemberState::FailedByOperator`]).
+    ///
+    /// # Panics
+    /// If `member` is not a member index.
+    pub fn fail_member_by_operator(&mut self, member: u16) {
+        self.set_failed(member, MemberState::FailedByOperator);
+    }
+
+    fn set_failed(&mut self, member: u16, state: MemberState) {
+        debug_assert!(state != MemberState::Online);
         let m = &mut self.members[usize::from(member)];
         if m.state == MemberState::Online {
-            m.state = MemberState::Failed(err);
+            m.state = state;
             self.failed_members += 1;
             self.stats.member_failures += 1;
         }
@@ -738,6 +833,11 @@ impl<C: Channel> Array<C> {
             let pm = &mut sop.per_member[usize::from(member)];
             debug_assert!(*pm > 0, "completion from a member with nothing outstanding");
             *pm = pm.saturating_sub(1);
+            let m = &mut self.members[usize::from(member)];
+            // Saturates at the histogram's top (one hour); never allocates.
+            m.latency
+                .saturating_record(self.now.saturating_sub(sop.issued_ns).max(1));
+            m.counters.errors += u64::from(c.status.is_err());
         }
         if c.status == Err(IoError::Unsupported) && self.sops[s as usize].phase == Phase::Zeroing {
             // The member cannot zero or deallocate natively (support can vanish at run
@@ -801,7 +901,7 @@ impl<C: Channel> Array<C> {
                 buf,
             };
             done += piece;
-            self.count_issue(s, member);
+            self.count_issue(s, member, op, piece);
             self.send(member, req);
         }
     }
@@ -832,7 +932,7 @@ impl<C: Channel> Array<C> {
             len_bytes: 0,
             buf: IoBuf::NONE,
         };
-        self.count_issue(s, member);
+        self.count_issue(s, member, Op::Flush, 0);
         self.send(member, req);
     }
 
@@ -855,19 +955,32 @@ impl<C: Channel> Array<C> {
                 buf: IoBuf::NONE,
             };
             done += piece;
-            self.count_issue(s, member);
+            self.count_issue(s, member, op, piece);
             self.send(member, req);
         }
     }
 
-    /// Accounts one member request of operation `s` about to be sent.
-    fn count_issue(&mut self, s: u32, member: u16) {
+    /// Accounts one member request of operation `s` about to be sent: `op` over `len`
+    /// bytes.
+    fn count_issue(&mut self, s: u32, member: u16, op: Op, len: u32) {
         let sop = &mut self.sops[s as usize];
         if sop.outstanding == 0 {
             sop.issued_ns = self.now;
         }
         sop.outstanding += 1;
         sop.per_member[usize::from(member)] += 1;
+        let c = &mut self.members[usize::from(member)].counters;
+        match op {
+            Op::Read => {
+                c.reads += 1;
+                c.read_bytes += u64::from(len);
+            }
+            Op::Flush => c.flushes += 1,
+            Op::Write { .. } | Op::WriteZeroes | Op::Discard => {
+                c.writes += 1;
+                c.write_bytes += u64::from(len);
+            }
+        }
     }
 
     /// Fails members whose requests outlived the command timeout: their requests still

@@ -28,7 +28,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,8 @@ use crossbeam_queue::ArrayQueue;
 use thiserror::Error;
 
 use crate::array::{
-    Array, ArrayBuildError, ArrayCompletion, ArrayConfig, ArrayError, ArrayOp, ArrayRequest,
+    new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig, ArrayError,
+    ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState,
 };
 use crate::device::{BlockDevice, Channel, DeviceError};
 use crate::geometry::ArrayGeometry;
@@ -50,6 +51,121 @@ pub const ADAPTIVE_SPINS: u32 = 1000;
 pub const ADAPTIVE_MAX_SLEEP: Duration = Duration::from_micros(200);
 /// Capacity of each reactor's inbound ring, in messages.
 pub const RING_CAPACITY: usize = 4096;
+/// Capacity of each reactor's control ring (management commands), in messages.
+pub const CONTROL_CAPACITY: usize = 256;
+/// How often a reactor publishes its statistics for [`ReactorHandle::snapshot`] (and at
+/// once after a member failure).
+pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A management command for the reactors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Control {
+    /// Fail this member; `None` = the operator asked, `Some(e)` = another reactor saw `e`.
+    FailMember(u16, Option<crate::device::IoError>),
+}
+
+/// One member as the array sees it: merged over every reactor's shard.
+#[derive(Clone, Debug)]
+pub struct MemberSnapshot {
+    /// Failed if any reactor failed it (the first failure seen).
+    pub state: MemberState,
+    /// Requests sent to the member by every reactor.
+    pub counters: MemberCounters,
+    /// Completion latency of those requests, ns.
+    pub latency: hdrhistogram::Histogram<u64>,
+}
+
+/// The array's statistics over every reactor, as last published (at most
+/// [`PUBLISH_INTERVAL`] old).
+#[derive(Clone, Debug)]
+pub struct ArraySnapshot {
+    /// Path counters, summed over the shards.
+    pub stats: ArrayStats,
+    /// Members in member order.
+    pub members: Vec<MemberSnapshot>,
+    /// Array requests accepted and not yet completed, all reactors.
+    pub requests_in_flight: usize,
+    /// Reactors running.
+    pub reactors: usize,
+}
+
+/// Why a management command was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ControlError {
+    /// No such member.
+    #[error("member {member} does not exist: the array has {members} members")]
+    NoSuchMember {
+        /// The index asked for.
+        member: u16,
+        /// Members of the array.
+        members: u16,
+    },
+}
+
+/// What one reactor last published.
+struct Published {
+    stats: ArrayStats,
+    members: Vec<MemberSnapshot>,
+}
+
+/// A cloneable handle for management while the reactors run: fail members, read
+/// statistics. Never blocks a reactor: commands travel over lock-free rings, and reactors
+/// publish statistics with a `try_lock` that skips a turn rather than wait.
+#[derive(Clone)]
+pub struct ReactorHandle {
+    shared: Arc<Shared>,
+}
+
+impl ReactorHandle {
+    /// Marks `member` faulty on every reactor (an operator's `fail`): no request is sent to
+    /// it afterwards; reads and writes go on from redundancy. Takes effect within a loop
+    /// turn of each reactor.
+    ///
+    /// # Errors
+    /// [`ControlError::NoSuchMember`] for an index beyond the array.
+    pub fn fail_member(&self, member: u16) -> Result<(), ControlError> {
+        if member >= self.shared.members {
+            return Err(ControlError::NoSuchMember {
+                member,
+                members: self.shared.members,
+            });
+        }
+        for to in 0..self.shared.control.len() {
+            self.shared
+                .send_control(to, Control::FailMember(member, None));
+        }
+        Ok(())
+    }
+
+    /// The array's statistics over every reactor, as last published.
+    pub fn snapshot(&self) -> ArraySnapshot {
+        let mut out = ArraySnapshot {
+            stats: ArrayStats::default(),
+            members: (0..self.shared.members)
+                .map(|_| MemberSnapshot {
+                    state: MemberState::Online,
+                    counters: MemberCounters::default(),
+                    latency: new_latency_histogram(),
+                })
+                .collect(),
+            requests_in_flight: self.shared.in_flight.load(Ordering::Acquire),
+            reactors: self.shared.control.len(),
+        };
+        for p in &self.shared.published {
+            let p = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            out.stats.add(&p.stats);
+            for (o, m) in out.members.iter_mut().zip(&p.members) {
+                if o.state == MemberState::Online {
+                    o.state = m.state;
+                }
+                o.counters.add(&m.counters);
+                // Same bounds on both sides: cannot fail.
+                let _ = o.latency.add(&m.latency);
+            }
+        }
+        out
+    }
+}
 
 /// How a reactor waits when idle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,9 +332,26 @@ struct Shared {
     threads: Vec<OnceLock<Thread>>,
     /// Whether each reactor is (about to be) parked.
     parked: Vec<AtomicBool>,
+    /// Each reactor's control ring.
+    control: Vec<ArrayQueue<Control>>,
+    /// What each reactor last published.
+    published: Vec<Mutex<Published>>,
+    /// Members of the array.
+    members: u16,
 }
 
 impl Shared {
+    /// Queues a control message for reactor `to` (waiting out a full ring: commands are
+    /// rare and reactors drain their ring every turn) and wakes it.
+    fn send_control(&self, to: usize, mut c: Control) {
+        while let Err(back) = self.control[to].push(c) {
+            c = back;
+            self.wake(to);
+            std::thread::yield_now();
+        }
+        self.wake(to);
+    }
+
     /// Wakes reactor `to` if it is parked (adaptive mode), after work was queued for it.
     fn wake(&self, to: usize) {
         if self.parked[to].load(Ordering::SeqCst) {
@@ -269,6 +402,22 @@ impl<F: Frontend> Reactors<F> {
             in_flight: AtomicUsize::new(0),
             threads: (0..n).map(|_| OnceLock::new()).collect(),
             parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            control: (0..n).map(|_| ArrayQueue::new(CONTROL_CAPACITY)).collect(),
+            published: (0..n)
+                .map(|_| {
+                    Mutex::new(Published {
+                        stats: ArrayStats::default(),
+                        members: (0..geo.geometry().members())
+                            .map(|_| MemberSnapshot {
+                                state: MemberState::Online,
+                                counters: MemberCounters::default(),
+                                latency: new_latency_histogram(),
+                            })
+                            .collect(),
+                    })
+                })
+                .collect(),
+            members: geo.geometry().members(),
         });
         let mut threads = Vec::with_capacity(n);
         for (me, fe) in frontends.into_iter().enumerate() {
@@ -306,6 +455,13 @@ impl<F: Frontend> Reactors<F> {
             threads.push(t);
         }
         Ok(Self { shared, threads })
+    }
+
+    /// A handle for management while the reactors run.
+    pub fn handle(&self) -> ReactorHandle {
+        ReactorHandle {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// Asks every reactor to stop once its front-end is finished and nothing is in flight,
@@ -357,9 +513,30 @@ fn run<F: Frontend, C: Channel>(
     let mut nap = Duration::from_micros(1);
     let mut counted_finished = false;
     let epoch = Instant::now();
+    let members = geo.geometry().members();
+    // Members whose failure this reactor has told the others about.
+    let mut announced = vec![false; usize::from(members)];
+    let mut failures_seen = 0u64;
+    let mut next_publish = 0u64;
     loop {
         let mut progress = false;
-        array.set_now(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        array.set_now(now);
+        // 0. Management commands.
+        while let Some(c) = shared.control[me].pop() {
+            progress = true;
+            match c {
+                Control::FailMember(m, err) => {
+                    // Every reactor gets the command (or already knows): no need to pass
+                    // it on.
+                    announced[usize::from(m)] = true;
+                    match err {
+                        None => array.fail_member_by_operator(m),
+                        Some(e) => array.fail_member(m, e),
+                    }
+                }
+            }
+        }
         // 1. Inbound ring.
         while let Some(msg) = rings[me].pop() {
             progress = true;
@@ -412,6 +589,31 @@ fn run<F: Frontend, C: Channel>(
                 break;
             }
         }
+        // A member this shard failed is failed on every shard: a device that erred is not
+        // trusted by any reactor (each learns it at once instead of by its own error).
+        let failures = array.stats().member_failures;
+        if failures != failures_seen {
+            failures_seen = failures;
+            next_publish = 0;
+            for (m, state) in array.member_states().enumerate() {
+                if state != MemberState::Online && !announced[m] {
+                    announced[m] = true;
+                    let err = match state {
+                        MemberState::Failed(e) => Some(e),
+                        _ => None,
+                    };
+                    for to in (0..reactors).filter(|&to| to != me) {
+                        shared.send_control(to, Control::FailMember(m as u16, err));
+                    }
+                }
+            }
+        }
+        if now >= next_publish {
+            if let Ok(mut p) = shared.published[me].try_lock() {
+                publish(&array, &mut p);
+                next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
+            }
+        }
         // 4. Messages to other reactors; a full ring keeps the rest for the next turn.
         while let Some((to, msg)) = outbox.pop_front() {
             if let Err(msg) = rings[to].push(msg) {
@@ -438,6 +640,11 @@ fn run<F: Frontend, C: Channel>(
             && shared.in_flight.load(Ordering::Acquire) == 0
         {
             debug_assert!(local.is_empty() && outbox.is_empty() && !array.busy());
+            // Final figures for anyone holding a handle (blocking is fine on the way out).
+            let mut p = shared.published[me]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            publish(&array, &mut p);
             return fe;
         }
         if progress {
@@ -461,6 +668,18 @@ fn run<F: Frontend, C: Channel>(
                 }
             }
         }
+    }
+}
+
+/// Copies the shard's statistics into its published slot (no allocation: histograms of
+/// equal bounds are reset and re-added in place).
+fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
+    p.stats = array.stats();
+    for (i, (m, state)) in p.members.iter_mut().zip(array.member_states()).enumerate() {
+        m.state = state;
+        m.counters = array.member_counters(i as u16);
+        m.latency.reset();
+        let _ = m.latency.add(array.member_latency(i as u16));
     }
 }
 

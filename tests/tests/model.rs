@@ -391,16 +391,7 @@ fn next_event(arr: &ShardedArray<SimChannel>) -> Option<u64> {
 fn stats(arr: &ShardedArray<SimChannel>) -> ArrayStats {
     let mut t = ArrayStats::default();
     for s in arr.shards() {
-        let x = s.stats();
-        t.direct_reads += x.direct_reads;
-        t.degraded_reads += x.degraded_reads;
-        t.full_stripe_writes += x.full_stripe_writes;
-        t.rmw_writes += x.rmw_writes;
-        t.rcw_writes += x.rcw_writes;
-        t.degraded_writes += x.degraded_writes;
-        t.zeroed_stripes += x.zeroed_stripes;
-        t.discarded_stripes += x.discarded_stripes;
-        t.discards_skipped += x.discards_skipped;
+        t.add(&s.stats());
     }
     t
 }
