@@ -9,4 +9,5 @@
 
 pub mod mem;
 pub mod null;
+pub mod topology;
 pub mod uring;
