@@ -8,10 +8,12 @@
 //!
 //! # Ordering
 //! A request is split at stripe boundaries into stripe operations. Operations on one
-//! stripe run one at a time, in arrival order (the stripe's owner orders them), so
-//! overlapping writes land in submission order and a read never sees half of a write.
-//! Requests are split in arrival order too, so a request cannot overtake an earlier one on
-//! any stripe.
+//! stripe start in arrival order (the stripe's owner orders them): a write (or write-zeroes,
+//! discard) runs alone on its stripe, reads of a stripe run together while no write is
+//! running or waiting ahead of them. So overlapping writes land in submission order, a
+//! read never sees half of a write, and a stream of reads cannot starve a write (a waiting
+//! write holds back every later operation on its stripe). Requests are split in arrival
+//! order too, so a request cannot overtake an earlier one on any stripe.
 //!
 //! # Reads
 //! A read of healthy members goes straight into the caller's buffer. If a member of the
@@ -357,8 +359,10 @@ pub struct Array<C: Channel> {
     free_reqs: Vec<u32>,
     sops: Vec<Sop>,
     free_sops: Vec<u32>,
-    /// Stripes with an operation running: (stripe, sop).
-    locked: Vec<(u64, u32)>,
+    /// Stripes with an operation running: (stripe, sop, whether it writes).
+    locked: Vec<(u64, u32, bool)>,
+    /// Scratch for `start_waiting`: stripes with an operation still waiting ahead.
+    held: Vec<u64>,
     /// Operations waiting for their stripe, in arrival order.
     waiting: VecDeque<u32>,
     /// Operations whose phase finished, to advance.
@@ -517,6 +521,7 @@ impl<C: Channel> Array<C> {
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
             locked: Vec::with_capacity(cfg.stripe_ops),
+            held: Vec::with_capacity(cfg.stripe_ops),
             waiting: VecDeque::with_capacity(cfg.stripe_ops),
             ready: VecDeque::with_capacity(cfg.stripe_ops),
             backlog: VecDeque::with_capacity(cfg.requests),
@@ -1074,21 +1079,36 @@ impl<C: Channel> Array<C> {
         any
     }
 
-    /// Starts every waiting operation whose stripe is free, oldest first. Once an operation
-    /// starts its stripe is locked, so later operations on the same stripe keep waiting
-    /// behind it: per-stripe FIFO.
+    /// Starts every waiting operation its stripe admits, oldest first: a write when
+    /// nothing runs on the stripe, a read when only reads run there; and never one with an
+    /// older operation of its stripe still waiting (per-stripe FIFO, see the module docs).
     fn start_waiting(&mut self) -> bool {
         let mut started = false;
         let mut i = 0;
+        self.held.clear();
         while i < self.waiting.len() {
             let s = self.waiting[i];
             let stripe = self.sops[s as usize].stripe;
-            if self.locked.iter().any(|&(st, _)| st == stripe) {
+            let writes = self.reqs[self.sops[s as usize].req as usize]
+                .as_ref()
+                .expect("live request")
+                .op
+                .is_write();
+            let blocked = self.held.contains(&stripe)
+                || self
+                    .locked
+                    .iter()
+                    .any(|&(st, _, w)| st == stripe && (w || writes));
+            if blocked {
+                if !self.held.contains(&stripe) {
+                    // Bounded by the waiting operations, which the capacity covers.
+                    self.held.push(stripe);
+                }
                 i += 1;
                 continue;
             }
             self.waiting.remove(i);
-            self.locked.push((stripe, s));
+            self.locked.push((stripe, s, writes));
             self.start_sop(s);
             started = true;
         }
@@ -1114,7 +1134,7 @@ impl<C: Channel> Array<C> {
     fn finish_sop(&mut self, s: u32, status: Result<(), ArrayError>) {
         let sop = &self.sops[s as usize];
         debug_assert_eq!(sop.outstanding, 0);
-        if let Some(p) = self.locked.iter().position(|&(_, x)| x == s) {
+        if let Some(p) = self.locked.iter().position(|&(_, x, _)| x == s) {
             self.locked.swap_remove(p);
         }
         let ri = sop.req;
