@@ -505,7 +505,9 @@ impl<C: Channel> Array<C> {
     /// [`ArrayError::Invalid`] naming the problem.
     pub fn validate(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
         if matches!(r.op, ArrayOp::WriteZeroes { .. } | ArrayOp::Discard) {
-            return Err(ArrayError::Invalid("write-zeroes/discard: not yet implemented"));
+            return Err(ArrayError::Invalid(
+                "write-zeroes/discard: not yet implemented",
+            ));
         }
         if r.op == ArrayOp::Flush {
             return if r.len_bytes == 0 {
