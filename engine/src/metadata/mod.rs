@@ -41,7 +41,7 @@ mod tests;
 
 pub use assemble::{
     assemble, AssembleError, AssembleOptions, Assembly, Candidate, Exclusion, ExclusionReason,
-    ForcedAction, EVENT_MARGIN,
+    ForcedAction, Member, EVENT_MARGIN,
 };
 pub use create::{
     bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors, set_name, CreateError,
@@ -49,9 +49,10 @@ pub use create::{
     MAX_NAME_BYTES,
 };
 pub use superblock::{
-    parse, DevRole, Feature, Superblock, SuperblockError, DEV_ROLE_FAULTY, DEV_ROLE_JOURNAL,
-    DEV_ROLE_MAX, DEV_ROLE_SPARE, FEATURE_ALL, MAX_DEV_LIMIT, MAX_SECTOR, MD_SB_MAGIC,
-    SUPERBLOCK_AREA_BYTES, SUPERBLOCK_BASE_BYTES, SUPERBLOCK_OFFSET_BYTES, SUPER_OFFSET_SECTORS,
+    parse, raw_checksum, DevRole, Feature, FeatureSet, Superblock, SuperblockError,
+    DEV_ROLE_FAULTY, DEV_ROLE_JOURNAL, DEV_ROLE_MAX, DEV_ROLE_SPARE, FEATURE_ALL, MAX_DEV_LIMIT,
+    MAX_SECTOR, MD_SB_MAGIC, SUPERBLOCK_AREA_BYTES, SUPERBLOCK_BASE_BYTES, SUPERBLOCK_OFFSET_BYTES,
+    SUPER_OFFSET_SECTORS,
 };
 pub use update::{next_generation, Resync, Update, UpdateError};
 

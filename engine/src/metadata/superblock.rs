@@ -656,6 +656,36 @@ fn calc_sb_1_csum(sb: &[u8], max_dev: u32) -> u32 {
     ((sum & 0xffff_ffff) + (sum >> 32)) as u32
 }
 
+/// md's checksum of raw superblock bytes — what `sb_csum` should hold — with `max_dev`
+/// read from the bytes themselves (mdadm prints it as "expected" when they differ). No
+/// other field is checked.
+///
+/// # Errors
+/// [`SuperblockError::Truncated`] when `bytes` is shorter than 256 bytes or than
+/// `256 + 2 × max_dev`; [`SuperblockError::MaxDevTooLarge`] above [`MAX_DEV_LIMIT`].
+pub fn raw_checksum(bytes: &[u8]) -> Result<u32, SuperblockError> {
+    if bytes.len() < SUPERBLOCK_BASE_BYTES {
+        return Err(SuperblockError::Truncated {
+            len: bytes.len(),
+            needed: SUPERBLOCK_BASE_BYTES,
+        });
+    }
+    let max_dev = le32(bytes, OFF_MAX_DEV);
+    if max_dev > MAX_DEV_LIMIT {
+        return Err(SuperblockError::MaxDevTooLarge {
+            max_dev: u64::from(max_dev),
+        });
+    }
+    let needed = SUPERBLOCK_BASE_BYTES + 2 * max_dev as usize;
+    if bytes.len() < needed {
+        return Err(SuperblockError::Truncated {
+            len: bytes.len(),
+            needed,
+        });
+    }
+    Ok(calc_sb_1_csum(bytes, max_dev))
+}
+
 impl Superblock {
     /// `max_dev`: the number of `dev_roles` entries.
     pub fn max_dev(&self) -> usize {
