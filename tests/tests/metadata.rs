@@ -296,6 +296,30 @@ fn next_generation_on_files_and_mdadm() {
     }
 }
 
+/// md's checksum folds in a trailing 16-bit word when `max_dev` is odd: mdadm must agree
+/// with ferroraid's encoding for odd and even role counts alike.
+#[test]
+fn mdadm_agrees_on_checksum_for_odd_max_dev() {
+    let Some(mdadm) = mdadm() else { return };
+    let dir = disk_tempdir();
+    let files = member_files(dir.path(), 4);
+    let sbs = create(&files, Level::Raid6, Layout::LeftSymmetric, uuid(3), true);
+    for max_dev in [4usize, 5, 7, 33, 1920] {
+        let mut sb = sbs[1].clone();
+        sb.dev_roles = (0..max_dev)
+            .map(|i| if i < 4 { i as u16 } else { 0xffff })
+            .collect();
+        write_superblock(&files[1], &sb).unwrap();
+        assert_eq!(read_superblock(&files[1]).unwrap(), sb);
+        let (text, m) = examine(&mdadm, &files[1]);
+        assert_eq!(
+            field(&m, "Checksum", &text),
+            format!("{:x} - correct", sb.checksum().unwrap()),
+            "max_dev {max_dev}:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn io_errors_name_the_path() {
     let dir = disk_tempdir();
