@@ -3,11 +3,14 @@
 //! - [`mem`]: a RAM disk (data kept in memory; for tests and CPU-cost benchmarks).
 //! - [`null`]: no data at all; every request completes at once (pure CPU cost).
 //! - [`uring`]: io_uring over regular files and block devices with O_DIRECT.
+//! - [`metadata_io`]: reading and writing md v1.2 superblocks (positioned I/O + sync);
+//!   not a device back end, but the I/O the engine's `metadata` module leaves out.
 //!
 //! The simulated device with a virtual clock lives in the engine (`engine::sim`), as the
 //! engine's own test world.
 
 pub mod mem;
+pub mod metadata_io;
 pub mod null;
 pub mod topology;
 pub mod uring;

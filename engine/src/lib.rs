@@ -10,6 +10,9 @@
 //! - [`parity`]: P (XOR) and P+Q (GF(2^8), polynomial 0x11d, generator {02}) generation,
 //!   read-modify-write updates and recovery of every recoverable erasure, with scalar,
 //!   AVX2, AVX-512BW and GFNI kernels chosen at run time.
+//! - [`metadata`]: md's v1.2 superblock (every field of `mdp_superblock_1`), its checksum,
+//!   superblocks for a new array as mdadm lays them out, the update rule, and the
+//!   assembly decision (which device serves which role, stale, spare, missing).
 //! - [`buf`]: aligned, zero-initialised buffers for chunks (the parity kernels require
 //!   64-byte alignment; device DMA wants 4 KiB).
 //! - [`device`]: the block-device interface (device facts, per-reactor channels, requests,
@@ -31,6 +34,7 @@ pub mod array;
 pub mod buf;
 pub mod device;
 pub mod geometry;
+pub mod metadata;
 pub mod parity;
 pub mod reactor;
 pub mod shard;

@@ -1,0 +1,742 @@
+//! Assembly: which device serves which role, decided from the superblocks alone.
+//!
+//! md's rules (`drivers/md/md.c` `super_1_load`/`super_1_validate`, mdadm's
+//! `Assemble.c`, `Documentation/admin-guide/md.rst`), with one deliberate tightening:
+//!
+//! 1. All superblocks must be readable (checksum), of one array (`set_uuid`) and of a kind
+//!    ferroraid serves ([`super::Superblock::check_supported`]). With `force`, unreadable
+//!    ones are skipped instead (and reported).
+//! 2. **Freshness is by `events`.** The newest superblock — highest `events` among
+//!    devices whose own superblock gives them an active role (spares' counts do not matter:
+//!    md does not rewrite spares on every clean/dirty change) — carries the array state:
+//!    geometry, `dev_roles`, `resync_offset`.
+//! 3. A device is used for role `r` when the newest superblock gives its slot
+//!    (`dev_number`) role `r`, its own superblock agrees, and its `events` is at most
+//!    [`EVENT_MARGIN`] (1) behind the newest: md's margin for a crash in the middle of a
+//!    superblock update, where some members got generation N+1 and others still hold N
+//!    (`super_1_validate`: `++ev1; if (ev1 < mddev->events) return -EINVAL`; mdadm:
+//!    `event_margin = 1`). Older devices are **stale**: they missed writes and are not used
+//!    for data.
+//! 4. **Tightening:** a slot that the newest superblock records as faulty is excluded even
+//!    when its own `events` is within the margin. md (kernel and mdadm) take the role from
+//!    the device's own superblock and so re-admit a member that failed in the very last
+//!    update and was then skipped by every later write — the RAID6 corruption reported on
+//!    linux-raid ("raid6 corruption after assembling with event counter difference of 1",
+//!    2023-11-22). The newest superblock knows better.
+//! 5. Spares are devices whose slot the newest superblock calls spare.
+//! 6. Two usable devices for one slot (the same device seen twice, or a clone) are an
+//!    error: ferroraid will not guess.
+//! 7. The array can serve data with at least `raid_disks − parity` members. Fewer: refused;
+//!    with `force`, out-of-date members of the missing roles are brought in, freshest first,
+//!    like `mdadm --assemble --force` — reported, and the array then needs a resync.
+//! 8. **Dirty and degraded** (`resync_offset != MaxSector` and a role missing) is refused
+//!    unless `force` (md.rst, "Boot time assembly of degraded/dirty arrays": the parity of
+//!    a dirty array cannot be trusted, and a degraded array needs it to reconstruct).
+
+use std::collections::HashMap;
+use std::fmt;
+
+use thiserror::Error;
+
+use super::superblock::{DevRole, Superblock, SuperblockError, MAX_SECTOR};
+use super::Uuid;
+use crate::geometry::{ArrayGeometry, Geometry};
+
+/// How many generations a member's `events` may lag the newest and still count as
+/// current: 1, md's margin for a crash during a superblock update (`super_1_validate`;
+/// mdadm `Assemble.c`, `event_margin`). See the module docs.
+pub const EVENT_MARGIN: u64 = 1;
+
+/// A device and what was found at its superblock position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The device's name (path), used in every message.
+    pub device: String,
+    /// Its decoded superblock ([`Superblock::decode`] or [`super::parse`]), or why it could
+    /// not be decoded.
+    pub superblock: Result<Superblock, SuperblockError>,
+}
+
+impl Candidate {
+    /// A device with a decoded superblock.
+    pub fn new(device: impl Into<String>, superblock: Superblock) -> Self {
+        Candidate {
+            device: device.into(),
+            superblock: Ok(superblock),
+        }
+    }
+
+    /// A device whose superblock area holds `bytes`: decoded with
+    /// [`Superblock::decode`] (support is judged by [`assemble`]).
+    pub fn from_bytes(device: impl Into<String>, bytes: &[u8]) -> Self {
+        Candidate {
+            device: device.into(),
+            superblock: Superblock::decode(bytes),
+        }
+    }
+
+    /// A device whose superblock could not be decoded.
+    pub fn unreadable(device: impl Into<String>, error: SuperblockError) -> Self {
+        Candidate {
+            device: device.into(),
+            superblock: Err(error),
+        }
+    }
+}
+
+/// Choices for [`assemble`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AssembleOptions {
+    /// `mdadm --force`: skip unreadable superblocks, bring out-of-date members in when too
+    /// few current ones remain, and start a dirty degraded array. Everything it overrides
+    /// is listed in [`Assembly::forced`].
+    pub force: bool,
+    /// Logical block size of the array in bytes (512 or 4096): md does not record it; it is
+    /// the largest logical block size of the members.
+    pub block_bytes: u32,
+}
+
+impl Default for AssembleOptions {
+    /// No force, 512-byte blocks.
+    fn default() -> Self {
+        AssembleOptions {
+            force: false,
+            block_bytes: 512,
+        }
+    }
+}
+
+/// A device serving a role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Index into the candidates.
+    pub candidate: usize,
+    /// The device's name.
+    pub device: String,
+    /// Its slot (`dev_number`).
+    pub dev_number: u32,
+    /// Its `events`.
+    pub events: u64,
+    /// Its data area start, sectors (may differ between members).
+    pub data_offset_sectors: u64,
+    /// Its data area size, sectors.
+    pub data_size_sectors: u64,
+    /// Whether it was brought in by `force` although out of date or recorded faulty.
+    pub forced: bool,
+}
+
+/// Why a device is not used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExclusionReason {
+    /// Its superblock could not be decoded (only with `force`; otherwise an error).
+    Unreadable(SuperblockError),
+    /// More than [`EVENT_MARGIN`] generations behind the newest: it missed writes.
+    Stale {
+        /// Its `events`.
+        events: u64,
+        /// The newest `events`.
+        newest: u64,
+    },
+    /// The newest superblock records its slot as faulty.
+    RecordedFaulty {
+        /// The device whose superblock is the newest.
+        by: String,
+    },
+    /// Its own superblock and the newest disagree on its role (it missed a role change,
+    /// e.g. it was removed from the array).
+    RoleChanged {
+        /// What its own superblock says.
+        own: DevRole,
+        /// What the newest says.
+        newest: DevRole,
+        /// Its `events`.
+        events: u64,
+    },
+}
+
+impl fmt::Display for ExclusionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExclusionReason::Unreadable(e) => write!(f, "unreadable superblock: {e}"),
+            ExclusionReason::Stale { events, newest } => write!(
+                f,
+                "stale: events {events}, newest {newest} (more than {EVENT_MARGIN} behind); not used for data"
+            ),
+            ExclusionReason::RecordedFaulty { by } => {
+                write!(f, "recorded as faulty by the newest superblock (on {by})")
+            }
+            ExclusionReason::RoleChanged { own, newest, events } => write!(
+                f,
+                "its superblock (events {events}) says {own}, the newest says {newest}: it missed a role change"
+            ),
+        }
+    }
+}
+
+/// A device not used, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exclusion {
+    /// Index into the candidates.
+    pub candidate: usize,
+    /// The device's name.
+    pub device: String,
+    /// Why.
+    pub reason: ExclusionReason,
+}
+
+/// Something `force` overrode. Each is a risk the operator accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForcedAction {
+    /// A device with an unreadable superblock was left out instead of refusing.
+    SkippedUnreadable {
+        /// The device.
+        device: String,
+    },
+    /// An out-of-date (or recorded-faulty) member was used for its role to reach enough
+    /// members: its data may be older than the rest; a resync will make parity match it.
+    IncludedOutOfDate {
+        /// The device.
+        device: String,
+        /// The role it serves.
+        role: u16,
+        /// Its `events`.
+        events: u64,
+        /// The newest `events`.
+        newest: u64,
+    },
+    /// The array is dirty and degraded: data in stripes written at the crash may be wrong
+    /// and cannot be detected (md.rst, "Boot time assembly of degraded/dirty arrays").
+    StartedDirtyDegraded {
+        /// Roles with no member.
+        missing_roles: Vec<u16>,
+    },
+}
+
+impl fmt::Display for ForcedAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ForcedAction::SkippedUnreadable { device } => {
+                write!(f, "forced: skipped {device} (unreadable superblock)")
+            }
+            ForcedAction::IncludedOutOfDate {
+                device,
+                role,
+                events,
+                newest,
+            } => write!(
+                f,
+                "forced: using out-of-date {device} (events {events}, newest {newest}) as role {role}; \
+                 its data may be old and the array will be resynced"
+            ),
+            ForcedAction::StartedDirtyDegraded { missing_roles } => write!(
+                f,
+                "forced: starting a dirty degraded array (missing roles {missing_roles:?}); \
+                 stripes being written at the crash may hold undetectable corruption"
+            ),
+        }
+    }
+}
+
+/// The decision: how to run the array.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assembly {
+    /// The array's geometry and capacity (from the newest superblock).
+    pub array: ArrayGeometry,
+    /// The array UUID.
+    pub uuid: Uuid,
+    /// The array name (`set_name`).
+    pub name: String,
+    /// The newest `events`.
+    pub events: u64,
+    /// Index of the candidate holding the newest superblock (the array state's source).
+    pub newest: usize,
+    /// The member serving each role (`members[r]`), `None` where the role is missing.
+    pub members: Vec<Option<Member>>,
+    /// Candidates that are spares.
+    pub spares: Vec<usize>,
+    /// Candidates not used, with reasons.
+    pub excluded: Vec<Exclusion>,
+    /// Roles with no member.
+    pub missing_roles: Vec<u16>,
+    /// Whether a role is missing (the array runs on its redundancy).
+    pub degraded: bool,
+    /// The newest `resync_offset`, sectors from the data offset (`MaxSector` if clean).
+    pub resync_offset: u64,
+    /// Whether a resync is needed: the array was not clean (`resync_offset != MaxSector`),
+    /// or `force` brought in out-of-date members.
+    pub resync_needed: bool,
+    /// What `force` overrode (empty when not forced).
+    pub forced: Vec<ForcedAction>,
+}
+
+impl Assembly {
+    /// The stripe geometry.
+    pub fn geometry(&self) -> &Geometry {
+        self.array.geometry()
+    }
+
+    /// One line per notable fact, for logs and the CLI: degraded start, resync, exclusions
+    /// and everything forced.
+    pub fn notes(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.degraded {
+            v.push(format!(
+                "degraded start: roles {:?} missing, running on redundancy",
+                self.missing_roles
+            ));
+        }
+        if self.resync_needed {
+            v.push(format!(
+                "resync needed from sector {} of each member's data area",
+                if self.resync_offset == MAX_SECTOR {
+                    0
+                } else {
+                    self.resync_offset
+                }
+            ));
+        }
+        for e in &self.excluded {
+            v.push(format!("{} not used: {}", e.device, e.reason));
+        }
+        for f in &self.forced {
+            v.push(f.to_string());
+        }
+        v
+    }
+}
+
+/// Why an array could not be assembled. Every variant names the device(s) concerned.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AssembleError {
+    /// No candidate with a readable superblock.
+    #[error("no device with a readable md superblock")]
+    NoCandidates,
+    /// A superblock could not be decoded (bad checksum, no magic, ...).
+    #[error("{device}: {source} (leave the device out, or use force to assemble without it)")]
+    Unreadable {
+        /// The device.
+        device: String,
+        /// Why.
+        source: SuperblockError,
+    },
+    /// A device of another array among the candidates.
+    #[error("{device} is a member of array {uuid}, not of array {array_uuid} (as {reference} is)")]
+    ForeignArray {
+        /// The device.
+        device: String,
+        /// Its array UUID.
+        uuid: Uuid,
+        /// The UUID most candidates carry.
+        array_uuid: Uuid,
+        /// A device carrying `array_uuid`.
+        reference: String,
+    },
+    /// A superblock ferroraid cannot serve (feature, level, layout, chunk, offsets).
+    #[error("{device}: {source}")]
+    Unsupported {
+        /// The device.
+        device: String,
+        /// Why.
+        source: SuperblockError,
+    },
+    /// A current member whose superblock disagrees with the newest on an array-wide field.
+    #[error("{device} disagrees with the newest superblock (on {newest}) about {field}: split brain or corruption")]
+    Inconsistent {
+        /// The device.
+        device: String,
+        /// The device with the newest superblock.
+        newest: String,
+        /// The field.
+        field: &'static str,
+    },
+    /// Two usable devices for one slot.
+    #[error(
+        "{first} and {second} both claim slot {dev_number} ({role}){}",
+        if *.same_device_uuid { "; same device UUID: the same device twice, or a clone" } else { "" }
+    )]
+    DuplicateRole {
+        /// The slot.
+        dev_number: u32,
+        /// Its role.
+        role: DevRole,
+        /// First device.
+        first: String,
+        /// Second device.
+        second: String,
+        /// Whether their `device_uuid`s are equal.
+        same_device_uuid: bool,
+    },
+    /// No device has an active role of its own.
+    #[error("no active member among the devices ({spares} spare(s)): nothing to assemble")]
+    NoActiveMembers {
+        /// Spares found.
+        spares: usize,
+    },
+    /// Too few current members to serve data.
+    #[error(
+        "too few members to serve data: {available} current of {raid_disks}, {needed} needed; \
+         missing roles {missing_roles:?}{}",
+        stale_hint(stale)
+    )]
+    TooFewMembers {
+        /// Current members found.
+        available: usize,
+        /// Members needed (`raid_disks − parity`).
+        needed: usize,
+        /// Members of the complete array.
+        raid_disks: u16,
+        /// Roles with no current member.
+        missing_roles: Vec<u16>,
+        /// Out-of-date devices that `force` could use, with their reason.
+        stale: Vec<String>,
+    },
+    /// Dirty and degraded: refused without force (md.rst).
+    #[error(
+        "array is dirty (resync_offset {resync_offset}) and degraded (missing roles \
+         {missing_roles:?}): parity cannot be trusted to rebuild the missing data \
+         (md.rst, \"Boot time assembly of degraded/dirty arrays\"); use force to start anyway"
+    )]
+    DirtyDegraded {
+        /// The newest `resync_offset`.
+        resync_offset: u64,
+        /// Roles with no member.
+        missing_roles: Vec<u16>,
+    },
+}
+
+fn stale_hint(stale: &[String]) -> String {
+    if stale.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; out-of-date devices force could use: {}",
+            stale.join(", ")
+        )
+    }
+}
+
+/// Decides how to assemble an array from `candidates` (any order). Pure: no I/O. See the
+/// module docs for md's rules and the one place ferroraid is stricter.
+///
+/// # Errors
+/// [`AssembleError::NoCandidates`]; [`AssembleError::Unreadable`] (without force);
+/// [`AssembleError::ForeignArray`]; [`AssembleError::Unsupported`];
+/// [`AssembleError::NoActiveMembers`]; [`AssembleError::Inconsistent`];
+/// [`AssembleError::DuplicateRole`]; [`AssembleError::TooFewMembers`] (without force, or
+/// when force cannot find enough either); [`AssembleError::DirtyDegraded`] (without force).
+pub fn assemble(
+    candidates: &[Candidate],
+    options: AssembleOptions,
+) -> Result<Assembly, AssembleError> {
+    let mut excluded = Vec::new();
+    let mut forced = Vec::new();
+
+    // 1. Readable superblocks.
+    let mut readable: Vec<(usize, &Superblock)> = Vec::new();
+    for (i, c) in candidates.iter().enumerate() {
+        match &c.superblock {
+            Ok(sb) => readable.push((i, sb)),
+            Err(e) if options.force => {
+                excluded.push(Exclusion {
+                    candidate: i,
+                    device: c.device.clone(),
+                    reason: ExclusionReason::Unreadable(e.clone()),
+                });
+                forced.push(ForcedAction::SkippedUnreadable {
+                    device: c.device.clone(),
+                });
+            }
+            Err(e) => {
+                return Err(AssembleError::Unreadable {
+                    device: c.device.clone(),
+                    source: e.clone(),
+                })
+            }
+        }
+    }
+    if readable.is_empty() {
+        return Err(AssembleError::NoCandidates);
+    }
+    let dev = |i: usize| candidates[i].device.clone();
+
+    // 2. One array: the UUID most devices carry (the first such on ties).
+    let mut counts: HashMap<Uuid, (usize, usize)> = HashMap::new();
+    for (order, &(_, sb)) in readable.iter().enumerate() {
+        counts.entry(sb.set_uuid).or_insert((0, order)).0 += 1;
+    }
+    let (&array_uuid, &(_, ref_order)) = counts
+        .iter()
+        .max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.1 .1.cmp(&a.1 .1)))
+        .expect("readable is not empty");
+    let reference = readable[ref_order].0;
+    for &(i, sb) in &readable {
+        if sb.set_uuid != array_uuid {
+            return Err(AssembleError::ForeignArray {
+                device: dev(i),
+                uuid: sb.set_uuid,
+                array_uuid,
+                reference: dev(reference),
+            });
+        }
+    }
+
+    // 3. Supported.
+    for &(i, sb) in &readable {
+        sb.check_supported()
+            .map_err(|source| AssembleError::Unsupported {
+                device: dev(i),
+                source,
+            })?;
+    }
+
+    // 4. The newest superblock among devices with an active role of their own.
+    let (newest_i, newest) = readable
+        .iter()
+        .copied()
+        .filter(|(_, sb)| matches!(sb.role(), DevRole::Active(_)))
+        .max_by(|(ia, a), (ib, b)| a.events.cmp(&b.events).then(ib.cmp(ia)))
+        .ok_or(AssembleError::NoActiveMembers {
+            spares: readable.len(),
+        })?;
+    let array = newest
+        .array_geometry(options.block_bytes)
+        .map_err(|source| AssembleError::Unsupported {
+            device: dev(newest_i),
+            source,
+        })?;
+    let raid_disks = array.geometry().members();
+
+    // 5. Classify every readable device by what the newest superblock says of its slot.
+    let mut members: Vec<Option<Member>> = vec![None; usize::from(raid_disks)];
+    let mut spares: Vec<usize> = Vec::new();
+    let mut slot_user: HashMap<u32, usize> = HashMap::new();
+    let claim = |slot_user: &mut HashMap<u32, usize>, i: usize, sb: &Superblock| {
+        if let Some(&other) = slot_user.get(&sb.dev_number) {
+            let osb = candidates[other]
+                .superblock
+                .as_ref()
+                .expect("only readable candidates claim slots");
+            return Err(AssembleError::DuplicateRole {
+                dev_number: sb.dev_number,
+                role: newest.role_of(sb.dev_number),
+                first: dev(other),
+                second: dev(i),
+                same_device_uuid: osb.device_uuid == sb.device_uuid,
+            });
+        }
+        slot_user.insert(sb.dev_number, i);
+        Ok(())
+    };
+    for &(i, sb) in &readable {
+        let now = newest.role_of(sb.dev_number);
+        let own = sb.role();
+        let current = sb.events.saturating_add(EVENT_MARGIN) >= newest.events;
+        let reason = match now {
+            DevRole::Active(r) if own == now && current => {
+                check_consistent(i, sb, newest_i, newest, &dev)?;
+                claim(&mut slot_user, i, sb)?;
+                members[usize::from(r)] = Some(Member {
+                    candidate: i,
+                    device: dev(i),
+                    dev_number: sb.dev_number,
+                    events: sb.events,
+                    data_offset_sectors: sb.data_offset,
+                    data_size_sectors: sb.data_size,
+                    forced: false,
+                });
+                continue;
+            }
+            DevRole::Active(_) if own == now => ExclusionReason::Stale {
+                events: sb.events,
+                newest: newest.events,
+            },
+            DevRole::Spare if own == DevRole::Spare => {
+                claim(&mut slot_user, i, sb)?;
+                spares.push(i);
+                continue;
+            }
+            DevRole::Spare | DevRole::Active(_) => ExclusionReason::RoleChanged {
+                own,
+                newest: now,
+                events: sb.events,
+            },
+            // check_supported admits only active, spare and faulty roles.
+            DevRole::Faulty | DevRole::Journal | DevRole::Invalid(_) => {
+                ExclusionReason::RecordedFaulty { by: dev(newest_i) }
+            }
+        };
+        excluded.push(Exclusion {
+            candidate: i,
+            device: dev(i),
+            reason,
+        });
+    }
+
+    // 6. Enough members to serve data?
+    let needed = usize::from(array.geometry().data_chunks());
+    let available = members.iter().filter(|m| m.is_some()).count();
+    let missing = |members: &[Option<Member>]| -> Vec<u16> {
+        (0..raid_disks)
+            .filter(|&r| members[usize::from(r)].is_none())
+            .collect()
+    };
+    let mut resync_needed = newest.resync_offset != MAX_SECTOR;
+    if available < needed {
+        // Out-of-date devices whose own superblock holds a missing role, freshest first.
+        let mut usable: Vec<(usize, u16, u64)> = excluded
+            .iter()
+            .filter(|e| !matches!(e.reason, ExclusionReason::Unreadable(_)))
+            .filter_map(|e| {
+                let sb = candidates[e.candidate].superblock.as_ref().ok()?;
+                match sb.role() {
+                    DevRole::Active(r)
+                        if u32::from(r) < u32::from(raid_disks)
+                            && members[usize::from(r)].is_none()
+                            && same_shape(sb, newest) =>
+                    {
+                        Some((e.candidate, r, sb.events))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        usable.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        if !options.force {
+            return Err(AssembleError::TooFewMembers {
+                available,
+                needed,
+                raid_disks,
+                missing_roles: missing(&members),
+                stale: usable
+                    .iter()
+                    .map(|&(i, r, ev)| format!("{} (role {r}, events {ev})", dev(i)))
+                    .collect(),
+            });
+        }
+        let mut have = available;
+        for (i, r, events) in usable {
+            if have >= needed {
+                break;
+            }
+            if members[usize::from(r)].is_some() {
+                continue;
+            }
+            let sb = candidates[i]
+                .superblock
+                .as_ref()
+                .expect("usable candidates are readable");
+            claim(&mut slot_user, i, sb)?;
+            members[usize::from(r)] = Some(Member {
+                candidate: i,
+                device: dev(i),
+                dev_number: sb.dev_number,
+                events,
+                data_offset_sectors: sb.data_offset,
+                data_size_sectors: sb.data_size,
+                forced: true,
+            });
+            excluded.retain(|e| e.candidate != i);
+            forced.push(ForcedAction::IncludedOutOfDate {
+                device: dev(i),
+                role: r,
+                events,
+                newest: newest.events,
+            });
+            resync_needed = true;
+            have += 1;
+        }
+        if have < needed {
+            return Err(AssembleError::TooFewMembers {
+                available: have,
+                needed,
+                raid_disks,
+                missing_roles: missing(&members),
+                stale: Vec::new(),
+            });
+        }
+    }
+    let missing_roles = missing(&members);
+    let degraded = !missing_roles.is_empty();
+
+    // 7. Dirty and degraded.
+    if degraded && newest.resync_offset != MAX_SECTOR {
+        if !options.force {
+            return Err(AssembleError::DirtyDegraded {
+                resync_offset: newest.resync_offset,
+                missing_roles,
+            });
+        }
+        forced.push(ForcedAction::StartedDirtyDegraded {
+            missing_roles: missing_roles.clone(),
+        });
+    }
+
+    Ok(Assembly {
+        array,
+        uuid: array_uuid,
+        name: newest.name(),
+        events: newest.events,
+        newest: newest_i,
+        members,
+        spares,
+        excluded,
+        missing_roles,
+        degraded,
+        resync_offset: newest.resync_offset,
+        resync_needed,
+        forced,
+    })
+}
+
+/// Whether `sb` describes the same array shape as `newest` (so its data, however old,
+/// is laid out the same way).
+fn same_shape(sb: &Superblock, newest: &Superblock) -> bool {
+    sb.ctime == newest.ctime
+        && sb.level == newest.level
+        && sb.layout == newest.layout
+        && sb.chunksize == newest.chunksize
+        && sb.raid_disks == newest.raid_disks
+        && sb.size == newest.size
+}
+
+/// A current member must agree with the newest superblock on the array's constant fields,
+/// and — at the same generation — on its state (`dev_roles`, `resync_offset`): md writes
+/// the same values to every member in one update.
+fn check_consistent(
+    i: usize,
+    sb: &Superblock,
+    newest_i: usize,
+    newest: &Superblock,
+    dev: &dyn Fn(usize) -> String,
+) -> Result<(), AssembleError> {
+    let field = if sb.ctime != newest.ctime {
+        Some("ctime")
+    } else if sb.level != newest.level {
+        Some("level")
+    } else if sb.layout != newest.layout {
+        Some("layout")
+    } else if sb.chunksize != newest.chunksize {
+        Some("chunksize")
+    } else if sb.raid_disks != newest.raid_disks {
+        Some("raid_disks")
+    } else if sb.size != newest.size {
+        Some("size")
+    } else if sb.events == newest.events && sb.resync_offset != newest.resync_offset {
+        Some("resync_offset")
+    } else if sb.events == newest.events && {
+        let n = sb.max_dev().max(newest.max_dev()) as u32;
+        (0..n).any(|s| sb.role_of(s) != newest.role_of(s))
+    } {
+        Some("dev_roles")
+    } else {
+        None
+    };
+    match field {
+        Some(field) => Err(AssembleError::Inconsistent {
+            device: dev(i),
+            newest: dev(newest_i),
+            field,
+        }),
+        None => Ok(()),
+    }
+}

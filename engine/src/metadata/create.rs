@@ -1,0 +1,398 @@
+//! Superblocks for a new array, laid out the way mdadm 4.2 lays them out.
+//!
+//! mdadm's rules (`super1.c`), for metadata 1.2:
+//! - **Superblock** at 8 sectors (4 KiB) from the start; `max_dev` =
+//!   `(roundup(256 + 2 × devices, 512) − 256) / 2` (`init_super1`: 128 for up to 128
+//!   devices); `dev_roles` all `0xffff` (spare) but the active members' slots, which hold
+//!   their role; `dev_number` = the device's index (`add_to_super1`).
+//! - **Bitmap space** reserved after the superblock at `superblock + 8` sectors
+//!   (`add_internal_bitmap1`: `offset = 4*2`), sized by [`choose_bitmap_space_sectors`]
+//!   (`choose_bm_space`): 4 KiB, 64 KiB above 8 GiB, 128 KiB from 200 GiB.
+//! - **Default data offset** ([`default_data_offset_sectors`], `validate_geometry1`):
+//!   `12 KiB + bitmap space + headroom`, rounded up to a whole MiB, where headroom (room
+//!   for a later reshape to move the data) starts at 128 MiB and halves while it exceeds
+//!   ~0.1% of the device and stays at least four chunks. At least 1 MiB; 128 MiB + 1 MiB
+//!   (264192 sectors) on large devices. mdadm computes it from the first device and uses
+//!   it for all; so does [`NewArray::superblocks`].
+//! - **Bad-block log** ([`bad_block_log`], `write_init_super1`): 8 sectors right after the
+//!   bitmap space (`bblog_offset = 8 + bitmap space`, relative to the superblock) when the
+//!   data offset leaves room, else the 8 sectors just below the data.
+//! - `data_size` = device size − `data_offset`; `size` (the part each member contributes)
+//!   = the smallest `data_size`, rounded down to whole chunks (`Create.c`).
+//! - `feature_map` 0 (no bitmap yet), `events` 0 (`write_init_super1` resets it),
+//!   `utime = ctime`, `resync_offset` = `MaxSector` for a clean array (`--assume-clean`)
+//!   or 0 when a resync must make the parity consistent.
+
+use rand_chacha::rand_core::RngCore;
+use thiserror::Error;
+
+use super::superblock::{
+    DEV_ROLE_SPARE, MAX_DEV_LIMIT, MAX_SECTOR, SUPERBLOCK_BASE_BYTES, SUPER_OFFSET_SECTORS,
+};
+use super::{MdTime, Superblock, Uuid};
+use crate::geometry::Geometry;
+
+/// The default data offset is a whole number of these: 2048 sectors (1 MiB; mdadm's
+/// `ONE_MEG`).
+pub const DATA_OFFSET_ALIGN_SECTORS: u64 = 2048;
+/// Where an internal bitmap goes, in sectors after the superblock (4 KiB: right after the
+/// superblock's 4 KiB; mdadm's `add_internal_bitmap1` for 1.1/1.2 when creating).
+pub const BITMAP_OFFSET_SECTORS: i32 = 8;
+/// Sectors mdadm reserves for the bad-block log (`bblog_size = 8`: 4 KiB, 512 entries).
+pub const BAD_BLOCK_LOG_SECTORS: u16 = 8;
+/// Longest array name mdadm writes: 31 bytes, so the 32-byte `set_name` stays
+/// NUL-terminated (`init_super1` copies at most `sizeof(set_name) - 1`).
+pub const MAX_NAME_BYTES: usize = 31;
+/// mdadm's metadata overhead before the bitmap in the default data offset: 12 KiB
+/// (`validate_geometry1`: `12*2`), sectors.
+const BASE_OVERHEAD_SECTORS: u64 = 24;
+/// Largest reshape headroom mdadm leaves: 128 MiB, sectors.
+const MAX_HEADROOM_SECTORS: u64 = 128 * 1024 * 2;
+
+/// Why a new array's superblocks could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CreateError {
+    /// An empty array name.
+    #[error("array name is empty (mdadm would fall back to the md minor number; give a name)")]
+    EmptyName,
+    /// A name or host name with a NUL or line-feed byte.
+    #[error("{what} {value:?} contains a NUL or newline byte")]
+    NameByte {
+        /// `"name"` or `"homehost"`.
+        what: &'static str,
+        /// The value.
+        value: String,
+    },
+    /// The name does not fit `set_name`.
+    #[error(
+        "array name {name:?} is {len} bytes: set_name holds at most {MAX_NAME_BYTES} \
+         (32 bytes, NUL-terminated, as mdadm writes it)"
+    )]
+    NameTooLong {
+        /// The name that would be stored (with the host prefix when one applies).
+        name: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Fewer devices than the geometry's members, or more than `dev_roles` can hold.
+    #[error("{devices} devices given for a {raid_disks}-member array (at most {MAX_DEV_LIMIT} devices in all)")]
+    DeviceCount {
+        /// Devices given.
+        devices: usize,
+        /// Members the geometry has.
+        raid_disks: u16,
+    },
+    /// An explicit data offset that overlaps the superblock or is not 4 KiB-aligned.
+    #[error(
+        "data offset {data_offset} sectors is invalid: it must be a multiple of 8 sectors \
+         (4 KiB) and at least {min} sectors (past the superblock)"
+    )]
+    DataOffset {
+        /// The offset asked for, sectors.
+        data_offset: u64,
+        /// Smallest allowed, sectors.
+        min: u64,
+    },
+    /// A device too small for the data offset plus one chunk.
+    #[error(
+        "device {index} has {device_sectors} sectors: too small for a {data_offset}-sector \
+         data offset plus one {chunk_sectors}-sector chunk"
+    )]
+    DeviceTooSmall {
+        /// Index of the device in the list.
+        index: usize,
+        /// Its size, sectors.
+        device_sectors: u64,
+        /// The data offset, sectors.
+        data_offset: u64,
+        /// The chunk size, sectors.
+        chunk_sectors: u32,
+    },
+}
+
+/// Sectors mdadm reserves for an internal bitmap on a device of `device_sectors`
+/// (`choose_bm_space`, `super1.c`): none below 64 KiB, 128 KiB (256 sectors) from about
+/// 200 GiB, 64 KiB (128 sectors) above 8 GiB, else 4 KiB (8 sectors). Always a multiple
+/// of 4 KiB.
+pub fn choose_bitmap_space_sectors(device_sectors: u64) -> u64 {
+    if device_sectors < 64 * 2 {
+        0
+    } else if device_sectors - 64 * 2 >= 200 * 1024 * 1024 * 2 {
+        128 * 2
+    } else if device_sectors - 4 * 2 > 8 * 1024 * 1024 * 2 {
+        64 * 2
+    } else {
+        4 * 2
+    }
+}
+
+/// mdadm 4.2's default data offset for metadata 1.2 on a device of `device_sectors` with
+/// chunks of `chunk_sectors` (`validate_geometry1`, `super1.c`), in sectors:
+/// `24 + bitmap space + headroom`, rounded up to [`DATA_OFFSET_ALIGN_SECTORS`] (1 MiB).
+/// The headroom starts at 128 MiB and halves while it is more than 1/1024 of the device
+/// and half of it is still at least two chunks. The result is at least 1 MiB, leaves room
+/// for an internal bitmap at superblock + 8 sectors and for the 8-sector bad-block log,
+/// and is 264192 sectors (129 MiB) on devices from about 128 GiB.
+pub fn default_data_offset_sectors(device_sectors: u64, chunk_sectors: u32) -> u64 {
+    let chunk = u64::from(chunk_sectors);
+    let mut headroom = MAX_HEADROOM_SECTORS;
+    while (headroom << 10) > device_sectors && (chunk == 0 || headroom / 2 >= chunk * 2) {
+        headroom >>= 1;
+    }
+    let raw = BASE_OVERHEAD_SECTORS + choose_bitmap_space_sectors(device_sectors) + headroom;
+    raw.div_ceil(DATA_OFFSET_ALIGN_SECTORS) * DATA_OFFSET_ALIGN_SECTORS
+}
+
+/// Where mdadm 4.2 puts the bad-block log of a 1.2 member (`write_init_super1`): returns
+/// `(bblog_offset, bblog_size)` in sectors relative to the superblock, or `None` when the
+/// data offset leaves no room. `bitmap_space_sectors` is
+/// [`choose_bitmap_space_sectors`] of the array's component size (mdadm passes `sb->size`).
+///
+/// With the superblock at sector 8 and the bitmap space at superblock + 8: if
+/// `data_offset >= 8 + 8 + bitmap space + 8`, the log follows the bitmap space
+/// (`offset = 8 + bitmap space`); else if `data_offset >= 8 + 16`, it takes the 8 sectors
+/// just below the data (`offset = data_offset − 8 − 8`); else there is none.
+pub fn bad_block_log(data_offset_sectors: u64, bitmap_space_sectors: u64) -> Option<(i32, u16)> {
+    let sb = SUPER_OFFSET_SECTORS;
+    let bm_offset = BITMAP_OFFSET_SECTORS as u64;
+    let log = u64::from(BAD_BLOCK_LOG_SECTORS);
+    if data_offset_sectors >= sb + bm_offset + bitmap_space_sectors + log {
+        i32::try_from(bm_offset + bitmap_space_sectors)
+            .ok()
+            .map(|o| (o, BAD_BLOCK_LOG_SECTORS))
+    } else if data_offset_sectors >= sb + 16 {
+        i32::try_from(data_offset_sectors - log - sb)
+            .ok()
+            .map(|o| (o, BAD_BLOCK_LOG_SECTORS))
+    } else {
+        None
+    }
+}
+
+/// The `set_name` mdadm would write for `name` created on `homehost` (`init_super1`):
+/// `homehost:name` when a host is given, the name has no `:` and the result is at most
+/// 31 bytes; else `name` as given. NUL-padded to 32 bytes.
+///
+/// # Errors
+/// [`CreateError::EmptyName`]; [`CreateError::NameByte`] for a NUL or newline;
+/// [`CreateError::NameTooLong`] when the stored name would exceed [`MAX_NAME_BYTES`]
+/// (mdadm would silently truncate it).
+pub fn set_name(name: &str, homehost: Option<&str>) -> Result<[u8; 32], CreateError> {
+    if name.is_empty() {
+        return Err(CreateError::EmptyName);
+    }
+    let bad = |s: &str| s.bytes().any(|b| b == 0 || b == b'\n');
+    if bad(name) {
+        return Err(CreateError::NameByte {
+            what: "name",
+            value: name.to_string(),
+        });
+    }
+    let full = match homehost {
+        Some(h) if bad(h) => {
+            return Err(CreateError::NameByte {
+                what: "homehost",
+                value: h.to_string(),
+            })
+        }
+        Some(h) if !h.is_empty() && !name.contains(':') && h.len() + 1 + name.len() < 32 => {
+            format!("{h}:{name}")
+        }
+        _ => name.to_string(),
+    };
+    if full.len() > MAX_NAME_BYTES {
+        return Err(CreateError::NameTooLong {
+            len: full.len(),
+            name: full,
+        });
+    }
+    let mut out = [0u8; 32];
+    out[..full.len()].copy_from_slice(full.as_bytes());
+    Ok(out)
+}
+
+/// What a new array is: the inputs of mdadm's `--create` that end up in the superblock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewArray {
+    /// Level, layout, member count and chunk size (`level`, `layout`, `raid_disks`,
+    /// `chunksize`).
+    pub geometry: Geometry,
+    /// The array UUID (`set_uuid`); [`Uuid::random`] for a new one.
+    pub uuid: Uuid,
+    /// `set_name`, from [`set_name`].
+    pub name: [u8; 32],
+    /// Creation time (`ctime`, also the first `utime`).
+    pub ctime: MdTime,
+    /// `true`: the members are known consistent (e.g. all zeroes, or `--assume-clean`), so
+    /// `resync_offset` = `MaxSector`; `false`: `resync_offset` = 0, a resync must compute
+    /// the parity before the redundancy can be trusted.
+    pub clean: bool,
+    /// Data offset in sectors for every member, or `None` for mdadm's default
+    /// ([`default_data_offset_sectors`] of the first device).
+    pub data_offset_sectors: Option<u64>,
+}
+
+impl NewArray {
+    /// A new array description with mdadm's defaults: name stored per [`set_name`], not
+    /// clean (a resync follows), default data offset.
+    ///
+    /// # Errors
+    /// As [`set_name`].
+    pub fn new(
+        geometry: Geometry,
+        uuid: Uuid,
+        name: &str,
+        homehost: Option<&str>,
+        ctime: MdTime,
+    ) -> Result<Self, CreateError> {
+        Ok(NewArray {
+            geometry,
+            uuid,
+            name: set_name(name, homehost)?,
+            ctime,
+            clean: false,
+            data_offset_sectors: None,
+        })
+    }
+
+    /// `max_dev` for `devices` devices (members + spares), as mdadm's `init_super1`
+    /// computes it: the superblock rounded up to whole 512-byte sectors, all of it roles.
+    pub fn max_dev_for(devices: usize) -> u32 {
+        let bytes = (SUPERBLOCK_BASE_BYTES + 2 * devices).div_ceil(512) * 512;
+        (((bytes - SUPERBLOCK_BASE_BYTES) / 2) as u32).min(MAX_DEV_LIMIT)
+    }
+
+    /// The superblock of every device of the new array. `device_sectors[i]` is the size of
+    /// device `i` in sectors; the first `geometry.members()` devices become active members
+    /// with role = index, any further ones spares. Each gets a random `device_uuid` from
+    /// `rng`. The data offset, `size`, `data_size`, bad-block log, `max_dev` and roles
+    /// follow mdadm 4.2 (module docs).
+    ///
+    /// # Errors
+    /// [`CreateError::DeviceCount`], [`CreateError::DataOffset`] (explicit offset below the
+    /// superblock's end or not 4 KiB-aligned), [`CreateError::DeviceTooSmall`].
+    pub fn superblocks<R: RngCore + ?Sized>(
+        &self,
+        device_sectors: &[u64],
+        rng: &mut R,
+    ) -> Result<Vec<Superblock>, CreateError> {
+        let raid_disks = self.geometry.members();
+        if device_sectors.len() < usize::from(raid_disks)
+            || device_sectors.len() > MAX_DEV_LIMIT as usize
+        {
+            return Err(CreateError::DeviceCount {
+                devices: device_sectors.len(),
+                raid_disks,
+            });
+        }
+        let max_dev = Self::max_dev_for(device_sectors.len());
+        let chunk = self.geometry.chunk_sectors();
+        let data_offset = match self.data_offset_sectors {
+            Some(d) => {
+                let min = SUPER_OFFSET_SECTORS
+                    + ((SUPERBLOCK_BASE_BYTES + 2 * max_dev as usize) as u64).div_ceil(512);
+                if d < min || !d.is_multiple_of(8) {
+                    return Err(CreateError::DataOffset {
+                        data_offset: d,
+                        min,
+                    });
+                }
+                d
+            }
+            None => default_data_offset_sectors(device_sectors[0], chunk),
+        };
+        let mut smallest = u64::MAX;
+        for (index, &dev) in device_sectors.iter().enumerate() {
+            if dev < data_offset.saturating_add(u64::from(chunk)) {
+                return Err(CreateError::DeviceTooSmall {
+                    index,
+                    device_sectors: dev,
+                    data_offset,
+                    chunk_sectors: chunk,
+                });
+            }
+            smallest = smallest.min(dev - data_offset);
+        }
+        let size = smallest / u64::from(chunk) * u64::from(chunk);
+        Ok(device_sectors
+            .iter()
+            .enumerate()
+            .map(|(i, &dev)| {
+                self.member_superblock(
+                    i as u32,
+                    dev - data_offset,
+                    data_offset,
+                    size,
+                    max_dev,
+                    Uuid::random(rng),
+                )
+            })
+            .collect())
+    }
+
+    /// One device's superblock: slot `dev_number` (an active member with role
+    /// `dev_number` when below `geometry.members()`, else a spare), `data_size_sectors` of
+    /// the device usable from `data_offset_sectors`, the array using `size_sectors` of each
+    /// member, `max_dev` role slots, and `device_uuid`. The bad-block log goes where
+    /// mdadm puts it ([`bad_block_log`]). The values are taken as given: use
+    /// [`NewArray::superblocks`] for the checked, mdadm-computed ones.
+    pub fn member_superblock(
+        &self,
+        dev_number: u32,
+        data_size_sectors: u64,
+        data_offset_sectors: u64,
+        size_sectors: u64,
+        max_dev: u32,
+        device_uuid: Uuid,
+    ) -> Superblock {
+        let g = &self.geometry;
+        let members = u32::from(g.members());
+        let dev_roles = (0..max_dev)
+            .map(|i| {
+                if i < members {
+                    i as u16
+                } else {
+                    DEV_ROLE_SPARE
+                }
+            })
+            .collect();
+        let (bblog_offset, bblog_size) = bad_block_log(
+            data_offset_sectors,
+            choose_bitmap_space_sectors(size_sectors),
+        )
+        .unwrap_or((0, 0));
+        Superblock {
+            feature_map: 0,
+            set_uuid: self.uuid,
+            set_name: self.name,
+            ctime: self.ctime,
+            level: g.level().md_level() as i32,
+            layout: g.layout().md_id(),
+            size: size_sectors,
+            chunksize: g.chunk_sectors(),
+            raid_disks: members,
+            bitmap_offset: 0,
+            new_level: 0,
+            reshape_position: 0,
+            delta_disks: 0,
+            new_layout: 0,
+            new_chunk: 0,
+            new_offset: 0,
+            data_offset: data_offset_sectors,
+            data_size: data_size_sectors,
+            super_offset: SUPER_OFFSET_SECTORS,
+            recovery_offset: 0,
+            dev_number,
+            cnt_corrected_read: 0,
+            device_uuid,
+            devflags: 0,
+            bblog_shift: 0,
+            bblog_size,
+            bblog_offset,
+            utime: self.ctime,
+            events: 0,
+            resync_offset: if self.clean { MAX_SECTOR } else { 0 },
+            dev_roles,
+        }
+    }
+}

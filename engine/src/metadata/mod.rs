@@ -1,0 +1,184 @@
+//! md's v1.2 superblock: the on-disk metadata of every ferroraid member.
+//!
+//! ferroraid does not invent a format. Every member carries Linux md's version-1
+//! superblock (`struct mdp_superblock_1`, `include/uapi/linux/raid/md_p.h`) in the
+//! **v1.2 position: 4 KiB from the start of the member** (`super_offset` = 8 sectors), so
+//! `mdadm --examine` reads ferroraid members and an array moves between kernel md and
+//! ferroraid in both directions. `docs/FORMAT.md` describes the format as ferroraid uses it.
+//!
+//! - [`Superblock`] holds every field of `mdp_superblock_1`; [`Superblock::decode`] checks
+//!   the format (magic, version, `max_dev`, checksum, padding) and [`parse`] also checks
+//!   that ferroraid can serve the array (level, layout, chunk, feature bits, offsets).
+//!   [`Superblock::to_bytes`] / [`Superblock::write_into`] encode it with md's checksum.
+//! - [`NewArray`] builds the superblocks of a new array the way mdadm 4.2 does (default
+//!   data offset, bad-block log placement, `max_dev`, roles, events).
+//! - [`next_generation`] produces the next superblock of every member (events bumped,
+//!   state updated) so a crash in the middle of writing them leaves a consistent set.
+//! - [`assemble`] decides, from the superblocks found on a set of devices, which device
+//!   serves which role, which are stale, spare or missing, and whether the array may start.
+//!
+//! The module does no I/O (the engine makes no syscalls): reading and writing the 4 KiB
+//! superblock area of a file or block device is `drivers::metadata_io`.
+//!
+//! **Units.** md counts offsets and sizes in **512-byte sectors** whatever the device's
+//! logical block size; every field and parameter here whose name ends in `_sectors`, and
+//! every raw superblock field documented "sectors", uses that unit. Byte quantities say
+//! `_bytes`.
+//!
+//! Sources: the kernel's `md_p.h` (layout and constants), `drivers/md/md.c`
+//! (`calc_sb_1_csum`, `super_1_load`, `super_1_validate`, `super_1_sync`), mdadm 4.2's
+//! `super1.c` (`init_super1`, `write_init_super1`, `validate_geometry1`,
+//! `choose_bm_space`, `examine_super1`) and `Assemble.c`, and the kernel's
+//! `Documentation/admin-guide/md.rst`.
+
+mod assemble;
+mod create;
+mod superblock;
+mod update;
+
+#[cfg(test)]
+mod tests;
+
+pub use assemble::{
+    assemble, AssembleError, AssembleOptions, Assembly, Candidate, Exclusion, ExclusionReason,
+    ForcedAction, Member, EVENT_MARGIN,
+};
+pub use create::{
+    bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors, set_name, CreateError,
+    NewArray, BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS, DATA_OFFSET_ALIGN_SECTORS,
+    MAX_NAME_BYTES,
+};
+pub use superblock::{
+    parse, raw_checksum, DevRole, Feature, FeatureSet, Superblock, SuperblockError,
+    DEV_ROLE_FAULTY, DEV_ROLE_JOURNAL, DEV_ROLE_MAX, DEV_ROLE_SPARE, FEATURE_ALL, MAX_DEV_LIMIT,
+    MAX_SECTOR, MD_SB_MAGIC, SUPERBLOCK_AREA_BYTES, SUPERBLOCK_BASE_BYTES, SUPERBLOCK_OFFSET_BYTES,
+    SUPER_OFFSET_SECTORS,
+};
+pub use update::{next_generation, Resync, Update, UpdateError};
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand_chacha::rand_core::RngCore;
+use thiserror::Error;
+
+/// A 16-byte md UUID (`set_uuid`, `device_uuid`), printed the way mdadm prints it:
+/// four groups of eight hex digits separated by `:` (`examine_super1`), bytes in on-disk
+/// order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Uuid(pub [u8; 16]);
+
+impl Uuid {
+    /// A random UUID from `rng`: 16 random bytes, as mdadm's `random_uuid` makes them
+    /// (no RFC 4122 version bits; md treats the UUID as an opaque identifier).
+    pub fn random<R: RngCore + ?Sized>(rng: &mut R) -> Self {
+        let mut b = [0u8; 16];
+        rng.fill_bytes(&mut b);
+        Uuid(b)
+    }
+
+    /// The 16 bytes, in on-disk order.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Display for Uuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            if i > 0 && i % 4 == 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Uuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Uuid({self})")
+    }
+}
+
+/// A UUID string that is not 32 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "invalid UUID {0:?}: expected 32 hex digits, optionally separated by ':', '-', '.' or ' ' \
+     (mdadm prints xxxxxxxx:xxxxxxxx:xxxxxxxx:xxxxxxxx)"
+)]
+pub struct UuidParseError(pub String);
+
+impl FromStr for Uuid {
+    type Err = UuidParseError;
+    /// Accepts mdadm's form (`xxxxxxxx:xxxxxxxx:xxxxxxxx:xxxxxxxx`), the RFC 4122 form with
+    /// dashes, or plain hex: like mdadm's `parse_uuid`, separators `:`, `-`, `.` and space
+    /// are skipped.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut out = [0u8; 16];
+        let mut n = 0usize;
+        for c in s.chars() {
+            if matches!(c, ':' | '-' | '.' | ' ') {
+                continue;
+            }
+            let d = c
+                .to_digit(16)
+                .ok_or_else(|| UuidParseError(s.to_string()))?;
+            if n >= 32 {
+                return Err(UuidParseError(s.to_string()));
+            }
+            out[n / 2] |= (d as u8) << if n.is_multiple_of(2) { 4 } else { 0 };
+            n += 1;
+        }
+        if n != 32 {
+            return Err(UuidParseError(s.to_string()));
+        }
+        Ok(Uuid(out))
+    }
+}
+
+/// md's time stamp (`ctime`, `utime`): low 40 bits seconds since the Unix epoch, high
+/// 24 bits microseconds (or 0) — `md_p.h`: "lo 40 bits are seconds, top 24 are
+/// microseconds or 0".
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct MdTime(u64);
+
+impl MdTime {
+    /// Largest representable seconds value (2^40 − 1, in the year 36812).
+    pub const MAX_SECONDS: u64 = (1 << 40) - 1;
+
+    /// A time stamp from Unix seconds and microseconds. Seconds above
+    /// [`MdTime::MAX_SECONDS`] saturate to it, microseconds above 999 999 to 999 999 (the
+    /// field cannot hold more; neither happens for a real clock before the year 36812).
+    pub fn new(seconds: u64, micros: u32) -> Self {
+        let s = seconds.min(Self::MAX_SECONDS);
+        let us = u64::from(micros.min(999_999));
+        MdTime(s | (us << 40))
+    }
+
+    /// The raw 64-bit field as stored on disk.
+    pub fn from_raw(raw: u64) -> Self {
+        MdTime(raw)
+    }
+
+    /// The raw 64-bit field.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// Seconds since the Unix epoch (low 40 bits).
+    pub fn seconds(self) -> u64 {
+        self.0 & Self::MAX_SECONDS
+    }
+
+    /// Microseconds (high 24 bits; not checked to be below 10^6 when read from disk).
+    pub fn micros(self) -> u32 {
+        (self.0 >> 40) as u32
+    }
+}
+
+impl fmt::Debug for MdTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MdTime({}.{:06})", self.seconds(), self.micros())
+    }
+}

@@ -1,0 +1,1046 @@
+//! Unit and property tests of the superblock format, creation, update and assembly.
+
+use proptest::prelude::*;
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+use crate::geometry::{Geometry, GeometryError, Layout, Level};
+
+const MIB_SECTORS: u64 = 2048;
+
+fn rng() -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(7)
+}
+
+fn new_array(level: Level, members: u16, clean: bool) -> NewArray {
+    let g = Geometry::new(level, Layout::LeftSymmetric, members, 64 << 10, 512).unwrap();
+    let mut a = NewArray::new(
+        g,
+        Uuid::random(&mut rng()),
+        "vol",
+        Some("host"),
+        MdTime::new(1_700_000_000, 0),
+    )
+    .unwrap();
+    a.clean = clean;
+    a
+}
+
+/// Superblocks of a `members`-member array over 64 MiB devices.
+fn array_sbs(level: Level, members: u16, clean: bool) -> Vec<Superblock> {
+    new_array(level, members, clean)
+        .superblocks(&vec![64 * MIB_SECTORS; members.into()], &mut rng())
+        .unwrap()
+}
+
+/// Independent re-statement of md's checksum, for the tests: sum of le32 words with the
+/// checksum field zeroed, the odd 2 bytes added as le16, folded once.
+fn reference_csum(bytes: &[u8], max_dev: usize) -> u32 {
+    let mut b = bytes[..256 + 2 * max_dev].to_vec();
+    b[216..220].fill(0);
+    let mut sum = 0u64;
+    let mut i = 0;
+    while i + 4 <= b.len() {
+        sum += u64::from(u32::from_le_bytes(b[i..i + 4].try_into().unwrap()));
+        i += 4;
+    }
+    if b.len() - i == 2 {
+        sum += u64::from(u16::from_le_bytes(b[i..i + 2].try_into().unwrap()));
+    }
+    ((sum & 0xffff_ffff) + (sum >> 32)) as u32
+}
+
+/// Rewrites the checksum of raw superblock bytes after a test changed them.
+fn fix_csum(bytes: &mut [u8]) {
+    let max_dev = u32::from_le_bytes(bytes[220..224].try_into().unwrap()) as usize;
+    let c = reference_csum(bytes, max_dev);
+    bytes[216..220].copy_from_slice(&c.to_le_bytes());
+}
+
+// ---------------------------------------------------------------- format
+
+#[test]
+fn round_trip_and_layout() {
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    for sb in &sbs {
+        let bytes = sb.to_bytes().unwrap();
+        assert_eq!(bytes.len(), 256 + 2 * 128);
+        assert_eq!(&bytes[0..4], &0xa92b4efcu32.to_le_bytes());
+        assert_eq!(u32::from_le_bytes(bytes[4..8].try_into().unwrap()), 1);
+        assert_eq!(
+            u64::from_le_bytes(bytes[128..136].try_into().unwrap()),
+            sb.data_offset
+        );
+        assert_eq!(u64::from_le_bytes(bytes[144..152].try_into().unwrap()), 8);
+        assert_eq!(
+            u64::from_le_bytes(bytes[200..208].try_into().unwrap()),
+            sb.events
+        );
+        assert_eq!(u32::from_le_bytes(bytes[220..224].try_into().unwrap()), 128);
+        let back = parse(&bytes).unwrap();
+        assert_eq!(&back, sb);
+        let area = sb.to_area().unwrap();
+        assert_eq!(&area[..bytes.len()], &bytes[..]);
+        assert!(area[bytes.len()..].iter().all(|&b| b == 0));
+        assert_eq!(parse(&area).unwrap(), *sb);
+    }
+}
+
+#[test]
+fn checksum_matches_reference_even_and_odd_max_dev() {
+    for max_dev in [0usize, 1, 3, 4, 127, 128, 1919, 1920] {
+        let mut sb = array_sbs(Level::Raid5, 3, true).remove(0);
+        sb.dev_roles = (0..max_dev)
+            .map(|i| if i < 3 { i as u16 } else { 0xffff })
+            .collect();
+        sb.events = 0xdead_beef_1234_5678; // make the high half of the sum matter
+        let bytes = sb.to_bytes().unwrap();
+        let stored = u32::from_le_bytes(bytes[216..220].try_into().unwrap());
+        assert_eq!(stored, reference_csum(&bytes, max_dev), "max_dev {max_dev}");
+        assert_eq!(sb.checksum().unwrap(), stored);
+        assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
+    }
+}
+
+#[test]
+fn odd_max_dev_trailing_word_is_checked() {
+    let mut sb = array_sbs(Level::Raid5, 3, true).remove(0);
+    sb.dev_roles = vec![0, 1, 2];
+    let mut bytes = sb.to_bytes().unwrap();
+    assert_eq!(bytes.len(), 262);
+    bytes[260] ^= 1; // dev_roles[2], the odd trailing 16-bit word
+    assert!(matches!(
+        Superblock::decode(&bytes),
+        Err(SuperblockError::BadChecksum { .. })
+    ));
+}
+
+#[test]
+fn decode_errors_name_the_reason() {
+    let sb = array_sbs(Level::Raid6, 4, true).remove(0);
+    let good = sb.to_area().unwrap().to_vec();
+
+    assert_eq!(
+        Superblock::decode(&good[..100]),
+        Err(SuperblockError::Truncated {
+            len: 100,
+            needed: 256
+        })
+    );
+    assert_eq!(
+        Superblock::decode(&good[..300]),
+        Err(SuperblockError::Truncated {
+            len: 300,
+            needed: 512
+        })
+    );
+
+    let mut b = good.clone();
+    b[0] = 0;
+    let e = Superblock::decode(&b).unwrap_err();
+    assert_eq!(e, SuperblockError::NoMagic { found: 0xa92b4e00 });
+    assert!(e.to_string().contains("no md superblock"));
+
+    let mut b = good.clone();
+    b[4] = 0;
+    assert_eq!(
+        Superblock::decode(&b),
+        Err(SuperblockError::WrongMajorVersion { found: 0 })
+    );
+
+    let mut b = good.clone();
+    b[220..224].copy_from_slice(&1921u32.to_le_bytes());
+    assert_eq!(
+        Superblock::decode(&b),
+        Err(SuperblockError::MaxDevTooLarge { max_dev: 1921 })
+    );
+
+    let mut b = good.clone();
+    b[200] ^= 0xff; // events
+    let stored = u32::from_le_bytes(b[216..220].try_into().unwrap());
+    let computed = reference_csum(&b, 128);
+    let e = Superblock::decode(&b).unwrap_err();
+    assert_eq!(e, SuperblockError::BadChecksum { stored, computed });
+    assert!(e.to_string().contains(&format!("stored 0x{stored:08x}")));
+    assert!(e
+        .to_string()
+        .contains(&format!("computed 0x{computed:08x}")));
+
+    let mut b = good.clone();
+    b[12] = 1;
+    fix_csum(&mut b);
+    assert_eq!(
+        Superblock::decode(&b),
+        Err(SuperblockError::NonZeroPadding { field: "pad0" })
+    );
+    let mut b = good.clone();
+    b[255] = 1;
+    fix_csum(&mut b);
+    assert_eq!(
+        Superblock::decode(&b),
+        Err(SuperblockError::NonZeroPadding { field: "pad3" })
+    );
+
+    let mut too_many = sb.clone();
+    too_many.dev_roles = vec![0xffff; 1921];
+    assert_eq!(
+        too_many.to_bytes(),
+        Err(SuperblockError::MaxDevTooLarge { max_dev: 1921 })
+    );
+    assert_eq!(
+        sb.write_into(&mut [0u8; 300]),
+        Err(SuperblockError::BufferTooSmall {
+            len: 300,
+            needed: 512
+        })
+    );
+}
+
+/// Encodes a modified superblock and parses it (the checksum is always right).
+fn reparse(sb: &Superblock) -> Result<Superblock, SuperblockError> {
+    parse(&sb.to_bytes().unwrap())
+}
+
+#[test]
+fn every_feature_bit_is_refused_by_name() {
+    let base = array_sbs(Level::Raid6, 4, true).remove(0);
+    for f in Feature::ALL {
+        let mut sb = base.clone();
+        sb.feature_map = f.bit();
+        let e = reparse(&sb).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(f.md_name()), "{msg}");
+        assert!(msg.contains(f.refusal()), "{msg}");
+        // decode alone accepts it: the format is fine, ferroraid's support is not.
+        assert!(Superblock::decode(&sb.to_bytes().unwrap()).is_ok());
+    }
+    let mut sb = base.clone();
+    sb.feature_map = Feature::ReshapeActive.bit() | Feature::Journal.bit() | 0x8000;
+    let msg = reparse(&sb).unwrap_err().to_string();
+    assert!(msg.contains("MD_FEATURE_RESHAPE_ACTIVE"), "{msg}");
+    assert!(msg.contains("MD_FEATURE_JOURNAL"), "{msg}");
+    assert!(msg.contains("unknown feature bits 0x8000"), "{msg}");
+}
+
+#[test]
+fn support_errors_name_the_reason() {
+    let base = array_sbs(Level::Raid6, 4, true).remove(0);
+    let with = |f: &dyn Fn(&mut Superblock)| {
+        let mut sb = base.clone();
+        f(&mut sb);
+        reparse(&sb).unwrap_err()
+    };
+
+    assert_eq!(
+        with(&|s| s.super_offset = 0),
+        SuperblockError::NotVersion12 { super_offset: 0 }
+    );
+    for (level, name) in [
+        (1, "raid1"),
+        (10, "raid10"),
+        (-1, "linear"),
+        (0, "raid0"),
+        (4, "raid4"),
+    ] {
+        let e = with(&|s| s.level = level);
+        assert_eq!(e, SuperblockError::UnsupportedLevel { level });
+        assert!(e.to_string().contains(name), "{e}");
+    }
+    let e = with(&|s| s.layout = 18);
+    assert!(matches!(
+        e,
+        SuperblockError::UnsupportedLayout {
+            level: Level::Raid6,
+            layout: 18,
+            ..
+        }
+    ));
+    assert!(e.to_string().contains("left-symmetric-6"), "{e}");
+    assert!(e.to_string().contains("normalise"), "{e}");
+    assert!(with(&|s| s.layout = 9)
+        .to_string()
+        .contains("ddf-N-restart"));
+    let e = with(&|s| {
+        s.level = 5;
+        s.layout = 16;
+    });
+    assert!(e.to_string().contains("RAID5 layouts are 0..=5"), "{e}");
+    for chunk in [0u32, 4, 12, 65536] {
+        assert_eq!(
+            with(&|s| s.chunksize = chunk),
+            SuperblockError::ChunkNotRepresentable {
+                chunk_sectors: chunk
+            }
+        );
+    }
+    assert!(matches!(
+        with(&|s| s.raid_disks = 3),
+        SuperblockError::Geometry(GeometryError::MemberCount { members: 3, .. })
+    ));
+    assert_eq!(
+        with(&|s| s.raid_disks = 70000),
+        SuperblockError::RaidDisks { raid_disks: 70000 }
+    );
+    assert_eq!(
+        with(&|s| s.data_offset = 8),
+        SuperblockError::DataOffset {
+            data_offset: 8,
+            min: 9
+        }
+    );
+    let e = with(&|s| s.data_size = s.size - 1);
+    assert!(matches!(e, SuperblockError::DataSize { .. }), "{e}");
+    assert!(matches!(
+        with(&|s| {
+            s.size = 64;
+            s.data_size = 64;
+        }),
+        SuperblockError::SizeTooSmall { .. }
+    ));
+    assert!(matches!(
+        with(&|s| s.bblog_offset = -8),
+        SuperblockError::BadBlockLogPlacement { .. }
+    ));
+    assert_eq!(
+        with(&|s| s.dev_roles[7] = 4),
+        SuperblockError::InvalidRole {
+            dev_number: 7,
+            role: 4,
+            raid_disks: 4
+        }
+    );
+    assert_eq!(
+        with(&|s| s.dev_roles[7] = 0xfffd),
+        SuperblockError::InvalidRole {
+            dev_number: 7,
+            role: 0xfffd,
+            raid_disks: 4
+        }
+    );
+    assert_eq!(
+        with(&|s| s.dev_roles[5] = 2),
+        SuperblockError::DuplicateRole {
+            role: 2,
+            first: 2,
+            second: 5
+        }
+    );
+}
+
+#[test]
+fn geometry_conversion() {
+    for level in [Level::Raid5, Level::Raid6] {
+        for layout in Layout::ALL {
+            let mut sb = array_sbs(level, 5, true).remove(0);
+            sb.layout = layout.md_id();
+            sb.chunksize = 1024; // 512 KiB
+            sb.size = 10 * 1024 + 100; // 10 chunks and a bit
+            let g = sb.geometry(4096).unwrap();
+            assert_eq!(g.level(), level);
+            assert_eq!(g.layout(), layout);
+            assert_eq!(g.members(), 5);
+            assert_eq!(g.chunk_bytes(), 512 << 10);
+            assert_eq!(g.block_bytes(), 4096);
+            let a = sb.array_geometry(512).unwrap();
+            assert_eq!(a.stripes(), 10);
+            assert_eq!(
+                a.capacity_bytes(),
+                10 * u64::from(g.data_chunks()) * (512 << 10)
+            );
+        }
+    }
+}
+
+#[test]
+fn uuid_and_time_formats() {
+    let u: Uuid = "0123abcd:4567EF01:89abcdef:00112233".parse().unwrap();
+    assert_eq!(u.to_string(), "0123abcd:4567ef01:89abcdef:00112233");
+    assert_eq!(
+        "0123abcd-4567-ef01-89ab-cdef00112233"
+            .parse::<Uuid>()
+            .unwrap(),
+        u
+    );
+    assert!("0123".parse::<Uuid>().is_err());
+    assert!("0123abcd:4567ef01:89abcdef:0011223344"
+        .parse::<Uuid>()
+        .is_err());
+    assert!("g123abcd:4567ef01:89abcdef:00112233"
+        .parse::<Uuid>()
+        .is_err());
+
+    let t = MdTime::new(1_700_000_000, 123_456);
+    assert_eq!(t.seconds(), 1_700_000_000);
+    assert_eq!(t.micros(), 123_456);
+    assert_eq!(t.raw(), 1_700_000_000 | (123_456 << 40));
+    assert_eq!(
+        MdTime::new(u64::MAX, 5_000_000).seconds(),
+        MdTime::MAX_SECONDS
+    );
+    assert_eq!(MdTime::new(0, 5_000_000).micros(), 999_999);
+}
+
+// ---------------------------------------------------------------- creation
+
+#[test]
+fn default_data_offset_follows_mdadm() {
+    // Small devices: 1 MiB, the minimum.
+    assert_eq!(default_data_offset_sectors(64 * MIB_SECTORS, 128), 2048);
+    // 10 GiB: headroom 8 MiB, bitmap 64 KiB -> 24 + 128 + 16384 rounded up to 9 MiB.
+    assert_eq!(
+        default_data_offset_sectors(10 * 1024 * MIB_SECTORS, 128),
+        18432
+    );
+    // 20 GiB: headroom 16 MiB -> 17 MiB.
+    assert_eq!(
+        default_data_offset_sectors(20 * 1024 * MIB_SECTORS, 128),
+        34816
+    );
+    // 1 TB disk (1953525168 sectors): the familiar 264192 (129 MiB).
+    assert_eq!(default_data_offset_sectors(1_953_525_168, 1024), 264192);
+    // Big chunks keep at least four chunks of headroom.
+    assert_eq!(
+        default_data_offset_sectors(64 * MIB_SECTORS, 32768),
+        (24 + 8 + 65536u64).div_ceil(2048) * 2048
+    );
+    assert_eq!(choose_bitmap_space_sectors(100), 0);
+    assert_eq!(choose_bitmap_space_sectors(64 * MIB_SECTORS), 8);
+    assert_eq!(choose_bitmap_space_sectors(9 * 1024 * MIB_SECTORS), 128);
+    assert_eq!(choose_bitmap_space_sectors(300 * 1024 * MIB_SECTORS), 256);
+    // The bad-block log follows the bitmap space, or sits below the data.
+    assert_eq!(bad_block_log(2048, 8), Some((16, 8)));
+    assert_eq!(bad_block_log(264192, 256), Some((264, 8)));
+    assert_eq!(bad_block_log(32, 8), Some((16, 8)));
+    assert_eq!(bad_block_log(30, 8), Some((14, 8)));
+    assert_eq!(bad_block_log(16, 8), None);
+}
+
+#[test]
+fn new_array_superblocks_follow_mdadm() {
+    let mut sizes = vec![64 * MIB_SECTORS; 7];
+    sizes[2] -= 100; // a slightly smaller member decides the size
+    let a = new_array(Level::Raid6, 6, false);
+    let sbs = a.superblocks(&sizes, &mut rng()).unwrap();
+    assert_eq!(sbs.len(), 7);
+    let size = (64 * MIB_SECTORS - 100 - 2048) / 128 * 128;
+    for (i, sb) in sbs.iter().enumerate() {
+        sb.check_supported().unwrap();
+        assert_eq!(sb.name(), "host:vol");
+        assert_eq!(sb.short_name(), "vol");
+        assert_eq!(sb.level, 6);
+        assert_eq!(sb.layout, 2);
+        assert_eq!(sb.chunksize, 128);
+        assert_eq!(sb.raid_disks, 6);
+        assert_eq!(sb.feature_map, 0);
+        assert_eq!(sb.super_offset, 8);
+        assert_eq!(sb.data_offset, 2048);
+        assert_eq!(sb.data_size, sizes[i] - 2048);
+        assert_eq!(sb.size, size);
+        assert_eq!(sb.dev_number, i as u32);
+        assert_eq!(sb.max_dev(), 128);
+        assert_eq!(sb.events, 0);
+        assert_eq!(sb.resync_offset, 0);
+        assert!(!sb.is_clean());
+        assert_eq!(sb.utime, sb.ctime);
+        assert_eq!((sb.bblog_offset, sb.bblog_size), (16, 8));
+        let expect = if i < 6 {
+            DevRole::Active(i as u16)
+        } else {
+            DevRole::Spare
+        };
+        assert_eq!(sb.role(), expect);
+        for (s, &r) in sb.dev_roles.iter().enumerate() {
+            assert_eq!(r, if s < 6 { s as u16 } else { 0xffff });
+        }
+    }
+    // Random, distinct device UUIDs; one array UUID.
+    let mut uuids: Vec<_> = sbs.iter().map(|s| s.device_uuid).collect();
+    uuids.sort();
+    uuids.dedup();
+    assert_eq!(uuids.len(), 7);
+    assert!(sbs.iter().all(|s| s.set_uuid == a.uuid));
+    // Clean arrays say so.
+    assert!(array_sbs(Level::Raid5, 3, true)
+        .iter()
+        .all(|s| s.is_clean()));
+    // max_dev grows in whole sectors, like mdadm's init_super1.
+    assert_eq!(NewArray::max_dev_for(128), 128);
+    assert_eq!(NewArray::max_dev_for(129), 384);
+    assert_eq!(NewArray::max_dev_for(1920), 1920);
+}
+
+#[test]
+fn new_array_errors() {
+    let a = new_array(Level::Raid5, 4, true);
+    assert_eq!(
+        a.superblocks(&[64 * MIB_SECTORS; 3], &mut rng()),
+        Err(CreateError::DeviceCount {
+            devices: 3,
+            raid_disks: 4
+        })
+    );
+    let mut sizes = [64 * MIB_SECTORS; 4];
+    sizes[3] = 2048 + 100;
+    assert!(matches!(
+        a.superblocks(&sizes, &mut rng()),
+        Err(CreateError::DeviceTooSmall { index: 3, .. })
+    ));
+    let mut b = a.clone();
+    b.data_offset_sectors = Some(8);
+    assert_eq!(
+        b.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()),
+        Err(CreateError::DataOffset {
+            data_offset: 8,
+            min: 9
+        })
+    );
+    b.data_offset_sectors = Some(20);
+    assert!(b.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()).is_err());
+    b.data_offset_sectors = Some(4096);
+    let sbs = b.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()).unwrap();
+    assert!(sbs.iter().all(|s| s.data_offset == 4096));
+}
+
+#[test]
+fn names_follow_mdadm() {
+    let s = |n: &str, h: Option<&str>| {
+        set_name(n, h).map(|b| {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(32);
+            String::from_utf8(b[..end].to_vec()).unwrap()
+        })
+    };
+    assert_eq!(s("data", Some("nas")).unwrap(), "nas:data");
+    assert_eq!(s("data", None).unwrap(), "data");
+    assert_eq!(s("other:data", Some("nas")).unwrap(), "other:data");
+    // Host prefix only when the result fits in 31 bytes; else the plain name.
+    let long_host = "h".repeat(27);
+    assert_eq!(s("data", Some(&long_host)).unwrap(), "data");
+    assert_eq!(s(&"n".repeat(31), None).unwrap(), "n".repeat(31));
+    assert_eq!(
+        s(&"n".repeat(32), None),
+        Err(CreateError::NameTooLong {
+            name: "n".repeat(32),
+            len: 32
+        })
+    );
+    assert_eq!(s("", None), Err(CreateError::EmptyName));
+    assert!(matches!(s("a\0b", None), Err(CreateError::NameByte { .. })));
+    assert!(matches!(
+        s("a", Some("x\ny")),
+        Err(CreateError::NameByte { .. })
+    ));
+}
+
+// ---------------------------------------------------------------- update
+
+fn upd(failed: Vec<u32>, resync: Option<Resync>) -> Update {
+    Update {
+        utime: MdTime::new(1_800_000_000, 0),
+        failed,
+        resync,
+    }
+}
+
+#[test]
+fn next_generation_bumps_events_and_records_failures() {
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    let next = next_generation(&sbs, &upd(vec![4], Some(Resync::Dirty))).unwrap();
+    assert!(next[4].is_none(), "a failed member is not written");
+    for (i, n) in next.iter().enumerate().filter(|(i, _)| *i != 4) {
+        let n = n.as_ref().unwrap();
+        assert_eq!(n.events, 1);
+        assert_eq!(n.utime, MdTime::new(1_800_000_000, 0));
+        assert_eq!(n.resync_offset, 0);
+        assert_eq!(n.role_of(4), DevRole::Faulty);
+        assert_eq!(n.role(), DevRole::Active(i as u16));
+        assert_eq!(n.device_uuid, sbs[i].device_uuid);
+        n.check_supported().unwrap();
+    }
+    // A later generation keeps the fault, and can mark the array clean again.
+    let live: Vec<_> = next.into_iter().flatten().collect();
+    let again = next_generation(&live, &upd(vec![], Some(Resync::Clean))).unwrap();
+    assert!(again.iter().all(|s| {
+        let s = s.as_ref().unwrap();
+        s.events == 2 && s.is_clean() && s.role_of(4) == DevRole::Faulty
+    }));
+    // Keeping resync_offset.
+    let kept = next_generation(&live, &upd(vec![], None)).unwrap();
+    assert!(kept.iter().all(|s| s.as_ref().unwrap().resync_offset == 0));
+    assert_eq!(Resync::At(77).offset(), 77);
+}
+
+#[test]
+fn next_generation_errors() {
+    let sbs = array_sbs(Level::Raid5, 3, true);
+    assert_eq!(
+        next_generation(&[], &upd(vec![], None)),
+        Err(UpdateError::Empty)
+    );
+    assert_eq!(
+        next_generation(&sbs, &upd(vec![500], None)),
+        Err(UpdateError::UnknownSlot {
+            dev_number: 500,
+            max_dev: 128
+        })
+    );
+    let mut foreign = sbs.clone();
+    foreign[1].set_uuid = Uuid([9; 16]);
+    assert!(matches!(
+        next_generation(&foreign, &upd(vec![], None)),
+        Err(UpdateError::ForeignArray { index: 1, .. })
+    ));
+    let mut stale = sbs.clone();
+    for s in stale.iter_mut() {
+        s.events = 10;
+    }
+    stale[1].events = 8;
+    assert!(matches!(
+        next_generation(&stale, &upd(vec![], None)),
+        Err(UpdateError::StaleMember { index: 1, .. })
+    ));
+    // ...unless that member is the one being failed.
+    assert!(next_generation(&stale, &upd(vec![1], None)).unwrap()[1].is_none());
+    let mut max = sbs.clone();
+    max[0].events = u64::MAX;
+    assert_eq!(
+        next_generation(&max, &upd(vec![], None)),
+        Err(UpdateError::EventsOverflow)
+    );
+}
+
+// ---------------------------------------------------------------- assembly
+
+fn cands(sbs: &[Superblock]) -> Vec<Candidate> {
+    sbs.iter()
+        .enumerate()
+        .map(|(i, s)| Candidate::new(format!("/dev/d{i}"), s.clone()))
+        .collect()
+}
+
+fn force() -> AssembleOptions {
+    AssembleOptions {
+        force: true,
+        ..AssembleOptions::default()
+    }
+}
+
+#[test]
+fn assembles_healthy_array_in_any_order() {
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    let mut c = cands(&sbs);
+    c.reverse();
+    let a = assemble(&c, AssembleOptions::default()).unwrap();
+    assert_eq!(a.uuid, sbs[0].set_uuid);
+    assert_eq!(a.name, "host:vol");
+    assert_eq!(a.geometry().level(), Level::Raid6);
+    assert_eq!(a.geometry().members(), 6);
+    assert_eq!(a.array.stripes(), (64 * MIB_SECTORS - 2048) / 128);
+    assert!(!a.degraded && !a.resync_needed && a.forced.is_empty());
+    assert!(a.missing_roles.is_empty() && a.excluded.is_empty() && a.spares.is_empty());
+    for (r, m) in a.members.iter().enumerate() {
+        let m = m.as_ref().unwrap();
+        assert_eq!(m.device, format!("/dev/d{r}"));
+        assert_eq!(c[m.candidate].device, m.device);
+        assert_eq!(m.data_offset_sectors, 2048);
+    }
+    assert!(a.notes().is_empty());
+}
+
+#[test]
+fn spares_and_dirty_arrays() {
+    let a = new_array(Level::Raid5, 4, false);
+    let sbs = a.superblocks(&[64 * MIB_SECTORS; 5], &mut rng()).unwrap();
+    let asm = assemble(&cands(&sbs), AssembleOptions::default()).unwrap();
+    assert_eq!(asm.spares, vec![4]);
+    assert!(asm.resync_needed);
+    assert_eq!(asm.resync_offset, 0);
+    assert!(asm.notes().iter().any(|n| n.contains("resync needed")));
+}
+
+#[test]
+fn degraded_clean_array_starts_and_says_so() {
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    let c = cands(&sbs[..4]);
+    let a = assemble(&c, AssembleOptions::default()).unwrap();
+    assert!(a.degraded);
+    assert_eq!(a.missing_roles, vec![4, 5]);
+    assert!(a.members[4].is_none() && a.members[5].is_none());
+    assert!(a.notes().iter().any(|n| n.contains("degraded start")));
+}
+
+#[test]
+fn too_few_members_is_refused_and_force_brings_in_stale_ones() {
+    // RAID5 of 4: member 2 failed long ago (events 3), then member 3 vanished now.
+    let mut sbs = array_sbs(Level::Raid5, 4, true);
+    for s in sbs.iter_mut() {
+        s.events = 10;
+    }
+    sbs[2].events = 3;
+    let c = cands(&sbs[..3]);
+    let e = assemble(&c, AssembleOptions::default()).unwrap_err();
+    match &e {
+        AssembleError::TooFewMembers {
+            available,
+            needed,
+            missing_roles,
+            stale,
+            ..
+        } => {
+            assert_eq!((*available, *needed), (2, 3));
+            assert_eq!(missing_roles, &vec![2, 3]);
+            assert_eq!(stale, &vec!["/dev/d2 (role 2, events 3)".to_string()]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("too few members"), "{e}");
+
+    let a = assemble(&c, force()).unwrap();
+    assert!(a.members[2].as_ref().unwrap().forced);
+    assert!(a.degraded && a.resync_needed);
+    assert_eq!(a.missing_roles, vec![3]);
+    assert!(matches!(
+        &a.forced[0],
+        ForcedAction::IncludedOutOfDate {
+            role: 2,
+            events: 3,
+            newest: 10,
+            ..
+        }
+    ));
+    assert!(a.notes().iter().any(|n| n.contains("out-of-date /dev/d2")));
+
+    // Force cannot conjure members that are not there.
+    let e = assemble(&cands(&sbs[..2]), force()).unwrap_err();
+    assert!(
+        matches!(e, AssembleError::TooFewMembers { available: 2, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn stale_member_is_excluded() {
+    let mut sbs = array_sbs(Level::Raid6, 6, true);
+    for s in sbs.iter_mut() {
+        s.events = 50;
+    }
+    sbs[3].events = 48; // two generations behind
+    sbs[1].events = 49; // one behind: within md's margin
+    let a = assemble(&cands(&sbs), AssembleOptions::default()).unwrap();
+    assert!(a.members[1].is_some());
+    assert!(a.members[3].is_none());
+    assert_eq!(a.missing_roles, vec![3]);
+    assert_eq!(
+        a.excluded,
+        vec![Exclusion {
+            candidate: 3,
+            device: "/dev/d3".into(),
+            reason: ExclusionReason::Stale {
+                events: 48,
+                newest: 50
+            }
+        }]
+    );
+    assert!(a.notes().iter().any(|n| n.contains("stale")));
+}
+
+/// The linux-raid 2023 scenario: a member is marked faulty in the last update and skipped
+/// by every later write; its events are one behind. md re-admits it; ferroraid must not.
+#[test]
+fn member_recorded_faulty_by_newest_is_excluded_even_within_margin() {
+    let sbs = array_sbs(Level::Raid6, 6, false);
+    let next = next_generation(&sbs, &upd(vec![5], None)).unwrap();
+    let mut set: Vec<Superblock> = next.into_iter().flatten().collect();
+    set.push(sbs[5].clone()); // the failed member, events 0 vs 1
+    let a = assemble(&cands(&set), force()).unwrap();
+    assert!(a.members[5].is_none());
+    assert!(matches!(
+        a.excluded[0].reason,
+        ExclusionReason::RecordedFaulty { .. }
+    ));
+    assert_eq!(a.missing_roles, vec![5]);
+}
+
+/// A crash in the middle of writing generation N+1 leaves a consistent newest set.
+#[test]
+fn crash_mid_update_assembles_consistently() {
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    let next = next_generation(&sbs, &upd(vec![2], Some(Resync::Dirty))).unwrap();
+    // Every split of which members got N+1 before the crash (the failed one never does).
+    for mask in 0u32..(1 << 6) {
+        if mask & (1 << 2) != 0 {
+            continue;
+        }
+        let on_disk: Vec<Superblock> = (0..6)
+            .map(|i| {
+                if mask & (1 << i) != 0 {
+                    next[i].clone().unwrap()
+                } else {
+                    sbs[i].clone()
+                }
+            })
+            .collect();
+        let a = assemble(&cands(&on_disk), force()).unwrap();
+        if mask == 0 {
+            // Nothing written: generation N, member 2 still in.
+            assert!(!a.degraded && !a.resync_needed, "mask {mask:#b}");
+        } else {
+            // Generation N+1 is the state: member 2 faulty, dirty.
+            assert_eq!(a.events, 1);
+            assert_eq!(a.missing_roles, vec![2], "mask {mask:#b}");
+            assert!(a.resync_needed);
+            assert!(a.members.iter().flatten().all(|m| !m.forced));
+        }
+    }
+}
+
+#[test]
+fn assembly_errors_name_the_device() {
+    let sbs = array_sbs(Level::Raid6, 4, true);
+
+    assert_eq!(
+        assemble(&[], AssembleOptions::default()),
+        Err(AssembleError::NoCandidates)
+    );
+
+    // Bad checksum: refused, or skipped with force.
+    let mut bad = sbs[1].to_bytes().unwrap();
+    bad[100] ^= 1;
+    let mut c = cands(&sbs);
+    c[1] = Candidate::from_bytes("/dev/d1", &bad);
+    let e = assemble(&c, AssembleOptions::default()).unwrap_err();
+    assert!(matches!(
+        &e,
+        AssembleError::Unreadable { device, source: SuperblockError::BadChecksum { .. } }
+            if device == "/dev/d1"
+    ));
+    assert!(e.to_string().contains("/dev/d1") && e.to_string().contains("checksum"));
+    let a = assemble(&c, force()).unwrap();
+    assert_eq!(a.missing_roles, vec![1]);
+    assert!(matches!(
+        a.forced[0],
+        ForcedAction::SkippedUnreadable { .. }
+    ));
+    assert!(matches!(
+        assemble(
+            &[Candidate::unreadable(
+                "/dev/x",
+                SuperblockError::NoMagic { found: 0 }
+            )],
+            force()
+        ),
+        Err(AssembleError::NoCandidates)
+    ));
+
+    // Another array's member.
+    let mut c = cands(&sbs);
+    let other = array_sbs(Level::Raid6, 4, true);
+    let mut stranger = other[0].clone();
+    stranger.set_uuid = Uuid([0x55; 16]);
+    c.push(Candidate::new("/dev/other", stranger));
+    let e = assemble(&c, AssembleOptions::default()).unwrap_err();
+    assert!(matches!(&e, AssembleError::ForeignArray { device, .. } if device == "/dev/other"));
+    assert!(e.to_string().contains("55555555:"), "{e}");
+
+    // Unsupported feature / level.
+    let mut c = cands(&sbs);
+    let mut s = sbs[2].clone();
+    s.feature_map = Feature::ReshapeActive.bit();
+    c[2] = Candidate::new("/dev/d2", s);
+    let e = assemble(&c, AssembleOptions::default()).unwrap_err();
+    assert!(matches!(&e, AssembleError::Unsupported { device, .. } if device == "/dev/d2"));
+    assert!(e.to_string().contains("MD_FEATURE_RESHAPE_ACTIVE"), "{e}");
+    let mut c = cands(&sbs);
+    let mut s = sbs[0].clone();
+    s.level = 1;
+    c[0] = Candidate::new("/dev/d0", s);
+    let e = assemble(&c, AssembleOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("raid1"), "{e}");
+
+    // Duplicate role: the same device twice.
+    let mut c = cands(&sbs);
+    c.push(Candidate::new("/dev/d1-again", sbs[1].clone()));
+    let e = assemble(&c, AssembleOptions::default()).unwrap_err();
+    assert!(matches!(
+        &e,
+        AssembleError::DuplicateRole {
+            dev_number: 1,
+            same_device_uuid: true,
+            ..
+        }
+    ));
+    assert!(e.to_string().contains("/dev/d1-again"), "{e}");
+
+    // Only spares.
+    let a = new_array(Level::Raid5, 3, true);
+    let with_spare = a.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()).unwrap();
+    assert_eq!(
+        assemble(&cands(&with_spare[3..]), AssembleOptions::default()),
+        Err(AssembleError::NoActiveMembers { spares: 1 })
+    );
+
+    // Split brain: two members at the newest events disagree about the roles.
+    let mut split = sbs.clone();
+    split[3].dev_roles[0] = 0xfffe;
+    let e = assemble(&cands(&split), AssembleOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            AssembleError::Inconsistent {
+                field: "dev_roles",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut odd = sbs.clone();
+    odd[2].chunksize = 256;
+    let e = assemble(&cands(&odd), AssembleOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            AssembleError::Inconsistent {
+                field: "chunksize",
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // Dirty and degraded: refused without force, reported with it.
+    let dirty = array_sbs(Level::Raid6, 4, false);
+    let e = assemble(&cands(&dirty[..3]), AssembleOptions::default()).unwrap_err();
+    assert!(matches!(&e, AssembleError::DirtyDegraded { .. }));
+    assert!(e.to_string().contains("degraded/dirty"), "{e}");
+    let a = assemble(&cands(&dirty[..3]), force()).unwrap();
+    assert!(matches!(
+        a.forced[0],
+        ForcedAction::StartedDirtyDegraded { .. }
+    ));
+}
+
+#[test]
+fn removed_member_is_not_reused() {
+    // Generation N+1 no longer lists slot 3 (removed: spare in dev_roles).
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    let mut next: Vec<Superblock> = next_generation(&sbs[..5], &upd(vec![], None))
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    for s in next.iter_mut() {
+        s.dev_roles[3] = 0xffff;
+        s.dev_roles[5] = 0xffff;
+    }
+    next.push(sbs[3].clone());
+    let a = assemble(&cands(&next), AssembleOptions::default()).unwrap();
+    assert!(a.members[3].is_none());
+    assert!(matches!(
+        a.excluded[0].reason,
+        ExclusionReason::RoleChanged {
+            own: DevRole::Active(3),
+            newest: DevRole::Spare,
+            ..
+        }
+    ));
+}
+
+// ---------------------------------------------------------------- robustness
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Random bytes: decode, parse and assemble never panic.
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4200)) {
+        let _ = Superblock::decode(&bytes);
+        let _ = parse(&bytes);
+        let c = [Candidate::from_bytes("x", &bytes)];
+        let _ = assemble(&c, AssembleOptions::default());
+        let _ = assemble(&c, force());
+    }
+
+    /// Random bytes behind a valid magic, version and checksum reach the deeper checks.
+    #[test]
+    fn random_superblocks_with_valid_checksum_never_panic(
+        mut bytes in proptest::collection::vec(any::<u8>(), 4096..=4096),
+        max_dev in 0u32..=1920,
+    ) {
+        bytes[0..4].copy_from_slice(&MD_SB_MAGIC.to_le_bytes());
+        bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
+        bytes[12..16].fill(0);
+        bytes[224..256].fill(0);
+        bytes[220..224].copy_from_slice(&max_dev.to_le_bytes());
+        fix_csum(&mut bytes);
+        let sb = Superblock::decode(&bytes).unwrap();
+        let _ = sb.check_supported();
+        let _ = sb.geometry(512);
+        let _ = sb.array_geometry(4096);
+        let _ = sb.to_string_lossy_fields();
+        let n = sb.encoded_len();
+        prop_assert_eq!(&sb.to_bytes().unwrap()[..], &bytes[..n]);
+        let _ = assemble(&[Candidate::new("a", sb.clone()), Candidate::new("b", sb)], force());
+    }
+
+    /// Mutated valid superblocks: a flipped byte is either caught, or (when the checksum
+    /// is fixed up) the result still decodes to exactly those bytes and never panics.
+    #[test]
+    fn mutated_superblocks(
+        member in 0usize..6,
+        flips in proptest::collection::vec((0usize..512, any::<u8>()), 1..8),
+        fixup in any::<bool>(),
+    ) {
+        let sbs = array_sbs(Level::Raid6, 6, true);
+        let mut bytes = sbs[member].to_area().unwrap().to_vec();
+        for &(at, x) in &flips {
+            bytes[at] ^= x;
+        }
+        if fixup && bytes[220..224] == 128u32.to_le_bytes() {
+            fix_csum(&mut bytes);
+        }
+        match parse(&bytes) {
+            Ok(sb) => {
+                let n = sb.encoded_len();
+                prop_assert_eq!(&sb.to_bytes().unwrap()[..], &bytes[..n]);
+            }
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+        let mut c = cands(&sbs);
+        c[member] = Candidate::from_bytes("mutated", &bytes);
+        let _ = assemble(&c, AssembleOptions::default());
+        let _ = assemble(&c, force());
+    }
+
+    /// Any superblock round-trips through its encoding.
+    #[test]
+    fn encode_decode_round_trip(
+        events in any::<u64>(),
+        resync in any::<u64>(),
+        level in any::<i32>(),
+        layout in any::<u32>(),
+        roles in proptest::collection::vec(any::<u16>(), 0..300),
+        name in proptest::collection::vec(any::<u8>(), 32..=32),
+        offsets in (any::<i32>(), any::<i32>(), any::<u64>(), any::<u64>()),
+    ) {
+        let mut sb = array_sbs(Level::Raid5, 3, true).remove(0);
+        sb.events = events;
+        sb.resync_offset = resync;
+        sb.level = level;
+        sb.layout = layout;
+        sb.dev_roles = roles;
+        sb.set_name.copy_from_slice(&name);
+        sb.bitmap_offset = offsets.0;
+        sb.bblog_offset = offsets.1;
+        sb.data_offset = offsets.2;
+        sb.reshape_position = offsets.3;
+        let bytes = sb.to_bytes().unwrap();
+        prop_assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
+    }
+}
+
+impl Superblock {
+    /// Exercises the text accessors on arbitrary contents.
+    fn to_string_lossy_fields(&self) -> (String, String, (i16, u16), DevRole) {
+        (self.name(), self.short_name(), self.ppl(), self.role())
+    }
+}
