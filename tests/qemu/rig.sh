@@ -423,17 +423,20 @@ rig_run() (
 	cmd+=(-serial "file:$log")
 	printf '%q ' "${cmd[@]}" >"$log.cmd"
 	echo >>"$log.cmd"
-	local start=$SECONDS qpid rc=0
+	local start=$SECONDS qpid rc=0 w
 	timeout -k 5 "$timeout" "${cmd[@]}" </dev/null >"$log.qemu" 2>&1 &
 	qpid=$!
 	# shellcheck disable=SC2064
 	trap "kill -TERM $qpid 2>/dev/null; wait $qpid 2>/dev/null" EXIT
 	trap 'exit 130' INT TERM HUP
 	while kill -0 "$qpid" 2>/dev/null; do
-		if [[ -n $RIG_WATCH_PID ]] && ! kill -0 "$RIG_WATCH_PID" 2>/dev/null; then
-			rig_log "process $RIG_WATCH_PID is gone: stopping the guest"
-			exit 130
-		fi
+		# The script that called us ($$ in this subshell) and RIG_WATCH_PID must live.
+		for w in $$ $RIG_WATCH_PID; do
+			if ! kill -0 "$w" 2>/dev/null; then
+				rig_log "process $w is gone: stopping the guest"
+				exit 130
+			fi
+		done
 		sleep 1
 	done
 	wait "$qpid" || rc=$?
