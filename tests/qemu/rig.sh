@@ -19,7 +19,8 @@
 #       --machine SPEC     default q35 (e.g. q35,kernel-irqchip=split for intel-iommu)
 #       --append "ARGS"    extra kernel command line (e.g. intel_iommu=on)
 #       --console          interactive: the serial console on this terminal, no log
-#   tests/qemu/rig.sh smoke                       build and boot a trivial guest
+#   tests/qemu/rig.sh smoke                       build and boot a trivial guest (virtio + NVMe)
+#   tests/qemu/rig.sh smoke-vfio                  NVMe behind intel-iommu, bound to vfio-pci
 #
 # Exit status of `run`: 0 when the guest printed `RIG-RESULT: ok`; 1 when it printed
 # `RIG-RESULT: fail ...`; 2 when it printed no verdict (crash, panic, hang); 124 on timeout.
@@ -228,7 +229,8 @@ rig_dev_by_serial() {
 			_n=${_b##*/} _s=
 			if [ -r "$_b/serial" ]; then _s=$(cat "$_b/serial")
 			elif [ -r "$_b/device/serial" ]; then _s=$(cat "$_b/device/serial")
-			elif [ -r "$_b/device/vpd_pg80" ]; then _s=$(tr -d '\000-\037' <"$_b/device/vpd_pg80" | sed 's/^ *//')
+			# SCSI/SATA: VPD page 0x80, the unit serial number after a 4-byte header.
+			elif [ -r "$_b/device/vpd_pg80" ]; then _s=$(tail -c +5 "$_b/device/vpd_pg80" | tr -d '\000')
 			fi
 			_s=$(echo $_s)
 			if [ "$_s" = "$_want" ]; then echo "/dev/$_n"; return 0; fi
@@ -409,11 +411,12 @@ rig_run() (
 		devargs+=(-drive "file=$outdisk,format=raw,if=none,id=rigout,cache=unsafe"
 			-device "virtio-blk-pci,drive=rigout,serial=rig-out")
 	fi
+	# Extra arguments go before the disks: intel-iommu must precede the devices it translates.
 	local -a cmd=("$RIG_QEMU" -machine "$machine" -accel tcg -m "$mem" -smp "$smp"
 		-no-reboot -display none -vga none -nic none -monitor none
 		-kernel "$RIG_VMLINUZ" -initrd "$initrd"
 		-append "console=ttyS0 panic=-1 quiet$append"
-		"${devargs[@]}" "${extra[@]}")
+		"${extra[@]}" "${devargs[@]}")
 	if ((console)); then
 		cmd+=(-serial mon:stdio)
 		exec "${cmd[@]}"
@@ -483,22 +486,36 @@ rig_smoke() {
 	local dir=$RIG_CACHE/smoke
 	mkdir -p "$dir"
 	cat >"$dir/test.sh" <<'EOF'
-. /rig/lib.sh
 echo "smoke: $(uname -r), $(grep -c ^processor /proc/cpuinfo) cpu"
-for s in sm-virtio sm-nvme; do
+for s in sm-ahci sm-virtio sm-nvme; do
 	d=$(rig_dev_by_serial $s)
 	echo "smoke: $s is $d, $(cat /sys/block/${d#/dev/}/size) sectors"
 done
 echo hello >"$RIG_OUT/hello"
 EOF
-	truncate -s 1M "$dir/virtio.img" "$dir/nvme.img"
+	truncate -s 1M "$dir/ahci.img" "$dir/virtio.img" "$dir/nvme.img"
 	local initrd
-	initrd=$(rig_initramfs --init "$dir/test.sh" --modules "nvme")
+	initrd=$(rig_initramfs --init "$dir/test.sh" --modules "nvme ahci")
 	rig_run --initrd "$initrd" --log "$dir/console.log" --timeout 120 \
-		--disk "virtio:$dir/virtio.img:sm-virtio" --disk "nvme:$dir/nvme.img:sm-nvme" \
-		--out-disk "$dir/out.img" --out-dir "$dir/out"
+		--disk "ahci:$dir/ahci.img:sm-ahci" --disk "virtio:$dir/virtio.img:sm-virtio" \
+		--disk "nvme:$dir/nvme.img:sm-nvme" --out-disk "$dir/out.img" --out-dir "$dir/out"
 	[[ $(cat "$dir/out/hello") == hello ]] || rig_die "smoke: the out disk did not bring back /rig/out/hello"
 	rig_log "smoke: ok ($RIG_KPKG $RIG_KVER)"
+}
+
+# An NVMe controller behind QEMU's emulated intel-iommu, bound to vfio-pci in the guest.
+rig_smoke_vfio() {
+	rig_kernel
+	local dir=$RIG_CACHE/smoke-vfio
+	mkdir -p "$dir"
+	truncate -s 16M "$dir/nvme.img"
+	local initrd
+	initrd=$(rig_initramfs --init "$RIG_DIR/vfio-smoke.guest.sh" --modules "nvme vfio")
+	rig_run --initrd "$initrd" --log "$dir/console.log" --timeout 120 \
+		--machine q35,kernel-irqchip=split --append intel_iommu=on \
+		--disk "nvme:$dir/nvme.img:vfio-nvme" --out-disk "$dir/out.img" --out-dir "$dir/out" \
+		-- -device intel-iommu,caching-mode=on
+	rig_log "smoke-vfio: ok (controller and IOMMU group: $(cat "$dir/out/vfio"))"
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
@@ -512,6 +529,7 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
 	initramfs) rig_initramfs "$@" ;;
 	run) rig_run "$@" ;;
 	smoke) rig_smoke ;;
-	*) rig_die "usage: $0 kernel | initramfs --init FILE [...] | run --initrd FILE [...] | smoke (see the header)" ;;
+	smoke-vfio) rig_smoke_vfio ;;
+	*) rig_die "usage: $0 kernel | initramfs --init FILE [...] | run --initrd FILE [...] | smoke | smoke-vfio (see the header)" ;;
 	esac
 fi
