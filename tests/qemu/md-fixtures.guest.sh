@@ -13,8 +13,8 @@ say() { echo "md-fixtures [$(t)s]: $*"; }
 wait_idle() {
 	_n=${1#/dev/} _i=0
 	while :; do
-		_a=$(cat /sys/block/$_n/md/sync_action)
-		_r=$(cat /sys/block/$_n/md/resync_start)
+		_a=$(cat "/sys/block/$_n/md/sync_action")
+		_r=$(cat "/sys/block/$_n/md/resync_start")
 		if [ "$_a" = idle ] && [ "$_r" = none ] && ! grep -A3 "^$_n :" /proc/mdstat | grep -Eq 'resync|recovery|check|PENDING|DELAYED'; then
 			return 0
 		fi

@@ -74,8 +74,8 @@ rig_kernel() {
 	fi
 	if [[ -z $pkg || -z $ver ]]; then
 		local cached
-		cached=$(ls -1d "$RIG_CACHE"/kernel/*/.complete 2>/dev/null | sort -V | tail -n1 || true)
-		[[ -n $cached ]] || rig_die "cannot tell which kernel to use: apt-cache knows no linux-image-amd64 \
+		cached=$(printf '%s\n' "$RIG_CACHE"/kernel/*/.complete | sort -V | tail -n1)
+		[[ -e $cached ]] || rig_die "cannot tell which kernel to use: apt-cache knows no linux-image-amd64 \
 (run 'apt-get update' first) and nothing is cached in $RIG_CACHE/kernel"
 		RIG_KDIR=$(dirname "$cached")
 		rig_log "apt has no kernel package list; using the cached $(basename "$RIG_KDIR")"
@@ -85,6 +85,7 @@ rig_kernel() {
 	fi
 	# shellcheck disable=SC1091
 	source "$RIG_KDIR/VERSION"
+	# shellcheck disable=SC2154 # package, version, release: set by VERSION
 	RIG_KPKG=$package RIG_KVER=$version RIG_KREL=$release
 	RIG_VMLINUZ=$RIG_KDIR/boot/vmlinuz-$RIG_KREL
 	[[ -r $RIG_VMLINUZ ]] || rig_die "$RIG_VMLINUZ is missing: remove $RIG_KDIR and rerun"
@@ -142,7 +143,6 @@ rig_resolve_modules() {
 	local mdir=$RIG_KDIR/lib/modules/$RIG_KREL
 	local -A seen=()
 	local -a order=()
-	local visit
 	visit() {
 		local name=${1//-/_} path line dep
 		[[ -n ${seen[$name]:-} ]] && return 0
@@ -294,6 +294,7 @@ rig__pack_initramfs() (
 		mkdir -p "$root/lib/modules/$RIG_KREL/$(dirname "$ko")"
 		cp "$mdir/$ko" "$root/lib/modules/$RIG_KREL/$ko"
 	done
+	# shellcheck disable=SC2086 # $kos: one path a word
 	printf '%s\n' $kos >"$root/rig/modules.load"
 	# A modules.dep for what is shipped, so `modprobe` works in the guest too.
 	cp "$mdir/modules.builtin" "$root/lib/modules/$RIG_KREL/"
@@ -335,6 +336,7 @@ rig_initramfs() {
 		rig_die "$busybox is dynamically linked; install busybox-static"
 
 	local kos
+	# shellcheck disable=SC2086 # $modules: one name a word
 	kos=$(rig_resolve_modules $modules)
 	# The cache key: everything that goes in.
 	local key f
@@ -355,7 +357,9 @@ rig_initramfs() {
 	mkdir -p "$(dirname "$out")"
 	rig__pack_initramfs
 	echo "$key" >"$out.key"
-	rig_log "initramfs $out ($(du -h "$out" | cut -f1), modules: $(printf '%s ' $kos | sed 's#[^ ]*/##g'))"
+	local names="" ko
+	for ko in $kos; do names+=" ${ko##*/}"; done
+	rig_log "initramfs $out ($(du -h "$out" | cut -f1), modules:$names)"
 	echo "$out"
 }
 
@@ -519,9 +523,9 @@ rig_smoke_vfio() {
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
-	cmd=${1:-}
+	rig_command=${1:-}
 	shift || true
-	case $cmd in
+	case $rig_command in
 	kernel)
 		rig_kernel
 		printf 'package=%s\nversion=%s\nrelease=%s\nvmlinuz=%s\n' "$RIG_KPKG" "$RIG_KVER" "$RIG_KREL" "$RIG_VMLINUZ"
