@@ -482,7 +482,8 @@ fn fio_random_writes_verified_over_several_connections() {
         // Four jobs (four connections), each on its own 6 MiB region, random writes of
         // 4 KiB..256 KiB at depth 8, every block verified by CRC32C when read back.
         let out = run_ok(
-            Command::new(&fio).args([
+            Command::new(&fio).current_dir(d).args([
+                "--verify_state_save=0",
                 "--name=nbd",
                 "--ioengine=nbd",
                 &format!("--uri={}", t.uri()),
@@ -507,7 +508,8 @@ fn fio_random_writes_verified_over_several_connections() {
         assert_eq!(fio_kib(&out), (24 << 10, 24 << 10), "{out}");
         // Random mixed I/O at depth, four connections over the Unix socket.
         let out = run_ok(
-            Command::new(&fio).args([
+            Command::new(&fio).current_dir(d).args([
+                "--verify_state_save=0",
                 "--name=mixed",
                 "--ioengine=nbd",
                 &format!("--uri={}", t.unix_uri()),
