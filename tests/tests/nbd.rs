@@ -62,6 +62,11 @@ struct Target {
 impl Target {
     /// RAID6 over 6 mem members, `reactors` reactors, `block`-byte blocks.
     fn start(reactors: usize, block: u32) -> Self {
+        Self::start_with(reactors, block, |_| {})
+    }
+
+    /// As [`Target::start`], with the server tunables adjusted by `tweak`.
+    fn start_with(reactors: usize, block: u32, tweak: impl FnOnce(&mut ServerConfig)) -> Self {
         let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, MEMBERS, CHUNK, block).unwrap();
         let geo = ArrayGeometry::new(g, MEMBER_BYTES / CHUNK).unwrap();
         let devices: Arc<Vec<MemDevice>> = Arc::new(
@@ -87,6 +92,8 @@ impl Target {
             handshake_timeout: Duration::from_secs(5),
             ..ServerConfig::default()
         };
+        let mut config = config;
+        tweak(&mut config);
         let (server, frontends) = NbdServer::builder(export)
             .config(config)
             .listen_tcp("127.0.0.1:0".parse().unwrap())
@@ -1365,6 +1372,59 @@ fn clients_vanishing_mid_payload_or_with_reads_in_flight() {
     assert_eq!((a.handle, a.error), (h, 0));
     assert!(closed(&mut healthy.s));
     t.stop();
+}
+
+#[test]
+fn stalled_clients_are_cut_and_their_buffers_serve_others() {
+    // One reactor, six 1 MiB buffers. A client sends 1 MiB reads and never reads the
+    // replies, and another sends half of a 1 MiB write payload and stops: between them they
+    // hold every large buffer. After the stall timeout both are cut and a healthy client's
+    // 1 MiB reads go through.
+    let t = Target::start_with(1, 512, |c| c.stall_timeout = Duration::from_secs(1));
+    let mut hog = Raw::go(t.port, false);
+    for i in 0..64u64 {
+        hog.send(
+            proto::CMD_READ,
+            0,
+            (i % 16) * u64::from(MAX_BLOCK),
+            MAX_BLOCK,
+            &[],
+        );
+    }
+    let mut trickle = Raw::go(t.port, true);
+    let r = Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        handle: 1,
+        offset: 0,
+        length: MAX_BLOCK,
+    };
+    trickle.s.write_all(&proto::encode_request(&r)).unwrap();
+    trickle
+        .s
+        .write_all(&vec![1u8; MAX_BLOCK as usize / 2])
+        .unwrap();
+    let mut healthy = Raw::go(t.port, true);
+    let start = Instant::now();
+    for i in 0..8u64 {
+        let d = healthy.read(i * u64::from(MAX_BLOCK), MAX_BLOCK);
+        assert_eq!(d.len(), MAX_BLOCK as usize);
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+    // Both stuck clients were cut (the hog may first get the replies that fit in its
+    // socket buffers).
+    let mut sink = Vec::new();
+    match hog.s.read_to_end(&mut sink) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    assert!(closed(&mut trickle.s));
+    // The half-sent write never happened.
+    assert!(healthy.read(0, 4096).iter().all(|&b| b == 0));
 }
 
 #[test]

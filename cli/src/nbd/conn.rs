@@ -335,6 +335,8 @@ pub(crate) struct Conn {
     /// Bytes of read data sent and write payload received, for the closing log line.
     pub(crate) bytes_read: u64,
     pub(crate) bytes_written: u64,
+    /// Since when the connection has held buffers without its client moving a byte.
+    pub(crate) stalled_since: Option<std::time::Instant>,
 }
 
 impl Conn {
@@ -370,6 +372,7 @@ impl Conn {
             requests: 0,
             bytes_read: 0,
             bytes_written: 0,
+            stalled_since: None,
         }
     }
 

@@ -735,6 +735,7 @@ impl Frontend for NbdFrontend {
         }
         progress |= self.core.retry(io, &mut self.conns);
         let discard_cap = self.shared.discard_cap;
+        let stall_timeout = self.shared.config.stall_timeout;
         for ci in 0..self.conns.len() {
             let Some(conn) = self.conns[ci].as_mut() else {
                 continue;
@@ -742,9 +743,11 @@ impl Frontend for NbdFrontend {
             if expired && conn.life != Life::Closed {
                 kill(conn, &mut self.core, &"shutdown grace period expired");
             }
+            // Whether this connection's client moved any bytes this turn.
+            let mut moved = false;
             if conn.life != Life::Closed {
                 match send_replies(conn, &mut self.core) {
-                    Ok(p) => progress |= p,
+                    Ok(p) => moved |= p,
                     Err(e) => {
                         kill(conn, &mut self.core, &format_args!("send: {e}"));
                         progress = true;
@@ -754,7 +757,7 @@ impl Frontend for NbdFrontend {
             let conn = self.conns[ci].as_mut().expect("still there");
             if conn.life != Life::Closed {
                 let (p, end) = read_requests(ci, &mut self.conns, &mut self.core, io, discard_cap);
-                progress |= p;
+                moved |= p;
                 let conn = self.conns[ci].as_mut().expect("still there");
                 match end {
                     ReadEnd::Paused => {}
@@ -772,12 +775,37 @@ impl Frontend for NbdFrontend {
                 // Replies produced while reading (rejections) go out in the same turn.
                 if conn.life != Life::Closed && !conn.replies.is_empty() {
                     match send_replies(conn, &mut self.core) {
-                        Ok(p) => progress |= p,
+                        Ok(p) => moved |= p,
                         Err(e) => kill(conn, &mut self.core, &format_args!("send: {e}")),
                     }
                 }
             }
+            progress |= moved;
             let conn = self.conns[ci].as_mut().expect("still there");
+            // A client that holds buffers (unsent replies, a partial write payload) but
+            // moves no bytes for the stall timeout is cut, so it cannot starve the
+            // reactor's other connections of buffers. Only stalled connections read the
+            // clock.
+            if conn.life != Life::Closed {
+                let holding = !conn.replies.is_empty() || conn.rx != Rx::Header;
+                if moved || !holding {
+                    conn.stalled_since = None;
+                } else {
+                    let now = Instant::now();
+                    match conn.stalled_since {
+                        None => conn.stalled_since = Some(now),
+                        Some(t) if now.duration_since(t) >= stall_timeout => {
+                            kill(
+                                conn,
+                                &mut self.core,
+                                &format_args!("client made no progress for {stall_timeout:?}"),
+                            );
+                            progress = true;
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
             if conn.life == Life::Draining && conn.outstanding == 0 && matches!(conn.rx, Rx::Header)
             {
                 close(conn, &mut self.core);

@@ -207,11 +207,15 @@ pub struct ServerConfig {
     /// After a shutdown request, how long connections get to finish and send their
     /// replies before being cut.
     pub drain_grace: Duration,
+    /// How long a connection may hold buffers (replies its client does not read, a write
+    /// payload its client does not finish sending) without moving a byte before it is
+    /// cut: one stuck client must not starve the others of buffers.
+    pub stall_timeout: Duration,
 }
 
 impl Default for ServerConfig {
     /// Derived buffers, 256 connections per reactor, 128 requests per connection, 10 s
-    /// handshake step, 60 s handshake, 10 s drain.
+    /// handshake step, 60 s handshake, 10 s drain, 30 s stall.
     fn default() -> Self {
         Self {
             buffers: Vec::new(),
@@ -220,6 +224,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             handshake_deadline: Duration::from_secs(60),
             drain_grace: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(30),
         }
     }
 }
