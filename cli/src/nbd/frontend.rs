@@ -78,6 +78,8 @@ enum Op {
 #[derive(Clone, Copy, Debug)]
 struct Ctx {
     live: bool,
+    /// Submitted and not yet completed: only then may a completion name this context.
+    in_array: bool,
     conn: u16,
     handle: u64,
     op: Op,
@@ -123,6 +125,7 @@ impl Core {
         };
         self.ctxs[usize::from(c)] = Ctx {
             live: true,
+            in_array: false,
             conn: ci,
             handle,
             op,
@@ -193,7 +196,7 @@ impl Core {
         }
         let r = self.request(c);
         match io.submit(r) {
-            Ok(()) => {}
+            Ok(()) => self.ctxs[usize::from(c)].in_array = true,
             Err(ArrayError::QueueFull) => self.pending.push_back(c),
             Err(e) => self.finish(c, Err(e), conns),
         }
@@ -215,6 +218,7 @@ impl Core {
             let r = self.request(c);
             match io.submit(r) {
                 Ok(()) => {
+                    self.ctxs[usize::from(c)].in_array = true;
                     self.pending.pop_front();
                     progress = true;
                 }
@@ -323,6 +327,7 @@ impl NbdFrontend {
                 ctxs: vec![
                     Ctx {
                         live: false,
+                        in_array: false,
                         conn: 0,
                         handle: 0,
                         op: Op::Flush,
@@ -831,13 +836,21 @@ impl Frontend for NbdFrontend {
             );
             return;
         };
-        if !self.core.ctxs.get(usize::from(idx)).is_some_and(|x| x.live) {
+        let Some(ctx) = self.core.ctxs.get_mut(usize::from(idx)) else {
             warn!(
                 tag = c.tag,
-                "completion for a context that is not in flight"
+                "completion with a tag this front-end never issued"
+            );
+            return;
+        };
+        if !(ctx.live && ctx.in_array) {
+            warn!(
+                tag = c.tag,
+                "completion for a context that is not in the array"
             );
             return;
         }
+        ctx.in_array = false;
         self.core.finish(idx, c.status, &mut self.conns);
     }
 
