@@ -74,11 +74,27 @@ impl Stream {
     /// never `SIGPIPE`, whatever the embedding program does with signals) and
     /// `MSG_DONTWAIT`. Returns the bytes sent.
     pub(crate) fn send_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        send_vectored(self.as_raw_fd(), bufs)
+        send_vectored(self.as_raw_fd(), bufs, libc::MSG_DONTWAIT)
+    }
+
+    /// Sends all of `buf`, blocking (up to the socket's send timeout), with `MSG_NOSIGNAL`:
+    /// for the handshake, which may run in a program that does not ignore `SIGPIPE`.
+    pub(crate) fn send_all_blocking(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = send_vectored(self.as_raw_fd(), &[IoSlice::new(buf)], 0)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "peer took no bytes",
+                ));
+            }
+            buf = &buf[n..];
+        }
+        Ok(())
     }
 }
 
-fn send_vectored(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+fn send_vectored(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix; sendmsg only reads
@@ -88,7 +104,7 @@ fn send_vectored(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
     loop {
         // SAFETY: fd is an open socket owned by the caller's stream; msg describes
         // `bufs.len()` valid iovecs borrowed for the duration of the call.
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | flags) };
         if n >= 0 {
             return Ok(n as usize);
         }

@@ -25,7 +25,7 @@
 //! - while the server shuts down, options other than `NBD_OPT_ABORT` get
 //!   `NBD_REP_ERR_SHUTDOWN`.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
@@ -274,7 +274,7 @@ impl Wire<'_> {
 
     fn write_all(&mut self, buf: &[u8]) -> Result<(), HandshakeError> {
         self.arm()?;
-        self.s.write_all(buf)?;
+        self.s.send_all_blocking(buf)?;
         Ok(())
     }
 

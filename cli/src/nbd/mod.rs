@@ -59,6 +59,11 @@ use proto::ExportLimits;
 
 /// The default NBD port (IANA), proto.md "Newstyle negotiation".
 pub const DEFAULT_PORT: u16 = 10809;
+/// Where the server listens when no address is given: loopback, the NBD port.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    DEFAULT_PORT,
+));
 /// Default maximum block size, bytes: the longest read or write a client may send (4 MiB;
 /// proto.md asks for at least 1 MiB when the export is that large).
 pub const DEFAULT_MAX_BLOCK_BYTES: u32 = 4 << 20;
@@ -311,8 +316,9 @@ impl NbdServerBuilder {
         if reactors == 0 {
             return Err(ConfigError::Server("no reactors".into()));
         }
-        if self.listen.is_empty() {
-            return Err(ConfigError::Server("no listening address".into()));
+        let mut listen = self.listen;
+        if listen.is_empty() {
+            listen.push(ListenSpec::Tcp(DEFAULT_LISTEN));
         }
         if config.buffers.is_empty() {
             let small = export.max_block_bytes.min(128 << 10);
@@ -380,7 +386,7 @@ impl NbdServerBuilder {
         let mut listeners = Vec::new();
         let mut tcp = Vec::new();
         let mut unix = Vec::new();
-        for spec in self.listen {
+        for spec in listen {
             let bound = match spec {
                 ListenSpec::Tcp(a) => {
                     TcpListener::bind(a)
@@ -500,7 +506,8 @@ impl ShutdownHandle {
 }
 
 impl NbdServer {
-    /// A builder for `export`, with default tunables and no listening address yet.
+    /// A builder for `export`, with default tunables; it listens on [`DEFAULT_LISTEN`]
+    /// unless given addresses.
     pub fn builder(export: ExportConfig) -> NbdServerBuilder {
         NbdServerBuilder {
             export,
@@ -547,5 +554,134 @@ impl NbdServer {
 impl Drop for NbdServer {
     fn drop(&mut self) {
         self.stop_listeners();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::geometry::{Geometry, Layout, Level};
+
+    fn export(level: Level, members: u16, chunk: u64, max: u32) -> ExportConfig {
+        let g = Geometry::new(level, Layout::LeftSymmetric, members, chunk, 512).unwrap();
+        let e = ExportConfig::for_array("x", &ArrayGeometry::new(g, 16).unwrap(), max);
+        e.validate().unwrap();
+        e
+    }
+
+    #[test]
+    fn preferred_block_is_a_full_stripe_a_chunk_or_what_fits() {
+        // 4 data chunks of 64 KiB: the full stripe.
+        let e = export(Level::Raid6, 6, 64 << 10, 4 << 20);
+        assert_eq!(
+            (e.min_block_bytes, e.preferred_block_bytes),
+            (512, 256 << 10)
+        );
+        assert_eq!(e.max_block_bytes, 4 << 20);
+        assert_eq!(e.size_bytes, 16 * 4 * (64 << 10));
+        // 3 data chunks: not a power of two, so one chunk.
+        assert_eq!(
+            export(Level::Raid5, 4, 64 << 10, 4 << 20).preferred_block_bytes,
+            64 << 10
+        );
+        // A stripe larger than the maximum: one chunk.
+        assert_eq!(
+            export(Level::Raid6, 10, 1 << 20, 4 << 20).preferred_block_bytes,
+            1 << 20
+        );
+        // A chunk larger than the maximum: the largest power of two that fits.
+        assert_eq!(
+            export(Level::Raid5, 3, 16 << 20, 3 << 20).preferred_block_bytes,
+            2 << 20
+        );
+    }
+
+    #[test]
+    fn invalid_exports_are_refused() {
+        let good = export(Level::Raid6, 6, 64 << 10, 1 << 20);
+        let bad = [
+            ExportConfig {
+                min_block_bytes: 3000,
+                ..good.clone()
+            },
+            ExportConfig {
+                min_block_bytes: 1 << 17,
+                ..good.clone()
+            },
+            ExportConfig {
+                preferred_block_bytes: 256,
+                ..good.clone()
+            },
+            ExportConfig {
+                preferred_block_bytes: 3 << 10,
+                ..good.clone()
+            },
+            ExportConfig {
+                max_block_bytes: 1000,
+                ..good.clone()
+            },
+            ExportConfig {
+                max_block_bytes: 128 << 10,
+                ..good.clone()
+            },
+            ExportConfig {
+                size_bytes: 1000,
+                ..good.clone()
+            },
+            ExportConfig {
+                size_bytes: 0,
+                ..good.clone()
+            },
+            ExportConfig {
+                name: "a\0b".into(),
+                ..good.clone()
+            },
+            ExportConfig {
+                description: "d".repeat(5000),
+                ..good.clone()
+            },
+        ];
+        for e in bad {
+            assert!(e.validate().is_err(), "{e:?}");
+        }
+        assert!(good.matches(b"x") && good.matches(b"") && !good.matches(b"y"));
+    }
+
+    #[test]
+    fn builder_refuses_bad_tunables_and_lowers_the_maximum_to_the_pool() {
+        let e = export(Level::Raid6, 6, 64 << 10, 4 << 20);
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let bad = ServerConfig {
+            buffers: vec![BufferClass {
+                bytes: 1000,
+                count: 4,
+            }],
+            ..ServerConfig::default()
+        };
+        assert!(NbdServer::builder(e.clone())
+            .listen_tcp(addr)
+            .config(bad)
+            .start(1)
+            .is_err());
+        assert!(NbdServer::builder(e.clone())
+            .listen_tcp(addr)
+            .start(0)
+            .is_err());
+        let small = ServerConfig {
+            buffers: vec![BufferClass {
+                bytes: 512 << 10,
+                count: 4,
+            }],
+            ..ServerConfig::default()
+        };
+        let (server, fe) = NbdServer::builder(e)
+            .listen_tcp(addr)
+            .config(small)
+            .start(2)
+            .unwrap();
+        assert_eq!(server.export().max_block_bytes, 512 << 10);
+        assert_eq!(fe.len(), 2);
+        assert_eq!(fe[0].buffers(), 4);
+        server.shutdown();
     }
 }
