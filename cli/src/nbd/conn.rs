@@ -1,0 +1,468 @@
+//! One NBD connection in the transmission phase: its socket, receive buffer, the request
+//! being received, and the replies waiting to be sent.
+//!
+//! A connection is built by the handshake thread (all of its memory is allocated there)
+//! and then owned by one reactor's [`super::NbdFrontend`], which drives it with
+//! non-blocking reads and writes; see the front-end for the state machine.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use super::proto::{self, ExportLimits};
+
+/// Bytes of each connection's receive buffer: request headers and small write payloads
+/// are read through it in batches (one `recv` can bring several requests); payloads
+/// larger than half of it are received straight into their data buffer.
+pub(crate) const RBUF_BYTES: usize = 32 << 10;
+
+/// A connected socket, TCP or Unix.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(on),
+            Stream::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
+    pub(crate) fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+        }
+    }
+
+    /// Disables Nagle's algorithm on TCP (proto.md "Protocol phases": "both the client and
+    /// server SHOULD disable Nagle's algorithm"); nothing to do on Unix sockets.
+    pub(crate) fn set_nodelay(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nodelay(true),
+            Stream::Unix(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    pub(crate) fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+
+    /// Sends `bufs` in one `sendmsg` with `MSG_NOSIGNAL` (a vanished peer yields `EPIPE`,
+    /// never `SIGPIPE`, whatever the embedding program does with signals) and
+    /// `MSG_DONTWAIT`. Returns the bytes sent.
+    pub(crate) fn send_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        send_vectored(self.as_raw_fd(), bufs, libc::MSG_DONTWAIT)
+    }
+
+    /// Sends all of `buf`, blocking (up to the socket's send timeout), with `MSG_NOSIGNAL`:
+    /// for the handshake, which may run in a program that does not ignore `SIGPIPE`.
+    pub(crate) fn send_all_blocking(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = send_vectored(self.as_raw_fd(), &[IoSlice::new(buf)], 0)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "peer took no bytes",
+                ));
+            }
+            buf = &buf[n..];
+        }
+        Ok(())
+    }
+}
+
+fn send_vectored(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+    // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix; sendmsg only reads
+    // the array and the memory it describes, which `bufs` borrows for this call.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    loop {
+        // SAFETY: fd is an open socket owned by the caller's stream; msg describes
+        // `bufs.len()` valid iovecs borrowed for the duration of the call.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | flags) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// "No context": a reply without data.
+pub(crate) const NO_CTX: u16 = u16::MAX;
+
+/// A reply ready to send: a head (simple reply, structured chunk header), an optional
+/// static message and tail (structured error chunks), and optional data taken from a
+/// request context's buffer (read replies). Plain data: queued without allocation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reply {
+    head: [u8; 28],
+    head_len: u8,
+    message: &'static str,
+    tail: [u8; 8],
+    tail_len: u8,
+    /// Context whose buffer holds the data (released once the reply is sent).
+    pub(crate) data_ctx: u16,
+    pub(crate) data_len: u32,
+}
+
+impl Reply {
+    fn with_head(h: &[u8]) -> Self {
+        let mut head = [0u8; 28];
+        head[..h.len()].copy_from_slice(h);
+        Self {
+            head,
+            head_len: h.len() as u8,
+            message: "",
+            tail: [0; 8],
+            tail_len: 0,
+            data_ctx: NO_CTX,
+            data_len: 0,
+        }
+    }
+
+    /// Success without data: a simple reply (allowed for every command but a read, even
+    /// with structured replies: proto.md "Simple reply message").
+    pub(crate) fn ok(handle: u64) -> Self {
+        Self::with_head(&proto::simple_reply(0, handle))
+    }
+
+    /// A successful zero-length read: a simple reply, or a final `NBD_REPLY_TYPE_NONE`
+    /// chunk (a read "MUST NOT" get a simple reply once structured replies are on).
+    pub(crate) fn empty_read(structured: bool, handle: u64) -> Self {
+        if structured {
+            Self::with_head(&proto::none_chunk(handle))
+        } else {
+            Self::ok(handle)
+        }
+    }
+
+    /// A successful read of `len` bytes at `offset` (at least 1), sent from the buffer of
+    /// context `ctx`: a simple reply followed by the data, or one final
+    /// `NBD_REPLY_TYPE_OFFSET_DATA` chunk.
+    pub(crate) fn read_data(
+        structured: bool,
+        handle: u64,
+        offset: u64,
+        ctx: u16,
+        len: u32,
+    ) -> Self {
+        let mut r = if structured {
+            Self::with_head(&proto::offset_data_head(handle, offset, len))
+        } else {
+            Self::ok(handle)
+        };
+        r.data_ctx = ctx;
+        r.data_len = len;
+        r
+    }
+
+    /// An error: a simple reply carrying `error`, or with structured replies a final error
+    /// chunk with the message (`NBD_REPLY_TYPE_ERROR_OFFSET` when `offset` is given).
+    pub(crate) fn error(
+        structured: bool,
+        handle: u64,
+        error: u32,
+        message: &'static str,
+        offset: Option<u64>,
+    ) -> Self {
+        debug_assert_ne!(error, 0);
+        if !structured {
+            return Self::with_head(&proto::simple_reply(error, handle));
+        }
+        // Strings are at most 4096 bytes (proto.md "Conventions"); ours are short.
+        let message = &message[..floor_char_boundary(message, proto::MAX_STRING_BYTES)];
+        let mut r = Self::with_head(&proto::error_chunk_head(
+            handle,
+            error,
+            message.len() as u16,
+            offset.is_some(),
+        ));
+        r.message = message;
+        if let Some(o) = offset {
+            r.tail = proto::error_offset_tail(o);
+            r.tail_len = 8;
+        }
+        r
+    }
+
+    /// Bytes on the wire.
+    pub(crate) fn total(&self) -> usize {
+        usize::from(self.head_len)
+            + self.message.len()
+            + usize::from(self.tail_len)
+            + self.data_len as usize
+    }
+
+    /// The reply's pieces after skipping `skip` bytes (already sent), given its data.
+    pub(crate) fn pieces<'a>(
+        &'a self,
+        data: &'a [u8],
+        mut skip: usize,
+        out: &mut impl FnMut(&'a [u8]) -> bool,
+    ) -> bool {
+        let parts: [&'a [u8]; 4] = [
+            &self.head[..usize::from(self.head_len)],
+            self.message.as_bytes(),
+            &self.tail[..usize::from(self.tail_len)],
+            &data[..self.data_len as usize],
+        ];
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            if !out(&p[skip..]) {
+                return false;
+            }
+            skip = 0;
+        }
+        true
+    }
+}
+
+fn floor_char_boundary(s: &str, max: usize) -> usize {
+    if s.len() <= max {
+        return s.len();
+    }
+    let mut i = max;
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// What the receive side is in the middle of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rx {
+    /// Waiting for a 28-byte request header.
+    Header,
+    /// Receiving a write payload into context `ctx`'s buffer; `got` bytes so far.
+    Payload { ctx: u16, got: u32 },
+    /// Consuming the payload of a rejected write (`left` bytes to go), then replying
+    /// `error` to `handle`.
+    Discard {
+        left: u32,
+        handle: u64,
+        error: u32,
+        message: &'static str,
+    },
+}
+
+/// Life of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Life {
+    /// Reading requests.
+    Open,
+    /// No new requests (client sent `NBD_CMD_DISC`, closed its side, or the server is
+    /// shutting down): finish what was accepted, send the replies, close.
+    Draining,
+    /// Socket closed. The slot stays taken until no request context refers to it (the
+    /// array may still be using one of its buffers).
+    Closed,
+}
+
+/// One connection in the transmission phase.
+pub(crate) struct Conn {
+    /// Server-wide connection number (for logs).
+    pub(crate) id: u64,
+    /// Peer address (for logs).
+    pub(crate) peer: String,
+    pub(crate) stream: Option<Stream>,
+    /// Structured replies negotiated.
+    pub(crate) structured: bool,
+    /// The limits requests are judged against (with `structured` filled in).
+    pub(crate) limits: ExportLimits,
+    pub(crate) life: Life,
+    pub(crate) rbuf: Box<[u8]>,
+    pub(crate) rstart: usize,
+    pub(crate) rend: usize,
+    pub(crate) rx: Rx,
+    /// Replies waiting to be sent, in completion order; capacity `max_inflight`, which the
+    /// number of accepted requests never exceeds.
+    pub(crate) replies: VecDeque<Reply>,
+    /// Bytes of the front reply already sent.
+    pub(crate) tx_sent: usize,
+    /// Requests accepted (header consumed) whose reply is not yet fully sent.
+    pub(crate) outstanding: u32,
+    /// Most requests accepted and not yet answered at once.
+    pub(crate) max_inflight: u32,
+    /// Request contexts referring to this connection.
+    pub(crate) ctx_held: u32,
+    /// Requests accepted, for the closing log line.
+    pub(crate) requests: u64,
+    /// Bytes of read data sent and write payload received, for the closing log line.
+    pub(crate) bytes_read: u64,
+    pub(crate) bytes_written: u64,
+    /// Since when the connection has held buffers without its client moving a byte.
+    pub(crate) stalled_since: Option<std::time::Instant>,
+}
+
+impl Conn {
+    /// Builds a connection for the reactors (allocates its receive buffer and reply queue:
+    /// called on the handshake thread, never on a reactor).
+    pub(crate) fn new(
+        id: u64,
+        peer: String,
+        stream: Stream,
+        structured: bool,
+        limits: ExportLimits,
+        max_inflight: u32,
+    ) -> Self {
+        Self {
+            id,
+            peer,
+            stream: Some(stream),
+            structured,
+            limits: ExportLimits {
+                structured,
+                ..limits
+            },
+            life: Life::Open,
+            rbuf: vec![0u8; RBUF_BYTES].into_boxed_slice(),
+            rstart: 0,
+            rend: 0,
+            rx: Rx::Header,
+            replies: VecDeque::with_capacity(max_inflight as usize),
+            tx_sent: 0,
+            outstanding: 0,
+            max_inflight,
+            ctx_held: 0,
+            requests: 0,
+            bytes_read: 0,
+            bytes_written: 0,
+            stalled_since: None,
+        }
+    }
+
+    /// Unconsumed bytes in the receive buffer.
+    pub(crate) fn buffered(&self) -> &[u8] {
+        &self.rbuf[self.rstart..self.rend]
+    }
+
+    /// Marks `n` buffered bytes consumed.
+    pub(crate) fn consume(&mut self, n: usize) {
+        debug_assert!(n <= self.rend - self.rstart);
+        self.rstart += n;
+        if self.rstart == self.rend {
+            self.rstart = 0;
+            self.rend = 0;
+        }
+    }
+
+    /// Reads what the socket has into the receive buffer (non-blocking). `Ok(0)` is end of
+    /// stream; `WouldBlock` means nothing is there.
+    pub(crate) fn fill(&mut self) -> io::Result<usize> {
+        if self.rstart > 0 && self.rbuf.len() - self.rend < proto::REQUEST_BYTES {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        let Some(s) = self.stream.as_mut() else {
+            return Ok(0);
+        };
+        debug_assert!(self.rend < self.rbuf.len());
+        read_retrying(s, &mut self.rbuf[self.rend..]).inspect(|&n| self.rend += n)
+    }
+}
+
+/// `read` that retries `EINTR`.
+pub(crate) fn read_retrying(s: &mut Stream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(r: &Reply, data: &[u8], skip: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        r.pieces(data, skip, &mut |p| {
+            v.extend_from_slice(p);
+            true
+        });
+        v
+    }
+
+    #[test]
+    fn reply_pieces_and_skipping() {
+        let data = [7u8; 10];
+        let r = Reply::read_data(true, 1, 4096, 3, 10);
+        assert_eq!(r.total(), 28 + 10);
+        let all = collect(&r, &data, 0);
+        assert_eq!(all.len(), 38);
+        assert_eq!(&all[28..], &data);
+        for skip in 0..38 {
+            assert_eq!(collect(&r, &data, skip), all[skip..].to_vec());
+        }
+        let e = Reply::error(true, 2, proto::EIO, "boom", Some(512));
+        let b = collect(&e, &[], 0);
+        assert_eq!(b.len(), 26 + 4 + 8);
+        assert_eq!(&b[26..30], b"boom");
+        assert_eq!(&b[30..], &512u64.to_be_bytes());
+        let s = Reply::error(false, 2, proto::EIO, "boom", None);
+        assert_eq!(s.total(), 16);
+    }
+}

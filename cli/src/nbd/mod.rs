@@ -1,0 +1,687 @@
+//! The NBD server: an array exported over the Network Block Device protocol, served on the
+//! reactors.
+//!
+//! The protocol is the NBD project's `doc/proto.md`, fixed newstyle negotiation only, no
+//! TLS. The pieces:
+//! - [`proto`]: the wire format, pure (parsing, encoding, the request rules);
+//! - `handshake`: listener threads (TCP and Unix sockets) and the option haggling, with
+//!   blocking I/O off the reactors;
+//! - [`NbdFrontend`]: one per reactor (an `engine::reactor::Frontend`), running the
+//!   transmission phase of its connections with non-blocking sockets, a preallocated
+//!   buffer pool and no locks;
+//! - [`NbdServerBuilder`] / [`NbdServer`]: configuration, start and shutdown.
+//!
+//! What the export offers (proto.md "Transmission flags"): read, write with FUA, flush,
+//! trim and write-zeroes (each switchable, see [`ExportConfig`]), fast-zero requests
+//! (always refused at once with `NBD_ENOTSUP`, which proto.md allows), and multi-conn: a
+//! flush goes through the array to every member, whichever connection sent it, so its
+//! effect is global. Structured replies are offered; block status and TLS are not.
+//!
+//! # Use
+//! ```no_run
+//! # use ferroraid::nbd::{ExportConfig, NbdServer};
+//! # fn demo(geo: engine::geometry::ArrayGeometry) -> Result<(), Box<dyn std::error::Error>> {
+//! let export = ExportConfig::for_array("disk", &geo, 4 << 20);
+//! let (server, frontends) = NbdServer::builder(export)
+//!     .listen_tcp("127.0.0.1:10809".parse()?)
+//!     .start(2)?;
+//! // engine::reactor::Reactors::start(..., frontends) — one front-end per reactor.
+//! // ... later: request shutdown first, then stop the reactors.
+//! server.shutdown();
+//! # drop(frontends); Ok(()) }
+//! ```
+
+mod conn;
+pub mod frontend;
+pub mod handshake;
+mod pool;
+pub mod proto;
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use engine::geometry::ArrayGeometry;
+use thiserror::Error;
+use tracing::info;
+
+pub use frontend::NbdFrontend;
+pub use pool::BufferClass;
+
+use handshake::{Inboxes, Listener};
+use proto::ExportLimits;
+
+/// The default NBD port (IANA), proto.md "Newstyle negotiation".
+pub const DEFAULT_PORT: u16 = 10809;
+/// Where the server listens when no address is given: loopback, the NBD port.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    DEFAULT_PORT,
+));
+/// Default maximum block size, bytes: the longest read or write a client may send (4 MiB;
+/// proto.md asks for at least 1 MiB when the export is that large).
+pub const DEFAULT_MAX_BLOCK_BYTES: u32 = 4 << 20;
+/// Connections handed to one reactor waiting to be adopted.
+const INBOX_CAPACITY: usize = 64;
+
+/// What is exported and how clients must address it (proto.md "Block size constraints").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportConfig {
+    /// Export name (at most 4096 bytes, no NUL). The empty name, the "default export",
+    /// also selects this export.
+    pub name: String,
+    /// Description for humans (`NBD_OPT_LIST`, `NBD_INFO_DESCRIPTION`); at most 4096 bytes.
+    pub description: String,
+    /// Export size, bytes (a multiple of `min_block_bytes`).
+    pub size_bytes: u64,
+    /// Minimum block size, bytes: offsets and lengths must be multiples of it. A power of
+    /// two, at most 65536: the array's block size.
+    pub min_block_bytes: u32,
+    /// Preferred block size, bytes: the smallest request the array serves without
+    /// read-modify-write. A power of two, at least `max(min_block_bytes, 512)`.
+    pub preferred_block_bytes: u32,
+    /// Maximum block size, bytes: the longest `NBD_CMD_READ`/`NBD_CMD_WRITE`. A multiple of
+    /// the minimum, at least the preferred size (or the export size if smaller), and no
+    /// larger than the largest buffer of the pool.
+    pub max_block_bytes: u32,
+    /// Advertise `NBD_FLAG_SEND_TRIM` (trims become `ArrayOp::Discard`).
+    pub trim: bool,
+    /// Advertise `NBD_FLAG_SEND_WRITE_ZEROES` and `NBD_FLAG_SEND_FAST_ZERO` (write-zeroes
+    /// become `ArrayOp::WriteZeroes`; fast-zero requests are refused with `NBD_ENOTSUP`).
+    pub write_zeroes: bool,
+}
+
+impl ExportConfig {
+    /// The export of an array: minimum block = the array's block size; preferred = one
+    /// full stripe of data when that is a power of two no larger than `max_block_bytes`
+    /// (a full-stripe write needs no parity reads), else one chunk (else the largest power
+    /// of two that fits); maximum = `max_block_bytes` rounded down to whole blocks.
+    /// Trim and write-zeroes are on; the description names the array's shape.
+    pub fn for_array(name: impl Into<String>, geo: &ArrayGeometry, max_block_bytes: u32) -> Self {
+        let g = geo.geometry();
+        let block = g.block_bytes();
+        let max = (max_block_bytes / block * block).max(block);
+        let stripe = g.stripe_data_bytes();
+        let chunk = u64::from(g.chunk_bytes());
+        let preferred = if stripe.is_power_of_two() && stripe <= u64::from(max) {
+            stripe
+        } else if chunk <= u64::from(max) {
+            chunk
+        } else {
+            1u64 << (31 - max.leading_zeros())
+        };
+        let preferred = (preferred as u32).max(block).max(512);
+        Self {
+            name: name.into(),
+            description: format!(
+                "ferroraid RAID{} {} members, {} KiB chunk",
+                g.level().md_level(),
+                g.members(),
+                g.chunk_bytes() / 1024
+            ),
+            size_bytes: geo.capacity_bytes(),
+            min_block_bytes: block,
+            preferred_block_bytes: preferred,
+            max_block_bytes: max,
+            trim: true,
+            write_zeroes: true,
+        }
+    }
+
+    /// Whether a client's export name selects this export (its name, or the empty
+    /// default name).
+    pub fn matches(&self, name: &[u8]) -> bool {
+        name.is_empty() || name == self.name.as_bytes()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |why: String| Err(ConfigError::Export(why));
+        for (what, s) in [("name", &self.name), ("description", &self.description)] {
+            if s.len() > proto::MAX_STRING_BYTES || s.contains('\0') {
+                return bad(format!(
+                    "export {what} must be at most 4096 bytes without NUL"
+                ));
+            }
+        }
+        let (min, pref, max) = (
+            self.min_block_bytes,
+            self.preferred_block_bytes,
+            self.max_block_bytes,
+        );
+        if !min.is_power_of_two() || min > 65536 {
+            return bad(format!(
+                "minimum block size {min} must be a power of two ≤ 65536"
+            ));
+        }
+        if !pref.is_power_of_two() || pref < min.max(512) {
+            return bad(format!(
+                "preferred block size {pref} must be a power of two ≥ max(minimum, 512)"
+            ));
+        }
+        if max == 0
+            || !max.is_multiple_of(min)
+            || u64::from(max) < u64::from(pref).min(self.size_bytes)
+        {
+            return bad(format!(
+                "maximum block size {max} must be a multiple of the minimum and at least the preferred size"
+            ));
+        }
+        if self.size_bytes == 0 || !self.size_bytes.is_multiple_of(u64::from(min)) {
+            return bad(format!(
+                "export size {} must be a nonzero multiple of the minimum block size",
+                self.size_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    fn limits(&self) -> ExportLimits {
+        ExportLimits {
+            size_bytes: self.size_bytes,
+            min_block_bytes: self.min_block_bytes,
+            max_block_bytes: self.max_block_bytes,
+            trim: self.trim,
+            write_zeroes: self.write_zeroes,
+            fast_zero: self.write_zeroes,
+            structured: false,
+        }
+    }
+}
+
+/// Server tunables (all per reactor unless said otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Data buffer classes of each reactor's pool. Empty: derived from the maximum block
+    /// size (64 of min(128 KiB, max) and 8 of max). At most 65535 − 64 buffers.
+    pub buffers: Vec<BufferClass>,
+    /// Connections one reactor serves at once; more are closed on arrival.
+    pub max_connections_per_reactor: usize,
+    /// Requests one connection may have accepted and not yet answered; it stops reading
+    /// beyond that.
+    pub max_inflight_per_connection: u32,
+    /// Longest wait for one read or write during the handshake.
+    pub handshake_timeout: Duration,
+    /// Longest whole handshake.
+    pub handshake_deadline: Duration,
+    /// After a shutdown request, how long connections get to finish and send their
+    /// replies before being cut.
+    pub drain_grace: Duration,
+    /// How long a connection may hold buffers (replies its client does not read, a write
+    /// payload its client does not finish sending) without moving a byte before it is
+    /// cut: one stuck client must not starve the others of buffers.
+    pub stall_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    /// Derived buffers, 256 connections per reactor, 128 requests per connection, 10 s
+    /// handshake step, 60 s handshake, 10 s drain, 30 s stall.
+    fn default() -> Self {
+        Self {
+            buffers: Vec::new(),
+            max_connections_per_reactor: 256,
+            max_inflight_per_connection: 128,
+            handshake_timeout: Duration::from_secs(10),
+            handshake_deadline: Duration::from_secs(60),
+            drain_grace: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Invalid server configuration.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The export's facts break a proto.md rule.
+    #[error("export: {0}")]
+    Export(String),
+    /// The server tunables are inconsistent.
+    #[error("server: {0}")]
+    Server(String),
+    /// A listening socket could not be set up.
+    #[error("listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A listener thread could not be started.
+    #[error("starting a listener thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// State shared by the listener and handshake threads and the front-ends.
+pub(crate) struct Shared {
+    pub(crate) export: ExportConfig,
+    pub(crate) config: ServerConfig,
+    pub(crate) limits: ExportLimits,
+    /// Longest write payload consumed and dropped when the write is refused, bytes;
+    /// beyond it the connection is cut (proto.md "Block size constraints": lengths under
+    /// 2^25 are not a denial of service).
+    pub(crate) discard_cap: u32,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) next_conn: AtomicU64,
+}
+
+enum ListenSpec {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// Configures and starts an [`NbdServer`].
+pub struct NbdServerBuilder {
+    export: ExportConfig,
+    config: ServerConfig,
+    listen: Vec<ListenSpec>,
+}
+
+impl NbdServerBuilder {
+    /// Listens on a TCP address (port 0 picks a free port; see [`NbdServer::tcp_addrs`]).
+    pub fn listen_tcp(mut self, addr: SocketAddr) -> Self {
+        self.listen.push(ListenSpec::Tcp(addr));
+        self
+    }
+
+    /// Listens on a Unix socket at `path` (a stale socket file there is replaced; any other
+    /// file is an error). The file is removed at shutdown.
+    pub fn listen_unix(mut self, path: impl Into<PathBuf>) -> Self {
+        self.listen.push(ListenSpec::Unix(path.into()));
+        self
+    }
+
+    /// Replaces the server tunables.
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Binds the listening sockets, starts one listener thread each, and returns the
+    /// server with `reactors` front-ends (one per reactor, in reactor order) for
+    /// `engine::reactor::Reactors::start`. Connections that finish their handshake before
+    /// the reactors run wait in the reactors' inboxes.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an invalid export or configuration, a socket that cannot be
+    /// bound, or a thread that cannot start.
+    pub fn start(self, reactors: usize) -> Result<(NbdServer, Vec<NbdFrontend>), ConfigError> {
+        let mut export = self.export;
+        let mut config = self.config;
+        export.validate()?;
+        if reactors == 0 {
+            return Err(ConfigError::Server("no reactors".into()));
+        }
+        let mut listen = self.listen;
+        if listen.is_empty() {
+            listen.push(ListenSpec::Tcp(DEFAULT_LISTEN));
+        }
+        if config.buffers.is_empty() {
+            let small = export.max_block_bytes.min(128 << 10);
+            config.buffers.push(BufferClass {
+                bytes: small,
+                count: 64,
+            });
+            if small < export.max_block_bytes {
+                config.buffers.push(BufferClass {
+                    bytes: export.max_block_bytes,
+                    count: 8,
+                });
+            }
+        }
+        let largest = config.buffers.iter().map(|c| c.bytes).max().unwrap_or(0);
+        let total: usize = config.buffers.iter().map(|c| usize::from(c.count)).sum();
+        if config.buffers.len() > 255
+            || total == 0
+            || total + frontend::DATALESS_CONTEXTS >= usize::from(u16::MAX)
+        {
+            return Err(ConfigError::Server(format!(
+                "{total} buffers in {} classes: need 1..{} buffers in at most 255 classes",
+                config.buffers.len(),
+                usize::from(u16::MAX) - frontend::DATALESS_CONTEXTS
+            )));
+        }
+        if let Some(c) = config
+            .buffers
+            .iter()
+            .find(|c| c.bytes == 0 || !c.bytes.is_multiple_of(export.min_block_bytes))
+        {
+            return Err(ConfigError::Server(format!(
+                "buffer size {} is not a multiple of the minimum block size",
+                c.bytes
+            )));
+        }
+        if largest < export.max_block_bytes {
+            // The advertised maximum is the largest request the pool can hold.
+            export.max_block_bytes = largest;
+            export.validate()?;
+        }
+        if config.max_connections_per_reactor == 0
+            || config.max_connections_per_reactor > usize::from(u16::MAX)
+            || config.max_inflight_per_connection == 0
+        {
+            return Err(ConfigError::Server(
+                "connections per reactor must be 1..=65535 and requests per connection ≥ 1".into(),
+            ));
+        }
+        let limits = export.limits();
+        let shared = Arc::new(Shared {
+            discard_cap: export.max_block_bytes.max(proto::DOS_FLOOR_BYTES),
+            export,
+            config,
+            limits,
+            shutdown: AtomicBool::new(false),
+            next_conn: AtomicU64::new(1),
+        });
+        let inboxes = Arc::new(Inboxes {
+            queues: (0..reactors)
+                .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
+                .collect(),
+            next: AtomicUsize::new(0),
+        });
+        let mut listeners = Vec::new();
+        let mut tcp = Vec::new();
+        let mut unix = Vec::new();
+        for spec in listen {
+            let bound = match spec {
+                ListenSpec::Tcp(a) => {
+                    TcpListener::bind(a)
+                        .map(Listener::Tcp)
+                        .map_err(|source| ConfigError::Listen {
+                            addr: a.to_string(),
+                            source,
+                        })
+                }
+                ListenSpec::Unix(p) => match bind_unix(&p) {
+                    Ok(l) => {
+                        unix.push(p.clone());
+                        Ok(Listener::Unix(l, p))
+                    }
+                    Err(source) => Err(ConfigError::Listen {
+                        addr: p.display().to_string(),
+                        source,
+                    }),
+                },
+            };
+            let l = match bound {
+                Ok(l) => l,
+                Err(e) => {
+                    // Leave no socket file behind for listeners that will never run.
+                    for p in &unix {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Err(e);
+                }
+            };
+            if let Some(a) = l.tcp_addr() {
+                tcp.push(a);
+            }
+            listeners.push(l);
+        }
+        let mut threads = Vec::new();
+        let server_for_errors = |threads: Vec<JoinHandle<()>>, shared: &Arc<Shared>| {
+            shared.shutdown.store(true, Ordering::Release);
+            for t in threads {
+                let _ = t.join();
+            }
+        };
+        for l in listeners {
+            let sh = Arc::clone(&shared);
+            let ib = Arc::clone(&inboxes);
+            match std::thread::Builder::new()
+                .name("nbd-listen".into())
+                .spawn(move || handshake::listen(l, sh, ib))
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    server_for_errors(threads, &shared);
+                    return Err(ConfigError::Spawn(e));
+                }
+            }
+        }
+        let e = &shared.export;
+        info!(export = %e.name, size_bytes = e.size_bytes, min = e.min_block_bytes,
+            preferred = e.preferred_block_bytes, max = e.max_block_bytes, ?tcp, ?unix,
+            reactors, "NBD server listening");
+        let frontends = inboxes
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| NbdFrontend::new(i, Arc::clone(&shared), Arc::clone(q)))
+            .collect();
+        Ok((
+            NbdServer {
+                shared,
+                threads,
+                tcp,
+                unix,
+            },
+            frontends,
+        ))
+    }
+}
+
+fn bind_unix(p: &Path) -> std::io::Result<UnixListener> {
+    if let Ok(m) = std::fs::symlink_metadata(p) {
+        if m.file_type().is_socket() {
+            std::fs::remove_file(p)?;
+        }
+    }
+    UnixListener::bind(p)
+}
+
+/// A running NBD server: its listener threads and the shutdown switch its front-ends
+/// watch. Dropping it shuts it down.
+///
+/// Shut the server down **before** stopping the reactors: a front-end is finished only
+/// once shutdown was requested and its connections drained, and the reactors stop only
+/// when every front-end is finished.
+pub struct NbdServer {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    tcp: Vec<SocketAddr>,
+    unix: Vec<PathBuf>,
+}
+
+/// Requests shutdown of a server from anywhere (a signal handler thread, an RPC).
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    /// Requests shutdown: listeners stop accepting, handshakes in progress are cut, and
+    /// every connection stops reading requests, finishes those accepted, sends their
+    /// replies and closes (cut after the drain grace period).
+    pub fn request(&self) {
+        self.0.shutdown.store(true, Ordering::Release);
+    }
+
+    /// Whether shutdown was requested.
+    pub fn requested(&self) -> bool {
+        self.0.shutdown.load(Ordering::Acquire)
+    }
+}
+
+impl NbdServer {
+    /// A builder for `export`, with default tunables; it listens on [`DEFAULT_LISTEN`]
+    /// unless given addresses.
+    pub fn builder(export: ExportConfig) -> NbdServerBuilder {
+        NbdServerBuilder {
+            export,
+            config: ServerConfig::default(),
+            listen: Vec::new(),
+        }
+    }
+
+    /// The bound TCP addresses (with the real port when 0 was asked).
+    pub fn tcp_addrs(&self) -> &[SocketAddr] {
+        &self.tcp
+    }
+
+    /// The Unix socket paths.
+    pub fn unix_paths(&self) -> &[PathBuf] {
+        &self.unix
+    }
+
+    /// The export as served (its maximum block size may have been lowered to the largest
+    /// buffer).
+    pub fn export(&self) -> &ExportConfig {
+        &self.shared.export
+    }
+
+    /// A handle that can request shutdown from elsewhere.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(Arc::clone(&self.shared))
+    }
+
+    /// Requests shutdown (see [`ShutdownHandle::request`]) and joins the listener threads.
+    /// The front-ends finish draining on their reactors; stop the reactors afterwards.
+    pub fn shutdown(mut self) {
+        self.stop_listeners();
+    }
+
+    fn stop_listeners(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        self.stop_listeners();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::geometry::{Geometry, Layout, Level};
+
+    fn export(level: Level, members: u16, chunk: u64, max: u32) -> ExportConfig {
+        let g = Geometry::new(level, Layout::LeftSymmetric, members, chunk, 512).unwrap();
+        let e = ExportConfig::for_array("x", &ArrayGeometry::new(g, 16).unwrap(), max);
+        e.validate().unwrap();
+        e
+    }
+
+    #[test]
+    fn preferred_block_is_a_full_stripe_a_chunk_or_what_fits() {
+        // 4 data chunks of 64 KiB: the full stripe.
+        let e = export(Level::Raid6, 6, 64 << 10, 4 << 20);
+        assert_eq!(
+            (e.min_block_bytes, e.preferred_block_bytes),
+            (512, 256 << 10)
+        );
+        assert_eq!(e.max_block_bytes, 4 << 20);
+        assert_eq!(e.size_bytes, 16 * 4 * (64 << 10));
+        // 3 data chunks: not a power of two, so one chunk.
+        assert_eq!(
+            export(Level::Raid5, 4, 64 << 10, 4 << 20).preferred_block_bytes,
+            64 << 10
+        );
+        // A stripe larger than the maximum: one chunk.
+        assert_eq!(
+            export(Level::Raid6, 10, 1 << 20, 4 << 20).preferred_block_bytes,
+            1 << 20
+        );
+        // A chunk larger than the maximum: the largest power of two that fits.
+        assert_eq!(
+            export(Level::Raid5, 3, 16 << 20, 3 << 20).preferred_block_bytes,
+            2 << 20
+        );
+    }
+
+    #[test]
+    fn invalid_exports_are_refused() {
+        let good = export(Level::Raid6, 6, 64 << 10, 1 << 20);
+        let bad = [
+            ExportConfig {
+                min_block_bytes: 3000,
+                ..good.clone()
+            },
+            ExportConfig {
+                min_block_bytes: 1 << 17,
+                ..good.clone()
+            },
+            ExportConfig {
+                preferred_block_bytes: 256,
+                ..good.clone()
+            },
+            ExportConfig {
+                preferred_block_bytes: 3 << 10,
+                ..good.clone()
+            },
+            ExportConfig {
+                max_block_bytes: 1000,
+                ..good.clone()
+            },
+            ExportConfig {
+                max_block_bytes: 128 << 10,
+                ..good.clone()
+            },
+            ExportConfig {
+                size_bytes: 1000,
+                ..good.clone()
+            },
+            ExportConfig {
+                size_bytes: 0,
+                ..good.clone()
+            },
+            ExportConfig {
+                name: "a\0b".into(),
+                ..good.clone()
+            },
+            ExportConfig {
+                description: "d".repeat(5000),
+                ..good.clone()
+            },
+        ];
+        for e in bad {
+            assert!(e.validate().is_err(), "{e:?}");
+        }
+        assert!(good.matches(b"x") && good.matches(b"") && !good.matches(b"y"));
+    }
+
+    #[test]
+    fn builder_refuses_bad_tunables_and_lowers_the_maximum_to_the_pool() {
+        let e = export(Level::Raid6, 6, 64 << 10, 4 << 20);
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let bad = ServerConfig {
+            buffers: vec![BufferClass {
+                bytes: 1000,
+                count: 4,
+            }],
+            ..ServerConfig::default()
+        };
+        assert!(NbdServer::builder(e.clone())
+            .listen_tcp(addr)
+            .config(bad)
+            .start(1)
+            .is_err());
+        assert!(NbdServer::builder(e.clone())
+            .listen_tcp(addr)
+            .start(0)
+            .is_err());
+        let small = ServerConfig {
+            buffers: vec![BufferClass {
+                bytes: 512 << 10,
+                count: 4,
+            }],
+            ..ServerConfig::default()
+        };
+        let (server, fe) = NbdServer::builder(e)
+            .listen_tcp(addr)
+            .config(small)
+            .start(2)
+            .unwrap();
+        assert_eq!(server.export().max_block_bytes, 512 << 10);
+        assert_eq!(fe.len(), 2);
+        assert_eq!(fe[0].buffers(), 4);
+        server.shutdown();
+    }
+}

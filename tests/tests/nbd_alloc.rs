@@ -1,0 +1,239 @@
+//! The NBD data path allocates nothing: a counting global allocator, armed only while a
+//! reactor runs the NBD front-end (`poll` — which includes receiving requests, submitting
+//! them through `Io::submit` into the engine, and sending replies — and `complete`),
+//! must count zero allocations over thousands of pipelined reads and writes once the
+//! connection is established.
+//!
+//! A separate test binary because it replaces the global allocator.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drivers::mem::MemDevice;
+use engine::array::{ArrayCompletion, ArrayConfig};
+use engine::device::Channel;
+use engine::geometry::{ArrayGeometry, Geometry, Layout as RaidLayout, Level};
+use engine::parity::Parity;
+use engine::reactor::{Frontend, Io, Mode, ReactorConfig, Reactors};
+use ferroraid::nbd::proto::{self, Request};
+use ferroraid::nbd::{ExportConfig, NbdFrontend, NbdServer};
+use ferroraid_tests::Rng;
+
+struct Counting;
+
+thread_local! {
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+}
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; the bookkeeping touches
+// only a const-initialised thread-local Cell and an atomic (neither allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if ARMED.with(Cell::get) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if ARMED.with(Cell::get) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The NBD front-end with the allocation counter armed around it.
+struct Armed(NbdFrontend);
+
+impl Frontend for Armed {
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        ARMED.with(|a| a.set(true));
+        let r = self.0.poll(io);
+        ARMED.with(|a| a.set(false));
+        r
+    }
+    fn complete(&mut self, c: ArrayCompletion) {
+        ARMED.with(|a| a.set(true));
+        self.0.complete(c);
+        ARMED.with(|a| a.set(false));
+    }
+    fn finished(&self) -> bool {
+        self.0.finished()
+    }
+}
+
+fn option(s: &mut TcpStream, opt: u32, data: &[u8]) {
+    s.write_all(&proto::encode_option_header(opt, data.len() as u32))
+        .unwrap();
+    s.write_all(data).unwrap();
+    loop {
+        let mut h = [0u8; proto::OPTION_REPLY_HEADER_BYTES];
+        s.read_exact(&mut h).unwrap();
+        let h = proto::parse_option_reply_header(&h).unwrap();
+        let mut d = vec![0u8; h.length as usize];
+        s.read_exact(&mut d).unwrap();
+        if h.reply == proto::REP_ACK {
+            return;
+        }
+        assert_eq!(h.reply, proto::REP_INFO, "option {opt} failed");
+    }
+}
+
+/// Pipelined random reads and writes at depth `depth`; checks every reply.
+fn traffic(s: &mut TcpStream, structured: bool, ops: u64, depth: u64, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let payload = rng.bytes(256 << 10);
+    let mut pending: HashMap<u64, (u16, u32)> = HashMap::new();
+    let mut data = vec![0u8; (256 << 10) + 8];
+    let mut sent = 0;
+    let mut done = 0;
+    while done < ops {
+        while sent < ops && (sent - done) < depth {
+            let len = 4096 * (1 + rng.below(64)) as u32;
+            let offset = 4096 * rng.below((24 << 20) / 4096);
+            let command = if rng.below(2) == 0 {
+                proto::CMD_READ
+            } else {
+                proto::CMD_WRITE
+            };
+            let r = Request {
+                flags: if sent % 7 == 0 {
+                    proto::CMD_FLAG_FUA
+                } else {
+                    0
+                },
+                command,
+                handle: sent,
+                offset,
+                length: len,
+            };
+            s.write_all(&proto::encode_request(&r)).unwrap();
+            if command == proto::CMD_WRITE {
+                s.write_all(&payload[..len as usize]).unwrap();
+            }
+            pending.insert(sent, (command, len));
+            sent += 1;
+            if sent % 50 == 0 {
+                s.write_all(&proto::encode_request(&Request {
+                    flags: 0,
+                    command: proto::CMD_FLUSH,
+                    handle: u64::MAX - sent,
+                    offset: 0,
+                    length: 0,
+                }))
+                .unwrap();
+                pending.insert(u64::MAX - sent, (proto::CMD_FLUSH, 0));
+            }
+        }
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h[..4]).unwrap();
+        let magic = u32::from_be_bytes(h[..4].try_into().unwrap());
+        let n = if magic == proto::SIMPLE_REPLY_MAGIC {
+            16
+        } else {
+            20
+        };
+        s.read_exact(&mut h[4..n]).unwrap();
+        let (hdr, _) = proto::parse_reply_header(&h[..n]).unwrap();
+        let handle = match hdr {
+            proto::ReplyHeader::Simple { error, handle } => {
+                assert_eq!(error, 0);
+                let (cmd, len) = pending[&handle];
+                if cmd == proto::CMD_READ {
+                    s.read_exact(&mut data[..len as usize]).unwrap();
+                }
+                handle
+            }
+            proto::ReplyHeader::Structured {
+                flags,
+                kind,
+                handle,
+                length,
+            } => {
+                assert!(structured);
+                assert_eq!(kind, proto::REPLY_TYPE_OFFSET_DATA);
+                assert_ne!(flags & proto::REPLY_FLAG_DONE, 0);
+                s.read_exact(&mut data[..length as usize]).unwrap();
+                handle
+            }
+        };
+        let (cmd, _) = pending.remove(&handle).expect("known handle");
+        if cmd != proto::CMD_FLUSH {
+            done += 1;
+        }
+    }
+    assert!(pending.is_empty());
+}
+
+#[test]
+fn the_nbd_data_path_allocates_nothing() {
+    for reactors in [1usize, 2] {
+        let g = Geometry::new(Level::Raid6, RaidLayout::LeftSymmetric, 6, 64 << 10, 512).unwrap();
+        let geo = ArrayGeometry::new(g, 128).unwrap();
+        let devices: Arc<Vec<MemDevice>> = Arc::new(
+            (0..6)
+                .map(|i| MemDevice::new(&format!("mem{i}"), 8 << 20, 512, 64).unwrap())
+                .collect(),
+        );
+        let (server, frontends) = NbdServer::builder(ExportConfig::for_array("a", &geo, 1 << 20))
+            .listen_tcp("127.0.0.1:0".parse().unwrap())
+            .start(reactors)
+            .unwrap();
+        let port = server.tcp_addrs()[0].port();
+        let running = Reactors::start(
+            Arc::clone(&devices),
+            geo,
+            Parity::new(),
+            ArrayConfig::default(),
+            ReactorConfig {
+                cores: vec![None; reactors],
+                mode: Mode::Adaptive,
+                requests: 256,
+            },
+            frontends.into_iter().map(Armed).collect(),
+        )
+        .unwrap();
+        for structured in [false, true] {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut g = [0u8; proto::GREETING_BYTES];
+            s.read_exact(&mut g).unwrap();
+            s.write_all(&3u32.to_be_bytes()).unwrap();
+            if structured {
+                option(&mut s, proto::OPT_STRUCTURED_REPLY, &[]);
+            }
+            option(
+                &mut s,
+                proto::OPT_GO,
+                &proto::encode_info_request(b"a", &[proto::INFO_BLOCK_SIZE]),
+            );
+            // Warm-up (the connection is adopted by its reactor during this).
+            traffic(&mut s, structured, 200, 16, 1);
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            traffic(&mut s, structured, 3000, 24, 2);
+            let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+            assert_eq!(
+                allocated, 0,
+                "{reactors} reactors, structured {structured}: the NBD data path allocated {allocated} times"
+            );
+        }
+        server.shutdown();
+        running.stop().unwrap();
+    }
+}
