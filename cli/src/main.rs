@@ -1,12 +1,9 @@
 //! `ferroraid`: the storage target's command-line front end.
 //!
-//! At this stage (engine foundation) it offers the array tools that stand on the geometry
-//! and parity layers: `layout` (print where P, Q and data live), `map` (logical offset to
-//! member), `kernels` (parity kernels on this CPU) and `demo` (the embedded demo: a RAID6
-//! over file-backed members, written, verified, degraded by two members and
-//! reconstructed). Serving arrays over NBD/iSCSI arrives with the main job.
-
-mod demo;
+//! The target: `create` (md v1.2 superblocks, initial parity), `serve` (assemble and export
+//! over NBD), `demo` (the embedded default: a RAID6 over sparse files, served over NBD).
+//! Array tools: `layout` (where P, Q and data live), `map` (logical offset to member),
+//! `kernels` (parity kernels on this CPU), `selftest` (offline engine self-test).
 
 /// `println!` that returns the I/O error instead of panicking when stdout is closed
 /// (`ferroraid layout | head`).
@@ -23,6 +20,9 @@ macro_rules! say_part {
         write!(std::io::stdout().lock(), $($t)*)
     }};
 }
+
+mod selftest;
+mod serve;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -61,8 +61,18 @@ enum Command {
     },
     /// List the parity kernels and which one this CPU uses.
     Kernels,
-    /// The embedded demo: a RAID6 over file-backed members in a data directory.
-    Demo(demo::DemoArgs),
+    /// The embedded demo: a RAID6 over six sparse member files in a data directory,
+    /// served over NBD on 127.0.0.1:10809 as export `demo` (rerunning reuses it).
+    Demo(serve::DemoArgs),
+    /// Create an array: md v1.2 superblocks on every member, initial parity by zeroing
+    /// the data areas (or --assume-clean).
+    Create(serve::CreateArgs),
+    /// Run the target: assemble the array from its members' superblocks and serve it over
+    /// NBD until SIGINT/SIGTERM (which drain, flush and mark the array clean).
+    Serve(serve::ServeArgs),
+    /// Offline self-test of the engine: builds a RAID over member image files, verifies
+    /// it, loses members and reconstructs every stripe.
+    Selftest(selftest::SelftestArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -150,7 +160,10 @@ fn run() -> Result<()> {
             }
             Ok(())
         }
-        Command::Demo(args) => demo::run(&args),
+        Command::Demo(args) => serve::run_demo(&args),
+        Command::Create(args) => serve::run_create(&args),
+        Command::Serve(args) => serve::run_serve(&args),
+        Command::Selftest(args) => selftest::run(&args),
     }
 }
 

@@ -24,7 +24,7 @@ fn demo_images_pass_the_oracle() {
         ("5", "right-symmetric", "4", "2"),
     ] {
         let out = ferroraid(&[
-            "demo",
+            "selftest",
             "--dir",
             d,
             "--level",
@@ -70,22 +70,22 @@ fn demo_images_pass_the_oracle() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     for (args, want) in [
-        (vec!["demo", "--members", "300"], "4 to 257 members"),
-        (vec!["demo", "--chunk", "3K"], "power of two"),
-        (vec!["demo", "--fail", "1,2,3"], "survives only 2"),
+        (vec!["selftest", "--members", "300"], "4 to 257 members"),
+        (vec!["selftest", "--chunk", "3K"], "power of two"),
+        (vec!["selftest", "--fail", "1,2,3"], "survives only 2"),
         (
-            vec!["demo", "--level", "5", "--fail", "9"],
+            vec!["selftest", "--level", "5", "--fail", "9"],
             "does not exist",
         ),
         (vec!["layout", "--layout", "diagonal"], "left-symmetric (2)"),
         (vec!["map", "--chunk", "64Q", "0"], "not a byte size"),
         (vec!["map", "4096.5"], "not a whole number"),
         (
-            vec!["demo", "--level", "5", "--members", "257"],
+            vec!["selftest", "--level", "5", "--members", "257"],
             "3 to 256 members",
         ),
         (
-            vec!["demo", "--members", "257", "--member-size", "1G"],
+            vec!["selftest", "--members", "257", "--member-size", "1G"],
             "limited to 1073741824 bytes",
         ),
         (vec!["map", "18446744073709551615"], "capacity limit"),
@@ -138,7 +138,7 @@ fn demo_refuses_symlinks_and_dedups_failures() {
     std::os::unix::fs::symlink(&target, data.join("member-2.img")).unwrap();
     let d = data.to_str().unwrap();
     let out = ferroraid(&[
-        "demo",
+        "selftest",
         "--dir",
         d,
         "--members",
@@ -158,7 +158,7 @@ fn demo_refuses_symlinks_and_dedups_failures() {
     // Naming a member twice loses it once.
     std::fs::remove_file(data.join("member-2.img")).unwrap();
     let out = ferroraid(&[
-        "demo",
+        "selftest",
         "--dir",
         d,
         "--level",

@@ -1,5 +1,6 @@
 //! ferroraid device back ends: implementations of [`engine::device::BlockDevice`].
 //!
+//! - [`any`]: one device type over all of them (and a placeholder for a missing member).
 //! - [`mem`]: a RAM disk (data kept in memory; for tests and CPU-cost benchmarks).
 //! - [`null`]: no data at all; every request completes at once (pure CPU cost).
 //! - [`uring`]: io_uring over regular files and block devices with O_DIRECT.
@@ -9,6 +10,7 @@
 //! The simulated device with a virtual clock lives in the engine (`engine::sim`), as the
 //! engine's own test world.
 
+pub mod any;
 pub mod mem;
 pub mod metadata_io;
 pub mod null;

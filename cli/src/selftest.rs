@@ -1,5 +1,5 @@
-//! The embedded demo, foundation stage: builds a RAID array over member image files in a
-//! data directory with the engine's geometry and parity, verifies every stripe, then loses
+//! `ferroraid selftest`: an offline self-test of the engine (the foundation-stage demo).
+//! Builds a RAID array over member image files in a data directory with the engine's geometry and parity, verifies every stripe, then loses
 //! members (two for RAID6, one for RAID5) and reconstructs every stripe from the survivors,
 //! checking each byte against what was written. The member images are md-layout images
 //! that `../shared/oracle/raidref.py verify` accepts; the command to check them is printed.
@@ -15,12 +15,12 @@ use engine::buf::AlignedBuf;
 use engine::geometry::{ArrayGeometry, Level, Role};
 use engine::parity::{ChunkId, Kernel, Parity};
 
-/// Options of `ferroraid demo`.
+/// Options of `ferroraid selftest`.
 #[derive(Args, Debug)]
-pub struct DemoArgs {
+pub struct SelftestArgs {
     /// Data directory for the member images (created if missing; existing
     /// `member-N.img` files in it are overwritten, nothing else is touched).
-    #[arg(long, default_value = "ferroraid-demo")]
+    #[arg(long, default_value = "ferroraid-selftest")]
     dir: PathBuf,
     #[command(flatten)]
     shape: crate::Shape,
@@ -38,12 +38,12 @@ pub struct DemoArgs {
     seed: u64,
 }
 
-/// Largest array capacity the demo builds, in bytes. The demo keeps the logical data and
+/// Largest array capacity the self-test builds, in bytes. The self-test keeps the logical data and
 /// every member image in memory to check them, about `capacity × (1 + members/data_chunks)`
 /// bytes: at most 3 GiB at this limit (RAID6 with 4 members).
-const MAX_DEMO_CAPACITY_BYTES: u64 = 1 << 30;
+const MAX_SELFTEST_CAPACITY_BYTES: u64 = 1 << 30;
 
-/// Progress output: best effort, so a closed stdout (`| head`) never stops the demo
+/// Progress output: best effort, so a closed stdout (`| head`) never stops the self-test
 /// half-way through writing its images.
 macro_rules! progress {
     ($($t:tt)*) => {{
@@ -52,12 +52,12 @@ macro_rules! progress {
     }};
 }
 
-/// Runs the demo.
+/// Runs the self-test.
 ///
 /// # Errors
 /// Invalid geometry, unusable directory, I/O failures on the member images, or a
 /// verification/reconstruction mismatch (which would be a bug).
-pub fn run(a: &DemoArgs) -> Result<()> {
+pub fn run(a: &SelftestArgs) -> Result<()> {
     let geo = a.shape.geometry()?;
     let parity = match a.kernel {
         Some(k) => Parity::with_kernel(k)?,
@@ -66,8 +66,8 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     let n = usize::from(geo.members());
     let arr = geo.with_members(&vec![a.member_size; n], 0)?;
     ensure!(
-        arr.capacity_bytes() <= MAX_DEMO_CAPACITY_BYTES,
-        "the demo holds the array in memory and is limited to {MAX_DEMO_CAPACITY_BYTES} bytes of \
+        arr.capacity_bytes() <= MAX_SELFTEST_CAPACITY_BYTES,
+        "the self-test holds the array in memory and is limited to {MAX_SELFTEST_CAPACITY_BYTES} bytes of \
          capacity; {} members of {} bytes give {}: lower --member-size or --members",
         n,
         a.member_size,
@@ -125,7 +125,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         }
     }
     progress!(
-        "ferroraid demo: {} {} over {} member images of {} bytes in {} (chunk {} bytes, parity kernel {})",
+        "ferroraid selftest: {} {} over {} member images of {} bytes in {} (chunk {} bytes, parity kernel {})",
         geo.level(),
         geo.layout(),
         n,

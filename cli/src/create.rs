@@ -1,0 +1,232 @@
+//! `ferroraid create`: md v1.2 superblocks on new members, and consistent initial parity.
+//!
+//! The superblocks are laid out as mdadm 4.2 lays them out (`engine::metadata::NewArray`):
+//! same data offset, bad-block log, roles, so `mdadm --examine` reads them and kernel md
+//! assembles the array. Initial parity: the parity of all-zero data is zero (P and Q), so
+//! zeroing every member's data area makes the array consistent without computing anything.
+//! By default `create` does exactly that — `FALLOC_FL_ZERO_RANGE` on files (sparse, no
+//! data written), `BLKZEROOUT` on block devices (the device's write-zeroes, or zero pages
+//! the kernel writes) — with a progress bar, then records the array clean. With
+//! `--assume-clean` the members are declared consistent as they are (md's
+//! `--assume-clean`: right for new, already-zeroed devices, wrong for anything else).
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{bail, ensure, Context, Result};
+use drivers::metadata_io;
+use engine::geometry::Geometry;
+use engine::metadata::{MdTime, NewArray, Uuid};
+use indicatif::{ProgressBar, ProgressStyle};
+use tracing::info;
+
+/// What to create.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    /// Level, layout, member count (= `devices.len()`) and chunk.
+    pub geometry: Geometry,
+    /// Array name (`set_name`, at most 32 bytes).
+    pub name: String,
+    /// Member devices, in role order.
+    pub devices: Vec<PathBuf>,
+    /// Declare the members consistent without zeroing them.
+    pub assume_clean: bool,
+    /// Overwrite devices that already carry an md superblock.
+    pub force: bool,
+    /// Show a progress bar (a terminal); otherwise progress goes to the log.
+    pub progress: bool,
+}
+
+/// What was created.
+#[derive(Clone, Debug)]
+pub struct Created {
+    /// The array UUID.
+    pub uuid: Uuid,
+    /// Array capacity, bytes.
+    pub size_bytes: u64,
+    /// Data offset of every member, bytes.
+    pub data_offset_bytes: u64,
+}
+
+/// Size of a file or block device, bytes.
+///
+/// # Errors
+/// The device cannot be opened or sized.
+pub fn device_bytes(path: &Path) -> Result<u64> {
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let meta = f
+        .metadata()
+        .with_context(|| format!("stat {}", path.display()))?;
+    if meta.file_type().is_block_device() {
+        let mut size: u64 = 0;
+        // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
+        let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+        ensure!(
+            rc == 0,
+            "{}: BLKGETSIZE64: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+        Ok(size)
+    } else if meta.file_type().is_file() {
+        Ok(meta.len())
+    } else {
+        bail!(
+            "{} is neither a regular file nor a block device",
+            path.display()
+        )
+    }
+}
+
+/// `_IOR(0x12, 114, size_t)`.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+/// `_IO(0x12, 127)`.
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+/// Zeroes `len` bytes at `offset` of a member: `FALLOC_FL_ZERO_RANGE` for files (falling
+/// back to punching a hole, which also reads back as zeroes), `BLKZEROOUT` for block
+/// devices.
+fn zero_range(f: &File, block: bool, offset: u64, len: u64) -> std::io::Result<()> {
+    let fd = f.as_raw_fd();
+    if block {
+        let range: [u64; 2] = [offset, len];
+        // SAFETY: BLKZEROOUT reads two u64 (start, length) through the pointer.
+        let rc = unsafe { libc::ioctl(fd, BLKZEROOUT, range.as_ptr()) };
+        return if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+    }
+    let (o, l) = (offset as libc::off_t, len as libc::off_t);
+    for mode in [
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+    ] {
+        // SAFETY: fallocate takes plain integers.
+        if unsafe { libc::fallocate(fd, mode, o, l) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+}
+
+/// Creates the array: checks the devices, zeroes their data areas (unless
+/// `assume_clean`), writes the superblocks.
+///
+/// # Errors
+/// Wrong device count, a device that already carries an md superblock (without
+/// `force`), a device too small, a name too long, an I/O error (naming the device).
+pub fn create(o: &CreateOptions) -> Result<Created> {
+    let g = o.geometry;
+    ensure!(
+        o.devices.len() == usize::from(g.members()),
+        "a {}-member array needs {} devices, {} given",
+        g.members(),
+        g.members(),
+        o.devices.len()
+    );
+    for (i, a) in o.devices.iter().enumerate() {
+        if o.devices[..i].iter().any(|b| b == a) {
+            bail!("{} is named twice", a.display());
+        }
+    }
+    let mut sectors = Vec::new();
+    for p in &o.devices {
+        if !o.force {
+            if let Ok(sb) = metadata_io::read_superblock(p) {
+                bail!(
+                    "{} already carries an md superblock (array {}, name {:?}, role {}); \
+                     use --force to overwrite it",
+                    p.display(),
+                    sb.set_uuid,
+                    sb.name(),
+                    sb.dev_number
+                );
+            }
+        }
+        sectors.push(device_bytes(p)? / 512);
+    }
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut rng = rand::thread_rng();
+    let uuid = Uuid::random(&mut rng);
+    let mut new = NewArray::new(
+        g,
+        uuid,
+        &o.name,
+        None,
+        MdTime::new(now.as_secs(), now.subsec_micros()),
+    )?;
+    new.clean = true;
+    let sbs = new.superblocks(&sectors, &mut rng)?;
+    let data_offset = sbs[0].data_offset * 512;
+    let data_bytes = sbs[0].size * 512;
+    let size_bytes = data_bytes / u64::from(g.chunk_bytes())
+        * u64::from(g.chunk_bytes())
+        * u64::from(g.data_chunks());
+    // Invalidate any old superblock first, so an interrupted create leaves no device that
+    // claims membership of an array whose parity was never made consistent.
+    for p in &o.devices {
+        let f = File::options()
+            .write(true)
+            .open(p)
+            .with_context(|| format!("opening {}", p.display()))?;
+        let block = f.metadata()?.file_type().is_block_device();
+        zero_range(&f, block, 0, data_offset)
+            .with_context(|| format!("clearing the metadata area of {}", p.display()))?;
+    }
+    if !o.assume_clean {
+        let total = data_bytes * o.devices.len() as u64;
+        let bar = if o.progress {
+            ProgressBar::new(total).with_style(
+                ProgressStyle::with_template(
+                    "zeroing members {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                )
+                .expect("valid template"),
+            )
+        } else {
+            ProgressBar::hidden()
+        };
+        const STEP: u64 = 1 << 30;
+        let mut done = 0u64;
+        for p in &o.devices {
+            let f = File::options()
+                .write(true)
+                .open(p)
+                .with_context(|| format!("opening {}", p.display()))?;
+            let block = f.metadata()?.file_type().is_block_device();
+            let mut at = 0;
+            while at < data_bytes {
+                let n = STEP.min(data_bytes - at);
+                zero_range(&f, block, data_offset + at, n)
+                    .with_context(|| format!("zeroing the data area of {}", p.display()))?;
+                at += n;
+                done += n;
+                bar.set_position(done);
+                if !o.progress && at.is_multiple_of(16 * STEP) {
+                    info!(device = %p.display(), done_bytes = at, total_bytes = data_bytes, "zeroing");
+                }
+            }
+            f.sync_data()
+                .with_context(|| format!("flushing {}", p.display()))?;
+        }
+        bar.finish_and_clear();
+    }
+    for (p, sb) in o.devices.iter().zip(&sbs) {
+        metadata_io::write_superblock(p, sb)?;
+    }
+    Ok(Created {
+        uuid,
+        size_bytes,
+        data_offset_bytes: data_offset,
+    })
+}

@@ -1,0 +1,424 @@
+//! `ferroraid create`, `ferroraid serve` and `ferroraid demo`: the command-line side of
+//! the target (the runtime itself is the library's `target` module).
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use engine::array::MemberState;
+use engine::geometry::{Geometry, Layout, Level};
+use engine::reactor::Mode;
+use ferroraid::create::{create, CreateOptions};
+use ferroraid::target::{ServeOptions, Target};
+use serde::Deserialize;
+
+/// Options of `ferroraid create`.
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// RAID level: 5 or 6.
+    #[arg(long)]
+    level: Level,
+    /// Chunk size: a power of two from 4K to 16M.
+    #[arg(long, default_value = "64K", value_parser = crate::parse_bytes)]
+    chunk: u64,
+    /// md layout name or number.
+    #[arg(long, default_value = "left-symmetric")]
+    layout: Layout,
+    /// Array name (the NBD export name; at most 32 bytes).
+    #[arg(long, default_value = "ferroraid")]
+    name: String,
+    /// Declare the members consistent instead of zeroing their data areas (only for
+    /// devices that are already all zeroes).
+    #[arg(long)]
+    assume_clean: bool,
+    /// Overwrite devices that already carry an md superblock.
+    #[arg(long)]
+    force: bool,
+    /// Member devices (files or block devices), in role order.
+    #[arg(required = true)]
+    devices: Vec<PathBuf>,
+}
+
+/// Runs `ferroraid create`.
+pub fn run_create(a: &CreateArgs) -> Result<()> {
+    let n = u16::try_from(a.devices.len()).context("too many devices")?;
+    let geometry = Geometry::new(a.level, a.layout, n, a.chunk, 512)?;
+    let c = create(&CreateOptions {
+        geometry,
+        name: a.name.clone(),
+        devices: a.devices.clone(),
+        assume_clean: a.assume_clean,
+        force: a.force,
+        progress: std::io::stderr().is_terminal(),
+    })?;
+    say!(
+        "created {} {} array {:?} (UUID {}): {} members, chunk {} bytes, {} bytes, data offset {} bytes",
+        geometry.level(),
+        geometry.layout(),
+        a.name,
+        c.uuid,
+        n,
+        geometry.chunk_bytes(),
+        c.size_bytes,
+        c.data_offset_bytes
+    )?;
+    Ok(())
+}
+
+/// Options of `ferroraid serve`; every one can also come from the `--config` TOML file
+/// (same names, `-` written `_`; command-line values win).
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
+    /// "adaptive", nbd = [...], rpc, force, io_timeout_ms, max_block, queue_depth,
+    /// stripe_ops).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Cores to run reactors on, one reactor each (e.g. 0,1). Default: `--reactors`
+    /// reactors on cores chosen with hwloc.
+    #[arg(long, value_delimiter = ',')]
+    cores: Vec<usize>,
+    /// Reactors when no --cores are given (default 1).
+    #[arg(long)]
+    reactors: Option<usize>,
+    /// Busy-poll (the default: lowest latency, a whole core per reactor).
+    #[arg(long, conflicts_with = "adaptive")]
+    polled: bool,
+    /// Sleep when idle (shared machines, tests).
+    #[arg(long)]
+    adaptive: bool,
+    /// NBD listen address: HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809).
+    #[arg(long)]
+    nbd: Vec<String>,
+    /// JSON-RPC management socket path.
+    #[arg(long)]
+    rpc: Option<PathBuf>,
+    /// Start even with members missing or out of date (reported).
+    #[arg(long)]
+    force: bool,
+    /// Member command timeout, milliseconds (default 30000).
+    #[arg(long)]
+    io_timeout_ms: Option<u64>,
+    /// Largest NBD request (default 4M).
+    #[arg(long, value_parser = crate::parse_bytes)]
+    max_block: Option<u64>,
+    /// io_uring queue depth per member per reactor (default 128).
+    #[arg(long)]
+    queue_depth: Option<u32>,
+    /// Stripe operations per reactor (default 64).
+    #[arg(long)]
+    stripe_ops: Option<usize>,
+    /// Member devices (files or block devices), any order.
+    devices: Vec<PathBuf>,
+}
+
+/// The `--config` file.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct ServeFile {
+    devices: Option<Vec<PathBuf>>,
+    cores: Option<Vec<usize>>,
+    reactors: Option<usize>,
+    mode: Option<String>,
+    nbd: Option<Vec<String>>,
+    rpc: Option<PathBuf>,
+    force: Option<bool>,
+    io_timeout_ms: Option<u64>,
+    max_block: Option<toml::Value>,
+    queue_depth: Option<u32>,
+    stripe_ops: Option<usize>,
+}
+
+/// Parses `HOST:PORT` or `unix:PATH`.
+fn listen_spec(s: &str, o: &mut ServeOptions) -> Result<()> {
+    if let Some(p) = s.strip_prefix("unix:") {
+        if p.is_empty() {
+            bail!("--nbd unix: needs a socket path");
+        }
+        o.nbd_unix.push(PathBuf::from(p));
+    } else {
+        let a: SocketAddr = s.parse().with_context(|| {
+            format!("--nbd {s:?}: expected HOST:PORT (e.g. 127.0.0.1:10809) or unix:PATH")
+        })?;
+        o.nbd_tcp.push(a);
+    }
+    Ok(())
+}
+
+impl ServeArgs {
+    /// The options, from the file first, then the command line over it.
+    fn options(&self) -> Result<(ServeOptions, Option<PathBuf>)> {
+        let file: ServeFile = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
+            }
+            None => ServeFile::default(),
+        };
+        let devices = if self.devices.is_empty() {
+            file.devices.clone().unwrap_or_default()
+        } else {
+            self.devices.clone()
+        };
+        if devices.is_empty() {
+            bail!("no member devices: name them on the command line or as `devices` in --config");
+        }
+        let mut o = ServeOptions::new(devices);
+        o.cores = if self.cores.is_empty() {
+            file.cores.clone().unwrap_or_default()
+        } else {
+            self.cores.clone()
+        };
+        o.reactors = self.reactors.or(file.reactors).unwrap_or(1);
+        if o.reactors == 0 {
+            bail!("--reactors must be at least 1");
+        }
+        o.mode = if self.adaptive {
+            Mode::Adaptive
+        } else if self.polled {
+            Mode::Polled
+        } else {
+            match file.mode.as_deref() {
+                None | Some("polled") => Mode::Polled,
+                Some("adaptive") => Mode::Adaptive,
+                Some(m) => bail!("mode {m:?}: expected \"polled\" or \"adaptive\""),
+            }
+        };
+        let nbd = if self.nbd.is_empty() {
+            file.nbd.clone().unwrap_or_default()
+        } else {
+            self.nbd.clone()
+        };
+        for s in &nbd {
+            listen_spec(s, &mut o)?;
+        }
+        o.force = self.force || file.force.unwrap_or(false);
+        if let Some(ms) = self.io_timeout_ms.or(file.io_timeout_ms) {
+            o.io_timeout = Duration::from_millis(ms);
+        }
+        let max_block = match (self.max_block, &file.max_block) {
+            (Some(b), _) => Some(b),
+            (None, Some(toml::Value::Integer(i))) => Some(u64::try_from(*i).context("max_block")?),
+            (None, Some(toml::Value::String(s))) => {
+                Some(crate::parse_bytes(s).map_err(anyhow::Error::msg)?)
+            }
+            (None, Some(v)) => {
+                bail!("max_block = {v}: expected a byte count like 4194304 or \"4M\"")
+            }
+            (None, None) => None,
+        };
+        if let Some(b) = max_block {
+            o.max_block_bytes = u32::try_from(b)
+                .ok()
+                .filter(|&b| b >= 4096)
+                .with_context(|| format!("max_block {b}: expected 4K to 4G"))?;
+        }
+        if let Some(q) = self.queue_depth.or(file.queue_depth) {
+            o.queue_depth = q;
+        }
+        if let Some(s) = self.stripe_ops.or(file.stripe_ops) {
+            o.stripe_ops = s;
+        }
+        Ok((o, self.rpc.clone().or(file.rpc)))
+    }
+}
+
+/// SIGINT/SIGTERM set the returned flag; a second one ends the process at once.
+fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&flag))?;
+        signal_hook::flag::register(sig, Arc::clone(&flag))?;
+    }
+    Ok(flag)
+}
+
+/// Runs `ferroraid serve` until SIGINT/SIGTERM.
+pub fn run_serve(a: &ServeArgs) -> Result<()> {
+    let (opts, _rpc) = a.options()?;
+    let stop = stop_flag()?;
+    let target = Target::start(&opts)?;
+    serve_until(target, &stop, false)
+}
+
+/// Serves until `stop` is set, then stops cleanly; with `live`, a status line every
+/// second on stdout.
+fn serve_until(target: Target, stop: &AtomicBool, live: bool) -> Result<()> {
+    let tty = std::io::stdout().is_terminal();
+    let mut last = (Instant::now(), 0u64, 0u64, 0u64);
+    let mut next = Instant::now() + Duration::from_secs(1);
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(50));
+        if live && Instant::now() >= next {
+            next += Duration::from_secs(1);
+            let snap = target.handle().snapshot();
+            let (mut ops, mut rb, mut wb) = (0u64, 0u64, 0u64);
+            for m in &snap.members {
+                ops += m.counters.reads + m.counters.writes;
+                rb += m.counters.read_bytes;
+                wb += m.counters.write_bytes;
+            }
+            let dt = last.0.elapsed().as_secs_f64().max(1e-3);
+            let online = snap
+                .members
+                .iter()
+                .filter(|m| m.state == MemberState::Online)
+                .count();
+            let line = format!(
+                "{} · {online}/{} members · member I/O {:.0}/s, read {:.1} MB/s, write {:.1} MB/s · events {}",
+                if online == snap.members.len() { "healthy" } else { "DEGRADED" },
+                snap.members.len(),
+                (ops - last.1) as f64 / dt,
+                (rb - last.2) as f64 / dt / 1e6,
+                (wb - last.3) as f64 / dt / 1e6,
+                target.events()
+            );
+            last = (Instant::now(), ops, rb, wb);
+            if tty {
+                say_part!("\r\x1b[2K{line}")?;
+                use std::io::Write as _;
+                std::io::stdout().flush()?;
+            } else {
+                say!("{line}")?;
+            }
+        }
+    }
+    if live && tty {
+        say!()?;
+    }
+    tracing::info!("stopping: draining requests, flushing members, marking the array clean");
+    target.stop()
+}
+
+/// Options of `ferroraid demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Data directory (created if missing; an array already there is reused).
+    #[arg(long, default_value = "ferroraid-demo")]
+    dir: PathBuf,
+    /// NBD address: HOST:PORT or unix:PATH.
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    nbd: String,
+    /// Size of each of the six sparse member files (a new array only).
+    #[arg(long, default_value = "256M", value_parser = crate::parse_bytes)]
+    member_size: u64,
+    /// Reactors (adaptive mode).
+    #[arg(long, default_value_t = 1)]
+    reactors: usize,
+    /// Stop after this many seconds (default: run until Ctrl-C).
+    #[arg(long)]
+    seconds: Option<u64>,
+}
+
+/// Members of the demo array (RAID6: four data + P + Q).
+const DEMO_MEMBERS: usize = 6;
+
+/// Runs `ferroraid demo`.
+pub fn run_demo(a: &DemoArgs) -> Result<()> {
+    std::fs::create_dir_all(&a.dir)
+        .with_context(|| format!("creating data directory {}", a.dir.display()))?;
+    let paths: Vec<PathBuf> = (0..DEMO_MEMBERS)
+        .map(|i| a.dir.join(format!("member-{i}.img")))
+        .collect();
+    let present = paths.iter().filter(|p| p.exists()).count();
+    if present == 0 {
+        for p in &paths {
+            let f = std::fs::File::options()
+                .write(true)
+                .create_new(true)
+                .open(p)
+                .with_context(|| format!("creating {}", p.display()))?;
+            f.set_len(a.member_size)
+                .with_context(|| format!("sizing {}", p.display()))?;
+        }
+        let geometry = Geometry::new(
+            Level::Raid6,
+            Layout::LeftSymmetric,
+            DEMO_MEMBERS as u16,
+            64 << 10,
+            512,
+        )?;
+        let c = create(&CreateOptions {
+            geometry,
+            name: "demo".into(),
+            devices: paths.clone(),
+            assume_clean: false,
+            force: false,
+            progress: false,
+        })?;
+        say!(
+            "created RAID6 \"demo\" over {DEMO_MEMBERS} sparse {}-byte member files in {} ({} bytes)",
+            a.member_size,
+            a.dir.display(),
+            c.size_bytes
+        )?;
+    } else {
+        say!("reusing the array in {}", a.dir.display())?;
+    }
+    let mut o = ServeOptions::new(paths);
+    o.mode = Mode::Adaptive;
+    o.reactors = a.reactors.max(1);
+    listen_spec(&a.nbd, &mut o)?;
+    let stop = stop_flag()?;
+    let target = Target::start(&o).with_context(|| {
+        format!(
+            "serving the demo array in {} (delete the directory to start over)",
+            a.dir.display()
+        )
+    })?;
+    let url = match (
+        target.nbd_tcp_addrs().first(),
+        target.nbd_unix_paths().first(),
+    ) {
+        (Some(t), _) => format!("nbd://{t}/{}", target.name()),
+        (None, Some(u)) => format!("nbd+unix:///{}?socket={}", target.name(), u.display()),
+        _ => bail!("the NBD server listens nowhere"),
+    };
+    print_howto(&url, &target, &a.dir)?;
+    if let Some(s) = a.seconds {
+        let stop2 = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(s));
+            stop2.store(true, Ordering::Release);
+        });
+    }
+    serve_until(target, &stop, true)
+}
+
+fn print_howto(url: &str, t: &Target, dir: &Path) -> Result<()> {
+    let g = t.geometry().geometry();
+    say!(
+        "serving RAID{} {} ({} members, {} KiB chunk, {} bytes) as NBD export {:?}",
+        g.level().md_level(),
+        g.layout(),
+        g.members(),
+        g.chunk_bytes() / 1024,
+        t.geometry().capacity_bytes(),
+        t.name()
+    )?;
+    say!("  connect:   {url}")?;
+    say!("  try:       qemu-io -f raw -c 'write -P 0x5a 0 1M' -c 'read -P 0x5a 0 1M' {url}")?;
+    say!("             nbdinfo {url}")?;
+    say!("             nbdcopy disk.img {url}   # and back: nbdcopy {url} copy.img")?;
+    if let Some(a) = t.nbd_tcp_addrs().first() {
+        say!(
+            "             nbd-client {} {} /dev/nbd0 -N {}   # kernel client, as root",
+            a.ip(),
+            a.port(),
+            t.name()
+        )?;
+    }
+    say!(
+        "  members:   {}/member-0.img … member-{}.img (md v1.2: mdadm --examine reads them)",
+        dir.display(),
+        g.members() - 1
+    )?;
+    say!("Ctrl-C stops: drains requests, flushes the members, marks the array clean.")?;
+    Ok(())
+}

@@ -1,0 +1,566 @@
+//! The running target: members assembled from their md superblocks, reactors, the NBD
+//! export, and the superblock bookkeeping of a live array.
+//!
+//! [`Target::start`] opens every device (io_uring, `O_DIRECT`), reads its md v1.2
+//! superblock, and lets [`engine::metadata::assemble`] decide — superblocks, not the order
+//! the devices were named in, say which device serves which role. An absent role is run
+//! degraded (a placeholder device that refuses everything, listed as failed). Before the
+//! first request the array is marked *active* on every member (`events` + 1,
+//! `resync_offset` = 0, md's `super_1_sync` for a dirty array), so a crash leaves members
+//! that say "resync needed". A monitor thread records members the reactors fail as faulty
+//! in the survivors' superblocks. [`Target::stop`] shuts the NBD listener, drains every
+//! connection's requests, stops the reactors, flushes every member and marks the array
+//! clean (`resync_offset` = `MaxSector`) — or leaves it dirty if it needed a resync when
+//! it started (resync is a later issue's).
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, ensure, Context, Result};
+use drivers::any::AnyDevice;
+use drivers::metadata_io;
+use drivers::uring::{UringConfig, UringDevice};
+use engine::array::{ArrayConfig, MemberState};
+use engine::device::BlockDevice;
+use engine::geometry::ArrayGeometry;
+use engine::metadata::{
+    assemble, next_generation, AssembleOptions, Assembly, MdTime, Resync, Superblock, Update,
+    MAX_SECTOR,
+};
+use engine::parity::Parity;
+use engine::reactor::{Mode, ReactorConfig, ReactorHandle, Reactors};
+use tracing::{info, warn};
+
+use crate::nbd::{ExportConfig, NbdFrontend, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
+
+/// How often the monitor looks for newly failed members, to record them on disk.
+const MONITOR_INTERVAL: Duration = Duration::from_millis(50);
+
+/// What `ferroraid serve` runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Member devices (files or block devices), any order.
+    pub devices: Vec<PathBuf>,
+    /// CPU cores of the reactors (one reactor each). Empty: `reactors` reactors on cores
+    /// chosen with hwloc (one per physical core, the members' NUMA node first).
+    pub cores: Vec<usize>,
+    /// Reactors when `cores` is empty (at least 1).
+    pub reactors: usize,
+    /// Idle behaviour of the reactors.
+    pub mode: Mode,
+    /// NBD listening TCP addresses.
+    pub nbd_tcp: Vec<SocketAddr>,
+    /// NBD listening Unix socket paths.
+    pub nbd_unix: Vec<PathBuf>,
+    /// Largest NBD request, bytes.
+    pub max_block_bytes: u32,
+    /// Start although members are missing or out of date (mdadm `--force`).
+    pub force: bool,
+    /// Command timeout of member requests.
+    pub io_timeout: Duration,
+    /// Requests in flight per reactor per member (io_uring queue depth).
+    pub queue_depth: u32,
+    /// Stripe operations per reactor (each holds one chunk per member).
+    pub stripe_ops: usize,
+}
+
+impl ServeOptions {
+    /// Defaults for `devices`: one reactor, polled, NBD on 127.0.0.1:10809, 4 MiB
+    /// requests, no force, 30 s command timeout, queue depth 128, 64 stripe operations.
+    pub fn new(devices: Vec<PathBuf>) -> Self {
+        Self {
+            devices,
+            cores: Vec::new(),
+            reactors: 1,
+            mode: Mode::Polled,
+            nbd_tcp: Vec::new(),
+            nbd_unix: Vec::new(),
+            max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
+            force: false,
+            io_timeout: Duration::from_secs(30),
+            queue_depth: 128,
+            stripe_ops: 64,
+        }
+    }
+}
+
+/// One member's on-disk state as the target keeps it.
+#[derive(Clone, Debug)]
+struct MemberMeta {
+    role: u16,
+    path: PathBuf,
+    sb: Superblock,
+    /// Still receives superblock updates (not failed).
+    active: bool,
+}
+
+/// The superblocks of the running array, and the rule for changing them.
+#[derive(Debug)]
+struct Meta {
+    members: Vec<MemberMeta>,
+    /// Roles already recorded faulty.
+    recorded_failed: Vec<u16>,
+}
+
+impl Meta {
+    /// Writes the next generation (md's update rule) to every active member; a member whose
+    /// superblock cannot be written is failed in the generation after (rule 3 of
+    /// `engine::metadata::update`). Returns the new `events`.
+    fn record(&mut self, failed_roles: &[u16], resync: Option<Resync>) -> Result<u64> {
+        let mut failed: Vec<u16> = failed_roles.to_vec();
+        loop {
+            let slots: Vec<u32> = failed
+                .iter()
+                .filter_map(|r| self.members.iter().find(|m| m.role == *r))
+                .map(|m| m.sb.dev_number)
+                .collect();
+            let current: Vec<Superblock> = self
+                .members
+                .iter()
+                .filter(|m| m.active)
+                .map(|m| m.sb.clone())
+                .collect();
+            ensure!(
+                !current.is_empty(),
+                "no member left to record the array state on"
+            );
+            let update = Update {
+                utime: md_now(),
+                failed: slots,
+                resync,
+            };
+            let next = next_generation(&current, &update).context("building superblocks")?;
+            let mut write_failed = Vec::new();
+            let active: Vec<usize> = (0..self.members.len())
+                .filter(|&i| self.members[i].active)
+                .collect();
+            let mut events = 0;
+            for (i, sb) in active.into_iter().zip(next) {
+                let m = &mut self.members[i];
+                match sb {
+                    None => m.active = false,
+                    Some(sb) => match metadata_io::write_superblock(&m.path, &sb) {
+                        Ok(()) => {
+                            events = sb.events;
+                            m.sb = sb;
+                        }
+                        Err(e) => {
+                            warn!(member = %m.path.display(), "superblock write failed: {e}");
+                            write_failed.push(m.role);
+                        }
+                    },
+                }
+            }
+            for r in &failed {
+                if !self.recorded_failed.contains(r) {
+                    self.recorded_failed.push(*r);
+                }
+            }
+            if write_failed.is_empty() {
+                return Ok(events);
+            }
+            failed = write_failed;
+        }
+    }
+}
+
+fn md_now() -> MdTime {
+    let d = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    MdTime::new(d.as_secs(), d.subsec_micros())
+}
+
+/// A running array.
+pub struct Target {
+    name: String,
+    geo: ArrayGeometry,
+    assembly: Assembly,
+    /// Device path of each role (`None`: missing).
+    paths: Vec<Option<PathBuf>>,
+    meta: Arc<Mutex<Meta>>,
+    nbd: Option<NbdServer>,
+    reactors: Option<Reactors<NbdFrontend>>,
+    handle: ReactorHandle,
+    cores: Vec<Option<usize>>,
+    mode: Mode,
+    stop_monitor: Arc<AtomicBool>,
+    monitor: Option<JoinHandle<()>>,
+}
+
+impl Target {
+    /// Assembles the array from `opts.devices`, marks it active and starts serving it.
+    ///
+    /// # Errors
+    /// A device that cannot be opened or read; an assembly refusal (named device and
+    /// reason: another array's member, bad checksum, unsupported feature, too few members
+    /// without `force`...); members with different data offsets; no usable cores; a socket
+    /// that cannot be bound; a failed superblock write.
+    pub fn start(opts: &ServeOptions) -> Result<Target> {
+        ensure!(!opts.devices.is_empty(), "no member devices given");
+        let ucfg = UringConfig {
+            queue_depth: opts.queue_depth,
+            ..UringConfig::default()
+        };
+        let mut opened: Vec<Option<UringDevice>> = Vec::new();
+        let mut candidates = Vec::new();
+        for p in &opts.devices {
+            let dev = UringDevice::open(p, &ucfg)
+                .with_context(|| format!("opening member {}", p.display()))?;
+            candidates.push(
+                metadata_io::read_candidate(p)
+                    .with_context(|| format!("reading the superblock of {}", p.display()))?,
+            );
+            opened.push(Some(dev));
+        }
+        let block_bytes = opened
+            .iter()
+            .flatten()
+            .map(|d| d.info().block_bytes)
+            .max()
+            .unwrap_or(512);
+        let assembly = assemble(
+            &candidates,
+            AssembleOptions {
+                force: opts.force,
+                block_bytes,
+            },
+        )
+        .context("assembling the array")?;
+        for note in assembly.notes() {
+            warn!("{note}");
+        }
+        let geo = assembly.array;
+        let g = *geo.geometry();
+        let offsets: Vec<u64> = assembly
+            .members
+            .iter()
+            .flatten()
+            .map(|m| m.data_offset_sectors)
+            .collect();
+        let data_offset_sectors = offsets[0];
+        if offsets.iter().any(|&o| o != data_offset_sectors) {
+            bail!(
+                "members have different data offsets ({offsets:?} sectors): ferroraid serves \
+                 arrays whose members share one data offset"
+            );
+        }
+        let data_offset_bytes = data_offset_sectors * 512;
+        let member_bytes = data_offset_bytes + geo.member_data_bytes();
+        let mut devices = Vec::with_capacity(usize::from(g.members()));
+        let mut paths = Vec::with_capacity(usize::from(g.members()));
+        let mut metas = Vec::new();
+        let mut failed = [None, None];
+        let mut nfailed = 0;
+        for (role, m) in assembly.members.iter().enumerate() {
+            match m {
+                Some(m) => {
+                    let dev = opened[m.candidate]
+                        .take()
+                        .context("a device serves one role")?;
+                    devices.push(AnyDevice::Uring(dev));
+                    let path = opts.devices[m.candidate].clone();
+                    let sb = candidates[m.candidate]
+                        .superblock
+                        .clone()
+                        .context("an assembled member has a superblock")?;
+                    metas.push(MemberMeta {
+                        role: role as u16,
+                        path: path.clone(),
+                        sb,
+                        active: true,
+                    });
+                    paths.push(Some(path));
+                }
+                None => {
+                    devices.push(AnyDevice::missing(
+                        &format!("missing role {role}"),
+                        member_bytes,
+                        block_bytes,
+                    ));
+                    paths.push(None);
+                    ensure!(
+                        nfailed < 2,
+                        "more roles missing than any RAID level survives"
+                    );
+                    failed[nfailed] = Some(role as u16);
+                    nfailed += 1;
+                }
+            }
+        }
+        let name = candidates[assembly.newest]
+            .superblock
+            .as_ref()
+            .map(Superblock::short_name)
+            .unwrap_or_default();
+        // Mark the array active before the first write can reach it.
+        let mut meta = Meta {
+            members: metas,
+            recorded_failed: Vec::new(),
+        };
+        let resync = (assembly.resync_offset == MAX_SECTOR).then_some(Resync::Dirty);
+        let events = meta.record(&[], resync)?;
+        info!(
+            array = %name,
+            level = g.level().md_level(),
+            members = g.members(),
+            chunk_bytes = g.chunk_bytes(),
+            size_bytes = geo.capacity_bytes(),
+            events,
+            "array assembled and marked active"
+        );
+
+        let cores: Vec<Option<usize>> = if opts.cores.is_empty() {
+            let node = opts
+                .devices
+                .first()
+                .and_then(|p| drivers::topology::device_numa_node(p));
+            match drivers::topology::choose_cores(opts.reactors.max(1), node) {
+                Ok(c) => c.into_iter().map(Some).collect(),
+                Err(e) => {
+                    warn!("{e}; running {} unpinned reactors", opts.reactors.max(1));
+                    vec![None; opts.reactors.max(1)]
+                }
+            }
+        } else {
+            opts.cores.iter().copied().map(Some).collect()
+        };
+        let n = cores.len();
+
+        let export = ExportConfig::for_array(name.clone(), &geo, opts.max_block_bytes);
+        let mut builder = NbdServer::builder(export);
+        for a in &opts.nbd_tcp {
+            builder = builder.listen_tcp(*a);
+        }
+        for p in &opts.nbd_unix {
+            builder = builder.listen_unix(p);
+        }
+        let (nbd, frontends) = builder.start(n).context("starting the NBD server")?;
+        let array_cfg = ArrayConfig {
+            requests: 1024,
+            stripe_ops: opts.stripe_ops.max(1),
+            data_offset_bytes,
+            failed_members: failed,
+            io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
+        };
+        let rcfg = ReactorConfig {
+            cores: cores.clone(),
+            mode: opts.mode,
+            requests: 1024,
+        };
+        let reactors = Reactors::start(
+            Arc::new(devices),
+            geo,
+            Parity::new(),
+            array_cfg,
+            rcfg,
+            frontends,
+        )
+        .context("starting the reactors")?;
+        let handle = reactors.handle();
+        let meta = Arc::new(Mutex::new(meta));
+        let stop_monitor = Arc::new(AtomicBool::new(false));
+        let monitor = {
+            let (meta, handle, stop) =
+                (Arc::clone(&meta), handle.clone(), Arc::clone(&stop_monitor));
+            std::thread::Builder::new()
+                .name("member-monitor".into())
+                .spawn(move || monitor(&meta, &handle, &stop))
+                .context("starting the member monitor")?
+        };
+        for a in nbd.tcp_addrs() {
+            info!(address = %a, export = %name, "NBD export listening");
+        }
+        for p in nbd.unix_paths() {
+            info!(socket = %p.display(), export = %name, "NBD export listening");
+        }
+        Ok(Target {
+            name,
+            geo,
+            assembly,
+            paths,
+            meta,
+            nbd: Some(nbd),
+            reactors: Some(reactors),
+            handle,
+            cores,
+            mode: opts.mode,
+            stop_monitor,
+            monitor: Some(monitor),
+        })
+    }
+
+    /// The array's (short) name: the NBD export name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The array's geometry.
+    pub fn geometry(&self) -> &ArrayGeometry {
+        &self.geo
+    }
+
+    /// What assembly decided.
+    pub fn assembly(&self) -> &Assembly {
+        &self.assembly
+    }
+
+    /// The device serving each role (`None`: missing).
+    pub fn member_paths(&self) -> &[Option<PathBuf>] {
+        &self.paths
+    }
+
+    /// Management handle of the reactors.
+    pub fn handle(&self) -> &ReactorHandle {
+        &self.handle
+    }
+
+    /// Cores the reactors run on (`None`: unpinned).
+    pub fn cores(&self) -> &[Option<usize>] {
+        &self.cores
+    }
+
+    /// The reactors' idle mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// NBD TCP addresses actually bound.
+    pub fn nbd_tcp_addrs(&self) -> Vec<SocketAddr> {
+        self.nbd
+            .as_ref()
+            .map(|n| n.tcp_addrs().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// NBD Unix socket paths.
+    pub fn nbd_unix_paths(&self) -> Vec<PathBuf> {
+        self.nbd
+            .as_ref()
+            .map(|n| n.unix_paths().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Current `events` of the array (the newest superblock written).
+    pub fn events(&self) -> u64 {
+        let m = self
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.members
+            .iter()
+            .filter(|x| x.active)
+            .map(|x| x.sb.events)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether the member in `role` is still active (not failed).
+    pub fn role_active(&self, role: u16) -> bool {
+        self.handle
+            .snapshot()
+            .members
+            .get(usize::from(role))
+            .is_some_and(|m| m.state == MemberState::Online)
+    }
+
+    /// Fails the member in `role` (operator request) and records it faulty on the
+    /// survivors' superblocks before returning.
+    ///
+    /// # Errors
+    /// No such role; the superblock update failed.
+    pub fn fail_role(&self, role: u16) -> Result<()> {
+        self.handle.fail_member(role)?;
+        let mut m = self
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !m.recorded_failed.contains(&role) {
+            m.record(&[role], None)?;
+        }
+        Ok(())
+    }
+
+    /// Stops serving: no new connections, in-flight requests drained and answered, the
+    /// reactors stopped, every member flushed, the array marked clean.
+    ///
+    /// # Errors
+    /// A reactor setup error surfacing at stop, a flush or superblock write that failed.
+    pub fn stop(mut self) -> Result<()> {
+        if let Some(nbd) = self.nbd.take() {
+            nbd.shutdown();
+        }
+        if let Some(r) = self.reactors.take() {
+            r.stop().context("stopping the reactors")?;
+        }
+        self.stop_monitor.store(true, Ordering::Release);
+        if let Some(m) = self.monitor.take() {
+            let _ = m.join();
+        }
+        // Record any failure the monitor had not yet written, then flush and mark clean.
+        let snap = self.handle.snapshot();
+        let mut meta = self
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let newly: Vec<u16> = failed_roles(&snap, &meta);
+        for m in meta.members.iter().filter(|m| m.active) {
+            if newly.contains(&m.role) {
+                continue;
+            }
+            flush(&m.path)?;
+        }
+        let resync = (!self.assembly.resync_needed).then_some(Resync::Clean);
+        let events = meta.record(&newly, resync)?;
+        info!(array = %self.name, events, clean = resync.is_some(), "array stopped");
+        Ok(())
+    }
+}
+
+fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> {
+    snap.members
+        .iter()
+        .enumerate()
+        .filter(|(r, m)| {
+            m.state != MemberState::Online
+                && !meta.recorded_failed.contains(&(*r as u16))
+                && meta.members.iter().any(|x| x.role == *r as u16 && x.active)
+        })
+        .map(|(r, _)| r as u16)
+        .collect()
+}
+
+/// Records members the reactors failed as faulty on the survivors' superblocks.
+fn monitor(meta: &Mutex<Meta>, handle: &ReactorHandle, stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(MONITOR_INTERVAL);
+        let snap = handle.snapshot();
+        let mut m = meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let newly = failed_roles(&snap, &m);
+        if newly.is_empty() {
+            continue;
+        }
+        for r in &newly {
+            warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
+        }
+        if let Err(e) = m.record(&newly, None) {
+            warn!("recording failed members: {e:#}");
+        }
+    }
+}
+
+/// Makes everything written to `path` durable (`fdatasync`).
+fn flush(path: &Path) -> Result<()> {
+    File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.sync_data())
+        .with_context(|| format!("flushing {}", path.display()))
+}
