@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""fio over NBD: ferroraid's RAID6 array vs. qemu-nbd serving one member file, same run.
+
+Usage:  python3 bench/nbd_bench.py [--dir DIR] [--member-mib N] [--seconds S] [--runs R]
+
+Builds `ferroraid` (release), creates a RAID6 over six member files in DIR (default a new
+temporary directory on the file system of /var/tmp), serves it with `ferroraid serve`
+(one polled reactor pinned to the last CPU), and runs three fio workloads with fio's `nbd`
+engine (pinned to CPU 0): 4 KiB random read QD32, 4 KiB random write QD32, 1 MiB
+sequential write QD8. Then it serves one member-sized file with `qemu-nbd --cache=none
+--aio=io_uring` (pinned to the same CPU as the reactor) and runs the same workloads. Both
+targets are prefilled with data first (random reads of holes would measure nothing).
+Prints a Markdown table with IOPS, MB/s and the ratio ferroraid / qemu-nbd per workload,
+median over --runs runs, and the machine. Needs fio, qemu-nbd, qemu-img.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, proc, what, timeout=30):
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited early with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"{what} did not listen on {port} within {timeout} s")
+
+
+def fio(uri, rw, bs, qd, seconds, size, cpu):
+    cmd = [
+        "taskset", "-c", str(cpu),
+        "fio", "--name=job", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
+        f"--bs={bs}", f"--iodepth={qd}", f"--size={size}", "--time_based",
+        f"--runtime={seconds}", "--output-format=json", "--randrepeat=0",
+        "--norandommap",
+    ]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    # fio's nbd engine prints "fio: connected to NBD server" before the JSON.
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["read"] if rw.endswith("read") else job["write"]
+    return side["iops"], side["bw_bytes"] / 1e6
+
+
+def prefill(uri, size, cpu):
+    subprocess.run(
+        ["taskset", "-c", str(cpu), "fio", "--name=fill", "--ioengine=nbd", f"--uri={uri}",
+         "--rw=write", "--bs=1m", "--iodepth=8", f"--size={size}",
+         "--output-format=json"],
+        check=True, capture_output=True)
+
+
+WORKLOADS = [
+    ("4 KiB random read, QD32", "randread", "4k", 32),
+    ("4 KiB random write, QD32", "randwrite", "4k", 32),
+    ("1 MiB sequential write, QD8", "write", "1m", 8),
+]
+
+
+def measure(uri, size, seconds, cpu):
+    prefill(uri, size, cpu)
+    return [fio(uri, rw, bs, qd, seconds, size, cpu) for _, rw, bs, qd in WORKLOADS]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir")
+    ap.add_argument("--member-mib", type=int, default=512)
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    for tool in ("fio", "qemu-nbd", "taskset"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is not installed")
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferroraid"], cwd=ROOT, check=True)
+    exe = os.path.join(ROOT, "target", "release", "ferroraid")
+    cpus = sorted(os.sched_getaffinity(0))
+    target_cpu, client_cpu = cpus[-1], cpus[0]
+    work = a.dir or tempfile.mkdtemp(prefix="nbd-bench-", dir="/var/tmp")
+    os.makedirs(work, exist_ok=True)
+    size = a.member_mib << 20
+    members = [os.path.join(work, f"m{i}.img") for i in range(6)]
+    for m in members:
+        with open(m, "wb") as f:
+            f.truncate(size)
+    subprocess.run([exe, "create", "--level", "6", "--name", "bench", "--force", *members],
+                   check=True, capture_output=True)
+    # The array's capacity is 4 data members' worth, less md's data offset; the
+    # comparison uses the same byte range on both targets: one member's size less 8 MiB.
+    span = f"{a.member_mib - 8}m"
+    single = os.path.join(work, "single.img")
+    with open(single, "wb") as f:
+        f.truncate(size)
+
+    rows = {w[0]: ([], []) for w in WORKLOADS}
+    for run in range(a.runs):
+        port = free_port()
+        srv = subprocess.Popen(
+            [exe, "serve", "--polled", "--cores", str(target_cpu), "--nbd",
+             f"127.0.0.1:{port}", *members],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_port(port, srv, "ferroraid serve")
+            res = measure(f"nbd://127.0.0.1:{port}/bench", span, a.seconds, client_cpu)
+        finally:
+            srv.send_signal(signal.SIGTERM)
+            srv.wait(timeout=60)
+        for (name, *_), r in zip(WORKLOADS, res):
+            rows[name][0].append(r)
+        port = free_port()
+        q = subprocess.Popen(
+            ["taskset", "-c", str(target_cpu), "qemu-nbd", "-f", "raw", "--cache=none",
+             "--aio=io_uring", "-x", "single", "-b", "127.0.0.1", "-p", str(port),
+             "--persistent", "--shared=8", single],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_port(port, q, "qemu-nbd")
+            res = measure(f"nbd://127.0.0.1:{port}/single", span, a.seconds, client_cpu)
+        finally:
+            q.terminate()
+            q.wait(timeout=30)
+        for (name, *_), r in zip(WORKLOADS, res):
+            rows[name][1].append(r)
+        print(f"run {run + 1}/{a.runs} done", file=sys.stderr)
+
+    model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                  if l.startswith("model name")), "unknown CPU")
+    print(f"- machine: {model}, {os.cpu_count()} CPUs; target on CPU {target_cpu}, "
+          f"fio on CPU {client_cpu}; {a.runs} runs of {a.seconds} s, medians")
+    print(f"- ferroraid: RAID6, 6 members of {a.member_mib} MiB, 64 KiB chunk, one polled "
+          f"reactor; qemu-nbd: one {a.member_mib} MiB file, --cache=none --aio=io_uring; "
+          f"files in {work}")
+    print()
+    print("| workload | ferroraid IOPS | ferroraid MB/s | qemu-nbd IOPS | qemu-nbd MB/s | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, *_ in WORKLOADS:
+        ours, theirs = rows[name]
+        oi = statistics.median(x[0] for x in ours)
+        ob = statistics.median(x[1] for x in ours)
+        ti = statistics.median(x[0] for x in theirs)
+        tb = statistics.median(x[1] for x in theirs)
+        print(f"| {name} | {oi:,.0f} | {ob:,.1f} | {ti:,.0f} | {tb:,.1f} | {oi / ti:.2f}× |")
+    if not a.dir:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
