@@ -339,7 +339,9 @@ struct Sop {
     /// rebuild reconstructs. A member failed by another operation after this one read it
     /// successfully is not among them — its data in our buffers is good.
     lost: ArrayVec<u16, 2>,
-    /// One chunk buffer per member.
+    /// One chunk buffer per member. Byte `i` of a member's buffer holds byte
+    /// `range.start + i` of its chunk: the parity range sits at the front, so small
+    /// operations keep their working set small and cache-hot whatever their offset.
     bufs: Vec<AlignedBuf>,
     /// Member requests outstanding, per member (for timeouts: whom to fail and abort).
     per_member: Vec<u16>,
@@ -1323,9 +1325,7 @@ impl<C: Channel> Array<C> {
                 Role::Data { .. } => true,
             };
             if needed && !self.missing(s, m) {
-                let ptr = self.sops[s as usize].bufs[usize::from(m)]
-                    .as_mut_ptr()
-                    .wrapping_add(range.start as usize);
+                let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                 self.io(s, m, Op::Read, range.start, range.len(), ptr);
             }
         }
@@ -1374,8 +1374,9 @@ impl<C: Channel> Array<C> {
         for k in 0..g.data_chunks() {
             if let Some(r) = w.written(k) {
                 let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+                let base = self.sops[s as usize].range.start;
                 let src = &self.sops[s as usize].bufs[usize::from(st.data_member(k))]
-                    [r.start as usize..r.end as usize];
+                    [(r.start - base) as usize..(r.end - base) as usize];
                 // SAFETY: dst is the caller's buffer range for these bytes (lent until the
                 // request completes, used by this operation alone); src is our own buffer.
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
@@ -1393,9 +1394,7 @@ impl<C: Channel> Array<C> {
         for m in bad {
             if !self.is_failed(m) {
                 self.stats.read_errors_repaired += 1;
-                let ptr = self.sops[s as usize].bufs[usize::from(m)]
-                    .as_mut_ptr()
-                    .wrapping_add(r.start as usize);
+                let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                 self.io(s, m, Op::Write { fua: false }, r.start, r.len(), ptr);
             }
         }
@@ -1427,17 +1426,13 @@ impl<C: Channel> Array<C> {
                     };
                     if read {
                         let m = st.data_member(k);
-                        let ptr = self.sops[s as usize].bufs[usize::from(m)]
-                            .as_mut_ptr()
-                            .wrapping_add(r.start as usize);
+                        let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                         self.io(s, m, Op::Read, r.start, r.len(), ptr);
                     }
                 }
                 if mode == WriteMode::Rmw {
                     for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
-                        let ptr = self.sops[s as usize].bufs[usize::from(m)]
-                            .as_mut_ptr()
-                            .wrapping_add(r.start as usize);
+                        let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                         self.io(s, m, Op::Read, r.start, r.len(), ptr);
                     }
                 }
@@ -1457,7 +1452,9 @@ impl<C: Channel> Array<C> {
         let r = self.sops[s as usize].range;
         let c = u64::from(g.chunk_bytes());
         let nd = g.data_chunks();
-        let (ri, rl) = (r.start as usize, r.end as usize);
+        // Buffer positions: the parity range starts at byte 0 of each member buffer.
+        let base = r.start;
+        let (ri, rl) = (0usize, r.len() as usize);
         let fua = self.reqs[self.sops[s as usize].req as usize]
             .as_ref()
             .expect("live")
@@ -1488,7 +1485,7 @@ impl<C: Channel> Array<C> {
                                 let src = client(self, k, x.start);
                                 let dst = self.sops[s as usize].bufs[m]
                                     .as_mut_ptr()
-                                    .wrapping_add(x.start as usize);
+                                    .wrapping_add((x.start - base) as usize);
                                 // SAFETY: src is the caller's range for chunk k (lent); dst our buffer.
                                 unsafe {
                                     std::ptr::copy_nonoverlapping(src, dst, x.len() as usize)
@@ -1508,11 +1505,12 @@ impl<C: Channel> Array<C> {
                         let m = usize::from(st.data_member(k));
                         let src = client(self, k, x.start);
                         let buf = &mut self.sops[s as usize].bufs[m];
-                        buf[ri..x.start as usize].fill(0);
-                        buf[x.end as usize..rl].fill(0);
+                        let (xs, xe) = ((x.start - base) as usize, (x.end - base) as usize);
+                        buf[ri..xs].fill(0);
+                        buf[xe..rl].fill(0);
                         // SAFETY: src is the caller's range for chunk k, x.len() bytes (lent).
                         let new = unsafe { std::slice::from_raw_parts(src, x.len() as usize) };
-                        for (b, n) in buf[x.start as usize..x.end as usize].iter_mut().zip(new) {
+                        for (b, n) in buf[xs..xe].iter_mut().zip(new) {
                             *b ^= n;
                         }
                     }
@@ -1558,7 +1556,7 @@ impl<C: Channel> Array<C> {
                         let src = client(self, k, x.start);
                         let dst = self.sops[s as usize].bufs[m]
                             .as_mut_ptr()
-                            .wrapping_add(x.start as usize);
+                            .wrapping_add((x.start - base) as usize);
                         // SAFETY: src is the caller's range for chunk k (lent); dst our buffer.
                         unsafe { std::ptr::copy_nonoverlapping(src, dst, x.len() as usize) };
                     }
@@ -1608,11 +1606,11 @@ impl<C: Channel> Array<C> {
         for &p in srcs {
             // SAFETY: each pointer is either the caller's buffer range for a fully written
             // chunk (lent, len bytes from R's start lie inside the written range) or one of
-            // this operation's chunk buffers at offset R.start (R lies within the chunk).
+            // this operation's chunk buffers at its start, where R begins (len <= chunk).
             data.push(unsafe { std::slice::from_raw_parts(p, len) });
         }
         let sop = &mut self.sops[s as usize];
-        let (ri, rl) = (r.start as usize, r.end as usize);
+        let (ri, rl) = (0usize, r.len() as usize);
         let pm = usize::from(st.p_member());
         match st.q_member() {
             Some(qm) => {
@@ -1714,7 +1712,7 @@ fn views<'a>(
     &'a mut [u8],
     Option<&'a mut [u8]>,
 ) {
-    let (ri, rl) = (r.start as usize, r.end as usize);
+    let (ri, rl) = (0usize, r.len() as usize);
     let mut by_slot: ArrayVec<Option<&'a mut [u8]>, MAX_DATA_CHUNKS> = ArrayVec::new();
     for _ in 0..nd {
         by_slot.push(None);
