@@ -400,11 +400,14 @@ impl fmt::Display for ExamineReport {
                 crate::status::human_bytes(a)
             )?;
         }
-        writeln!(
-            f,
-            "  Used Dev Size : {}",
-            sectors_text(self.component_size_bytes)
-        )?;
+        // mdadm prints it only when the array uses less than the device offers.
+        if self.component_size_bytes != self.data_size_bytes {
+            writeln!(
+                f,
+                "  Used Dev Size : {}",
+                sectors_text(self.component_size_bytes)
+            )?;
+        }
         writeln!(
             f,
             "    Data Offset : {} sectors",
