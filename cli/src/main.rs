@@ -7,6 +7,7 @@
 //! reconstructed). Serving arrays over NBD/iSCSI arrives with the main job.
 
 mod demo;
+mod mgmt;
 
 /// `println!` that returns the I/O error instead of panicking when stdout is closed
 /// (`ferroraid layout | head`).
@@ -63,6 +64,17 @@ enum Command {
     Kernels,
     /// The embedded demo: a RAID6 over file-backed members in a data directory.
     Demo(demo::DemoArgs),
+    /// Show a running target's array: state, members, I/O, latency. Exit status: 0 healthy,
+    /// 1 degraded or rebuilding, 2 failed, 4 no target running.
+    Status(mgmt::StatusArgs),
+    /// Mark a member of a running target's array faulty (no more I/O goes to it).
+    Fail(mgmt::MemberArgs),
+    /// Take a faulty member (or a spare) out of a running target's array.
+    Remove(mgmt::MemberArgs),
+    /// Add a device to a running target's array (as a spare, or into an empty slot).
+    Add(mgmt::MemberArgs),
+    /// Print the md v1.2 superblock of member devices (like mdadm --examine).
+    Examine(mgmt::ExamineArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -112,6 +124,10 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader went away (`| head`): stop quietly, as Unix tools do.
         Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
+        // A command that chose its exit status (and said why already).
+        Err(e) if e.downcast_ref::<mgmt::Exit>().is_some() => {
+            std::process::ExitCode::from(e.downcast_ref::<mgmt::Exit>().map_or(1, |x| x.0))
+        }
         Err(e) => {
             eprintln!("ferroraid: error: {e:#}");
             std::process::ExitCode::FAILURE
@@ -151,6 +167,11 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Demo(args) => demo::run(&args),
+        Command::Status(args) => mgmt::status(&args),
+        Command::Fail(args) => mgmt::member(mgmt::MemberOp::Fail, &args),
+        Command::Remove(args) => mgmt::member(mgmt::MemberOp::Remove, &args),
+        Command::Add(args) => mgmt::member(mgmt::MemberOp::Add, &args),
+        Command::Examine(args) => mgmt::examine(&args),
     }
 }
 
