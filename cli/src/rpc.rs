@@ -95,6 +95,8 @@ pub const SOCKET_DIR_MODE: u32 = 0o700;
 pub const SYSTEM_SOCKET_PATH: &str = "/run/ferroraid/ferroraid.sock";
 /// File name of the socket in `$XDG_RUNTIME_DIR` or the current directory.
 pub const SOCKET_FILE_NAME: &str = "ferroraid.sock";
+/// How long [`RpcServer::bind`] waits for a server already at the path to accept.
+const STALE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Backlog of the listening socket.
 const LISTEN_BACKLOG: i32 = 64;
 /// Longest method name quoted back in an error message, in characters.
@@ -699,9 +701,12 @@ impl RpcServer {
             }
         }
         match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_socket() => match UnixStream::connect(&path) {
-                Ok(_) => return Err(ServerError::AlreadyRunning { path }),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            Ok(m) if m.file_type().is_socket() => match connect_fd(&addr, STALE_CHECK_TIMEOUT) {
+                // Someone answers, or is listening with a full backlog: a live server.
+                Ok(_) | Err(rustix::io::Errno::AGAIN) => {
+                    return Err(ServerError::AlreadyRunning { path })
+                }
+                Err(rustix::io::Errno::CONNREFUSED) => {
                     tracing::info!(path = %path.display(), "removing stale RPC socket");
                     std::fs::remove_file(&path)
                         .map_err(server_io(&path, "remove the stale socket"))?;
@@ -710,7 +715,7 @@ impl RpcServer {
                     return Err(server_io(
                         &path,
                         "check whether a target answers on the socket",
-                    )(e))
+                    )(e.into()))
                 }
             },
             Ok(_) => return Err(ServerError::NotASocket { path }),
@@ -921,6 +926,28 @@ fn serve_connection(shared: &Shared, stream: UnixStream) {
     }
 }
 
+/// A connected Unix stream socket to `addr`, waiting at most `timeout` while the
+/// listener's backlog is full (a Unix `connect` honours `SO_SNDTIMEO`: `EAGAIN` when it
+/// expires).
+fn connect_fd(
+    addr: &SocketAddrUnix,
+    timeout: Duration,
+) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Send,
+        Some(timeout),
+    )?;
+    rustix::net::connect(&fd, addr)?;
+    Ok(fd)
+}
+
 /// Why an [`RpcClient`] call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -1023,22 +1050,8 @@ impl RpcClient {
                 format!("socket path longer than 107 bytes ({e})"),
             ))
         })?;
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| connect_err(e.into()))?;
-        // A Unix connect waits while the listener's backlog is full; SO_SNDTIMEO bounds it.
-        rustix::net::sockopt::set_socket_timeout(
-            &fd,
-            rustix::net::sockopt::Timeout::Send,
-            Some(timeout),
-        )
-        .map_err(|e| connect_err(e.into()))?;
-        match rustix::net::connect(&fd, &addr) {
-            Ok(()) => {}
+        let fd = match connect_fd(&addr, timeout) {
+            Ok(fd) => fd,
             Err(e @ (Errno::NOENT | Errno::CONNREFUSED)) => {
                 return Err(ClientError::NotRunning {
                     path,
@@ -1046,8 +1059,15 @@ impl RpcClient {
                 })
             }
             Err(Errno::AGAIN) => return Err(ClientError::Timeout { path, timeout }),
+            Err(Errno::ACCESS) => {
+                return Err(connect_err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "permission denied (the socket is mode 0600: run as the user who started \
+                     the target)",
+                )))
+            }
             Err(e) => return Err(connect_err(e.into())),
-        }
+        };
         let stream = UnixStream::from(fd);
         stream
             .set_read_timeout(Some(timeout))
