@@ -5,10 +5,16 @@
 //! - [`nbd`]: the NBD server (protocol, handshake, reactor front-end).
 //! - [`target`]: the running target (assembly, reactors, NBD, superblock bookkeeping).
 //! - [`create`]: creating an array (superblocks, initial parity by zeroing).
+//! - [`rpc`]: the JSON-RPC 2.0 management socket (server, [`rpc::Handler`], client).
+//! - [`status`]: the status report (`ferroraid status`, the `array_status` method).
+//! - [`examine`]: superblock reports (`ferroraid examine`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub mod create;
+pub mod examine;
 pub mod nbd;
+pub mod rpc;
+pub mod status;
 pub mod target;

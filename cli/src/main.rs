@@ -21,6 +21,7 @@ macro_rules! say_part {
     }};
 }
 
+mod mgmt;
 mod selftest;
 mod serve;
 
@@ -73,6 +74,17 @@ enum Command {
     /// Offline self-test of the engine: builds a RAID over member image files, verifies
     /// it, loses members and reconstructs every stripe.
     Selftest(selftest::SelftestArgs),
+    /// Show a running target's array: state, members, I/O, latency. Exit status: 0 healthy,
+    /// 1 degraded or rebuilding, 2 failed, 4 no target running.
+    Status(mgmt::StatusArgs),
+    /// Mark a member of a running target's array faulty (no more I/O goes to it).
+    Fail(mgmt::MemberArgs),
+    /// Take a faulty member (or a spare) out of a running target's array.
+    Remove(mgmt::MemberArgs),
+    /// Add a device to a running target's array (as a spare, or into an empty slot).
+    Add(mgmt::MemberArgs),
+    /// Print the md v1.2 superblock of member devices (like mdadm --examine).
+    Examine(mgmt::ExamineArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -122,6 +134,10 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader went away (`| head`): stop quietly, as Unix tools do.
         Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
+        // A command that chose its exit status (and said why already).
+        Err(e) if e.downcast_ref::<mgmt::Exit>().is_some() => {
+            std::process::ExitCode::from(e.downcast_ref::<mgmt::Exit>().map_or(1, |x| x.0))
+        }
         Err(e) => {
             eprintln!("ferroraid: error: {e:#}");
             std::process::ExitCode::FAILURE
@@ -164,6 +180,11 @@ fn run() -> Result<()> {
         Command::Create(args) => serve::run_create(&args),
         Command::Serve(args) => serve::run_serve(&args),
         Command::Selftest(args) => selftest::run(&args),
+        Command::Status(args) => mgmt::status(&args),
+        Command::Fail(args) => mgmt::member(mgmt::MemberOp::Fail, &args),
+        Command::Remove(args) => mgmt::member(mgmt::MemberOp::Remove, &args),
+        Command::Add(args) => mgmt::member(mgmt::MemberOp::Add, &args),
+        Command::Examine(args) => mgmt::examine(&args),
     }
 }
 

@@ -1,0 +1,569 @@
+//! `ferroraid examine`: the md v1.2 superblock of a device, for people (the key lines of
+//! `mdadm --examine`) and for scripts (JSON with stable field names).
+//!
+//! A superblock is shown when its format decodes (`engine::metadata::Superblock::decode`)
+//! — even with a bad checksum, which is reported (`checksum_ok: false`) as mdadm does —
+//! and whether ferroraid can serve the array it describes is a separate verdict
+//! (`supported`, `unsupported_reason`). A device that cannot be read or holds no
+//! decodable superblock is an [`ExamineFailure`] with the reason.
+//!
+//! **Stable field names** (JSON, one array entry per device, in the order given): fields
+//! are only added, never renamed or removed. Units are in the names: `_bytes` bytes,
+//! `_unix_s` seconds since the Unix epoch; md's sector counts are converted to bytes.
+
+use std::fmt;
+use std::path::Path;
+
+use engine::geometry::Layout;
+use engine::metadata::{raw_checksum, DevRole, Superblock, SuperblockError, SUPERBLOCK_BASE_BYTES};
+use serde::{Deserialize, Serialize};
+
+/// Byte offset of `sb_csum` in the superblock (`md_p.h`; `docs/FORMAT.md`).
+const SB_CSUM_OFFSET: usize = 216;
+
+/// One device's superblock, as `ferroraid examine --json` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExamineReport {
+    /// The device path as given.
+    pub device: String,
+    /// `set_uuid` in md's colon form (`xxxxxxxx:xxxxxxxx:xxxxxxxx:xxxxxxxx`).
+    pub array_uuid: String,
+    /// `set_name` (mdadm's `homehost:name` convention).
+    pub name: String,
+    /// md's RAID level number (5, 6; other md levels are shown but not served).
+    pub level: i32,
+    /// md's layout name (`left-symmetric`, ...; the number for ones without a name).
+    pub layout: String,
+    /// md's layout id (`ALGORITHM_*`).
+    pub layout_id: u32,
+    /// Chunk size, bytes.
+    pub chunk_bytes: u64,
+    /// Members of the complete array (`raid_disks`).
+    pub raid_devices: u32,
+    /// This device's role: its slot number, or `"spare"`, `"faulty"`, `"journal"`,
+    /// `"invalid"` ([`ExamineRole`]).
+    pub role: ExamineRole,
+    /// This device's permanent index in `dev_roles` (`dev_number`; not its role).
+    pub dev_number: u32,
+    /// Where the data area starts on the device, bytes (`data_offset`).
+    pub data_offset_bytes: u64,
+    /// Bytes of the device usable for data from the data offset (`data_size`; mdadm's
+    /// "Avail Dev Size").
+    pub data_size_bytes: u64,
+    /// Bytes of each member's data area the array uses (`size`; mdadm's "Used Dev Size").
+    pub component_size_bytes: u64,
+    /// The array's capacity, bytes (`size` × data members) for RAID4/5/6; `null` for
+    /// other levels or when it overflows.
+    pub array_size_bytes: Option<u64>,
+    /// The superblock generation (`events`).
+    pub events: u64,
+    /// `"clean"` (parity known consistent: `resync_offset` = MaxSector) or `"active"`.
+    pub state: ExamineState,
+    /// This device's UUID in md's colon form (`device_uuid`).
+    pub device_uuid: String,
+    /// md's `feature_map` bits (0 for arrays ferroraid serves).
+    pub feature_map: u32,
+    /// `sb_csum` as stored.
+    pub checksum: u32,
+    /// The checksum the contents have (md's `calc_sb_1_csum`).
+    pub checksum_expected: u32,
+    /// Whether the two agree.
+    pub checksum_ok: bool,
+    /// Creation time, seconds since the Unix epoch (`ctime`).
+    pub ctime_unix_s: u64,
+    /// Last update time, seconds since the Unix epoch (`utime`).
+    pub utime_unix_s: u64,
+    /// mdadm's "Array State" as this superblock records it: one letter per role, `A`
+    /// held by an active device, `.` not held, `R` held by two (a replacement).
+    pub array_state: String,
+    /// Whether ferroraid can serve the array this superblock describes.
+    pub supported: bool,
+    /// Why not, when it cannot (`engine::metadata::Superblock::check_supported`).
+    pub unsupported_reason: Option<String>,
+}
+
+/// A device's role as its own superblock records it. Serialized as the slot number or
+/// the lower-case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExamineRole {
+    /// Active member in this slot (its position in the stripe layout).
+    Slot(u16),
+    /// Spare.
+    Spare,
+    /// Faulty.
+    Faulty,
+    /// Journal device.
+    Journal,
+    /// A value md does not define.
+    Invalid,
+}
+
+impl From<DevRole> for ExamineRole {
+    fn from(r: DevRole) -> Self {
+        match r {
+            DevRole::Active(s) => ExamineRole::Slot(s),
+            DevRole::Spare => ExamineRole::Spare,
+            DevRole::Faulty => ExamineRole::Faulty,
+            DevRole::Journal => ExamineRole::Journal,
+            DevRole::Invalid(_) => ExamineRole::Invalid,
+        }
+    }
+}
+
+impl Serialize for ExamineRole {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ExamineRole::Slot(n) => s.serialize_u16(*n),
+            ExamineRole::Spare => s.serialize_str("spare"),
+            ExamineRole::Faulty => s.serialize_str("faulty"),
+            ExamineRole::Journal => s.serialize_str("journal"),
+            ExamineRole::Invalid => s.serialize_str("invalid"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ExamineRole {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Slot(u16),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Slot(n) => Ok(ExamineRole::Slot(n)),
+            Raw::Name(n) => match n.as_str() {
+                "spare" => Ok(ExamineRole::Spare),
+                "faulty" => Ok(ExamineRole::Faulty),
+                "journal" => Ok(ExamineRole::Journal),
+                "invalid" => Ok(ExamineRole::Invalid),
+                other => Err(serde::de::Error::custom(format!(
+                    "unknown role {other:?}: expected a slot number, spare, faulty, journal or invalid"
+                ))),
+            },
+        }
+    }
+}
+
+impl fmt::Display for ExamineRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExamineRole::Slot(n) => write!(f, "Active device {n}"),
+            ExamineRole::Spare => f.write_str("spare"),
+            ExamineRole::Faulty => f.write_str("faulty"),
+            ExamineRole::Journal => f.write_str("Journal"),
+            ExamineRole::Invalid => f.write_str("undefined role"),
+        }
+    }
+}
+
+/// The array's consistency as a superblock records it. Serialized lower-case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExamineState {
+    /// `resync_offset` = MaxSector: parity known consistent.
+    Clean,
+    /// Anything else: dirty, or a resync under way.
+    Active,
+}
+
+/// A device whose superblock could not be shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExamineFailure {
+    /// The device path as given.
+    pub device: String,
+    /// Why, naming the device (cannot open, too small, no md superblock, ...).
+    pub error: String,
+}
+
+/// What `examine` found on one device: a JSON array entry. Entries with an `error` field
+/// are failures.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ExamineEntry {
+    /// A superblock (maybe with a bad checksum).
+    Report(Box<ExamineReport>),
+    /// No superblock could be shown.
+    Failure(ExamineFailure),
+}
+
+impl ExamineEntry {
+    /// Whether the device has a superblock with a correct checksum (`examine` exits
+    /// non-zero otherwise).
+    pub fn is_ok(&self) -> bool {
+        matches!(self, ExamineEntry::Report(r) if r.checksum_ok)
+    }
+
+    /// What is wrong with the device, in one line naming it; `None` when nothing is.
+    pub fn problem(&self) -> Option<String> {
+        match self {
+            ExamineEntry::Failure(f) => Some(f.error.clone()),
+            ExamineEntry::Report(r) if !r.checksum_ok => Some(format!(
+                "{}: bad superblock checksum: stored 0x{:08x}, expected 0x{:08x}",
+                r.device, r.checksum, r.checksum_expected
+            )),
+            ExamineEntry::Report(_) => None,
+        }
+    }
+}
+
+/// Reads and examines the superblock of the device at `path`
+/// (`drivers::metadata_io::read_superblock_area`, then [`examine_area`]).
+pub fn examine_device(path: &Path) -> ExamineEntry {
+    let device = path.display().to_string();
+    match drivers::metadata_io::read_superblock_area(path) {
+        Err(e) => ExamineEntry::Failure(ExamineFailure {
+            device,
+            error: e.to_string(),
+        }),
+        Ok(area) => match examine_area(&device, &area) {
+            Ok(r) => ExamineEntry::Report(Box::new(r)),
+            Err(e) => ExamineEntry::Failure(ExamineFailure {
+                error: format!("{device}: {e}"),
+                device,
+            }),
+        },
+    }
+}
+
+/// Examines a superblock area (`bytes` read at byte 4096 of `device`). A bad checksum
+/// does not stop it: the fields are shown with `checksum_ok: false`.
+///
+/// # Errors
+/// Every other format error of `Superblock::decode`: truncated, no md magic, major
+/// version, `max_dev`, non-zero padding.
+pub fn examine_area(device: &str, bytes: &[u8]) -> Result<ExamineReport, SuperblockError> {
+    let (sb, checksum_ok) = match Superblock::decode(bytes) {
+        Ok(sb) => (sb, true),
+        Err(SuperblockError::BadChecksum { computed, .. }) => {
+            // Decode the rest as mdadm does: with the checksum taken as right.
+            let mut fixed = bytes.to_vec();
+            fixed[SB_CSUM_OFFSET..SB_CSUM_OFFSET + 4].copy_from_slice(&computed.to_le_bytes());
+            (Superblock::decode(&fixed)?, false)
+        }
+        Err(e) => return Err(e),
+    };
+    const _: () = assert!(SB_CSUM_OFFSET + 4 <= SUPERBLOCK_BASE_BYTES);
+    let stored = u32::from_le_bytes([
+        bytes[SB_CSUM_OFFSET],
+        bytes[SB_CSUM_OFFSET + 1],
+        bytes[SB_CSUM_OFFSET + 2],
+        bytes[SB_CSUM_OFFSET + 3],
+    ]);
+    let expected = raw_checksum(bytes)?;
+    let parity = match sb.level {
+        4 | 5 => Some(1u64),
+        6 => Some(2),
+        _ => None,
+    };
+    let array_size_bytes = parity.and_then(|p| {
+        u64::from(sb.raid_disks)
+            .checked_sub(p)
+            .and_then(|data| data.checked_mul(sb.size))
+            .and_then(|s| s.checked_mul(512))
+    });
+    let unsupported_reason = sb.check_supported().err().map(|e| e.to_string());
+    Ok(ExamineReport {
+        device: device.to_string(),
+        array_uuid: sb.set_uuid.to_string(),
+        name: sb.name(),
+        level: sb.level,
+        layout: layout_name(sb.level, sb.layout),
+        layout_id: sb.layout,
+        chunk_bytes: u64::from(sb.chunksize) * 512,
+        raid_devices: sb.raid_disks,
+        role: sb.role().into(),
+        dev_number: sb.dev_number,
+        data_offset_bytes: sb.data_offset.saturating_mul(512),
+        data_size_bytes: sb.data_size.saturating_mul(512),
+        component_size_bytes: sb.size.saturating_mul(512),
+        array_size_bytes,
+        events: sb.events,
+        state: if sb.is_clean() {
+            ExamineState::Clean
+        } else {
+            ExamineState::Active
+        },
+        device_uuid: sb.device_uuid.to_string(),
+        feature_map: sb.feature_map,
+        checksum: stored,
+        checksum_expected: expected,
+        checksum_ok,
+        ctime_unix_s: sb.ctime.seconds(),
+        utime_unix_s: sb.utime.seconds(),
+        array_state: array_state(&sb),
+        supported: unsupported_reason.is_none(),
+        unsupported_reason,
+    })
+}
+
+/// md's name of a layout of `level` (mdadm's `r5layout`/`r6layout` maps).
+fn layout_name(level: i32, id: u32) -> String {
+    if matches!(level, 4..=6) {
+        if let Ok(l) = Layout::from_md(id) {
+            return l.name().to_string();
+        }
+    }
+    let name = match (level, id) {
+        (6, 8) => "ddf-zero-restart",
+        (6, 9) => "ddf-N-restart",
+        (6, 10) => "ddf-N-continue",
+        (6, 16) => "left-asymmetric-6",
+        (6, 17) => "right-asymmetric-6",
+        (6, 18) => "left-symmetric-6",
+        (6, 19) => "right-symmetric-6",
+        (6, 20) => "parity-first-6",
+        _ => return id.to_string(),
+    };
+    name.to_string()
+}
+
+/// mdadm's "Array State" letters (`examine_super1`): per role, `A` when a slot holds it,
+/// `R` when two do (replacement), `.` when none does. At most 1920 letters (`max_dev`).
+fn array_state(sb: &Superblock) -> String {
+    let n = sb.raid_disks.min(engine::metadata::MAX_DEV_LIMIT) as usize;
+    let mut held = vec![0u8; n];
+    for &r in &sb.dev_roles {
+        if let DevRole::Active(r) = DevRole::from_raw(r) {
+            if let Some(h) = held.get_mut(usize::from(r)) {
+                *h = h.saturating_add(1);
+            }
+        }
+    }
+    held.iter()
+        .map(|&h| match h {
+            0 => '.',
+            1 => 'A',
+            _ => 'R',
+        })
+        .collect()
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DD hh:mm:ss UTC` (proleptic Gregorian;
+/// Howard Hinnant's `civil_from_days`).
+pub fn utc_time(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn sectors_text(bytes: u64) -> String {
+    format!(
+        "{} sectors ({})",
+        bytes / 512,
+        crate::status::human_bytes(bytes)
+    )
+}
+
+impl fmt::Display for ExamineReport {
+    /// The key lines of `mdadm --examine`, same labels and order.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let level = match self.level {
+            4..=6 | 0 | 1 | 10 => format!("raid{}", self.level),
+            -1 => "linear".to_string(),
+            l => format!("level {l}"),
+        };
+        writeln!(f, "{}:", self.device)?;
+        writeln!(f, "          Magic : a92b4efc")?;
+        writeln!(f, "        Version : 1.2")?;
+        writeln!(f, "    Feature Map : 0x{:x}", self.feature_map)?;
+        writeln!(f, "     Array UUID : {}", self.array_uuid)?;
+        writeln!(f, "           Name : {}", self.name)?;
+        writeln!(f, "  Creation Time : {}", utc_time(self.ctime_unix_s))?;
+        writeln!(f, "     Raid Level : {level}")?;
+        writeln!(f, "   Raid Devices : {}", self.raid_devices)?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            " Avail Dev Size : {}",
+            sectors_text(self.data_size_bytes)
+        )?;
+        if let Some(a) = self.array_size_bytes {
+            writeln!(
+                f,
+                "     Array Size : {} KiB ({})",
+                a / 1024,
+                crate::status::human_bytes(a)
+            )?;
+        }
+        // mdadm prints it only when the array uses less than the device offers.
+        if self.component_size_bytes != self.data_size_bytes {
+            writeln!(
+                f,
+                "  Used Dev Size : {}",
+                sectors_text(self.component_size_bytes)
+            )?;
+        }
+        writeln!(
+            f,
+            "    Data Offset : {} sectors",
+            self.data_offset_bytes / 512
+        )?;
+        writeln!(f, "   Super Offset : 8 sectors")?;
+        writeln!(
+            f,
+            "          State : {}",
+            match self.state {
+                ExamineState::Clean => "clean",
+                ExamineState::Active => "active",
+            }
+        )?;
+        writeln!(f, "    Device UUID : {}", self.device_uuid)?;
+        writeln!(f)?;
+        writeln!(f, "    Update Time : {}", utc_time(self.utime_unix_s))?;
+        if self.checksum_ok {
+            writeln!(f, "       Checksum : {:x} - correct", self.checksum)?;
+        } else {
+            writeln!(
+                f,
+                "       Checksum : {:x} - expected {:x}",
+                self.checksum, self.checksum_expected
+            )?;
+        }
+        writeln!(f, "         Events : {}", self.events)?;
+        writeln!(f)?;
+        writeln!(f, "         Layout : {}", self.layout)?;
+        writeln!(f, "     Chunk Size : {}K", self.chunk_bytes / 1024)?;
+        writeln!(f)?;
+        writeln!(f, "    Device Role : {}", self.role)?;
+        writeln!(
+            f,
+            "    Array State : {} ('A' == active, '.' == missing, 'R' == replacing)",
+            self.array_state
+        )?;
+        match &self.unsupported_reason {
+            None => writeln!(f, "      ferroraid : can serve this array"),
+            Some(why) => writeln!(f, "      ferroraid : cannot serve this array: {why}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::geometry::{Geometry, Level};
+    use engine::metadata::{MdTime, NewArray, Uuid};
+    use rand_chacha::rand_core::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn raid6() -> Vec<Superblock> {
+        let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, 64 << 10, 512).unwrap();
+        let mut a = NewArray::new(
+            g,
+            Uuid::random(&mut ChaCha8Rng::seed_from_u64(1)),
+            "ferro",
+            Some("testhost"),
+            MdTime::new(1_700_000_000, 0),
+        )
+        .unwrap();
+        a.clean = true;
+        a.superblocks(&[(64 << 20) / 512; 7], &mut ChaCha8Rng::seed_from_u64(2))
+            .unwrap()
+    }
+
+    #[test]
+    fn fields() {
+        let sbs = raid6();
+        let r = examine_area("/dev/x", &sbs[3].to_area().unwrap()).unwrap();
+        assert_eq!(r.role, ExamineRole::Slot(3));
+        assert_eq!(r.level, 6);
+        assert_eq!(r.layout, "left-symmetric");
+        assert_eq!(r.chunk_bytes, 65536);
+        assert_eq!(r.raid_devices, 6);
+        assert_eq!(r.data_offset_bytes, sbs[3].data_offset * 512);
+        assert_eq!(r.array_size_bytes, Some(4 * sbs[3].size * 512));
+        assert_eq!(r.state, ExamineState::Clean);
+        assert_eq!(r.array_state, "AAAAAA");
+        assert!(r.checksum_ok && r.supported && r.unsupported_reason.is_none());
+        assert_eq!(r.checksum, sbs[3].checksum().unwrap());
+        assert_eq!(r.name, "testhost:ferro");
+        let spare = examine_area("/dev/s", &sbs[6].to_area().unwrap()).unwrap();
+        assert_eq!(spare.role, ExamineRole::Spare);
+        let v = serde_json::to_value(&spare).unwrap();
+        assert_eq!(v["role"], "spare");
+        assert_eq!(v["state"], "clean");
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["role"], 3);
+        let back: ExamineReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn bad_checksum_is_shown_and_reported() {
+        let mut area = raid6()[0].to_area().unwrap();
+        area[SB_CSUM_OFFSET] ^= 0xff;
+        let r = examine_area("/dev/x", &area).unwrap();
+        assert!(!r.checksum_ok);
+        assert_ne!(r.checksum, r.checksum_expected);
+        let e = ExamineEntry::Report(Box::new(r));
+        assert!(!e.is_ok());
+        assert!(e.problem().unwrap().contains("bad superblock checksum"));
+        let text = match &e {
+            ExamineEntry::Report(r) => r.to_string(),
+            ExamineEntry::Failure(_) => unreachable!(),
+        };
+        assert!(text.contains(" - expected "), "{text}");
+    }
+
+    #[test]
+    fn unsupported_is_shown_with_the_reason() {
+        let mut sb = raid6()[0].clone();
+        sb.feature_map = 1; // internal bitmap
+        let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();
+        assert!(r.checksum_ok);
+        assert!(!r.supported);
+        assert!(r
+            .unsupported_reason
+            .unwrap()
+            .contains("MD_FEATURE_BITMAP_OFFSET"));
+        let mut sb = raid6()[0].clone();
+        sb.layout = 18;
+        let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();
+        assert_eq!(r.layout, "left-symmetric-6");
+        assert!(!r.supported);
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        let e = examine_area("/dev/x", &[0u8; 4096]).unwrap_err();
+        assert!(e.to_string().contains("no md superblock"), "{e}");
+        assert!(examine_area("/dev/x", &[0u8; 10]).is_err());
+        // Random bytes behind a valid magic never panic.
+        let mut x = 12345u64;
+        for _ in 0..2000 {
+            let mut area = raid6()[1].to_area().unwrap();
+            for _ in 0..8 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let at = (x >> 33) as usize % 512;
+                area[at] = (x >> 20) as u8;
+            }
+            if let Ok(r) = examine_area("/dev/x", &area) {
+                let _ = r.to_string();
+            }
+        }
+    }
+
+    #[test]
+    fn utc() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc_time(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_time((1 << 40) - 1), "36812-02-20 00:36:15 UTC");
+    }
+}

@@ -1,0 +1,194 @@
+//! The management subcommands: `status`, `fail`, `remove`, `add` (clients of a running
+//! target's JSON-RPC socket, `ferroraid::rpc`) and `examine` (superblocks, no target
+//! needed).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use ferroraid::examine::{examine_device, ExamineEntry};
+use ferroraid::rpc::{default_rpc_path, ClientError, RpcClient};
+use ferroraid::status::{MemberReport, EXIT_NOT_RUNNING};
+
+/// The help of `--rpc`, with the default rule.
+const RPC_HELP: &str = "The target's management socket [default: \
+    /run/ferroraid/ferroraid.sock as root with /run writable, else \
+    $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock]";
+
+/// Ends the process with this exit status (whatever needed saying was said): returned as
+/// an error so `main` can map it.
+#[derive(Debug)]
+pub struct Exit(pub u8);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {}", self.0)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// Options of `ferroraid status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+    /// Print the report as JSON (stable field names, units in the names; see
+    /// docs/MANAGEMENT.md).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `ferroraid fail|remove|add`.
+#[derive(Args, Debug)]
+pub struct MemberArgs {
+    /// The device: its path as the target opened it, or its slot number (`add`: a path).
+    #[arg(value_name = "DEV")]
+    device: String,
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+}
+
+/// Options of `ferroraid examine`.
+#[derive(Args, Debug)]
+pub struct ExamineArgs {
+    /// Print a JSON array, one entry per device (stable field names; entries with an
+    /// `error` field are devices without a readable superblock).
+    #[arg(long)]
+    json: bool,
+    /// Member devices or image files.
+    #[arg(value_name = "DEV", required = true)]
+    devices: Vec<PathBuf>,
+}
+
+/// Which member operation.
+#[derive(Clone, Copy, Debug)]
+pub enum MemberOp {
+    /// `member_fail`.
+    Fail,
+    /// `member_remove`.
+    Remove,
+    /// `member_add`.
+    Add,
+}
+
+fn out(text: &str) -> std::io::Result<()> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(text.as_bytes())?;
+    o.flush()
+}
+
+/// Connects, or says on one line why not and ends with [`EXIT_NOT_RUNNING`].
+fn connect(rpc: &Option<PathBuf>) -> Result<RpcClient> {
+    let path = rpc.clone().unwrap_or_else(default_rpc_path);
+    RpcClient::connect(&path).map_err(|e| {
+        eprintln!("ferroraid: {e}");
+        Exit(EXIT_NOT_RUNNING).into()
+    })
+}
+
+/// `ferroraid status`: exit status 0 healthy, 1 degraded or rebuilding, 2 failed, 4 no
+/// target (or its status unreadable), with one line on stderr saying why.
+pub fn status(a: &StatusArgs) -> Result<()> {
+    let mut c = connect(&a.rpc)?;
+    let report = match c.status() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ferroraid: {e}");
+            return Err(Exit(EXIT_NOT_RUNNING).into());
+        }
+    };
+    if a.json {
+        out(&(serde_json::to_string_pretty(&report)? + "\n"))?;
+    } else {
+        out(&report.to_string())?;
+    }
+    match report.exit_code() {
+        0 => Ok(()),
+        code => Err(Exit(code).into()),
+    }
+}
+
+/// `ferroraid fail|remove|add DEV`: prints what happened and the array's state after.
+/// Exit status 0 done, 1 refused (the message names the device), 4 no target.
+pub fn member(op: MemberOp, a: &MemberArgs) -> Result<()> {
+    let mut c = connect(&a.rpc)?;
+    let dev = a.device.as_str();
+    let result = match op {
+        MemberOp::Fail => c.member_fail(dev),
+        MemberOp::Remove => c.member_remove(dev),
+        MemberOp::Add => c.member_add(dev),
+    };
+    let m = match result {
+        Ok(m) => m,
+        Err(ClientError::Rpc(e)) => {
+            let verb = match op {
+                MemberOp::Fail => "fail",
+                MemberOp::Remove => "remove",
+                MemberOp::Add => "add",
+            };
+            anyhow::bail!("{verb} {dev}: {e}");
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let name = m.device.as_deref().unwrap_or(dev);
+    let line = match op {
+        MemberOp::Fail => format!("set {name} faulty{}", in_slot(&m)),
+        MemberOp::Remove => format!("removed {dev}{}", from_slot(&m)),
+        MemberOp::Add => match m.slot {
+            Some(s) => format!("added {name} as member {s} ({})", m.state),
+            None => format!("added {name} as a spare"),
+        },
+    };
+    // The array's state after, best effort: the operation itself succeeded.
+    let after = c
+        .status()
+        .map(|r| format!("; array {} is now {}", r.array.name, r.array.state))
+        .unwrap_or_default();
+    out(&format!("ferroraid: {line}{after}\n"))?;
+    Ok(())
+}
+
+fn in_slot(m: &MemberReport) -> String {
+    m.slot.map(|s| format!(" (slot {s})")).unwrap_or_default()
+}
+
+fn from_slot(m: &MemberReport) -> String {
+    m.slot
+        .map(|s| format!(" from slot {s} (now {})", m.state))
+        .unwrap_or_default()
+}
+
+/// `ferroraid examine DEV...`: every device's superblock; devices without a readable one
+/// are reported on stderr (and as `error` entries in JSON). Exit status 1 when any device
+/// has no superblock or a bad checksum.
+pub fn examine(a: &ExamineArgs) -> Result<()> {
+    let entries: Vec<ExamineEntry> = a.devices.iter().map(|d| examine_device(d)).collect();
+    if a.json {
+        out(&(serde_json::to_string_pretty(&entries)? + "\n"))?;
+    } else {
+        let mut first = true;
+        for e in &entries {
+            if let ExamineEntry::Report(r) = e {
+                if !first {
+                    out("\n")?;
+                }
+                first = false;
+                out(&r.to_string())?;
+            }
+        }
+    }
+    let mut bad = false;
+    for e in &entries {
+        if let Some(p) = e.problem() {
+            eprintln!("ferroraid: examine: {p}");
+            bad = true;
+        }
+    }
+    if bad {
+        Err(Exit(1).into())
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,1242 @@
+//! The management socket: JSON-RPC 2.0 over a Unix stream socket.
+//!
+//! A running target (`ferroraid serve`) answers management requests on a Unix socket —
+//! [`default_rpc_path`] unless told otherwise — and `ferroraid status|fail|remove|add`
+//! are its clients ([`RpcClient`]). This is the management plane, not the data path: each
+//! connection is served by its own thread, and the target's work is done by a
+//! [`Handler`].
+//!
+//! # Wire format
+//!
+//! [JSON-RPC 2.0](https://www.jsonrpc.org/specification), **one JSON value per line**: a
+//! request (or a batch: an array of requests) is a single line of UTF-8 JSON ended by
+//! `\n`, and so is each response. Requests longer than [`MAX_REQUEST_BYTES`] (1 MiB) are
+//! refused with an `Invalid Request` error and the connection is closed. Blank lines are
+//! ignored. A request without `id` is a notification: it is carried out, and never
+//! answered.
+//!
+//! ```text
+//! → {"jsonrpc":"2.0","method":"member_fail","params":{"device":"/dev/nvme2n1"},"id":1}
+//! ← {"error":{"code":-32002,"message":"array would fail: ..."},"id":1,"jsonrpc":"2.0"}
+//! ```
+//!
+//! # Methods
+//!
+//! | method | params | result |
+//! |---|---|---|
+//! | `array_status` | none | [`StatusReport`] |
+//! | `member_fail` | `{"device": "<path or slot number>"}` | the member's [`MemberReport`] after |
+//! | `member_remove` | `{"device": "<path or slot number>"}` | the (now empty) slot's [`MemberReport`] |
+//! | `member_add` | `{"device": "<path>"}` | the added device's [`MemberReport`] |
+//! | `rpc_methods` | none | the method names, sorted |
+//!
+//! `params` may also be given by position (`["/dev/nvme2n1"]`). A device is named by the
+//! path the target opened it with, or by its slot number (all digits; write `./3` for a
+//! file named `3`); a slot may also be sent as a JSON number.
+//!
+//! # Errors
+//!
+//! The standard codes — [`codes::PARSE_ERROR`] (-32700), [`codes::INVALID_REQUEST`]
+//! (-32600), [`codes::METHOD_NOT_FOUND`] (-32601), [`codes::INVALID_PARAMS`] (-32602),
+//! [`codes::INTERNAL_ERROR`] (-32603) — and application codes from -32000 down
+//! ([`codes`]), each with a message naming the device. Malformed input never stops the
+//! server: at worst its connection is closed.
+//!
+//! # Security
+//!
+//! The socket is created with mode 0600 (bound, chmod-ed, and only then listening, so it
+//! is never reachable with a looser mode): only its owner (root, for a system target)
+//! may manage the array.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::status::{MemberReport, StatusReport};
+
+/// Longest request line the server reads, in bytes (the `\n` not counted): 1 MiB. A
+/// management request is a few hundred bytes; the bound keeps a misbehaving client from
+/// making the server buffer without limit.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Longest response line a client reads, in bytes: 16 MiB (a status report of a
+/// 257-member array is well under 1 MiB).
+pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+/// Most requests in one batch: a batch is answered in one line, and this keeps that line
+/// (and the time one connection holds a handler) bounded.
+pub const MAX_BATCH: usize = 64;
+/// Most connections served at once; a connection beyond it is answered with
+/// [`codes::SERVER_BUSY`] and closed. Each connection is a thread.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Longest path a device parameter may have, bytes (Linux's `PATH_MAX`).
+pub const MAX_DEVICE_BYTES: usize = 4096;
+/// How long the server waits for a client to take a response before dropping the
+/// connection.
+pub const SERVER_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`RpcClient`] waits to connect, send, and for each answer, unless told
+/// otherwise ([`RpcClient::connect_timeout`]).
+pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Mode of the socket file: read/write for its owner only.
+pub const SOCKET_MODE: u32 = 0o600;
+/// Mode of a directory [`RpcServer::bind`] creates for the socket.
+pub const SOCKET_DIR_MODE: u32 = 0o700;
+/// The system target's socket (used when running as root with `/run` writable).
+pub const SYSTEM_SOCKET_PATH: &str = "/run/ferroraid/ferroraid.sock";
+/// File name of the socket in `$XDG_RUNTIME_DIR` or the current directory.
+pub const SOCKET_FILE_NAME: &str = "ferroraid.sock";
+/// How long [`RpcServer::bind`] waits for a server already at the path to accept.
+const STALE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Backlog of the listening socket.
+const LISTEN_BACKLOG: i32 = 64;
+/// Longest method name quoted back in an error message, in characters.
+const MAX_QUOTED_CHARS: usize = 64;
+
+/// JSON-RPC error codes: the standard ones and ferroraid's application codes (the
+/// spec reserves -32000..=-32099 for implementation-defined server errors).
+pub mod codes {
+    /// The line is not valid JSON (or not UTF-8).
+    pub const PARSE_ERROR: i64 = -32700;
+    /// Not a valid JSON-RPC 2.0 request (missing/wrong `jsonrpc`, `method`, `id`,
+    /// `params` of the wrong type, empty batch, oversize line).
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// The method's parameters are missing, unknown or of the wrong type.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// The server failed (a handler panicked, a result could not be encoded).
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// The array has no member with that path or slot.
+    pub const NO_SUCH_MEMBER: i64 = -32000;
+    /// `member_remove` of a member that is still active: fail it first.
+    pub const MEMBER_NOT_FAULTY: i64 = -32001;
+    /// Failing (or removing) the member would leave the array without enough members to
+    /// serve its data.
+    pub const ARRAY_WOULD_FAIL: i64 = -32002;
+    /// `member_add` of a device that is already a member or spare of this array.
+    pub const DEVICE_IN_USE: i64 = -32003;
+    /// `member_add` of a device that cannot be used (cannot be opened, too small, belongs
+    /// to another array, ...).
+    pub const DEVICE_UNUSABLE: i64 = -32004;
+    /// The target cannot do this (yet).
+    pub const NOT_SUPPORTED: i64 = -32005;
+    /// The server is at [`super::MAX_CONNECTIONS`]; try again.
+    pub const SERVER_BUSY: i64 = -32099;
+}
+
+/// The method names, sorted (the result of `rpc_methods`).
+pub const METHODS: [&str; 5] = [
+    "array_status",
+    "member_add",
+    "member_fail",
+    "member_remove",
+    "rpc_methods",
+];
+
+/// A JSON-RPC error object: what a [`Handler`] returns to refuse a request, and what
+/// [`RpcClient`] reports when the server refused one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct RpcError {
+    /// The error code ([`codes`]).
+    pub code: i64,
+    /// One sentence for people, naming the device or method concerned.
+    pub message: String,
+    /// Optional details for programs (application errors carry `{"device": ...}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    /// An error with `code` and `message` and no data.
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    fn with_device(code: i64, message: String, device: &str) -> Self {
+        RpcError {
+            code,
+            message,
+            data: Some(json!({ "device": device })),
+        }
+    }
+
+    /// [`codes::PARSE_ERROR`]: the line is not JSON; `detail` says where.
+    pub fn parse_error(detail: impl std::fmt::Display) -> Self {
+        Self::new(codes::PARSE_ERROR, format!("parse error: {detail}"))
+    }
+
+    /// [`codes::INVALID_REQUEST`] with what is wrong.
+    pub fn invalid_request(detail: impl std::fmt::Display) -> Self {
+        Self::new(codes::INVALID_REQUEST, format!("invalid request: {detail}"))
+    }
+
+    /// [`codes::METHOD_NOT_FOUND`] for `method` (quoted, shortened), listing the methods.
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(
+            codes::METHOD_NOT_FOUND,
+            format!(
+                "method not found: {:?} (methods: {})",
+                shorten(method),
+                METHODS.join(", ")
+            ),
+        )
+    }
+
+    /// [`codes::INVALID_PARAMS`] with what is wrong.
+    pub fn invalid_params(detail: impl std::fmt::Display) -> Self {
+        Self::new(codes::INVALID_PARAMS, format!("invalid params: {detail}"))
+    }
+
+    /// [`codes::INTERNAL_ERROR`] with what failed.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        Self::new(codes::INTERNAL_ERROR, format!("internal error: {detail}"))
+    }
+
+    /// [`codes::NO_SUCH_MEMBER`]: nothing in the array is `device` (a path or slot).
+    pub fn no_such_member(device: &str) -> Self {
+        Self::with_device(
+            codes::NO_SUCH_MEMBER,
+            format!("no such member: {device} is not a member, spare or slot of this array"),
+            device,
+        )
+    }
+
+    /// [`codes::MEMBER_NOT_FAULTY`]: `device` is still active, so it cannot be removed.
+    pub fn member_not_faulty(device: &str) -> Self {
+        Self::with_device(
+            codes::MEMBER_NOT_FAULTY,
+            format!("member {device} is not faulty (fail it first: ferroraid fail {device})"),
+            device,
+        )
+    }
+
+    /// [`codes::ARRAY_WOULD_FAIL`]: taking `device` out would lose data; `why` says how
+    /// many members are left and needed.
+    pub fn array_would_fail(device: &str, why: impl std::fmt::Display) -> Self {
+        Self::with_device(
+            codes::ARRAY_WOULD_FAIL,
+            format!("array would fail: refusing to take {device} out of service ({why})"),
+            device,
+        )
+    }
+
+    /// [`codes::DEVICE_IN_USE`]: `device` is already part of the array.
+    pub fn device_in_use(device: &str) -> Self {
+        Self::with_device(
+            codes::DEVICE_IN_USE,
+            format!("{device} is already a member or spare of this array"),
+            device,
+        )
+    }
+
+    /// [`codes::DEVICE_UNUSABLE`]: `device` cannot be added; `why` says why.
+    pub fn device_unusable(device: &str, why: impl std::fmt::Display) -> Self {
+        Self::with_device(
+            codes::DEVICE_UNUSABLE,
+            format!("cannot use {device}: {why}"),
+            device,
+        )
+    }
+
+    /// [`codes::NOT_SUPPORTED`]: the target cannot do `what` yet.
+    pub fn not_supported(what: impl std::fmt::Display) -> Self {
+        Self::new(codes::NOT_SUPPORTED, format!("not supported: {what}"))
+    }
+}
+
+/// What the target does for each method. Called from the server's connection threads,
+/// possibly at the same time: implementations serialize their own state changes. A
+/// panic in a handler is answered with [`codes::INTERNAL_ERROR`] and does not stop the
+/// server.
+///
+/// `device_or_slot` is a device path as given by the operator or a slot number in
+/// decimal ([`StatusReport::find_member`] resolves both against a report).
+pub trait Handler: Send + Sync {
+    /// The current status (`array_status`).
+    fn status(&self) -> StatusReport;
+
+    /// Marks a member faulty (`member_fail`, like `mdadm --fail`): no more I/O goes to it;
+    /// the array runs degraded. Failing an already faulty member is not an error.
+    ///
+    /// # Errors
+    /// [`RpcError::no_such_member`]; [`RpcError::array_would_fail`] when the array has no
+    /// redundancy left to lose.
+    fn member_fail(&self, device_or_slot: &str) -> Result<MemberReport, RpcError>;
+
+    /// Takes a faulty member out of its slot (`member_remove`, like `mdadm --remove`),
+    /// releasing the device; the slot becomes `removed`. A spare is removed outright.
+    ///
+    /// # Errors
+    /// [`RpcError::no_such_member`]; [`RpcError::member_not_faulty`] for an active member.
+    fn member_remove(&self, device_or_slot: &str) -> Result<MemberReport, RpcError>;
+
+    /// Adds a device (`member_add`, like `mdadm --add`): as a spare, or into an empty slot
+    /// where a rebuild will recover it.
+    ///
+    /// # Errors
+    /// [`RpcError::device_in_use`], [`RpcError::device_unusable`],
+    /// [`RpcError::not_supported`].
+    fn member_add(&self, device_path: &str) -> Result<MemberReport, RpcError>;
+}
+
+/// Answers one request line (a request or a batch) with `handler`: the response to write
+/// back, or `None` when there is nothing to answer (notifications). Never panics, whatever
+/// the input; the line excludes its `\n`. This is the server's whole protocol logic,
+/// usable without a socket.
+pub fn handle_request(handler: &dyn Handler, line: &[u8]) -> Option<Value> {
+    let v: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return Some(error_response(Value::Null, RpcError::parse_error(e))),
+    };
+    match v {
+        Value::Array(items) => {
+            if items.is_empty() {
+                return Some(error_response(
+                    Value::Null,
+                    RpcError::invalid_request("empty batch"),
+                ));
+            }
+            if items.len() > MAX_BATCH {
+                return Some(error_response(
+                    Value::Null,
+                    RpcError::invalid_request(format!(
+                        "batch of {} requests: at most {MAX_BATCH}",
+                        items.len()
+                    )),
+                ));
+            }
+            let out: Vec<Value> = items
+                .into_iter()
+                .filter_map(|item| handle_one(handler, item))
+                .collect();
+            (!out.is_empty()).then_some(Value::Array(out))
+        }
+        other => handle_one(handler, other),
+    }
+}
+
+fn error_response(id: Value, e: RpcError) -> Value {
+    json!({ "jsonrpc": "2.0", "error": e, "id": id })
+}
+
+/// `s` cut to [`MAX_QUOTED_CHARS`] characters for quoting in a message.
+fn shorten(s: &str) -> String {
+    if s.chars().count() <= MAX_QUOTED_CHARS {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(MAX_QUOTED_CHARS).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// One request of a line or batch.
+fn handle_one(handler: &dyn Handler, v: Value) -> Option<Value> {
+    let Value::Object(mut obj) = v else {
+        return Some(error_response(
+            Value::Null,
+            RpcError::invalid_request("a request must be a JSON object"),
+        ));
+    };
+    // `None`: a notification (no `id` member at all).
+    let id = match obj.remove("id") {
+        None => None,
+        Some(id @ (Value::Null | Value::String(_) | Value::Number(_))) => Some(id),
+        Some(_) => {
+            return Some(error_response(
+                Value::Null,
+                RpcError::invalid_request("\"id\" must be a string, a number or null"),
+            ))
+        }
+    };
+    let reply_id = id.clone().unwrap_or(Value::Null);
+    let invalid = |detail: &str| {
+        Some(error_response(
+            reply_id.clone(),
+            RpcError::invalid_request(detail),
+        ))
+    };
+    match obj.remove("jsonrpc") {
+        Some(Value::String(v)) if v == "2.0" => {}
+        _ => return invalid("\"jsonrpc\" must be \"2.0\""),
+    }
+    let method = match obj.remove("method") {
+        Some(Value::String(m)) => m,
+        Some(_) => return invalid("\"method\" must be a string"),
+        None => return invalid("missing \"method\""),
+    };
+    let params = match obj.remove("params") {
+        None => None,
+        Some(p @ (Value::Object(_) | Value::Array(_))) => Some(p),
+        Some(_) => return invalid("\"params\" must be an object or an array"),
+    };
+    if let Some(k) = obj.keys().next() {
+        return invalid(&format!(
+            "unknown member {:?} (a request has jsonrpc, method, params and id)",
+            shorten(k)
+        ));
+    }
+    let result = dispatch(handler, &method, params);
+    let id = id?; // notifications are carried out, never answered
+    Some(match result {
+        Ok(v) => json!({ "jsonrpc": "2.0", "result": v, "id": id }),
+        Err(e) => error_response(id, e),
+    })
+}
+
+fn dispatch(handler: &dyn Handler, method: &str, params: Option<Value>) -> Result<Value, RpcError> {
+    match method {
+        "array_status" => {
+            no_params(method, params)?;
+            encode(guarded(method, || handler.status())?)
+        }
+        "member_fail" => {
+            let d = device_param(method, params)?;
+            encode(guarded(method, || handler.member_fail(&d))??)
+        }
+        "member_remove" => {
+            let d = device_param(method, params)?;
+            encode(guarded(method, || handler.member_remove(&d))??)
+        }
+        "member_add" => {
+            let d = device_param(method, params)?;
+            encode(guarded(method, || handler.member_add(&d))??)
+        }
+        "rpc_methods" => {
+            no_params(method, params)?;
+            Ok(json!(METHODS))
+        }
+        other => Err(RpcError::method_not_found(other)),
+    }
+}
+
+/// Runs a handler method, turning a panic into [`codes::INTERNAL_ERROR`].
+fn guarded<T>(method: &str, f: impl FnOnce() -> T) -> Result<T, RpcError> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        tracing::error!(method, panic = %what, "RPC handler panicked");
+        RpcError::internal(format!("{method} failed: the handler panicked ({what})"))
+    })
+}
+
+fn encode<T: Serialize>(v: T) -> Result<Value, RpcError> {
+    serde_json::to_value(v)
+        .map_err(|e| RpcError::internal(format!("cannot encode the result: {e}")))
+}
+
+fn no_params(method: &str, params: Option<Value>) -> Result<(), RpcError> {
+    match params {
+        None => Ok(()),
+        Some(Value::Object(m)) if m.is_empty() => Ok(()),
+        Some(Value::Array(a)) if a.is_empty() => Ok(()),
+        Some(_) => Err(RpcError::invalid_params(format!(
+            "{method} takes no parameters"
+        ))),
+    }
+}
+
+/// The `device` parameter: `{"device": "..."}` or `["..."]`; a string (path or slot) or
+/// a non-negative integer (slot).
+fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError> {
+    let usage = || format!("{method} takes {{\"device\": \"<path or slot number>\"}}");
+    let v = match params {
+        Some(Value::Object(mut m)) => {
+            let v = m.remove("device");
+            if let Some(k) = m.keys().next() {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown parameter {:?}: {}",
+                    shorten(k),
+                    usage()
+                )));
+            }
+            v
+        }
+        Some(Value::Array(a)) if a.len() == 1 => a.into_iter().next(),
+        _ => None,
+    };
+    let Some(v) = v else {
+        return Err(RpcError::invalid_params(format!(
+            "missing device: {}",
+            usage()
+        )));
+    };
+    match v {
+        Value::String(s) if s.is_empty() => Err(RpcError::invalid_params(format!(
+            "device is empty: {}",
+            usage()
+        ))),
+        Value::String(s) if s.len() > MAX_DEVICE_BYTES || s.contains('\0') => {
+            Err(RpcError::invalid_params(format!(
+                "device is not a path: longer than {MAX_DEVICE_BYTES} bytes or contains NUL"
+            )))
+        }
+        Value::String(s) => Ok(s),
+        Value::Number(n) => match n.as_u64().and_then(|s| u16::try_from(s).ok()) {
+            Some(slot) => Ok(slot.to_string()),
+            None => Err(RpcError::invalid_params(format!(
+                "device {n} is not a slot number (0..=65535)"
+            ))),
+        },
+        _ => Err(RpcError::invalid_params(format!(
+            "device must be a string or a slot number: {}",
+            usage()
+        ))),
+    }
+}
+
+/// What [`read_bounded_line`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// A line (without its `\n`), or the last bytes before end of stream.
+    Line,
+    /// End of stream, nothing read.
+    Eof,
+    /// The line is longer than the limit (what was read of it is discarded).
+    TooLong,
+}
+
+/// Reads one `\n`-terminated line into `line`, never holding more than `max` bytes.
+fn read_bounded_line<R: BufRead>(
+    r: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<LineRead> {
+    line.clear();
+    loop {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(if line.is_empty() {
+                LineRead::Eof
+            } else {
+                LineRead::Line
+            });
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                if line.len() + i > max {
+                    line.clear();
+                    return Ok(LineRead::TooLong);
+                }
+                line.extend_from_slice(&buf[..i]);
+                r.consume(i + 1);
+                return Ok(LineRead::Line);
+            }
+            None => {
+                let n = buf.len();
+                if line.len() + n > max {
+                    line.clear();
+                    return Ok(LineRead::TooLong);
+                }
+                line.extend_from_slice(buf);
+                r.consume(n);
+            }
+        }
+    }
+}
+
+fn write_line(w: &mut impl Write, v: &Value) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec(v).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    w.write_all(&bytes)?;
+    w.flush()
+}
+
+/// The default management socket path, by this rule (first that applies):
+///
+/// 1. running as root (effective uid 0) with `/run` writable:
+///    [`SYSTEM_SOCKET_PATH`] (`/run/ferroraid/ferroraid.sock`);
+/// 2. `$XDG_RUNTIME_DIR` set to an absolute path (the per-user runtime directory of the
+///    XDG Base Directory specification, `/run/user/UID`): `$XDG_RUNTIME_DIR/ferroraid.sock`;
+/// 3. else `./ferroraid.sock`, in the current directory.
+///
+/// Server and clients apply the same rule, so `ferroraid serve` and `ferroraid status`
+/// run by the same user in the same place find each other; `--rpc PATH` overrides it.
+pub fn default_rpc_path() -> PathBuf {
+    let root = rustix::process::geteuid().is_root();
+    let run_writable = root
+        && rustix::fs::accessat(
+            rustix::fs::CWD,
+            "/run",
+            rustix::fs::Access::WRITE_OK,
+            rustix::fs::AtFlags::EACCESS,
+        )
+        .is_ok();
+    default_rpc_path_from(run_writable, std::env::var_os("XDG_RUNTIME_DIR"))
+}
+
+/// [`default_rpc_path`]'s rule with its inputs given: `root_with_writable_run` (effective
+/// uid 0 and `/run` writable) and the value of `XDG_RUNTIME_DIR`.
+pub fn default_rpc_path_from(
+    root_with_writable_run: bool,
+    xdg_runtime_dir: Option<OsString>,
+) -> PathBuf {
+    if root_with_writable_run {
+        return PathBuf::from(SYSTEM_SOCKET_PATH);
+    }
+    match xdg_runtime_dir.map(PathBuf::from) {
+        // The XDG spec: relative paths are invalid and must be ignored.
+        Some(dir) if dir.is_absolute() => dir.join(SOCKET_FILE_NAME),
+        _ => Path::new(".").join(SOCKET_FILE_NAME),
+    }
+}
+
+/// Why [`RpcServer::bind`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Another server answers on the socket.
+    #[error(
+        "a ferroraid target is already running at {} (stop it first, or give another socket \
+         with --rpc PATH)", path.display()
+    )]
+    AlreadyRunning {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// Something that is not a socket is in the way; it is left alone.
+    #[error("{} exists and is not a socket: refusing to replace it", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The operating system refused a step.
+    #[error("{}: {what}: {source}", path.display())]
+    Io {
+        /// The socket path.
+        path: PathBuf,
+        /// The step.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// One connection being served: a handle on its stream (to shut it down) and its thread.
+struct Conn {
+    stream: UnixStream,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    handler: Arc<dyn Handler>,
+    stopping: AtomicBool,
+    conns: Mutex<HashMap<u64, Conn>>,
+}
+
+impl Shared {
+    fn conns(&self) -> MutexGuard<'_, HashMap<u64, Conn>> {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A running JSON-RPC server on a Unix socket ([module docs](self)). Stops, and removes
+/// its socket, on [`RpcServer::shutdown`] or drop.
+pub struct RpcServer {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    /// A second handle on the listening socket, to wake the accept thread.
+    listener: UnixListener,
+    accept: Option<JoinHandle<()>>,
+    /// Device and inode of the socket file, so shutdown removes only its own.
+    file_id: (u64, u64),
+}
+
+fn server_io<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> ServerError + 'a {
+    move |source| ServerError::Io {
+        path: path.to_path_buf(),
+        what,
+        source,
+    }
+}
+
+impl RpcServer {
+    /// Creates the socket at `path` and serves `handler` on it, each connection on its
+    /// own thread.
+    ///
+    /// - A missing parent directory is created with mode 0700 ([`SOCKET_DIR_MODE`]).
+    /// - If `path` is a socket a live server answers on, nothing is touched
+    ///   ([`ServerError::AlreadyRunning`]); a stale socket (nobody listening) is removed;
+    ///   anything else at `path` is refused ([`ServerError::NotASocket`]).
+    /// - The socket is bound, set to mode 0600 ([`SOCKET_MODE`]), and only then listens.
+    ///
+    /// # Errors
+    /// As above, and [`ServerError::Io`] for a path too long for a Unix socket (107 bytes)
+    /// and any refused step (directory creation, removal, socket, bind, chmod, listen).
+    pub fn bind(
+        path: impl AsRef<Path>,
+        handler: Arc<dyn Handler>,
+    ) -> Result<RpcServer, ServerError> {
+        let path = path.as_ref().to_path_buf();
+        let addr = SocketAddrUnix::new(&path)
+            .map_err(|e| server_io(&path, "socket path (at most 107 bytes)")(e.into()))?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(SOCKET_DIR_MODE)
+                    .create(dir)
+                    .map_err(server_io(&path, "create the socket's directory"))?;
+            }
+        }
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_socket() => match connect_fd(&addr, STALE_CHECK_TIMEOUT) {
+                // Someone answers, or is listening with a full backlog: a live server.
+                Ok(_) | Err(rustix::io::Errno::AGAIN) => {
+                    return Err(ServerError::AlreadyRunning { path })
+                }
+                Err(rustix::io::Errno::CONNREFUSED) => {
+                    tracing::info!(path = %path.display(), "removing stale RPC socket");
+                    std::fs::remove_file(&path)
+                        .map_err(server_io(&path, "remove the stale socket"))?;
+                }
+                Err(e) => {
+                    return Err(server_io(
+                        &path,
+                        "check whether a target answers on the socket",
+                    )(e.into()))
+                }
+            },
+            Ok(_) => return Err(ServerError::NotASocket { path }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(server_io(&path, "inspect the socket path")(e)),
+        }
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| server_io(&path, "create socket")(e.into()))?;
+        match rustix::net::bind(&fd, &addr) {
+            Ok(()) => {}
+            // Another server bound it since we looked.
+            Err(rustix::io::Errno::ADDRINUSE) => return Err(ServerError::AlreadyRunning { path }),
+            Err(e) => return Err(server_io(&path, "bind")(e.into())),
+        }
+        // Not listening yet: nobody can connect before the mode is restrictive.
+        let remove_on_err = |e: ServerError| {
+            let _ = std::fs::remove_file(&path);
+            e
+        };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(SOCKET_MODE))
+            .map_err(server_io(&path, "chmod 0600"))
+            .map_err(remove_on_err)?;
+        let meta = std::fs::symlink_metadata(&path)
+            .map_err(server_io(&path, "stat the socket"))
+            .map_err(remove_on_err)?;
+        rustix::net::listen(&fd, LISTEN_BACKLOG)
+            .map_err(|e| server_io(&path, "listen")(e.into()))
+            .map_err(remove_on_err)?;
+        let listener = UnixListener::from(fd);
+        let waker = listener
+            .try_clone()
+            .map_err(server_io(&path, "duplicate the listening socket"))
+            .map_err(remove_on_err)?;
+        let shared = Arc::new(Shared {
+            handler,
+            stopping: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+        });
+        let s = shared.clone();
+        let accept = std::thread::Builder::new()
+            .name("ferroraid-rpc".into())
+            .spawn(move || accept_loop(&listener, &s))
+            .map_err(server_io(&path, "start the accept thread"))
+            .map_err(remove_on_err)?;
+        tracing::info!(path = %path.display(), "JSON-RPC management socket listening");
+        Ok(RpcServer {
+            path,
+            shared,
+            listener: waker,
+            accept: Some(accept),
+            file_id: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops the server: no new connections, open ones closed (a handler call in progress
+    /// finishes first; its answer may not be delivered), threads joined, and the socket
+    /// file removed if it is still this server's. Idempotent; drop does it too.
+    pub fn shutdown(&mut self) {
+        let Some(accept) = self.accept.take() else {
+            return;
+        };
+        self.shared.stopping.store(true, Ordering::Release);
+        // Wake the accept thread: shutdown(2) makes a blocked accept fail on Linux; the
+        // connection is the portable fallback.
+        let _ = rustix::net::shutdown(&self.listener, rustix::net::Shutdown::Both);
+        let _ = UnixStream::connect(&self.path);
+        let _ = accept.join();
+        let conns: Vec<Conn> = self.shared.conns().drain().map(|(_, c)| c).collect();
+        for c in &conns {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        for c in conns {
+            if let Some(t) = c.thread {
+                let _ = t.join();
+            }
+        }
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if (m.dev(), m.ino()) == self.file_id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+        tracing::info!(path = %self.path.display(), "JSON-RPC management socket closed");
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
+    let mut next_id = 0u64;
+    loop {
+        let res = listener.accept();
+        if shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        match res {
+            Ok((stream, _)) => {
+                next_id += 1;
+                start_connection(shared, next_id, stream);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // Out of file descriptors or memory: back off rather than spin.
+                tracing::warn!(error = %e, "RPC accept failed");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn start_connection(shared: &Arc<Shared>, id: u64, stream: UnixStream) {
+    let mut conns = shared.conns();
+    if conns.len() >= MAX_CONNECTIONS {
+        drop(conns);
+        let mut stream = stream;
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = write_line(
+            &mut stream,
+            &error_response(
+                Value::Null,
+                RpcError::new(
+                    codes::SERVER_BUSY,
+                    format!("server busy: {MAX_CONNECTIONS} connections open; try again"),
+                ),
+            ),
+        );
+        return;
+    }
+    let handle = match stream.try_clone() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "RPC connection dropped");
+            return;
+        }
+    };
+    conns.insert(
+        id,
+        Conn {
+            stream: handle,
+            thread: None,
+        },
+    );
+    drop(conns);
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("ferroraid-rpc-{id}"))
+        .spawn(move || {
+            serve_connection(&s, stream);
+            s.conns().remove(&id);
+        });
+    match spawned {
+        Ok(t) => {
+            if let Some(c) = shared.conns().get_mut(&id) {
+                c.thread = Some(t);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start an RPC connection thread");
+            shared.conns().remove(&id);
+        }
+    }
+}
+
+fn serve_connection(shared: &Shared, stream: UnixStream) {
+    let _ = stream.set_write_timeout(Some(SERVER_WRITE_TIMEOUT));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::with_capacity(64 << 10, stream);
+    let mut line = Vec::new();
+    loop {
+        match read_bounded_line(&mut reader, &mut line, MAX_REQUEST_BYTES) {
+            Ok(LineRead::Line) => {}
+            Ok(LineRead::Eof) | Err(_) => return,
+            Ok(LineRead::TooLong) => {
+                let e = RpcError::invalid_request(format!(
+                    "request line longer than {MAX_REQUEST_BYTES} bytes; closing the connection"
+                ));
+                let _ = write_line(&mut writer, &error_response(Value::Null, e));
+                return;
+            }
+        }
+        if shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let req = line.trim_ascii();
+        if req.is_empty() {
+            continue;
+        }
+        if let Some(resp) = handle_request(&*shared.handler, req) {
+            if write_line(&mut writer, &resp).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A connected Unix stream socket to `addr`, waiting at most `timeout` while the
+/// listener's backlog is full (a Unix `connect` honours `SO_SNDTIMEO`: `EAGAIN` when it
+/// expires).
+fn connect_fd(
+    addr: &SocketAddrUnix,
+    timeout: Duration,
+) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Send,
+        Some(timeout),
+    )?;
+    rustix::net::connect(&fd, addr)?;
+    Ok(fd)
+}
+
+/// Why an [`RpcClient`] call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing listens at the path (no socket file, or a stale one).
+    #[error(
+        "no ferroraid target is running at {} ({source}); start one with `ferroraid serve`, \
+         or give its socket with --rpc PATH", path.display()
+    )]
+    NotRunning {
+        /// The socket path.
+        path: PathBuf,
+        /// What connect(2) said (no such file, connection refused).
+        source: io::Error,
+    },
+    /// Connecting failed otherwise (permission denied: the socket is mode 0600, owned by
+    /// the user running the target).
+    #[error("cannot connect to the ferroraid target at {}: {source}", path.display())]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// No answer in time.
+    #[error("the ferroraid target at {} did not answer within {timeout:?}", path.display())]
+    Timeout {
+        /// The socket path.
+        path: PathBuf,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// Sending or receiving failed, or the server closed the connection without answering.
+    #[error("talking to the ferroraid target at {}: {what}: {source}", path.display())]
+    Io {
+        /// The socket path.
+        path: PathBuf,
+        /// The step.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// The answer is not a valid JSON-RPC 2.0 response to the request.
+    #[error("the ferroraid target at {} sent an invalid answer: {detail}", path.display())]
+    Protocol {
+        /// The socket path.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The server refused the request.
+    #[error("{0}")]
+    Rpc(RpcError),
+}
+
+impl ClientError {
+    /// Whether the failure means no target is running at the path.
+    pub fn is_not_running(&self) -> bool {
+        matches!(self, ClientError::NotRunning { .. })
+    }
+}
+
+/// A JSON-RPC client of a target's management socket: one connection, calls in turn.
+pub struct RpcClient {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    timeout: Duration,
+    next_id: u64,
+}
+
+impl RpcClient {
+    /// Connects with [`DEFAULT_CLIENT_TIMEOUT`].
+    ///
+    /// # Errors
+    /// As [`RpcClient::connect_timeout`].
+    pub fn connect(path: impl AsRef<Path>) -> Result<RpcClient, ClientError> {
+        Self::connect_timeout(path, DEFAULT_CLIENT_TIMEOUT)
+    }
+
+    /// Connects to the socket at `path`; `timeout` bounds the connection and each later
+    /// send and answer.
+    ///
+    /// # Errors
+    /// [`ClientError::NotRunning`] when no socket exists or nobody listens (ENOENT,
+    /// ECONNREFUSED); [`ClientError::Timeout`] when the server's backlog stays full;
+    /// [`ClientError::Connect`] otherwise (permission denied, path too long, ...).
+    pub fn connect_timeout(
+        path: impl AsRef<Path>,
+        timeout: Duration,
+    ) -> Result<RpcClient, ClientError> {
+        use rustix::io::Errno;
+        let path = path.as_ref().to_path_buf();
+        let connect_err = |source: io::Error| ClientError::Connect {
+            path: path.clone(),
+            source,
+        };
+        let addr = SocketAddrUnix::new(&path).map_err(|e| {
+            connect_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("socket path longer than 107 bytes ({e})"),
+            ))
+        })?;
+        let fd = match connect_fd(&addr, timeout) {
+            Ok(fd) => fd,
+            Err(e @ (Errno::NOENT | Errno::CONNREFUSED)) => {
+                return Err(ClientError::NotRunning {
+                    path,
+                    source: e.into(),
+                })
+            }
+            Err(Errno::AGAIN) => return Err(ClientError::Timeout { path, timeout }),
+            Err(Errno::ACCESS) => {
+                return Err(connect_err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "permission denied (the socket is mode 0600: run as the user who started \
+                     the target)",
+                )))
+            }
+            Err(e) => return Err(connect_err(e.into())),
+        };
+        let stream = UnixStream::from(fd);
+        stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
+            .map_err(connect_err)?;
+        let writer = stream.try_clone().map_err(connect_err)?;
+        Ok(RpcClient {
+            path,
+            reader: BufReader::new(stream),
+            writer,
+            timeout,
+            next_id: 0,
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io_err(&self, what: &'static str, source: io::Error) -> ClientError {
+        if matches!(
+            source.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            ClientError::Timeout {
+                path: self.path.clone(),
+                timeout: self.timeout,
+            }
+        } else {
+            ClientError::Io {
+                path: self.path.clone(),
+                what,
+                source,
+            }
+        }
+    }
+
+    fn protocol(&self, detail: impl Into<String>) -> ClientError {
+        ClientError::Protocol {
+            path: self.path.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The error a server sent before closing the connection, if it sent one.
+    fn read_refusal(&mut self) -> Option<RpcError> {
+        let mut line = Vec::new();
+        match read_bounded_line(&mut self.reader, &mut line, MAX_RESPONSE_BYTES) {
+            Ok(LineRead::Line) => {}
+            _ => return None,
+        }
+        let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&line) else {
+            return None;
+        };
+        serde_json::from_value(obj.remove("error")?).ok()
+    }
+
+    /// Calls `method` with `params` (`Value::Null`: none) and returns its result.
+    ///
+    /// # Errors
+    /// [`ClientError::Rpc`] with the server's error; [`ClientError::Timeout`],
+    /// [`ClientError::Io`] (including a connection closed without an answer),
+    /// [`ClientError::Protocol`] for an answer that is not a JSON-RPC 2.0 response to
+    /// this request.
+    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut req = json!({ "jsonrpc": "2.0", "method": method, "id": id });
+        if !params.is_null() {
+            req["params"] = params;
+        }
+        if let Err(e) = write_line(&mut self.writer, &req) {
+            // A server that refused the connection (busy) said why before closing it:
+            // report that rather than the broken pipe.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) {
+                if let Some(refusal) = self.read_refusal() {
+                    return Err(ClientError::Rpc(refusal));
+                }
+            }
+            return Err(self.io_err("send request", e));
+        }
+        let mut line = Vec::new();
+        match read_bounded_line(&mut self.reader, &mut line, MAX_RESPONSE_BYTES) {
+            Ok(LineRead::Line) => {}
+            Ok(LineRead::Eof) => {
+                return Err(self.io_err(
+                    "read answer",
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed without an answer",
+                    ),
+                ))
+            }
+            Ok(LineRead::TooLong) => {
+                return Err(self.protocol(format!("answer longer than {MAX_RESPONSE_BYTES} bytes")))
+            }
+            Err(e) => return Err(self.io_err("read answer", e)),
+        }
+        let v: Value =
+            serde_json::from_slice(&line).map_err(|e| self.protocol(format!("not JSON ({e})")))?;
+        let Value::Object(mut obj) = v else {
+            return Err(self.protocol("not a JSON object"));
+        };
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Err(self.protocol("\"jsonrpc\" is not \"2.0\""));
+        }
+        if let Some(err) = obj.remove("error") {
+            // Errors the server could not tie to a request (parse errors, busy) have id null.
+            let e: RpcError = serde_json::from_value(err)
+                .map_err(|e| self.protocol(format!("malformed error object ({e})")))?;
+            return Err(ClientError::Rpc(e));
+        }
+        if obj.get("id") != Some(&json!(id)) {
+            return Err(self.protocol(format!(
+                "answer for id {}, expected {id}",
+                obj.get("id").unwrap_or(&Value::Null)
+            )));
+        }
+        obj.remove("result")
+            .ok_or_else(|| self.protocol("neither result nor error"))
+    }
+
+    fn call_as<T: serde::de::DeserializeOwned>(
+        &mut self,
+        method: &str,
+        params: Value,
+    ) -> Result<T, ClientError> {
+        let v = self.call(method, params)?;
+        serde_json::from_value(v)
+            .map_err(|e| self.protocol(format!("unexpected {method} result ({e})")))
+    }
+
+    /// `array_status`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn status(&mut self) -> Result<StatusReport, ClientError> {
+        self.call_as("array_status", Value::Null)
+    }
+
+    /// `member_fail` of `device` (a path or slot number).
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`]; the server's refusals ([`Handler::member_fail`]) as
+    /// [`ClientError::Rpc`].
+    pub fn member_fail(&mut self, device: &str) -> Result<MemberReport, ClientError> {
+        self.call_as("member_fail", json!({ "device": device }))
+    }
+
+    /// `member_remove` of `device` (a path or slot number).
+    ///
+    /// # Errors
+    /// As [`RpcClient::member_fail`].
+    pub fn member_remove(&mut self, device: &str) -> Result<MemberReport, ClientError> {
+        self.call_as("member_remove", json!({ "device": device }))
+    }
+
+    /// `member_add` of the device at `path`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::member_fail`].
+    pub fn member_add(&mut self, path: &str) -> Result<MemberReport, ClientError> {
+        self.call_as("member_add", json!({ "device": path }))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,928 @@
+//! The status report of a running target: what `ferroraid status` prints and what the
+//! `array_status` JSON-RPC method returns.
+//!
+//! **Stable field names.** Scripts read these fields by name (`ferroraid status --json`,
+//! the RPC socket): fields are only ever added, never renamed or removed, and enum values
+//! are the lower-case strings listed on each type. Units are in the field names: `_bytes`
+//! are bytes, `_us` microseconds, `_s` seconds, `_bytes_per_s` bytes per second; counts
+//! have no suffix.
+//!
+//! A JSON report looks like this (abridged):
+//!
+//! ```json
+//! { "array": { "name": "host:data", "array_uuid": "e6c2614f:6ebd4c6b:5055bf86:866fae7b",
+//!              "level": 6, "layout": "left-symmetric", "chunk_bytes": 65536,
+//!              "raid_devices": 6, "size_bytes": 268435456, "state": "degraded", "events": 7 },
+//!   "members": [ { "slot": 0, "device": "/dev/nvme0n1", "state": "active",
+//!                  "io": { "reads": 10, "writes": 4, "flushes": 1, "read_bytes": 40960,
+//!                          "write_bytes": 16384, "errors": 0 },
+//!                  "latency_us": { "p50": 11.2, "p90": 14.0, "p99": 30.1, "p999": 52.0,
+//!                                  "max": 61.4, "count": 15 } }, ... ],
+//!   "reactors": { "count": 2, "cores": [0, 1], "mode": "polled" },
+//!   "stats": { "direct_reads": 10, ... }, "requests_in_flight": 0,
+//!   "exports": [ { "protocol": "nbd", "address": "127.0.0.1:10809", "name": "data" } ],
+//!   "process": { "kind": "idle", "position_bytes": 0, "size_bytes": 0,
+//!                "rate_bytes_per_s": 0, "eta_s": null, "mismatch_cnt": 0 } }
+//! ```
+//!
+//! [`StatusReport::exit_code`] is the exit status of `ferroraid status` (0 healthy,
+//! 1 degraded or rebuilding, 2 failed; [`EXIT_NOT_RUNNING`] when no target answers), after
+//! `mdadm --detail --test`.
+
+use std::fmt;
+
+use engine::array::{ArrayStats, MemberCounters};
+use engine::reactor::MemberSnapshot;
+use serde::{Deserialize, Serialize};
+
+/// `ferroraid status` exit status: the array is healthy (all members active; clean, or
+/// active with writes in flight; resync/check/repair count as healthy, as in
+/// `mdadm --detail --test`).
+pub const EXIT_HEALTHY: u8 = 0;
+/// Exit status: degraded (a member is missing or faulty, redundancy reduced) or rebuilding.
+pub const EXIT_DEGRADED: u8 = 1;
+/// Exit status: failed (more members lost than the level's parity: data is unavailable).
+pub const EXIT_FAILED: u8 = 2;
+/// Exit status: no target answered (nothing running at the socket, or its status could
+/// not be read); `ferroraid status` prints one line on stderr saying why.
+pub const EXIT_NOT_RUNNING: u8 = 4;
+
+/// Everything `ferroraid status` shows about one array and the target serving it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The array: identity, geometry, size and state.
+    pub array: ArrayInfo,
+    /// Every slot of the array (missing/removed ones included) and every spare, in slot
+    /// order, spares last.
+    pub members: Vec<MemberReport>,
+    /// The reactor threads serving the array.
+    pub reactors: ReactorsReport,
+    /// What the engine did, by path (summed over every reactor).
+    pub stats: StatsReport,
+    /// Array requests accepted and not yet completed, all reactors.
+    pub requests_in_flight: u64,
+    /// Where the array is exported (empty when it is not).
+    pub exports: Vec<ExportReport>,
+    /// The background process running on the array (resync, rebuild, check, repair), or
+    /// `idle`.
+    pub process: ProcessReport,
+}
+
+/// The array's identity, geometry, size and state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayInfo {
+    /// md's `set_name` (by mdadm's convention `homehost:name`).
+    pub name: String,
+    /// The array UUID in md's colon form, `xxxxxxxx:xxxxxxxx:xxxxxxxx:xxxxxxxx` (as
+    /// `mdadm --detail` prints it; `engine::metadata::Uuid`'s `Display`).
+    pub array_uuid: String,
+    /// RAID level: 5 or 6.
+    pub level: u8,
+    /// md's layout name (`left-symmetric`, ...; `engine::geometry::Layout::name`).
+    pub layout: String,
+    /// Chunk size, bytes.
+    pub chunk_bytes: u64,
+    /// Members of the complete array (md's `raid_disks`), spares not counted.
+    pub raid_devices: u16,
+    /// Capacity exported to clients, bytes.
+    pub size_bytes: u64,
+    /// `clean`, `active`, `degraded` or `failed` ([`ArrayState`]).
+    pub state: ArrayState,
+    /// The superblock generation (md's `events`).
+    pub events: u64,
+}
+
+/// The state of an array. Serialized as the lower-case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArrayState {
+    /// Every member active, parity known consistent, no write outstanding (md's
+    /// `resync_offset` = MaxSector).
+    Clean,
+    /// Every member active, the array marked dirty (writes in flight, or a resync needed).
+    Active,
+    /// Members missing or faulty, within the parity: data served by reconstruction, with
+    /// less (RAID6: maybe no) redundancy. Wins over `active`/`clean`.
+    Degraded,
+    /// More members lost than the parity covers: data unavailable.
+    Failed,
+}
+
+impl ArrayState {
+    /// The state of an array with `raid_devices` members of which `working` are active,
+    /// protected by `parity` parity chunks per stripe (1 for RAID5, 2 for RAID6); `clean`
+    /// says whether the parity is known consistent (md's `resync_offset` = MaxSector).
+    /// Failed beats degraded beats clean/active.
+    pub fn derive(raid_devices: u16, parity: u16, working: u16, clean: bool) -> ArrayState {
+        let lost = raid_devices.saturating_sub(working);
+        if lost > parity {
+            ArrayState::Failed
+        } else if lost > 0 {
+            ArrayState::Degraded
+        } else if clean {
+            ArrayState::Clean
+        } else {
+            ArrayState::Active
+        }
+    }
+
+    /// The lower-case name (`clean`, ...), as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArrayState::Clean => "clean",
+            ArrayState::Active => "active",
+            ArrayState::Degraded => "degraded",
+            ArrayState::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ArrayState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One slot of the array, or a spare.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemberReport {
+    /// The member's role in the stripe layout (0-based, `< raid_devices`); `null` for a
+    /// spare.
+    pub slot: Option<u16>,
+    /// The device's path as the target opened it; `null` when the slot has no device
+    /// (`missing`, `removed`).
+    pub device: Option<String>,
+    /// `active`, `faulty`, `removed`, `spare` or `missing` ([`MemberState`]).
+    pub state: MemberState,
+    /// Requests the target sent to the device.
+    pub io: IoReport,
+    /// Completion latency of those requests.
+    pub latency_us: LatencyReport,
+}
+
+/// The state of a slot or spare. Serialized as the lower-case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// Serving I/O.
+    Active,
+    /// Failed (by an I/O error, a timeout or the operator's `fail`): no I/O is sent to it;
+    /// still holds its slot until removed.
+    Faulty,
+    /// A faulty member taken out of its slot by `remove`; the slot is empty.
+    Removed,
+    /// A device standing by to replace a failed member (no slot).
+    Spare,
+    /// A slot no device was found for when the array started.
+    Missing,
+}
+
+impl MemberState {
+    /// The lower-case name (`active`, ...), as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberState::Active => "active",
+            MemberState::Faulty => "faulty",
+            MemberState::Removed => "removed",
+            MemberState::Spare => "spare",
+            MemberState::Missing => "missing",
+        }
+    }
+
+    /// The report state of an engine member: online → `active`; failed by an error or by
+    /// the operator → `faulty`.
+    pub fn from_engine(state: &engine::array::MemberState) -> MemberState {
+        match state {
+            engine::array::MemberState::Online => MemberState::Active,
+            engine::array::MemberState::Failed(_)
+            | engine::array::MemberState::FailedByOperator => MemberState::Faulty,
+        }
+    }
+}
+
+impl fmt::Display for MemberState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Requests sent to one member (the engine's `MemberCounters`, all reactors).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoReport {
+    /// Read requests issued.
+    pub reads: u64,
+    /// Write, write-zeroes and discard requests issued.
+    pub writes: u64,
+    /// Flush requests issued.
+    pub flushes: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written (write-zeroes and discards count their range).
+    pub write_bytes: u64,
+    /// Requests that completed with an error (any kind).
+    pub errors: u64,
+}
+
+impl From<&MemberCounters> for IoReport {
+    fn from(c: &MemberCounters) -> Self {
+        IoReport {
+            reads: c.reads,
+            writes: c.writes,
+            flushes: c.flushes,
+            read_bytes: c.read_bytes,
+            write_bytes: c.write_bytes,
+            errors: c.errors,
+        }
+    }
+}
+
+/// Completion latency percentiles of one member's requests, **microseconds** (with
+/// nanosecond resolution: the engine records ns), and the number of requests measured.
+/// All zero when nothing was measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyReport {
+    /// Median, µs.
+    pub p50: f64,
+    /// 90th percentile, µs.
+    pub p90: f64,
+    /// 99th percentile, µs.
+    pub p99: f64,
+    /// 99.9th percentile, µs.
+    pub p999: f64,
+    /// Largest recorded, µs.
+    pub max: f64,
+    /// Requests recorded.
+    pub count: u64,
+}
+
+impl LatencyReport {
+    /// Percentiles of a latency histogram recorded in **nanoseconds** (the engine's
+    /// member histograms, `engine::array::new_latency_histogram`), converted to µs. The
+    /// histogram's precision applies (2 significant digits for the engine's): each
+    /// percentile is the highest value equivalent to the recorded ones.
+    pub fn from_histogram_ns(h: &hdrhistogram::Histogram<u64>) -> LatencyReport {
+        if h.is_empty() {
+            return LatencyReport::default();
+        }
+        let us = |ns: u64| ns as f64 / 1000.0;
+        LatencyReport {
+            p50: us(h.value_at_quantile(0.5)),
+            p90: us(h.value_at_quantile(0.9)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+            count: h.len(),
+        }
+    }
+}
+
+impl MemberReport {
+    /// [`LatencyReport::from_histogram_ns`]: µs percentiles of a histogram recorded in ns.
+    pub fn latency_from(h: &hdrhistogram::Histogram<u64>) -> LatencyReport {
+        LatencyReport::from_histogram_ns(h)
+    }
+
+    /// The report of member `slot` at `device` from the reactors' merged snapshot
+    /// (`engine::reactor::ReactorHandle::snapshot`).
+    pub fn from_snapshot(slot: u16, device: Option<String>, m: &MemberSnapshot) -> MemberReport {
+        MemberReport {
+            slot: Some(slot),
+            device,
+            state: MemberState::from_engine(&m.state),
+            io: IoReport::from(&m.counters),
+            latency_us: Self::latency_from(&m.latency),
+        }
+    }
+
+    /// A slot with no device (`missing` or `removed`) or a device with no I/O yet: zero
+    /// counters and latencies.
+    pub fn idle(slot: Option<u16>, device: Option<String>, state: MemberState) -> MemberReport {
+        MemberReport {
+            slot,
+            device,
+            state,
+            io: IoReport::default(),
+            latency_us: LatencyReport::default(),
+        }
+    }
+}
+
+/// The reactor threads serving the array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReactorsReport {
+    /// Reactor threads running.
+    pub count: usize,
+    /// The CPU core each reactor is pinned to (`null`: not pinned), in reactor order.
+    pub cores: Vec<Option<usize>>,
+    /// `polled` (busy-poll) or `adaptive` (spin, then nap) ([`ReactorMode`]).
+    pub mode: ReactorMode,
+}
+
+/// How reactors wait when idle (`engine::reactor::Mode`). Serialized lower-case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReactorMode {
+    /// Busy-poll: never sleeps.
+    Polled,
+    /// Spin briefly, then sleep in growing naps.
+    Adaptive,
+}
+
+impl From<engine::reactor::Mode> for ReactorMode {
+    fn from(m: engine::reactor::Mode) -> Self {
+        match m {
+            engine::reactor::Mode::Polled => ReactorMode::Polled,
+            engine::reactor::Mode::Adaptive => ReactorMode::Adaptive,
+        }
+    }
+}
+
+impl fmt::Display for ReactorMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReactorMode::Polled => "polled",
+            ReactorMode::Adaptive => "adaptive",
+        })
+    }
+}
+
+/// What the engine did, by path: the engine's `ArrayStats`, summed over every reactor.
+/// All counts since the target started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsReport {
+    /// Stripe reads served straight from the members.
+    pub direct_reads: u64,
+    /// Stripe reads that rebuilt data from parity.
+    pub degraded_reads: u64,
+    /// Full-stripe writes (no reads).
+    pub full_stripe_writes: u64,
+    /// Read-modify-write stripe writes.
+    pub rmw_writes: u64,
+    /// Reconstruct-write stripe writes.
+    pub rcw_writes: u64,
+    /// Degraded reconstruct-writes.
+    pub degraded_writes: u64,
+    /// Members failed by I/O errors, timeouts or disappearance.
+    pub member_failures: u64,
+    /// Unrecovered read errors absorbed by rebuilding the range from redundancy.
+    pub medium_errors: u64,
+    /// Ranges rewritten after being rebuilt from redundancy.
+    pub read_errors_repaired: u64,
+    /// Whole stripes zeroed with member write-zeroes.
+    pub zeroed_stripes: u64,
+    /// Whole stripes deallocated with member discards.
+    pub discarded_stripes: u64,
+    /// Stripe pieces of discard requests left alone (discard is advisory).
+    pub discards_skipped: u64,
+    /// Member requests that outlived the command timeout (each failed its member).
+    pub timeouts: u64,
+}
+
+impl From<&ArrayStats> for StatsReport {
+    fn from(s: &ArrayStats) -> Self {
+        StatsReport {
+            direct_reads: s.direct_reads,
+            degraded_reads: s.degraded_reads,
+            full_stripe_writes: s.full_stripe_writes,
+            rmw_writes: s.rmw_writes,
+            rcw_writes: s.rcw_writes,
+            degraded_writes: s.degraded_writes,
+            member_failures: s.member_failures,
+            medium_errors: s.medium_errors,
+            read_errors_repaired: s.read_errors_repaired,
+            zeroed_stripes: s.zeroed_stripes,
+            discarded_stripes: s.discarded_stripes,
+            discards_skipped: s.discards_skipped,
+            timeouts: s.timeouts,
+        }
+    }
+}
+
+/// One export of the array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportReport {
+    /// The protocol ([`ExportProtocol`]): `nbd`.
+    pub protocol: ExportProtocol,
+    /// Where clients connect: `host:port` for TCP, or a Unix socket path.
+    pub address: String,
+    /// The export name clients ask for (NBD: the export name of `NBD_OPT_GO`).
+    pub name: String,
+}
+
+/// An export protocol. Serialized lower-case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportProtocol {
+    /// The Network Block Device protocol (fixed newstyle).
+    Nbd,
+}
+
+impl fmt::Display for ExportProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ExportProtocol::Nbd => "nbd",
+        })
+    }
+}
+
+/// The background process on the array (md's `sync_action` and progress).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessReport {
+    /// `idle`, `resync`, `rebuild`, `check` or `repair` ([`ProcessKind`]).
+    pub kind: ProcessKind,
+    /// How far it has come, bytes of array capacity (0 when idle).
+    pub position_bytes: u64,
+    /// How far it goes, bytes of array capacity (0 when idle).
+    pub size_bytes: u64,
+    /// Current speed, bytes of array capacity per second (0 when idle).
+    pub rate_bytes_per_s: u64,
+    /// Estimated seconds to completion at the current speed; `null` when idle or unknown.
+    pub eta_s: Option<u64>,
+    /// Sectors (512 bytes) found inconsistent by the last check or repair (md's
+    /// `mismatch_cnt`); 0 when none ran.
+    pub mismatch_cnt: u64,
+}
+
+impl ProcessReport {
+    /// No background process.
+    pub fn idle() -> ProcessReport {
+        ProcessReport {
+            kind: ProcessKind::Idle,
+            position_bytes: 0,
+            size_bytes: 0,
+            rate_bytes_per_s: 0,
+            eta_s: None,
+            mismatch_cnt: 0,
+        }
+    }
+}
+
+impl Default for ProcessReport {
+    fn default() -> Self {
+        ProcessReport::idle()
+    }
+}
+
+/// A background process kind (md's `sync_action`). Serialized lower-case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessKind {
+    /// Nothing running.
+    Idle,
+    /// Making parity consistent (after creation or an unclean stop).
+    Resync,
+    /// Recovering a failed member's contents onto a spare.
+    Rebuild,
+    /// Scrub: reading everything and counting parity mismatches.
+    Check,
+    /// Scrub that also rewrites mismatched parity.
+    Repair,
+}
+
+impl fmt::Display for ProcessKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProcessKind::Idle => "idle",
+            ProcessKind::Resync => "resync",
+            ProcessKind::Rebuild => "rebuild",
+            ProcessKind::Check => "check",
+            ProcessKind::Repair => "repair",
+        })
+    }
+}
+
+impl StatusReport {
+    /// The exit status of `ferroraid status` for this report: [`EXIT_FAILED`] (2) when the
+    /// array failed, [`EXIT_DEGRADED`] (1) when it is degraded or a rebuild runs, else
+    /// [`EXIT_HEALTHY`] (0) — resync, check and repair leave it at 0, as
+    /// `mdadm --detail --test` does.
+    pub fn exit_code(&self) -> u8 {
+        match self.array.state {
+            ArrayState::Failed => EXIT_FAILED,
+            ArrayState::Degraded => EXIT_DEGRADED,
+            _ if self.process.kind == ProcessKind::Rebuild => EXIT_DEGRADED,
+            _ => EXIT_HEALTHY,
+        }
+    }
+
+    /// The member a management request names: `selector` is a slot number (all digits:
+    /// `"3"`) or a device path compared as given (`"/dev/nvme1n1"`; write `./3` for a file
+    /// named `3`). Slots match members holding that slot; paths match any member or spare.
+    pub fn find_member(&self, selector: &str) -> Option<&MemberReport> {
+        match parse_slot(selector) {
+            Some(slot) => self.members.iter().find(|m| m.slot == Some(slot)),
+            None => self
+                .members
+                .iter()
+                .find(|m| m.device.as_deref() == Some(selector)),
+        }
+    }
+}
+
+/// `selector` as a slot number when it is one (ASCII digits only, fits `u16`).
+pub fn parse_slot(selector: &str) -> Option<u16> {
+    if selector.is_empty() || !selector.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    selector.parse().ok()
+}
+
+/// `bytes` with a binary unit for people: `268435456` → `256.00 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", UNITS[u])
+}
+
+/// A duration in seconds for people: `83` → `1m23s`, `7322` → `2h02m`.
+fn human_secs(s: u64) -> String {
+    if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+/// A chunk size as mdadm prints it (`64K`, `1024K`).
+fn chunk_text(bytes: u64) -> String {
+    if bytes.is_multiple_of(1024) {
+        format!("{}K", bytes / 1024)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+impl fmt::Display for StatusReport {
+    /// A compact report in the manner of `mdadm --detail` and `/proc/mdstat`: the array's
+    /// key lines, then one row per member with its I/O and latency.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let a = &self.array;
+        let working = self
+            .members
+            .iter()
+            .filter(|m| m.slot.is_some() && m.state == MemberState::Active)
+            .count();
+        let spares = self
+            .members
+            .iter()
+            .filter(|m| m.state == MemberState::Spare)
+            .count();
+        writeln!(f, "{}:", a.name)?;
+        writeln!(f, "     Array UUID : {}", a.array_uuid)?;
+        writeln!(f, "     Raid Level : raid{}", a.level)?;
+        writeln!(
+            f,
+            "     Array Size : {} bytes ({})",
+            a.size_bytes,
+            human_bytes(a.size_bytes)
+        )?;
+        writeln!(
+            f,
+            "   Raid Devices : {} ({working} working, {spares} spare{})",
+            a.raid_devices,
+            if spares == 1 { "" } else { "s" }
+        )?;
+        let state = match self.process.kind {
+            ProcessKind::Idle => a.state.to_string(),
+            // resyncing, rebuilding, checking, repairing (as /proc/mdstat words them)
+            k => format!("{}, {k}ing", a.state),
+        };
+        writeln!(f, "          State : {state}")?;
+        writeln!(f, "         Events : {}", a.events)?;
+        writeln!(f, "         Layout : {}", a.layout)?;
+        writeln!(f, "     Chunk Size : {}", chunk_text(a.chunk_bytes))?;
+        let cores: Vec<String> = self
+            .reactors
+            .cores
+            .iter()
+            .map(|c| c.map_or_else(|| "-".to_string(), |c| c.to_string()))
+            .collect();
+        writeln!(
+            f,
+            "       Reactors : {} {} (cores {})",
+            self.reactors.count,
+            self.reactors.mode,
+            if cores.is_empty() {
+                "-".to_string()
+            } else {
+                cores.join(",")
+            }
+        )?;
+        writeln!(f, "      In Flight : {} requests", self.requests_in_flight)?;
+        if self.exports.is_empty() {
+            writeln!(f, "        Exports : none")?;
+        }
+        for (i, e) in self.exports.iter().enumerate() {
+            let label = if i == 0 { "Exports" } else { "" };
+            writeln!(
+                f,
+                "{label:>15} : {} {} (export name {:?})",
+                e.protocol, e.address, e.name
+            )?;
+        }
+        let p = &self.process;
+        if p.kind == ProcessKind::Idle {
+            writeln!(f, "        Process : idle")?;
+        } else {
+            let pct = if p.size_bytes == 0 {
+                0.0
+            } else {
+                p.position_bytes as f64 * 100.0 / p.size_bytes as f64
+            };
+            writeln!(
+                f,
+                "        Process : {} {pct:.1}% ({} of {}) at {}/s, eta {}",
+                p.kind,
+                human_bytes(p.position_bytes),
+                human_bytes(p.size_bytes),
+                human_bytes(p.rate_bytes_per_s),
+                p.eta_s.map_or_else(|| "unknown".to_string(), human_secs)
+            )?;
+        }
+        if matches!(p.kind, ProcessKind::Check | ProcessKind::Repair) || p.mismatch_cnt > 0 {
+            writeln!(f, "   Mismatch Cnt : {}", p.mismatch_cnt)?;
+        }
+        writeln!(f)?;
+        let dev_w = self
+            .members
+            .iter()
+            .map(|m| m.device.as_deref().map_or(1, str::len))
+            .max()
+            .unwrap_or(0)
+            .max("Device".len());
+        writeln!(
+            f,
+            "  {:>4}  {:<7}  {:<dev_w$}  {:>10}  {:>10}  {:>6}  {:>9}  {:>9}  {:>9}",
+            "Slot", "State", "Device", "Reads", "Writes", "Errors", "p50 us", "p99 us", "max us"
+        )?;
+        for m in &self.members {
+            let slot = m.slot.map_or_else(|| "-".to_string(), |s| s.to_string());
+            let dev = m.device.as_deref().unwrap_or("-");
+            let l = &m.latency_us;
+            writeln!(
+                f,
+                "  {slot:>4}  {:<7}  {dev:<dev_w$}  {:>10}  {:>10}  {:>6}  {:>9.1}  {:>9.1}  {:>9.1}",
+                m.state.as_str(),
+                m.io.reads,
+                m.io.writes,
+                m.io.errors,
+                l.p50,
+                l.p99,
+                l.max
+            )?;
+        }
+        let s = &self.stats;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "  reads: {} direct, {} degraded · writes: {} full-stripe, {} rmw, {} rcw, {} degraded",
+            s.direct_reads,
+            s.degraded_reads,
+            s.full_stripe_writes,
+            s.rmw_writes,
+            s.rcw_writes,
+            s.degraded_writes
+        )?;
+        writeln!(
+            f,
+            "  errors: {} member failures, {} timeouts, {} medium errors ({} repaired) · \
+             {} zeroed, {} discarded, {} discards skipped (stripes)",
+            s.member_failures,
+            s.timeouts,
+            s.medium_errors,
+            s.read_errors_repaired,
+            s.zeroed_stripes,
+            s.discarded_stripes,
+            s.discards_skipped
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A RAID6 report with `faulty` members failed.
+    pub(crate) fn sample(faulty: &[u16]) -> StatusReport {
+        let members: Vec<MemberReport> = (0..6u16)
+            .map(|s| {
+                let state = if faulty.contains(&s) {
+                    MemberState::Faulty
+                } else {
+                    MemberState::Active
+                };
+                MemberReport::idle(Some(s), Some(format!("/dev/m{s}")), state)
+            })
+            .collect();
+        let working = members
+            .iter()
+            .filter(|m| m.state == MemberState::Active)
+            .count() as u16;
+        StatusReport {
+            array: ArrayInfo {
+                name: "host:data".into(),
+                array_uuid: "e6c2614f:6ebd4c6b:5055bf86:866fae7b".into(),
+                level: 6,
+                layout: "left-symmetric".into(),
+                chunk_bytes: 65536,
+                raid_devices: 6,
+                size_bytes: 256 << 20,
+                state: ArrayState::derive(6, 2, working, true),
+                events: 3,
+            },
+            members,
+            reactors: ReactorsReport {
+                count: 2,
+                cores: vec![Some(0), None],
+                mode: ReactorMode::Adaptive,
+            },
+            stats: StatsReport::default(),
+            requests_in_flight: 0,
+            exports: vec![ExportReport {
+                protocol: ExportProtocol::Nbd,
+                address: "127.0.0.1:10809".into(),
+                name: "data".into(),
+            }],
+            process: ProcessReport::idle(),
+        }
+    }
+
+    #[test]
+    fn array_state_rules() {
+        assert_eq!(ArrayState::derive(6, 2, 6, true), ArrayState::Clean);
+        assert_eq!(ArrayState::derive(6, 2, 6, false), ArrayState::Active);
+        assert_eq!(ArrayState::derive(6, 2, 5, false), ArrayState::Degraded);
+        assert_eq!(ArrayState::derive(6, 2, 4, true), ArrayState::Degraded);
+        assert_eq!(ArrayState::derive(6, 2, 3, true), ArrayState::Failed);
+        assert_eq!(ArrayState::derive(4, 1, 2, true), ArrayState::Failed);
+        assert_eq!(ArrayState::derive(4, 1, 0, true), ArrayState::Failed);
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(sample(&[]).exit_code(), EXIT_HEALTHY);
+        assert_eq!(sample(&[1]).exit_code(), EXIT_DEGRADED);
+        assert_eq!(sample(&[1, 4]).exit_code(), EXIT_DEGRADED);
+        assert_eq!(sample(&[0, 1, 4]).exit_code(), EXIT_FAILED);
+        let mut r = sample(&[]);
+        r.process.kind = ProcessKind::Rebuild;
+        assert_eq!(r.exit_code(), EXIT_DEGRADED);
+        r.process.kind = ProcessKind::Resync;
+        assert_eq!(r.exit_code(), EXIT_HEALTHY);
+    }
+
+    #[test]
+    fn latency_converts_ns_to_us() {
+        let mut h = engine::array::new_latency_histogram();
+        assert_eq!(MemberReport::latency_from(&h), LatencyReport::default());
+        for ns in 1..=1000u64 {
+            h.record(ns * 1000).unwrap(); // 1 µs .. 1 ms
+        }
+        let l = MemberReport::latency_from(&h);
+        assert_eq!(l.count, 1000);
+        // Two significant digits: within 1% of the exact value.
+        let near = |got: f64, want: f64| (got - want).abs() <= want * 0.01;
+        assert!(near(l.p50, 500.0), "{l:?}");
+        assert!(near(l.p90, 900.0), "{l:?}");
+        assert!(near(l.p99, 990.0), "{l:?}");
+        assert!(near(l.p999, 999.0), "{l:?}");
+        assert!(near(l.max, 1000.0), "{l:?}");
+    }
+
+    /// Scripts read these names: changing one is a breaking change.
+    #[test]
+    fn json_field_names_are_stable() {
+        let v = serde_json::to_value(sample(&[2])).unwrap();
+        let keys = |v: &serde_json::Value| {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k.join(",")
+        };
+        assert_eq!(
+            keys(&v),
+            "array,exports,members,process,reactors,requests_in_flight,stats"
+        );
+        assert_eq!(
+            keys(&v["array"]),
+            "array_uuid,chunk_bytes,events,layout,level,name,raid_devices,size_bytes,state"
+        );
+        assert_eq!(keys(&v["members"][0]), "device,io,latency_us,slot,state");
+        assert_eq!(
+            keys(&v["members"][0]["io"]),
+            "errors,flushes,read_bytes,reads,write_bytes,writes"
+        );
+        assert_eq!(
+            keys(&v["members"][0]["latency_us"]),
+            "count,max,p50,p90,p99,p999"
+        );
+        assert_eq!(keys(&v["reactors"]), "cores,count,mode");
+        assert_eq!(
+            keys(&v["stats"]),
+            "degraded_reads,degraded_writes,direct_reads,discarded_stripes,discards_skipped,\
+             full_stripe_writes,medium_errors,member_failures,rcw_writes,read_errors_repaired,\
+             rmw_writes,timeouts,zeroed_stripes"
+        );
+        assert_eq!(keys(&v["exports"][0]), "address,name,protocol");
+        assert_eq!(
+            keys(&v["process"]),
+            "eta_s,kind,mismatch_cnt,position_bytes,rate_bytes_per_s,size_bytes"
+        );
+        assert_eq!(v["array"]["state"], "degraded");
+        assert_eq!(v["members"][2]["state"], "faulty");
+        assert_eq!(v["reactors"]["mode"], "adaptive");
+        assert_eq!(v["reactors"]["cores"], serde_json::json!([0, null]));
+        assert_eq!(v["exports"][0]["protocol"], "nbd");
+        assert_eq!(v["process"]["kind"], "idle");
+        // And back.
+        let back: StatusReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, sample(&[2]));
+    }
+
+    #[test]
+    fn display_is_a_compact_table() {
+        let mut r = sample(&[2]);
+        r.members.push(MemberReport::idle(
+            None,
+            Some("/dev/spare0".into()),
+            MemberState::Spare,
+        ));
+        r.process = ProcessReport {
+            kind: ProcessKind::Rebuild,
+            position_bytes: 64 << 20,
+            size_bytes: 256 << 20,
+            rate_bytes_per_s: 100 << 20,
+            eta_s: Some(83),
+            mismatch_cnt: 0,
+        };
+        let text = r.to_string();
+        assert!(text.starts_with("host:data:\n"), "{text}");
+        assert!(text.contains("     Raid Level : raid6\n"), "{text}");
+        assert!(
+            text.contains("   Raid Devices : 6 (5 working, 1 spare)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("          State : degraded, rebuilding\n"),
+            "{text}"
+        );
+        assert!(text.contains("     Chunk Size : 64K\n"), "{text}");
+        assert!(
+            text.contains("       Reactors : 2 adaptive (cores 0,-)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("        Exports : nbd 127.0.0.1:10809 (export name \"data\")"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rebuild 25.0% (64.00 MiB of 256.00 MiB) at 100.00 MiB/s, eta 1m23s"),
+            "{text}"
+        );
+        let rows: Vec<&str> = text.lines().filter(|l| l.contains("/dev/")).collect();
+        assert_eq!(rows.len(), 7, "{text}");
+        assert!(
+            rows[2].trim_start().starts_with("2  faulty   /dev/m2"),
+            "{text}"
+        );
+        assert!(
+            rows[6].trim_start().starts_with("-  spare    /dev/spare0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn find_member_by_slot_or_path() {
+        let r = sample(&[]);
+        assert_eq!(r.find_member("3").unwrap().slot, Some(3));
+        assert_eq!(r.find_member("/dev/m4").unwrap().slot, Some(4));
+        assert!(r.find_member("/dev/m9").is_none());
+        assert!(r.find_member("9").is_none());
+        assert!(r.find_member("").is_none());
+        assert_eq!(parse_slot("007"), Some(7));
+        assert_eq!(parse_slot("70000"), None);
+        assert_eq!(parse_slot("+1"), None);
+        assert_eq!(parse_slot("./3"), None);
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(256 << 20), "256.00 MiB");
+        assert_eq!(human_bytes(u64::MAX), "16.00 EiB");
+        assert_eq!(human_secs(5), "5s");
+        assert_eq!(human_secs(83), "1m23s");
+        assert_eq!(human_secs(7322), "2h02m");
+        assert_eq!(chunk_text(65536), "64K");
+    }
+}

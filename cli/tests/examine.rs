@@ -1,0 +1,392 @@
+//! `ferroraid examine` on member files whose superblocks ferroraid wrote, held against
+//! `mdadm --examine` of the same files. Without mdadm the comparison is skipped (with a
+//! message) unless `FERRORAID_REQUIRE_MDADM=1` (CI sets it); the error cases always run.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use drivers::metadata_io::write_superblock;
+use engine::geometry::{Geometry, Layout, Level};
+use engine::metadata::{next_generation, MdTime, NewArray, Resync, Superblock, Update, Uuid};
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+
+/// Member size: 64 MiB, sparse.
+const MEMBER_BYTES: u64 = 64 << 20;
+
+fn ferroraid(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferroraid"))
+        .args(args)
+        .output()
+        .expect("run ferroraid")
+}
+
+fn mdadm() -> Option<PathBuf> {
+    let found = ["/usr/sbin/mdadm", "/sbin/mdadm", "/usr/bin/mdadm"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+    match found {
+        Some(p) => Some(p),
+        None if std::env::var_os("FERRORAID_REQUIRE_MDADM").is_some() => {
+            panic!("FERRORAID_REQUIRE_MDADM is set and mdadm is not installed")
+        }
+        None => {
+            eprintln!("SKIP: mdadm not found (set FERRORAID_REQUIRE_MDADM=1 to fail instead)");
+            None
+        }
+    }
+}
+
+fn disk_tempdir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir in CARGO_TARGET_TMPDIR")
+}
+
+/// A RAID6 (right-asymmetric, 128 KiB chunks) of six members plus a spare, written to
+/// sparse files; then member 2 fails (generation 1, dirty), so the survivors record it
+/// faulty and member 2 keeps generation 0.
+fn raid6_files(dir: &Path) -> (Vec<PathBuf>, Vec<Superblock>) {
+    let files: Vec<PathBuf> = (0..7)
+        .map(|i| {
+            let p = dir.join(format!("member{i}.img"));
+            std::fs::File::create(&p)
+                .and_then(|f| f.set_len(MEMBER_BYTES))
+                .unwrap();
+            p
+        })
+        .collect();
+    let g = Geometry::new(Level::Raid6, Layout::RightAsymmetric, 6, 128 << 10, 512).unwrap();
+    let mut a = NewArray::new(
+        g,
+        Uuid::random(&mut ChaCha8Rng::seed_from_u64(7)),
+        "examined",
+        Some("testhost"),
+        MdTime::new(1_700_000_000, 0),
+    )
+    .unwrap();
+    a.clean = true;
+    let sbs = a
+        .superblocks(
+            &vec![MEMBER_BYTES / 512; files.len()],
+            &mut ChaCha8Rng::seed_from_u64(8),
+        )
+        .unwrap();
+    for (f, sb) in files.iter().zip(&sbs) {
+        write_superblock(f, sb).unwrap();
+    }
+    let next = next_generation(
+        &sbs,
+        &Update {
+            utime: MdTime::new(1_700_000_100, 0),
+            failed: vec![2],
+            resync: Some(Resync::Dirty),
+        },
+    )
+    .unwrap();
+    let mut now = sbs.clone();
+    for (i, sb) in next.into_iter().enumerate() {
+        if let Some(sb) = sb {
+            write_superblock(&files[i], &sb).unwrap();
+            now[i] = sb;
+        }
+    }
+    (files, now)
+}
+
+/// `mdadm --examine FILE`: its text and `key : value` lines.
+fn mdadm_examine(mdadm: &Path, file: &Path) -> (String, HashMap<String, String>) {
+    let out = Command::new(mdadm)
+        .arg("--examine")
+        .arg(file)
+        .output()
+        .expect("run mdadm");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (text.clone(), key_values(&text))
+}
+
+fn key_values(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once(" : "))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn examine_json(files: &[PathBuf]) -> (Output, Vec<Value>) {
+    let mut args = vec!["examine", "--json"];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    let out = ferroraid(&args);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "examine --json printed no JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, v.as_array().expect("a JSON array").clone())
+}
+
+#[test]
+fn json_agrees_with_mdadm() {
+    let dir = disk_tempdir();
+    let (files, sbs) = raid6_files(dir.path());
+    let (out, entries) = examine_json(&files);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(entries.len(), files.len());
+    // What the superblocks say, independently of mdadm.
+    for (i, (e, sb)) in entries.iter().zip(&sbs).enumerate() {
+        assert_eq!(e["device"], files[i].to_str().unwrap());
+        assert_eq!(e["array_uuid"], sb.set_uuid.to_string());
+        assert_eq!(e["name"], "testhost:examined");
+        assert_eq!(e["level"], 6);
+        assert_eq!(e["layout"], "right-asymmetric");
+        assert_eq!(e["chunk_bytes"], 128 << 10);
+        assert_eq!(e["raid_devices"], 6);
+        assert_eq!(e["data_offset_bytes"], sb.data_offset * 512);
+        assert_eq!(e["data_size_bytes"], sb.data_size * 512);
+        assert_eq!(e["device_uuid"], sb.device_uuid.to_string());
+        assert_eq!(e["feature_map"], 0);
+        assert_eq!(e["checksum_ok"], true);
+        assert_eq!(e["supported"], true);
+        let (events, state, array_state) = if i == 2 {
+            (0, "clean", "AAAAAA")
+        } else {
+            (1, "active", "AA.AAA")
+        };
+        assert_eq!(e["events"], events, "{e}");
+        assert_eq!(e["state"], state, "{e}");
+        assert_eq!(e["array_state"], array_state, "{e}");
+        let role = if i == 6 {
+            Value::from("spare")
+        } else {
+            Value::from(i)
+        };
+        assert_eq!(e["role"], role, "{e}");
+    }
+    let Some(mdadm) = mdadm() else { return };
+    for (f, e) in files.iter().zip(&entries) {
+        let (text, m) = mdadm_examine(&mdadm, f);
+        let md = |k: &str| {
+            m.get(k)
+                .unwrap_or_else(|| panic!("mdadm printed no {k:?}:\n{text}"))
+                .as_str()
+        };
+        let s = |k: &str| e[k].as_str().unwrap().to_string();
+        let n = |k: &str| e[k].as_u64().unwrap();
+        assert_eq!(md("Array UUID"), s("array_uuid"), "{text}");
+        assert_eq!(md("Name"), s("name"), "{text}");
+        assert_eq!(md("Raid Level"), format!("raid{}", n("level")), "{text}");
+        assert_eq!(md("Raid Devices"), n("raid_devices").to_string(), "{text}");
+        assert_eq!(md("Layout"), s("layout"), "{text}");
+        assert_eq!(
+            md("Chunk Size"),
+            format!("{}K", n("chunk_bytes") / 1024),
+            "{text}"
+        );
+        assert_eq!(
+            md("Data Offset"),
+            format!("{} sectors", n("data_offset_bytes") / 512),
+            "{text}"
+        );
+        assert!(
+            md("Avail Dev Size").starts_with(&format!("{} sectors", n("data_size_bytes") / 512)),
+            "{text}"
+        );
+        assert!(
+            md("Array Size").starts_with(&format!("{} KiB", n("array_size_bytes") / 1024)),
+            "{text}"
+        );
+        assert_eq!(md("Events"), n("events").to_string(), "{text}");
+        assert_eq!(md("State"), s("state"), "{text}");
+        assert_eq!(md("Device UUID"), s("device_uuid"), "{text}");
+        assert_eq!(
+            md("Feature Map"),
+            format!("0x{:x}", n("feature_map")),
+            "{text}"
+        );
+        assert_eq!(
+            md("Checksum"),
+            format!("{:x} - correct", n("checksum")),
+            "{text}"
+        );
+        let role = match &e["role"] {
+            Value::Number(r) => format!("Active device {r}"),
+            Value::String(r) => r.clone(),
+            other => panic!("role {other}"),
+        };
+        assert_eq!(md("Device Role"), role, "{text}");
+        assert!(
+            md("Array State").starts_with(&format!("{} (", s("array_state"))),
+            "{text}"
+        );
+    }
+}
+
+/// The human output repeats mdadm's key lines verbatim.
+#[test]
+fn human_output_has_mdadms_key_lines() {
+    let dir = disk_tempdir();
+    let (files, _) = raid6_files(dir.path());
+    let out = ferroraid(&[
+        "examine",
+        files[0].to_str().unwrap(),
+        files[6].to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with(&format!("{}:\n", files[0].display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("\n{}:\n", files[6].display())),
+        "{text}"
+    );
+    let Some(mdadm) = mdadm() else { return };
+    let blocks: Vec<&str> = text.split(&format!("{}:\n", files[6].display())).collect();
+    for (f, block) in [(&files[0], blocks[0]), (&files[6], blocks[1])] {
+        let ours = key_values(block);
+        let (md_text, md) = mdadm_examine(&mdadm, f);
+        for k in [
+            "Magic",
+            "Version",
+            "Feature Map",
+            "Array UUID",
+            "Name",
+            "Raid Level",
+            "Raid Devices",
+            "Data Offset",
+            "Super Offset",
+            "State",
+            "Device UUID",
+            "Checksum",
+            "Events",
+            "Layout",
+            "Chunk Size",
+            "Device Role",
+            "Array State",
+        ] {
+            assert_eq!(
+                ours.get(k),
+                md.get(k),
+                "{k}: ours\n{block}\nmdadm's\n{md_text}"
+            );
+        }
+        let avail = |m: &HashMap<String, String>| {
+            m["Avail Dev Size"].split(" (").next().unwrap().to_string()
+        };
+        assert_eq!(avail(&ours), avail(&md));
+    }
+}
+
+#[test]
+fn bad_devices_are_reported_and_the_rest_printed() {
+    let dir = disk_tempdir();
+    let (files, _) = raid6_files(dir.path());
+    let blank = dir.path().join("blank.img");
+    std::fs::File::create(&blank)
+        .and_then(|f| f.set_len(MEMBER_BYTES))
+        .unwrap();
+    let tiny = dir.path().join("tiny.img");
+    std::fs::write(&tiny, b"too small").unwrap();
+    let missing = dir.path().join("missing.img");
+    // A superblock whose checksum no longer matches (one byte of the name changed).
+    let corrupt = dir.path().join("corrupt.img");
+    std::fs::copy(&files[1], &corrupt).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&corrupt)
+            .unwrap();
+        f.write_all_at(b"X", 4096 + 32).unwrap();
+    }
+    let list = vec![
+        files[0].clone(),
+        blank.clone(),
+        tiny.clone(),
+        missing.clone(),
+        corrupt.clone(),
+        files[3].clone(),
+    ];
+    let (out, entries) = examine_json(&list);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(entries.len(), 6);
+    assert_eq!(entries[0]["role"], 0);
+    assert_eq!(entries[5]["role"], 3);
+    let b = blank.display();
+    let want = [
+        (1, format!("{b}: no md superblock: magic is 0x00000000")),
+        (2, format!("{}: device is 9 bytes", tiny.display())),
+        (
+            3,
+            format!("{}: open: No such file or directory", missing.display()),
+        ),
+    ];
+    for (i, msg) in &want {
+        let e = entries[*i]["error"].as_str().unwrap();
+        assert!(e.starts_with(msg.as_str()), "{e}");
+        assert!(stderr.contains(msg.as_str()), "{stderr}");
+    }
+    // The corrupt superblock is shown, its checksum flagged, as mdadm does.
+    let c = &entries[4];
+    assert_eq!(c["checksum_ok"], false, "{c}");
+    assert_eq!(c["name"], "Xesthost:examined");
+    assert!(
+        stderr.contains(&format!(
+            "{}: bad superblock checksum: stored 0x{:08x}, expected 0x{:08x}",
+            corrupt.display(),
+            c["checksum"].as_u64().unwrap(),
+            c["checksum_expected"].as_u64().unwrap()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 4, "{stderr}");
+    if let Some(mdadm) = mdadm() {
+        let (text, m) = mdadm_examine(&mdadm, &corrupt);
+        assert_eq!(
+            m["Checksum"],
+            format!(
+                "{:x} - expected {:x}",
+                c["checksum"].as_u64().unwrap(),
+                c["checksum_expected"].as_u64().unwrap()
+            ),
+            "{text}"
+        );
+    }
+
+    // Human output: the good devices (and the corrupt one) printed, the rest on stderr.
+    let args: Vec<&str> = std::iter::once("examine")
+        .chain(list.iter().map(|p| p.to_str().unwrap()))
+        .collect();
+    let out = ferroraid(&args);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("{}:\n", files[0].display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}:\n", files[3].display())),
+        "{text}"
+    );
+    assert!(text.contains(" - expected "), "{text}");
+    assert!(!text.contains(&format!("{b}:")), "{text}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no md superblock"));
+
+    // Only a blank device: non-zero, nothing on stdout in human mode.
+    let out = ferroraid(&["examine", blank.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    // No device at all is a usage error.
+    let out = ferroraid(&["examine"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("<DEV>"));
+}
