@@ -95,7 +95,9 @@ pub struct ServeArgs {
     /// NBD listen address: HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809).
     #[arg(long)]
     nbd: Vec<String>,
-    /// JSON-RPC management socket path.
+    /// JSON-RPC management socket path (default: /run/ferroraid/ferroraid.sock as root,
+    /// else $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock; `ferroraid status` looks
+    /// in the same place).
     #[arg(long)]
     rpc: Option<PathBuf>,
     /// Start even with members missing or out of date (reported).
@@ -241,7 +243,8 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
 
 /// Runs `ferroraid serve` until SIGINT/SIGTERM.
 pub fn run_serve(a: &ServeArgs) -> Result<()> {
-    let (opts, _rpc) = a.options()?;
+    let (mut opts, rpc) = a.options()?;
+    opts.rpc = Some(rpc.unwrap_or_else(ferroraid::rpc::default_rpc_path));
     let stop = stop_flag()?;
     let target = Target::start(&opts)?;
     serve_until(target, &stop, false)
@@ -362,6 +365,7 @@ pub fn run_demo(a: &DemoArgs) -> Result<()> {
         say!("reusing the array in {}", a.dir.display())?;
     }
     let mut o = ServeOptions::new(paths);
+    o.rpc = Some(a.dir.join("ferroraid.sock"));
     o.mode = Mode::Adaptive;
     o.reactors = a.reactors.max(1);
     listen_spec(&a.nbd, &mut o)?;
@@ -418,6 +422,10 @@ fn print_howto(url: &str, t: &Target, dir: &Path) -> Result<()> {
         "  members:   {}/member-0.img … member-{}.img (md v1.2: mdadm --examine reads them)",
         dir.display(),
         g.members() - 1
+    )?;
+    say!(
+        "  status:    ferroraid status --rpc {}   (--json for scripts)",
+        dir.join("ferroraid.sock").display()
     )?;
     say!("Ctrl-C stops: drains requests, flushes the members, marks the array clean.")?;
     Ok(())

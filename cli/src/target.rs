@@ -37,6 +37,11 @@ use engine::reactor::{Mode, ReactorConfig, ReactorHandle, Reactors};
 use tracing::{info, warn};
 
 use crate::nbd::{ExportConfig, NbdFrontend, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
+use crate::rpc::{Handler, RpcError, RpcServer};
+use crate::status::{
+    ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessReport,
+    ReactorsReport, StatsReport, StatusReport,
+};
 
 /// How often the monitor looks for newly failed members, to record them on disk.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(50);
@@ -67,6 +72,8 @@ pub struct ServeOptions {
     pub queue_depth: u32,
     /// Stripe operations per reactor (each holds one chunk per member).
     pub stripe_ops: usize,
+    /// JSON-RPC management socket, if any.
+    pub rpc: Option<PathBuf>,
 }
 
 impl ServeOptions {
@@ -85,6 +92,7 @@ impl ServeOptions {
             io_timeout: Duration::from_secs(30),
             queue_depth: 128,
             stripe_ops: 64,
+            rpc: None,
         }
     }
 }
@@ -176,19 +184,206 @@ fn md_now() -> MdTime {
     MdTime::new(d.as_secs(), d.subsec_micros())
 }
 
-/// A running array.
-pub struct Target {
+/// What the target's threads (monitor, management) share about the running array.
+struct Shared {
     name: String,
     geo: ArrayGeometry,
     assembly: Assembly,
     /// Device path of each role (`None`: missing).
     paths: Vec<Option<PathBuf>>,
-    meta: Arc<Mutex<Meta>>,
-    nbd: Option<NbdServer>,
-    reactors: Option<Reactors<NbdFrontend>>,
+    meta: Mutex<Meta>,
     handle: ReactorHandle,
     cores: Vec<Option<usize>>,
     mode: Mode,
+    exports: Vec<ExportReport>,
+    /// Roles whose (faulty) device the operator removed.
+    removed: Mutex<Vec<u16>>,
+}
+
+impl Shared {
+    /// Fails the member in `role` and records it faulty on the survivors' superblocks.
+    fn fail_role(&self, role: u16) -> Result<()> {
+        self.handle.fail_member(role)?;
+        let mut m = self
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !m.recorded_failed.contains(&role) {
+            m.record(&[role], None)?;
+        }
+        Ok(())
+    }
+
+    fn events(&self) -> u64 {
+        let m = self
+            .meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.members
+            .iter()
+            .filter(|x| x.active)
+            .map(|x| x.sb.events)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The role a management request names: a slot number or a member's device path (as
+    /// given, or canonicalised).
+    fn role_of(&self, selector: &str) -> Option<u16> {
+        if let Some(slot) = crate::status::parse_slot(selector) {
+            return (usize::from(slot) < self.paths.len()).then_some(slot);
+        }
+        let want = Path::new(selector);
+        let canon = std::fs::canonicalize(want).ok();
+        self.paths
+            .iter()
+            .position(|p| {
+                p.as_deref().is_some_and(|p| {
+                    p == want || canon.is_some() && std::fs::canonicalize(p).ok() == canon
+                })
+            })
+            .map(|r| r as u16)
+    }
+
+    fn member_report(&self, snap: &engine::reactor::ArraySnapshot, role: u16) -> MemberReport {
+        use crate::status::MemberState as S;
+        let removed = self
+            .removed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&role);
+        let r = usize::from(role);
+        match (&self.paths[r], removed) {
+            (_, true) => MemberReport::idle(Some(role), None, S::Removed),
+            (None, _) => MemberReport::idle(Some(role), None, S::Missing),
+            (Some(p), _) => {
+                MemberReport::from_snapshot(role, Some(p.display().to_string()), &snap.members[r])
+            }
+        }
+    }
+
+    fn status(&self) -> StatusReport {
+        let snap = self.handle.snapshot();
+        let g = self.geo.geometry();
+        let working = snap
+            .members
+            .iter()
+            .filter(|m| m.state == MemberState::Online)
+            .count() as u16;
+        StatusReport {
+            array: ArrayInfo {
+                name: self.name.clone(),
+                array_uuid: self.assembly.uuid.to_string(),
+                level: g.level().md_level() as u8,
+                layout: g.layout().name().to_string(),
+                chunk_bytes: u64::from(g.chunk_bytes()),
+                raid_devices: g.members(),
+                size_bytes: self.geo.capacity_bytes(),
+                // Marked dirty while it serves (md's "active"); clean once stopped.
+                state: ArrayState::derive(g.members(), g.parity_chunks(), working, false),
+                events: self.events(),
+            },
+            members: (0..g.members())
+                .map(|r| self.member_report(&snap, r))
+                .collect(),
+            reactors: ReactorsReport {
+                count: self.cores.len(),
+                cores: self.cores.clone(),
+                mode: self.mode.into(),
+            },
+            stats: StatsReport::from(&snap.stats),
+            requests_in_flight: snap.requests_in_flight as u64,
+            exports: self.exports.clone(),
+            process: ProcessReport::idle(),
+        }
+    }
+}
+
+/// The management socket's view of the target.
+struct TargetHandler(Arc<Shared>);
+
+impl Handler for TargetHandler {
+    fn status(&self) -> StatusReport {
+        self.0.status()
+    }
+
+    fn member_fail(&self, sel: &str) -> Result<MemberReport, RpcError> {
+        let s = &self.0;
+        let role = s
+            .role_of(sel)
+            .ok_or_else(|| RpcError::no_such_member(sel))?;
+        let snap = s.handle.snapshot();
+        let g = s.geo.geometry();
+        if snap.members[usize::from(role)].state == MemberState::Online {
+            let lost = snap
+                .members
+                .iter()
+                .filter(|m| m.state != MemberState::Online)
+                .count();
+            if lost >= usize::from(g.parity_chunks()) {
+                return Err(RpcError::array_would_fail(
+                    sel,
+                    format!(
+                        "{lost} of {} members are already lost and RAID{} survives {}",
+                        g.members(),
+                        g.level().md_level(),
+                        g.parity_chunks()
+                    ),
+                ));
+            }
+            s.fail_role(role)
+                .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        }
+        // Every reactor takes the command within a loop turn; report what they publish.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let snap = s.handle.snapshot();
+            if snap.members[usize::from(role)].state != MemberState::Online
+                || std::time::Instant::now() > deadline
+            {
+                return Ok(s.member_report(&snap, role));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn member_remove(&self, sel: &str) -> Result<MemberReport, RpcError> {
+        let s = &self.0;
+        let role = s
+            .role_of(sel)
+            .ok_or_else(|| RpcError::no_such_member(sel))?;
+        let snap = s.handle.snapshot();
+        if s.paths[usize::from(role)].is_some()
+            && snap.members[usize::from(role)].state == MemberState::Online
+        {
+            return Err(RpcError::member_not_faulty(sel));
+        }
+        {
+            let mut r = s
+                .removed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !r.contains(&role) {
+                r.push(role);
+            }
+        }
+        Ok(s.member_report(&snap, role))
+    }
+
+    fn member_add(&self, _path: &str) -> Result<MemberReport, RpcError> {
+        Err(RpcError::not_supported(
+            "adding members (hot spares, replacements) arrives with the rebuild process: \
+             nothing could rebuild onto the device yet",
+        ))
+    }
+}
+
+/// A running array.
+pub struct Target {
+    shared: Arc<Shared>,
+    nbd: Option<NbdServer>,
+    reactors: Option<Reactors<NbdFrontend>>,
+    rpc: Option<RpcServer>,
     stop_monitor: Arc<AtomicBool>,
     monitor: Option<JoinHandle<()>>,
 }
@@ -363,71 +558,94 @@ impl Target {
         )
         .context("starting the reactors")?;
         let handle = reactors.handle();
-        let meta = Arc::new(Mutex::new(meta));
-        let stop_monitor = Arc::new(AtomicBool::new(false));
-        let monitor = {
-            let (meta, handle, stop) =
-                (Arc::clone(&meta), handle.clone(), Arc::clone(&stop_monitor));
-            std::thread::Builder::new()
-                .name("member-monitor".into())
-                .spawn(move || monitor(&meta, &handle, &stop))
-                .context("starting the member monitor")?
-        };
+        let mut exports = Vec::new();
         for a in nbd.tcp_addrs() {
             info!(address = %a, export = %name, "NBD export listening");
+            exports.push(ExportReport {
+                protocol: ExportProtocol::Nbd,
+                address: a.to_string(),
+                name: name.clone(),
+            });
         }
         for p in nbd.unix_paths() {
             info!(socket = %p.display(), export = %name, "NBD export listening");
+            exports.push(ExportReport {
+                protocol: ExportProtocol::Nbd,
+                address: p.display().to_string(),
+                name: name.clone(),
+            });
         }
-        Ok(Target {
+        let shared = Arc::new(Shared {
             name,
             geo,
             assembly,
             paths,
-            meta,
-            nbd: Some(nbd),
-            reactors: Some(reactors),
+            meta: Mutex::new(meta),
             handle,
             cores,
             mode: opts.mode,
+            exports,
+            removed: Mutex::new(Vec::new()),
+        });
+        let stop_monitor = Arc::new(AtomicBool::new(false));
+        let monitor = {
+            let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop_monitor));
+            std::thread::Builder::new()
+                .name("member-monitor".into())
+                .spawn(move || monitor(&shared.meta, &shared.handle, &stop))
+                .context("starting the member monitor")?
+        };
+        let mut target = Target {
+            shared: Arc::clone(&shared),
+            nbd: Some(nbd),
+            reactors: Some(reactors),
+            rpc: None,
             stop_monitor,
             monitor: Some(monitor),
-        })
+        };
+        if let Some(path) = &opts.rpc {
+            match RpcServer::bind(path, Arc::new(TargetHandler(shared))) {
+                Ok(r) => {
+                    info!(socket = %path.display(), "JSON-RPC management socket listening");
+                    target.rpc = Some(r);
+                }
+                Err(e) => {
+                    // Stop what started (marking the array clean again), then report.
+                    let err = anyhow::Error::new(e)
+                        .context(format!("opening the management socket {}", path.display()));
+                    if let Err(stop) = target.stop() {
+                        warn!("stopping after a failed start: {stop:#}");
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(target)
     }
 
     /// The array's (short) name: the NBD export name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.shared.name
     }
 
     /// The array's geometry.
     pub fn geometry(&self) -> &ArrayGeometry {
-        &self.geo
+        &self.shared.geo
     }
 
     /// What assembly decided.
     pub fn assembly(&self) -> &Assembly {
-        &self.assembly
+        &self.shared.assembly
     }
 
     /// The device serving each role (`None`: missing).
     pub fn member_paths(&self) -> &[Option<PathBuf>] {
-        &self.paths
+        &self.shared.paths
     }
 
     /// Management handle of the reactors.
     pub fn handle(&self) -> &ReactorHandle {
-        &self.handle
-    }
-
-    /// Cores the reactors run on (`None`: unpinned).
-    pub fn cores(&self) -> &[Option<usize>] {
-        &self.cores
-    }
-
-    /// The reactors' idle mode.
-    pub fn mode(&self) -> Mode {
-        self.mode
+        &self.shared.handle
     }
 
     /// NBD TCP addresses actually bound.
@@ -446,27 +664,14 @@ impl Target {
             .unwrap_or_default()
     }
 
-    /// Current `events` of the array (the newest superblock written).
-    pub fn events(&self) -> u64 {
-        let m = self
-            .meta
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        m.members
-            .iter()
-            .filter(|x| x.active)
-            .map(|x| x.sb.events)
-            .max()
-            .unwrap_or(0)
+    /// The status report (what `ferroraid status` shows).
+    pub fn status(&self) -> StatusReport {
+        self.shared.status()
     }
 
-    /// Whether the member in `role` is still active (not failed).
-    pub fn role_active(&self, role: u16) -> bool {
-        self.handle
-            .snapshot()
-            .members
-            .get(usize::from(role))
-            .is_some_and(|m| m.state == MemberState::Online)
+    /// Current `events` of the array (the newest superblock written).
+    pub fn events(&self) -> u64 {
+        self.shared.events()
     }
 
     /// Fails the member in `role` (operator request) and records it faulty on the
@@ -475,15 +680,7 @@ impl Target {
     /// # Errors
     /// No such role; the superblock update failed.
     pub fn fail_role(&self, role: u16) -> Result<()> {
-        self.handle.fail_member(role)?;
-        let mut m = self
-            .meta
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !m.recorded_failed.contains(&role) {
-            m.record(&[role], None)?;
-        }
-        Ok(())
+        self.shared.fail_role(role)
     }
 
     /// Stops serving: no new connections, in-flight requests drained and answered, the
@@ -492,6 +689,9 @@ impl Target {
     /// # Errors
     /// A reactor setup error surfacing at stop, a flush or superblock write that failed.
     pub fn stop(mut self) -> Result<()> {
+        if let Some(mut rpc) = self.rpc.take() {
+            rpc.shutdown();
+        }
         if let Some(nbd) = self.nbd.take() {
             nbd.shutdown();
         }
@@ -503,8 +703,9 @@ impl Target {
             let _ = m.join();
         }
         // Record any failure the monitor had not yet written, then flush and mark clean.
-        let snap = self.handle.snapshot();
+        let snap = self.shared.handle.snapshot();
         let mut meta = self
+            .shared
             .meta
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -515,9 +716,9 @@ impl Target {
             }
             flush(&m.path)?;
         }
-        let resync = (!self.assembly.resync_needed).then_some(Resync::Clean);
+        let resync = (!self.shared.assembly.resync_needed).then_some(Resync::Clean);
         let events = meta.record(&newly, resync)?;
-        info!(array = %self.name, events, clean = resync.is_some(), "array stopped");
+        info!(array = %self.shared.name, events, clean = resync.is_some(), "array stopped");
         Ok(())
     }
 }
