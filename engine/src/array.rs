@@ -1352,8 +1352,8 @@ impl<C: Channel> Array<C> {
         if lost.is_empty() {
             return Ok(());
         }
-        let (data, p, q) = views(&mut sop.bufs, &st, g.data_chunks(), g.level(), r);
-        let mut data = data;
+        let mut data = ArrayVec::new();
+        let (p, q) = views(&mut sop.bufs, &st, g.data_chunks(), g.level(), r, &mut data);
         // Rebuilt data is read again at once (copied to the caller, or fed to the new parity):
         // ordinary stores keep it in cache.
         self.parity
@@ -1699,19 +1699,18 @@ impl<C: Channel> Array<C> {
     }
 }
 
-/// Splits one operation's member buffers into slot-ordered data views, P and Q, each over
-/// the parity range `r`.
+/// Splits one operation's member buffers into slot-ordered data views (pushed onto
+/// `data`, which the caller owns: returning a 255-entry `ArrayVec` by value would copy all
+/// of it), and returns P and Q, each over the parity range `r` (which sits at the front of
+/// every buffer).
 fn views<'a>(
     bufs: &'a mut [AlignedBuf],
     st: &crate::geometry::StripeLayout,
     nd: u16,
     level: Level,
     r: ChunkRange,
-) -> (
-    ArrayVec<&'a mut [u8], MAX_DATA_CHUNKS>,
-    &'a mut [u8],
-    Option<&'a mut [u8]>,
-) {
+    data: &mut ArrayVec<&'a mut [u8], MAX_DATA_CHUNKS>,
+) -> (&'a mut [u8], Option<&'a mut [u8]>) {
     let (ri, rl) = (0usize, r.len() as usize);
     let mut by_slot: ArrayVec<Option<&'a mut [u8]>, MAX_DATA_CHUNKS> = ArrayVec::new();
     for _ in 0..nd {
@@ -1726,12 +1725,13 @@ fn views<'a>(
             Role::Data { slot, .. } => by_slot[usize::from(slot)] = Some(&mut b[ri..rl]),
         }
     }
-    let data = by_slot
-        .into_iter()
-        .map(|x| x.expect("every slot has a member"))
-        .collect();
+    data.extend(
+        by_slot
+            .iter_mut()
+            .map(|x| x.take().expect("every slot has a member")),
+    );
     debug_assert_eq!(q.is_some(), level == Level::Raid6);
-    (data, p.expect("stripe has P"), q)
+    (p.expect("stripe has P"), q)
 }
 
 #[cfg(test)]

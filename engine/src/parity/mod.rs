@@ -30,6 +30,7 @@ mod x86;
 
 use std::fmt;
 
+use arrayvec::ArrayVec;
 use thiserror::Error;
 
 pub use gf::{inv as gf_inv, mul as gf_mul, pow_g as gf_pow_g};
@@ -287,22 +288,25 @@ fn check(
     }
 }
 
-/// Fills `out[..n]` with the data pointers (null for erased chunks) and returns n.
-fn pointers(data: &[Option<&[u8]>], len: usize, out: &mut [*const u8; MAX_SOURCES]) -> usize {
+/// The data pointers (null for erased chunks), in slot order. An `ArrayVec` is filled
+/// without initialising its spare capacity (a plain `[_; MAX_SOURCES]` would be a 2 KiB
+/// memset on every call of the data path).
+fn pointers(data: &[Option<&[u8]>], len: usize) -> ArrayVec<*const u8, MAX_SOURCES> {
     assert!(
         data.len() <= MAX_DATA_CHUNKS,
         "a stripe has at most {MAX_DATA_CHUNKS} data chunks"
     );
-    for (o, d) in out.iter_mut().zip(data) {
-        *o = match d {
+    let mut out = ArrayVec::new();
+    for d in data {
+        out.push(match d {
             Some(b) => {
                 check(len, [b.as_ptr()], [b.len()]);
                 b.as_ptr()
             }
             None => std::ptr::null(),
-        };
+        });
     }
-    data.len()
+    out
 }
 
 /// Slot indices of the `None` entries of `data`, which must number exactly `N`.
@@ -320,13 +324,9 @@ fn erased<const N: usize>(data: &[Option<&[u8]>]) -> [usize; N] {
     found
 }
 
-/// The data chunks of a stripe with none erased, as a fixed array and its length.
-fn full<'a>(s: &[Option<&'a [u8]>]) -> ([&'a [u8]; MAX_DATA_CHUNKS], usize) {
-    let mut all: [&[u8]; MAX_DATA_CHUNKS] = [&[]; MAX_DATA_CHUNKS];
-    for (a, b) in all.iter_mut().zip(s) {
-        *a = b.expect("no data chunk erased");
-    }
-    (all, s.len())
+/// The data chunks of a stripe with none erased.
+fn full<'a>(s: &[Option<&'a [u8]>]) -> ArrayVec<&'a [u8], MAX_DATA_CHUNKS> {
+    s.iter().map(|b| b.expect("no data chunk erased")).collect()
 }
 
 impl Parity {
@@ -377,16 +377,13 @@ impl Parity {
             data.len() <= MAX_DATA_CHUNKS,
             "a stripe has at most {MAX_DATA_CHUNKS} data chunks"
         );
-        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
-        for (o, d) in ptrs.iter_mut().zip(data) {
-            *o = d.as_ptr();
-        }
+        let ptrs: ArrayVec<*const u8, MAX_SOURCES> = data.iter().map(|d| d.as_ptr()).collect();
         check(
             len,
             data.iter().map(|d| d.as_ptr()),
             data.iter().map(|d| d.len()),
         );
-        let srcs = &ptrs[..data.len()];
+        let srcs = &ptrs[..];
         if self.streaming {
             dispatch!(self, gen::<P, Q, true>(srcs, p, q, len))
         } else {
@@ -465,15 +462,13 @@ impl Parity {
         erased::<1>(data);
         let len = out.len();
         check(len, [p.as_ptr(), out.as_ptr()], [p.len()]);
-        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
-        let mut n = 0;
+        let mut ptrs: ArrayVec<*const u8, MAX_SOURCES> = ArrayVec::new();
         for b in data.iter().flatten() {
-            ptrs[n] = b.as_ptr();
             check(len, [b.as_ptr()], [b.len()]);
-            n += 1;
+            ptrs.push(b.as_ptr());
         }
-        ptrs[n] = p.as_ptr();
-        let srcs = &ptrs[..=n];
+        ptrs.push(p.as_ptr());
+        let srcs = &ptrs[..];
         if self.streaming {
             dispatch!(
                 self,
@@ -510,8 +505,8 @@ impl Parity {
             }
             None => std::ptr::null_mut(),
         };
-        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
-        let n = pointers(data, len, &mut ptrs);
+        let ptrs = pointers(data, len);
+        let n = ptrs.len();
         let b = gf::inv(gf::pow_g(x as u32));
         self.recover(
             &ptrs[..n],
@@ -547,8 +542,8 @@ impl Parity {
             [p.as_ptr(), q.as_ptr(), out_x.as_ptr(), out_y.as_ptr()],
             [p.len(), q.len(), out_y.len()],
         );
-        let mut ptrs = [std::ptr::null::<u8>(); MAX_SOURCES];
-        let n = pointers(data, len, &mut ptrs);
+        let ptrs = pointers(data, len);
+        let n = ptrs.len();
         let gyx = gf::pow_g((y - x) as u32);
         let denom = gf::inv(gyx ^ 1);
         let a = gf::mul(gyx, denom);
@@ -652,15 +647,16 @@ impl Parity {
 
         let nd = data.len();
         // Split the data chunks into read-only survivors and the (at most two) outputs.
-        let mut survivors: [Option<&[u8]>; MAX_DATA_CHUNKS] = [None; MAX_DATA_CHUNKS];
+        let mut survivors: ArrayVec<Option<&[u8]>, MAX_DATA_CHUNKS> = ArrayVec::new();
         let mut outs: [Option<&mut [u8]>; 2] = [None, None];
         let mut o = 0;
         for (i, d) in data.iter_mut().enumerate() {
             if set.contains(&ChunkId::Data(i as u8)) {
                 outs[o] = Some(&mut **d);
                 o += 1;
+                survivors.push(None);
             } else {
-                survivors[i] = Some(&**d);
+                survivors.push(Some(&**d));
             }
         }
         let surv = &survivors[..nd];
@@ -668,16 +664,13 @@ impl Parity {
         match (lost_data, &*set) {
             (0, []) => {}
             (0, [ChunkId::P]) => {
-                let (all, k) = full(surv);
-                self.gen_p(&all[..k], p);
+                self.gen_p(&full(surv), p);
             }
             (0, [ChunkId::Q]) => {
-                let (all, k) = full(surv);
-                self.gen_q(&all[..k], q.expect("checked"));
+                self.gen_q(&full(surv), q.expect("checked"));
             }
             (0, [ChunkId::P, ChunkId::Q]) => {
-                let (all, k) = full(surv);
-                self.gen_pq(&all[..k], p, q.expect("checked"));
+                self.gen_pq(&full(surv), p, q.expect("checked"));
             }
             (1, [ChunkId::Data(_)]) => {
                 self.recover_data_from_p(surv, p, o0.expect("one output"));
@@ -690,15 +683,16 @@ impl Parity {
                 let out = o0.expect("one output");
                 self.recover_data_from_p(surv, p, out);
                 // Regenerate Q now that the data is whole again.
-                let mut all: [&[u8]; MAX_DATA_CHUNKS] = [&[]; MAX_DATA_CHUNKS];
-                for (i, a) in all.iter_mut().enumerate().take(nd) {
-                    *a = if i == usize::from(*x) {
-                        &*out
-                    } else {
-                        surv[i].expect("survivor")
-                    };
-                }
-                self.gen_q(&all[..nd], q.expect("checked"));
+                let all: ArrayVec<&[u8], MAX_DATA_CHUNKS> = (0..nd)
+                    .map(|i| {
+                        if i == usize::from(*x) {
+                            &*out
+                        } else {
+                            surv[i].expect("survivor")
+                        }
+                    })
+                    .collect();
+                self.gen_q(&all, q.expect("checked"));
             }
             (2, [ChunkId::Data(_), ChunkId::Data(_)]) => {
                 self.recover_two_data(
