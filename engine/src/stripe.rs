@@ -25,7 +25,7 @@
 //!   then writes (device caches, and for RAM-backed members the CPU cache, already hold
 //!   them) and computes parity deltas of the touched chunks only, where RCW regenerates
 //!   P/Q from every data chunk. On a 6-member RAID6 every one-chunk write is such a tie;
-//!   measured on `mem` members RMW did 2.4× the 4 KiB random writes of RCW per core
+//!   measured on `mem` members RMW did 1.6× the 4 KiB random writes of RCW per core
 //!   (docs/BENCHMARKS.md). RCW's one advantage — it does not trust the old parity — matters
 //!   only while parity may be stale (an unclean array awaiting resync), which the resync
 //!   of a later issue handles.
