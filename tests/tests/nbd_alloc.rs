@@ -103,7 +103,9 @@ fn traffic(s: &mut TcpStream, structured: bool, ops: u64, depth: u64, seed: u64)
     let mut data = vec![0u8; (256 << 10) + 8];
     let mut sent = 0;
     let mut done = 0;
-    while done < ops {
+    // Until every reply is in: a flush sent with the last requests may be answered after
+    // them (replies leave in completion order).
+    while done < ops || !pending.is_empty() {
         while sent < ops && (sent - done) < depth {
             let len = 4096 * (1 + rng.below(64)) as u32;
             let offset = 4096 * rng.below((24 << 20) / 4096);
