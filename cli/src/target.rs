@@ -6,8 +6,9 @@
 //! the devices were named in, say which device serves which role. An absent role is run
 //! degraded (a placeholder device that refuses everything, listed as failed). Before the
 //! first request the array is marked *active* on every member (`events` + 1,
-//! `resync_offset` = 0, md's `super_1_sync` for a dirty array), so a crash leaves members
-//! that say "resync needed". A monitor thread records members the reactors fail as faulty
+//! `resync_offset` = 0, md's `super_1_sync` for a dirty array), with absent roles recorded
+//! faulty in that same generation, so a crash leaves members that say "resync needed" and
+//! a device left out can never pass for current again. A monitor thread records members the reactors fail as faulty
 //! in the survivors' superblocks. [`Target::stop`] shuts the NBD listener, drains every
 //! connection's requests, stops the reactors, flushes every member and marks the array
 //! clean (`resync_offset` = `MaxSector`) — or leaves it dirty if it needed a resync when
@@ -110,20 +111,28 @@ struct Meta {
 impl Meta {
     /// Writes the next generation (md's update rule) to every active member; a member whose
     /// superblock cannot be written is failed in the generation after (rule 3 of
-    /// `engine::metadata::update`). Returns the new `events`.
+    /// `engine::metadata::update`). A failed role with no device (missing at assembly) is
+    /// recorded faulty in the slot `dev_roles` gives it. Returns the new `events`.
     fn record(&mut self, failed_roles: &[u16], resync: Option<Resync>) -> Result<u64> {
         let mut failed: Vec<u16> = failed_roles.to_vec();
         loop {
-            let slots: Vec<u32> = failed
-                .iter()
-                .filter_map(|r| self.members.iter().find(|m| m.role == *r))
-                .map(|m| m.sb.dev_number)
-                .collect();
             let current: Vec<Superblock> = self
                 .members
                 .iter()
                 .filter(|m| m.active)
                 .map(|m| m.sb.clone())
+                .collect();
+            let newest = current.iter().max_by_key(|sb| sb.events);
+            let slots: Vec<u32> = failed
+                .iter()
+                .filter_map(|r| match self.members.iter().find(|m| m.role == *r) {
+                    Some(m) => Some(m.sb.dev_number),
+                    None => newest?
+                        .dev_roles
+                        .iter()
+                        .position(|x| x == r)
+                        .map(|slot| slot as u32),
+                })
                 .collect();
             ensure!(
                 !current.is_empty(),
@@ -298,13 +307,16 @@ impl Target {
             .as_ref()
             .map(Superblock::short_name)
             .unwrap_or_default();
-        // Mark the array active before the first write can reach it.
+        // Mark the array active before the first write can reach it, and record the roles
+        // that have no member faulty (as md does for a degraded start): a device left out
+        // now misses every write from here on, and must never count as current again, even
+        // if a crash leaves the others only one generation ahead of it.
         let mut meta = Meta {
             members: metas,
             recorded_failed: Vec::new(),
         };
         let resync = (assembly.resync_offset == MAX_SECTOR).then_some(Resync::Dirty);
-        let events = meta.record(&[], resync)?;
+        let events = meta.record(&assembly.missing_roles, resync)?;
         info!(
             array = %name,
             level = g.level().md_level(),
