@@ -8,7 +8,8 @@
 //! first request the array is marked *active* on every member (`events` + 1,
 //! `resync_offset` = 0, md's `super_1_sync` for a dirty array), with absent roles recorded
 //! faulty in that same generation, so a crash leaves members that say "resync needed" and
-//! a device left out can never pass for current again. A monitor thread records members the reactors fail as faulty
+//! a device left out can never pass for current again. Members `force` brought in out of
+//! date are first brought up to the newest generation, as `mdadm --assemble --force` does. A monitor thread records members the reactors fail as faulty
 //! in the survivors' superblocks. [`Target::stop`] shuts the NBD listener, drains every
 //! connection's requests, stops the reactors, flushes every member and marks the array
 //! clean (`resync_offset` = `MaxSector`) — or leaves it dirty if it needed a resync when
@@ -307,6 +308,37 @@ impl Target {
             .as_ref()
             .map(Superblock::short_name)
             .unwrap_or_default();
+        // Members `force` brought in although out of date (or recorded faulty): as
+        // `mdadm --assemble --force` does, bring their superblocks up to the newest
+        // generation and give them back their roles in every member's `dev_roles`, so the
+        // generations written from now on include them (assembly has said a resync is due).
+        if let Ok(newest) = &candidates[assembly.newest].superblock {
+            let forced: Vec<(usize, u16)> = assembly
+                .members
+                .iter()
+                .enumerate()
+                .filter_map(|(role, m)| {
+                    m.as_ref()
+                        .filter(|m| m.forced)
+                        .map(|m| (m.dev_number as usize, role as u16))
+                })
+                .collect();
+            for m in &mut metas {
+                if forced
+                    .iter()
+                    .any(|&(slot, _)| slot == m.sb.dev_number as usize)
+                {
+                    m.sb.events = newest.events;
+                    m.sb.resync_offset = newest.resync_offset;
+                    m.sb.dev_roles.clone_from(&newest.dev_roles);
+                }
+                for &(slot, role) in &forced {
+                    if let Some(r) = m.sb.dev_roles.get_mut(slot) {
+                        *r = role;
+                    }
+                }
+            }
+        }
         // Mark the array active before the first write can reach it, and record the roles
         // that have no member faulty (as md does for a degraded start): a device left out
         // now misses every write from here on, and must never count as current again, even
