@@ -339,26 +339,6 @@ impl Target {
                 }
             }
         }
-        // Mark the array active before the first write can reach it, and record the roles
-        // that have no member faulty (as md does for a degraded start): a device left out
-        // now misses every write from here on, and must never count as current again, even
-        // if a crash leaves the others only one generation ahead of it.
-        let mut meta = Meta {
-            members: metas,
-            recorded_failed: Vec::new(),
-        };
-        let resync = (assembly.resync_offset == MAX_SECTOR).then_some(Resync::Dirty);
-        let events = meta.record(&assembly.missing_roles, resync)?;
-        info!(
-            array = %name,
-            level = g.level().md_level(),
-            members = g.members(),
-            chunk_bytes = g.chunk_bytes(),
-            size_bytes = geo.capacity_bytes(),
-            events,
-            "array assembled and marked active"
-        );
-
         let cores: Vec<Option<usize>> = if opts.cores.is_empty() {
             let node = opts
                 .devices
@@ -385,6 +365,27 @@ impl Target {
             builder = builder.listen_unix(p);
         }
         let (nbd, frontends) = builder.start(n).context("starting the NBD server")?;
+        // Mark the array active before the first write can reach it — only once the sockets
+        // are bound, so a start that fails on its address leaves the array as it was — and
+        // record the roles that have no member faulty (as md does for a degraded start): a
+        // device left out now misses every write from here on, and must never count as
+        // current again, even if a crash leaves the others only one generation ahead of it.
+        let mut meta = Meta {
+            members: metas,
+            recorded_failed: Vec::new(),
+        };
+        let resync = (assembly.resync_offset == MAX_SECTOR).then_some(Resync::Dirty);
+        let events = meta.record(&assembly.missing_roles, resync)?;
+        info!(
+            array = %name,
+            level = g.level().md_level(),
+            members = g.members(),
+            chunk_bytes = g.chunk_bytes(),
+            size_bytes = geo.capacity_bytes(),
+            events,
+            "array assembled and marked active"
+        );
+
         let array_cfg = ArrayConfig {
             requests: 1024,
             stripe_ops: opts.stripe_ops.max(1),
@@ -397,15 +398,21 @@ impl Target {
             mode: opts.mode,
             requests: 1024,
         };
-        let reactors = Reactors::start(
+        let started = Reactors::start(
             Arc::new(devices),
             geo,
             Parity::new(),
             array_cfg,
             rcfg,
             frontends,
-        )
-        .context("starting the reactors")?;
+        );
+        if started.is_err() && !assembly.resync_needed {
+            // Nothing was written: leave the array clean, as it was found.
+            if let Err(e) = meta.record(&[], Some(Resync::Clean)) {
+                warn!("marking the array clean again: {e:#}");
+            }
+        }
+        let reactors = started.context("starting the reactors")?;
         let handle = reactors.handle();
         let meta = Arc::new(Mutex::new(meta));
         let stop_monitor = Arc::new(AtomicBool::new(false));
