@@ -1659,6 +1659,40 @@ fn force_brings_in_an_out_of_date_member_when_too_few_are_current() {
     srv.stop();
 }
 
+#[test]
+fn a_start_that_fails_on_its_address_leaves_the_array_clean() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(
+        d,
+        6,
+        "left-symmetric",
+        "busy",
+        &member_files(d, "m", 6, MEMBER_BYTES),
+    );
+    let before = examine(d, &a.members, "clean", None);
+    // Someone else holds the port.
+    let busy = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let args: Vec<OsString> = ["serve", "--adaptive", "--nbd", &format!("127.0.0.1:{port}")]
+        .iter()
+        .map(OsString::from)
+        .chain(a.members.iter().map(|m| m.as_os_str().to_owned()))
+        .collect();
+    let err = refused(d, "port in use", &args);
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")) && err.contains("Address already in use"),
+        "{err}"
+    );
+    // Nothing was served: no generation written, nothing to resync.
+    let after = examine(d, &a.members, "clean", None);
+    assert_eq!(before, after, "events moved although the start failed");
+    drop(busy);
+    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &[]);
+    assert!(!srv.log().contains("resync needed"), "{}", srv.logs());
+    srv.stop();
+}
+
 // ---------------------------------------------------------------------------------------
 // 5. Members written by Linux md.
 // ---------------------------------------------------------------------------------------
