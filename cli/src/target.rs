@@ -6,8 +6,10 @@
 //! the devices were named in, say which device serves which role. An absent role is run
 //! degraded (a placeholder device that refuses everything, listed as failed). Before the
 //! first request the array is marked *active* on every member (`events` + 1,
-//! `resync_offset` = 0, md's `super_1_sync` for a dirty array), so a crash leaves members
-//! that say "resync needed". A monitor thread records members the reactors fail as faulty
+//! `resync_offset` = 0, md's `super_1_sync` for a dirty array), with absent roles recorded
+//! faulty in that same generation, so a crash leaves members that say "resync needed" and
+//! a device left out can never pass for current again. Members `force` brought in out of
+//! date are first brought up to the newest generation, as `mdadm --assemble --force` does. A monitor thread records members the reactors fail as faulty
 //! in the survivors' superblocks. [`Target::stop`] shuts the NBD listener, drains every
 //! connection's requests, stops the reactors, flushes every member and marks the array
 //! clean (`resync_offset` = `MaxSector`) — or leaves it dirty if it needed a resync when
@@ -118,20 +120,28 @@ struct Meta {
 impl Meta {
     /// Writes the next generation (md's update rule) to every active member; a member whose
     /// superblock cannot be written is failed in the generation after (rule 3 of
-    /// `engine::metadata::update`). Returns the new `events`.
+    /// `engine::metadata::update`). A failed role with no device (missing at assembly) is
+    /// recorded faulty in the slot `dev_roles` gives it. Returns the new `events`.
     fn record(&mut self, failed_roles: &[u16], resync: Option<Resync>) -> Result<u64> {
         let mut failed: Vec<u16> = failed_roles.to_vec();
         loop {
-            let slots: Vec<u32> = failed
-                .iter()
-                .filter_map(|r| self.members.iter().find(|m| m.role == *r))
-                .map(|m| m.sb.dev_number)
-                .collect();
             let current: Vec<Superblock> = self
                 .members
                 .iter()
                 .filter(|m| m.active)
                 .map(|m| m.sb.clone())
+                .collect();
+            let newest = current.iter().max_by_key(|sb| sb.events);
+            let slots: Vec<u32> = failed
+                .iter()
+                .filter_map(|r| match self.members.iter().find(|m| m.role == *r) {
+                    Some(m) => Some(m.sb.dev_number),
+                    None => newest?
+                        .dev_roles
+                        .iter()
+                        .position(|x| x == r)
+                        .map(|slot| slot as u32),
+                })
                 .collect();
             ensure!(
                 !current.is_empty(),
@@ -493,23 +503,37 @@ impl Target {
             .as_ref()
             .map(Superblock::short_name)
             .unwrap_or_default();
-        // Mark the array active before the first write can reach it.
-        let mut meta = Meta {
-            members: metas,
-            recorded_failed: Vec::new(),
-        };
-        let resync = (assembly.resync_offset == MAX_SECTOR).then_some(Resync::Dirty);
-        let events = meta.record(&[], resync)?;
-        info!(
-            array = %name,
-            level = g.level().md_level(),
-            members = g.members(),
-            chunk_bytes = g.chunk_bytes(),
-            size_bytes = geo.capacity_bytes(),
-            events,
-            "array assembled and marked active"
-        );
-
+        // Members `force` brought in although out of date (or recorded faulty): as
+        // `mdadm --assemble --force` does, bring their superblocks up to the newest
+        // generation and give them back their roles in every member's `dev_roles`, so the
+        // generations written from now on include them (assembly has said a resync is due).
+        if let Ok(newest) = &candidates[assembly.newest].superblock {
+            let forced: Vec<(usize, u16)> = assembly
+                .members
+                .iter()
+                .enumerate()
+                .filter_map(|(role, m)| {
+                    m.as_ref()
+                        .filter(|m| m.forced)
+                        .map(|m| (m.dev_number as usize, role as u16))
+                })
+                .collect();
+            for m in &mut metas {
+                if forced
+                    .iter()
+                    .any(|&(slot, _)| slot == m.sb.dev_number as usize)
+                {
+                    m.sb.events = newest.events;
+                    m.sb.resync_offset = newest.resync_offset;
+                    m.sb.dev_roles.clone_from(&newest.dev_roles);
+                }
+                for &(slot, role) in &forced {
+                    if let Some(r) = m.sb.dev_roles.get_mut(slot) {
+                        *r = role;
+                    }
+                }
+            }
+        }
         let cores: Vec<Option<usize>> = if opts.cores.is_empty() {
             let node = opts
                 .devices
@@ -536,6 +560,27 @@ impl Target {
             builder = builder.listen_unix(p);
         }
         let (nbd, frontends) = builder.start(n).context("starting the NBD server")?;
+        // Mark the array active before the first write can reach it — only once the sockets
+        // are bound, so a start that fails on its address leaves the array as it was — and
+        // record the roles that have no member faulty (as md does for a degraded start): a
+        // device left out now misses every write from here on, and must never count as
+        // current again, even if a crash leaves the others only one generation ahead of it.
+        let mut meta = Meta {
+            members: metas,
+            recorded_failed: Vec::new(),
+        };
+        let resync = (assembly.resync_offset == MAX_SECTOR).then_some(Resync::Dirty);
+        let events = meta.record(&assembly.missing_roles, resync)?;
+        info!(
+            array = %name,
+            level = g.level().md_level(),
+            members = g.members(),
+            chunk_bytes = g.chunk_bytes(),
+            size_bytes = geo.capacity_bytes(),
+            events,
+            "array assembled and marked active"
+        );
+
         let array_cfg = ArrayConfig {
             requests: 1024,
             stripe_ops: opts.stripe_ops.max(1),
@@ -548,15 +593,21 @@ impl Target {
             mode: opts.mode,
             requests: 1024,
         };
-        let reactors = Reactors::start(
+        let started = Reactors::start(
             Arc::new(devices),
             geo,
             Parity::new(),
             array_cfg,
             rcfg,
             frontends,
-        )
-        .context("starting the reactors")?;
+        );
+        if started.is_err() && !assembly.resync_needed {
+            // Nothing was written: leave the array clean, as it was found.
+            if let Err(e) = meta.record(&[], Some(Resync::Clean)) {
+                warn!("marking the array clean again: {e:#}");
+            }
+        }
+        let reactors = started.context("starting the reactors")?;
         let handle = reactors.handle();
         let mut exports = Vec::new();
         for a in nbd.tcp_addrs() {

@@ -6,6 +6,11 @@
 //!   command line, exit status and the oracle's stderr.
 //! - [`Rng`] is a tiny deterministic generator (SplitMix64): every test case derives its
 //!   data from a printed seed ([`seed_of`]), so a failure replays exactly.
+//! - Third-party tools: [`tool`] finds one or says why the test skips (unless
+//!   `FERRORAID_REQUIRE_TOOLS=1`), [`run_tool`] runs one with a timeout and its output in
+//!   files (no pipe can fill up).
+//! - Loop devices ([`attach_loop`], [`LoopGuard`]) and the Linux md fixtures made by the
+//!   QEMU rig ([`ensure_md_fixtures`]).
 //!
 //! The crate deliberately has no dependencies beyond `engine` and the standard library, so
 //! the oracle tests stay independent of the code they check.
@@ -13,7 +18,7 @@
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -356,6 +361,175 @@ pub fn attach_loop(file: &Path) -> Result<LoopGuard, String> {
         return Err(format!("losetup printed {dev:?}, not a loop device"));
     }
     Ok(LoopGuard { dev })
+}
+
+/// The workspace root (the directory above this crate's manifest).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate sits in the workspace")
+        .to_path_buf()
+}
+
+/// Whether the environment variable `name` is set to `1` (how CI makes a skip a failure).
+pub fn required(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
+/// The path of the installed tool `name`, or `None` (after saying so on stderr) when it is
+/// not installed and `FERRORAID_REQUIRE_TOOLS` is not `1`; under it, a missing tool panics.
+pub fn tool(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            !required("FERRORAID_REQUIRE_TOOLS"),
+            "{name} is not installed and FERRORAID_REQUIRE_TOOLS=1"
+        );
+        eprintln!(
+            "SKIPPED: {name} is not installed (set FERRORAID_REQUIRE_TOOLS=1 to fail instead)"
+        );
+    }
+    found
+}
+
+/// Whether `program arg` runs and exits 0 (e.g. `qemu-system-x86_64 --version`).
+pub fn tool_runs(program: &str, arg: &str) -> bool {
+    Command::new(program)
+        .arg(arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A command's exit status, stdout and stderr, for failure messages.
+pub fn show_output(out: &Output) -> String {
+    format!(
+        "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        String::from_utf8_lossy(&out.stderr).trim_end()
+    )
+}
+
+/// Runs `cmd` with stdin closed and stdout/stderr in files under `dir` (no pipe can fill
+/// up), for at most `timeout`: a command still running then is killed and the test fails
+/// with its stderr.
+///
+/// # Panics
+/// The command cannot be started, or runs past `timeout`.
+pub fn run_tool(cmd: &mut Command, dir: &Path, timeout: Duration) -> Output {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let shown = format!("{cmd:?}");
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out_p = dir.join(format!("tool-{}-{n}.out", std::process::id()));
+    let err_p = dir.join(format!("tool-{}-{n}.err", std::process::id()));
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_p).expect("creating the tool's stdout file"))
+        .stderr(std::fs::File::create(&err_p).expect("creating the tool's stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {shown}: {e}"));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("waiting for a tool") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{shown} ran longer than {timeout:?}; stderr:\n{}",
+                std::fs::read_to_string(&err_p).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = Output {
+        status,
+        stdout: std::fs::read(&out_p).unwrap_or_default(),
+        stderr: std::fs::read(&err_p).unwrap_or_default(),
+    };
+    let _ = std::fs::remove_file(&out_p);
+    let _ = std::fs::remove_file(&err_p);
+    out
+}
+
+/// The Linux md fixtures (`tests/qemu/md-fixtures.sh`, docs/TESTING.md) in `dir`, made if
+/// they are not current. `false` (after printing `SKIPPED who: why`) when they cannot be
+/// made here: no `qemu-system-x86_64`, no `mdadm`, no kernel for the rig. Under
+/// `FERRORAID_REQUIRE_QEMU=1` (CI) that is a failure instead.
+///
+/// Callers pass their `CARGO_TARGET_TMPDIR`-based directory (only integration tests have
+/// that variable) and must not modify the cached images: copy what they change.
+///
+/// # Panics
+/// The fixture script fails, or the fixtures cannot be made under `FERRORAID_REQUIRE_QEMU=1`.
+pub fn ensure_md_fixtures(dir: &Path, who: &str) -> bool {
+    let skip = |why: &str| {
+        assert!(
+            !required("FERRORAID_REQUIRE_QEMU"),
+            "FERRORAID_REQUIRE_QEMU=1 but the md fixtures cannot be made: {why}"
+        );
+        eprintln!("SKIPPED {who}: {why} (set FERRORAID_REQUIRE_QEMU=1 to make this a failure)");
+        false
+    };
+    let qemu = repo_root().join("tests/qemu");
+    let script = qemu.join("md-fixtures.sh");
+    let check = Command::new("bash")
+        .arg(&script)
+        .arg("--check")
+        .arg(dir)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run bash {}: {e}", script.display()));
+    if check.success() {
+        return true;
+    }
+    if !tool_runs("qemu-system-x86_64", "--version") {
+        return skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
+    }
+    if !tool_runs("mdadm", "--version") {
+        return skip("mdadm is not installed on the host (apt-get install mdadm)");
+    }
+    // The kernel comes from apt (or the rig's cache): no kernel, no rig.
+    let kernel = Command::new("bash")
+        .arg(qemu.join("rig.sh"))
+        .arg("kernel")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run rig.sh kernel: {e}"));
+    if !kernel.status.success() {
+        return skip(&format!(
+            "the rig has no kernel (apt unreachable and nothing cached?): {}",
+            show_output(&kernel)
+        ));
+    }
+    let start = Instant::now();
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(dir)
+        .env("RIG_WATCH_PID", std::process::id().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} {} failed: {}",
+        script.display(),
+        dir.display(),
+        show_output(&out)
+    );
+    eprintln!(
+        "{who}: made the md fixtures in {:.1} s:\n{}",
+        start.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stderr).trim_end()
+    );
+    true
 }
 
 #[cfg(test)]

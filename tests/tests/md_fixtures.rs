@@ -26,11 +26,13 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
-use ferroraid_tests::{first_difference, seed_of, Oracle, Rng};
+use ferroraid_tests::{
+    ensure_md_fixtures, first_difference, seed_of, show_output as show, tool_runs, Oracle, Rng,
+};
 
 /// The arrays `md-fixtures.sh` makes.
 const ARRAYS: [&str; 3] = ["mdfix6", "mdfix5", "mdfix6d"];
@@ -44,111 +46,18 @@ const MD_SB_MAGIC: u32 = 0xa92b_4efc;
 /// attached; 0xfffe would appear only while the failed device is still in the array.
 const MD_DISK_ROLE_NONE: u16 = 0xffff;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate sits in the workspace")
-        .to_path_buf()
-}
-
 fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("md-fixtures")
 }
 
 fn required() -> bool {
-    std::env::var("FERRORAID_REQUIRE_QEMU").is_ok_and(|v| v == "1")
-}
-
-/// Passes with a printed reason, or fails when CI requires the rig.
-fn skip(why: &str) {
-    assert!(
-        !required(),
-        "FERRORAID_REQUIRE_QEMU=1 but the md fixtures cannot be made: {why}"
-    );
-    eprintln!("SKIPPED md_fixtures: {why} (set FERRORAID_REQUIRE_QEMU=1 to make this a failure)");
-}
-
-fn tool_runs(program: &str, arg: &str) -> bool {
-    Command::new(program)
-        .arg(arg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn show(out: &Output) -> String {
-    format!(
-        "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout).trim_end(),
-        String::from_utf8_lossy(&out.stderr).trim_end()
-    )
-}
-
-/// Makes the fixtures if they are not current; `false` if the test is to be skipped.
-fn ensure_fixtures(dir: &Path) -> bool {
-    let qemu = repo_root().join("tests/qemu");
-    let script = qemu.join("md-fixtures.sh");
-    let check = Command::new("bash")
-        .arg(&script)
-        .arg("--check")
-        .arg(dir)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run bash {}: {e}", script.display()));
-    if check.success() {
-        return true;
-    }
-    if !tool_runs("qemu-system-x86_64", "--version") {
-        skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
-        return false;
-    }
-    if !tool_runs("mdadm", "--version") {
-        skip("mdadm is not installed on the host (apt-get install mdadm)");
-        return false;
-    }
-    // The kernel comes from apt (or the rig's cache): no kernel, no rig.
-    let kernel = Command::new("bash")
-        .arg(qemu.join("rig.sh"))
-        .arg("kernel")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run rig.sh kernel: {e}"));
-    if !kernel.status.success() {
-        skip(&format!(
-            "the rig has no kernel (apt unreachable and nothing cached?): {}",
-            show(&kernel)
-        ));
-        return false;
-    }
-    let start = Instant::now();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(dir)
-        .env("RIG_WATCH_PID", std::process::id().to_string())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} {} failed: {}",
-        script.display(),
-        dir.display(),
-        show(&out)
-    );
-    eprintln!(
-        "md_fixtures: made the fixtures in {:.1} s:\n{}",
-        start.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&out.stderr).trim_end()
-    );
-    true
+    ferroraid_tests::required("FERRORAID_REQUIRE_QEMU")
 }
 
 #[test]
 fn md_written_members_match_ferroraid_layout() {
     let dir = fixtures_dir();
-    if !ensure_fixtures(&dir) {
+    if !ensure_md_fixtures(&dir, "md_fixtures") {
         return;
     }
     let oracle = Oracle::locate().unwrap_or_else(|e| panic!("{e}"));
