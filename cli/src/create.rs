@@ -164,7 +164,8 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         uuid,
         &o.name,
         None,
-        MdTime::new(now.as_secs(), now.subsec_micros()),
+        // Seconds only, as mdadm writes it: the kernel reads the whole field as seconds.
+        MdTime::new(now.as_secs(), 0),
     )?;
     new.clean = true;
     let sbs = new.superblocks(&sectors, &mut rng)?;

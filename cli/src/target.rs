@@ -187,11 +187,13 @@ impl Meta {
     }
 }
 
+/// `utime` for a superblock update: whole seconds, microseconds 0, as the kernel writes it
+/// (see [`MdTime`]: md reads the whole field as seconds).
 fn md_now() -> MdTime {
     let d = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    MdTime::new(d.as_secs(), d.subsec_micros())
+    MdTime::new(d.as_secs(), 0)
 }
 
 /// What the target's threads (monitor, management) share about the running array.

@@ -140,6 +140,13 @@ impl FromStr for Uuid {
 /// md's time stamp (`ctime`, `utime`): low 40 bits seconds since the Unix epoch, high
 /// 24 bits microseconds (or 0) — `md_p.h`: "lo 40 bits are seconds, top 24 are
 /// microseconds or 0".
+///
+/// **Write microseconds 0.** Nobody else writes them: mdadm stores `time(0)`
+/// (`init_super1`), the kernel `ktime_get_real_seconds()` (`super_1_sync`), and current
+/// kernels (since the time64_t conversion; 6.1 here) read the *whole* 64-bit field as
+/// seconds in `super_1_validate`, so a stamp with microseconds becomes a date past 2106
+/// (`mdadm --detail` on the assembled array shows "Sun Feb  7 06:28:15 2106", the
+/// clamped value). `tests/qemu/md-reverse.sh` checks md's view against the superblocks.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct MdTime(u64);
 

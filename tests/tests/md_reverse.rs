@@ -1,0 +1,342 @@
+//! Linux md assembles and serves arrays that ferroraid wrote (the reverse of `md_fixtures`).
+//!
+//! `tests/qemu/md-reverse.sh` (see `docs/TESTING.md`) has the `ferroraid` binary create a
+//! RAID6 (left-symmetric), a RAID5 (left-asymmetric) and a second RAID6 (right-symmetric)
+//! on sparse member files and write a seeded pattern over each through `ferroraid serve`
+//! and `nbdcopy`. A Debian kernel under QEMU (the rig) then has the real mdadm and md
+//! driver assemble them — the members in a shuffled order, the third with one member not
+//! attached at all (degraded) — and requires: clean (no resync), md's view of the
+//! superblocks equal to mdadm's, the pattern read back, md's own `check` finding
+//! `mismatch_cnt` 0; md writes 4 MiB mid-stripe and stops the arrays, and ferroraid must
+//! read back what md wrote (the degraded one with its stale member offered again, and left
+//! out). The script's result is cached in `target/tmp/md-reverse`, keyed on the scripts,
+//! the ferroraid binary and mdadm, so it reruns whenever the binary changes.
+//!
+//! The binary: `env!("CARGO_BIN_EXE_ferroraid")` exists only in the `ferroraid` package's
+//! own tests, so [`ferroraid`] runs `cargo build -p ferroraid --bin ferroraid` with this
+//! test's profile and target directory (a no-op when it is fresh) and uses
+//! `target/<profile>/ferroraid`; `FERRORAID_BIN=/path` overrides that.
+//!
+//! Without `qemu-system-x86_64`, `mdadm`, `nbdcopy` or a kernel for the rig, the QEMU part
+//! prints `SKIPPED md_reverse: why` and passes, unless `FERRORAID_REQUIRE_QEMU=1` (CI).
+//! [`time_stamps_are_whole_seconds`] needs none of that: it is the host-side regression
+//! check of the one incompatibility the guest found (microseconds in `ctime`/`utime`,
+//! which the kernel reads as seconds past 2106).
+
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use engine::metadata::Superblock;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate sits in the workspace")
+        .to_path_buf()
+}
+
+fn required() -> bool {
+    std::env::var("FERRORAID_REQUIRE_QEMU").is_ok_and(|v| v == "1")
+}
+
+/// Passes with a printed reason, or fails when CI requires the rig.
+fn skip(why: &str) {
+    assert!(
+        !required(),
+        "FERRORAID_REQUIRE_QEMU=1 but md-reverse cannot run: {why}"
+    );
+    eprintln!("SKIPPED md_reverse: {why} (set FERRORAID_REQUIRE_QEMU=1 to make this a failure)");
+}
+
+fn tool_runs(program: &str, arg: &str) -> bool {
+    Command::new(program)
+        .arg(arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn show(out: &Output) -> String {
+    format!(
+        "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        String::from_utf8_lossy(&out.stderr).trim_end()
+    )
+}
+
+/// The `ferroraid` binary of this build, made current first.
+///
+/// The test executable is `TARGET/<profile-dir>/deps/md_reverse-HASH`; the binary is
+/// `TARGET/<profile-dir>/ferroraid`. `cargo build -p ferroraid --bin ferroraid` always runs
+/// (cargo decides freshness; well under a second when fresh) with the same target
+/// directory and the profile that made this test: `debug` is `cargo test`'s `test`
+/// profile (whose dependencies this build already compiled, so only the binary links),
+/// `release` is `--release`, anything else `--profile NAME`. `FERRORAID_BIN` skips all of
+/// it.
+fn ferroraid() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("FERRORAID_BIN") {
+            let p = PathBuf::from(p);
+            assert!(p.is_file(), "FERRORAID_BIN={} is not a file", p.display());
+            return p;
+        }
+        let exe = std::env::current_exe().expect("the test executable's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or_else(|| panic!("{} is not in target/<profile>/deps", exe.display()));
+        let target_dir = profile_dir.parent().expect("target/<profile> has a parent");
+        let profile = match profile_dir.file_name().and_then(OsStr::to_str) {
+            Some("debug") => "test",
+            Some("release") => "release",
+            Some(other) => other,
+            None => panic!("{} has no profile directory name", exe.display()),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(repo_root())
+            .args([
+                "build",
+                "--quiet",
+                "--package",
+                "ferroraid",
+                "--bin",
+                "ferroraid",
+            ])
+            .args(["--profile", profile, "--target-dir"])
+            .arg(target_dir)
+            .stdin(Stdio::null());
+        let start = Instant::now();
+        match cmd.output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!("building ferroraid ({cmd:?}) failed: {}", show(&out)),
+            Err(e) => panic!("cannot run {cmd:?}: {e}"),
+        }
+        let bin = profile_dir.join("ferroraid");
+        assert!(bin.is_file(), "{cmd:?} left no {}", bin.display());
+        eprintln!(
+            "md_reverse: {} is current ({:.1} s)",
+            bin.display(),
+            start.elapsed().as_secs_f64()
+        );
+        bin
+    })
+}
+
+#[test]
+fn md_assembles_and_serves_ferroraid_arrays() {
+    let qemu = repo_root().join("tests/qemu");
+    let script = qemu.join("md-reverse.sh");
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("md-reverse");
+    for (tool, arg, package) in [
+        ("qemu-system-x86_64", "--version", "qemu-system-x86"),
+        ("mdadm", "--version", "mdadm"),
+        ("nbdcopy", "--version", "libnbd-bin"),
+        ("python3", "--version", "python3"),
+    ] {
+        if !tool_runs(tool, arg) {
+            skip(&format!(
+                "{tool} is not installed (apt-get install {package})"
+            ));
+            return;
+        }
+    }
+    let kernel = Command::new("bash")
+        .arg(qemu.join("rig.sh"))
+        .arg("kernel")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run rig.sh kernel: {e}"));
+    if !kernel.status.success() {
+        skip(&format!(
+            "the rig has no kernel (apt unreachable and nothing cached?): {}",
+            show(&kernel)
+        ));
+        return;
+    }
+    let bin = ferroraid();
+    let start = Instant::now();
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&out_dir)
+        .env("FERRORAID", bin)
+        .env("RIG_WATCH_PID", std::process::id().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} {} failed: {}",
+        script.display(),
+        out_dir.display(),
+        show(&out)
+    );
+    let summary = fs::read_to_string(out_dir.join("summary.txt"))
+        .unwrap_or_else(|e| panic!("{}/summary.txt: {e}", out_dir.display()));
+    // The script fails on any deviation; its summary must say so too.
+    for (name, complete) in [("rev6", true), ("rev5", true), ("rev6d", false)] {
+        let line = summary
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("summary.txt has no line for {name}:\n{summary}"));
+        for want in [
+            "array_state=clean",
+            "sync_action=idle",
+            "resync_start=none",
+            "ferroraid read back md's writes: ok",
+        ] {
+            assert!(line.contains(want), "{name}: no {want:?} in {line:?}");
+        }
+        let degraded = if complete { "degraded=0" } else { "degraded=1" };
+        assert!(line.contains(degraded), "{name}: no {degraded} in {line:?}");
+        if complete {
+            assert!(
+                line.contains("mismatch_cnt 0, after md wrote 0;"),
+                "{name}: md's check did not find the parity consistent: {line:?}"
+            );
+        }
+    }
+    // A run prints its summary at the end; a cached result only says it is current.
+    let said = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "md_reverse: {:.1} s ({}):\n{}\n{}",
+        start.elapsed().as_secs_f64(),
+        out_dir.display(),
+        said.trim_end(),
+        if said.contains(summary.trim_end()) {
+            ""
+        } else {
+            summary.trim_end()
+        }
+    );
+}
+
+/// A `ferroraid serve` that is killed when dropped (test failure included).
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Both superblock time stamps of every member, raw: (ctime, utime).
+fn stamps(images: &[PathBuf]) -> Vec<(u64, u64)> {
+    images
+        .iter()
+        .map(|p| {
+            let mut b = vec![0u8; 4096];
+            File::open(p)
+                .and_then(|f| f.read_exact_at(&mut b, 4096))
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let sb = Superblock::decode(&b).unwrap_or_else(|e| panic!("{}: {e:?}", p.display()));
+            (sb.ctime.raw(), sb.utime.raw())
+        })
+        .collect()
+}
+
+/// md reads `ctime`/`utime` as whole seconds (all 64 bits; `super_1_validate` since the
+/// kernel's time64_t conversion), so ferroraid must write microseconds 0, as mdadm and the
+/// kernel do: with them, md's assembled array dated itself "Sun Feb 7 06:28:15 2106" (the
+/// guest of `md-reverse.sh` found it). Checked on `create`'s superblocks and on the
+/// updates `serve` writes (active on start, clean on SIGTERM).
+#[test]
+fn time_stamps_are_whole_seconds() {
+    let bin = ferroraid();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let images: Vec<PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("m{i}.img")))
+        .collect();
+    for p in &images {
+        File::create(p)
+            .and_then(|f| f.set_len(8 << 20))
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    }
+    let out = Command::new(bin)
+        .args(["create", "--level", "5", "--name", "stamps"])
+        .args(&images)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ferroraid create");
+    assert!(out.status.success(), "ferroraid create: {}", show(&out));
+    let created = stamps(&images);
+    let whole = |t: u64| t >> 40 == 0;
+    for (p, (c, u)) in images.iter().zip(&created) {
+        assert!(
+            whole(*c) && whole(*u),
+            "{}: ctime {c:#x} / utime {u:#x} carry microseconds (top 24 bits); md reads the \
+             whole field as seconds",
+            p.display()
+        );
+    }
+
+    let sock = dir.path().join("nbd.sock");
+    let child = Command::new(bin)
+        .arg("serve")
+        .arg("--adaptive")
+        .arg("--nbd")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--rpc")
+        .arg(dir.path().join("rpc.sock"))
+        .args(&images)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting ferroraid serve");
+    let mut server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        assert!(
+            server.0.try_wait().expect("polling the server").is_none(),
+            "ferroraid serve exited at start"
+        );
+        assert!(Instant::now() < deadline, "ferroraid serve never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The active mark is written before the listener opens.
+    let active = stamps(&images);
+    let pid = server.0.id().to_string();
+    let term = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("running kill");
+    assert!(term.success(), "kill -TERM {pid} failed");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = server.0.try_wait().expect("polling the server") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "ferroraid serve ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut log = String::new();
+    if let Some(mut e) = server.0.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.read_to_string(&mut log);
+    }
+    assert!(status.success(), "ferroraid serve: {status}: {log}");
+    let stopped = stamps(&images);
+    for (p, ((c0, _), ((c1, u1), (c2, u2)))) in images
+        .iter()
+        .zip(created.iter().zip(active.iter().zip(&stopped)))
+    {
+        assert!(c1 == c0 && c2 == c0, "{}: serve changed ctime", p.display());
+        assert!(
+            whole(*u1) && whole(*u2),
+            "{}: serve wrote utime {u1:#x} (active) / {u2:#x} (clean) with microseconds",
+            p.display()
+        );
+    }
+}
