@@ -23,12 +23,10 @@
 //! check of the one incompatibility the guest found (microseconds in `ctime`/`utime`,
 //! which the kernel reads as seconds past 2106).
 
-use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use engine::metadata::Superblock;
@@ -72,64 +70,9 @@ fn show(out: &Output) -> String {
     )
 }
 
-/// The `ferroraid` binary of this build, made current first.
-///
-/// The test executable is `TARGET/<profile-dir>/deps/md_reverse-HASH`; the binary is
-/// `TARGET/<profile-dir>/ferroraid`. `cargo build -p ferroraid --bin ferroraid` always runs
-/// (cargo decides freshness; well under a second when fresh) with the same target
-/// directory and the profile that made this test: `debug` is `cargo test`'s `test`
-/// profile (whose dependencies this build already compiled, so only the binary links),
-/// `release` is `--release`, anything else `--profile NAME`. `FERRORAID_BIN` skips all of
-/// it.
+/// The `ferroraid` binary of this build ([`ferroraid_tests::ferroraid_bin`]).
 fn ferroraid() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("FERRORAID_BIN") {
-            let p = PathBuf::from(p);
-            assert!(p.is_file(), "FERRORAID_BIN={} is not a file", p.display());
-            return p;
-        }
-        let exe = std::env::current_exe().expect("the test executable's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .unwrap_or_else(|| panic!("{} is not in target/<profile>/deps", exe.display()));
-        let target_dir = profile_dir.parent().expect("target/<profile> has a parent");
-        let profile = match profile_dir.file_name().and_then(OsStr::to_str) {
-            Some("debug") => "test",
-            Some("release") => "release",
-            Some(other) => other,
-            None => panic!("{} has no profile directory name", exe.display()),
-        };
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(repo_root())
-            .args([
-                "build",
-                "--quiet",
-                "--package",
-                "ferroraid",
-                "--bin",
-                "ferroraid",
-            ])
-            .args(["--profile", profile, "--target-dir"])
-            .arg(target_dir)
-            .stdin(Stdio::null());
-        let start = Instant::now();
-        match cmd.output() {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => panic!("building ferroraid ({cmd:?}) failed: {}", show(&out)),
-            Err(e) => panic!("cannot run {cmd:?}: {e}"),
-        }
-        let bin = profile_dir.join("ferroraid");
-        assert!(bin.is_file(), "{cmd:?} left no {}", bin.display());
-        eprintln!(
-            "md_reverse: {} is current ({:.1} s)",
-            bin.display(),
-            start.elapsed().as_secs_f64()
-        );
-        bin
-    })
+    ferroraid_tests::ferroraid_bin()
 }
 
 #[test]

@@ -33,12 +33,11 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ferroraid_tests::{
-    attach_loop, ensure_md_fixtures, first_difference, repo_root, required, run_tool, seed_of,
-    show_output, tool, LoopGuard, Oracle, Rng,
+    attach_loop, ensure_md_fixtures, first_difference, required, run_tool, seed_of, show_output,
+    tool, LoopGuard, Oracle, Rng,
 };
 
 const KIB: u64 = 1 << 10;
@@ -61,103 +60,9 @@ const REFUSE_TIMEOUT: Duration = Duration::from_secs(20);
 // The binary.
 // ---------------------------------------------------------------------------------------
 
-/// The `ferroraid` binary of this build.
-///
-/// `env!("CARGO_BIN_EXE_ferroraid")` exists only in the `ferroraid` package's own tests
-/// (cargo has no stable way to depend on another package's binary), so the binary is the
-/// one beside this test's executable (`target/<profile>/deps/target-HASH` →
-/// `target/<profile>/ferroraid`). `cargo test --workspace` builds it (the `ferroraid`
-/// package's tests need it) before any test runs. When it is missing or older than the
-/// sources it is built from (`cargo test -p ferroraid-tests` after an edit of `cli/`),
-/// `cargo build -p ferroraid --bin ferroraid` with the same profile and target directory
-/// makes it current first, so a stale binary is never tested. `FERRORAID_BIN` overrides
-/// all of it.
+/// The `ferroraid` binary of this build ([`ferroraid_tests::ferroraid_bin`]).
 fn ferroraid() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("FERRORAID_BIN") {
-            let p = PathBuf::from(p);
-            assert!(p.is_file(), "FERRORAID_BIN={} is not a file", p.display());
-            return p;
-        }
-        let exe = std::env::current_exe().expect("the test executable's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .unwrap_or_else(|| panic!("{} is not in target/<profile>/deps", exe.display()));
-        let bin = profile_dir.join("ferroraid");
-        let built = fs::metadata(&bin).and_then(|m| m.modified()).ok();
-        let root = repo_root();
-        let sources = ["Cargo.toml", "Cargo.lock", "cli", "engine", "drivers"]
-            .iter()
-            .filter_map(|p| newest_source(&root.join(p)))
-            .max();
-        if built.is_some() && built >= sources {
-            return bin;
-        }
-        let target_dir = profile_dir.parent().expect("target/<profile> has a parent");
-        let profile = profile_dir
-            .file_name()
-            .and_then(OsStr::to_str)
-            .expect("a profile directory name");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(&root)
-            .args(["build", "--quiet", "--package", "ferroraid"])
-            .args(["--bin", "ferroraid", "--target-dir"])
-            .arg(target_dir)
-            .stdin(Stdio::null());
-        match profile {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        eprintln!(
-            "{} is missing or older than its sources: {cmd:?}",
-            bin.display()
-        );
-        match cmd.output() {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => panic!(
-                "building the ferroraid binary ({cmd:?}) failed: {}",
-                show_output(&out)
-            ),
-            Err(e) => panic!("cannot run {cmd:?} to build {}: {e}", bin.display()),
-        }
-        assert!(bin.is_file(), "{} was not built", bin.display());
-        bin
-    })
-}
-
-/// The newest modification time of a file, or of the `.rs`/`.toml` files under a directory
-/// (`target/`-like build output is not under the crates' directories).
-fn newest_source(p: &Path) -> Option<std::time::SystemTime> {
-    let meta = fs::metadata(p).ok()?;
-    if meta.is_file() {
-        return meta.modified().ok();
-    }
-    fs::read_dir(p)
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let path = e.path();
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with('.') || name == "target" {
-                None
-            } else if path.is_dir() {
-                newest_source(&path)
-            } else if name.ends_with(".rs") || name.ends_with(".toml") {
-                e.metadata().ok()?.modified().ok()
-            } else {
-                None
-            }
-        })
-        .max()
+    ferroraid_tests::ferroraid_bin()
 }
 
 /// `ferroraid ARGS...` with the environment every run gets: plain logs at `info` (the
@@ -1966,31 +1871,46 @@ fn serve_config_file_is_used_and_bad_ones_are_refused() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 8. JSON-RPC (not yet).
+// 8. A member failed over JSON-RPC while a client writes.
 // ---------------------------------------------------------------------------------------
 
-/// TODO(rpc): fill in once `serve --rpc PATH` answers and `ferroraid fail/status` exist
-/// (being built on another branch). The steps:
-///
-/// 1. Create a RAID6 over 6 × 9 MiB files and `Server::serve(.., &["--rpc", SOCK])`.
-/// 2. Start a client writing in the background: fio `--ioengine=nbd --rw=randwrite
-///    --verify=crc32c --do_verify=1 --numjobs=4 --size=4m --offset_increment=4m
-///    --iodepth=8 --loops=4` (or the `KILL_SCRIPT` writer), spawned, not waited for.
-/// 3. While it writes (wait until fio has connected and some data moved, e.g. member write
-///    counters from `ferroraid status`), fail one member: `ferroraid fail --rpc SOCK
-///    MEMBER` (or the raw JSON-RPC request the CLI sends). It must answer success.
-/// 4. `ferroraid status --rpc SOCK`: the member faulty, the array degraded, events bumped.
-/// 5. fio exits 0 with no verify error: the client saw no error, and what it read back
-///    (reconstructed around the failed member) verifies.
-/// 6. `mdadm --examine` of the survivors: the failed slot faulty in `Array State`; the
-///    failed member's own superblock not rewritten after the failure.
-/// 7. SIGTERM → exit 0. Restart without `--force` on all six: the failed member is left
-///    out ("recorded as faulty"), the array starts degraded; nbdcopy out equals the
-///    oracle's extract with that role `missing`.
+/// `ferroraid status --json --rpc SOCK`: the parsed report and the exit status.
+/// The socket opens just after the NBD listener, so "not running" (exit 4) is retried
+/// briefly.
+fn rpc_status(dir: &Path, rpc: &str) -> (serde_json::Value, Option<i32>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = run_tool(
+            &mut ferroraid_cmd(["status", "--json", "--rpc", rpc]),
+            dir,
+            TOOL_TIMEOUT,
+        );
+        if out.status.code() != Some(4) || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status --json is not JSON ({e}): {}", show_output(&out)));
+    (v, out.status.code())
+}
+
+/// The operator fails a member over the management socket while fio writes with CRC32C
+/// verification over four connections: the command answers at once, the client sees no
+/// error and reads back exactly what it wrote (reconstructed around the failed member),
+/// `status` shows the member faulty and the array degraded (exit 1), the survivors'
+/// superblocks record the failure, and after a clean stop a restart on all six devices
+/// leaves the failed member out and serves what the oracle extracts without it.
 #[test]
-#[ignore = "needs the JSON-RPC socket"]
 fn fail_a_member_over_json_rpc_during_client_writes() {
     let Some(fio) = fio_with_nbd() else {
+        return;
+    };
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        assert!(
+            !required("nbdcopy"),
+            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
+        );
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -2005,6 +1925,9 @@ fn fail_a_member_over_json_rpc_during_client_writes() {
     let rpc = d.join("rpc.sock");
     let rpc_arg = rpc.display().to_string();
     let mut srv = Server::serve(d, "serve", &a.name, &a.members, &["--rpc", &rpc_arg]);
+    let (before, code) = rpc_status(d, &rpc_arg);
+    assert_eq!(code, Some(0), "healthy array: {before}\n{}", srv.logs());
+    let events_before = before["array"]["events"].as_u64().unwrap();
     let mut client = Command::new(&fio)
         .current_dir(d)
         .args([
@@ -2018,23 +1941,97 @@ fn fail_a_member_over_json_rpc_during_client_writes() {
             "--offset_increment=4m",
             "--numjobs=4",
             "--iodepth=8",
-            "--loops=4",
+            "--loops=24",
             "--verify=crc32c",
             "--verify_fatal=1",
             "--do_verify=1",
         ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // TODO(rpc): steps 3–4, e.g.
-    //   let out = run_tool(ferroraid_cmd(["fail", "--rpc", &rpc_arg]).arg(&a.members[2]), d, TOOL_TIMEOUT);
-    //   assert!(out.status.success(), ...);
-    //   let status = run_tool(ferroraid_cmd(["status", "--rpc", &rpc_arg]), d, TOOL_TIMEOUT);
-    //   assert!(String::from_utf8_lossy(&status.stdout).contains("faulty"), ...);
-    let st = wait_child(&mut client, TOOL_TIMEOUT);
-    assert!(st.success(), "fio saw an error: {st}\n{}", srv.logs());
+    // Wait until the client's writes reach the members, then fail member 2 under them.
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    loop {
+        let (st, _) = rpc_status(d, &rpc_arg);
+        let writes: u64 = st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["io"]["writes"].as_u64().unwrap())
+            .sum();
+        if writes >= 64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no writes reached the members: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run_tool(
+        ferroraid_cmd(["fail", "--rpc", &rpc_arg]).arg(&a.members[2]),
+        d,
+        TOOL_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "fail: {}\n{}",
+        show_output(&out),
+        srv.logs()
+    );
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "fio finished before the failure: the member must fail under its writes"
+    );
+    let (st, code) = rpc_status(d, &rpc_arg);
+    assert_eq!(code, Some(1), "a degraded array exits 1: {st}");
+    assert_eq!(st["array"]["state"], "degraded", "{st}");
+    assert_eq!(st["members"][2]["state"], "faulty", "{st}");
+    assert!(
+        st["array"]["events"].as_u64().unwrap() > events_before,
+        "{st}"
+    );
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "fio saw an error: {}\n{}",
+        show_output(&out),
+        srv.logs()
+    );
+    // The survivors record slot 2 as gone; the failed member's superblock is not rewritten.
+    if let Some(mdadm) = mdadm() {
+        for (r, m) in a.members.iter().enumerate().filter(|(r, _)| *r != 2) {
+            let out = run_tool(
+                Command::new(&mdadm).arg("--examine").arg(m),
+                d,
+                TOOL_TIMEOUT,
+            );
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let state = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("Array State :"))
+                .unwrap_or_else(|| panic!("member {r}: no Array State in\n{text}"))
+                .trim()
+                .to_string();
+            assert!(state.starts_with("AA.AAA"), "member {r}: {state}\n{text}");
+        }
+    }
     srv.stop();
-    // TODO(rpc): steps 6–7.
-    panic!("TODO(rpc): the member failure over JSON-RPC is not written yet");
+    // Restart on all six without --force: the failed member stays out.
+    let mut srv = Server::serve(d, "restart", &a.name, &a.members, &[]);
+    let got = read_all(&srv, &nbdcopy, d);
+    let want = a.oracle_extract(d, &[2]);
+    assert_same(
+        "array after the failure and a restart",
+        &got,
+        &want[..got.len()],
+    );
+    assert!(
+        srv.logs().contains(&a.members[2].display().to_string()),
+        "the restart must say it leaves {} out:\n{}",
+        a.members[2].display(),
+        srv.logs()
+    );
+    srv.stop();
 }
