@@ -85,44 +85,55 @@ impl Frontend for Checker {
     }
 }
 
+/// Starts `reactors` adaptive reactors over six fresh `mem` members of a RAID6, each with a
+/// `Checker` running `ops` requests seeded from `seed` on its own region (regions not
+/// stripe-aligned, so neighbouring front-ends share stripes).
+fn start_checkers(
+    reactors: usize,
+    ops: u32,
+    seed: u64,
+) -> (Reactors<Checker>, Arc<Vec<MemDevice>>, ArrayGeometry) {
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+    let devices: Arc<Vec<MemDevice>> = Arc::new(
+        (0..6)
+            .map(|i| MemDevice::new(&format!("mem{i}"), STRIPES * CHUNK, 512, 64).unwrap())
+            .collect(),
+    );
+    let region = (geo.capacity_bytes() / reactors as u64) / 512 * 512;
+    let frontends: Vec<Checker> = (0..reactors)
+        .map(|i| Checker {
+            start: i as u64 * region,
+            reference: vec![0; region as usize],
+            buf: AlignedBuf::zeroed(64 * 512),
+            rng: Rng::new(seed + i as u64),
+            ops_left: ops,
+            inflight: None,
+            errors: Vec::new(),
+        })
+        .collect();
+    let cfg = ReactorConfig {
+        cores: vec![None; reactors],
+        mode: Mode::Adaptive,
+        requests: 16,
+    };
+    let running = Reactors::start(
+        Arc::clone(&devices),
+        geo,
+        Parity::new(),
+        ArrayConfig::default(),
+        cfg,
+        frontends,
+    )
+    .unwrap();
+    (running, devices, geo)
+}
+
 #[test]
 fn reactors_route_pieces_and_keep_data_and_parity_right() {
     for reactors in [1usize, 2, 3] {
-        let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
-        let geo = ArrayGeometry::new(g, STRIPES).unwrap();
-        let devices: Arc<Vec<MemDevice>> = Arc::new(
-            (0..6)
-                .map(|i| MemDevice::new(&format!("mem{i}"), STRIPES * CHUNK, 512, 64).unwrap())
-                .collect(),
-        );
-        // Regions deliberately not stripe-aligned, so neighbouring front-ends share stripes.
+        let (running, devices, geo) = start_checkers(reactors, 1500, 77);
         let cap = geo.capacity_bytes();
-        let region = (cap / reactors as u64) / 512 * 512;
-        let frontends: Vec<Checker> = (0..reactors)
-            .map(|i| Checker {
-                start: i as u64 * region,
-                reference: vec![0; region as usize],
-                buf: AlignedBuf::zeroed(64 * 512),
-                rng: Rng::new(77 + i as u64),
-                ops_left: 1500,
-                inflight: None,
-                errors: Vec::new(),
-            })
-            .collect();
-        let cfg = ReactorConfig {
-            cores: vec![None; reactors],
-            mode: Mode::Adaptive,
-            requests: 16,
-        };
-        let running = Reactors::start(
-            Arc::clone(&devices),
-            geo,
-            Parity::new(),
-            ArrayConfig::default(),
-            cfg,
-            frontends,
-        )
-        .unwrap();
         let done = running.stop().unwrap();
         let mut logical = Vec::with_capacity(cap as usize);
         for f in &done {
@@ -176,40 +187,7 @@ fn reactors_route_pieces_and_keep_data_and_parity_right() {
 #[test]
 fn operator_fails_a_member_while_clients_run() {
     let reactors = 2usize;
-    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
-    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
-    let devices: Arc<Vec<MemDevice>> = Arc::new(
-        (0..6)
-            .map(|i| MemDevice::new(&format!("mem{i}"), STRIPES * CHUNK, 512, 64).unwrap())
-            .collect(),
-    );
-    let cap = geo.capacity_bytes();
-    let region = (cap / reactors as u64) / 512 * 512;
-    let frontends: Vec<Checker> = (0..reactors)
-        .map(|i| Checker {
-            start: i as u64 * region,
-            reference: vec![0; region as usize],
-            buf: AlignedBuf::zeroed(64 * 512),
-            rng: Rng::new(500 + i as u64),
-            ops_left: 20_000,
-            inflight: None,
-            errors: Vec::new(),
-        })
-        .collect();
-    let cfg = ReactorConfig {
-        cores: vec![None; reactors],
-        mode: Mode::Adaptive,
-        requests: 16,
-    };
-    let running = Reactors::start(
-        Arc::clone(&devices),
-        geo,
-        Parity::new(),
-        ArrayConfig::default(),
-        cfg,
-        frontends,
-    )
-    .unwrap();
+    let (running, _devices, _geo) = start_checkers(reactors, 20_000, 500);
     let h = running.handle();
     assert!(h.fail_member(6).is_err());
     std::thread::sleep(std::time::Duration::from_millis(20));
