@@ -138,6 +138,11 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
             bail!("{} is named twice", a.display());
         }
     }
+    // Claimed for the whole create: not while a target serves them.
+    let mut locks = Vec::with_capacity(o.devices.len());
+    for p in &o.devices {
+        locks.push(crate::target::claim(p)?);
+    }
     let mut sectors = Vec::new();
     for p in &o.devices {
         if !o.force {

@@ -95,11 +95,13 @@ pub struct ServeArgs {
     /// NBD listen address: HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809).
     #[arg(long)]
     nbd: Vec<String>,
-    /// JSON-RPC management socket path (default: /run/ferroraid/ferroraid.sock as root,
-    /// else $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock; `ferroraid status` looks
-    /// in the same place).
-    #[arg(long)]
-    rpc: Option<PathBuf>,
+    /// Open the JSON-RPC management socket (mode 0600): at PATH, or with no PATH where
+    /// `ferroraid status` looks by default (/run/ferroraid/ferroraid.sock as root, else
+    /// $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock). Without --rpc (and no `rpc`
+    /// key in the config) there is no management socket.
+    #[arg(long, value_name = "PATH")]
+    #[allow(clippy::option_option)]
+    rpc: Option<Option<PathBuf>>,
     /// Start even with members missing or out of date (reported).
     #[arg(long)]
     force: bool,
@@ -128,7 +130,8 @@ struct ServeFile {
     reactors: Option<usize>,
     mode: Option<String>,
     nbd: Option<Vec<String>>,
-    rpc: Option<PathBuf>,
+    /// A socket path, or `true` for the default path.
+    rpc: Option<toml::Value>,
     force: Option<bool>,
     io_timeout_ms: Option<u64>,
     max_block: Option<toml::Value>,
@@ -154,7 +157,7 @@ fn listen_spec(s: &str, o: &mut ServeOptions) -> Result<()> {
 
 impl ServeArgs {
     /// The options, from the file first, then the command line over it.
-    fn options(&self) -> Result<(ServeOptions, Option<PathBuf>)> {
+    fn options(&self) -> Result<ServeOptions> {
         let file: ServeFile = match &self.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
@@ -227,7 +230,17 @@ impl ServeArgs {
         if let Some(s) = self.stripe_ops.or(file.stripe_ops) {
             o.stripe_ops = s;
         }
-        Ok((o, self.rpc.clone().or(file.rpc)))
+        o.rpc = match (&self.rpc, &file.rpc) {
+            (Some(Some(p)), _) => Some(p.clone()),
+            (Some(None), _) => Some(ferroraid::rpc::default_rpc_path()),
+            (None, None) | (None, Some(toml::Value::Boolean(false))) => None,
+            (None, Some(toml::Value::Boolean(true))) => Some(ferroraid::rpc::default_rpc_path()),
+            (None, Some(toml::Value::String(p))) => Some(PathBuf::from(p)),
+            (None, Some(v)) => {
+                bail!("rpc = {v}: expected a socket path or true (the default path)")
+            }
+        };
+        Ok(o)
     }
 }
 
@@ -243,8 +256,7 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
 
 /// Runs `ferroraid serve` until SIGINT/SIGTERM.
 pub fn run_serve(a: &ServeArgs) -> Result<()> {
-    let (mut opts, rpc) = a.options()?;
-    opts.rpc = Some(rpc.unwrap_or_else(ferroraid::rpc::default_rpc_path));
+    let opts = a.options()?;
     let stop = stop_flag()?;
     let target = Target::start(&opts)?;
     serve_until(target, &stop, false)

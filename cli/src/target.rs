@@ -19,7 +19,7 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
@@ -311,16 +311,37 @@ impl Shared {
     }
 }
 
-/// The management socket's view of the target.
-struct TargetHandler(Arc<Shared>);
+/// The management socket's view of the target. The socket is bound first thing in
+/// [`Target::start`] (a second target on the same socket is refused before anything is
+/// touched); requests that arrive while the array is still being assembled wait for it.
+struct TargetHandler(OnceLock<Arc<Shared>>);
+
+impl TargetHandler {
+    fn shared(&self) -> Result<&Arc<Shared>, RpcError> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = self.0.get() {
+                return Ok(s);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(RpcError::internal("the target is still starting"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
 
 impl Handler for TargetHandler {
     fn status(&self) -> StatusReport {
-        self.0.status()
+        match self.shared() {
+            Ok(s) => s.status(),
+            // A handler panic is answered as a JSON-RPC internal error.
+            Err(e) => panic!("{}", e.message),
+        }
     }
 
     fn member_fail(&self, sel: &str) -> Result<MemberReport, RpcError> {
-        let s = &self.0;
+        let s = self.shared()?;
         let role = s
             .role_of(sel)
             .ok_or_else(|| RpcError::no_such_member(sel))?;
@@ -360,7 +381,7 @@ impl Handler for TargetHandler {
     }
 
     fn member_remove(&self, sel: &str) -> Result<MemberReport, RpcError> {
-        let s = &self.0;
+        let s = self.shared()?;
         let role = s
             .role_of(sel)
             .ok_or_else(|| RpcError::no_such_member(sel))?;
@@ -392,6 +413,8 @@ impl Handler for TargetHandler {
 
 /// A running array.
 pub struct Target {
+    /// Exclusive `flock`s on every device, held while the target runs.
+    _locks: Vec<File>,
     shared: Arc<Shared>,
     nbd: Option<NbdServer>,
     reactors: Option<Reactors<NbdFrontend>>,
@@ -410,12 +433,27 @@ impl Target {
     /// that cannot be bound; a failed superblock write.
     pub fn start(opts: &ServeOptions) -> Result<Target> {
         ensure!(!opts.devices.is_empty(), "no member devices given");
+        // The management socket first: a target already running on it is refused before
+        // any device is opened or marked.
+        let handler = Arc::new(TargetHandler(OnceLock::new()));
+        let rpc = match &opts.rpc {
+            Some(path) => Some(
+                RpcServer::bind(path, Arc::clone(&handler) as Arc<dyn Handler>)
+                    .with_context(|| format!("opening the management socket {}", path.display()))?,
+            ),
+            None => None,
+        };
         let ucfg = UringConfig {
             queue_depth: opts.queue_depth,
             ..UringConfig::default()
         };
         let mut opened: Vec<Option<UringDevice>> = Vec::new();
         let mut candidates = Vec::new();
+        // Claim every device first: two targets writing the same members would corrupt them.
+        let mut locks = Vec::with_capacity(opts.devices.len());
+        for p in &opts.devices {
+            locks.push(claim(p)?);
+        }
         for p in &opts.devices {
             let dev = UringDevice::open(p, &ucfg)
                 .with_context(|| format!("opening member {}", p.display()))?;
@@ -649,6 +687,7 @@ impl Target {
                 .context("starting the member monitor")?
         };
         let mut target = Target {
+            _locks: locks,
             shared: Arc::clone(&shared),
             nbd: Some(nbd),
             reactors: Some(reactors),
@@ -657,22 +696,10 @@ impl Target {
             monitor: Some(monitor),
         };
         if let Some(path) = &opts.rpc {
-            match RpcServer::bind(path, Arc::new(TargetHandler(shared))) {
-                Ok(r) => {
-                    info!(socket = %path.display(), "JSON-RPC management socket listening");
-                    target.rpc = Some(r);
-                }
-                Err(e) => {
-                    // Stop what started (marking the array clean again), then report.
-                    let err = anyhow::Error::new(e)
-                        .context(format!("opening the management socket {}", path.display()));
-                    if let Err(stop) = target.stop() {
-                        warn!("stopping after a failed start: {stop:#}");
-                    }
-                    return Err(err);
-                }
-            }
+            info!(socket = %path.display(), "JSON-RPC management socket listening");
         }
+        let _ = handler.0.set(shared);
+        target.rpc = rpc;
         Ok(target)
     }
 
@@ -808,6 +835,29 @@ fn monitor(meta: &Mutex<Meta>, handle: &ReactorHandle, stop: &AtomicBool) {
             warn!("recording failed members: {e:#}");
         }
     }
+}
+
+/// Takes an exclusive advisory lock (`flock(LOCK_EX | LOCK_NB)`) on a member device, held as
+/// long as the returned file is open: a second `ferroraid serve` (or `create`) on the same
+/// device is refused instead of corrupting it.
+///
+/// # Errors
+/// The device cannot be opened, or another process holds the lock.
+pub fn claim(path: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock takes a file descriptor we own and plain flags.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!(
+                "{} is in use by another ferroraid process (it holds the device's lock)",
+                path.display()
+            );
+        }
+        return Err(e).with_context(|| format!("locking {}", path.display()));
+    }
+    Ok(f)
 }
 
 /// Makes everything written to `path` durable (`fdatasync`).

@@ -1595,6 +1595,33 @@ fn a_start_that_fails_on_its_address_leaves_the_array_clean() {
     drop(busy);
     let mut srv = Server::serve(d, "serve", &a.name, &a.members, &[]);
     assert!(!srv.log().contains("resync needed"), "{}", srv.logs());
+    // A second target (or create) on the same devices is refused while this one runs, and
+    // this one keeps serving.
+    let port2 = free_port();
+    let args: Vec<OsString> = [
+        "serve",
+        "--adaptive",
+        "--nbd",
+        &format!("127.0.0.1:{port2}"),
+    ]
+    .iter()
+    .map(OsString::from)
+    .chain(a.members.iter().rev().map(|m| m.as_os_str().to_owned()))
+    .collect();
+    let err = refused(d, "devices in use", &args);
+    assert!(err.contains("in use by another ferroraid process"), "{err}");
+    let args: Vec<OsString> = ["create", "--level", "6", "--force"]
+        .iter()
+        .map(OsString::from)
+        .chain(a.members.iter().map(|m| m.as_os_str().to_owned()))
+        .collect();
+    let err = refused(d, "create on devices in use", &args);
+    assert!(err.contains("in use by another ferroraid process"), "{err}");
+    assert!(
+        srv.greets(),
+        "the first target stopped serving:\n{}",
+        srv.logs()
+    );
     srv.stop();
 }
 
