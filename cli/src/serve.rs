@@ -95,13 +95,12 @@ pub struct ServeArgs {
     /// NBD listen address: HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809).
     #[arg(long)]
     nbd: Vec<String>,
-    /// Open the JSON-RPC management socket (mode 0600): at PATH, or with no PATH where
-    /// `ferroraid status` looks by default (/run/ferroraid/ferroraid.sock as root, else
-    /// $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock). Without --rpc (and no `rpc`
-    /// key in the config) there is no management socket.
-    #[arg(long, value_name = "PATH")]
-    #[allow(clippy::option_option)]
-    rpc: Option<Option<PathBuf>>,
+    /// Open the JSON-RPC management socket (mode 0600) at PATH; `--rpc default` puts it
+    /// where `ferroraid status` looks by default (/run/ferroraid/ferroraid.sock as root,
+    /// else $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock). Without --rpc (and no
+    /// `rpc` key in the config) there is no management socket.
+    #[arg(long, value_name = "PATH|default")]
+    rpc: Option<PathBuf>,
     /// Start even with members missing or out of date (reported).
     #[arg(long)]
     force: bool,
@@ -231,8 +230,8 @@ impl ServeArgs {
             o.stripe_ops = s;
         }
         o.rpc = match (&self.rpc, &file.rpc) {
-            (Some(Some(p)), _) => Some(p.clone()),
-            (Some(None), _) => Some(ferroraid::rpc::default_rpc_path()),
+            (Some(p), _) if p.as_os_str() == "default" => Some(ferroraid::rpc::default_rpc_path()),
+            (Some(p), _) => Some(p.clone()),
             (None, None) | (None, Some(toml::Value::Boolean(false))) => None,
             (None, Some(toml::Value::Boolean(true))) => Some(ferroraid::rpc::default_rpc_path()),
             (None, Some(toml::Value::String(p))) => Some(PathBuf::from(p)),
