@@ -4,8 +4,8 @@
 //! same data offset, bad-block log, roles, so `mdadm --examine` reads them and kernel md
 //! assembles the array. Initial parity: the parity of all-zero data is zero (P and Q), so
 //! zeroing every member's data area makes the array consistent without computing anything.
-//! By default `create` does exactly that — `FALLOC_FL_ZERO_RANGE` on files (sparse, no
-//! data written), `BLKZEROOUT` on block devices (the device's write-zeroes, or zero pages
+//! By default `create` does exactly that — `FALLOC_FL_PUNCH_HOLE` on files (they stay
+//! sparse, no data written), `BLKZEROOUT` on block devices (the device's write-zeroes, or zero pages
 //! the kernel writes) — with a progress bar, then records the array clean. With
 //! `--assume-clean` the members are declared consistent as they are (md's
 //! `--assume-clean`: right for new, already-zeroed devices, wrong for anything else).
@@ -86,9 +86,8 @@ const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 /// `_IO(0x12, 127)`.
 const BLKZEROOUT: libc::c_ulong = 0x127f;
 
-/// Zeroes `len` bytes at `offset` of a member: `FALLOC_FL_ZERO_RANGE` for files (falling
-/// back to punching a hole, which also reads back as zeroes), `BLKZEROOUT` for block
-/// devices.
+/// Zeroes `len` bytes at `offset` of a member: `FALLOC_FL_PUNCH_HOLE` for files (falling
+/// back to `FALLOC_FL_ZERO_RANGE`), `BLKZEROOUT` for block devices.
 fn zero_range(f: &File, block: bool, offset: u64, len: u64) -> std::io::Result<()> {
     let fd = f.as_raw_fd();
     if block {
@@ -102,9 +101,11 @@ fn zero_range(f: &File, block: bool, offset: u64, len: u64) -> std::io::Result<(
         };
     }
     let (o, l) = (offset as libc::off_t, len as libc::off_t);
+    // A file keeps its holes: punching reads back as zeroes and uses no space (a sparse
+    // member stays sparse); zero-range where the file system cannot punch.
     for mode in [
-        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
         libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
     ] {
         // SAFETY: fallocate takes plain integers.
         if unsafe { libc::fallocate(fd, mode, o, l) } == 0 {
@@ -133,9 +134,20 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         g.members(),
         o.devices.len()
     );
-    for (i, a) in o.devices.iter().enumerate() {
-        if o.devices[..i].iter().any(|b| b == a) {
-            bail!("{} is named twice", a.display());
+    // The same device twice (also through a symlink or another path) would be two roles
+    // on one device.
+    let canon: Vec<PathBuf> = o
+        .devices
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    for (i, a) in canon.iter().enumerate() {
+        if let Some(j) = canon[..i].iter().position(|b| b == a) {
+            bail!(
+                "{} and {} are the same device",
+                o.devices[j].display(),
+                o.devices[i].display()
+            );
         }
     }
     // Claimed for the whole create: not while a target serves them.

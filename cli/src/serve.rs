@@ -29,7 +29,8 @@ pub struct CreateArgs {
     /// md layout name or number.
     #[arg(long, default_value = "left-symmetric")]
     layout: Layout,
-    /// Array name (the NBD export name; at most 32 bytes).
+    /// Array name (the NBD export name; at most 31 bytes; md's `host:name` form is
+    /// accepted and exports `name`).
     #[arg(long, default_value = "ferroraid")]
     name: String,
     /// Declare the members consistent instead of zeroing their data areas (only for
@@ -243,11 +244,12 @@ impl ServeArgs {
     }
 }
 
-/// SIGINT/SIGTERM set the returned flag; a second one ends the process at once.
+/// SIGINT/SIGTERM set the returned flag. Further ones change nothing: a stop always drains,
+/// flushes and marks the array clean (service managers and `timeout` may signal twice);
+/// SIGKILL is the way to stop at once (the array is then left dirty, as after a crash).
 fn stop_flag() -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&flag))?;
         signal_hook::flag::register(sig, Arc::clone(&flag))?;
     }
     Ok(flag)
@@ -328,6 +330,10 @@ pub struct DemoArgs {
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long)]
     seconds: Option<u64>,
+    /// Start the existing array even if members are missing or it is dirty and degraded
+    /// (as `serve --force`).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Members of the demo array (RAID6: four data + P + Q).
@@ -377,13 +383,15 @@ pub fn run_demo(a: &DemoArgs) -> Result<()> {
     }
     let mut o = ServeOptions::new(paths);
     o.rpc = Some(a.dir.join("ferroraid.sock"));
+    o.force = a.force;
     o.mode = Mode::Adaptive;
     o.reactors = a.reactors.max(1);
     listen_spec(&a.nbd, &mut o)?;
     let stop = stop_flag()?;
     let target = Target::start(&o).with_context(|| {
         format!(
-            "serving the demo array in {} (delete the directory to start over)",
+            "serving the demo array in {} (--force starts it degraded or dirty; deleting the \
+             directory starts over with a new, empty array)",
             a.dir.display()
         )
     })?;

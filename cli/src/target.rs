@@ -31,8 +31,8 @@ use engine::array::{ArrayConfig, MemberState};
 use engine::device::BlockDevice;
 use engine::geometry::ArrayGeometry;
 use engine::metadata::{
-    assemble, next_generation, AssembleOptions, Assembly, MdTime, Resync, Superblock, Update,
-    MAX_SECTOR,
+    assemble, next_generation, AssembleOptions, Assembly, DevRole, MdTime, Resync, Superblock,
+    Update, MAX_SECTOR,
 };
 use engine::parity::Parity;
 use engine::reactor::{Mode, ReactorConfig, ReactorHandle, Reactors};
@@ -345,6 +345,15 @@ impl Handler for TargetHandler {
         let role = s
             .role_of(sel)
             .ok_or_else(|| RpcError::no_such_member(sel))?;
+        let removed = s
+            .removed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&role);
+        if removed || s.paths[usize::from(role)].is_none() {
+            // Nothing is there to fail: the slot is empty (removed, or missing at start).
+            return Err(RpcError::no_such_member(sel));
+        }
         let snap = s.handle.snapshot();
         let g = s.geo.geometry();
         if snap.members[usize::from(role)].state == MemberState::Online {
@@ -477,6 +486,50 @@ impl Target {
             },
         )
         .context("assembling the array")?;
+        // md's rule (`mdadm --assemble` without `--run`): a role whose member the newest
+        // superblock still counts as active, but whose device was not given, is a device
+        // forgotten on the command line or gone missing — starting without it would record
+        // it faulty and degrade the array for good. Refuse unless forced; roles already
+        // recorded faulty (a known degraded array) start as they are.
+        if !opts.force {
+            let newest = candidates[assembly.newest]
+                .superblock
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("the newest superblock: {e}"))?;
+            let absent: Vec<u16> = assembly
+                .missing_roles
+                .iter()
+                .copied()
+                .filter(|&r| {
+                    newest
+                        .dev_roles
+                        .iter()
+                        .any(|&raw| DevRole::from_raw(raw) == DevRole::Active(r))
+                })
+                .collect();
+            if !absent.is_empty() {
+                let excluded = if assembly.excluded.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (not used: {})",
+                        assembly
+                            .excluded
+                            .iter()
+                            .map(|e| format!("{}: {}", e.device, e.reason))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )
+                };
+                bail!(
+                    "array {:?}: no device given for role(s) {absent:?}, which the array still \
+                     counts as active{excluded}; name every member, or start degraded with \
+                     --force (the absent members are then recorded faulty and need a \
+                     rebuild to return)",
+                    newest.short_name()
+                );
+            }
+        }
         for note in assembly.notes() {
             warn!("{note}");
         }

@@ -1388,12 +1388,25 @@ fn degraded_raid6_serves_with_one_and_two_members_missing_and_refuses_three() {
         srv.stop();
     }
 
-    // One member file gone: a clean array starts degraded (no --force) with the same data,
+    // One member file gone. The array still counts it active, so without --force the
+    // start is refused (mdadm's --run rule: a forgotten device would be recorded faulty for
+    // good) and nothing is written; with --force it starts degraded with the same data,
     // and takes writes (parity updated around the missing member).
     let gone4 = d.join("gone-m4.img");
     fs::rename(&a.members[4], &gone4).unwrap();
     let five: Vec<PathBuf> = [0, 1, 2, 3, 5].map(|i| a.members[i].clone()).to_vec();
-    let mut srv = Server::serve(d, "one-missing", &a.name, &shuffled(&five, 1), &[]);
+    let before = examine(d, &five, "clean", None);
+    let err = refused_serve(d, "one missing, not forced", &shuffled(&five, 1), &[]);
+    assert!(
+        err.contains("no device given for role(s) [4]") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(
+        examine(d, &five, "clean", None),
+        before,
+        "a refused start wrote"
+    );
+    let mut srv = Server::serve(d, "one-missing", &a.name, &shuffled(&five, 1), &["--force"]);
     assert!(
         srv.log().contains("degraded start: roles [4] missing"),
         "{}",
@@ -1422,9 +1435,9 @@ fn degraded_raid6_serves_with_one_and_two_members_missing_and_refuses_three() {
     srv.stop();
     drop(srv);
 
-    // Two missing: RAID6 still serves.
+    // Two missing: RAID6 still serves (role 4 is recorded faulty now, role 1 is not: forced).
     let four: Vec<PathBuf> = [0, 2, 3, 5].map(|i| a.members[i].clone()).to_vec();
-    let mut srv = Server::serve(d, "two-missing", &a.name, &shuffled(&four, 2), &[]);
+    let mut srv = Server::serve(d, "two-missing", &a.name, &shuffled(&four, 2), &["--force"]);
     assert!(
         srv.log().contains("degraded start: roles [1, 4] missing"),
         "{}",
@@ -1474,7 +1487,7 @@ fn a_member_left_out_of_a_degraded_run_is_not_used_after_a_crash() {
     // Degraded run without m5: writes land on the others only; then the target crashes
     // (one superblock generation later than m5's: within md's margin of one).
     let five = a.members[..5].to_vec();
-    let mut srv = Server::serve(d, "degraded", &a.name, &shuffled(&five, 3), &[]);
+    let mut srv = Server::serve(d, "degraded", &a.name, &shuffled(&five, 3), &["--force"]);
     let len = 4 * MIB;
     srv.client_ok(
         Command::new(&qemu_io).args([
@@ -1537,7 +1550,7 @@ fn force_brings_in_an_out_of_date_member_when_too_few_are_current() {
         srv.stop();
     }
     // A degraded run without m0 (no writes): m0 is now out of date.
-    let mut srv = Server::serve(d, "without-m0", &a.name, &a.members[1..], &[]);
+    let mut srv = Server::serve(d, "without-m0", &a.name, &a.members[1..], &["--force"]);
     srv.stop();
     drop(srv);
     // m0 and three current members: too few current ones; force could use m0.
