@@ -407,6 +407,37 @@ pub fn tool_runs(program: &str, arg: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The installed `mdadm` (on `PATH`, or in `/sbin`, `/usr/sbin`), or `None` after saying
+/// on stderr that the checks needing it are skipped.
+///
+/// # Panics
+/// When mdadm is missing and `FERRORAID_REQUIRE_MDADM` is set (CI) or
+/// `FERRORAID_REQUIRE_TOOLS=1`.
+pub fn mdadm() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("mdadm"))
+            .chain([
+                PathBuf::from("/sbin/mdadm"),
+                PathBuf::from("/usr/sbin/mdadm"),
+            ])
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("FERRORAID_REQUIRE_MDADM").is_none()
+                && !required("FERRORAID_REQUIRE_TOOLS"),
+            "mdadm is not installed (apt-get install mdadm) and FERRORAID_REQUIRE_MDADM or \
+             FERRORAID_REQUIRE_TOOLS=1 is set"
+        );
+        eprintln!(
+            "SKIPPED: mdadm is not installed: the `mdadm --examine` checks are skipped \
+             (FERRORAID_REQUIRE_MDADM=1 makes this a failure)"
+        );
+    }
+    found
+}
+
 /// A command's exit status, stdout and stderr, for failure messages.
 pub fn show_output(out: &Output) -> String {
     format!(

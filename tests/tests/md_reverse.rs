@@ -26,20 +26,14 @@
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::metadata::Superblock;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate sits in the workspace")
-        .to_path_buf()
-}
+use ferroraid_tests::{repo_root, show_output, tool_runs};
 
 fn required() -> bool {
-    std::env::var("FERRORAID_REQUIRE_QEMU").is_ok_and(|v| v == "1")
+    ferroraid_tests::required("FERRORAID_REQUIRE_QEMU")
 }
 
 /// Passes with a printed reason, or fails when CI requires the rig.
@@ -49,25 +43,6 @@ fn skip(why: &str) {
         "FERRORAID_REQUIRE_QEMU=1 but md-reverse cannot run: {why}"
     );
     eprintln!("SKIPPED md_reverse: {why} (set FERRORAID_REQUIRE_QEMU=1 to make this a failure)");
-}
-
-fn tool_runs(program: &str, arg: &str) -> bool {
-    Command::new(program)
-        .arg(arg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn show(out: &Output) -> String {
-    format!(
-        "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout).trim_end(),
-        String::from_utf8_lossy(&out.stderr).trim_end()
-    )
 }
 
 /// The `ferroraid` binary of this build ([`ferroraid_tests::ferroraid_bin`]).
@@ -102,7 +77,7 @@ fn md_assembles_and_serves_ferroraid_arrays() {
     if !kernel.status.success() {
         skip(&format!(
             "the rig has no kernel (apt unreachable and nothing cached?): {}",
-            show(&kernel)
+            show_output(&kernel)
         ));
         return;
     }
@@ -121,7 +96,7 @@ fn md_assembles_and_serves_ferroraid_arrays() {
         "{} {} failed: {}",
         script.display(),
         out_dir.display(),
-        show(&out)
+        show_output(&out)
     );
     let summary = fs::read_to_string(out_dir.join("summary.txt"))
         .unwrap_or_else(|e| panic!("{}/summary.txt: {e}", out_dir.display()));
@@ -211,7 +186,11 @@ fn time_stamps_are_whole_seconds() {
         .stdin(Stdio::null())
         .output()
         .expect("running ferroraid create");
-    assert!(out.status.success(), "ferroraid create: {}", show(&out));
+    assert!(
+        out.status.success(),
+        "ferroraid create: {}",
+        show_output(&out)
+    );
     let created = stamps(&images);
     let whole = |t: u64| t >> 40 == 0;
     for (p, (c, u)) in images.iter().zip(&created) {

@@ -18,35 +18,13 @@ use engine::metadata::{
     assemble, next_generation, AssembleOptions, MdTime, NewArray, Resync, Superblock,
     SuperblockError, Update, Uuid, MD_SB_MAGIC,
 };
+use ferroraid_tests::mdadm;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// Member size: 64 MiB, sparse.
 const MEMBER_BYTES: u64 = 64 << 20;
 const CHUNK_BYTES: u64 = 64 << 10;
-
-/// mdadm's path, or `None` (after printing why) when the tests should skip.
-fn mdadm() -> Option<PathBuf> {
-    let found = ["/usr/sbin/mdadm", "/sbin/mdadm", "/usr/bin/mdadm"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-    match found {
-        Some(p) => Some(p),
-        None if std::env::var_os("FERRORAID_REQUIRE_MDADM").is_some() => {
-            panic!(
-                "FERRORAID_REQUIRE_MDADM is set and mdadm is not installed (apt-get install mdadm)"
-            )
-        }
-        None => {
-            eprintln!(
-                "SKIP: mdadm not found in /usr/sbin, /sbin or /usr/bin \
-                 (set FERRORAID_REQUIRE_MDADM=1 to fail instead)"
-            );
-            None
-        }
-    }
-}
 
 fn disk_tempdir() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir in CARGO_TARGET_TMPDIR")

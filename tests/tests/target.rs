@@ -36,8 +36,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use ferroraid_tests::{
-    attach_loop, ensure_md_fixtures, first_difference, required, run_tool, seed_of, show_output,
-    tool, LoopGuard, Oracle, Rng,
+    attach_loop, ensure_md_fixtures, first_difference, mdadm, required, run_tool, seed_of,
+    show_output, tool, LoopGuard, Oracle, Rng,
 };
 
 const KIB: u64 = 1 << 10;
@@ -598,28 +598,6 @@ fn assert_same(what: &str, got: &[u8], want: &[u8]) {
     if let Some(d) = first_difference(got, want) {
         panic!("{what}: {d}");
     }
-}
-
-/// mdadm, or `None` (said why) when it is not installed and neither
-/// `FERRORAID_REQUIRE_MDADM` nor `FERRORAID_REQUIRE_TOOLS` is `1`.
-fn mdadm() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .flat_map(|d| [d.join("mdadm")])
-            .chain([
-                PathBuf::from("/sbin/mdadm"),
-                PathBuf::from("/usr/sbin/mdadm"),
-            ])
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            !required("FERRORAID_REQUIRE_MDADM") && !required("FERRORAID_REQUIRE_TOOLS"),
-            "mdadm is not installed and FERRORAID_REQUIRE_MDADM/FERRORAID_REQUIRE_TOOLS=1"
-        );
-        eprintln!("SKIPPED: mdadm is not installed: `mdadm --examine` is not checked");
-    }
-    found
 }
 
 /// `mdadm --examine` of every member: `State : {state}`, the checksum correct, and (if
