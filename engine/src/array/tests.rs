@@ -99,6 +99,24 @@ fn rw(
     complete(arr, clock, tag)
 }
 
+/// Writes the whole array with `pattern(byte offset)` (tag 1) and returns what it wrote.
+fn fill_array(
+    arr: &mut Array<crate::sim::SimChannel>,
+    clock: &SimClock,
+    pattern: impl Fn(usize) -> u8,
+) -> AlignedBuf {
+    let cap = arr.geometry().capacity_bytes() as usize;
+    let mut data = AlignedBuf::zeroed(cap);
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = pattern(i);
+    }
+    assert_eq!(
+        rw(arr, clock, 1, ArrayOp::Write { fua: false }, 0, &mut data),
+        Ok(())
+    );
+    data
+}
+
 fn sim_array(
     level: Level,
     n: u16,
@@ -162,21 +180,7 @@ fn chunks_larger_than_the_member_transfer_limit_are_split() {
 fn latent_sector_errors_are_repaired_not_fatal() {
     let (mut arr, devs, clock) = sim_array(Level::Raid5, 4, 4096, 512, 4, Profile::fixed(1000));
     let cap = arr.geometry().capacity_bytes() as usize;
-    let mut w = AlignedBuf::zeroed(cap);
-    w.iter_mut()
-        .enumerate()
-        .for_each(|(i, b)| *b = (i % 251) as u8);
-    assert_eq!(
-        rw(
-            &mut arr,
-            &clock,
-            1,
-            ArrayOp::Write { fua: false },
-            0,
-            &mut w
-        ),
-        Ok(())
-    );
+    let w = fill_array(&mut arr, &clock, |i| (i % 251) as u8);
     let g = *arr.geometry().geometry();
     // One bad sector in stripe 0 on the member of data chunk 0, one in stripe 1 elsewhere.
     let m0 = g.stripe(0).data_member(0);
@@ -331,21 +335,7 @@ fn hung_member_commands_time_out_and_fail_the_member() {
         profile.queue_depth = depth;
         let (mut arr, devs, clock) = sim_array(Level::Raid6, 5, 4096, 512, 8, profile);
         let cap = arr.geometry().capacity_bytes();
-        let mut data = AlignedBuf::zeroed(cap as usize);
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = (i * 7 + 3) as u8;
-        }
-        assert_eq!(
-            rw(
-                &mut arr,
-                &clock,
-                1,
-                ArrayOp::Write { fua: false },
-                0,
-                &mut data
-            ),
-            Ok(())
-        );
+        let mut data = fill_array(&mut arr, &clock, |i| (i * 7 + 3) as u8);
         devs[2].add_fault(FaultRule {
             filter: OpFilter::Any,
             range: None,
@@ -417,21 +407,7 @@ fn write_zeroes_and_discard_keep_parity_consistent() {
     let (mut arr, devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 16, Profile::fixed(1000));
     let cap = arr.geometry().capacity_bytes() as usize;
     let stripe = arr.geometry().geometry().stripe_data_bytes() as usize;
-    let mut data = AlignedBuf::zeroed(cap);
-    for (i, b) in data.iter_mut().enumerate() {
-        *b = (i % 251) as u8 | 1;
-    }
-    assert_eq!(
-        rw(
-            &mut arr,
-            &clock,
-            1,
-            ArrayOp::Write { fua: false },
-            0,
-            &mut data
-        ),
-        Ok(())
-    );
+    let data = fill_array(&mut arr, &clock, |i| (i % 251) as u8 | 1);
     let mut want = data.to_vec();
     let ops = [
         // (op, offset, len)
@@ -504,19 +480,7 @@ fn unsupported_native_zeroing_falls_back_to_writes() {
     use crate::sim::{Fault, FaultRule, OpFilter};
     let (mut arr, devs, clock) = sim_array(Level::Raid5, 4, 4096, 512, 4, Profile::fixed(1000));
     let cap = arr.geometry().capacity_bytes() as usize;
-    let mut data = AlignedBuf::zeroed(cap);
-    data.fill(0xa5);
-    assert_eq!(
-        rw(
-            &mut arr,
-            &clock,
-            1,
-            ArrayOp::Write { fua: false },
-            0,
-            &mut data
-        ),
-        Ok(())
-    );
+    fill_array(&mut arr, &clock, |_| 0xa5);
     devs[1].add_fault(FaultRule {
         filter: OpFilter::Write,
         range: None,
