@@ -24,6 +24,8 @@
 //!   inbound lock-free ring and a front-end hook.
 //! - [`shard`]: stripe ownership across reactors (stripe `s` → reactor `s mod n`), request
 //!   splitting, and a single-threaded composition of shards for virtual-time runs.
+//! - [`qos`]: I/O classes and the background pacer interface (controllers in
+//!   submodules).
 //! - [`sim`]: the engine's test world — a virtual clock and simulated devices with latency
 //!   profiles (NVMe, cached SATA SSD, 7200 rpm disk) and seeded fault injection.
 
@@ -36,6 +38,7 @@ pub mod device;
 pub mod geometry;
 pub mod metadata;
 pub mod parity;
+pub mod qos;
 pub mod reactor;
 pub mod shard;
 pub mod sim;
