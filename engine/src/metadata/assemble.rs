@@ -29,16 +29,33 @@
 //! 7. The array can serve data with at least `raid_disks − parity` members. Fewer: refused;
 //!    with `force`, out-of-date members of the missing roles are brought in, freshest first,
 //!    like `mdadm --assemble --force` — reported, and the array then needs a resync.
-//! 8. **Dirty and degraded** (`resync_offset != MaxSector` and a role missing) is refused
-//!    unless `force` (md.rst, "Boot time assembly of degraded/dirty arrays": the parity of
-//!    a dirty array cannot be trusted, and a degraded array needs it to reconstruct).
+//! 8. **Internal bitmap** (`MD_FEATURE_BITMAP_OFFSET` on the newest superblock): every
+//!    current member's bitmap superblock must be readable and belong to the array
+//!    ([`super::BitmapSuper::check_against`]) — refused otherwise ([`AssembleError::Bitmap`];
+//!    `force` leaves that member out). The array's bitmap is the one of the newest
+//!    superblock's device; it is *stale* (every bit counts as dirty, md's "bitmap file is
+//!    out of date ... forcing full recovery") when its `events` is below the newest
+//!    superblock's or its stale flag is set.
+//! 9. **Re-add** (md's `super_1_validate` with a bitmap): a device left out as stale or
+//!    recorded faulty, whose own superblock still holds an active role of the array,
+//!    missed writes. If the array has a current (non-stale) bitmap and the device's
+//!    `events >= events_cleared`, every write it missed is still marked in the bitmap: it
+//!    is re-added to its role with a **bitmap-based recovery** (only dirty regions are
+//!    rebuilt; md's `Bitmap_sync`). Otherwise — older than `events_cleared`, no or stale
+//!    bitmap, or its role now served by another device — it can only be rebuilt fully,
+//!    like a new spare. [`Assembly::re_add`] lists the decisions; the devices stay out of
+//!    [`Assembly::members`] until the recovery completes.
+//! 10. **Dirty and degraded** (`resync_offset != MaxSector` and a role missing) is refused
+//!     unless `force` (md.rst, "Boot time assembly of degraded/dirty arrays": the parity
+//!     of a dirty array cannot be trusted, and a degraded array needs it to reconstruct).
 
 use std::collections::HashMap;
 use std::fmt;
 
 use thiserror::Error;
 
-use super::superblock::{DevRole, Superblock, SuperblockError, MAX_SECTOR};
+use super::bitmap::{BitmapError, BitmapSuper};
+use super::superblock::{DevRole, Feature, Superblock, SuperblockError, MAX_SECTOR};
 use super::Uuid;
 use crate::geometry::{ArrayGeometry, Geometry};
 
@@ -55,6 +72,10 @@ pub struct Candidate {
     /// Its decoded superblock ([`Superblock::decode`] or [`super::parse`]), or why it could
     /// not be decoded.
     pub superblock: Result<Superblock, SuperblockError>,
+    /// Its internal bitmap's superblock ([`BitmapSuper::decode`]) when its superblock has
+    /// `MD_FEATURE_BITMAP_OFFSET` and the bitmap was read, or why it could not be decoded;
+    /// `None` when not read (no bitmap, or the caller did not read it).
+    pub bitmap: Option<Result<BitmapSuper, BitmapError>>,
 }
 
 impl Candidate {
@@ -63,7 +84,14 @@ impl Candidate {
         Candidate {
             device: device.into(),
             superblock: Ok(superblock),
+            bitmap: None,
         }
+    }
+
+    /// The same candidate with its bitmap superblock, as read (or why it could not be).
+    pub fn with_bitmap(mut self, bitmap: Result<BitmapSuper, BitmapError>) -> Self {
+        self.bitmap = Some(bitmap);
+        self
     }
 
     /// A device whose superblock area holds `bytes`: decoded with
@@ -72,6 +100,7 @@ impl Candidate {
         Candidate {
             device: device.into(),
             superblock: Superblock::decode(bytes),
+            bitmap: None,
         }
     }
 
@@ -80,6 +109,7 @@ impl Candidate {
         Candidate {
             device: device.into(),
             superblock: Err(error),
+            bitmap: None,
         }
     }
 }
@@ -142,6 +172,8 @@ pub enum ExclusionReason {
         /// The device whose superblock is the newest.
         by: String,
     },
+    /// Its bitmap is unreadable or not the array's (only with `force`; otherwise an error).
+    BadBitmap(BitmapError),
     /// Its own superblock and the newest disagree on its role (it missed a role change,
     /// e.g. it was removed from the array).
     RoleChanged {
@@ -158,6 +190,7 @@ impl fmt::Display for ExclusionReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ExclusionReason::Unreadable(e) => write!(f, "unreadable superblock: {e}"),
+            ExclusionReason::BadBitmap(e) => write!(f, "bad bitmap: {e}"),
             ExclusionReason::Stale { events, newest } => write!(
                 f,
                 "stale: events {events}, newest {newest} (more than {EVENT_MARGIN} behind); not used for data"
@@ -204,6 +237,14 @@ pub enum ForcedAction {
         /// The newest `events`.
         newest: u64,
     },
+    /// A member whose bitmap could not be read or does not belong to the array was left
+    /// out.
+    SkippedBadBitmap {
+        /// The device.
+        device: String,
+        /// Why its bitmap was refused.
+        error: BitmapError,
+    },
     /// The array is dirty and degraded: data in stripes written at the crash may be wrong
     /// and cannot be detected (md.rst, "Boot time assembly of degraded/dirty arrays").
     StartedDirtyDegraded {
@@ -228,10 +269,103 @@ impl fmt::Display for ForcedAction {
                 "forced: using out-of-date {device} (events {events}, newest {newest}) as role {role}; \
                  its data may be old and the array will be resynced"
             ),
+            ForcedAction::SkippedBadBitmap { device, error } => {
+                write!(f, "forced: left out {device} (bad bitmap: {error})")
+            }
             ForcedAction::StartedDirtyDegraded { missing_roles } => write!(
                 f,
                 "forced: starting a dirty degraded array (missing roles {missing_roles:?}); \
                  stripes being written at the crash may hold undetectable corruption"
+            ),
+        }
+    }
+}
+
+/// The array's write-intent bitmap as assembly found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArrayBitmap {
+    /// Index of the candidate whose bitmap is the array's (the newest superblock's).
+    pub source: usize,
+    /// Its bitmap superblock.
+    pub super_: BitmapSuper,
+    /// Whether it is stale: its `events` is below the newest superblock's, or its stale
+    /// flag is set. Every bit then counts as dirty, and no member can be re-added with a
+    /// bitmap-based recovery.
+    pub stale: bool,
+}
+
+/// Why a returning device needs a full rebuild rather than a bitmap-based recovery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FullRebuildReason {
+    /// The array has no internal bitmap.
+    NoBitmap,
+    /// The array's bitmap is stale ([`ArrayBitmap::stale`]).
+    StaleBitmap,
+    /// The device is older than the last bit clearing: writes it missed may no longer be
+    /// marked (`events < events_cleared`, md's `super_1_validate`).
+    OlderThanEventsCleared {
+        /// The device's `events`.
+        events: u64,
+        /// The bitmap's `events_cleared`.
+        events_cleared: u64,
+    },
+    /// Its role is served by another device now.
+    RoleTaken,
+}
+
+impl fmt::Display for FullRebuildReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FullRebuildReason::NoBitmap => f.write_str("the array has no write-intent bitmap"),
+            FullRebuildReason::StaleBitmap => f.write_str("the array's bitmap is stale"),
+            FullRebuildReason::OlderThanEventsCleared {
+                events,
+                events_cleared,
+            } => write!(
+                f,
+                "its events {events} are older than the bitmap's events_cleared {events_cleared}"
+            ),
+            FullRebuildReason::RoleTaken => f.write_str("its role is served by another device"),
+        }
+    }
+}
+
+/// How a returning device gets its data back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// Rebuild only the regions the array's bitmap marks dirty (md's `Bitmap_sync`).
+    Bitmap,
+    /// Rebuild everything, as onto a new spare.
+    Full(FullRebuildReason),
+}
+
+/// A device that missed writes and comes back (md's re-add decision).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReAdd {
+    /// Index into the candidates.
+    pub candidate: usize,
+    /// The device.
+    pub device: String,
+    /// The role its own superblock holds (the one it returns to for a bitmap recovery).
+    pub role: u16,
+    /// Its `events`.
+    pub events: u64,
+    /// How it is recovered.
+    pub recovery: Recovery,
+}
+
+impl fmt::Display for ReAdd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.recovery {
+            Recovery::Bitmap => write!(
+                f,
+                "{} (role {}, events {}) can be re-added: bitmap-based recovery of the dirty regions only",
+                self.device, self.role, self.events
+            ),
+            Recovery::Full(r) => write!(
+                f,
+                "{} (role {}, events {}) needs a full rebuild: {r}",
+                self.device, self.role, self.events
             ),
         }
     }
@@ -267,6 +401,11 @@ pub struct Assembly {
     pub resync_needed: bool,
     /// What `force` overrode (empty when not forced).
     pub forced: Vec<ForcedAction>,
+    /// The internal write-intent bitmap, when the array has one.
+    pub bitmap: Option<ArrayBitmap>,
+    /// Devices that missed writes and can come back, and how (also listed in
+    /// `excluded`).
+    pub re_add: Vec<ReAdd>,
 }
 
 impl Assembly {
@@ -297,6 +436,17 @@ impl Assembly {
         }
         for e in &self.excluded {
             v.push(format!("{} not used: {}", e.device, e.reason));
+        }
+        if let Some(b) = &self.bitmap {
+            if b.stale {
+                v.push(format!(
+                    "write-intent bitmap is stale (bitmap events {}, array events {}): every region counts as dirty",
+                    b.super_.events, self.events
+                ));
+            }
+        }
+        for r in &self.re_add {
+            v.push(r.to_string());
         }
         for f in &self.forced {
             v.push(f.to_string());
@@ -390,6 +540,14 @@ pub enum AssembleError {
         /// Out-of-date devices that `force` could use, with their reason.
         stale: Vec<String>,
     },
+    /// A current member's bitmap is unreadable or not the array's.
+    #[error("{device}: {source} (leave the device out, or use force to assemble without it)")]
+    Bitmap {
+        /// The device.
+        device: String,
+        /// Why.
+        source: BitmapError,
+    },
     /// Dirty and degraded: refused without force (md.rst).
     #[error(
         "array is dirty (resync_offset {resync_offset}) and degraded (missing roles \
@@ -422,7 +580,8 @@ fn stale_hint(stale: &[String]) -> String {
 /// [`AssembleError::NoCandidates`]; [`AssembleError::Unreadable`] (without force);
 /// [`AssembleError::ForeignArray`]; [`AssembleError::Unsupported`];
 /// [`AssembleError::NoActiveMembers`]; [`AssembleError::Inconsistent`];
-/// [`AssembleError::DuplicateRole`]; [`AssembleError::TooFewMembers`] (without force, or
+/// [`AssembleError::DuplicateRole`]; [`AssembleError::Bitmap`] (without force);
+/// [`AssembleError::TooFewMembers`] (without force, or
 /// when force cannot find enough either); [`AssembleError::DirtyDegraded`] (without force).
 pub fn assemble(
     candidates: &[Candidate],
@@ -572,6 +731,74 @@ pub fn assemble(
         });
     }
 
+    // 5b. Bitmaps of the current members.
+    let has_bitmap = newest.feature_map & Feature::BitmapOffset.bit() != 0;
+    for slot in members.iter_mut() {
+        let Some(m) = slot else { continue };
+        let c = &candidates[m.candidate];
+        let sb = c.superblock.as_ref().expect("members are readable");
+        if !has_bitmap && sb.feature_map & Feature::BitmapOffset.bit() == 0 {
+            continue;
+        }
+        let checked = match &c.bitmap {
+            None => Err(BitmapError::NotRead),
+            Some(Err(e)) => Err(e.clone()),
+            Some(Ok(b)) if !has_bitmap => {
+                // A member with a bitmap the newest superblock no longer has (removed by
+                // --grow --bitmap=none at a generation this member saw as current): fine.
+                let _ = b;
+                Ok(())
+            }
+            Some(Ok(b)) => b.check_against(sb),
+        };
+        if let Err(error) = checked {
+            if !options.force {
+                return Err(AssembleError::Bitmap {
+                    device: m.device.clone(),
+                    source: error,
+                });
+            }
+            forced.push(ForcedAction::SkippedBadBitmap {
+                device: m.device.clone(),
+                error: error.clone(),
+            });
+            excluded.push(Exclusion {
+                candidate: m.candidate,
+                device: m.device.clone(),
+                reason: ExclusionReason::BadBitmap(error),
+            });
+            *slot = None;
+        }
+    }
+    let bitmap_of = |i: usize| match &candidates[i].bitmap {
+        Some(Ok(b)) => Some(b),
+        _ => None,
+    };
+    let bitmap = if has_bitmap {
+        let source = members
+            .iter()
+            .flatten()
+            .map(|m| m.candidate)
+            .filter(|&i| bitmap_of(i).is_some())
+            .max_by_key(|&i| {
+                (
+                    i == newest_i,
+                    bitmap_of(i).map(|b| b.events),
+                    std::cmp::Reverse(i),
+                )
+            });
+        source.map(|i| {
+            let b = bitmap_of(i).expect("filtered").clone();
+            ArrayBitmap {
+                source: i,
+                stale: b.is_stale() || b.events < newest.events,
+                super_: b,
+            }
+        })
+    } else {
+        None
+    };
+
     // 6. Enough members to serve data?
     let needed = usize::from(array.geometry().data_chunks());
     let available = members.iter().filter(|m| m.is_some()).count();
@@ -658,6 +885,48 @@ pub fn assemble(
     let missing_roles = missing(&members);
     let degraded = !missing_roles.is_empty();
 
+    // 6b. Re-add decisions for devices that missed writes.
+    let mut re_add = Vec::new();
+    for e in &excluded {
+        if !matches!(
+            e.reason,
+            ExclusionReason::Stale { .. } | ExclusionReason::RecordedFaulty { .. }
+        ) {
+            continue;
+        }
+        let Ok(sb) = &candidates[e.candidate].superblock else {
+            continue;
+        };
+        let DevRole::Active(role) = sb.role() else {
+            continue;
+        };
+        if u32::from(role) >= u32::from(raid_disks) || !same_shape(sb, newest) {
+            continue;
+        }
+        let recovery = if members[usize::from(role)].is_some() {
+            Recovery::Full(FullRebuildReason::RoleTaken)
+        } else {
+            match &bitmap {
+                None => Recovery::Full(FullRebuildReason::NoBitmap),
+                Some(b) if b.stale => Recovery::Full(FullRebuildReason::StaleBitmap),
+                Some(b) if sb.events < b.super_.events_cleared => {
+                    Recovery::Full(FullRebuildReason::OlderThanEventsCleared {
+                        events: sb.events,
+                        events_cleared: b.super_.events_cleared,
+                    })
+                }
+                Some(_) => Recovery::Bitmap,
+            }
+        };
+        re_add.push(ReAdd {
+            candidate: e.candidate,
+            device: e.device.clone(),
+            role,
+            events: sb.events,
+            recovery,
+        });
+    }
+
     // 7. Dirty and degraded.
     if degraded && newest.resync_offset != MAX_SECTOR {
         if !options.force {
@@ -685,6 +954,8 @@ pub fn assemble(
         resync_offset: newest.resync_offset,
         resync_needed,
         forced,
+        bitmap,
+        re_add,
     })
 }
 

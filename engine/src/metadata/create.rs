@@ -19,15 +19,23 @@
 //!   data offset leaves room, else the 8 sectors just below the data.
 //! - `data_size` = device size − `data_offset`; `size` (the part each member contributes)
 //!   = the smallest `data_size`, rounded down to whole chunks (`Create.c`).
-//! - `feature_map` 0 (no bitmap yet), `events` 0 (`write_init_super1` resets it),
+//! - **Internal bitmap** ([`BitmapChoice`]): mdadm adds one by default when each member
+//!   contributes more than 100 GiB (`Create.c`); with one, `feature_map` =
+//!   `MD_FEATURE_BITMAP_OFFSET`, `bitmap_offset` = 8 and the bitmap superblock and bits
+//!   follow `super::bitmap` (chunk from `choose_bitmap_chunk_bytes`).
+//! - `feature_map` 0 without a bitmap, `events` 0 (`write_init_super1` resets it),
 //!   `utime = ctime`, `resync_offset` = `MaxSector` for a clean array (`--assume-clean`)
 //!   or 0 when a resync must make the parity consistent.
 
 use rand_chacha::rand_core::RngCore;
 use thiserror::Error;
 
+use super::bitmap::{
+    check_bitmap_space, choose_bitmap_chunk_bytes, mdadm_adds_bitmap_by_default, Bitmap,
+    BitmapError, BitmapSuper, DEFAULT_DAEMON_SLEEP_S,
+};
 use super::superblock::{
-    DEV_ROLE_SPARE, MAX_DEV_LIMIT, MAX_SECTOR, SUPERBLOCK_BASE_BYTES, SUPER_OFFSET_SECTORS,
+    Feature, DEV_ROLE_SPARE, MAX_DEV_LIMIT, MAX_SECTOR, SUPERBLOCK_BASE_BYTES, SUPER_OFFSET_SECTORS,
 };
 use super::{MdTime, Superblock, Uuid};
 use crate::geometry::Geometry;
@@ -93,6 +101,10 @@ pub enum CreateError {
         /// Smallest allowed, sectors.
         min: u64,
     },
+    /// The internal bitmap cannot be made (chunk refused, or it does not fit before the
+    /// data with an explicit data offset).
+    #[error("internal bitmap: {0}")]
+    Bitmap(#[from] BitmapError),
     /// A device too small for the data offset plus one chunk.
     #[error(
         "device {index} has {device_sectors} sectors: too small for a {data_offset}-sector \
@@ -211,6 +223,19 @@ pub fn set_name(name: &str, homehost: Option<&str>) -> Result<[u8; 32], CreateEr
     Ok(out)
 }
 
+/// Whether a new array gets an internal write-intent bitmap (`mdadm --bitmap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BitmapChoice {
+    /// mdadm's default: internal when each member contributes more than 100 GiB
+    /// ([`super::bitmap::mdadm_adds_bitmap_by_default`]), else none.
+    #[default]
+    Auto,
+    /// `--bitmap=internal`.
+    Internal,
+    /// `--bitmap=none`.
+    None,
+}
+
 /// What a new array is: the inputs of mdadm's `--create` that end up in the superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewArray {
@@ -230,6 +255,13 @@ pub struct NewArray {
     /// Data offset in sectors for every member, or `None` for mdadm's default
     /// ([`default_data_offset_sectors`] of the first device).
     pub data_offset_sectors: Option<u64>,
+    /// Internal bitmap or not ([`BitmapChoice::Auto`]: mdadm's rule).
+    pub bitmap: BitmapChoice,
+    /// `--bitmap-chunk`, bytes per bit; `None` for mdadm's default
+    /// ([`super::bitmap::choose_bitmap_chunk_bytes`]).
+    pub bitmap_chunk_bytes: Option<u64>,
+    /// `--delay`: the bitmap daemon's sleep, seconds (mdadm's default 5).
+    pub bitmap_daemon_sleep_s: u32,
 }
 
 impl NewArray {
@@ -252,7 +284,57 @@ impl NewArray {
             ctime,
             clean: false,
             data_offset_sectors: None,
+            bitmap: BitmapChoice::Auto,
+            bitmap_chunk_bytes: None,
+            bitmap_daemon_sleep_s: DEFAULT_DAEMON_SLEEP_S,
         })
+    }
+
+    /// The bitmap superblock of the new array when it gets an internal bitmap
+    /// ([`NewArray::bitmap`]), for members contributing `size_sectors` each; `None`
+    /// without one.
+    ///
+    /// # Errors
+    /// [`CreateError::Bitmap`]: chunk refused or too small for the space
+    /// ([`choose_bitmap_chunk_bytes`]), or a daemon sleep of 0.
+    pub fn bitmap_super(&self, size_sectors: u64) -> Result<Option<BitmapSuper>, CreateError> {
+        let want = match self.bitmap {
+            BitmapChoice::None => false,
+            BitmapChoice::Internal => true,
+            BitmapChoice::Auto => mdadm_adds_bitmap_by_default(size_sectors),
+        };
+        if !want {
+            return Ok(None);
+        }
+        if self.bitmap_daemon_sleep_s == 0 {
+            return Err(BitmapError::DaemonSleep { daemon_sleep_s: 0 }.into());
+        }
+        let chunk = choose_bitmap_chunk_bytes(size_sectors, self.bitmap_chunk_bytes)?;
+        let chunk = u32::try_from(chunk)
+            .map_err(|_| BitmapError::ChunkNotPowerOfTwo { chunk_bytes: chunk })?;
+        Ok(Some(BitmapSuper::new(
+            self.uuid,
+            size_sectors,
+            chunk,
+            self.bitmap_daemon_sleep_s,
+        )))
+    }
+
+    /// The bitmap area to write at each member's bitmap start (absolute member byte
+    /// `(super_offset + bitmap_offset) × 512`) for a new array, or `None` without a bitmap:
+    /// every bit set like mdadm writes it (the whole 4 KiB-rounded area 0xff after the
+    /// superblock) when a resync follows; every bit clear when the array is created
+    /// clean (`--assume-clean`: nothing needs a resync; mdadm still writes 0xff there,
+    /// which md then clears lazily without resyncing because `resync_offset` is
+    /// `MaxSector`).
+    ///
+    /// # Errors
+    /// As [`NewArray::bitmap_super`].
+    pub fn initial_bitmap_area(&self, size_sectors: u64) -> Result<Option<Vec<u8>>, CreateError> {
+        Ok(self.bitmap_super(size_sectors)?.map(|s| {
+            let dirty = !self.clean;
+            Bitmap::new(s, dirty).to_area(dirty)
+        }))
     }
 
     /// `max_dev` for `devices` devices (members + spares), as mdadm's `init_super1`
@@ -268,9 +350,15 @@ impl NewArray {
     /// `rng`. The data offset, `size`, `data_size`, bad-block log, `max_dev` and roles
     /// follow mdadm 4.2 (module docs).
     ///
+    /// With an internal bitmap ([`NewArray::bitmap_super`]) every superblock gets
+    /// `MD_FEATURE_BITMAP_OFFSET` and `bitmap_offset` = [`BITMAP_OFFSET_SECTORS`]; write
+    /// [`NewArray::initial_bitmap_area`] there.
+    ///
     /// # Errors
     /// [`CreateError::DeviceCount`], [`CreateError::DataOffset`] (explicit offset below the
-    /// superblock's end or not 4 KiB-aligned), [`CreateError::DeviceTooSmall`].
+    /// superblock's end or not 4 KiB-aligned), [`CreateError::DeviceTooSmall`],
+    /// [`CreateError::Bitmap`] (bitmap chunk refused, or the bitmap does not fit before an
+    /// explicit data offset).
     pub fn superblocks<R: RngCore + ?Sized>(
         &self,
         device_sectors: &[u64],
@@ -314,7 +402,8 @@ impl NewArray {
             smallest = smallest.min(dev - data_offset);
         }
         let size = smallest / u64::from(chunk) * u64::from(chunk);
-        Ok(device_sectors
+        let bitmap = self.bitmap_super(size)?;
+        let mut sbs: Vec<Superblock> = device_sectors
             .iter()
             .enumerate()
             .map(|(i, &dev)| {
@@ -327,7 +416,15 @@ impl NewArray {
                     Uuid::random(rng),
                 )
             })
-            .collect())
+            .collect();
+        if let Some(bm) = bitmap {
+            for sb in &mut sbs {
+                sb.feature_map |= Feature::BitmapOffset.bit();
+                sb.bitmap_offset = BITMAP_OFFSET_SECTORS;
+                check_bitmap_space(sb, bm.bits())?;
+            }
+        }
+        Ok(sbs)
     }
 
     /// One device's superblock: slot `dev_number` (an active member with role

@@ -14,6 +14,8 @@
 //!   data offset, bad-block log placement, `max_dev`, roles, events).
 //! - [`next_generation`] produces the next superblock of every member (events bumped,
 //!   state updated) so a crash in the middle of writing them leaves a consistent set.
+//! - [`bitmap`] is md's internal write-intent bitmap: [`BitmapSuper`] (`bitmap_super_t`),
+//!   the bit layout, mdadm's sizing, and the checks of a bitmap read from disk.
 //! - [`assemble`] decides, from the superblocks found on a set of devices, which device
 //!   serves which role, which are stale, spare or missing, and whether the array may start.
 //!
@@ -32,21 +34,25 @@
 //! `Documentation/admin-guide/md.rst`.
 
 mod assemble;
+pub mod bitmap;
 mod create;
 mod superblock;
 mod update;
 
 #[cfg(test)]
+mod bitmap_tests;
+#[cfg(test)]
 mod tests;
 
 pub use assemble::{
-    assemble, AssembleError, AssembleOptions, Assembly, Candidate, Exclusion, ExclusionReason,
-    ForcedAction, Member, EVENT_MARGIN,
+    assemble, ArrayBitmap, AssembleError, AssembleOptions, Assembly, Candidate, Exclusion,
+    ExclusionReason, ForcedAction, FullRebuildReason, Member, ReAdd, Recovery, EVENT_MARGIN,
 };
+pub use bitmap::{Bitmap, BitmapError, BitmapSuper};
 pub use create::{
-    bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors, set_name, CreateError,
-    NewArray, BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS, DATA_OFFSET_ALIGN_SECTORS,
-    MAX_NAME_BYTES,
+    bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors, set_name,
+    BitmapChoice, CreateError, NewArray, BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS,
+    DATA_OFFSET_ALIGN_SECTORS, MAX_NAME_BYTES,
 };
 pub use superblock::{
     parse, raw_checksum, DevRole, Feature, FeatureSet, Superblock, SuperblockError,

@@ -125,8 +125,9 @@ const _: () = assert!(OFF_DATA_OFFSET == 128 && OFF_UTIME == 192);
 const _: () = assert!(OFF_PAD3 + PAD3_LEN == SUPERBLOCK_BASE_BYTES);
 const _: () = assert!(SUPERBLOCK_BASE_BYTES + 2 * MAX_DEV_LIMIT as usize == SUPERBLOCK_AREA_BYTES);
 
-/// A bit of `feature_map` (`MD_FEATURE_*`, `md_p.h`). ferroraid accepts none of them yet
-/// (a superblock with `feature_map == 0`); [`Feature::refusal`] says why each is refused.
+/// A bit of `feature_map` (`MD_FEATURE_*`, `md_p.h`). ferroraid accepts only
+/// [`Feature::BitmapOffset`] ([`Feature::SUPPORTED`]); [`Feature::refusal`] says why each
+/// other one is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Feature {
     /// `MD_FEATURE_BITMAP_OFFSET` (1): an internal write-intent bitmap at `bitmap_offset`.
@@ -201,12 +202,16 @@ impl Feature {
         }
     }
 
-    /// What the feature means and why ferroraid refuses it today.
+    /// Features ferroraid serves: [`Feature::BitmapOffset`] (the internal write-intent
+    /// bitmap, `super::bitmap`).
+    pub const SUPPORTED: u32 = 1;
+
+    /// What the feature means and why ferroraid refuses it today (every feature outside
+    /// [`Feature::SUPPORTED`]).
     pub fn refusal(self) -> &'static str {
         match self {
             Feature::BitmapOffset => {
-                "internal write-intent bitmap: not supported yet, and ignoring it would let md \
-                 skip a resync ferroraid needed; remove it first (mdadm --grow --bitmap=none)"
+                "internal write-intent bitmap (supported: never refused by check_supported)"
             }
             Feature::RecoveryOffset => {
                 "member only partly recovered (recovery_offset): finish the recovery under md first"
@@ -485,6 +490,17 @@ pub enum SuperblockError {
         /// Second slot.
         second: u32,
     },
+    /// An internal bitmap that does not start between the superblock and the data.
+    #[error(
+        "internal bitmap at {bitmap_offset} sectors from the superblock does not lie between \
+         the superblock and the data (data_offset {data_offset} sectors)"
+    )]
+    BitmapPlacement {
+        /// The stored `bitmap_offset`, sectors.
+        bitmap_offset: i32,
+        /// The stored `data_offset`, sectors.
+        data_offset: u64,
+    },
     /// A buffer too small for [`Superblock::write_into`].
     #[error("buffer of {len} bytes is too small for a {needed}-byte superblock")]
     BufferTooSmall {
@@ -525,7 +541,8 @@ fn level_name(level: i32) -> String {
 /// describes; [`parse`] decodes and checks in one step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
-    /// `feature_map`: `MD_FEATURE_*` bits ([`Feature`]). ferroraid writes 0.
+    /// `feature_map`: `MD_FEATURE_*` bits ([`Feature`]). ferroraid writes 0, or
+    /// [`Feature::BitmapOffset`] (1) with an internal bitmap.
     pub feature_map: u32,
     /// `set_uuid`: the array's UUID, the same on every member.
     pub set_uuid: Uuid,
@@ -981,8 +998,11 @@ impl Superblock {
     /// Checks that ferroraid can serve the array this (format-valid) superblock describes,
     /// in this order:
     /// 1. v1.2 position: `super_offset == 8` ([`SuperblockError::NotVersion12`]);
-    /// 2. no feature bits: every bit of `feature_map` is refused by name with its reason
-    ///    ([`SuperblockError::UnsupportedFeatures`]);
+    /// 2. no feature bits but [`Feature::BitmapOffset`]: every other bit of `feature_map`
+    ///    is refused by name with its reason ([`SuperblockError::UnsupportedFeatures`]); an
+    ///    internal bitmap must start after the superblock and before the data
+    ///    ([`SuperblockError::BitmapPlacement`]; the bitmap itself is checked when read,
+    ///    `super::BitmapSuper::check_against`);
     /// 3. level 5 or 6, layout 0..=5, chunk a power of two of 4 KiB..16 MiB, `raid_disks`
     ///    within the level's limits ([`Superblock::geometry`]);
     /// 4. `data_offset` beyond the superblock (`super_1_load`:
@@ -1003,10 +1023,20 @@ impl Superblock {
                 super_offset: self.super_offset,
             });
         }
-        if self.feature_map != 0 {
+        if self.feature_map & !Feature::SUPPORTED != 0 {
             return Err(SuperblockError::UnsupportedFeatures(FeatureSet(
-                self.feature_map,
+                self.feature_map & !Feature::SUPPORTED,
             )));
+        }
+        if self.feature_map & Feature::BitmapOffset.bit() != 0 {
+            let sb_sectors = (self.encoded_len() as u64).div_ceil(512) as i64;
+            let start = self.super_offset as i64 + i64::from(self.bitmap_offset);
+            if i64::from(self.bitmap_offset) < sb_sectors || start >= self.data_offset as i64 {
+                return Err(SuperblockError::BitmapPlacement {
+                    bitmap_offset: self.bitmap_offset,
+                    data_offset: self.data_offset,
+                });
+            }
         }
         self.geometry(512)?;
         let sb_end = SUPER_OFFSET_SECTORS + (self.encoded_len() as u64).div_ceil(512);

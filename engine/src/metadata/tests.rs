@@ -206,6 +206,9 @@ fn reparse(sb: &Superblock) -> Result<Superblock, SuperblockError> {
 fn every_feature_bit_is_refused_by_name() {
     let base = array_sbs(Level::Raid6, 4, true).remove(0);
     for f in Feature::ALL {
+        if f.bit() & Feature::SUPPORTED != 0 {
+            continue;
+        }
         let mut sb = base.clone();
         sb.feature_map = f.bit();
         let e = reparse(&sb).unwrap_err();
