@@ -151,6 +151,8 @@ impl Meta {
                 utime: md_now(),
                 failed: slots,
                 resync,
+                roles: Vec::new(),
+                recovery: Vec::new(),
             };
             let next = next_generation(&current, &update).context("building superblocks")?;
             let mut write_failed = Vec::new();

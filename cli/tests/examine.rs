@@ -82,6 +82,8 @@ fn raid6_files(dir: &Path) -> (Vec<PathBuf>, Vec<Superblock>) {
             utime: MdTime::new(1_700_000_100, 0),
             failed: vec![2],
             resync: Some(Resync::Dirty),
+            roles: Vec::new(),
+            recovery: Vec::new(),
         },
     )
     .unwrap();

@@ -231,6 +231,8 @@ fn next_generation_on_files_and_mdadm() {
             utime: MdTime::new(1_700_000_100, 0),
             failed: vec![4],
             resync: Some(Resync::Dirty),
+            roles: Vec::new(),
+            recovery: Vec::new(),
         },
     )
     .unwrap();

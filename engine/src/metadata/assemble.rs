@@ -153,6 +153,10 @@ pub struct Member {
     pub data_size_sectors: u64,
     /// Whether it was brought in by `force` although out of date or recorded faulty.
     pub forced: bool,
+    /// `Some(sectors)` when the member is only partly rebuilt (`MD_FEATURE_RECOVERY_OFFSET`):
+    /// its data is valid below this many 512-byte sectors from its data offset, and the
+    /// rebuild resumes there (md's `recovery_offset`); `None` when it is in sync.
+    pub recovery_offset: Option<u64>,
 }
 
 /// Why a device is not used.
@@ -702,6 +706,7 @@ pub fn assemble(
                     data_offset_sectors: sb.data_offset,
                     data_size_sectors: sb.data_size,
                     forced: false,
+                    recovery_offset: sb.recovering(),
                 });
                 continue;
             }
@@ -861,6 +866,7 @@ pub fn assemble(
                 data_offset_sectors: sb.data_offset,
                 data_size_sectors: sb.data_size,
                 forced: true,
+                recovery_offset: sb.recovering(),
             });
             excluded.retain(|e| e.candidate != i);
             forced.push(ForcedAction::IncludedOutOfDate {

@@ -378,6 +378,8 @@ fn upd(failed: Vec<u32>) -> Update {
         utime: MdTime::new(1_800_000_000, 0),
         failed,
         resync: None,
+        roles: Vec::new(),
+        recovery: Vec::new(),
     }
 }
 

@@ -60,7 +60,7 @@ pub use superblock::{
     MAX_SECTOR, MD_SB_MAGIC, SUPERBLOCK_AREA_BYTES, SUPERBLOCK_BASE_BYTES, SUPERBLOCK_OFFSET_BYTES,
     SUPER_OFFSET_SECTORS,
 };
-pub use update::{next_generation, Resync, Update, UpdateError};
+pub use update::{joining_member, next_generation, Resync, Update, UpdateError};
 
 use std::fmt;
 use std::str::FromStr;

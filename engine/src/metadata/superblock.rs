@@ -203,8 +203,9 @@ impl Feature {
     }
 
     /// Features ferroraid serves: [`Feature::BitmapOffset`] (the internal write-intent
-    /// bitmap, `super::bitmap`).
-    pub const SUPPORTED: u32 = 1;
+    /// bitmap, `super::bitmap`) and [`Feature::RecoveryOffset`] (a member rebuilt up to
+    /// `recovery_offset`: the rebuild resumes there, as md's `super_1_validate` does).
+    pub const SUPPORTED: u32 = 1 | 2;
 
     /// What the feature means and why ferroraid refuses it today (every feature outside
     /// [`Feature::SUPPORTED`]).
@@ -214,7 +215,7 @@ impl Feature {
                 "internal write-intent bitmap (supported: never refused by check_supported)"
             }
             Feature::RecoveryOffset => {
-                "member only partly recovered (recovery_offset): finish the recovery under md first"
+                "member only partly recovered (supported: the rebuild resumes at recovery_offset)"
             }
             Feature::ReshapeActive => "reshape in progress: finish it under md first",
             Feature::BadBlocks => {
@@ -993,6 +994,13 @@ impl Superblock {
         let g = self.geometry(block_bytes)?;
         let stripes = self.size / u64::from(g.chunk_sectors());
         Ok(ArrayGeometry::new(g, stripes)?)
+    }
+
+    /// `Some(recovery_offset)` when this member is only partly rebuilt
+    /// (`MD_FEATURE_RECOVERY_OFFSET` set: valid below that many 512-byte sectors from its
+    /// data offset), `None` when it is in sync (md's `super_1_validate`).
+    pub fn recovering(&self) -> Option<u64> {
+        (self.feature_map & Feature::RecoveryOffset.bit() != 0).then_some(self.recovery_offset)
     }
 
     /// Checks that ferroraid can serve the array this (format-valid) superblock describes,

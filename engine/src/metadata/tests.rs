@@ -542,6 +542,8 @@ fn upd(failed: Vec<u32>, resync: Option<Resync>) -> Update {
         utime: MdTime::new(1_800_000_000, 0),
         failed,
         resync,
+        roles: Vec::new(),
+        recovery: Vec::new(),
     }
 }
 
@@ -571,6 +573,102 @@ fn next_generation_bumps_events_and_records_failures() {
     let kept = next_generation(&live, &upd(vec![], None)).unwrap();
     assert!(kept.iter().all(|s| s.as_ref().unwrap().resync_offset == 0));
     assert_eq!(Resync::At(77).offset(), 77);
+}
+
+#[test]
+fn replacement_joins_rebuilds_and_comes_in_sync() {
+    // Slot 4 of a RAID6 of 6 fails; a new device joins in slot 6 with role 4, is rebuilt
+    // in two checkpoints, then is in sync: md's Manage_add + super_1_sync sequence.
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    let failed: Vec<Superblock> = next_generation(&sbs, &upd(vec![4], None))
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    let newest = failed[0].clone();
+    let joining = joining_member(&newest, 6, Uuid([0xab; 16]), newest.data_size);
+    assert_eq!(joining.dev_number, 6);
+    assert_eq!(joining.device_uuid, Uuid([0xab; 16]));
+    assert_eq!(joining.recovering(), None);
+    let mut current = failed.clone();
+    current.push(joining);
+    let add = Update {
+        roles: vec![(6, 4)],
+        recovery: vec![(6, Some(0))],
+        ..Update::at(MdTime::new(1_800_000_001, 0))
+    };
+    let next: Vec<Superblock> = next_generation(&current, &add)
+        .unwrap()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    for n in &next {
+        assert!(n.dev_roles.len() > 6, "dev_roles holds slot 6");
+        assert_eq!(n.role_of(6), DevRole::Active(4));
+        assert_eq!(n.role_of(4), DevRole::Faulty);
+        n.check_supported().unwrap();
+        // Round trip through the on-disk form keeps the recovery state.
+        assert_eq!(reparse(n).unwrap().recovering(), n.recovering());
+    }
+    assert_eq!(
+        next[5].recovering(),
+        Some(0),
+        "the new member is recovering from 0"
+    );
+    assert!(next[..5].iter().all(|n| n.recovering().is_none()));
+    let cp = Update {
+        recovery: vec![(6, Some(4096))],
+        ..Update::at(MdTime::new(1_800_000_002, 0))
+    };
+    let next: Vec<Superblock> = next_generation(&next, &cp)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(next[5].recovering(), Some(4096));
+    assert_eq!(next[5].recovery_offset, 4096);
+    let done = Update {
+        recovery: vec![(6, None)],
+        ..Update::at(MdTime::new(1_800_000_003, 0))
+    };
+    let next: Vec<Superblock> = next_generation(&next, &done)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(next[5].recovering(), None);
+    assert_eq!(next[5].feature_map & Feature::RecoveryOffset.bit(), 0);
+    assert_eq!(next[5].events, newest.events + 3);
+    // Assembly takes the new member in role 4 and leaves the failed one out.
+    let asm = assemble(&cands(&next), AssembleOptions::default()).unwrap();
+    assert_eq!(asm.members[4].as_ref().unwrap().dev_number, 6);
+    assert_eq!(asm.members[4].as_ref().unwrap().recovery_offset, None);
+    // A slot beyond md's limit is refused.
+    let too_far = Update {
+        roles: vec![(MAX_DEV_LIMIT, 1)],
+        ..Update::at(MdTime::new(1_800_000_004, 0))
+    };
+    assert!(matches!(
+        next_generation(&next, &too_far),
+        Err(UpdateError::UnknownSlot { .. })
+    ));
+}
+
+#[test]
+fn partly_rebuilt_member_assembles_with_its_recovery_offset() {
+    let sbs = array_sbs(Level::Raid5, 4, true);
+    let rec = Update {
+        recovery: vec![(2, Some(2048))],
+        ..Update::at(MdTime::new(1_800_000_001, 0))
+    };
+    let next: Vec<Superblock> = next_generation(&sbs, &rec)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    let asm = assemble(&cands(&next), AssembleOptions::default()).unwrap();
+    assert_eq!(asm.members[2].as_ref().unwrap().recovery_offset, Some(2048));
+    assert_eq!(asm.members[1].as_ref().unwrap().recovery_offset, None);
 }
 
 #[test]

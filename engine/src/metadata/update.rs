@@ -26,7 +26,9 @@
 use thiserror::Error;
 
 use super::assemble::EVENT_MARGIN;
-use super::superblock::{DevRole, Superblock, DEV_ROLE_FAULTY, MAX_SECTOR};
+use super::superblock::{
+    DevRole, Feature, Superblock, DEV_ROLE_FAULTY, DEV_ROLE_SPARE, MAX_DEV_LIMIT, MAX_SECTOR,
+};
 use super::{MdTime, Uuid};
 
 /// The new `resync_offset` of an update.
@@ -62,6 +64,29 @@ pub struct Update {
     pub failed: Vec<u32>,
     /// The new `resync_offset`, or `None` to keep the newest one.
     pub resync: Option<Resync>,
+    /// Slots given a new role: `(dev_number, role)` with a role number, or
+    /// [`super::superblock::DEV_ROLE_SPARE`] (`0xffff`) for a spare. `dev_roles` grows to
+    /// hold a new slot (md's `max_dev`). A replacement taking a failed member's role gets
+    /// the role on its own slot, and the failed slot is recorded faulty (`failed`).
+    pub roles: Vec<(u32, u16)>,
+    /// Rebuild progress of members being rebuilt: `(dev_number, Some(sectors))` sets
+    /// `MD_FEATURE_RECOVERY_OFFSET` and `recovery_offset` on that member's superblock
+    /// (valid below that many sectors from its data offset); `(dev_number, None)` marks it
+    /// in sync (feature cleared, `recovery_offset` 0), as md's `super_1_sync` writes them.
+    pub recovery: Vec<(u32, Option<u64>)>,
+}
+
+impl Update {
+    /// An update at `utime` that changes nothing but the generation.
+    pub fn at(utime: MdTime) -> Self {
+        Update {
+            utime,
+            failed: Vec::new(),
+            resync: None,
+            roles: Vec::new(),
+            recovery: Vec::new(),
+        }
+    }
 }
 
 /// Why the next generation could not be built.
@@ -109,6 +134,33 @@ pub enum UpdateError {
     EventsOverflow,
 }
 
+/// The superblock of a device joining the array in slot `dev_number` (a spare, or a
+/// replacement about to be rebuilt): the array-wide fields, `events` and `dev_roles` of
+/// `newest`, and its own identity — `device_uuid`, a data area of `data_size_sectors`
+/// 512-byte sectors at the array's data offset, no corrected reads, no bad-block log, not
+/// recovering yet (mdadm's `Manage_add` → `write_init_super1` for a new device). Record its
+/// role with the next [`next_generation`] (its `roles` and `recovery`), writing it together
+/// with the members' superblocks, as md does when it adds a device.
+pub fn joining_member(
+    newest: &Superblock,
+    dev_number: u32,
+    device_uuid: Uuid,
+    data_size_sectors: u64,
+) -> Superblock {
+    let mut sb = newest.clone();
+    sb.dev_number = dev_number;
+    sb.device_uuid = device_uuid;
+    sb.data_size = data_size_sectors;
+    sb.recovery_offset = 0;
+    sb.feature_map &= !Feature::RecoveryOffset.bit();
+    sb.cnt_corrected_read = 0;
+    sb.devflags = 0;
+    sb.bblog_shift = 0;
+    sb.bblog_size = 0;
+    sb.bblog_offset = 0;
+    sb
+}
+
 /// The next generation of superblocks for the members whose current superblocks are
 /// `current` (the members to be written: working members and spares), recording `update`.
 ///
@@ -144,6 +196,19 @@ pub fn next_generation(
         .checked_add(1)
         .ok_or(UpdateError::EventsOverflow)?;
     let mut roles = newest.dev_roles.clone();
+    for &(slot, role) in &update.roles {
+        let slot = slot as usize;
+        if slot >= MAX_DEV_LIMIT as usize {
+            return Err(UpdateError::UnknownSlot {
+                dev_number: slot as u32,
+                max_dev: MAX_DEV_LIMIT as usize,
+            });
+        }
+        if roles.len() <= slot {
+            roles.resize(slot + 1, DEV_ROLE_SPARE);
+        }
+        roles[slot] = role;
+    }
     for &slot in &update.failed {
         let max_dev = roles.len();
         let r = roles
@@ -193,6 +258,18 @@ pub fn next_generation(
         next.events = events;
         next.resync_offset = resync_offset;
         next.dev_roles.clone_from(&roles);
+        if let Some(&(_, rec)) = update.recovery.iter().find(|(d, _)| *d == sb.dev_number) {
+            match rec {
+                Some(sectors) => {
+                    next.feature_map |= Feature::RecoveryOffset.bit();
+                    next.recovery_offset = sectors;
+                }
+                None => {
+                    next.feature_map &= !Feature::RecoveryOffset.bit();
+                    next.recovery_offset = 0;
+                }
+            }
+        }
         out.push(Some(next));
     }
     Ok(out)
