@@ -1808,7 +1808,12 @@ impl<C: Channel> Array<C> {
             // the survivors are read again without it.
             Phase::BgRead if failed => self.start_bg(s),
             Phase::BgRead => self.bg_compute(s),
-            Phase::BgWrite => self.finish_bg(s, Ok(())),
+            // A rebuild whose every target failed (its write, or another operation's) did
+            // not rebuild this stripe.
+            Phase::BgWrite => {
+                let status = self.rebuild_target_left();
+                self.finish_bg(s, status)
+            }
             Phase::Flushing => {
                 let ri = sop.req;
                 self.free_sops.push(s);
@@ -1943,7 +1948,10 @@ impl<C: Channel> Array<C> {
     pub fn start_process(&mut self, req: &ProcessRequest) -> Result<(), ProcessError> {
         let targets = self.check_process(req)?;
         let stripes = self.geo.stripes();
-        let ranges = req.ranges.clone().unwrap_or_else(|| vec![0..stripes]);
+        let ranges = req
+            .ranges
+            .clone()
+            .unwrap_or_else(|| std::iter::once(0..stripes).collect());
         let walk = ShardWalk::new(ranges, req.resume_stripe, self.shard, self.shards);
         let p = Proc {
             kind: req.kind,
@@ -2244,6 +2252,12 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let kind = self.sops[s as usize].bg.expect("background operation");
         let stripe = self.sops[s as usize].stripe;
+        if self.array_failed() {
+            return self.finish_bg(s, Err(ProcessError::ArrayFailed));
+        }
+        if let Err(e) = self.rebuild_target_left() {
+            return self.finish_bg(s, Err(e));
+        }
         let mut lost: ArrayVec<u16, 2> = ArrayVec::new();
         for m in 0..g.members() {
             if self.missing(s, m) {
@@ -2280,6 +2294,24 @@ impl<C: Channel> Array<C> {
         }
     }
 
+    /// For a rebuild: `Ok` while one of its targets is still being rebuilt, else
+    /// [`ProcessError::TargetFailed`]. `Ok` for the other processes.
+    fn rebuild_target_left(&self) -> Result<(), ProcessError> {
+        let Some(p) = self.proc.as_ref() else {
+            return Ok(());
+        };
+        if p.kind != ProcessKind::Rebuild
+            || p.targets
+                .iter()
+                .any(|&t| self.members[usize::from(t)].state == MemberState::Rebuilding)
+        {
+            return Ok(());
+        }
+        Err(ProcessError::TargetFailed {
+            member: p.targets.first().copied().unwrap_or(0),
+        })
+    }
+
     /// After the reads: rebuilds, or computes and compares parity; issues the writes.
     fn bg_compute(&mut self, s: u32) {
         let g = *self.geo.geometry();
@@ -2296,6 +2328,9 @@ impl<C: Channel> Array<C> {
                 let stripe = st.stripe();
                 debug_assert!(matches!(e, ArrayError::Unrecoverable { .. }));
                 return self.finish_bg(s, Err(ProcessError::Unrecoverable { stripe }));
+            }
+            if let Err(e) = self.rebuild_target_left() {
+                return self.finish_bg(s, Err(e));
             }
             let targets = self
                 .proc

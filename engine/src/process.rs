@@ -540,6 +540,10 @@ mod tests {
     use super::*;
     use crate::geometry::{Geometry, Layout, Level};
 
+    fn one(r: Range<u64>) -> Vec<Range<u64>> {
+        std::iter::once(r).collect()
+    }
+
     #[test]
     fn walks_own_stripes_within_ranges_in_order() {
         let mut w = ShardWalk::new(vec![0..3, 5..9, 20..21], 0, 1, 2);
@@ -548,10 +552,10 @@ mod tests {
         let w = ShardWalk::new(vec![0..3, 5..9, 20..21], 0, 0, 2);
         assert_eq!(w.total_own(), 2 + 2 + 1);
         assert_eq!(w.own_below(7), 2 + 1);
-        let mut w = ShardWalk::new(vec![0..100], 10, 3, 4);
+        let mut w = ShardWalk::new(one(0..100), 10, 3, 4);
         assert_eq!(w.take(), Some(11));
         assert_eq!(w.take(), Some(15));
-        let mut all = ShardWalk::new(vec![0..4], 0, 0, 1);
+        let mut all = ShardWalk::new(one(0..4), 0, 0, 1);
         assert_eq!(std::iter::from_fn(|| all.take()).count(), 4);
     }
 
@@ -563,12 +567,12 @@ mod tests {
         assert_eq!(r.validate(&geo), Ok(()));
         r.ranges = Some(vec![0..2, 1..3]);
         assert_eq!(r.validate(&geo), Err(ProcessError::UnsortedRanges));
-        r.ranges = Some(vec![5..11]);
+        r.ranges = Some(one(5..11));
         assert!(matches!(
             r.validate(&geo),
             Err(ProcessError::BadRange { .. })
         ));
-        r.ranges = Some(vec![3..3]);
+        r.ranges = Some(one(Range { start: 3, end: 3 }));
         assert!(matches!(
             r.validate(&geo),
             Err(ProcessError::BadRange { .. })

@@ -128,7 +128,7 @@ impl<C: Channel> ShardedArray<C> {
             s.set_shard(i, n);
         }
         Self {
-            failures_seen: vec![0; n],
+            failures_seen: shards.iter().map(|s| s.stats().member_failures).collect(),
             rebuild_pending: false,
             shards,
             parents: (0..requests).map(|_| None).collect(),
