@@ -1916,6 +1916,36 @@ fn views<'a>(
 
 // ---- background processes and member lifecycle -----------------------------------------
 
+/// Whether a device described by `info` can serve member `slot` of an array of `geo`
+/// whose data area starts at `data_offset_bytes` on every member: its block size divides
+/// the array's, the data offset is a multiple of its block size, it holds the data offset
+/// plus the data area, and its largest transfer is at least one block.
+///
+/// # Errors
+/// [`ProcessError::Unfit`] naming what does not fit.
+pub fn device_fits(
+    geo: &ArrayGeometry,
+    data_offset_bytes: u64,
+    slot: u16,
+    info: &crate::device::DeviceInfo,
+) -> Result<(), ProcessError> {
+    let unfit = |why| Err(ProcessError::Unfit { member: slot, why });
+    let g = geo.geometry();
+    if info.block_bytes == 0 || !g.block_bytes().is_multiple_of(info.block_bytes) {
+        return unfit("its block size does not divide the array's");
+    }
+    if !data_offset_bytes.is_multiple_of(u64::from(info.block_bytes)) {
+        return unfit("the data offset is not a multiple of its block size");
+    }
+    if info.capacity_bytes < data_offset_bytes.saturating_add(geo.member_data_bytes()) {
+        return unfit("it is smaller than the data offset plus the data area");
+    }
+    if info.max_transfer_bytes < info.block_bytes {
+        return unfit("its largest transfer is below one block");
+    }
+    Ok(())
+}
+
 impl<C: Channel> Array<C> {
     /// Tells the shard which stripes it owns: stripe `s` is its when
     /// `s % shards == shard` (see [`crate::shard::owner`]). A process walks only these.
@@ -1964,10 +1994,12 @@ impl<C: Channel> Array<C> {
             mismatch_cnt: 0,
             targets,
         };
-        // The resume position is a checkpoint: the targets are in sync below it.
+        // The resume position is a checkpoint: the targets are in sync below it (and
+        // wherever this shard has rebuilt them already).
         let pos = p.position(stripes);
         for &t in &p.targets {
-            self.members[usize::from(t)].recovery_stripe = pos;
+            let m = &mut self.members[usize::from(t)];
+            m.recovery_stripe = m.recovery_stripe.max(pos);
         }
         self.proc = Some(p);
         self.bg_not_before = 0;
@@ -2091,26 +2123,7 @@ impl<C: Channel> Array<C> {
         {
             return Err(ProcessError::MemberBusy { member: slot });
         }
-        let i = info;
-        let unfit = |why| Err(ProcessError::Unfit { member: slot, why });
-        let g = self.geo.geometry();
-        if i.block_bytes == 0 || !g.block_bytes().is_multiple_of(i.block_bytes) {
-            return unfit("its block size does not divide the array's");
-        }
-        if !self.data_offset.is_multiple_of(u64::from(i.block_bytes)) {
-            return unfit("the data offset is not a multiple of its block size");
-        }
-        if i.capacity_bytes
-            < self
-                .data_offset
-                .saturating_add(self.geo.member_data_bytes())
-        {
-            return unfit("it is smaller than the data offset plus the data area");
-        }
-        if i.max_transfer_bytes < i.block_bytes {
-            return unfit("its largest transfer is below one block");
-        }
-        Ok(())
+        device_fits(&self.geo, self.data_offset, slot, info)
     }
 
     /// Puts a new device's channel into the slot of failed member `slot`; the member is
@@ -2164,6 +2177,42 @@ impl<C: Channel> Array<C> {
             }
         }
         out
+    }
+
+    /// Members being rebuilt that this shard has rebuilt on all its stripes (its rebuild
+    /// finished with them as targets): once every shard reports a member here, it may go
+    /// online everywhere ([`Self::set_member_online`]).
+    pub fn rebuilt_members(&self) -> ArrayVec<u16, 2> {
+        let stripes = self.geo.stripes();
+        let mut out = ArrayVec::new();
+        for (m, mem) in self.members.iter().enumerate() {
+            if mem.state == MemberState::Rebuilding && mem.recovery_stripe >= stripes {
+                // At most the redundancy (2) members are being rebuilt.
+                let _ = out.try_push(m as u16);
+            }
+        }
+        out
+    }
+
+    /// Puts member `m` online if it is being rebuilt and this shard has rebuilt it on all
+    /// its stripes; returns whether it did. For the executor, once every shard has
+    /// reported `m` in [`Self::rebuilt_members`].
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn set_member_online(&mut self, m: u16) -> bool {
+        let stripes = self.geo.stripes();
+        let mem = &mut self.members[usize::from(m)];
+        if mem.state != MemberState::Rebuilding || mem.recovery_stripe < stripes {
+            return false;
+        }
+        mem.state = MemberState::Online;
+        self.failed_members -= 1;
+        if let Some(p) = self.proc.as_mut() {
+            p.targets.retain(|t| *t != m);
+        }
+        tracing::info!(shard = self.shard, member = m, "member rebuilt: online");
+        true
     }
 
     /// Issues background operations while the process, the pacer and the slots allow.

@@ -277,10 +277,9 @@ impl<C: Channel> ShardedArray<C> {
                 any = true;
             }
         }
-        let progress: Vec<Option<ShardProgress>> =
-            self.shards.iter().map(Array::process_progress).collect();
-        let rebuild_done = progress.iter().all(|p| {
-            p.as_ref().is_some_and(|p| {
+        // Allocation-free: this runs every turn.
+        let rebuild_done = self.shards.iter().all(|s| {
+            s.process_progress().is_some_and(|p| {
                 p.kind == ProcessKind::Rebuild
                     && p.state == ProcessState::Finished
                     && !p.targets.is_empty()
@@ -391,9 +390,10 @@ impl<C: Channel> ShardedArray<C> {
         self.shards.iter().filter_map(Array::next_deadline_ns).min()
     }
 
-    /// Runs every shard once; returns whether anything happened.
+    /// Runs every shard once, then the cross-shard upkeep (member failures spread to every
+    /// shard, rebuild completion and start); returns whether anything happened.
     pub fn process(&mut self) -> bool {
-        let mut any = false;
+        let mut any = self.coordinate();
         for s in 0..self.shards.len() {
             while let Some(r) = self.overflow[s].pop_front() {
                 if self.shards[s].submit(r).is_err() {
@@ -403,7 +403,6 @@ impl<C: Channel> ShardedArray<C> {
                 any = true;
             }
             any |= self.shards[s].process();
-            any |= self.coordinate();
             loop {
                 let k = self.shards[s].poll(&mut self.scratch);
                 for i in 0..k {
@@ -423,6 +422,7 @@ impl<C: Channel> ShardedArray<C> {
                 }
             }
         }
+        any |= self.coordinate();
         any
     }
 
