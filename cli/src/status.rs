@@ -190,10 +190,12 @@ impl MemberState {
     }
 
     /// The report state of an engine member: online → `active`; failed by an error or by
-    /// the operator → `faulty`.
+    /// the operator → `faulty`; being rebuilt → `spare` (md reports a recovering device as
+    /// "spare rebuilding" until its recovery completes).
     pub fn from_engine(state: &engine::array::MemberState) -> MemberState {
         match state {
             engine::array::MemberState::Online => MemberState::Active,
+            engine::array::MemberState::Rebuilding => MemberState::Spare,
             engine::array::MemberState::Failed(_)
             | engine::array::MemberState::FailedByOperator => MemberState::Faulty,
         }

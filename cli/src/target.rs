@@ -682,6 +682,7 @@ impl Target {
             data_offset_bytes,
             failed_members: failed,
             io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
+            ..ArrayConfig::default()
         };
         let rcfg = ReactorConfig {
             cores: cores.clone(),

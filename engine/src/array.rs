@@ -38,6 +38,11 @@ use crate::buf::AlignedBuf;
 use crate::device::{Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use crate::geometry::{ArrayGeometry, Level, Role, MAX_RAID6_MEMBERS};
 use crate::parity::{ChunkId, Parity, MAX_DATA_CHUNKS};
+use crate::process::{
+    ProcessError, ProcessKind, ProcessRequest, ProcessState, ShardProgress, ShardWalk,
+    MAX_BACKGROUND_OPS, MD_STRIPE_PAGE_BYTES, SECTOR_BYTES,
+};
+use crate::qos::{Admission, Pacer, Unpaced};
 use crate::stripe::{plan_write, ChunkRange, StripeWrite, WriteMode};
 
 /// What an array request does.
@@ -142,6 +147,19 @@ pub enum MemberState {
     Failed(IoError),
     /// Marked faulty by the operator (`ferroraid fail`); never used again until replaced.
     FailedByOperator,
+    /// A new device in a failed member's slot, being rebuilt ([`Array::replace_member`]):
+    /// written by every foreground write, read only for the stripes the rebuild has
+    /// already covered on this shard (md's rule for a recovering device; see
+    /// [`crate::process`]). Counts as missing for the array's redundancy until the
+    /// rebuild has finished on every shard ([`Array::complete_rebuild`]).
+    Rebuilding,
+}
+
+impl MemberState {
+    /// Whether the member is failed (never used again until replaced).
+    pub fn is_failed(self) -> bool {
+        matches!(self, MemberState::Failed(_) | MemberState::FailedByOperator)
+    }
 }
 
 /// Counters of what the array did, by path: what a benchmark or test reads to know which
@@ -233,7 +251,18 @@ pub struct ArrayConfig {
     /// its member, is aborted ([`Channel::abort`]) and the operation continues from
     /// redundancy. 0 disables timeouts.
     pub io_timeout_ns: u64,
+    /// Background stripe operations (resync, rebuild, check, repair) one shard may have in
+    /// flight at once, at most [`MAX_BACKGROUND_OPS`]; each also holds a stripe operation
+    /// and two chunk buffers of scratch. Background work never takes the last quarter of
+    /// the stripe operations (foreground's reserve, at least one), nor any while a
+    /// foreground request waits for one. 0 disables background processes.
+    pub background_ops: usize,
 }
+
+/// Default background operations in flight per shard: four chunk-wide stripe operations
+/// keep every member busy with large sequential requests while leaving the depth to
+/// foreground (md's raid5 resync likewise keeps a handful of stripes in flight).
+pub const DEFAULT_BACKGROUND_OPS: usize = 4;
 
 /// Default command timeout: 30 s, the Linux block layer's and NVMe driver's default.
 pub const DEFAULT_IO_TIMEOUT_NS: u64 = 30_000_000_000;
@@ -260,7 +289,7 @@ impl ArrayStats {
 
 impl Default for ArrayConfig {
     /// 256 requests, 32 stripe operations, data at offset 0, no member failed, 30 s
-    /// command timeout.
+    /// command timeout, [`DEFAULT_BACKGROUND_OPS`] background operations.
     fn default() -> Self {
         Self {
             requests: 256,
@@ -268,6 +297,7 @@ impl Default for ArrayConfig {
             data_offset_bytes: 0,
             failed_members: [None, None],
             io_timeout_ns: DEFAULT_IO_TIMEOUT_NS,
+            background_ops: DEFAULT_BACKGROUND_OPS,
         }
     }
 }
@@ -287,6 +317,9 @@ struct Member<C> {
     /// Completion latency of this shard's requests to the member, ns, measured from the
     /// start of the issuing phase to the loop turn that reaped it.
     latency: hdrhistogram::Histogram<u64>,
+    /// While [`MemberState::Rebuilding`]: this shard's stripes below it are rebuilt (the
+    /// member is read there); above it the member counts as missing.
+    recovery_stripe: u64,
 }
 
 struct ReqCtx {
@@ -300,6 +333,10 @@ struct ReqCtx {
     /// Stripe operations not yet finished.
     pending: u32,
     error: Option<ArrayError>,
+    /// When the shard accepted the request, ns (array clock): the pacer's latency.
+    submit_ns: u64,
+    /// Whether the pacer was told of the request (reads and writes, not flushes).
+    paced: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,6 +351,10 @@ enum Phase {
     Flushing,
     /// Member write-zeroes or discards over a whole stripe.
     Zeroing,
+    /// A background operation reading every surviving chunk of its stripe whole.
+    BgRead,
+    /// A background operation writing rebuilt chunks or corrected parity.
+    BgWrite,
 }
 
 struct Sop {
@@ -349,7 +390,47 @@ struct Sop {
     issued_ns: u64,
     /// A member refused a write-zeroes/discard of a `Zeroing` phase as unsupported.
     unsupported: bool,
+    /// A background stripe operation of this kind (it has no request: `req` is unused).
+    bg: Option<ProcessKind>,
+    /// Its scratch pair (computed P and Q) in `bg_scratch`: `2*bg_slot`, `2*bg_slot + 1`.
+    bg_slot: u8,
+    /// When the background operation was issued, ns (for the pacer).
+    bg_start_ns: u64,
 }
+
+/// One shard's background process.
+struct Proc {
+    kind: ProcessKind,
+    state: ProcessState,
+    walk: ShardWalk,
+    /// Stripes with a background operation issued and not finished.
+    in_flight: ArrayVec<u64, MAX_BACKGROUND_OPS>,
+    /// Lowest stripe whose operation did not complete (the position stays below it).
+    hold: Option<u64>,
+    done: u64,
+    total: u64,
+    mismatch_cnt: u64,
+    targets: ArrayVec<u16, 2>,
+}
+
+impl Proc {
+    /// Lowest own stripe not yet done (see [`ShardProgress::position_stripes`]).
+    fn position(&self, stripes: u64) -> u64 {
+        let mut pos = self.walk.peek().unwrap_or(stripes);
+        for &x in &self.in_flight {
+            pos = pos.min(x);
+        }
+        if let Some(h) = self.hold {
+            pos = pos.min(h);
+        }
+        pos
+    }
+}
+
+/// How long a shard waits before asking the pacer again when it answered
+/// [`Admission::AfterCompletion`] with no background operation in flight (a pacer that
+/// would otherwise never be asked again), ns.
+const BG_RETRY_NS: u64 = 1_000_000;
 
 /// One reactor's view of an array; see the module docs.
 pub struct Array<C: Channel> {
@@ -383,6 +464,24 @@ pub struct Array<C: Channel> {
     io_timeout_ns: u64,
     /// Next time the operations are scanned for timeouts, ns.
     next_timeout_scan: u64,
+    /// This shard's index among `shards` (stripe `s` is ours when `s % shards == shard`).
+    shard: usize,
+    shards: usize,
+    /// Admits background operations; fed foreground submissions and completions.
+    pacer: Box<dyn Pacer>,
+    /// The background process, if one was started (kept after it ends, for its state).
+    proc: Option<Proc>,
+    /// Scratch for computed P and Q, two chunk buffers per background slot.
+    bg_scratch: Vec<AlignedBuf>,
+    /// Free background slots.
+    bg_free: ArrayVec<u8, MAX_BACKGROUND_OPS>,
+    background_ops: usize,
+    /// Stripe operations background work leaves to foreground.
+    fg_reserve: usize,
+    /// The pacer said: not before this time (ns).
+    bg_not_before: u64,
+    /// The pacer said: after a background completion.
+    bg_wait: bool,
 }
 
 /// Why an [`Array`] could not be built.
@@ -399,6 +498,9 @@ pub enum ArrayBuildError {
     /// A pool size of zero.
     #[error("array pools must hold at least one request and one stripe operation")]
     EmptyPool,
+    /// More background operations than [`MAX_BACKGROUND_OPS`].
+    #[error("{0} background operations per shard: at most {MAX_BACKGROUND_OPS}")]
+    BackgroundOps(usize),
     /// A member cannot serve this array.
     #[error("member {member} ({name}): {why}")]
     Member {
@@ -434,6 +536,9 @@ impl<C: Channel> Array<C> {
         }
         if cfg.requests == 0 || cfg.stripe_ops == 0 {
             return Err(ArrayBuildError::EmptyPool);
+        }
+        if cfg.background_ops > MAX_BACKGROUND_OPS {
+            return Err(ArrayBuildError::BackgroundOps(cfg.background_ops));
         }
         for (member, ch) in channels.iter().enumerate() {
             let i = ch.info();
@@ -496,6 +601,7 @@ impl<C: Channel> Array<C> {
                         max_transfer,
                         counters: MemberCounters::default(),
                         latency: new_latency_histogram(),
+                        recovery_stripe: 0,
                     }
                 })
                 .collect(),
@@ -519,6 +625,9 @@ impl<C: Channel> Array<C> {
                     per_member: vec![0; n],
                     issued_ns: 0,
                     unsupported: false,
+                    bg: None,
+                    bg_slot: 0,
+                    bg_start_ns: 0,
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
@@ -536,6 +645,18 @@ impl<C: Channel> Array<C> {
             now: 0,
             io_timeout_ns: cfg.io_timeout_ns,
             next_timeout_scan: 0,
+            shard: 0,
+            shards: 1,
+            pacer: Box::new(Unpaced),
+            proc: None,
+            bg_scratch: (0..2 * cfg.background_ops)
+                .map(|_| AlignedBuf::zeroed(chunk))
+                .collect(),
+            bg_free: (0..cfg.background_ops as u8).rev().collect(),
+            background_ops: cfg.background_ops,
+            fg_reserve: (cfg.stripe_ops / 4).max(1),
+            bg_not_before: 0,
+            bg_wait: false,
         };
         for m in cfg.failed_members.into_iter().flatten() {
             if usize::from(m) >= n {
@@ -597,14 +718,23 @@ impl<C: Channel> Array<C> {
     /// The earliest time (array clock, ns) at which a command timeout can fire, if any
     /// member request is outstanding and timeouts are on: a virtual-time executor advances
     /// its clock no further than this while waiting for completions.
+    ///
+    /// Also the time a background process waits for its pacer ([`Admission::NotBefore`]),
+    /// so an executor wakes for it.
     pub fn next_deadline_ns(&self) -> Option<u64> {
+        let pacer = self
+            .proc
+            .as_ref()
+            .filter(|p| p.state == ProcessState::Running && self.bg_not_before > self.now)
+            .map(|_| self.bg_not_before);
         if self.io_timeout_ns == 0 {
-            return None;
+            return pacer;
         }
         self.sops
             .iter()
             .filter(|s| s.outstanding > 0)
             .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
+            .chain(pacer)
             .min()
     }
 
@@ -631,23 +761,40 @@ impl<C: Channel> Array<C> {
     }
 
     fn set_failed(&mut self, member: u16, state: MemberState) {
-        debug_assert!(state != MemberState::Online);
+        debug_assert!(state.is_failed());
         let m = &mut self.members[usize::from(member)];
-        if m.state == MemberState::Online {
-            m.state = state;
-            self.failed_members += 1;
-            self.stats.member_failures += 1;
+        match m.state {
+            MemberState::Online => {
+                m.state = state;
+                self.failed_members += 1;
+                self.stats.member_failures += 1;
+            }
+            // Already counted as missing for the redundancy.
+            MemberState::Rebuilding => {
+                m.state = state;
+                self.stats.member_failures += 1;
+            }
+            MemberState::Failed(_) | MemberState::FailedByOperator => {}
         }
     }
 
+    /// Whether `member` is failed: no I/O is sent to it. A member being rebuilt is not
+    /// failed (it is written), though it may be missing for a stripe ([`Self::missing`]).
     fn is_failed(&self, member: u16) -> bool {
-        self.members[usize::from(member)].state != MemberState::Online
+        self.members[usize::from(member)].state.is_failed()
     }
 
-    /// Whether operation `s` must do without `member`: failed, or it returned an
-    /// unrecovered read error to this operation.
+    /// Whether operation `s` must do without `member`: failed, being rebuilt and not yet
+    /// rebuilt at the operation's stripe, or it returned an unrecovered read error to
+    /// this operation.
     fn missing(&self, s: u32, member: u16) -> bool {
-        self.is_failed(member) || self.sops[s as usize].bad.contains(&member)
+        let m = &self.members[usize::from(member)];
+        let sop = &self.sops[s as usize];
+        match m.state {
+            MemberState::Online => sop.bad.contains(&member),
+            MemberState::Rebuilding => sop.stripe >= m.recovery_stripe || sop.bad.contains(&member),
+            MemberState::Failed(_) | MemberState::FailedByOperator => true,
+        }
     }
 
     fn array_failed(&self) -> bool {
@@ -664,6 +811,10 @@ impl<C: Channel> Array<C> {
             return Err(ArrayError::QueueFull);
         };
         let invalid = self.validate(&r).err();
+        let paced = invalid.is_none() && r.op != ArrayOp::Flush;
+        if paced {
+            self.pacer.foreground_submitted(self.now);
+        }
         self.reqs[idx as usize] = Some(ReqCtx {
             tag: r.tag,
             op: r.op,
@@ -673,6 +824,8 @@ impl<C: Channel> Array<C> {
             split: 0,
             pending: 0,
             error: invalid,
+            submit_ns: self.now,
+            paced,
         });
         if invalid.is_some() {
             self.finish_req(idx);
@@ -740,6 +893,7 @@ impl<C: Channel> Array<C> {
                 round = true;
             }
             round |= self.split_backlog();
+            round |= self.issue_background();
             round |= self.start_waiting();
             for m in &mut self.members {
                 m.ch.kick();
@@ -855,7 +1009,7 @@ impl<C: Channel> Array<C> {
             sop.io_error = true;
             let reading = matches!(
                 sop.phase,
-                Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_)
+                Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_) | Phase::BgRead
             );
             // A latent sector error on a read: rebuild the range from redundancy and
             // rewrite it; the member stays in service (md's read-error handling).
@@ -1091,11 +1245,13 @@ impl<C: Channel> Array<C> {
         while i < self.waiting.len() {
             let s = self.waiting[i];
             let stripe = self.sops[s as usize].stripe;
-            let writes = self.reqs[self.sops[s as usize].req as usize]
-                .as_ref()
-                .expect("live request")
-                .op
-                .is_write();
+            // A background operation takes its stripe exclusively, like a write.
+            let writes = self.sops[s as usize].bg.is_some()
+                || self.reqs[self.sops[s as usize].req as usize]
+                    .as_ref()
+                    .expect("live request")
+                    .op
+                    .is_write();
             let blocked = self.held.contains(&stripe)
                 || self
                     .locked
@@ -1118,6 +1274,12 @@ impl<C: Channel> Array<C> {
     }
 
     fn start_sop(&mut self, s: u32) {
+        if self.sops[s as usize].bg.is_some() {
+            if self.array_failed() {
+                return self.finish_bg(s, Err(ProcessError::ArrayFailed));
+            }
+            return self.start_bg(s);
+        }
         if self.array_failed() {
             return self.finish_sop(s, Err(ArrayError::Failed));
         }
@@ -1153,6 +1315,14 @@ impl<C: Channel> Array<C> {
 
     fn finish_req(&mut self, ri: u32) {
         let req = self.reqs[ri as usize].take().expect("live request");
+        if req.paced {
+            self.pacer.foreground_done(
+                self.now,
+                self.now.saturating_sub(req.submit_ns),
+                req.len,
+                req.op == ArrayOp::Read,
+            );
+        }
         self.done.push_back(ArrayCompletion {
             tag: req.tag,
             status: req.error.map_or(Ok(()), Err),
@@ -1214,7 +1384,7 @@ impl<C: Channel> Array<C> {
     /// that leaves zeroes).
     fn members_support(&self, op: Op) -> bool {
         self.members.iter().all(|m| {
-            m.state != MemberState::Online
+            m.state.is_failed()
                 || match op {
                     Op::WriteZeroes => m.ch.info().write_zeroes,
                     _ => m.ch.info().discard,
@@ -1634,6 +1804,16 @@ impl<C: Channel> Array<C> {
         let failed = sop.io_error;
         match sop.phase {
             Phase::Queued => unreachable!("queued operations have no I/O"),
+            // A read failed: the member is failed (or marked bad for this operation), and
+            // the survivors are read again without it.
+            Phase::BgRead if failed => self.start_bg(s),
+            Phase::BgRead => self.bg_compute(s),
+            // A rebuild whose every target failed (its write, or another operation's) did
+            // not rebuild this stripe.
+            Phase::BgWrite => {
+                let status = self.rebuild_target_left();
+                self.finish_bg(s, status)
+            }
             Phase::Flushing => {
                 let ri = sop.req;
                 self.free_sops.push(s);
@@ -1732,6 +1912,646 @@ fn views<'a>(
     );
     debug_assert_eq!(q.is_some(), level == Level::Raid6);
     (p.expect("stripe has P"), q)
+}
+
+// ---- background processes and member lifecycle -----------------------------------------
+
+/// Whether a device described by `info` can serve member `slot` of an array of `geo`
+/// whose data area starts at `data_offset_bytes` on every member: its block size divides
+/// the array's, the data offset is a multiple of its block size, it holds the data offset
+/// plus the data area, and its largest transfer is at least one block.
+///
+/// # Errors
+/// [`ProcessError::Unfit`] naming what does not fit.
+pub fn device_fits(
+    geo: &ArrayGeometry,
+    data_offset_bytes: u64,
+    slot: u16,
+    info: &crate::device::DeviceInfo,
+) -> Result<(), ProcessError> {
+    let unfit = |why| Err(ProcessError::Unfit { member: slot, why });
+    let g = geo.geometry();
+    if info.block_bytes == 0 || !g.block_bytes().is_multiple_of(info.block_bytes) {
+        return unfit("its block size does not divide the array's");
+    }
+    if !data_offset_bytes.is_multiple_of(u64::from(info.block_bytes)) {
+        return unfit("the data offset is not a multiple of its block size");
+    }
+    if info.capacity_bytes < data_offset_bytes.saturating_add(geo.member_data_bytes()) {
+        return unfit("it is smaller than the data offset plus the data area");
+    }
+    if info.max_transfer_bytes < info.block_bytes {
+        return unfit("its largest transfer is below one block");
+    }
+    Ok(())
+}
+
+impl<C: Channel> Array<C> {
+    /// Tells the shard which stripes it owns: stripe `s` is its when
+    /// `s % shards == shard` (see [`crate::shard::owner`]). A process walks only these.
+    /// Defaults to `(0, 1)`: one shard owning everything. Call before starting a process.
+    ///
+    /// # Panics
+    /// If `shard >= shards` (a programmer error).
+    pub fn set_shard(&mut self, shard: usize, shards: usize) {
+        assert!(shard < shards, "shard {shard} of {shards}");
+        self.shard = shard;
+        self.shards = shards;
+    }
+
+    /// Replaces the pacer that admits background operations ([`Unpaced`] by default).
+    pub fn set_pacer(&mut self, pacer: Box<dyn Pacer>) {
+        self.pacer = pacer;
+    }
+
+    /// Starts a background process on this shard's stripes (every shard of the array must
+    /// be given the same request). A rebuild rebuilds every member in
+    /// [`MemberState::Rebuilding`] at once (two on RAID6); resync, check and repair need
+    /// every member online.
+    ///
+    /// # Errors
+    /// [`ProcessError::ArrayFailed`] on a failed array; [`ProcessError::Busy`] while a
+    /// process runs or still has operations in flight; [`ProcessError::NoSlots`] when the
+    /// configuration leaves no stripe operation to background work;
+    /// [`ProcessError::NothingToRebuild`], [`ProcessError::Degraded`]; the request's own
+    /// errors ([`ProcessRequest::validate`]). Nothing changes on error.
+    pub fn start_process(&mut self, req: &ProcessRequest) -> Result<(), ProcessError> {
+        let targets = self.check_process(req)?;
+        let stripes = self.geo.stripes();
+        let ranges = req
+            .ranges
+            .clone()
+            .unwrap_or_else(|| std::iter::once(0..stripes).collect());
+        let walk = ShardWalk::new(ranges, req.resume_stripe, self.shard, self.shards);
+        let p = Proc {
+            kind: req.kind,
+            state: ProcessState::Running,
+            done: walk.own_below(req.resume_stripe),
+            total: walk.total_own(),
+            walk,
+            in_flight: ArrayVec::new(),
+            hold: None,
+            mismatch_cnt: 0,
+            targets,
+        };
+        // The resume position is a checkpoint: the targets are in sync below it (and
+        // wherever this shard has rebuilt them already).
+        let pos = p.position(stripes);
+        for &t in &p.targets {
+            let m = &mut self.members[usize::from(t)];
+            m.recovery_stripe = m.recovery_stripe.max(pos);
+        }
+        self.proc = Some(p);
+        self.bg_not_before = 0;
+        self.bg_wait = false;
+        tracing::debug!(shard = self.shard, kind = %req.kind, resume = req.resume_stripe, "process started");
+        Ok(())
+    }
+
+    /// Whether [`Self::start_process`] would accept `req` now; returns the members a
+    /// rebuild would rebuild.
+    ///
+    /// # Errors
+    /// As [`Self::start_process`].
+    pub fn check_process(&self, req: &ProcessRequest) -> Result<ArrayVec<u16, 2>, ProcessError> {
+        req.validate(&self.geo)?;
+        if self.array_failed() {
+            return Err(ProcessError::ArrayFailed);
+        }
+        if let Some(p) = &self.proc {
+            if p.state == ProcessState::Running || !p.in_flight.is_empty() {
+                return Err(ProcessError::Busy { running: p.kind });
+            }
+        }
+        if self.background_ops == 0 || self.sops.len() <= self.fg_reserve {
+            return Err(ProcessError::NoSlots {
+                background_ops: self.background_ops,
+                stripe_ops: self.sops.len(),
+            });
+        }
+        let mut targets: ArrayVec<u16, 2> = ArrayVec::new();
+        for (m, mem) in self.members.iter().enumerate() {
+            match (req.kind, mem.state) {
+                (_, MemberState::Online) => {}
+                (ProcessKind::Rebuild, MemberState::Rebuilding) => {
+                    // At most the redundancy (2) members are missing on a live array.
+                    if targets.try_push(m as u16).is_err() {
+                        return Err(ProcessError::ArrayFailed);
+                    }
+                }
+                (ProcessKind::Rebuild, _) => {}
+                (kind, _) => {
+                    return Err(ProcessError::Degraded {
+                        kind,
+                        member: m as u16,
+                    })
+                }
+            }
+        }
+        if req.kind == ProcessKind::Rebuild && targets.is_empty() {
+            return Err(ProcessError::NothingToRebuild);
+        }
+        Ok(targets)
+    }
+
+    /// Stops the running process: no new background operation starts; those in flight
+    /// finish. Its position is then where to resume. Returns whether one was running.
+    pub fn stop_process(&mut self) -> bool {
+        match &mut self.proc {
+            Some(p) if p.state == ProcessState::Running => {
+                p.state = ProcessState::Stopped;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// This shard's progress in the last process started, if any.
+    pub fn process_progress(&self) -> Option<ShardProgress> {
+        let p = self.proc.as_ref()?;
+        Some(ShardProgress {
+            kind: p.kind,
+            state: p.state,
+            position_stripes: p.position(self.geo.stripes()),
+            done_stripes: p.done,
+            total_stripes: p.total,
+            mismatch_cnt: p.mismatch_cnt,
+            in_flight: p.in_flight.len() as u32,
+            targets: p.targets.clone(),
+        })
+    }
+
+    /// Whether background operations are still in flight (a stopped or failed process
+    /// drains them).
+    pub fn background_busy(&self) -> bool {
+        self.proc.as_ref().is_some_and(|p| !p.in_flight.is_empty())
+    }
+
+    /// Whether [`Self::replace_member`] would accept a device described by `info` into
+    /// `slot` now.
+    ///
+    /// # Errors
+    /// As [`Self::replace_member`].
+    pub fn check_replace(
+        &self,
+        slot: u16,
+        info: &crate::device::DeviceInfo,
+    ) -> Result<(), ProcessError> {
+        let members = self.geo.geometry().members();
+        if slot >= members {
+            return Err(ProcessError::NoSuchMember {
+                member: slot,
+                members,
+            });
+        }
+        if self.array_failed() {
+            return Err(ProcessError::ArrayFailed);
+        }
+        let m = &self.members[usize::from(slot)];
+        if !m.state.is_failed() {
+            return Err(ProcessError::NotFailed { member: slot });
+        }
+        if !m.overflow.is_empty()
+            || self
+                .sops
+                .iter()
+                .any(|s| s.per_member[usize::from(slot)] > 0)
+            || self
+                .synthetic
+                .iter()
+                .any(|c| (c.tag & ((1 << MEMBER_BITS) - 1)) as u16 == slot)
+        {
+            return Err(ProcessError::MemberBusy { member: slot });
+        }
+        device_fits(&self.geo, self.data_offset, slot, info)
+    }
+
+    /// Puts a new device's channel into the slot of failed member `slot`; the member is
+    /// then [`MemberState::Rebuilding`], in sync nowhere yet, written by foreground writes,
+    /// and a rebuild ([`Self::start_process`] with [`ProcessKind::Rebuild`]) recovers it.
+    /// Returns the old channel. Every shard must be given a channel to the same device.
+    ///
+    /// # Errors
+    /// [`ProcessError::NoSuchMember`]; [`ProcessError::ArrayFailed`] when the array has
+    /// failed (it stays failed: a new device cannot bring it back);
+    /// [`ProcessError::NotFailed`] for a member that is online or already being rebuilt;
+    /// [`ProcessError::MemberBusy`] while requests to the old device are outstanding (retry
+    /// after processing); [`ProcessError::Unfit`] for a device too small or of a larger
+    /// block size. Nothing changes on error (the new channel is dropped).
+    pub fn replace_member(&mut self, slot: u16, ch: C) -> Result<C, ProcessError> {
+        self.check_replace(slot, ch.info())?;
+        let i = ch.info();
+        let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
+        let m = &mut self.members[usize::from(slot)];
+        let old = std::mem::replace(&mut m.ch, ch);
+        m.state = MemberState::Rebuilding;
+        m.recovery_stripe = 0;
+        m.max_transfer = max_transfer;
+        tracing::info!(
+            shard = self.shard,
+            member = slot,
+            "member replaced: rebuilding"
+        );
+        Ok(old)
+    }
+
+    /// After a rebuild finished on every shard: its targets that are still
+    /// [`MemberState::Rebuilding`] become [`MemberState::Online`] (in sync on every
+    /// stripe). Returns them; empty when this shard's rebuild has not finished (or was
+    /// completed already). Calling it before every shard has finished is a caller bug
+    /// the shard cannot see: other shards' stripes would be read from the member.
+    pub fn complete_rebuild(&mut self) -> ArrayVec<u16, 2> {
+        let mut out = ArrayVec::new();
+        let Some(p) = self.proc.as_mut() else {
+            return out;
+        };
+        if p.kind != ProcessKind::Rebuild || p.state != ProcessState::Finished {
+            return out;
+        }
+        for t in std::mem::take(&mut p.targets) {
+            let m = &mut self.members[usize::from(t)];
+            if m.state == MemberState::Rebuilding {
+                m.state = MemberState::Online;
+                self.failed_members -= 1;
+                out.push(t);
+            }
+        }
+        out
+    }
+
+    /// Members being rebuilt that this shard has rebuilt on all its stripes (its rebuild
+    /// finished with them as targets): once every shard reports a member here, it may go
+    /// online everywhere ([`Self::set_member_online`]).
+    pub fn rebuilt_members(&self) -> ArrayVec<u16, 2> {
+        let stripes = self.geo.stripes();
+        let mut out = ArrayVec::new();
+        for (m, mem) in self.members.iter().enumerate() {
+            if mem.state == MemberState::Rebuilding && mem.recovery_stripe >= stripes {
+                // At most the redundancy (2) members are being rebuilt.
+                let _ = out.try_push(m as u16);
+            }
+        }
+        out
+    }
+
+    /// Puts member `m` online if it is being rebuilt and this shard has rebuilt it on all
+    /// its stripes; returns whether it did. For the executor, once every shard has
+    /// reported `m` in [`Self::rebuilt_members`].
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn set_member_online(&mut self, m: u16) -> bool {
+        let stripes = self.geo.stripes();
+        let mem = &mut self.members[usize::from(m)];
+        if mem.state != MemberState::Rebuilding || mem.recovery_stripe < stripes {
+            return false;
+        }
+        mem.state = MemberState::Online;
+        self.failed_members -= 1;
+        if let Some(p) = self.proc.as_mut() {
+            p.targets.retain(|t| *t != m);
+        }
+        tracing::info!(shard = self.shard, member = m, "member rebuilt: online");
+        true
+    }
+
+    /// Issues background operations while the process, the pacer and the slots allow.
+    fn issue_background(&mut self) -> bool {
+        let failed = self.array_failed();
+        let stripes = self.geo.stripes();
+        let chunk = u64::from(self.geo.geometry().chunk_bytes());
+        let Some(p) = self.proc.as_mut() else {
+            return false;
+        };
+        if p.state != ProcessState::Running {
+            return false;
+        }
+        let mut any = false;
+        loop {
+            if p.walk.peek().is_none() {
+                if p.in_flight.is_empty() && p.hold.is_none() {
+                    p.state = ProcessState::Finished;
+                    any = true;
+                    tracing::debug!(shard = self.shard, kind = %p.kind, "process finished");
+                    let pos = p.position(stripes);
+                    for &t in &p.targets {
+                        let m = &mut self.members[usize::from(t)];
+                        m.recovery_stripe = m.recovery_stripe.max(pos);
+                    }
+                }
+                break;
+            }
+            if failed {
+                p.state = ProcessState::Failed(ProcessError::ArrayFailed);
+                any = true;
+                break;
+            }
+            // Foreground first: never while a foreground request waits for a stripe
+            // operation, never into foreground's reserve.
+            if p.in_flight.len() >= self.background_ops
+                || !self.backlog.is_empty()
+                || self.free_sops.len() <= self.fg_reserve
+                || self.bg_wait
+                || self.now < self.bg_not_before
+            {
+                break;
+            }
+            match self.pacer.admit(self.now, chunk, p.in_flight.len() as u32) {
+                Admission::Now => {}
+                Admission::NotBefore(t) => {
+                    self.bg_not_before = t.max(self.now + 1);
+                    break;
+                }
+                Admission::AfterCompletion if p.in_flight.is_empty() => {
+                    self.bg_not_before = self.now + BG_RETRY_NS;
+                    break;
+                }
+                Admission::AfterCompletion => {
+                    self.bg_wait = true;
+                    break;
+                }
+            }
+            let stripe = p.walk.take().expect("peeked");
+            let s = self.free_sops.pop().expect("above the reserve");
+            let slot = self.bg_free.pop().expect("one per background operation");
+            p.in_flight.push(stripe);
+            let sop = &mut self.sops[s as usize];
+            sop.req = u32::MAX;
+            sop.stripe = stripe;
+            sop.start = 0;
+            sop.end = 0;
+            sop.buf_off = 0;
+            sop.phase = Phase::Queued;
+            sop.outstanding = 0;
+            sop.io_error = false;
+            sop.unsupported = false;
+            sop.bad.clear();
+            sop.lost.clear();
+            sop.bg = Some(p.kind);
+            sop.bg_slot = slot;
+            sop.bg_start_ns = self.now;
+            self.waiting.push_back(s);
+            any = true;
+        }
+        any
+    }
+
+    /// Reads every surviving chunk of the stripe whole, once the operation holds it.
+    fn start_bg(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let kind = self.sops[s as usize].bg.expect("background operation");
+        let stripe = self.sops[s as usize].stripe;
+        if self.array_failed() {
+            return self.finish_bg(s, Err(ProcessError::ArrayFailed));
+        }
+        if let Err(e) = self.rebuild_target_left() {
+            return self.finish_bg(s, Err(e));
+        }
+        let mut lost: ArrayVec<u16, 2> = ArrayVec::new();
+        for m in 0..g.members() {
+            if self.missing(s, m) {
+                if lost.try_push(m).is_err() || lost.len() > usize::from(g.parity_chunks()) {
+                    return self.finish_bg(s, Err(ProcessError::Unrecoverable { stripe }));
+                }
+                // A scrub cannot verify a stripe with a member gone (unrecovered read
+                // errors alone are rebuilt and rewritten).
+                if kind != ProcessKind::Rebuild && self.members[usize::from(m)].state.is_failed() {
+                    return self.finish_bg(s, Err(ProcessError::MemberFailed { kind, member: m }));
+                }
+            }
+        }
+        if lost.len() > usize::from(g.parity_chunks()) {
+            return self.finish_bg(s, Err(ProcessError::Unrecoverable { stripe }));
+        }
+        let chunk = g.chunk_bytes();
+        let sop = &mut self.sops[s as usize];
+        sop.phase = Phase::BgRead;
+        sop.io_error = false;
+        sop.range = ChunkRange {
+            start: 0,
+            end: chunk,
+        };
+        sop.lost = lost;
+        for m in 0..g.members() {
+            if !self.missing(s, m) {
+                let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+                self.io(s, m, Op::Read, 0, chunk, ptr);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// For a rebuild: `Ok` while one of its targets is still being rebuilt, else
+    /// [`ProcessError::TargetFailed`]. `Ok` for the other processes.
+    fn rebuild_target_left(&self) -> Result<(), ProcessError> {
+        let Some(p) = self.proc.as_ref() else {
+            return Ok(());
+        };
+        if p.kind != ProcessKind::Rebuild
+            || p.targets
+                .iter()
+                .any(|&t| self.members[usize::from(t)].state == MemberState::Rebuilding)
+        {
+            return Ok(());
+        }
+        Err(ProcessError::TargetFailed {
+            member: p.targets.first().copied().unwrap_or(0),
+        })
+    }
+
+    /// After the reads: rebuilds, or computes and compares parity; issues the writes.
+    fn bg_compute(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let kind = self.sops[s as usize].bg.expect("background operation");
+        let st = g.stripe(self.sops[s as usize].stripe);
+        let chunk = g.chunk_bytes();
+        self.sops[s as usize].phase = Phase::BgWrite;
+        self.sops[s as usize].io_error = false;
+        let lost = self.sops[s as usize].lost.clone();
+        if !lost.is_empty() {
+            // Rebuild the missing chunks: the rebuild's targets, and ranges that returned
+            // unrecovered read errors (rewritten so the device remaps them).
+            if let Err(e) = self.rebuild_in_buffers(s) {
+                let stripe = st.stripe();
+                debug_assert!(matches!(e, ArrayError::Unrecoverable { .. }));
+                return self.finish_bg(s, Err(ProcessError::Unrecoverable { stripe }));
+            }
+            if let Err(e) = self.rebuild_target_left() {
+                return self.finish_bg(s, Err(e));
+            }
+            let targets = self
+                .proc
+                .as_ref()
+                .map(|p| p.targets.clone())
+                .unwrap_or_default();
+            for m in lost {
+                let state = self.members[usize::from(m)].state;
+                let write = if self.sops[s as usize].bad.contains(&m) {
+                    !state.is_failed()
+                } else {
+                    state == MemberState::Rebuilding && targets.contains(&m)
+                };
+                if self.sops[s as usize].bad.contains(&m) && write {
+                    self.stats.read_errors_repaired += 1;
+                }
+                if write {
+                    let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+                    self.io(s, m, Op::Write { fua: false }, 0, chunk, ptr);
+                }
+            }
+        } else if kind != ProcessKind::Rebuild {
+            self.scrub(s, kind);
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Check / repair / resync of a stripe whose every chunk was read: computes P (and Q)
+    /// from the data, counts mismatching 4 KiB slices as md does (8 sectors each), and for
+    /// repair and resync writes the computed parity over the first to the last mismatching
+    /// slice of each parity chunk that mismatches.
+    fn scrub(&mut self, s: u32, kind: ProcessKind) {
+        let g = *self.geo.geometry();
+        let st = g.stripe(self.sops[s as usize].stripe);
+        let chunk = g.chunk_bytes() as usize;
+        let page = (MD_STRIPE_PAGE_BYTES as usize).min(chunk);
+        let slot = usize::from(self.sops[s as usize].bg_slot);
+        let pm = usize::from(st.p_member());
+        let qm = st.q_member().map(usize::from);
+        let mut p_bad: Option<(usize, usize)> = None;
+        let mut q_bad: Option<(usize, usize)> = None;
+        let mut mismatched_pages = 0u64;
+        {
+            let sop = &self.sops[s as usize];
+            let mut data: ArrayVec<&[u8], MAX_DATA_CHUNKS> = ArrayVec::new();
+            for _ in 0..g.data_chunks() {
+                data.push(&[]);
+            }
+            for (m, b) in sop.bufs.iter().enumerate() {
+                if let Role::Data { slot, .. } = st.role(m as u16) {
+                    data[usize::from(slot)] = &b[..chunk];
+                }
+            }
+            let (lo, hi) = self.bg_scratch.split_at_mut(2 * slot + 1);
+            let (sp, sq) = (&mut lo[2 * slot][..chunk], &mut hi[0][..chunk]);
+            match qm {
+                Some(_) => self.parity.gen_pq(&data, sp, sq),
+                None => self.parity.gen_p(&data, sp),
+            }
+            let widen = |r: &mut Option<(usize, usize)>, i: usize| {
+                *r = Some(r.map_or((i, i), |(a, _)| (a, i)));
+            };
+            for i in 0..chunk.div_ceil(page) {
+                let at = i * page..((i + 1) * page).min(chunk);
+                let p_mis = sop.bufs[pm][at.clone()] != sp[at.clone()];
+                let q_mis = qm.is_some_and(|q| sop.bufs[q][at.clone()] != sq[at.clone()]);
+                if p_mis {
+                    widen(&mut p_bad, i);
+                }
+                if q_mis {
+                    widen(&mut q_bad, i);
+                }
+                mismatched_pages += u64::from(p_mis || q_mis);
+            }
+        }
+        let sectors_per_page = page as u64 / SECTOR_BYTES;
+        if let Some(p) = self.proc.as_mut() {
+            p.mismatch_cnt += mismatched_pages * sectors_per_page;
+        }
+        if mismatched_pages > 0 {
+            tracing::debug!(
+                shard = self.shard,
+                stripe = st.stripe(),
+                pages = mismatched_pages,
+                %kind,
+                "parity mismatch"
+            );
+        }
+        if !kind.rewrites_parity() {
+            return;
+        }
+        for (m, bad, sc) in [(Some(pm), p_bad, 2 * slot), (qm, q_bad, 2 * slot + 1)] {
+            let (Some(m), Some((a, b))) = (m, bad) else {
+                continue;
+            };
+            let from = a * page;
+            let to = ((b + 1) * page).min(chunk);
+            let ptr = self.bg_scratch[sc].as_mut_ptr().wrapping_add(from);
+            self.io(
+                s,
+                m as u16,
+                Op::Write { fua: false },
+                from as u32,
+                (to - from) as u32,
+                ptr,
+            );
+        }
+    }
+
+    /// Ends background operation `s`: frees its stripe and slots, accounts it, and moves
+    /// the process (position, targets' recovery positions, end states).
+    fn finish_bg(&mut self, s: u32, status: Result<(), ProcessError>) {
+        let stripes = self.geo.stripes();
+        let chunk = u64::from(self.geo.geometry().chunk_bytes());
+        let sop = &mut self.sops[s as usize];
+        debug_assert_eq!(sop.outstanding, 0);
+        let stripe = sop.stripe;
+        let slot = sop.bg_slot;
+        let latency = self.now.saturating_sub(sop.bg_start_ns);
+        sop.bg = None;
+        if let Some(i) = self.locked.iter().position(|&(_, x, _)| x == s) {
+            self.locked.swap_remove(i);
+        }
+        self.free_sops.push(s);
+        self.bg_free.push(slot);
+        self.bg_wait = false;
+        self.pacer.background_done(self.now, latency, chunk);
+        let p = self
+            .proc
+            .as_mut()
+            .expect("a background operation belongs to a process");
+        let i = p
+            .in_flight
+            .iter()
+            .position(|&x| x == stripe)
+            .expect("in flight");
+        p.in_flight.swap_remove(i);
+        match status {
+            Ok(()) => p.done += 1,
+            Err(e) => {
+                p.hold = Some(p.hold.map_or(stripe, |h| h.min(stripe)));
+                if matches!(p.state, ProcessState::Running | ProcessState::Stopped) {
+                    tracing::warn!(shard = self.shard, kind = %p.kind, stripe, error = %e, "process failed");
+                    p.state = ProcessState::Failed(e);
+                }
+            }
+        }
+        if p.kind == ProcessKind::Rebuild {
+            if p.state == ProcessState::Running
+                && p.targets
+                    .iter()
+                    .all(|&t| self.members[usize::from(t)].state != MemberState::Rebuilding)
+            {
+                let member = p.targets[0];
+                tracing::warn!(
+                    shard = self.shard,
+                    member,
+                    "rebuild target failed: rebuild stopped"
+                );
+                p.state = ProcessState::Failed(ProcessError::TargetFailed { member });
+            }
+            let pos = p.position(stripes);
+            for &t in &p.targets {
+                let m = &mut self.members[usize::from(t)];
+                if m.state == MemberState::Rebuilding {
+                    m.recovery_stripe = m.recovery_stripe.max(pos);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

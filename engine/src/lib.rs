@@ -24,6 +24,8 @@
 //!   inbound lock-free ring and a front-end hook.
 //! - [`shard`]: stripe ownership across reactors (stripe `s` → reactor `s mod n`), request
 //!   splitting, and a single-threaded composition of shards for virtual-time runs.
+//! - [`process`]: background processes (resync, rebuild, check, repair): kinds, per-shard
+//!   walks and progress, the merged snapshot, md's `mismatch_cnt` rule.
 //! - [`qos`]: I/O classes and the background pacer interface (controllers in
 //!   submodules).
 //! - [`sim`]: the engine's test world — a virtual clock and simulated devices with latency
@@ -38,6 +40,7 @@ pub mod device;
 pub mod geometry;
 pub mod metadata;
 pub mod parity;
+pub mod process;
 pub mod qos;
 pub mod reactor;
 pub mod shard;

@@ -26,6 +26,7 @@
 //! Every turn also gives the shard the time ([`Array::set_now`], ns since the reactors
 //! started) that its command timeouts are measured on.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -36,13 +37,17 @@ use crossbeam_queue::ArrayQueue;
 use thiserror::Error;
 
 use crate::array::{
-    new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig, ArrayError,
-    ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState,
+    device_fits, new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig,
+    ArrayError, ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState,
 };
 use crate::device::{BlockDevice, Channel, DeviceError};
 use crate::geometry::ArrayGeometry;
 use crate::parity::Parity;
-use crate::shard::split;
+use crate::process::{
+    ProcessError, ProcessKind, ProcessRequest, ProcessSnapshot, ProcessState, RateWindow,
+    ShardProgress,
+};
+use crate::shard::{merge_state, split};
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
 pub const ADAPTIVE_SPINS: u32 = 1000;
@@ -57,11 +62,22 @@ pub const CONTROL_CAPACITY: usize = 256;
 /// once after a member failure).
 pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Window over which [`ReactorHandle::process_snapshot`] measures a process's rate.
+pub const RATE_WINDOW: Duration = Duration::from_secs(10);
+
 /// A management command for the reactors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Control {
     /// Fail this member; `None` = the operator asked, `Some(e)` = another reactor saw `e`.
     FailMember(u16, Option<crate::device::IoError>),
+    /// Start a background process on the shard.
+    StartProcess(ProcessRequest),
+    /// Stop the shard's process.
+    StopProcess,
+    /// Put a new device (an `Arc<D>` of the reactors' device type) into a failed member's
+    /// slot; the reactor opens its own channel to it and starts a rebuild.
+    ReplaceMember(u16, Arc<dyn Any + Send + Sync>),
+    /// Every shard has rebuilt this member: it is online.
+    MemberRebuilt(u16),
 }
 
 /// One member as the array sees it: merged over every reactor's shard.
@@ -87,6 +103,9 @@ pub struct ArraySnapshot {
     pub requests_in_flight: usize,
     /// Reactors running.
     pub reactors: usize,
+    /// The last management command a reactor refused after the handle accepted it (a
+    /// process start a shard found busy, a replacement device it could not open), if any.
+    pub control_error: Option<ControlError>,
 }
 
 /// Why a management command was refused.
@@ -100,12 +119,35 @@ pub enum ControlError {
         /// Members of the array.
         members: u16,
     },
+    /// A background process or member replacement was refused.
+    #[error("{0}")]
+    Process(#[from] ProcessError),
+    /// A replacement device of another type than the reactors' members.
+    #[error("the new device for member {member} is not of the members' device type")]
+    DeviceType {
+        /// The slot.
+        member: u16,
+    },
+    /// A reactor could not open a channel to a replacement device.
+    #[error("reactor {reactor} could not open the new device for member {member}: {why}")]
+    Open {
+        /// The reactor.
+        reactor: usize,
+        /// The slot.
+        member: u16,
+        /// The device error.
+        why: String,
+    },
 }
 
 /// What one reactor last published.
 struct Published {
     stats: ArrayStats,
     members: Vec<MemberSnapshot>,
+    /// The shard's progress in its last process.
+    process: Option<ShardProgress>,
+    /// The last command the reactor refused.
+    control_error: Option<ControlError>,
 }
 
 /// A cloneable handle for management while the reactors run: fail members, read
@@ -137,6 +179,156 @@ impl ReactorHandle {
         Ok(())
     }
 
+    /// Starts a background process on every reactor (each walks its own stripes). Checked
+    /// here against the last published state; a reactor that still refuses (its shard
+    /// still draining a stopped process) reports it in [`ArraySnapshot::control_error`].
+    ///
+    /// # Errors
+    /// [`ControlError::Process`]: the request is malformed, the array has failed, a
+    /// process runs, or the members do not allow it (see [`Array::start_process`]).
+    pub fn start_process(&self, req: ProcessRequest) -> Result<(), ControlError> {
+        req.validate(&self.shared.geo)?;
+        let snap = self.snapshot();
+        let g = self.shared.geo.geometry();
+        let lost = snap
+            .members
+            .iter()
+            .filter(|m| m.state != MemberState::Online)
+            .count();
+        if lost > usize::from(g.parity_chunks()) {
+            return Err(ProcessError::ArrayFailed.into());
+        }
+        if let Some(p) = self.process_snapshot() {
+            if p.state == ProcessState::Running {
+                return Err(ProcessError::Busy { running: p.kind }.into());
+            }
+        }
+        let rebuilding = snap
+            .members
+            .iter()
+            .any(|m| m.state == MemberState::Rebuilding);
+        match req.kind {
+            ProcessKind::Rebuild if !rebuilding => {
+                return Err(ProcessError::NothingToRebuild.into())
+            }
+            ProcessKind::Rebuild => {}
+            kind => {
+                if let Some(m) = snap
+                    .members
+                    .iter()
+                    .position(|m| m.state != MemberState::Online)
+                {
+                    return Err(ProcessError::Degraded {
+                        kind,
+                        member: m as u16,
+                    }
+                    .into());
+                }
+            }
+        }
+        self.shared
+            .rate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reset();
+        for to in 0..self.shared.control.len() {
+            self.shared
+                .send_control(to, Control::StartProcess(req.clone()));
+        }
+        Ok(())
+    }
+
+    /// Stops the running process on every reactor: operations in flight finish, and the
+    /// published position is then the checkpoint to resume from.
+    pub fn stop_process(&self) {
+        for to in 0..self.shared.control.len() {
+            self.shared.send_control(to, Control::StopProcess);
+        }
+    }
+
+    /// The last process merged over every reactor (as last published, at most
+    /// [`PUBLISH_INTERVAL`] old), with its rate (per-member bytes per second over
+    /// [`RATE_WINDOW`]) and time to finish; `None` before any process was started on every
+    /// reactor. What the CLI checkpoints: `position_sectors` is md's `resync_offset`
+    /// (resync) or `recovery_offset` (rebuild); `state` tells whether it finished, was
+    /// stopped or failed, and `targets` which members a rebuild brought (or brings) in.
+    pub fn process_snapshot(&self) -> Option<ProcessSnapshot> {
+        let mut shards = Vec::with_capacity(self.shared.published.len());
+        for p in &self.shared.published {
+            let p = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            shards.push(p.process.clone()?);
+        }
+        let mut snap = ProcessSnapshot::merge(&shards, &self.shared.geo)?;
+        let now = u64::try_from(self.shared.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let (rate, eta) = self
+            .shared
+            .rate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observe(now, snap.done_member_bytes, snap.total_member_bytes);
+        snap.rate_bytes_per_s = rate;
+        snap.eta_s = if snap.state == ProcessState::Running {
+            eta
+        } else {
+            None
+        };
+        Some(snap)
+    }
+
+    /// Puts `device` into failed member `slot`'s place on every reactor (each opens its own
+    /// channel to it) and starts a rebuild onto it (md's `member_add` of a spare to a
+    /// degraded array); a rebuild already running finishes first, then this member's
+    /// starts. Progress in [`Self::process_snapshot`]; the member turns
+    /// [`MemberState::Online`] in [`Self::snapshot`] once every reactor has rebuilt it.
+    ///
+    /// # Errors
+    /// [`ControlError::NoSuchMember`]; [`ControlError::Process`] with
+    /// [`ProcessError::ArrayFailed`] (a failed array stays failed),
+    /// [`ProcessError::NotFailed`] or [`ProcessError::Unfit`];
+    /// [`ControlError::DeviceType`] for a device of another type than the members.
+    pub fn replace_member<D: BlockDevice + Send + Sync + 'static>(
+        &self,
+        slot: u16,
+        device: Arc<D>,
+    ) -> Result<(), ControlError> {
+        let members = self.shared.members;
+        if slot >= members {
+            return Err(ControlError::NoSuchMember {
+                member: slot,
+                members,
+            });
+        }
+        if self.shared.device_type != std::any::TypeId::of::<D>() {
+            return Err(ControlError::DeviceType { member: slot });
+        }
+        let snap = self.snapshot();
+        let lost = snap
+            .members
+            .iter()
+            .filter(|m| m.state != MemberState::Online)
+            .count();
+        if lost > usize::from(self.shared.geo.geometry().parity_chunks()) {
+            return Err(ProcessError::ArrayFailed.into());
+        }
+        if !snap.members[usize::from(slot)].state.is_failed() {
+            return Err(ProcessError::NotFailed { member: slot }.into());
+        }
+        device_fits(
+            &self.shared.geo,
+            self.shared.data_offset,
+            slot,
+            device.info(),
+        )?;
+        // A fresh count of the reactors that have rebuilt this slot.
+        self.shared.rebuilt[usize::from(slot)].store(0, Ordering::Release);
+        let device: Arc<dyn Any + Send + Sync> = device;
+        for to in 0..self.shared.control.len() {
+            self.shared
+                .send_control(to, Control::ReplaceMember(slot, Arc::clone(&device)));
+        }
+        Ok(())
+    }
+
     /// The array's statistics over every reactor, as last published.
     pub fn snapshot(&self) -> ArraySnapshot {
         let mut out = ArraySnapshot {
@@ -150,14 +342,16 @@ impl ReactorHandle {
                 .collect(),
             requests_in_flight: self.shared.in_flight.load(Ordering::Acquire),
             reactors: self.shared.control.len(),
+            control_error: None,
         };
         for p in &self.shared.published {
             let p = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             out.stats.add(&p.stats);
+            if out.control_error.is_none() {
+                out.control_error.clone_from(&p.control_error);
+            }
             for (o, m) in out.members.iter_mut().zip(&p.members) {
-                if o.state == MemberState::Online {
-                    o.state = m.state;
-                }
+                o.state = merge_state(o.state, m.state);
                 o.counters.add(&m.counters);
                 // Same bounds on both sides: cannot fail.
                 let _ = o.latency.add(&m.latency);
@@ -338,6 +532,17 @@ struct Shared {
     published: Vec<Mutex<Published>>,
     /// Members of the array.
     members: u16,
+    geo: ArrayGeometry,
+    /// Data offset on every member, bytes.
+    data_offset: u64,
+    /// The member device type (for replacement devices).
+    device_type: std::any::TypeId,
+    /// Per member slot: reactors whose shard has rebuilt it on all its stripes.
+    rebuilt: Vec<AtomicUsize>,
+    /// When the reactors started (the handle's clock for rates).
+    epoch: Instant,
+    /// Rate of the current process (handle side only; never locked by a reactor).
+    rate: Mutex<RateWindow>,
 }
 
 impl Shared {
@@ -414,10 +619,20 @@ impl<F: Frontend> Reactors<F> {
                                 latency: new_latency_histogram(),
                             })
                             .collect(),
+                        process: None,
+                        control_error: None,
                     })
                 })
                 .collect(),
             members: geo.geometry().members(),
+            geo,
+            data_offset: array_cfg.data_offset_bytes,
+            device_type: std::any::TypeId::of::<D>(),
+            rebuilt: (0..geo.geometry().members())
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
+            epoch: Instant::now(),
+            rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
         });
         let mut threads = Vec::with_capacity(n);
         for (me, fe) in frontends.into_iter().enumerate() {
@@ -449,7 +664,9 @@ impl<F: Frontend> Reactors<F> {
                             source,
                         }
                     })?;
-                    Ok(run(me, n, geo, array, &rings, &shared, mode, requests, fe))
+                    Ok(run::<F, D>(
+                        me, n, geo, array, &rings, &shared, mode, requests, fe,
+                    ))
                 })
                 .map_err(ReactorError::Spawn)?;
             threads.push(t);
@@ -486,11 +703,11 @@ impl<F: Frontend> Reactors<F> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run<F: Frontend, C: Channel>(
+fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     me: usize,
     reactors: usize,
     geo: ArrayGeometry,
-    mut array: Array<C>,
+    mut array: Array<D::Channel>,
     rings: &[ArrayQueue<Msg>],
     shared: &Shared,
     mode: Mode,
@@ -518,6 +735,14 @@ fn run<F: Frontend, C: Channel>(
     let mut announced = vec![false; usize::from(members)];
     let mut failures_seen = 0u64;
     let mut next_publish = 0u64;
+    array.set_shard(me, reactors);
+    // A replacement the shard could not take yet (requests to the old device outstanding).
+    let mut pending_replace: Vec<(u16, D::Channel)> = Vec::new();
+    // A member was replaced, or a rebuild finished with one still waiting: start one.
+    let mut rebuild_pending = false;
+    // Members this reactor has reported rebuilt on its stripes.
+    let mut reported_rebuilt = vec![false; usize::from(members)];
+    let mut control_error: Option<ControlError> = None;
     loop {
         let mut progress = false;
         let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -535,7 +760,73 @@ fn run<F: Frontend, C: Channel>(
                         Some(e) => array.fail_member(m, e),
                     }
                 }
+                Control::StartProcess(req) => {
+                    if let Err(e) = array.start_process(&req) {
+                        control_error = Some(e.into());
+                    }
+                    next_publish = 0;
+                }
+                Control::StopProcess => {
+                    array.stop_process();
+                    rebuild_pending = false;
+                    next_publish = 0;
+                }
+                Control::ReplaceMember(m, dev) => match dev.downcast::<D>() {
+                    Ok(d) => match d.open_channel() {
+                        Ok(ch) => pending_replace.push((m, ch)),
+                        Err(e) => {
+                            control_error = Some(ControlError::Open {
+                                reactor: me,
+                                member: m,
+                                why: e.to_string(),
+                            })
+                        }
+                    },
+                    Err(_) => control_error = Some(ControlError::DeviceType { member: m }),
+                },
+                Control::MemberRebuilt(m) => {
+                    array.set_member_online(m);
+                    reported_rebuilt[usize::from(m)] = false;
+                    if array.member_states().any(|s| s == MemberState::Rebuilding) {
+                        rebuild_pending = true;
+                    }
+                    next_publish = 0;
+                }
             }
+        }
+        // Replacements: swapped in once the old device has nothing outstanding here.
+        let mut i = 0;
+        while i < pending_replace.len() {
+            let m = pending_replace[i].0;
+            match array.check_replace(m, pending_replace[i].1.info()) {
+                Err(ProcessError::MemberBusy { .. }) => i += 1,
+                Err(e) => {
+                    control_error = Some(e.into());
+                    pending_replace.swap_remove(i);
+                }
+                Ok(()) => {
+                    let (m, ch) = pending_replace.swap_remove(i);
+                    // Checked just above.
+                    if array.replace_member(m, ch).is_ok() {
+                        announced[usize::from(m)] = false;
+                        reported_rebuilt[usize::from(m)] = false;
+                        rebuild_pending = true;
+                        next_publish = 0;
+                        progress = true;
+                    }
+                }
+            }
+        }
+        if rebuild_pending
+            && pending_replace.is_empty()
+            && array
+                .check_process(&ProcessRequest::whole(ProcessKind::Rebuild))
+                .is_ok()
+        {
+            rebuild_pending = false;
+            // Checked just above.
+            let _ = array.start_process(&ProcessRequest::whole(ProcessKind::Rebuild));
+            progress = true;
         }
         // 1. Inbound ring.
         while let Some(msg) = rings[me].pop() {
@@ -591,6 +882,33 @@ fn run<F: Frontend, C: Channel>(
         }
         // A member this shard failed is failed on every shard: a device that erred is not
         // trusted by any reactor (each learns it at once instead of by its own error).
+        // Members this shard has rebuilt everywhere it owns: once every reactor has, they
+        // go online on all.
+        for m in array.rebuilt_members() {
+            if !reported_rebuilt[usize::from(m)] {
+                reported_rebuilt[usize::from(m)] = true;
+                next_publish = 0;
+                let count = shared.rebuilt[usize::from(m)].fetch_add(1, Ordering::AcqRel) + 1;
+                if count == reactors {
+                    shared.rebuilt[usize::from(m)].store(0, Ordering::Release);
+                    for to in 0..reactors {
+                        shared.send_control(to, Control::MemberRebuilt(m));
+                    }
+                }
+            }
+        }
+        // A rebuild that finished while another replaced member waits: start that one.
+        if !rebuild_pending
+            && array.process_progress().is_some_and(|p| {
+                p.kind == ProcessKind::Rebuild && p.state == ProcessState::Finished
+            })
+            && array
+                .member_states()
+                .enumerate()
+                .any(|(m, s)| s == MemberState::Rebuilding && !reported_rebuilt[m])
+        {
+            rebuild_pending = true;
+        }
         let failures = array.stats().member_failures;
         if failures != failures_seen {
             failures_seen = failures;
@@ -611,6 +929,9 @@ fn run<F: Frontend, C: Channel>(
         if now >= next_publish {
             if let Ok(mut p) = shared.published[me].try_lock() {
                 publish(&array, &mut p);
+                if control_error.is_some() {
+                    p.control_error = control_error.take();
+                }
                 next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
             }
         }
@@ -638,6 +959,7 @@ fn run<F: Frontend, C: Channel>(
         if shared.stop.load(Ordering::Acquire)
             && shared.finished.load(Ordering::Acquire) == reactors
             && shared.in_flight.load(Ordering::Acquire) == 0
+            && !array.background_busy()
         {
             debug_assert!(local.is_empty() && outbox.is_empty() && !array.busy());
             // Final figures for anyone holding a handle (blocking is fine on the way out).
@@ -672,9 +994,11 @@ fn run<F: Frontend, C: Channel>(
 }
 
 /// Copies the shard's statistics into its published slot (no allocation: histograms of
-/// equal bounds are reset and re-added in place).
+/// equal bounds are reset and re-added in place; the process's progress is a few words
+/// and one small vector of targets).
 fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     p.stats = array.stats();
+    p.process = array.process_progress();
     for (i, (m, state)) in p.members.iter_mut().zip(array.member_states()).enumerate() {
         m.state = state;
         m.counters = array.member_counters(i as u16);

@@ -13,9 +13,12 @@
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 
-use crate::array::{Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest};
-use crate::device::{Channel, IoBuf};
+use crate::array::{Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest, MemberState};
+use crate::device::{Channel, IoBuf, IoError};
 use crate::geometry::ArrayGeometry;
+use crate::process::{
+    ProcessError, ProcessKind, ProcessRequest, ProcessSnapshot, ProcessState, ShardProgress,
+};
 
 /// The reactor owning `stripe` among `reactors`.
 ///
@@ -101,6 +104,11 @@ pub struct ShardedArray<C: Channel> {
     overflow: Vec<VecDeque<ArrayRequest>>,
     done: VecDeque<ArrayCompletion>,
     scratch: Vec<ArrayCompletion>,
+    /// Member failures each shard has reported so far (to spread a failure to all).
+    failures_seen: Vec<u64>,
+    /// A member was replaced: start a rebuild at the next turn (so members replaced
+    /// together are rebuilt together).
+    rebuild_pending: bool,
 }
 
 impl<C: Channel> ShardedArray<C> {
@@ -109,14 +117,19 @@ impl<C: Channel> ShardedArray<C> {
     ///
     /// # Panics
     /// If `shards` is empty or the shards' geometries differ (programmer errors).
-    pub fn new(shards: Vec<Array<C>>, requests: usize) -> Self {
+    pub fn new(mut shards: Vec<Array<C>>, requests: usize) -> Self {
         assert!(!shards.is_empty(), "at least one shard");
         assert!(
             shards.iter().all(|s| s.geometry() == shards[0].geometry()),
             "shards must share one geometry"
         );
         let n = shards.len();
+        for (i, s) in shards.iter_mut().enumerate() {
+            s.set_shard(i, n);
+        }
         Self {
+            failures_seen: shards.iter().map(|s| s.stats().member_failures).collect(),
+            rebuild_pending: false,
             shards,
             parents: (0..requests).map(|_| None).collect(),
             free: (0..requests as u32).rev().collect(),
@@ -135,6 +148,168 @@ impl<C: Channel> ShardedArray<C> {
     /// The shards.
     pub fn shards(&self) -> &[Array<C>] {
         &self.shards
+    }
+
+    /// The shards, mutably (to set pacers).
+    pub fn shards_mut(&mut self) -> &mut [Array<C>] {
+        &mut self.shards
+    }
+
+    /// Member states merged over the shards: failed if any shard failed it, else being
+    /// rebuilt if any shard still rebuilds it, else online.
+    pub fn member_states(&self) -> Vec<MemberState> {
+        let mut out: Vec<MemberState> = self.shards[0].member_states().collect();
+        for sh in &self.shards[1..] {
+            for (o, st) in out.iter_mut().zip(sh.member_states()) {
+                *o = merge_state(*o, st);
+            }
+        }
+        out
+    }
+
+    /// Fails `member` on every shard (as if it returned `err`).
+    ///
+    /// # Panics
+    /// If `member` is not a member index.
+    pub fn fail_member(&mut self, member: u16, err: IoError) {
+        for s in &mut self.shards {
+            s.fail_member(member, err);
+        }
+    }
+
+    /// Starts a process on every shard ([`Array::start_process`]); nothing starts unless
+    /// every shard accepts.
+    ///
+    /// # Errors
+    /// The first shard's refusal.
+    pub fn start_process(&mut self, req: &ProcessRequest) -> Result<(), ProcessError> {
+        for s in &self.shards {
+            s.check_process(req)?;
+        }
+        for s in &mut self.shards {
+            // Checked above on every shard, with nothing in between.
+            s.start_process(req)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the running process on every shard ([`Array::stop_process`]); returns whether
+    /// one was running.
+    pub fn stop_process(&mut self) -> bool {
+        let mut any = false;
+        for s in &mut self.shards {
+            any |= s.stop_process();
+        }
+        any
+    }
+
+    /// The last process's progress merged over the shards, if one was started.
+    pub fn process_snapshot(&self) -> Option<ProcessSnapshot> {
+        let shards: Vec<ShardProgress> = self
+            .shards
+            .iter()
+            .filter_map(Array::process_progress)
+            .collect();
+        if shards.len() != self.shards.len() {
+            return None;
+        }
+        ProcessSnapshot::merge(&shards, self.geometry())
+    }
+
+    /// Whether a process runs or background operations are in flight on any shard.
+    pub fn process_active(&self) -> bool {
+        self.rebuild_pending
+            || self.shards.iter().any(|s| {
+                s.background_busy()
+                    || s.process_progress()
+                        .is_some_and(|p| p.state == ProcessState::Running)
+            })
+    }
+
+    /// Puts a new device into failed member `slot`'s place on every shard (`channels`: one
+    /// channel to the new device per shard, in shard order) and schedules a rebuild: it
+    /// starts at the next [`Self::process`] if no process runs (members replaced before
+    /// then are rebuilt together), else when the running rebuild has finished on every
+    /// shard (md's rule: a spare added during a recovery waits for it).
+    ///
+    /// # Errors
+    /// See [`Array::replace_member`]; also [`ProcessError::Unfit`] for a channel count that
+    /// differs from the shard count. Nothing changes unless every shard accepts.
+    pub fn replace_member(&mut self, slot: u16, channels: Vec<C>) -> Result<(), ProcessError> {
+        if channels.len() != self.shards.len() {
+            return Err(ProcessError::Unfit {
+                member: slot,
+                why: "one channel per shard is needed",
+            });
+        }
+        for (sh, ch) in self.shards.iter().zip(&channels) {
+            sh.check_replace(slot, ch.info())?;
+        }
+        for (sh, ch) in self.shards.iter_mut().zip(channels) {
+            // Checked above on every shard, with nothing in between.
+            sh.replace_member(slot, ch)?;
+        }
+        self.rebuild_pending = true;
+        Ok(())
+    }
+
+    /// Runs the cross-shard upkeep: spreads member failures to every shard, completes a
+    /// rebuild finished on every shard, starts pending rebuilds.
+    fn coordinate(&mut self) -> bool {
+        let mut any = false;
+        // A member one shard failed is failed on all (as the reactors announce it).
+        for i in 0..self.shards.len() {
+            let f = self.shards[i].stats().member_failures;
+            if f != self.failures_seen[i] {
+                self.failures_seen[i] = f;
+                let states: Vec<MemberState> = self.shards[i].member_states().collect();
+                for (m, st) in states.into_iter().enumerate() {
+                    if let MemberState::Failed(e) = st {
+                        for s in &mut self.shards {
+                            s.fail_member(m as u16, e);
+                        }
+                    } else if st == MemberState::FailedByOperator {
+                        for s in &mut self.shards {
+                            s.fail_member_by_operator(m as u16);
+                        }
+                    }
+                }
+                any = true;
+            }
+        }
+        // Allocation-free: this runs every turn.
+        let rebuild_done = self.shards.iter().all(|s| {
+            s.process_progress().is_some_and(|p| {
+                p.kind == ProcessKind::Rebuild
+                    && p.state == ProcessState::Finished
+                    && !p.targets.is_empty()
+            })
+        });
+        if rebuild_done {
+            for s in &mut self.shards {
+                s.complete_rebuild();
+            }
+            any = true;
+            // Members replaced during that rebuild are rebuilt next.
+            self.rebuild_pending |= self.member_states().contains(&MemberState::Rebuilding);
+        }
+        if self.rebuild_pending && !self.process_running() {
+            self.rebuild_pending = false;
+            if self.member_states().contains(&MemberState::Rebuilding) {
+                // Refused only on a failed array (then nothing can be rebuilt).
+                let _ = self.start_process(&ProcessRequest::whole(ProcessKind::Rebuild));
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn process_running(&self) -> bool {
+        self.shards.iter().any(|s| {
+            s.background_busy()
+                || s.process_progress()
+                    .is_some_and(|p| p.state == ProcessState::Running)
+        })
     }
 
     /// The array geometry.
@@ -215,9 +390,10 @@ impl<C: Channel> ShardedArray<C> {
         self.shards.iter().filter_map(Array::next_deadline_ns).min()
     }
 
-    /// Runs every shard once; returns whether anything happened.
+    /// Runs every shard once, then the cross-shard upkeep (member failures spread to every
+    /// shard, rebuild completion and start); returns whether anything happened.
     pub fn process(&mut self) -> bool {
-        let mut any = false;
+        let mut any = self.coordinate();
         for s in 0..self.shards.len() {
             while let Some(r) = self.overflow[s].pop_front() {
                 if self.shards[s].submit(r).is_err() {
@@ -246,6 +422,7 @@ impl<C: Channel> ShardedArray<C> {
                 }
             }
         }
+        any |= self.coordinate();
         any
     }
 
@@ -256,6 +433,20 @@ impl<C: Channel> ShardedArray<C> {
             *o = c;
         }
         n
+    }
+}
+
+/// Merges one member's state over shards: failed wins, then being rebuilt, then online.
+pub fn merge_state(a: MemberState, b: MemberState) -> MemberState {
+    let rank = |s: MemberState| match s {
+        MemberState::Online => 0,
+        MemberState::Rebuilding => 1,
+        MemberState::Failed(_) | MemberState::FailedByOperator => 2,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
     }
 }
 

@@ -1,0 +1,975 @@
+//! Background processes on simulated members in virtual time, with 1, 2 and 4 shards:
+//! rebuild under client writes (exact bytes, parity everywhere), double rebuild on RAID6,
+//! check / repair of injected mismatches, resync after a crash and over given ranges, a
+//! failed array staying failed, resume from a checkpoint, a rebuild target failing, and
+//! the pacer's admission. Every run is seeded and deterministic.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use engine::array::{
+    Array, ArrayCompletion, ArrayConfig, ArrayError, ArrayOp, ArrayRequest, MemberState,
+};
+use engine::buf::AlignedBuf;
+use engine::device::{BlockDevice, IoBuf, IoError};
+use engine::geometry::{ArrayGeometry, Geometry, Layout, Level, Role};
+use engine::parity::Parity;
+use engine::process::{ProcessError, ProcessKind, ProcessRequest, ProcessState};
+use engine::qos::{Admission, Pacer};
+use engine::shard::ShardedArray;
+use engine::sim::{Fault, FaultRule, OpFilter, Profile, SimChannel, SimClock, SimDevice};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const BLOCK: u32 = 512;
+
+/// Client I/O of the test, in flight.
+struct Pending {
+    tag: u64,
+    range: Range<u64>,
+    write: bool,
+    buf: AlignedBuf,
+}
+
+struct World {
+    arr: ShardedArray<SimChannel>,
+    devs: Vec<SimDevice>,
+    clock: SimClock,
+    geo: ArrayGeometry,
+    /// What the array must read back.
+    model: Vec<u8>,
+    rng: ChaCha8Rng,
+    pending: Vec<Pending>,
+    next_tag: u64,
+    /// Client requests completed, and how many failed.
+    completed: u64,
+    failed: Vec<(u64, ArrayError)>,
+    /// Reads that returned other bytes than the model.
+    bad_reads: u64,
+    shards: usize,
+}
+
+fn config() -> ArrayConfig {
+    ArrayConfig {
+        requests: 64,
+        stripe_ops: 16,
+        ..ArrayConfig::default()
+    }
+}
+
+fn sim_dev(name: &str, geo: &ArrayGeometry, clock: &SimClock, seed: u64) -> SimDevice {
+    SimDevice::new(
+        name,
+        geo.member_data_bytes(),
+        BLOCK,
+        Profile::nvme_ssd(),
+        clock.clone(),
+        seed,
+    )
+    .unwrap()
+}
+
+impl World {
+    fn new(
+        level: Level,
+        members: u16,
+        chunk: u64,
+        stripes: u64,
+        shards: usize,
+        seed: u64,
+    ) -> World {
+        let g = Geometry::new(level, Layout::LeftSymmetric, members, chunk, BLOCK).unwrap();
+        let geo = ArrayGeometry::new(g, stripes).unwrap();
+        let clock = SimClock::new();
+        let devs: Vec<SimDevice> = (0..members)
+            .map(|i| sim_dev(&format!("d{i}"), &geo, &clock, seed * 100 + u64::from(i)))
+            .collect();
+        World::over(devs, geo, clock, shards, seed, config())
+    }
+
+    fn over(
+        devs: Vec<SimDevice>,
+        geo: ArrayGeometry,
+        clock: SimClock,
+        shards: usize,
+        seed: u64,
+        cfg: ArrayConfig,
+    ) -> World {
+        let arrays = (0..shards)
+            .map(|_| {
+                let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+                Array::new(geo, chans, Parity::new(), cfg).unwrap()
+            })
+            .collect();
+        World {
+            arr: ShardedArray::new(arrays, 64),
+            model: vec![0; geo.capacity_bytes() as usize],
+            devs,
+            clock,
+            geo,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            pending: Vec::new(),
+            next_tag: 1,
+            completed: 0,
+            failed: Vec::new(),
+            bad_reads: 0,
+            shards,
+        }
+    }
+
+    /// One executor turn: run the shards, take completions, and advance virtual time to
+    /// the next event when nothing could run.
+    fn step(&mut self) {
+        self.arr.set_now(self.clock.now_ns());
+        let progressed = self.arr.process();
+        let mut out = [ArrayCompletion {
+            tag: 0,
+            status: Ok(()),
+        }; 16];
+        let n = self.arr.poll(&mut out);
+        for c in &out[..n] {
+            let i = self
+                .pending
+                .iter()
+                .position(|p| p.tag == c.tag)
+                .expect("completion of a pending request");
+            let p = self.pending.swap_remove(i);
+            self.completed += 1;
+            match c.status {
+                Err(e) => self.failed.push((c.tag, e)),
+                Ok(()) if !p.write => {
+                    let r = p.range.start as usize..p.range.end as usize;
+                    if p.buf[..] != self.model[r] {
+                        self.bad_reads += 1;
+                    }
+                }
+                Ok(()) => {}
+            }
+        }
+        if !progressed && n == 0 {
+            let next = self
+                .arr
+                .shards()
+                .iter()
+                .flat_map(|s| s.channels().filter_map(|c| c.next_completion_ns()))
+                .chain(self.arr.next_deadline_ns())
+                .min();
+            match next {
+                Some(t) => self.clock.advance_to(t.max(self.clock.now_ns())),
+                None => self.clock.advance_by(1_000),
+            }
+        }
+    }
+
+    fn overlaps(&self, r: &Range<u64>, write: bool) -> bool {
+        self.pending
+            .iter()
+            .any(|p| (write || p.write) && p.range.start < r.end && r.start < p.range.end)
+    }
+
+    /// Submits a client request (a write updates the model at once: the array applies
+    /// writes in submission order). Returns false if it would overlap a conflicting
+    /// request in flight.
+    fn submit(&mut self, write: bool, off: u64, len: u64) -> bool {
+        let range = off..off + len;
+        if self.overlaps(&range, write) {
+            return false;
+        }
+        let mut buf = AlignedBuf::zeroed(len as usize);
+        if write {
+            self.rng.fill_bytes(&mut buf);
+            self.model[off as usize..(off + len) as usize].copy_from_slice(&buf);
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        // SAFETY: the buffer lives in `pending` (its heap allocation never moves) until the
+        // request completes.
+        let io = unsafe { IoBuf::from_slice(&mut buf) };
+        let op = if write {
+            ArrayOp::Write { fua: false }
+        } else {
+            ArrayOp::Read
+        };
+        self.arr
+            .submit(ArrayRequest {
+                tag,
+                op,
+                offset_bytes: off,
+                len_bytes: len as u32,
+                buf: io,
+            })
+            .expect("room for the request");
+        self.pending.push(Pending {
+            tag,
+            range,
+            write,
+            buf,
+        });
+        true
+    }
+
+    /// A random block-aligned client request of up to two stripes.
+    fn random_io(&mut self, write: bool) {
+        let cap = self.geo.capacity_bytes();
+        let max = (2 * self.geo.geometry().stripe_data_bytes()).min(cap) / u64::from(BLOCK);
+        let blocks = 1 + self.rng.next_u64() % max;
+        let len = blocks * u64::from(BLOCK);
+        let off = (self.rng.next_u64() % ((cap - len) / u64::from(BLOCK) + 1)) * u64::from(BLOCK);
+        self.submit(write, off, len);
+    }
+
+    fn drain(&mut self) {
+        for _ in 0..10_000_000 {
+            if self.pending.is_empty() {
+                return;
+            }
+            self.step();
+        }
+        panic!("client requests never completed");
+    }
+
+    /// Writes the whole array with random data (stripe by stripe).
+    fn fill(&mut self) {
+        let s = self.geo.geometry().stripe_data_bytes();
+        for i in 0..self.geo.stripes() {
+            assert!(self.submit(true, i * s, s));
+            if self.pending.len() >= 8 {
+                self.drain();
+            }
+        }
+        self.drain();
+        assert!(self.failed.is_empty(), "{:?}", self.failed);
+    }
+
+    /// Runs until `done` holds, with `client_qd` random client requests (reads and writes)
+    /// kept in flight.
+    fn run_until(&mut self, client_qd: usize, mut done: impl FnMut(&mut World) -> bool) {
+        for _ in 0..20_000_000 {
+            if done(self) {
+                return;
+            }
+            while self.pending.len() < client_qd {
+                let write = !self.rng.next_u64().is_multiple_of(3);
+                self.random_io(write);
+            }
+            self.step();
+        }
+        panic!("condition never reached");
+    }
+
+    fn process_state(&self) -> Option<ProcessState> {
+        self.arr.process_snapshot().map(|s| s.state)
+    }
+
+    fn run_process(&mut self, client_qd: usize) -> ProcessState {
+        self.run_until(client_qd, |w| !w.arr.process_active());
+        self.drain();
+        self.process_state().expect("a process ran")
+    }
+
+    fn channels_to(&self, d: &SimDevice) -> Vec<SimChannel> {
+        (0..self.shards)
+            .map(|_| d.open_channel().unwrap())
+            .collect()
+    }
+
+    /// Every member's data chunks equal the model, byte for byte (read straight from the
+    /// simulated members' storage), for members in `which`.
+    fn assert_members_hold_model(&self, which: &[u16]) {
+        let g = *self.geo.geometry();
+        let c = g.chunk_bytes() as usize;
+        let sd = g.stripe_data_bytes() as usize;
+        for &m in which {
+            let img = self.devs[usize::from(m)].contents();
+            for s in 0..self.geo.stripes() {
+                let st = g.stripe(s);
+                if let Role::Data { index, .. } = st.role(m) {
+                    let at = s as usize * sd + usize::from(index) * c;
+                    let on = s as usize * c;
+                    assert!(
+                        img[on..on + c] == self.model[at..at + c],
+                        "member {m} stripe {s}: data differs from what was written"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Stripes whose stored P (and Q) do not match their data, from the members' storage.
+    fn inconsistent_stripes(&self) -> Vec<u64> {
+        let g = *self.geo.geometry();
+        let c = g.chunk_bytes() as usize;
+        // The parity kernels want 64-byte aligned buffers.
+        let imgs: Vec<AlignedBuf> = self
+            .devs
+            .iter()
+            .map(|d| {
+                let v = d.contents();
+                let mut b = AlignedBuf::zeroed(v.len());
+                b.copy_from_slice(&v);
+                b
+            })
+            .collect();
+        let parity = Parity::new();
+        let mut bad = Vec::new();
+        for s in 0..self.geo.stripes() {
+            let st = g.stripe(s);
+            let on = s as usize * c;
+            let mut data: Vec<&[u8]> = vec![&[]; usize::from(g.data_chunks())];
+            for m in 0..g.members() {
+                if let Role::Data { slot, .. } = st.role(m) {
+                    data[usize::from(slot)] = &imgs[usize::from(m)][on..on + c];
+                }
+            }
+            let mut p = AlignedBuf::zeroed(c);
+            let mut q = AlignedBuf::zeroed(c);
+            let ok = match st.q_member() {
+                Some(qm) => {
+                    parity.gen_pq(&data, &mut p, &mut q);
+                    p[..] == imgs[usize::from(st.p_member())][on..on + c]
+                        && q[..] == imgs[usize::from(qm)][on..on + c]
+                }
+                None => {
+                    parity.gen_p(&data, &mut p);
+                    p[..] == imgs[usize::from(st.p_member())][on..on + c]
+                }
+            };
+            if !ok {
+                bad.push(s);
+            }
+        }
+        bad
+    }
+
+    /// Reads the whole array through the engine and compares with the model.
+    fn assert_reads_model(&mut self) {
+        self.drain();
+        let cap = self.geo.capacity_bytes();
+        let step = 4 * self.geo.geometry().stripe_data_bytes();
+        let mut off = 0;
+        let before = self.bad_reads;
+        while off < cap {
+            let len = step.min(cap - off);
+            assert!(self.submit(false, off, len));
+            off += len;
+        }
+        self.drain();
+        assert_eq!(self.bad_reads, before, "reads differ from what was written");
+    }
+
+    fn member_write_bytes(&self, m: u16) -> u64 {
+        self.devs[usize::from(m)].stats().bytes_written
+    }
+
+    fn member_read_bytes(&self, m: u16) -> u64 {
+        self.devs[usize::from(m)].stats().bytes_read
+    }
+}
+
+fn blank(w: &World, name: &str, seed: u64) -> SimDevice {
+    sim_dev(name, &w.geo, &w.clock, seed)
+}
+
+/// Rebuild after a member failure restores the exact bytes while a client keeps writing
+/// (and reading: reads below and above the rebuild position must be right), on RAID5 and
+/// RAID6, with 1, 2 and 4 shards; parity is consistent on every stripe afterwards and no
+/// client request failed.
+#[test]
+fn rebuild_restores_exact_bytes_under_client_writes() {
+    for (level, members) in [(Level::Raid5, 4u16), (Level::Raid6, 5)] {
+        for shards in [1usize, 2, 4] {
+            let seed = u64::from(members) * 10 + shards as u64;
+            let mut w = World::new(level, members, 16384, 48, shards, seed);
+            w.fill();
+            let victim = (seed % u64::from(members)) as u16;
+            w.devs[usize::from(victim)].disappear();
+            w.arr.fail_member(victim, IoError::Gone);
+            // Degraded client traffic first.
+            for _ in 0..50 {
+                w.random_io(true);
+                w.drain();
+            }
+            let spare = blank(&w, "spare", seed);
+            let chans = w.channels_to(&spare);
+            w.arr.replace_member(victim, chans).unwrap();
+            w.devs[usize::from(victim)] = spare;
+            assert_eq!(
+                w.arr.member_states()[usize::from(victim)],
+                MemberState::Rebuilding
+            );
+            // Midway, read everything back (below and above the position).
+            let half = w.geo.stripes() / 2;
+            w.run_until(6, |w| {
+                w.arr
+                    .process_snapshot()
+                    .is_some_and(|s| s.position_stripes >= half)
+            });
+            let snap = w.arr.process_snapshot().unwrap();
+            assert_eq!(snap.kind, ProcessKind::Rebuild);
+            assert_eq!(snap.state, ProcessState::Running, "{level:?} {shards}");
+            assert!(snap.position_stripes < w.geo.stripes());
+            w.assert_reads_model();
+            let st = w.run_process(6);
+            assert_eq!(st, ProcessState::Finished, "{level:?} shards {shards}");
+            assert!(w
+                .arr
+                .member_states()
+                .iter()
+                .all(|s| *s == MemberState::Online));
+            let snap = w.arr.process_snapshot().unwrap();
+            assert_eq!(snap.position_stripes, w.geo.stripes());
+            assert_eq!(snap.done_stripes, w.geo.stripes());
+            assert_eq!(snap.position_sectors, w.geo.member_data_bytes() / 512);
+            assert!(w.failed.is_empty(), "client saw errors: {:?}", w.failed);
+            assert_eq!(w.bad_reads, 0, "{level:?} shards {shards}");
+            let all: Vec<u16> = (0..members).collect();
+            w.assert_members_hold_model(&all);
+            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+            w.assert_reads_model();
+        }
+    }
+}
+
+/// RAID6 rebuilds two replaced members at once.
+#[test]
+fn raid6_rebuilds_two_members_at_once() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid6, 6, 8192, 40, shards, 7 + shards as u64);
+        w.fill();
+        for m in [1u16, 4] {
+            w.devs[usize::from(m)].disappear();
+            w.arr.fail_member(m, IoError::Gone);
+        }
+        for m in [1u16, 4] {
+            let spare = blank(&w, "spare", u64::from(m));
+            let chans = w.channels_to(&spare);
+            w.arr.replace_member(m, chans).unwrap();
+            w.devs[usize::from(m)] = spare;
+        }
+        w.run_until(4, |w| w.arr.process_snapshot().is_some());
+        assert_eq!(
+            w.arr.process_snapshot().unwrap().targets.as_slice(),
+            &[1, 4]
+        );
+        assert_eq!(w.run_process(4), ProcessState::Finished);
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        assert!(w.failed.is_empty(), "{:?}", w.failed);
+        assert_eq!(w.bad_reads, 0);
+        w.assert_members_hold_model(&[0, 1, 2, 3, 4, 5]);
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+    }
+}
+
+/// Corrupts member bytes directly in storage: `(stripe, role, byte in chunk)`.
+fn corrupt(w: &World, stripe: u64, role: Role, at: usize) {
+    let g = *w.geo.geometry();
+    let st = g.stripe(stripe);
+    let m = (0..g.members()).find(|&m| st.role(m) == role).unwrap();
+    let off = stripe * u64::from(g.chunk_bytes()) + at as u64;
+    let old = w.devs[usize::from(m)].contents()[off as usize];
+    w.devs[usize::from(m)].poke(off, &[old ^ 0x5a]);
+}
+
+/// Check counts every injected mismatch (md's rule: 8 sectors per mismatching 4 KiB slice
+/// of a stripe, once whichever of P and Q mismatch) and writes nothing; repair fixes them;
+/// a check afterwards counts 0.
+#[test]
+fn check_counts_injected_mismatches_and_repair_fixes_them() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid6, 5, 16384, 24, shards, 40 + shards as u64);
+        w.fill();
+        // P of stripe 3, one slice; Q of stripe 5, two slices; P and Q of stripe 9 in the
+        // same slice (counted once); data of stripe 7 (both P and Q then mismatch, once);
+        // P of stripe 23 in its last slice.
+        corrupt(&w, 3, Role::P, 100);
+        corrupt(&w, 5, Role::Q, 4096 + 1);
+        corrupt(&w, 5, Role::Q, 3 * 4096 + 7);
+        corrupt(&w, 9, Role::P, 8192 + 5);
+        corrupt(&w, 9, Role::Q, 8192 + 9);
+        let g = *w.geo.geometry();
+        let data1 = g.stripe(7).role(g.stripe(7).data_member(1));
+        corrupt(&w, 7, data1, 2 * 4096);
+        corrupt(&w, 23, Role::P, 16383);
+        let expected = 8 * (1 + 2 + 1 + 1 + 1);
+        // The corrupted data is what the array now holds (md's repair trusts the data).
+        let c = g.chunk_bytes() as usize;
+        let at = 7 * g.stripe_data_bytes() as usize + c + 2 * 4096;
+        w.model[at] ^= 0x5a;
+        let inconsistent = vec![3, 5, 7, 9, 23];
+        assert_eq!(w.inconsistent_stripes(), inconsistent);
+
+        let writes: Vec<u64> = (0..5).map(|m| w.member_write_bytes(m)).collect();
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Check))
+            .unwrap();
+        assert_eq!(w.run_process(0), ProcessState::Finished);
+        let snap = w.arr.process_snapshot().unwrap();
+        assert_eq!(snap.mismatch_cnt, expected, "shards {shards}");
+        let after: Vec<u64> = (0..5).map(|m| w.member_write_bytes(m)).collect();
+        assert_eq!(writes, after, "check wrote to a member");
+        assert_eq!(w.inconsistent_stripes(), inconsistent);
+
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Repair))
+            .unwrap();
+        // No client here: its writes would make stripes consistent before the repair
+        // got to them.
+        assert_eq!(w.run_process(0), ProcessState::Finished);
+        assert_eq!(w.arr.process_snapshot().unwrap().mismatch_cnt, expected);
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+
+        // A check under client writes and reads finds nothing on a consistent array.
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Check))
+            .unwrap();
+        assert_eq!(w.run_process(4), ProcessState::Finished);
+        assert_eq!(w.arr.process_snapshot().unwrap().mismatch_cnt, 0);
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        assert!(w.failed.is_empty(), "{:?}", w.failed);
+        assert_eq!(w.bad_reads, 0);
+        w.assert_reads_model();
+    }
+}
+
+/// RAID5: the same on P only.
+#[test]
+fn raid5_check_and_repair() {
+    let mut w = World::new(Level::Raid5, 4, 8192, 16, 2, 77);
+    w.fill();
+    corrupt(&w, 2, Role::P, 0);
+    corrupt(&w, 2, Role::P, 4096);
+    corrupt(&w, 11, Role::P, 4095);
+    w.arr
+        .start_process(&ProcessRequest::whole(ProcessKind::Check))
+        .unwrap();
+    assert_eq!(w.run_process(0), ProcessState::Finished);
+    assert_eq!(w.arr.process_snapshot().unwrap().mismatch_cnt, 24);
+    w.arr
+        .start_process(&ProcessRequest::whole(ProcessKind::Repair))
+        .unwrap();
+    assert_eq!(w.run_process(0), ProcessState::Finished);
+    assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+    w.assert_reads_model();
+}
+
+/// A crash after data reached the members but before parity did (the write hole): a
+/// resync makes every stripe consistent and writes parity only where it mismatched.
+#[test]
+fn resync_after_a_crash_makes_parity_consistent() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid6, 5, 8192, 32, shards, 90 + shards as u64);
+        w.fill();
+        let g = *w.geo.geometry();
+        let c = g.chunk_bytes() as usize;
+        let sd = g.stripe_data_bytes() as usize;
+        // New data on data chunks of some stripes, parity untouched.
+        let torn = [1u64, 6, 17, 30];
+        for &s in &torn {
+            let st = g.stripe(s);
+            let k = (s % u64::from(g.data_chunks())) as u16;
+            let m = st.data_member(k);
+            let mut new = vec![0u8; c];
+            w.rng.fill_bytes(&mut new);
+            w.devs[usize::from(m)].poke(s * c as u64, &new);
+            let at = s as usize * sd + usize::from(k) * c;
+            w.model[at..at + c].copy_from_slice(&new);
+        }
+        assert_eq!(w.inconsistent_stripes(), torn.to_vec());
+        let writes: u64 = (0..5).map(|m| w.member_write_bytes(m)).sum();
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Resync))
+            .unwrap();
+        assert_eq!(w.run_process(0), ProcessState::Finished);
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        let written: u64 = (0..5).map(|m| w.member_write_bytes(m)).sum::<u64>() - writes;
+        // Exactly P and Q of the torn stripes, whole chunks (random data differs in every
+        // slice).
+        assert_eq!(written, torn.len() as u64 * 2 * c as u64, "shards {shards}");
+        assert_eq!(
+            w.arr.process_snapshot().unwrap().mismatch_cnt,
+            torn.len() as u64 * (c as u64 / 512)
+        );
+        w.assert_reads_model();
+    }
+}
+
+/// A resync given stripe ranges (a write-intent bitmap's dirty regions) reads and writes
+/// only those stripes.
+#[test]
+fn resync_over_ranges_touches_only_those_stripes() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid5, 4, 8192, 32, shards, 120 + shards as u64);
+        w.fill();
+        let g = *w.geo.geometry();
+        for s in [3u64, 12, 20] {
+            corrupt(&w, s, Role::P, 10);
+        }
+        let reads: Vec<u64> = (0..4).map(|m| w.member_read_bytes(m)).collect();
+        let ranges = vec![2..4, 10..11, 12..14];
+        w.arr
+            .start_process(&ProcessRequest {
+                kind: ProcessKind::Resync,
+                ranges: Some(ranges),
+                resume_stripe: 0,
+            })
+            .unwrap();
+        assert_eq!(w.run_process(0), ProcessState::Finished);
+        let snap = w.arr.process_snapshot().unwrap();
+        assert_eq!(snap.total_stripes, 5);
+        assert_eq!(snap.done_stripes, 5);
+        assert_eq!(snap.mismatch_cnt, 16);
+        // Every member read exactly the five stripes' chunks, whole.
+        for m in 0..4 {
+            assert_eq!(
+                w.member_read_bytes(m) - reads[usize::from(m)],
+                5 * u64::from(g.chunk_bytes()),
+                "member {m}, shards {shards}"
+            );
+        }
+        // Stripe 20 lay outside: still inconsistent.
+        assert_eq!(w.inconsistent_stripes(), vec![20]);
+    }
+}
+
+/// An array that lost more members than its redundancy is failed and stays failed: no
+/// rebuild, no new member, no process brings it back; reads fail cleanly.
+#[test]
+fn a_failed_array_stays_failed() {
+    let mut w = World::new(Level::Raid5, 4, 8192, 8, 2, 5);
+    w.fill();
+    w.arr.fail_member(0, IoError::Gone);
+    w.arr.fail_member(2, IoError::Gone);
+    let spare = blank(&w, "spare", 1);
+    let chans = w.channels_to(&spare);
+    assert_eq!(
+        w.arr.replace_member(0, chans),
+        Err(ProcessError::ArrayFailed)
+    );
+    for kind in [
+        ProcessKind::Rebuild,
+        ProcessKind::Resync,
+        ProcessKind::Check,
+        ProcessKind::Repair,
+    ] {
+        assert_eq!(
+            w.arr.start_process(&ProcessRequest::whole(kind)),
+            Err(ProcessError::ArrayFailed)
+        );
+    }
+    w.step();
+    let states = w.arr.member_states();
+    assert!(states[0].is_failed() && states[2].is_failed());
+    assert!(w.submit(false, 0, 4096));
+    w.drain();
+    assert!(matches!(
+        w.failed.last(),
+        Some((_, ArrayError::Failed | ArrayError::Unrecoverable { .. }))
+    ));
+
+    // A RAID5 rebuild that loses another member fails the array, and it stays failed.
+    let mut w = World::new(Level::Raid5, 4, 8192, 32, 1, 6);
+    w.fill();
+    w.arr.fail_member(1, IoError::Gone);
+    let spare = blank(&w, "spare", 2);
+    let chans = w.channels_to(&spare);
+    w.arr.replace_member(1, chans).unwrap();
+    w.devs[1] = spare;
+    w.run_until(0, |w| {
+        w.arr
+            .process_snapshot()
+            .is_some_and(|s| s.done_stripes >= 4)
+    });
+    w.devs[3].disappear();
+    w.arr.fail_member(3, IoError::Gone);
+    let st = w.run_process(0);
+    assert!(
+        matches!(
+            st,
+            ProcessState::Failed(ProcessError::ArrayFailed | ProcessError::Unrecoverable { .. })
+        ),
+        "{st:?}"
+    );
+    assert!(w.arr.member_states()[1] == MemberState::Rebuilding);
+    let spare = blank(&w, "spare2", 3);
+    let chans = w.channels_to(&spare);
+    assert_eq!(
+        w.arr.replace_member(3, chans),
+        Err(ProcessError::ArrayFailed)
+    );
+    assert_eq!(
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Rebuild)),
+        Err(ProcessError::ArrayFailed)
+    );
+}
+
+/// Progress survives a restart: a repair stopped midway is resumed by a new array from
+/// its checkpoint, finishes, and never redoes a stripe below it (no member reads there;
+/// mismatches below it are not counted again).
+#[test]
+fn a_process_resumes_from_its_checkpoint() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid6, 5, 8192, 40, shards, 200 + shards as u64);
+        w.fill();
+        for s in [2u64, 5, 33, 38] {
+            corrupt(&w, s, Role::Q, 0);
+        }
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Repair))
+            .unwrap();
+        w.run_until(0, |w| {
+            w.arr
+                .process_snapshot()
+                .is_some_and(|s| s.position_stripes >= 12)
+        });
+        assert!(w.arr.stop_process());
+        let st = w.run_process(0);
+        assert_eq!(st, ProcessState::Stopped);
+        let snap = w.arr.process_snapshot().unwrap();
+        let pos = snap.position_stripes;
+        assert!((12..33).contains(&pos), "position {pos}");
+        assert_eq!(snap.position_member_bytes, pos * 8192);
+        // Everything below the checkpoint is done; what lies above may or may not be
+        // (shards run ahead of the slowest one).
+        let left = w.inconsistent_stripes();
+        assert!(left.iter().all(|&s| s >= pos), "{left:?} below {pos}");
+        assert!(left.contains(&38), "{left:?}");
+
+        // "Restart": new array over the same members, resumed at the checkpoint.
+        let devs = w.devs.clone();
+        let mut w2 = World::over(devs, w.geo, w.clock.clone(), shards, 9, config());
+        w2.model = w.model.clone();
+        let reads: Vec<u64> = (0..5).map(|m| w2.member_read_bytes(m)).collect();
+        w2.arr
+            .start_process(&ProcessRequest {
+                kind: ProcessKind::Repair,
+                ranges: None,
+                resume_stripe: pos,
+            })
+            .unwrap();
+        let snap = w2.arr.process_snapshot().unwrap();
+        assert_eq!(snap.position_stripes, pos);
+        assert_eq!(snap.done_stripes, pos);
+        assert_eq!(w2.run_process(0), ProcessState::Finished);
+        for m in 0..5 {
+            assert_eq!(
+                w2.member_read_bytes(m) - reads[usize::from(m)],
+                (40 - pos) * 8192,
+                "member {m}: stripes below the checkpoint were read again"
+            );
+        }
+        assert_eq!(
+            w2.arr.process_snapshot().unwrap().mismatch_cnt,
+            left.len() as u64 * 8
+        );
+        assert_eq!(w2.inconsistent_stripes(), Vec::<u64>::new());
+        w2.assert_reads_model();
+    }
+}
+
+/// A rebuild resumed at its checkpoint (md's recovery_offset) writes the target only
+/// above it and restores the exact bytes.
+#[test]
+fn a_rebuild_resumes_from_recovery_offset() {
+    let shards = 2;
+    let mut w = World::new(Level::Raid6, 5, 8192, 40, shards, 300);
+    w.fill();
+    w.devs[2].disappear();
+    w.arr.fail_member(2, IoError::Gone);
+    let spare = blank(&w, "spare", 3);
+    let chans = w.channels_to(&spare);
+    w.arr.replace_member(2, chans).unwrap();
+    w.devs[2] = spare.clone();
+    w.run_until(0, |w| {
+        w.arr
+            .process_snapshot()
+            .is_some_and(|s| s.position_stripes >= 15)
+    });
+    w.arr.stop_process();
+    assert_eq!(w.run_process(0), ProcessState::Stopped);
+    let pos = w.arr.process_snapshot().unwrap().position_stripes;
+    assert!((15..40).contains(&pos));
+
+    // Restart: the spare is assembled as a member being rebuilt at `pos`.
+    let mut cfg = config();
+    cfg.failed_members = [Some(2), None];
+    let devs = w.devs.clone();
+    let mut w2 = World::over(devs, w.geo, w.clock.clone(), shards, 4, cfg);
+    w2.model = w.model.clone();
+    let chans = w2.channels_to(&spare);
+    for (sh, ch) in w2.arr.shards_mut().iter_mut().zip(chans) {
+        sh.replace_member(2, ch).unwrap();
+    }
+    let before = w2.member_write_bytes(2);
+    w2.arr
+        .start_process(&ProcessRequest {
+            kind: ProcessKind::Rebuild,
+            ranges: None,
+            resume_stripe: pos,
+        })
+        .unwrap();
+    assert_eq!(w2.run_process(0), ProcessState::Finished);
+    assert_eq!(w2.member_write_bytes(2) - before, (40 - pos) * 8192);
+    assert!(w2
+        .arr
+        .member_states()
+        .iter()
+        .all(|s| *s == MemberState::Online));
+    w2.assert_members_hold_model(&[0, 1, 2, 3, 4]);
+    assert_eq!(w2.inconsistent_stripes(), Vec::<u64>::new());
+}
+
+/// A rebuild whose target fails midway stops cleanly: the target is failed again, the
+/// process ends with the reason, the array stays degraded with every byte readable, and
+/// the client never sees an error.
+#[test]
+fn a_rebuild_whose_target_fails_stops_cleanly() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid5, 4, 8192, 32, shards, 400 + shards as u64);
+        w.fill();
+        w.devs[3].disappear();
+        w.arr.fail_member(3, IoError::Gone);
+        let spare = blank(&w, "spare", 5);
+        // Writes past stripe 16 fail.
+        spare.add_fault(FaultRule {
+            filter: OpFilter::Write,
+            range: Some(16 * 8192..32 * 8192),
+            fault: Fault::Error(IoError::Io { errno: 5 }),
+            probability: 1.0,
+            count: None,
+        });
+        let chans = w.channels_to(&spare);
+        w.arr.replace_member(3, chans).unwrap();
+        let st = w.run_process(4);
+        assert_eq!(
+            st,
+            ProcessState::Failed(ProcessError::TargetFailed { member: 3 }),
+            "shards {shards}"
+        );
+        assert!(w.arr.member_states()[3].is_failed());
+        assert!(w.failed.is_empty(), "{:?}", w.failed);
+        assert_eq!(w.bad_reads, 0);
+        w.assert_reads_model();
+        let pos = w.arr.process_snapshot().unwrap().position_stripes;
+        assert!(pos <= 16, "position {pos} passed the failure");
+    }
+}
+
+/// A pacer that admits one background operation per millisecond and counts what it
+/// is told.
+struct Metered {
+    next: u64,
+    fg_submitted: Arc<AtomicU64>,
+    bg_done: u64,
+}
+
+impl Pacer for Metered {
+    fn foreground_submitted(&mut self, _now_ns: u64) {
+        self.fg_submitted.fetch_add(1, Ordering::Relaxed);
+    }
+    fn foreground_done(&mut self, _now: u64, _lat: u64, _bytes: u64, _read: bool) {}
+    fn background_done(&mut self, _now: u64, _lat: u64, bytes: u64) {
+        assert_eq!(bytes, 8192);
+        self.bg_done += 1;
+    }
+    fn admit(&mut self, now_ns: u64, _bytes: u64, _in_flight: u32) -> Admission {
+        if now_ns >= self.next {
+            self.next = now_ns + 1_000_000;
+            Admission::Now
+        } else {
+            Admission::NotBefore(self.next)
+        }
+    }
+}
+
+/// Background operations go through the shard's pacer: a pacer's `NotBefore` is a
+/// deadline the executor wakes for, and it sees the foreground traffic.
+#[test]
+fn the_pacer_admits_background_work() {
+    let mut w = World::new(Level::Raid5, 4, 8192, 20, 1, 500);
+    w.fill();
+    let seen = Arc::new(AtomicU64::new(0));
+    w.arr.shards_mut()[0].set_pacer(Box::new(Metered {
+        next: 0,
+        fg_submitted: seen.clone(),
+        bg_done: 0,
+    }));
+    let t0 = w.clock.now_ns();
+    w.arr
+        .start_process(&ProcessRequest::whole(ProcessKind::Check))
+        .unwrap();
+    assert_eq!(w.run_process(1), ProcessState::Finished);
+    // 20 stripes, one per millisecond.
+    assert!(
+        w.clock.now_ns() - t0 >= 19_000_000,
+        "{}",
+        w.clock.now_ns() - t0
+    );
+    assert!(seen.load(Ordering::Relaxed) > 0);
+    assert!(w.failed.is_empty());
+}
+
+/// Bad requests are refused with a clear error and change nothing.
+#[test]
+fn bad_process_requests_are_refused() {
+    let mut w = World::new(Level::Raid6, 5, 8192, 10, 2, 600);
+    assert_eq!(
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Rebuild)),
+        Err(ProcessError::NothingToRebuild)
+    );
+    assert!(matches!(
+        w.arr.start_process(&ProcessRequest {
+            kind: ProcessKind::Check,
+            ranges: Some(std::iter::once(Range { start: 4, end: 2 }).collect()),
+            resume_stripe: 0
+        }),
+        Err(ProcessError::BadRange { .. })
+    ));
+    let spare = blank(&w, "spare", 1);
+    let chans = w.channels_to(&spare);
+    assert_eq!(
+        w.arr.replace_member(1, chans),
+        Err(ProcessError::NotFailed { member: 1 })
+    );
+    w.arr
+        .start_process(&ProcessRequest::whole(ProcessKind::Check))
+        .unwrap();
+    assert!(matches!(
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Repair)),
+        Err(ProcessError::Busy {
+            running: ProcessKind::Check
+        })
+    ));
+    assert_eq!(w.run_process(0), ProcessState::Finished);
+    w.arr.fail_member(0, IoError::Gone);
+    assert_eq!(
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Check)),
+        Err(ProcessError::Degraded {
+            kind: ProcessKind::Check,
+            member: 0
+        })
+    );
+    let small = SimDevice::new(
+        "small",
+        4096,
+        BLOCK,
+        Profile::fixed(1000),
+        w.clock.clone(),
+        1,
+    )
+    .unwrap();
+    let chans = w.channels_to(&small);
+    assert!(matches!(
+        w.arr.replace_member(0, chans),
+        Err(ProcessError::Unfit { member: 0, .. })
+    ));
+    assert!(w.arr.member_states()[0].is_failed());
+}
