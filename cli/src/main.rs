@@ -85,6 +85,15 @@ enum Command {
     Add(mgmt::MemberArgs),
     /// Print the md v1.2 superblock of member devices (like mdadm --examine).
     Examine(mgmt::ExamineArgs),
+    /// Scrub a running target's array: read everything and count parity mismatches
+    /// (md's `check`). Follows progress until done unless --no-wait; exit status 0 when no
+    /// mismatch was found, 3 when some were.
+    Check(mgmt::ProcessArgs),
+    /// Scrub and rewrite mismatched parity (md's `repair`); like `check` otherwise.
+    Repair(mgmt::ProcessArgs),
+    /// Stop a running target's background process (check, repair, resync, rebuild); a
+    /// resync or rebuild resumes from where it stopped when started again.
+    StopProcess(mgmt::StopProcessArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -185,6 +194,9 @@ fn run() -> Result<()> {
         Command::Remove(args) => mgmt::member(mgmt::MemberOp::Remove, &args),
         Command::Add(args) => mgmt::member(mgmt::MemberOp::Add, &args),
         Command::Examine(args) => mgmt::examine(&args),
+        Command::Check(args) => mgmt::process(ferroraid::status::ProcessKind::Check, &args),
+        Command::Repair(args) => mgmt::process(ferroraid::status::ProcessKind::Repair, &args),
+        Command::StopProcess(args) => mgmt::stop_process(&args),
     }
 }
 

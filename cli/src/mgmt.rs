@@ -1,6 +1,6 @@
-//! The management subcommands: `status`, `fail`, `remove`, `add` (clients of a running
-//! target's JSON-RPC socket, `ferroraid::rpc`) and `examine` (superblocks, no target
-//! needed).
+//! The management subcommands: `status`, `fail`, `remove`, `add`, `check`, `repair`,
+//! `stop-process` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`) and
+//! `examine` (superblocks, no target needed).
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -9,7 +9,9 @@ use anyhow::Result;
 use clap::Args;
 use ferroraid::examine::{examine_device, ExamineEntry};
 use ferroraid::rpc::{default_rpc_path, ClientError, RpcClient};
-use ferroraid::status::{MemberReport, EXIT_NOT_RUNNING};
+use ferroraid::status::{MemberReport, ProcessKind, EXIT_NOT_RUNNING};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal as _;
 
 /// The help of `--rpc`, with the default rule.
 const RPC_HELP: &str = "The target's management socket [default: \
@@ -46,6 +48,23 @@ pub struct MemberArgs {
     /// The device: its path as the target opened it, or its slot number (`add`: a path).
     #[arg(value_name = "DEV")]
     device: String,
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+}
+
+/// Options of `ferroraid check|repair`.
+#[derive(Args, Debug)]
+pub struct ProcessArgs {
+    /// Start it and return at once (follow it with `ferroraid status`).
+    #[arg(long)]
+    no_wait: bool,
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+}
+
+/// Options of `ferroraid stop-process`.
+#[derive(Args, Debug)]
+pub struct StopProcessArgs {
     #[arg(long, value_name = "PATH", help = RPC_HELP)]
     rpc: Option<PathBuf>,
 }
@@ -148,6 +167,104 @@ pub fn member(op: MemberOp, a: &MemberArgs) -> Result<()> {
         .unwrap_or_default();
     out(&format!("ferroraid: {line}{after}\n"))?;
     Ok(())
+}
+
+/// Exit status of `check`/`repair` when mismatches were found.
+pub const EXIT_MISMATCHES: u8 = 3;
+
+/// How often `check --wait` polls the target.
+const PROGRESS_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `ferroraid check|repair`: starts the process and, unless `--no-wait`, follows it to the
+/// end (a progress bar on a terminal, a line every 10 % otherwise), then prints
+/// `mismatch_cnt`. Exit status 0 done with no mismatch, 3 mismatches found, 1 refused
+/// (another process runs, the array is degraded) or the target went away, 4 no target. A
+/// process that ends early (a member failed under it) is logged by the target.
+pub fn process(kind: ProcessKind, a: &ProcessArgs) -> Result<()> {
+    let mut c = connect(&a.rpc)?;
+    let started = match c.process_start(kind) {
+        Ok(p) => p,
+        Err(ClientError::Rpc(e)) => anyhow::bail!("{kind}: {e}"),
+        Err(e) => return Err(e.into()),
+    };
+    let name = c.status().map(|r| r.array.name).unwrap_or_default();
+    out(&format!("ferroraid: {kind} of array {name} started\n"))?;
+    if a.no_wait {
+        return Ok(());
+    }
+    let bar = if std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(started.size_bytes.max(1));
+        b.set_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b.set_message(kind.to_string());
+        Some(b)
+    } else {
+        None
+    };
+    let mut next_line = 0u64;
+    let last = loop {
+        std::thread::sleep(PROGRESS_POLL);
+        let r = match c.status() {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(b) = &bar {
+                    b.abandon();
+                }
+                anyhow::bail!("{kind}: lost the target: {e}");
+            }
+        };
+        let p = r.process;
+        if p.kind != kind {
+            break p;
+        }
+        match &bar {
+            Some(b) => {
+                b.set_length(p.size_bytes.max(1));
+                b.set_position(p.position_bytes);
+            }
+            None => {
+                let pct = p.position_bytes.saturating_mul(100) / p.size_bytes.max(1);
+                if pct >= next_line {
+                    out(&format!("ferroraid: {kind} {pct}% done\n"))?;
+                    next_line = pct / 10 * 10 + 10;
+                }
+            }
+        }
+    };
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    out(&format!(
+        "ferroraid: {kind} of array {name} ended: mismatch_cnt {}\n",
+        last.mismatch_cnt
+    ))?;
+    if last.mismatch_cnt > 0 {
+        return Err(Exit(EXIT_MISMATCHES).into());
+    }
+    Ok(())
+}
+
+/// `ferroraid stop-process`: stops what runs and says what it was.
+pub fn stop_process(a: &StopProcessArgs) -> Result<()> {
+    let mut c = connect(&a.rpc)?;
+    let before = c.status().map(|r| r.process.kind).ok();
+    match c.process_stop() {
+        Ok(_) => {
+            let what = match before {
+                Some(ProcessKind::Idle) | None => "nothing was running".to_string(),
+                Some(k) => format!("{k} stopped"),
+            };
+            out(&format!("ferroraid: {what}\n"))?;
+            Ok(())
+        }
+        Err(ClientError::Rpc(e)) => anyhow::bail!("stop-process: {e}"),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn in_slot(m: &MemberReport) -> String {

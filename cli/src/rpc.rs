@@ -64,7 +64,7 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::status::{MemberReport, StatusReport};
+use crate::status::{MemberReport, ProcessKind, ProcessReport, StatusReport};
 
 /// Longest request line the server reads, in bytes (the `\n` not counted): 1 MiB. A
 /// management request is a few hundred bytes; the bound keeps a misbehaving client from
@@ -130,16 +130,21 @@ pub mod codes {
     pub const DEVICE_UNUSABLE: i64 = -32004;
     /// The target cannot do this (yet).
     pub const NOT_SUPPORTED: i64 = -32005;
+    /// `process_start` refused: another process runs, the array is degraded (only a
+    /// rebuild may run) or failed.
+    pub const PROCESS_REFUSED: i64 = -32006;
     /// The server is at [`super::MAX_CONNECTIONS`]; try again.
     pub const SERVER_BUSY: i64 = -32099;
 }
 
 /// The method names, sorted (the result of `rpc_methods`).
-pub const METHODS: [&str; 5] = [
+pub const METHODS: [&str; 7] = [
     "array_status",
     "member_add",
     "member_fail",
     "member_remove",
+    "process_start",
+    "process_stop",
     "rpc_methods",
 ];
 
@@ -257,6 +262,11 @@ impl RpcError {
     pub fn not_supported(what: impl std::fmt::Display) -> Self {
         Self::new(codes::NOT_SUPPORTED, format!("not supported: {what}"))
     }
+
+    /// [`codes::PROCESS_REFUSED`]: a background process cannot start; `why` says why.
+    pub fn process_refused(why: impl std::fmt::Display) -> Self {
+        Self::new(codes::PROCESS_REFUSED, format!("cannot start: {why}"))
+    }
 }
 
 /// What the target does for each method. Called from the server's connection threads,
@@ -292,6 +302,22 @@ pub trait Handler: Send + Sync {
     /// [`RpcError::device_in_use`], [`RpcError::device_unusable`],
     /// [`RpcError::not_supported`].
     fn member_add(&self, device_path: &str) -> Result<MemberReport, RpcError>;
+
+    /// Starts a background process (`process_start`, like writing md's `sync_action`):
+    /// `check` (count parity mismatches), `repair` (rewrite mismatched parity) or `resync`
+    /// (make parity consistent). Returns the process as it starts.
+    ///
+    /// # Errors
+    /// [`RpcError::process_refused`] while another process runs, on a degraded or failed
+    /// array; [`RpcError::invalid_params`] for another kind (`rebuild` starts by itself
+    /// when a device is added to a degraded array).
+    fn process_start(&self, kind: ProcessKind) -> Result<ProcessReport, RpcError>;
+
+    /// Stops the running process (`process_stop`, md's `sync_action` = `idle`): its
+    /// operations in flight finish, and a resync or rebuild resumes from where it stopped
+    /// the next time it starts. Stopping when nothing runs is not an error. Returns the
+    /// state after the stop.
+    fn process_stop(&self) -> Result<ProcessReport, RpcError>;
 }
 
 /// Answers one request line (a request or a batch) with `handler`: the response to write
@@ -417,6 +443,14 @@ fn dispatch(handler: &dyn Handler, method: &str, params: Option<Value>) -> Resul
             let d = device_param(method, params)?;
             encode(guarded(method, || handler.member_add(&d))??)
         }
+        "process_start" => {
+            let kind = kind_param(method, params)?;
+            encode(guarded(method, || handler.process_start(kind))??)
+        }
+        "process_stop" => {
+            no_params(method, params)?;
+            encode(guarded(method, || handler.process_stop())??)
+        }
         "rpc_methods" => {
             no_params(method, params)?;
             Ok(json!(METHODS))
@@ -500,6 +534,41 @@ fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError>
             "device must be a string or a slot number: {}",
             usage()
         ))),
+    }
+}
+
+/// The `kind` parameter of `process_start`: `{"kind": "check"}` or `["check"]`; one of
+/// `check`, `repair`, `resync`.
+fn kind_param(method: &str, params: Option<Value>) -> Result<ProcessKind, RpcError> {
+    let usage = || format!("{method} takes {{\"kind\": \"check\" | \"repair\" | \"resync\"}}");
+    let v = match params {
+        Some(Value::Object(mut m)) => {
+            let v = m.remove("kind");
+            if let Some(k) = m.keys().next() {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown parameter {:?}: {}",
+                    shorten(k),
+                    usage()
+                )));
+            }
+            v
+        }
+        Some(Value::Array(a)) if a.len() == 1 => a.into_iter().next(),
+        _ => None,
+    };
+    match v.as_ref().and_then(Value::as_str) {
+        Some("check") => Ok(ProcessKind::Check),
+        Some("repair") => Ok(ProcessKind::Repair),
+        Some("resync") => Ok(ProcessKind::Resync),
+        Some("rebuild") => Err(RpcError::invalid_params(
+            "a rebuild starts by itself when a device is added to a degraded array (member_add)",
+        )),
+        Some(other) => Err(RpcError::invalid_params(format!(
+            "unknown process kind {:?}: {}",
+            shorten(other),
+            usage()
+        ))),
+        None => Err(RpcError::invalid_params(format!("missing kind: {}", usage()))),
     }
 }
 
@@ -1235,6 +1304,23 @@ impl RpcClient {
     /// As [`RpcClient::member_fail`].
     pub fn member_add(&mut self, path: &str) -> Result<MemberReport, ClientError> {
         self.call_as("member_add", json!({ "device": path }))
+    }
+
+    /// `process_start` of `kind` (check, repair or resync).
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`]; the server's refusals ([`Handler::process_start`]) as
+    /// [`ClientError::Rpc`].
+    pub fn process_start(&mut self, kind: ProcessKind) -> Result<ProcessReport, ClientError> {
+        self.call_as("process_start", json!({ "kind": kind }))
+    }
+
+    /// `process_stop`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn process_stop(&mut self) -> Result<ProcessReport, ClientError> {
+        self.call_as("process_stop", Value::Null)
     }
 }
 

@@ -173,6 +173,9 @@ pub enum MemberState {
     Removed,
     /// A device standing by to replace a failed member (no slot).
     Spare,
+    /// A device in a failed member's slot whose contents a rebuild is recovering (md's
+    /// "spare rebuilding"): written by every write, read only where already rebuilt.
+    Rebuilding,
     /// A slot no device was found for when the array started.
     Missing,
 }
@@ -185,17 +188,17 @@ impl MemberState {
             MemberState::Faulty => "faulty",
             MemberState::Removed => "removed",
             MemberState::Spare => "spare",
+            MemberState::Rebuilding => "rebuilding",
             MemberState::Missing => "missing",
         }
     }
 
     /// The report state of an engine member: online → `active`; failed by an error or by
-    /// the operator → `faulty`; being rebuilt → `spare` (md reports a recovering device as
-    /// "spare rebuilding" until its recovery completes).
+    /// the operator → `faulty`; being rebuilt → `rebuilding` (md's "spare rebuilding").
     pub fn from_engine(state: &engine::array::MemberState) -> MemberState {
         match state {
             engine::array::MemberState::Online => MemberState::Active,
-            engine::array::MemberState::Rebuilding => MemberState::Spare,
+            engine::array::MemberState::Rebuilding => MemberState::Rebuilding,
             engine::array::MemberState::Failed(_)
             | engine::array::MemberState::FailedByOperator => MemberState::Faulty,
         }

@@ -41,9 +41,11 @@ use tracing::{info, warn};
 use crate::nbd::{ExportConfig, NbdFrontend, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
 use crate::rpc::{Handler, RpcError, RpcServer};
 use crate::status::{
-    ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessReport,
-    ReactorsReport, StatsReport, StatusReport,
+    ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessKind,
+    ProcessReport, ReactorsReport, StatsReport, StatusReport,
 };
+
+mod lifecycle;
 
 /// How often the monitor looks for newly failed members, to record them on disk.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(50);
@@ -99,22 +101,47 @@ impl ServeOptions {
     }
 }
 
-/// One member's on-disk state as the target keeps it.
-#[derive(Clone, Debug)]
+/// One member's (or spare's) on-disk state as the target keeps it.
+#[derive(Clone)]
 struct MemberMeta {
-    role: u16,
+    /// The role it serves; `None` for a spare.
+    role: Option<u16>,
     path: PathBuf,
     sb: Superblock,
     /// Still receives superblock updates (not failed).
     active: bool,
+    /// A spare's opened device, handed to the reactors when it replaces a failed member.
+    spare: Option<Arc<AnyDevice>>,
+}
+
+impl std::fmt::Debug for MemberMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberMeta")
+            .field("role", &self.role)
+            .field("path", &self.path)
+            .field("dev_number", &self.sb.dev_number)
+            .field("events", &self.sb.events)
+            .field("active", &self.active)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The superblocks of the running array, and the rule for changing them.
 #[derive(Debug)]
 struct Meta {
     members: Vec<MemberMeta>,
-    /// Roles already recorded faulty.
+    /// Roles already recorded faulty (a role leaves the list when a device replaces it).
     recorded_failed: Vec<u16>,
+    /// Background process bookkeeping of the monitor.
+    book: lifecycle::ProcessBook,
+}
+
+/// Role and recovery changes of one superblock generation, beside failures and
+/// `resync_offset` ([`Update::roles`], [`Update::recovery`]).
+#[derive(Default)]
+struct RoleChanges {
+    roles: Vec<(u32, u16)>,
+    recovery: Vec<(u32, Option<u64>)>,
 }
 
 impl Meta {
@@ -123,6 +150,16 @@ impl Meta {
     /// `engine::metadata::update`). A failed role with no device (missing at assembly) is
     /// recorded faulty in the slot `dev_roles` gives it. Returns the new `events`.
     fn record(&mut self, failed_roles: &[u16], resync: Option<Resync>) -> Result<u64> {
+        self.record_with(failed_roles, resync, RoleChanges::default())
+    }
+
+    /// [`Meta::record`] with role assignments and rebuild progress in the same generation.
+    fn record_with(
+        &mut self,
+        failed_roles: &[u16],
+        resync: Option<Resync>,
+        mut changes: RoleChanges,
+    ) -> Result<u64> {
         let mut failed: Vec<u16> = failed_roles.to_vec();
         loop {
             let current: Vec<Superblock> = self
@@ -134,7 +171,11 @@ impl Meta {
             let newest = current.iter().max_by_key(|sb| sb.events);
             let slots: Vec<u32> = failed
                 .iter()
-                .filter_map(|r| match self.members.iter().find(|m| m.role == *r) {
+                .filter_map(|r| match self
+                    .members
+                    .iter()
+                    .find(|m| m.role == Some(*r) && m.active)
+                {
                     Some(m) => Some(m.sb.dev_number),
                     None => newest?
                         .dev_roles
@@ -151,8 +192,8 @@ impl Meta {
                 utime: md_now(),
                 failed: slots,
                 resync,
-                roles: Vec::new(),
-                recovery: Vec::new(),
+                roles: std::mem::take(&mut changes.roles),
+                recovery: std::mem::take(&mut changes.recovery),
             };
             let next = next_generation(&current, &update).context("building superblocks")?;
             let mut write_failed = Vec::new();
@@ -171,7 +212,11 @@ impl Meta {
                         }
                         Err(e) => {
                             warn!(member = %m.path.display(), "superblock write failed: {e}");
-                            write_failed.push(m.role);
+                            match m.role {
+                                Some(r) => write_failed.push(r),
+                                // A spare that cannot be written is dropped.
+                                None => m.active = false,
+                            }
                         }
                     },
                 }
@@ -203,9 +248,20 @@ struct Shared {
     name: String,
     geo: ArrayGeometry,
     assembly: Assembly,
-    /// Device path of each role (`None`: missing).
-    paths: Vec<Option<PathBuf>>,
+    /// Device path of each role (`None`: missing); a replacement takes its role's entry.
+    paths: Mutex<Vec<Option<PathBuf>>>,
     meta: Mutex<Meta>,
+    /// How member devices are opened (for devices added while serving).
+    uring: UringConfig,
+    /// Start of every member's data area, bytes.
+    data_offset_bytes: u64,
+    /// Exclusive `flock`s on every device in the array (canonical path, lock), held while
+    /// the target runs; a device leaving the array is released.
+    locks: Mutex<Vec<(PathBuf, File)>>,
+    /// The array needs a resync that has not finished yet (unclean shutdown).
+    resync_pending: AtomicBool,
+    /// When rebuild progress was last written to the superblocks.
+    last_checkpoint: Mutex<std::time::Instant>,
     handle: ReactorHandle,
     cores: Vec<Option<usize>>,
     mode: Mode,
@@ -228,6 +284,24 @@ impl Shared {
         Ok(())
     }
 
+    /// The device path of each role.
+    fn paths(&self) -> Vec<Option<PathBuf>> {
+        self.paths
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The device path serving `role`, if any.
+    fn path_of(&self, role: u16) -> Option<PathBuf> {
+        self.paths
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(usize::from(role))
+            .cloned()
+            .flatten()
+    }
+
     fn events(&self) -> u64 {
         let m = self
             .meta
@@ -244,12 +318,13 @@ impl Shared {
     /// The role a management request names: a slot number or a member's device path (as
     /// given, or canonicalised).
     fn role_of(&self, selector: &str) -> Option<u16> {
+        let paths = self.paths();
         if let Some(slot) = crate::status::parse_slot(selector) {
-            return (usize::from(slot) < self.paths.len()).then_some(slot);
+            return (usize::from(slot) < paths.len()).then_some(slot);
         }
         let want = Path::new(selector);
         let canon = std::fs::canonicalize(want).ok();
-        self.paths
+        paths
             .iter()
             .position(|p| {
                 p.as_deref().is_some_and(|p| {
@@ -267,7 +342,8 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains(&role);
         let r = usize::from(role);
-        match (&self.paths[r], removed) {
+        let path = self.path_of(role);
+        match (&path, removed) {
             (_, true) => MemberReport::idle(Some(role), None, S::Removed),
             (None, _) => MemberReport::idle(Some(role), None, S::Missing),
             (Some(p), _) => {
@@ -299,6 +375,13 @@ impl Shared {
             },
             members: (0..g.members())
                 .map(|r| self.member_report(&snap, r))
+                .chain(self.spare_paths().into_iter().map(|p| {
+                    MemberReport::idle(
+                        None,
+                        Some(p.display().to_string()),
+                        crate::status::MemberState::Spare,
+                    )
+                }))
                 .collect(),
             reactors: ReactorsReport {
                 count: self.cores.len(),
@@ -308,7 +391,7 @@ impl Shared {
             stats: StatsReport::from(&snap.stats),
             requests_in_flight: snap.requests_in_flight as u64,
             exports: self.exports.clone(),
-            process: ProcessReport::idle(),
+            process: self.process_report(),
         }
     }
 }
@@ -352,13 +435,15 @@ impl Handler for TargetHandler {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains(&role);
-        if removed || s.paths[usize::from(role)].is_none() {
+        if removed || s.path_of(role).is_none() {
             // Nothing is there to fail: the slot is empty (removed, or missing at start).
             return Err(RpcError::no_such_member(sel));
         }
         let snap = s.handle.snapshot();
         let g = s.geo.geometry();
-        if snap.members[usize::from(role)].state == MemberState::Online {
+        let state = snap.members[usize::from(role)].state;
+        // A member being rebuilt adds no redundancy yet: failing it loses nothing.
+        if state == MemberState::Online {
             let lost = snap
                 .members
                 .iter()
@@ -375,6 +460,8 @@ impl Handler for TargetHandler {
                     ),
                 ));
             }
+        }
+        if !state.is_failed() {
             s.fail_role(role)
                 .map_err(|e| RpcError::internal(format!("{e:#}")))?;
         }
@@ -382,7 +469,7 @@ impl Handler for TargetHandler {
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         loop {
             let snap = s.handle.snapshot();
-            if snap.members[usize::from(role)].state != MemberState::Online
+            if snap.members[usize::from(role)].state.is_failed()
                 || std::time::Instant::now() > deadline
             {
                 return Ok(s.member_report(&snap, role));
@@ -393,13 +480,14 @@ impl Handler for TargetHandler {
 
     fn member_remove(&self, sel: &str) -> Result<MemberReport, RpcError> {
         let s = self.shared()?;
+        if let Some(report) = s.remove_spare(sel)? {
+            return Ok(report);
+        }
         let role = s
             .role_of(sel)
             .ok_or_else(|| RpcError::no_such_member(sel))?;
         let snap = s.handle.snapshot();
-        if s.paths[usize::from(role)].is_some()
-            && snap.members[usize::from(role)].state == MemberState::Online
-        {
+        if s.path_of(role).is_some() && !snap.members[usize::from(role)].state.is_failed() {
             return Err(RpcError::member_not_faulty(sel));
         }
         {
@@ -414,18 +502,21 @@ impl Handler for TargetHandler {
         Ok(s.member_report(&snap, role))
     }
 
-    fn member_add(&self, _path: &str) -> Result<MemberReport, RpcError> {
-        Err(RpcError::not_supported(
-            "adding members (hot spares, replacements) arrives with the rebuild process: \
-             nothing could rebuild onto the device yet",
-        ))
+    fn member_add(&self, path: &str) -> Result<MemberReport, RpcError> {
+        self.shared()?.add_device(path)
+    }
+
+    fn process_start(&self, kind: ProcessKind) -> Result<ProcessReport, RpcError> {
+        self.shared()?.process_start(kind)
+    }
+
+    fn process_stop(&self) -> Result<ProcessReport, RpcError> {
+        Ok(self.shared()?.process_stop())
     }
 }
 
 /// A running array.
 pub struct Target {
-    /// Exclusive `flock`s on every device, held while the target runs.
-    _locks: Vec<File>,
     shared: Arc<Shared>,
     nbd: Option<NbdServer>,
     reactors: Option<Reactors<NbdFrontend>>,
@@ -463,7 +554,8 @@ impl Target {
         // Claim every device first: two targets writing the same members would corrupt them.
         let mut locks = Vec::with_capacity(opts.devices.len());
         for p in &opts.devices {
-            locks.push(claim(p)?);
+            let canon = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            locks.push((canon, claim(p)?));
         }
         for p in &opts.devices {
             let dev = UringDevice::open(p, &ucfg)
@@ -570,10 +662,11 @@ impl Target {
                         .clone()
                         .context("an assembled member has a superblock")?;
                     metas.push(MemberMeta {
-                        role: role as u16,
+                        role: Some(role as u16),
                         path: path.clone(),
                         sb,
                         active: true,
+                        spare: None,
                     });
                     paths.push(Some(path));
                 }
@@ -592,6 +685,20 @@ impl Target {
                     nfailed += 1;
                 }
             }
+        }
+        // Spares: kept open, to replace the next member that fails (or a missing one).
+        for &c in &assembly.spares {
+            let (Some(dev), Ok(sb)) = (opened[c].take(), candidates[c].superblock.clone()) else {
+                continue;
+            };
+            info!(device = %opts.devices[c].display(), slot = sb.dev_number, "spare");
+            metas.push(MemberMeta {
+                role: None,
+                path: opts.devices[c].clone(),
+                sb,
+                active: true,
+                spare: Some(Arc::new(AnyDevice::Uring(dev))),
+            });
         }
         let name = candidates[assembly.newest]
             .superblock
@@ -663,9 +770,11 @@ impl Target {
         let mut meta = Meta {
             members: metas,
             recorded_failed: Vec::new(),
+            book: lifecycle::ProcessBook::default(),
         };
-        let resync = (assembly.resync_offset == MAX_SECTOR).then_some(Resync::Dirty);
-        let events = meta.record(&assembly.missing_roles, resync)?;
+        // While served the array is dirty on disk (md writes `resync_offset` 0 while it is
+        // not in sync); where an owed resync resumes is kept in memory (the assembly).
+        let events = meta.record(&assembly.missing_roles, Some(Resync::Dirty))?;
         info!(
             array = %name,
             level = g.level().md_level(),
@@ -722,12 +831,18 @@ impl Target {
                 name: name.clone(),
             });
         }
+        let resync_pending = AtomicBool::new(assembly.resync_needed);
         let shared = Arc::new(Shared {
             name,
             geo,
             assembly,
-            paths,
+            paths: Mutex::new(paths),
             meta: Mutex::new(meta),
+            uring: ucfg,
+            data_offset_bytes,
+            locks: Mutex::new(locks),
+            resync_pending,
+            last_checkpoint: Mutex::new(std::time::Instant::now()),
             handle,
             cores,
             mode: opts.mode,
@@ -739,11 +854,10 @@ impl Target {
             let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop_monitor));
             std::thread::Builder::new()
                 .name("member-monitor".into())
-                .spawn(move || monitor(&shared.meta, &shared.handle, &stop))
+                .spawn(move || monitor(&shared, &stop))
                 .context("starting the member monitor")?
         };
         let mut target = Target {
-            _locks: locks,
             shared: Arc::clone(&shared),
             nbd: Some(nbd),
             reactors: Some(reactors),
@@ -775,8 +889,8 @@ impl Target {
     }
 
     /// The device serving each role (`None`: missing).
-    pub fn member_paths(&self) -> &[Option<PathBuf>] {
-        &self.shared.paths
+    pub fn member_paths(&self) -> Vec<Option<PathBuf>> {
+        self.shared.paths()
     }
 
     /// Management handle of the reactors.
@@ -831,6 +945,8 @@ impl Target {
         if let Some(nbd) = self.nbd.take() {
             nbd.shutdown();
         }
+        // Where a rebuild or resync got to, before the reactors go.
+        let resync_owed = self.shared.checkpoint_at_stop();
         if let Some(r) = self.reactors.take() {
             r.stop().context("stopping the reactors")?;
         }
@@ -847,14 +963,23 @@ impl Target {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let newly: Vec<u16> = failed_roles(&snap, &meta);
         for m in meta.members.iter().filter(|m| m.active) {
-            if newly.contains(&m.role) {
+            if m.role.is_some_and(|r| newly.contains(&r)) {
                 continue;
             }
             flush(&m.path)?;
         }
-        let resync = (!self.shared.assembly.resync_needed).then_some(Resync::Clean);
-        let events = meta.record(&newly, resync)?;
-        info!(array = %self.shared.name, events, clean = resync.is_some(), "array stopped");
+        let resync = match resync_owed {
+            None => Resync::Clean,
+            Some(at) => Resync::At(at),
+        };
+        let events = meta.record(&newly, Some(resync))?;
+        info!(
+            array = %self.shared.name,
+            events,
+            resync_offset = resync.offset(),
+            clean = resync == Resync::Clean,
+            "array stopped"
+        );
         Ok(())
     }
 }
@@ -864,32 +989,34 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
         .iter()
         .enumerate()
         .filter(|(r, m)| {
-            m.state != MemberState::Online
+            m.state.is_failed()
                 && !meta.recorded_failed.contains(&(*r as u16))
-                && meta.members.iter().any(|x| x.role == *r as u16 && x.active)
+                && meta
+                    .members
+                    .iter()
+                    .any(|x| x.role == Some(*r as u16) && x.active)
         })
         .map(|(r, _)| r as u16)
         .collect()
 }
 
-/// Records members the reactors failed as faulty on the survivors' superblocks.
-fn monitor(meta: &Mutex<Meta>, handle: &ReactorHandle, stop: &AtomicBool) {
+/// Records members the reactors failed as faulty on the survivors' superblocks, and tends
+/// the background processes (hot spares, rebuild checkpoints, an owed resync).
+fn monitor(shared: &Shared, stop: &AtomicBool) {
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(MONITOR_INTERVAL);
-        let snap = handle.snapshot();
-        let mut m = meta
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let snap = shared.handle.snapshot();
+        let mut m = shared.meta();
         let newly = failed_roles(&snap, &m);
-        if newly.is_empty() {
-            continue;
+        if !newly.is_empty() {
+            for r in &newly {
+                warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
+            }
+            if let Err(e) = m.record(&newly, None) {
+                warn!("recording failed members: {e:#}");
+            }
         }
-        for r in &newly {
-            warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
-        }
-        if let Err(e) = m.record(&newly, None) {
-            warn!("recording failed members: {e:#}");
-        }
+        shared.tend_processes(&mut m, &snap);
     }
 }
 

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::status::{
-    ArrayInfo, ArrayState, MemberState, ProcessReport, ReactorMode, ReactorsReport, StatsReport,
+    ArrayInfo, ArrayState, MemberState, ProcessKind, ProcessReport, ReactorMode, ReactorsReport,
+    StatsReport,
 };
 
 /// A RAID6 of six members `/dev/m0`..`/dev/m5` whose management requests change a
@@ -125,6 +126,28 @@ impl Handler for Mock {
         let m = MemberReport::idle(None, Some(dev.to_string()), MemberState::Spare);
         r.members.push(m.clone());
         Ok(m)
+    }
+
+    fn process_start(&self, kind: ProcessKind) -> Result<ProcessReport, RpcError> {
+        let mut r = self.lock();
+        if r.process.kind != ProcessKind::Idle {
+            return Err(RpcError::process_refused(format!(
+                "a {} is running",
+                r.process.kind
+            )));
+        }
+        r.process = ProcessReport {
+            kind,
+            size_bytes: r.array.size_bytes,
+            ..ProcessReport::idle()
+        };
+        Ok(r.process)
+    }
+
+    fn process_stop(&self) -> Result<ProcessReport, RpcError> {
+        let mut r = self.lock();
+        r.process = ProcessReport::idle();
+        Ok(r.process)
     }
 }
 
@@ -940,4 +963,44 @@ fn shutdown_works_when_the_socket_file_is_gone() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(path.exists(), "another server's socket was removed");
     drop(other);
+}
+
+#[test]
+fn process_start_and_stop() {
+    let m = Mock::new();
+    let v = req(
+        &*m,
+        r#"{"jsonrpc":"2.0","method":"process_start","params":{"kind":"check"},"id":1}"#,
+    );
+    assert_eq!(v["result"]["kind"], "check", "{v}");
+    assert_eq!(v["result"]["size_bytes"], 1u64 << 30);
+    // A second one is refused with the application code, naming the running one.
+    let v = req(
+        &*m,
+        r#"{"jsonrpc":"2.0","method":"process_start","params":["repair"],"id":2}"#,
+    );
+    assert_eq!(err_code(&v), codes::PROCESS_REFUSED);
+    assert!(err_msg(&v).contains("check is running"), "{v}");
+    let v = req(&*m, r#"{"jsonrpc":"2.0","method":"process_stop","id":3}"#);
+    assert_eq!(v["result"]["kind"], "idle", "{v}");
+    // Bad parameters name what is accepted.
+    for (params, what) in [
+        (r#"{"kind":"rebuild"}"#, "member_add"),
+        (r#"{"kind":"scrub"}"#, "unknown process kind"),
+        (r#"{"kind":7}"#, "missing kind"),
+        (r#"{}"#, "missing kind"),
+        (r#"{"kind":"check","x":1}"#, "unknown parameter"),
+    ] {
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"process_start","params":{params},"id":4}}"#
+        );
+        let v = req(&*m, &line);
+        assert_eq!(err_code(&v), codes::INVALID_PARAMS, "{params}: {v}");
+        assert!(err_msg(&v).contains(what), "{params}: {v}");
+    }
+    let v = req(
+        &*m,
+        r#"{"jsonrpc":"2.0","method":"process_stop","params":{"kind":"check"},"id":5}"#,
+    );
+    assert_eq!(err_code(&v), codes::INVALID_PARAMS);
 }
