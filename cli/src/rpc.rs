@@ -568,7 +568,10 @@ fn kind_param(method: &str, params: Option<Value>) -> Result<ProcessKind, RpcErr
             shorten(other),
             usage()
         ))),
-        None => Err(RpcError::invalid_params(format!("missing kind: {}", usage()))),
+        None => Err(RpcError::invalid_params(format!(
+            "missing kind: {}",
+            usage()
+        ))),
     }
 }
 

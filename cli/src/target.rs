@@ -41,8 +41,8 @@ use tracing::{info, warn};
 use crate::nbd::{ExportConfig, NbdFrontend, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
 use crate::rpc::{Handler, RpcError, RpcServer};
 use crate::status::{
-    ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessKind,
-    ProcessReport, ReactorsReport, StatsReport, StatusReport,
+    ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessKind, ProcessReport,
+    ReactorsReport, StatsReport, StatusReport,
 };
 
 mod lifecycle;
@@ -171,17 +171,15 @@ impl Meta {
             let newest = current.iter().max_by_key(|sb| sb.events);
             let slots: Vec<u32> = failed
                 .iter()
-                .filter_map(|r| match self
-                    .members
-                    .iter()
-                    .find(|m| m.role == Some(*r) && m.active)
-                {
-                    Some(m) => Some(m.sb.dev_number),
-                    None => newest?
-                        .dev_roles
-                        .iter()
-                        .position(|x| x == r)
-                        .map(|slot| slot as u32),
+                .filter_map(|r| {
+                    match self.members.iter().find(|m| m.role == Some(*r) && m.active) {
+                        Some(m) => Some(m.sb.dev_number),
+                        None => newest?
+                            .dev_roles
+                            .iter()
+                            .position(|x| x == r)
+                            .map(|slot| slot as u32),
+                    }
                 })
                 .collect();
             ensure!(
@@ -991,6 +989,7 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
         .filter(|(r, m)| {
             m.state.is_failed()
                 && !meta.recorded_failed.contains(&(*r as u16))
+                && !meta.book.swapping.contains(&(*r as u16))
                 && meta
                     .members
                     .iter()

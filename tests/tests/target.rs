@@ -1913,6 +1913,55 @@ fn rpc_status(dir: &Path, rpc: &str) -> (serde_json::Value, Option<i32>) {
     (v, out.status.code())
 }
 
+/// fio writing 64 KiB random blocks with CRC32C verification over four connections
+/// (4 MiB each), `loops` times over, then reading everything back (`--verify_fatal`).
+fn fio_verified_writes(fio: &Path, srv: &Server, d: &Path, loops: u32) -> Child {
+    Command::new(fio)
+        .current_dir(d)
+        .args([
+            "--verify_state_save=0",
+            "--name=rpc",
+            "--ioengine=nbd",
+            &format!("--uri={}", srv.uri()),
+            "--rw=randwrite",
+            "--bs=64k",
+            "--size=4m",
+            "--offset_increment=4m",
+            "--numjobs=4",
+            "--iodepth=8",
+            &format!("--loops={loops}"),
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the members have taken `n` writes (the client's writes are reaching them).
+fn wait_member_writes(d: &Path, rpc: &str, n: u64) {
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    loop {
+        let (st, _) = rpc_status(d, rpc);
+        let writes: u64 = st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["io"]["writes"].as_u64().unwrap())
+            .sum();
+        if writes >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no writes reached the members: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The operator fails a member over the management socket while fio writes with CRC32C
 /// verification over four connections: the command answers at once, the client sees no
 /// error and reads back exactly what it wrote (reconstructed around the failed member),
@@ -1946,47 +1995,8 @@ fn fail_a_member_over_json_rpc_during_client_writes() {
     let (before, code) = rpc_status(d, &rpc_arg);
     assert_eq!(code, Some(0), "healthy array: {before}\n{}", srv.logs());
     let events_before = before["array"]["events"].as_u64().unwrap();
-    let mut client = Command::new(&fio)
-        .current_dir(d)
-        .args([
-            "--verify_state_save=0",
-            "--name=rpc",
-            "--ioengine=nbd",
-            &format!("--uri={}", srv.uri()),
-            "--rw=randwrite",
-            "--bs=64k",
-            "--size=4m",
-            "--offset_increment=4m",
-            "--numjobs=4",
-            "--iodepth=8",
-            "--loops=24",
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--do_verify=1",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until the client's writes reach the members, then fail member 2 under them.
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    loop {
-        let (st, _) = rpc_status(d, &rpc_arg);
-        let writes: u64 = st["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["io"]["writes"].as_u64().unwrap())
-            .sum();
-        if writes >= 64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no writes reached the members: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut client = fio_verified_writes(&fio, &srv, d, 24);
+    wait_member_writes(d, &rpc_arg, 64);
     let out = run_tool(
         ferroraid_cmd(["fail", "--rpc", &rpc_arg]).arg(&a.members[2]),
         d,
@@ -2051,5 +2061,156 @@ fn fail_a_member_over_json_rpc_during_client_writes() {
         a.members[2].display(),
         srv.logs()
     );
+    srv.stop();
+}
+
+/// A member fails (over JSON-RPC) under fio's verified writes, the operator adds a blank
+/// device: the target rebuilds onto it while fio keeps writing, `status` shows it
+/// `rebuilding` then `active` with the process back to idle (exit 0), fio verifies every
+/// block, the new member's superblock says it is in sync, and the oracle finds parity
+/// consistent on the members including the new one and extracts what the clients wrote.
+#[test]
+fn rebuild_onto_a_blank_replacement_during_client_writes() {
+    let Some(fio) = fio_with_nbd() else {
+        return;
+    };
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        assert!(
+            !required("nbdcopy"),
+            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let mut a = create(
+        d,
+        6,
+        "left-symmetric",
+        "rebuild",
+        &member_files(d, "m", 6, MEMBER_BYTES),
+    );
+    let blank = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
+    let rpc = d.join("rpc.sock");
+    let rpc_arg = rpc.display().to_string();
+    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &["--rpc", &rpc_arg]);
+    let mut client = fio_verified_writes(&fio, &srv, d, 40);
+    wait_member_writes(d, &rpc_arg, 64);
+    let out = run_tool(
+        ferroraid_cmd(["fail", "--rpc", &rpc_arg]).arg(&a.members[2]),
+        d,
+        TOOL_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "fail: {}\n{}",
+        show_output(&out),
+        srv.logs()
+    );
+    // A device that is too small, and one already in the array, are refused by name.
+    let small = d.join("small");
+    fs::write(&small, vec![0u8; MIB as usize]).unwrap();
+    for (dev, why) in [(&small, "smaller"), (&a.members[0], "already a member")] {
+        let out = run_tool(
+            ferroraid_cmd(["add", "--rpc", &rpc_arg]).arg(dev),
+            d,
+            TOOL_TIMEOUT,
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "add {}: {}",
+            dev.display(),
+            show_output(&out)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(why),
+            "add {}: {}",
+            dev.display(),
+            show_output(&out)
+        );
+    }
+    let out = run_tool(
+        ferroraid_cmd(["add", "--rpc", &rpc_arg]).arg(&blank),
+        d,
+        TOOL_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "add: {}\n{}",
+        show_output(&out),
+        srv.logs()
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("as member 2"),
+        "{}",
+        show_output(&out)
+    );
+    // The rebuild completes while fio is still writing.
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    loop {
+        let (st, code) = rpc_status(d, &rpc_arg);
+        let state = st["members"][2]["state"].as_str().unwrap_or("").to_string();
+        if state == "rebuilding" {
+            assert_eq!(code, Some(1), "a rebuilding array exits 1: {st}");
+        }
+        if state == "active" && st["process"]["kind"] == "idle" {
+            assert_eq!(code, Some(0), "{st}");
+            assert_eq!(st["array"]["state"], "active", "{st}");
+            assert_eq!(
+                st["members"][2]["device"].as_str(),
+                Some(blank.display().to_string().as_str()),
+                "{st}"
+            );
+            assert!(
+                client.try_wait().unwrap().is_none(),
+                "fio finished before the rebuild did: it must rebuild under client writes"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rebuild did not finish: {st}\n{}",
+            srv.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "fio saw an error: {}\n{}",
+        show_output(&out),
+        srv.logs()
+    );
+    let got = read_all(&srv, &nbdcopy, d);
+    srv.stop();
+    assert!(
+        srv.logs().contains("rebuild complete"),
+        "no completion in the log:\n{}",
+        srv.logs()
+    );
+    // The new member took slot 2's role and is in sync; the array is clean.
+    a.members[2] = blank.clone();
+    a.images[2] = blank.clone();
+    if let Some(mdadm) = mdadm() {
+        let out = run_tool(
+            Command::new(&mdadm).arg("--examine").arg(&blank),
+            d,
+            TOOL_TIMEOUT,
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{}", show_output(&out));
+        assert!(text.contains("Device Role : Active device 2"), "{text}");
+        assert!(text.contains("State : clean"), "{text}");
+        assert!(!text.contains("Recovery Offset"), "{text}");
+        assert!(text.contains("Array State : AAAAAA"), "{text}");
+    }
+    a.oracle_verify(None);
+    let want = a.oracle_extract(d, &[]);
+    assert_same("array after the rebuild", &got, &want[..got.len()]);
+    // Without the failed member the array assembles whole and serves the same data.
+    let mut srv = Server::serve(d, "restart", &a.name, &a.members, &[]);
+    let again = read_all(&srv, &nbdcopy, d);
+    assert_same("array after a restart", &again, &got);
     srv.stop();
 }

@@ -991,9 +991,8 @@ fn process_start_and_stop() {
         (r#"{}"#, "missing kind"),
         (r#"{"kind":"check","x":1}"#, "unknown parameter"),
     ] {
-        let line = format!(
-            r#"{{"jsonrpc":"2.0","method":"process_start","params":{params},"id":4}}"#
-        );
+        let line =
+            format!(r#"{{"jsonrpc":"2.0","method":"process_start","params":{params},"id":4}}"#);
         let v = req(&*m, &line);
         assert_eq!(err_code(&v), codes::INVALID_PARAMS, "{params}: {v}");
         assert!(err_msg(&v).contains(what), "{params}: {v}");

@@ -64,6 +64,9 @@ pub(super) struct ProcessBook {
     resync_held: bool,
     /// Roles that were being rebuilt and whose completion is still to be written.
     rebuilding: Vec<u16>,
+    /// Roles handed a new device that the reactors have not swapped in yet: the failed
+    /// state they still publish is the old device's, not the new one's.
+    pub(super) swapping: Vec<u16>,
 }
 
 impl Shared {
@@ -215,8 +218,8 @@ impl Shared {
             }
         }
         let lock = claim(&p).map_err(|e| RpcError::device_unusable(path, format!("{e:#}")))?;
-        let dev = UringDevice::open(&p, &self.uring)
-            .map_err(|e| RpcError::device_unusable(path, e))?;
+        let dev =
+            UringDevice::open(&p, &self.uring).map_err(|e| RpcError::device_unusable(path, e))?;
         let info = dev.info().clone();
         engine::array::device_fits(&self.geo, self.data_offset_bytes, 0, &info).map_err(|e| {
             let why = match e {
@@ -309,7 +312,11 @@ impl Shared {
                 )
                 .map_err(|e| RpcError::internal(format!("{e:#}")))?;
                 info!(device = %p.display(), slot, "device added as a spare");
-                Ok(MemberReport::idle(None, Some(path.to_string()), ReportState::Spare))
+                Ok(MemberReport::idle(
+                    None,
+                    Some(path.to_string()),
+                    ReportState::Spare,
+                ))
             }
         }
     }
@@ -421,7 +428,7 @@ impl Shared {
                 .paths
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            std::mem::replace(&mut paths[usize::from(role)], Some(path.clone()))
+            paths[usize::from(role)].replace(path.clone())
         };
         if let Some(old) = old {
             // The failed device is out of the array for good: let it go.
@@ -433,6 +440,7 @@ impl Shared {
             .retain(|r| *r != role);
         meta.recorded_failed.retain(|r| *r != role);
         meta.book.rebuilding.push(role);
+        meta.book.swapping.push(role);
         *self
             .last_checkpoint
             .lock()
@@ -445,6 +453,9 @@ impl Shared {
     /// and completion, a pending resync started when the array is healthy, transitions
     /// logged.
     pub(super) fn tend_processes(&self, meta: &mut Meta, snap: &ArraySnapshot) {
+        meta.book
+            .swapping
+            .retain(|&r| snap.members[usize::from(r)].state.is_failed());
         // Hot spares.
         while let Some(role) = self.failed_role_to_replace(meta, snap) {
             let Some(idx) = meta
@@ -503,8 +514,7 @@ impl Shared {
                 *self
                     .last_checkpoint
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    std::time::Instant::now();
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
             }
             if let Err(e) = meta.record_with(&[], None, changes) {
                 warn!("recording rebuild progress: {e:#}");
@@ -537,8 +547,7 @@ impl Shared {
         // A resync the array owes, once nothing else runs and it is whole.
         let idle = p.as_ref().is_none_or(|p| p.state != ProcessState::Running);
         let whole = snap.members.iter().all(|m| m.state == MemberState::Online);
-        if idle && whole && self.resync_pending.load(Ordering::Acquire) && !meta.book.resync_held
-        {
+        if idle && whole && self.resync_pending.load(Ordering::Acquire) && !meta.book.resync_held {
             match self.handle.start_process(self.resync_request()) {
                 Ok(()) => {
                     meta.book.last = None;
