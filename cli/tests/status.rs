@@ -68,7 +68,20 @@ impl Mock {
 
 impl Handler for Mock {
     fn status(&self) -> StatusReport {
-        self.0.lock().unwrap().clone()
+        let mut r = self.0.lock().unwrap();
+        let now = r.clone();
+        // A running check advances a quarter per look and finds 16 sectors mismatched.
+        let p = &mut r.process;
+        if p.kind == ProcessKind::Check {
+            p.position_bytes += p.size_bytes / 4;
+            if p.position_bytes >= p.size_bytes {
+                *p = ProcessReport {
+                    mismatch_cnt: 16,
+                    ..ProcessReport::idle()
+                };
+            }
+        }
+        now
     }
 
     fn member_fail(&self, dev: &str) -> Result<MemberReport, RpcError> {
@@ -107,6 +120,71 @@ impl Handler for Mock {
         r.members.push(m.clone());
         Ok(m)
     }
+
+    fn process_start(&self, kind: ProcessKind) -> Result<ProcessReport, RpcError> {
+        let mut r = self.0.lock().unwrap();
+        if r.array.state != ArrayState::Clean {
+            return Err(RpcError::process_refused("the array is degraded"));
+        }
+        if kind == ProcessKind::Repair {
+            // A repair that finds nothing: done at once.
+            r.process = ProcessReport::idle();
+            return Ok(r.process);
+        }
+        r.process = ProcessReport {
+            kind,
+            size_bytes: r.array.size_bytes,
+            ..ProcessReport::idle()
+        };
+        Ok(r.process)
+    }
+
+    fn process_stop(&self) -> Result<ProcessReport, RpcError> {
+        let mut r = self.0.lock().unwrap();
+        r.process = ProcessReport::idle();
+        Ok(r.process)
+    }
+}
+
+#[test]
+fn check_follows_progress_and_exits_3_on_mismatches() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("ferroraid.sock");
+    let mock = Mock::new();
+    let _server = RpcServer::bind(&sock, mock.clone()).unwrap();
+    let s = sock.to_str().unwrap();
+    let out = ferroraid(&["check", "--rpc", s]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("check of array"), "{text}");
+    assert!(
+        text.contains("% done"),
+        "progress lines off a terminal: {text}"
+    );
+    assert!(text.contains("mismatch_cnt 16"), "{text}");
+    // A repair that finds nothing exits 0.
+    let out = ferroraid(&["repair", "--rpc", s]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // --no-wait returns at once; stop-process says what it stopped.
+    let out = ferroraid(&["check", "--no-wait", "--rpc", s]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = ferroraid(&["stop-process", "--rpc", s]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("check stopped"), "{text}");
+    let out = ferroraid(&["stop-process", "--rpc", s]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing was running"));
+    // Refusals name the reason and exit 1.
+    mock.set(|r| r.array.state = ArrayState::Degraded);
+    let out = ferroraid(&["check", "--rpc", s]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("degraded"),
+        "{out:?}"
+    );
+    // No target: exit 4.
+    let out = ferroraid(&["check", "--rpc", dir.path().join("none").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
 }
 
 fn status(sock: &Path, json: bool) -> Output {
