@@ -19,7 +19,9 @@
 //! Every shard (reactor) walks only the stripes it owns (`stripe mod shards == shard`), in
 //! ascending order, within the process's stripe ranges (a resync may be given the dirty
 //! regions of a write-intent bitmap; the default is the whole array). A shard has a bounded
-//! number of background operations in flight ([`crate::array::ArrayConfig::background_ops`]),
+//! number of background operations in flight ([`crate::array::ArrayConfig::background_ops`],
+//! from a pool of their own: foreground's stripe operations are never taken, and how fast
+//! background goes is decided by the shard's pacer, [`crate::qos::Pacer`]),
 //! so they may complete out of order; its **position** is the lowest stripe of its own it has
 //! not finished (every own stripe in the ranges below it is done), so it only grows. The
 //! array's position ([`ProcessSnapshot::position_stripes`]) is the minimum over the shards:
@@ -144,15 +146,9 @@ pub enum ProcessError {
         /// Stripes in the array.
         stripes: u64,
     },
-    /// The shard has no stripe-operation slots to spare for background work
-    /// (`background_ops` is 0, or `stripe_ops` is too small to keep foreground's reserve).
-    #[error("no stripe operations to spare for background work (background_ops {background_ops}, stripe_ops {stripe_ops})")]
-    NoSlots {
-        /// Configured background operations per shard.
-        background_ops: usize,
-        /// Configured stripe operations per shard.
-        stripe_ops: usize,
-    },
+    /// The shard was configured without background operations (`background_ops` 0).
+    #[error("the array was configured without background operations (background_ops 0)")]
+    NoSlots,
     /// No such member slot.
     #[error("member {member} does not exist: the array has {members} members")]
     NoSuchMember {

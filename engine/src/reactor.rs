@@ -739,7 +739,8 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     // A replacement the shard could not take yet (requests to the old device outstanding).
     let mut pending_replace: Vec<(u16, D::Channel)> = Vec::new();
     // A member was replaced, or a rebuild finished with one still waiting: start one.
-    let mut rebuild_pending = false;
+    // Members assembled as being rebuilt resume at once.
+    let mut rebuild_pending = array.pending_rebuild().is_some();
     // Members this reactor has reported rebuilt on its stripes.
     let mut reported_rebuilt = vec![false; usize::from(members)];
     let mut control_error: Option<ControlError> = None;
@@ -817,16 +818,18 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 }
             }
         }
-        if rebuild_pending
-            && pending_replace.is_empty()
-            && array
-                .check_process(&ProcessRequest::whole(ProcessKind::Rebuild))
-                .is_ok()
-        {
-            rebuild_pending = false;
-            // Checked just above.
-            let _ = array.start_process(&ProcessRequest::whole(ProcessKind::Rebuild));
-            progress = true;
+        if rebuild_pending && pending_replace.is_empty() {
+            match array.pending_rebuild() {
+                Some(req) if array.check_process(&req).is_ok() => {
+                    rebuild_pending = false;
+                    // Checked just above.
+                    let _ = array.start_process(&req);
+                    progress = true;
+                }
+                // Busy: retried once the running process ends.
+                Some(_) => {}
+                None => rebuild_pending = false,
+            }
         }
         // 1. Inbound ring.
         while let Some(msg) = rings[me].pop() {

@@ -795,24 +795,19 @@ fn a_rebuild_resumes_from_recovery_offset() {
     let pos = w.arr.process_snapshot().unwrap().position_stripes;
     assert!((15..40).contains(&pos));
 
-    // Restart: the spare is assembled as a member being rebuilt at `pos`.
+    // Restart: the spare is assembled as a member being rebuilt at `pos` (its
+    // recovery_offset); the rebuild resumes there by itself.
     let mut cfg = config();
-    cfg.failed_members = [Some(2), None];
+    cfg.rebuilding = [Some((2, pos)), None];
     let devs = w.devs.clone();
     let mut w2 = World::over(devs, w.geo, w.clock.clone(), shards, 4, cfg);
     w2.model = w.model.clone();
-    let chans = w2.channels_to(&spare);
-    for (sh, ch) in w2.arr.shards_mut().iter_mut().zip(chans) {
-        sh.replace_member(2, ch).unwrap();
-    }
+    assert_eq!(w2.arr.member_states()[2], MemberState::Rebuilding);
     let before = w2.member_write_bytes(2);
-    w2.arr
-        .start_process(&ProcessRequest {
-            kind: ProcessKind::Rebuild,
-            ranges: None,
-            resume_stripe: pos,
-        })
-        .unwrap();
+    w2.step();
+    let snap = w2.arr.process_snapshot().expect("the rebuild resumed");
+    assert_eq!(snap.kind, ProcessKind::Rebuild);
+    assert_eq!(snap.position_stripes, pos);
     assert_eq!(w2.run_process(0), ProcessState::Finished);
     assert_eq!(w2.member_write_bytes(2) - before, (40 - pos) * 8192);
     assert!(w2
@@ -972,4 +967,120 @@ fn bad_process_requests_are_refused() {
         Err(ProcessError::Unfit { member: 0, .. })
     ));
     assert!(w.arr.member_states()[0].is_failed());
+
+    // An array configured without background operations refuses processes.
+    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 8192, BLOCK).unwrap();
+    let geo = ArrayGeometry::new(g, 4).unwrap();
+    let clock = SimClock::new();
+    let devs: Vec<SimDevice> = (0..3)
+        .map(|i| sim_dev(&format!("d{i}"), &geo, &clock, i))
+        .collect();
+    let cfg = ArrayConfig {
+        background_ops: 0,
+        ..config()
+    };
+    let mut w = World::over(devs, geo, clock, 1, 1, cfg);
+    assert_eq!(
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Check)),
+        Err(ProcessError::NoSlots)
+    );
+}
+
+/// A latent sector error met by a scrub is rebuilt from redundancy and rewritten (the
+/// member stays in); a member failing during a check stops it cleanly, and the client
+/// goes on reading the right data.
+#[test]
+fn scrub_repairs_read_errors_and_stops_when_a_member_fails() {
+    for shards in [1usize, 2] {
+        let mut w = World::new(Level::Raid6, 5, 8192, 16, shards, 700 + shards as u64);
+        w.fill();
+        let g = *w.geo.geometry();
+        let m = usize::from(g.stripe(4).data_member(0));
+        w.devs[m].add_latent_error(4 * 8192 + 1024..4 * 8192 + 1536);
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Check))
+            .unwrap();
+        assert_eq!(w.run_process(0), ProcessState::Finished);
+        assert_eq!(w.arr.process_snapshot().unwrap().mismatch_cnt, 0);
+        let repaired: u64 = w
+            .arr
+            .shards()
+            .iter()
+            .map(|s| s.stats().read_errors_repaired)
+            .sum();
+        assert_eq!(repaired, 1);
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        // The rewrite cleared the latent error: the member reads that range again.
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_members_hold_model(&[0, 1, 2, 3, 4]);
+
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Check))
+            .unwrap();
+        w.run_until(0, |w| {
+            w.arr
+                .process_snapshot()
+                .is_some_and(|s| s.done_stripes >= 4)
+        });
+        w.devs[1].disappear();
+        let st = w.run_process(2);
+        assert_eq!(
+            st,
+            ProcessState::Failed(ProcessError::MemberFailed {
+                kind: ProcessKind::Check,
+                member: 1
+            })
+        );
+        assert!(w.arr.member_states()[1].is_failed());
+        assert!(w.failed.is_empty(), "{:?}", w.failed);
+        assert_eq!(w.bad_reads, 0);
+        w.assert_reads_model();
+    }
+}
+
+/// Background work has its own stripe operations: under a client that keeps every
+/// foreground operation busy (and more waiting), a rebuild still progresses and finishes,
+/// never holds more than `background_ops` operations, and no client request fails.
+#[test]
+fn background_work_progresses_beside_a_saturating_client() {
+    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 8192, BLOCK).unwrap();
+    let geo = ArrayGeometry::new(g, 24).unwrap();
+    let clock = SimClock::new();
+    let devs: Vec<SimDevice> = (0..4)
+        .map(|i| sim_dev(&format!("d{i}"), &geo, &clock, 800 + i))
+        .collect();
+    let cfg = ArrayConfig {
+        requests: 64,
+        stripe_ops: 4,
+        background_ops: 3,
+        ..ArrayConfig::default()
+    };
+    let mut w = World::over(devs, geo, clock, 1, 801, cfg);
+    w.fill();
+    w.devs[0].disappear();
+    w.arr.fail_member(0, IoError::Gone);
+    let spare = blank(&w, "spare", 9);
+    let chans = w.channels_to(&spare);
+    w.arr.replace_member(0, chans).unwrap();
+    w.devs[0] = spare;
+    let mut most = 0;
+    w.run_until(12, |w| {
+        if let Some(p) = w.arr.shards()[0].process_progress() {
+            most = most.max(p.in_flight);
+        }
+        w.arr.member_states()[0] == MemberState::Online
+    });
+    assert!(
+        (1..=3).contains(&most),
+        "{most} background operations at once"
+    );
+    w.drain();
+    assert!(w.failed.is_empty(), "{:?}", w.failed);
+    assert_eq!(w.bad_reads, 0);
+    w.assert_members_hold_model(&[0, 1, 2, 3]);
 }
