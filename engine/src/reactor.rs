@@ -917,7 +917,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             failures_seen = failures;
             next_publish = 0;
             for (m, state) in array.member_states().enumerate() {
-                if state != MemberState::Online && !announced[m] {
+                if state.is_failed() && !announced[m] {
                     announced[m] = true;
                     let err = match state {
                         MemberState::Failed(e) => Some(e),

@@ -325,3 +325,47 @@ fn rebuild_onto_a_replacement_while_clients_run() {
         );
     }
 }
+
+/// Another member failing while a RAID6 rebuilds (one failed plus one being rebuilt is
+/// still within its redundancy): the rebuild carries on and finishes, the rebuilt member
+/// comes online, the newly failed one stays failed, and clients see no error.
+#[test]
+fn rebuild_survives_another_failure_on_raid6() {
+    let (running, _devices, _geo) = start_checkers(2, 6_000, 1300);
+    let h = running.handle();
+    let wait = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "{what}: timed out");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+    h.fail_member(3).unwrap();
+    wait("failure published", &|| {
+        h.snapshot().members[3].state.is_failed()
+    });
+    let spare = Arc::new(MemDevice::new("spare", STRIPES * CHUNK, 512, 64).unwrap());
+    // Both commands reach each reactor's control ring back to back: member 1 fails as
+    // the rebuild of member 3 starts (it takes many loop turns, I/O being asynchronous).
+    h.replace_member(3, spare).unwrap();
+    h.fail_member(1).unwrap();
+    wait("member 3 online", &|| {
+        h.snapshot().members[3].state == MemberState::Online
+    });
+    let snap = h.snapshot();
+    assert!(snap.members[1].state.is_failed());
+    assert_eq!(
+        snap.members
+            .iter()
+            .filter(|m| m.state == MemberState::Online)
+            .count(),
+        5
+    );
+    for f in &running.stop().unwrap() {
+        assert!(
+            f.errors.is_empty(),
+            "{:?}",
+            &f.errors[..f.errors.len().min(5)]
+        );
+    }
+}
