@@ -2182,7 +2182,7 @@ impl<C: Channel> Array<C> {
     /// After a rebuild finished on every shard: its targets that are still
     /// [`MemberState::Rebuilding`] become [`MemberState::Online`] (in sync on every
     /// stripe). Returns them; empty when this shard's rebuild has not finished (or was
-    /// completed already). Calling it before every shard has finished is a caller bug
+    /// completed already). The process's progress keeps listing them as its targets. Calling it before every shard has finished is a caller bug
     /// the shard cannot see: other shards' stripes would be read from the member.
     pub fn complete_rebuild(&mut self) -> ArrayVec<u16, 2> {
         let mut out = ArrayVec::new();
@@ -2192,11 +2192,10 @@ impl<C: Channel> Array<C> {
         if p.kind != ProcessKind::Rebuild || p.state != ProcessState::Finished {
             return out;
         }
-        for t in std::mem::take(&mut p.targets) {
-            let m = &mut self.members[usize::from(t)];
-            if m.state == MemberState::Rebuilding {
-                m.state = MemberState::Online;
-                self.failed_members -= 1;
+        // The targets stay in the process's progress: what the finished rebuild brought in.
+        let targets = p.targets.clone();
+        for t in targets {
+            if self.set_member_online(t) {
                 out.push(t);
             }
         }
@@ -2250,9 +2249,6 @@ impl<C: Channel> Array<C> {
         }
         mem.state = MemberState::Online;
         self.failed_members -= 1;
-        if let Some(p) = self.proc.as_mut() {
-            p.targets.retain(|t| *t != m);
-        }
         tracing::info!(shard = self.shard, member = m, "member rebuilt: online");
         true
     }

@@ -284,7 +284,9 @@ impl<C: Channel> ShardedArray<C> {
             s.process_progress().is_some_and(|p| {
                 p.kind == ProcessKind::Rebuild
                     && p.state == ProcessState::Finished
-                    && !p.targets.is_empty()
+                    && p.targets.iter().any(|&t| {
+                        s.member_states().nth(usize::from(t)) == Some(MemberState::Rebuilding)
+                    })
             })
         });
         if rebuild_done {

@@ -473,6 +473,11 @@ fn raid6_rebuilds_two_members_at_once() {
             &[1, 4]
         );
         assert_eq!(w.run_process(4), ProcessState::Finished);
+        // The finished rebuild still says what it brought in (for the superblocks).
+        assert_eq!(
+            w.arr.process_snapshot().unwrap().targets.as_slice(),
+            &[1, 4]
+        );
         assert!(w
             .arr
             .member_states()
