@@ -1187,3 +1187,79 @@ fn seeded_runs_on_every_layout() {
         }
     }
 }
+
+/// Faults on the survivors during a rebuild, within redundancy (RAID6: the target plus one
+/// more per stripe): latent sector errors are rebuilt from parity and rewritten, a member
+/// that hangs is failed by the command timeout and the rebuild goes on without it; the
+/// target ends byte-exact. Past redundancy (RAID5: a latent error on a survivor of a
+/// stripe being rebuilt) the rebuild stops with the stripe named, never writing wrong
+/// data, and its position stays below that stripe.
+#[test]
+fn rebuild_through_survivor_faults() {
+    for shards in [1usize, 2] {
+        let mut w = World::new(Level::Raid6, 6, 8192, 32, shards, 1500 + shards as u64);
+        w.fill();
+        w.devs[0].disappear();
+        w.arr.fail_member(0, IoError::Gone);
+        // Latent errors on member 2 in stripes 5 and 20; member 4 hangs on a read in
+        // stripe 12 (the command timeout fails it).
+        w.devs[2].add_latent_error(5 * 8192 + 512..5 * 8192 + 1024);
+        w.devs[2].add_latent_error(20 * 8192..20 * 8192 + 4096);
+        w.devs[4].add_fault(FaultRule {
+            filter: OpFilter::Read,
+            range: Some(12 * 8192..13 * 8192),
+            fault: Fault::Hang,
+            probability: 1.0,
+            count: Some(1),
+        });
+        let spare = blank(&w, "spare", 1);
+        let chans = w.channels_to(&spare);
+        w.arr.replace_member(0, chans).unwrap();
+        w.devs[0] = spare;
+        assert_eq!(w.run_process(0), ProcessState::Finished, "shards {shards}");
+        let states = w.arr.member_states();
+        assert_eq!(states[0], MemberState::Online);
+        assert_eq!(
+            states[2],
+            MemberState::Online,
+            "a latent error failed its member"
+        );
+        assert!(states[4].is_failed(), "the hung member was not failed");
+        let repaired: u64 = w
+            .arr
+            .shards()
+            .iter()
+            .map(|s| s.stats().read_errors_repaired)
+            .sum();
+        assert_eq!(repaired, 2);
+        w.assert_members_hold_model(&[0, 1, 2, 3, 5]);
+        w.assert_reads_model();
+    }
+
+    let mut w = World::new(Level::Raid5, 4, 8192, 32, 1, 1600);
+    w.fill();
+    w.devs[1].disappear();
+    w.arr.fail_member(1, IoError::Gone);
+    w.devs[3].add_latent_error(9 * 8192..9 * 8192 + 512);
+    let spare = blank(&w, "spare", 2);
+    let chans = w.channels_to(&spare);
+    w.arr.replace_member(1, chans).unwrap();
+    w.devs[1] = spare.clone();
+    let st = w.run_process(0);
+    assert_eq!(
+        st,
+        ProcessState::Failed(ProcessError::Unrecoverable { stripe: 9 })
+    );
+    assert_eq!(w.arr.process_snapshot().unwrap().position_stripes, 9);
+    // Stripes below were rebuilt exactly; the member stays being rebuilt (not online).
+    assert_eq!(w.arr.member_states()[1], MemberState::Rebuilding);
+    let img = spare.contents();
+    let g = *w.geo.geometry();
+    for s in 0..9u64 {
+        if let Role::Data { index, .. } = g.stripe(s).role(1) {
+            let at = (s * g.stripe_data_bytes() + u64::from(index) * 8192) as usize;
+            let on = (s * 8192) as usize;
+            assert!(img[on..on + 8192] == w.model[at..at + 8192], "stripe {s}");
+        }
+    }
+}
