@@ -47,6 +47,7 @@ use crate::process::{
     ProcessError, ProcessKind, ProcessRequest, ProcessSnapshot, ProcessState, RateWindow,
     ShardProgress,
 };
+use crate::qos::{Pacer, Unpaced};
 use crate::shard::{merge_state, split};
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
@@ -591,6 +592,31 @@ impl<F: Frontend> Reactors<F> {
     where
         D: BlockDevice + Send + Sync + 'static,
     {
+        Self::start_with_pacers(devices, geo, parity, array_cfg, cfg, frontends, |_| {
+            Box::new(Unpaced)
+        })
+    }
+
+    /// As [`Self::start`], with each reactor's shard admitting background work through
+    /// the pacer `pacer(reactor index)` makes for it (called on the reactor's own thread,
+    /// once, before its loop starts).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_with_pacers<D, P>(
+        devices: Arc<Vec<D>>,
+        geo: ArrayGeometry,
+        parity: Parity,
+        array_cfg: ArrayConfig,
+        cfg: ReactorConfig,
+        frontends: Vec<F>,
+        pacer: P,
+    ) -> Result<Self, ReactorError>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+        P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
+    {
+        let pacer = Arc::new(pacer);
         let n = cfg.cores.len();
         if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
             return Err(ReactorError::Config(format!(
@@ -637,6 +663,7 @@ impl<F: Frontend> Reactors<F> {
         let mut threads = Vec::with_capacity(n);
         for (me, fe) in frontends.into_iter().enumerate() {
             let devices = Arc::clone(&devices);
+            let pacer = Arc::clone(&pacer);
             let rings = Arc::clone(&rings);
             let shared = Arc::clone(&shared);
             let core = cfg.cores[me];
@@ -658,12 +685,14 @@ impl<F: Frontend> Reactors<F> {
                             source,
                         })?);
                     }
-                    let array = Array::new(geo, chans, parity, array_cfg).map_err(|source| {
-                        ReactorError::Array {
-                            reactor: me,
-                            source,
-                        }
-                    })?;
+                    let mut array =
+                        Array::new(geo, chans, parity, array_cfg).map_err(|source| {
+                            ReactorError::Array {
+                                reactor: me,
+                                source,
+                            }
+                        })?;
+                    array.set_pacer(pacer(me));
                     Ok(run::<F, D>(
                         me, n, geo, array, &rings, &shared, mode, requests, fe,
                     ))
