@@ -1263,3 +1263,45 @@ fn rebuild_through_survivor_faults() {
         }
     }
 }
+
+/// A member replaced while a rebuild runs waits for it (md's rule), then is rebuilt by a
+/// rebuild of its own; both end byte-exact under client traffic.
+#[test]
+fn a_member_replaced_during_a_rebuild_is_rebuilt_next() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid6, 6, 8192, 40, shards, 1700 + shards as u64);
+        w.fill();
+        for m in [1u16, 4] {
+            w.devs[usize::from(m)].disappear();
+            w.arr.fail_member(m, IoError::Gone);
+        }
+        let spare = blank(&w, "spare1", 1);
+        let chans = w.channels_to(&spare);
+        w.arr.replace_member(1, chans).unwrap();
+        w.devs[1] = spare;
+        w.run_until(3, |w| {
+            w.arr
+                .process_snapshot()
+                .is_some_and(|s| s.position_stripes >= 10)
+        });
+        let spare = blank(&w, "spare4", 4);
+        let chans = w.channels_to(&spare);
+        w.arr.replace_member(4, chans).unwrap();
+        w.devs[4] = spare;
+        assert_eq!(w.arr.process_snapshot().unwrap().targets.as_slice(), &[1]);
+        // The first rebuild finishes, then the second runs.
+        w.run_until(3, |w| w.arr.member_states()[1] == MemberState::Online);
+        assert_eq!(w.arr.member_states()[4], MemberState::Rebuilding);
+        assert_eq!(w.run_process(3), ProcessState::Finished);
+        assert_eq!(w.arr.process_snapshot().unwrap().targets.as_slice(), &[4]);
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        assert!(w.failed.is_empty(), "{:?}", w.failed);
+        assert_eq!(w.bad_reads, 0);
+        w.assert_members_hold_model(&[0, 1, 2, 3, 4, 5]);
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+    }
+}
