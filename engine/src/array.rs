@@ -252,11 +252,16 @@ pub struct ArrayConfig {
     /// redundancy. 0 disables timeouts.
     pub io_timeout_ns: u64,
     /// Background stripe operations (resync, rebuild, check, repair) one shard may have in
-    /// flight at once, at most [`MAX_BACKGROUND_OPS`]; each also holds a stripe operation
-    /// and two chunk buffers of scratch. Background work never takes the last quarter of
-    /// the stripe operations (foreground's reserve, at least one), nor any while a
-    /// foreground request waits for one. 0 disables background processes.
+    /// flight at once, at most [`MAX_BACKGROUND_OPS`]. They come from a pool of their own
+    /// (each with one chunk buffer per member plus two of scratch), so background work
+    /// never takes one of foreground's `stripe_ops`, and always can progress as far as
+    /// the pacer admits it. 0 disables background processes.
     pub background_ops: usize,
+    /// Members assembled as being rebuilt ([`MemberState::Rebuilding`]), each with its
+    /// recovery position in stripes (md's `recovery_offset` divided by the chunk size in
+    /// sectors): in sync below it. [`Array::pending_rebuild`] gives the rebuild that
+    /// resumes them.
+    pub rebuilding: [Option<(u16, u64)>; 2],
 }
 
 /// Default background operations in flight per shard: four chunk-wide stripe operations
@@ -298,6 +303,7 @@ impl Default for ArrayConfig {
             failed_members: [None, None],
             io_timeout_ns: DEFAULT_IO_TIMEOUT_NS,
             background_ops: DEFAULT_BACKGROUND_OPS,
+            rebuilding: [None, None],
         }
     }
 }
@@ -476,8 +482,8 @@ pub struct Array<C: Channel> {
     /// Free background slots.
     bg_free: ArrayVec<u8, MAX_BACKGROUND_OPS>,
     background_ops: usize,
-    /// Stripe operations background work leaves to foreground.
-    fg_reserve: usize,
+    /// Free stripe operations of the background pool (indices after the foreground's).
+    bg_sops: ArrayVec<u32, MAX_BACKGROUND_OPS>,
     /// The pacer said: not before this time (ns).
     bg_not_before: u64,
     /// The pacer said: after a background completion.
@@ -581,6 +587,9 @@ impl<C: Channel> Array<C> {
         }
         let chunk = g.chunk_bytes() as usize;
         let n = channels.len();
+        // Foreground stripe operations, then the background pool: background work never
+        // takes a foreground slot.
+        let total_sops = cfg.stripe_ops + cfg.background_ops;
         let mut array = Self {
             geo,
             data_offset: cfg.data_offset_bytes,
@@ -596,7 +605,7 @@ impl<C: Channel> Array<C> {
                         // A chunk split at the largest transfer: room for every piece of
                         // every operation.
                         overflow: VecDeque::with_capacity(
-                            cfg.stripe_ops * (chunk / max_transfer as usize + 1),
+                            total_sops * (chunk / max_transfer as usize + 1),
                         ),
                         max_transfer,
                         counters: MemberCounters::default(),
@@ -607,7 +616,7 @@ impl<C: Channel> Array<C> {
                 .collect(),
             reqs: (0..cfg.requests).map(|_| None).collect(),
             free_reqs: (0..cfg.requests as u32).rev().collect(),
-            sops: (0..cfg.stripe_ops)
+            sops: (0..total_sops)
                 .map(|_| Sop {
                     req: 0,
                     stripe: 0,
@@ -631,13 +640,13 @@ impl<C: Channel> Array<C> {
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
-            locked: Vec::with_capacity(cfg.stripe_ops),
-            held: Vec::with_capacity(cfg.stripe_ops),
-            waiting: VecDeque::with_capacity(cfg.stripe_ops),
-            ready: VecDeque::with_capacity(cfg.stripe_ops),
+            locked: Vec::with_capacity(total_sops),
+            held: Vec::with_capacity(total_sops),
+            waiting: VecDeque::with_capacity(total_sops),
+            ready: VecDeque::with_capacity(total_sops),
             backlog: VecDeque::with_capacity(cfg.requests),
             done: VecDeque::with_capacity(cfg.requests),
-            synthetic: VecDeque::with_capacity(cfg.stripe_ops * n),
+            synthetic: VecDeque::with_capacity(total_sops * n),
             scratch: vec![Completion::EMPTY; 64],
             failed_members: 0,
             zero: AlignedBuf::zeroed(chunk),
@@ -654,7 +663,8 @@ impl<C: Channel> Array<C> {
                 .collect(),
             bg_free: (0..cfg.background_ops as u8).rev().collect(),
             background_ops: cfg.background_ops,
-            fg_reserve: (cfg.stripe_ops / 4).max(1),
+            // The background pool follows the foreground one.
+            bg_sops: (cfg.stripe_ops as u32..total_sops as u32).rev().collect(),
             bg_not_before: 0,
             bg_wait: false,
         };
@@ -667,6 +677,23 @@ impl<C: Channel> Array<C> {
                 });
             }
             array.fail_member(m, IoError::Gone);
+        }
+        for (m, recovery) in cfg.rebuilding.into_iter().flatten() {
+            if usize::from(m) >= n || cfg.failed_members.contains(&Some(m)) {
+                return Err(ArrayBuildError::Member {
+                    member: usize::from(m),
+                    name: String::new(),
+                    why: format!(
+                        "listed as being rebuilt but the array has {n} members or it is listed as failed"
+                    ),
+                });
+            }
+            let mem = &mut array.members[usize::from(m)];
+            if mem.state == MemberState::Online {
+                mem.state = MemberState::Rebuilding;
+                mem.recovery_stripe = recovery.min(geo.stripes());
+                array.failed_members += 1;
+            }
         }
         Ok(array)
     }
@@ -1972,7 +1999,7 @@ impl<C: Channel> Array<C> {
     /// # Errors
     /// [`ProcessError::ArrayFailed`] on a failed array; [`ProcessError::Busy`] while a
     /// process runs or still has operations in flight; [`ProcessError::NoSlots`] when the
-    /// configuration leaves no stripe operation to background work;
+    /// array was configured without background operations;
     /// [`ProcessError::NothingToRebuild`], [`ProcessError::Degraded`]; the request's own
     /// errors ([`ProcessRequest::validate`]). Nothing changes on error.
     pub fn start_process(&mut self, req: &ProcessRequest) -> Result<(), ProcessError> {
@@ -2023,11 +2050,8 @@ impl<C: Channel> Array<C> {
                 return Err(ProcessError::Busy { running: p.kind });
             }
         }
-        if self.background_ops == 0 || self.sops.len() <= self.fg_reserve {
-            return Err(ProcessError::NoSlots {
-                background_ops: self.background_ops,
-                stripe_ops: self.sops.len(),
-            });
+        if self.background_ops == 0 {
+            return Err(ProcessError::NoSlots);
         }
         let mut targets: ArrayVec<u16, 2> = ArrayVec::new();
         for (m, mem) in self.members.iter().enumerate() {
@@ -2158,7 +2182,7 @@ impl<C: Channel> Array<C> {
     /// After a rebuild finished on every shard: its targets that are still
     /// [`MemberState::Rebuilding`] become [`MemberState::Online`] (in sync on every
     /// stripe). Returns them; empty when this shard's rebuild has not finished (or was
-    /// completed already). Calling it before every shard has finished is a caller bug
+    /// completed already). The process's progress keeps listing them as its targets. Calling it before every shard has finished is a caller bug
     /// the shard cannot see: other shards' stripes would be read from the member.
     pub fn complete_rebuild(&mut self) -> ArrayVec<u16, 2> {
         let mut out = ArrayVec::new();
@@ -2168,15 +2192,32 @@ impl<C: Channel> Array<C> {
         if p.kind != ProcessKind::Rebuild || p.state != ProcessState::Finished {
             return out;
         }
-        for t in std::mem::take(&mut p.targets) {
-            let m = &mut self.members[usize::from(t)];
-            if m.state == MemberState::Rebuilding {
-                m.state = MemberState::Online;
-                self.failed_members -= 1;
+        // The targets stay in the process's progress: what the finished rebuild brought in.
+        let targets = p.targets.clone();
+        for t in targets {
+            if self.set_member_online(t) {
                 out.push(t);
             }
         }
         out
+    }
+
+    /// The rebuild that members being rebuilt and not yet rebuilt on this shard need:
+    /// the whole array from the lowest of their recovery positions (what a replacement, or
+    /// an assembly with [`ArrayConfig::rebuilding`], resumes from); `None` if there is none.
+    pub fn pending_rebuild(&self) -> Option<ProcessRequest> {
+        let stripes = self.geo.stripes();
+        let resume = self
+            .members
+            .iter()
+            .filter(|m| m.state == MemberState::Rebuilding && m.recovery_stripe < stripes)
+            .map(|m| m.recovery_stripe)
+            .min()?;
+        Some(ProcessRequest {
+            kind: ProcessKind::Rebuild,
+            ranges: None,
+            resume_stripe: resume,
+        })
     }
 
     /// Members being rebuilt that this shard has rebuilt on all its stripes (its rebuild
@@ -2208,9 +2249,6 @@ impl<C: Channel> Array<C> {
         }
         mem.state = MemberState::Online;
         self.failed_members -= 1;
-        if let Some(p) = self.proc.as_mut() {
-            p.targets.retain(|t| *t != m);
-        }
         tracing::info!(shard = self.shard, member = m, "member rebuilt: online");
         true
     }
@@ -2246,14 +2284,9 @@ impl<C: Channel> Array<C> {
                 any = true;
                 break;
             }
-            // Foreground first: never while a foreground request waits for a stripe
-            // operation, never into foreground's reserve.
-            if p.in_flight.len() >= self.background_ops
-                || !self.backlog.is_empty()
-                || self.free_sops.len() <= self.fg_reserve
-                || self.bg_wait
-                || self.now < self.bg_not_before
-            {
+            // Background operations come from their own pool (foreground's slots are
+            // never taken); how fast they go is the pacer's call.
+            if self.bg_sops.is_empty() || self.bg_wait || self.now < self.bg_not_before {
                 break;
             }
             match self.pacer.admit(self.now, chunk, p.in_flight.len() as u32) {
@@ -2272,7 +2305,7 @@ impl<C: Channel> Array<C> {
                 }
             }
             let stripe = p.walk.take().expect("peeked");
-            let s = self.free_sops.pop().expect("above the reserve");
+            let s = self.bg_sops.pop().expect("checked above");
             let slot = self.bg_free.pop().expect("one per background operation");
             p.in_flight.push(stripe);
             let sop = &mut self.sops[s as usize];
@@ -2505,7 +2538,7 @@ impl<C: Channel> Array<C> {
         if let Some(i) = self.locked.iter().position(|&(_, x, _)| x == s) {
             self.locked.swap_remove(i);
         }
-        self.free_sops.push(s);
+        self.bg_sops.push(s);
         self.bg_free.push(slot);
         self.bg_wait = false;
         self.pacer.background_done(self.now, latency, chunk);

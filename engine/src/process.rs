@@ -19,7 +19,9 @@
 //! Every shard (reactor) walks only the stripes it owns (`stripe mod shards == shard`), in
 //! ascending order, within the process's stripe ranges (a resync may be given the dirty
 //! regions of a write-intent bitmap; the default is the whole array). A shard has a bounded
-//! number of background operations in flight ([`crate::array::ArrayConfig::background_ops`]),
+//! number of background operations in flight ([`crate::array::ArrayConfig::background_ops`],
+//! from a pool of their own: foreground's stripe operations are never taken, and how fast
+//! background goes is decided by the shard's pacer, [`crate::qos::Pacer`]),
 //! so they may complete out of order; its **position** is the lowest stripe of its own it has
 //! not finished (every own stripe in the ranges below it is done), so it only grows. The
 //! array's position ([`ProcessSnapshot::position_stripes`]) is the minimum over the shards:
@@ -28,20 +30,24 @@
 //! and given back as the resume position after a restart.
 //!
 //! # `mismatch_cnt`
-//! Counted as md counts it: md's stripe cache works in 4 KiB pages (`STRIPE_SIZE`), and for
-//! every page-wide slice of a stripe whose P or Q does not match the data it adds
-//! `RAID5_STRIPE_SECTORS` (8 sectors of 512 bytes) to `resync_mismatches`, once per slice
-//! whichever of P and Q mismatched (`handle_parity_checks5`, `handle_parity_checks6`).
-//! So `mismatch_cnt` is in 512-byte sectors, a multiple of 8 per mismatching 4 KiB slice.
+//! Counted as md counts it: md's stripe cache works in 4 KiB pages (`STRIPE_SIZE`, the
+//! default `conf->stripe_size`), and for every page-wide slice of a stripe whose P or Q
+//! does not match the data it adds `STRIPE_SECTORS` (`conf->stripe_sectors` in newer
+//! kernels: 8 sectors of 512 bytes) to `resync_mismatches`, once per slice whichever of P
+//! and Q mismatched (`handle_parity_checks5`, `handle_parity_checks6` in
+//! `drivers/md/raid5.c`). So `mismatch_cnt` is in 512-byte sectors, 8 per mismatching
+//! 4 KiB slice.
 //!
 //! # Rebuild and foreground writes
 //! A member being rebuilt ([`crate::array::MemberState::Rebuilding`]) is treated as md
-//! treats a recovering device (`analyse_stripe` in raid5.c): it is in sync for the stripes
+//! treats a recovering device (`analyse_stripe` in raid5.c: `R5_Insync` only when
+//! `sh->sector + STRIPE_SECTORS <= rdev->recovery_offset`): it is in sync for the stripes
 //! below its recovery position and missing above it, so reads of stripes above it are
 //! served from redundancy; foreground writes are sent to it on every stripe, below and
-//! above the position (md's `ops_run_io` writes to any non-Faulty rdev). A write above the
-//! position is harmless: the rebuild, which takes the stripe exclusively, rewrites the whole
-//! chunk later from the survivors, which already hold that write.
+//! above the position (md sets `R5_Wantwrite` on every locked block of a write, in sync or
+//! not, and `ops_run_io` skips only Faulty devices). A write above the position is
+//! harmless: the rebuild, which takes the stripe exclusively, rewrites the whole chunk
+//! later from the survivors, which already hold that write.
 
 use std::ops::Range;
 
@@ -144,15 +150,9 @@ pub enum ProcessError {
         /// Stripes in the array.
         stripes: u64,
     },
-    /// The shard has no stripe-operation slots to spare for background work
-    /// (`background_ops` is 0, or `stripe_ops` is too small to keep foreground's reserve).
-    #[error("no stripe operations to spare for background work (background_ops {background_ops}, stripe_ops {stripe_ops})")]
-    NoSlots {
-        /// Configured background operations per shard.
-        background_ops: usize,
-        /// Configured stripe operations per shard.
-        stripe_ops: usize,
-    },
+    /// The shard was configured without background operations (`background_ops` 0).
+    #[error("the array was configured without background operations (background_ops 0)")]
+    NoSlots,
     /// No such member slot.
     #[error("member {member} does not exist: the array has {members} members")]
     NoSuchMember {

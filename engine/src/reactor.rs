@@ -47,6 +47,7 @@ use crate::process::{
     ProcessError, ProcessKind, ProcessRequest, ProcessSnapshot, ProcessState, RateWindow,
     ShardProgress,
 };
+use crate::qos::{Pacer, Unpaced};
 use crate::shard::{merge_state, split};
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
@@ -591,6 +592,31 @@ impl<F: Frontend> Reactors<F> {
     where
         D: BlockDevice + Send + Sync + 'static,
     {
+        Self::start_with_pacers(devices, geo, parity, array_cfg, cfg, frontends, |_| {
+            Box::new(Unpaced)
+        })
+    }
+
+    /// As [`Self::start`], with each reactor's shard admitting background work through
+    /// the pacer `pacer(reactor index)` makes for it (called on the reactor's own thread,
+    /// once, before its loop starts).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_with_pacers<D, P>(
+        devices: Arc<Vec<D>>,
+        geo: ArrayGeometry,
+        parity: Parity,
+        array_cfg: ArrayConfig,
+        cfg: ReactorConfig,
+        frontends: Vec<F>,
+        pacer: P,
+    ) -> Result<Self, ReactorError>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+        P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
+    {
+        let pacer = Arc::new(pacer);
         let n = cfg.cores.len();
         if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
             return Err(ReactorError::Config(format!(
@@ -637,6 +663,7 @@ impl<F: Frontend> Reactors<F> {
         let mut threads = Vec::with_capacity(n);
         for (me, fe) in frontends.into_iter().enumerate() {
             let devices = Arc::clone(&devices);
+            let pacer = Arc::clone(&pacer);
             let rings = Arc::clone(&rings);
             let shared = Arc::clone(&shared);
             let core = cfg.cores[me];
@@ -658,12 +685,14 @@ impl<F: Frontend> Reactors<F> {
                             source,
                         })?);
                     }
-                    let array = Array::new(geo, chans, parity, array_cfg).map_err(|source| {
-                        ReactorError::Array {
-                            reactor: me,
-                            source,
-                        }
-                    })?;
+                    let mut array =
+                        Array::new(geo, chans, parity, array_cfg).map_err(|source| {
+                            ReactorError::Array {
+                                reactor: me,
+                                source,
+                            }
+                        })?;
+                    array.set_pacer(pacer(me));
                     Ok(run::<F, D>(
                         me, n, geo, array, &rings, &shared, mode, requests, fe,
                     ))
@@ -739,7 +768,8 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     // A replacement the shard could not take yet (requests to the old device outstanding).
     let mut pending_replace: Vec<(u16, D::Channel)> = Vec::new();
     // A member was replaced, or a rebuild finished with one still waiting: start one.
-    let mut rebuild_pending = false;
+    // Members assembled as being rebuilt resume at once.
+    let mut rebuild_pending = array.pending_rebuild().is_some();
     // Members this reactor has reported rebuilt on its stripes.
     let mut reported_rebuilt = vec![false; usize::from(members)];
     let mut control_error: Option<ControlError> = None;
@@ -817,16 +847,18 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 }
             }
         }
-        if rebuild_pending
-            && pending_replace.is_empty()
-            && array
-                .check_process(&ProcessRequest::whole(ProcessKind::Rebuild))
-                .is_ok()
-        {
-            rebuild_pending = false;
-            // Checked just above.
-            let _ = array.start_process(&ProcessRequest::whole(ProcessKind::Rebuild));
-            progress = true;
+        if rebuild_pending && pending_replace.is_empty() {
+            match array.pending_rebuild() {
+                Some(req) if array.check_process(&req).is_ok() => {
+                    rebuild_pending = false;
+                    // Checked just above.
+                    let _ = array.start_process(&req);
+                    progress = true;
+                }
+                // Busy: retried once the running process ends.
+                Some(_) => {}
+                None => rebuild_pending = false,
+            }
         }
         // 1. Inbound ring.
         while let Some(msg) = rings[me].pop() {
@@ -914,7 +946,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             failures_seen = failures;
             next_publish = 0;
             for (m, state) in array.member_states().enumerate() {
-                if state != MemberState::Online && !announced[m] {
+                if state.is_failed() && !announced[m] {
                     announced[m] = true;
                     let err = match state {
                         MemberState::Failed(e) => Some(e),

@@ -127,9 +127,11 @@ impl<C: Channel> ShardedArray<C> {
         for (i, s) in shards.iter_mut().enumerate() {
             s.set_shard(i, n);
         }
+        // Members assembled as being rebuilt resume at once.
+        let rebuild_pending = shards[0].pending_rebuild().is_some();
         Self {
             failures_seen: shards.iter().map(|s| s.stats().member_failures).collect(),
-            rebuild_pending: false,
+            rebuild_pending,
             shards,
             parents: (0..requests).map(|_| None).collect(),
             free: (0..requests as u32).rev().collect(),
@@ -282,7 +284,9 @@ impl<C: Channel> ShardedArray<C> {
             s.process_progress().is_some_and(|p| {
                 p.kind == ProcessKind::Rebuild
                     && p.state == ProcessState::Finished
-                    && !p.targets.is_empty()
+                    && p.targets.iter().any(|&t| {
+                        s.member_states().nth(usize::from(t)) == Some(MemberState::Rebuilding)
+                    })
             })
         });
         if rebuild_done {
@@ -295,9 +299,20 @@ impl<C: Channel> ShardedArray<C> {
         }
         if self.rebuild_pending && !self.process_running() {
             self.rebuild_pending = false;
-            if self.member_states().contains(&MemberState::Rebuilding) {
+            // Every shard resumes from the lowest recovery position of any.
+            let resume = self
+                .shards
+                .iter()
+                .filter_map(|s| s.pending_rebuild())
+                .map(|r| r.resume_stripe)
+                .min();
+            if let Some(resume_stripe) = resume {
                 // Refused only on a failed array (then nothing can be rebuilt).
-                let _ = self.start_process(&ProcessRequest::whole(ProcessKind::Rebuild));
+                let _ = self.start_process(&ProcessRequest {
+                    kind: ProcessKind::Rebuild,
+                    ranges: None,
+                    resume_stripe,
+                });
             }
             any = true;
         }

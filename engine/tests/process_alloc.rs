@@ -1,0 +1,167 @@
+//! The background data path allocates nothing: with a counting global allocator armed
+//! around the executor's calls into the engine (`submit`, `process`, `poll`), a repair
+//! that finds and rewrites mismatching parity, beside client reads and writes on 2 shards,
+//! must count zero allocations. A separate test binary because it replaces the global
+//! allocator.
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use engine::array::{Array, ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest};
+use engine::buf::AlignedBuf;
+use engine::device::{BlockDevice, IoBuf};
+use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+use engine::parity::Parity;
+use engine::process::{ProcessKind, ProcessRequest, ProcessState};
+use engine::shard::ShardedArray;
+use engine::sim::{Profile, SimClock, SimDevice};
+
+struct Counting;
+
+thread_local! {
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+}
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; the bookkeeping touches
+// only a const-initialised thread-local Cell and an atomic (neither allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: AllocLayout) -> *mut u8 {
+        if ARMED.with(Cell::get) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: AllocLayout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: AllocLayout, n: usize) -> *mut u8 {
+        if ARMED.with(Cell::get) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn armed<T>(f: impl FnOnce() -> T) -> T {
+    ARMED.with(|a| a.set(true));
+    let r = f();
+    ARMED.with(|a| a.set(false));
+    r
+}
+
+#[test]
+fn repair_beside_client_io_allocates_nothing() {
+    const CHUNK: u64 = 16384;
+    const STRIPES: u64 = 256;
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+    let clock = SimClock::new();
+    let devs: Vec<SimDevice> = (0..6)
+        .map(|i| {
+            SimDevice::new(
+                &format!("d{i}"),
+                STRIPES * CHUNK,
+                512,
+                Profile::nvme_ssd(),
+                clock.clone(),
+                i,
+            )
+            .unwrap()
+        })
+        .collect();
+    // Parity that matches nothing: every stripe of this never-written array holds random
+    // P/Q bytes, so the repair rewrites parity everywhere.
+    for (i, d) in devs.iter().enumerate() {
+        let junk: Vec<u8> = (0..STRIPES * CHUNK)
+            .map(|x| (x as u8) ^ (i as u8 * 37))
+            .collect();
+        d.poke(0, &junk);
+    }
+    let shards = (0..2)
+        .map(|_| {
+            let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+            Array::new(geo, chans, Parity::new(), ArrayConfig::default()).unwrap()
+        })
+        .collect();
+    let mut arr = ShardedArray::new(shards, 64);
+    arr.start_process(&ProcessRequest::whole(ProcessKind::Repair))
+        .unwrap();
+    // Client buffers, allocated up front: 4 KiB reads and writes, one per slot.
+    let mut bufs: Vec<AlignedBuf> = (0..4).map(|_| AlignedBuf::zeroed(4096)).collect();
+    let mut busy = [false; 4];
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 16];
+    let mut x = 12345u64;
+    let mut issued = 0u64;
+    let cap = geo.capacity_bytes();
+    for _ in 0..5_000_000 {
+        let done = arr
+            .process_snapshot()
+            .is_some_and(|s| s.state == ProcessState::Finished);
+        if done {
+            break;
+        }
+        for (slot, b) in bufs.iter_mut().enumerate() {
+            if busy[slot] || issued > 2000 {
+                continue;
+            }
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = (x >> 20) % (cap / 4096) * 4096;
+            let op = if x & 1 == 0 {
+                ArrayOp::Read
+            } else {
+                ArrayOp::Write { fua: false }
+            };
+            // SAFETY: the buffer stays in `bufs`, untouched, until its request completes
+            // (its slot is busy until then).
+            let io = unsafe { IoBuf::from_slice(b) };
+            let r = ArrayRequest {
+                tag: slot as u64,
+                op,
+                offset_bytes: off,
+                len_bytes: 4096,
+                buf: io,
+            };
+            armed(|| arr.submit(r)).unwrap();
+            busy[slot] = true;
+            issued += 1;
+        }
+        arr.set_now(clock.now_ns());
+        let progressed = armed(|| arr.process());
+        let n = armed(|| arr.poll(&mut out));
+        for c in &out[..n] {
+            assert_eq!(c.status, Ok(()));
+            busy[c.tag as usize] = false;
+        }
+        if !progressed && n == 0 {
+            let next = arr
+                .shards()
+                .iter()
+                .flat_map(|s| s.channels().filter_map(|c| c.next_completion_ns()))
+                .chain(arr.next_deadline_ns())
+                .min();
+            clock.advance_to(next.unwrap_or(clock.now_ns() + 1000).max(clock.now_ns()));
+        }
+    }
+    let snap = arr.process_snapshot().unwrap();
+    assert_eq!(snap.state, ProcessState::Finished);
+    assert!(snap.mismatch_cnt > 0);
+    assert!(issued > 50, "{issued} client requests");
+    assert_eq!(
+        ALLOCATIONS.load(Ordering::Relaxed),
+        0,
+        "allocations on the background data path"
+    );
+}
