@@ -647,12 +647,31 @@ impl Target {
         let mut metas = Vec::new();
         let mut failed = [None, None];
         let mut nfailed = 0;
+        // Members only partly rebuilt (MD_FEATURE_RECOVERY_OFFSET): the rebuild resumes at
+        // their recovery_offset, as md's does.
+        let mut rebuilding = [None, None];
+        let mut resumed_roles = Vec::new();
         for (role, m) in assembly.members.iter().enumerate() {
             match m {
                 Some(m) => {
                     let dev = opened[m.candidate]
                         .take()
                         .context("a device serves one role")?;
+                    if let Some(sectors) = m.recovery_offset {
+                        ensure!(
+                            resumed_roles.len() < 2,
+                            "more members being rebuilt than any RAID level survives"
+                        );
+                        let stripe = sectors.saturating_mul(512) / u64::from(g.chunk_bytes());
+                        rebuilding[resumed_roles.len()] = Some((role as u16, stripe));
+                        resumed_roles.push(role as u16);
+                        info!(
+                            role,
+                            device = %opts.devices[m.candidate].display(),
+                            recovery_offset = sectors,
+                            "member partly rebuilt: the rebuild resumes"
+                        );
+                    }
                     devices.push(AnyDevice::Uring(dev));
                     let path = opts.devices[m.candidate].clone();
                     let sb = candidates[m.candidate]
@@ -768,7 +787,7 @@ impl Target {
         let mut meta = Meta {
             members: metas,
             recorded_failed: Vec::new(),
-            book: lifecycle::ProcessBook::default(),
+            book: lifecycle::ProcessBook::resuming(resumed_roles),
         };
         // While served the array is dirty on disk (md writes `resync_offset` 0 while it is
         // not in sync); where an owed resync resumes is kept in memory (the assembly).
@@ -788,6 +807,7 @@ impl Target {
             stripe_ops: opts.stripe_ops.max(1),
             data_offset_bytes,
             failed_members: failed,
+            rebuilding,
             io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
             ..ArrayConfig::default()
         };

@@ -69,6 +69,16 @@ pub(super) struct ProcessBook {
     pub(super) swapping: Vec<u16>,
 }
 
+impl ProcessBook {
+    /// The book of a target whose `roles` were assembled partly rebuilt.
+    pub(super) fn resuming(roles: Vec<u16>) -> Self {
+        ProcessBook {
+            rebuilding: roles,
+            ..ProcessBook::default()
+        }
+    }
+}
+
 impl Shared {
     /// Devices standing by as spares.
     pub(super) fn spare_paths(&self) -> Vec<PathBuf> {
