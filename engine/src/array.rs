@@ -26,14 +26,25 @@
 //! while the stripe keeps enough members to rebuild it (the parity written with it covers
 //! the lost chunk). The client sees an error only when data is unrecoverable.
 //!
+//! # Write-intent bitmap
+//! With a bitmap attached ([`Array::attach_bitmap`], `crate::bitmap`), a write,
+//! write-zeroes or discard operation waits in [`Phase`] `BitmapWait` — holding its stripe —
+//! until the bits of the regions its stripe covers are durable on every online member;
+//! reads never wait. The owner shard writes the bitmap sectors (a member I/O kind of its
+//! own, at absolute member offsets outside the data area) and runs the lazy-clear daemon
+//! on the array clock. Without a bitmap nothing changes.
+//!
 //! # Limits
 //! Every pool is sized at construction ([`ArrayConfig`]); the data path allocates nothing.
 
 use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 use thiserror::Error;
 
+use crate::bitmap::{BitmapOwner, BitmapWrite, WriteIntent};
 use crate::buf::AlignedBuf;
 use crate::device::{Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use crate::geometry::{ArrayGeometry, Level, Role, MAX_RAID6_MEMBERS};
@@ -274,6 +285,9 @@ impl Default for ArrayConfig {
 
 /// Member-tag layout: stripe operation index in the high bits, member in the low 16.
 const MEMBER_BITS: u32 = 16;
+/// The "operation index" of the owner shard's bitmap writes (no stripe operation has it:
+/// pools hold far fewer than 2^32 − 1 operations).
+const BITMAP_SOP: u32 = u32::MAX;
 const _: () = assert!((MAX_RAID6_MEMBERS as u64) < (1 << MEMBER_BITS));
 
 struct Member<C> {
@@ -314,6 +328,8 @@ enum Phase {
     Flushing,
     /// Member write-zeroes or discards over a whole stripe.
     Zeroing,
+    /// A write waiting for its write-intent bits to be durable (no I/O outstanding).
+    BitmapWait,
 }
 
 struct Sop {
@@ -349,6 +365,23 @@ struct Sop {
     issued_ns: u64,
     /// A member refused a write-zeroes/discard of a `Zeroing` phase as unsupported.
     unsupported: bool,
+    /// Write-intent regions this operation counts in flight (empty: none).
+    regions: Range<u64>,
+}
+
+/// A shard's part of the write-intent bitmap.
+struct IntentShard {
+    shared: Arc<WriteIntent>,
+    /// The owner's state, on the owner shard only.
+    owner: Option<BitmapOwner>,
+    /// Operations in `BitmapWait`, in arrival order.
+    waiting: VecDeque<u32>,
+    /// `generation` when the waiting operations were last checked.
+    seen: u64,
+    /// The owner's batch writes (capacity fixed at attach).
+    writes: Vec<BitmapWrite>,
+    /// Member requests of the owner's batch outstanding.
+    outstanding: u32,
 }
 
 /// One reactor's view of an array; see the module docs.
@@ -383,6 +416,8 @@ pub struct Array<C: Channel> {
     io_timeout_ns: u64,
     /// Next time the operations are scanned for timeouts, ns.
     next_timeout_scan: u64,
+    /// The write-intent bitmap, when the array has one.
+    intent: Option<IntentShard>,
 }
 
 /// Why an [`Array`] could not be built.
@@ -519,6 +554,7 @@ impl<C: Channel> Array<C> {
                     per_member: vec![0; n],
                     issued_ns: 0,
                     unsupported: false,
+                    regions: 0..0,
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
@@ -536,6 +572,7 @@ impl<C: Channel> Array<C> {
             now: 0,
             io_timeout_ns: cfg.io_timeout_ns,
             next_timeout_scan: 0,
+            intent: None,
         };
         for m in cfg.failed_members.into_iter().flatten() {
             if usize::from(m) >= n {
@@ -598,19 +635,63 @@ impl<C: Channel> Array<C> {
     /// member request is outstanding and timeouts are on: a virtual-time executor advances
     /// its clock no further than this while waiting for completions.
     pub fn next_deadline_ns(&self) -> Option<u64> {
+        let daemon = self
+            .intent
+            .as_ref()
+            .and_then(|i| i.owner.as_ref())
+            .and_then(BitmapOwner::next_deadline_ns);
         if self.io_timeout_ns == 0 {
-            return None;
+            return daemon;
         }
         self.sops
             .iter()
             .filter(|s| s.outstanding > 0)
             .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
+            .chain(daemon)
             .min()
     }
 
-    /// Whether any request is still in progress.
+    /// Whether any request is still in progress (or, on the bitmap owner, a bitmap write).
     pub fn busy(&self) -> bool {
         self.free_reqs.len() != self.reqs.len()
+            || self
+                .intent
+                .as_ref()
+                .and_then(|i| i.owner.as_ref())
+                .is_some_and(BitmapOwner::busy)
+    }
+
+    /// Attaches the array's write-intent bitmap (see the module docs): from now on every
+    /// write operation waits until its regions' bits are durable. `owner`: this shard
+    /// writes the bitmap sectors and runs the clearing daemon (exactly one shard per
+    /// array: shard 0). Attach before submitting requests.
+    ///
+    /// # Panics
+    /// If a bitmap is already attached, requests are in flight, or a second owner is
+    /// claimed ([`WriteIntent::owner`]) — programmer errors.
+    pub fn attach_bitmap(&mut self, intent: Arc<WriteIntent>, owner: bool) {
+        assert!(self.intent.is_none(), "a bitmap is already attached");
+        assert!(!self.busy(), "attach the bitmap before submitting requests");
+        let owner = owner.then(|| intent.owner());
+        let units = owner.as_ref().map_or(0, |_| {
+            (intent.regions().div_ceil(8) as usize + 256).div_ceil(512) + 1
+        });
+        if self.failed_members > 0 {
+            intent.set_degraded();
+        }
+        self.intent = Some(IntentShard {
+            seen: intent.generation(),
+            shared: intent,
+            owner,
+            waiting: VecDeque::with_capacity(self.sops.len()),
+            writes: Vec::with_capacity(units),
+            outstanding: 0,
+        });
+    }
+
+    /// The attached write-intent bitmap's shared state.
+    pub fn bitmap(&self) -> Option<&Arc<WriteIntent>> {
+        self.intent.as_ref().map(|i| &i.shared)
     }
 
     /// Marks a member failed (as if it had returned `err`): a failure detected outside
@@ -637,6 +718,9 @@ impl<C: Channel> Array<C> {
             m.state = state;
             self.failed_members += 1;
             self.stats.member_failures += 1;
+            if let Some(i) = &self.intent {
+                i.shared.set_degraded();
+            }
         }
     }
 
@@ -735,6 +819,7 @@ impl<C: Channel> Array<C> {
             round |= self.check_timeouts();
             round |= self.resubmit();
             round |= self.reap();
+            round |= self.bitmap_work();
             while let Some(s) = self.ready.pop_front() {
                 self.advance(s);
                 round = true;
@@ -828,6 +913,9 @@ impl<C: Channel> Array<C> {
     fn member_done(&mut self, c: Completion) {
         let s = (c.tag >> MEMBER_BITS) as u32;
         let member = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
+        if s == BITMAP_SOP {
+            return self.bitmap_write_done(member, c.status);
+        }
         let known = (s as usize) < self.sops.len()
             && usize::from(member) < self.members.len()
             && self.sops[s as usize].outstanding > 0;
@@ -1072,6 +1160,7 @@ impl<C: Channel> Array<C> {
             sop.io_error = false;
             sop.unsupported = false;
             sop.bad.clear();
+            sop.regions = 0..0;
             self.waiting.push_back(s);
             if fully {
                 self.backlog.pop_front();
@@ -1121,6 +1210,14 @@ impl<C: Channel> Array<C> {
         if self.array_failed() {
             return self.finish_sop(s, Err(ArrayError::Failed));
         }
+        if self.bitmap_gate(s) {
+            return;
+        }
+        self.dispatch_sop(s);
+    }
+
+    /// Starts operation `s`'s first phase (its stripe is held, its bits durable).
+    fn dispatch_sop(&mut self, s: u32) {
         let req = self.reqs[self.sops[s as usize].req as usize]
             .as_ref()
             .expect("live request");
@@ -1134,6 +1231,14 @@ impl<C: Channel> Array<C> {
     }
 
     fn finish_sop(&mut self, s: u32, status: Result<(), ArrayError>) {
+        let regions = std::mem::replace(&mut self.sops[s as usize].regions, 0..0);
+        if !regions.is_empty() {
+            let i = self
+                .intent
+                .as_ref()
+                .expect("regions are counted only with a bitmap");
+            i.shared.end_write(regions);
+        }
         let sop = &self.sops[s as usize];
         debug_assert_eq!(sop.outstanding, 0);
         if let Some(p) = self.locked.iter().position(|&(_, x, _)| x == s) {
@@ -1170,6 +1275,7 @@ impl<C: Channel> Array<C> {
         req.pending = 1;
         let sop = &mut self.sops[s as usize];
         sop.req = ri;
+        sop.regions = 0..0;
         sop.phase = Phase::Flushing;
         sop.outstanding = 0;
         sop.io_error = false;
@@ -1403,6 +1509,170 @@ impl<C: Channel> Array<C> {
         }
     }
 
+    // ---- write-intent bitmap -------------------------------------------------------------
+
+    /// Counts a write operation in its regions (W1/W2, `crate::bitmap`); returns `true`
+    /// when it must wait for its bits (it is then in `BitmapWait`).
+    fn bitmap_gate(&mut self, s: u32) -> bool {
+        let Some(i) = &mut self.intent else {
+            return false;
+        };
+        let sop = &mut self.sops[s as usize];
+        let writes = self.reqs[sop.req as usize]
+            .as_ref()
+            .expect("live request")
+            .op
+            .is_write();
+        if !writes {
+            return false;
+        }
+        let regions = i.shared.stripe_regions(sop.stripe);
+        debug_assert!(sop.regions.is_empty());
+        sop.regions = regions.clone();
+        if i.shared.begin_write(regions) {
+            return false;
+        }
+        sop.phase = Phase::BitmapWait;
+        i.waiting.push_back(s);
+        true
+    }
+
+    /// The bitmap's turn in the loop: the owner's batch and daemon, then the waiting writes
+    /// whose bits became durable.
+    fn bitmap_work(&mut self) -> bool {
+        let Some(i) = &mut self.intent else {
+            return false;
+        };
+        let mut any = false;
+        if let Some(o) = &mut i.owner {
+            if !o.busy() {
+                o.poll(&i.shared, self.now, &mut i.writes);
+                if o.busy() {
+                    any = true;
+                    self.issue_bitmap_batch();
+                }
+            }
+        }
+        let Some(i) = &mut self.intent else {
+            return any;
+        };
+        let gen = i.shared.generation();
+        if gen == i.seen || i.waiting.is_empty() {
+            return any;
+        }
+        i.seen = gen;
+        let mut k = 0;
+        loop {
+            let i = self.intent.as_ref().expect("the bitmap stays attached");
+            let Some(&s) = i.waiting.get(k) else {
+                break;
+            };
+            if i.shared.all_durable(self.sops[s as usize].regions.clone()) {
+                self.intent
+                    .as_mut()
+                    .expect("the bitmap stays attached")
+                    .waiting
+                    .remove(k);
+                self.ready_after_bitmap(s);
+                any = true;
+            } else {
+                k += 1;
+            }
+        }
+        any
+    }
+
+    fn ready_after_bitmap(&mut self, s: u32) {
+        debug_assert_eq!(self.sops[s as usize].phase, Phase::BitmapWait);
+        if self.array_failed() {
+            return self.finish_sop(s, Err(ArrayError::Failed));
+        }
+        self.dispatch_sop(s);
+    }
+
+    /// Issues the owner's batch on every online member: FUA writes at absolute member
+    /// offsets (the bitmap area lies between the superblock and the data).
+    fn issue_bitmap_batch(&mut self) {
+        let i = self.intent.as_mut().expect("owner has a bitmap");
+        let o = i.owner.as_mut().expect("owner");
+        let base = o.buffer().as_mut_ptr();
+        let nwrites = i.writes.len();
+        let mut sent = 0u32;
+        for w in 0..nwrites {
+            let bw = self.intent.as_ref().expect("bitmap").writes[w];
+            for member in 0..self.members.len() as u16 {
+                if self.is_failed(member) {
+                    continue;
+                }
+                let max = self.members[usize::from(member)].max_transfer;
+                let mut done = 0u32;
+                while done < bw.len_bytes {
+                    let piece = (bw.len_bytes - done).min(max);
+                    // SAFETY: the batch buffer is the owner's snapshot, allocated at attach
+                    // and not written again until `batch_done` — after every request of the
+                    // batch has completed; `buf_offset + done + piece <= len` of the area
+                    // (the owner built the writes inside it).
+                    let buf = unsafe {
+                        IoBuf::from_raw(
+                            std::ptr::NonNull::new(
+                                base.wrapping_add(bw.buf_offset + done as usize),
+                            )
+                            .expect("non-null buffer"),
+                            piece,
+                            None,
+                        )
+                    };
+                    let req = Request {
+                        tag: (u64::from(BITMAP_SOP) << MEMBER_BITS) | u64::from(member),
+                        op: Op::Write { fua: true },
+                        offset_bytes: bw.offset_bytes + u64::from(done),
+                        len_bytes: piece,
+                        buf,
+                    };
+                    done += piece;
+                    let c = &mut self.members[usize::from(member)].counters;
+                    c.writes += 1;
+                    c.write_bytes += u64::from(piece);
+                    sent += 1;
+                    self.intent.as_mut().expect("bitmap").outstanding += 1;
+                    self.send(member, req);
+                }
+            }
+        }
+        if sent == 0 {
+            // No member online: the array has failed; nothing can be made durable.
+            self.finish_bitmap_batch(false);
+        }
+    }
+
+    fn bitmap_write_done(&mut self, member: u16, status: Result<(), IoError>) {
+        let Some(i) = &mut self.intent else {
+            self.stats.stray_completions += 1;
+            return;
+        };
+        if i.outstanding == 0 || i.owner.is_none() {
+            self.stats.stray_completions += 1;
+            return;
+        }
+        i.outstanding -= 1;
+        let done = i.outstanding == 0;
+        if let Err(e) = status {
+            self.members[usize::from(member)].counters.errors += 1;
+            // md fails a member whose bitmap write fails (md_super_write → md_error).
+            self.fail_member(member, e);
+        }
+        if done {
+            let ok = !self.array_failed();
+            self.finish_bitmap_batch(ok);
+        }
+    }
+
+    fn finish_bitmap_batch(&mut self, ok: bool) {
+        let i = self.intent.as_mut().expect("bitmap");
+        let o = i.owner.as_mut().expect("owner");
+        o.batch_done(&i.shared, ok);
+    }
+
     // ---- writes ----------------------------------------------------------------------------
 
     fn start_write(&mut self, s: u32) {
@@ -1634,6 +1904,7 @@ impl<C: Channel> Array<C> {
         let failed = sop.io_error;
         match sop.phase {
             Phase::Queued => unreachable!("queued operations have no I/O"),
+            Phase::BitmapWait => unreachable!("operations waiting for their bits have no I/O"),
             Phase::Flushing => {
                 let ri = sop.req;
                 self.free_sops.push(s);
@@ -1734,5 +2005,7 @@ fn views<'a>(
     (p.expect("stripe has P"), q)
 }
 
+#[cfg(test)]
+mod bitmap_tests;
 #[cfg(test)]
 mod tests;
