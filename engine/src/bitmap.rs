@@ -12,9 +12,10 @@
 //!    the data goes out). A region ("bitmap chunk") is `chunksize` bytes of every member's
 //!    data area; a stripe maps to the regions its member sectors overlap.
 //! 2. **Bits are cleared lazily** (the bitmap daemon, `md_bitmap_daemon_work`, every
-//!    `daemon_sleep`): a region with no write in flight and none since the previous pass
-//!    is cleared at the second such pass — one to two `daemon_sleep` periods of quiet.
-//!    The cleared bits are then written.
+//!    `daemon_sleep`): md's region counter is left at 2 by the last write and each pass
+//!    takes one; at 0 the bit is cleared — so a region is cleared at the second pass after
+//!    its last write completed, after one to two `daemon_sleep` periods of quiet (never a
+//!    region with a write in flight). The cleared bits are then written.
 //! 3. **Never while degraded**: a write that could not reach every member leaves its bit
 //!    set (md's `NEEDED`), since the missing member will need the region recovered; the
 //!    daemon clears nothing while a member is failed.
@@ -50,7 +51,7 @@
 //! interleavings are exercised step by step in this module's tests.
 //!
 //! A write that starts and finishes between two daemon passes also sets a `touched` bit,
-//! which resets the region's idle count: no region is cleared sooner than one full
+//! which restarts the region's count: no region is cleared sooner than one full
 //! `daemon_sleep` after its last write completed (md's counter reset to 2 in
 //! `md_bitmap_endwrite`).
 //!
@@ -527,6 +528,9 @@ pub struct BitmapOwner {
     image_set: u64,
     next_pass_ns: Option<u64>,
     unit_bytes: u32,
+    /// The bitmap was stale and every bit is being written ([`NeedsSync::All`]): once the
+    /// first batch is on disk, clear the stale flag (then the bits say it all).
+    clear_stale: bool,
 }
 
 impl BitmapOwner {
@@ -545,6 +549,7 @@ impl BitmapOwner {
             image_set: i.initial.dirty_count(),
             next_pass_ns: None,
             unit_bytes: i.unit_bytes,
+            clear_stale: i.all && i.initial.super_.is_stale(),
         };
         if i.all {
             for r in 0..i.regions {
@@ -717,8 +722,14 @@ impl BitmapOwner {
                 i.touched[w].fetch_and(!b, SeqCst);
             }
             let idx = r as usize;
-            if touched || i.in_flight(r) > 0 || i.is_needed(r) {
+            if i.in_flight(r) > 0 || i.is_needed(r) {
                 self.idle[idx] = 0;
+                continue;
+            }
+            // md's counter: a finished write leaves it at 2, each pass takes one, the bit
+            // goes at 0 — so the first pass after a write counts once, the next clears.
+            if touched {
+                self.idle[idx] = 1;
                 continue;
             }
             self.idle[idx] = self.idle[idx].saturating_add(1);
@@ -794,6 +805,12 @@ impl BitmapOwner {
         }
         if self.batch_events != 0 {
             i.super_written.fetch_max(self.batch_events, SeqCst);
+        }
+        if self.clear_stale && !self.dirty_units.iter().any(|&d| d) {
+            // Every bit is on disk now: the stale flag can go (in a later write, after).
+            self.clear_stale = false;
+            self.super_.state &= !crate::metadata::bitmap::BITMAP_STATE_STALE;
+            self.encode_super();
         }
         if any {
             i.generation.fetch_add(1, SeqCst);
@@ -931,12 +948,11 @@ mod tests {
             assert!(i.is_durable(3));
         }
         i.end_write(3..4);
-        // First pass after: touched → idle 0; second: idle 1; third: cleared.
+        // First pass after the write: counted once; the next one clears.
         o.poll(&i, 5_000_000_000, &mut out);
-        o.poll(&i, 6_000_000_000, &mut out);
         assert!(out.is_empty() && i.is_durable(3));
         i.set_events(9);
-        o.poll(&i, 7_000_000_000, &mut out);
+        o.poll(&i, 6_000_000_000, &mut out);
         assert_eq!(
             out.len(),
             1,

@@ -39,6 +39,7 @@ use crate::array::{
     new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig, ArrayError,
     ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState,
 };
+use crate::bitmap::WriteIntent;
 use crate::device::{BlockDevice, Channel, DeviceError};
 use crate::geometry::ArrayGeometry;
 use crate::parity::Parity;
@@ -386,6 +387,28 @@ impl<F: Frontend> Reactors<F> {
     where
         D: BlockDevice + Send + Sync + 'static,
     {
+        Self::start_with_bitmap(devices, geo, parity, array_cfg, cfg, frontends, None)
+    }
+
+    /// [`Reactors::start`] for an array with a write-intent bitmap: every shard gets
+    /// `bitmap` attached ([`Array::attach_bitmap`]), reactor 0 as its owner (it writes the
+    /// bitmap sectors and runs the clearing daemon, and wakes the others when bits become
+    /// durable). The reactors stop only once the owner's last bitmap write completed.
+    ///
+    /// # Errors
+    /// As [`Reactors::start`].
+    pub fn start_with_bitmap<D>(
+        devices: Arc<Vec<D>>,
+        geo: ArrayGeometry,
+        parity: Parity,
+        array_cfg: ArrayConfig,
+        cfg: ReactorConfig,
+        frontends: Vec<F>,
+        bitmap: Option<Arc<WriteIntent>>,
+    ) -> Result<Self, ReactorError>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+    {
         let n = cfg.cores.len();
         if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
             return Err(ReactorError::Config(format!(
@@ -427,6 +450,7 @@ impl<F: Frontend> Reactors<F> {
             let core = cfg.cores[me];
             let mode = cfg.mode;
             let requests = cfg.requests;
+            let bitmap = bitmap.clone();
             let t = std::thread::Builder::new()
                 .name(format!("reactor-{me}"))
                 .spawn(move || {
@@ -443,12 +467,16 @@ impl<F: Frontend> Reactors<F> {
                             source,
                         })?);
                     }
-                    let array = Array::new(geo, chans, parity, array_cfg).map_err(|source| {
-                        ReactorError::Array {
-                            reactor: me,
-                            source,
-                        }
-                    })?;
+                    let mut array =
+                        Array::new(geo, chans, parity, array_cfg).map_err(|source| {
+                            ReactorError::Array {
+                                reactor: me,
+                                source,
+                            }
+                        })?;
+                    if let Some(b) = bitmap {
+                        array.attach_bitmap(b, me == 0);
+                    }
                     Ok(run(me, n, geo, array, &rings, &shared, mode, requests, fe))
                 })
                 .map_err(ReactorError::Spawn)?;
@@ -518,6 +546,9 @@ fn run<F: Frontend, C: Channel>(
     let mut announced = vec![false; usize::from(members)];
     let mut failures_seen = 0u64;
     let mut next_publish = 0u64;
+    // The owner wakes the other reactors when bits they may wait for become durable.
+    let owner_of_bitmap = me == 0 && reactors > 1;
+    let mut bitmap_gen = array.bitmap().map_or(0, |b| b.generation());
     loop {
         let mut progress = false;
         let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -570,6 +601,17 @@ fn run<F: Frontend, C: Channel>(
             progress = true;
         }
         progress |= array.process();
+        if owner_of_bitmap {
+            if let Some(b) = array.bitmap() {
+                let g = b.generation();
+                if g != bitmap_gen {
+                    bitmap_gen = g;
+                    for to in 1..reactors {
+                        shared.wake(to);
+                    }
+                }
+            }
+        }
         loop {
             let k = array.poll(&mut comps);
             for &c in &comps[..k] {
@@ -638,6 +680,8 @@ fn run<F: Frontend, C: Channel>(
         if shared.stop.load(Ordering::Acquire)
             && shared.finished.load(Ordering::Acquire) == reactors
             && shared.in_flight.load(Ordering::Acquire) == 0
+            // The bitmap owner's last batch (its buffer is the shard's) must complete.
+            && !array.busy()
         {
             debug_assert!(local.is_empty() && outbox.is_empty() && !array.busy());
             // Final figures for anyone holding a handle (blocking is fine on the way out).
