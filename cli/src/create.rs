@@ -9,6 +9,13 @@
 //! the kernel writes) — with a progress bar, then records the array clean. With
 //! `--assume-clean` the members are declared consistent as they are (md's
 //! `--assume-clean`: right for new, already-zeroed devices, wrong for anything else).
+//!
+//! **Internal write-intent bitmap** (`--bitmap internal|none`, `--bitmap-chunk`): by
+//! default mdadm's rule — one when each member contributes more than 100 GiB — laid out
+//! and sized as mdadm 4.2 does (`engine::metadata::bitmap`). The array is always created
+//! consistent (zeroed, or declared clean), so every bit starts clear: mdadm writes all bits
+//! set even then (md clears them lazily without a resync, `resync_offset` being
+//! `MaxSector`); nothing needs a resync here, and clear bits say so.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -19,7 +26,7 @@ use std::time::SystemTime;
 use anyhow::{bail, ensure, Context, Result};
 use drivers::metadata_io;
 use engine::geometry::Geometry;
-use engine::metadata::{MdTime, NewArray, Uuid};
+use engine::metadata::{BitmapChoice, MdTime, NewArray, Uuid};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing::info;
 
@@ -38,6 +45,10 @@ pub struct CreateOptions {
     pub force: bool,
     /// Show a progress bar (a terminal); otherwise progress goes to the log.
     pub progress: bool,
+    /// Internal write-intent bitmap: mdadm's default rule, internal, or none.
+    pub bitmap: BitmapChoice,
+    /// Bitmap chunk (bytes of each member per bit), or `None` for mdadm's default.
+    pub bitmap_chunk_bytes: Option<u64>,
 }
 
 /// What was created.
@@ -49,6 +60,8 @@ pub struct Created {
     pub size_bytes: u64,
     /// Data offset of every member, bytes.
     pub data_offset_bytes: u64,
+    /// Bitmap chunk in bytes when an internal bitmap was written.
+    pub bitmap_chunk_bytes: Option<u64>,
 }
 
 /// Size of a file or block device, bytes.
@@ -185,7 +198,11 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         MdTime::new(now.as_secs(), 0),
     )?;
     new.clean = true;
+    new.bitmap = o.bitmap;
+    new.bitmap_chunk_bytes = o.bitmap_chunk_bytes;
     let sbs = new.superblocks(&sectors, &mut rng)?;
+    let bitmap_area = new.initial_bitmap_area(sbs[0].size)?;
+    let bitmap_chunk_bytes = new.bitmap_super(sbs[0].size)?.map(|b| b.chunk_bytes());
     let data_offset = sbs[0].data_offset * 512;
     let data_bytes = sbs[0].size * 512;
     let size_bytes = data_bytes / u64::from(g.chunk_bytes())
@@ -239,12 +256,17 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         }
         bar.finish_and_clear();
     }
+    // md's order: the bitmap before the superblock that announces it.
     for (p, sb) in o.devices.iter().zip(&sbs) {
+        if let Some(area) = &bitmap_area {
+            metadata_io::write_bitmap_area(p, sb, area)?;
+        }
         metadata_io::write_superblock(p, sb)?;
     }
     Ok(Created {
         uuid,
         size_bytes,
         data_offset_bytes: data_offset,
+        bitmap_chunk_bytes,
     })
 }

@@ -15,7 +15,10 @@ use std::fmt;
 use std::path::Path;
 
 use engine::geometry::Layout;
-use engine::metadata::{raw_checksum, DevRole, Superblock, SuperblockError, SUPERBLOCK_BASE_BYTES};
+use engine::metadata::bitmap::BITMAP_MAGIC;
+use engine::metadata::{
+    raw_checksum, Bitmap, DevRole, Feature, Superblock, SuperblockError, SUPERBLOCK_BASE_BYTES,
+};
 use serde::{Deserialize, Serialize};
 
 /// Byte offset of `sb_csum` in the superblock (`md_p.h`; `docs/FORMAT.md`).
@@ -80,6 +83,132 @@ pub struct ExamineReport {
     pub supported: bool,
     /// Why not, when it cannot (`engine::metadata::Superblock::check_supported`).
     pub unsupported_reason: Option<String>,
+    /// The internal write-intent bitmap (`mdadm --examine-bitmap`), when the superblock
+    /// has one (`feature_map` bit 1) and it could be read; `null` otherwise.
+    #[serde(default)]
+    pub bitmap: Option<BitmapReport>,
+    /// Why the internal bitmap the superblock announces could not be read or is refused.
+    #[serde(default)]
+    pub bitmap_error: Option<String>,
+}
+
+/// An internal bitmap as `mdadm --examine-bitmap` shows it (`bitmap_super_t`, md-bitmap.h).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BitmapReport {
+    /// Where the bitmap starts on the device, bytes (`(super_offset + bitmap_offset) × 512`).
+    pub offset_bytes: u64,
+    /// `version` (4: little-endian bits).
+    pub version: u32,
+    /// `uuid`, md's colon form (the array's UUID).
+    pub uuid: String,
+    /// `events` the bitmap was last written with.
+    pub events: u64,
+    /// `events_cleared`: the array's events when a bit was last cleared.
+    pub events_cleared: u64,
+    /// `"ok"` or `"stale"` (every bit counts as dirty).
+    pub state: String,
+    /// Bytes of each member one bit covers (`chunksize`).
+    pub chunk_bytes: u64,
+    /// Seconds between bitmap-daemon passes (`daemon_sleep`).
+    pub daemon_sleep_s: u32,
+    /// `write_behind` (0: normal write mode).
+    pub write_behind: u32,
+    /// Bytes of each member the bitmap covers (`sync_size` × 512).
+    pub sync_size_bytes: u64,
+    /// Number of bits (chunks).
+    pub bits: u64,
+    /// Bits set: regions that may hold writes not yet known to be on every member.
+    pub dirty_bits: u64,
+}
+
+impl BitmapReport {
+    /// The report of bitmap `b` found at `offset_bytes`.
+    pub fn new(b: &Bitmap, offset_bytes: u64) -> Self {
+        let s = &b.super_;
+        BitmapReport {
+            offset_bytes,
+            version: s.version,
+            uuid: s.uuid.to_string(),
+            events: s.events,
+            events_cleared: s.events_cleared,
+            state: if s.is_stale() { "stale" } else { "ok" }.to_string(),
+            chunk_bytes: s.chunk_bytes(),
+            daemon_sleep_s: s.daemon_sleep,
+            write_behind: s.write_behind,
+            sync_size_bytes: s.sync_size.saturating_mul(512),
+            bits: b.bits(),
+            dirty_bits: b.dirty_count(),
+        }
+    }
+}
+
+impl fmt::Display for BitmapReport {
+    /// The lines of `mdadm --examine-bitmap` (`ExamineBitmap`, bitmap.c), same labels.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "  Internal Bitmap : {} sectors from superblock",
+            self.offset_bytes / 512 - 8
+        )?;
+        writeln!(f, "           Magic : {BITMAP_MAGIC:x}")?;
+        writeln!(f, "         Version : {}", self.version)?;
+        writeln!(f, "            UUID : {}", self.uuid)?;
+        writeln!(f, "          Events : {}", self.events)?;
+        writeln!(f, "  Events Cleared : {}", self.events_cleared)?;
+        writeln!(
+            f,
+            "           State : {}",
+            if self.state == "stale" {
+                "Out of date"
+            } else {
+                "OK"
+            }
+        )?;
+        writeln!(f, "       Chunksize : {}", chunk_text(self.chunk_bytes))?;
+        writeln!(
+            f,
+            "          Daemon : {}s flush period",
+            self.daemon_sleep_s
+        )?;
+        if self.write_behind == 0 {
+            writeln!(f, "      Write Mode : Normal")?;
+        } else {
+            writeln!(
+                f,
+                "      Write Mode : Allow write behind, max {}",
+                self.write_behind
+            )?;
+        }
+        // mdadm prints KiB, then the human size.
+        writeln!(
+            f,
+            "       Sync Size : {} ({})",
+            self.sync_size_bytes / 1024,
+            crate::status::human_bytes(self.sync_size_bytes)
+        )?;
+        let pct = if self.bits == 0 {
+            0.0
+        } else {
+            100.0 * self.dirty_bits as f64 / self.bits as f64
+        };
+        writeln!(
+            f,
+            "          Bitmap : {} bits (chunks), {} dirty ({pct:.1}%)",
+            self.bits, self.dirty_bits
+        )
+    }
+}
+
+/// mdadm's `human_chunksize`: B, KB, MB or GB (powers of 1024).
+fn chunk_text(bytes: u64) -> String {
+    let mut v = bytes;
+    for unit in ["B", "KB", "MB"] {
+        if v < 1024 || !v.is_multiple_of(1024) {
+            return format!("{v} {unit}");
+        }
+        v /= 1024;
+    }
+    format!("{v} GB")
 }
 
 /// A device's role as its own superblock records it. Serialized as the slot number or
@@ -217,7 +346,23 @@ pub fn examine_device(path: &Path) -> ExamineEntry {
             error: e.to_string(),
         }),
         Ok(area) => match examine_area(&device, &area) {
-            Ok(r) => ExamineEntry::Report(Box::new(r)),
+            Ok(mut r) => {
+                if r.feature_map & Feature::BitmapOffset.bit() != 0 {
+                    let sb = Superblock::decode(&area).ok();
+                    match sb.map(|sb| {
+                        let at = engine::metadata::bitmap::bitmap_start_sector(&sb);
+                        (drivers::metadata_io::read_bitmap(path, &sb), at)
+                    }) {
+                        Some((Ok(b), Some(at))) => r.bitmap = Some(BitmapReport::new(&b, at * 512)),
+                        Some((Err(e), _)) => r.bitmap_error = Some(e.to_string()),
+                        _ => {
+                            r.bitmap_error =
+                                Some("the superblock does not decode: bitmap not read".into())
+                        }
+                    }
+                }
+                ExamineEntry::Report(Box::new(r))
+            }
             Err(e) => ExamineEntry::Failure(ExamineFailure {
                 error: format!("{device}: {e}"),
                 device,
@@ -294,6 +439,8 @@ pub fn examine_area(device: &str, bytes: &[u8]) -> Result<ExamineReport, Superbl
         array_state: array_state(&sb),
         supported: unsupported_reason.is_none(),
         unsupported_reason,
+        bitmap: None,
+        bitmap_error: None,
     })
 }
 
@@ -446,9 +593,17 @@ impl fmt::Display for ExamineReport {
             self.array_state
         )?;
         match &self.unsupported_reason {
-            None => writeln!(f, "      ferroraid : can serve this array"),
-            Some(why) => writeln!(f, "      ferroraid : cannot serve this array: {why}"),
+            None => writeln!(f, "      ferroraid : can serve this array")?,
+            Some(why) => writeln!(f, "      ferroraid : cannot serve this array: {why}")?,
         }
+        if let Some(b) = &self.bitmap {
+            writeln!(f)?;
+            write!(f, "{b}")?;
+        }
+        if let Some(e) = &self.bitmap_error {
+            writeln!(f, "  Internal Bitmap : unreadable: {e}")?;
+        }
+        Ok(())
     }
 }
 
@@ -522,14 +677,14 @@ mod tests {
     #[test]
     fn unsupported_is_shown_with_the_reason() {
         let mut sb = raid6()[0].clone();
-        sb.feature_map = 1; // internal bitmap
+        sb.feature_map = 4; // reshape active
         let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();
         assert!(r.checksum_ok);
         assert!(!r.supported);
         assert!(r
             .unsupported_reason
             .unwrap()
-            .contains("MD_FEATURE_BITMAP_OFFSET"));
+            .contains("MD_FEATURE_RESHAPE_ACTIVE"));
         let mut sb = raid6()[0].clone();
         sb.layout = 18;
         let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();

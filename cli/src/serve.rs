@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::array::MemberState;
 use engine::geometry::{Geometry, Layout, Level};
+use engine::metadata::BitmapChoice;
 use engine::reactor::Mode;
 use ferroraid::create::{create, CreateOptions};
 use ferroraid::target::{ServeOptions, Target};
@@ -40,15 +41,43 @@ pub struct CreateArgs {
     /// Overwrite devices that already carry an md superblock.
     #[arg(long)]
     force: bool,
+    /// Internal write-intent bitmap: `internal` or `none`. Default: mdadm's rule (internal
+    /// when each member contributes more than 100 GiB).
+    #[arg(long, value_parser = parse_bitmap_choice)]
+    bitmap: Option<BitmapChoice>,
+    /// Bytes of each member one bitmap bit covers (a power of two, at least 4K; default
+    /// as mdadm: 64M, or more when the bitmap would not fit its space). Implies
+    /// `--bitmap internal`.
+    #[arg(long, value_parser = crate::parse_bytes)]
+    bitmap_chunk: Option<u64>,
     /// Member devices (files or block devices), in role order.
     #[arg(required = true)]
     devices: Vec<PathBuf>,
+}
+
+/// `--bitmap`: `internal` or `none` (mdadm's names).
+fn parse_bitmap_choice(s: &str) -> Result<BitmapChoice, String> {
+    match s {
+        "internal" => Ok(BitmapChoice::Internal),
+        "none" => Ok(BitmapChoice::None),
+        _ => Err(format!(
+            "{s:?}: expected 'internal' or 'none' (external bitmap files are not supported)"
+        )),
+    }
 }
 
 /// Runs `ferroraid create`.
 pub fn run_create(a: &CreateArgs) -> Result<()> {
     let n = u16::try_from(a.devices.len()).context("too many devices")?;
     let geometry = Geometry::new(a.level, a.layout, n, a.chunk, 512)?;
+    let bitmap = match (a.bitmap, a.bitmap_chunk) {
+        (Some(BitmapChoice::None), Some(_)) => {
+            bail!("--bitmap-chunk needs an internal bitmap, but --bitmap none was given")
+        }
+        // A bitmap chunk asks for a bitmap.
+        (None, Some(_)) => BitmapChoice::Internal,
+        (b, None) | (b @ Some(_), Some(_)) => b.unwrap_or_default(),
+    };
     let c = create(&CreateOptions {
         geometry,
         name: a.name.clone(),
@@ -56,6 +85,8 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
         assume_clean: a.assume_clean,
         force: a.force,
         progress: std::io::stderr().is_terminal(),
+        bitmap,
+        bitmap_chunk_bytes: a.bitmap_chunk,
     })?;
     say!(
         "created {} {} array {:?} (UUID {}): {} members, chunk {} bytes, {} bytes, data offset {} bytes",
@@ -68,6 +99,9 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
         c.size_bytes,
         c.data_offset_bytes
     )?;
+    if let Some(chunk) = c.bitmap_chunk_bytes {
+        say!("internal write-intent bitmap: {chunk}-byte chunks")?;
+    }
     Ok(())
 }
 
@@ -371,6 +405,8 @@ pub fn run_demo(a: &DemoArgs) -> Result<()> {
             assume_clean: false,
             force: false,
             progress: false,
+            bitmap: Default::default(),
+            bitmap_chunk_bytes: None,
         })?;
         say!(
             "created RAID6 \"demo\" over {DEMO_MEMBERS} sparse {}-byte member files in {} ({} bytes)",

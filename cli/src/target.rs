@@ -28,8 +28,10 @@ use drivers::any::AnyDevice;
 use drivers::metadata_io;
 use drivers::uring::{UringConfig, UringDevice};
 use engine::array::{ArrayConfig, MemberState};
+use engine::bitmap::{NeedsSync, WriteIntent};
 use engine::device::BlockDevice;
 use engine::geometry::ArrayGeometry;
+use engine::metadata::bitmap::{bitmap_start_sector, BITMAP_STATE_STALE};
 use engine::metadata::{
     assemble, next_generation, AssembleOptions, Assembly, DevRole, MdTime, Resync, Superblock,
     Update, MAX_SECTOR,
@@ -49,6 +51,9 @@ mod lifecycle;
 
 /// How often the monitor looks for newly failed members, to record them on disk.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(50);
+/// Longest wait for the bitmap owner to write the bitmap superblock before an md superblock
+/// update: a member whose bitmap write hangs is failed by the command timeout anyway.
+const BITMAP_SUPER_WAIT: Duration = Duration::from_secs(5);
 
 /// What `ferroraid serve` runs.
 #[derive(Clone, Debug)]
@@ -126,6 +131,22 @@ impl std::fmt::Debug for MemberMeta {
     }
 }
 
+/// How the internal bitmap's superblock follows the md superblocks: md writes the bitmap
+/// superblock with the new `events` before the md superblocks (`md_update_sb` →
+/// `md_bitmap_update_sb`), so a bitmap is never older than the superblock that announces
+/// it (else md and ferroraid take it for stale).
+#[derive(Debug)]
+enum BitmapSync {
+    /// No internal bitmap.
+    None,
+    /// The reactors are not running: rewrite each member's bitmap superblock directly.
+    /// `clear_stale`: also clear its stale flag (the array is clean, so the old bits do
+    /// not matter and every later write sets its own).
+    Offline { clear_stale: bool },
+    /// The owner reactor writes the bitmap: ask it, and wait.
+    Online(Arc<WriteIntent>),
+}
+
 /// The superblocks of the running array, and the rule for changing them.
 #[derive(Debug)]
 struct Meta {
@@ -134,6 +155,7 @@ struct Meta {
     recorded_failed: Vec<u16>,
     /// Background process bookkeeping of the monitor.
     book: lifecycle::ProcessBook,
+    bitmap: BitmapSync,
 }
 
 /// Role and recovery changes of one superblock generation, beside failures and
@@ -194,6 +216,9 @@ impl Meta {
                 recovery: std::mem::take(&mut changes.recovery),
             };
             let next = next_generation(&current, &update).context("building superblocks")?;
+            if let Some(ev) = next.iter().flatten().map(|sb| sb.events).max() {
+                self.bitmap_events(ev);
+            }
             let mut write_failed = Vec::new();
             let active: Vec<usize> = (0..self.members.len())
                 .filter(|&i| self.members[i].active)
@@ -228,6 +253,51 @@ impl Meta {
                 return Ok(events);
             }
             failed = write_failed;
+        }
+    }
+}
+
+impl Meta {
+    /// Brings the bitmap superblock to `events` before the md superblocks get it (see
+    /// [`BitmapSync`]). Failures are logged, not fatal: a bitmap left behind reads as stale
+    /// later, which costs a full resync after a crash but never loses a dirty region.
+    fn bitmap_events(&mut self, events: u64) {
+        match &self.bitmap {
+            BitmapSync::None => {}
+            BitmapSync::Online(i) => {
+                i.set_events(events);
+                let start = std::time::Instant::now();
+                while i.super_written_events() < events {
+                    if start.elapsed() > BITMAP_SUPER_WAIT {
+                        warn!(
+                            events,
+                            written = i.super_written_events(),
+                            "the bitmap superblock was not written in time; the bitmap will \
+                             read as stale"
+                        );
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            BitmapSync::Offline { clear_stale } => {
+                let clear = *clear_stale;
+                for m in self.members.iter().filter(|m| m.active) {
+                    if bitmap_start_sector(&m.sb).is_none() {
+                        continue;
+                    }
+                    let r = metadata_io::read_bitmap(&m.path, &m.sb).and_then(|mut b| {
+                        b.super_.events = b.super_.events.max(events);
+                        if clear {
+                            b.super_.state &= !BITMAP_STATE_STALE;
+                        }
+                        metadata_io::write_bitmap_area(&m.path, &m.sb, &b.to_area(false))
+                    });
+                    if let Err(e) = r {
+                        warn!(member = %m.path.display(), "bitmap superblock update failed: {e}");
+                    }
+                }
+            }
         }
     }
 }
@@ -784,14 +854,62 @@ impl Target {
         // record the roles that have no member faulty (as md does for a degraded start): a
         // device left out now misses every write from here on, and must never count as
         // current again, even if a crash leaves the others only one generation ahead of it.
+        // The internal bitmap: read it whole from the device whose bitmap assembly chose, and
+        // decide which regions a resync still needs (all of them when it is stale).
+        let mut bitmap = match &assembly.bitmap {
+            None => None,
+            Some(ab) => {
+                let path = &opts.devices[ab.source];
+                let sb = candidates[ab.source]
+                    .superblock
+                    .as_ref()
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                let b = metadata_io::read_bitmap(path, sb)
+                    .with_context(|| format!("reading the bitmap of {}", path.display()))?;
+                let needs = match (assembly.resync_needed, ab.stale) {
+                    (false, _) => NeedsSync::None,
+                    (true, false) => NeedsSync::OnDisk,
+                    (true, true) => NeedsSync::All,
+                };
+                Some((b, needs))
+            }
+        };
         let mut meta = Meta {
             members: metas,
             recorded_failed: Vec::new(),
             book: lifecycle::ProcessBook::resuming(resumed_roles),
+            bitmap: match &bitmap {
+                None => BitmapSync::None,
+                Some(_) => BitmapSync::Offline {
+                    clear_stale: !assembly.resync_needed,
+                },
+            },
         };
         // While served the array is dirty on disk (md writes `resync_offset` 0 while it is
         // not in sync); where an owed resync resumes is kept in memory (the assembly).
         let events = meta.record(&assembly.missing_roles, Some(Resync::Dirty))?;
+        let intent = match bitmap.take() {
+            None => None,
+            Some((mut b, needs)) => {
+                // What the offline update just wrote.
+                b.super_.events = b.super_.events.max(events);
+                if !assembly.resync_needed {
+                    b.super_.state &= !BITMAP_STATE_STALE;
+                }
+                let sb = &meta.members[0].sb;
+                let start = bitmap_start_sector(sb).context("the array has a bitmap")? * 512;
+                let i = WriteIntent::new(&b, start, &geo, needs)
+                    .context("setting up the write-intent bitmap")?;
+                info!(
+                    regions = i.regions(),
+                    chunk_bytes = i.chunk_bytes(),
+                    dirty = i.dirty_on_disk(),
+                    needed = ?needs,
+                    "write-intent bitmap"
+                );
+                Some(Arc::new(i))
+            }
+        };
         info!(
             array = %name,
             level = g.level().md_level(),
@@ -816,14 +934,18 @@ impl Target {
             mode: opts.mode,
             requests: 1024,
         };
-        let started = Reactors::start(
+        let started = Reactors::start_with_bitmap(
             Arc::new(devices),
             geo,
             Parity::new(),
             array_cfg,
             rcfg,
             frontends,
+            intent.clone(),
         );
+        if let (Ok(_), Some(i)) = (&started, &intent) {
+            meta.bitmap = BitmapSync::Online(Arc::clone(i));
+        }
         if started.is_err() && !assembly.resync_needed {
             // Nothing was written: leave the array clean, as it was found.
             if let Err(e) = meta.record(&[], Some(Resync::Clean)) {
@@ -979,6 +1101,10 @@ impl Target {
             .meta
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !matches!(meta.bitmap, BitmapSync::None) {
+            // The owner reactor is gone: its last bitmap write completed before it stopped.
+            meta.bitmap = BitmapSync::Offline { clear_stale: false };
+        }
         let newly: Vec<u16> = failed_roles(&snap, &meta);
         for m in meta.members.iter().filter(|m| m.active) {
             if m.role.is_some_and(|r| newly.contains(&r)) {

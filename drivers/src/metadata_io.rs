@@ -13,9 +13,10 @@ use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use engine::metadata::bitmap::{bitmap_start_sector, BITMAP_SUPER_BYTES};
 use engine::metadata::{
-    Candidate, Superblock, SuperblockError, SUPERBLOCK_AREA_BYTES, SUPERBLOCK_OFFSET_BYTES,
-    SUPER_OFFSET_SECTORS,
+    Bitmap, BitmapError, BitmapSuper, Candidate, Superblock, SuperblockError,
+    SUPERBLOCK_AREA_BYTES, SUPERBLOCK_OFFSET_BYTES, SUPER_OFFSET_SECTORS,
 };
 
 /// What went wrong reading or writing a superblock, with the path.
@@ -53,6 +54,14 @@ pub enum MetadataIoError {
         path: PathBuf,
         /// Why.
         source: SuperblockError,
+    },
+    /// The internal bitmap found (or to be written) is not acceptable.
+    #[error("{path}: internal bitmap: {source}", path = path.display())]
+    Bitmap {
+        /// The member.
+        path: PathBuf,
+        /// Why.
+        source: BitmapError,
     },
     /// A superblock whose `super_offset` is not the v1.2 position this module writes to.
     #[error(
@@ -131,10 +140,111 @@ pub fn read_superblock(path: impl AsRef<Path>) -> Result<Superblock, MetadataIoE
 /// # Errors
 /// [`MetadataIoError::Io`] / [`MetadataIoError::TooSmall`] when the area cannot be read at
 /// all.
+///
+/// When the superblock has an internal bitmap (`MD_FEATURE_BITMAP_OFFSET`), its bitmap
+/// superblock is read too and attached ([`Candidate::with_bitmap`]): decoded and checked
+/// against the superblock ([`BitmapSuper::check_against`]), or the reason it is not
+/// acceptable (assembly decides); an I/O error reading it is an error here.
 pub fn read_candidate(path: impl AsRef<Path>) -> Result<Candidate, MetadataIoError> {
     let path = path.as_ref();
     let area = read_superblock_area(path)?;
-    Ok(Candidate::from_bytes(path.display().to_string(), &area))
+    let c = Candidate::from_bytes(path.display().to_string(), &area);
+    let Ok(sb) = &c.superblock else {
+        return Ok(c);
+    };
+    if bitmap_start_sector(sb).is_none() {
+        return Ok(c);
+    }
+    let checked = match read_bitmap(path, sb) {
+        Ok(b) => Ok(b.super_),
+        Err(MetadataIoError::Bitmap { source, .. }) => Err(source),
+        Err(e) => return Err(e),
+    };
+    Ok(c.with_bitmap(checked))
+}
+
+/// Reads a member's internal bitmap (superblock and bits) from
+/// `(super_offset + bitmap_offset) × 512` bytes and checks it against `sb`
+/// ([`BitmapSuper::check_against`]).
+///
+/// # Errors
+/// [`MetadataIoError::Bitmap`] when `sb` has no bitmap, or the bitmap does not decode or
+/// belong to `sb` (named reason); [`MetadataIoError::TooSmall`] when the device ends
+/// before the bitmap does; [`MetadataIoError::Io`] (open, read).
+pub fn read_bitmap(path: impl AsRef<Path>, sb: &Superblock) -> Result<Bitmap, MetadataIoError> {
+    let path = path.as_ref();
+    let bm_err = |source| MetadataIoError::Bitmap {
+        path: path.to_path_buf(),
+        source,
+    };
+    let start = bitmap_start_sector(sb).ok_or_else(|| bm_err(BitmapError::NoBitmap))? * 512;
+    let mut f = File::open(path).map_err(io_err(path, "open"))?;
+    let size = device_bytes(&mut f, path)?;
+    let mut head = [0u8; BITMAP_SUPER_BYTES];
+    if size < start + head.len() as u64 {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: start + head.len() as u64,
+            why: "the internal bitmap lies beyond the end of the device",
+        });
+    }
+    f.read_exact_at(&mut head, start)
+        .map_err(io_err(path, "read bitmap superblock"))?;
+    let bs = BitmapSuper::decode(&head).map_err(bm_err)?;
+    bs.check_against(sb).map_err(bm_err)?;
+    // check_against bounded the bits by the space before the data: the read is small.
+    let len = BITMAP_SUPER_BYTES as u64 + bs.bits().div_ceil(8);
+    if size < start + len {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: start + len,
+            why: "the internal bitmap lies beyond the end of the device",
+        });
+    }
+    let mut area = vec![0u8; len as usize];
+    f.read_exact_at(&mut area, start)
+        .map_err(io_err(path, "read bitmap"))?;
+    Bitmap::decode(&area).map_err(bm_err)
+}
+
+/// Writes a bitmap area (bitmap superblock first, e.g. `NewArray::initial_bitmap_area`
+/// or [`Bitmap::to_area`]) at `sb`'s bitmap start, then `fdatasync`. The area must fit
+/// the space between the superblock and the data ([`BitmapSuper::check_against`] on its
+/// own superblock); nothing else is touched.
+///
+/// # Errors
+/// [`MetadataIoError::Bitmap`] when `sb` has no bitmap or the area's superblock does not
+/// decode, belong to `sb` or fit; [`MetadataIoError::Io`] (open, write, sync).
+pub fn write_bitmap_area(
+    path: impl AsRef<Path>,
+    sb: &Superblock,
+    area: &[u8],
+) -> Result<(), MetadataIoError> {
+    let path = path.as_ref();
+    let bm_err = |source| MetadataIoError::Bitmap {
+        path: path.to_path_buf(),
+        source,
+    };
+    let start = bitmap_start_sector(sb).ok_or_else(|| bm_err(BitmapError::NoBitmap))?;
+    let bs = BitmapSuper::decode(area).map_err(bm_err)?;
+    bs.check_against(sb).map_err(bm_err)?;
+    // The area may be rounded up past the bits (4 KiB); it must still end before the
+    // data and the bad-block log.
+    engine::metadata::bitmap::check_bitmap_space(
+        sb,
+        (area.len() as u64 - BITMAP_SUPER_BYTES as u64) * 8,
+    )
+    .map_err(bm_err)?;
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err(path, "open for writing"))?;
+    f.write_all_at(area, start * 512)
+        .map_err(io_err(path, "write bitmap"))?;
+    f.sync_data().map_err(io_err(path, "sync bitmap"))?;
+    Ok(())
 }
 
 /// Writes `sb` as the member's superblock: the encoding zero-padded to the 4 KiB area at

@@ -26,14 +26,25 @@
 //! while the stripe keeps enough members to rebuild it (the parity written with it covers
 //! the lost chunk). The client sees an error only when data is unrecoverable.
 //!
+//! # Write-intent bitmap
+//! With a bitmap attached ([`Array::attach_bitmap`], `crate::bitmap`), a write,
+//! write-zeroes or discard operation waits in [`Phase`] `BitmapWait` — holding its stripe —
+//! until the bits of the regions its stripe covers are durable on every online member;
+//! reads never wait. The owner shard writes the bitmap sectors (a member I/O kind of its
+//! own, at absolute member offsets outside the data area) and runs the lazy-clear daemon
+//! on the array clock. Without a bitmap nothing changes.
+//!
 //! # Limits
 //! Every pool is sized at construction ([`ArrayConfig`]); the data path allocates nothing.
 
 use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 use thiserror::Error;
 
+use crate::bitmap::{BitmapOwner, BitmapWrite, WriteIntent};
 use crate::buf::AlignedBuf;
 use crate::device::{Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use crate::geometry::{ArrayGeometry, Level, Role, MAX_RAID6_MEMBERS};
@@ -310,6 +321,9 @@ impl Default for ArrayConfig {
 
 /// Member-tag layout: stripe operation index in the high bits, member in the low 16.
 const MEMBER_BITS: u32 = 16;
+/// The "operation index" of the owner shard's bitmap writes (no stripe operation has it:
+/// pools hold far fewer than 2^32 − 1 operations).
+const BITMAP_SOP: u32 = u32::MAX;
 const _: () = assert!((MAX_RAID6_MEMBERS as u64) < (1 << MEMBER_BITS));
 
 struct Member<C> {
@@ -361,6 +375,8 @@ enum Phase {
     BgRead,
     /// A background operation writing rebuilt chunks or corrected parity.
     BgWrite,
+    /// A write waiting for its write-intent bits to be durable (no I/O outstanding).
+    BitmapWait,
 }
 
 struct Sop {
@@ -402,6 +418,23 @@ struct Sop {
     bg_slot: u8,
     /// When the background operation was issued, ns (for the pacer).
     bg_start_ns: u64,
+    /// Write-intent regions this operation counts in flight (empty: none).
+    regions: Range<u64>,
+}
+
+/// A shard's part of the write-intent bitmap.
+struct IntentShard {
+    shared: Arc<WriteIntent>,
+    /// The owner's state, on the owner shard only.
+    owner: Option<BitmapOwner>,
+    /// Operations in `BitmapWait`, in arrival order.
+    waiting: VecDeque<u32>,
+    /// `generation` when the waiting operations were last checked.
+    seen: u64,
+    /// The owner's batch writes (capacity fixed at attach).
+    writes: Vec<BitmapWrite>,
+    /// Member requests of the owner's batch outstanding.
+    outstanding: u32,
 }
 
 /// One shard's background process.
@@ -488,6 +521,8 @@ pub struct Array<C: Channel> {
     bg_not_before: u64,
     /// The pacer said: after a background completion.
     bg_wait: bool,
+    /// The write-intent bitmap, when the array has one.
+    intent: Option<IntentShard>,
 }
 
 /// Why an [`Array`] could not be built.
@@ -637,6 +672,7 @@ impl<C: Channel> Array<C> {
                     bg: None,
                     bg_slot: 0,
                     bg_start_ns: 0,
+                    regions: 0..0,
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
@@ -667,6 +703,7 @@ impl<C: Channel> Array<C> {
             bg_sops: (cfg.stripe_ops as u32..total_sops as u32).rev().collect(),
             bg_not_before: 0,
             bg_wait: false,
+            intent: None,
         };
         for m in cfg.failed_members.into_iter().flatten() {
             if usize::from(m) >= n {
@@ -754,20 +791,64 @@ impl<C: Channel> Array<C> {
             .as_ref()
             .filter(|p| p.state == ProcessState::Running && self.bg_not_before > self.now)
             .map(|_| self.bg_not_before);
+        let daemon = self
+            .intent
+            .as_ref()
+            .and_then(|i| i.owner.as_ref())
+            .and_then(BitmapOwner::next_deadline_ns);
+        let own = pacer.into_iter().chain(daemon).min();
         if self.io_timeout_ns == 0 {
-            return pacer;
+            return own;
         }
         self.sops
             .iter()
             .filter(|s| s.outstanding > 0)
             .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
-            .chain(pacer)
+            .chain(own)
             .min()
     }
 
-    /// Whether any request is still in progress.
+    /// Whether any request is still in progress (or, on the bitmap owner, a bitmap write).
     pub fn busy(&self) -> bool {
         self.free_reqs.len() != self.reqs.len()
+            || self
+                .intent
+                .as_ref()
+                .and_then(|i| i.owner.as_ref())
+                .is_some_and(BitmapOwner::busy)
+    }
+
+    /// Attaches the array's write-intent bitmap (see the module docs): from now on every
+    /// write operation waits until its regions' bits are durable. `owner`: this shard
+    /// writes the bitmap sectors and runs the clearing daemon (exactly one shard per
+    /// array: shard 0). Attach before submitting requests.
+    ///
+    /// # Panics
+    /// If a bitmap is already attached, requests are in flight, or a second owner is
+    /// claimed ([`WriteIntent::owner`]) — programmer errors.
+    pub fn attach_bitmap(&mut self, intent: Arc<WriteIntent>, owner: bool) {
+        assert!(self.intent.is_none(), "a bitmap is already attached");
+        assert!(!self.busy(), "attach the bitmap before submitting requests");
+        let owner = owner.then(|| intent.owner());
+        let units = owner.as_ref().map_or(0, |_| {
+            (intent.regions().div_ceil(8) as usize + 256).div_ceil(512) + 1
+        });
+        if self.failed_members > 0 {
+            intent.set_degraded();
+        }
+        self.intent = Some(IntentShard {
+            seen: intent.generation(),
+            shared: intent,
+            owner,
+            waiting: VecDeque::with_capacity(self.sops.len()),
+            writes: Vec::with_capacity(units),
+            outstanding: 0,
+        });
+    }
+
+    /// The attached write-intent bitmap's shared state.
+    pub fn bitmap(&self) -> Option<&Arc<WriteIntent>> {
+        self.intent.as_ref().map(|i| &i.shared)
     }
 
     /// Marks a member failed (as if it had returned `err`): a failure detected outside
@@ -802,6 +883,11 @@ impl<C: Channel> Array<C> {
                 self.stats.member_failures += 1;
             }
             MemberState::Failed(_) | MemberState::FailedByOperator => {}
+        }
+        // Nothing is cleared from the write-intent bitmap while a member is missing: its
+        // dirty regions are what a returning member must be rebuilt over.
+        if let Some(i) = &self.intent {
+            i.shared.set_degraded();
         }
     }
 
@@ -915,6 +1001,7 @@ impl<C: Channel> Array<C> {
             round |= self.check_timeouts();
             round |= self.resubmit();
             round |= self.reap();
+            round |= self.bitmap_work();
             while let Some(s) = self.ready.pop_front() {
                 self.advance(s);
                 round = true;
@@ -1009,6 +1096,9 @@ impl<C: Channel> Array<C> {
     fn member_done(&mut self, c: Completion) {
         let s = (c.tag >> MEMBER_BITS) as u32;
         let member = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
+        if s == BITMAP_SOP {
+            return self.bitmap_write_done(member, c.status);
+        }
         let known = (s as usize) < self.sops.len()
             && usize::from(member) < self.members.len()
             && self.sops[s as usize].outstanding > 0;
@@ -1253,6 +1343,7 @@ impl<C: Channel> Array<C> {
             sop.io_error = false;
             sop.unsupported = false;
             sop.bad.clear();
+            sop.regions = 0..0;
             self.waiting.push_back(s);
             if fully {
                 self.backlog.pop_front();
@@ -1310,6 +1401,14 @@ impl<C: Channel> Array<C> {
         if self.array_failed() {
             return self.finish_sop(s, Err(ArrayError::Failed));
         }
+        if self.bitmap_gate(s) {
+            return;
+        }
+        self.dispatch_sop(s);
+    }
+
+    /// Starts operation `s`'s first phase (its stripe is held, its bits durable).
+    fn dispatch_sop(&mut self, s: u32) {
         let req = self.reqs[self.sops[s as usize].req as usize]
             .as_ref()
             .expect("live request");
@@ -1323,6 +1422,14 @@ impl<C: Channel> Array<C> {
     }
 
     fn finish_sop(&mut self, s: u32, status: Result<(), ArrayError>) {
+        let regions = std::mem::replace(&mut self.sops[s as usize].regions, 0..0);
+        if !regions.is_empty() {
+            let i = self
+                .intent
+                .as_ref()
+                .expect("regions are counted only with a bitmap");
+            i.shared.end_write(regions);
+        }
         let sop = &self.sops[s as usize];
         debug_assert_eq!(sop.outstanding, 0);
         if let Some(p) = self.locked.iter().position(|&(_, x, _)| x == s) {
@@ -1367,6 +1474,7 @@ impl<C: Channel> Array<C> {
         req.pending = 1;
         let sop = &mut self.sops[s as usize];
         sop.req = ri;
+        sop.regions = 0..0;
         sop.phase = Phase::Flushing;
         sop.outstanding = 0;
         sop.io_error = false;
@@ -1598,6 +1706,170 @@ impl<C: Channel> Array<C> {
         if self.sops[s as usize].outstanding == 0 {
             self.ready.push_back(s);
         }
+    }
+
+    // ---- write-intent bitmap -------------------------------------------------------------
+
+    /// Counts a write operation in its regions (W1/W2, `crate::bitmap`); returns `true`
+    /// when it must wait for its bits (it is then in `BitmapWait`).
+    fn bitmap_gate(&mut self, s: u32) -> bool {
+        let Some(i) = &mut self.intent else {
+            return false;
+        };
+        let sop = &mut self.sops[s as usize];
+        let writes = self.reqs[sop.req as usize]
+            .as_ref()
+            .expect("live request")
+            .op
+            .is_write();
+        if !writes {
+            return false;
+        }
+        let regions = i.shared.stripe_regions(sop.stripe);
+        debug_assert!(sop.regions.is_empty());
+        sop.regions = regions.clone();
+        if i.shared.begin_write(regions) {
+            return false;
+        }
+        sop.phase = Phase::BitmapWait;
+        i.waiting.push_back(s);
+        true
+    }
+
+    /// The bitmap's turn in the loop: the owner's batch and daemon, then the waiting writes
+    /// whose bits became durable.
+    fn bitmap_work(&mut self) -> bool {
+        let Some(i) = &mut self.intent else {
+            return false;
+        };
+        let mut any = false;
+        if let Some(o) = &mut i.owner {
+            if !o.busy() {
+                o.poll(&i.shared, self.now, &mut i.writes);
+                if o.busy() {
+                    any = true;
+                    self.issue_bitmap_batch();
+                }
+            }
+        }
+        let Some(i) = &mut self.intent else {
+            return any;
+        };
+        let gen = i.shared.generation();
+        if gen == i.seen || i.waiting.is_empty() {
+            return any;
+        }
+        i.seen = gen;
+        let mut k = 0;
+        loop {
+            let i = self.intent.as_ref().expect("the bitmap stays attached");
+            let Some(&s) = i.waiting.get(k) else {
+                break;
+            };
+            if i.shared.all_durable(self.sops[s as usize].regions.clone()) {
+                self.intent
+                    .as_mut()
+                    .expect("the bitmap stays attached")
+                    .waiting
+                    .remove(k);
+                self.ready_after_bitmap(s);
+                any = true;
+            } else {
+                k += 1;
+            }
+        }
+        any
+    }
+
+    fn ready_after_bitmap(&mut self, s: u32) {
+        debug_assert_eq!(self.sops[s as usize].phase, Phase::BitmapWait);
+        if self.array_failed() {
+            return self.finish_sop(s, Err(ArrayError::Failed));
+        }
+        self.dispatch_sop(s);
+    }
+
+    /// Issues the owner's batch on every online member: FUA writes at absolute member
+    /// offsets (the bitmap area lies between the superblock and the data).
+    fn issue_bitmap_batch(&mut self) {
+        let i = self.intent.as_mut().expect("owner has a bitmap");
+        let o = i.owner.as_mut().expect("owner");
+        let base = o.buffer().as_mut_ptr();
+        let nwrites = i.writes.len();
+        let mut sent = 0u32;
+        for w in 0..nwrites {
+            let bw = self.intent.as_ref().expect("bitmap").writes[w];
+            for member in 0..self.members.len() as u16 {
+                if self.is_failed(member) {
+                    continue;
+                }
+                let max = self.members[usize::from(member)].max_transfer;
+                let mut done = 0u32;
+                while done < bw.len_bytes {
+                    let piece = (bw.len_bytes - done).min(max);
+                    // SAFETY: the batch buffer is the owner's snapshot, allocated at attach
+                    // and not written again until `batch_done` — after every request of the
+                    // batch has completed; `buf_offset + done + piece <= len` of the area
+                    // (the owner built the writes inside it).
+                    let buf = unsafe {
+                        IoBuf::from_raw(
+                            std::ptr::NonNull::new(
+                                base.wrapping_add(bw.buf_offset + done as usize),
+                            )
+                            .expect("non-null buffer"),
+                            piece,
+                            None,
+                        )
+                    };
+                    let req = Request {
+                        tag: (u64::from(BITMAP_SOP) << MEMBER_BITS) | u64::from(member),
+                        op: Op::Write { fua: true },
+                        offset_bytes: bw.offset_bytes + u64::from(done),
+                        len_bytes: piece,
+                        buf,
+                    };
+                    done += piece;
+                    let c = &mut self.members[usize::from(member)].counters;
+                    c.writes += 1;
+                    c.write_bytes += u64::from(piece);
+                    sent += 1;
+                    self.intent.as_mut().expect("bitmap").outstanding += 1;
+                    self.send(member, req);
+                }
+            }
+        }
+        if sent == 0 {
+            // No member online: the array has failed; nothing can be made durable.
+            self.finish_bitmap_batch(false);
+        }
+    }
+
+    fn bitmap_write_done(&mut self, member: u16, status: Result<(), IoError>) {
+        let Some(i) = &mut self.intent else {
+            self.stats.stray_completions += 1;
+            return;
+        };
+        if i.outstanding == 0 || i.owner.is_none() {
+            self.stats.stray_completions += 1;
+            return;
+        }
+        i.outstanding -= 1;
+        let done = i.outstanding == 0;
+        if let Err(e) = status {
+            self.members[usize::from(member)].counters.errors += 1;
+            // md fails a member whose bitmap write fails (md_super_write → md_error).
+            self.fail_member(member, e);
+        }
+        if done {
+            let ok = !self.array_failed();
+            self.finish_bitmap_batch(ok);
+        }
+    }
+
+    fn finish_bitmap_batch(&mut self, ok: bool) {
+        let i = self.intent.as_mut().expect("bitmap");
+        let o = i.owner.as_mut().expect("owner");
+        o.batch_done(&i.shared, ok);
     }
 
     // ---- writes ----------------------------------------------------------------------------
@@ -1841,6 +2113,7 @@ impl<C: Channel> Array<C> {
                 let status = self.rebuild_target_left();
                 self.finish_bg(s, status)
             }
+            Phase::BitmapWait => unreachable!("operations waiting for their bits have no I/O"),
             Phase::Flushing => {
                 let ri = sop.req;
                 self.free_sops.push(s);
@@ -2587,5 +2860,7 @@ impl<C: Channel> Array<C> {
     }
 }
 
+#[cfg(test)]
+mod bitmap_tests;
 #[cfg(test)]
 mod tests;

@@ -20,6 +20,9 @@
 //! - [`stripe`]: write planning (full-stripe / RMW / RCW / degraded reconstruct-write).
 //! - [`array`]: one reactor's stripe engine: array requests to member I/O, per-stripe
 //!   ordering, degraded reads and writes, member failure handling.
+//! - [`bitmap`]: the runtime write-intent bitmap (md's rules: bits durable before a
+//!   write, lazy clearing by a daemon, `events_cleared`), shared lock-free by the shards
+//!   and written by one owner shard.
 //! - [`reactor`]: reactor threads (pinned, polled or adaptive) each running a shard, an
 //!   inbound lock-free ring and a front-end hook.
 //! - [`shard`]: stripe ownership across reactors (stripe `s` → reactor `s mod n`), request
@@ -35,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod array;
+pub mod bitmap;
 pub mod buf;
 pub mod device;
 pub mod geometry;

@@ -40,6 +40,7 @@ use crate::array::{
     device_fits, new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig,
     ArrayError, ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState,
 };
+use crate::bitmap::WriteIntent;
 use crate::device::{BlockDevice, Channel, DeviceError};
 use crate::geometry::ArrayGeometry;
 use crate::parity::Parity;
@@ -568,6 +569,14 @@ impl Shared {
     }
 }
 
+/// What [`Reactors::start_with`] adds to a plain start.
+pub struct Extras<P> {
+    /// Makes each reactor's pacer (`pacer(reactor index)`, on the reactor's thread).
+    pub pacer: P,
+    /// The array's write-intent bitmap, if it has one (reactor 0 owns it).
+    pub bitmap: Option<Arc<WriteIntent>>,
+}
+
 /// Running reactors; [`Reactors::stop`] joins them and returns their front-ends.
 pub struct Reactors<F: Frontend> {
     shared: Arc<Shared>,
@@ -616,6 +625,72 @@ impl<F: Frontend> Reactors<F> {
         D: BlockDevice + Send + Sync + 'static,
         P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
     {
+        Self::start_with(
+            devices,
+            geo,
+            parity,
+            array_cfg,
+            cfg,
+            frontends,
+            Extras {
+                pacer,
+                bitmap: None,
+            },
+        )
+    }
+
+    /// [`Reactors::start`] for an array with a write-intent bitmap: every shard gets
+    /// `bitmap` attached ([`Array::attach_bitmap`]), reactor 0 as its owner (it writes the
+    /// bitmap sectors and runs the clearing daemon, and wakes the others when bits become
+    /// durable). The reactors stop only once the owner's last bitmap write completed.
+    ///
+    /// # Errors
+    /// As [`Reactors::start`].
+    pub fn start_with_bitmap<D>(
+        devices: Arc<Vec<D>>,
+        geo: ArrayGeometry,
+        parity: Parity,
+        array_cfg: ArrayConfig,
+        cfg: ReactorConfig,
+        frontends: Vec<F>,
+        bitmap: Option<Arc<WriteIntent>>,
+    ) -> Result<Self, ReactorError>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+    {
+        Self::start_with(
+            devices,
+            geo,
+            parity,
+            array_cfg,
+            cfg,
+            frontends,
+            Extras {
+                pacer: |_| Box::new(Unpaced) as Box<dyn Pacer>,
+                bitmap,
+            },
+        )
+    }
+
+    /// [`Reactors::start`] with every option: a pacer per reactor and a write-intent
+    /// bitmap ([`Extras`]).
+    ///
+    /// # Errors
+    /// As [`Reactors::start`].
+    pub fn start_with<D, P>(
+        devices: Arc<Vec<D>>,
+        geo: ArrayGeometry,
+        parity: Parity,
+        array_cfg: ArrayConfig,
+        cfg: ReactorConfig,
+        frontends: Vec<F>,
+        extras: Extras<P>,
+    ) -> Result<Self, ReactorError>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+        P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
+    {
+        let Extras { pacer, bitmap } = extras;
         let pacer = Arc::new(pacer);
         let n = cfg.cores.len();
         if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
@@ -669,6 +744,7 @@ impl<F: Frontend> Reactors<F> {
             let core = cfg.cores[me];
             let mode = cfg.mode;
             let requests = cfg.requests;
+            let bitmap = bitmap.clone();
             let t = std::thread::Builder::new()
                 .name(format!("reactor-{me}"))
                 .spawn(move || {
@@ -693,6 +769,9 @@ impl<F: Frontend> Reactors<F> {
                             }
                         })?;
                     array.set_pacer(pacer(me));
+                    if let Some(b) = bitmap {
+                        array.attach_bitmap(b, me == 0);
+                    }
                     Ok(run::<F, D>(
                         me, n, geo, array, &rings, &shared, mode, requests, fe,
                     ))
@@ -773,6 +852,9 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     // Members this reactor has reported rebuilt on its stripes.
     let mut reported_rebuilt = vec![false; usize::from(members)];
     let mut control_error: Option<ControlError> = None;
+    // The owner wakes the other reactors when bits they may wait for become durable.
+    let owner_of_bitmap = me == 0 && reactors > 1;
+    let mut bitmap_gen = array.bitmap().map_or(0, |b| b.generation());
     loop {
         let mut progress = false;
         let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -893,6 +975,17 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             progress = true;
         }
         progress |= array.process();
+        if owner_of_bitmap {
+            if let Some(b) = array.bitmap() {
+                let g = b.generation();
+                if g != bitmap_gen {
+                    bitmap_gen = g;
+                    for to in 1..reactors {
+                        shared.wake(to);
+                    }
+                }
+            }
+        }
         loop {
             let k = array.poll(&mut comps);
             for &c in &comps[..k] {
@@ -992,6 +1085,8 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             && shared.finished.load(Ordering::Acquire) == reactors
             && shared.in_flight.load(Ordering::Acquire) == 0
             && !array.background_busy()
+            // The bitmap owner's last batch (its buffer is the shard's) must complete.
+            && !array.busy()
         {
             debug_assert!(local.is_empty() && outbox.is_empty() && !array.busy());
             // Final figures for anyone holding a handle (blocking is fine on the way out).

@@ -35,7 +35,7 @@ echo 1000000 >/proc/sys/dev/raid/speed_limit_min
 echo 2000000 >/proc/sys/dev/raid/speed_limit_max
 
 i=0
-while read -r name level layout members chunk_kib fail_slot rewrite_kib <&3; do
+while read -r name level layout members chunk_kib fail_slot rewrite_kib bitmap_kib <&3; do
 	case $name in '' | '#'*) continue ;; esac
 	md=/dev/md$i
 	out=$RIG_OUT/$name
@@ -50,9 +50,13 @@ while read -r name level layout members chunk_kib fail_slot rewrite_kib <&3; do
 	done
 	pat=$(rig_dev_by_serial "p-$name")
 	say "$name: creating RAID$level $layout, $members members, ${chunk_kib}K chunk:$devs"
+	bitmap=
+	if [ "$bitmap_kib" != - ]; then
+		bitmap="--bitmap=internal --bitmap-chunk=$bitmap_kib"
+	fi
 	# shellcheck disable=SC2086
 	mdadm --create "$md" --run --homehost='<none>' --name="$name" --metadata=1.2 \
-		--level="$level" --layout="$layout" --chunk="$chunk_kib" --raid-devices="$members" $devs
+		--level="$level" --layout="$layout" --chunk="$chunk_kib" --raid-devices="$members" $bitmap $devs
 	cat /proc/mdstat >"$out/mdstat-created.txt"
 	wait_idle "$md"
 	say "$name: initial resync done"
@@ -86,6 +90,11 @@ while read -r name level layout members chunk_kib fail_slot rewrite_kib <&3; do
 	mdadm --stop "$md"
 	# shellcheck disable=SC2086
 	mdadm --examine $devs >"$out/examine.txt"
+	if [ "$bitmap_kib" != - ]; then
+		for d in $devs; do
+			mdadm --examine-bitmap "$d" >>"$out/examine-bitmap.txt"
+		done
+	fi
 	say "$name: stopped"
 	i=$((i + 1))
 done 3</rig/arrays.conf

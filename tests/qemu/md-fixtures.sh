@@ -9,7 +9,10 @@
 # initial resync, writes a seeded pattern (tests/qemu/mdfix.py pattern) over each whole
 # array, has md check the parity, and stops the arrays cleanly. mdfix6d is left degraded:
 # after the pattern, member 2 is failed and removed and the first 4 MiB are rewritten, so its
-# image (and superblock) is stale. OUTDIR/NAME/ then holds d0.img.. (the disk given to md
+# image (and superblock) is stale. mdfix6b is made with an internal write-intent bitmap
+# (64 KiB bitmap chunks) and treated like mdfix6d (member 1 failed and removed, the first
+# 2 MiB rewritten degraded), so md leaves the rewritten regions dirty in the bitmap and
+# member 1 re-addable from it. OUTDIR/NAME/ then holds d0.img.. (the disk given to md
 # as NAME-i), pattern.bin (the array's final logical content), manifest.json (geometry, md's
 # data offset/size, events, members in slot order, kernel) and what md printed (detail.txt,
 # examine*.txt, mdstat*.txt). OUTDIR/console.log is the guest console. See docs/TESTING.md.
@@ -19,11 +22,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/rig.sh"
 
 MEMBER_BYTES=${MDFIX_MEMBER_BYTES:-$((24 << 20))}
-# name level layout members chunk_KiB fail_slot rewrite_KiB seed rewrite_seed
+# name level layout members chunk_KiB fail_slot rewrite_KiB seed rewrite_seed bitmap_chunk_KiB
 ARRAYS="\
-mdfix6  6 left-symmetric   6 64 - 0    6001 0
-mdfix5  5 left-asymmetric  5 64 - 0    5001 0
-mdfix6d 6 right-asymmetric 5 64 2 4096 6002 6003"
+mdfix6  6 left-symmetric   6 64 - 0    6001 0    -
+mdfix5  5 left-asymmetric  5 64 - 0    5001 0    -
+mdfix6d 6 right-asymmetric 5 64 2 4096 6002 6003 -
+mdfix6b 6 left-symmetric   5 64 1 2048 6004 6005 64"
 
 fixtures_key() {
 	{
@@ -56,10 +60,10 @@ work=$out.tmp.$$
 trap '[[ ${MDFIX_KEEP:-} == 1 ]] && rig_log "kept $work" || rm -rf "$work"' EXIT
 rm -rf "$work"
 mkdir -p "$work"
-printf '%s\n' "$ARRAYS" | awk '{print $1, $2, $3, $4, $5, $6, $7}' >"$work/arrays.conf"
+printf '%s\n' "$ARRAYS" | awk '{print $1, $2, $3, $4, $5, $6, $7, $10}' >"$work/arrays.conf"
 
 disks=()
-while read -r name level layout members chunk fail rewrite seed rseed; do
+while read -r name level layout members chunk fail rewrite seed rseed _bitmap; do
 	mkdir -p "$work/$name"
 	for ((i = 0; i < members; i++)); do
 		truncate -s "$MEMBER_BYTES" "$work/$name/d$i.img"
@@ -88,7 +92,7 @@ fi
 rig_log "md fixtures: guest done ($((SECONDS - start))s)"
 
 cp "$work/guest/kernel.txt" "$work/guest/mdadm-version.txt" "$work/"
-while read -r name level layout members chunk fail rewrite seed rseed; do
+while read -r name level layout members chunk fail rewrite seed rseed _bitmap; do
 	d=$work/$name
 	[[ -s $work/guest/$name/array_size ]] || rig_die "the guest left no results for $name (see $work/console.log)"
 	cp -r "$work/guest/$name/." "$d/"

@@ -4,7 +4,9 @@
 //! see `docs/TESTING.md`) where the real mdadm and md driver create a RAID6 (left-symmetric),
 //! a RAID5 (left-asymmetric) and a degraded RAID6 (right-asymmetric, one member failed and
 //! removed, the first 4 MiB rewritten without it) on sparse files, resync them, and write a
-//! seeded pattern over each whole array. This test then holds those images against:
+//! seeded pattern over each whole array; a fourth RAID6 (mdfix6b) has an internal
+//! write-intent bitmap and loses member 1 before its first 2 MiB are rewritten. This test
+//! then holds those images against:
 //!
 //! - the superblocks themselves, decoded here from the raw bytes (magic, checksum, level,
 //!   layout, chunk, data offset/size, events, slots; the removed member without a role in
@@ -16,6 +18,11 @@
 //! - the engine's `engine::geometry`: `Geometry::new` + `with_members` give md's array size,
 //!   and `map_range` reading member bytes directly reproduces the pattern over the whole
 //!   array and for thousands of random ranges: ferroraid's layout is Linux md's.
+//!
+//! - for mdfix6b, ferroraid's reading of md's bitmap: every field, the bits md left dirty for
+//!   the writes the removed member missed (the same counts as md's own
+//!   `mdadm --examine-bitmap` in the guest), and assembly's verdict that the removed member
+//!   can be re-added with a bitmap-based recovery (its events ≥ `events_cleared`).
 //!
 //! The fixtures are cached in `target/tmp/md-fixtures` (the script knows when they are
 //! current, keyed on its own sources). Without `qemu-system-x86_64` (or a kernel from apt)
@@ -35,7 +42,7 @@ use ferroraid_tests::{
 };
 
 /// The arrays `md-fixtures.sh` makes.
-const ARRAYS: [&str; 3] = ["mdfix6", "mdfix5", "mdfix6d"];
+const ARRAYS: [&str; 4] = ["mdfix6", "mdfix5", "mdfix6d", "mdfix6b"];
 /// Random ranges read through `map_range` per array.
 const RANDOM_READS: usize = 4000;
 /// md v1 superblock magic.
@@ -94,6 +101,80 @@ fn md_written_members_match_ferroraid_layout() {
             start.elapsed().as_secs_f64()
         );
     }
+}
+
+/// md's internal bitmap as ferroraid reads it (mdfix6b), and md's re-add rule.
+#[test]
+fn md_internal_bitmap_is_read_and_the_removed_member_is_re_addable() {
+    use drivers::metadata_io::{read_bitmap, read_candidate};
+    use engine::metadata::{assemble, AssembleOptions, Recovery};
+    let dir = fixtures_dir();
+    if !ensure_md_fixtures(&dir, "md_fixtures bitmap") {
+        return;
+    }
+    let fx = Fixture::load(&dir.join("mdfix6b"));
+    let gone = fx.removed().expect("mdfix6b has a removed member").slot;
+    let cands: Vec<_> = fx
+        .members
+        .iter()
+        .map(|m| read_candidate(&m.image).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    for c in &cands {
+        let b = c.bitmap.as_ref().expect("md's members announce the bitmap");
+        let b = b.as_ref().unwrap_or_else(|e| panic!("{}: {e}", c.device));
+        assert_eq!(
+            (b.version, b.chunksize, b.daemon_sleep),
+            (4, 64 << 10, 5),
+            "{}",
+            c.device
+        );
+        assert_eq!(b.sync_size * 512, fx.data_size, "{}", c.device);
+    }
+    let a = assemble(&cands, AssembleOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let ab = a.bitmap.as_ref().expect("the array's bitmap");
+    assert!(!ab.stale, "md keeps its bitmap current: {:?}", ab.super_);
+    assert_eq!(ab.super_.events, fx.events);
+    assert!(ab.super_.events_cleared <= fx.members[usize::from(gone)].events);
+    assert_eq!(a.re_add.len(), 1, "{:?}", a.re_add);
+    assert_eq!(a.re_add[0].role, gone);
+    assert_eq!(a.re_add[0].recovery, Recovery::Bitmap, "{}", a.re_add[0]);
+
+    // The bits: what md left dirty covers every stripe rewritten without the member.
+    let survivor = fx.members.iter().find(|m| m.active).unwrap();
+    let sb = cands[usize::from(survivor.slot)]
+        .superblock
+        .clone()
+        .unwrap();
+    let bm = read_bitmap(&survivor.image, &sb).unwrap_or_else(|e| panic!("{e}"));
+    let stripe_data = fx.chunk * u64::from(fx.n() - 2);
+    let last_stripe = (fx.rewrite - 1) / stripe_data;
+    let per_bit = u64::from(bm.super_.chunksize);
+    for s in 0..=last_stripe {
+        let first = s * fx.chunk / per_bit;
+        let last = ((s + 1) * fx.chunk - 1) / per_bit;
+        for k in first..=last {
+            assert!(bm.is_set(k), "stripe {s} rewritten degraded, bit {k} clear");
+        }
+    }
+    for m in fx.members.iter().filter(|m| m.active) {
+        let sb = cands[usize::from(m.slot)].superblock.clone().unwrap();
+        assert_eq!(
+            read_bitmap(&m.image, &sb).unwrap().bytes,
+            bm.bytes,
+            "survivors agree"
+        );
+    }
+    // md's own count, from `mdadm --examine-bitmap` in the guest (first survivor's block).
+    let text = fs::read_to_string(fx.dir.join("examine-bitmap.txt")).unwrap();
+    let want = format!("{} bits (chunks), {} dirty", bm.bits(), bm.dirty_count());
+    assert!(
+        text.lines().any(|l| l.contains(&want)),
+        "ferroraid reads {want}; md said:\n{text}"
+    );
+    eprintln!(
+        "md_fixtures: mdfix6b bitmap: {want}, events {} cleared {}; member {gone} re-addable by bitmap",
+        ab.super_.events, ab.super_.events_cleared
+    );
 }
 
 /// One member as `manifest.json` lists it (slot order).

@@ -357,3 +357,131 @@ fn io_errors_name_the_path() {
     let e = write_superblock(dir.path().join("member0.img"), &v10).unwrap_err();
     assert!(matches!(e, MetadataIoError::WrongPosition { .. }), "{e}");
 }
+
+/// Runs `mdadm --examine-bitmap DEV` (it reads internal bitmaps only through a block
+/// device: on a regular file it takes the file for an external bitmap) and returns its
+/// `key : value` lines.
+fn examine_bitmap(mdadm: &Path, dev: &str) -> (String, HashMap<String, String>) {
+    let out = Command::new(mdadm)
+        .arg("--examine-bitmap")
+        .arg(dev)
+        .output()
+        .expect("run mdadm");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "mdadm --examine-bitmap {dev} failed ({}): {text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let map = text
+        .lines()
+        .filter_map(|l| l.split_once(" : "))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    (text, map)
+}
+
+/// ferroraid's internal bitmap, as mdadm reads it: `--examine` announces it 8 sectors
+/// after the superblock (feature map 0x1) with the bad-block log after it, and
+/// `--examine-bitmap` (through a loop device) reads every bitmap-superblock field and
+/// counts the dirty bits ferroraid set.
+#[test]
+fn mdadm_reads_ferroraid_internal_bitmaps() {
+    use drivers::metadata_io::{read_bitmap, write_bitmap_area};
+    use engine::metadata::{Bitmap, BitmapChoice};
+    let Some(mdadm) = mdadm() else { return };
+    let dir = disk_tempdir();
+    let files = member_files(dir.path(), 4);
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 4, CHUNK_BYTES, 512).unwrap();
+    let mut a = NewArray::new(
+        g,
+        uuid(77),
+        "ferro",
+        Some("testhost"),
+        MdTime::new(1_700_000_000, 0),
+    )
+    .unwrap();
+    a.clean = true;
+    a.bitmap = BitmapChoice::Internal;
+    a.bitmap_chunk_bytes = Some(1 << 20);
+    let sbs = a
+        .superblocks(&[MEMBER_BYTES / 512; 4], &mut ChaCha8Rng::seed_from_u64(42))
+        .unwrap();
+    let bs = a.bitmap_super(sbs[0].size).unwrap().unwrap();
+    // Member 0 gets a bitmap with some bits set (as after writes), the others clear ones.
+    let mut dirty = Bitmap::new(bs.clone(), false);
+    for k in [0u64, 7, 8, 30, bs.bits() - 1] {
+        dirty.set(k, true);
+    }
+    for (i, (f, sb)) in files.iter().zip(&sbs).enumerate() {
+        let area = if i == 0 {
+            dirty.to_area(false)
+        } else {
+            a.initial_bitmap_area(sb.size).unwrap().unwrap()
+        };
+        write_bitmap_area(f, sb, &area).unwrap();
+        write_superblock(f, sb).unwrap();
+    }
+    // ferroraid reads back what it wrote.
+    assert_eq!(read_bitmap(&files[0], &sbs[0]).unwrap(), dirty);
+    let c = read_candidate(&files[1]).unwrap();
+    assert_eq!(c.bitmap, Some(Ok(bs.clone())));
+    let asm = assemble(
+        &files
+            .iter()
+            .map(|f| read_candidate(f).unwrap())
+            .collect::<Vec<_>>(),
+        AssembleOptions::default(),
+    )
+    .unwrap();
+    assert!(!asm.bitmap.unwrap().stale);
+
+    let (text, m) = examine(&mdadm, &files[0]);
+    assert_eq!(
+        m.get("Feature Map").map(String::as_str),
+        Some("0x1"),
+        "{text}"
+    );
+    assert_eq!(
+        m.get("Internal Bitmap").map(String::as_str),
+        Some("8 sectors from superblock"),
+        "{text}"
+    );
+    assert!(
+        m.get("Bad Block Log")
+            .is_some_and(|v| v.contains(&format!("offset {} sectors", sbs[0].bblog_offset))),
+        "{text}"
+    );
+
+    let guard = match ferroraid_tests::attach_loop(&files[0]) {
+        Ok(g) => g,
+        Err(why) if std::env::var_os("FERRORAID_REQUIRE_LOOP").is_none() => {
+            eprintln!(
+                "SKIPPED mdadm --examine-bitmap: {why} (mdadm reads internal bitmaps only \
+                 through block devices; set FERRORAID_REQUIRE_LOOP=1 to fail instead)"
+            );
+            return;
+        }
+        Err(why) => panic!("FERRORAID_REQUIRE_LOOP is set but: {why}"),
+    };
+    let (text, m) = examine_bitmap(&mdadm, &guard.dev);
+    let f = |k: &str| field(&m, k, &text).to_string();
+    assert_eq!(f("Magic"), "6d746962", "{text}");
+    assert_eq!(f("Version"), "4", "{text}");
+    assert_eq!(f("UUID"), uuid(77).to_string(), "{text}");
+    assert_eq!(f("Events"), "0", "{text}");
+    assert_eq!(f("Events Cleared"), "0", "{text}");
+    assert_eq!(f("State"), "OK", "{text}");
+    assert_eq!(f("Chunksize"), "1 MB", "{text}");
+    assert_eq!(f("Daemon"), "5s flush period", "{text}");
+    assert_eq!(f("Write Mode"), "Normal", "{text}");
+    assert!(
+        f("Sync Size").starts_with(&format!("{} (", sbs[0].size / 2)),
+        "{text}"
+    );
+    assert!(
+        f("Bitmap").starts_with(&format!("{} bits (chunks), 5 dirty", bs.bits())),
+        "{text}"
+    );
+}

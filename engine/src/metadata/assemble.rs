@@ -36,8 +36,9 @@
 //!    superblock's device; it is *stale* (every bit counts as dirty, md's "bitmap file is
 //!    out of date ... forcing full recovery") when its `events` is below the newest
 //!    superblock's or its stale flag is set.
-//! 9. **Re-add** (md's `super_1_validate` with a bitmap): a device left out as stale or
-//!    recorded faulty, whose own superblock still holds an active role of the array,
+//! 9. **Re-add** (md's `super_1_validate` with a bitmap): a device left out as stale,
+//!    recorded faulty, or removed (the newest superblock calls its slot spare), whose own
+//!    superblock still holds an active role of the array,
 //!    missed writes. If the array has a current (non-stale) bitmap and the device's
 //!    `events >= events_cleared`, every write it missed is still marked in the bitmap: it
 //!    is re-added to its role with a **bitmap-based recovery** (only dirty regions are
@@ -894,10 +895,17 @@ pub fn assemble(
     // 6b. Re-add decisions for devices that missed writes.
     let mut re_add = Vec::new();
     for e in &excluded {
-        if !matches!(
-            e.reason,
-            ExclusionReason::Stale { .. } | ExclusionReason::RecordedFaulty { .. }
-        ) {
+        // Missed writes: behind by events, recorded faulty (failed), or failed and removed
+        // (md's `super_1_sync` then leaves the slot 0xffff): md re-adds by the device's own
+        // role in all three cases (`super_1_validate`).
+        let missed_writes = match &e.reason {
+            ExclusionReason::Stale { .. } | ExclusionReason::RecordedFaulty { .. } => true,
+            ExclusionReason::RoleChanged { newest, .. } => {
+                matches!(newest, DevRole::Spare | DevRole::Faulty)
+            }
+            ExclusionReason::Unreadable(_) | ExclusionReason::BadBitmap(_) => false,
+        };
+        if !missed_writes {
             continue;
         }
         let Ok(sb) = &candidates[e.candidate].superblock else {

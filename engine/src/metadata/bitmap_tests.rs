@@ -583,3 +583,29 @@ fn re_add_without_bitmap_or_with_role_taken_is_a_full_rebuild() {
         Recovery::Full(FullRebuildReason::RoleTaken)
     );
 }
+
+/// md fails *and removes* a member: the survivors' `dev_roles` give its slot 0xffff (md's
+/// `super_1_sync`); it still comes back by bitmap with its own role.
+#[test]
+fn member_failed_and_removed_with_slot_spare_can_return_by_bitmap() {
+    let (mut sbs, bm) = bitmap_array(10, 8);
+    for (i, s) in sbs.iter_mut().enumerate() {
+        if i != 2 {
+            s.events = 12;
+            s.dev_roles[2] = DEV_ROLE_SPARE;
+        }
+    }
+    sbs[2].events = 9;
+    let mut bm_now = bm.clone();
+    bm_now.events = 12;
+    let a = assemble(&cands(&sbs, &bm_now), AssembleOptions::default()).unwrap();
+    assert!(matches!(
+        a.excluded[0].reason,
+        ExclusionReason::RoleChanged { .. }
+    ));
+    assert_eq!(a.re_add.len(), 1);
+    assert_eq!(
+        (a.re_add[0].role, a.re_add[0].recovery.clone()),
+        (2, Recovery::Bitmap)
+    );
+}

@@ -74,6 +74,70 @@ pub struct FaultRule {
     pub count: Option<u32>,
 }
 
+/// Whether an [`IoEvent`] is a request reaching a device or its completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoEventKind {
+    /// The request was accepted by the device (`submit`).
+    Submit,
+    /// The request completed (its effect, if any, is on the media).
+    Complete,
+}
+
+/// One entry of an [`IoLog`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoEvent {
+    /// The device's index given to [`SimDevice::attach_log`].
+    pub device: usize,
+    /// Submission or completion.
+    pub kind: IoEventKind,
+    /// The request's operation.
+    pub op: Op,
+    /// Byte offset on the device.
+    pub offset_bytes: u64,
+    /// Length, bytes.
+    pub len_bytes: u32,
+    /// Virtual time, ns.
+    pub at_ns: u64,
+    /// Completion status (`true` for submissions).
+    pub ok: bool,
+    /// For successful write completions overlapping the log's capture range: the device's
+    /// bytes over that overlap after the write, starting at `captured_at`.
+    pub data: Vec<u8>,
+    /// Device byte offset of `data`.
+    pub captured_at: u64,
+}
+
+/// A log of requests across several simulated devices, in the one order they happened
+/// (submissions and completions interleaved): what ordering tests (e.g. "a bitmap bit is
+/// durable on every member before the data write is issued") check. Writes overlapping
+/// the capture range also record the bytes they left there. Test support: it allocates.
+#[derive(Clone, Default)]
+pub struct IoLog {
+    inner: Rc<RefCell<(Vec<IoEvent>, Range<u64>)>>,
+}
+
+impl IoLog {
+    /// An empty log capturing written bytes within `capture` (device byte range).
+    pub fn new(capture: Range<u64>) -> Self {
+        IoLog {
+            inner: Rc::new(RefCell::new((Vec::new(), capture))),
+        }
+    }
+
+    /// The events so far.
+    pub fn events(&self) -> Vec<IoEvent> {
+        self.inner.borrow().0.clone()
+    }
+
+    fn push(&self, e: IoEvent) {
+        self.inner.borrow_mut().0.push(e);
+    }
+
+    fn capture(&self) -> Range<u64> {
+        self.inner.borrow().1.clone()
+    }
+}
+
 /// Counters of what a simulated device did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimStats {
@@ -110,6 +174,7 @@ struct State {
     slowdown: u32,
     rng: ChaCha8Rng,
     stats: SimStats,
+    log: Option<(IoLog, usize)>,
 }
 
 /// Parallel units modelled individually; devices with more (or "unlimited") parallelism
@@ -171,6 +236,7 @@ impl SimDevice {
                 slowdown: 1,
                 rng: ChaCha8Rng::seed_from_u64(seed),
                 stats: SimStats::default(),
+                log: None,
             })),
             clock,
         })
@@ -199,6 +265,11 @@ impl SimDevice {
     /// next poll, and `submit` refuses everything from now on.
     pub fn disappear(&self) {
         self.state.borrow_mut().gone = true;
+    }
+
+    /// Records every request of this device (as device `index`) in `log`.
+    pub fn attach_log(&self, log: &IoLog, index: usize) {
+        self.state.borrow_mut().log = Some((log.clone(), index));
     }
 
     /// Multiplies every service time by `factor` (≥ 1): a slow member.
@@ -482,6 +553,19 @@ impl Channel for SimChannel {
         } else {
             s.schedule(&req, now)
         };
+        if let Some((log, device)) = &s.log {
+            log.push(IoEvent {
+                device: *device,
+                kind: IoEventKind::Submit,
+                op: req.op,
+                offset_bytes: req.offset_bytes,
+                len_bytes: req.len_bytes,
+                at_ns: now,
+                ok: true,
+                data: Vec::new(),
+                captured_at: 0,
+            });
+        }
         self.slots[slot] = Some(InFlight { req, outcome });
         self.seq += 1;
         self.ready.push(Reverse((done_at, self.seq, slot)));
@@ -517,6 +601,30 @@ impl Channel for SimChannel {
             } else {
                 s.apply(&f)
             };
+            if let Some((log, device)) = &s.log {
+                let r = &f.req;
+                let cap = log.capture();
+                let (lo, hi) = (
+                    r.offset_bytes.max(cap.start),
+                    (r.offset_bytes + u64::from(r.len_bytes)).min(cap.end),
+                );
+                let data = if status.is_ok() && r.op != Op::Read && r.op != Op::Flush && lo < hi {
+                    s.data[lo as usize..hi as usize].to_vec()
+                } else {
+                    Vec::new()
+                };
+                log.push(IoEvent {
+                    device: *device,
+                    kind: IoEventKind::Complete,
+                    op: r.op,
+                    offset_bytes: r.offset_bytes,
+                    len_bytes: r.len_bytes,
+                    at_ns: now,
+                    ok: status.is_ok(),
+                    data,
+                    captured_at: lo,
+                });
+            }
             out[n] = Completion {
                 tag: f.req.tag,
                 status,

@@ -17,5 +17,7 @@ mod device;
 mod profile;
 
 pub use clock::SimClock;
-pub use device::{Fault, FaultRule, OpFilter, SimChannel, SimDevice, SimStats};
+pub use device::{
+    Fault, FaultRule, IoEvent, IoEventKind, IoLog, OpFilter, SimChannel, SimDevice, SimStats,
+};
 pub use profile::{Profile, Seek};
