@@ -1,0 +1,696 @@
+//! Per-member queue-depth control: how many write-class requests (foreground writes and
+//! background I/O) a shard keeps in a member's device queue, so that reads queued behind
+//! them inside the device keep their latency.
+//!
+//! One [`DepthController`] per member per shard. The array feeds it every member
+//! completion ([`DepthController::on_complete`]: class and device latency, ns from the
+//! request's hand-over to the channel to its reaping) and calls
+//! [`DepthController::tick`] each loop turn; it answers [`DepthController::limit`] per
+//! class. Reads and flushes are never limited (they are what the controller protects);
+//! [`IoClass::ForegroundWrite`] and [`IoClass::Background`] together may hold at most
+//! `depth_limit` requests in the device, background at most half of that (at least one),
+//! so no class is ever held at zero and none can deadlock.
+//!
+//! Three policies ([`DepthPolicy`]):
+//! - [`DepthPolicy::Off`]: no limit beyond the device's queue depth.
+//! - [`DepthPolicy::WbtLike`]: Linux blk-wbt's algorithm (block/blk-wbt.c and
+//!   block/blk-rq-qos.c, Jens Axboe 2016): 100 ms window shrunk to
+//!   `100 ms / sqrt(scale_step + 1)`; the window's minimum read latency against a fixed
+//!   target (`wb_lat_usec`, 2 ms non-rotational / 75 ms rotational); step down on
+//!   `LAT_EXCEEDED` (min over target, or a read outstanding longer than the window),
+//!   up on `LAT_OK` and on write-only windows (`LAT_UNKNOWN_WRITES`, step may go negative
+//!   for a deeper queue, capped at 3/4 of the queue depth), back to step 0 after
+//!   `RWB_UNKNOWN_BUMP` (5) windows without data; depth `1 + ((16 - 1) >> step)` from a
+//!   default of 16 (`RWB_DEF_DEPTH`); a QD=1 device gets 2 at step ≤ 0 and 1 when
+//!   scaled down (`rq_depth_calc_max_depth`). Foreground writes use `wb_normal`
+//!   (`(max_depth + 1) / 2`), background `wb_background` (`(max_depth + 3) / 4`), as
+//!   `calc_wb_limits` sets them. For benchmarking against.
+//! - [`DepthPolicy::Ferroraid`]: ferroraid's controller, described on [`DepthPolicy`]
+//!   and in `docs/PACING.md`.
+//!
+//! Everything is preallocated: the window histograms are fixed-size HDR histograms (ns,
+//! 2 significant digits) reset in place; nothing allocates per I/O or per window.
+
+use hdrhistogram::Histogram;
+
+use super::IoClass;
+
+/// Which depth controller a member runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DepthPolicy {
+    /// No control: every class may fill the device's queue.
+    Off,
+    /// Linux blk-wbt's algorithm (see the module docs), as a baseline for benchmarks.
+    WbtLike,
+    /// ferroraid's controller: per-class latency in HDR histograms over short windows
+    /// (10 ms, or 16 quiet read latencies on slow devices). A window *misses* when its
+    /// minimum read latency exceeds the target (a standing queue: CoDel's signal) or its
+    /// 99th percentile exceeds twice the target; during a probe (just after a step up)
+    /// a single read beyond twice the target abandons the probe at once. A miss
+    /// halves the write-class depth (`scale_step + 1`). A window whose p99 meets the
+    /// target counts towards a step back up after `probe_after` windows (a probe); a
+    /// probe that misses doubles `probe_after` (up to 512 windows), so a depth that
+    /// hurts reads is retried ever more rarely, while a window without reads steps up at
+    /// once (reads absent: nothing to protect). The target is 1.25 × the p99 of reads
+    /// that found the device quiet (no write-class request in it), recalibrated every
+    /// 256 such reads, never below 50 µs (devices whose reads stay under it are left
+    /// alone); [`DepthConfig::target_latency_ns`] overrides it. A device of queue depth
+    /// 1 is never limited below 2 (one in the device, one ready behind it).
+    #[default]
+    Ferroraid,
+}
+
+/// Configuration of one member's depth controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DepthConfig {
+    /// The policy.
+    pub policy: DepthPolicy,
+    /// Read-latency target, ns (like wbt's `wb_lat_usec`). `None`: derived from
+    /// quiet-device latency (ferroraid) or wbt's defaults (2 ms; 75 ms when
+    /// `rotational`).
+    pub target_latency_ns: Option<u64>,
+    /// The device is a rotational disk (only the wbt-like default target uses it).
+    pub rotational: bool,
+}
+
+/// A controller's state, for status and tests. Latencies are µs (ns resolution).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct QosState {
+    /// The policy running.
+    pub policy: DepthPolicy,
+    /// Write-class (foreground write + background) requests allowed in the device.
+    pub depth_limit: u32,
+    /// Scaling step: 0 = unthrottled, each step halves the depth; negative (wbt-like
+    /// only) = deeper than default.
+    pub scale_step: i32,
+    /// Read-latency target, µs (0 while not yet derived).
+    pub target_latency_us: f64,
+    /// Last finished window's read latency median, µs (0: no reads in it).
+    pub read_p50_us: f64,
+    /// Last finished window's read latency 99th percentile, µs.
+    pub read_p99_us: f64,
+    /// Last finished window's smallest read latency, µs.
+    pub read_min_us: f64,
+    /// Depth changes so far.
+    pub changes: u64,
+}
+
+/// ferroraid's base window, ns: short enough to react within a few reads of a QD1 reader
+/// on an SSD (~75 reads at 130 µs), long enough for a p99.
+const WINDOW_NS: u64 = 10_000_000;
+/// A window lasts at least this many quiet read latencies (HDDs: ~16 × 13 ms).
+const WINDOW_READS: u64 = 16;
+/// Longest window, ns.
+const MAX_WINDOW_NS: u64 = 1_000_000_000;
+/// Targets below this are raised to it: a device whose reads stay under 50 µs under load
+/// is fast enough and left alone (scheduling noise of a polled reactor is of this order).
+const MIN_TARGET_NS: u64 = 50_000;
+/// Quiet reads per target recalibration.
+const QUIET_SAMPLES: u64 = 256;
+/// Target = quiet p99 × 5/4.
+const TARGET_NUM: u64 = 5;
+const TARGET_DEN: u64 = 4;
+/// Windows met in a row after which the probe back-off halves.
+const GOOD_RUN_RELAX: u32 = 64;
+/// Largest back-off between probes, windows.
+const MAX_PROBE_AFTER: u32 = 512;
+/// wbt: `RWB_WINDOW_NSEC`, `RWB_DEF_DEPTH`, `RWB_MIN_WRITE_SAMPLES`, `RWB_UNKNOWN_BUMP`.
+const WBT_WINDOW_NS: u64 = 100_000_000;
+const WBT_DEF_DEPTH: u32 = 16;
+const WBT_MIN_WRITE_SAMPLES: u64 = 3;
+const WBT_UNKNOWN_BUMP: u32 = 5;
+/// wbt's default targets (`wbt_default_latency_nsec`).
+const WBT_LAT_NONROT_NS: u64 = 2_000_000;
+const WBT_LAT_ROT_NS: u64 = 75_000_000;
+
+fn window_histogram() -> Histogram<u64> {
+    // 1 ns .. 1 hour, 2 significant digits: fixed size, recording never allocates.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
+}
+
+/// One member's depth controller (one per shard); see the module docs.
+pub struct DepthController {
+    cfg: DepthConfig,
+    /// The device's queue depth (channel capacity).
+    queue_depth: u32,
+    /// Largest write-class depth (step 0).
+    base: u32,
+    /// Smallest write-class depth.
+    floor: u32,
+    step: i32,
+    depth: u32,
+    target_ns: u64,
+    window_start: u64,
+    window_len: u64,
+    reads: Histogram<u64>,
+    writes: u64,
+    quiet: Histogram<u64>,
+    /// Reads in the device now, and since when the device had one (wbt's `sync_issue`).
+    reads_in_flight: u32,
+    read_since: u64,
+    /// Smallest read latency ever seen (fallback target before calibration), ns.
+    best_read_ns: u64,
+    /// ferroraid: windows met in a row, windows to wait before a probe, probing now.
+    met_run: u32,
+    good_run: u32,
+    probe_after: u32,
+    probing: bool,
+    /// The window after an abandoned probe: no verdict.
+    grace: bool,
+    last_change: u64,
+    /// wbt: windows in a row without data; `scaled_max`.
+    unknown_cnt: u32,
+    scaled_max: bool,
+    last: QosState,
+    changes: u64,
+}
+
+impl DepthController {
+    /// A controller for a member whose channel holds `queue_depth` requests.
+    pub fn new(cfg: DepthConfig, queue_depth: u32) -> Self {
+        let queue_depth = queue_depth.max(1);
+        let (base, floor) = match cfg.policy {
+            DepthPolicy::Off => (queue_depth, queue_depth),
+            DepthPolicy::WbtLike => (WBT_DEF_DEPTH.min(queue_depth), 1),
+            // QD=1 devices keep two: one in the device and one ready behind it, so the
+            // device never idles between requests (wbt's lesson).
+            DepthPolicy::Ferroraid => (queue_depth.max(2), if queue_depth <= 1 { 2 } else { 1 }),
+        };
+        let target_ns = match (cfg.policy, cfg.target_latency_ns) {
+            (_, Some(t)) => t.max(1),
+            (DepthPolicy::WbtLike, None) if cfg.rotational => WBT_LAT_ROT_NS,
+            (DepthPolicy::WbtLike, None) => WBT_LAT_NONROT_NS,
+            _ => 0,
+        };
+        let mut c = Self {
+            cfg,
+            queue_depth,
+            base,
+            floor,
+            step: 0,
+            depth: base,
+            target_ns,
+            window_start: 0,
+            window_len: if cfg.policy == DepthPolicy::WbtLike {
+                WBT_WINDOW_NS
+            } else {
+                WINDOW_NS
+            },
+            reads: window_histogram(),
+            writes: 0,
+            quiet: window_histogram(),
+            reads_in_flight: 0,
+            read_since: 0,
+            best_read_ns: u64::MAX,
+            met_run: 0,
+            good_run: 0,
+            probe_after: 1,
+            probing: false,
+            grace: false,
+            last_change: 0,
+            unknown_cnt: 0,
+            scaled_max: false,
+            last: QosState::default(),
+            changes: 0,
+        };
+        c.depth = c.calc_depth();
+        c
+    }
+
+    /// The policy running.
+    pub fn policy(&self) -> DepthPolicy {
+        self.cfg.policy
+    }
+
+    /// Requests of `class` allowed in the device at once, given what is there now:
+    /// unlimited (`u32::MAX`) for reads and flushes; for foreground writes the write-class
+    /// depth; for background half of it (at least 1). The caller also keeps
+    /// foreground writes + background within [`DepthController::depth_limit`].
+    pub fn limit(&self, class: IoClass) -> u32 {
+        match (self.cfg.policy, class) {
+            (DepthPolicy::Off, _) | (_, IoClass::ForegroundRead | IoClass::Flush) => u32::MAX,
+            (DepthPolicy::WbtLike, IoClass::ForegroundWrite) => {
+                if self.depth <= 2 {
+                    self.depth
+                } else {
+                    self.depth.div_ceil(2)
+                }
+            }
+            (DepthPolicy::WbtLike, IoClass::Background) => {
+                if self.depth <= 2 {
+                    1
+                } else {
+                    (self.depth + 3) / 4
+                }
+            }
+            (DepthPolicy::Ferroraid, IoClass::ForegroundWrite) => self.depth,
+            (DepthPolicy::Ferroraid, IoClass::Background) => self.depth.div_ceil(2).max(1),
+        }
+    }
+
+    /// Write-class requests (foreground writes + background) allowed in the device.
+    pub fn depth_limit(&self) -> u32 {
+        match self.cfg.policy {
+            DepthPolicy::Off => u32::MAX,
+            _ => self.depth,
+        }
+    }
+
+    /// A request of `class` was handed to the device at `now_ns`.
+    pub fn on_dispatch(&mut self, now_ns: u64, class: IoClass) {
+        if class == IoClass::ForegroundRead {
+            if self.reads_in_flight == 0 {
+                self.read_since = now_ns;
+            }
+            self.reads_in_flight += 1;
+        }
+    }
+
+    /// A request of `class` completed after `latency_ns` in the device; `quiet`: it was
+    /// a read that found no write-class request in the device when dispatched.
+    pub fn on_complete(&mut self, now_ns: u64, class: IoClass, latency_ns: u64, quiet: bool) {
+        let lat = latency_ns.max(1);
+        match class {
+            IoClass::ForegroundRead => {
+                self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+                self.read_since = now_ns;
+                self.reads.saturating_record(lat);
+                self.best_read_ns = self.best_read_ns.min(lat);
+                if quiet && self.cfg.target_latency_ns.is_none() {
+                    self.quiet.saturating_record(lat);
+                    if self.quiet.len() >= QUIET_SAMPLES {
+                        self.calibrate();
+                    }
+                }
+                if self.cfg.policy == DepthPolicy::Ferroraid
+                    && self.probing
+                    && lat > 2 * self.effective_target()
+                {
+                    // The probe (the last step up) made a read miss badly: abandon it
+                    // now rather than at the window's end, and give the next window
+                    // (which still sees the probe's extra writes drain) grace.
+                    self.ferro_miss(now_ns);
+                    self.grace = true;
+                    self.start_window(now_ns);
+                }
+            }
+            IoClass::ForegroundWrite | IoClass::Background => self.writes += 1,
+            IoClass::Flush => {}
+        }
+    }
+
+    fn calibrate(&mut self) {
+        if self.cfg.policy != DepthPolicy::Ferroraid {
+            self.quiet.reset();
+            return;
+        }
+        let p99 = self.quiet.value_at_quantile(0.99);
+        let t = (p99.saturating_mul(TARGET_NUM) / TARGET_DEN).max(MIN_TARGET_NS);
+        if t != self.target_ns {
+            tracing::debug!(
+                target_ns = t,
+                quiet_p99_ns = p99,
+                "qos: read-latency target derived"
+            );
+        }
+        self.target_ns = t;
+        self.window_len = (t.saturating_mul(WINDOW_READS) * TARGET_DEN / TARGET_NUM)
+            .clamp(WINDOW_NS, MAX_WINDOW_NS);
+        self.quiet.reset();
+    }
+
+    /// Advances the controller to `now_ns`: closes the window when it is over.
+    /// `write_class_busy`: write-class requests are in the device or waiting for it.
+    pub fn tick(&mut self, now_ns: u64, write_class_busy: bool) {
+        if self.cfg.policy == DepthPolicy::Off {
+            return;
+        }
+        let len = self.current_window();
+        if now_ns < self.window_start.saturating_add(len) {
+            return;
+        }
+        self.record_last();
+        match self.cfg.policy {
+            DepthPolicy::WbtLike => self.wbt_window(now_ns, write_class_busy),
+            DepthPolicy::Ferroraid => self.ferro_window(now_ns, write_class_busy),
+            DepthPolicy::Off => {}
+        }
+        self.start_window(now_ns);
+    }
+
+    fn current_window(&self) -> u64 {
+        match self.cfg.policy {
+            // rwb_arm_timer: win_nsec << 4 / int_sqrt((step + 1) << 8).
+            DepthPolicy::WbtLike if self.step > 0 => {
+                let s = ((self.step as u64 + 1) << 8).isqrt().max(1);
+                (WBT_WINDOW_NS << 4) / s
+            }
+            _ => self.window_len,
+        }
+    }
+
+    fn start_window(&mut self, now_ns: u64) {
+        self.window_start = now_ns;
+        self.reads.reset();
+        self.writes = 0;
+    }
+
+    fn record_last(&mut self) {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let (p50, p99, min) = if self.reads.is_empty() {
+            (0.0, 0.0, 0.0)
+        } else {
+            (
+                us(self.reads.value_at_quantile(0.5)),
+                us(self.reads.value_at_quantile(0.99)),
+                us(self.reads.min()),
+            )
+        };
+        self.last.read_p50_us = p50;
+        self.last.read_p99_us = p99;
+        self.last.read_min_us = min;
+    }
+
+    /// The effective target, ns: the derived or configured one, or (before calibration)
+    /// twice the best read seen.
+    fn effective_target(&self) -> u64 {
+        if self.target_ns > 0 {
+            self.target_ns
+        } else if self.best_read_ns != u64::MAX {
+            self.best_read_ns.saturating_mul(2).max(MIN_TARGET_NS)
+        } else {
+            0
+        }
+    }
+
+    fn ferro_window(&mut self, now_ns: u64, busy: bool) {
+        if self.reads.is_empty() {
+            // Reads absent: nothing to protect; return to full depth a step per window.
+            self.probing = false;
+            self.met_run = 0;
+            if self.step > 0 {
+                self.set_step(self.step - 1, now_ns, "reads absent");
+            }
+            return;
+        }
+        let target = self.effective_target();
+        if target == 0 {
+            return;
+        }
+        let min = self.reads.min();
+        let p99 = self.reads.value_at_quantile(0.99);
+        if std::mem::take(&mut self.grace) {
+            return;
+        }
+        if min > target || p99 > 2 * target {
+            if busy || self.writes > 0 {
+                self.ferro_miss(now_ns);
+            }
+        } else if p99 <= target {
+            self.probing = false;
+            self.met_run += 1;
+            self.good_run += 1;
+            if self.good_run >= GOOD_RUN_RELAX {
+                // A long good run: the load may have changed, probe sooner again.
+                self.probe_after = (self.probe_after / 2).max(1);
+                self.good_run = 0;
+            }
+            if self.step > 0 && self.met_run >= self.probe_after {
+                self.met_run = 0;
+                self.probing = true;
+                self.set_step(self.step - 1, now_ns, "target met");
+            }
+        } else {
+            self.met_run = 0;
+        }
+    }
+
+    fn ferro_miss(&mut self, now_ns: u64) {
+        if self.probing {
+            // The last step up hurt reads: wait longer before the next probe.
+            self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
+        }
+        self.probing = false;
+        self.met_run = 0;
+        self.good_run = 0;
+        if self.depth > self.floor {
+            self.set_step(self.step + 1, now_ns, "target missed");
+        }
+    }
+
+    /// wb_timer_fn + latency_exceeded.
+    fn wbt_window(&mut self, now_ns: u64, busy: bool) {
+        let target = self.target_ns;
+        // A read outstanding longer than the window, or over target with no read
+        // completed: exceeded.
+        let sync_lat = if self.reads_in_flight > 0 {
+            now_ns.saturating_sub(self.read_since)
+        } else {
+            0
+        };
+        let exceeded = sync_lat > self.current_window()
+            || (sync_lat > target && self.reads.is_empty())
+            || (!self.reads.is_empty()
+                && self.writes >= WBT_MIN_WRITE_SAMPLES
+                && self.reads.min() > target);
+        let valid = !self.reads.is_empty() && self.writes >= WBT_MIN_WRITE_SAMPLES;
+        if exceeded {
+            self.wbt_scale_down(now_ns, true);
+        } else if valid {
+            self.wbt_scale_up(now_ns);
+        } else if self.writes > 0 || busy {
+            // LAT_UNKNOWN_WRITES
+            self.wbt_scale_up(now_ns);
+        } else {
+            self.unknown_cnt += 1;
+            if self.unknown_cnt >= WBT_UNKNOWN_BUMP {
+                if self.step > 0 {
+                    self.wbt_scale_up(now_ns);
+                } else if self.step < 0 {
+                    self.wbt_scale_down(now_ns, false);
+                }
+            }
+        }
+    }
+
+    fn wbt_scale_up(&mut self, now_ns: u64) {
+        if self.scaled_max {
+            return;
+        }
+        self.step -= 1;
+        self.unknown_cnt = 0;
+        self.apply(now_ns, "scale up");
+    }
+
+    fn wbt_scale_down(&mut self, now_ns: u64, hard: bool) {
+        if self.depth == 1 {
+            return;
+        }
+        if self.step < 0 && hard {
+            self.step = 0;
+        } else {
+            self.step += 1;
+        }
+        self.scaled_max = false;
+        self.unknown_cnt = 0;
+        self.apply(now_ns, "scale down");
+    }
+
+    fn set_step(&mut self, step: i32, now_ns: u64, why: &'static str) {
+        self.step = step.max(0);
+        self.apply(now_ns, why);
+    }
+
+    fn apply(&mut self, now_ns: u64, why: &'static str) {
+        let before = self.depth;
+        self.depth = self.calc_depth();
+        self.last_change = now_ns;
+        if before != self.depth {
+            self.changes += 1;
+            tracing::debug!(
+                why,
+                step = self.step,
+                depth_limit = self.depth,
+                target_ns = self.effective_target(),
+                read_p99_us = self.last.read_p99_us,
+                "qos: member depth changed"
+            );
+        }
+    }
+
+    /// `rq_depth_calc_max_depth` for wbt; halving from the base for ferroraid. Sets
+    /// `scaled_max` (wbt) when the depth cannot grow further.
+    fn calc_depth(&mut self) -> u32 {
+        match self.cfg.policy {
+            DepthPolicy::Off => self.queue_depth,
+            DepthPolicy::WbtLike => {
+                if self.queue_depth == 1 {
+                    if self.step > 0 {
+                        1
+                    } else {
+                        self.scaled_max = true;
+                        2
+                    }
+                } else {
+                    let d = self.base;
+                    if self.step > 0 {
+                        1 + ((d - 1) >> self.step.min(31))
+                    } else if self.step < 0 {
+                        let maxd = (3 * self.queue_depth / 4).max(1);
+                        let sh = (-self.step).min(31) as u32;
+                        let deep = 1u64 + (u64::from(d - 1) << sh);
+                        if deep >= u64::from(maxd) {
+                            self.scaled_max = true;
+                            maxd
+                        } else {
+                            self.scaled_max = false;
+                            deep as u32
+                        }
+                    } else {
+                        self.scaled_max = false;
+                        d
+                    }
+                }
+            }
+            DepthPolicy::Ferroraid => (self.base >> self.step.clamp(0, 31)).max(self.floor),
+        }
+    }
+
+    /// The controller's state now (the `read_*` fields are the last finished window's).
+    pub fn state(&self) -> QosState {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        QosState {
+            policy: self.cfg.policy,
+            depth_limit: self.depth_limit(),
+            scale_step: self.step,
+            target_latency_us: us(self.effective_target()),
+            changes: self.changes,
+            ..self.last
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ferro(qd: u32) -> DepthController {
+        DepthController::new(DepthConfig::default(), qd)
+    }
+
+    /// Feeds one window of `reads` reads of `lat` ns plus some writes, then closes it.
+    fn window(c: &mut DepthController, now: &mut u64, reads: u32, lat: u64, quiet: bool) {
+        for _ in 0..reads {
+            c.on_dispatch(*now, IoClass::ForegroundRead);
+            *now += lat;
+            c.on_complete(*now, IoClass::ForegroundRead, lat, quiet);
+        }
+        for _ in 0..3 {
+            c.on_complete(*now, IoClass::ForegroundWrite, 1_000_000, false);
+        }
+        *now = (*now).max(c.window_start + c.current_window());
+        c.tick(*now, true);
+    }
+
+    #[test]
+    fn target_is_derived_from_quiet_reads() {
+        let mut c = ferro(32);
+        let mut now = 0;
+        for _ in 0..4 {
+            window(&mut c, &mut now, 100, 100_000, true);
+        }
+        let t = c.state().target_latency_us;
+        assert!(
+            (125.0..127.0).contains(&t),
+            "1.25 × quiet p99 (2 significant digits): {t}"
+        );
+        assert_eq!(c.depth_limit(), 32, "met: left alone");
+    }
+
+    #[test]
+    fn override_target_and_steps_down_then_up() {
+        let cfg = DepthConfig {
+            target_latency_ns: Some(200_000),
+            ..DepthConfig::default()
+        };
+        let mut c = DepthController::new(cfg, 32);
+        let mut now = 0;
+        window(&mut c, &mut now, 10, 1_000_000, false);
+        assert_eq!(c.state().scale_step, 1);
+        assert_eq!(c.depth_limit(), 16);
+        window(&mut c, &mut now, 10, 1_000_000, false);
+        assert_eq!(c.depth_limit(), 8);
+        // Met: probes back up one step at a time.
+        window(&mut c, &mut now, 10, 100_000, false);
+        assert_eq!(c.depth_limit(), 16);
+        // The probe misses: back down, and the next probe waits two windows.
+        window(&mut c, &mut now, 10, 1_000_000, false);
+        assert_eq!(c.depth_limit(), 8);
+        window(&mut c, &mut now, 10, 100_000, false);
+        assert_eq!(c.depth_limit(), 8);
+        window(&mut c, &mut now, 10, 100_000, false);
+        assert_eq!(c.depth_limit(), 16);
+        // Reads absent: straight back up.
+        window(&mut c, &mut now, 0, 0, false);
+        assert_eq!(c.depth_limit(), 32);
+        assert_eq!(c.state().scale_step, 0);
+    }
+
+    #[test]
+    fn qd1_device_keeps_two() {
+        let cfg = DepthConfig {
+            target_latency_ns: Some(1_000),
+            ..DepthConfig::default()
+        };
+        let mut c = DepthController::new(cfg, 1);
+        let mut now = 0;
+        for _ in 0..10 {
+            window(&mut c, &mut now, 4, 10_000_000, false);
+        }
+        assert_eq!(c.depth_limit(), 2);
+        assert_eq!(c.limit(IoClass::ForegroundWrite), 2);
+        assert!(c.limit(IoClass::Background) >= 1);
+    }
+
+    #[test]
+    fn never_limits_a_class_to_zero() {
+        for policy in [DepthPolicy::Ferroraid, DepthPolicy::WbtLike] {
+            let cfg = DepthConfig {
+                policy,
+                target_latency_ns: Some(1_000),
+                rotational: false,
+            };
+            let mut c = DepthController::new(cfg, 64);
+            let mut now = 0;
+            for _ in 0..40 {
+                window(&mut c, &mut now, 4, 10_000_000, false);
+                for class in IoClass::ALL {
+                    assert!(c.limit(class) >= 1, "{policy:?} {class:?}");
+                }
+            }
+            assert_eq!(c.depth_limit(), 1, "{policy:?} scales down to 1");
+        }
+    }
+
+    #[test]
+    fn wbt_goes_negative_on_write_only_windows() {
+        let cfg = DepthConfig {
+            policy: DepthPolicy::WbtLike,
+            ..DepthConfig::default()
+        };
+        let mut c = DepthController::new(cfg, 128);
+        assert_eq!(c.depth_limit(), 16);
+        let mut now = 0;
+        for _ in 0..5 {
+            window(&mut c, &mut now, 0, 0, false);
+        }
+        // 1 + 15 << 1 = 31, 61, then capped at 3/4 of 128 = 96.
+        assert_eq!(c.depth_limit(), 96);
+        // A read over target: hard throttle resets to step 0, then down.
+        window(&mut c, &mut now, 3, 5_000_000, false);
+        assert_eq!(c.state().scale_step, 0);
+        assert_eq!(c.depth_limit(), 16);
+        window(&mut c, &mut now, 3, 5_000_000, false);
+        assert_eq!(c.depth_limit(), 8);
+    }
+}
