@@ -53,7 +53,7 @@ pub enum DepthPolicy {
     /// hurts reads is retried ever more rarely, while a window without reads steps up at
     /// once (reads absent: nothing to protect). The target is 1.25 × the p99 of reads
     /// that found the device quiet (no write-class request in it), recalibrated every
-    /// 256 such reads, never below 50 µs (devices whose reads stay under it are left
+    /// 64 such reads, never below 50 µs (devices whose reads stay under it are left
     /// alone); [`DepthConfig::target_latency_ns`] overrides it. A device of queue depth
     /// 1 is never limited below 2 (one in the device, one ready behind it).
     #[default]
@@ -106,7 +106,7 @@ const MAX_WINDOW_NS: u64 = 1_000_000_000;
 /// is fast enough and left alone (scheduling noise of a polled reactor is of this order).
 const MIN_TARGET_NS: u64 = 50_000;
 /// Quiet reads per target recalibration.
-const QUIET_SAMPLES: u64 = 256;
+const QUIET_SAMPLES: u64 = 64;
 /// Target = quiet p99 × 5/4.
 const TARGET_NUM: u64 = 5;
 const TARGET_DEN: u64 = 4;
@@ -155,6 +155,9 @@ pub struct DepthController {
     good_run: u32,
     probe_after: u32,
     probing: bool,
+    /// ferroraid: the depth, and the depth before the current probe.
+    ferro_depth: u32,
+    before_probe: u32,
     /// The window after an abandoned probe: no verdict.
     grace: bool,
     last_change: u64,
@@ -206,6 +209,8 @@ impl DepthController {
             good_run: 0,
             probe_after: 1,
             probing: false,
+            ferro_depth: base,
+            before_probe: base,
             grace: false,
             last_change: 0,
             unknown_cnt: 0,
@@ -282,14 +287,18 @@ impl DepthController {
                         self.calibrate();
                     }
                 }
+                let target = self.effective_target();
                 if self.cfg.policy == DepthPolicy::Ferroraid
-                    && self.probing
-                    && lat > 2 * self.effective_target()
+                    && target > 0
+                    && ((self.probing && lat > target + target / 2)
+                        || (lat > 4 * target
+                            && now_ns.saturating_sub(self.last_change) >= self.window_len / 2))
                 {
-                    // The probe (the last step up) made a read miss badly: abandon it
-                    // now rather than at the window's end, and give the next window
-                    // (which still sees the probe's extra writes drain) grace.
-                    self.ferro_miss(now_ns);
+                    // A probe made a read miss badly, or a read took over four times the
+                    // target (a writer just started): act now rather than at the window's
+                    // end, and give the next window (which still sees the extra writes
+                    // drain) grace.
+                    self.ferro_miss(now_ns, lat);
                     self.grace = true;
                     self.start_window(now_ns);
                 }
@@ -384,13 +393,26 @@ impl DepthController {
     }
 
     fn ferro_window(&mut self, now_ns: u64, busy: bool) {
-        if self.reads.is_empty() {
-            // Reads absent: nothing to protect; return to full depth a step per window.
+        if self.reads.is_empty() && self.reads_in_flight > 0 {
+            // No read finished, but one is in the device: late (a miss) or not yet.
+            let waited = now_ns.saturating_sub(self.read_since);
+            let target = self.effective_target();
+            if target > 0 && waited > 2 * target && (busy || self.writes > 0) {
+                self.ferro_miss(now_ns, waited);
+            }
+            return;
+        }
+        if self.reads.is_empty() || (!busy && self.writes == 0) {
+            // Reads absent (nothing to protect) or no write-class I/O (the limit holds
+            // nothing back): return to full depth, doubling per window.
             self.probing = false;
             self.met_run = 0;
-            if self.step > 0 {
-                self.set_step(self.step - 1, now_ns, "reads absent");
-            }
+            let why = if self.reads.is_empty() {
+                "reads absent"
+            } else {
+                "writes absent"
+            };
+            self.set_depth(self.depth.saturating_mul(2), now_ns, why);
             return;
         }
         let target = self.effective_target();
@@ -402,10 +424,8 @@ impl DepthController {
         if std::mem::take(&mut self.grace) {
             return;
         }
-        if min > target || p99 > 2 * target {
-            if busy || self.writes > 0 {
-                self.ferro_miss(now_ns);
-            }
+        if min > target || p99 > target + target / 2 {
+            self.ferro_miss(now_ns, min.max(p99 / 2));
         } else if p99 <= target {
             self.probing = false;
             self.met_run += 1;
@@ -415,27 +435,36 @@ impl DepthController {
                 self.probe_after = (self.probe_after / 2).max(1);
                 self.good_run = 0;
             }
-            if self.step > 0 && self.met_run >= self.probe_after {
+            if self.depth < self.base && self.met_run >= self.probe_after {
+                // Probe: a quarter deeper (at least one more).
                 self.met_run = 0;
                 self.probing = true;
-                self.set_step(self.step - 1, now_ns, "target met");
+                self.before_probe = self.depth;
+                let d = self.depth + (self.depth / 4).max(1);
+                self.set_depth(d, now_ns, "target met: probe");
             }
         } else {
             self.met_run = 0;
         }
     }
 
-    fn ferro_miss(&mut self, now_ns: u64) {
-        if self.probing {
-            // The last step up hurt reads: wait longer before the next probe.
-            self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
-        }
-        self.probing = false;
+    /// A miss with latency signal `signal_ns` (the window minimum, or half its p99).
+    fn ferro_miss(&mut self, now_ns: u64, signal_ns: u64) {
         self.met_run = 0;
         self.good_run = 0;
-        if self.depth > self.floor {
-            self.set_step(self.step + 1, now_ns, "target missed");
+        if std::mem::take(&mut self.probing) {
+            // The probe hurt reads: back to the depth before it, and wait twice as long
+            // before the next one.
+            self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
+            self.set_depth(self.before_probe, now_ns, "probe missed");
+            return;
         }
+        // Multiplicative decrease, by as many halvings as the latency is doublings over
+        // target (a standing queue's delay scales with the depth), 1 to 4.
+        let target = self.effective_target().max(1);
+        let ratio = (signal_ns / target).max(1);
+        let halvings = ratio.ilog2().clamp(1, 4);
+        self.set_depth(self.depth >> halvings, now_ns, "target missed");
     }
 
     /// wb_timer_fn + latency_exceeded.
@@ -501,6 +530,19 @@ impl DepthController {
         self.apply(now_ns, why);
     }
 
+    /// ferroraid: sets the depth (clamped to floor..=base); the step is the number of
+    /// halvings from the base it amounts to, rounded up.
+    fn set_depth(&mut self, depth: u32, now_ns: u64, why: &'static str) {
+        let d = depth.clamp(self.floor, self.base);
+        self.ferro_depth = d;
+        let mut step = 0;
+        while (self.base >> step) > d {
+            step += 1;
+        }
+        self.step = step;
+        self.apply(now_ns, why);
+    }
+
     fn apply(&mut self, now_ns: u64, why: &'static str) {
         let before = self.depth;
         self.depth = self.calc_depth();
@@ -552,7 +594,7 @@ impl DepthController {
                     }
                 }
             }
-            DepthPolicy::Ferroraid => (self.base >> self.step.clamp(0, 31)).max(self.floor),
+            DepthPolicy::Ferroraid => self.ferro_depth,
         }
     }
 
@@ -615,25 +657,41 @@ mod tests {
         };
         let mut c = DepthController::new(cfg, 32);
         let mut now = 0;
-        window(&mut c, &mut now, 10, 1_000_000, false);
-        assert_eq!(c.state().scale_step, 1);
-        assert_eq!(c.depth_limit(), 16);
-        window(&mut c, &mut now, 10, 1_000_000, false);
-        assert_eq!(c.depth_limit(), 8);
-        // Met: probes back up one step at a time.
+        // Reads at twice the target: one halving per window.
+        window(&mut c, &mut now, 10, 400_000, false);
+        assert_eq!((c.depth_limit(), c.state().scale_step), (16, 1));
+        window(&mut c, &mut now, 10, 400_000, false);
+        assert_eq!((c.depth_limit(), c.state().scale_step), (8, 2));
+        // Met: probe a quarter deeper.
         window(&mut c, &mut now, 10, 100_000, false);
-        assert_eq!(c.depth_limit(), 16);
-        // The probe misses: back down, and the next probe waits two windows.
-        window(&mut c, &mut now, 10, 1_000_000, false);
+        assert_eq!((c.depth_limit(), c.state().scale_step), (10, 2));
+        // The probe makes a read miss: abandoned at once, back to 8, and the next probe
+        // waits two good windows.
+        window(&mut c, &mut now, 10, 350_000, false);
         assert_eq!(c.depth_limit(), 8);
         window(&mut c, &mut now, 10, 100_000, false);
         assert_eq!(c.depth_limit(), 8);
         window(&mut c, &mut now, 10, 100_000, false);
-        assert_eq!(c.depth_limit(), 16);
-        // Reads absent: straight back up.
+        assert_eq!(c.depth_limit(), 10);
+        // Reads absent: doubling back to the full depth.
+        window(&mut c, &mut now, 0, 0, false);
+        assert_eq!(c.depth_limit(), 20);
         window(&mut c, &mut now, 0, 0, false);
         assert_eq!(c.depth_limit(), 32);
         assert_eq!(c.state().scale_step, 0);
+    }
+
+    #[test]
+    fn a_writer_start_is_met_within_a_window() {
+        let cfg = DepthConfig {
+            target_latency_ns: Some(100_000),
+            ..DepthConfig::default()
+        };
+        let mut c = DepthController::new(cfg, 256);
+        // A read 16 × over target half a window in: four halvings at once.
+        c.on_dispatch(0, IoClass::ForegroundRead);
+        c.on_complete(6_000_000, IoClass::ForegroundRead, 1_600_000, false);
+        assert_eq!(c.depth_limit(), 16);
     }
 
     #[test]
@@ -663,7 +721,7 @@ mod tests {
             let mut c = DepthController::new(cfg, 64);
             let mut now = 0;
             for _ in 0..40 {
-                window(&mut c, &mut now, 4, 10_000_000, false);
+                window(&mut c, &mut now, 4, 3_000, false);
                 for class in IoClass::ALL {
                     assert!(c.limit(class) >= 1, "{policy:?} {class:?}");
                 }

@@ -101,3 +101,6 @@ impl Pacer for Unpaced {
         Admission::Now
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -722,7 +722,11 @@ mod tests {
         ch.submit(rw(99, Op::Read, 0, io(&mut r))).unwrap();
         run_until_idle(&clock, &mut ch, &mut done);
         let read_at = done.iter().find(|d| d.1 == 99).unwrap().0;
-        assert!(read_at - t0 > 1_000_000, "read waited behind the full cache: {}", read_at - t0);
+        assert!(
+            read_at - t0 > 1_000_000,
+            "read waited behind the full cache: {}",
+            read_at - t0
+        );
         let last_write = done.iter().filter(|d| d.1 < 8).map(|d| d.0).max().unwrap();
         assert!(last_write - t0 > 6_000_000, "writes paced by the destage");
         // A flush waits for the destage of all eight MiB.
