@@ -245,7 +245,8 @@ impl DepthController {
                 if self.depth <= 2 {
                     1
                 } else {
-                    (self.depth + 3) / 4
+                    // wbt: (max_depth + 3) / 4
+                    self.depth.div_ceil(4)
                 }
             }
             (DepthPolicy::Ferroraid, IoClass::ForegroundWrite) => self.depth,
@@ -523,11 +524,6 @@ impl DepthController {
         self.scaled_max = false;
         self.unknown_cnt = 0;
         self.apply(now_ns, "scale down");
-    }
-
-    fn set_step(&mut self, step: i32, now_ns: u64, why: &'static str) {
-        self.step = step.max(0);
-        self.apply(now_ns, why);
     }
 
     /// ferroraid: sets the depth (clamped to floor..=base); the step is the number of
