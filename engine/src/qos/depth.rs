@@ -110,6 +110,8 @@ const QUIET_SAMPLES: u64 = 64;
 /// Target = quiet p99 × 5/4.
 const TARGET_NUM: u64 = 5;
 const TARGET_DEN: u64 = 4;
+/// Write-class depth a writer starts at while reads are served (slow start).
+const SLOW_START_DEPTH: u32 = 4;
 /// Windows met in a row after which the probe back-off halves.
 const GOOD_RUN_RELAX: u32 = 64;
 /// Largest back-off between probes, windows.
@@ -158,6 +160,11 @@ pub struct DepthController {
     /// ferroraid: the depth, and the depth before the current probe.
     ferro_depth: u32,
     before_probe: u32,
+    /// How much deeper the next probe goes (capped at a quarter of the depth).
+    probe_step: u32,
+    /// No write-class I/O in the last window; doubling from a shallow depth.
+    write_idle: bool,
+    slow_start: bool,
     /// The window after an abandoned probe: no verdict.
     grace: bool,
     last_change: u64,
@@ -211,6 +218,9 @@ impl DepthController {
             probing: false,
             ferro_depth: base,
             before_probe: base,
+            probe_step: u32::MAX,
+            write_idle: true,
+            slow_start: false,
             grace: false,
             last_change: 0,
             unknown_cnt: 0,
@@ -269,6 +279,19 @@ impl DepthController {
                 self.read_since = now_ns;
             }
             self.reads_in_flight += 1;
+        } else if class.is_write_class()
+            && self.cfg.policy == DepthPolicy::Ferroraid
+            && std::mem::take(&mut self.write_idle)
+        {
+            let reads_present =
+                self.reads_in_flight > 0 || !self.reads.is_empty() || self.last.read_p50_us > 0.0;
+            if reads_present && self.depth > SLOW_START_DEPTH.max(self.floor) {
+                // Writes start while reads are being served: begin shallow and double
+                // per good window (slow start), so a writer's first burst cannot bury
+                // the reads before the controller has seen one.
+                self.slow_start = true;
+                self.set_depth(SLOW_START_DEPTH, now_ns, "writes start: slow start");
+            }
         }
     }
 
@@ -292,13 +315,12 @@ impl DepthController {
                 if self.cfg.policy == DepthPolicy::Ferroraid
                     && target > 0
                     && ((self.probing && lat > target + target / 2)
-                        || (lat > 4 * target
-                            && now_ns.saturating_sub(self.last_change) >= self.window_len / 2))
+                        || (lat > 4 * target && now_ns.saturating_sub(lat) >= self.last_change))
                 {
-                    // A probe made a read miss badly, or a read took over four times the
-                    // target (a writer just started): act now rather than at the window's
-                    // end, and give the next window (which still sees the extra writes
-                    // drain) grace.
+                    // A probe made a read miss, or a read dispatched after the last change
+                    // took over four times the target (a writer just started): act now
+                    // rather than at the window's end, and give the next window (which
+                    // still sees the extra writes drain) grace.
                     self.ferro_miss(now_ns, lat);
                     self.grace = true;
                     self.start_window(now_ns);
@@ -403,10 +425,14 @@ impl DepthController {
             }
             return;
         }
+        if !busy && self.writes == 0 {
+            self.write_idle = true;
+        }
         if self.reads.is_empty() || (!busy && self.writes == 0) {
             // Reads absent (nothing to protect) or no write-class I/O (the limit holds
             // nothing back): return to full depth, doubling per window.
             self.probing = false;
+            self.slow_start = false;
             self.met_run = 0;
             let why = if self.reads.is_empty() {
                 "reads absent"
@@ -432,16 +458,31 @@ impl DepthController {
             self.met_run += 1;
             self.good_run += 1;
             if self.good_run >= GOOD_RUN_RELAX {
-                // A long good run: the load may have changed, probe sooner again.
+                // A long good run: the load may have changed, probe sooner and in bigger
+                // steps again.
                 self.probe_after = (self.probe_after / 2).max(1);
+                self.probe_step = self.probe_step.saturating_mul(2);
                 self.good_run = 0;
             }
-            if self.depth < self.base && self.met_run >= self.probe_after {
-                // Probe: a quarter deeper (at least one more).
+            if self.slow_start {
+                // Slow start: double while reads stay on target; the first miss reverts
+                // the last doubling and hands over to probing.
+                self.probing = true;
+                self.before_probe = self.depth;
+                self.met_run = 0;
+                self.set_depth(self.depth.saturating_mul(2), now_ns, "slow start");
+                if self.depth >= self.base {
+                    self.slow_start = false;
+                    self.probing = false;
+                }
+            } else if self.depth < self.base && self.met_run >= self.probe_after {
+                // Probe: deeper by the probe step (a quarter of the depth, halved after
+                // each failed probe: a binary search for the deepest depth that keeps
+                // reads on target).
                 self.met_run = 0;
                 self.probing = true;
                 self.before_probe = self.depth;
-                let d = self.depth + (self.depth / 4).max(1);
+                let d = self.depth + self.probe_step.clamp(1, (self.depth / 4).max(1));
                 self.set_depth(d, now_ns, "target met: probe");
             }
         } else {
@@ -453,10 +494,12 @@ impl DepthController {
     fn ferro_miss(&mut self, now_ns: u64, signal_ns: u64) {
         self.met_run = 0;
         self.good_run = 0;
+        self.slow_start = false;
         if std::mem::take(&mut self.probing) {
             // The probe hurt reads: back to the depth before it, and wait twice as long
             // before the next one.
             self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
+            self.probe_step = ((self.depth - self.before_probe) / 2).max(1);
             self.set_depth(self.before_probe, now_ns, "probe missed");
             return;
         }
@@ -465,6 +508,7 @@ impl DepthController {
         let target = self.effective_target().max(1);
         let ratio = (signal_ns / target).max(1);
         let halvings = ratio.ilog2().clamp(1, 4);
+        self.probe_step = u32::MAX;
         self.set_depth(self.depth >> halvings, now_ns, "target missed");
     }
 
@@ -661,17 +705,17 @@ mod tests {
         // Met: probe a quarter deeper.
         window(&mut c, &mut now, 10, 100_000, false);
         assert_eq!((c.depth_limit(), c.state().scale_step), (10, 2));
-        // The probe makes a read miss: abandoned at once, back to 8, and the next probe
-        // waits two good windows.
+        // The probe makes a read miss: abandoned at once, back to 8; the next probe
+        // waits two good windows and goes half as far.
         window(&mut c, &mut now, 10, 350_000, false);
         assert_eq!(c.depth_limit(), 8);
         window(&mut c, &mut now, 10, 100_000, false);
         assert_eq!(c.depth_limit(), 8);
         window(&mut c, &mut now, 10, 100_000, false);
-        assert_eq!(c.depth_limit(), 10);
+        assert_eq!(c.depth_limit(), 9);
         // Reads absent: doubling back to the full depth.
         window(&mut c, &mut now, 0, 0, false);
-        assert_eq!(c.depth_limit(), 20);
+        assert_eq!(c.depth_limit(), 18);
         window(&mut c, &mut now, 0, 0, false);
         assert_eq!(c.depth_limit(), 32);
         assert_eq!(c.state().scale_step, 0);

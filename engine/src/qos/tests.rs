@@ -10,6 +10,8 @@ use crate::sim::workload::{run, Job, JobKind, JobStats};
 use crate::sim::{Profile, SimChannel, SimClock, SimDevice};
 
 const MS: u64 = 1_000_000;
+/// The writer's region, from offset 0; the reader reads the rest of the array.
+const WRITER_SPAN: u64 = 64 << 20;
 const CHUNK: u64 = 64 << 10;
 
 fn array(profile: &Profile, policy: DepthPolicy) -> (Array<SimChannel>, SimClock) {
@@ -57,6 +59,8 @@ fn reader(start_ns: u64, stop_ns: u64) -> Job {
         depth: 1,
         start_ns,
         stop_ns,
+        // Other data than the writer's (another file): no stripe shared with it.
+        offset_bytes: WRITER_SPAN,
         span_bytes: 0,
     }
 }
@@ -68,7 +72,8 @@ fn writer(start_ns: u64, stop_ns: u64) -> Job {
         depth: 16,
         start_ns,
         stop_ns,
-        span_bytes: 64 << 20,
+        offset_bytes: 0,
+        span_bytes: WRITER_SPAN,
     }
 }
 
@@ -210,57 +215,5 @@ fn no_class_starves_under_a_read_storm() {
             0,
             "drained"
         );
-    }
-}
-
-#[test]
-#[ignore]
-fn debug_trace() {
-    let (mut arr, clock) = array(&sata(), DepthPolicy::Ferroraid);
-    let jobs = [
-        reader(0, 100 * MS),
-        reader(100 * MS, 200 * MS),
-        reader(200 * MS, 600 * MS),
-        writer(100 * MS, 600 * MS),
-    ];
-    let mut last = 0;
-    let st = run(
-        &mut arr,
-        &clock,
-        &jobs,
-        600 * MS,
-        7,
-        10 * MS,
-        |now, a, s| {
-            let q = a.member_qos(0);
-            let q1 = a.member_qos(1);
-            println!(
-                "{:4} ms d0={} s0={} t={} p50={} p99={} min={} | d1={} | reads {} wr {} ",
-                now / MS,
-                q.depth_limit,
-                q.scale_step,
-                q.target_latency_us,
-                q.read_p50_us,
-                q.read_p99_us,
-                q.read_min_us,
-                q1.depth_limit,
-                s[0].ops + s[1].ops + s[2].ops - last,
-                s[3].ops
-            );
-            last = s[0].ops + s[1].ops + s[2].ops;
-        },
-    );
-    println!("p99 {} max {}", p99_us(&st[2]), st[2].latency.max());
-    let mut n = 0;
-    for v in st[2].latency.iter_recorded() {
-        println!(
-            "  {} us x{}",
-            v.value_iterated_to() / 1000,
-            v.count_at_value()
-        );
-        n += 1;
-        if n > 30 {
-            break;
-        }
     }
 }

@@ -37,9 +37,11 @@ pub struct Job {
     pub start_ns: u64,
     /// Issues nothing new from this time, ns.
     pub stop_ns: u64,
-    /// Bytes of the array the job covers, from offset 0 (0: the whole array). A
-    /// sequential writer wraps within it (a log on a large array: its pages are all the
-    /// simulated members ever hold in memory for it).
+    /// First byte of the region the job covers (a multiple of `block_bytes`).
+    pub offset_bytes: u64,
+    /// Bytes of the region, from `offset_bytes` (0: to the end of the array). A sequential
+    /// writer wraps within it (a log on a large array: its pages are all the simulated
+    /// members ever hold in memory for it).
     pub span_bytes: u64,
 }
 
@@ -85,7 +87,10 @@ pub fn run(
     let mut slots: Vec<Vec<Slot>> = jobs
         .iter()
         .map(|j| {
-            assert!(j.block_bytes > 0 && u64::from(j.block_bytes) <= capacity);
+            assert!(
+                j.block_bytes > 0 && j.offset_bytes + u64::from(j.block_bytes) <= capacity,
+                "job region inside the array"
+            );
             (0..j.depth)
                 .map(|_| Slot {
                     buf: AlignedBuf::zeroed(j.block_bytes as usize),
@@ -125,21 +130,23 @@ pub fn run(
                 if slot.busy {
                     continue;
                 }
+                let rest = capacity.saturating_sub(job.offset_bytes);
                 let span = if job.span_bytes == 0 {
-                    capacity
+                    rest
                 } else {
-                    job.span_bytes.min(capacity)
+                    job.span_bytes.min(rest)
                 };
-                let blocks = span / u64::from(job.block_bytes);
+                let blocks = (span / u64::from(job.block_bytes)).max(1);
+                let base = job.offset_bytes;
                 let (op, off) = match job.kind {
                     JobKind::SeqWrite => {
-                        let off = cursor[j] % blocks * u64::from(job.block_bytes);
+                        let off = base + cursor[j] % blocks * u64::from(job.block_bytes);
                         cursor[j] += 1;
                         (ArrayOp::Write { fua: false }, off)
                     }
                     JobKind::RandRead => (
                         ArrayOp::Read,
-                        rng.next_u64() % blocks * u64::from(job.block_bytes),
+                        base + rng.next_u64() % blocks * u64::from(job.block_bytes),
                     ),
                 };
                 // SAFETY: the slot's buffer lives in `slots` until this function returns,
