@@ -680,6 +680,8 @@ impl Target {
             data_offset_bytes,
             failed_members: failed,
             io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
+            // ferroraid's depth controller, target derived from quiet-device reads.
+            depth: engine::qos::DepthConfig::default(),
         };
         let rcfg = ReactorConfig {
             cores: cores.clone(),

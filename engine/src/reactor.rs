@@ -42,6 +42,7 @@ use crate::array::{
 use crate::device::{BlockDevice, Channel, DeviceError};
 use crate::geometry::ArrayGeometry;
 use crate::parity::Parity;
+use crate::qos::QosState;
 use crate::shard::split;
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
@@ -73,6 +74,8 @@ pub struct MemberSnapshot {
     pub counters: MemberCounters,
     /// Completion latency of those requests, ns.
     pub latency: hdrhistogram::Histogram<u64>,
+    /// Depth control of the member, merged over the reactors ([`QosState::merge`]).
+    pub qos: QosState,
 }
 
 /// The array's statistics over every reactor, as last published (at most
@@ -146,6 +149,7 @@ impl ReactorHandle {
                     state: MemberState::Online,
                     counters: MemberCounters::default(),
                     latency: new_latency_histogram(),
+                    qos: QosState::default(),
                 })
                 .collect(),
             requests_in_flight: self.shared.in_flight.load(Ordering::Acquire),
@@ -159,6 +163,7 @@ impl ReactorHandle {
                     o.state = m.state;
                 }
                 o.counters.add(&m.counters);
+                o.qos.merge(&m.qos);
                 // Same bounds on both sides: cannot fail.
                 let _ = o.latency.add(&m.latency);
             }
@@ -412,6 +417,7 @@ impl<F: Frontend> Reactors<F> {
                                 state: MemberState::Online,
                                 counters: MemberCounters::default(),
                                 latency: new_latency_histogram(),
+                                qos: QosState::default(),
                             })
                             .collect(),
                     })
@@ -678,6 +684,7 @@ fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     for (i, (m, state)) in p.members.iter_mut().zip(array.member_states()).enumerate() {
         m.state = state;
         m.counters = array.member_counters(i as u16);
+        m.qos = array.member_qos(i as u16);
         m.latency.reset();
         let _ = m.latency.add(array.member_latency(i as u16));
     }

@@ -95,6 +95,30 @@ pub struct QosState {
     pub changes: u64,
 }
 
+impl QosState {
+    /// Merges the state of the same member on another shard (reactor) into `self`: depth
+    /// limits add up (each shard has its own queue pair to the device), the step, target
+    /// and read percentiles take the larger, the minimum the smaller non-zero one, changes
+    /// add up. Merging into `QosState::default()` copies.
+    pub fn merge(&mut self, o: &QosState) {
+        if self.depth_limit == 0 {
+            *self = *o;
+            return;
+        }
+        self.depth_limit = self.depth_limit.saturating_add(o.depth_limit);
+        self.scale_step = self.scale_step.max(o.scale_step);
+        self.target_latency_us = self.target_latency_us.max(o.target_latency_us);
+        self.read_p50_us = self.read_p50_us.max(o.read_p50_us);
+        self.read_p99_us = self.read_p99_us.max(o.read_p99_us);
+        self.read_min_us = match (self.read_min_us, o.read_min_us) {
+            (a, b) if a == 0.0 => b,
+            (a, b) if b == 0.0 => a,
+            (a, b) => a.min(b),
+        };
+        self.changes += o.changes;
+    }
+}
+
 /// ferroraid's base window, ns: short enough to react within a few reads of a QD1 reader
 /// on an SSD (~75 reads at 130 µs), long enough for a p99.
 const WINDOW_NS: u64 = 10_000_000;
@@ -112,7 +136,8 @@ const TARGET_NUM: u64 = 5;
 const TARGET_DEN: u64 = 4;
 /// Write-class depth a writer starts at while reads are served (slow start).
 const SLOW_START_DEPTH: u32 = 4;
-/// Windows met in a row after which the probe back-off halves.
+/// Windows met in a row (and at least four probe intervals) after which the probe
+/// back-off halves.
 const GOOD_RUN_RELAX: u32 = 64;
 /// Largest back-off between probes, windows.
 const MAX_PROBE_AFTER: u32 = 512;
@@ -264,12 +289,10 @@ impl DepthController {
         }
     }
 
-    /// Write-class requests (foreground writes + background) allowed in the device.
+    /// Write-class requests (foreground writes + background) allowed in the device (with
+    /// no control, the device's queue depth).
     pub fn depth_limit(&self) -> u32 {
-        match self.cfg.policy {
-            DepthPolicy::Off => u32::MAX,
-            _ => self.depth,
-        }
+        self.depth
     }
 
     /// A request of `class` was handed to the device at `now_ns`.
@@ -457,7 +480,7 @@ impl DepthController {
             self.probing = false;
             self.met_run += 1;
             self.good_run += 1;
-            if self.good_run >= GOOD_RUN_RELAX {
+            if self.good_run >= GOOD_RUN_RELAX.max(4 * self.probe_after) {
                 // A long good run: the load may have changed, probe sooner and in bigger
                 // steps again.
                 self.probe_after = (self.probe_after / 2).max(1);

@@ -464,7 +464,7 @@ impl FerroraidPacer {
             let allowed = self.allowed_ns();
             if p99 <= allowed {
                 self.good_run += 1;
-                if self.good_run >= 64 {
+                if self.good_run >= 64.max(4 * self.probe_after) {
                     self.probe_after = (self.probe_after / 2).max(1);
                     self.good_run = 0;
                 }
