@@ -110,10 +110,13 @@ impl QosState {
         self.target_latency_us = self.target_latency_us.max(o.target_latency_us);
         self.read_p50_us = self.read_p50_us.max(o.read_p50_us);
         self.read_p99_us = self.read_p99_us.max(o.read_p99_us);
-        self.read_min_us = match (self.read_min_us, o.read_min_us) {
-            (a, b) if a == 0.0 => b,
-            (a, b) if b == 0.0 => a,
-            (a, b) => a.min(b),
+        // 0 means "no reads in the window": the other shard's value stands.
+        self.read_min_us = if self.read_min_us <= 0.0 {
+            o.read_min_us
+        } else if o.read_min_us <= 0.0 {
+            self.read_min_us
+        } else {
+            self.read_min_us.min(o.read_min_us)
         };
         self.changes += o.changes;
     }
@@ -755,6 +758,34 @@ mod tests {
         c.on_dispatch(0, IoClass::ForegroundRead);
         c.on_complete(6_000_000, IoClass::ForegroundRead, 1_600_000, false);
         assert_eq!(c.depth_limit(), 16);
+    }
+
+    #[test]
+    fn shard_states_merge() {
+        let a = QosState {
+            policy: DepthPolicy::Ferroraid,
+            depth_limit: 4,
+            scale_step: 3,
+            target_latency_us: 150.0,
+            read_p50_us: 120.0,
+            read_p99_us: 130.0,
+            read_min_us: 0.0,
+            changes: 2,
+        };
+        let b = QosState {
+            depth_limit: 8,
+            scale_step: 2,
+            read_p99_us: 180.0,
+            read_min_us: 110.0,
+            changes: 1,
+            ..a
+        };
+        let mut m = QosState::default();
+        m.merge(&a);
+        assert_eq!(m, a, "merging into the default copies");
+        m.merge(&b);
+        assert_eq!((m.depth_limit, m.scale_step, m.changes), (12, 3, 3));
+        assert_eq!((m.read_p99_us, m.read_min_us), (180.0, 110.0));
     }
 
     #[test]
