@@ -42,20 +42,24 @@ pub enum DepthPolicy {
     Off,
     /// Linux blk-wbt's algorithm (see the module docs), as a baseline for benchmarks.
     WbtLike,
-    /// ferroraid's controller: per-class latency in HDR histograms over short windows
-    /// (10 ms, or 16 quiet read latencies on slow devices). A window *misses* when its
-    /// minimum read latency exceeds the target (a standing queue: CoDel's signal) or its
-    /// 99th percentile exceeds twice the target; during a probe (just after a step up)
-    /// a single read beyond twice the target abandons the probe at once. A miss
-    /// halves the write-class depth (`scale_step + 1`). A window whose p99 meets the
-    /// target counts towards a step back up after `probe_after` windows (a probe); a
-    /// probe that misses doubles `probe_after` (up to 512 windows), so a depth that
-    /// hurts reads is retried ever more rarely, while a window without reads steps up at
-    /// once (reads absent: nothing to protect). The target is 1.25 × the p99 of reads
-    /// that found the device quiet (no write-class request in it), recalibrated every
-    /// 64 such reads, never below 50 µs (devices whose reads stay under it are left
-    /// alone); [`DepthConfig::target_latency_ns`] overrides it. A device of queue depth
-    /// 1 is never limited below 2 (one in the device, one ready behind it).
+    /// ferroraid's controller (the control law and its reasoning: `docs/PACING.md`):
+    /// per-class device latency in HDR histograms over short windows (10 ms, or 16 target
+    /// latencies on slow devices, at most 1 s). A window *misses* when its minimum read
+    /// latency exceeds the target (a standing queue: CoDel's signal) or its p99 exceeds
+    /// 1.5 × the target; a miss divides the write-class depth by 2 per doubling of the
+    /// latency over target (1 to 4 halvings), and a read dispatched after the last change
+    /// that takes over 4 × the target acts at once. A window whose p99 meets the target
+    /// counts towards a *probe* (a quarter deeper, halved after each failed probe: a
+    /// binary search) after `probe_after` good windows; a read missing during a probe
+    /// reverts it at once and doubles `probe_after` (up to 512 windows). Windows without
+    /// reads, or without write-class I/O, double the depth back towards the device's
+    /// queue depth; writes that start while reads are served begin at depth 4 and double
+    /// per good window (slow start). The target is 1.25 × the p99 of reads that found the
+    /// device quiet (no write-class request in it or queued), recalibrated every 64 such
+    /// reads, never below 50 µs (devices whose reads stay under it are left alone);
+    /// [`DepthConfig::target_latency_ns`] overrides it. A device of queue depth 1 is
+    /// never limited below 2 (one in the device, one ready behind it). `scale_step`
+    /// reports the depth as halvings from the device's queue depth.
     #[default]
     Ferroraid,
 }
