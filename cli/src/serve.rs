@@ -111,7 +111,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], rpc, force, io_timeout_ms, max_block, queue_depth,
-    /// stripe_ops).
+    /// stripe_ops, qos, qos_target_us).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Cores to run reactors on, one reactor each (e.g. 0,1). Default: `--reactors`
@@ -151,6 +151,15 @@ pub struct ServeArgs {
     /// Stripe operations per reactor (default 64).
     #[arg(long)]
     stripe_ops: Option<usize>,
+    /// Per-member queue-depth control: `ferroraid` (default: latency target derived from
+    /// quiet-device reads), `wbt-like` (Linux blk-wbt's algorithm, for comparison) or
+    /// `off`.
+    #[arg(long, value_name = "ferroraid|wbt-like|off")]
+    qos: Option<String>,
+    /// Read-latency target of the depth controller, µs (like wbt's `wb_lat_usec`);
+    /// default: derived (ferroraid) or 2000 (wbt-like).
+    #[arg(long, value_name = "US")]
+    qos_target_us: Option<u64>,
     /// Member devices (files or block devices), any order.
     devices: Vec<PathBuf>,
 }
@@ -171,6 +180,8 @@ struct ServeFile {
     max_block: Option<toml::Value>,
     queue_depth: Option<u32>,
     stripe_ops: Option<usize>,
+    qos: Option<String>,
+    qos_target_us: Option<u64>,
 }
 
 /// Parses `HOST:PORT` or `unix:PATH`.
@@ -263,6 +274,20 @@ impl ServeArgs {
         }
         if let Some(s) = self.stripe_ops.or(file.stripe_ops) {
             o.stripe_ops = s;
+        }
+        if let Some(q) = self.qos.as_ref().or(file.qos.as_ref()) {
+            o.depth.policy = match q.as_str() {
+                "ferroraid" => engine::qos::DepthPolicy::Ferroraid,
+                "wbt-like" | "wbt" => engine::qos::DepthPolicy::WbtLike,
+                "off" => engine::qos::DepthPolicy::Off,
+                other => bail!("qos {other:?}: expected \"ferroraid\", \"wbt-like\" or \"off\""),
+            };
+        }
+        if let Some(us) = self.qos_target_us.or(file.qos_target_us) {
+            if us == 0 {
+                bail!("qos_target_us 0: expected a latency target in µs (at least 1)");
+            }
+            o.depth.target_latency_ns = Some(us.saturating_mul(1000));
         }
         o.rpc = match (&self.rpc, &file.rpc) {
             (Some(p), _) if p.as_os_str() == "default" => Some(ferroraid::rpc::default_rpc_path()),
@@ -484,4 +509,36 @@ fn print_howto(url: &str, t: &Target, dir: &Path) -> Result<()> {
     )?;
     say!("Ctrl-C stops: drains requests, flushes the members, marks the array clean.")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn options(args: &[&str]) -> Result<ServeOptions> {
+        let mut v = vec!["serve"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v)?.serve.options()
+    }
+
+    #[test]
+    fn qos_policy_and_target_are_selectable() {
+        let o = options(&["m0", "m1", "m2"]).unwrap();
+        assert_eq!(o.depth, engine::qos::DepthConfig::default());
+        let o = options(&["--qos", "wbt-like", "--qos-target-us", "750", "m0"]).unwrap();
+        assert_eq!(o.depth.policy, engine::qos::DepthPolicy::WbtLike);
+        assert_eq!(o.depth.target_latency_ns, Some(750_000));
+        let o = options(&["--qos", "off", "m0"]).unwrap();
+        assert_eq!(o.depth.policy, engine::qos::DepthPolicy::Off);
+        let e = options(&["--qos", "fast", "m0"]).err().unwrap();
+        assert!(e.to_string().contains("expected"), "{e}");
+        assert!(options(&["--qos-target-us", "0", "m0"]).is_err());
+    }
 }

@@ -17,7 +17,10 @@
 //!                  "io": { "reads": 10, "writes": 4, "flushes": 1, "read_bytes": 40960,
 //!                          "write_bytes": 16384, "errors": 0 },
 //!                  "latency_us": { "p50": 11.2, "p90": 14.0, "p99": 30.1, "p999": 52.0,
-//!                                  "max": 61.4, "count": 15 } }, ... ],
+//!                                  "max": 61.4, "count": 15 },
+//!                  "qos": { "policy": "ferroraid", "depth_limit": 31, "scale_step": 6,
+//!                           "target_latency_us": 151.3, "read_p50_us": 121.0,
+//!                           "read_p99_us": 123.9, "read_min_us": 120.8 } }, ... ],
 //!   "reactors": { "count": 2, "cores": [0, 1], "mode": "polled" },
 //!   "stats": { "direct_reads": 10, ... }, "requests_in_flight": 0,
 //!   "exports": [ { "protocol": "nbd", "address": "127.0.0.1:10809", "name": "data" } ],
@@ -158,6 +161,52 @@ pub struct MemberReport {
     pub io: IoReport,
     /// Completion latency of those requests.
     pub latency_us: LatencyReport,
+    /// The member's queue-depth controller (`engine::qos::depth`), merged over the
+    /// reactors. Absent in reports of targets that predate it (reads as all zero).
+    #[serde(default)]
+    pub qos: QosReport,
+}
+
+/// One member's queue-depth control (`engine::qos::QosState`), merged over the reactors
+/// (`engine::qos::QosState::merge`: depth limits add up, latencies take the worst).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QosReport {
+    /// `off`, `wbt-like` or `ferroraid` (empty when no controller reported).
+    pub policy: String,
+    /// Foreground-write + background requests the reactors together let into the device
+    /// (with control off, the device's queue depth per reactor, summed).
+    pub depth_limit: u64,
+    /// Scaling step: 0 = unthrottled, each step halves the depth (negative: deeper than
+    /// default, wbt-like only); the largest over the reactors.
+    pub scale_step: i32,
+    /// Read-latency target, µs (derived from quiet-device reads, or configured).
+    pub target_latency_us: f64,
+    /// Last finished control window: read latency median, µs (0: no reads).
+    pub read_p50_us: f64,
+    /// Last finished control window: read latency 99th percentile, µs.
+    pub read_p99_us: f64,
+    /// Last finished control window: smallest read latency, µs.
+    pub read_min_us: f64,
+}
+
+impl QosReport {
+    /// The report of an engine controller state.
+    pub fn from_state(q: &engine::qos::QosState) -> QosReport {
+        let policy = match q.policy {
+            engine::qos::DepthPolicy::Off => "off",
+            engine::qos::DepthPolicy::WbtLike => "wbt-like",
+            engine::qos::DepthPolicy::Ferroraid => "ferroraid",
+        };
+        QosReport {
+            policy: policy.to_string(),
+            depth_limit: u64::from(q.depth_limit),
+            scale_step: q.scale_step,
+            target_latency_us: q.target_latency_us,
+            read_p50_us: q.read_p50_us,
+            read_p99_us: q.read_p99_us,
+            read_min_us: q.read_min_us,
+        }
+    }
 }
 
 /// The state of a slot or spare. Serialized as the lower-case name.
@@ -296,6 +345,7 @@ impl MemberReport {
             state: MemberState::from_engine(&m.state),
             io: IoReport::from(&m.counters),
             latency_us: Self::latency_from(&m.latency),
+            qos: QosReport::from_state(&m.qos),
         }
     }
 
@@ -308,6 +358,7 @@ impl MemberReport {
             state,
             io: IoReport::default(),
             latency_us: LatencyReport::default(),
+            qos: QosReport::default(),
         }
     }
 }
@@ -804,6 +855,36 @@ mod tests {
         assert!(near(l.max, 1000.0), "{l:?}");
     }
 
+    #[test]
+    fn member_qos_comes_from_the_snapshot_and_old_reports_still_parse() {
+        let snap = MemberSnapshot {
+            state: engine::array::MemberState::Online,
+            counters: MemberCounters::default(),
+            latency: engine::array::new_latency_histogram(),
+            qos: engine::qos::QosState {
+                policy: engine::qos::DepthPolicy::Ferroraid,
+                depth_limit: 31,
+                scale_step: 6,
+                target_latency_us: 151.5,
+                read_p50_us: 121.0,
+                read_p99_us: 124.0,
+                read_min_us: 120.5,
+                changes: 9,
+            },
+        };
+        let m = MemberReport::from_snapshot(0, Some("/dev/x".into()), &snap);
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(v["qos"]["policy"], "ferroraid");
+        assert_eq!(v["qos"]["depth_limit"], 31);
+        assert_eq!(v["qos"]["scale_step"], 6);
+        assert_eq!(v["qos"]["read_p99_us"], 124.0);
+        // A report without `qos` (an older target) parses, with zeroes.
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("qos");
+        let back: MemberReport = serde_json::from_value(old).unwrap();
+        assert_eq!(back.qos, QosReport::default());
+    }
+
     /// Scripts read these names: changing one is a breaking change.
     #[test]
     fn json_field_names_are_stable() {
@@ -821,7 +902,14 @@ mod tests {
             keys(&v["array"]),
             "array_uuid,chunk_bytes,events,layout,level,name,raid_devices,size_bytes,state"
         );
-        assert_eq!(keys(&v["members"][0]), "device,io,latency_us,slot,state");
+        assert_eq!(
+            keys(&v["members"][0]),
+            "device,io,latency_us,qos,slot,state"
+        );
+        assert_eq!(
+            keys(&v["members"][0]["qos"]),
+            "depth_limit,policy,read_min_us,read_p50_us,read_p99_us,scale_step,target_latency_us"
+        );
         assert_eq!(
             keys(&v["members"][0]["io"]),
             "errors,flushes,read_bytes,reads,write_bytes,writes"

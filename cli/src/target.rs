@@ -81,13 +81,17 @@ pub struct ServeOptions {
     pub queue_depth: u32,
     /// Stripe operations per reactor (each holds one chunk per member).
     pub stripe_ops: usize,
+    /// Per-member queue-depth control (`engine::qos::depth`): policy and optional
+    /// read-latency target.
+    pub depth: engine::qos::DepthConfig,
     /// JSON-RPC management socket, if any.
     pub rpc: Option<PathBuf>,
 }
 
 impl ServeOptions {
     /// Defaults for `devices`: one reactor, polled, NBD on 127.0.0.1:10809, 4 MiB
-    /// requests, no force, 30 s command timeout, queue depth 128, 64 stripe operations.
+    /// requests, no force, 30 s command timeout, queue depth 128, 64 stripe operations,
+    /// ferroraid's depth controller with a derived target.
     pub fn new(devices: Vec<PathBuf>) -> Self {
         Self {
             devices,
@@ -101,6 +105,7 @@ impl ServeOptions {
             io_timeout: Duration::from_secs(30),
             queue_depth: 128,
             stripe_ops: 64,
+            depth: engine::qos::DepthConfig::default(),
             rpc: None,
         }
     }
@@ -927,6 +932,7 @@ impl Target {
             failed_members: failed,
             rebuilding,
             io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
+            depth: opts.depth,
             ..ArrayConfig::default()
         };
         let rcfg = ReactorConfig {

@@ -53,7 +53,9 @@ use crate::process::{
     ProcessError, ProcessKind, ProcessRequest, ProcessState, ShardProgress, ShardWalk,
     MAX_BACKGROUND_OPS, MD_STRIPE_PAGE_BYTES, SECTOR_BYTES,
 };
+use crate::qos::dispatch::MemberQueue;
 use crate::qos::{Admission, Pacer, Unpaced};
+use crate::qos::{DepthConfig, IoClass, QosState};
 use crate::stripe::{plan_write, ChunkRange, StripeWrite, WriteMode};
 
 /// What an array request does.
@@ -273,6 +275,8 @@ pub struct ArrayConfig {
     /// sectors): in sync below it. [`Array::pending_rebuild`] gives the rebuild that
     /// resumes them.
     pub rebuilding: [Option<(u16, u64)>; 2],
+    /// Per-member queue-depth control ([`crate::qos::depth`]), the same for every member.
+    pub depth: DepthConfig,
 }
 
 /// Default background operations in flight per shard: four chunk-wide stripe operations
@@ -305,7 +309,8 @@ impl ArrayStats {
 
 impl Default for ArrayConfig {
     /// 256 requests, 32 stripe operations, data at offset 0, no member failed, 30 s
-    /// command timeout, [`DEFAULT_BACKGROUND_OPS`] background operations.
+    /// command timeout, [`DEFAULT_BACKGROUND_OPS`] background operations, ferroraid's depth
+    /// controller with a derived target.
     fn default() -> Self {
         Self {
             requests: 256,
@@ -315,22 +320,21 @@ impl Default for ArrayConfig {
             io_timeout_ns: DEFAULT_IO_TIMEOUT_NS,
             background_ops: DEFAULT_BACKGROUND_OPS,
             rebuilding: [None, None],
+            depth: DepthConfig::default(),
         }
     }
 }
 
 /// Member-tag layout: stripe operation index in the high bits, member in the low 16.
 const MEMBER_BITS: u32 = 16;
-/// The "operation index" of the owner shard's bitmap writes (no stripe operation has it:
-/// pools hold far fewer than 2^32 − 1 operations).
-const BITMAP_SOP: u32 = u32::MAX;
 const _: () = assert!((MAX_RAID6_MEMBERS as u64) < (1 << MEMBER_BITS));
 
 struct Member<C> {
     ch: C,
     state: MemberState,
-    /// Requests the channel refused with QueueFull, resubmitted in order.
-    overflow: VecDeque<Request>,
+    /// Requests waiting for the channel, one queue per I/O class, dispatched in class
+    /// order within the depth controller's limits ([`crate::qos::dispatch`]).
+    queue: MemberQueue,
     /// Largest request the member takes, bytes (a multiple of its block size).
     max_transfer: u32,
     counters: MemberCounters,
@@ -634,13 +638,19 @@ impl<C: Channel> Array<C> {
                 .map(|ch| {
                     let i = ch.info();
                     let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
+                    let queue_depth = i.queue_depth;
                     Member {
                         ch,
                         state: MemberState::Online,
                         // A chunk split at the largest transfer: room for every piece of
-                        // every operation.
-                        overflow: VecDeque::with_capacity(
-                            total_sops * (chunk / max_transfer as usize + 1),
+                        // every operation (foreground, background, the bitmap owner's
+                        // batch), in any one class.
+                        queue: MemberQueue::new(
+                            cfg.depth,
+                            queue_depth,
+                            (total_sops + 1) * (chunk / max_transfer as usize + 1),
+                            total_sops + 1,
+                            MEMBER_BITS,
                         ),
                         max_transfer,
                         counters: MemberCounters::default(),
@@ -769,6 +779,22 @@ impl<C: Channel> Array<C> {
     /// If `m` is not a member index.
     pub fn member_latency(&self, m: u16) -> &hdrhistogram::Histogram<u64> {
         &self.members[usize::from(m)].latency
+    }
+
+    /// The depth controller's state for member `m` on this shard.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_qos(&self, m: u16) -> QosState {
+        self.members[usize::from(m)].queue.state()
+    }
+
+    /// Requests of `class` this shard has in member `m`'s device now.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_in_device(&self, m: u16, class: IoClass) -> u32 {
+        self.members[usize::from(m)].queue.in_device(class)
     }
 
     /// Sets the array's clock (ns, monotonic, any epoch): what command timeouts are
@@ -1031,44 +1057,28 @@ impl<C: Channel> Array<C> {
 
     // ---- member I/O --------------------------------------------------------------------
 
+    /// Advances every member's depth controller to now and hands queued requests to the
+    /// channels (class order, within the limits).
     fn resubmit(&mut self) -> bool {
         let mut any = false;
         for mi in 0..self.members.len() {
-            while let Some(req) = self.members[mi].overflow.pop_front() {
-                let m = &mut self.members[mi];
-                match m.ch.submit(req) {
-                    Ok(()) => any = true,
-                    // A member that never accepts again is not detected here: that takes a
-                    // command timeout (an issue-3 follow-up), not a guess from refusals.
-                    Err(SubmitError::QueueFull) => {
-                        m.overflow.push_front(req);
-                        break;
-                    }
-                    Err(e) => {
-                        self.refused(req.tag, e);
-                        any = true;
-                    }
-                }
-            }
+            self.members[mi].queue.tick(self.now);
+            any |= self.pump(mi);
         }
         any
     }
 
-    fn refused(&mut self, tag: u64, e: SubmitError) {
-        debug_assert!(
-            !matches!(e, SubmitError::Invalid(_)),
-            "the array built a request its member refuses: {e}"
-        );
-        let err = match e {
-            SubmitError::Gone => IoError::Gone,
-            // The engine built a request the device refuses: treat the member as failed
-            // rather than lose the I/O.
-            _ => IoError::Io { errno: 22 },
-        };
-        self.synthetic.push_back(Completion {
-            tag,
-            status: Err(err),
+    /// Dispatches member `mi`'s queued requests; returns whether any left the queues.
+    fn pump(&mut self, mi: usize) -> bool {
+        let now = self.now;
+        let m = &mut self.members[mi];
+        let synthetic = &mut self.synthetic;
+        let mut refused = 0;
+        let p = m.queue.pump(&mut m.ch, now, |req, e| {
+            refused += 1;
+            synthetic.push_back(refusal(req.tag, e));
         });
+        p.submitted > 0 || refused > 0
     }
 
     fn reap(&mut self) -> bool {
@@ -1082,6 +1092,7 @@ impl<C: Channel> Array<C> {
                 let n = self.members[mi].ch.poll(&mut self.scratch);
                 for i in 0..n {
                     let c = self.scratch[i];
+                    self.members[mi].queue.completed(c.tag, self.now);
                     self.member_done(c);
                 }
                 any |= n > 0;
@@ -1096,7 +1107,7 @@ impl<C: Channel> Array<C> {
     fn member_done(&mut self, c: Completion) {
         let s = (c.tag >> MEMBER_BITS) as u32;
         let member = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
-        if s == BITMAP_SOP {
+        if s == self.bitmap_sop() {
             return self.bitmap_write_done(member, c.status);
         }
         let known = (s as usize) < self.sops.len()
@@ -1144,6 +1155,27 @@ impl<C: Channel> Array<C> {
         }
     }
 
+    /// The I/O class of operation `s`'s member request `op`: flushes and FUA writes are
+    /// [`IoClass::Flush`]; otherwise background operations are [`IoClass::Background`],
+    /// client reads (including the reads and rewrites of a degraded read)
+    /// [`IoClass::ForegroundRead`], and client writes, write-zeroes and discards (with
+    /// their read-modify-write reads) [`IoClass::ForegroundWrite`].
+    fn class_of(&self, s: u32, op: Op) -> IoClass {
+        let sop = &self.sops[s as usize];
+        if matches!(op, Op::Flush | Op::Write { fua: true }) {
+            return IoClass::Flush;
+        }
+        if sop.bg.is_some() {
+            return IoClass::Background;
+        }
+        let req = self.reqs[sop.req as usize].as_ref().expect("live request");
+        if req.op == ArrayOp::Read {
+            IoClass::ForegroundRead
+        } else {
+            IoClass::ForegroundWrite
+        }
+    }
+
     /// Issues one member I/O for stripe operation `s`: `len` bytes at `chunk_off` of the
     /// member's chunk in the operation's stripe, to/from `ptr`.
     fn io(&mut self, s: u32, member: u16, op: Op, chunk_off: u32, len: u32, ptr: *mut u8) {
@@ -1152,6 +1184,7 @@ impl<C: Channel> Array<C> {
         let stripe = self.sops[s as usize].stripe;
         let base = self.data_offset + stripe * u64::from(g.chunk_bytes()) + u64::from(chunk_off);
         let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let class = self.class_of(s, op);
         // Requests larger than the member takes go out in pieces (each counted).
         let max = self.members[usize::from(member)].max_transfer;
         let mut done = 0u32;
@@ -1180,26 +1213,15 @@ impl<C: Channel> Array<C> {
             };
             done += piece;
             self.count_issue(s, member, op, piece);
-            self.send(member, req);
+            self.send(member, class, req);
         }
     }
 
-    /// Hands `req` to the member's channel, queueing it behind earlier refused requests.
-    fn send(&mut self, member: u16, req: Request) {
-        let m = &mut self.members[usize::from(member)];
-        if !m.overflow.is_empty() {
-            m.overflow.push_back(req);
-            return;
-        }
-        match m.ch.submit(req) {
-            Ok(()) => {}
-            // Full with nothing of ours in flight: it will never take anything.
-            Err(SubmitError::QueueFull) if m.ch.in_flight() == 0 => {
-                self.refused(req.tag, SubmitError::Gone)
-            }
-            Err(SubmitError::QueueFull) => m.overflow.push_back(req),
-            Err(e) => self.refused(req.tag, e),
-        }
+    /// Queues `req` in the member's queue of `class` and dispatches what the channel and
+    /// the depth controller admit.
+    fn send(&mut self, member: u16, class: IoClass, req: Request) {
+        self.members[usize::from(member)].queue.enqueue(class, req);
+        self.pump(usize::from(member));
     }
 
     fn io_flush(&mut self, s: u32, member: u16) {
@@ -1211,7 +1233,7 @@ impl<C: Channel> Array<C> {
             buf: IoBuf::NONE,
         };
         self.count_issue(s, member, Op::Flush, 0);
-        self.send(member, req);
+        self.send(member, IoClass::Flush, req);
     }
 
     /// Issues one bufferless member request (`WriteZeroes`, `Discard`) over the whole chunk
@@ -1221,6 +1243,7 @@ impl<C: Channel> Array<C> {
         let chunk = g.chunk_bytes();
         let base = self.data_offset + self.sops[s as usize].stripe * u64::from(chunk);
         let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let class = self.class_of(s, op);
         let max = self.members[usize::from(member)].max_transfer;
         let mut done = 0u32;
         while done < chunk {
@@ -1234,7 +1257,7 @@ impl<C: Channel> Array<C> {
             };
             done += piece;
             self.count_issue(s, member, op, piece);
-            self.send(member, req);
+            self.send(member, class, req);
         }
     }
 
@@ -1262,7 +1285,7 @@ impl<C: Channel> Array<C> {
     }
 
     /// Fails members whose requests outlived the command timeout: their requests still
-    /// waiting in our overflow queue complete with [`IoError::Timeout`] at once, those on
+    /// waiting in our class queues complete with [`IoError::Timeout`] at once, those on
     /// the device are aborted (best effort; see [`Channel::abort`]), and the operation
     /// goes on from redundancy once they are back. Scans at most every 1/16 of the
     /// timeout.
@@ -1288,9 +1311,7 @@ impl<C: Channel> Array<C> {
                 self.fail_member(member, IoError::Timeout);
                 let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
                 let m = &mut self.members[usize::from(member)];
-                let before = m.overflow.len();
-                m.overflow.retain(|r| r.tag != tag);
-                for _ in m.overflow.len()..before {
+                for _ in 0..m.queue.remove_tag(tag) {
                     self.synthetic.push_back(Completion {
                         tag,
                         status: Err(IoError::Timeout),
@@ -1789,6 +1810,13 @@ impl<C: Channel> Array<C> {
         self.dispatch_sop(s);
     }
 
+    /// The "operation index" in the tags of the owner shard's bitmap writes: one past the
+    /// stripe operations (foreground and background pools), so the member queues account
+    /// for them in a slot of their own.
+    fn bitmap_sop(&self) -> u32 {
+        self.sops.len() as u32
+    }
+
     /// Issues the owner's batch on every online member: FUA writes at absolute member
     /// offsets (the bitmap area lies between the superblock and the data).
     fn issue_bitmap_batch(&mut self) {
@@ -1822,7 +1850,7 @@ impl<C: Channel> Array<C> {
                         )
                     };
                     let req = Request {
-                        tag: (u64::from(BITMAP_SOP) << MEMBER_BITS) | u64::from(member),
+                        tag: (u64::from(self.bitmap_sop()) << MEMBER_BITS) | u64::from(member),
                         op: Op::Write { fua: true },
                         offset_bytes: bw.offset_bytes + u64::from(done),
                         len_bytes: piece,
@@ -1834,7 +1862,7 @@ impl<C: Channel> Array<C> {
                     c.write_bytes += u64::from(piece);
                     sent += 1;
                     self.intent.as_mut().expect("bitmap").outstanding += 1;
-                    self.send(member, req);
+                    self.send(member, IoClass::Flush, req);
                 }
             }
         }
@@ -2179,6 +2207,24 @@ impl<C: Channel> Array<C> {
     }
 }
 
+/// The completion of a request the member's channel refused for good with `e`.
+fn refusal(tag: u64, e: SubmitError) -> Completion {
+    debug_assert!(
+        !matches!(e, SubmitError::Invalid(_)),
+        "the array built a request its member refuses: {e}"
+    );
+    let err = match e {
+        SubmitError::Gone => IoError::Gone,
+        // The engine built a request the device refuses: treat the member as failed
+        // rather than lose the I/O.
+        _ => IoError::Io { errno: 22 },
+    };
+    Completion {
+        tag,
+        status: Err(err),
+    }
+}
+
 /// Splits one operation's member buffers into slot-ordered data views (pushed onto
 /// `data`, which the caller owns: returning a 255-entry `ArrayVec` by value would copy all
 /// of it), and returns P and Q, each over the parity range `r` (which sits at the front of
@@ -2408,7 +2454,7 @@ impl<C: Channel> Array<C> {
         if !m.state.is_failed() {
             return Err(ProcessError::NotFailed { member: slot });
         }
-        if !m.overflow.is_empty()
+        if m.queue.queued() > 0
             || self
                 .sops
                 .iter()

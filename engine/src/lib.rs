@@ -31,8 +31,12 @@
 //!   walks and progress, the merged snapshot, md's `mismatch_cnt` rule.
 //! - [`qos`]: I/O classes and the background pacer interface (controllers in
 //!   submodules).
+//! - [`qos`]: I/O classes and per-member class queues, per-member queue-depth
+//!   controllers (ferroraid's, a wbt-like baseline, off) and background pacers
+//!   (ferroraid's, md's pre-4.1 and 4.1+ rules) behind the `Pacer` interface.
 //! - [`sim`]: the engine's test world — a virtual clock and simulated devices with latency
-//!   profiles (NVMe, cached SATA SSD, 7200 rpm disk) and seeded fault injection.
+//!   profiles (NVMe, cached SATA SSD with an unbounded or bounded write cache, 7200 rpm
+//!   disk), seeded fault injection, and closed-loop client jobs in virtual time.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

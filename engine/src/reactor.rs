@@ -48,6 +48,7 @@ use crate::process::{
     ProcessError, ProcessKind, ProcessRequest, ProcessSnapshot, ProcessState, RateWindow,
     ShardProgress,
 };
+use crate::qos::QosState;
 use crate::qos::{Pacer, Unpaced};
 use crate::shard::{merge_state, split};
 
@@ -91,6 +92,8 @@ pub struct MemberSnapshot {
     pub counters: MemberCounters,
     /// Completion latency of those requests, ns.
     pub latency: hdrhistogram::Histogram<u64>,
+    /// Depth control of the member, merged over the reactors ([`QosState::merge`]).
+    pub qos: QosState,
 }
 
 /// The array's statistics over every reactor, as last published (at most
@@ -340,6 +343,7 @@ impl ReactorHandle {
                     state: MemberState::Online,
                     counters: MemberCounters::default(),
                     latency: new_latency_histogram(),
+                    qos: QosState::default(),
                 })
                 .collect(),
             requests_in_flight: self.shared.in_flight.load(Ordering::Acquire),
@@ -355,6 +359,7 @@ impl ReactorHandle {
             for (o, m) in out.members.iter_mut().zip(&p.members) {
                 o.state = merge_state(o.state, m.state);
                 o.counters.add(&m.counters);
+                o.qos.merge(&m.qos);
                 // Same bounds on both sides: cannot fail.
                 let _ = o.latency.add(&m.latency);
             }
@@ -718,6 +723,7 @@ impl<F: Frontend> Reactors<F> {
                                 state: MemberState::Online,
                                 counters: MemberCounters::default(),
                                 latency: new_latency_histogram(),
+                                qos: QosState::default(),
                             })
                             .collect(),
                         process: None,
@@ -1129,6 +1135,7 @@ fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     for (i, (m, state)) in p.members.iter_mut().zip(array.member_states()).enumerate() {
         m.state = state;
         m.counters = array.member_counters(i as u16);
+        m.qos = array.member_qos(i as u16);
         m.latency.reset();
         let _ = m.latency.add(array.member_latency(i as u16));
     }

@@ -1,9 +1,19 @@
-//! Quality of service: I/O classes, background pacing and (later) per-device depth control.
+//! Quality of service: I/O classes, background pacing and per-device depth control.
+//!
+//! - [`depth`]: per-member queue-depth controllers (off, wbt-like, ferroraid's).
+//! - [`dispatch`]: per-member, per-class queues in front of a member channel.
+//! - [`pacer`]: background pacers (ferroraid's, md's pre-4.1 and 4.1+ rules).
 //!
 //! This module holds the interfaces the stripe engine talks to; the controllers that
 //! implement them live in submodules. Everything here is driven by the executor's clock
 //! (ns, [`crate::array::Array::set_now`]), so the same code runs in virtual time over
 //! simulated devices and in real time on the reactors.
+
+pub mod depth;
+pub mod dispatch;
+pub mod pacer;
+
+pub use depth::{DepthConfig, DepthController, DepthPolicy, QosState};
 
 /// The class of a member request, for dispatch and depth control.
 ///
@@ -29,6 +39,22 @@ impl IoClass {
         IoClass::ForegroundWrite,
         IoClass::Background,
     ];
+
+    /// Position in [`IoClass::ALL`] (dispatch priority, 0 highest): an index for per-class
+    /// arrays.
+    pub const fn index(self) -> usize {
+        match self {
+            IoClass::ForegroundRead => 0,
+            IoClass::Flush => 1,
+            IoClass::ForegroundWrite => 2,
+            IoClass::Background => 3,
+        }
+    }
+
+    /// Whether the depth controller limits this class (foreground writes, background).
+    pub const fn is_write_class(self) -> bool {
+        matches!(self, IoClass::ForegroundWrite | IoClass::Background)
+    }
 }
 
 /// A pacer's answer to "may a background stripe operation start now?".
@@ -75,3 +101,6 @@ impl Pacer for Unpaced {
         Admission::Now
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -163,8 +163,11 @@ struct State {
     units: Vec<u64>,
     /// Where the head is (end of the last request), for seek modelling.
     head: u64,
-    /// Bytes sitting in the volatile write cache.
+    /// Bytes sitting in the volatile write cache (unbounded cache model).
     dirty_bytes: u64,
+    /// Bounded cache model: when everything written to the cache so far will have been
+    /// destaged to the media, ns.
+    destaged_at: u64,
     /// Requests in the device (all channels).
     queued: u32,
     faults: Vec<FaultRule>,
@@ -229,6 +232,7 @@ impl SimDevice {
                 units: vec![0; units],
                 head: 0,
                 dirty_bytes: 0,
+                destaged_at: 0,
                 queued: 0,
                 faults: Vec::new(),
                 latent: Vec::new(),
@@ -390,6 +394,8 @@ impl State {
                         + Profile::transfer_ns(len, p.write_bytes_per_s)
                 }
             },
+            // A bounded cache destages continuously: the flush waits for the destage.
+            Op::Flush if p.write_cache_bytes.is_some() => p.write_latency_ns / 4,
             Op::Flush => {
                 let dirty = std::mem::take(&mut self.dirty_bytes);
                 let units = self.units.len() as u64;
@@ -410,7 +416,23 @@ impl State {
             .enumerate()
             .min_by_key(|&(_, t)| t)
             .expect("at least one unit");
-        let done = free_at.max(now).saturating_add(service);
+        let start = free_at.max(now);
+        let done = match (p.write_cache_bytes, req.op) {
+            (Some(cap), Op::Write { fua: false }) if p.write_cache_latency_ns.is_some() => {
+                // Bounded cache: the write enters once the destage has made room for it,
+                // holding its unit (its command slot) while it waits.
+                let rate = p.write_bytes_per_s.saturating_mul(self.units.len() as u64);
+                let drained = self.destaged_at.max(start);
+                let entry = start.max(
+                    (drained + Profile::transfer_ns(len, rate))
+                        .saturating_sub(Profile::transfer_ns(cap, rate)),
+                );
+                self.destaged_at = drained + Profile::transfer_ns(len, rate);
+                entry.saturating_add(service)
+            }
+            (Some(_), Op::Flush) => start.saturating_add(service).max(self.destaged_at),
+            _ => start.saturating_add(service),
+        };
         self.units[i] = done;
         done
     }
@@ -779,6 +801,53 @@ mod tests {
         // Eight reads on 32 units finish together, not one after the other.
         assert_eq!(done.len(), 8);
         assert_eq!(done.first().unwrap().0, done.last().unwrap().0);
+    }
+
+    #[test]
+    fn bounded_cache_fills_then_writes_and_reads_wait_for_the_destage() {
+        let clock = SimClock::new();
+        let mut p = Profile::sata_ssd_bounded_cache();
+        p.write_cache_bytes = Some(4 << 20);
+        let dev = SimDevice::new("sata", 64 << 20, 4096, p, clock.clone(), 1).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut w = AlignedBuf::zeroed(1 << 20);
+        let mut r = AlignedBuf::zeroed(4096);
+        let mut done = Vec::new();
+        // Four MiB fit: acknowledged at cache speed.
+        for t in 0..4 {
+            ch.submit(rw(t, Op::Write { fua: false }, t << 20, io(&mut w)))
+                .unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+        }
+        assert!(done.iter().all(|d| d.0 < 200_000), "{done:?}");
+        // The cache is full: the next writes wait for room (1 MiB at 500 MB/s ≈ 2.1 ms
+        // each), holding all four units, and a read queues behind them.
+        let t0 = clock.now_ns();
+        for t in 4..8 {
+            ch.submit(rw(t, Op::Write { fua: false }, t << 20, io(&mut w)))
+                .unwrap();
+        }
+        ch.submit(rw(99, Op::Read, 0, io(&mut r))).unwrap();
+        run_until_idle(&clock, &mut ch, &mut done);
+        let read_at = done.iter().find(|d| d.1 == 99).unwrap().0;
+        assert!(
+            read_at - t0 > 1_000_000,
+            "read waited behind the full cache: {}",
+            read_at - t0
+        );
+        let last_write = done.iter().filter(|d| d.1 < 8).map(|d| d.0).max().unwrap();
+        assert!(last_write - t0 > 6_000_000, "writes paced by the destage");
+        // A flush waits for the destage of all eight MiB.
+        ch.submit(Request {
+            tag: 100,
+            op: Op::Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+            buf: IoBuf::NONE,
+        })
+        .unwrap();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert!(done.last().unwrap().0 >= 8 * Profile::transfer_ns(1 << 20, 500_000_000));
     }
 
     #[test]

@@ -11,10 +11,13 @@
 //! - [`Fault`]: what can go wrong, injected by rule or by seeded chance: I/O errors on
 //!   chosen ops or LBA ranges, latent sector errors, a member that disappears, a slow member,
 //!   a torn (partially applied) write.
+//! - [`workload`]: closed-loop client jobs (sequential writers, random readers) driven
+//!   against an array in virtual time.
 
 mod clock;
 mod device;
 mod profile;
+pub mod workload;
 
 pub use clock::SimClock;
 pub use device::{

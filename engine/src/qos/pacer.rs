@@ -1,0 +1,625 @@
+//! Background pacers: [`Pacer`] implementations that decide when a background stripe
+//! operation (resync, rebuild, check, repair) may start on a shard.
+//!
+//! - [`FerroraidPacer`]: ferroraid's feedback controller on what foreground I/O
+//!   experiences (the control law and its reasoning: `docs/PACING.md`).
+//! - [`MdPre41Pacer`]: Linux md before 4.1: throttle to `speed_min` whenever the array is
+//!   not idle.
+//! - [`Md41Pacer`]: Linux md since 4.1: when not idle, wait until the resync's own pending
+//!   requests have completed, then continue.
+//!
+//! All three see only the [`Pacer`] calls of their own shard and the executor's clock
+//! (ns), so they run per reactor with no shared state, in virtual time under test and in
+//! real time on the reactors. Rates are **bytes per second per member** (md's
+//! `sync_speed_min`/`sync_speed_max` are KiB/s per member device: 1000 and 200000 by
+//! default, [`MD_SPEED_MIN`], [`MD_SPEED_MAX`]). Nothing allocates after construction.
+
+use hdrhistogram::Histogram;
+
+use super::{Admission, Pacer};
+
+/// md's default `speed_limit_min`: 1000 KiB/s per member (drivers/md/md.c
+/// `sysctl_speed_limit_min`), bytes/s.
+pub const MD_SPEED_MIN: u64 = 1000 * 1024;
+/// md's default `speed_limit_max`: 200000 KiB/s per member (`sysctl_speed_limit_max`),
+/// bytes/s.
+pub const MD_SPEED_MAX: u64 = 200_000 * 1024;
+
+/// Guard rails shared by every pacer, bytes/s per member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpeedLimits {
+    /// Floor: background always progresses at least this fast (when it has work).
+    pub speed_min: u64,
+    /// Ceiling: background never runs faster.
+    pub speed_max: u64,
+}
+
+impl Default for SpeedLimits {
+    /// md's defaults: [`MD_SPEED_MIN`], [`MD_SPEED_MAX`].
+    fn default() -> Self {
+        Self {
+            speed_min: MD_SPEED_MIN,
+            speed_max: MD_SPEED_MAX,
+        }
+    }
+}
+
+impl SpeedLimits {
+    /// Limits from MB/s (10^6 bytes/s) per member, the unit of the `speed_min`/`speed_max`
+    /// settings. A maximum below the minimum is raised to it.
+    pub fn from_mb_per_s(min: u64, max: u64) -> Self {
+        let min = min.saturating_mul(1_000_000);
+        Self {
+            speed_min: min,
+            speed_max: max.saturating_mul(1_000_000).max(min),
+        }
+    }
+}
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// `bytes` at `rate` bytes/s, ns (rounded up; a zero rate waits a second).
+fn ns_for(bytes: u64, rate: u64) -> u64 {
+    if rate == 0 {
+        return NS_PER_S;
+    }
+    let ns = (u128::from(bytes) * u128::from(NS_PER_S)).div_ceil(u128::from(rate));
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
+/// Bytes earned at `rate` bytes/s over `ns`.
+fn bytes_for(ns: u64, rate: u64) -> u64 {
+    let b = u128::from(ns) * u128::from(rate) / u128::from(NS_PER_S);
+    u64::try_from(b).unwrap_or(u64::MAX)
+}
+
+// ---- md's rules ---------------------------------------------------------------------------
+
+/// md's resync speed estimate (drivers/md/md.c `md_do_sync`): `SYNC_MARKS` (10) marks
+/// taken every `SYNC_MARK_STEP` (3 s); the speed is the progress since the oldest mark
+/// over the time since it, `currspeed = done / (elapsed_s + 1) + 1` KiB/s (whole seconds,
+/// as md computes it), here in bytes/s.
+#[derive(Clone, Copy, Debug)]
+struct MdSpeed {
+    mark_ns: [u64; MD_SYNC_MARKS],
+    mark_done: [u64; MD_SYNC_MARKS],
+    last_mark: usize,
+    /// `resync_mark`, `resync_mark_cnt`.
+    resync_mark_ns: u64,
+    resync_mark_done: u64,
+    /// Bytes per member completed (md: `io_sectors - recovery_active`).
+    done: u64,
+    started: bool,
+}
+
+const MD_SYNC_MARKS: usize = 10;
+const MD_SYNC_MARK_STEP_NS: u64 = 3 * NS_PER_S;
+
+impl MdSpeed {
+    fn new() -> Self {
+        Self {
+            mark_ns: [0; MD_SYNC_MARKS],
+            mark_done: [0; MD_SYNC_MARKS],
+            last_mark: 0,
+            resync_mark_ns: 0,
+            resync_mark_done: 0,
+            done: 0,
+            started: false,
+        }
+    }
+
+    /// Takes marks as md's loop does (`if time_after_eq(jiffies, mark[last_mark] +
+    /// SYNC_MARK_STEP)`), and returns `currspeed`, bytes/s.
+    fn speed(&mut self, now: u64) -> u64 {
+        if !self.started {
+            self.started = true;
+            self.mark_ns = [now; MD_SYNC_MARKS];
+            self.mark_done = [self.done; MD_SYNC_MARKS];
+            self.resync_mark_ns = now;
+            self.resync_mark_done = self.done;
+        }
+        if now >= self.mark_ns[self.last_mark] + MD_SYNC_MARK_STEP_NS {
+            let next = (self.last_mark + 1) % MD_SYNC_MARKS;
+            self.resync_mark_ns = self.mark_ns[next];
+            self.resync_mark_done = self.mark_done[next];
+            self.mark_ns[next] = now;
+            self.mark_done[next] = self.done;
+            self.last_mark = next;
+        }
+        let secs = (now - self.resync_mark_ns) / NS_PER_S + 1;
+        (self.done - self.resync_mark_done) / secs + 1024
+    }
+}
+
+/// md's idleness test (drivers/md/md.c `is_mddev_idle`, before 6.x): the array is not
+/// idle when more than 64 sectors (32 KiB) of non-resync I/O happened since the last time
+/// it was found not idle (md compares each member disk's sector count, less the resync's
+/// own, with `last_events`, and moves `last_events` only when the difference exceeds 64).
+/// Here the shard's foreground bytes stand for the members' non-resync sectors.
+#[derive(Clone, Copy, Debug, Default)]
+struct MdIdle {
+    events: u64,
+    last_events: u64,
+}
+
+const MD_IDLE_BYTES: u64 = 64 * 512;
+
+impl MdIdle {
+    fn foreground(&mut self, bytes: u64) {
+        self.events += bytes;
+    }
+
+    fn is_idle(&mut self) -> bool {
+        if self.events - self.last_events > MD_IDLE_BYTES {
+            self.last_events = self.events;
+            false
+        } else {
+            true
+        }
+    }
+}
+
+/// Linux md's throttle before 4.1 (drivers/md/md.c `md_do_sync`, e.g. v4.0):
+///
+/// ```text
+/// if (currspeed > speed_min(mddev)) {
+///     if ((currspeed > speed_max(mddev)) || !is_mddev_idle(mddev, 0)) {
+///         msleep(500);
+///         goto repeat;
+///     }
+/// }
+/// ```
+///
+/// So with any foreground I/O the resync runs at `speed_min` (averaged over md's ~30 s
+/// speed window) — it crawls.
+#[derive(Clone, Copy, Debug)]
+pub struct MdPre41Pacer {
+    limits: SpeedLimits,
+    speed: MdSpeed,
+    idle: MdIdle,
+}
+
+/// md's `msleep(500)`, ns.
+const MD_SLEEP_NS: u64 = 500_000_000;
+
+impl MdPre41Pacer {
+    /// A pacer with md's guard rails `limits`.
+    pub fn new(limits: SpeedLimits) -> Self {
+        Self {
+            limits,
+            speed: MdSpeed::new(),
+            idle: MdIdle::default(),
+        }
+    }
+}
+
+impl Pacer for MdPre41Pacer {
+    fn foreground_submitted(&mut self, _now_ns: u64) {}
+    fn foreground_done(&mut self, _now_ns: u64, _latency_ns: u64, bytes: u64, _read: bool) {
+        self.idle.foreground(bytes);
+    }
+    fn background_done(&mut self, _now_ns: u64, _latency_ns: u64, bytes_per_member: u64) {
+        self.speed.done += bytes_per_member;
+    }
+    fn admit(&mut self, now_ns: u64, _bytes_per_member: u64, _in_flight: u32) -> Admission {
+        let currspeed = self.speed.speed(now_ns);
+        if currspeed > self.limits.speed_min
+            && (currspeed > self.limits.speed_max || !self.idle.is_idle())
+        {
+            return Admission::NotBefore(now_ns + MD_SLEEP_NS);
+        }
+        Admission::Now
+    }
+}
+
+/// Linux md's throttle since 4.1 (commit ac8fa4196d20, NeilBrown, "md: allow resync to
+/// go faster when there is competing IO"; drivers/md/md.c `md_do_sync`):
+///
+/// ```text
+/// if (currspeed > speed_min(mddev)) {
+///     if (currspeed > speed_max(mddev)) {
+///         msleep(500);
+///         goto repeat;
+///     }
+///     if (!is_mddev_idle(mddev, 0)) {
+///         /* Give other IO more of a chance.
+///          * The faster the devices, the less we wait. */
+///         wait_event(mddev->recovery_wait, !atomic_read(&mddev->recovery_active));
+///     }
+/// }
+/// ```
+///
+/// When not idle, the resync waits until its own requests in flight have completed
+/// ([`Admission::AfterCompletion`]), then continues: it waits only as long as its own
+/// requests took, so on fast devices it hardly yields at all.
+#[derive(Clone, Copy, Debug)]
+pub struct Md41Pacer {
+    limits: SpeedLimits,
+    speed: MdSpeed,
+    idle: MdIdle,
+    /// Found not idle with requests in flight: wait for them all to complete.
+    draining: bool,
+}
+
+impl Md41Pacer {
+    /// A pacer with md's guard rails `limits`.
+    pub fn new(limits: SpeedLimits) -> Self {
+        Self {
+            limits,
+            speed: MdSpeed::new(),
+            idle: MdIdle::default(),
+            draining: false,
+        }
+    }
+}
+
+impl Pacer for Md41Pacer {
+    fn foreground_submitted(&mut self, _now_ns: u64) {}
+    fn foreground_done(&mut self, _now_ns: u64, _latency_ns: u64, bytes: u64, _read: bool) {
+        self.idle.foreground(bytes);
+    }
+    fn background_done(&mut self, _now_ns: u64, _latency_ns: u64, bytes_per_member: u64) {
+        self.speed.done += bytes_per_member;
+    }
+    fn admit(&mut self, now_ns: u64, _bytes_per_member: u64, in_flight: u32) -> Admission {
+        if self.draining {
+            if in_flight > 0 {
+                return Admission::AfterCompletion;
+            }
+            // wait_event returned: md goes on to the next sync_request.
+            self.draining = false;
+            return Admission::Now;
+        }
+        let currspeed = self.speed.speed(now_ns);
+        if currspeed > self.limits.speed_min {
+            if currspeed > self.limits.speed_max {
+                return Admission::NotBefore(now_ns + MD_SLEEP_NS);
+            }
+            if !self.idle.is_idle() && in_flight > 0 {
+                self.draining = true;
+                return Admission::AfterCompletion;
+            }
+        }
+        Admission::Now
+    }
+}
+
+// ---- ferroraid's pacer --------------------------------------------------------------------
+
+/// Tunables of [`FerroraidPacer`]; the defaults are what `docs/PACING.md` argues for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FerroraidPacerConfig {
+    /// Floor and ceiling.
+    pub limits: SpeedLimits,
+    /// Control window, ns (10 ms: a QD1 SSD reader completes ~80 requests in it).
+    pub window_ns: u64,
+    /// Foreground is absent after this long without a foreground request in flight or
+    /// completing, ns (5 ms); then background runs at `speed_max`.
+    pub absent_ns: u64,
+    /// Foreground latency (window p99) allowed over its quiet baseline, as a fraction
+    /// (0.10: foreground keeps ≥ ~90% of its quiet-device speed).
+    pub tolerance: f64,
+    /// Most background operations in flight while foreground is present (the controller
+    /// moves between 1 and this).
+    pub max_depth: u32,
+    /// Re-measure the quiet baseline after this long with foreground present, ns (5 s):
+    /// background pauses for `quiet_probe_ns` (floor permitting).
+    pub rebaseline_ns: u64,
+    /// Longest quiet probe, ns (250 ms: 16 reads of a seeking disk); a probe ends as soon
+    /// as it has its samples (~2 ms for a QD1 SSD reader).
+    pub quiet_probe_ns: u64,
+}
+
+impl Default for FerroraidPacerConfig {
+    fn default() -> Self {
+        Self {
+            limits: SpeedLimits::default(),
+            window_ns: 10_000_000,
+            absent_ns: 5_000_000,
+            tolerance: 0.10,
+            max_depth: 64,
+            rebaseline_ns: 5 * NS_PER_S,
+            quiet_probe_ns: 250_000_000,
+        }
+    }
+}
+
+/// Quiet samples needed for a baseline.
+const BASELINE_SAMPLES: u64 = 16;
+/// Longest wait between increases after failed ones, windows.
+const MAX_PROBE_AFTER: u32 = 64;
+/// Foreground samples a window needs for a verdict.
+const WINDOW_SAMPLES: u64 = 4;
+
+/// ferroraid's background pacer; the control law is in `docs/PACING.md`.
+///
+/// In short: while foreground is absent (nothing in flight or completed for
+/// `absent_ns`), background runs at `speed_max`. While present, a token bucket at rate
+/// `R` and a depth cap `D` admit background; every window, the foreground's p99 latency
+/// is compared with its *quiet baseline* (p99 of foreground requests that ran with no
+/// background in flight): within `1 + tolerance` of it, `R` grows by a quarter and `D` by
+/// one (additive-increase); over it, both shrink in proportion to the overshoot
+/// (multiplicative decrease). `R` stays in `speed_min..=speed_max`; a floor bucket at
+/// `speed_min` admits background even past `D` when it has fallen behind the floor. When
+/// foreground resumes, the last present-state `R` and `D` apply at once.
+pub struct FerroraidPacer {
+    cfg: FerroraidPacerConfig,
+    rate: u64,
+    depth: u32,
+    tokens: i64,
+    floor_tokens: i64,
+    last_refill: u64,
+    fg_in_flight: u32,
+    fg_last_ns: u64,
+    fg_seen: bool,
+    bg_in_flight: u32,
+    /// Last time background had something in flight, ns.
+    bg_busy_ns: u64,
+    window_start: u64,
+    window: Histogram<u64>,
+    quiet: Histogram<u64>,
+    baseline_ns: u64,
+    /// When the last baseline was taken; until when background holds for a quiet probe.
+    baseline_at: u64,
+    quiet_until: u64,
+    last_bytes: u64,
+    /// Good windows since the last change, in a row overall; windows to wait before an
+    /// increase; the last window increased.
+    met_run: u32,
+    good_run: u32,
+    probe_after: u32,
+    probing: bool,
+    before_rate: u64,
+    before_depth: u32,
+    /// The window after foreground resumed: no verdict.
+    grace: bool,
+}
+
+impl FerroraidPacer {
+    /// A pacer with `cfg`.
+    pub fn new(cfg: FerroraidPacerConfig) -> Self {
+        let h = || Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds");
+        let rate = cfg.limits.speed_min.max(1);
+        Self {
+            cfg,
+            rate,
+            depth: 1,
+            tokens: 0,
+            floor_tokens: 0,
+            last_refill: 0,
+            fg_in_flight: 0,
+            fg_last_ns: 0,
+            fg_seen: false,
+            bg_in_flight: 0,
+            bg_busy_ns: 0,
+            window_start: 0,
+            window: h(),
+            quiet: h(),
+            baseline_ns: 0,
+            baseline_at: 0,
+            quiet_until: 0,
+            last_bytes: 0,
+            met_run: 0,
+            good_run: 0,
+            probe_after: 1,
+            probing: false,
+            before_rate: rate,
+            before_depth: 1,
+            grace: false,
+        }
+    }
+
+    /// Whether foreground I/O is present at `now_ns`.
+    pub fn foreground_present(&self, now_ns: u64) -> bool {
+        self.fg_seen
+            && (self.fg_in_flight > 0
+                || now_ns.saturating_sub(self.fg_last_ns) < self.cfg.absent_ns)
+    }
+
+    /// The rate background is admitted at now, bytes/s per member (`speed_max` while
+    /// foreground is absent).
+    pub fn rate(&self, now_ns: u64) -> u64 {
+        if self.foreground_present(now_ns) {
+            self.rate
+        } else {
+            self.cfg.limits.speed_max
+        }
+    }
+
+    /// Background operations allowed in flight while foreground is present.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The foreground's quiet-baseline p99 latency, ns (0: not measured yet).
+    pub fn baseline_ns(&self) -> u64 {
+        self.baseline_ns
+    }
+
+    /// Foreground latency allowed while background runs: the baseline × (1 + tolerance).
+    fn allowed_ns(&self) -> u64 {
+        (self.baseline_ns as f64 * (1.0 + self.cfg.tolerance)) as u64
+    }
+
+    fn refill(&mut self, now: u64) {
+        let dt = now.saturating_sub(self.last_refill);
+        self.last_refill = now.max(self.last_refill);
+        let rate = self.rate(now);
+        // Burst: 10 ms at the rate, at least one operation.
+        let burst = bytes_for(10_000_000, rate).max(self.last_bytes) as i64;
+        self.tokens = (self.tokens + bytes_for(dt, rate) as i64).min(burst);
+        let floor_cap = bytes_for(NS_PER_S, self.cfg.limits.speed_min).max(self.last_bytes) as i64;
+        self.floor_tokens =
+            (self.floor_tokens + bytes_for(dt, self.cfg.limits.speed_min) as i64).min(floor_cap);
+    }
+
+    fn close_window(&mut self, now: u64) {
+        if now < self.window_start + self.cfg.window_ns {
+            return;
+        }
+        let present = self.foreground_present(now);
+        let grace = std::mem::take(&mut self.grace);
+        if present && !grace && self.baseline_ns > 0 && self.window.len() >= WINDOW_SAMPLES {
+            let p99 = self.window.value_at_quantile(0.99);
+            let allowed = self.allowed_ns();
+            if p99 <= allowed {
+                self.good_run += 1;
+                if self.good_run >= 64.max(4 * self.probe_after) {
+                    self.probe_after = (self.probe_after / 2).max(1);
+                    self.good_run = 0;
+                }
+                self.probing = false;
+                self.met_run += 1;
+                if self.met_run >= self.probe_after {
+                    // Additive increase: a quarter more rate, one more in flight.
+                    self.met_run = 0;
+                    self.probing = true;
+                    self.before_rate = self.rate;
+                    self.before_depth = self.depth;
+                    self.rate = (self.rate
+                        + self.rate / 4
+                        + bytes_for(self.cfg.window_ns, self.cfg.limits.speed_min))
+                    .min(self.cfg.limits.speed_max);
+                    self.depth = (self.depth + 1).min(self.cfg.max_depth);
+                }
+            } else {
+                if std::mem::take(&mut self.probing) {
+                    // The last increase hurt: wait twice as long before the next.
+                    self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
+                }
+                self.met_run = 0;
+                self.good_run = 0;
+                let f = allowed as f64 / p99 as f64;
+                self.rate = ((self.rate as f64 * f) as u64).max(self.cfg.limits.speed_min);
+                self.depth = ((f64::from(self.depth) * f) as u32).max(1);
+                tracing::trace!(
+                    p99_ns = p99,
+                    allowed_ns = allowed,
+                    rate = self.rate,
+                    depth = self.depth,
+                    "pacer: foreground over baseline"
+                );
+            }
+        }
+        // Re-measure the baseline every `rebaseline_ns`, or retry soon after a probe that
+        // ended without enough samples.
+        let due = if self.baseline_ns > 0 {
+            self.cfg.rebaseline_ns
+        } else {
+            4 * self.cfg.quiet_probe_ns
+        };
+        if present && now.saturating_sub(self.baseline_at) >= due && self.quiet_until < now {
+            // Re-measure the quiet baseline: hold background briefly.
+            self.quiet_until = now + self.cfg.quiet_probe_ns;
+            self.baseline_at = now;
+        }
+        self.window.reset();
+        self.window_start = now;
+    }
+}
+
+impl Pacer for FerroraidPacer {
+    fn foreground_submitted(&mut self, now_ns: u64) {
+        if !self.foreground_present(now_ns) {
+            if self.baseline_ns == 0 {
+                // Foreground arrives with no baseline: measure one first.
+                self.quiet_until = now_ns + self.cfg.quiet_probe_ns;
+                self.baseline_at = now_ns;
+            }
+            // Foreground resumes: the present-state rate and depth apply from now; the
+            // first window (background admitted at full speed still draining) gets no
+            // verdict.
+            self.window.reset();
+            self.window_start = now_ns;
+            self.grace = true;
+            self.probing = false;
+            self.tokens = self.tokens.min(0);
+        }
+        self.fg_seen = true;
+        self.fg_in_flight += 1;
+        self.fg_last_ns = now_ns;
+    }
+
+    fn foreground_done(&mut self, now_ns: u64, latency_ns: u64, _bytes: u64, _read: bool) {
+        self.fg_in_flight = self.fg_in_flight.saturating_sub(1);
+        self.fg_last_ns = now_ns;
+        let lat = latency_ns.max(1);
+        self.window.saturating_record(lat);
+        if self.probing && self.baseline_ns > 0 && lat > self.allowed_ns() {
+            // The last increase made a foreground request miss: undo it now.
+            self.probing = false;
+            self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
+            self.met_run = 0;
+            self.good_run = 0;
+            self.rate = self.before_rate;
+            self.depth = self.before_depth;
+        }
+        // Quiet: no background in flight at any time during this request.
+        if self.bg_in_flight == 0 && self.bg_busy_ns <= now_ns.saturating_sub(lat) {
+            self.quiet.saturating_record(lat);
+            if self.quiet.len() >= BASELINE_SAMPLES {
+                self.baseline_ns = self.quiet.value_at_quantile(0.99);
+                self.baseline_at = now_ns;
+                self.quiet.reset();
+                self.quiet_until = 0;
+            }
+        }
+        self.close_window(now_ns);
+    }
+
+    fn background_done(&mut self, now_ns: u64, _latency_ns: u64, _bytes_per_member: u64) {
+        self.bg_in_flight = self.bg_in_flight.saturating_sub(1);
+        self.bg_busy_ns = now_ns;
+    }
+
+    fn admit(&mut self, now_ns: u64, bytes_per_member: u64, in_flight: u32) -> Admission {
+        self.last_bytes = self.last_bytes.max(bytes_per_member);
+        self.bg_in_flight = in_flight;
+        self.refill(now_ns);
+        self.close_window(now_ns);
+        let bytes = bytes_per_member as i64;
+        // Behind the floor: admit whatever the controller says.
+        if self.floor_tokens >= bytes {
+            return self.admitted(now_ns, bytes);
+        }
+        let present = self.foreground_present(now_ns);
+        // Never promise to wait past the point where foreground could have gone absent
+        // (then background may run at full speed at once).
+        let recheck = now_ns + self.cfg.absent_ns.max(1);
+        if present && now_ns < self.quiet_until {
+            return Admission::NotBefore(self.quiet_until.min(recheck));
+        }
+        if present && in_flight >= self.depth {
+            return Admission::AfterCompletion;
+        }
+        if self.tokens >= bytes || (self.tokens >= 0 && in_flight == 0) {
+            return self.admitted(now_ns, bytes);
+        }
+        let need = (bytes - self.tokens.max(0)) as u64;
+        let mut wait = ns_for(need, self.rate(now_ns)).max(1);
+        if present {
+            // Wake at the floor's deadline if it comes first.
+            wait = wait.min(ns_for(
+                (bytes - self.floor_tokens) as u64,
+                self.cfg.limits.speed_min,
+            ));
+        }
+        Admission::NotBefore((now_ns + wait).min(recheck))
+    }
+}
+
+impl FerroraidPacer {
+    fn admitted(&mut self, now_ns: u64, bytes: i64) -> Admission {
+        self.tokens -= bytes;
+        self.floor_tokens -= bytes;
+        // Debt is bounded: at most a second at the floor.
+        let floor_debt = -(bytes_for(NS_PER_S, self.cfg.limits.speed_min) as i64);
+        self.floor_tokens = self.floor_tokens.max(floor_debt);
+        self.bg_in_flight += 1;
+        self.bg_busy_ns = now_ns;
+        Admission::Now
+    }
+}
+
+#[cfg(test)]
+mod tests;
