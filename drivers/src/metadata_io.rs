@@ -1,18 +1,29 @@
-//! Reading and writing md v1.2 superblocks on files and block devices.
+//! Reading and writing md v1.2 superblocks on members of every kind.
 //!
 //! The engine's [`engine::metadata`] decides everything about superblocks but does no
 //! I/O; this module moves the 4 KiB superblock area at byte 4096 of a member
-//! ([`SUPERBLOCK_OFFSET_BYTES`]) with plain positioned I/O (`pread`/`pwrite` through
-//! [`std::os::unix::fs::FileExt`]) and makes writes durable with `fdatasync`
-//! ([`File::sync_data`]). No `O_DIRECT`: the superblock is rarely written and the page
-//! cache is coherent with the block device, so buffered I/O plus a sync is enough (mdadm
-//! does the same). Every error carries the path.
+//! ([`SUPERBLOCK_OFFSET_BYTES`]).
+//!
+//! - Files and block devices: plain positioned I/O (`pread`/`pwrite` through
+//!   [`std::os::unix::fs::FileExt`]), writes made durable with `fdatasync`
+//!   ([`File::sync_data`]). No `O_DIRECT`: the superblock is rarely written and the page
+//!   cache is coherent with the block device, so buffered I/O plus a sync is enough (mdadm
+//!   does the same).
+//! - NVMe generic character devices (`/dev/ngXnY`) and vfio controllers (`vfio:BDF`),
+//!   which have no `read`/`write`: through the member's own back end
+//!   ([`crate::any::open_member`]): one channel, a Read (or a Write with FUA followed by a
+//!   Flush), waited for synchronously ([`read_area_from`], [`write_area_to`]). A vfio
+//!   controller already open in this process is shared, not opened twice.
+//!
+//! Every error carries the path.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use engine::buf::AlignedBuf;
+use engine::device::{BlockDevice, Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use engine::metadata::{
     Candidate, Superblock, SuperblockError, SUPERBLOCK_AREA_BYTES, SUPERBLOCK_OFFSET_BYTES,
     SUPER_OFFSET_SECTORS,
@@ -54,6 +65,27 @@ pub enum MetadataIoError {
         /// Why.
         source: SuperblockError,
     },
+    /// A member reached through its back end (`/dev/ngXnY`, `vfio:BDF`) could not be
+    /// opened.
+    #[error("{path}: {what}: {source}", path = path.display())]
+    Device {
+        /// The member.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The back end's error.
+        source: engine::device::DeviceError,
+    },
+    /// A request to a member reached through its back end failed.
+    #[error("{path}: {what}: {error}", path = path.display())]
+    Request {
+        /// The member.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The completion status (or `Timeout` when none came in time).
+        error: engine::device::IoError,
+    },
     /// A superblock whose `super_offset` is not the v1.2 position this module writes to.
     #[error(
         "{path}: refusing to write a superblock with super_offset {super_offset} sectors at \
@@ -93,6 +125,10 @@ pub fn read_superblock_area(
     path: impl AsRef<Path>,
 ) -> Result<[u8; SUPERBLOCK_AREA_BYTES], MetadataIoError> {
     let path = path.as_ref();
+    if needs_back_end(path) {
+        let dev = open_back_end(path)?;
+        return read_area_from(&dev, path);
+    }
     let mut f = File::open(path).map_err(io_err(path, "open"))?;
     let size = device_bytes(&mut f, path)?;
     let needed = SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64;
@@ -159,16 +195,29 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
         path: path.to_path_buf(),
         source,
     })?;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(io_err(path, "open for writing"))?;
-    let size = device_bytes(&mut f, path)?;
     let needed = sb
         .data_offset
         .saturating_add(sb.data_size)
         .saturating_mul(512)
         .max(SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64);
+    if needs_back_end(path) {
+        let dev = open_back_end(path)?;
+        let size = dev.info().capacity_bytes;
+        if size < needed {
+            return Err(MetadataIoError::TooSmall {
+                path: path.to_path_buf(),
+                device_bytes: size,
+                needed_bytes: needed,
+                why: "the superblock's data_offset + data_size must lie within the device",
+            });
+        }
+        return write_area_to(&dev, path, &area);
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err(path, "open for writing"))?;
+    let size = device_bytes(&mut f, path)?;
     if size < needed {
         return Err(MetadataIoError::TooSmall {
             path: path.to_path_buf(),
@@ -180,5 +229,131 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
     f.write_all_at(&area, SUPERBLOCK_OFFSET_BYTES)
         .map_err(io_err(path, "write superblock"))?;
     f.sync_data().map_err(io_err(path, "sync superblock"))?;
+    Ok(())
+}
+
+/// Whether `path` is reached only through its back end: a `vfio:` address or a character
+/// device (NVMe generic device).
+fn needs_back_end(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    crate::any::is_vfio_spec(path)
+        || std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device())
+}
+
+fn open_back_end(path: &Path) -> Result<crate::any::AnyDevice, MetadataIoError> {
+    // Queue depth 2: a read, or a write and its flush.
+    crate::any::open_member(path, &crate::any::MemberConfig::with_queue_depth(2)).map_err(
+        |source| MetadataIoError::Device {
+            path: path.to_path_buf(),
+            what: "open",
+            source,
+        },
+    )
+}
+
+/// How long one superblock request may take through a back end before it is given up.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs one request on a fresh channel of `dev` and waits for it (polling, bounded by
+/// [`REQUEST_TIMEOUT`]).
+fn run_request<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+    what: &'static str,
+    op: Op,
+    buf: &mut [u8],
+) -> Result<(), MetadataIoError> {
+    let mut ch = dev.open_channel().map_err(|source| MetadataIoError::Device {
+        path: path.to_path_buf(),
+        what: "open a channel",
+        source,
+    })?;
+    let io = if op.has_data() {
+        // SAFETY: `buf` outlives the request: this function waits for the completion (or,
+        // on timeout, drops the channel, whose Drop waits for or cancels it) before
+        // returning.
+        unsafe { IoBuf::from_slice(buf) }
+    } else {
+        IoBuf::NONE
+    };
+    let req = Request {
+        tag: 1,
+        op,
+        offset_bytes: if op.has_data() { SUPERBLOCK_OFFSET_BYTES } else { 0 },
+        len_bytes: io.len(),
+        buf: io,
+    };
+    let fail = |error| MetadataIoError::Request {
+        path: path.to_path_buf(),
+        what,
+        error,
+    };
+    ch.submit(req).map_err(|e| {
+        fail(match e {
+            SubmitError::Gone => IoError::Gone,
+            _ => IoError::Invalid,
+        })
+    })?;
+    ch.kick();
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut out = [Completion::EMPTY; 1];
+    loop {
+        if ch.poll(&mut out) == 1 {
+            return out[0].status.map_err(fail);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(fail(IoError::Timeout));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+/// Reads the 4 KiB superblock area of an open member through its back end (`path` names it
+/// in errors).
+///
+/// # Errors
+/// [`MetadataIoError::TooSmall`] for a device smaller than 8 KiB;
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`] from the back end.
+pub fn read_area_from<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+) -> Result<[u8; SUPERBLOCK_AREA_BYTES], MetadataIoError> {
+    let needed = SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64;
+    if dev.info().capacity_bytes < needed {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: dev.info().capacity_bytes,
+            needed_bytes: needed,
+            why: "the v1.2 superblock area is bytes 4096..8192",
+        });
+    }
+    let mut buf = AlignedBuf::zeroed(SUPERBLOCK_AREA_BYTES);
+    run_request(dev, path, "read superblock", Op::Read, &mut buf)?;
+    let mut area = [0u8; SUPERBLOCK_AREA_BYTES];
+    area.copy_from_slice(&buf);
+    Ok(area)
+}
+
+/// Writes the 4 KiB superblock area of an open member through its back end (a FUA write,
+/// then a flush when the device has a volatile cache).
+///
+/// # Errors
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`] from the back end.
+pub fn write_area_to<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+    area: &[u8; SUPERBLOCK_AREA_BYTES],
+) -> Result<(), MetadataIoError> {
+    let mut buf = AlignedBuf::from_slice(area);
+    run_request(
+        dev,
+        path,
+        "write superblock",
+        Op::Write { fua: true },
+        &mut buf,
+    )?;
+    if dev.info().volatile_cache {
+        run_request(dev, path, "flush after the superblock", Op::Flush, &mut [])?;
+    }
     Ok(())
 }

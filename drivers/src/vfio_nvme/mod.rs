@@ -68,7 +68,7 @@ mod controller;
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use engine::device::{
@@ -215,7 +215,7 @@ impl VfioNvmeDevice {
                 "vfio:{bdf}: the command timeout must be positive"
             )));
         }
-        let ctrl = Controller::open(bdf, config.max_channels.max(1))?;
+        let ctrl = shared_controller(bdf, config.max_channels.max(1))?;
         // queue_depth + 1 entries must fit MQES.
         let depth = config.queue_depth.min(ctrl.cap.mqes - 1);
         let block = ctrl.namespace.block_bytes;
@@ -236,7 +236,7 @@ impl VfioNvmeDevice {
             discard: ctrl.identity.dsm() && ctrl.namespace.deallocated_reads_zeroes,
         };
         Ok(Self {
-            ctrl: Arc::new(ctrl),
+            ctrl,
             info,
             config: *config,
         })
@@ -269,6 +269,27 @@ impl VfioNvmeDevice {
     pub fn inject_controller_disable(&self) {
         self.ctrl.inject_disable();
     }
+}
+
+/// Controllers open in this process, by PCI address. A VFIO group can be opened once per
+/// process, so a second [`VfioNvmeDevice::open`] of the same controller (the superblock
+/// reader beside the array, say) shares the first one's controller and takes its own queue
+/// pairs. Only opens and the last drop take the lock.
+static OPEN_CONTROLLERS: Mutex<Vec<(String, Weak<Controller>)>> = Mutex::new(Vec::new());
+
+fn shared_controller(bdf: &str, max_channels: u16) -> Result<Arc<Controller>, VfioNvmeError> {
+    let mut open = OPEN_CONTROLLERS.lock().unwrap_or_else(|p| p.into_inner());
+    open.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(c) = open
+        .iter()
+        .find(|(b, _)| b == bdf)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        return Ok(c);
+    }
+    let c = Arc::new(Controller::open(bdf, max_channels)?);
+    open.push((bdf.to_string(), Arc::downgrade(&c)));
+    Ok(c)
 }
 
 impl BlockDevice for VfioNvmeDevice {
