@@ -24,9 +24,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
-use drivers::any::AnyDevice;
+use drivers::any::{open_member, AnyDevice, MemberConfig};
 use drivers::metadata_io;
-use drivers::uring::{UringConfig, UringDevice};
 use engine::array::{ArrayConfig, MemberState};
 use engine::device::BlockDevice;
 use engine::geometry::ArrayGeometry;
@@ -423,7 +422,7 @@ impl Handler for TargetHandler {
 /// A running array.
 pub struct Target {
     /// Exclusive `flock`s on every device, held while the target runs.
-    _locks: Vec<File>,
+    _locks: Vec<Option<File>>,
     shared: Arc<Shared>,
     nbd: Option<NbdServer>,
     reactors: Option<Reactors<NbdFrontend>>,
@@ -452,11 +451,8 @@ impl Target {
             ),
             None => None,
         };
-        let ucfg = UringConfig {
-            queue_depth: opts.queue_depth,
-            ..UringConfig::default()
-        };
-        let mut opened: Vec<Option<UringDevice>> = Vec::new();
+        let mcfg = MemberConfig::with_queue_depth(opts.queue_depth);
+        let mut opened: Vec<Option<AnyDevice>> = Vec::new();
         let mut candidates = Vec::new();
         // Claim every device first: two targets writing the same members would corrupt them.
         let mut locks = Vec::with_capacity(opts.devices.len());
@@ -464,7 +460,7 @@ impl Target {
             locks.push(claim(p)?);
         }
         for p in &opts.devices {
-            let dev = UringDevice::open(p, &ucfg)
+            let dev = open_member(p, &mcfg)
                 .with_context(|| format!("opening member {}", p.display()))?;
             candidates.push(
                 metadata_io::read_candidate(p)
@@ -561,7 +557,7 @@ impl Target {
                     let dev = opened[m.candidate]
                         .take()
                         .context("a device serves one role")?;
-                    devices.push(AnyDevice::Uring(dev));
+                    devices.push(dev);
                     let path = opts.devices[m.candidate].clone();
                     let sb = candidates[m.candidate]
                         .superblock
@@ -896,8 +892,14 @@ fn monitor(meta: &Mutex<Meta>, handle: &ReactorHandle, stop: &AtomicBool) {
 ///
 /// # Errors
 /// The device cannot be opened, or another process holds the lock.
-pub fn claim(path: &Path) -> Result<File> {
+///
+/// A vfio member (`vfio:BDF`) has no file to lock: VFIO itself lets one process at a time
+/// open its IOMMU group, so a second target is refused when it opens the device; `None`.
+pub fn claim(path: &Path) -> Result<Option<File>> {
     use std::os::fd::AsRawFd;
+    if drivers::any::is_vfio_spec(path) {
+        return Ok(None);
+    }
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: flock takes a file descriptor we own and plain flags.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -910,11 +912,15 @@ pub fn claim(path: &Path) -> Result<File> {
         }
         return Err(e).with_context(|| format!("locking {}", path.display()));
     }
-    Ok(f)
+    Ok(Some(f))
 }
 
 /// Makes everything written to `path` durable (`fdatasync`).
 fn flush(path: &Path) -> Result<()> {
+    if metadata_io::uses_back_end(path) {
+        return metadata_io::flush_member(path)
+            .with_context(|| format!("flushing {}", path.display()));
+    }
     File::options()
         .write(true)
         .open(path)

@@ -232,6 +232,133 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
     Ok(())
 }
 
+/// Whether `path` is reached only through its back end — a `vfio:` address or a character
+/// device (NVMe generic device) — rather than with `pread`/`pwrite`. Callers that size,
+/// zero or flush members themselves use [`member_bytes`], [`zero_range`] and
+/// [`flush_member`] for these.
+pub fn uses_back_end(path: &Path) -> bool {
+    needs_back_end(path)
+}
+
+/// Size in bytes of a member reached through its back end ([`uses_back_end`]).
+///
+/// # Errors
+/// [`MetadataIoError::Device`] when it cannot be opened.
+pub fn member_bytes(path: &Path) -> Result<u64, MetadataIoError> {
+    Ok(open_back_end(path)?.info().capacity_bytes)
+}
+
+/// Makes a member reached through its back end durable (a Flush command; nothing when the
+/// device has no volatile cache).
+///
+/// # Errors
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`].
+pub fn flush_member(path: &Path) -> Result<(), MetadataIoError> {
+    let dev = open_back_end(path)?;
+    if dev.info().volatile_cache {
+        run_request(&dev, path, "flush", Op::Flush, &mut [])?;
+    }
+    Ok(())
+}
+
+/// Largest piece [`zero_range`] zeroes with one request, in bytes.
+const ZERO_PIECE_BYTES: u64 = 1 << 20;
+
+/// Zeroes `len` bytes at `offset` of a member reached through its back end: Write Zeroes
+/// commands of up to 1 MiB when the device has them, else writes of a zero buffer; then a
+/// flush. `offset` and `len` must be multiples of the device's block size.
+///
+/// # Errors
+/// [`MetadataIoError::TooSmall`] when the range passes the end of the device;
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`] from the back end
+/// (`Invalid` for a misaligned range).
+pub fn zero_range(path: &Path, offset: u64, len: u64) -> Result<(), MetadataIoError> {
+    let dev = open_back_end(path)?;
+    let info = dev.info().clone();
+    if offset.saturating_add(len) > info.capacity_bytes {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: info.capacity_bytes,
+            needed_bytes: offset.saturating_add(len),
+            why: "the range to zero must lie within the device",
+        });
+    }
+    let piece_max = ZERO_PIECE_BYTES.min(u64::from(info.max_transfer_bytes));
+    let mut zeroes = AlignedBuf::zeroed(piece_max as usize);
+    let mut at = 0;
+    while at < len {
+        let piece = if info.write_zeroes {
+            ZERO_PIECE_BYTES.min(len - at)
+        } else {
+            piece_max.min(len - at)
+        };
+        let (op, buf): (Op, &mut [u8]) = if info.write_zeroes {
+            (Op::WriteZeroes, &mut [])
+        } else {
+            (Op::Write { fua: false }, &mut zeroes[..piece as usize])
+        };
+        run_range(&dev, path, op, offset + at, piece, buf)?;
+        at += piece;
+    }
+    if info.volatile_cache {
+        run_request(&dev, path, "flush after zeroing", Op::Flush, &mut [])?;
+    }
+    Ok(())
+}
+
+/// One ranged request (`buf` empty for Write Zeroes), waited for.
+fn run_range<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+    op: Op,
+    offset: u64,
+    len: u64,
+    buf: &mut [u8],
+) -> Result<(), MetadataIoError> {
+    let mut ch = dev.open_channel().map_err(|source| MetadataIoError::Device {
+        path: path.to_path_buf(),
+        what: "open a channel",
+        source,
+    })?;
+    let io = if op.has_data() {
+        // SAFETY: `buf` outlives the request: waited for below, or the channel (whose Drop
+        // waits) is dropped first.
+        unsafe { IoBuf::from_slice(buf) }
+    } else {
+        IoBuf::NONE
+    };
+    let fail = |error| MetadataIoError::Request {
+        path: path.to_path_buf(),
+        what: "zero",
+        error,
+    };
+    ch.submit(Request {
+        tag: 1,
+        op,
+        offset_bytes: offset,
+        len_bytes: len as u32,
+        buf: io,
+    })
+    .map_err(|e| {
+        fail(match e {
+            SubmitError::Gone => IoError::Gone,
+            _ => IoError::Invalid,
+        })
+    })?;
+    ch.kick();
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut out = [Completion::EMPTY; 1];
+    loop {
+        if ch.poll(&mut out) == 1 {
+            return out[0].status.map_err(fail);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(fail(IoError::Timeout));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
 /// Whether `path` is reached only through its back end: a `vfio:` address or a character
 /// device (NVMe generic device).
 fn needs_back_end(path: &Path) -> bool {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
 
-use crate::nvme::{self, Command, CompletionEntry, ControllerIdentity, NamespaceIdentity};
+use crate::nvme::{self, Command, ControllerIdentity, NamespaceIdentity};
 
 use super::VfioNvmeError;
 
@@ -556,12 +556,7 @@ impl Controller {
         let deadline = Instant::now() + ADMIN_TIMEOUT;
         loop {
             let at = ADMIN_CQ_OFF + usize::from(admin.cq_head) * 16;
-            // SAFETY: the CQ entry lies in the admin arena's second page.
-            let e = unsafe {
-                std::ptr::read_volatile(admin.arena.ptr(at).cast::<CompletionEntry>())
-            };
-            if e.phase() == admin.phase {
-                fence(Ordering::Acquire);
+            if let Some(e) = super::read_cqe(&admin.arena, at, admin.phase) {
                 admin.cq_head = (admin.cq_head + 1) % ADMIN_ENTRIES;
                 if admin.cq_head == 0 {
                     admin.phase = !admin.phase;
@@ -590,10 +585,15 @@ impl Controller {
             }
             if Instant::now() >= deadline {
                 return Err(VfioNvmeError::Setup(format!(
-                    "{}: admin command {} timed out after {:?}",
+                    "{}: admin command {} (cid {cid}) timed out after {:?} (SQ tail {}, CQ \
+                     head {}, phase {}, CSTS {:#x})",
                     self.name,
                     admin_name(cmd.opcode()),
-                    ADMIN_TIMEOUT
+                    ADMIN_TIMEOUT,
+                    admin.sq_tail,
+                    admin.cq_head,
+                    admin.phase,
+                    self.bar.read32(REG_CSTS)
                 )));
             }
             std::hint::spin_loop();

@@ -600,6 +600,8 @@ impl VfioNvmeChannel {
         let interval = HEALTH_CHECK_INTERVAL.min(self.command_timeout / 2);
         self.next_check = now + interval.max(Duration::from_micros(100));
         if self.ctrl.fatal() {
+            tracing::warn!(controller = %self.ctrl.name, qid = self.qid,
+                "controller fatal status or not ready: reset");
             self.reset_controller();
             return;
         }
@@ -611,11 +613,16 @@ impl VfioNvmeChannel {
             }
             let age = now.saturating_duration_since(s.issued);
             if age >= self.command_timeout * 2 {
+                tracing::warn!(controller = %self.ctrl.name, qid = self.qid, cid = i,
+                    op = ?s.op, ?age, "command still outstanding after its abort: reset");
                 need_reset = true;
             } else if age >= self.command_timeout && !s.aborted {
                 self.slots[i].aborted = true;
                 self.stats.aborts += 1;
-                if self.ctrl.abort(self.qid, i as u16).is_err() {
+                tracing::warn!(controller = %self.ctrl.name, qid = self.qid, cid = i,
+                    op = ?s.op, ?age, "command timed out: abort");
+                if let Err(e) = self.ctrl.abort(self.qid, i as u16) {
+                    tracing::warn!(controller = %self.ctrl.name, error = %e, "abort failed: reset");
                     need_reset = true;
                 }
             }
@@ -634,6 +641,29 @@ impl VfioNvmeChannel {
                 .write32(self.ctrl.doorbell(self.qid, false), u32::from(self.sq_tail));
             self.doorbell_pending = false;
         }
+    }
+}
+
+/// Reads the completion entry at arena offset `at` if its phase tag is `phase`.
+///
+/// The status word (with the phase tag, bytes 14–15) is read first and alone; only after
+/// it shows the expected phase, and an acquire fence, is the rest of the entry read. Reading
+/// the 16 bytes in one go can tear against the device's write of the entry (observed under
+/// QEMU: a new phase tag beside the previous lap's command identifier), completing the wrong
+/// command and losing the right one.
+pub(crate) fn read_cqe(arena: &DmaArena, at: usize, phase: bool) -> Option<CompletionEntry> {
+    // SAFETY: the entry (16 bytes at `at`) lies in the arena's CQ area (callers pass
+    // `cq + head × 16`, head < entries); volatile reads of memory the device writes.
+    unsafe {
+        let status = std::ptr::read_volatile(arena.ptr(at + 14).cast::<u16>());
+        if (status & 1 != 0) != phase {
+            return None;
+        }
+        // The rest of the entry (and the data it announces) only after the phase tag.
+        fence(Ordering::Acquire);
+        let mut e = std::ptr::read_volatile(arena.ptr(at).cast::<CompletionEntry>());
+        e.status = status;
+        Some(e)
     }
 }
 
@@ -750,14 +780,9 @@ impl Channel for VfioNvmeChannel {
         let mut consumed = false;
         while n < out.len() {
             let at = cq + usize::from(self.cq_head) * 16;
-            // SAFETY: CQ entry `cq_head` < entries lies in the arena's CQ area; volatile
-            // read of memory the device writes.
-            let e = unsafe { std::ptr::read_volatile(self.arena.ptr(at).cast::<CompletionEntry>()) };
-            if e.phase() != self.phase {
+            let Some(e) = read_cqe(&self.arena, at, self.phase) else {
                 break;
-            }
-            // The entry's contents (and the read data it announces) after its phase tag.
-            fence(Ordering::Acquire);
+            };
             self.cq_head += 1;
             if self.cq_head == self.entries {
                 self.cq_head = 0;

@@ -60,6 +60,11 @@ type Res<T> = Result<T, String>;
 const PHASE_DEADLINE: Duration = Duration::from_secs(300);
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .without_time()
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("facts") => facts(&args[1..]),
@@ -288,8 +293,24 @@ impl Model {
             let f = self.flights[c.tag as usize]
                 .take()
                 .ok_or(format!("completion of unknown tag {}", c.tag))?;
-            c.status
-                .map_err(|e| format!("{:?} at {}+{} failed: {e}", f.op, f.off, f.len))?;
+            if let Err(e) = c.status {
+                let members: Vec<String> = (0..self.arr.geometry().geometry().members())
+                    .map(|i| {
+                        format!(
+                            "{i}: {:?}, {} errors",
+                            self.arr.member_states().nth(usize::from(i)),
+                            self.arr.member_counters(i).errors
+                        )
+                    })
+                    .collect();
+                return Err(format!(
+                    "{:?} at {}+{} failed: {e} (members: {})",
+                    f.op,
+                    f.off,
+                    f.len,
+                    members.join("; ")
+                ));
+            }
             if f.op == ArrayOp::Read {
                 let got = &self.bufs[f.buf][..f.len as usize];
                 let want = &self.reference[f.off as usize..(f.off + f.len) as usize];
@@ -457,6 +478,14 @@ fn model(args: &[String]) -> Res<()> {
                 v.resets()
             );
         }
+    }
+    for i in 0..n {
+        println!(
+            "model: member {i} ({}): {:?}, {} errors",
+            o.members[usize::from(i)],
+            m.arr.member_states().nth(usize::from(i)).expect("member"),
+            m.arr.member_counters(i).errors
+        );
     }
     rebuild_step(&mut m)?;
     m.one(ArrayOp::Flush, 0, 0)?;
