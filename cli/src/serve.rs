@@ -40,7 +40,9 @@ pub struct CreateArgs {
     /// Overwrite devices that already carry an md superblock.
     #[arg(long)]
     force: bool,
-    /// Member devices (files or block devices), in role order.
+    /// Member devices in role order: files, block devices, NVMe generic devices
+    /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
+    /// (`vfio:DDDD:BB:DD.F`).
     #[arg(required = true)]
     devices: Vec<PathBuf>,
 }
@@ -117,7 +119,9 @@ pub struct ServeArgs {
     /// Stripe operations per reactor (default 64).
     #[arg(long)]
     stripe_ops: Option<usize>,
-    /// Member devices (files or block devices), any order.
+    /// Member devices in any order: files, block devices, NVMe generic devices
+    /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
+    /// (`vfio:DDDD:BB:DD.F`).
     devices: Vec<PathBuf>,
 }
 

@@ -50,7 +50,9 @@ const MONITOR_INTERVAL: Duration = Duration::from_millis(50);
 /// What `ferroraid serve` runs.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// Member devices (files or block devices), any order.
+    /// Member devices in any order: files, block devices, NVMe generic devices
+    /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
+    /// (`vfio:DDDD:BB:DD.F`).
     pub devices: Vec<PathBuf>,
     /// CPU cores of the reactors (one reactor each). Empty: `reactors` reactors on cores
     /// chosen with hwloc (one per physical core, the members' NUMA node first).

@@ -43,6 +43,15 @@ step "SATA queue depth read from sysfs ($sdq with NCQ; 1 → channel depth 2)"
 $GC superblock "$NG0"
 $GC superblock "$SATA"
 
+# 4. The ferroraid binary on passthrough members: `create` (data areas zeroed with Write
+# Zeroes through the back end) and `examine`. The model arrays below rewrite these regions.
+FR=/usr/bin/ferroraid
+$FR create --level 5 --name ngcreate --force "$NG0" "$NG1" "$NG2" "$NG3"
+$FR examine "$NG2" | tee /tmp/examine
+grep -q 'Name : ngcreate' /tmp/examine
+grep -q 'Device Role : Active device 2' /tmp/examine
+step "ferroraid create + examine on /dev/ngXnY members"
+
 region=0
 # model NAME LEVEL LAYOUT FAIL FAIL_HOW SEED MEMBER_SPECS... (serial list in SERIALS)
 model() {
@@ -97,6 +106,37 @@ model vfio-r5 5 right-symmetric 3 controller-reset 503 "$V2" "$V3" "$V4" "$V5"
 model vfio-r6 6 parity-first 2 controller-reset 603 "$V2" "$V3" "$V4" "$V5"
 step "hugepages after: $(grep -E 'HugePages_(Total|Free)' /proc/meminfo | tr '\n' ' ')"
 $GC timeout-drill "$V5"
+
+# 8. ferroraid serve over a mix of passthrough and vfio members, by path and by PCI address:
+# create (--assume-clean: only the superblocks and the metadata area below the 1 MiB data
+# offset are written, so the model arrays' regions stay for the host's check), examine,
+# serve until SIGTERM (which must drain and mark the array clean), examine again.
+$FR create --level 6 --name mixed --assume-clean --force "$NG0" "$NG1" "$V2" "$V3"
+for m in "$NG0" "$V3"; do
+	$FR examine "$m" | tee /tmp/examine
+	grep -q 'Name : mixed' /tmp/examine
+done
+$FR serve --adaptive --nbd unix:/tmp/ferroraid.sock "$V3" "$NG1" "$V2" "$NG0" >/tmp/serve.log 2>&1 &
+serve=$!
+t=0
+while [ ! -S /tmp/ferroraid.sock ]; do
+	if ! kill -0 $serve 2>/dev/null || [ $t -ge 120 ]; then
+		cat /tmp/serve.log
+		echo "guest: ferroraid serve did not start"
+		exit 1
+	fi
+	sleep 1
+	t=$((t + 1))
+done
+step "ferroraid serve is up on /dev/ng0n1, /dev/ng1n1, vfio:$BDF2, vfio:$BDF3 (after ${t}s)"
+kill -TERM $serve
+rc=0
+wait $serve || rc=$?
+[ $rc -eq 0 ] || { cat /tmp/serve.log; echo "guest: ferroraid serve exited $rc"; exit 1; }
+$FR examine "$V2" | tee /tmp/examine
+grep -q 'State : clean' /tmp/examine
+grep -q 'Array State : AAAA' /tmp/examine
+step "ferroraid serve stopped cleanly; examine reads the vfio member's superblock (clean)"
 
 # 7. Clean detach: the controllers go back to the kernel's nvme driver.
 for i in 2 3 4 5; do

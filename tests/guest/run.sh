@@ -26,6 +26,9 @@
 #    The kernel gets `no_timer_check`: under TCG on a loaded host the IO-APIC timer check
 #    behind intel-iommu's interrupt remapping can miss its window and panic the boot
 #    ("timer doesn't work through Interrupt-remapped IO-APIC").
+#    The ferroraid binary then runs `create` and `examine` on /dev/ngXnY members, and
+#    `serve` on a mix of /dev/ngXnY and vfio:BDF members (started, stopped with SIGTERM,
+#    superblocks examined clean afterwards).
 # 4. Back on the host, for every array, raidref.py (../shared/oracle) extracts the logical
 #    image from the NVMe/AHCI backing files the guest wrote (the failed member as
 #    `missing`), which must equal the guest's reference image (sha256).
@@ -69,6 +72,10 @@ ORACLE=${FERRORAID_ORACLE:-$REPO/../shared/oracle/raidref.py}
 echo "guest: building guest_check (release)"
 cargo build --release --quiet -p ferroraid-tests --bin guest_check
 BIN=$CARGO_TARGET_DIR/release/guest_check
+# The ferroraid binary itself (debug: the build `cargo test` makes anyway).
+echo "guest: building ferroraid"
+cargo build --quiet -p ferroraid
+FR=$CARGO_TARGET_DIR/debug/ferroraid
 
 rig_kernel
 work=$(mktemp -d "$RIG_CACHE/guest.XXXXXX")
@@ -78,7 +85,8 @@ trap cleanup EXIT
 # Six NVMe namespaces and one SATA disk, 32 MiB each (sparse); six 4 MiB regions are used.
 for d in nv0 nv1 nv2 nv3 nv4 nv5 sata0; do truncate -s 32M "$work/$d.img"; done
 initrd=$(rig_initramfs --init "$HERE/guest.sh" --modules "nvme ahci vfio" \
-	--bin "$BIN" --file "$BIN:/usr/bin/guest_check" --out "$work/initrd.cpio.zst")
+	--bin "$BIN" --file "$BIN:/usr/bin/guest_check" --bin "$FR" --file "$FR:/usr/bin/ferroraid" \
+	--out "$work/initrd.cpio.zst")
 disks=(--disk "ahci:$work/sata0.img:sata0")
 for i in 0 1 2 3 4 5; do disks+=(--disk "nvme:$work/nv$i.img:nv$i"); done
 rc=0
@@ -86,7 +94,7 @@ rig_run --initrd "$initrd" --log "$work/console.log" --timeout "${GUEST_TIMEOUT:
 	--mem 1G --machine q35,kernel-irqchip=split --append "intel_iommu=on no_timer_check${GUEST_ONLY:+ guest_only=$GUEST_ONLY}" \
 	"${disks[@]}" --out-disk "$work/out.img" --out-dir "$work/out" \
 	-- -device intel-iommu,caching-mode=on || rc=$?
-grep -E '^(guest|model|facts|timeout-drill|superblock|guest_check):' "$work/console.log" | tr -d '\r' || true
+grep -E '^(guest|model|facts|timeout-drill|superblock|guest_check|created|ferroraid):' "$work/console.log" | tr -d '\r' || true
 if ((rc != 0)); then
 	GUEST_KEEP=1
 	echo "guest: FAILED (rig status $rc); work directory kept: $work" >&2
