@@ -462,8 +462,8 @@ impl Target {
             locks.push(claim(p)?);
         }
         for p in &opts.devices {
-            let dev = open_member(p, &mcfg)
-                .with_context(|| format!("opening member {}", p.display()))?;
+            let dev =
+                open_member(p, &mcfg).with_context(|| format!("opening member {}", p.display()))?;
             candidates.push(
                 metadata_io::read_candidate(p)
                     .with_context(|| format!("reading the superblock of {}", p.display()))?,

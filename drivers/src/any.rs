@@ -62,7 +62,10 @@ pub fn open_member(spec: &Path, config: &MemberConfig) -> Result<AnyDevice, Devi
     if let Some(s) = spec.to_str() {
         if let Some(addr) = crate::vfio_nvme::parse_address(s) {
             let addr = addr.map_err(DeviceError::Unusable)?;
-            return Ok(AnyDevice::VfioNvme(VfioNvmeDevice::open(&addr, &config.vfio)?));
+            return Ok(AnyDevice::VfioNvme(VfioNvmeDevice::open(
+                &addr,
+                &config.vfio,
+            )?));
         }
     }
     let meta = std::fs::metadata(spec).map_err(|source| DeviceError::Os {

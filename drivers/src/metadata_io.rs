@@ -315,11 +315,13 @@ fn run_range<D: BlockDevice>(
     len: u64,
     buf: &mut [u8],
 ) -> Result<(), MetadataIoError> {
-    let mut ch = dev.open_channel().map_err(|source| MetadataIoError::Device {
-        path: path.to_path_buf(),
-        what: "open a channel",
-        source,
-    })?;
+    let mut ch = dev
+        .open_channel()
+        .map_err(|source| MetadataIoError::Device {
+            path: path.to_path_buf(),
+            what: "open a channel",
+            source,
+        })?;
     let io = if op.has_data() {
         // SAFETY: `buf` outlives the request: waited for below, or the channel (whose Drop
         // waits) is dropped first.
@@ -390,11 +392,13 @@ fn run_request<D: BlockDevice>(
     op: Op,
     buf: &mut [u8],
 ) -> Result<(), MetadataIoError> {
-    let mut ch = dev.open_channel().map_err(|source| MetadataIoError::Device {
-        path: path.to_path_buf(),
-        what: "open a channel",
-        source,
-    })?;
+    let mut ch = dev
+        .open_channel()
+        .map_err(|source| MetadataIoError::Device {
+            path: path.to_path_buf(),
+            what: "open a channel",
+            source,
+        })?;
     let io = if op.has_data() {
         // SAFETY: `buf` outlives the request: this function waits for the completion (or,
         // on timeout, drops the channel, whose Drop waits for or cancels it) before
@@ -406,7 +410,11 @@ fn run_request<D: BlockDevice>(
     let req = Request {
         tag: 1,
         op,
-        offset_bytes: if op.has_data() { SUPERBLOCK_OFFSET_BYTES } else { 0 },
+        offset_bytes: if op.has_data() {
+            SUPERBLOCK_OFFSET_BYTES
+        } else {
+            0
+        },
         len_bytes: io.len(),
         buf: io,
     };

@@ -8,6 +8,9 @@
 //! Specification 1.0 (§3 I/O commands, §4.1.5 Identify Namespace data structure).
 //! Everything on the wire is little-endian.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
+
 use engine::device::{IoError, Op};
 
 /// Admin opcode: Delete I/O Submission Queue (Base 2.0 §5.7).
@@ -420,7 +423,9 @@ mod tests {
         assert_eq!(ns.capacity_bytes(), 2048 * 4096);
         assert!(ns.deallocated_reads_zeroes);
         n[132..136].copy_from_slice(&(8u32 << 16).to_le_bytes());
-        assert!(NamespaceIdentity::parse(&n).unwrap_err().contains("LBADS 8"));
+        assert!(NamespaceIdentity::parse(&n)
+            .unwrap_err()
+            .contains("LBADS 8"));
         n[0..8].fill(0);
         assert!(NamespaceIdentity::parse(&n).is_err());
     }

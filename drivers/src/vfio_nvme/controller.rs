@@ -198,12 +198,12 @@ unsafe impl Sync for Bar {}
 
 impl Bar {
     pub(crate) fn read32(&self, off: usize) -> u32 {
-        assert!(off % 4 == 0 && off + 4 <= self.len);
+        assert!(off.is_multiple_of(4) && off + 4 <= self.len);
         // SAFETY: aligned, in bounds of the BAR mapping.
         unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(off).cast::<u32>()) }
     }
     pub(crate) fn write32(&self, off: usize, v: u32) {
-        assert!(off % 4 == 0 && off + 4 <= self.len);
+        assert!(off.is_multiple_of(4) && off + 4 <= self.len);
         // SAFETY: aligned, in bounds of the BAR mapping.
         unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(off).cast::<u32>(), v) }
     }
@@ -543,16 +543,14 @@ impl Controller {
         // each, inside the first page); raw volatile write.
         unsafe {
             std::ptr::write_volatile(
-                admin
-                    .arena
-                    .ptr(ADMIN_SQ_OFF + slot * 64)
-                    .cast::<Command>(),
+                admin.arena.ptr(ADMIN_SQ_OFF + slot * 64).cast::<Command>(),
                 cmd,
             )
         };
         admin.sq_tail = (admin.sq_tail + 1) % ADMIN_ENTRIES;
         fence(Ordering::SeqCst);
-        self.bar.write32(self.doorbell(0, false), u32::from(admin.sq_tail));
+        self.bar
+            .write32(self.doorbell(0, false), u32::from(admin.sq_tail));
         let deadline = Instant::now() + ADMIN_TIMEOUT;
         loop {
             let at = ADMIN_CQ_OFF + usize::from(admin.cq_head) * 16;

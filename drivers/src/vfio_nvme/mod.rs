@@ -64,6 +64,9 @@
 //! (CC.EN = 0: no more DMA), unmaps everything and closes the device, group and container,
 //! so `vfio-pci` can hand the device back (unbind, clear `driver_override`, reprobe).
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
+
 mod controller;
 
 use std::mem::ManuallyDrop;
@@ -430,12 +433,8 @@ impl VfioNvmeChannel {
                 ctrl.name
             )));
         }
-        let arena = match DmaArena::new(
-            &ctrl.container,
-            &ctrl.iova_next,
-            layout.total,
-            &ctrl.name,
-        ) {
+        let arena = match DmaArena::new(&ctrl.container, &ctrl.iova_next, layout.total, &ctrl.name)
+        {
             Ok(a) => a,
             Err(e) => {
                 ctrl.put_qid(qid);
@@ -728,9 +727,7 @@ impl Channel for VfioNvmeChannel {
                     slba,
                 };
                 // SAFETY: 16 bytes at the start of this free slot's bounce buffer.
-                unsafe {
-                    std::ptr::write_volatile(self.arena.ptr(off).cast::<DsmRange>(), range)
-                };
+                unsafe { std::ptr::write_volatile(self.arena.ptr(off).cast::<DsmRange>(), range) };
                 cmd.prp1 = self.arena.iova(off);
             }
             Op::Flush | Op::WriteZeroes => {}
@@ -885,7 +882,12 @@ mod tests {
             parse_address("vfio:0000:AF:1f.7"),
             Some(Ok("0000:af:1f.7".into()))
         );
-        for bad in ["vfio:", "vfio:00:04.0", "vfio:0000:00:04.8", "vfio:0000-00:04.0"] {
+        for bad in [
+            "vfio:",
+            "vfio:00:04.0",
+            "vfio:0000:00:04.8",
+            "vfio:0000-00:04.0",
+        ] {
             let e = parse_address(bad).unwrap().unwrap_err();
             assert!(e.contains("DDDD:BB:DD.F"), "{e}");
         }
@@ -897,7 +899,7 @@ mod tests {
         assert_eq!(l.sq, 0);
         assert_eq!(l.cq % PAGE, 0);
         assert!(l.cq >= 65 * 64);
-        assert!(l.prp >= l.cq + 65 * 16 && l.prp % PAGE == 0);
+        assert!(l.prp >= l.cq + 65 * 16 && l.prp.is_multiple_of(PAGE));
         assert_eq!(l.bounce, l.prp + 64 * PAGE);
         assert_eq!(l.total, l.bounce + 64 * (256 << 10));
     }

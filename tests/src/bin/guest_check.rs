@@ -71,7 +71,9 @@ fn main() {
         Some("model") => model(&args[1..]),
         Some("timeout-drill") => timeout_drill(&args[1..]),
         Some("superblock") => superblock(&args[1..]),
-        _ => Err("usage: guest_check facts|model|timeout-drill|superblock ... (see the source)".into()),
+        _ => Err(
+            "usage: guest_check facts|model|timeout-drill|superblock ... (see the source)".into(),
+        ),
     };
     if let Err(e) = r {
         eprintln!("guest_check: FAILED: {e}");
@@ -169,7 +171,9 @@ fn parse_model(args: &[String]) -> Res<ModelOpts> {
                 o.fail_by_reset = match val()?.as_str() {
                     "operator" => false,
                     "controller-reset" => true,
-                    other => return Err(format!("--fail-how {other}: operator or controller-reset")),
+                    other => {
+                        return Err(format!("--fail-how {other}: operator or controller-reset"))
+                    }
                 }
             }
             "--reference" => o.reference = Some(PathBuf::from(val()?)),
@@ -212,7 +216,11 @@ impl Model {
         let stripe = self.arr.geometry().geometry().stripe_data_bytes();
         let block = 4096u64; // 4 KiB: fine for 512-byte and 4 KiB members alike
         for _ in 0..16 {
-            let max_blocks = if self.rng.below(2) == 0 { 16 } else { 2 * stripe / block };
+            let max_blocks = if self.rng.below(2) == 0 {
+                16
+            } else {
+                2 * stripe / block
+            };
             let len = block * (1 + self.rng.below(max_blocks));
             let off = block * self.rng.below((cap - len) / block + 1);
             let overlaps = self
@@ -274,7 +282,12 @@ impl Model {
                 buf: io,
             })
             .map_err(|e| format!("array submit: {e}"))?;
-        self.flights[tag] = Some(Flight { op, off, len, buf: b });
+        self.flights[tag] = Some(Flight {
+            op,
+            off,
+            len,
+            buf: b,
+        });
         self.requests += 1;
         Ok(())
     }
@@ -342,7 +355,9 @@ impl Model {
         let depth = self.flights.len();
         while issued < ops || self.in_flight() > 0 {
             while issued < ops && self.in_flight() < depth {
-                let Some((op, off, len)) = self.pick() else { break };
+                let Some((op, off, len)) = self.pick() else {
+                    break;
+                };
                 self.submit(op, off, len)?;
                 issued += 1;
             }
@@ -383,7 +398,11 @@ fn model(args: &[String]) -> Res<()> {
     for m in &o.members {
         devs.push(open(m, 32)?);
     }
-    let block = devs.iter().map(|d| d.info().block_bytes).max().unwrap_or(512);
+    let block = devs
+        .iter()
+        .map(|d| d.info().block_bytes)
+        .max()
+        .unwrap_or(512);
     let g = Geometry::new(o.level, o.layout, n, o.chunk, block)
         .map_err(|e| format!("geometry: {e}"))?;
     let geo = ArrayGeometry::new(g, o.stripes).map_err(|e| format!("geometry: {e}"))?;
@@ -405,7 +424,10 @@ fn model(args: &[String]) -> Res<()> {
     }
     let chans = devs
         .iter()
-        .map(|d| d.open_channel().map_err(|e| format!("channel of {}: {e}", d.info().name)))
+        .map(|d| {
+            d.open_channel()
+                .map_err(|e| format!("channel of {}: {e}", d.info().name))
+        })
         .collect::<Res<Vec<_>>>()?;
     let cfg = ArrayConfig {
         data_offset_bytes: o.data_offset,
@@ -417,7 +439,9 @@ fn model(args: &[String]) -> Res<()> {
     let mut m = Model {
         arr,
         reference: vec![0; cap as usize],
-        bufs: (0..o.depth).map(|_| AlignedBuf::zeroed(max_len as usize)).collect(),
+        bufs: (0..o.depth)
+            .map(|_| AlignedBuf::zeroed(max_len as usize))
+            .collect(),
         free_bufs: (0..o.depth).rev().collect(),
         flights: vec![None; o.depth],
         rng: Rng::new(o.seed),
@@ -434,7 +458,10 @@ fn model(args: &[String]) -> Res<()> {
         o.chunk >> 10,
         devs.iter().map(kind).collect::<Vec<_>>().join(",")
     );
-    println!("model: {what}: healthy phase, {} ops at depth {}", o.ops, o.depth);
+    println!(
+        "model: {what}: healthy phase, {} ops at depth {}",
+        o.ops, o.depth
+    );
     // The array starts over whatever the members held: write it all first (full stripes).
     let mut off = 0;
     while off < cap {
@@ -449,7 +476,11 @@ fn model(args: &[String]) -> Res<()> {
 
     if !o.fail_by_reset {
         m.arr.fail_member_by_operator(o.fail);
-        println!("model: member {} ({}) failed by the operator", o.fail, o.members[usize::from(o.fail)]);
+        println!(
+            "model: member {} ({}) failed by the operator",
+            o.fail,
+            o.members[usize::from(o.fail)]
+        );
     }
     let fail = usize::from(o.fail);
     let dev_fail = &devs[fail];
@@ -464,7 +495,11 @@ fn model(args: &[String]) -> Res<()> {
             }
         }
     })?;
-    let state = m.arr.member_states().nth(fail).expect("member index checked");
+    let state = m
+        .arr
+        .member_states()
+        .nth(fail)
+        .expect("member index checked");
     if state == MemberState::Online {
         return Err(format!("member {fail} is still online after its failure"));
     }
@@ -566,7 +601,10 @@ fn check_parity(devs: &[AnyDevice], geo: &ArrayGeometry, data_offset: u64) -> Re
             None => parity.gen_p(&data, &mut p),
         }
         if p[..] != bufs[usize::from(st.p_member())][..] {
-            return Err(format!("stripe {s}: P on member {} is wrong", st.p_member()));
+            return Err(format!(
+                "stripe {s}: P on member {} is wrong",
+                st.p_member()
+            ));
         }
     }
     Ok(())
@@ -602,7 +640,10 @@ fn one_sync(ch: &mut AnyChannel, op: Op, off: u64, buf: &mut [u8]) -> Res<()> {
                 .map_err(|e| format!("{}: {op:?} at {off}: {e}", ch.info().name));
         }
         if Instant::now() > deadline {
-            return Err(format!("{}: {op:?} at {off} never completed", ch.info().name));
+            return Err(format!(
+                "{}: {op:?} at {off} never completed",
+                ch.info().name
+            ));
         }
         std::hint::spin_loop();
     }
@@ -652,12 +693,17 @@ fn timeout_drill(args: &[String]) -> Res<()> {
         let n = ch.poll(&mut out);
         for c in &out[..n] {
             if c.status != Err(IoError::Timeout) {
-                return Err(format!("a never-submitted command completed with {:?}", c.status));
+                return Err(format!(
+                    "a never-submitted command completed with {:?}",
+                    c.status
+                ));
             }
         }
         done += n;
         if t.elapsed() > Duration::from_secs(60) {
-            return Err(format!("only {done} of 4 timed-out commands completed within 60 s"));
+            return Err(format!(
+                "only {done} of 4 timed-out commands completed within 60 s"
+            ));
         }
     }
     let st = ch.stats();
