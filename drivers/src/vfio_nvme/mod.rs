@@ -89,6 +89,9 @@ pub const MAX_QUEUE_DEPTH: u32 = 1024;
 /// Largest transfer of one command unless MDTS says less: 256 KiB (64 pages), a full chunk
 /// of md's default geometry with one PRP list page to spare.
 pub const DEFAULT_MAX_TRANSFER_BYTES: u32 = 256 << 10;
+// One PRP list page (512 entries) covers every transfer a slot can make.
+const _: () = assert!((DEFAULT_MAX_TRANSFER_BYTES as usize).div_ceil(PAGE) <= PAGE / 8 + 1);
+
 /// Default command timeout: the Linux NVMe driver's (`nvme_core.io_timeout`, 30 s).
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a channel with commands in flight reads CSTS for fatal status.
@@ -350,6 +353,8 @@ pub struct VfioNvmeChannel {
     info: DeviceInfo,
     /// Dropped by hand in Drop, only once the controller can no longer reach it.
     arena: ManuallyDrop<DmaArena>,
+    /// Where the queues, PRP lists and bounce buffers lie in the arena.
+    layout: Layout,
     qid: u16,
     /// Entries of each queue (queue_depth + 1).
     entries: u16,
@@ -377,12 +382,15 @@ pub struct VfioNvmeChannel {
 // `from_raw` contract allows use from whichever thread the request completes on.
 unsafe impl Send for VfioNvmeChannel {}
 
-/// Arena layout of a channel.
+/// Arena layout of a channel (byte offsets; every area page-aligned).
+#[derive(Clone, Copy, Debug)]
 struct Layout {
     sq: usize,
     cq: usize,
     prp: usize,
     bounce: usize,
+    /// Bytes between two slots' bounce buffers (max transfer rounded up to a page).
+    stride: usize,
     total: usize,
 }
 
@@ -393,12 +401,14 @@ impl Layout {
         let cq = round(entries * 64);
         let prp = cq + round(entries * 16);
         let bounce = prp + depth * PAGE;
-        let total = bounce + depth * round(max_transfer);
+        let stride = round(max_transfer);
+        let total = bounce + depth * stride;
         Self {
             sq,
             cq,
             prp,
             bounce,
+            stride,
             total,
         }
     }
@@ -442,9 +452,8 @@ impl VfioNvmeChannel {
             }
         };
         // PRP lists, once: slot s's list names pages 1.. of its bounce buffer.
-        let stride = max_transfer.div_ceil(PAGE) * PAGE;
         for s in 0..depth {
-            let base = arena.iova(layout.bounce + s * stride);
+            let base = arena.iova(layout.bounce + s * layout.stride);
             let list = arena.ptr(layout.prp + s * PAGE).cast::<u64>();
             for k in 1..max_transfer.div_ceil(PAGE) {
                 // SAFETY: entry k-1 < 512 of the slot's list page, inside the arena; raw
@@ -484,6 +493,7 @@ impl VfioNvmeChannel {
             nsid: ctrl.nsid,
             ctrl,
             arena: ManuallyDrop::new(arena),
+            layout,
             qid,
             entries: entries as u16,
             sq_tail: 0,
@@ -524,17 +534,8 @@ impl VfioNvmeChannel {
         self.command_timeout = t;
     }
 
-    fn layout(&self) -> Layout {
-        Layout::new(
-            usize::from(self.entries),
-            self.slots.len(),
-            self.info.max_transfer_bytes as usize,
-        )
-    }
-
     fn bounce_off(&self, slot: usize) -> usize {
-        let stride = (self.info.max_transfer_bytes as usize).div_ceil(PAGE) * PAGE;
-        self.layout().bounce + slot * stride
+        self.layout.bounce + slot * self.layout.stride
     }
 
     /// Completes every command in flight with `err` (they were lost) and frees its slot.
@@ -566,7 +567,7 @@ impl VfioNvmeChannel {
             self.gone = true;
             return;
         }
-        let l = self.layout();
+        let l = self.layout;
         self.arena.zero(l.cq, usize::from(self.entries) * 16);
         self.sq_tail = 0;
         self.cq_head = 0;
@@ -717,7 +718,7 @@ impl Channel for VfioNvmeChannel {
                 if pages == 2 {
                     cmd.prp2 = self.arena.iova(off + PAGE);
                 } else if pages > 2 {
-                    cmd.prp2 = self.arena.iova(self.layout().prp + slot * PAGE);
+                    cmd.prp2 = self.arena.iova(self.layout.prp + slot * PAGE);
                 }
             }
             Op::Discard => {
@@ -732,7 +733,7 @@ impl Channel for VfioNvmeChannel {
             }
             Op::Flush | Op::WriteZeroes => {}
         }
-        let at = self.layout().sq + usize::from(self.sq_tail) * 64;
+        let at = self.layout.sq + usize::from(self.sq_tail) * 64;
         // SAFETY: SQ entry `sq_tail` < entries lies in the arena's SQ area; the controller
         // reads it only after the doorbell (kick) names it.
         unsafe { std::ptr::write_volatile(self.arena.ptr(at).cast::<Command>(), cmd) };
@@ -773,7 +774,7 @@ impl Channel for VfioNvmeChannel {
             self.recover();
             return n + self.poll(&mut out[n..]);
         }
-        let cq = self.layout().cq;
+        let cq = self.layout.cq;
         let mut consumed = false;
         while n < out.len() {
             let at = cq + usize::from(self.cq_head) * 16;
