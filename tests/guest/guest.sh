@@ -11,6 +11,16 @@ STRIPES=32
 OPS=${GUEST_OPS:-600}
 step() { echo "guest: $*"; }
 
+# 0. As loaded by the rig, nvme has no poll queues: passthrough must fall back to an
+# interrupt-driven ring (no IOPOLL) and still work.
+d=$(rig_dev_by_serial nv0 20)
+ng=/dev/ng${d#/dev/nvme}
+[ "$(cat "/sys/block/${d#/dev/}/queue/io_poll")" = 0 ]
+$GC facts "$ng" | tee /tmp/facts
+grep -q "backend=nvme-passthru .*iopoll=false" /tmp/facts
+$GC superblock "$ng"
+step "passthrough without poll queues: interrupt-driven ring, superblock I/O works"
+
 # 1. The nvme driver again with a polled queue, so passthrough can use IOPOLL.
 ko=$(grep '/nvme\.ko' /rig/modules.load | head -n1)
 rmmod nvme
