@@ -69,6 +69,10 @@ pub struct Created {
 /// # Errors
 /// The device cannot be opened or sized.
 pub fn device_bytes(path: &Path) -> Result<u64> {
+    if metadata_io::uses_back_end(path) {
+        return metadata_io::member_bytes(path)
+            .with_context(|| format!("sizing {}", path.display()));
+    }
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let meta = f
         .metadata()
@@ -211,6 +215,11 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
     // Invalidate any old superblock first, so an interrupted create leaves no device that
     // claims membership of an array whose parity was never made consistent.
     for p in &o.devices {
+        if metadata_io::uses_back_end(p) {
+            metadata_io::zero_range(p, 0, data_offset)
+                .with_context(|| format!("clearing the metadata area of {}", p.display()))?;
+            continue;
+        }
         let f = File::options()
             .write(true)
             .open(p)
@@ -234,6 +243,13 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         const STEP: u64 = 1 << 30;
         let mut done = 0u64;
         for p in &o.devices {
+            if metadata_io::uses_back_end(p) {
+                metadata_io::zero_range(p, data_offset, data_bytes)
+                    .with_context(|| format!("zeroing the data area of {}", p.display()))?;
+                done += data_bytes;
+                bar.set_position(done);
+                continue;
+            }
             let f = File::options()
                 .write(true)
                 .open(p)

@@ -76,7 +76,7 @@ pub struct ExamineArgs {
     /// `error` field are devices without a readable superblock).
     #[arg(long)]
     json: bool,
-    /// Member devices or image files.
+    /// Member devices or image files (also `/dev/ngXnY` and `vfio:DDDD:BB:DD.F`).
     #[arg(value_name = "DEV", required = true)]
     devices: Vec<PathBuf>,
 }

@@ -50,7 +50,9 @@ pub struct CreateArgs {
     /// `--bitmap internal`.
     #[arg(long, value_parser = crate::parse_bytes)]
     bitmap_chunk: Option<u64>,
-    /// Member devices (files or block devices), in role order.
+    /// Member devices in role order: files, block devices, NVMe generic devices
+    /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
+    /// (`vfio:DDDD:BB:DD.F`).
     #[arg(required = true)]
     devices: Vec<PathBuf>,
 }
@@ -160,7 +162,9 @@ pub struct ServeArgs {
     /// default: derived (ferroraid) or 2000 (wbt-like).
     #[arg(long, value_name = "US")]
     qos_target_us: Option<u64>,
-    /// Member devices (files or block devices), any order.
+    /// Member devices in any order: files, block devices, NVMe generic devices
+    /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
+    /// (`vfio:DDDD:BB:DD.F`).
     devices: Vec<PathBuf>,
 }
 

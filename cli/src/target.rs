@@ -24,9 +24,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
-use drivers::any::AnyDevice;
+use drivers::any::{open_member, AnyDevice, MemberConfig};
 use drivers::metadata_io;
-use drivers::uring::{UringConfig, UringDevice};
 use engine::array::{ArrayConfig, MemberState};
 use engine::bitmap::{NeedsSync, WriteIntent};
 use engine::device::BlockDevice;
@@ -58,7 +57,9 @@ const BITMAP_SUPER_WAIT: Duration = Duration::from_secs(5);
 /// What `ferroraid serve` runs.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// Member devices (files or block devices), any order.
+    /// Member devices in any order: files, block devices, NVMe generic devices
+    /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
+    /// (`vfio:DDDD:BB:DD.F`).
     pub devices: Vec<PathBuf>,
     /// CPU cores of the reactors (one reactor each). Empty: `reactors` reactors on cores
     /// chosen with hwloc (one per physical core, the members' NUMA node first).
@@ -325,12 +326,13 @@ struct Shared {
     paths: Mutex<Vec<Option<PathBuf>>>,
     meta: Mutex<Meta>,
     /// How member devices are opened (for devices added while serving).
-    uring: UringConfig,
+    member_cfg: MemberConfig,
     /// Start of every member's data area, bytes.
     data_offset_bytes: u64,
-    /// Exclusive `flock`s on every device in the array (canonical path, lock), held while
-    /// the target runs; a device leaving the array is released.
-    locks: Mutex<Vec<(PathBuf, File)>>,
+    /// Exclusive `flock`s on every device in the array (canonical path, lock; `None` for
+    /// devices with no file to lock, vfio controllers), held while the target runs; a
+    /// device leaving the array is released.
+    locks: Mutex<Vec<(PathBuf, Option<File>)>>,
     /// The array needs a resync that has not finished yet (unclean shutdown).
     resync_pending: AtomicBool,
     /// When rebuild progress was last written to the superblocks.
@@ -618,11 +620,8 @@ impl Target {
             ),
             None => None,
         };
-        let ucfg = UringConfig {
-            queue_depth: opts.queue_depth,
-            ..UringConfig::default()
-        };
-        let mut opened: Vec<Option<UringDevice>> = Vec::new();
+        let mcfg = MemberConfig::with_queue_depth(opts.queue_depth);
+        let mut opened: Vec<Option<AnyDevice>> = Vec::new();
         let mut candidates = Vec::new();
         // Claim every device first: two targets writing the same members would corrupt them.
         let mut locks = Vec::with_capacity(opts.devices.len());
@@ -631,8 +630,8 @@ impl Target {
             locks.push((canon, claim(p)?));
         }
         for p in &opts.devices {
-            let dev = UringDevice::open(p, &ucfg)
-                .with_context(|| format!("opening member {}", p.display()))?;
+            let dev =
+                open_member(p, &mcfg).with_context(|| format!("opening member {}", p.display()))?;
             candidates.push(
                 metadata_io::read_candidate(p)
                     .with_context(|| format!("reading the superblock of {}", p.display()))?,
@@ -747,7 +746,7 @@ impl Target {
                             "member partly rebuilt: the rebuild resumes"
                         );
                     }
-                    devices.push(AnyDevice::Uring(dev));
+                    devices.push(dev);
                     let path = opts.devices[m.candidate].clone();
                     let sb = candidates[m.candidate]
                         .superblock
@@ -789,7 +788,7 @@ impl Target {
                 path: opts.devices[c].clone(),
                 sb,
                 active: true,
-                spare: Some(Arc::new(AnyDevice::Uring(dev))),
+                spare: Some(Arc::new(dev)),
             });
         }
         let name = candidates[assembly.newest]
@@ -984,7 +983,7 @@ impl Target {
             assembly,
             paths: Mutex::new(paths),
             meta: Mutex::new(meta),
-            uring: ucfg,
+            member_cfg: mcfg,
             data_offset_bytes,
             locks: Mutex::new(locks),
             resync_pending,
@@ -1177,8 +1176,14 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
 ///
 /// # Errors
 /// The device cannot be opened, or another process holds the lock.
-pub fn claim(path: &Path) -> Result<File> {
+///
+/// A vfio member (`vfio:BDF`) has no file to lock: VFIO itself lets one process at a time
+/// open its IOMMU group, so a second target is refused when it opens the device; `None`.
+pub fn claim(path: &Path) -> Result<Option<File>> {
     use std::os::fd::AsRawFd;
+    if drivers::any::is_vfio_spec(path) {
+        return Ok(None);
+    }
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: flock takes a file descriptor we own and plain flags.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -1191,11 +1196,15 @@ pub fn claim(path: &Path) -> Result<File> {
         }
         return Err(e).with_context(|| format!("locking {}", path.display()));
     }
-    Ok(f)
+    Ok(Some(f))
 }
 
 /// Makes everything written to `path` durable (`fdatasync`).
 fn flush(path: &Path) -> Result<()> {
+    if metadata_io::uses_back_end(path) {
+        return metadata_io::flush_member(path)
+            .with_context(|| format!("flushing {}", path.display()));
+    }
     File::options()
         .write(true)
         .open(path)

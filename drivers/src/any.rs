@@ -1,20 +1,94 @@
-//! [`AnyDevice`]: one device type over every back end, so an array can mix them — in
-//! practice, real members beside a [`Missing`](AnyDevice::Missing) placeholder for a role
+//! [`AnyDevice`]: one device type over every back end, so an array can mix them (NVMe
+//! through passthrough beside a SATA disk through the block layer, a vfio controller beside
+//! files) and real members beside a [`Missing`](AnyDevice::Missing) placeholder for a role
 //! whose device is absent (an array assembled degraded). The reactors are generic over one
 //! device type; dispatch here is a `match` per call (no `dyn`, no allocation).
+//!
+//! [`open_member`] turns a member spec as the user writes it into a device:
+//!
+//! | spec                          | back end                                          |
+//! |-------------------------------|---------------------------------------------------|
+//! | `vfio:DDDD:BB:DD.F`           | [`crate::vfio_nvme`] (controller bound to vfio-pci) |
+//! | a character device (`/dev/ngXnY`) | [`crate::nvme_passthru`]                      |
+//! | a block device or regular file | [`crate::uring`] (`O_DIRECT`)                    |
 
 use engine::device::{
     BlockDevice, Channel, Completion, DeviceError, DeviceInfo, Request, SubmitError,
 };
 
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+
 use crate::mem::{MemChannel, MemDevice};
 use crate::null::{NullChannel, NullDevice};
-use crate::uring::{UringChannel, UringDevice};
+use crate::nvme_passthru::{PassthruChannel, PassthruConfig, PassthruDevice};
+use crate::uring::{UringChannel, UringConfig, UringDevice};
+use crate::vfio_nvme::{VfioNvmeChannel, VfioNvmeConfig, VfioNvmeDevice};
+
+/// How to open members of each back end ([`open_member`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberConfig {
+    /// Files and block devices.
+    pub uring: UringConfig,
+    /// NVMe generic character devices.
+    pub passthru: PassthruConfig,
+    /// vfio NVMe controllers.
+    pub vfio: VfioNvmeConfig,
+}
+
+impl MemberConfig {
+    /// Every back end with the same channel queue depth (each caps it at what its device
+    /// allows).
+    pub fn with_queue_depth(queue_depth: u32) -> Self {
+        let mut c = Self::default();
+        c.uring.queue_depth = queue_depth;
+        c.passthru.queue_depth = queue_depth;
+        c.vfio.queue_depth = queue_depth.min(crate::vfio_nvme::MAX_QUEUE_DEPTH);
+        c
+    }
+}
+
+/// Whether `spec` names a vfio NVMe controller (`vfio:...`).
+pub fn is_vfio_spec(spec: &Path) -> bool {
+    spec.to_str().is_some_and(|s| s.starts_with("vfio:"))
+}
+
+/// Opens the member `spec` with the back end its kind calls for (module documentation).
+///
+/// # Errors
+/// [`DeviceError::Unusable`] for a malformed `vfio:` address or anything the chosen back
+/// end refuses; [`DeviceError::Os`] when `spec` cannot be examined or opened.
+pub fn open_member(spec: &Path, config: &MemberConfig) -> Result<AnyDevice, DeviceError> {
+    if let Some(s) = spec.to_str() {
+        if let Some(addr) = crate::vfio_nvme::parse_address(s) {
+            let addr = addr.map_err(DeviceError::Unusable)?;
+            return Ok(AnyDevice::VfioNvme(VfioNvmeDevice::open(
+                &addr,
+                &config.vfio,
+            )?));
+        }
+    }
+    let meta = std::fs::metadata(spec).map_err(|source| DeviceError::Os {
+        what: format!("stat {}", spec.display()),
+        source,
+    })?;
+    if meta.file_type().is_char_device() {
+        return Ok(AnyDevice::NvmePassthru(PassthruDevice::open(
+            spec,
+            &config.passthru,
+        )?));
+    }
+    Ok(AnyDevice::Uring(UringDevice::open(spec, &config.uring)?))
+}
 
 /// A member device of any back end.
 pub enum AnyDevice {
     /// io_uring over a file or block device.
     Uring(UringDevice),
+    /// NVMe passthrough on a generic character device.
+    NvmePassthru(PassthruDevice),
+    /// User-space NVMe driver over VFIO.
+    VfioNvme(VfioNvmeDevice),
     /// RAM disk.
     Mem(MemDevice),
     /// No data.
@@ -48,6 +122,10 @@ impl AnyDevice {
 pub enum AnyChannel {
     /// io_uring.
     Uring(UringChannel),
+    /// NVMe passthrough.
+    NvmePassthru(PassthruChannel),
+    /// vfio NVMe queue pair.
+    VfioNvme(VfioNvmeChannel),
     /// RAM disk.
     Mem(MemChannel),
     /// No data.
@@ -62,6 +140,8 @@ impl BlockDevice for AnyDevice {
     fn info(&self) -> &DeviceInfo {
         match self {
             AnyDevice::Uring(d) => d.info(),
+            AnyDevice::NvmePassthru(d) => d.info(),
+            AnyDevice::VfioNvme(d) => d.info(),
             AnyDevice::Mem(d) => d.info(),
             AnyDevice::Null(d) => d.info(),
             AnyDevice::Missing(i) => i,
@@ -71,6 +151,8 @@ impl BlockDevice for AnyDevice {
     fn open_channel(&self) -> Result<AnyChannel, DeviceError> {
         Ok(match self {
             AnyDevice::Uring(d) => AnyChannel::Uring(d.open_channel()?),
+            AnyDevice::NvmePassthru(d) => AnyChannel::NvmePassthru(d.open_channel()?),
+            AnyDevice::VfioNvme(d) => AnyChannel::VfioNvme(d.open_channel()?),
             AnyDevice::Mem(d) => AnyChannel::Mem(d.open_channel()?),
             AnyDevice::Null(d) => AnyChannel::Null(d.open_channel()?),
             AnyDevice::Missing(i) => AnyChannel::Missing(i.clone()),
@@ -82,6 +164,8 @@ impl Channel for AnyChannel {
     fn info(&self) -> &DeviceInfo {
         match self {
             AnyChannel::Uring(c) => c.info(),
+            AnyChannel::NvmePassthru(c) => c.info(),
+            AnyChannel::VfioNvme(c) => c.info(),
             AnyChannel::Mem(c) => c.info(),
             AnyChannel::Null(c) => c.info(),
             AnyChannel::Missing(i) => i,
@@ -91,6 +175,8 @@ impl Channel for AnyChannel {
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
         match self {
             AnyChannel::Uring(c) => c.submit(req),
+            AnyChannel::NvmePassthru(c) => c.submit(req),
+            AnyChannel::VfioNvme(c) => c.submit(req),
             AnyChannel::Mem(c) => c.submit(req),
             AnyChannel::Null(c) => c.submit(req),
             AnyChannel::Missing(_) => Err(SubmitError::Gone),
@@ -100,6 +186,8 @@ impl Channel for AnyChannel {
     fn kick(&mut self) {
         match self {
             AnyChannel::Uring(c) => c.kick(),
+            AnyChannel::NvmePassthru(c) => c.kick(),
+            AnyChannel::VfioNvme(c) => c.kick(),
             AnyChannel::Mem(c) => c.kick(),
             AnyChannel::Null(c) => c.kick(),
             AnyChannel::Missing(_) => {}
@@ -109,6 +197,8 @@ impl Channel for AnyChannel {
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         match self {
             AnyChannel::Uring(c) => c.poll(out),
+            AnyChannel::NvmePassthru(c) => c.poll(out),
+            AnyChannel::VfioNvme(c) => c.poll(out),
             AnyChannel::Mem(c) => c.poll(out),
             AnyChannel::Null(c) => c.poll(out),
             AnyChannel::Missing(_) => 0,
@@ -118,6 +208,8 @@ impl Channel for AnyChannel {
     fn in_flight(&self) -> usize {
         match self {
             AnyChannel::Uring(c) => c.in_flight(),
+            AnyChannel::NvmePassthru(c) => c.in_flight(),
+            AnyChannel::VfioNvme(c) => c.in_flight(),
             AnyChannel::Mem(c) => c.in_flight(),
             AnyChannel::Null(c) => c.in_flight(),
             AnyChannel::Missing(_) => 0,
@@ -127,6 +219,8 @@ impl Channel for AnyChannel {
     fn abort(&mut self, tag: u64) {
         match self {
             AnyChannel::Uring(c) => c.abort(tag),
+            AnyChannel::NvmePassthru(c) => c.abort(tag),
+            AnyChannel::VfioNvme(c) => c.abort(tag),
             AnyChannel::Mem(c) => c.abort(tag),
             AnyChannel::Null(c) => c.abort(tag),
             AnyChannel::Missing(_) => {}

@@ -1,18 +1,29 @@
-//! Reading and writing md v1.2 superblocks on files and block devices.
+//! Reading and writing md v1.2 superblocks on members of every kind.
 //!
 //! The engine's [`engine::metadata`] decides everything about superblocks but does no
 //! I/O; this module moves the 4 KiB superblock area at byte 4096 of a member
-//! ([`SUPERBLOCK_OFFSET_BYTES`]) with plain positioned I/O (`pread`/`pwrite` through
-//! [`std::os::unix::fs::FileExt`]) and makes writes durable with `fdatasync`
-//! ([`File::sync_data`]). No `O_DIRECT`: the superblock is rarely written and the page
-//! cache is coherent with the block device, so buffered I/O plus a sync is enough (mdadm
-//! does the same). Every error carries the path.
+//! ([`SUPERBLOCK_OFFSET_BYTES`]).
+//!
+//! - Files and block devices: plain positioned I/O (`pread`/`pwrite` through
+//!   [`std::os::unix::fs::FileExt`]), writes made durable with `fdatasync`
+//!   ([`File::sync_data`]). No `O_DIRECT`: the superblock is rarely written and the page
+//!   cache is coherent with the block device, so buffered I/O plus a sync is enough (mdadm
+//!   does the same).
+//! - NVMe generic character devices (`/dev/ngXnY`) and vfio controllers (`vfio:BDF`),
+//!   which have no `read`/`write`: through the member's own back end
+//!   ([`crate::any::open_member`]): one channel, a Read (or a Write with FUA followed by a
+//!   Flush), waited for synchronously ([`read_area_from`], [`write_area_to`]). A vfio
+//!   controller already open in this process is shared, not opened twice.
+//!
+//! Every error carries the path.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use engine::buf::AlignedBuf;
+use engine::device::{BlockDevice, Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use engine::metadata::bitmap::{bitmap_start_sector, BITMAP_SUPER_BYTES};
 use engine::metadata::{
     Bitmap, BitmapError, BitmapSuper, Candidate, Superblock, SuperblockError,
@@ -63,6 +74,27 @@ pub enum MetadataIoError {
         /// Why.
         source: BitmapError,
     },
+    /// A member reached through its back end (`/dev/ngXnY`, `vfio:BDF`) could not be
+    /// opened.
+    #[error("{path}: {what}: {source}", path = path.display())]
+    Device {
+        /// The member.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The back end's error.
+        source: engine::device::DeviceError,
+    },
+    /// A request to a member reached through its back end failed.
+    #[error("{path}: {what}: {error}", path = path.display())]
+    Request {
+        /// The member.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The completion status (or `Timeout` when none came in time).
+        error: engine::device::IoError,
+    },
     /// A superblock whose `super_offset` is not the v1.2 position this module writes to.
     #[error(
         "{path}: refusing to write a superblock with super_offset {super_offset} sectors at \
@@ -102,6 +134,10 @@ pub fn read_superblock_area(
     path: impl AsRef<Path>,
 ) -> Result<[u8; SUPERBLOCK_AREA_BYTES], MetadataIoError> {
     let path = path.as_ref();
+    if needs_back_end(path) {
+        let dev = open_back_end(path)?;
+        return read_area_from(&dev, path);
+    }
     let mut f = File::open(path).map_err(io_err(path, "open"))?;
     let size = device_bytes(&mut f, path)?;
     let needed = SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64;
@@ -269,16 +305,29 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
         path: path.to_path_buf(),
         source,
     })?;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(io_err(path, "open for writing"))?;
-    let size = device_bytes(&mut f, path)?;
     let needed = sb
         .data_offset
         .saturating_add(sb.data_size)
         .saturating_mul(512)
         .max(SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64);
+    if needs_back_end(path) {
+        let dev = open_back_end(path)?;
+        let size = dev.info().capacity_bytes;
+        if size < needed {
+            return Err(MetadataIoError::TooSmall {
+                path: path.to_path_buf(),
+                device_bytes: size,
+                needed_bytes: needed,
+                why: "the superblock's data_offset + data_size must lie within the device",
+            });
+        }
+        return write_area_to(&dev, path, &area);
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err(path, "open for writing"))?;
+    let size = device_bytes(&mut f, path)?;
     if size < needed {
         return Err(MetadataIoError::TooSmall {
             path: path.to_path_buf(),
@@ -290,5 +339,266 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
     f.write_all_at(&area, SUPERBLOCK_OFFSET_BYTES)
         .map_err(io_err(path, "write superblock"))?;
     f.sync_data().map_err(io_err(path, "sync superblock"))?;
+    Ok(())
+}
+
+/// Whether `path` is reached only through its back end — a `vfio:` address or a character
+/// device (NVMe generic device) — rather than with `pread`/`pwrite`. Callers that size,
+/// zero or flush members themselves use [`member_bytes`], [`zero_range`] and
+/// [`flush_member`] for these.
+pub fn uses_back_end(path: &Path) -> bool {
+    needs_back_end(path)
+}
+
+/// Size in bytes of a member reached through its back end ([`uses_back_end`]).
+///
+/// # Errors
+/// [`MetadataIoError::Device`] when it cannot be opened.
+pub fn member_bytes(path: &Path) -> Result<u64, MetadataIoError> {
+    Ok(open_back_end(path)?.info().capacity_bytes)
+}
+
+/// Makes a member reached through its back end durable (a Flush command; nothing when the
+/// device has no volatile cache).
+///
+/// # Errors
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`].
+pub fn flush_member(path: &Path) -> Result<(), MetadataIoError> {
+    let dev = open_back_end(path)?;
+    if dev.info().volatile_cache {
+        run_request(&dev, path, "flush", Op::Flush, &mut [])?;
+    }
+    Ok(())
+}
+
+/// Largest piece [`zero_range`] zeroes with one request, in bytes.
+const ZERO_PIECE_BYTES: u64 = 1 << 20;
+
+/// Zeroes `len` bytes at `offset` of a member reached through its back end: Write Zeroes
+/// commands of up to 1 MiB when the device has them, else writes of a zero buffer; then a
+/// flush. `offset` and `len` must be multiples of the device's block size.
+///
+/// # Errors
+/// [`MetadataIoError::TooSmall`] when the range passes the end of the device;
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`] from the back end
+/// (`Invalid` for a misaligned range).
+pub fn zero_range(path: &Path, offset: u64, len: u64) -> Result<(), MetadataIoError> {
+    let dev = open_back_end(path)?;
+    let info = dev.info().clone();
+    if offset.saturating_add(len) > info.capacity_bytes {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: info.capacity_bytes,
+            needed_bytes: offset.saturating_add(len),
+            why: "the range to zero must lie within the device",
+        });
+    }
+    let piece_max = ZERO_PIECE_BYTES.min(u64::from(info.max_transfer_bytes));
+    let mut zeroes = AlignedBuf::zeroed(piece_max as usize);
+    let mut at = 0;
+    while at < len {
+        let piece = if info.write_zeroes {
+            ZERO_PIECE_BYTES.min(len - at)
+        } else {
+            piece_max.min(len - at)
+        };
+        let (op, buf): (Op, &mut [u8]) = if info.write_zeroes {
+            (Op::WriteZeroes, &mut [])
+        } else {
+            (Op::Write { fua: false }, &mut zeroes[..piece as usize])
+        };
+        run_range(&dev, path, op, offset + at, piece, buf)?;
+        at += piece;
+    }
+    if info.volatile_cache {
+        run_request(&dev, path, "flush after zeroing", Op::Flush, &mut [])?;
+    }
+    Ok(())
+}
+
+/// One ranged request (`buf` empty for Write Zeroes), waited for.
+fn run_range<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+    op: Op,
+    offset: u64,
+    len: u64,
+    buf: &mut [u8],
+) -> Result<(), MetadataIoError> {
+    let mut ch = dev
+        .open_channel()
+        .map_err(|source| MetadataIoError::Device {
+            path: path.to_path_buf(),
+            what: "open a channel",
+            source,
+        })?;
+    let io = if op.has_data() {
+        // SAFETY: `buf` outlives the request: waited for below, or the channel (whose Drop
+        // waits) is dropped first.
+        unsafe { IoBuf::from_slice(buf) }
+    } else {
+        IoBuf::NONE
+    };
+    let fail = |error| MetadataIoError::Request {
+        path: path.to_path_buf(),
+        what: "zero",
+        error,
+    };
+    ch.submit(Request {
+        tag: 1,
+        op,
+        offset_bytes: offset,
+        len_bytes: len as u32,
+        buf: io,
+    })
+    .map_err(|e| {
+        fail(match e {
+            SubmitError::Gone => IoError::Gone,
+            _ => IoError::Invalid,
+        })
+    })?;
+    ch.kick();
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut out = [Completion::EMPTY; 1];
+    loop {
+        if ch.poll(&mut out) == 1 {
+            return out[0].status.map_err(fail);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(fail(IoError::Timeout));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+/// Whether `path` is reached only through its back end: a `vfio:` address or a character
+/// device (NVMe generic device).
+fn needs_back_end(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    crate::any::is_vfio_spec(path)
+        || std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device())
+}
+
+fn open_back_end(path: &Path) -> Result<crate::any::AnyDevice, MetadataIoError> {
+    // Queue depth 2: a read, or a write and its flush.
+    crate::any::open_member(path, &crate::any::MemberConfig::with_queue_depth(2)).map_err(
+        |source| MetadataIoError::Device {
+            path: path.to_path_buf(),
+            what: "open",
+            source,
+        },
+    )
+}
+
+/// How long one superblock request may take through a back end before it is given up.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs one request on a fresh channel of `dev` and waits for it (polling, bounded by
+/// [`REQUEST_TIMEOUT`]).
+fn run_request<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+    what: &'static str,
+    op: Op,
+    buf: &mut [u8],
+) -> Result<(), MetadataIoError> {
+    let mut ch = dev
+        .open_channel()
+        .map_err(|source| MetadataIoError::Device {
+            path: path.to_path_buf(),
+            what: "open a channel",
+            source,
+        })?;
+    let io = if op.has_data() {
+        // SAFETY: `buf` outlives the request: this function waits for the completion (or,
+        // on timeout, drops the channel, whose Drop waits for or cancels it) before
+        // returning.
+        unsafe { IoBuf::from_slice(buf) }
+    } else {
+        IoBuf::NONE
+    };
+    let req = Request {
+        tag: 1,
+        op,
+        offset_bytes: if op.has_data() {
+            SUPERBLOCK_OFFSET_BYTES
+        } else {
+            0
+        },
+        len_bytes: io.len(),
+        buf: io,
+    };
+    let fail = |error| MetadataIoError::Request {
+        path: path.to_path_buf(),
+        what,
+        error,
+    };
+    ch.submit(req).map_err(|e| {
+        fail(match e {
+            SubmitError::Gone => IoError::Gone,
+            _ => IoError::Invalid,
+        })
+    })?;
+    ch.kick();
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut out = [Completion::EMPTY; 1];
+    loop {
+        if ch.poll(&mut out) == 1 {
+            return out[0].status.map_err(fail);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(fail(IoError::Timeout));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+/// Reads the 4 KiB superblock area of an open member through its back end (`path` names it
+/// in errors).
+///
+/// # Errors
+/// [`MetadataIoError::TooSmall`] for a device smaller than 8 KiB;
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`] from the back end.
+pub fn read_area_from<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+) -> Result<[u8; SUPERBLOCK_AREA_BYTES], MetadataIoError> {
+    let needed = SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64;
+    if dev.info().capacity_bytes < needed {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: dev.info().capacity_bytes,
+            needed_bytes: needed,
+            why: "the v1.2 superblock area is bytes 4096..8192",
+        });
+    }
+    let mut buf = AlignedBuf::zeroed(SUPERBLOCK_AREA_BYTES);
+    run_request(dev, path, "read superblock", Op::Read, &mut buf)?;
+    let mut area = [0u8; SUPERBLOCK_AREA_BYTES];
+    area.copy_from_slice(&buf);
+    Ok(area)
+}
+
+/// Writes the 4 KiB superblock area of an open member through its back end (a FUA write,
+/// then a flush when the device has a volatile cache).
+///
+/// # Errors
+/// [`MetadataIoError::Device`] / [`MetadataIoError::Request`] from the back end.
+pub fn write_area_to<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+    area: &[u8; SUPERBLOCK_AREA_BYTES],
+) -> Result<(), MetadataIoError> {
+    let mut buf = AlignedBuf::from_slice(area);
+    run_request(
+        dev,
+        path,
+        "write superblock",
+        Op::Write { fua: true },
+        &mut buf,
+    )?;
+    if dev.info().volatile_cache {
+        run_request(dev, path, "flush after the superblock", Op::Flush, &mut [])?;
+    }
     Ok(())
 }

@@ -47,6 +47,10 @@
 //!   A device smaller than one block is refused.
 //! - **Largest transfer** (bytes): 1 MiB, lowered to `queue/max_sectors_kb` for a block
 //!   device that reports less; the kernel splits anything larger than the device takes.
+//! - **Queue depth** (requests in flight per channel): the configured depth; for a SCSI or
+//!   SATA disk capped at its `device/queue_depth` in sysfs, but never below 2 (a QD=1 disk
+//!   gets two: one at the disk, one waiting, so it never idles between requests).
+//!   [`UringDevice::device_queue_depth`] reports the sysfs value itself.
 //! - **Volatile cache**: always for a regular file (page cache and the disk's cache sit
 //!   behind `fsync`); for a block device, `queue/write_cache` reads `write back` (also
 //!   assumed when sysfs cannot be read: flushing is the safe side).
@@ -186,6 +190,7 @@ struct Shared {
 pub struct UringDevice {
     shared: Arc<Shared>,
     kind: Kind,
+    device_queue_depth: Option<u32>,
 }
 
 impl UringDevice {
@@ -236,9 +241,9 @@ impl UringDevice {
             )));
         }
 
-        let info = match kind {
+        let (info, device_queue_depth) = match kind {
             Kind::BlockDevice => block_device_info(&shown, &file, config)?,
-            Kind::RegularFile => regular_file_info(path, &shown, &file, config)?,
+            Kind::RegularFile => (regular_file_info(path, &shown, &file, config)?, None),
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -247,12 +252,21 @@ impl UringDevice {
                 sqpoll: config.sqpoll,
             }),
             kind,
+            device_queue_depth,
         })
     }
 
     /// Whether the device is a block device (else a regular file).
     pub fn is_block_device(&self) -> bool {
         self.kind == Kind::BlockDevice
+    }
+
+    /// The device's own command queue depth from sysfs (`device/queue_depth` of a SCSI or
+    /// SATA disk: 1 without NCQ, typically 31/32 with it); `None` for regular files and
+    /// block devices without one (NVMe, virtio, loop). The channel depth
+    /// ([`DeviceInfo::queue_depth`]) derives from it.
+    pub fn device_queue_depth(&self) -> Option<u32> {
+        self.device_queue_depth
     }
 }
 
@@ -984,7 +998,7 @@ fn block_device_info(
     shown: &str,
     file: &File,
     config: &UringConfig,
-) -> Result<DeviceInfo, DeviceError> {
+) -> Result<(DeviceInfo, Option<u32>), DeviceError> {
     let fd = file.as_raw_fd();
     let mut logical: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through the pointer, which points to a live int.
@@ -1023,13 +1037,31 @@ fn block_device_info(
     let discard = queue
         .read_u64("write_zeroes_max_bytes")
         .is_some_and(|b| b > 0);
-    Ok(DeviceInfo {
-        max_transfer_bytes: max_transfer,
-        volatile_cache,
-        write_zeroes: true,
-        discard,
-        ..base_info(shown, config, block, capacity)
-    })
+    let device_depth = queue.device_queue_depth();
+    let queue_depth = channel_depth(config.queue_depth, device_depth);
+    Ok((
+        DeviceInfo {
+            max_transfer_bytes: max_transfer,
+            volatile_cache,
+            write_zeroes: true,
+            discard,
+            queue_depth,
+            ..base_info(shown, config, block, capacity)
+        },
+        device_depth,
+    ))
+}
+
+/// The channel depth of a block device whose hardware queue holds `device` commands
+/// (`None`: unknown or effectively unlimited, as for NVMe): the configured depth, capped at
+/// the device's depth but never below 2 — DESIGN.md's rule that a QD=1 disk is kept at two
+/// in flight (one at the disk, the next waiting in the kernel), so it never idles between
+/// requests while deeper queues in the kernel only add latency.
+fn channel_depth(configured: u32, device: Option<u32>) -> u32 {
+    match device {
+        Some(d) if d > 0 => configured.min(d.max(2)),
+        _ => configured,
+    }
 }
 
 /// The `queue/` directory of a block device in sysfs (a partition's is its disk's).
@@ -1053,6 +1085,17 @@ impl SysfsQueue {
 
     fn read_u64(&self, attr: &str) -> Option<u64> {
         self.read(attr)?.trim().parse().ok()
+    }
+
+    /// The device's own command queue depth: `device/queue_depth` of a SCSI or SATA disk
+    /// (the libata/SCSI midlayer's per-device depth: 31 or 32 with NCQ, 1 without), beside
+    /// `queue/` (a partition's is its disk's). `None` for devices without one (NVMe,
+    /// virtio, loop).
+    fn device_queue_depth(&self) -> Option<u32> {
+        self.dirs.iter().find_map(|d| {
+            let f = d.parent()?.join("device/queue_depth");
+            std::fs::read_to_string(f).ok()?.trim().parse().ok()
+        })
     }
 }
 
@@ -1126,6 +1169,16 @@ mod tests {
             Err(IoError::Io { errno: i32::MIN })
         );
         assert_eq!(completion_status(Op::Read, 4096, i32::MAX), Ok(()));
+    }
+
+    #[test]
+    fn channel_depth_follows_the_device() {
+        assert_eq!(channel_depth(128, None), 128);
+        assert_eq!(channel_depth(128, Some(32)), 32);
+        assert_eq!(channel_depth(128, Some(1)), 2);
+        assert_eq!(channel_depth(1, Some(1)), 1);
+        assert_eq!(channel_depth(16, Some(0)), 16);
+        assert_eq!(channel_depth(8, Some(1024)), 8);
     }
 
     #[test]

@@ -216,8 +216,8 @@ impl Shared {
     /// `member_add`: a replacement for the lowest failed role, or a spare.
     pub(super) fn add_device(&self, path: &str) -> Result<MemberReport, RpcError> {
         let p = PathBuf::from(path);
-        let canon = std::fs::canonicalize(&p)
-            .map_err(|e| RpcError::device_unusable(path, format!("cannot resolve it: {e}")))?;
+        // vfio controllers (`vfio:BDF`) are not paths: they compare as given.
+        let canon = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
         let same = |q: &Path| std::fs::canonicalize(q).ok().as_deref() == Some(canon.as_path());
         {
             let meta = self.meta();
@@ -228,8 +228,8 @@ impl Shared {
             }
         }
         let lock = claim(&p).map_err(|e| RpcError::device_unusable(path, format!("{e:#}")))?;
-        let dev =
-            UringDevice::open(&p, &self.uring).map_err(|e| RpcError::device_unusable(path, e))?;
+        let dev = drivers::any::open_member(&p, &self.member_cfg)
+            .map_err(|e| RpcError::device_unusable(path, e))?;
         let info = dev.info().clone();
         engine::array::device_fits(&self.geo, self.data_offset_bytes, 0, &info).map_err(|e| {
             let why = match e {
@@ -285,7 +285,7 @@ impl Shared {
             path: p.clone(),
             sb,
             active: true,
-            spare: Some(Arc::new(AnyDevice::Uring(dev))),
+            spare: Some(Arc::new(dev)),
         });
         let idx = meta.members.len() - 1;
         self.locks
