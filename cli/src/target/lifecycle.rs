@@ -145,8 +145,13 @@ impl Shared {
             }
         }
         let req = if k == EngineKind::Resync {
-            self.meta().book.resync_held = false;
-            self.resync_request()
+            let mut meta = self.meta();
+            meta.book.resync_held = false;
+            // Asked for by the operator: the whole array, whatever the bitmap says.
+            ProcessRequest {
+                ranges: None,
+                ..self.resync_request(&meta)
+            }
         } else {
             ProcessRequest::whole(k)
         };
@@ -197,8 +202,9 @@ impl Shared {
         }
     }
 
-    /// The resync the array owes: from the checkpoint a clean stop wrote.
-    fn resync_request(&self) -> ProcessRequest {
+    /// The resync the array owes: the write-intent bitmap's dirty regions when it has one
+    /// (md's bitmap-driven resync), from the checkpoint a clean stop wrote.
+    fn resync_request(&self, meta: &Meta) -> ProcessRequest {
         let g = self.geo.geometry();
         let offset = self.assembly.resync_offset;
         let resume = if offset == MAX_SECTOR {
@@ -206,9 +212,13 @@ impl Shared {
         } else {
             (offset.saturating_mul(512) / u64::from(g.chunk_bytes())).min(self.geo.stripes())
         };
+        let ranges = match &meta.bitmap {
+            BitmapSync::Online(i) => Some(i.dirty_regions()),
+            _ => None,
+        };
         ProcessRequest {
             kind: EngineKind::Resync,
-            ranges: None,
+            ranges,
             resume_stripe: resume,
         }
     }
@@ -542,6 +552,11 @@ impl Shared {
                     ProcessState::Finished => {
                         if p.kind == EngineKind::Resync {
                             self.resync_pending.store(false, Ordering::Release);
+                            // Every region it covered is consistent: the bitmap daemon may
+                            // clear them.
+                            if let BitmapSync::Online(i) = &meta.bitmap {
+                                i.sync_done(0..self.geo.stripes());
+                            }
                         }
                         info!(process = %p.kind, mismatch_cnt = p.mismatch_cnt, "background process finished")
                     }
@@ -558,12 +573,23 @@ impl Shared {
         let idle = p.as_ref().is_none_or(|p| p.state != ProcessState::Running);
         let whole = snap.members.iter().all(|m| m.state == MemberState::Online);
         if idle && whole && self.resync_pending.load(Ordering::Acquire) && !meta.book.resync_held {
-            match self.handle.start_process(self.resync_request()) {
-                Ok(()) => {
-                    meta.book.last = None;
-                    info!("resync started: the array was not shut down cleanly");
+            let req = self.resync_request(meta);
+            if req.ranges.as_ref().is_some_and(Vec::is_empty) {
+                // The bitmap says nothing was being written: nothing to resync.
+                self.resync_pending.store(false, Ordering::Release);
+                info!("no resync needed: the write-intent bitmap has no dirty region");
+            } else {
+                let regions = req.ranges.as_ref().map(Vec::len);
+                match self.handle.start_process(req) {
+                    Ok(()) => {
+                        meta.book.last = None;
+                        info!(
+                            bitmap_ranges = ?regions,
+                            "resync started: the array was not shut down cleanly"
+                        );
+                    }
+                    Err(e) => warn!("starting the resync: {e}"),
                 }
-                Err(e) => warn!("starting the resync: {e}"),
             }
         }
     }
