@@ -598,7 +598,8 @@ impl BitmapOwner {
     /// The next daemon pass, on the array clock (ns), when one is due (bits are set on
     /// disk or in the image); a virtual-time executor advances no further than this.
     pub fn next_deadline_ns(&self) -> Option<u64> {
-        if self.image_set == 0 {
+        // A pass waits for the batch in flight (whose completion comes from the members).
+        if self.image_set == 0 || self.in_flight {
             return None;
         }
         self.next_pass_ns
