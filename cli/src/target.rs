@@ -598,6 +598,8 @@ pub struct Target {
     rpc: Option<RpcServer>,
     stop_monitor: Arc<AtomicBool>,
     monitor: Option<JoinHandle<()>>,
+    /// The running write-intent bitmap, when the array has one.
+    intent: Option<Arc<WriteIntent>>,
 }
 
 impl Target {
@@ -1003,6 +1005,7 @@ impl Target {
                 .context("starting the member monitor")?
         };
         let mut target = Target {
+            intent: intent.clone(),
             shared: Arc::clone(&shared),
             nbd: Some(nbd),
             reactors: Some(reactors),
@@ -1016,6 +1019,14 @@ impl Target {
         let _ = handler.0.set(shared);
         target.rpc = rpc;
         Ok(target)
+    }
+
+    /// The array's write-intent bitmap while it runs (`None` without one): what a resync
+    /// reads to touch only the regions left dirty by an unclean shutdown
+    /// ([`WriteIntent::dirty_regions`], in stripes; [`WriteIntent::chunk_stripes`]) and
+    /// reports back with [`WriteIntent::sync_done`].
+    pub fn write_intent(&self) -> Option<&Arc<WriteIntent>> {
+        self.intent.as_ref()
     }
 
     /// The array's (short) name: the NBD export name.

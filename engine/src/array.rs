@@ -437,8 +437,11 @@ struct IntentShard {
     seen: u64,
     /// The owner's batch writes (capacity fixed at attach).
     writes: Vec<BitmapWrite>,
-    /// Member requests of the owner's batch outstanding.
+    /// Member requests of the owner's batch outstanding, in all and per member.
     outstanding: u32,
+    per_member: Vec<u16>,
+    /// When the batch was issued (array clock), for command timeouts.
+    issued_ns: u64,
 }
 
 /// One shard's background process.
@@ -826,11 +829,18 @@ impl<C: Channel> Array<C> {
         if self.io_timeout_ns == 0 {
             return own;
         }
+        // The owner's bitmap batch times out like a stripe operation's requests.
+        let batch = self
+            .intent
+            .as_ref()
+            .filter(|i| i.outstanding > 0)
+            .map(|i| i.issued_ns.saturating_add(self.io_timeout_ns));
         self.sops
             .iter()
             .filter(|s| s.outstanding > 0)
             .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
             .chain(own)
+            .chain(batch)
             .min()
     }
 
@@ -869,6 +879,8 @@ impl<C: Channel> Array<C> {
             waiting: VecDeque::with_capacity(self.sops.len()),
             writes: Vec::with_capacity(units),
             outstanding: 0,
+            per_member: vec![0; self.members.len()],
+            issued_ns: 0,
         });
     }
 
@@ -1760,10 +1772,10 @@ impl<C: Channel> Array<C> {
     /// The bitmap's turn in the loop: the owner's batch and daemon, then the waiting writes
     /// whose bits became durable.
     fn bitmap_work(&mut self) -> bool {
+        let mut any = self.bitmap_timeouts();
         let Some(i) = &mut self.intent else {
             return false;
         };
-        let mut any = false;
         if let Some(o) = &mut i.owner {
             if !o.busy() {
                 o.poll(&i.shared, self.now, &mut i.writes);
@@ -1861,7 +1873,12 @@ impl<C: Channel> Array<C> {
                     c.writes += 1;
                     c.write_bytes += u64::from(piece);
                     sent += 1;
-                    self.intent.as_mut().expect("bitmap").outstanding += 1;
+                    let i = self.intent.as_mut().expect("bitmap");
+                    if i.outstanding == 0 {
+                        i.issued_ns = self.now;
+                    }
+                    i.outstanding += 1;
+                    i.per_member[usize::from(member)] += 1;
                     self.send(member, IoClass::Flush, req);
                 }
             }
@@ -1882,6 +1899,12 @@ impl<C: Channel> Array<C> {
             return;
         }
         i.outstanding -= 1;
+        let pm = &mut i.per_member[usize::from(member)];
+        debug_assert!(
+            *pm > 0,
+            "bitmap completion from a member with nothing outstanding"
+        );
+        *pm = pm.saturating_sub(1);
         let done = i.outstanding == 0;
         if let Err(e) = status {
             self.members[usize::from(member)].counters.errors += 1;
@@ -1892,6 +1915,42 @@ impl<C: Channel> Array<C> {
             let ok = !self.array_failed();
             self.finish_bitmap_batch(ok);
         }
+    }
+
+    /// The owner's bitmap writes are member commands too: one outstanding longer than the
+    /// command timeout fails its member (as [`Array::check_timeouts`] does for stripe
+    /// operations), is aborted, and the batch completes on the other members.
+    fn bitmap_timeouts(&mut self) -> bool {
+        let Some(i) = &mut self.intent else {
+            return false;
+        };
+        if self.io_timeout_ns == 0
+            || i.outstanding == 0
+            || self.now.saturating_sub(i.issued_ns) < self.io_timeout_ns
+        {
+            return false;
+        }
+        // Abort again only after another full timeout.
+        i.issued_ns = self.now;
+        let bitmap_sop = self.bitmap_sop();
+        let tag_of = |m: u16| (u64::from(bitmap_sop) << MEMBER_BITS) | u64::from(m);
+        for member in 0..self.members.len() as u16 {
+            if self.intent.as_ref().expect("bitmap").per_member[usize::from(member)] == 0 {
+                continue;
+            }
+            self.stats.timeouts += 1;
+            self.fail_member(member, IoError::Timeout);
+            let tag = tag_of(member);
+            let m = &mut self.members[usize::from(member)];
+            for _ in 0..m.queue.remove_tag(tag) {
+                self.synthetic.push_back(Completion {
+                    tag,
+                    status: Err(IoError::Timeout),
+                });
+            }
+            self.members[usize::from(member)].ch.abort(tag);
+        }
+        true
     }
 
     fn finish_bitmap_batch(&mut self, ok: bool) {

@@ -143,6 +143,9 @@ pub struct WriteIntent {
     ondisk: Box<[AtomicU64]>,
     needed: Box<[AtomicU64]>,
     generation: AtomicU64,
+    /// Some `requested` bit may be set: the owner scans the words only then (set after
+    /// the bit, cleared by the owner before its scan, so no request is missed).
+    request_pending: AtomicBool,
     degraded: AtomicBool,
     events: AtomicU64,
     super_written: AtomicU64,
@@ -222,6 +225,7 @@ impl WriteIntent {
             ondisk: words(regions),
             needed: words(regions),
             generation: AtomicU64::new(0),
+            request_pending: AtomicBool::new(false),
             degraded: AtomicBool::new(false),
             events: AtomicU64::new(s.events),
             super_written: AtomicU64::new(s.events),
@@ -448,6 +452,7 @@ impl WriteIntent {
             }
         }
         if !ready {
+            self.request_pending.store(true, SeqCst);
             self.waits.fetch_add(1, SeqCst);
         }
         ready
@@ -463,6 +468,7 @@ impl WriteIntent {
                 let (w, b) = word_bit(r);
                 if self.requested[w].load(SeqCst) & b == 0 {
                     self.requested[w].fetch_or(b, SeqCst);
+                    self.request_pending.store(true, SeqCst);
                 }
                 ready = false;
             }
@@ -592,7 +598,8 @@ impl BitmapOwner {
     /// The next daemon pass, on the array clock (ns), when one is due (bits are set on
     /// disk or in the image); a virtual-time executor advances no further than this.
     pub fn next_deadline_ns(&self) -> Option<u64> {
-        if self.image_set == 0 {
+        // A pass waits for the batch in flight (whose completion comes from the members).
+        if self.image_set == 0 || self.in_flight {
             return None;
         }
         self.next_pass_ns
@@ -605,9 +612,14 @@ impl BitmapOwner {
     /// [`BitmapOwner::batch_done`] when all completed.
     pub fn poll(&mut self, i: &WriteIntent, now_ns: u64, out: &mut Vec<BitmapWrite>) {
         out.clear();
-        // Requests: bits writers wait for.
+        // Requests: bits writers wait for (the words are scanned only when some are set).
         let mut immediate = false;
-        for w in 0..i.requested.len() {
+        let words = if i.request_pending.swap(false, SeqCst) {
+            i.requested.len()
+        } else {
+            0
+        };
+        for w in 0..words {
             let req = i.requested[w].swap(0, SeqCst);
             let mut bits = req;
             while bits != 0 {

@@ -62,8 +62,8 @@ echo 2000000 >/proc/sys/dev/raid/speed_limit_max
 p2=$(rig_dev_by_serial p2-rev)
 
 i=0
-# name level members size_bytes md5 order(slots,comma) missing_slot write_off write_bytes
-while read -r name level members size md5 order missing woff wbytes <&3; do
+# name level members size_bytes md5 order(slots,comma) missing_slot write_off write_bytes bitmap_KiB
+while read -r name level members size md5 order missing woff wbytes bitmap <&3; do
 	case $name in '' | '#'*) continue ;; esac
 	md=/dev/md$i
 	n=md$i
@@ -116,6 +116,23 @@ while read -r name level members size md5 order missing woff wbytes <&3; do
 	grep -qx "degraded=$want_degraded" "$out/state-assembled.txt" || fail "$name: md's degraded count is not $want_degraded"
 	got=$(blockdev --getsize64 "$md")
 	[ "$got" = "$size" ] || fail "$name: md's array is $got bytes, ferroraid's $size"
+	if [ "$bitmap" != - ]; then
+		# md loaded ferroraid's bitmap, as current: no "out of date ... forcing full
+		# recovery", the chunk ferroraid wrote, and mdadm reports it on every member.
+		grep -q 'Intent Bitmap : Internal' "$out/detail-assembled.txt" ||
+			fail "$name: md did not load ferroraid's internal bitmap"
+		bc=$(cat $sys/bitmap/chunksize)
+		[ "$bc" = $((bitmap * 1024)) ] || fail "$name: md's bitmap chunk is $bc, ferroraid wrote $((bitmap * 1024))"
+		if dmesg | grep -E "md$i([^0-9]|:)" | grep -Eq 'out of date|forcing full recovery|bitmap superblock UUID mismatch'; then
+			dmesg | grep -E "md$i([^0-9]|:)"
+			fail "$name: md refused or distrusted ferroraid's bitmap"
+		fi
+		# shellcheck disable=SC2086
+		for d in $devs; do mdadm --examine-bitmap "$d" >>"$out/examine-bitmap-assembled.txt"; done
+		grep -q 'State : OK' "$out/examine-bitmap-assembled.txt" ||
+			fail "$name: mdadm --examine-bitmap: $(cat "$out/examine-bitmap-assembled.txt")"
+		say "$name: md loaded ferroraid's bitmap (chunk $bc)"
+	fi
 
 	sum=$(md5sum <"$md" | cut -d' ' -f1)
 	echo "$sum" >"$out/md5-assembled"
@@ -145,6 +162,10 @@ while read -r name level members size md5 order missing woff wbytes <&3; do
 	mdadm --stop "$md"
 	# shellcheck disable=SC2086
 	mdadm --examine $devs >"$out/examine.txt"
+	if [ "$bitmap" != - ]; then
+		# shellcheck disable=SC2086
+		for d in $devs; do mdadm --examine-bitmap "$d" >>"$out/examine-bitmap.txt"; done
+	fi
 	say "$name: stopped"
 	i=$((i + 1))
 done 3</rig/arrays.conf

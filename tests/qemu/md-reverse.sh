@@ -13,7 +13,10 @@
 # the pattern, and find ferroraid's parity consistent (`check`, mismatch_cnt 0); then md
 # writes 4 MiB mid-stripe, checks again and stops the array. Back on the host, ferroraid
 # serves the images again (rev6d: with its stale member back among them) and must read
-# back exactly what md wrote. See md-reverse.guest.sh and docs/TESTING.md.
+# back exactly what md wrote. rev6b is created with an internal write-intent bitmap
+# (256 KiB chunks): md must load ferroraid's bitmap as current (no "out of date", no full
+# recovery), keep it through its own write, and ferroraid must find md's bitmap current
+# afterwards. See md-reverse.guest.sh and docs/TESTING.md.
 #
 # FERRORAID=PATH is the binary under test (default: ${CARGO_TARGET_DIR:-target}/release/
 # ferroraid; build it first). OUTDIR is current when OUTDIR/.complete holds the hash of the
@@ -27,11 +30,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/rig.sh"
 
 MEMBER_BYTES=${MDREV_MEMBER_BYTES:-$((24 << 20))}
-# name level layout members chunk_KiB missing_slot seed
+# name level layout members chunk_KiB missing_slot seed bitmap_chunk_KiB
 ARRAYS="\
-rev6  6 left-symmetric  6 64 - 7001
-rev5  5 left-asymmetric 5 64 - 7002
-rev6d 6 right-symmetric 6 64 2 7003"
+rev6  6 left-symmetric  6 64 - 7001 -
+rev5  5 left-asymmetric 5 64 - 7002 -
+rev6d 6 right-symmetric 6 64 2 7003 -
+rev6b 6 left-symmetric  5 64 - 7004 256"
 # What md writes in the guest (every array): 4 MiB from 3 MiB + 192 KiB, mid-stripe.
 WRITE_OFF=$(((3 << 20) + (192 << 10)))
 WRITE_BYTES=$((4 << 20))
@@ -205,7 +209,7 @@ python3 "$HERE/mdfix.py" pattern --name rev-write --seed "$WRITE_SEED" --size "$
 disks=(--disk "virtio:$work/write.bin:p2-rev:ro")
 conf=$work/arrays.conf
 : >"$conf"
-while read -r name level layout members chunk missing seed; do
+while read -r name level layout members chunk missing seed bitmap; do
 	d=$work/$name
 	mkdir -p "$d"
 	images=()
@@ -213,8 +217,10 @@ while read -r name level layout members chunk missing seed; do
 		truncate -s "$MEMBER_BYTES" "$d/d$i.img"
 		images+=("$d/d$i.img")
 	done
+	bm=()
+	[[ $bitmap == - ]] || bm=(--bitmap internal --bitmap-chunk "${bitmap}K")
 	"$FERRORAID" create --level "$level" --layout "$layout" --chunk "${chunk}K" --name "$name" \
-		"${images[@]}" >"$d/create.txt" 2>&1 || rig_die "ferroraid create failed for $name: $(cat "$d/create.txt")"
+		"${bm[@]}" "${images[@]}" >"$d/create.txt" 2>&1 || rig_die "ferroraid create failed for $name: $(cat "$d/create.txt")"
 	size=$(sed -n 's/.*, \([0-9]*\) bytes, data offset .*/\1/p' "$d/create.txt")
 	[[ -n $size ]] || rig_die "cannot read the array size from: $(cat "$d/create.txt")"
 	python3 "$HERE/mdfix.py" pattern --name "$name" --seed "$seed" --size "$size" --out "$d/pattern.bin"
@@ -237,7 +243,7 @@ while read -r name level layout members chunk missing seed; do
 		[[ $i == "$missing" ]] || disks+=(--disk "virtio:$d/d$i.img:$name-$i")
 	done
 	disks+=(--disk "virtio:$d/pattern.bin:p-$name:ro")
-	echo "$name $level $members $size $md5 $(shuffled $((seed + 1)) "$members" "$missing") $missing $WRITE_OFF $WRITE_BYTES" >>"$conf"
+	echo "$name $level $members $size $md5 $(shuffled $((seed + 1)) "$members" "$missing") $missing $WRITE_OFF $WRITE_BYTES $bitmap" >>"$conf"
 	rig_log "md-reverse: $name: ferroraid created RAID$level $layout ($members x $MEMBER_BYTES, $size bytes) and wrote the pattern ($((SECONDS - start))s)"
 done <<<"$ARRAYS"
 
@@ -267,7 +273,7 @@ summary=$work/summary.txt
 	echo "kernel: $(sed -n 's/^kernel_release=//p' "$work/kernel.txt"); mdadm: $(head -n1 "$work/mdadm-version.txt")"
 	echo "ferroraid: $FERRORAID ($(sha256sum <"$FERRORAID" | cut -c1-16))"
 } >"$summary"
-while read -r name level layout members chunk missing seed; do
+while read -r name level layout members chunk missing seed bitmap; do
 	d=$work/$name
 	[[ -s $work/guest/$name/examine.txt ]] || rig_die "the guest left no results for $name (see $work/console.log)"
 	cp -r "$work/guest/$name/." "$d/"
@@ -285,6 +291,13 @@ while read -r name level layout members chunk missing seed; do
 		at=$(sed -n 's/.* byte \([0-9]*\),.*/\1/p' "$d/cmp.txt")
 		rig_die "$name: ferroraid reads back other data than md wrote: $(cat "$d/cmp.txt"); \
 its block there says: $(dd if="$d/readback.bin" bs=4096 skip=$(((${at:-1} - 1) / 4096)) count=1 status=none | head -c 63)"
+	fi
+	if [[ $bitmap != - ]]; then
+		# md kept the bitmap current: ferroraid finds it so (a stale one is reported).
+		grep -q 'write-intent bitmap' "$d/serve-read.log" ||
+			rig_die "$name: ferroraid did not set up the bitmap md left: $(cat "$d/serve-read.log")"
+		! grep -q 'bitmap is stale' "$d/serve-read.log" ||
+			rig_die "$name: ferroraid finds md's bitmap stale: $(cat "$d/serve-read.log")"
 	fi
 	if [[ $missing != - ]]; then
 		grep -q "degraded start: roles \[$missing\] missing" "$d/serve-read.log" ||

@@ -101,7 +101,12 @@ fn md_assembles_and_serves_ferroraid_arrays() {
     let summary = fs::read_to_string(out_dir.join("summary.txt"))
         .unwrap_or_else(|e| panic!("{}/summary.txt: {e}", out_dir.display()));
     // The script fails on any deviation; its summary must say so too.
-    for (name, complete) in [("rev6", true), ("rev5", true), ("rev6d", false)] {
+    for (name, complete) in [
+        ("rev6", true),
+        ("rev5", true),
+        ("rev6d", false),
+        ("rev6b", true),
+    ] {
         let line = summary
             .lines()
             .find(|l| l.starts_with(&format!("{name}: ")))

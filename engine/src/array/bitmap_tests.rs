@@ -506,3 +506,35 @@ fn regions_written_more_often_than_the_daemon_period_stay_set() {
     );
     assert_eq!(w.intent.stats().bits_cleared, 1);
 }
+
+/// A bitmap write that hangs is a member command like any other: at the command timeout
+/// its member is failed and aborted, the batch completes on the others, and the waiting
+/// write goes out (RAID6 survives the member).
+#[test]
+fn hung_bitmap_write_fails_its_member_at_the_timeout() {
+    use crate::sim::{Fault, FaultRule, OpFilter};
+    let mut w = world(Level::Raid6, 5, 2, 4096, 64, 8192);
+    w.devs[1].add_fault(FaultRule {
+        filter: OpFilter::Write,
+        range: Some(BITMAP_START..DATA_OFFSET),
+        fault: Fault::Hang,
+        probability: 1.0,
+        count: Some(1),
+    });
+    let mut b = AlignedBuf::zeroed(8192);
+    w.submit_write(1, 0, &mut b);
+    let done = w.complete(&[1]);
+    assert_eq!(done[0].1, Ok(()));
+    assert!(
+        w.clock.now_ns() >= DEFAULT_IO_TIMEOUT_NS,
+        "completed before the timeout?"
+    );
+    let stats: u64 = w.arr.shards().iter().map(|s| s.stats().timeouts).sum();
+    assert!(stats >= 1);
+    assert!(matches!(
+        w.arr.shards()[0].member_states().nth(1),
+        Some(MemberState::Failed(IoError::Timeout))
+    ));
+    check_bits_durable_before_data_writes(&w, &[0, 2, 3, 4]);
+    assert!(w.on_disk(0).is_set(0));
+}
