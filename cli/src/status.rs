@@ -415,12 +415,15 @@ pub struct ExportReport {
 pub enum ExportProtocol {
     /// The Network Block Device protocol (fixed newstyle).
     Nbd,
+    /// iSCSI (RFC 7143); the export name is the target IQN.
+    Iscsi,
 }
 
 impl fmt::Display for ExportProtocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             ExportProtocol::Nbd => "nbd",
+            ExportProtocol::Iscsi => "iscsi",
         })
     }
 }
