@@ -1113,10 +1113,29 @@ impl IscsiFrontend {
             Plan::Data { len } => u64::from(len),
             _ => out_bytes,
         };
-        // Data-out we keep; a command that needs more data-out than EDTL cannot run.
-        let mut need = if write_flag { (out_bytes.min(u64::from(edtl))) as u32 } else { 0 };
+        // Data-out the initiator will send (§11.4.5.1: with EDTL below what the CDB asks,
+        // a write covers the whole blocks EDTL carries and reports the rest as residual
+        // overflow; beyond it, the surplus is received and dropped: underflow).
+        let sendable = if write_flag { u64::from(edtl) } else { 0 };
+        if let Plan::Write { lba, fua, .. } = plan {
+            if sendable < out_bytes {
+                let whole = (sendable / u64::from(bs)) as u32;
+                plan = if whole == 0 {
+                    Plan::Good
+                } else {
+                    Plan::Write {
+                        lba,
+                        blocks: whole,
+                        fua,
+                    }
+                };
+            }
+        }
+        let out_used = plan.data_out_bytes(bs);
+        let mut need = out_used.min(sendable) as u32;
         let mut early: Option<Sense> = None;
-        if out_bytes > 0 && (!write_flag || u64::from(edtl) < out_bytes) {
+        // Other commands cannot run on part of their parameter data.
+        if out_used > sendable {
             early = Some(Sense::INVALID_FIELD_CDB);
         }
         if matches!(plan, Plan::Read { .. } | Plan::Data { .. }) && !read_flag && xfer > 0 && edtl == 0 {

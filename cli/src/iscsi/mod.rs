@@ -206,8 +206,9 @@ pub fn lun_info(array: &str, geo: &ArrayGeometry, uuid: [u8; 16], cfg: &IscsiCon
             max_blocks
         },
         max_compare_write_blocks: u8::try_from((max_blocks / 3).min(255)).unwrap_or(255),
-        // WRITE SAME / UNMAP ranges become one WriteZeroes (len_bytes is a u32).
-        max_write_same_blocks: ((1u32 << 30) / bs).max(1),
+        // WRITE SAME / UNMAP ranges become one WriteZeroes (len_bytes is a u32): 512 MiB,
+        // at most 2^20 blocks (initiators treat larger MAXIMUM UNMAP LBA COUNTs as bogus).
+        max_write_same_blocks: ((512u32 << 20) / bs).clamp(1, 1 << 20),
         uuid,
         product: format!("RAID{} array", g.level().md_level()),
         target_name: target_name(array),
