@@ -401,7 +401,7 @@ impl From<&ArrayStats> for StatsReport {
 /// One export of the array.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportReport {
-    /// The protocol ([`ExportProtocol`]): `nbd`.
+    /// The protocol ([`ExportProtocol`]): `nbd` or `iscsi`.
     pub protocol: ExportProtocol,
     /// Where clients connect: `host:port` for TCP, or a Unix socket path.
     pub address: String,

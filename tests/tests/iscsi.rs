@@ -144,7 +144,11 @@ impl Server {
         let deadline = Instant::now() + START_TIMEOUT;
         while TcpStream::connect(("127.0.0.1", iscsi_port)).is_err() {
             assert!(s.alive(), "ferroraid serve exited:\n{}", s.log());
-            assert!(Instant::now() < deadline, "iSCSI port never opened:\n{}", s.log());
+            assert!(
+                Instant::now() < deadline,
+                "iSCSI port never opened:\n{}",
+                s.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         s
@@ -276,7 +280,11 @@ fn compliance_suite_passes_more_than_tgt() {
         passed > TGT_PASSED && failed as usize <= KNOWN_FAILURES.len(),
         "{passed} passed, {failed} failed: {text}"
     );
-    assert!(srv.alive(), "the target died under the suite:\n{}", srv.log());
+    assert!(
+        srv.alive(),
+        "the target died under the suite:\n{}",
+        srv.log()
+    );
     assert!(!srv.log().contains("panicked"), "{}", srv.log());
     // Still serving.
     ok(
@@ -335,7 +343,11 @@ fn iscsi_ls_inq_and_readcapacity16_report_the_array() {
         "iscsi-inq VPD 0x80",
         &srv,
     );
-    assert!(serial.contains(&a.uuid_hex), "{} not in\n{serial}", a.uuid_hex);
+    assert!(
+        serial.contains(&a.uuid_hex),
+        "{} not in\n{serial}",
+        a.uuid_hex
+    );
     // Device identification: an NAA designator.
     let ident = ok(
         run_tool(
@@ -375,7 +387,7 @@ fn qemu_iscsi(srv: &Server, d: &Path) -> Option<PathBuf> {
         d,
         TOOL_TIMEOUT,
     );
-    let text = format!("{}", show_output(&out));
+    let text = show_output(&out);
     if text.contains("Unknown protocol") || text.contains("Unknown driver") {
         assert!(
             !required("FERRORAID_REQUIRE_TOOLS"),
@@ -391,9 +403,9 @@ fn qemu_iscsi(srv: &Server, d: &Path) -> Option<PathBuf> {
 /// over iSCSI, and the same bytes read back over NBD from the same array.
 #[test]
 fn qemu_io_writes_and_verifies_patterns_over_iscsi() {
-    let Some(nbd) = tools(&["qemu-io"]) else {
+    if tools(&["qemu-io"]).is_none() {
         return;
-    };
+    }
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let a = create(d, "qio", 6, 17 * MIB);
@@ -421,10 +433,7 @@ fn qemu_io_writes_and_verifies_patterns_over_iscsi() {
         );
     }
     // Later writes overwrite earlier ones: verify the last pattern of every byte range.
-    let mut last: Vec<(u64, u64, u8)> = Vec::new();
-    for &(off, len, pat) in writes {
-        last.push((off, len, pat));
-    }
+    let last = writes;
     let check = |url: String, what: &str| {
         for (i, &(off, len, pat)) in last.iter().enumerate() {
             // Only the parts not overwritten later.
@@ -463,7 +472,6 @@ fn qemu_io_writes_and_verifies_patterns_over_iscsi() {
         }
     };
     check(srv.url(), "iSCSI");
-    let _ = nbd;
     check(
         format!("nbd://127.0.0.1:{}/{}", srv.nbd_port, a.name),
         "NBD",
@@ -553,7 +561,10 @@ fn fio_random_writes_verify_over_iscsi_while_a_member_fails() {
         if writes >= 64 {
             break;
         }
-        assert!(Instant::now() < deadline, "no writes reached the members: {st}");
+        assert!(
+            Instant::now() < deadline,
+            "no writes reached the members: {st}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = run_tool(
@@ -612,7 +623,11 @@ fn chap_one_way_and_mutual_and_wrong_secrets_refused() {
     };
     let inq = |url: String| run_tool(Command::new(&t[0]).arg(url), d, TOOL_TIMEOUT);
     // One-way.
-    ok(inq(url_with("alice%alice-secret-12", "")), "one-way CHAP", &srv);
+    ok(
+        inq(url_with("alice%alice-secret-12", "")),
+        "one-way CHAP",
+        &srv,
+    );
     // Mutual: the initiator checks the target's answer.
     ok(
         inq(url_with(
@@ -628,10 +643,18 @@ fn chap_one_way_and_mutual_and_wrong_secrets_refused() {
         ("mallory%alice-secret-12", "wrong user"),
     ] {
         let out = inq(url_with(cred, ""));
-        assert!(!out.status.success(), "{what} accepted: {}", show_output(&out));
+        assert!(
+            !out.status.success(),
+            "{what} accepted: {}",
+            show_output(&out)
+        );
     }
     let out = inq(srv.url());
-    assert!(!out.status.success(), "no CHAP accepted: {}", show_output(&out));
+    assert!(
+        !out.status.success(),
+        "no CHAP accepted: {}",
+        show_output(&out)
+    );
     // The target proving a wrong mutual secret: the initiator refuses it.
     let out = inq(url_with(
         "alice%alice-secret-12",
@@ -642,7 +665,11 @@ fn chap_one_way_and_mutual_and_wrong_secrets_refused() {
         "initiator accepted a wrong target secret: {}",
         show_output(&out)
     );
-    assert!(srv.log().contains("CHAP authentication failed"), "{}", srv.log());
+    assert!(
+        srv.log().contains("CHAP authentication failed"),
+        "{}",
+        srv.log()
+    );
     srv.stop();
 }
 
@@ -664,12 +691,24 @@ impl Raw {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut kv = Vec::new();
-        text::put(&mut kv, "InitiatorName", "iqn.2026-11.org.ferroraid:raw-test");
+        text::put(
+            &mut kv,
+            "InitiatorName",
+            "iqn.2026-11.org.ferroraid:raw-test",
+        );
         text::put(&mut kv, "SessionType", "Normal");
         text::put(&mut kv, "TargetName", target);
         text::put(&mut kv, "AuthMethod", "None");
-        text::put(&mut kv, "HeaderDigest", if digests { "CRC32C" } else { "None" });
-        text::put(&mut kv, "DataDigest", if digests { "CRC32C" } else { "None" });
+        text::put(
+            &mut kv,
+            "HeaderDigest",
+            if digests { "CRC32C" } else { "None" },
+        );
+        text::put(
+            &mut kv,
+            "DataDigest",
+            if digests { "CRC32C" } else { "None" },
+        );
         text::put(&mut kv, "MaxRecvDataSegmentLength", "65536");
         text::put(&mut kv, "ImmediateData", "Yes");
         text::put(&mut kv, "InitialR2T", "Yes");
@@ -695,7 +734,11 @@ impl Raw {
         };
         let (bhs, data) = r.read().expect("login response");
         assert_eq!(bhs.opcode(), op::LOGIN_RESP);
-        assert_eq!(u16::from_be_bytes([bhs.raw[36], bhs.raw[37]]), 0, "login refused");
+        assert_eq!(
+            u16::from_be_bytes([bhs.raw[36], bhs.raw[37]]),
+            0,
+            "login refused"
+        );
         assert_eq!(bhs.flags() & 0x83, 0x83, "not in full-feature phase");
         let keys = text::parse(&data).unwrap();
         assert!(keys
@@ -778,7 +821,10 @@ fn malformed_pdus_get_rejects_or_a_clean_drop() {
     let h = Header::new(0x1e, 0x80, 0, 77);
     r.send(&h, &[]);
     let (b, data) = r.read().expect("Reject");
-    assert_eq!((b.opcode(), b.raw[2]), (op::REJECT, pdu::reject::NOT_SUPPORTED));
+    assert_eq!(
+        (b.opcode(), b.raw[2]),
+        (op::REJECT, pdu::reject::NOT_SUPPORTED)
+    );
     assert_eq!(&data[..48], &h.0, "the Reject carries the rejected header");
     r.ping();
 
@@ -787,10 +833,18 @@ fn malformed_pdus_get_rejects_or_a_clean_drop() {
     let exp_before = r.ping().u32_at(28);
     r.test_unit_ready(exp_before.wrapping_add(1000));
     let after = r.ping();
-    assert_eq!(after.u32_at(28), exp_before, "an out-of-window CmdSN moved ExpCmdSN");
+    assert_eq!(
+        after.u32_at(28),
+        exp_before,
+        "an out-of-window CmdSN moved ExpCmdSN"
+    );
     r.test_unit_ready(exp_before);
     let (b, _) = r.read().expect("SCSI Response");
-    assert_eq!((b.opcode(), b.raw[3]), (op::SCSI_RESP, 0), "TEST UNIT READY");
+    assert_eq!(
+        (b.opcode(), b.raw[3]),
+        (op::SCSI_RESP, 0),
+        "TEST UNIT READY"
+    );
     assert_eq!(b.u32_at(28), exp_before.wrapping_add(1));
 
     // A data segment beyond MaxRecvDataSegmentLength: dropped.
@@ -819,7 +873,10 @@ fn malformed_pdus_get_rejects_or_a_clean_drop() {
     buf[n - 1] ^= 0xff; // the data digest
     r.s.write_all(&buf[..n]).unwrap();
     let (b, _) = r.read().expect("Reject");
-    assert_eq!((b.opcode(), b.raw[2]), (op::REJECT, pdu::reject::DATA_DIGEST));
+    assert_eq!(
+        (b.opcode(), b.raw[2]),
+        (op::REJECT, pdu::reject::DATA_DIGEST)
+    );
     r.ping();
     let n = pdu::write_pdu(&mut buf, &h, b"ping", &r.f);
     buf[50] ^= 0xff; // the header digest

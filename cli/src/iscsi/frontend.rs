@@ -352,7 +352,10 @@ fn stage(c: &mut Conn, h: &Header, data: &[u8]) {
         c.tend -= c.tstart;
         c.tstart = 0;
     }
-    assert!(c.tbuf.len() - c.tend >= n, "send buffer room checked by the caller");
+    assert!(
+        c.tbuf.len() - c.tend >= n,
+        "send buffer room checked by the caller"
+    );
     let w = pdu::write_pdu(&mut c.tbuf[c.tend..], h, data, &c.tx);
     debug_assert_eq!(w, n);
     c.tend += w;
@@ -479,7 +482,12 @@ impl IscsiFrontend {
             }
             Plan::Write { lba, blocks, fua } if task.step == 0 => {
                 let len = blocks * bs;
-                Some(mk(ArrayOp::Write { fua }, off(lba), len, self.lend(t, 0, len)))
+                Some(mk(
+                    ArrayOp::Write { fua },
+                    off(lba),
+                    len,
+                    self.lend(t, 0, len),
+                ))
             }
             Plan::Flush if task.step == 0 => Some(mk(ArrayOp::Flush, 0, 0, IoBuf::NONE)),
             Plan::Verify {
@@ -537,16 +545,16 @@ impl IscsiFrontend {
                 }
             }
             Plan::WriteSame {
-                lba,
-                blocks,
-                ndob,
-                ..
+                lba, blocks, ndob, ..
             } => {
                 let done = task.step;
                 if done >= u64::from(blocks) {
                     return Ok(None);
                 }
-                let zero = ndob || self.pool.buf(task.buf)[..bs as usize].iter().all(|&b| b == 0);
+                let zero = ndob
+                    || self.pool.buf(task.buf)[..bs as usize]
+                        .iter()
+                        .all(|&b| b == 0);
                 if zero {
                     // The whole range at once (bounded by max_write_same_blocks).
                     Some(mk(
@@ -580,10 +588,7 @@ impl IscsiFrontend {
             Plan::Unmap { .. } => {
                 let b = self.pool.buf(task.buf);
                 let data = &b[..task.need as usize];
-                let count = match scsi::unmap_descriptors(data, &self.shared.lun) {
-                    Ok(n) => n,
-                    Err(s) => return Err(s),
-                };
+                let count = scsi::unmap_descriptors(data, &self.shared.lun)?;
                 let mut i = task.step as usize;
                 while i < count && scsi::unmap_descriptor(data, i).1 == 0 {
                     i += 1;
@@ -645,11 +650,7 @@ impl IscsiFrontend {
             return;
         }
         task.queued_out = true;
-        self.conns[ci]
-            .as_mut()
-            .expect("checked")
-            .out
-            .push_back(t);
+        self.conns[ci].as_mut().expect("checked").out.push_back(t);
     }
 }
 
@@ -775,7 +776,12 @@ impl IscsiFrontend {
         while conn.tstart < conn.tend {
             let s = conn.stream.as_ref().expect("open connection");
             match s.send_vectored(&[io::IoSlice::new(&conn.tbuf[conn.tstart..conn.tend])]) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer took nothing")),
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "peer took nothing",
+                    ))
+                }
                 Ok(n) => {
                     conn.tstart += n;
                     moved = true;
@@ -889,7 +895,12 @@ impl IscsiFrontend {
         if pdu::sn_lt(s.exp_cmd_sn, sn) && pdu::sn_le(sn, s.max_cmd_sn()) {
             return true;
         }
-        debug!(conn = conn.id, cmd_sn = sn, exp = s.exp_cmd_sn, "CmdSN outside the window: ignored");
+        debug!(
+            conn = conn.id,
+            cmd_sn = sn,
+            exp = s.exp_cmd_sn,
+            "CmdSN outside the window: ignored"
+        );
         false
     }
 
@@ -1052,7 +1063,8 @@ impl IscsiFrontend {
         let need_buf = match plan0 {
             Plan::Read { blocks, .. } => u64::from(blocks) * u64::from(bs),
             Plan::Verify { blocks, bytchk, .. } => {
-                u64::from(blocks) * u64::from(bs) + out_bytes.min(u64::from(blocks) * u64::from(bs)) * u64::from(bytchk != 0)
+                u64::from(blocks) * u64::from(bs)
+                    + out_bytes.min(u64::from(blocks) * u64::from(bs)) * u64::from(bytchk != 0)
             }
             Plan::CompareAndWrite { blocks, .. } => 3 * u64::from(blocks) * u64::from(bs),
             Plan::WriteSame { blocks, .. } => {
@@ -1087,7 +1099,10 @@ impl IscsiFrontend {
             return Handled::Consumed;
         }
         conn.tasks += 1;
-        let params = self.sessions[conn.session].as_ref().expect("session").params;
+        let params = self.sessions[conn.session]
+            .as_ref()
+            .expect("session")
+            .params;
         // LUN 0 only (single-level LUN structure, §11.2.1.4 / SAM-5).
         let lun_ok = lun_raw == 0;
         let mut plan = plan;
@@ -1138,7 +1153,11 @@ impl IscsiFrontend {
         if out_used > sendable {
             early = Some(Sense::INVALID_FIELD_CDB);
         }
-        if matches!(plan, Plan::Read { .. } | Plan::Data { .. }) && !read_flag && xfer > 0 && edtl == 0 {
+        if matches!(plan, Plan::Read { .. } | Plan::Data { .. })
+            && !read_flag
+            && xfer > 0
+            && edtl == 0
+        {
             // A read command without the R bit and no EDTL: nothing can be sent; reply
             // with the residual only.
         }
@@ -1185,8 +1204,14 @@ impl IscsiFrontend {
         } else {
             params.first_burst.min(edtl)
         };
-        let imm = if params.immediate_data { dlen as u32 } else { 0 };
-        if dlen > 0 && (!params.immediate_data || !write_flag || dlen as u32 > params.first_burst.min(edtl)) {
+        let imm = if params.immediate_data {
+            dlen as u32
+        } else {
+            0
+        };
+        if dlen > 0
+            && (!params.immediate_data || !write_flag || dlen as u32 > params.first_burst.min(edtl))
+        {
             // Data the negotiation does not allow: a protocol error (§7.1.4.1 → drop).
             return Handled::Kill("immediate data not allowed here".into());
         }
@@ -1210,7 +1235,7 @@ impl IscsiFrontend {
         let task = self.tasks[usize::from(t)];
         let want = if task.sense.is_some() { 0 } else { task.need };
         // Data still owed by the initiator (unsolicited in flight, or an R2T burst).
-        if task.got < task.allowed && !(task.unsol_done && !task.r2t_out) {
+        if task.got < task.allowed && (!task.unsol_done || task.r2t_out) {
             return;
         }
         if task.got < want {
@@ -1219,7 +1244,10 @@ impl IscsiFrontend {
             }
             // Solicit the next burst.
             let conn = self.conns[usize::from(task.conn)].as_mut().expect("open");
-            let params = self.sessions[conn.session].as_ref().expect("session").params;
+            let params = self.sessions[conn.session]
+                .as_ref()
+                .expect("session")
+                .params;
             let tk = &mut self.tasks[usize::from(t)];
             tk.allowed = (tk.got + params.max_burst).min(want);
             tk.unsol_done = true;
@@ -1345,15 +1373,12 @@ impl IscsiFrontend {
         let response = match function {
             // ABORT TASK (§11.5.1): done whether or not the task is still here.
             1 => {
-                let idx = self
-                    .tasks
-                    .iter()
-                    .position(|t| {
-                        t.live
-                            && !t.aborted
-                            && t.itt == rtt
-                            && sess_of(&self.conns, usize::from(t.conn)) == Some(session)
-                    });
+                let idx = self.tasks.iter().position(|t| {
+                    t.live
+                        && !t.aborted
+                        && t.itt == rtt
+                        && sess_of(&self.conns, usize::from(t.conn)) == Some(session)
+                });
                 if let Some(i) = idx {
                     self.tasks[i].aborted = true;
                     self.maybe_release(i as u16);
@@ -1362,8 +1387,9 @@ impl IscsiFrontend {
             }
             // ABORT TASK SET, CLEAR TASK SET: this session's tasks.
             2 | 4 => {
-                let sessions: Vec<Option<usize>> =
-                    (0..self.conns.len()).map(|c| sess_of(&self.conns, c)).collect();
+                let sessions: Vec<Option<usize>> = (0..self.conns.len())
+                    .map(|c| sess_of(&self.conns, c))
+                    .collect();
                 for i in 0..self.tasks.len() {
                     let t = &mut self.tasks[i];
                     if t.live && !t.aborted && sessions[usize::from(t.conn)] == Some(session) {
@@ -1514,7 +1540,7 @@ impl Frontend for IscsiFrontend {
             progress = true;
         }
         self.turns = self.turns.wrapping_add(1);
-        let clock = self.turns % CLOCK_EVERY == 0 && self.active > 0;
+        let clock = self.turns.is_multiple_of(CLOCK_EVERY) && self.active > 0;
         let now = if clock { Some(Instant::now()) } else { None };
         let mut expired = false;
         if self.shared.shutdown.load(Ordering::Acquire) {
@@ -1632,11 +1658,17 @@ impl Frontend for IscsiFrontend {
     fn complete(&mut self, c: ArrayCompletion) {
         let idx = (c.tag & !TAG_BIT) as usize;
         let Some(task) = self.tasks.get_mut(idx) else {
-            warn!(tag = c.tag, "completion with a tag this front-end never issued");
+            warn!(
+                tag = c.tag,
+                "completion with a tag this front-end never issued"
+            );
             return;
         };
         if !(task.live && task.in_array) {
-            warn!(tag = c.tag, "completion for a task that is not in the array");
+            warn!(
+                tag = c.tag,
+                "completion for a task that is not in the array"
+            );
             return;
         }
         task.in_array = false;

@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use super::pdu::{self, op, Bhs, Framing, Header, BHS_BYTES};
 use super::text;
-use super::{Shared, SessionEntry};
+use super::{SessionEntry, Shared};
 use crate::nbd::conn::Stream;
 
 /// Logins in progress at once; more connections wait in the listen backlog.
@@ -92,7 +92,6 @@ pub(crate) fn listen(l: TcpListener, shared: Arc<Shared>) {
         warn!("iSCSI listener: {e}");
         return;
     }
-    let local = l.local_addr().ok();
     let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !shared.shutdown.load(Ordering::Acquire) {
         match l.accept() {
@@ -103,7 +102,9 @@ pub(crate) fn listen(l: TcpListener, shared: Arc<Shared>) {
                 }
                 let (sh, act) = (Arc::clone(&shared), Arc::clone(&active));
                 act.fetch_add(1, Ordering::AcqRel);
-                let local = local.unwrap_or(peer);
+                // The address the initiator reached (not the listener's, which may be a
+                // wildcard): what SendTargets reports as the portal.
+                let local = s.local_addr().unwrap_or(peer);
                 let spawned = std::thread::Builder::new()
                     .name("iscsi-login".into())
                     .spawn(move || {
@@ -242,7 +243,10 @@ fn login(s: TcpStream, peer: SocketAddr, local: SocketAddr, shared: &Shared) -> 
             // §6.3: only login requests before the full-feature phase.
             let r = Header::new(op::LOGIN_RESP, 0, 0, bhs.itt()).u16(36, st::INVALID_REQUEST);
             let _ = send_pdu(&out, &r, &[], &plain);
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a login request"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a login request",
+            ));
         }
         let flags = bhs.flags();
         let (transit, cont) = (flags & 0x80 != 0, flags & 0x40 != 0);
@@ -258,7 +262,10 @@ fn login(s: TcpStream, peer: SocketAddr, local: SocketAddr, shared: &Shared) -> 
                 .u16(36, status);
             let _ = send_pdu(&out, &r, &[], &plain);
             info!(%peer, status = format!("{status:#06x}"), "iSCSI login refused: {why}");
-            Err(io::Error::new(io::ErrorKind::PermissionDenied, why.to_string()))
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                why.to_string(),
+            ))
         };
         if first {
             lg.isid.copy_from_slice(&bhs.raw[8..14]);
@@ -323,9 +330,7 @@ fn login(s: TcpStream, peer: SocketAddr, local: SocketAddr, shared: &Shared) -> 
                     };
                     match pick {
                         Some(m) => text::put(&mut reply, "AuthMethod", m),
-                        None => {
-                            return fail(&lg, st::AUTH_FAILED, "no acceptable AuthMethod")
-                        }
+                        None => return fail(&lg, st::AUTH_FAILED, "no acceptable AuthMethod"),
                     }
                     if shared.config.chap.is_some() {
                         auth_pending = true;
@@ -420,7 +425,7 @@ fn login(s: TcpStream, peer: SocketAddr, local: SocketAddr, shared: &Shared) -> 
         if csg == 1 && !lg.authenticated {
             return fail(&lg, st::AUTH_FAILED, "authentication required");
         }
-        if go_transit && csg == 1 || (go_transit && nsg == 1) {
+        if go_transit && (csg == 1 || nsg == 1) {
             // Declare our receive limit before leaving operational negotiation.
             if !keys.iter().any(|(k, _)| k == "MaxRecvDataSegmentLength") && csg == 1 {
                 text::put(
@@ -589,7 +594,9 @@ fn negotiate(lg: &mut Login, k: &str, v: &str, reply: &mut Vec<u8>, shared: &Sha
         },
         "FirstBurstLength" => match num(512, (1 << 24) - 1) {
             Some(n) => {
-                let n = (n as u32).min(shared.config.max_burst).min(lg.params.max_burst);
+                let n = (n as u32)
+                    .min(shared.config.max_burst)
+                    .min(lg.params.max_burst);
                 lg.params.first_burst = n;
                 text::put(reply, k, &n.to_string());
             }
@@ -620,7 +627,11 @@ fn negotiate(lg: &mut Login, k: &str, v: &str, reply: &mut Vec<u8>, shared: &Sha
             None => text::put(reply, k, "Reject"),
         },
         "MaxConnections" => match num(1, 65535) {
-            Some(n) => text::put(reply, k, &n.min(u64::from(shared.config.max_connections)).to_string()),
+            Some(n) => text::put(
+                reply,
+                k,
+                &n.min(u64::from(shared.config.max_connections)).to_string(),
+            ),
             None => text::put(reply, k, "Reject"),
         },
         "ErrorRecoveryLevel" => match num(0, 2) {

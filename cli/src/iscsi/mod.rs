@@ -254,11 +254,15 @@ impl IscsiServerBuilder {
             || config.max_connections == 0
             || config.max_connections_per_reactor == 0
         {
-            return Err(IscsiError::Config(format!("tunables out of range: {config:?}")));
+            return Err(IscsiError::Config(format!(
+                "tunables out of range: {config:?}"
+            )));
         }
         if let Some(c) = &config.chap {
             if c.user.is_empty() || c.secret.is_empty() {
-                return Err(IscsiError::Config("CHAP user and secret must be set".into()));
+                return Err(IscsiError::Config(
+                    "CHAP user and secret must be set".into(),
+                ));
             }
             if let Some((u, s)) = &c.mutual {
                 if u.is_empty() || s.is_empty() || *s == c.secret {
@@ -311,7 +315,8 @@ impl IscsiServerBuilder {
         };
         let mut bound = Vec::new();
         for a in listen {
-            let l = TcpListener::bind(a).map_err(|source| IscsiError::Listen { addr: a, source })?;
+            let l =
+                TcpListener::bind(a).map_err(|source| IscsiError::Listen { addr: a, source })?;
             bound.push(l);
         }
         let addrs: Vec<SocketAddr> = bound.iter().filter_map(|l| l.local_addr().ok()).collect();

@@ -161,7 +161,11 @@ impl Bhs {
             + self.ahs_bytes()
             + if header_digest { DIGEST_BYTES } else { 0 }
             + pad4(d)
-            + if data_digest && d > 0 { DIGEST_BYTES } else { 0 }
+            + if data_digest && d > 0 {
+                DIGEST_BYTES
+            } else {
+                0
+            }
     }
 }
 

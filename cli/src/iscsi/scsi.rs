@@ -125,7 +125,7 @@ impl LunInfo {
         n[0] = 0x60;
         n[1] = 0x20;
         n[2] = 0x00;
-        n[3] = (self.uuid[0] & 0x0f) | 0x00;
+        n[3] = self.uuid[0] & 0x0f;
         n[4..16].copy_from_slice(&self.uuid[1..13]);
         n
     }
@@ -690,11 +690,7 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
         opc::MODE_SENSE_6 | opc::MODE_SENSE_10 => mode_sense(c, lun, out),
         opc::MODE_SELECT_6 | opc::MODE_SELECT_10 => {
             let ten = c[0] == opc::MODE_SELECT_10;
-            let n = if ten {
-                be16(&c[7..9])
-            } else {
-                u32::from(c[4])
-            };
+            let n = if ten { be16(&c[7..9]) } else { u32::from(c[4]) };
             // PF must be 1 (SPC-5 §6.12: vendor-specific pages otherwise); SP 0 (no saved
             // pages).
             if c[1] & 0x10 == 0 || c[1] & 0x01 != 0 {
@@ -738,9 +734,7 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
                 // LBPME (UNMAP/WRITE SAME unmap supported) and LBPRZ (deallocated blocks
                 // read zeroes: unmapping writes zeroes).
                 out[14] = 0x80 | 0x40;
-                Ok(Plan::Data {
-                    len: alloc.min(32),
-                })
+                Ok(Plan::Data { len: alloc.min(32) })
             }
             opc::SAI_GET_LBA_STATUS => {
                 let lba = be64(&c[2..10]);
@@ -755,9 +749,7 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
                 out[8..16].copy_from_slice(&lba.to_be_bytes());
                 let n = u32::try_from(lun.blocks - lba).unwrap_or(u32::MAX);
                 out[16..20].copy_from_slice(&n.to_be_bytes());
-                Ok(Plan::Data {
-                    len: alloc.min(24),
-                })
+                Ok(Plan::Data { len: alloc.min(24) })
             }
             _ => Err(Sense::INVALID_FIELD_CDB),
         },
@@ -771,8 +763,8 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
             }
             out[..16].fill(0);
             // Select 0x01 (well-known LUNs only) lists none.
-            let n = if c[2] == 0x01 || c[2] == 0x11 { 0 } else { 8 };
-            out[..4].copy_from_slice(&(n as u32).to_be_bytes());
+            let n: u32 = if c[2] == 0x01 || c[2] == 0x11 { 0 } else { 8 };
+            out[..4].copy_from_slice(&n.to_be_bytes());
             Ok(Plan::Data {
                 len: alloc.min(8 + n),
             })
@@ -942,11 +934,7 @@ fn mode_sense(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sense
     let pc = c[2] >> 6;
     let page = c[2] & 0x3f;
     let sub = c[3];
-    let alloc = if ten {
-        be16(&c[7..9])
-    } else {
-        u32::from(c[4])
-    };
+    let alloc = if ten { be16(&c[7..9]) } else { u32::from(c[4]) };
     if pc == 3 {
         // Saved values are not supported (SPC-5 §6.13: SAVING PARAMETERS NOT SUPPORTED).
         return Err(Sense::new(0x05, 0x39, 0x00));
@@ -1171,7 +1159,11 @@ mod tests {
         let mut out = vec![0u8; MAX_PAGE_BYTES];
         let r = decode(&cdb(&[0x28, 0, 0, 0, 0, 8, 0, 0, 4, 0]), &l, &mut out);
         assert_eq!(r, Plan::Read { lba: 8, blocks: 4 });
-        let w = decode(&cdb(&[0x8a, 0x08, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2]), &l, &mut out);
+        let w = decode(
+            &cdb(&[0x8a, 0x08, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2]),
+            &l,
+            &mut out,
+        );
         assert_eq!(
             w,
             Plan::Write {
@@ -1184,7 +1176,10 @@ mod tests {
         let mut c = cdb(&[0x88]);
         c[2..10].copy_from_slice(&((1u64 << 20) - 1).to_be_bytes());
         c[13] = 2;
-        assert_eq!(decode(&c, &l, &mut out), Plan::Check(Sense::LBA_OUT_OF_RANGE));
+        assert_eq!(
+            decode(&c, &l, &mut out),
+            Plan::Check(Sense::LBA_OUT_OF_RANGE)
+        );
         // RDPROTECT without protection information.
         assert_eq!(
             decode(&cdb(&[0x28, 0x20, 0, 0, 0, 0, 0, 0, 1]), &l, &mut out),
@@ -1248,7 +1243,10 @@ mod tests {
         p[32..36].copy_from_slice(&1u32.to_be_bytes());
         assert_eq!(unmap_descriptors(&p, &l), Ok(2));
         assert_eq!(unmap_descriptor(&p, 0), (10, 5));
-        assert_eq!(unmap_descriptors(&p[..4], &l), Err(Sense::PARAM_LIST_LENGTH));
+        assert_eq!(
+            unmap_descriptors(&p[..4], &l),
+            Err(Sense::PARAM_LIST_LENGTH)
+        );
     }
 
     #[test]

@@ -139,7 +139,7 @@ fn base64(s: &[u8]) -> Option<Vec<u8>> {
             _ => return None,
         } as u32)
     };
-    if s.is_empty() || s.len() % 4 != 0 {
+    if s.is_empty() || !s.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(s.len() / 4 * 3);
