@@ -684,10 +684,34 @@ struct Raw {
     f: Framing,
     cmd_sn: u32,
     itt: u32,
+    tsih: u16,
+}
+
+/// What a raw login asks for.
+#[derive(Clone, Copy, Default)]
+struct LoginOpts {
+    digests: bool,
+    /// ImmediateData=No (all write data solicited by R2T).
+    no_immediate: bool,
+    /// Join this session (0: a new one).
+    tsih: u16,
+    cid: u16,
 }
 
 impl Raw {
     fn login(port: u16, target: &str, digests: bool) -> Raw {
+        Self::login_with(
+            port,
+            target,
+            LoginOpts {
+                digests,
+                ..LoginOpts::default()
+            },
+        )
+    }
+
+    fn login_with(port: u16, target: &str, o: LoginOpts) -> Raw {
+        let digests = o.digests;
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut kv = Vec::new();
@@ -710,13 +734,19 @@ impl Raw {
             if digests { "CRC32C" } else { "None" },
         );
         text::put(&mut kv, "MaxRecvDataSegmentLength", "65536");
-        text::put(&mut kv, "ImmediateData", "Yes");
+        text::put(
+            &mut kv,
+            "ImmediateData",
+            if o.no_immediate { "No" } else { "Yes" },
+        );
         text::put(&mut kv, "InitialR2T", "Yes");
         // Security → full feature in one step (T=1, CSG=0, NSG=3: allowed when nothing
         // is left to negotiate in the operational stage, RFC 7143 §6.3).
         let h = Header::new(op::LOGIN_REQ | 0x40, 0x80 | 0x03, kv.len() as u32, 1)
             .byte(3, 0)
             .bytes(8, &[0x80, 0, 0, 0x12, 0x34, 0x56])
+            .u16(14, o.tsih)
+            .u16(20, o.cid)
             .u32(24, 1);
         let plain = Framing {
             header_digest: false,
@@ -731,6 +761,7 @@ impl Raw {
             f: plain,
             cmd_sn: 1,
             itt: 10,
+            tsih: 0,
         };
         let (bhs, data) = r.read().expect("login response");
         assert_eq!(bhs.opcode(), op::LOGIN_RESP);
@@ -740,6 +771,9 @@ impl Raw {
             "login refused"
         );
         assert_eq!(bhs.flags() & 0x83, 0x83, "not in full-feature phase");
+        r.tsih = u16::from_be_bytes([bhs.raw[14], bhs.raw[15]]);
+        r.cmd_sn = bhs.u32_at(28);
+        assert!(o.tsih == 0 || r.tsih == o.tsih, "joined another session");
         let keys = text::parse(&data).unwrap();
         assert!(keys
             .iter()
@@ -889,4 +923,284 @@ fn malformed_pdus_get_rejects_or_a_clean_drop() {
     assert!(srv.alive());
     assert!(!srv.log().contains("panicked"), "{}", srv.log());
     srv.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// In process: the target over `mem` members and real reactors, with tunables the binary
+// does not expose.
+// ---------------------------------------------------------------------------------------
+
+mod in_process {
+    use super::*;
+    use std::sync::Arc;
+
+    use drivers::mem::MemDevice;
+    use engine::array::ArrayConfig;
+    use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+    use engine::parity::Parity;
+    use engine::reactor::{Mode, ReactorConfig, Reactors};
+    use ferroraid::iscsi::{lun_info, IscsiConfig, IscsiFrontend, IscsiServer};
+    use ferroraid::nbd::BufferClass;
+
+    const MEMBER_BYTES: u64 = 8 << 20;
+    const CHUNK: u64 = 64 << 10;
+
+    struct Target {
+        server: Option<IscsiServer>,
+        reactors: Option<Reactors<IscsiFrontend>>,
+        port: u16,
+        name: String,
+    }
+
+    impl Target {
+        /// RAID6 over 6 mem members, `reactors` reactors, `buffers` task buffers of 64 KiB
+        /// per reactor.
+        fn start(reactors: usize, buffers: u16) -> Target {
+            let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+            let geo = ArrayGeometry::new(g, MEMBER_BYTES / CHUNK).unwrap();
+            let devices: Arc<Vec<MemDevice>> = Arc::new(
+                (0..6)
+                    .map(|i| MemDevice::new(&format!("mem{i}"), MEMBER_BYTES, 512, 64).unwrap())
+                    .collect(),
+            );
+            let config = IscsiConfig {
+                buffers: vec![BufferClass {
+                    bytes: 64 << 10,
+                    count: buffers,
+                }],
+                max_transfer_bytes: 64 << 10,
+                drain_grace: Duration::from_secs(5),
+                ..IscsiConfig::default()
+            };
+            let lun = lun_info("mem", &geo, [7; 16], &config);
+            let name = lun.target_name.clone();
+            let (server, frontends) = IscsiServer::builder(lun)
+                .config(config)
+                .listen("127.0.0.1:0".parse().unwrap())
+                .start(reactors)
+                .unwrap();
+            let port = server.addrs()[0].port();
+            let running = Reactors::start(
+                devices,
+                geo,
+                Parity::new(),
+                ArrayConfig::default(),
+                ReactorConfig {
+                    cores: vec![None; reactors],
+                    mode: Mode::Adaptive,
+                    requests: 256,
+                },
+                frontends,
+            )
+            .unwrap();
+            Target {
+                server: Some(server),
+                reactors: Some(running),
+                port,
+                name,
+            }
+        }
+
+        /// Shuts down (bounded) and checks every front-end got its buffers back.
+        fn stop(&mut self) {
+            self.server.take().expect("running").shutdown();
+            let reactors = self.reactors.take().expect("running");
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(reactors.stop());
+            });
+            let frontends = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("reactors did not stop within 30 s")
+                .expect("reactors ran");
+            for (i, f) in frontends.iter().enumerate() {
+                assert_eq!(f.connections(), 0, "reactor {i} still holds connections");
+                assert_eq!(f.free_buffers(), f.buffers(), "reactor {i} leaked buffers");
+            }
+        }
+    }
+
+    impl Drop for Target {
+        fn drop(&mut self) {
+            if let Some(s) = self.server.take() {
+                s.shutdown();
+            }
+            if let Some(r) = self.reactors.take() {
+                let _ = r.stop();
+            }
+        }
+    }
+
+    fn write10(r: &mut Raw, cmd_sn: u32, lba: u32, blocks: u16) -> u32 {
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x2a;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 0, r.itt)
+            .u32(20, u32::from(blocks) * 512)
+            .u32(24, cmd_sn)
+            .bytes(32, &cdb);
+        r.send(&h, &[]);
+        r.itt
+    }
+
+    fn read10(r: &mut Raw, cmd_sn: u32, lba: u32, blocks: u16) -> Vec<u8> {
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x40, 0, r.itt)
+            .u32(20, u32::from(blocks) * 512)
+            .u32(24, cmd_sn)
+            .bytes(32, &cdb);
+        r.send(&h, &[]);
+        let mut data = Vec::new();
+        loop {
+            let (b, d) = r.read().expect("Data-In");
+            assert_eq!(b.itt(), r.itt);
+            if b.opcode() == op::DATA_IN {
+                assert_eq!(b.u32_at(40) as usize, data.len(), "Data-In in order");
+                data.extend_from_slice(&d);
+                if b.flags() & 0x01 != 0 {
+                    assert_eq!(b.raw[3], 0, "read status");
+                    return data;
+                }
+            } else {
+                assert_eq!(b.opcode(), op::SCSI_RESP);
+                assert_eq!(b.raw[3], 0, "read status");
+                return data;
+            }
+        }
+    }
+
+    /// With every task buffer taken by writes waiting for their (solicited) data, further
+    /// commands are answered TASK SET FULL instead of being left unread — the Data-Out
+    /// behind them still flows, the waiting writes complete, and the data reads back.
+    #[test]
+    fn no_free_buffer_answers_task_set_full_and_data_keeps_flowing() {
+        let mut t = Target::start(1, 2);
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        // Four 8 KiB writes, no data yet: two get buffers (and R2Ts), two TASK SET FULL.
+        let itts: Vec<u32> = (0..4)
+            .map(|i| write10(&mut r, sn.wrapping_add(i), 16 * i, 16))
+            .collect();
+        let mut r2t = Vec::new();
+        let mut full = Vec::new();
+        while r2t.len() + full.len() < 4 {
+            let (b, _) = r.read().expect("R2T or response");
+            match b.opcode() {
+                op::R2T => {
+                    assert_eq!((b.u32_at(40), b.u32_at(44)), (0, 8192), "R2T offset/length");
+                    r2t.push((b.itt(), b.u32_at(20)));
+                }
+                op::SCSI_RESP => {
+                    assert_eq!(b.raw[3], 0x28, "status of a command without a buffer");
+                    full.push(b.itt());
+                }
+                o => panic!("unexpected opcode {o:#x}"),
+            }
+        }
+        assert_eq!(r2t.iter().map(|x| x.0).collect::<Vec<_>>(), itts[..2]);
+        assert_eq!(full, itts[2..]);
+        // The solicited data, in two Data-Out PDUs each: both writes complete.
+        for (k, &(itt, ttt)) in r2t.iter().enumerate() {
+            for part in 0..2u32 {
+                let data = vec![0x40 + k as u8; 4096];
+                let h = Header::new(op::DATA_OUT, if part == 1 { 0x80 } else { 0 }, 4096, itt)
+                    .u32(20, ttt)
+                    .u32(36, part)
+                    .u32(40, part * 4096);
+                r.send(&h, &data);
+            }
+        }
+        for _ in 0..2 {
+            let (b, _) = r.read().expect("SCSI Response");
+            assert_eq!((b.opcode(), b.raw[3]), (op::SCSI_RESP, 0), "write status");
+        }
+        // Retry of the refused ones now succeeds (buffers are back), and everything reads
+        // back.
+        let sn2 = sn.wrapping_add(4);
+        let itt = write10(&mut r, sn2, 32, 16);
+        let (b, _) = r.read().expect("R2T");
+        assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+        let h = Header::new(op::DATA_OUT, 0x80, 8192, itt)
+            .u32(20, b.u32_at(20))
+            .u32(36, 0);
+        r.send(&h, &[0x55; 8192]);
+        let (b, _) = r.read().expect("SCSI Response");
+        assert_eq!((b.opcode(), b.raw[3]), (op::SCSI_RESP, 0));
+        let got = read10(&mut r, sn2.wrapping_add(1), 0, 48);
+        assert!(got[..8192].iter().all(|&x| x == 0x40));
+        assert!(got[8192..16384].iter().all(|&x| x == 0x41));
+        assert!(got[16384..].iter().all(|&x| x == 0x55));
+        drop(r);
+        t.stop();
+    }
+
+    /// A second connection joins a session (same ISID, its TSIH, another CID): both carry
+    /// commands of the one CmdSN window; a login naming an unknown TSIH is refused.
+    #[test]
+    fn two_connections_share_one_session() {
+        let mut t = Target::start(2, 16);
+        let mut a = Raw::login(t.port, &t.name, false);
+        let sn = a.ping().u32_at(28);
+        let mut b = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                tsih: a.tsih,
+                cid: 1,
+                ..LoginOpts::default()
+            },
+        );
+        assert_eq!(b.tsih, a.tsih);
+        // A command on B advances the session's ExpCmdSN, seen on A.
+        b.test_unit_ready(sn);
+        let (resp, _) = b.read().expect("SCSI Response");
+        assert_eq!((resp.opcode(), resp.raw[3]), (op::SCSI_RESP, 0));
+        assert_eq!(a.ping().u32_at(28), sn.wrapping_add(1));
+        a.test_unit_ready(sn.wrapping_add(1));
+        let (resp, _) = a.read().expect("SCSI Response");
+        assert_eq!(resp.u32_at(28), sn.wrapping_add(2));
+        assert_eq!(b.ping().u32_at(28), sn.wrapping_add(2));
+        // Joining a session that does not exist: login status 0x020a.
+        let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut kv = Vec::new();
+        text::put(
+            &mut kv,
+            "InitiatorName",
+            "iqn.2026-11.org.ferroraid:raw-test",
+        );
+        text::put(&mut kv, "TargetName", &t.name);
+        text::put(&mut kv, "AuthMethod", "None");
+        let h = Header::new(op::LOGIN_REQ | 0x40, 0x80 | 0x03, kv.len() as u32, 1)
+            .bytes(8, &[0x80, 0, 0, 0x12, 0x34, 0x56])
+            .u16(14, a.tsih.wrapping_add(100))
+            .u16(20, 2);
+        let plain = Framing {
+            header_digest: false,
+            data_digest: false,
+            max_recv_data: 65536,
+        };
+        let mut buf = vec![0u8; pdu::pdu_bytes(kv.len(), &plain)];
+        pdu::write_pdu(&mut buf, &h, &kv, &plain);
+        s.write_all(&buf).unwrap();
+        let mut hdr = [0u8; 48];
+        s.read_exact(&mut hdr).unwrap();
+        assert_eq!(hdr[0] & 0x3f, op::LOGIN_RESP);
+        assert_eq!(u16::from_be_bytes([hdr[36], hdr[37]]), 0x020a);
+        drop((a, b));
+        t.stop();
+    }
 }

@@ -62,6 +62,9 @@ fn tx_reserve(rx: &Framing) -> usize {
 /// Tag bit that marks array requests as this front-end's (the NBD front-end on the same
 /// reactor uses tags below it).
 pub const TAG_BIT: u64 = 1 << 63;
+/// Task slots beyond one per buffer: commands that find no buffer still get a slot to be
+/// answered TASK SET FULL from.
+pub(crate) const BARE_TASKS: usize = 256;
 /// PDUs one connection may process per loop turn before the others get theirs.
 const PDUS_PER_TURN: u32 = 64;
 /// Loop turns between clock reads for keepalive and stall checks.
@@ -194,7 +197,7 @@ impl IscsiFrontend {
         inbox: Arc<ArrayQueue<NewConn>>,
     ) -> Self {
         let pool = BufPool::new(&shared.config.buffers);
-        let n = pool.len();
+        let n = pool.len() + BARE_TASKS;
         let blank = Task {
             live: false,
             in_array: false,
@@ -246,6 +249,11 @@ impl IscsiFrontend {
     /// Connections this front-end holds.
     pub fn connections(&self) -> usize {
         self.active
+    }
+
+    /// Buffers in this front-end's pool.
+    pub fn buffers(&self) -> usize {
+        self.pool.len()
     }
 
     /// Buffers free (all of them once every task finished).
@@ -373,15 +381,23 @@ fn next_stat(c: &mut Conn) -> u32 {
 }
 
 impl IscsiFrontend {
+    /// A task slot and, when one is free, a buffer of at least `len` bytes (`NO_BUF`
+    /// otherwise: the command is answered TASK SET FULL). `None` when no slot is free.
     fn take_task(&mut self, len: u32) -> Option<(u16, BufId, u32)> {
         let len = len.max(scsi::MAX_PAGE_BYTES as u32);
-        let b = self.pool.take(len)?;
-        let Some(t) = self.free_tasks.pop() else {
-            self.pool.give(b);
-            return None;
-        };
-        let bl = self.pool.buf(b).len() as u32;
-        Some((t, b, bl))
+        let t = self.free_tasks.pop()?;
+        match self.pool.take(len) {
+            Some(b) => Some((t, b, self.pool.buf(b).len() as u32)),
+            None => Some((t, NO_BUF, 0)),
+        }
+    }
+
+    /// Returns a task slot (and its buffer) never used.
+    fn untake(&mut self, t: u16, buf: BufId) {
+        if buf != NO_BUF {
+            self.pool.give(buf);
+        }
+        self.free_tasks.push(t);
     }
 
     /// Releases task `t` once nothing refers to it.
@@ -1088,14 +1104,12 @@ impl IscsiFrontend {
             return Handled::Wait;
         };
         if !self.cmd_sn_ok(ci, &bhs) {
-            self.pool.give(buf);
-            self.free_tasks.push(t);
+            self.untake(t, buf);
             return Handled::Consumed;
         }
         let conn = self.conns[ci].as_mut().expect("open");
         if conn.life != Life::Open {
-            self.pool.give(buf);
-            self.free_tasks.push(t);
+            self.untake(t, buf);
             return Handled::Consumed;
         }
         conn.tasks += 1;
@@ -1118,6 +1132,14 @@ impl IscsiFrontend {
                 scsi::opc::REQUEST_SENSE => plan,
                 _ => Plan::Check(Sense::LUN_NOT_SUPPORTED),
             };
+        }
+        // No buffer free: the command is answered TASK SET FULL (SAM-5 §5.3.1) and the
+        // initiator retries it later. Never waiting for a buffer with the command still in
+        // the receive buffer keeps the Data-Out behind it flowing: tasks that hold buffers
+        // wait for exactly that data, so waiting could deadlock.
+        let busy = buf == NO_BUF;
+        if busy {
+            plan = Plan::Good;
         }
         if let Plan::Data { len } = plan {
             self.pool.buf_mut(buf)[..len as usize].copy_from_slice(&scratch[..len as usize]);
@@ -1198,6 +1220,14 @@ impl IscsiFrontend {
             xfer,
         };
         self.tasks[usize::from(t)] = task;
+        if busy {
+            debug!(
+                conn = self.conns[ci].as_ref().map_or(0, |c| c.id),
+                itt = bhs.itt(),
+                "no task buffer free: TASK SET FULL"
+            );
+            self.tasks[usize::from(t)].status = status::TASK_SET_FULL;
+        }
         // Immediate data.
         let unsol_limit = if params.initial_r2t {
             0
@@ -1219,8 +1249,10 @@ impl IscsiFrontend {
             let tk = &mut self.tasks[usize::from(t)];
             let take = imm.min(tk.need);
             let conn = self.conns[ci].as_ref().expect("open");
-            let src = &conn.rbuf[data_at..data_at + take as usize];
-            self.pool.buf_mut(buf)[..take as usize].copy_from_slice(src);
+            if take > 0 {
+                let src = &conn.rbuf[data_at..data_at + take as usize];
+                self.pool.buf_mut(buf)[..take as usize].copy_from_slice(src);
+            }
             tk.got = imm;
             tk.allowed = unsol_limit.max(imm);
             // F bit: no unsolicited Data-Out follow.

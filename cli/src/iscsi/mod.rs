@@ -292,7 +292,7 @@ impl IscsiServerBuilder {
         let largest = config.buffers.iter().map(|c| c.bytes).max().unwrap_or(0);
         let total: usize = config.buffers.iter().map(|c| usize::from(c.count)).sum();
         if total == 0
-            || total >= usize::from(u16::MAX)
+            || total + frontend::BARE_TASKS >= usize::from(u16::MAX)
             || config.buffers.len() > 255
             || config
                 .buffers

@@ -15,6 +15,8 @@ pub mod status {
     pub const CHECK_CONDITION: u8 = 0x02;
     /// CONDITION MET (PRE-FETCH when the range fits the cache).
     pub const CONDITION_MET: u8 = 0x04;
+    /// TASK SET FULL: no resources for the command now; the initiator retries.
+    pub const TASK_SET_FULL: u8 = 0x28;
 }
 
 /// Sense key, additional sense code and qualifier (SPC-5 §4.4, table "ASC and ASCQ
