@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
         _ => {}
     }
     let params = data.get(16..).unwrap_or_default();
-    let _ = scsi::mode_select(params, byte(0) & 1 != 0, &lun);
+    let _ = scsi::mode_select(params, byte(0) & 1 != 0);
     if let Ok(n) = scsi::unmap_descriptors(params, &lun) {
         for i in 0..n {
             let (lba, blocks) = scsi::unmap_descriptor(params, i);

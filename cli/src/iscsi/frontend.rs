@@ -90,6 +90,8 @@ struct Task {
     aborted: bool,
     stage: Stage,
     conn: u16,
+    /// Session slot of the connection (task management scope).
+    session: usize,
     itt: u32,
     plan: Plan,
     buf: BufId,
@@ -116,6 +118,8 @@ struct Task {
     sense: Option<Sense>,
     /// Data-in bytes to send, sent so far, next DataSN.
     din: u32,
+    /// Most data-in bytes the initiator takes (EDTL with the R bit, else 0).
+    din_max: u32,
     sent: u32,
     data_sn: u32,
     /// Bytes the command would have transferred (residual computation).
@@ -150,8 +154,6 @@ struct Conn {
     out: VecDeque<u16>,
     stat_sn: u32,
     tasks: u32,
-    /// A logout was answered: close once the send buffer drains.
-    logged_out: bool,
     last_rx: Instant,
     nop_sent: Option<Instant>,
     next_ttt: u32,
@@ -206,6 +208,7 @@ impl IscsiFrontend {
             aborted: false,
             stage: Stage::Reply,
             conn: 0,
+            session: 0,
             itt: 0,
             plan: Plan::Good,
             buf: NO_BUF,
@@ -224,6 +227,7 @@ impl IscsiFrontend {
             status: 0,
             sense: None,
             din: 0,
+            din_max: 0,
             sent: 0,
             data_sn: 0,
             xfer: 0,
@@ -261,15 +265,23 @@ impl IscsiFrontend {
         self.pool.free_count()
     }
 
+    /// A connection this front-end turned away: its session is forgotten unless it has
+    /// connections here (the login thread registered it).
+    fn forget_if_unknown(&self, tsih: u16) {
+        if !self.sessions.iter().flatten().any(|s| s.tsih == tsih) {
+            self.shared.forget_session(tsih);
+        }
+    }
+
     fn adopt(&mut self, nc: NewConn) {
         if self.finished || self.drain_deadline.is_some() {
             info!(conn = nc.id, "closing: the server is shutting down");
-            self.shared.forget_session_if_unused(nc.tsih);
+            self.forget_if_unknown(nc.tsih);
             return;
         }
         let Some(slot) = self.conns.iter().position(Option::is_none) else {
             warn!(conn = nc.id, "closing: reactor connection table full");
-            self.shared.forget_session_if_unused(nc.tsih);
+            self.forget_if_unknown(nc.tsih);
             return;
         };
         let sidx = match self
@@ -281,7 +293,7 @@ impl IscsiFrontend {
             None => {
                 let Some(i) = self.sessions.iter().position(Option::is_none) else {
                     warn!(conn = nc.id, "closing: reactor session table full");
-                    self.shared.forget_session_if_unused(nc.tsih);
+                    self.forget_if_unknown(nc.tsih);
                     return;
                 };
                 self.sessions[i] = Some(Session {
@@ -335,7 +347,6 @@ impl IscsiFrontend {
             out: VecDeque::with_capacity(self.tasks.len()),
             stat_sn: nc.stat_sn,
             tasks: 0,
-            logged_out: false,
             last_rx: Instant::now(),
             nop_sent: None,
             next_ttt: 1,
@@ -624,7 +635,7 @@ impl IscsiFrontend {
             }
             Plan::ModeSelect { ten, .. } => {
                 let b = self.pool.buf(task.buf);
-                scsi::mode_select(&b[..task.need as usize], ten, &self.shared.lun)?;
+                scsi::mode_select(&b[..task.need as usize], ten)?;
                 None
             }
             _ => None,
@@ -989,8 +1000,20 @@ impl IscsiFrontend {
                 if !self.cmd_sn_ok(ci, &bhs) {
                     return Handled::Consumed;
                 }
-                // Terminate this connection's tasks (ERL 0), answer, then close.
+                // Terminate this connection's tasks (ERL 0), answer, then close. Reason 0
+                // (close the session) closes the session's other connections too (§11.14.1).
                 self.abort_where(|t, c| t.conn as usize == c, ci);
+                let session = self.conns[ci].as_ref().expect("open").session;
+                if bhs.flags() & 0x7f == 0 {
+                    for other in 0..self.conns.len() {
+                        let same = self.conns[other]
+                            .as_ref()
+                            .is_some_and(|c| c.session == session && c.life != Life::Closed);
+                        if other != ci && same {
+                            self.close(other, "");
+                        }
+                    }
+                }
                 let conn = self.conns[ci].as_mut().expect("open");
                 let s = self.sessions[conn.session].as_ref().expect("session");
                 let (exp, max) = (s.exp_cmd_sn, s.max_cmd_sn());
@@ -1000,7 +1023,6 @@ impl IscsiFrontend {
                     .u32(28, exp)
                     .u32(32, max);
                 stage(conn, &h, &[]);
-                conn.logged_out = true;
                 conn.life = Life::Draining;
                 info!(conn = conn.id, "iSCSI logout");
                 Handled::Consumed
@@ -1175,14 +1197,9 @@ impl IscsiFrontend {
         if out_used > sendable {
             early = Some(Sense::INVALID_FIELD_CDB);
         }
-        if matches!(plan, Plan::Read { .. } | Plan::Data { .. })
-            && !read_flag
-            && xfer > 0
-            && edtl == 0
-        {
-            // A read command without the R bit and no EDTL: nothing can be sent; reply
-            // with the residual only.
-        }
+        // Data-in the initiator takes: EDTL, and nothing without the R bit (the rest is
+        // residual overflow).
+        let din_max = if read_flag { edtl } else { 0 };
         if let Plan::Check(s) = plan {
             early = Some(s);
         }
@@ -1197,6 +1214,7 @@ impl IscsiFrontend {
             aborted: false,
             stage: Stage::DataOut,
             conn: ci as u16,
+            session: self.conns[ci].as_ref().expect("open").session,
             itt: bhs.itt(),
             plan,
             buf,
@@ -1214,7 +1232,8 @@ impl IscsiFrontend {
             step: 0,
             status: status::GOOD,
             sense: early,
-            din: if early.is_some() { 0 } else { din.min(edtl) },
+            din: if early.is_some() { 0 } else { din.min(din_max) },
+            din_max,
             sent: 0,
             data_sn: 0,
             xfer,
@@ -1316,7 +1335,7 @@ impl IscsiFrontend {
                 self.reply(t)
             }
             Plan::Read { blocks, .. } => {
-                tk.din = (blocks * self.shared.lun.block_bytes).min(tk.edtl);
+                tk.din = (blocks * self.shared.lun.block_bytes).min(tk.din_max);
                 self.advance(t, io)
             }
             _ => self.advance(t, io),
@@ -1399,50 +1418,26 @@ impl IscsiFrontend {
         let function = bhs.flags() & 0x7f;
         let rtt = bhs.u32_at(20);
         let session = self.conns[ci].as_ref().expect("open").session;
-        let conns_of_session: Vec<usize> = Vec::new();
-        let _ = conns_of_session;
-        let sess_of = |conns: &Vec<Option<Conn>>, c: usize| conns[c].as_ref().map(|c| c.session);
         let response = match function {
-            // ABORT TASK (§11.5.1): done whether or not the task is still here.
+            // ABORT TASK (§11.5.1): function complete whether or not the task is still
+            // here (it may have finished meanwhile).
             1 => {
-                let idx = self.tasks.iter().position(|t| {
-                    t.live
-                        && !t.aborted
-                        && t.itt == rtt
-                        && sess_of(&self.conns, usize::from(t.conn)) == Some(session)
-                });
-                if let Some(i) = idx {
-                    self.tasks[i].aborted = true;
-                    self.maybe_release(i as u16);
-                }
+                self.abort_where(|t, _| t.session == session && t.itt == rtt, ci);
                 0
             }
             // ABORT TASK SET, CLEAR TASK SET: this session's tasks.
             2 | 4 => {
-                let sessions: Vec<Option<usize>> = (0..self.conns.len())
-                    .map(|c| sess_of(&self.conns, c))
-                    .collect();
-                for i in 0..self.tasks.len() {
-                    let t = &mut self.tasks[i];
-                    if t.live && !t.aborted && sessions[usize::from(t.conn)] == Some(session) {
-                        t.aborted = true;
-                        self.maybe_release(i as u16);
-                    }
-                }
+                self.abort_where(|t, _| t.session == session, ci);
                 0
             }
-            // LOGICAL UNIT RESET, TARGET WARM RESET: every task on this reactor.
+            // LOGICAL UNIT RESET, TARGET WARM RESET: every task on this reactor (TAS=0:
+            // other sessions' tasks end without status, SAM-5 §5.6).
             5 | 6 => {
-                for i in 0..self.tasks.len() {
-                    let t = &mut self.tasks[i];
-                    if t.live && !t.aborted {
-                        t.aborted = true;
-                        self.maybe_release(i as u16);
-                    }
-                }
+                self.abort_where(|_, _| true, ci);
                 0
             }
-            // CLEAR ACA (no ACA), TARGET COLD RESET, TASK REASSIGN (ERL 0): not supported.
+            // CLEAR ACA (no ACA), TARGET COLD RESET: not supported; TASK REASSIGN: not at
+            // ERL 0 (§11.6.1 response 4).
             3 | 7 => 5,
             8 => 4,
             _ => 255,

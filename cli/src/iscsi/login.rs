@@ -145,7 +145,7 @@ fn read_pdu(s: &mut TcpStream, f: &Framing) -> io::Result<(Bhs, Vec<u8>)> {
     s.read_exact(&mut rest)?;
     let mut whole = h.to_vec();
     whole.extend_from_slice(&rest);
-    let (hd_at, _) = (BHS_BYTES + bhs.ahs_bytes(), ());
+    let hd_at = BHS_BYTES + bhs.ahs_bytes();
     if f.header_digest {
         let got = u32::from_le_bytes(whole[hd_at..hd_at + 4].try_into().expect("4"));
         if got != pdu::crc32c(&whole[..hd_at]) {
@@ -495,7 +495,7 @@ fn login(s: TcpStream, peer: SocketAddr, local: SocketAddr, shared: &Shared) -> 
         let q = &shared.inboxes[usize::from(tsih) % shared.inboxes.len()];
         if let Err(nc) = q.push(nc) {
             warn!(conn = nc.id, "closing: reactor inbox full");
-            unregister_conn(shared, tsih);
+            shared.forget_session(tsih);
         }
         return Ok(());
     }
@@ -540,10 +540,6 @@ fn register(shared: &Shared, lg: &Login) -> (u16, Arc<std::sync::atomic::AtomicB
         },
     );
     (t, revoked)
-}
-
-fn unregister_conn(shared: &Shared, tsih: u16) {
-    shared.forget_session(tsih);
 }
 
 /// Negotiates one operational key (§13), appending the answer.

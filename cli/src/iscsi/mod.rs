@@ -174,12 +174,6 @@ impl Shared {
         let mut reg = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         reg.remove(&tsih);
     }
-
-    /// A connection that never reached its reactor: forget the session it created (a
-    /// session with connections on a reactor stays).
-    pub(crate) fn forget_session_if_unused(&self, tsih: u16) {
-        let _ = tsih;
-    }
 }
 
 /// The target name of an array.

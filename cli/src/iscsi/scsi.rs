@@ -65,8 +65,8 @@ impl Sense {
     pub const INTERNAL_FAILURE: Sense = Sense::new(0x04, 0x44, 0x00);
     /// ABORTED COMMAND / COMMAND PHASE ERROR (0x4a/0x00) — e.g. missing Data-Out.
     pub const COMMAND_PHASE: Sense = Sense::new(0x0b, 0x4a, 0x00);
-    /// ILLEGAL REQUEST / INVALID MESSAGE ERROR? No: ABORTED COMMAND / DATA PHASE ERROR
-    /// (0x4b/0x00), for Data-Out the target cannot take.
+    /// ABORTED COMMAND / DATA PHASE ERROR (0x4b/0x00): the command's data-out was lost
+    /// (a data digest error).
     pub const DATA_PHASE: Sense = Sense::new(0x0b, 0x4b, 0x00);
 
     /// The fixed-format sense data (SPC-5 §4.4.3), 18 bytes.
@@ -477,10 +477,6 @@ const SUPPORTED: &[(u8, Option<u8>, &[u8])] = &[
 /// Most bytes any data-in page of [`decode`] writes (REPORT SUPPORTED OPERATION CODES
 /// with timeouts for every command is the largest).
 pub const MAX_PAGE_BYTES: usize = 4 + SUPPORTED.len() * 20 + 64;
-
-/// Mode page state the initiator may see (and, for nothing at present, change).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ModeState {}
 
 fn be16(b: &[u8]) -> u32 {
     u32::from(u16::from_be_bytes([b[0], b[1]]))
@@ -981,7 +977,7 @@ fn mode_sense(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sense
 
 /// Checks MODE SELECT parameter data: every page it carries must equal the current values
 /// (nothing is changeable). Returns `Ok` or the sense to answer.
-pub fn mode_select(data: &[u8], ten: bool, lun: &LunInfo) -> Result<(), Sense> {
+pub fn mode_select(data: &[u8], ten: bool) -> Result<(), Sense> {
     let hdr = if ten { 8 } else { 4 };
     if data.len() < hdr {
         return Err(Sense::PARAM_LIST_LENGTH);
@@ -1016,7 +1012,6 @@ pub fn mode_select(data: &[u8], ten: bool, lun: &LunInfo) -> Result<(), Sense> {
         }
         at += len;
     }
-    let _ = lun;
     Ok(())
 }
 
