@@ -696,6 +696,9 @@ struct LoginOpts {
     /// Join this session (0: a new one).
     tsih: u16,
     cid: u16,
+    /// MaxBurstLength and MaxOutstandingR2T to offer (0: not sent, the defaults).
+    max_burst: u32,
+    max_r2t: u32,
 }
 
 impl Raw {
@@ -740,6 +743,12 @@ impl Raw {
             if o.no_immediate { "No" } else { "Yes" },
         );
         text::put(&mut kv, "InitialR2T", "Yes");
+        if o.max_burst > 0 {
+            text::put(&mut kv, "MaxBurstLength", &o.max_burst.to_string());
+        }
+        if o.max_r2t > 0 {
+            text::put(&mut kv, "MaxOutstandingR2T", &o.max_r2t.to_string());
+        }
         // Security → full feature in one step (T=1, CSG=0, NSG=3: allowed when nothing
         // is left to negotiate in the operational stage, RFC 7143 §6.3).
         let h = Header::new(op::LOGIN_REQ | 0x40, 0x80 | 0x03, kv.len() as u32, 1)
@@ -1143,6 +1152,61 @@ mod in_process {
         assert!(got[..8192].iter().all(|&x| x == 0x40));
         assert!(got[8192..16384].iter().all(|&x| x == 0x41));
         assert!(got[16384..].iter().all(|&x| x == 0x55));
+        drop(r);
+        t.stop();
+    }
+
+    /// A write larger than MaxBurstLength is solicited in bursts, MaxOutstandingR2T of
+    /// them at a time (R2TSN, offsets and lengths per RFC 7143 §11.8), each with its own
+    /// TTT and DataSN sequence; the data lands where it belongs.
+    #[test]
+    fn several_r2ts_outstanding_solicit_a_write_in_bursts() {
+        let mut t = Target::start(1, 8);
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                max_burst: 8192,
+                max_r2t: 3,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        // 64 KiB: 8 bursts of 8 KiB, 3 outstanding at a time.
+        let itt = write10(&mut r, sn, 100, 128);
+        let pattern = |off: u32| (off / 512 % 251) as u8;
+        let mut next_sn = 0;
+        let mut done = 0;
+        let mut outstanding = Vec::new();
+        while done < 8 {
+            while outstanding.len() < 3 && next_sn < 8 {
+                let (b, _) = r.read().expect("R2T");
+                assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+                assert_eq!(b.u32_at(36), next_sn, "R2TSN");
+                assert_eq!(b.u32_at(40), next_sn * 8192, "buffer offset");
+                assert_eq!(b.u32_at(44), 8192, "desired length");
+                outstanding.push((b.u32_at(20), b.u32_at(40)));
+                next_sn += 1;
+            }
+            // Answer the oldest: two PDUs, DataSN 0 and 1.
+            let (ttt, off) = outstanding.remove(0);
+            for part in 0..2u32 {
+                let o = off + part * 4096;
+                let data: Vec<u8> = (0..4096u32).map(|i| pattern(o + i)).collect();
+                let h = Header::new(op::DATA_OUT, if part == 1 { 0x80 } else { 0 }, 4096, itt)
+                    .u32(20, ttt)
+                    .u32(36, part)
+                    .u32(40, o);
+                r.send(&h, &data);
+            }
+            done += 1;
+        }
+        let (b, _) = r.read().expect("SCSI Response");
+        assert_eq!((b.opcode(), b.itt(), b.raw[3]), (op::SCSI_RESP, itt, 0));
+        let got = read10(&mut r, sn.wrapping_add(1), 100, 128);
+        let want: Vec<u8> = (0..65536u32).map(pattern).collect();
+        assert!(got == want, "data read back differs");
         drop(r);
         t.stop();
     }

@@ -47,8 +47,8 @@ use crate::nbd::pool::{BufId, BufPool};
 
 /// CmdSNs a session may have beyond ExpCmdSN (MaxCmdSN = ExpCmdSN + CMD_WINDOW − 1).
 pub const CMD_WINDOW: u32 = 64;
-/// R2Ts outstanding per task: one (the next is sent when its burst is complete).
-pub const MAX_OUTSTANDING_R2T: u32 = 1;
+/// Most R2Ts outstanding per task (MaxOutstandingR2T is negotiated down to it).
+pub const MAX_OUTSTANDING_R2T: u32 = 16;
 /// Largest data-in segment sent, bytes (further bounded by the initiator's
 /// MaxRecvDataSegmentLength).
 const MAX_SEND_SEGMENT: u32 = 64 << 10;
@@ -106,9 +106,14 @@ struct Task {
     allowed: u32,
     /// Whether the unsolicited part is over.
     unsol_done: bool,
+    /// Where the solicited data starts (the end of the unsolicited part), bytes. Burst
+    /// `k` (R2TSN `k`) covers `sol_base + k·MaxBurstLength` up to the next or `need`.
+    sol_base: u32,
+    /// R2Ts decided, sent, and whose data sequence is complete.
     r2t_sn: u32,
-    r2t_out: bool,
-    ttt: u32,
+    r2t_sent: u32,
+    r2t_done: u32,
+    /// DataSN expected next in the current data sequence.
     exp_data_sn: u32,
     /// A data digest failed: answer CHECK CONDITION once the data is in.
     data_error: bool,
@@ -218,9 +223,10 @@ impl IscsiFrontend {
             got: 0,
             allowed: 0,
             unsol_done: true,
+            sol_base: 0,
             r2t_sn: 0,
-            r2t_out: false,
-            ttt: 0,
+            r2t_sent: 0,
+            r2t_done: 0,
             exp_data_sn: 0,
             data_error: false,
             step: 0,
@@ -681,6 +687,21 @@ impl IscsiFrontend {
     }
 }
 
+/// Byte range `[start, end)` of task `t`'s solicited burst `k` (R2TSN `k`): bursts of
+/// MaxBurstLength from where the unsolicited data ended, up to the data the task keeps.
+fn burst(t: &Task, k: u32, max_burst: u32) -> (u32, u32) {
+    let start = u64::from(t.sol_base) + u64::from(k) * u64::from(max_burst);
+    let end = (start + u64::from(max_burst)).min(u64::from(t.need));
+    (start.min(u64::from(t.need)) as u32, end as u32)
+}
+
+/// The Target Transfer Tag of task `t`'s R2T `k`: the task slot in the high 16 bits (so
+/// a Data-Out finds its task without a search), the R2TSN's low 16 bits below. Never the
+/// reserved 0xffffffff: slots are below 65535.
+fn r2t_ttt(t: u16, k: u32) -> u32 {
+    (u32::from(t) << 16) | (k & 0xffff)
+}
+
 /// Residual flags and count (§11.4.5): overflow when the command wanted more than EDTL,
 /// underflow when it used less.
 fn residual(task: &Task) -> (u8, u32) {
@@ -714,21 +735,30 @@ impl IscsiFrontend {
                 continue;
             }
             if task.stage == Stage::DataOut {
-                // An R2T.
-                let need = pdu::pdu_bytes(0, &conn.tx);
-                if tx_free(conn) < need {
-                    return;
+                // The R2Ts decided and not yet sent (§11.8), in R2TSN order.
+                let mb = self.sessions[conn.session]
+                    .as_ref()
+                    .expect("session")
+                    .params
+                    .max_burst;
+                while self.tasks[usize::from(t)].r2t_sent < self.tasks[usize::from(t)].r2t_sn {
+                    if tx_free(conn) < pdu::pdu_bytes(0, &conn.tx) {
+                        return;
+                    }
+                    let tk = &mut self.tasks[usize::from(t)];
+                    let k = tk.r2t_sent;
+                    let (start, end) = burst(tk, k, mb);
+                    let h = Header::new(op::R2T, 0x80, 0, tk.itt)
+                        .u32(20, r2t_ttt(t, k))
+                        .u32(24, conn.stat_sn)
+                        .u32(28, exp)
+                        .u32(32, max)
+                        .u32(36, k)
+                        .u32(40, start)
+                        .u32(44, end - start);
+                    stage(conn, &h, &[]);
+                    tk.r2t_sent += 1;
                 }
-                let len = task.allowed - task.got;
-                let h = Header::new(op::R2T, 0x80, 0, task.itt)
-                    .u32(20, task.ttt)
-                    .u32(24, conn.stat_sn)
-                    .u32(28, exp)
-                    .u32(32, max)
-                    .u32(36, task.r2t_sn.wrapping_sub(1))
-                    .u32(40, task.got)
-                    .u32(44, len);
-                stage(conn, &h, &[]);
                 conn.out.pop_front();
                 self.tasks[usize::from(t)].queued_out = false;
                 continue;
@@ -1224,9 +1254,10 @@ impl IscsiFrontend {
             got: 0,
             allowed: 0,
             unsol_done: false,
+            sol_base: 0,
             r2t_sn: 0,
-            r2t_out: false,
-            ttt: 0,
+            r2t_sent: 0,
+            r2t_done: 0,
             exp_data_sn: 0,
             data_error: false,
             step: 0,
@@ -1285,33 +1316,38 @@ impl IscsiFrontend {
     fn data_progress<C: Channel>(&mut self, t: u16, io: &mut Io<'_, C>) {
         let task = self.tasks[usize::from(t)];
         let want = if task.sense.is_some() { 0 } else { task.need };
-        // Data still owed by the initiator (unsolicited in flight, or an R2T burst).
-        if task.got < task.allowed && (!task.unsol_done || task.r2t_out) {
+        // Unsolicited data still in flight.
+        if !task.unsol_done && task.got < task.allowed {
             return;
         }
         if task.got < want {
-            if task.r2t_out && task.got < task.allowed {
-                return;
-            }
-            // Solicit the next burst.
+            // Keep up to MaxOutstandingR2T bursts solicited (§11.8; sequences arrive in
+            // order: DataSequenceInOrder=Yes).
             let conn = self.conns[usize::from(task.conn)].as_mut().expect("open");
             let params = self.sessions[conn.session]
                 .as_ref()
                 .expect("session")
                 .params;
             let tk = &mut self.tasks[usize::from(t)];
-            tk.allowed = (tk.got + params.max_burst).min(want);
-            tk.unsol_done = true;
-            tk.r2t_out = true;
-            tk.r2t_sn += 1;
-            tk.ttt = conn.next_ttt;
-            conn.next_ttt = conn.next_ttt.wrapping_add(1).max(1);
-            if conn.next_ttt == pdu::RESERVED_TAG {
-                conn.next_ttt = 1;
+            if tk.r2t_sn == 0 {
+                tk.sol_base = tk.got;
+                tk.unsol_done = true;
+                tk.exp_data_sn = 0;
             }
-            tk.exp_data_sn = 0;
-            tk.queued_out = true;
-            conn.out.push_back(t);
+            let mut added = false;
+            while tk.r2t_sn - tk.r2t_done < params.max_outstanding_r2t {
+                let (start, end) = burst(tk, tk.r2t_sn, params.max_burst);
+                if start >= end || tk.r2t_sn >= 0xffff {
+                    break;
+                }
+                tk.r2t_sn += 1;
+                tk.allowed = end;
+                added = true;
+            }
+            if added && !tk.queued_out {
+                tk.queued_out = true;
+                conn.out.push_back(t);
+            }
             return;
         }
         // All data in.
@@ -1350,7 +1386,18 @@ impl IscsiFrontend {
         dlen: usize,
         io: &mut Io<'_, C>,
     ) -> Handled {
-        let Some(t) = self.find_task(ci, bhs.itt()) else {
+        let ttt = bhs.u32_at(20);
+        let solicited = ttt != pdu::RESERVED_TAG;
+        let found = if solicited {
+            let t = (ttt >> 16) as u16;
+            self.tasks
+                .get(usize::from(t))
+                .filter(|k| k.live && !k.aborted && usize::from(k.conn) == ci && k.itt == bhs.itt())
+                .map(|_| t)
+        } else {
+            self.find_task(ci, bhs.itt())
+        };
+        let Some(t) = found else {
             // Data for a task already answered or aborted: dropped (§11.7).
             return Handled::Consumed;
         };
@@ -1358,23 +1405,42 @@ impl IscsiFrontend {
         if task.stage != Stage::DataOut {
             return Handled::Consumed;
         }
-        let ttt = bhs.u32_at(20);
         let data_sn = bhs.u32_at(36);
         let offset = bhs.u32_at(40);
-        let solicited = ttt != pdu::RESERVED_TAG;
-        if solicited && (!task.r2t_out || ttt != task.ttt) {
-            return Handled::Kill(format!("Data-Out with unknown TTT {ttt:#x}"));
-        }
+        let mb = {
+            let conn = self.conns[ci].as_ref().expect("open");
+            self.sessions[conn.session]
+                .as_ref()
+                .expect("session")
+                .params
+                .max_burst
+        };
+        // The end of the data sequence this PDU belongs to.
+        let seq_end = if solicited {
+            let k = ttt & 0xffff;
+            if task.r2t_done >= task.r2t_sent || k != task.r2t_done & 0xffff {
+                return Handled::Kill(format!(
+                    "Data-Out for R2T {k}, expected the oldest outstanding {} of {}",
+                    task.r2t_done, task.r2t_sent
+                ));
+            }
+            burst(&task, task.r2t_done, mb).1
+        } else {
+            if task.unsol_done {
+                return Handled::Kill("unsolicited Data-Out after the unsolicited part".into());
+            }
+            task.allowed
+        };
         if data_sn != task.exp_data_sn {
             return Handled::Kill(format!(
                 "Data-Out DataSN {data_sn}, expected {} (ERL 0: protocol error)",
                 task.exp_data_sn
             ));
         }
-        if offset != task.got || offset as u64 + dlen as u64 > u64::from(task.allowed) {
+        if offset != task.got || offset as u64 + dlen as u64 > u64::from(seq_end) {
             return Handled::Kill(format!(
-                "Data-Out at {offset}+{dlen} outside the expected {}..{}",
-                task.got, task.allowed
+                "Data-Out at {offset}+{dlen} outside the expected {}..{seq_end}",
+                task.got
             ));
         }
         let keep_end = (offset + dlen as u32).min(task.need);
@@ -1389,10 +1455,10 @@ impl IscsiFrontend {
         tk.exp_data_sn += 1;
         if bhs.final_bit() {
             if solicited {
-                if tk.got != tk.allowed {
+                if tk.got != seq_end {
                     return Handled::Kill("R2T burst ended short".into());
                 }
-                tk.r2t_out = false;
+                tk.r2t_done += 1;
             } else {
                 tk.unsol_done = true;
             }
