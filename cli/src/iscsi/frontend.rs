@@ -205,6 +205,7 @@ impl IscsiFrontend {
     ) -> Self {
         let pool = BufPool::new(&shared.config.buffers);
         let n = pool.len() + BARE_TASKS;
+        debug_assert_eq!(n, shared.tasks_per_reactor);
         let blank = Task {
             live: false,
             in_array: false,
@@ -334,7 +335,8 @@ impl IscsiFrontend {
         };
         info!(conn = nc.id, peer = %nc.peer, initiator = %nc.initiator, tsih = nc.tsih,
             cid = nc.cid, reactor = self.reactor, "iSCSI full-feature phase");
-        let rx_bytes = 2 * nc.rx.max_pdu_bytes();
+        debug_assert!(nc.rbuf.len() >= 2 * nc.rx.max_pdu_bytes());
+        debug_assert!(nc.tbuf.len() >= TX_BYTES && nc.out.capacity() >= self.tasks.len());
         self.conns[slot] = Some(Conn {
             id: nc.id,
             peer: nc.peer,
@@ -344,13 +346,13 @@ impl IscsiFrontend {
             cid: nc.cid,
             rx: nc.rx,
             tx: nc.tx,
-            rbuf: vec![0u8; rx_bytes].into_boxed_slice(),
+            rbuf: nc.rbuf,
             rstart: 0,
             rend: 0,
-            tbuf: vec![0u8; TX_BYTES].into_boxed_slice(),
+            tbuf: nc.tbuf,
             tstart: 0,
             tend: 0,
-            out: VecDeque::with_capacity(self.tasks.len()),
+            out: nc.out,
             stat_sn: nc.stat_sn,
             tasks: 0,
             last_rx: Instant::now(),

@@ -84,6 +84,12 @@ pub(crate) struct NewConn {
     pub initiator: String,
     /// Revoked when the session is reinstated or the server shuts down.
     pub revoked: Arc<std::sync::atomic::AtomicBool>,
+    /// Receive buffer: two of the largest PDUs `rx` accepts.
+    pub rbuf: Box<[u8]>,
+    /// Send staging buffer (`frontend::TX_BYTES`).
+    pub tbuf: Box<[u8]>,
+    /// Reply queue, with room for every task of a reactor (never grows).
+    pub out: std::collections::VecDeque<u16>,
 }
 
 /// Accepts connections until shutdown; each login runs on its own thread.
@@ -491,6 +497,10 @@ fn login(s: TcpStream, peer: SocketAddr, local: SocketAddr, shared: &Shared) -> 
             stat_sn: lg.stat_sn,
             initiator,
             revoked: revoked.unwrap_or_default(),
+            // The connection's memory, allocated here rather than on the reactor.
+            rbuf: vec![0u8; 2 * rx.max_pdu_bytes()].into_boxed_slice(),
+            tbuf: vec![0u8; super::frontend::TX_BYTES].into_boxed_slice(),
+            out: std::collections::VecDeque::with_capacity(shared.tasks_per_reactor),
         };
         let q = &shared.inboxes[usize::from(tsih) % shared.inboxes.len()];
         if let Err(nc) = q.push(nc) {

@@ -167,6 +167,8 @@ pub(crate) struct Shared {
     pub(crate) inboxes: Vec<Arc<ArrayQueue<NewConn>>>,
     pub(crate) largest_buf: u32,
     pub(crate) write_same_buf: u32,
+    /// Task slots of each front-end (buffers + spare slots).
+    pub(crate) tasks_per_reactor: usize,
 }
 
 impl Shared {
@@ -328,6 +330,7 @@ impl IscsiServerBuilder {
             sessions: Mutex::new(HashMap::new()),
             inboxes: inboxes.clone(),
             largest_buf: largest,
+            tasks_per_reactor: total + frontend::BARE_TASKS,
         });
         let mut threads = Vec::new();
         for l in bound {
