@@ -834,10 +834,25 @@ impl Raw {
         b
     }
 
-    /// Whether the target closed the connection (EOF or reset within the timeout).
+    /// Whether the target closed the connection: EOF or a reset within the read timeout
+    /// (a timeout is not a close; bytes are drained until one of them).
     fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+        let mut b = [0u8; 4096];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return false
+                }
+                Err(_) => return true,
+            }
+        }
     }
 
     fn test_unit_ready(&mut self, cmd_sn: u32) {
@@ -965,6 +980,15 @@ mod in_process {
         /// RAID6 over 6 mem members, `reactors` reactors, `buffers` task buffers of 64 KiB
         /// per reactor.
         fn start(reactors: usize, buffers: u16) -> Target {
+            Self::start_with(reactors, buffers, |_| {})
+        }
+
+        /// As [`Target::start`], with the tunables adjusted by `tweak`.
+        fn start_with(
+            reactors: usize,
+            buffers: u16,
+            tweak: impl FnOnce(&mut IscsiConfig),
+        ) -> Target {
             let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
             let geo = ArrayGeometry::new(g, MEMBER_BYTES / CHUNK).unwrap();
             let devices: Arc<Vec<MemDevice>> = Arc::new(
@@ -981,6 +1005,8 @@ mod in_process {
                 drain_grace: Duration::from_secs(5),
                 ..IscsiConfig::default()
             };
+            let mut config = config;
+            tweak(&mut config);
             let lun = lun_info("mem", &geo, [7; 16], &config);
             let name = lun.target_name.clone();
             let (server, frontends) = IscsiServer::builder(lun)
@@ -1207,6 +1233,34 @@ mod in_process {
         let got = read10(&mut r, sn.wrapping_add(1), 100, 128);
         let want: Vec<u8> = (0..65536u32).map(pattern).collect();
         assert!(got == want, "data read back differs");
+        drop(r);
+        t.stop();
+    }
+
+    /// An initiator that leaves an R2T unanswered (while answering nothing else) is cut
+    /// after the stall timeout, and the buffer its task held comes back.
+    #[test]
+    fn unanswered_r2t_cuts_the_connection_after_the_stall_timeout() {
+        let mut t = Target::start_with(1, 4, |c| c.stall_timeout = Duration::from_secs(1));
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        let itt = write10(&mut r, sn, 0, 16);
+        let (b, _) = r.read().expect("R2T");
+        assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+        r.s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let started = Instant::now();
+        assert!(r.closed(), "the stalled connection was not cut");
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        // The target serves on, and every buffer is home at stop.
+        let mut r = Raw::login(t.port, &t.name, false);
+        r.ping();
         drop(r);
         t.stop();
     }

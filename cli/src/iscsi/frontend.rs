@@ -160,6 +160,11 @@ struct Conn {
     stat_sn: u32,
     tasks: u32,
     last_rx: Instant,
+    /// Data-Out PDUs accepted (the stall check compares it between clock reads).
+    data_pdus: u64,
+    /// While tasks wait for solicited data: the `data_pdus` count and when it was last
+    /// seen to move.
+    stall_mark: Option<(u64, Instant)>,
     nop_sent: Option<Instant>,
     next_ttt: u32,
     local: String,
@@ -356,6 +361,8 @@ impl IscsiFrontend {
             stat_sn: nc.stat_sn,
             tasks: 0,
             last_rx: Instant::now(),
+            data_pdus: 0,
+            stall_mark: None,
             nop_sent: None,
             next_ttt: 1,
             local,
@@ -1452,6 +1459,7 @@ impl IscsiFrontend {
             let src = &conn.rbuf[data_at..data_at + n];
             self.pool.buf_mut(task.buf)[offset as usize..offset as usize + n].copy_from_slice(src);
         }
+        self.conns[ci].as_mut().expect("open").data_pdus += 1;
         let tk = &mut self.tasks[usize::from(t)];
         tk.got += dlen as u32;
         tk.exp_data_sn += 1;
@@ -1588,8 +1596,7 @@ impl IscsiFrontend {
         conn.stream = None;
         conn.life = Life::Closed;
         // Its tasks are terminated (ERL 0); replies queued for it are dropped.
-        let out: Vec<u16> = conn.out.drain(..).collect();
-        for t in out {
+        while let Some(t) = conn.out.pop_front() {
             self.tasks[usize::from(t)].queued_out = false;
         }
         self.abort_where(|t, c| usize::from(t.conn) == c, ci);
@@ -1707,6 +1714,32 @@ impl Frontend for IscsiFrontend {
                     let conn = self.conns[ci].as_mut().expect("present");
                     if let Err(e) = Self::flush(conn) {
                         self.close(ci, &format!("send: {e}"));
+                    }
+                }
+            }
+            // Solicited data that never comes: tasks waiting for it hold their buffers, so
+            // a connection whose initiator sends no Data-Out for the stall timeout while
+            // R2Ts are outstanding is cut (its tasks end, the buffers come back).
+            if let Some(now) = now {
+                let waiting = self.tasks.iter().any(|t| {
+                    t.live
+                        && usize::from(t.conn) == ci
+                        && t.stage == Stage::DataOut
+                        && t.r2t_sent > t.r2t_done
+                });
+                let stall = self.shared.config.stall_timeout;
+                let conn = self.conns[ci].as_mut().expect("present");
+                if conn.life == Life::Closed || !waiting {
+                    conn.stall_mark = None;
+                } else {
+                    match conn.stall_mark {
+                        Some((n, since)) if n == conn.data_pdus => {
+                            if now.duration_since(since) >= stall {
+                                self.close(ci, &format!("no solicited Data-Out for {stall:?}"));
+                                progress = true;
+                            }
+                        }
+                        _ => conn.stall_mark = Some((conn.data_pdus, now)),
                     }
                 }
             }

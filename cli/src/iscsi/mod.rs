@@ -101,12 +101,15 @@ pub struct IscsiConfig {
     pub nop_interval: Duration,
     /// How long a ping may go unanswered before the connection is cut.
     pub nop_timeout: Duration,
+    /// How long a connection may leave solicited data (R2Ts) unanswered, holding its
+    /// tasks' buffers, before it is cut.
+    pub stall_timeout: Duration,
 }
 
 impl Default for IscsiConfig {
     /// No CHAP, digests offered, 64 KiB segments, 1 MiB bursts, 4 connections per
     /// session, 4 MiB transfers, 256 connections per reactor, 10 s/60 s login, 10 s drain,
-    /// 30 s/15 s keepalive.
+    /// 30 s/15 s keepalive, 30 s for solicited data.
     fn default() -> Self {
         Self {
             chap: None,
@@ -122,6 +125,7 @@ impl Default for IscsiConfig {
             drain_grace: Duration::from_secs(10),
             nop_interval: Duration::from_secs(30),
             nop_timeout: Duration::from_secs(15),
+            stall_timeout: Duration::from_secs(30),
         }
     }
 }
