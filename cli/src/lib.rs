@@ -14,6 +14,8 @@
 
 pub mod create;
 pub mod examine;
+pub mod frontends;
+pub mod iscsi;
 pub mod nbd;
 pub mod rpc;
 pub mod status;

@@ -112,8 +112,9 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
-    /// "adaptive", nbd = [...], rpc, force, io_timeout_ms, max_block, queue_depth,
-    /// stripe_ops, qos, qos_target_us).
+    /// "adaptive", nbd = [...], iscsi = [...], rpc, force, io_timeout_ms, max_block,
+    /// queue_depth, stripe_ops, qos, qos_target_us, and an [iscsi_chap] table: user, secret,
+    /// mutual_user, mutual_secret, require_mutual).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Cores to run reactors on, one reactor each (e.g. 0,1). Default: `--reactors`
@@ -132,6 +133,10 @@ pub struct ServeArgs {
     /// NBD listen address: HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809).
     #[arg(long)]
     nbd: Vec<String>,
+    /// iSCSI listen address HOST:PORT (repeatable; e.g. 127.0.0.1:3260). Serves the target
+    /// iqn.2026-11.org.ferroraid:<array name>, LUN 0. Default: no iSCSI.
+    #[arg(long)]
+    iscsi: Vec<String>,
     /// Open the JSON-RPC management socket (mode 0600) at PATH; `--rpc default` puts it
     /// where `ferroraid status` looks by default (/run/ferroraid/ferroraid.sock as root,
     /// else $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock). Without --rpc (and no
@@ -177,6 +182,10 @@ struct ServeFile {
     reactors: Option<usize>,
     mode: Option<String>,
     nbd: Option<Vec<String>>,
+    iscsi: Option<Vec<String>>,
+    /// CHAP secrets of the iSCSI target (only in the file: secrets stay off the command
+    /// line, where `ps` would show them).
+    iscsi_chap: Option<ChapFile>,
     /// A socket path, or `true` for the default path.
     rpc: Option<toml::Value>,
     force: Option<bool>,
@@ -186,6 +195,23 @@ struct ServeFile {
     stripe_ops: Option<usize>,
     qos: Option<String>,
     qos_target_us: Option<u64>,
+}
+
+/// `[iscsi_chap]` of the `--config` file.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct ChapFile {
+    /// The CHAP name initiators must give.
+    user: String,
+    /// The initiator's secret.
+    secret: String,
+    /// Mutual CHAP: the target's name.
+    mutual_user: Option<String>,
+    /// Mutual CHAP: the target's secret.
+    mutual_secret: Option<String>,
+    /// Refuse initiators that do not authenticate the target.
+    #[serde(default)]
+    require_mutual: bool,
 }
 
 /// Parses `HOST:PORT` or `unix:PATH`.
@@ -251,6 +277,32 @@ impl ServeArgs {
         };
         for s in &nbd {
             listen_spec(s, &mut o)?;
+        }
+        let iscsi = if self.iscsi.is_empty() {
+            file.iscsi.clone().unwrap_or_default()
+        } else {
+            self.iscsi.clone()
+        };
+        for s in &iscsi {
+            o.iscsi.push(s.parse().with_context(|| {
+                format!("--iscsi {s:?}: expected HOST:PORT (e.g. 127.0.0.1:3260)")
+            })?);
+        }
+        if let Some(c) = &file.iscsi_chap {
+            let mutual = match (&c.mutual_user, &c.mutual_secret) {
+                (Some(u), Some(s)) => Some((u.clone(), s.clone())),
+                (None, None) => None,
+                _ => bail!("iscsi_chap: mutual_user and mutual_secret go together"),
+            };
+            if c.require_mutual && mutual.is_none() {
+                bail!("iscsi_chap: require_mutual needs mutual_user and mutual_secret");
+            }
+            o.iscsi_config.chap = Some(ferroraid::iscsi::ChapConfig {
+                user: c.user.clone(),
+                secret: c.secret.clone(),
+                mutual,
+                require_mutual: c.require_mutual,
+            });
         }
         o.force = self.force || file.force.unwrap_or(false);
         if let Some(ms) = self.io_timeout_ms.or(file.io_timeout_ms) {

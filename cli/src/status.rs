@@ -457,7 +457,7 @@ impl From<&ArrayStats> for StatsReport {
 /// One export of the array.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportReport {
-    /// The protocol ([`ExportProtocol`]): `nbd`.
+    /// The protocol ([`ExportProtocol`]): `nbd` or `iscsi`.
     pub protocol: ExportProtocol,
     /// Where clients connect: `host:port` for TCP, or a Unix socket path.
     pub address: String,
@@ -471,12 +471,15 @@ pub struct ExportReport {
 pub enum ExportProtocol {
     /// The Network Block Device protocol (fixed newstyle).
     Nbd,
+    /// iSCSI (RFC 7143); the export name is the target IQN.
+    Iscsi,
 }
 
 impl fmt::Display for ExportProtocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             ExportProtocol::Nbd => "nbd",
+            ExportProtocol::Iscsi => "iscsi",
         })
     }
 }

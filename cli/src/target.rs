@@ -39,7 +39,9 @@ use engine::parity::Parity;
 use engine::reactor::{Mode, ReactorConfig, ReactorHandle, Reactors};
 use tracing::{info, warn};
 
-use crate::nbd::{ExportConfig, NbdFrontend, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
+use crate::frontends::TargetFrontend;
+use crate::iscsi::{IscsiConfig, IscsiServer};
+use crate::nbd::{ExportConfig, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
 use crate::rpc::{Handler, RpcError, RpcServer};
 use crate::status::{
     ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessKind, ProcessReport,
@@ -87,6 +89,11 @@ pub struct ServeOptions {
     pub depth: engine::qos::DepthConfig,
     /// JSON-RPC management socket, if any.
     pub rpc: Option<PathBuf>,
+    /// iSCSI listening addresses (empty: no iSCSI target). The target is
+    /// `iqn.2026-11.org.ferroraid:<array name>`, LUN 0.
+    pub iscsi: Vec<SocketAddr>,
+    /// iSCSI tunables and CHAP secrets.
+    pub iscsi_config: IscsiConfig,
 }
 
 impl ServeOptions {
@@ -108,6 +115,8 @@ impl ServeOptions {
             stripe_ops: 64,
             depth: engine::qos::DepthConfig::default(),
             rpc: None,
+            iscsi: Vec::new(),
+            iscsi_config: IscsiConfig::default(),
         }
     }
 }
@@ -594,7 +603,8 @@ impl Handler for TargetHandler {
 pub struct Target {
     shared: Arc<Shared>,
     nbd: Option<NbdServer>,
-    reactors: Option<Reactors<NbdFrontend>>,
+    iscsi: Option<IscsiServer>,
+    reactors: Option<Reactors<TargetFrontend>>,
     rpc: Option<RpcServer>,
     stop_monitor: Arc<AtomicBool>,
     monitor: Option<JoinHandle<()>>,
@@ -854,7 +864,26 @@ impl Target {
         for p in &opts.nbd_unix {
             builder = builder.listen_unix(p);
         }
-        let (nbd, frontends) = builder.start(n).context("starting the NBD server")?;
+        let (nbd, nbd_frontends) = builder.start(n).context("starting the NBD server")?;
+        let (iscsi, mut iscsi_frontends) = if opts.iscsi.is_empty() {
+            (None, Vec::new())
+        } else {
+            let lun = crate::iscsi::lun_info(&name, &geo, assembly.uuid.0, &opts.iscsi_config);
+            let mut b = IscsiServer::builder(lun).config(opts.iscsi_config.clone());
+            for a in &opts.iscsi {
+                b = b.listen(*a);
+            }
+            let (s, f) = b.start(n).context("starting the iSCSI target")?;
+            (Some(s), f)
+        };
+        iscsi_frontends.reverse();
+        let frontends: Vec<TargetFrontend> = nbd_frontends
+            .into_iter()
+            .map(|nbd| TargetFrontend {
+                nbd,
+                iscsi: iscsi_frontends.pop(),
+            })
+            .collect();
         // Mark the array active before the first write can reach it — only once the sockets
         // are bound, so a start that fails on its address leaves the array as it was — and
         // record the roles that have no member faulty (as md does for a degraded start): a
@@ -979,6 +1008,16 @@ impl Target {
             });
         }
         let resync_pending = AtomicBool::new(assembly.resync_needed);
+        if let Some(i) = &iscsi {
+            for a in i.addrs() {
+                info!(address = %a, target = %i.target_name(), "iSCSI target listening");
+                exports.push(ExportReport {
+                    protocol: ExportProtocol::Iscsi,
+                    address: a.to_string(),
+                    name: i.target_name().to_string(),
+                });
+            }
+        }
         let shared = Arc::new(Shared {
             name,
             geo,
@@ -1008,6 +1047,7 @@ impl Target {
             intent: intent.clone(),
             shared: Arc::clone(&shared),
             nbd: Some(nbd),
+            iscsi,
             reactors: Some(reactors),
             rpc: None,
             stop_monitor,
@@ -1062,6 +1102,14 @@ impl Target {
             .unwrap_or_default()
     }
 
+    /// iSCSI addresses actually bound.
+    pub fn iscsi_addrs(&self) -> Vec<SocketAddr> {
+        self.iscsi
+            .as_ref()
+            .map(|i| i.addrs().to_vec())
+            .unwrap_or_default()
+    }
+
     /// NBD Unix socket paths.
     pub fn nbd_unix_paths(&self) -> Vec<PathBuf> {
         self.nbd
@@ -1103,6 +1151,9 @@ impl Target {
         }
         // Where a rebuild or resync got to, before the reactors go.
         let resync_owed = self.shared.checkpoint_at_stop();
+        if let Some(i) = self.iscsi.take() {
+            i.shutdown();
+        }
         if let Some(r) = self.reactors.take() {
             r.stop().context("stopping the reactors")?;
         }

@@ -31,10 +31,10 @@
 //! # drop(frontends); Ok(()) }
 //! ```
 
-mod conn;
+pub(crate) mod conn;
 pub mod frontend;
 pub mod handshake;
-mod pool;
+pub(crate) mod pool;
 pub mod proto;
 
 use std::net::{SocketAddr, TcpListener};

@@ -1,0 +1,1822 @@
+//! The iSCSI front-end of one reactor: connections in the full-feature phase (RFC 7143
+//! §4.2), their sessions, and the SCSI tasks they carry, driven from the reactor loop.
+//!
+//! Each loop turn ([`IscsiFrontend::poll`]) the front-end adopts connections the login
+//! threads finished, retries array submissions the reactor refused (`QueueFull`), and for
+//! every connection sends what is staged, reads and acts on whole PDUs, and stages the
+//! replies. A SCSI command becomes a *task* with one pool buffer for its whole life: data-out
+//! (immediate, unsolicited, R2T-solicited) is gathered into it, the array reads into it,
+//! data-in is sent from it.
+//!
+//! # Limits and memory
+//! Tasks and buffers are allocated when the front-end is built; a connection's receive and
+//! send buffers by its login thread. Replies are staged (copied) into the connection's
+//! fixed send buffer; a connection whose send buffer lacks room for the largest reply it
+//! could produce stops reading until it drains, and one that finds no free task or buffer
+//! leaves the command in its receive buffer until one frees. Commands are windowed per
+//! session ([`CMD_WINDOW`] CmdSNs, §4.2.2.1).
+//!
+//! # Error recovery level 0
+//! A header digest error, a data segment beyond MaxRecvDataSegmentLength, Data-Out that is
+//! out of order or beyond what was solicited, or a wrong DataSN drops the connection (its
+//! tasks are terminated, §7.1.4.1). A data digest error on a command or Data-Out is
+//! answered with a Reject (reason "data digest error", §7.8) and the PDU is discarded; the
+//! task then gets CHECK CONDITION once its data is complete or it is aborted. An unknown
+//! opcode gets Reject "command not supported". A non-immediate command outside the CmdSN
+//! window is silently ignored, as §4.2.2.1 requires.
+
+use std::collections::VecDeque;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_queue::ArrayQueue;
+use engine::array::{ArrayCompletion, ArrayError, ArrayOp, ArrayRequest};
+use engine::device::{Channel, IoBuf};
+use engine::reactor::{Frontend, Io};
+use tracing::{debug, info, warn};
+
+use super::login::{NewConn, SessionParams};
+use super::pdu::{self, op, Bhs, Framing, Header, BHS_BYTES};
+use super::scsi::{self, status, Plan, Sense};
+use super::{text, Shared};
+use crate::nbd::conn::Stream;
+use crate::nbd::pool::{BufId, BufPool};
+
+/// CmdSNs a session may have beyond ExpCmdSN (MaxCmdSN = ExpCmdSN + CMD_WINDOW − 1).
+pub const CMD_WINDOW: u32 = 64;
+/// Most R2Ts outstanding per task (MaxOutstandingR2T is negotiated down to it).
+pub const MAX_OUTSTANDING_R2T: u32 = 16;
+/// Largest data-in segment sent, bytes (further bounded by the initiator's
+/// MaxRecvDataSegmentLength).
+const MAX_SEND_SEGMENT: u32 = 64 << 10;
+/// Bytes of a connection's send staging buffer: a few whole data-in segments.
+pub(crate) const TX_BYTES: usize = 4 * (MAX_SEND_SEGMENT as usize + 128);
+/// Free send-buffer bytes a connection needs before it reads another PDU: the largest
+/// reply one PDU can produce directly (a NOP-In echo of a full segment, a Reject).
+fn tx_reserve(rx: &Framing) -> usize {
+    pdu::pdu_bytes(rx.max_recv_data as usize, rx) + 2 * BHS_BYTES + 64
+}
+/// Tag bit that marks array requests as this front-end's (the NBD front-end on the same
+/// reactor uses tags below it).
+pub const TAG_BIT: u64 = 1 << 63;
+/// Task slots beyond one per buffer: commands that find no buffer still get a slot to be
+/// answered TASK SET FULL from.
+pub(crate) const BARE_TASKS: usize = 256;
+/// PDUs one connection may process per loop turn before the others get theirs.
+const PDUS_PER_TURN: u32 = 64;
+/// Loop turns between clock reads for keepalive and stall checks.
+const CLOCK_EVERY: u32 = 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Receiving data-out.
+    DataOut,
+    /// Queued for or in the array.
+    Array,
+    /// Reply queued.
+    Reply,
+}
+
+/// One SCSI task.
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    live: bool,
+    in_array: bool,
+    in_pending: bool,
+    queued_out: bool,
+    aborted: bool,
+    stage: Stage,
+    conn: u16,
+    /// Session slot of the connection (task management scope).
+    session: usize,
+    itt: u32,
+    plan: Plan,
+    buf: BufId,
+    buf_len: u32,
+    /// Expected data transfer length from the command, bytes.
+    edtl: u32,
+    /// Data-out bytes kept (min(EDTL, what the command uses)).
+    need: u32,
+    /// Data-out bytes received, in order.
+    got: u32,
+    /// End of the data the initiator may send now (unsolicited or solicited), bytes.
+    allowed: u32,
+    /// Whether the unsolicited part is over.
+    unsol_done: bool,
+    /// Where the solicited data starts (the end of the unsolicited part), bytes. Burst
+    /// `k` (R2TSN `k`) covers `sol_base + k·MaxBurstLength` up to the next or `need`.
+    sol_base: u32,
+    /// R2Ts decided, sent, and whose data sequence is complete.
+    r2t_sn: u32,
+    r2t_sent: u32,
+    r2t_done: u32,
+    /// DataSN expected next in the current data sequence.
+    exp_data_sn: u32,
+    /// A data digest failed: answer CHECK CONDITION once the data is in.
+    data_error: bool,
+    /// Multi-step progress (blocks written, descriptor index).
+    step: u64,
+    status: u8,
+    sense: Option<Sense>,
+    /// Data-in bytes to send, sent so far, next DataSN.
+    din: u32,
+    /// Most data-in bytes the initiator takes (EDTL with the R bit, else 0).
+    din_max: u32,
+    sent: u32,
+    data_sn: u32,
+    /// Bytes the command would have transferred (residual computation).
+    xfer: u64,
+}
+
+const NO_BUF: BufId = BufId::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Life {
+    Open,
+    /// Logged out or shutting down: no new commands; close when replies are sent.
+    Draining,
+    Closed,
+}
+
+struct Conn {
+    id: u64,
+    peer: String,
+    stream: Option<Stream>,
+    life: Life,
+    session: usize,
+    cid: u16,
+    rx: Framing,
+    tx: Framing,
+    rbuf: Box<[u8]>,
+    rstart: usize,
+    rend: usize,
+    tbuf: Box<[u8]>,
+    tstart: usize,
+    tend: usize,
+    out: VecDeque<u16>,
+    stat_sn: u32,
+    tasks: u32,
+    last_rx: Instant,
+    /// Data-Out PDUs accepted (the stall check compares it between clock reads).
+    data_pdus: u64,
+    /// While tasks wait for solicited data: the `data_pdus` count and when it was last
+    /// seen to move.
+    stall_mark: Option<(u64, Instant)>,
+    nop_sent: Option<Instant>,
+    next_ttt: u32,
+    local: String,
+}
+
+struct Session {
+    tsih: u16,
+    conns: u32,
+    exp_cmd_sn: u32,
+    params: SessionParams,
+    revoked: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Session {
+    fn max_cmd_sn(&self) -> u32 {
+        self.exp_cmd_sn.wrapping_add(CMD_WINDOW - 1)
+    }
+}
+
+/// The iSCSI front-end of one reactor (see the module docs). Built by
+/// [`super::IscsiServerBuilder::start`], one per reactor.
+pub struct IscsiFrontend {
+    reactor: usize,
+    shared: Arc<Shared>,
+    inbox: Arc<ArrayQueue<NewConn>>,
+    conns: Vec<Option<Conn>>,
+    sessions: Vec<Option<Session>>,
+    active: usize,
+    tasks: Vec<Task>,
+    free_tasks: Vec<u16>,
+    pool: BufPool,
+    pending: VecDeque<u16>,
+    drain_deadline: Option<Instant>,
+    finished: bool,
+    turns: u32,
+}
+
+impl IscsiFrontend {
+    pub(crate) fn new(
+        reactor: usize,
+        shared: Arc<Shared>,
+        inbox: Arc<ArrayQueue<NewConn>>,
+    ) -> Self {
+        let pool = BufPool::new(&shared.config.buffers);
+        let n = pool.len() + BARE_TASKS;
+        debug_assert_eq!(n, shared.tasks_per_reactor);
+        let blank = Task {
+            live: false,
+            in_array: false,
+            in_pending: false,
+            queued_out: false,
+            aborted: false,
+            stage: Stage::Reply,
+            conn: 0,
+            session: 0,
+            itt: 0,
+            plan: Plan::Good,
+            buf: NO_BUF,
+            buf_len: 0,
+            edtl: 0,
+            need: 0,
+            got: 0,
+            allowed: 0,
+            unsol_done: true,
+            sol_base: 0,
+            r2t_sn: 0,
+            r2t_sent: 0,
+            r2t_done: 0,
+            exp_data_sn: 0,
+            data_error: false,
+            step: 0,
+            status: 0,
+            sense: None,
+            din: 0,
+            din_max: 0,
+            sent: 0,
+            data_sn: 0,
+            xfer: 0,
+        };
+        let maxc = shared.config.max_connections_per_reactor;
+        Self {
+            reactor,
+            inbox,
+            conns: (0..maxc).map(|_| None).collect(),
+            sessions: (0..maxc).map(|_| None).collect(),
+            active: 0,
+            tasks: vec![blank; n],
+            free_tasks: (0..n as u16).rev().collect(),
+            pool,
+            pending: VecDeque::with_capacity(n),
+            shared,
+            drain_deadline: None,
+            finished: false,
+            turns: 0,
+        }
+    }
+
+    /// Connections this front-end holds.
+    pub fn connections(&self) -> usize {
+        self.active
+    }
+
+    /// Buffers in this front-end's pool.
+    pub fn buffers(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// Buffers free (all of them once every task finished).
+    pub fn free_buffers(&self) -> usize {
+        self.pool.free_count()
+    }
+
+    /// A connection this front-end turned away: its session is forgotten unless it has
+    /// connections here (the login thread registered it).
+    fn forget_if_unknown(&self, tsih: u16) {
+        if !self.sessions.iter().flatten().any(|s| s.tsih == tsih) {
+            self.shared.forget_session(tsih);
+        }
+    }
+
+    fn adopt(&mut self, nc: NewConn) {
+        if self.finished || self.drain_deadline.is_some() {
+            info!(conn = nc.id, "closing: the server is shutting down");
+            self.forget_if_unknown(nc.tsih);
+            return;
+        }
+        let Some(slot) = self.conns.iter().position(Option::is_none) else {
+            warn!(conn = nc.id, "closing: reactor connection table full");
+            self.forget_if_unknown(nc.tsih);
+            return;
+        };
+        let sidx = match self
+            .sessions
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.tsih == nc.tsih))
+        {
+            Some(i) => i,
+            None => {
+                let Some(i) = self.sessions.iter().position(Option::is_none) else {
+                    warn!(conn = nc.id, "closing: reactor session table full");
+                    self.forget_if_unknown(nc.tsih);
+                    return;
+                };
+                self.sessions[i] = Some(Session {
+                    tsih: nc.tsih,
+                    conns: 0,
+                    exp_cmd_sn: nc.cmd_sn,
+                    params: nc.params,
+                    revoked: Arc::clone(&nc.revoked),
+                });
+                i
+            }
+        };
+        let s = self.sessions[sidx].as_mut().expect("just found");
+        // A connection that reinstates one with the same CID replaces it (§6.3.4 at ERL 0:
+        // the old connection's tasks are terminated).
+        for c in self.conns.iter_mut().flatten() {
+            if c.session == sidx && c.cid == nc.cid && c.life != Life::Closed {
+                info!(conn = c.id, "connection reinstated: closing the old one");
+                c.stream = None;
+                c.life = Life::Closed;
+            }
+        }
+        s.conns += 1;
+        if let Err(e) = nc.stream.set_nonblocking(true) {
+            warn!(conn = nc.id, "closing: {e}");
+            s.conns -= 1;
+            return;
+        }
+        let local = match &nc.stream {
+            Stream::Tcp(t) => t.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            Stream::Unix(_) => String::new(),
+        };
+        info!(conn = nc.id, peer = %nc.peer, initiator = %nc.initiator, tsih = nc.tsih,
+            cid = nc.cid, reactor = self.reactor, "iSCSI full-feature phase");
+        debug_assert!(nc.rbuf.len() >= 2 * nc.rx.max_pdu_bytes());
+        debug_assert!(nc.tbuf.len() >= TX_BYTES && nc.out.capacity() >= self.tasks.len());
+        self.conns[slot] = Some(Conn {
+            id: nc.id,
+            peer: nc.peer,
+            stream: Some(nc.stream),
+            life: Life::Open,
+            session: sidx,
+            cid: nc.cid,
+            rx: nc.rx,
+            tx: nc.tx,
+            rbuf: nc.rbuf,
+            rstart: 0,
+            rend: 0,
+            tbuf: nc.tbuf,
+            tstart: 0,
+            tend: 0,
+            out: nc.out,
+            stat_sn: nc.stat_sn,
+            tasks: 0,
+            last_rx: Instant::now(),
+            data_pdus: 0,
+            stall_mark: None,
+            nop_sent: None,
+            next_ttt: 1,
+            local,
+        });
+        self.active += 1;
+    }
+}
+
+/// Why a connection stops being read this turn.
+enum ReadEnd {
+    Paused,
+    Eof,
+    Kill(String),
+}
+
+/// Stages a PDU into the connection's send buffer (room was checked by the caller).
+fn stage(c: &mut Conn, h: &Header, data: &[u8]) {
+    let n = pdu::pdu_bytes(data.len(), &c.tx);
+    if c.tbuf.len() - c.tend < n {
+        c.tbuf.copy_within(c.tstart..c.tend, 0);
+        c.tend -= c.tstart;
+        c.tstart = 0;
+    }
+    assert!(
+        c.tbuf.len() - c.tend >= n,
+        "send buffer room checked by the caller"
+    );
+    let w = pdu::write_pdu(&mut c.tbuf[c.tend..], h, data, &c.tx);
+    debug_assert_eq!(w, n);
+    c.tend += w;
+}
+
+fn tx_free(c: &Conn) -> usize {
+    c.tbuf.len() - (c.tend - c.tstart)
+}
+
+/// StatSN for a PDU that carries status (and advances it).
+fn next_stat(c: &mut Conn) -> u32 {
+    let s = c.stat_sn;
+    c.stat_sn = c.stat_sn.wrapping_add(1);
+    s
+}
+
+impl IscsiFrontend {
+    /// A task slot and, when one is free, a buffer of at least `len` bytes (`NO_BUF`
+    /// otherwise: the command is answered TASK SET FULL). `None` when no slot is free.
+    fn take_task(&mut self, len: u32) -> Option<(u16, BufId, u32)> {
+        let len = len.max(scsi::MAX_PAGE_BYTES as u32);
+        let t = self.free_tasks.pop()?;
+        match self.pool.take(len) {
+            Some(b) => Some((t, b, self.pool.buf(b).len() as u32)),
+            None => Some((t, NO_BUF, 0)),
+        }
+    }
+
+    /// Returns a task slot (and its buffer) never used.
+    fn untake(&mut self, t: u16, buf: BufId) {
+        if buf != NO_BUF {
+            self.pool.give(buf);
+        }
+        self.free_tasks.push(t);
+    }
+
+    /// Releases task `t` once nothing refers to it.
+    fn maybe_release(&mut self, t: u16) {
+        let task = &mut self.tasks[usize::from(t)];
+        if !task.live || task.in_array || task.in_pending || task.queued_out {
+            return;
+        }
+        task.live = false;
+        if task.buf != NO_BUF {
+            self.pool.give(task.buf);
+            task.buf = NO_BUF;
+        }
+        let ci = usize::from(task.conn);
+        if let Some(c) = self.conns[ci].as_mut() {
+            c.tasks -= 1;
+        }
+        self.free_tasks.push(t);
+    }
+
+    fn lend(&mut self, t: u16, from: u32, len: u32) -> IoBuf {
+        let task = self.tasks[usize::from(t)];
+        let b = &mut self.pool.buf_mut(task.buf)[from as usize..(from + len) as usize];
+        let ptr = NonNull::new(b.as_mut_ptr()).expect("pool buffers are allocated");
+        // SAFETY: the buffer belongs to task `t` alone from the command's acceptance until
+        // its release; while the request is in the array (`in_array`) nothing here touches
+        // it, and the task is released (its buffer reused) only after the completion
+        // arrived, also when the connection is gone. The pool outlives every request (the
+        // reactor drops its front-end only when nothing is in flight). `from + len` ≤ the
+        // buffer length; `from` is a multiple of the block size, the buffer 4096-aligned.
+        unsafe { IoBuf::from_raw(ptr, len, None) }
+    }
+
+    /// Submits the next array request of task `t`, or finishes it when none is left.
+    fn advance<C: Channel>(&mut self, t: u16, io: &mut Io<'_, C>) {
+        let req = match self.next_request(t) {
+            Ok(Some(r)) => r,
+            Ok(None) => return self.reply(t),
+            Err(s) => {
+                let task = &mut self.tasks[usize::from(t)];
+                task.status = status::CHECK_CONDITION;
+                task.sense = Some(s);
+                task.din = 0;
+                return self.reply(t);
+            }
+        };
+        if !self.pending.is_empty() {
+            self.tasks[usize::from(t)].in_pending = true;
+            self.pending.push_back(t);
+            return;
+        }
+        match io.submit(req) {
+            Ok(()) => self.tasks[usize::from(t)].in_array = true,
+            Err(ArrayError::QueueFull) => {
+                self.tasks[usize::from(t)].in_pending = true;
+                self.pending.push_back(t);
+            }
+            Err(e) => self.failed(t, e),
+        }
+    }
+
+    fn failed(&mut self, t: u16, e: ArrayError) {
+        let task = &mut self.tasks[usize::from(t)];
+        let write = matches!(
+            task.plan,
+            Plan::Write { .. } | Plan::WriteSame { .. } | Plan::Unmap { .. }
+        ) || matches!(task.plan, Plan::CompareAndWrite { .. } if task.step == 1);
+        let sense = match e {
+            ArrayError::Unrecoverable { .. } if write => Sense::WRITE_ERROR,
+            ArrayError::Unrecoverable { .. } => Sense::UNRECOVERED_READ,
+            ArrayError::Failed | ArrayError::QueueFull => Sense::INTERNAL_FAILURE,
+            ArrayError::Invalid(_) => Sense::INVALID_FIELD_CDB,
+        };
+        warn!(itt = task.itt, plan = ?task.plan, "array request failed: {e}");
+        task.status = status::CHECK_CONDITION;
+        task.sense = Some(sense);
+        task.din = 0;
+        self.reply(t);
+    }
+
+    /// The array request task `t` needs next (by plan and step), `None` when done.
+    fn next_request(&mut self, t: u16) -> Result<Option<ArrayRequest>, Sense> {
+        let task = self.tasks[usize::from(t)];
+        let bs = self.shared.lun.block_bytes;
+        let tag = TAG_BIT | u64::from(t);
+        let off = |lba: u64| lba * u64::from(bs);
+        let mk = |op, offset_bytes, len_bytes, buf| ArrayRequest {
+            tag,
+            op,
+            offset_bytes,
+            len_bytes,
+            buf,
+        };
+        Ok(match task.plan {
+            Plan::Read { lba, blocks } if task.step == 0 => {
+                let len = blocks * bs;
+                Some(mk(ArrayOp::Read, off(lba), len, self.lend(t, 0, len)))
+            }
+            Plan::Write { lba, blocks, fua } if task.step == 0 => {
+                let len = blocks * bs;
+                Some(mk(
+                    ArrayOp::Write { fua },
+                    off(lba),
+                    len,
+                    self.lend(t, 0, len),
+                ))
+            }
+            Plan::Flush if task.step == 0 => Some(mk(ArrayOp::Flush, 0, 0, IoBuf::NONE)),
+            Plan::Verify {
+                lba,
+                blocks,
+                bytchk,
+            } => match task.step {
+                0 => {
+                    let at = match bytchk {
+                        1 => blocks * bs,
+                        3 => bs,
+                        _ => 0,
+                    };
+                    let len = blocks * bs;
+                    Some(mk(ArrayOp::Read, off(lba), len, self.lend(t, at, len)))
+                }
+                _ => {
+                    let b = self.pool.buf(task.buf);
+                    let n = (blocks * bs) as usize;
+                    let first = match bytchk {
+                        1 => (0..n).find(|&i| b[i] != b[n + i]),
+                        3 => (0..n).find(|&i| b[i % bs as usize] != b[bs as usize + i]),
+                        _ => None,
+                    };
+                    if let Some(i) = first {
+                        return Err(Sense {
+                            info: Some(i as u32),
+                            ..Sense::MISCOMPARE
+                        });
+                    }
+                    None
+                }
+            },
+            Plan::CompareAndWrite { lba, blocks, fua } => {
+                let n = blocks * bs;
+                match task.step {
+                    0 => Some(mk(ArrayOp::Read, off(lba), n, self.lend(t, 2 * n, n))),
+                    1 => {
+                        let b = self.pool.buf(task.buf);
+                        let n = n as usize;
+                        if let Some(i) = (0..n).find(|&i| b[i] != b[2 * n + i]) {
+                            return Err(Sense {
+                                info: Some(i as u32),
+                                ..Sense::MISCOMPARE
+                            });
+                        }
+                        Some(mk(
+                            ArrayOp::Write { fua },
+                            off(lba),
+                            n as u32,
+                            self.lend(t, n as u32, n as u32),
+                        ))
+                    }
+                    _ => None,
+                }
+            }
+            Plan::WriteSame {
+                lba, blocks, ndob, ..
+            } => {
+                let done = task.step;
+                if done >= u64::from(blocks) {
+                    return Ok(None);
+                }
+                let zero = ndob
+                    || self.pool.buf(task.buf)[..bs as usize]
+                        .iter()
+                        .all(|&b| b == 0);
+                if zero {
+                    // The whole range at once (bounded by max_write_same_blocks).
+                    Some(mk(
+                        ArrayOp::WriteZeroes { fua: false },
+                        off(lba),
+                        blocks * bs,
+                        IoBuf::NONE,
+                    ))
+                } else {
+                    if done == 0 {
+                        // Replicate the block through the buffer once.
+                        let bl = task.buf_len as usize / bs as usize * bs as usize;
+                        let b = self.pool.buf_mut(task.buf);
+                        let mut at = bs as usize;
+                        while at < bl {
+                            let n = (bl - at).min(at);
+                            b.copy_within(0..n, at);
+                            at += n;
+                        }
+                    }
+                    let per = u64::from(task.buf_len / bs);
+                    let n = (u64::from(blocks) - done).min(per) as u32;
+                    Some(mk(
+                        ArrayOp::Write { fua: false },
+                        off(lba + done),
+                        n * bs,
+                        self.lend(t, 0, n * bs),
+                    ))
+                }
+            }
+            Plan::Unmap { .. } => {
+                let b = self.pool.buf(task.buf);
+                let data = &b[..task.need as usize];
+                let count = scsi::unmap_descriptors(data, &self.shared.lun)?;
+                let mut i = task.step as usize;
+                while i < count && scsi::unmap_descriptor(data, i).1 == 0 {
+                    i += 1;
+                }
+                self.tasks[usize::from(t)].step = i as u64;
+                if i >= count {
+                    return Ok(None);
+                }
+                let (lba, n) = scsi::unmap_descriptor(data, i);
+                // Deallocated blocks read back zeroes (LBPRZ=1).
+                Some(mk(
+                    ArrayOp::WriteZeroes { fua: false },
+                    off(lba),
+                    n * bs,
+                    IoBuf::NONE,
+                ))
+            }
+            Plan::ModeSelect { ten, .. } => {
+                let b = self.pool.buf(task.buf);
+                scsi::mode_select(&b[..task.need as usize], ten)?;
+                None
+            }
+            _ => None,
+        })
+    }
+
+    /// Step bookkeeping after an array completion.
+    fn step_done(&mut self, t: u16) {
+        let bs = u64::from(self.shared.lun.block_bytes);
+        let task = &mut self.tasks[usize::from(t)];
+        match task.plan {
+            Plan::WriteSame { blocks, ndob, .. } => {
+                let zero = ndob
+                    || self.pool.buf(task.buf)[..bs as usize]
+                        .iter()
+                        .all(|&b| b == 0);
+                if zero {
+                    task.step = u64::from(blocks);
+                } else {
+                    let per = u64::from(task.buf_len) / bs;
+                    task.step += (u64::from(blocks) - task.step).min(per);
+                }
+            }
+            Plan::Read { .. } | Plan::Write { .. } | Plan::Flush => task.step = u64::MAX,
+            _ => task.step += 1,
+        }
+    }
+
+    /// Queues task `t`'s reply (data-in and/or status) on its connection.
+    fn reply(&mut self, t: u16) {
+        let task = &mut self.tasks[usize::from(t)];
+        task.stage = Stage::Reply;
+        let ci = usize::from(task.conn);
+        let alive = self.conns[ci]
+            .as_ref()
+            .is_some_and(|c| c.life != Life::Closed);
+        if task.aborted || !alive {
+            self.maybe_release(t);
+            return;
+        }
+        task.queued_out = true;
+        self.conns[ci].as_mut().expect("checked").out.push_back(t);
+    }
+}
+
+/// Byte range `[start, end)` of task `t`'s solicited burst `k` (R2TSN `k`): bursts of
+/// MaxBurstLength from where the unsolicited data ended, up to the data the task keeps.
+fn burst(t: &Task, k: u32, max_burst: u32) -> (u32, u32) {
+    let start = u64::from(t.sol_base) + u64::from(k) * u64::from(max_burst);
+    let end = (start + u64::from(max_burst)).min(u64::from(t.need));
+    (start.min(u64::from(t.need)) as u32, end as u32)
+}
+
+/// The Target Transfer Tag of task `t`'s R2T `k`: the task slot in the high 16 bits (so
+/// a Data-Out finds its task without a search), the R2TSN's low 16 bits below. Never the
+/// reserved 0xffffffff: slots are below 65535.
+fn r2t_ttt(t: u16, k: u32) -> u32 {
+    (u32::from(t) << 16) | (k & 0xffff)
+}
+
+/// Residual flags and count (§11.4.5): overflow when the command wanted more than EDTL,
+/// underflow when it used less.
+fn residual(task: &Task) -> (u8, u32) {
+    let e = u64::from(task.edtl);
+    if task.xfer > e {
+        (0x04, (task.xfer - e).min(u64::from(u32::MAX)) as u32)
+    } else if task.xfer < e {
+        (0x02, (e - task.xfer) as u32)
+    } else {
+        (0, 0)
+    }
+}
+
+impl IscsiFrontend {
+    /// Serialises queued replies into the send buffer while they fit.
+    fn pump(&mut self, ci: usize) {
+        loop {
+            let conn = self.conns[ci].as_mut().expect("open connection");
+            let Some(&t) = conn.out.front() else {
+                return;
+            };
+            let task = self.tasks[usize::from(t)];
+            let (exp, max) = {
+                let s = self.sessions[conn.session].as_ref().expect("session stays");
+                (s.exp_cmd_sn, s.max_cmd_sn())
+            };
+            if task.aborted {
+                conn.out.pop_front();
+                self.tasks[usize::from(t)].queued_out = false;
+                self.maybe_release(t);
+                continue;
+            }
+            if task.stage == Stage::DataOut {
+                // The R2Ts decided and not yet sent (§11.8), in R2TSN order.
+                let mb = self.sessions[conn.session]
+                    .as_ref()
+                    .expect("session")
+                    .params
+                    .max_burst;
+                while self.tasks[usize::from(t)].r2t_sent < self.tasks[usize::from(t)].r2t_sn {
+                    if tx_free(conn) < pdu::pdu_bytes(0, &conn.tx) {
+                        return;
+                    }
+                    let tk = &mut self.tasks[usize::from(t)];
+                    let k = tk.r2t_sent;
+                    let (start, end) = burst(tk, k, mb);
+                    let h = Header::new(op::R2T, 0x80, 0, tk.itt)
+                        .u32(20, r2t_ttt(t, k))
+                        .u32(24, conn.stat_sn)
+                        .u32(28, exp)
+                        .u32(32, max)
+                        .u32(36, k)
+                        .u32(40, start)
+                        .u32(44, end - start);
+                    stage(conn, &h, &[]);
+                    tk.r2t_sent += 1;
+                }
+                conn.out.pop_front();
+                self.tasks[usize::from(t)].queued_out = false;
+                continue;
+            }
+            let seg_max = conn.tx.max_recv_data.min(MAX_SEND_SEGMENT);
+            let (rflags, rcount) = residual(&task);
+            if task.sent < task.din {
+                let seg = (task.din - task.sent).min(seg_max);
+                if tx_free(conn) < pdu::pdu_bytes(seg as usize, &conn.tx) {
+                    return;
+                }
+                let last = task.sent + seg == task.din;
+                let with_status = last && task.sense.is_none();
+                let mut flags = if last { 0x80 } else { 0 };
+                let mut h_stat = conn.stat_sn;
+                if with_status {
+                    flags |= 0x01 | rflags;
+                    h_stat = next_stat(conn);
+                }
+                let h = Header::new(op::DATA_IN, flags, seg, task.itt)
+                    .byte(3, if with_status { task.status } else { 0 })
+                    .u32(20, pdu::RESERVED_TAG)
+                    .u32(24, if with_status { h_stat } else { 0 })
+                    .u32(28, exp)
+                    .u32(32, max)
+                    .u32(36, task.data_sn)
+                    .u32(40, task.sent)
+                    .u32(44, if with_status { rcount } else { 0 });
+                let b = self.pool.buf(task.buf);
+                let data = &b[task.sent as usize..(task.sent + seg) as usize];
+                stage(conn, &h, data);
+                let tk = &mut self.tasks[usize::from(t)];
+                tk.sent += seg;
+                tk.data_sn += 1;
+                if with_status {
+                    conn.out.pop_front();
+                    tk.queued_out = false;
+                    self.maybe_release(t);
+                }
+                continue;
+            }
+            // SCSI Response.
+            let sense = task.sense.map(|s| s.fixed());
+            let dlen = sense.map_or(0, |s| 2 + s.len());
+            if tx_free(conn) < pdu::pdu_bytes(dlen, &conn.tx) {
+                return;
+            }
+            let mut data = [0u8; 20];
+            if let Some(s) = sense {
+                data[..2].copy_from_slice(&(s.len() as u16).to_be_bytes());
+                data[2..20].copy_from_slice(&s);
+            }
+            let st = next_stat(conn);
+            let h = Header::new(op::SCSI_RESP, 0x80 | rflags, dlen as u32, task.itt)
+                .byte(2, 0)
+                .byte(3, task.status)
+                .u32(24, st)
+                .u32(28, exp)
+                .u32(32, max)
+                .u32(36, if task.din > 0 { task.data_sn } else { 0 })
+                .u32(44, rcount);
+            stage(conn, &h, &data[..dlen]);
+            conn.out.pop_front();
+            self.tasks[usize::from(t)].queued_out = false;
+            self.maybe_release(t);
+        }
+    }
+
+    /// Sends what is staged. Returns whether bytes moved.
+    fn flush(conn: &mut Conn) -> io::Result<bool> {
+        let mut moved = false;
+        while conn.tstart < conn.tend {
+            let s = conn.stream.as_ref().expect("open connection");
+            match s.send_vectored(&[io::IoSlice::new(&conn.tbuf[conn.tstart..conn.tend])]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "peer took nothing",
+                    ))
+                }
+                Ok(n) => {
+                    conn.tstart += n;
+                    moved = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if conn.tstart == conn.tend {
+            conn.tstart = 0;
+            conn.tend = 0;
+        }
+        Ok(moved)
+    }
+
+    /// Reads and handles whole PDUs of connection `ci`.
+    fn read_pdus<C: Channel>(&mut self, ci: usize, io: &mut Io<'_, C>) -> (bool, ReadEnd) {
+        let mut progress = false;
+        let mut budget = PDUS_PER_TURN;
+        loop {
+            let conn = self.conns[ci].as_mut().expect("open connection");
+            if conn.life != Life::Open || budget == 0 {
+                return (progress, ReadEnd::Paused);
+            }
+            if tx_free(conn) < tx_reserve(&conn.rx) {
+                return (progress, ReadEnd::Paused);
+            }
+            let framed = conn.rx.frame(&conn.rbuf[conn.rstart..conn.rend]);
+            let n = match framed {
+                Err(e) => return (progress, ReadEnd::Kill(format!("{e}"))),
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    // Need more bytes: make room and read.
+                    if conn.rstart > 0 {
+                        conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
+                        conn.rend -= conn.rstart;
+                        conn.rstart = 0;
+                    }
+                    let s = conn.stream.as_mut().expect("open connection");
+                    match crate::nbd::conn::read_retrying(s, &mut conn.rbuf[conn.rend..]) {
+                        Ok(0) => return (progress, ReadEnd::Eof),
+                        Ok(k) => {
+                            conn.rend += k;
+                            conn.last_rx = Instant::now();
+                            conn.nop_sent = None;
+                            progress = true;
+                            continue;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            return (progress, ReadEnd::Paused)
+                        }
+                        Err(e) => return (progress, ReadEnd::Kill(format!("receive: {e}"))),
+                    }
+                }
+            };
+            let (start, end) = (conn.rstart, conn.rstart + n);
+            match self.handle(ci, start, end, io) {
+                Handled::Consumed => {
+                    let conn = self.conns[ci].as_mut().expect("open connection");
+                    conn.rstart += n;
+                    if conn.rstart == conn.rend {
+                        conn.rstart = 0;
+                        conn.rend = 0;
+                    }
+                    budget -= 1;
+                    progress = true;
+                }
+                Handled::Wait => return (progress, ReadEnd::Paused),
+                Handled::Kill(why) => return (progress, ReadEnd::Kill(why)),
+            }
+        }
+    }
+}
+
+enum Handled {
+    Consumed,
+    /// Out of tasks or buffers: leave the PDU buffered and try again later.
+    Wait,
+    Kill(String),
+}
+
+impl IscsiFrontend {
+    fn reject(&mut self, ci: usize, reason: u8, bhs: &Bhs) {
+        let conn = self.conns[ci].as_mut().expect("open");
+        let s = self.sessions[conn.session].as_ref().expect("session");
+        let (exp, max) = (s.exp_cmd_sn, s.max_cmd_sn());
+        let st = next_stat(conn);
+        let h = Header::new(op::REJECT, 0x80, BHS_BYTES as u32, pdu::RESERVED_TAG)
+            .byte(2, reason)
+            .u32(24, st)
+            .u32(28, exp)
+            .u32(32, max);
+        stage(conn, &h, &bhs.raw);
+    }
+
+    /// CmdSN check for a non-immediate PDU (§4.2.2.1): advances ExpCmdSN, or says the
+    /// PDU must be ignored.
+    fn cmd_sn_ok(&mut self, ci: usize, bhs: &Bhs) -> bool {
+        let conn = self.conns[ci].as_ref().expect("open");
+        let s = self.sessions[conn.session].as_mut().expect("session");
+        let sn = bhs.u32_at(24);
+        if bhs.immediate() {
+            return true;
+        }
+        if sn == s.exp_cmd_sn {
+            s.exp_cmd_sn = s.exp_cmd_sn.wrapping_add(1);
+            return true;
+        }
+        // Out of order within the window: accepted (SIMPLE tasks; ERL 0 has no gaps to
+        // wait for on one connection, and connections of a session may interleave).
+        if pdu::sn_lt(s.exp_cmd_sn, sn) && pdu::sn_le(sn, s.max_cmd_sn()) {
+            return true;
+        }
+        debug!(
+            conn = conn.id,
+            cmd_sn = sn,
+            exp = s.exp_cmd_sn,
+            "CmdSN outside the window: ignored"
+        );
+        false
+    }
+
+    fn handle<C: Channel>(
+        &mut self,
+        ci: usize,
+        start: usize,
+        end: usize,
+        io: &mut Io<'_, C>,
+    ) -> Handled {
+        let conn = self.conns[ci].as_ref().expect("open");
+        let rx = conn.rx;
+        let p = match rx.split(&conn.rbuf[start..end]) {
+            Ok(p) => p,
+            Err(e) => return Handled::Kill(format!("{e}")),
+        };
+        let bhs = p.bhs;
+        let dlen = p.data.len();
+        let digest_ok = p.data_digest_ok;
+        let data_at = end - pdu::pad4(dlen) - if rx.data_digest && dlen > 0 { 4 } else { 0 };
+        match bhs.opcode() {
+            op::SCSI_CMD => self.scsi_command(ci, bhs, data_at, dlen, digest_ok, io),
+            op::DATA_OUT => {
+                if !digest_ok {
+                    self.reject(ci, pdu::reject::DATA_DIGEST, &bhs);
+                    // The task can no longer complete its data: fail it.
+                    if let Some(t) = self.find_task(ci, bhs.itt()) {
+                        self.tasks[usize::from(t)].data_error = true;
+                    }
+                    return Handled::Consumed;
+                }
+                self.data_out(ci, bhs, data_at, dlen, io)
+            }
+            op::NOP_OUT => {
+                if !digest_ok {
+                    self.reject(ci, pdu::reject::DATA_DIGEST, &bhs);
+                    return Handled::Consumed;
+                }
+                if !self.cmd_sn_ok(ci, &bhs) {
+                    return Handled::Consumed;
+                }
+                if bhs.itt() == pdu::RESERVED_TAG {
+                    // The answer to our NOP-In ping.
+                    return Handled::Consumed;
+                }
+                let conn = self.conns[ci].as_mut().expect("open");
+                let s = self.sessions[conn.session].as_ref().expect("session");
+                let (exp, max) = (s.exp_cmd_sn, s.max_cmd_sn());
+                let st = next_stat(conn);
+                let h = Header::new(op::NOP_IN, 0x80, dlen as u32, bhs.itt())
+                    .u64(8, bhs.lun_raw())
+                    .u32(20, pdu::RESERVED_TAG)
+                    .u32(24, st)
+                    .u32(28, exp)
+                    .u32(32, max);
+                // Copy the ping data out of the receive buffer first (both live in conn).
+                let (rbuf, tconn) = (std::mem::take(&mut conn.rbuf), &mut *conn);
+                stage(tconn, &h, &rbuf[data_at..data_at + dlen]);
+                conn.rbuf = rbuf;
+                Handled::Consumed
+            }
+            op::TMF_REQ => {
+                if !self.cmd_sn_ok(ci, &bhs) {
+                    return Handled::Consumed;
+                }
+                self.task_management(ci, &bhs);
+                Handled::Consumed
+            }
+            op::LOGOUT_REQ => {
+                if !self.cmd_sn_ok(ci, &bhs) {
+                    return Handled::Consumed;
+                }
+                // Terminate this connection's tasks (ERL 0), answer, then close. Reason 0
+                // (close the session) closes the session's other connections too (§11.14.1).
+                self.abort_where(|t, c| t.conn as usize == c, ci);
+                let session = self.conns[ci].as_ref().expect("open").session;
+                if bhs.flags() & 0x7f == 0 {
+                    for other in 0..self.conns.len() {
+                        let same = self.conns[other]
+                            .as_ref()
+                            .is_some_and(|c| c.session == session && c.life != Life::Closed);
+                        if other != ci && same {
+                            self.close(other, "");
+                        }
+                    }
+                }
+                let conn = self.conns[ci].as_mut().expect("open");
+                let s = self.sessions[conn.session].as_ref().expect("session");
+                let (exp, max) = (s.exp_cmd_sn, s.max_cmd_sn());
+                let st = next_stat(conn);
+                let h = Header::new(op::LOGOUT_RESP, 0x80, 0, bhs.itt())
+                    .u32(24, st)
+                    .u32(28, exp)
+                    .u32(32, max);
+                stage(conn, &h, &[]);
+                conn.life = Life::Draining;
+                info!(conn = conn.id, "iSCSI logout");
+                Handled::Consumed
+            }
+            op::TEXT_REQ => {
+                if !self.cmd_sn_ok(ci, &bhs) {
+                    return Handled::Consumed;
+                }
+                let conn = self.conns[ci].as_mut().expect("open");
+                let keys = text::parse(&conn.rbuf[data_at..data_at + dlen]).unwrap_or_default();
+                let mut reply = Vec::new();
+                for (k, v) in &keys {
+                    if k == "SendTargets" {
+                        if v == "All" || *v == self.shared.target_name || v.is_empty() {
+                            text::put(&mut reply, "TargetName", &self.shared.target_name);
+                            text::put(&mut reply, "TargetAddress", &format!("{},1", conn.local));
+                        }
+                    } else {
+                        text::put(&mut reply, k, "NotUnderstood");
+                    }
+                }
+                reply.truncate((conn.tx.max_recv_data as usize).min(rx.max_recv_data as usize));
+                let s = self.sessions[conn.session].as_ref().expect("session");
+                let (exp, max) = (s.exp_cmd_sn, s.max_cmd_sn());
+                let st = next_stat(conn);
+                let h = Header::new(op::TEXT_RESP, 0x80, reply.len() as u32, bhs.itt())
+                    .u64(8, bhs.lun_raw())
+                    .u32(20, pdu::RESERVED_TAG)
+                    .u32(24, st)
+                    .u32(28, exp)
+                    .u32(32, max);
+                stage(conn, &h, &reply);
+                Handled::Consumed
+            }
+            op::SNACK => {
+                // ERL 0 has no SNACK (§11.16): reject.
+                self.reject(ci, pdu::reject::PROTOCOL_ERROR, &bhs);
+                Handled::Consumed
+            }
+            _ => {
+                self.reject(ci, pdu::reject::NOT_SUPPORTED, &bhs);
+                Handled::Consumed
+            }
+        }
+    }
+
+    fn find_task(&self, ci: usize, itt: u32) -> Option<u16> {
+        // Linear in the pool: Data-Out for a task is found through the connection's tasks
+        // (a few hundred at most).
+        self.tasks
+            .iter()
+            .position(|t| t.live && usize::from(t.conn) == ci && t.itt == itt && !t.aborted)
+            .map(|i| i as u16)
+    }
+
+    fn scsi_command<C: Channel>(
+        &mut self,
+        ci: usize,
+        bhs: Bhs,
+        data_at: usize,
+        dlen: usize,
+        digest_ok: bool,
+        io: &mut Io<'_, C>,
+    ) -> Handled {
+        let lun_raw = bhs.lun_raw();
+        let cdb = *bhs.cdb();
+        let edtl = bhs.u32_at(20);
+        let write_flag = bhs.flags() & 0x20 != 0;
+        let read_flag = bhs.flags() & 0x40 != 0;
+        // Size the buffer before taking anything: a decode into scratch is cheap.
+        let lun = &self.shared.lun;
+        let mut scratch = [0u8; scsi::MAX_PAGE_BYTES];
+        let plan0 = scsi::decode(&cdb, lun, &mut scratch);
+        let bs = lun.block_bytes;
+        let out_bytes = plan0.data_out_bytes(bs);
+        let need_buf = match plan0 {
+            Plan::Read { blocks, .. } => u64::from(blocks) * u64::from(bs),
+            Plan::Verify { blocks, bytchk, .. } => {
+                u64::from(blocks) * u64::from(bs)
+                    + out_bytes.min(u64::from(blocks) * u64::from(bs)) * u64::from(bytchk != 0)
+            }
+            Plan::CompareAndWrite { blocks, .. } => 3 * u64::from(blocks) * u64::from(bs),
+            Plan::WriteSame { blocks, .. } => {
+                (u64::from(blocks) * u64::from(bs)).min(u64::from(self.shared.write_same_buf))
+            }
+            _ => out_bytes,
+        };
+        let largest = self.shared.largest_buf;
+        let plan = if need_buf > u64::from(largest) {
+            Plan::Check(Sense::INVALID_FIELD_CDB)
+        } else {
+            plan0
+        };
+        if !digest_ok {
+            // §7.8: reject and discard; the command never happened (its CmdSN is not
+            // consumed, the initiator retries at a higher ERL or times out).
+            self.reject(ci, pdu::reject::DATA_DIGEST, &bhs);
+            return Handled::Consumed;
+        }
+        let Some((t, buf, buf_len)) = self.take_task(need_buf as u32) else {
+            return Handled::Wait;
+        };
+        if !self.cmd_sn_ok(ci, &bhs) {
+            self.untake(t, buf);
+            return Handled::Consumed;
+        }
+        let conn = self.conns[ci].as_mut().expect("open");
+        if conn.life != Life::Open {
+            self.untake(t, buf);
+            return Handled::Consumed;
+        }
+        conn.tasks += 1;
+        let params = self.sessions[conn.session]
+            .as_ref()
+            .expect("session")
+            .params;
+        // LUN 0 only (single-level LUN structure, §11.2.1.4 / SAM-5).
+        let lun_ok = lun_raw == 0;
+        let mut plan = plan;
+        let mut din = 0;
+        if !lun_ok {
+            plan = match cdb[0] {
+                scsi::opc::REPORT_LUNS => plan,
+                scsi::opc::INQUIRY if matches!(plan, Plan::Data { .. }) => {
+                    // Peripheral qualifier 3: no logical unit here.
+                    scratch[0] = 0x7f;
+                    plan
+                }
+                scsi::opc::REQUEST_SENSE => plan,
+                _ => Plan::Check(Sense::LUN_NOT_SUPPORTED),
+            };
+        }
+        // No buffer free: the command is answered TASK SET FULL (SAM-5 §5.3.1) and the
+        // initiator retries it later. Never waiting for a buffer with the command still in
+        // the receive buffer keeps the Data-Out behind it flowing: tasks that hold buffers
+        // wait for exactly that data, so waiting could deadlock.
+        let busy = buf == NO_BUF;
+        if busy {
+            plan = Plan::Good;
+        }
+        if let Plan::Data { len } = plan {
+            self.pool.buf_mut(buf)[..len as usize].copy_from_slice(&scratch[..len as usize]);
+            din = len;
+        }
+        let xfer = match plan {
+            Plan::Read { blocks, .. } => u64::from(blocks) * u64::from(bs),
+            Plan::Data { len } => u64::from(len),
+            _ => out_bytes,
+        };
+        // Data-out the initiator will send (§11.4.5.1: with EDTL below what the CDB asks,
+        // a write covers the whole blocks EDTL carries and reports the rest as residual
+        // overflow; beyond it, the surplus is received and dropped: underflow).
+        let sendable = if write_flag { u64::from(edtl) } else { 0 };
+        if let Plan::Write { lba, fua, .. } = plan {
+            if sendable < out_bytes {
+                let whole = (sendable / u64::from(bs)) as u32;
+                plan = if whole == 0 {
+                    Plan::Good
+                } else {
+                    Plan::Write {
+                        lba,
+                        blocks: whole,
+                        fua,
+                    }
+                };
+            }
+        }
+        let out_used = plan.data_out_bytes(bs);
+        let mut need = out_used.min(sendable) as u32;
+        let mut early: Option<Sense> = None;
+        // Other commands cannot run on part of their parameter data.
+        if out_used > sendable {
+            early = Some(Sense::INVALID_FIELD_CDB);
+        }
+        // Data-in the initiator takes: EDTL, and nothing without the R bit (the rest is
+        // residual overflow).
+        let din_max = if read_flag { edtl } else { 0 };
+        if let Plan::Check(s) = plan {
+            early = Some(s);
+        }
+        if early.is_some() {
+            need = 0;
+        }
+        let task = Task {
+            live: true,
+            in_array: false,
+            in_pending: false,
+            queued_out: false,
+            aborted: false,
+            stage: Stage::DataOut,
+            conn: ci as u16,
+            session: self.conns[ci].as_ref().expect("open").session,
+            itt: bhs.itt(),
+            plan,
+            buf,
+            buf_len,
+            edtl,
+            need,
+            got: 0,
+            allowed: 0,
+            unsol_done: false,
+            sol_base: 0,
+            r2t_sn: 0,
+            r2t_sent: 0,
+            r2t_done: 0,
+            exp_data_sn: 0,
+            data_error: false,
+            step: 0,
+            status: status::GOOD,
+            sense: early,
+            din: if early.is_some() { 0 } else { din.min(din_max) },
+            din_max,
+            sent: 0,
+            data_sn: 0,
+            xfer,
+        };
+        self.tasks[usize::from(t)] = task;
+        if busy {
+            debug!(
+                conn = self.conns[ci].as_ref().map_or(0, |c| c.id),
+                itt = bhs.itt(),
+                "no task buffer free: TASK SET FULL"
+            );
+            self.tasks[usize::from(t)].status = status::TASK_SET_FULL;
+        }
+        // Immediate data.
+        let unsol_limit = if params.initial_r2t {
+            0
+        } else {
+            params.first_burst.min(edtl)
+        };
+        let imm = if params.immediate_data {
+            dlen as u32
+        } else {
+            0
+        };
+        if dlen > 0
+            && (!params.immediate_data || !write_flag || dlen as u32 > params.first_burst.min(edtl))
+        {
+            // Data the negotiation does not allow: a protocol error (§7.1.4.1 → drop).
+            return Handled::Kill("immediate data not allowed here".into());
+        }
+        {
+            let tk = &mut self.tasks[usize::from(t)];
+            let take = imm.min(tk.need);
+            let conn = self.conns[ci].as_ref().expect("open");
+            if take > 0 {
+                let src = &conn.rbuf[data_at..data_at + take as usize];
+                self.pool.buf_mut(buf)[..take as usize].copy_from_slice(src);
+            }
+            tk.got = imm;
+            tk.allowed = unsol_limit.max(imm);
+            // F bit: no unsolicited Data-Out follow.
+            tk.unsol_done = bhs.final_bit() || tk.allowed <= tk.got;
+        }
+        self.data_progress(t, io);
+        Handled::Consumed
+    }
+
+    /// After data-out arrived (or none is due): solicit more, or start the task.
+    fn data_progress<C: Channel>(&mut self, t: u16, io: &mut Io<'_, C>) {
+        let task = self.tasks[usize::from(t)];
+        let want = if task.sense.is_some() { 0 } else { task.need };
+        // Unsolicited data still in flight.
+        if !task.unsol_done && task.got < task.allowed {
+            return;
+        }
+        if task.got < want {
+            // Keep up to MaxOutstandingR2T bursts solicited (§11.8; sequences arrive in
+            // order: DataSequenceInOrder=Yes).
+            let conn = self.conns[usize::from(task.conn)].as_mut().expect("open");
+            let params = self.sessions[conn.session]
+                .as_ref()
+                .expect("session")
+                .params;
+            let tk = &mut self.tasks[usize::from(t)];
+            if tk.r2t_sn == 0 {
+                tk.sol_base = tk.got;
+                tk.unsol_done = true;
+                tk.exp_data_sn = 0;
+            }
+            let mut added = false;
+            while tk.r2t_sn - tk.r2t_done < params.max_outstanding_r2t {
+                let (start, end) = burst(tk, tk.r2t_sn, params.max_burst);
+                if start >= end || tk.r2t_sn >= 0xffff {
+                    break;
+                }
+                tk.r2t_sn += 1;
+                tk.allowed = end;
+                added = true;
+            }
+            if added && !tk.queued_out {
+                tk.queued_out = true;
+                conn.out.push_back(t);
+            }
+            return;
+        }
+        // All data in.
+        let tk = &mut self.tasks[usize::from(t)];
+        tk.stage = Stage::Array;
+        if tk.data_error {
+            tk.status = status::CHECK_CONDITION;
+            tk.sense = Some(Sense::DATA_PHASE);
+            tk.din = 0;
+        }
+        if tk.sense.is_some() {
+            tk.status = status::CHECK_CONDITION;
+            tk.din = 0;
+            return self.reply(t);
+        }
+        match tk.plan {
+            Plan::Data { .. } | Plan::Good | Plan::ConditionMet => {
+                if tk.plan == Plan::ConditionMet {
+                    tk.status = status::CONDITION_MET;
+                }
+                self.reply(t)
+            }
+            Plan::Read { blocks, .. } => {
+                tk.din = (blocks * self.shared.lun.block_bytes).min(tk.din_max);
+                self.advance(t, io)
+            }
+            _ => self.advance(t, io),
+        }
+    }
+
+    fn data_out<C: Channel>(
+        &mut self,
+        ci: usize,
+        bhs: Bhs,
+        data_at: usize,
+        dlen: usize,
+        io: &mut Io<'_, C>,
+    ) -> Handled {
+        let ttt = bhs.u32_at(20);
+        let solicited = ttt != pdu::RESERVED_TAG;
+        let found = if solicited {
+            let t = (ttt >> 16) as u16;
+            self.tasks
+                .get(usize::from(t))
+                .filter(|k| k.live && !k.aborted && usize::from(k.conn) == ci && k.itt == bhs.itt())
+                .map(|_| t)
+        } else {
+            self.find_task(ci, bhs.itt())
+        };
+        let Some(t) = found else {
+            // Data for a task already answered or aborted: dropped (§11.7).
+            return Handled::Consumed;
+        };
+        let task = self.tasks[usize::from(t)];
+        if task.stage != Stage::DataOut {
+            return Handled::Consumed;
+        }
+        let data_sn = bhs.u32_at(36);
+        let offset = bhs.u32_at(40);
+        let mb = {
+            let conn = self.conns[ci].as_ref().expect("open");
+            self.sessions[conn.session]
+                .as_ref()
+                .expect("session")
+                .params
+                .max_burst
+        };
+        // The end of the data sequence this PDU belongs to.
+        let seq_end = if solicited {
+            let k = ttt & 0xffff;
+            if task.r2t_done >= task.r2t_sent || k != task.r2t_done & 0xffff {
+                return Handled::Kill(format!(
+                    "Data-Out for R2T {k}, expected the oldest outstanding {} of {}",
+                    task.r2t_done, task.r2t_sent
+                ));
+            }
+            burst(&task, task.r2t_done, mb).1
+        } else {
+            if task.unsol_done {
+                return Handled::Kill("unsolicited Data-Out after the unsolicited part".into());
+            }
+            task.allowed
+        };
+        if data_sn != task.exp_data_sn {
+            return Handled::Kill(format!(
+                "Data-Out DataSN {data_sn}, expected {} (ERL 0: protocol error)",
+                task.exp_data_sn
+            ));
+        }
+        if offset != task.got || offset as u64 + dlen as u64 > u64::from(seq_end) {
+            return Handled::Kill(format!(
+                "Data-Out at {offset}+{dlen} outside the expected {}..{seq_end}",
+                task.got
+            ));
+        }
+        let keep_end = (offset + dlen as u32).min(task.need);
+        if keep_end > offset {
+            let conn = self.conns[ci].as_ref().expect("open");
+            let n = (keep_end - offset) as usize;
+            let src = &conn.rbuf[data_at..data_at + n];
+            self.pool.buf_mut(task.buf)[offset as usize..offset as usize + n].copy_from_slice(src);
+        }
+        self.conns[ci].as_mut().expect("open").data_pdus += 1;
+        let tk = &mut self.tasks[usize::from(t)];
+        tk.got += dlen as u32;
+        tk.exp_data_sn += 1;
+        if bhs.final_bit() {
+            if solicited {
+                if tk.got != seq_end {
+                    return Handled::Kill("R2T burst ended short".into());
+                }
+                tk.r2t_done += 1;
+            } else {
+                tk.unsol_done = true;
+            }
+            tk.exp_data_sn = 0;
+        }
+        self.data_progress(t, io);
+        Handled::Consumed
+    }
+
+    /// Aborts every live task matching `pred(task, ci)`: no reply is sent for them; those in
+    /// the array are released when they complete.
+    fn abort_where(&mut self, pred: impl Fn(&Task, usize) -> bool, ci: usize) {
+        for i in 0..self.tasks.len() {
+            let t = &mut self.tasks[i];
+            if t.live && !t.aborted && pred(t, ci) {
+                t.aborted = true;
+                self.maybe_release(i as u16);
+            }
+        }
+    }
+
+    fn task_management(&mut self, ci: usize, bhs: &Bhs) {
+        let function = bhs.flags() & 0x7f;
+        let rtt = bhs.u32_at(20);
+        let session = self.conns[ci].as_ref().expect("open").session;
+        let response = match function {
+            // ABORT TASK (§11.5.1): function complete whether or not the task is still
+            // here (it may have finished meanwhile).
+            1 => {
+                self.abort_where(|t, _| t.session == session && t.itt == rtt, ci);
+                0
+            }
+            // ABORT TASK SET, CLEAR TASK SET: this session's tasks.
+            2 | 4 => {
+                self.abort_where(|t, _| t.session == session, ci);
+                0
+            }
+            // LOGICAL UNIT RESET, TARGET WARM RESET: every task on this reactor (TAS=0:
+            // other sessions' tasks end without status, SAM-5 §5.6).
+            5 | 6 => {
+                self.abort_where(|_, _| true, ci);
+                0
+            }
+            // CLEAR ACA (no ACA), TARGET COLD RESET: not supported; TASK REASSIGN: not at
+            // ERL 0 (§11.6.1 response 4).
+            3 | 7 => 5,
+            8 => 4,
+            _ => 255,
+        };
+        let conn = self.conns[ci].as_mut().expect("open");
+        let s = self.sessions[conn.session].as_ref().expect("session");
+        let (exp, max) = (s.exp_cmd_sn, s.max_cmd_sn());
+        let st = next_stat(conn);
+        let h = Header::new(op::TMF_RESP, 0x80, 0, bhs.itt())
+            .byte(2, response)
+            .u32(24, st)
+            .u32(28, exp)
+            .u32(32, max);
+        stage(conn, &h, &[]);
+        info!(conn = conn.id, function, response, "task management");
+    }
+
+    fn retry<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        let mut progress = false;
+        while let Some(&t) = self.pending.front() {
+            let task = self.tasks[usize::from(t)];
+            if task.aborted {
+                self.pending.pop_front();
+                self.tasks[usize::from(t)].in_pending = false;
+                self.maybe_release(t);
+                progress = true;
+                continue;
+            }
+            let req = match self.next_request(t) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    self.pending.pop_front();
+                    self.tasks[usize::from(t)].in_pending = false;
+                    self.reply(t);
+                    progress = true;
+                    continue;
+                }
+                Err(s) => {
+                    self.pending.pop_front();
+                    let tk = &mut self.tasks[usize::from(t)];
+                    tk.in_pending = false;
+                    tk.status = status::CHECK_CONDITION;
+                    tk.sense = Some(s);
+                    tk.din = 0;
+                    self.reply(t);
+                    progress = true;
+                    continue;
+                }
+            };
+            match io.submit(req) {
+                Ok(()) => {
+                    self.pending.pop_front();
+                    let tk = &mut self.tasks[usize::from(t)];
+                    tk.in_pending = false;
+                    tk.in_array = true;
+                    progress = true;
+                }
+                Err(ArrayError::QueueFull) => break,
+                Err(e) => {
+                    self.pending.pop_front();
+                    self.tasks[usize::from(t)].in_pending = false;
+                    self.failed(t, e);
+                    progress = true;
+                }
+            }
+        }
+        progress
+    }
+
+    fn close(&mut self, ci: usize, why: &str) {
+        let conn = self.conns[ci].as_mut().expect("present");
+        if conn.life == Life::Closed {
+            return;
+        }
+        if why.is_empty() {
+            debug!(conn = conn.id, "closing connection");
+        } else {
+            warn!(conn = conn.id, peer = %conn.peer, "closing iSCSI connection: {why}");
+        }
+        conn.stream = None;
+        conn.life = Life::Closed;
+        // Its tasks are terminated (ERL 0); replies queued for it are dropped.
+        while let Some(t) = conn.out.pop_front() {
+            self.tasks[usize::from(t)].queued_out = false;
+        }
+        self.abort_where(|t, c| usize::from(t.conn) == c, ci);
+    }
+
+    /// Frees a closed connection's slot once no task refers to it, and its session with
+    /// its last connection.
+    fn reap(&mut self, ci: usize) -> bool {
+        let conn = self.conns[ci].as_ref().expect("present");
+        if conn.life != Life::Closed || conn.tasks > 0 {
+            return false;
+        }
+        let sidx = conn.session;
+        self.conns[ci] = None;
+        self.active -= 1;
+        let s = self.sessions[sidx].as_mut().expect("session");
+        s.conns -= 1;
+        if s.conns == 0 {
+            let tsih = s.tsih;
+            self.sessions[sidx] = None;
+            // Off the hot path: a session ends at most once per login.
+            self.shared.forget_session(tsih);
+            info!(tsih, "iSCSI session ended");
+        }
+        true
+    }
+
+    fn latch_finished(&mut self) {
+        if !self.finished && self.shared.shutdown.load(Ordering::Acquire) {
+            debug_assert_eq!(self.free_tasks.len(), self.tasks.len());
+            debug_assert_eq!(self.pool.free_count(), self.pool.len());
+            info!(reactor = self.reactor, "iSCSI front-end drained");
+            self.finished = true;
+        }
+    }
+}
+
+impl Frontend for IscsiFrontend {
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        let mut progress = false;
+        while let Some(nc) = self.inbox.pop() {
+            self.adopt(nc);
+            progress = true;
+        }
+        self.turns = self.turns.wrapping_add(1);
+        let clock = self.turns.is_multiple_of(CLOCK_EVERY) && self.active > 0;
+        let now = if clock { Some(Instant::now()) } else { None };
+        let mut expired = false;
+        if self.shared.shutdown.load(Ordering::Acquire) {
+            let now = Instant::now();
+            match self.drain_deadline {
+                None => {
+                    self.drain_deadline = Some(now + self.shared.config.drain_grace);
+                    for c in self.conns.iter_mut().flatten() {
+                        if c.life == Life::Open {
+                            c.life = Life::Draining;
+                        }
+                    }
+                    progress = true;
+                }
+                Some(d) => expired = now >= d,
+            }
+        }
+        if self.active == 0 && self.pending.is_empty() {
+            self.latch_finished();
+            return progress;
+        }
+        progress |= self.retry(io);
+        for ci in 0..self.conns.len() {
+            let Some(conn) = self.conns[ci].as_mut() else {
+                continue;
+            };
+            if conn.life != Life::Closed {
+                let s = self.sessions[conn.session].as_ref().expect("session");
+                if s.revoked.load(Ordering::Acquire) {
+                    self.close(ci, "session reinstated or revoked");
+                    progress = true;
+                } else if expired {
+                    self.close(ci, "shutdown grace period expired");
+                    progress = true;
+                }
+            }
+            let conn = self.conns[ci].as_mut().expect("present");
+            if conn.life != Life::Closed {
+                self.pump(ci);
+                let conn = self.conns[ci].as_mut().expect("present");
+                match Self::flush(conn) {
+                    Ok(p) => progress |= p,
+                    Err(e) => {
+                        self.close(ci, &format!("send: {e}"));
+                        progress = true;
+                    }
+                }
+            }
+            let conn = self.conns[ci].as_mut().expect("present");
+            if conn.life == Life::Open {
+                let (p, end) = self.read_pdus(ci, io);
+                progress |= p;
+                match end {
+                    ReadEnd::Paused => {}
+                    ReadEnd::Eof => {
+                        let c = self.conns[ci].as_mut().expect("present");
+                        debug!(conn = c.id, "initiator closed its side");
+                        self.close(ci, "");
+                        progress = true;
+                    }
+                    ReadEnd::Kill(why) => {
+                        self.close(ci, &why);
+                        progress = true;
+                    }
+                }
+                let conn = self.conns[ci].as_mut().expect("present");
+                if conn.life != Life::Closed {
+                    self.pump(ci);
+                    let conn = self.conns[ci].as_mut().expect("present");
+                    if let Err(e) = Self::flush(conn) {
+                        self.close(ci, &format!("send: {e}"));
+                    }
+                }
+            }
+            // Solicited data that never comes: tasks waiting for it hold their buffers, so
+            // a connection whose initiator sends no Data-Out for the stall timeout while
+            // R2Ts are outstanding is cut (its tasks end, the buffers come back).
+            if let Some(now) = now {
+                let waiting = self.tasks.iter().any(|t| {
+                    t.live
+                        && usize::from(t.conn) == ci
+                        && t.stage == Stage::DataOut
+                        && t.r2t_sent > t.r2t_done
+                });
+                let stall = self.shared.config.stall_timeout;
+                let conn = self.conns[ci].as_mut().expect("present");
+                if conn.life == Life::Closed || !waiting {
+                    conn.stall_mark = None;
+                } else {
+                    match conn.stall_mark {
+                        Some((n, since)) if n == conn.data_pdus => {
+                            if now.duration_since(since) >= stall {
+                                self.close(ci, &format!("no solicited Data-Out for {stall:?}"));
+                                progress = true;
+                            }
+                        }
+                        _ => conn.stall_mark = Some((conn.data_pdus, now)),
+                    }
+                }
+            }
+            // Keepalive: an idle connection gets a NOP-In ping; no answer in time: cut.
+            if let Some(now) = now {
+                let ka = self.shared.config.nop_interval;
+                let conn = self.conns[ci].as_mut().expect("present");
+                if conn.life == Life::Open && !ka.is_zero() {
+                    let idle = now.duration_since(conn.last_rx);
+                    match conn.nop_sent {
+                        Some(t) if now.duration_since(t) >= self.shared.config.nop_timeout => {
+                            self.close(ci, "no answer to NOP-In");
+                        }
+                        None if idle >= ka && tx_free(conn) >= pdu::pdu_bytes(0, &conn.tx) => {
+                            let s = self.sessions[conn.session].as_ref().expect("session");
+                            let (exp, max) = (s.exp_cmd_sn, s.max_cmd_sn());
+                            let ttt = conn.next_ttt;
+                            conn.next_ttt = conn.next_ttt.wrapping_add(1).max(1);
+                            let h = Header::new(op::NOP_IN, 0x80, 0, pdu::RESERVED_TAG)
+                                .u32(20, ttt)
+                                .u32(24, conn.stat_sn)
+                                .u32(28, exp)
+                                .u32(32, max);
+                            stage(conn, &h, &[]);
+                            conn.nop_sent = Some(now);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let conn = self.conns[ci].as_mut().expect("present");
+            if conn.life == Life::Draining && conn.tasks == 0 && conn.tstart == conn.tend {
+                self.close(ci, "");
+                progress = true;
+            }
+            progress |= self.reap(ci);
+        }
+        if self.active == 0 && self.pending.is_empty() {
+            self.latch_finished();
+        }
+        progress
+    }
+
+    fn complete(&mut self, c: ArrayCompletion) {
+        let idx = (c.tag & !TAG_BIT) as usize;
+        let Some(task) = self.tasks.get_mut(idx) else {
+            warn!(
+                tag = c.tag,
+                "completion with a tag this front-end never issued"
+            );
+            return;
+        };
+        if !(task.live && task.in_array) {
+            warn!(
+                tag = c.tag,
+                "completion for a task that is not in the array"
+            );
+            return;
+        }
+        task.in_array = false;
+        let t = idx as u16;
+        if task.aborted {
+            self.maybe_release(t);
+            return;
+        }
+        if let Err(e) = c.status {
+            self.failed(t, e);
+            return;
+        }
+        self.step_done(t);
+        // The next step (if any) is submitted from poll: `complete` has no `Io`.
+        let tk = &mut self.tasks[idx];
+        tk.in_pending = true;
+        self.pending.push_back(t);
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+}

@@ -1,0 +1,421 @@
+//! The iSCSI target (RFC 7143): an array exported as LUN 0 of the target
+//! `iqn.2026-11.org.ferroraid:<array name>`, served on the reactors beside NBD.
+//!
+//! The pieces:
+//! - [`pdu`]: the PDU wire format and CRC32C digests, pure;
+//! - [`text`]: text keys (login and text negotiation), pure;
+//! - [`scsi`]: the SCSI block device (SBC-4/SPC-5 subset): CDB decoding, sense data, the
+//!   pages answered without the array, pure;
+//! - `login`: listener and login threads (parameter negotiation, CHAP one-way and mutual,
+//!   discovery sessions with SendTargets), blocking I/O off the reactors;
+//! - [`IscsiFrontend`]: one per reactor, the full-feature phase with non-blocking
+//!   sockets, a preallocated task and buffer pool and no locks.
+//!
+//! Error recovery level 0 only; one LUN; no reservations, no protection information.
+//! What is and is not implemented, and the compliance-suite results, are in
+//! `docs/ISCSI.md`.
+
+pub mod frontend;
+pub mod login;
+pub mod pdu;
+pub mod scsi;
+pub mod text;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use engine::geometry::ArrayGeometry;
+use thiserror::Error;
+use tracing::info;
+
+pub use frontend::IscsiFrontend;
+
+use crate::nbd::BufferClass;
+use login::NewConn;
+use scsi::LunInfo;
+
+/// The iSCSI port (IANA, RFC 7143 §13.4 "well-known port 3260").
+pub const DEFAULT_PORT: u16 = 3260;
+/// Prefix of every target name: the array name follows.
+pub const IQN_PREFIX: &str = "iqn.2026-11.org.ferroraid:";
+/// Connections handed to one reactor waiting to be adopted.
+const INBOX_CAPACITY: usize = 64;
+
+/// CHAP credentials (RFC 7143 §12.1.3, RFC 1994).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ChapConfig {
+    /// The name the initiator must give (CHAP_N).
+    pub user: String,
+    /// The secret the initiator proves it knows (12 to 16 bytes recommended, §9.2.1).
+    pub secret: String,
+    /// For mutual CHAP: the target's name and secret, answered when the initiator
+    /// challenges (must differ from the initiator's secret).
+    pub mutual: Option<(String, String)>,
+    /// Refuse initiators that do not challenge the target (only with `mutual`).
+    pub require_mutual: bool,
+}
+
+impl std::fmt::Debug for ChapConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapConfig")
+            .field("user", &self.user)
+            .field("secret", &"<redacted>")
+            .field("mutual", &self.mutual.as_ref().map(|(u, _)| u))
+            .field("require_mutual", &self.require_mutual)
+            .finish()
+    }
+}
+
+/// Server tunables.
+#[derive(Clone, Debug)]
+pub struct IscsiConfig {
+    /// CHAP authentication; `None`: AuthMethod=None.
+    pub chap: Option<ChapConfig>,
+    /// Offer CRC32C header and data digests (else only None).
+    pub digests: bool,
+    /// Our MaxRecvDataSegmentLength, bytes (512..=2^24−1).
+    pub max_recv_data: u32,
+    /// Largest MaxBurstLength accepted, bytes.
+    pub max_burst: u32,
+    /// Largest MaxConnections per session.
+    pub max_connections: u32,
+    /// Data buffer classes of each reactor's pool (one buffer per task). Empty: 128 of
+    /// 64 KiB, 32 of 1 MiB, 4 of the largest transfer.
+    pub buffers: Vec<BufferClass>,
+    /// Largest READ/WRITE, bytes (the Block Limits page's MAXIMUM TRANSFER LENGTH).
+    pub max_transfer_bytes: u32,
+    /// Connections one reactor serves at once.
+    pub max_connections_per_reactor: usize,
+    /// Longest wait for one login read or write.
+    pub login_timeout: Duration,
+    /// Longest whole login.
+    pub login_deadline: Duration,
+    /// After shutdown is requested, how long connections get to finish.
+    pub drain_grace: Duration,
+    /// Idle time after which the target pings with NOP-In (zero: never).
+    pub nop_interval: Duration,
+    /// How long a ping may go unanswered before the connection is cut.
+    pub nop_timeout: Duration,
+    /// How long a connection may leave solicited data (R2Ts) unanswered, holding its
+    /// tasks' buffers, before it is cut.
+    pub stall_timeout: Duration,
+}
+
+impl Default for IscsiConfig {
+    /// No CHAP, digests offered, 64 KiB segments, 1 MiB bursts, 4 connections per
+    /// session, 4 MiB transfers, 256 connections per reactor, 10 s/60 s login, 10 s drain,
+    /// 30 s/15 s keepalive, 30 s for solicited data.
+    fn default() -> Self {
+        Self {
+            chap: None,
+            digests: true,
+            max_recv_data: 64 << 10,
+            max_burst: 1 << 20,
+            max_connections: 4,
+            buffers: Vec::new(),
+            max_transfer_bytes: 4 << 20,
+            max_connections_per_reactor: 256,
+            login_timeout: Duration::from_secs(10),
+            login_deadline: Duration::from_secs(60),
+            drain_grace: Duration::from_secs(10),
+            nop_interval: Duration::from_secs(30),
+            nop_timeout: Duration::from_secs(15),
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Invalid iSCSI configuration or a listener that could not start.
+#[derive(Debug, Error)]
+pub enum IscsiError {
+    /// Tunables out of range.
+    #[error("iSCSI: {0}")]
+    Config(String),
+    /// A listening socket could not be bound.
+    #[error("iSCSI listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The listener thread could not start.
+    #[error("starting the iSCSI listener: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// A registered session (login threads look sessions up to add connections and to
+/// reinstate them).
+pub(crate) struct SessionEntry {
+    pub(crate) isid: [u8; 6],
+    pub(crate) initiator: String,
+    pub(crate) revoked: Arc<AtomicBool>,
+}
+
+/// State shared by the listener, login threads and front-ends.
+pub(crate) struct Shared {
+    pub(crate) config: IscsiConfig,
+    pub(crate) lun: LunInfo,
+    pub(crate) target_name: String,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) next_conn: AtomicU64,
+    pub(crate) next_tsih: AtomicU16,
+    /// Sessions by TSIH. Locked by login threads and by a reactor when a session ends —
+    /// never per I/O.
+    pub(crate) sessions: Mutex<HashMap<u16, SessionEntry>>,
+    pub(crate) inboxes: Vec<Arc<ArrayQueue<NewConn>>>,
+    pub(crate) largest_buf: u32,
+    pub(crate) write_same_buf: u32,
+    /// Task slots of each front-end (buffers + spare slots).
+    pub(crate) tasks_per_reactor: usize,
+}
+
+impl Shared {
+    pub(crate) fn forget_session(&self, tsih: u16) {
+        let mut reg = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        reg.remove(&tsih);
+    }
+}
+
+/// The target name of an array.
+pub fn target_name(array: &str) -> String {
+    format!("{IQN_PREFIX}{}", array.to_ascii_lowercase())
+}
+
+/// The logical unit facts of an array: block size, capacity, a full stripe as the optimal
+/// granularity, transfer limits from `cfg`.
+pub fn lun_info(array: &str, geo: &ArrayGeometry, uuid: [u8; 16], cfg: &IscsiConfig) -> LunInfo {
+    let g = geo.geometry();
+    let bs = g.block_bytes();
+    let stripe = g.stripe_data_bytes();
+    let gran = u32::try_from(stripe / u64::from(bs)).unwrap_or(0);
+    let max_blocks = cfg.max_transfer_bytes / bs;
+    LunInfo {
+        block_bytes: bs,
+        blocks: geo.capacity_bytes() / u64::from(bs),
+        max_transfer_blocks: max_blocks,
+        granularity_blocks: gran,
+        optimal_blocks: if gran > 0 && gran <= max_blocks {
+            max_blocks / gran * gran
+        } else {
+            max_blocks
+        },
+        max_compare_write_blocks: u8::try_from((max_blocks / 3).min(255)).unwrap_or(255),
+        // WRITE SAME / UNMAP ranges become one WriteZeroes (len_bytes is a u32): 512 MiB,
+        // at most 2^20 blocks (initiators treat larger MAXIMUM UNMAP LBA COUNTs as bogus).
+        max_write_same_blocks: ((512u32 << 20) / bs).clamp(1, 1 << 20),
+        uuid,
+        product: format!("RAID{} array", g.level().md_level()),
+        target_name: target_name(array),
+    }
+}
+
+/// Configures and starts an [`IscsiServer`].
+pub struct IscsiServerBuilder {
+    lun: LunInfo,
+    config: IscsiConfig,
+    listen: Vec<SocketAddr>,
+}
+
+impl IscsiServerBuilder {
+    /// Listens on a TCP address (port 0 picks a free one; see [`IscsiServer::addrs`]).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen.push(addr);
+        self
+    }
+
+    /// Replaces the tunables.
+    pub fn config(mut self, config: IscsiConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Binds the sockets, starts the listener threads and returns the server with
+    /// `reactors` front-ends (one per reactor, in reactor order).
+    ///
+    /// # Errors
+    /// [`IscsiError`] for bad tunables, a socket that cannot be bound, a thread that
+    /// cannot start.
+    pub fn start(self, reactors: usize) -> Result<(IscsiServer, Vec<IscsiFrontend>), IscsiError> {
+        let mut config = self.config;
+        let lun = self.lun;
+        let bs = lun.block_bytes;
+        if reactors == 0 {
+            return Err(IscsiError::Config("no reactors".into()));
+        }
+        if !(512..(1 << 24)).contains(&config.max_recv_data)
+            || config.max_burst < 512
+            || config.max_transfer_bytes < bs
+            || config.max_connections == 0
+            || config.max_connections_per_reactor == 0
+        {
+            return Err(IscsiError::Config(format!(
+                "tunables out of range: {config:?}"
+            )));
+        }
+        if let Some(c) = &config.chap {
+            if c.user.is_empty() || c.secret.is_empty() {
+                return Err(IscsiError::Config(
+                    "CHAP user and secret must be set".into(),
+                ));
+            }
+            if let Some((u, s)) = &c.mutual {
+                if u.is_empty() || s.is_empty() || *s == c.secret {
+                    return Err(IscsiError::Config(
+                        "mutual CHAP needs its own user and a secret different from the initiator's (RFC 7143 §12.1.3)".into(),
+                    ));
+                }
+            }
+        }
+        if config.buffers.is_empty() {
+            let max = config.max_transfer_bytes.max(3 * 255 * bs.min(4096));
+            config.buffers = vec![
+                BufferClass {
+                    bytes: 64 << 10,
+                    count: 128,
+                },
+                BufferClass {
+                    bytes: 1 << 20,
+                    count: 32,
+                },
+                BufferClass {
+                    bytes: max,
+                    count: 4,
+                },
+            ];
+        }
+        let largest = config.buffers.iter().map(|c| c.bytes).max().unwrap_or(0);
+        let total: usize = config.buffers.iter().map(|c| usize::from(c.count)).sum();
+        if total == 0
+            || total + frontend::BARE_TASKS >= usize::from(u16::MAX)
+            || config.buffers.len() > 255
+            || config
+                .buffers
+                .iter()
+                .any(|c| c.bytes < scsi::MAX_PAGE_BYTES as u32 || !c.bytes.is_multiple_of(bs))
+        {
+            return Err(IscsiError::Config(
+                "buffers: 1..65535 buffers, each a multiple of the block size and ≥ 4 KiB".into(),
+            ));
+        }
+        let mut lun = lun;
+        lun.max_transfer_blocks = lun.max_transfer_blocks.min(largest / bs);
+        lun.max_compare_write_blocks =
+            u8::try_from((largest / bs / 3).min(u32::from(lun.max_compare_write_blocks)))
+                .unwrap_or(255);
+        let listen = if self.listen.is_empty() {
+            vec![SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))]
+        } else {
+            self.listen
+        };
+        let mut bound = Vec::new();
+        for a in listen {
+            let l =
+                TcpListener::bind(a).map_err(|source| IscsiError::Listen { addr: a, source })?;
+            bound.push(l);
+        }
+        let addrs: Vec<SocketAddr> = bound.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let inboxes: Vec<Arc<ArrayQueue<NewConn>>> = (0..reactors)
+            .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
+            .collect();
+        let shared = Arc::new(Shared {
+            target_name: lun.target_name.clone(),
+            write_same_buf: (1u32 << 20).min(largest) / bs * bs,
+            lun,
+            config,
+            shutdown: AtomicBool::new(false),
+            next_conn: AtomicU64::new(1),
+            next_tsih: AtomicU16::new(1),
+            sessions: Mutex::new(HashMap::new()),
+            inboxes: inboxes.clone(),
+            largest_buf: largest,
+            tasks_per_reactor: total + frontend::BARE_TASKS,
+        });
+        let mut threads = Vec::new();
+        for l in bound {
+            let sh = Arc::clone(&shared);
+            match std::thread::Builder::new()
+                .name("iscsi-listen".into())
+                .spawn(move || login::listen(l, sh))
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    shared.shutdown.store(true, Ordering::Release);
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(IscsiError::Spawn(e));
+                }
+            }
+        }
+        info!(target = %shared.target_name, ?addrs, reactors, "iSCSI target listening");
+        let frontends = inboxes
+            .iter()
+            .enumerate()
+            .map(|(i, q)| IscsiFrontend::new(i, Arc::clone(&shared), Arc::clone(q)))
+            .collect();
+        Ok((
+            IscsiServer {
+                shared,
+                threads,
+                addrs,
+            },
+            frontends,
+        ))
+    }
+}
+
+/// A running iSCSI target's listeners. Shut it down **before** stopping the reactors (as
+/// with the NBD server): front-ends finish only after shutdown was requested and their
+/// connections drained.
+pub struct IscsiServer {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl IscsiServer {
+    /// A builder for the LUN `lun` with default tunables (listening on 127.0.0.1:3260
+    /// unless given addresses).
+    pub fn builder(lun: LunInfo) -> IscsiServerBuilder {
+        IscsiServerBuilder {
+            lun,
+            config: IscsiConfig::default(),
+            listen: Vec::new(),
+        }
+    }
+
+    /// The bound addresses (real ports when 0 was asked).
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// The target name.
+    pub fn target_name(&self) -> &str {
+        &self.shared.target_name
+    }
+
+    /// Requests shutdown (listeners stop, logins are cut, connections drain) and joins
+    /// the listener threads.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for IscsiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

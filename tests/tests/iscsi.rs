@@ -1,0 +1,1324 @@
+//! The iSCSI target end to end: `ferroraid serve --iscsi` as a process, real initiators
+//! against it (libiscsi's `iscsi-test-cu` compliance suite, `iscsi-ls`, `iscsi-inq`,
+//! `iscsi-readcapacity16`, `qemu-io` with `iscsi://` URLs, `fio` through `qemu-nbd`
+//! bridging iSCSI to NBD), CHAP one-way and mutual, a member failed over JSON-RPC under
+//! iSCSI writes, and a raw-socket initiator sending malformed PDUs.
+//!
+//! Tools come from Debian's `libiscsi-bin`, `qemu-block-extra` (qemu's iSCSI driver),
+//! `qemu-utils` and `fio`. A missing tool skips its test with a printed reason, unless
+//! `FERRORAID_REQUIRE_TOOLS=1` (CI). Every server is killed when its test ends.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferroraid::iscsi::pdu::{self, op, Bhs, Framing, Header};
+use ferroraid::iscsi::text;
+use ferroraid_tests::{required, run_tool, show_output, tool};
+
+const MIB: u64 = 1 << 20;
+const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The whole compliance suite (about a minute on the CI machines; a hang fails the test).
+const SUITE_TIMEOUT: Duration = Duration::from_secs(600);
+/// What tgt 1.0.85 passes of the same suite on the same machine (issue 8's reference:
+/// 160 passed, 8 failed, 62 skipped of 230).
+const TGT_PASSED: u32 = 160;
+/// The suite's tests ferroraid fails, each for a reason given in docs/ISCSI.md.
+const KNOWN_FAILURES: &[&str] = &[
+    "CompareAndWrite.Simple",
+    "CompareAndWrite.Miscompare",
+    "WriteSame16.Unmap",
+    "iSCSIdatasn.iSCSIDataSnInvalid",
+];
+
+fn ferroraid_cmd<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut c = Command::new(ferroraid_tests::ferroraid_bin());
+    c.args(args).env("RUST_LOG", "info").env("NO_COLOR", "1");
+    c
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding 127.0.0.1:0")
+        .port()
+}
+
+/// The tools a test needs, or `None` (skipped, said on stderr) when one is missing and
+/// `FERRORAID_REQUIRE_TOOLS` is not 1.
+fn tools(names: &[&str]) -> Option<Vec<PathBuf>> {
+    names.iter().map(|n| tool(n)).collect()
+}
+
+/// A created array: member files, name, UUID (hex, no separators), capacity in bytes.
+struct Array {
+    name: String,
+    members: Vec<PathBuf>,
+    uuid_hex: String,
+    size: u64,
+}
+
+fn create(dir: &Path, name: &str, members: usize, member_bytes: u64) -> Array {
+    let paths: Vec<PathBuf> = (0..members)
+        .map(|i| {
+            let p = dir.join(format!("{name}{i}.img"));
+            fs::File::create(&p)
+                .and_then(|f| f.set_len(member_bytes))
+                .unwrap();
+            p
+        })
+        .collect();
+    let mut cmd = ferroraid_cmd(["create", "--level", "6", "--chunk", "64K", "--name", name]);
+    cmd.args(&paths);
+    let out = run_tool(&mut cmd, dir, TOOL_TIMEOUT);
+    assert!(out.status.success(), "create: {}", show_output(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // created raid6 left-symmetric array "x" (UUID a:b:c:d): 6 members, ..., N bytes, ...
+    let uuid_hex = text
+        .split("(UUID ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no UUID in {text}"))
+        .replace(':', "");
+    let size = text
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" bytes")?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no capacity in {text}"));
+    Array {
+        name: name.to_string(),
+        members: paths,
+        uuid_hex,
+        size,
+    }
+}
+
+/// A `ferroraid serve` process with NBD and iSCSI on free ports.
+struct Server {
+    child: Option<Child>,
+    stderr: PathBuf,
+    iscsi_port: u16,
+    nbd_port: u16,
+    target: String,
+}
+
+impl Server {
+    fn start(dir: &Path, label: &str, a: &Array, extra: &[&str]) -> Server {
+        let (iscsi_port, nbd_port) = (free_port(), free_port());
+        let mut args: Vec<OsString> = vec!["serve".into(), "--adaptive".into()];
+        args.extend(["--nbd".into(), format!("127.0.0.1:{nbd_port}").into()]);
+        args.extend(["--iscsi".into(), format!("127.0.0.1:{iscsi_port}").into()]);
+        args.extend(extra.iter().map(OsString::from));
+        args.extend(a.members.iter().map(|m| m.as_os_str().to_owned()));
+        let stderr = dir.join(format!("{label}.err"));
+        let mut cmd = ferroraid_cmd(&args);
+        // SAFETY: prctl is async-signal-safe; the server dies with the test process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(dir.join(format!("{label}.out"))).unwrap())
+            .stderr(fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("starting ferroraid serve");
+        let mut s = Server {
+            child: Some(child),
+            stderr,
+            iscsi_port,
+            nbd_port,
+            target: format!("iqn.2026-11.org.ferroraid:{}", a.name),
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while TcpStream::connect(("127.0.0.1", iscsi_port)).is_err() {
+            assert!(s.alive(), "ferroraid serve exited:\n{}", s.log());
+            assert!(
+                Instant::now() < deadline,
+                "iSCSI port never opened:\n{}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    fn url(&self) -> String {
+        format!("iscsi://127.0.0.1:{}/{}/0", self.iscsi_port, self.target)
+    }
+
+    fn portal(&self) -> String {
+        format!("iscsi://127.0.0.1:{}", self.iscsi_port)
+    }
+
+    /// SIGTERM, then the exit status must be success (a clean drain and stop).
+    fn stop(&mut self) {
+        let mut c = self.child.take().expect("running");
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                assert!(st.success(), "serve exited with {st}:\n{}", self.log());
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("serve did not stop:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            if std::thread::panicking() {
+                eprintln!("--- ferroraid serve log ---\n{}", self.log());
+            }
+        }
+    }
+}
+
+fn ok(out: Output, what: &str, srv: &Server) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n--- server ---\n{}",
+        show_output(&out),
+        srv.log()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------
+// libiscsi's compliance suite.
+// ---------------------------------------------------------------------------------------
+
+/// `iscsi-test-cu -d -t ALL` passes more tests than tgt, fails only the known ones, and
+/// neither crashes nor hangs the target (it still serves and stops cleanly afterwards).
+#[test]
+fn compliance_suite_passes_more_than_tgt() {
+    let Some(t) = tools(&["iscsi-test-cu", "iscsi-inq"]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // RAID6, 4 members of 129 MiB: 256 MiB of LUN.
+    let a = create(d, "cu", 4, 129 * MIB);
+    let mut srv = Server::start(d, "cu", &a, &["--reactors", "2"]);
+    let started = Instant::now();
+    let out = run_tool(
+        Command::new(&t[0]).args(["-d", "-t", "ALL", &srv.url()]),
+        d,
+        SUITE_TIMEOUT,
+    );
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("iscsi-test-cu took {took:?}");
+    // "               tests    230    230    226      4        0"
+    let nums: Vec<u32> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("tests "))
+        .unwrap_or_else(|| panic!("no summary: {}", show_output(&out)))
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let (total, ran, passed, failed) = (nums[0], nums[1], nums[2], nums[3]);
+    eprintln!("iscsi-test-cu: {passed} passed, {failed} failed of {total} ({ran} ran)");
+    // Which failed: "  Test: NAME ..." followed (perhaps after messages) by "FAILED".
+    let mut suite = String::new();
+    let mut test = String::new();
+    let mut failures = Vec::new();
+    for l in text.lines() {
+        if let Some(s) = l.strip_prefix("Suite: ") {
+            suite = s.trim().to_string();
+        }
+        if let Some(rest) = l.trim_start().strip_prefix("Test: ") {
+            test = rest.split(" ...").next().unwrap_or("").to_string();
+        }
+        if (l.trim() == "FAILED" || l.trim_end().ends_with("...FAILED"))
+            && !failures.contains(&format!("{suite}.{test}"))
+        {
+            failures.push(format!("{suite}.{test}"));
+        }
+    }
+    for f in &failures {
+        assert!(
+            KNOWN_FAILURES.contains(&f.as_str()),
+            "unexpected failure {f}: {}\n--- server ---\n{}",
+            text,
+            srv.log()
+        );
+    }
+    assert_eq!(ran, total, "tests did not run: {text}");
+    assert!(
+        passed > TGT_PASSED && failed as usize <= KNOWN_FAILURES.len(),
+        "{passed} passed, {failed} failed: {text}"
+    );
+    assert!(
+        srv.alive(),
+        "the target died under the suite:\n{}",
+        srv.log()
+    );
+    assert!(!srv.log().contains("panicked"), "{}", srv.log());
+    // Still serving.
+    ok(
+        run_tool(Command::new(&t[1]).arg(srv.url()), d, TOOL_TIMEOUT),
+        "iscsi-inq after the suite",
+        &srv,
+    );
+    srv.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// Inquiry tools.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn iscsi_ls_inq_and_readcapacity16_report_the_array() {
+    let Some(t) = tools(&["iscsi-ls", "iscsi-inq", "iscsi-readcapacity16"]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(d, "inq", 6, 17 * MIB);
+    let mut srv = Server::start(d, "inq", &a, &[]);
+    let ls = ok(
+        run_tool(Command::new(&t[0]).arg(srv.portal()), d, TOOL_TIMEOUT),
+        "iscsi-ls",
+        &srv,
+    );
+    assert!(
+        ls.contains(&format!(
+            "Target:{} Portal:127.0.0.1:{},1",
+            srv.target, srv.iscsi_port
+        )),
+        "{ls}"
+    );
+    let inq = ok(
+        run_tool(Command::new(&t[1]).arg(srv.url()), d, TOOL_TIMEOUT),
+        "iscsi-inq",
+        &srv,
+    );
+    for want in [
+        "Peripheral Device Type:DIRECT_ACCESS",
+        "Vendor:FERRORAI",
+        "Product:RAID6 array",
+        "CmdQue:1",
+    ] {
+        assert!(inq.contains(want), "{want} missing:\n{inq}");
+    }
+    // Unit serial number: the array UUID.
+    let serial = ok(
+        run_tool(
+            Command::new(&t[1]).args(["-e", "1", "-c", "128", &srv.url()]),
+            d,
+            TOOL_TIMEOUT,
+        ),
+        "iscsi-inq VPD 0x80",
+        &srv,
+    );
+    assert!(
+        serial.contains(&a.uuid_hex),
+        "{} not in\n{serial}",
+        a.uuid_hex
+    );
+    // Device identification: an NAA designator.
+    let ident = ok(
+        run_tool(
+            Command::new(&t[1]).args(["-e", "1", "-c", "131", &srv.url()]),
+            d,
+            TOOL_TIMEOUT,
+        ),
+        "iscsi-inq VPD 0x83",
+        &srv,
+    );
+    assert!(ident.contains("NAA"), "{ident}");
+    let cap = ok(
+        run_tool(Command::new(&t[2]).arg(srv.url()), d, TOOL_TIMEOUT),
+        "iscsi-readcapacity16",
+        &srv,
+    );
+    for want in [
+        format!("RETURNED LOGICAL BLOCK ADDRESS:{}", a.size / 512 - 1),
+        "LOGICAL BLOCK LENGTH IN BYTES:512".to_string(),
+        "LBPME:1 LBPRZ:1".to_string(),
+        format!("Total size:{}", a.size),
+    ] {
+        assert!(cap.contains(&want), "{want} missing:\n{cap}");
+    }
+    srv.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// qemu-io, fio through qemu-nbd, a member failed under writes.
+// ---------------------------------------------------------------------------------------
+
+/// qemu's iSCSI driver, or `None` when `qemu-block-extra` is missing.
+fn qemu_iscsi(srv: &Server, d: &Path) -> Option<PathBuf> {
+    let q = tool("qemu-io")?;
+    let out = run_tool(
+        Command::new(&q).args(["-f", "raw", "-c", "read 0 512", &srv.url()]),
+        d,
+        TOOL_TIMEOUT,
+    );
+    let text = show_output(&out);
+    if text.contains("Unknown protocol") || text.contains("Unknown driver") {
+        assert!(
+            !required("FERRORAID_REQUIRE_TOOLS"),
+            "qemu has no iSCSI driver (qemu-block-extra) and FERRORAID_REQUIRE_TOOLS=1"
+        );
+        eprintln!("SKIPPED: qemu has no iSCSI driver (install qemu-block-extra)");
+        return None;
+    }
+    Some(q)
+}
+
+/// qemu-io writes patterns at aligned and unaligned offsets over iSCSI, verifies them
+/// over iSCSI, and the same bytes read back over NBD from the same array.
+#[test]
+fn qemu_io_writes_and_verifies_patterns_over_iscsi() {
+    if tools(&["qemu-io"]).is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(d, "qio", 6, 17 * MIB);
+    let mut srv = Server::start(d, "qio", &a, &["--reactors", "2"]);
+    let Some(q) = qemu_iscsi(&srv, d) else {
+        return;
+    };
+    let writes: &[(u64, u64, u8)] = &[
+        (0, 4096, 0x11),
+        (512, 1536, 0x22),
+        (65536 - 512, 8192, 0x33),
+        (3 * MIB, 2 * MIB, 0x44),
+        (a.size - 1024 * 1024, 1024 * 1024, 0x55),
+    ];
+    for &(off, len, pat) in writes {
+        let cmd = format!("write -P {pat} {off} {len}");
+        ok(
+            run_tool(
+                Command::new(&q).args(["-f", "raw", "-c", &cmd, &srv.url()]),
+                d,
+                TOOL_TIMEOUT,
+            ),
+            &cmd,
+            &srv,
+        );
+    }
+    // Later writes overwrite earlier ones: verify the last pattern of every byte range.
+    let last = writes;
+    let check = |url: String, what: &str| {
+        for (i, &(off, len, pat)) in last.iter().enumerate() {
+            // Only the parts not overwritten later.
+            let mut pieces = vec![(off, off + len)];
+            for &(o2, l2, _) in &last[i + 1..] {
+                pieces = pieces
+                    .into_iter()
+                    .flat_map(|(s, e)| {
+                        let mut v = Vec::new();
+                        if s < o2.min(e) {
+                            v.push((s, o2.min(e)));
+                        }
+                        if (o2 + l2).max(s) < e {
+                            v.push(((o2 + l2).max(s), e));
+                        }
+                        v
+                    })
+                    .collect();
+            }
+            for (s, e) in pieces {
+                let cmd = format!("read -P {pat} {s} {}", e - s);
+                let out = ok(
+                    run_tool(
+                        Command::new(&q).args(["-f", "raw", "-c", &cmd, &url]),
+                        d,
+                        TOOL_TIMEOUT,
+                    ),
+                    &format!("{what}: {cmd}"),
+                    &srv,
+                );
+                assert!(
+                    !out.contains("Pattern verification failed"),
+                    "{what}: {cmd}: {out}"
+                );
+            }
+        }
+    };
+    check(srv.url(), "iSCSI");
+    check(
+        format!("nbd://127.0.0.1:{}/{}", srv.nbd_port, a.name),
+        "NBD",
+    );
+    srv.stop();
+}
+
+/// `ferroraid status --json --rpc SOCK`, retried while the socket is not up yet.
+fn rpc_status(d: &Path, rpc: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = run_tool(
+            &mut ferroraid_cmd(["status", "--json", "--rpc", rpc]),
+            d,
+            TOOL_TIMEOUT,
+        );
+        if out.status.code() != Some(4) || Instant::now() > deadline {
+            return serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("status --json: {e}: {}", show_output(&out)));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// fio (through qemu-nbd, which bridges qemu's iSCSI initiator to an NBD socket) writes
+/// random blocks with CRC32C verification while the operator fails a member over
+/// JSON-RPC: fio sees no error and every block verifies; the array reports degraded.
+#[test]
+fn fio_random_writes_verify_over_iscsi_while_a_member_fails() {
+    let Some(t) = tools(&["fio", "qemu-nbd"]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(d, "fio", 6, 17 * MIB);
+    let rpc = d.join("rpc.sock");
+    let rpc_arg = rpc.display().to_string();
+    let mut srv = Server::start(d, "fio", &a, &["--rpc", &rpc_arg, "--reactors", "2"]);
+    if qemu_iscsi(&srv, d).is_none() {
+        return;
+    }
+    let sock = d.join("bridge.sock");
+    let mut bridge = Command::new(&t[1])
+        // Persistent, several clients: fio connects more than once.
+        .args(["-f", "raw", "--cache=none", "-t", "-e", "8", "-k"])
+        .arg(&sock)
+        .arg(srv.url())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(d.join("qemu-nbd.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + START_TIMEOUT;
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "qemu-nbd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut fio = Command::new(&t[0])
+        .current_dir(d)
+        .args([
+            "--verify_state_save=0",
+            "--name=iscsi",
+            "--ioengine=nbd",
+            &format!("--uri=nbd+unix:///?socket={}", sock.display()),
+            "--rw=randwrite",
+            "--bs=16k",
+            "--size=16m",
+            "--iodepth=8",
+            "--loops=6",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Fail member 1 once writes reach the members.
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    loop {
+        let st = rpc_status(d, &rpc_arg);
+        let writes: u64 = st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["io"]["writes"].as_u64().unwrap())
+            .sum();
+        if writes >= 64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no writes reached the members: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run_tool(
+        ferroraid_cmd(["fail", "--rpc", &rpc_arg]).arg(&a.members[1]),
+        d,
+        TOOL_TIMEOUT,
+    );
+    ok(out, "ferroraid fail", &srv);
+    assert!(
+        fio.try_wait().unwrap().is_none(),
+        "fio finished before the failure"
+    );
+    let out = fio.wait_with_output().unwrap();
+    let _ = bridge.kill();
+    let _ = bridge.wait();
+    assert!(
+        out.status.success(),
+        "fio saw an error: {}\n--- server ---\n{}",
+        show_output(&out),
+        srv.log()
+    );
+    let st = rpc_status(d, &rpc_arg);
+    assert_eq!(st["array"]["state"], "degraded", "{st}");
+    assert_eq!(st["members"][1]["state"], "faulty", "{st}");
+    assert!(!srv.log().contains("CHECK CONDITION"), "{}", srv.log());
+    srv.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// CHAP.
+// ---------------------------------------------------------------------------------------
+
+/// One-way and mutual CHAP with secrets from the config file; wrong secrets refused.
+#[test]
+fn chap_one_way_and_mutual_and_wrong_secrets_refused() {
+    let Some(t) = tools(&["iscsi-inq"]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(d, "chap", 4, 9 * MIB);
+    let cfg = d.join("serve.toml");
+    fs::write(
+        &cfg,
+        "[iscsi_chap]\nuser = \"alice\"\nsecret = \"alice-secret-12\"\n\
+         mutual_user = \"target\"\nmutual_secret = \"target-secret-1\"\n",
+    )
+    .unwrap();
+    let cfg_arg = cfg.display().to_string();
+    let mut srv = Server::start(d, "chap", &a, &["--config", &cfg_arg]);
+    let url_with = |cred: &str, query: &str| {
+        format!(
+            "iscsi://{cred}@127.0.0.1:{}/{}/0{query}",
+            srv.iscsi_port, srv.target
+        )
+    };
+    let inq = |url: String| run_tool(Command::new(&t[0]).arg(url), d, TOOL_TIMEOUT);
+    // One-way.
+    ok(
+        inq(url_with("alice%alice-secret-12", "")),
+        "one-way CHAP",
+        &srv,
+    );
+    // Mutual: the initiator checks the target's answer.
+    ok(
+        inq(url_with(
+            "alice%alice-secret-12",
+            "?target_user=target&target_password=target-secret-1",
+        )),
+        "mutual CHAP",
+        &srv,
+    );
+    // Wrong initiator secret, unknown user, no credentials: refused.
+    for (cred, what) in [
+        ("alice%wrong-secret-00", "wrong secret"),
+        ("mallory%alice-secret-12", "wrong user"),
+    ] {
+        let out = inq(url_with(cred, ""));
+        assert!(
+            !out.status.success(),
+            "{what} accepted: {}",
+            show_output(&out)
+        );
+    }
+    let out = inq(srv.url());
+    assert!(
+        !out.status.success(),
+        "no CHAP accepted: {}",
+        show_output(&out)
+    );
+    // The target proving a wrong mutual secret: the initiator refuses it.
+    let out = inq(url_with(
+        "alice%alice-secret-12",
+        "?target_user=target&target_password=not-the-secret",
+    ));
+    assert!(
+        !out.status.success(),
+        "initiator accepted a wrong target secret: {}",
+        show_output(&out)
+    );
+    assert!(
+        srv.log().contains("CHAP authentication failed"),
+        "{}",
+        srv.log()
+    );
+    srv.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// Malformed PDUs from a raw-socket initiator.
+// ---------------------------------------------------------------------------------------
+
+/// A minimal initiator over a blocking socket: logs in (optionally asking for digests),
+/// sends raw PDUs, reads PDUs.
+struct Raw {
+    s: TcpStream,
+    f: Framing,
+    cmd_sn: u32,
+    itt: u32,
+    tsih: u16,
+}
+
+/// What a raw login asks for.
+#[derive(Clone, Copy, Default)]
+struct LoginOpts {
+    digests: bool,
+    /// ImmediateData=No (all write data solicited by R2T).
+    no_immediate: bool,
+    /// Join this session (0: a new one).
+    tsih: u16,
+    cid: u16,
+    /// MaxBurstLength and MaxOutstandingR2T to offer (0: not sent, the defaults).
+    max_burst: u32,
+    max_r2t: u32,
+}
+
+impl Raw {
+    fn login(port: u16, target: &str, digests: bool) -> Raw {
+        Self::login_with(
+            port,
+            target,
+            LoginOpts {
+                digests,
+                ..LoginOpts::default()
+            },
+        )
+    }
+
+    fn login_with(port: u16, target: &str, o: LoginOpts) -> Raw {
+        let digests = o.digests;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut kv = Vec::new();
+        text::put(
+            &mut kv,
+            "InitiatorName",
+            "iqn.2026-11.org.ferroraid:raw-test",
+        );
+        text::put(&mut kv, "SessionType", "Normal");
+        text::put(&mut kv, "TargetName", target);
+        text::put(&mut kv, "AuthMethod", "None");
+        text::put(
+            &mut kv,
+            "HeaderDigest",
+            if digests { "CRC32C" } else { "None" },
+        );
+        text::put(
+            &mut kv,
+            "DataDigest",
+            if digests { "CRC32C" } else { "None" },
+        );
+        text::put(&mut kv, "MaxRecvDataSegmentLength", "65536");
+        text::put(
+            &mut kv,
+            "ImmediateData",
+            if o.no_immediate { "No" } else { "Yes" },
+        );
+        text::put(&mut kv, "InitialR2T", "Yes");
+        if o.max_burst > 0 {
+            text::put(&mut kv, "MaxBurstLength", &o.max_burst.to_string());
+        }
+        if o.max_r2t > 0 {
+            text::put(&mut kv, "MaxOutstandingR2T", &o.max_r2t.to_string());
+        }
+        // Security → full feature in one step (T=1, CSG=0, NSG=3: allowed when nothing
+        // is left to negotiate in the operational stage, RFC 7143 §6.3).
+        let h = Header::new(op::LOGIN_REQ | 0x40, 0x80 | 0x03, kv.len() as u32, 1)
+            .byte(3, 0)
+            .bytes(8, &[0x80, 0, 0, 0x12, 0x34, 0x56])
+            .u16(14, o.tsih)
+            .u16(20, o.cid)
+            .u32(24, 1);
+        let plain = Framing {
+            header_digest: false,
+            data_digest: false,
+            max_recv_data: 65536,
+        };
+        let mut buf = vec![0u8; pdu::pdu_bytes(kv.len(), &plain)];
+        pdu::write_pdu(&mut buf, &h, &kv, &plain);
+        s.write_all(&buf).unwrap();
+        let mut r = Raw {
+            s,
+            f: plain,
+            cmd_sn: 1,
+            itt: 10,
+            tsih: 0,
+        };
+        let (bhs, data) = r.read().expect("login response");
+        assert_eq!(bhs.opcode(), op::LOGIN_RESP);
+        assert_eq!(
+            u16::from_be_bytes([bhs.raw[36], bhs.raw[37]]),
+            0,
+            "login refused"
+        );
+        assert_eq!(bhs.flags() & 0x83, 0x83, "not in full-feature phase");
+        r.tsih = u16::from_be_bytes([bhs.raw[14], bhs.raw[15]]);
+        r.cmd_sn = bhs.u32_at(28);
+        assert!(o.tsih == 0 || r.tsih == o.tsih, "joined another session");
+        let keys = text::parse(&data).unwrap();
+        assert!(keys
+            .iter()
+            .any(|(k, v)| k == "HeaderDigest" && v == if digests { "CRC32C" } else { "None" }));
+        r.f = Framing {
+            header_digest: digests,
+            data_digest: digests,
+            max_recv_data: 65536,
+        };
+        r
+    }
+
+    fn send(&mut self, h: &Header, data: &[u8]) {
+        let mut buf = vec![0u8; pdu::pdu_bytes(data.len(), &self.f)];
+        let n = pdu::write_pdu(&mut buf, h, data, &self.f);
+        let _ = self.s.write_all(&buf[..n]);
+    }
+
+    /// The next PDU, or `None` when the target closed the connection.
+    fn read(&mut self) -> Option<(Bhs, Vec<u8>)> {
+        let mut h = [0u8; 48];
+        self.s.read_exact(&mut h).ok()?;
+        let bhs = Bhs::parse(&h).unwrap();
+        let mut rest = vec![0u8; bhs.wire_bytes(self.f.header_digest, self.f.data_digest) - 48];
+        self.s.read_exact(&mut rest).ok()?;
+        let mut all = h.to_vec();
+        all.extend_from_slice(&rest);
+        let f = Framing {
+            max_recv_data: 1 << 24,
+            ..self.f
+        };
+        assert_eq!(f.frame(&all), Ok(Some(all.len())), "target's header digest");
+        let p = f.split(&all).unwrap();
+        assert!(p.data_digest_ok, "target's data digest");
+        Some((bhs, p.data.to_vec()))
+    }
+
+    /// A NOP-Out ping (immediate) and its NOP-In: the connection is alive and in step.
+    fn ping(&mut self) -> Bhs {
+        self.itt += 1;
+        let h = Header::new(op::NOP_OUT | 0x40, 0x80, 4, self.itt)
+            .u32(20, pdu::RESERVED_TAG)
+            .u32(24, self.cmd_sn);
+        self.send(&h, b"ping");
+        let (b, data) = self.read().expect("NOP-In");
+        assert_eq!(b.opcode(), op::NOP_IN);
+        assert_eq!(b.itt(), self.itt);
+        assert_eq!(data, b"ping");
+        b
+    }
+
+    /// Whether the target closed the connection: EOF or a reset within the read timeout
+    /// (a timeout is not a close; bytes are drained until one of them).
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 4096];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return false
+                }
+                Err(_) => return true,
+            }
+        }
+    }
+
+    fn test_unit_ready(&mut self, cmd_sn: u32) {
+        self.itt += 1;
+        let h = Header::new(op::SCSI_CMD, 0x80, 0, self.itt)
+            .u32(20, 0)
+            .u32(24, cmd_sn)
+            .bytes(32, &[0u8; 16]);
+        self.send(&h, &[]);
+    }
+}
+
+#[test]
+fn malformed_pdus_get_rejects_or_a_clean_drop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(d, "raw", 4, 9 * MIB);
+    let mut srv = Server::start(d, "raw", &a, &[]);
+    let port = srv.iscsi_port;
+    let target = srv.target.clone();
+
+    // An unknown opcode: Reject "command not supported", the connection goes on.
+    let mut r = Raw::login(port, &target, false);
+    let h = Header::new(0x1e, 0x80, 0, 77);
+    r.send(&h, &[]);
+    let (b, data) = r.read().expect("Reject");
+    assert_eq!(
+        (b.opcode(), b.raw[2]),
+        (op::REJECT, pdu::reject::NOT_SUPPORTED)
+    );
+    assert_eq!(&data[..48], &h.0, "the Reject carries the rejected header");
+    r.ping();
+
+    // A command outside the CmdSN window is ignored (RFC 7143 §4.2.2.1): no answer, and
+    // ExpCmdSN does not move; the in-window one is answered.
+    let exp_before = r.ping().u32_at(28);
+    r.test_unit_ready(exp_before.wrapping_add(1000));
+    let after = r.ping();
+    assert_eq!(
+        after.u32_at(28),
+        exp_before,
+        "an out-of-window CmdSN moved ExpCmdSN"
+    );
+    r.test_unit_ready(exp_before);
+    let (b, _) = r.read().expect("SCSI Response");
+    assert_eq!(
+        (b.opcode(), b.raw[3]),
+        (op::SCSI_RESP, 0),
+        "TEST UNIT READY"
+    );
+    assert_eq!(b.u32_at(28), exp_before.wrapping_add(1));
+
+    // A data segment beyond MaxRecvDataSegmentLength: dropped.
+    let h = Header::new(op::NOP_OUT | 0x40, 0x80, 1 << 20, 99).u32(20, pdu::RESERVED_TAG);
+    let _ = r.s.write_all(&h.0);
+    assert!(r.closed(), "oversized PDU accepted");
+
+    // Garbage: a "login" in the full-feature phase, then noise: dropped, no panic.
+    let mut r = Raw::login(port, &target, false);
+    let _ = r.s.write_all(&[0x43u8; 48]);
+    let _ = r.s.write_all(&[0xffu8; 4096]);
+    // Whatever the target makes of it, it must answer with Rejects or close: read until
+    // it closes or goes quiet.
+    let _ = r.s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut sink = [0u8; 4096];
+    while matches!(r.s.read(&mut sink), Ok(n) if n > 0) {}
+
+    // Digests: a data digest error gets Reject "data digest error" and the PDU is
+    // dropped; a header digest error drops the connection.
+    let mut r = Raw::login(port, &target, true);
+    r.ping();
+    r.itt += 1;
+    let h = Header::new(op::NOP_OUT | 0x40, 0x80, 4, r.itt).u32(20, pdu::RESERVED_TAG);
+    let mut buf = vec![0u8; pdu::pdu_bytes(4, &r.f)];
+    let n = pdu::write_pdu(&mut buf, &h, b"ping", &r.f);
+    buf[n - 1] ^= 0xff; // the data digest
+    r.s.write_all(&buf[..n]).unwrap();
+    let (b, _) = r.read().expect("Reject");
+    assert_eq!(
+        (b.opcode(), b.raw[2]),
+        (op::REJECT, pdu::reject::DATA_DIGEST)
+    );
+    r.ping();
+    let n = pdu::write_pdu(&mut buf, &h, b"ping", &r.f);
+    buf[50] ^= 0xff; // the header digest
+    r.s.write_all(&buf[..n]).unwrap();
+    assert!(r.closed(), "header digest error accepted");
+
+    // The target is unharmed: a new session works and the server stops cleanly.
+    let mut r = Raw::login(port, &target, false);
+    r.ping();
+    assert!(srv.alive());
+    assert!(!srv.log().contains("panicked"), "{}", srv.log());
+    srv.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// In process: the target over `mem` members and real reactors, with tunables the binary
+// does not expose.
+// ---------------------------------------------------------------------------------------
+
+mod in_process {
+    use super::*;
+    use std::sync::Arc;
+
+    use drivers::mem::MemDevice;
+    use engine::array::ArrayConfig;
+    use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+    use engine::parity::Parity;
+    use engine::reactor::{Mode, ReactorConfig, Reactors};
+    use ferroraid::iscsi::{lun_info, IscsiConfig, IscsiFrontend, IscsiServer};
+    use ferroraid::nbd::BufferClass;
+
+    const MEMBER_BYTES: u64 = 8 << 20;
+    const CHUNK: u64 = 64 << 10;
+
+    struct Target {
+        server: Option<IscsiServer>,
+        reactors: Option<Reactors<IscsiFrontend>>,
+        port: u16,
+        name: String,
+    }
+
+    impl Target {
+        /// RAID6 over 6 mem members, `reactors` reactors, `buffers` task buffers of 64 KiB
+        /// per reactor.
+        fn start(reactors: usize, buffers: u16) -> Target {
+            Self::start_with(reactors, buffers, |_| {})
+        }
+
+        /// As [`Target::start`], with the tunables adjusted by `tweak`.
+        fn start_with(
+            reactors: usize,
+            buffers: u16,
+            tweak: impl FnOnce(&mut IscsiConfig),
+        ) -> Target {
+            let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+            let geo = ArrayGeometry::new(g, MEMBER_BYTES / CHUNK).unwrap();
+            let devices: Arc<Vec<MemDevice>> = Arc::new(
+                (0..6)
+                    .map(|i| MemDevice::new(&format!("mem{i}"), MEMBER_BYTES, 512, 64).unwrap())
+                    .collect(),
+            );
+            let config = IscsiConfig {
+                buffers: vec![BufferClass {
+                    bytes: 64 << 10,
+                    count: buffers,
+                }],
+                max_transfer_bytes: 64 << 10,
+                drain_grace: Duration::from_secs(5),
+                ..IscsiConfig::default()
+            };
+            let mut config = config;
+            tweak(&mut config);
+            let lun = lun_info("mem", &geo, [7; 16], &config);
+            let name = lun.target_name.clone();
+            let (server, frontends) = IscsiServer::builder(lun)
+                .config(config)
+                .listen("127.0.0.1:0".parse().unwrap())
+                .start(reactors)
+                .unwrap();
+            let port = server.addrs()[0].port();
+            let running = Reactors::start(
+                devices,
+                geo,
+                Parity::new(),
+                ArrayConfig::default(),
+                ReactorConfig {
+                    cores: vec![None; reactors],
+                    mode: Mode::Adaptive,
+                    requests: 256,
+                },
+                frontends,
+            )
+            .unwrap();
+            Target {
+                server: Some(server),
+                reactors: Some(running),
+                port,
+                name,
+            }
+        }
+
+        /// Shuts down (bounded) and checks every front-end got its buffers back.
+        fn stop(&mut self) {
+            self.server.take().expect("running").shutdown();
+            let reactors = self.reactors.take().expect("running");
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(reactors.stop());
+            });
+            let frontends = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("reactors did not stop within 30 s")
+                .expect("reactors ran");
+            for (i, f) in frontends.iter().enumerate() {
+                assert_eq!(f.connections(), 0, "reactor {i} still holds connections");
+                assert_eq!(f.free_buffers(), f.buffers(), "reactor {i} leaked buffers");
+            }
+        }
+    }
+
+    impl Drop for Target {
+        fn drop(&mut self) {
+            if let Some(s) = self.server.take() {
+                s.shutdown();
+            }
+            if let Some(r) = self.reactors.take() {
+                let _ = r.stop();
+            }
+        }
+    }
+
+    fn write10(r: &mut Raw, cmd_sn: u32, lba: u32, blocks: u16) -> u32 {
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x2a;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 0, r.itt)
+            .u32(20, u32::from(blocks) * 512)
+            .u32(24, cmd_sn)
+            .bytes(32, &cdb);
+        r.send(&h, &[]);
+        r.itt
+    }
+
+    fn read10(r: &mut Raw, cmd_sn: u32, lba: u32, blocks: u16) -> Vec<u8> {
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x40, 0, r.itt)
+            .u32(20, u32::from(blocks) * 512)
+            .u32(24, cmd_sn)
+            .bytes(32, &cdb);
+        r.send(&h, &[]);
+        let mut data = Vec::new();
+        loop {
+            let (b, d) = r.read().expect("Data-In");
+            assert_eq!(b.itt(), r.itt);
+            if b.opcode() == op::DATA_IN {
+                assert_eq!(b.u32_at(40) as usize, data.len(), "Data-In in order");
+                data.extend_from_slice(&d);
+                if b.flags() & 0x01 != 0 {
+                    assert_eq!(b.raw[3], 0, "read status");
+                    return data;
+                }
+            } else {
+                assert_eq!(b.opcode(), op::SCSI_RESP);
+                assert_eq!(b.raw[3], 0, "read status");
+                return data;
+            }
+        }
+    }
+
+    /// With every task buffer taken by writes waiting for their (solicited) data, further
+    /// commands are answered TASK SET FULL instead of being left unread — the Data-Out
+    /// behind them still flows, the waiting writes complete, and the data reads back.
+    #[test]
+    fn no_free_buffer_answers_task_set_full_and_data_keeps_flowing() {
+        let mut t = Target::start(1, 2);
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        // Four 8 KiB writes, no data yet: two get buffers (and R2Ts), two TASK SET FULL.
+        let itts: Vec<u32> = (0..4)
+            .map(|i| write10(&mut r, sn.wrapping_add(i), 16 * i, 16))
+            .collect();
+        let mut r2t = Vec::new();
+        let mut full = Vec::new();
+        while r2t.len() + full.len() < 4 {
+            let (b, _) = r.read().expect("R2T or response");
+            match b.opcode() {
+                op::R2T => {
+                    assert_eq!((b.u32_at(40), b.u32_at(44)), (0, 8192), "R2T offset/length");
+                    r2t.push((b.itt(), b.u32_at(20)));
+                }
+                op::SCSI_RESP => {
+                    assert_eq!(b.raw[3], 0x28, "status of a command without a buffer");
+                    full.push(b.itt());
+                }
+                o => panic!("unexpected opcode {o:#x}"),
+            }
+        }
+        assert_eq!(r2t.iter().map(|x| x.0).collect::<Vec<_>>(), itts[..2]);
+        assert_eq!(full, itts[2..]);
+        // The solicited data, in two Data-Out PDUs each: both writes complete.
+        for (k, &(itt, ttt)) in r2t.iter().enumerate() {
+            for part in 0..2u32 {
+                let data = vec![0x40 + k as u8; 4096];
+                let h = Header::new(op::DATA_OUT, if part == 1 { 0x80 } else { 0 }, 4096, itt)
+                    .u32(20, ttt)
+                    .u32(36, part)
+                    .u32(40, part * 4096);
+                r.send(&h, &data);
+            }
+        }
+        for _ in 0..2 {
+            let (b, _) = r.read().expect("SCSI Response");
+            assert_eq!((b.opcode(), b.raw[3]), (op::SCSI_RESP, 0), "write status");
+        }
+        // Retry of the refused ones now succeeds (buffers are back), and everything reads
+        // back.
+        let sn2 = sn.wrapping_add(4);
+        let itt = write10(&mut r, sn2, 32, 16);
+        let (b, _) = r.read().expect("R2T");
+        assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+        let h = Header::new(op::DATA_OUT, 0x80, 8192, itt)
+            .u32(20, b.u32_at(20))
+            .u32(36, 0);
+        r.send(&h, &[0x55; 8192]);
+        let (b, _) = r.read().expect("SCSI Response");
+        assert_eq!((b.opcode(), b.raw[3]), (op::SCSI_RESP, 0));
+        let got = read10(&mut r, sn2.wrapping_add(1), 0, 48);
+        assert!(got[..8192].iter().all(|&x| x == 0x40));
+        assert!(got[8192..16384].iter().all(|&x| x == 0x41));
+        assert!(got[16384..].iter().all(|&x| x == 0x55));
+        drop(r);
+        t.stop();
+    }
+
+    /// A write larger than MaxBurstLength is solicited in bursts, MaxOutstandingR2T of
+    /// them at a time (R2TSN, offsets and lengths per RFC 7143 §11.8), each with its own
+    /// TTT and DataSN sequence; the data lands where it belongs.
+    #[test]
+    fn several_r2ts_outstanding_solicit_a_write_in_bursts() {
+        let mut t = Target::start(1, 8);
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                max_burst: 8192,
+                max_r2t: 3,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        // 64 KiB: 8 bursts of 8 KiB, 3 outstanding at a time.
+        let itt = write10(&mut r, sn, 100, 128);
+        let pattern = |off: u32| (off / 512 % 251) as u8;
+        let mut next_sn = 0;
+        let mut done = 0;
+        let mut outstanding = Vec::new();
+        while done < 8 {
+            while outstanding.len() < 3 && next_sn < 8 {
+                let (b, _) = r.read().expect("R2T");
+                assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+                assert_eq!(b.u32_at(36), next_sn, "R2TSN");
+                assert_eq!(b.u32_at(40), next_sn * 8192, "buffer offset");
+                assert_eq!(b.u32_at(44), 8192, "desired length");
+                outstanding.push((b.u32_at(20), b.u32_at(40)));
+                next_sn += 1;
+            }
+            // Answer the oldest: two PDUs, DataSN 0 and 1.
+            let (ttt, off) = outstanding.remove(0);
+            for part in 0..2u32 {
+                let o = off + part * 4096;
+                let data: Vec<u8> = (0..4096u32).map(|i| pattern(o + i)).collect();
+                let h = Header::new(op::DATA_OUT, if part == 1 { 0x80 } else { 0 }, 4096, itt)
+                    .u32(20, ttt)
+                    .u32(36, part)
+                    .u32(40, o);
+                r.send(&h, &data);
+            }
+            done += 1;
+        }
+        let (b, _) = r.read().expect("SCSI Response");
+        assert_eq!((b.opcode(), b.itt(), b.raw[3]), (op::SCSI_RESP, itt, 0));
+        let got = read10(&mut r, sn.wrapping_add(1), 100, 128);
+        let want: Vec<u8> = (0..65536u32).map(pattern).collect();
+        assert!(got == want, "data read back differs");
+        drop(r);
+        t.stop();
+    }
+
+    /// An initiator that leaves an R2T unanswered (while answering nothing else) is cut
+    /// after the stall timeout, and the buffer its task held comes back.
+    #[test]
+    fn unanswered_r2t_cuts_the_connection_after_the_stall_timeout() {
+        let mut t = Target::start_with(1, 4, |c| c.stall_timeout = Duration::from_secs(1));
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        let itt = write10(&mut r, sn, 0, 16);
+        let (b, _) = r.read().expect("R2T");
+        assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+        r.s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let started = Instant::now();
+        assert!(r.closed(), "the stalled connection was not cut");
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        // The target serves on, and every buffer is home at stop.
+        let mut r = Raw::login(t.port, &t.name, false);
+        r.ping();
+        drop(r);
+        t.stop();
+    }
+
+    /// A second connection joins a session (same ISID, its TSIH, another CID): both carry
+    /// commands of the one CmdSN window; a login naming an unknown TSIH is refused.
+    #[test]
+    fn two_connections_share_one_session() {
+        let mut t = Target::start(2, 16);
+        let mut a = Raw::login(t.port, &t.name, false);
+        let sn = a.ping().u32_at(28);
+        let mut b = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                tsih: a.tsih,
+                cid: 1,
+                ..LoginOpts::default()
+            },
+        );
+        assert_eq!(b.tsih, a.tsih);
+        // A command on B advances the session's ExpCmdSN, seen on A.
+        b.test_unit_ready(sn);
+        let (resp, _) = b.read().expect("SCSI Response");
+        assert_eq!((resp.opcode(), resp.raw[3]), (op::SCSI_RESP, 0));
+        assert_eq!(a.ping().u32_at(28), sn.wrapping_add(1));
+        a.test_unit_ready(sn.wrapping_add(1));
+        let (resp, _) = a.read().expect("SCSI Response");
+        assert_eq!(resp.u32_at(28), sn.wrapping_add(2));
+        assert_eq!(b.ping().u32_at(28), sn.wrapping_add(2));
+        // Joining a session that does not exist: login status 0x020a.
+        let mut s = TcpStream::connect(("127.0.0.1", t.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut kv = Vec::new();
+        text::put(
+            &mut kv,
+            "InitiatorName",
+            "iqn.2026-11.org.ferroraid:raw-test",
+        );
+        text::put(&mut kv, "TargetName", &t.name);
+        text::put(&mut kv, "AuthMethod", "None");
+        let h = Header::new(op::LOGIN_REQ | 0x40, 0x80 | 0x03, kv.len() as u32, 1)
+            .bytes(8, &[0x80, 0, 0, 0x12, 0x34, 0x56])
+            .u16(14, a.tsih.wrapping_add(100))
+            .u16(20, 2);
+        let plain = Framing {
+            header_digest: false,
+            data_digest: false,
+            max_recv_data: 65536,
+        };
+        let mut buf = vec![0u8; pdu::pdu_bytes(kv.len(), &plain)];
+        pdu::write_pdu(&mut buf, &h, &kv, &plain);
+        s.write_all(&buf).unwrap();
+        let mut hdr = [0u8; 48];
+        s.read_exact(&mut hdr).unwrap();
+        assert_eq!(hdr[0] & 0x3f, op::LOGIN_RESP);
+        assert_eq!(u16::from_be_bytes([hdr[36], hdr[37]]), 0x020a);
+        drop((a, b));
+        t.stop();
+    }
+}
