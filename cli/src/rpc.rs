@@ -488,13 +488,18 @@ fn no_params(method: &str, params: Option<Value>) -> Result<(), RpcError> {
     }
 }
 
-/// The `device` parameter: `{"device": "..."}` or `["..."]`; a string (path or slot) or
-/// a non-negative integer (slot).
-fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError> {
-    let usage = || format!("{method} takes {{\"device\": \"<path or slot number>\"}}");
-    let v = match params {
+/// A method's one parameter: `{"KEY": value}` or `[value]`; `None` when it is missing.
+///
+/// # Errors
+/// Another key beside `key` ([`RpcError::invalid_params`], with `usage`).
+fn single_param(
+    params: Option<Value>,
+    key: &str,
+    usage: &dyn Fn() -> String,
+) -> Result<Option<Value>, RpcError> {
+    Ok(match params {
         Some(Value::Object(mut m)) => {
-            let v = m.remove("device");
+            let v = m.remove(key);
             if let Some(k) = m.keys().next() {
                 return Err(RpcError::invalid_params(format!(
                     "unknown parameter {:?}: {}",
@@ -506,8 +511,14 @@ fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError>
         }
         Some(Value::Array(a)) if a.len() == 1 => a.into_iter().next(),
         _ => None,
-    };
-    let Some(v) = v else {
+    })
+}
+
+/// The `device` parameter: `{"device": "..."}` or `["..."]`; a string (path or slot) or
+/// a non-negative integer (slot).
+fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError> {
+    let usage = || format!("{method} takes {{\"device\": \"<path or slot number>\"}}");
+    let Some(v) = single_param(params, "device", &usage)? else {
         return Err(RpcError::invalid_params(format!(
             "missing device: {}",
             usage()
@@ -541,21 +552,7 @@ fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError>
 /// `check`, `repair`, `resync`.
 fn kind_param(method: &str, params: Option<Value>) -> Result<ProcessKind, RpcError> {
     let usage = || format!("{method} takes {{\"kind\": \"check\" | \"repair\" | \"resync\"}}");
-    let v = match params {
-        Some(Value::Object(mut m)) => {
-            let v = m.remove("kind");
-            if let Some(k) = m.keys().next() {
-                return Err(RpcError::invalid_params(format!(
-                    "unknown parameter {:?}: {}",
-                    shorten(k),
-                    usage()
-                )));
-            }
-            v
-        }
-        Some(Value::Array(a)) if a.len() == 1 => a.into_iter().next(),
-        _ => None,
-    };
+    let v = single_param(params, "kind", &usage)?;
     match v.as_ref().and_then(Value::as_str) {
         Some("check") => Ok(ProcessKind::Check),
         Some("repair") => Ok(ProcessKind::Repair),

@@ -1319,20 +1319,27 @@ impl<C: Channel> Array<C> {
                     continue;
                 }
                 any = true;
-                self.stats.timeouts += 1;
-                self.fail_member(member, IoError::Timeout);
-                let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
-                let m = &mut self.members[usize::from(member)];
-                for _ in 0..m.queue.remove_tag(tag) {
-                    self.synthetic.push_back(Completion {
-                        tag,
-                        status: Err(IoError::Timeout),
-                    });
-                }
-                self.members[usize::from(member)].ch.abort(tag);
+                self.time_out(s, member);
             }
         }
         any
+    }
+
+    /// Operation `s`'s requests to `member` ran past the command timeout: the member is
+    /// failed, its queued requests complete with [`IoError::Timeout`] at once and those in
+    /// the device are aborted (their completions, if any, come back as timeouts too).
+    fn time_out(&mut self, s: u32, member: u16) {
+        self.stats.timeouts += 1;
+        self.fail_member(member, IoError::Timeout);
+        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let m = &mut self.members[usize::from(member)];
+        for _ in 0..m.queue.remove_tag(tag) {
+            self.synthetic.push_back(Completion {
+                tag,
+                status: Err(IoError::Timeout),
+            });
+        }
+        self.members[usize::from(member)].ch.abort(tag);
     }
 
     // ---- request and operation lifecycle -------------------------------------------------
@@ -1932,23 +1939,11 @@ impl<C: Channel> Array<C> {
         }
         // Abort again only after another full timeout.
         i.issued_ns = self.now;
-        let bitmap_sop = self.bitmap_sop();
-        let tag_of = |m: u16| (u64::from(bitmap_sop) << MEMBER_BITS) | u64::from(m);
         for member in 0..self.members.len() as u16 {
             if self.intent.as_ref().expect("bitmap").per_member[usize::from(member)] == 0 {
                 continue;
             }
-            self.stats.timeouts += 1;
-            self.fail_member(member, IoError::Timeout);
-            let tag = tag_of(member);
-            let m = &mut self.members[usize::from(member)];
-            for _ in 0..m.queue.remove_tag(tag) {
-                self.synthetic.push_back(Completion {
-                    tag,
-                    status: Err(IoError::Timeout),
-                });
-            }
-            self.members[usize::from(member)].ch.abort(tag);
+            self.time_out(self.bitmap_sop(), member);
         }
         true
     }

@@ -624,6 +624,81 @@ pub fn ferroraid_bin() -> &'static Path {
     })
 }
 
+/// A counting global allocator for "the data path allocates nothing" tests: a test binary
+/// installs [`alloc_count::Counting`] as its `#[global_allocator]` and wraps the front-end
+/// under test in [`alloc_count::Armed`], which counts allocations only while that front-end
+/// runs on its reactor.
+pub mod alloc_count {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use engine::array::ArrayCompletion;
+    use engine::device::Channel;
+    use engine::reactor::{Frontend, Io};
+
+    /// Forwards to the system allocator; counts allocations and reallocations made while
+    /// the calling thread is armed.
+    pub struct Counting;
+
+    thread_local! {
+        static ARMED: Cell<bool> = const { Cell::new(false) };
+    }
+    static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+    /// Allocations counted so far, every thread.
+    pub fn allocations() -> u64 {
+        ALLOCATIONS.load(Ordering::Relaxed)
+    }
+
+    fn arm(on: bool) {
+        ARMED.with(|a| a.set(on));
+    }
+
+    // SAFETY: forwards every call to the system allocator unchanged; the bookkeeping
+    // touches only a const-initialised thread-local Cell and an atomic (neither allocates).
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            if ARMED.with(Cell::get) {
+                ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            }
+            // SAFETY: same contract as our caller's.
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            // SAFETY: same contract as our caller's.
+            unsafe { System.dealloc(p, l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+            if ARMED.with(Cell::get) {
+                ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            }
+            // SAFETY: same contract as our caller's.
+            unsafe { System.realloc(p, l, n) }
+        }
+    }
+
+    /// A front-end with the allocation counter armed around its `poll` and `complete`.
+    pub struct Armed<F>(pub F);
+
+    impl<F: Frontend> Frontend for Armed<F> {
+        fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+            arm(true);
+            let r = self.0.poll(io);
+            arm(false);
+            r
+        }
+        fn complete(&mut self, c: ArrayCompletion) {
+            arm(true);
+            self.0.complete(c);
+            arm(false);
+        }
+        fn finished(&self) -> bool {
+            self.0.finished()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

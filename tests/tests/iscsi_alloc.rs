@@ -7,77 +7,24 @@
 //!
 //! A separate test binary because it replaces the global allocator.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use drivers::mem::MemDevice;
-use engine::array::{ArrayCompletion, ArrayConfig};
-use engine::device::Channel;
+use engine::array::ArrayConfig;
 use engine::geometry::{ArrayGeometry, Geometry, Layout as RaidLayout, Level};
 use engine::parity::Parity;
-use engine::reactor::{Frontend, Io, Mode, ReactorConfig, Reactors};
+use engine::reactor::{Mode, ReactorConfig, Reactors};
 use ferroraid::iscsi::pdu::{self, op, Bhs, Framing, Header};
-use ferroraid::iscsi::{lun_info, text, IscsiConfig, IscsiFrontend, IscsiServer};
+use ferroraid::iscsi::{lun_info, text, IscsiConfig, IscsiServer};
+use ferroraid_tests::alloc_count::{allocations, Armed, Counting};
 use ferroraid_tests::Rng;
-
-struct Counting;
-
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; the bookkeeping touches
-// only a const-initialised thread-local Cell and an atomic (neither allocates).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if ARMED.with(Cell::get) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if ARMED.with(Cell::get) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// The iSCSI front-end with the allocation counter armed around it.
-struct Armed(IscsiFrontend);
-
-impl Frontend for Armed {
-    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
-        ARMED.with(|a| a.set(true));
-        let r = self.0.poll(io);
-        ARMED.with(|a| a.set(false));
-        r
-    }
-    fn complete(&mut self, c: ArrayCompletion) {
-        ARMED.with(|a| a.set(true));
-        self.0.complete(c);
-        ARMED.with(|a| a.set(false));
-    }
-    fn finished(&self) -> bool {
-        self.0.finished()
-    }
-}
 
 const PLAIN: Framing = Framing {
     header_digest: false,
@@ -261,9 +208,9 @@ fn the_iscsi_data_path_allocates_nothing() {
             let (mut s, mut cmd_sn) = login(port, &target);
             // Warm-up (the connection is adopted by its reactor during this).
             traffic(&mut s, &mut cmd_sn, 200, 16, 1 + session);
-            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            let before = allocations();
             traffic(&mut s, &mut cmd_sn, 3000, 24, 10 + session);
-            let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+            let allocated = allocations() - before;
             assert_eq!(
                 allocated, 0,
                 "{reactors} reactors, session {session}: the iSCSI data path allocated {allocated} times"

@@ -6,77 +6,24 @@
 //!
 //! A separate test binary because it replaces the global allocator.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use drivers::mem::MemDevice;
-use engine::array::{ArrayCompletion, ArrayConfig};
-use engine::device::Channel;
+use engine::array::ArrayConfig;
 use engine::geometry::{ArrayGeometry, Geometry, Layout as RaidLayout, Level};
 use engine::parity::Parity;
-use engine::reactor::{Frontend, Io, Mode, ReactorConfig, Reactors};
+use engine::reactor::{Mode, ReactorConfig, Reactors};
 use ferroraid::nbd::proto::{self, Request};
-use ferroraid::nbd::{ExportConfig, NbdFrontend, NbdServer};
+use ferroraid::nbd::{ExportConfig, NbdServer};
+use ferroraid_tests::alloc_count::{allocations, Armed, Counting};
 use ferroraid_tests::Rng;
-
-struct Counting;
-
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; the bookkeeping touches
-// only a const-initialised thread-local Cell and an atomic (neither allocates).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if ARMED.with(Cell::get) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if ARMED.with(Cell::get) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// The NBD front-end with the allocation counter armed around it.
-struct Armed(NbdFrontend);
-
-impl Frontend for Armed {
-    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
-        ARMED.with(|a| a.set(true));
-        let r = self.0.poll(io);
-        ARMED.with(|a| a.set(false));
-        r
-    }
-    fn complete(&mut self, c: ArrayCompletion) {
-        ARMED.with(|a| a.set(true));
-        self.0.complete(c);
-        ARMED.with(|a| a.set(false));
-    }
-    fn finished(&self) -> bool {
-        self.0.finished()
-    }
-}
 
 fn option(s: &mut TcpStream, opt: u32, data: &[u8]) {
     s.write_all(&proto::encode_option_header(opt, data.len() as u32))
@@ -227,9 +174,9 @@ fn the_nbd_data_path_allocates_nothing() {
             );
             // Warm-up (the connection is adopted by its reactor during this).
             traffic(&mut s, structured, 200, 16, 1);
-            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            let before = allocations();
             traffic(&mut s, structured, 3000, 24, 2);
-            let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+            let allocated = allocations() - before;
             assert_eq!(
                 allocated, 0,
                 "{reactors} reactors, structured {structured}: the NBD data path allocated {allocated} times"

@@ -1241,6 +1241,31 @@ fn bitmap_state(dir: &Path, member: &Path) -> (u64, u64, u64, u64) {
     )
 }
 
+/// `ferroraid create` of a 4-member RAID6 named `name` (64 KiB chunks, 9 MiB files) with
+/// an internal bitmap of 256 KiB regions (4 stripes each).
+fn create_with_bitmap(d: &Path, name: &str) -> Array {
+    let members = member_files(d, name, 4, MEMBER_BYTES);
+    let mut cmd = ferroraid_cmd(["create", "--level", "6", "--chunk", "64K", "--name", name]);
+    cmd.args(["--bitmap", "internal", "--bitmap-chunk", "256K"])
+        .args(&members);
+    let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
+    assert!(out.status.success(), "{}", show_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("262144-byte chunks"),
+        "{}",
+        show_output(&out)
+    );
+    Array {
+        level: 6,
+        layout: "left-symmetric",
+        name: name.into(),
+        members: members.clone(),
+        images: members,
+        size: 16 * MIB,
+        data_offset: DATA_OFFSET,
+    }
+}
+
 /// An array created with an internal bitmap is served with it: a write marks its regions
 /// on every member's bitmap (md's format, read back by `ferroraid examine` and `mdadm
 /// --examine-bitmap`), the bitmap superblock keeps up with the md superblock's events so
@@ -1253,39 +1278,10 @@ fn internal_bitmap_is_kept_in_md_format_while_serving() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let members = member_files(d, "bm", 4, MEMBER_BYTES);
-    let mut cmd = ferroraid_cmd([
-        "create",
-        "--level",
-        "6",
-        "--chunk",
-        "64K",
-        "--name",
-        "bm",
-        "--bitmap",
-        "internal",
-        "--bitmap-chunk",
-        "256K",
-    ]);
-    cmd.args(&members);
-    let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
-    assert!(out.status.success(), "{}", show_output(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("262144-byte chunks"),
-        "{}",
-        show_output(&out)
-    );
+    let a = create_with_bitmap(d, "bm");
+    let members = a.members.clone();
     // 8 MiB of data per member in 256 KiB regions: 32 bits, all clear, events 0.
     assert_eq!(bitmap_state(d, &members[0]), (0, 0, 0, 0));
-    let a = Array {
-        level: 6,
-        layout: "left-symmetric",
-        name: "bm".into(),
-        members: members.clone(),
-        images: members.clone(),
-        size: 16 * MIB,
-        data_offset: DATA_OFFSET,
-    };
 
     let mut srv = Server::serve(d, "serve", "bm", &shuffled(&members, 21), &[]);
     // 1 MiB at the start: 8 stripes of 128 KiB = 512 KiB of each member = regions 0 and 1.
@@ -2392,32 +2388,8 @@ fn resync_after_a_crash_covers_only_bitmap_dirty_regions() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let members = member_files(d, "rb", 4, MEMBER_BYTES);
-    let mut cmd = ferroraid_cmd([
-        "create",
-        "--level",
-        "6",
-        "--chunk",
-        "64K",
-        "--name",
-        "rb",
-        "--bitmap",
-        "internal",
-        "--bitmap-chunk",
-        "256K",
-    ]);
-    cmd.args(&members);
-    let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
-    assert!(out.status.success(), "{}", show_output(&out));
-    let a = Array {
-        level: 6,
-        layout: "left-symmetric",
-        name: "rb".into(),
-        members: members.clone(),
-        images: members.clone(),
-        size: 16 * MIB,
-        data_offset: DATA_OFFSET,
-    };
+    let a = create_with_bitmap(d, "rb");
+    let members = a.members.clone();
     // Regions are 256 KiB of each member = 4 stripes of 128 KiB of data. Write stripe 0
     // (region 0) and stripe 64 (region 16), then crash before the daemon clears the bits.
     let mut srv = Server::serve(d, "serve", "rb", &members, &[]);

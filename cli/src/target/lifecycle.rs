@@ -492,42 +492,13 @@ impl Shared {
         }
         let p = self.handle.process_snapshot();
         // Rebuild completion and checkpoints.
-        let mut changes = RoleChanges::default();
         let due = self
             .last_checkpoint
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .elapsed()
             >= CHECKPOINT_INTERVAL;
-        let mut done_roles = Vec::new();
-        for &role in &meta.book.rebuilding {
-            let Some(m) = meta
-                .members
-                .iter()
-                .find(|m| m.active && m.role == Some(role))
-            else {
-                continue;
-            };
-            match snap.members[usize::from(role)].state {
-                MemberState::Online => {
-                    changes.recovery.push((m.sb.dev_number, None));
-                    done_roles.push(role);
-                    info!(role, device = %m.path.display(), "rebuild complete: member in sync");
-                }
-                MemberState::Rebuilding if due => {
-                    if let Some(p) = p.as_ref().filter(|p| {
-                        p.kind == EngineKind::Rebuild
-                            && p.targets.contains(&role)
-                            && m.sb.recovering() != Some(p.position_sectors)
-                    }) {
-                        changes
-                            .recovery
-                            .push((m.sb.dev_number, Some(p.position_sectors)));
-                    }
-                }
-                _ => {}
-            }
-        }
+        let (changes, done_roles) = Self::rebuild_changes(meta, snap, p.as_ref(), due);
         meta.book.rebuilding.retain(|r| !done_roles.contains(r));
         if !changes.recovery.is_empty() {
             if due {
@@ -604,7 +575,13 @@ impl Shared {
         let p = self.wait_process_idle(PROCESS_STOP_WAIT);
         let mut meta = self.meta();
         let snap = self.handle.snapshot();
-        self.tend_completions_only(&mut meta, &snap, p.as_ref());
+        let (changes, done) = Self::rebuild_changes(&meta, &snap, p.as_ref(), true);
+        meta.book.rebuilding.retain(|r| !done.contains(r));
+        if !changes.recovery.is_empty() {
+            if let Err(e) = meta.record_with(&[], None, changes) {
+                warn!("recording rebuild progress at stop: {e:#}");
+            }
+        }
         if !self.resync_pending.load(Ordering::Acquire) {
             return None;
         }
@@ -619,14 +596,17 @@ impl Shared {
         Some(at)
     }
 
-    /// Writes the rebuild state of every member being rebuilt: in sync, or its position.
-    fn tend_completions_only(
-        &self,
-        meta: &mut Meta,
+    /// The superblock changes for the members being rebuilt: in sync once the reactors
+    /// put them online (those roles are returned), else — with `checkpoint` — the
+    /// rebuild's position as their `recovery_offset`.
+    fn rebuild_changes(
+        meta: &Meta,
         snap: &ArraySnapshot,
         p: Option<&engine::process::ProcessSnapshot>,
-    ) {
+        checkpoint: bool,
+    ) -> (RoleChanges, Vec<u16>) {
         let mut changes = RoleChanges::default();
+        let mut done = Vec::new();
         for &role in &meta.book.rebuilding {
             let Some(m) = meta
                 .members
@@ -636,9 +616,17 @@ impl Shared {
                 continue;
             };
             match snap.members[usize::from(role)].state {
-                MemberState::Online => changes.recovery.push((m.sb.dev_number, None)),
-                MemberState::Rebuilding => {
-                    if let Some(p) = p.filter(|p| p.targets.contains(&role)) {
+                MemberState::Online => {
+                    changes.recovery.push((m.sb.dev_number, None));
+                    done.push(role);
+                    info!(role, device = %m.path.display(), "rebuild complete: member in sync");
+                }
+                MemberState::Rebuilding if checkpoint => {
+                    if let Some(p) = p.filter(|p| {
+                        p.kind == EngineKind::Rebuild
+                            && p.targets.contains(&role)
+                            && m.sb.recovering() != Some(p.position_sectors)
+                    }) {
                         changes
                             .recovery
                             .push((m.sb.dev_number, Some(p.position_sectors)));
@@ -647,10 +635,6 @@ impl Shared {
                 _ => {}
             }
         }
-        if !changes.recovery.is_empty() {
-            if let Err(e) = meta.record_with(&[], None, changes) {
-                warn!("recording rebuild progress at stop: {e:#}");
-            }
-        }
+        (changes, done)
     }
 }
