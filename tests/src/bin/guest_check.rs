@@ -19,7 +19,7 @@
 //!
 //! Options: `--level 5|6 --layout NAME --chunk BYTES --stripes N --data-offset BYTES
 //! --seed N --ops N --depth N --fail MEMBER --fail-how operator|controller-reset
-//! --reference FILE`.
+//! [--spare MEMBER] --reference FILE`.
 //!
 //! 1. Healthy phase: `ops` random requests (reads, writes with and without FUA, write
 //!    zeroes), from one block to two stripes long, up to `depth` in flight at once, never
@@ -34,11 +34,18 @@
 //!    fail the member and carry on from redundancy.
 //! 4. Degraded phase: `ops` more random requests, verified the same way; the member must
 //!    end failed and every array request must have succeeded.
-//! 5. (Rebuild: the slot where a rebuild onto a spare and a second parity check go once
-//!    engine::process has rebuild; see `rebuild_step`.)
-//! 6. The whole array is read back and compared; the reference image is written to
-//!    `--reference` so the host can hold it against raidref.py's extraction of the member
-//!    images (the failed member as `missing`).
+//! 5. Rebuild (with `--spare`): the spare's data area is first filled with random bytes
+//!    (so a stripe the rebuild skipped cannot pass for rebuilt: zeros or stale data could),
+//!    then the spare takes the failed member's slot (`Array::replace_member`) and a
+//!    rebuild (`engine::process`, `ProcessKind::Rebuild`) runs while the random verified
+//!    requests go on: `ops` of them, and more until the rebuild has finished. Some client
+//!    requests must have completed while the rebuild ran, the rebuild must finish (not
+//!    fail), and the spare must come online (`Array::complete_rebuild`). Then a flush and
+//!    the in-guest parity check of every stripe again, now over the spare.
+//! 6. The whole array is read back and compared (after a rebuild: served by the spare, not
+//!    reconstructed); the reference image is written to `--reference` so the host can
+//!    hold it against raidref.py's extraction of the member images (without a rebuild,
+//!    the failed member as `missing`; after one, the final members, spare included).
 //!
 //! Exit status 0 when everything held; 1 with a message naming the first difference.
 
@@ -51,6 +58,7 @@ use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, Channel, Completion, IoBuf, IoError, Op, Request};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
+use engine::process::{ProcessError, ProcessKind, ProcessRequest, ProcessState};
 use ferroraid_tests::Rng;
 
 type Res<T> = Result<T, String>;
@@ -134,6 +142,7 @@ struct ModelOpts {
     depth: usize,
     fail: u16,
     fail_by_reset: bool,
+    spare: Option<String>,
     reference: Option<PathBuf>,
     members: Vec<String>,
 }
@@ -150,6 +159,7 @@ fn parse_model(args: &[String]) -> Res<ModelOpts> {
         depth: 8,
         fail: 0,
         fail_by_reset: false,
+        spare: None,
         reference: None,
         members: Vec::new(),
     };
@@ -176,6 +186,7 @@ fn parse_model(args: &[String]) -> Res<ModelOpts> {
                     }
                 }
             }
+            "--spare" => o.spare = Some(val()?),
             "--reference" => o.reference = Some(PathBuf::from(val()?)),
             m if !m.starts_with("--") => o.members.push(m.to_string()),
             other => return Err(format!("unknown option {other}")),
@@ -394,7 +405,14 @@ fn model(args: &[String]) -> Res<()> {
     let o = parse_model(args)?;
     let n = o.members.len() as u16;
     let started = Instant::now();
-    let mut devs = Vec::new();
+    let mut devs: Vec<AnyDevice> = Vec::new();
+    if let Some(spare) = &o.spare {
+        // A distinct device: the array still holds the failed member's channel when the
+        // spare's is put in (and a vfio controller opens once).
+        if let Some(i) = o.members.iter().position(|m| m == spare) {
+            return Err(format!("the spare {spare} is member {i} of the array"));
+        }
+    }
     for m in &o.members {
         devs.push(open(m, 32)?);
     }
@@ -522,9 +540,10 @@ fn model(args: &[String]) -> Res<()> {
             m.arr.member_counters(i).errors
         );
     }
-    rebuild_step(&mut m)?;
+    let rebuilt = rebuild_step(&mut m, &mut devs, &o, &what)?;
     m.one(ArrayOp::Flush, 0, 0)?;
-    // Everything reads back (degraded: reconstructed).
+    // Everything reads back (degraded: reconstructed; rebuilt: from the spare itself).
+    let degraded_reads_before = m.arr.stats().degraded_reads;
     let mut off = 0;
     while off < cap {
         let len = (2 * g.stripe_data_bytes()).min(cap - off);
@@ -534,6 +553,12 @@ fn model(args: &[String]) -> Res<()> {
     let st = m.arr.stats();
     if st.degraded_reads == 0 {
         return Err("the degraded phase did no degraded read".into());
+    }
+    if rebuilt && st.degraded_reads != degraded_reads_before {
+        return Err(format!(
+            "after the rebuild the read-back still reconstructed ({} degraded reads)",
+            st.degraded_reads - degraded_reads_before
+        ));
     }
     if let Some(p) = &o.reference {
         std::fs::write(p, &m.reference).map_err(|e| format!("writing {}: {e}", p.display()))?;
@@ -556,11 +581,166 @@ fn model(args: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// Where a rebuild onto a spare goes once the engine has one (engine::process, issue 5):
-/// add the spare, run the rebuild to completion under the same random load, then
-/// `check_parity` again over all members. Until then the degraded array is verified.
-fn rebuild_step(_m: &mut Model) -> Res<()> {
-    Ok(())
+/// Step 5 of the model test (module docs): with `--spare`, fills the spare's data area
+/// with random bytes, puts it into the failed member's slot, rebuilds it under the model's
+/// random verified load, brings it online and checks every stripe's parity over the final
+/// members; `devs[fail]` is then the spare. Returns whether it rebuilt (false without
+/// `--spare`: the array stays degraded).
+fn rebuild_step(m: &mut Model, devs: &mut [AnyDevice], o: &ModelOpts, what: &str) -> Res<bool> {
+    let Some(spec) = &o.spare else {
+        return Ok(false);
+    };
+    let fail = o.fail;
+    let slot = usize::from(fail);
+    let geo = *m.arr.geometry();
+    let started = Instant::now();
+    let spare = {
+        let deadline = Instant::now() + PHASE_DEADLINE;
+        // Aborted requests to the failed member may still be on their way back
+        // (`MemberBusy`); `replace_member` checks the spare itself.
+        loop {
+            match m.arr.check_replace(fail, devs[slot].info()) {
+                Ok(()) => break,
+                Err(ProcessError::MemberBusy { .. }) if Instant::now() < deadline => {
+                    m.turn()?;
+                }
+                Err(e) => return Err(format!("replacing member {fail}: {e}")),
+            }
+        }
+        let spare = open(spec, 32)?;
+        poison(&spare, o.data_offset, geo.member_data_bytes(), o.seed)?;
+        spare
+    };
+    let ch = spare
+        .open_channel()
+        .map_err(|e| format!("channel of the spare {spec}: {e}"))?;
+    let old = m
+        .arr
+        .replace_member(fail, ch)
+        .map_err(|e| format!("replacing member {fail} with {spec}: {e}"))?;
+    drop(old);
+    drop(std::mem::replace(&mut devs[slot], spare));
+    let state = m
+        .arr
+        .member_states()
+        .nth(slot)
+        .expect("member index checked");
+    if state != MemberState::Rebuilding {
+        return Err(format!(
+            "the spare in slot {fail} is {state:?}, not Rebuilding"
+        ));
+    }
+    m.arr
+        .start_process(&ProcessRequest::whole(ProcessKind::Rebuild))
+        .map_err(|e| format!("starting the rebuild: {e}"))?;
+    println!(
+        "model: member {fail} replaced by the spare {spec} ({}, its data area filled with \
+         random bytes): rebuilding under {} random requests",
+        kind(&devs[slot]),
+        o.ops
+    );
+    // Client requests go on while the rebuild runs: `ops` of them, and more until it has
+    // finished; then the last ones drain.
+    let deadline = Instant::now() + PHASE_DEADLINE;
+    let depth = m.flights.len();
+    let mut issued = 0;
+    let mut during = 0;
+    loop {
+        let p = m.arr.process_progress().expect("a rebuild was started");
+        if let ProcessState::Failed(e) = p.state {
+            return Err(format!(
+                "the rebuild failed at stripe {} of {}: {e}",
+                p.position_stripes,
+                geo.stripes()
+            ));
+        }
+        let running = p.state == ProcessState::Running;
+        let more = running || issued < o.ops;
+        if !more && m.in_flight() == 0 {
+            break;
+        }
+        while more && m.in_flight() < depth {
+            let Some((op, off, len)) = m.pick() else {
+                break;
+            };
+            m.submit(op, off, len)?;
+            issued += 1;
+        }
+        let n = m.turn()?;
+        if m.arr
+            .process_progress()
+            .is_some_and(|p| p.state == ProcessState::Running)
+        {
+            during += n;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "rebuild phase: not finished after {PHASE_DEADLINE:?} (rebuild {:?}, {issued} \
+                 requests issued, {} in flight)",
+                m.arr
+                    .process_progress()
+                    .map(|p| (p.state, p.done_stripes, p.total_stripes)),
+                m.in_flight()
+            ));
+        }
+    }
+    let p = m.arr.process_progress().expect("a rebuild was started");
+    if p.state != ProcessState::Finished || p.done_stripes != geo.stripes() {
+        return Err(format!(
+            "the rebuild ended {:?} with {} of {} stripes done",
+            p.state,
+            p.done_stripes,
+            geo.stripes()
+        ));
+    }
+    if during == 0 {
+        return Err("no client request completed while the rebuild ran".into());
+    }
+    let online = m.arr.complete_rebuild();
+    if online.as_slice() != [fail] {
+        return Err(format!(
+            "the finished rebuild brought {online:?} online, not member {fail}"
+        ));
+    }
+    for (i, st) in m.arr.member_states().enumerate() {
+        if st != MemberState::Online {
+            return Err(format!("member {i} is {st:?} after the rebuild"));
+        }
+    }
+    m.one(ArrayOp::Flush, 0, 0)?;
+    check_parity(devs, &geo, o.data_offset)?;
+    println!(
+        "model: {what}: member {fail} rebuilt onto {spec} in {:.1} s: {} stripes, {issued} \
+         requests in the rebuild phase, {during} of them completed while the rebuild ran; \
+         all members online; parity of every stripe verified in the guest",
+        started.elapsed().as_secs_f64(),
+        p.done_stripes
+    );
+    Ok(true)
+}
+
+/// Fills `len` bytes at `offset` of `dev` with random bytes from `seed` (chunk-sized
+/// writes, then a flush): what a rebuild must overwrite entirely.
+fn poison(dev: &AnyDevice, offset: u64, len: u64, seed: u64) -> Res<()> {
+    let mut ch = dev
+        .open_channel()
+        .map_err(|e| format!("channel of {}: {e}", dev.info().name))?;
+    let step = (256u64 << 10).min(u64::from(dev.info().max_transfer_bytes));
+    let mut buf = AlignedBuf::zeroed(step as usize);
+    let mut rng = Rng::new(seed ^ 0x5350_4152_4520_5253);
+    let mut off = 0;
+    while off < len {
+        let n = step.min(len - off) as usize;
+        rng.fill(&mut buf[..n]);
+        one_sync(
+            &mut ch,
+            Op::Write { fua: false },
+            offset + off,
+            &mut buf[..n],
+        )?;
+        off += n as u64;
+    }
+    one_sync(&mut ch, Op::Flush, 0, &mut [])
 }
 
 /// Reads every stripe's chunks through fresh channels and checks P (and Q).
