@@ -289,36 +289,45 @@ fn simulate(env: &Env, spec: &Spec) -> Outcome {
     }
 }
 
-/// Counter `k` of the trace at time `t` (the last sample at or before it).
-fn at(trace: &[(u64, u64, u64)], t: u64, k: usize) -> u64 {
+/// A cumulative counter of the trace.
+#[derive(Clone, Copy, Debug)]
+enum Counter {
+    /// Foreground requests completed.
+    FgOps,
+    /// Background bytes per member done.
+    BgBytes,
+}
+
+/// Counter `c` of the trace at time `t` ns (the last sample at or before it).
+fn at(trace: &[(u64, u64, u64)], t: u64, c: Counter) -> u64 {
     let i = trace.partition_point(|s| s.0 <= t).saturating_sub(1);
     let s = trace[i];
-    if k == 1 {
-        s.1
-    } else {
-        s.2
+    match c {
+        Counter::FgOps => s.1,
+        Counter::BgBytes => s.2,
     }
 }
 
-/// Rate of counter `k` over `[a, b)`, per second.
-fn rate(trace: &[(u64, u64, u64)], a: u64, b: u64, k: usize) -> f64 {
-    (at(trace, b, k) - at(trace, a, k)) as f64 / ((b - a) as f64 / S as f64)
+/// Rate of counter `c` over `[a, b)` ns, per second.
+fn rate(trace: &[(u64, u64, u64)], a: u64, b: u64, c: Counter) -> f64 {
+    (at(trace, b, c) - at(trace, a, c)) as f64 / ((b - a) as f64 / S as f64)
 }
 
-/// Time after `event` until every window of `HOLD_NS` after has counter `k`'s rate at or
-/// above `threshold`; `None` if that never happens before `limit`.
+/// Time after `event` (ns) until every window of the `HOLD_NS` after has counter `c`'s
+/// rate at or above `threshold` (per second), ns; `None` if that never happens before
+/// `limit`.
 fn recovery(
     trace: &[(u64, u64, u64)],
     event: u64,
     limit: u64,
-    k: usize,
+    c: Counter,
     threshold: f64,
 ) -> Option<u64> {
     let mut t = event;
     while t + HOLD_NS <= limit {
         let ok = (0..HOLD_NS / WINDOW_NS).all(|w| {
             let a = t + w * WINDOW_NS;
-            rate(trace, a, a + WINDOW_NS, k) >= threshold
+            rate(trace, a, a + WINDOW_NS, c) >= threshold
         });
         if ok {
             return Some(t - event);
@@ -389,12 +398,12 @@ fn table_run(
         Some((h, ops)) if *ops > 0 => (*ops as f64 / secs, h.value_at_quantile(0.99) as f64 / 1e3),
         _ => (0.0, 0.0),
     };
-    let bg_mb_s = rate(&o.trace, t.warm_ns, end, 2) / 1e6;
+    let bg_mb_s = rate(&o.trace, t.warm_ns, end, Counter::BgBytes) / 1e6;
     let bins = t.measure_ns / t.floor_bin_ns;
     let bg_min_mb_s = (0..bins)
         .map(|i| {
             let a = t.warm_ns + i * t.floor_bin_ns;
-            rate(&o.trace, a, a + t.floor_bin_ns, 2) / 1e6
+            rate(&o.trace, a, a + t.floor_bin_ns, Counter::BgBytes) / 1e6
         })
         .fold(f64::INFINITY, f64::min);
     Row {
@@ -476,8 +485,8 @@ fn timeline(
             let b = a + WINDOW_NS;
             (
                 b as f64 / S as f64,
-                rate(&o.trace, a, b, 2) / 1e6,
-                rate(&o.trace, a, b, 1),
+                rate(&o.trace, a, b, Counter::BgBytes) / 1e6,
+                rate(&o.trace, a, b, Counter::FgOps),
             )
         })
         .collect();
@@ -485,7 +494,14 @@ fn timeline(
         .iter()
         .zip([TS_ON[1].0, TS_END])
         .map(|(&stop, limit)| {
-            recovery(&o.trace, stop, limit, 2, FULL_SPEED * idle_b_s).map(|d| d as f64 / 1e6)
+            recovery(
+                &o.trace,
+                stop,
+                limit,
+                Counter::BgBytes,
+                FULL_SPEED * idle_b_s,
+            )
+            .map(|d| d as f64 / 1e6)
         })
         .collect();
     let protected_ms = [TS_ON[1]]
@@ -495,7 +511,7 @@ fn timeline(
                 &o.trace,
                 start,
                 stop,
-                1,
+                Counter::FgOps,
                 fg_target(profile, fg_depth) * base_iops,
             )
             .map(|d| d as f64 / 1e6)
