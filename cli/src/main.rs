@@ -70,7 +70,7 @@ enum Command {
     Create(serve::CreateArgs),
     /// Run the target: assemble the array from its members' superblocks and serve it over
     /// NBD until SIGINT/SIGTERM (which drain, flush and mark the array clean).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Offline self-test of the engine: builds a RAID over member image files, verifies
     /// it, loses members and reconstructs every stripe.
     Selftest(selftest::SelftestArgs),

@@ -113,8 +113,8 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], iscsi = [...], rpc, force, io_timeout_ms, max_block,
-    /// queue_depth, stripe_ops, qos, qos_target_us, and an [iscsi_chap] table: user, secret,
-    /// mutual_user, mutual_secret, require_mutual).
+    /// queue_depth, stripe_ops, qos, qos_target_us, pacer, speed_min, speed_max, and an
+    /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Cores to run reactors on, one reactor each (e.g. 0,1). Default: `--reactors`
@@ -167,6 +167,17 @@ pub struct ServeArgs {
     /// default: derived (ferroraid) or 2000 (wbt-like).
     #[arg(long, value_name = "US")]
     qos_target_us: Option<u64>,
+    /// Background pacer of resync, rebuild, check and repair: `ferroraid` (default:
+    /// feedback on foreground latency), `md-min` (md before 4.1: `speed_min` whenever
+    /// foreground is seen) or `md-pending` (md 4.1+: wait only for its own requests).
+    #[arg(long, value_name = "ferroraid|md-min|md-pending")]
+    pacer: Option<String>,
+    /// Background floor, KiB/s per member (md's `speed_limit_min`; default 1000).
+    #[arg(long, value_name = "KIB_PER_S")]
+    speed_min: Option<u64>,
+    /// Background ceiling, KiB/s per member (md's `speed_limit_max`; default 200000).
+    #[arg(long, value_name = "KIB_PER_S")]
+    speed_max: Option<u64>,
     /// Member devices in any order: files, block devices, NVMe generic devices
     /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
     /// (`vfio:DDDD:BB:DD.F`).
@@ -195,6 +206,9 @@ struct ServeFile {
     stripe_ops: Option<usize>,
     qos: Option<String>,
     qos_target_us: Option<u64>,
+    pacer: Option<String>,
+    speed_min: Option<u64>,
+    speed_max: Option<u64>,
 }
 
 /// `[iscsi_chap]` of the `--config` file.
@@ -345,6 +359,19 @@ impl ServeArgs {
             }
             o.depth.target_latency_ns = Some(us.saturating_mul(1000));
         }
+        if let Some(p) = self.pacer.as_ref().or(file.pacer.as_ref()) {
+            o.pacer = p.parse().map_err(anyhow::Error::msg)?;
+        }
+        let speed_min = self
+            .speed_min
+            .or(file.speed_min)
+            .unwrap_or(engine::qos::pacer::MD_SPEED_MIN / 1024);
+        let speed_max = self
+            .speed_max
+            .or(file.speed_max)
+            .unwrap_or(engine::qos::pacer::MD_SPEED_MAX / 1024);
+        o.speed_limits = engine::qos::pacer::SpeedLimits::from_kib_per_s(speed_min, speed_max)
+            .map_err(anyhow::Error::msg)?;
         o.rpc = match (&self.rpc, &file.rpc) {
             (Some(p), _) if p.as_os_str() == "default" => Some(ferroraid::rpc::default_rpc_path()),
             (Some(p), _) => Some(p.clone()),
@@ -596,5 +623,68 @@ mod tests {
         let e = options(&["--qos", "fast", "m0"]).err().unwrap();
         assert!(e.to_string().contains("expected"), "{e}");
         assert!(options(&["--qos-target-us", "0", "m0"]).is_err());
+    }
+
+    #[test]
+    fn pacer_and_speed_limits_are_selectable() {
+        use engine::qos::pacer::{PacerKind, SpeedLimits};
+        let o = options(&["m0"]).unwrap();
+        assert_eq!(o.pacer, PacerKind::Ferroraid);
+        assert_eq!(o.speed_limits, SpeedLimits::default());
+        let o = options(&[
+            "--pacer",
+            "md-pending",
+            "--speed-min",
+            "5000",
+            "--speed-max",
+            "100000",
+            "m0",
+        ])
+        .unwrap();
+        assert_eq!(o.pacer, PacerKind::MdPending);
+        assert_eq!(o.speed_limits.speed_min, 5000 * 1024);
+        assert_eq!(o.speed_limits.speed_max, 100_000 * 1024);
+        assert_eq!(
+            options(&["--pacer", "md-min", "m0"]).unwrap().pacer,
+            PacerKind::MdMin
+        );
+        for bad in [
+            &["--pacer", "fast", "m0"][..],
+            &["--speed-min", "0", "m0"],
+            &["--speed-min", "3000", "--speed-max", "2000", "m0"],
+            &["--speed-max", "500", "m0"],
+            &["--speed-max", "18446744073709551615", "m0"],
+            &["--speed-min", "-1", "m0"],
+        ] {
+            let e = options(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert!(!e.to_string().is_empty());
+        }
+        // The config file's keys, and the command line over them.
+        let dir = std::env::temp_dir().join(format!("ferroraid-pacer-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("serve.toml");
+        std::fs::write(
+            &cfg,
+            "devices = [\"m0\"]\npacer = \"md-min\"\nspeed_min = 2000\nspeed_max = 4000\n",
+        )
+        .unwrap();
+        let c = cfg.to_str().unwrap();
+        let o = options(&["--config", c]).unwrap();
+        assert_eq!(o.pacer, PacerKind::MdMin);
+        assert_eq!(
+            o.speed_limits,
+            SpeedLimits::from_kib_per_s(2000, 4000).unwrap()
+        );
+        let o = options(&["--config", c, "--pacer", "ferroraid", "--speed-max", "8000"]).unwrap();
+        assert_eq!(o.pacer, PacerKind::Ferroraid);
+        assert_eq!(
+            o.speed_limits,
+            SpeedLimits::from_kib_per_s(2000, 8000).unwrap()
+        );
+        std::fs::write(&cfg, "devices = [\"m0\"]\npacer = \"slow\"\n").unwrap();
+        assert!(options(&["--config", c]).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

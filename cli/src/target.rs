@@ -36,7 +36,7 @@ use engine::metadata::{
     Update, MAX_SECTOR,
 };
 use engine::parity::Parity;
-use engine::reactor::{Mode, ReactorConfig, ReactorHandle, Reactors};
+use engine::reactor::{Extras, Mode, ReactorConfig, ReactorHandle, Reactors};
 use tracing::{info, warn};
 
 use crate::frontends::TargetFrontend;
@@ -94,12 +94,17 @@ pub struct ServeOptions {
     pub iscsi: Vec<SocketAddr>,
     /// iSCSI tunables and CHAP secrets.
     pub iscsi_config: IscsiConfig,
+    /// Background pacer of every reactor (`engine::qos::pacer`).
+    pub pacer: engine::qos::pacer::PacerKind,
+    /// Its floor and ceiling, bytes/s per member (md's `speed_limit_min/max`).
+    pub speed_limits: engine::qos::pacer::SpeedLimits,
 }
 
 impl ServeOptions {
     /// Defaults for `devices`: one reactor, polled, NBD on 127.0.0.1:10809, 4 MiB
     /// requests, no force, 30 s command timeout, queue depth 128, 64 stripe operations,
-    /// ferroraid's depth controller with a derived target.
+    /// ferroraid's depth controller with a derived target, ferroraid's pacer with md's
+    /// default speed limits (1000 and 200000 KiB/s per member).
     pub fn new(devices: Vec<PathBuf>) -> Self {
         Self {
             devices,
@@ -117,6 +122,8 @@ impl ServeOptions {
             rpc: None,
             iscsi: Vec::new(),
             iscsi_config: IscsiConfig::default(),
+            pacer: engine::qos::pacer::PacerKind::default(),
+            speed_limits: engine::qos::pacer::SpeedLimits::default(),
         }
     }
 }
@@ -970,14 +977,19 @@ impl Target {
             mode: opts.mode,
             requests: 1024,
         };
-        let started = Reactors::start_with_bitmap(
+        let (pacer, limits) = (opts.pacer, opts.speed_limits);
+        let members = geo.geometry().members();
+        let started = Reactors::start_with(
             Arc::new(devices),
             geo,
             Parity::new(),
             array_cfg,
             rcfg,
             frontends,
-            intent.clone(),
+            Extras {
+                pacer: move |_| pacer.build(limits, members),
+                bitmap: intent.clone(),
+            },
         );
         if let (Ok(_), Some(i)) = (&started, &intent) {
             meta.bitmap = BitmapSync::Online(Arc::clone(i));

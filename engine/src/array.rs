@@ -1403,7 +1403,8 @@ impl<C: Channel> Array<C> {
         while i < self.waiting.len() {
             let s = self.waiting[i];
             let stripe = self.sops[s as usize].stripe;
-            // A background operation takes its stripe exclusively, like a write.
+            // A background operation waits for its stripe like a write (below: reads may
+            // then join it).
             let writes = self.sops[s as usize].bg.is_some()
                 || self.reqs[self.sops[s as usize].req as usize]
                     .as_ref()
@@ -1424,7 +1425,14 @@ impl<C: Channel> Array<C> {
                 continue;
             }
             self.waiting.remove(i);
-            self.locked.push((stripe, s, writes));
+            // A background operation waits for the stripe like a write and excludes writes
+            // while it runs, but lets reads run beside it: it writes only parity (resync,
+            // repair) or a member being rebuilt, which a read of this stripe (above the
+            // recovery position) does not read; md likewise serves aligned reads past a
+            // resync (`raid5_read_one_chunk`). Foreground reads therefore never wait for a
+            // whole background stripe operation (docs/PACING.md).
+            let excl = writes && self.sops[s as usize].bg.is_none();
+            self.locked.push((stripe, s, excl));
             self.start_sop(s);
             started = true;
         }

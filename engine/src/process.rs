@@ -1,9 +1,11 @@
 //! Background processes: resync, rebuild, check and repair.
 //!
 //! A background process walks stripes and runs one **background stripe operation** on each
-//! (see [`crate::array`]): it takes the stripe exclusively through the same per-stripe
-//! ordering as a write (so foreground writes on that stripe are ordered by the stripe's
-//! owner, no locks), reads every surviving chunk of the stripe whole, then
+//! (see [`crate::array`]): it takes the stripe through the same per-stripe ordering as a
+//! write (so foreground writes on that stripe are ordered by the stripe's owner, no locks;
+//! foreground reads may run beside it, as md serves aligned reads past a resync: it writes
+//! only parity or a member being rebuilt, which such a read does not read), reads every
+//! surviving chunk of the stripe whole, then
 //!
 //! - **check** computes P (and Q) from the data and compares them with the stored parity,
 //!   counting mismatches; it writes nothing;

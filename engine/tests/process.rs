@@ -1305,3 +1305,95 @@ fn a_member_replaced_during_a_rebuild_is_rebuilt_next() {
         assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
     }
 }
+
+/// A foreground read of a stripe whose background operation (here a resync) is in flight
+/// runs beside it, as md serves aligned reads past a resync; a write of that stripe waits
+/// for the operation to finish.
+#[test]
+fn reads_run_beside_a_background_operation_and_writes_wait() {
+    const LAT: u64 = 1_000_000;
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 4, 64 << 10, BLOCK).unwrap();
+    let geo = ArrayGeometry::new(g, 8).unwrap();
+    let clock = SimClock::new();
+    let chans: Vec<SimChannel> = (0..4)
+        .map(|i| {
+            SimDevice::new(
+                &format!("d{i}"),
+                geo.member_data_bytes(),
+                BLOCK,
+                Profile::fixed(LAT),
+                clock.clone(),
+                i,
+            )
+            .unwrap()
+            .open_channel()
+            .unwrap()
+        })
+        .collect();
+    let cfg = ArrayConfig {
+        background_ops: 1,
+        ..config()
+    };
+    let mut arr = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+    arr.set_now(0);
+    arr.start_process(&ProcessRequest::whole(ProcessKind::Resync))
+        .unwrap();
+    // The resync takes stripe 0 and reads it (every member: LAT).
+    arr.process();
+    assert!(arr.background_busy(), "the resync's operation is in flight");
+    let mut rbuf = AlignedBuf::zeroed(4096);
+    let mut wbuf = AlignedBuf::zeroed(4096);
+    // SAFETY: both buffers outlive their requests (drained below before they drop) and
+    // are not touched while the requests are outstanding.
+    let (rio, wio) = unsafe { (IoBuf::from_slice(&mut rbuf), IoBuf::from_slice(&mut wbuf)) };
+    arr.submit(ArrayRequest {
+        tag: 1,
+        op: ArrayOp::Read,
+        offset_bytes: 0,
+        len_bytes: 4096,
+        buf: rio,
+    })
+    .unwrap();
+    arr.submit(ArrayRequest {
+        tag: 2,
+        op: ArrayOp::Write { fua: false },
+        offset_bytes: 8192,
+        len_bytes: 4096,
+        buf: wio,
+    })
+    .unwrap();
+    let mut done_at = [0u64; 3];
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 8];
+    for _ in 0..1000 {
+        let now = clock.now_ns();
+        arr.set_now(now);
+        arr.process();
+        let n = arr.poll(&mut out);
+        for c in &out[..n] {
+            c.status.unwrap();
+            done_at[c.tag as usize] = now;
+        }
+        if done_at[1] > 0 && done_at[2] > 0 {
+            break;
+        }
+        let next = arr
+            .channels()
+            .filter_map(SimChannel::next_completion_ns)
+            .min()
+            .or(arr.next_deadline_ns())
+            .expect("something outstanding");
+        clock.advance_to(next.max(now + 1));
+    }
+    // The read was issued at once, beside the resync's reads: one device latency.
+    assert_eq!(done_at[1], LAT, "read completed at {} ns", done_at[1]);
+    // The write (read-modify-write of stripe 0) started only after the resync's operation
+    // finished (its reads: LAT), so it took at least two more device latencies.
+    assert!(
+        done_at[2] >= 3 * LAT,
+        "write completed at {} ns",
+        done_at[2]
+    );
+}

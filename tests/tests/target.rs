@@ -2254,7 +2254,23 @@ fn rebuild_onto_a_blank_replacement_during_client_writes() {
     let blank = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
     let rpc = d.join("rpc.sock");
     let rpc_arg = rpc.display().to_string();
-    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &["--rpc", &rpc_arg]);
+    // The pacer keeps a rebuild at its floor while fio writes; a floor of 100 MB/s per
+    // member lets it finish while fio still writes (what this test checks), through the
+    // default pacer all the same.
+    let mut srv = Server::serve(
+        d,
+        "serve",
+        &a.name,
+        &a.members,
+        &[
+            "--rpc",
+            &rpc_arg,
+            "--speed-min",
+            "100000",
+            "--speed-max",
+            "200000",
+        ],
+    );
     let mut client = fio_verified_writes(&fio, &srv, d, 40);
     wait_member_writes(d, &rpc_arg, 64);
     let out = run_tool(

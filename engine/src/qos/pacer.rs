@@ -135,11 +135,17 @@ impl MdSpeed {
 /// idle when more than 64 sectors (32 KiB) of non-resync I/O happened since the last time
 /// it was found not idle (md compares each member disk's sector count, less the resync's
 /// own, with `last_events`, and moves `last_events` only when the difference exceeds 64).
-/// Here the shard's foreground bytes stand for the members' non-resync sectors.
+/// Here the shard's foreground bytes stand for the members' non-resync sectors, spread
+/// evenly over `members` member disks (a small random read touches one member): the
+/// array is not idle once more than `members × 64` sectors of foreground happened since
+/// the last "not idle" (`members` 1 unless set with `with_members`: every foreground byte
+/// counts against one disk's threshold, md's rule at its most sensitive).
 #[derive(Clone, Copy, Debug, Default)]
 struct MdIdle {
     events: u64,
     last_events: u64,
+    /// Member disks the foreground spreads over (0 is taken as 1).
+    members: u64,
 }
 
 const MD_IDLE_BYTES: u64 = 64 * 512;
@@ -150,7 +156,7 @@ impl MdIdle {
     }
 
     fn is_idle(&mut self) -> bool {
-        if self.events - self.last_events > MD_IDLE_BYTES {
+        if self.events - self.last_events > MD_IDLE_BYTES * self.members.max(1) {
             self.last_events = self.events;
             false
         } else {
@@ -190,6 +196,14 @@ impl MdPre41Pacer {
             speed: MdSpeed::new(),
             idle: MdIdle::default(),
         }
+    }
+
+    /// Counts foreground against `members` member disks in md's idle test (see
+    /// `is_mddev_idle`: md keeps its 64-sector threshold per member disk), instead of
+    /// against one.
+    pub fn with_members(mut self, members: u16) -> Self {
+        self.idle.members = u64::from(members);
+        self
     }
 }
 
@@ -250,6 +264,13 @@ impl Md41Pacer {
             idle: MdIdle::default(),
             draining: false,
         }
+    }
+
+    /// Counts foreground against `members` member disks in md's idle test, as
+    /// [`MdPre41Pacer::with_members`].
+    pub fn with_members(mut self, members: u16) -> Self {
+        self.idle.members = u64::from(members);
+        self
     }
 }
 
@@ -618,6 +639,87 @@ impl FerroraidPacer {
         self.bg_in_flight += 1;
         self.bg_busy_ns = now_ns;
         Admission::Now
+    }
+}
+
+// ---- choosing a pacer ---------------------------------------------------------------------
+
+/// Which background pacer a target runs (`ferroraid serve --pacer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PacerKind {
+    /// [`FerroraidPacer`] (the default).
+    #[default]
+    Ferroraid,
+    /// [`MdPre41Pacer`]: md's "minimum speed when not idle" rule.
+    MdMin,
+    /// [`Md41Pacer`]: md's (4.1+) "wait for own pending requests" rule.
+    MdPending,
+}
+
+impl PacerKind {
+    /// The name `--pacer` takes: `ferroraid`, `md-min`, `md-pending`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PacerKind::Ferroraid => "ferroraid",
+            PacerKind::MdMin => "md-min",
+            PacerKind::MdPending => "md-pending",
+        }
+    }
+
+    /// A pacer of this kind with guard rails `limits`, for one shard of an array of
+    /// `members` member devices (md's idle test counts foreground per member).
+    pub fn build(self, limits: SpeedLimits, members: u16) -> Box<dyn Pacer> {
+        match self {
+            PacerKind::Ferroraid => Box::new(FerroraidPacer::new(FerroraidPacerConfig {
+                limits,
+                ..FerroraidPacerConfig::default()
+            })),
+            PacerKind::MdMin => Box::new(MdPre41Pacer::new(limits).with_members(members)),
+            PacerKind::MdPending => Box::new(Md41Pacer::new(limits).with_members(members)),
+        }
+    }
+}
+
+impl std::str::FromStr for PacerKind {
+    type Err = String;
+
+    /// Parses [`PacerKind::name`]; an unknown name is refused with the list of names.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ferroraid" => Ok(PacerKind::Ferroraid),
+            "md-min" => Ok(PacerKind::MdMin),
+            "md-pending" => Ok(PacerKind::MdPending),
+            _ => Err(format!(
+                "pacer {s:?}: expected \"ferroraid\", \"md-min\" or \"md-pending\""
+            )),
+        }
+    }
+}
+
+impl SpeedLimits {
+    /// Limits from md's sysctl unit, KiB/s per member (`speed_limit_min`,
+    /// `speed_limit_max`; md's defaults are 1000 and 200000).
+    ///
+    /// # Errors
+    /// A message for a minimum of 0 (background must always progress), a maximum below
+    /// the minimum, or values whose byte rate does not fit in 64 bits.
+    pub fn from_kib_per_s(min_kib: u64, max_kib: u64) -> Result<Self, String> {
+        if min_kib == 0 {
+            return Err("speed_min 0: expected at least 1 KiB/s per member (the floor that keeps background progressing)".into());
+        }
+        if max_kib < min_kib {
+            return Err(format!(
+                "speed_max {max_kib} KiB/s is below speed_min {min_kib} KiB/s"
+            ));
+        }
+        let bytes = |k: u64, what: &str| {
+            k.checked_mul(1024)
+                .ok_or_else(|| format!("{what} {k} KiB/s is too large"))
+        };
+        Ok(Self {
+            speed_min: bytes(min_kib, "speed_min")?,
+            speed_max: bytes(max_kib, "speed_max")?,
+        })
     }
 }
 

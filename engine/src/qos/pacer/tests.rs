@@ -221,3 +221,50 @@ fn md_speed_is_mds_marks_arithmetic() {
     assert!(!idle.is_idle());
     assert!(idle.is_idle(), "last_events moved");
 }
+
+#[test]
+fn md_idle_threshold_is_per_member() {
+    // md keeps 64 sectors per member disk: four members spread foreground over four
+    // thresholds.
+    let mut idle = MdIdle {
+        members: 4,
+        ..MdIdle::default()
+    };
+    idle.foreground(4 * 64 * 512);
+    assert!(
+        idle.is_idle(),
+        "4 × 64 sectors over four members is still idle"
+    );
+    idle.foreground(512);
+    assert!(!idle.is_idle());
+    assert!(idle.is_idle(), "last_events moved");
+}
+
+#[test]
+fn pacer_kinds_parse_and_build() {
+    for k in [PacerKind::Ferroraid, PacerKind::MdMin, PacerKind::MdPending] {
+        assert_eq!(k.name().parse::<PacerKind>(), Ok(k));
+        let mut p = k.build(SpeedLimits::default(), 4);
+        // Nothing in flight, no foreground: every pacer admits at once.
+        assert_eq!(p.admit(0, 64 << 10, 0), Admission::Now, "{}", k.name());
+    }
+    assert_eq!(PacerKind::default(), PacerKind::Ferroraid);
+    let e = "fast".parse::<PacerKind>().unwrap_err();
+    assert!(e.contains("md-pending"), "{e}");
+}
+
+#[test]
+fn speed_limits_from_kib_are_checked() {
+    let l = SpeedLimits::from_kib_per_s(1000, 200_000).unwrap();
+    assert_eq!(l, SpeedLimits::default(), "md's defaults");
+    assert!(SpeedLimits::from_kib_per_s(0, 10).is_err(), "no floor");
+    assert!(SpeedLimits::from_kib_per_s(10, 9).is_err(), "max below min");
+    assert!(
+        SpeedLimits::from_kib_per_s(1, u64::MAX).is_err(),
+        "overflow"
+    );
+    assert_eq!(
+        SpeedLimits::from_kib_per_s(5, 5).unwrap().speed_max,
+        5 * 1024
+    );
+}
