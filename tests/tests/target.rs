@@ -2456,3 +2456,104 @@ fn resync_after_a_crash_covers_only_bitmap_dirty_regions() {
         out.stderr
     );
 }
+
+/// A rebuild interrupted by a clean stop resumes where it got to: at 1 MiB/s per member
+/// (`--speed-max`) the stop finds it part-way, the new member's superblock records its
+/// `recovery_offset` (mdadm shows it), and a restart on the members resumes the rebuild
+/// there, finishes it, and leaves parity consistent and every member in sync.
+#[test]
+fn an_interrupted_rebuild_resumes_from_its_recovery_offset() {
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        assert!(
+            !required("nbdcopy"),
+            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let mut a = create(
+        d,
+        6,
+        "left-symmetric",
+        "resume",
+        &member_files(d, "m", 6, MEMBER_BYTES),
+    );
+    let blank = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
+    let rpc = d.join("rpc.sock");
+    let rpc_arg = rpc.display().to_string();
+    let extra = ["--rpc", &rpc_arg, "--speed-max", "1024"];
+    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &extra);
+    let data = d.join("data.bin");
+    let want = random_file(&data, a.size, 31);
+    fill(&srv, &nbdcopy, d, &data);
+    for (cmd, dev) in [("fail", &a.members[2]), ("add", &blank)] {
+        let out = run_tool(
+            ferroraid_cmd([cmd, "--rpc", &rpc_arg]).arg(dev),
+            d,
+            TOOL_TIMEOUT,
+        );
+        assert!(
+            out.status.success(),
+            "{cmd}: {}\n{}",
+            show_output(&out),
+            srv.logs()
+        );
+    }
+    // 8 MiB per member at 1 MiB/s: a few seconds in, the rebuild is part-way.
+    std::thread::sleep(Duration::from_secs(3));
+    let (st, code) = rpc_status(d, &rpc_arg);
+    assert_eq!(st["process"]["kind"], "rebuild", "{st}");
+    assert_eq!(code, Some(1), "{st}");
+    srv.stop();
+    let sectors = |text: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("Recovery Offset :"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    let Some(mdadm) = mdadm() else {
+        return;
+    };
+    let examine_blank = || {
+        let out = run_tool(
+            Command::new(&mdadm).arg("--examine").arg(&blank),
+            d,
+            TOOL_TIMEOUT,
+        );
+        assert!(out.status.success(), "{}", show_output(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = examine_blank();
+    let at = sectors(&text).unwrap_or_else(|| panic!("no Recovery Offset:\n{text}"));
+    assert!(
+        at > 0 && at < (MEMBER_BYTES - DATA_OFFSET) / 512,
+        "part-way: {at} sectors\n{text}"
+    );
+    assert!(text.contains("Device Role : Active device 2"), "{text}");
+    // Restart on the new set of members (the failed one left out): the rebuild resumes.
+    a.members[2] = blank.clone();
+    a.images[2] = blank.clone();
+    let mut srv = Server::serve(d, "restart", &a.name, &a.members, &[]);
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    while !srv.log().contains("rebuild complete") {
+        assert!(
+            Instant::now() < deadline,
+            "the rebuild did not finish:\n{}",
+            srv.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = srv.log();
+    assert!(
+        log.contains("the rebuild resumes") && log.contains(&format!("recovery_offset={at}")),
+        "{log}"
+    );
+    let got = read_all(&srv, &nbdcopy, d);
+    assert_same("array after the resumed rebuild", &got, &want);
+    srv.stop();
+    let text = examine_blank();
+    assert_eq!(sectors(&text), None, "in sync after the rebuild:\n{text}");
+    assert!(text.contains("State : clean"), "{text}");
+    a.oracle_verify(None);
+}
