@@ -35,7 +35,7 @@ use engine::device::{
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::process::{ProcessKind, ProcessRequest, MAX_BACKGROUND_OPS};
-use engine::qos::pacer::{PacerKind, SpeedLimits};
+use engine::qos::pacer::{FerroraidPacer, FerroraidPacerConfig, PacerKind, SpeedLimits};
 use engine::qos::{DepthConfig, DepthPolicy, Pacer, Unpaced};
 use engine::sim::Profile;
 use hdrhistogram::Histogram;
@@ -71,6 +71,10 @@ struct Args {
     /// Seed of the reader's offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// ferroraid's pacer: foreground latency allowed over its quiet baseline, as a
+    /// fraction (the pacer's default 0.10); for experiments.
+    #[arg(long, default_value_t = 0.10)]
+    tolerance: f64,
 }
 
 /// Nanoseconds since `epoch`.
@@ -210,6 +214,11 @@ fn run_once(
     };
     let mut arr = Array::new(geo, chans, Parity::new(), cfg)?;
     let p: Box<dyn Pacer> = match pacer {
+        Some(PacerKind::Ferroraid) => Box::new(FerroraidPacer::new(FerroraidPacerConfig {
+            limits,
+            tolerance: args.tolerance,
+            ..FerroraidPacerConfig::default()
+        })),
         Some(k) => k.build(limits, MEMBERS),
         None => Box::new(Unpaced),
     };
