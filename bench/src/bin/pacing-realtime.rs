@@ -36,7 +36,7 @@ use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::process::{ProcessKind, ProcessRequest, MAX_BACKGROUND_OPS};
 use engine::qos::pacer::{FerroraidPacer, FerroraidPacerConfig, PacerKind, SpeedLimits};
-use engine::qos::{DepthConfig, DepthPolicy, Pacer, Unpaced};
+use engine::qos::{Admission, DepthConfig, DepthPolicy, Pacer, Unpaced};
 use engine::sim::Profile;
 use hdrhistogram::Histogram;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -75,6 +75,9 @@ struct Args {
     /// fraction (the pacer's default 0.10); for experiments.
     #[arg(long, default_value_t = 0.10)]
     tolerance: f64,
+    /// Log ferroraid's pacer state (rate, depth, baseline, answers) every 50 ms on stderr.
+    #[arg(long)]
+    trace: bool,
 }
 
 /// Nanoseconds since `epoch`.
@@ -178,6 +181,47 @@ impl Channel for Delayed {
     }
 }
 
+/// ferroraid's pacer with its state logged every 50 ms (`--trace`).
+struct Traced {
+    inner: FerroraidPacer,
+    next_ns: u64,
+    answers: [u64; 3],
+}
+
+impl Pacer for Traced {
+    fn foreground_submitted(&mut self, now_ns: u64) {
+        self.inner.foreground_submitted(now_ns);
+    }
+    fn foreground_done(&mut self, now_ns: u64, latency_ns: u64, bytes: u64, read: bool) {
+        self.inner.foreground_done(now_ns, latency_ns, bytes, read);
+    }
+    fn background_done(&mut self, now_ns: u64, latency_ns: u64, bytes_per_member: u64) {
+        self.inner
+            .background_done(now_ns, latency_ns, bytes_per_member);
+    }
+    fn admit(&mut self, now_ns: u64, bytes_per_member: u64, in_flight: u32) -> Admission {
+        let a = self.inner.admit(now_ns, bytes_per_member, in_flight);
+        self.answers[match a {
+            Admission::Now => 0,
+            Admission::NotBefore(_) => 1,
+            Admission::AfterCompletion => 2,
+        }] += 1;
+        if now_ns >= self.next_ns {
+            self.next_ns = now_ns + 50 * MS;
+            eprintln!(
+                "t={:.3}s present={} rate={} depth={} baseline_ns={} in_flight={in_flight} answers now/notbefore/aftercompletion={:?} last={a:?}",
+                now_ns as f64 / 1e9,
+                self.inner.foreground_present(now_ns),
+                self.inner.rate(now_ns),
+                self.inner.depth(),
+                self.inner.baseline_ns(),
+                self.answers
+            );
+        }
+        a
+    }
+}
+
 /// What one run measured over its measured interval.
 struct Row {
     fg_iops: f64,
@@ -214,11 +258,22 @@ fn run_once(
     };
     let mut arr = Array::new(geo, chans, Parity::new(), cfg)?;
     let p: Box<dyn Pacer> = match pacer {
-        Some(PacerKind::Ferroraid) => Box::new(FerroraidPacer::new(FerroraidPacerConfig {
-            limits,
-            tolerance: args.tolerance,
-            ..FerroraidPacerConfig::default()
-        })),
+        Some(PacerKind::Ferroraid) => {
+            let inner = FerroraidPacer::new(FerroraidPacerConfig {
+                limits,
+                tolerance: args.tolerance,
+                ..FerroraidPacerConfig::default()
+            });
+            if args.trace && reader {
+                Box::new(Traced {
+                    inner,
+                    next_ns: 0,
+                    answers: [0; 3],
+                })
+            } else {
+                Box::new(inner)
+            }
+        }
         Some(k) => k.build(limits, MEMBERS),
         None => Box::new(Unpaced),
     };
