@@ -26,35 +26,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, proc, what, timeout=30):
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited early with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    sys.exit(f"{what} did not listen on {port} within {timeout} s")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nbd_bench import ROOT, free_port, wait_port  # noqa: E402  (the same helpers)
 
 
 def bench(url, cpu, count, size, depth, write=False, step=None):

@@ -407,68 +407,13 @@ pub fn zero_range(path: &Path, offset: u64, len: u64) -> Result<(), MetadataIoEr
         } else {
             (Op::Write { fua: false }, &mut zeroes[..piece as usize])
         };
-        run_range(&dev, path, op, offset + at, piece, buf)?;
+        run_range(&dev, path, "zero", op, offset + at, piece, buf)?;
         at += piece;
     }
     if info.volatile_cache {
         run_request(&dev, path, "flush after zeroing", Op::Flush, &mut [])?;
     }
     Ok(())
-}
-
-/// One ranged request (`buf` empty for Write Zeroes), waited for.
-fn run_range<D: BlockDevice>(
-    dev: &D,
-    path: &Path,
-    op: Op,
-    offset: u64,
-    len: u64,
-    buf: &mut [u8],
-) -> Result<(), MetadataIoError> {
-    let mut ch = dev
-        .open_channel()
-        .map_err(|source| MetadataIoError::Device {
-            path: path.to_path_buf(),
-            what: "open a channel",
-            source,
-        })?;
-    let io = if op.has_data() {
-        // SAFETY: `buf` outlives the request: waited for below, or the channel (whose Drop
-        // waits) is dropped first.
-        unsafe { IoBuf::from_slice(buf) }
-    } else {
-        IoBuf::NONE
-    };
-    let fail = |error| MetadataIoError::Request {
-        path: path.to_path_buf(),
-        what: "zero",
-        error,
-    };
-    ch.submit(Request {
-        tag: 1,
-        op,
-        offset_bytes: offset,
-        len_bytes: len as u32,
-        buf: io,
-    })
-    .map_err(|e| {
-        fail(match e {
-            SubmitError::Gone => IoError::Gone,
-            _ => IoError::Invalid,
-        })
-    })?;
-    ch.kick();
-    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
-    let mut out = [Completion::EMPTY; 1];
-    loop {
-        if ch.poll(&mut out) == 1 {
-            return out[0].status.map_err(fail);
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(fail(IoError::Timeout));
-        }
-        std::thread::sleep(std::time::Duration::from_micros(50));
-    }
 }
 
 /// Whether `path` is reached only through its back end: a `vfio:` address or a character
@@ -493,13 +438,34 @@ fn open_back_end(path: &Path) -> Result<crate::any::AnyDevice, MetadataIoError> 
 /// How long one superblock request may take through a back end before it is given up.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Runs one request on a fresh channel of `dev` and waits for it (polling, bounded by
-/// [`REQUEST_TIMEOUT`]).
+/// Runs one superblock-area request on a fresh channel of `dev` and waits for it: a read
+/// or write of `buf` at the v1.2 superblock offset, or a flush (`buf` empty).
 fn run_request<D: BlockDevice>(
     dev: &D,
     path: &Path,
     what: &'static str,
     op: Op,
+    buf: &mut [u8],
+) -> Result<(), MetadataIoError> {
+    let offset = if op.has_data() {
+        SUPERBLOCK_OFFSET_BYTES
+    } else {
+        0
+    };
+    let len = buf.len() as u64;
+    run_range(dev, path, what, op, offset, len, buf)
+}
+
+/// Runs one request (`len` bytes at `offset`; `buf` holds the data, empty for Flush and
+/// Write Zeroes) on a fresh channel of `dev` and waits for it (polling, bounded by
+/// [`REQUEST_TIMEOUT`]).
+fn run_range<D: BlockDevice>(
+    dev: &D,
+    path: &Path,
+    what: &'static str,
+    op: Op,
+    offset: u64,
+    len: u64,
     buf: &mut [u8],
 ) -> Result<(), MetadataIoError> {
     let mut ch = dev
@@ -517,23 +483,20 @@ fn run_request<D: BlockDevice>(
     } else {
         IoBuf::NONE
     };
-    let req = Request {
-        tag: 1,
-        op,
-        offset_bytes: if op.has_data() {
-            SUPERBLOCK_OFFSET_BYTES
-        } else {
-            0
-        },
-        len_bytes: io.len(),
-        buf: io,
-    };
     let fail = |error| MetadataIoError::Request {
         path: path.to_path_buf(),
         what,
         error,
     };
-    ch.submit(req).map_err(|e| {
+    let len_bytes = u32::try_from(len).map_err(|_| fail(IoError::Invalid))?;
+    ch.submit(Request {
+        tag: 1,
+        op,
+        offset_bytes: offset,
+        len_bytes,
+        buf: io,
+    })
+    .map_err(|e| {
         fail(match e {
             SubmitError::Gone => IoError::Gone,
             _ => IoError::Invalid,

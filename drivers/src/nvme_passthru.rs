@@ -69,12 +69,9 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::nvme::{self, ControllerIdentity, DsmRange, NamespaceIdentity};
 
-/// Default queue depth of a channel (commands in flight).
-pub const DEFAULT_QUEUE_DEPTH: u32 = 128;
-/// Largest queue depth accepted (the kernel's `IORING_MAX_ENTRIES`).
-pub const MAX_QUEUE_DEPTH: u32 = 32768;
-/// Largest transfer of one command unless the device asks for less, in bytes.
-pub const DEFAULT_MAX_TRANSFER_BYTES: u32 = 1 << 20;
+/// A passthrough channel is an io_uring like the block back end's: the same default and
+/// largest queue depth, and the same default largest transfer.
+pub use crate::uring::{DEFAULT_MAX_TRANSFER_BYTES, DEFAULT_QUEUE_DEPTH, MAX_QUEUE_DEPTH};
 /// Memory page size the Linux NVMe driver runs controllers with (`NVME_CTRL_PAGE_SIZE`):
 /// the unit of MDTS as Linux applies it, and of a user-buffer segment.
 const CTRL_PAGE_BYTES: u64 = 4096;

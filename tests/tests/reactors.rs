@@ -164,34 +164,8 @@ fn reactors_route_pieces_and_keep_data_and_parity_right() {
             logical.extend_from_slice(&f.reference);
         }
         // The oracle checks parity and extracts the logical image.
-        let dir = tempfile::tempdir().unwrap();
-        let mut paths = Vec::new();
-        for (i, d) in devices.iter().enumerate() {
-            let p = dir.path().join(format!("m{i}.img"));
-            std::fs::write(&p, d.contents()).unwrap();
-            paths.push(p.display().to_string());
-        }
-        let oracle = Oracle::locate().unwrap();
-        let common = [
-            "--level",
-            "6",
-            "--layout",
-            "left-symmetric",
-            "--chunk",
-            "4096",
-        ];
-        let mut args: Vec<String> = vec!["verify".into()];
-        args.extend(paths.iter().cloned());
-        args.extend(common.iter().map(|s| s.to_string()));
-        let out = oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
-        assert!(out.contains("mismatches 0"), "{out}");
-        let img = dir.path().join("logical.img");
-        let mut args: Vec<String> = vec!["extract".into()];
-        args.extend(paths.iter().cloned());
-        args.extend(common.iter().map(|s| s.to_string()));
-        args.extend(["--out".to_string(), img.display().to_string()]);
-        oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
-        let extracted = std::fs::read(&img).unwrap();
+        let images: Vec<Vec<u8>> = devices.iter().map(|d| d.contents()).collect();
+        let extracted = oracle_extract_raid6_4k(&images);
         assert!(
             extracted[..logical.len()] == logical[..],
             "{reactors} reactors: logical image differs"
@@ -305,39 +279,18 @@ fn rebuild_onto_a_replacement_while_clients_run() {
             );
             logical.extend_from_slice(&f.reference);
         }
-        let dir = tempfile::tempdir().unwrap();
-        let mut paths = Vec::new();
-        for (i, d) in devices.iter().enumerate() {
-            let p = dir.path().join(format!("m{i}.img"));
-            let img = if i == 3 {
-                spare.contents()
-            } else {
-                d.contents()
-            };
-            std::fs::write(&p, img).unwrap();
-            paths.push(p.display().to_string());
-        }
-        let oracle = Oracle::locate().unwrap();
-        let common = [
-            "--level",
-            "6",
-            "--layout",
-            "left-symmetric",
-            "--chunk",
-            "4096",
-        ];
-        let mut args: Vec<String> = vec!["verify".into()];
-        args.extend(paths.iter().cloned());
-        args.extend(common.iter().map(|s| s.to_string()));
-        let out = oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
-        assert!(out.contains("mismatches 0"), "{out}");
-        let img = dir.path().join("logical.img");
-        let mut args: Vec<String> = vec!["extract".into()];
-        args.extend(paths.iter().cloned());
-        args.extend(common.iter().map(|s| s.to_string()));
-        args.extend(["--out".to_string(), img.display().to_string()]);
-        oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
-        let extracted = std::fs::read(&img).unwrap();
+        let images: Vec<Vec<u8>> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                if i == 3 {
+                    spare.contents()
+                } else {
+                    d.contents()
+                }
+            })
+            .collect();
+        let extracted = oracle_extract_raid6_4k(&images);
         assert!(
             extracted[..logical.len()] == logical[..],
             "{reactors} reactors: logical image differs after the rebuild"
@@ -387,4 +340,37 @@ fn rebuild_survives_another_failure_on_raid6() {
             &f.errors[..f.errors.len().min(5)]
         );
     }
+}
+
+/// The oracle over member images of a left-symmetric RAID6 with 4 KiB chunks (data offset
+/// 0): `verify` must find no mismatch; returns what `extract` reads from them.
+fn oracle_extract_raid6_4k(images: &[Vec<u8>]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = Vec::new();
+    for (i, img) in images.iter().enumerate() {
+        let p = dir.path().join(format!("m{i}.img"));
+        std::fs::write(&p, img).unwrap();
+        paths.push(p.display().to_string());
+    }
+    let oracle = Oracle::locate().unwrap();
+    let common = [
+        "--level",
+        "6",
+        "--layout",
+        "left-symmetric",
+        "--chunk",
+        "4096",
+    ];
+    let mut args: Vec<String> = vec!["verify".into()];
+    args.extend(paths.iter().cloned());
+    args.extend(common.iter().map(|s| s.to_string()));
+    let out = oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.contains("mismatches 0"), "{out}");
+    let img = dir.path().join("logical.img");
+    let mut args: Vec<String> = vec!["extract".into()];
+    args.extend(paths.iter().cloned());
+    args.extend(common.iter().map(|s| s.to_string()));
+    args.extend(["--out".to_string(), img.display().to_string()]);
+    oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::read(&img).unwrap()
 }
