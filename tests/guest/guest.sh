@@ -27,7 +27,14 @@ step "passthrough without poll queues: interrupt-driven ring, superblock I/O wor
 
 # 1. The nvme driver again with a polled queue, so passthrough can use IOPOLL.
 ko=$(grep '/nvme\.ko' /rig/modules.load | head -n1)
-rmmod nvme
+# The driver can still be busy for a moment after the last close (async namespace scan,
+# udev holding the device): retry for up to 10 s before calling it a failure.
+tries=0
+until rmmod nvme 2>/dev/null; do
+	tries=$((tries + 1))
+	[ "$tries" -lt 50 ] || { echo "rmmod nvme: still in use after 10 s"; exit 1; }
+	sleep 0.2
+done
 insmod "/lib/modules/$(uname -r)/$ko" poll_queues=1
 for i in 0 1 2 3 4 5 6 7; do
 	d=$(rig_dev_by_serial nv$i 20)
