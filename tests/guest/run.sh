@@ -14,7 +14,8 @@
 #    eight emulated NVMe controllers (serials nv0..nv7) and two AHCI disks (sata0, sata1);
 #    nv6, sata1 and nv7 are spares.
 # 3. The guest (tests/guest/guest.sh) reloads nvme with poll_queues=1 (real polled queues
-#    for IOPOLL), checks device facts (IOPOLL on passthrough, the SATA disk's queue depth
+#    for IOPOLL: facts and superblock I/O), then without them for the load (the 6.1
+#    kernel can oops in bio_poll under polled passthrough load), checks device facts (the SATA disk's queue depth
 #    from sysfs, QD=1 handling), superblock I/O through each back end, then runs the model
 #    test (guest_check model: random concurrent reads/writes verified against a reference,
 #    an in-guest parity check of every stripe, a member failure, a verified degraded phase,
