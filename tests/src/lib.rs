@@ -502,6 +502,13 @@ pub fn run_tool(cmd: &mut Command, dir: &Path, timeout: Duration) -> Output {
 /// # Panics
 /// The fixture script fails, or the fixtures cannot be made under `FERRORAID_REQUIRE_QEMU=1`.
 pub fn ensure_md_fixtures(dir: &Path, who: &str) -> bool {
+    // Tests of one binary run in parallel: one makes the fixtures while the others wait,
+    // then find them current (else a second build would replace the directory under a test
+    // already reading it).
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _making = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let skip = |why: &str| {
         assert!(
             !required("FERRORAID_REQUIRE_QEMU"),
