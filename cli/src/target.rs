@@ -976,6 +976,7 @@ impl Target {
             cores: cores.clone(),
             mode: opts.mode,
             requests: 1024,
+            foreign_reads: true,
         };
         let (pacer, limits) = (opts.pacer, opts.speed_limits);
         let members = geo.geometry().members();

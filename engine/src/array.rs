@@ -56,6 +56,7 @@ use crate::process::{
 use crate::qos::dispatch::MemberQueue;
 use crate::qos::{Admission, Pacer, Unpaced};
 use crate::qos::{DepthConfig, IoClass, QosState};
+use crate::shard::StripeGate;
 use crate::stripe::{plan_write, ChunkRange, StripeWrite, WriteMode};
 
 /// What an array request does.
@@ -210,6 +211,13 @@ pub struct ArrayStats {
     pub discards_skipped: u64,
     /// Member requests that outlived the command timeout (each failed its member).
     pub timeouts: u64,
+    /// Reads of stripes another shard owns served by this one ([`crate::shard::StripeGate`]).
+    pub foreign_reads: u64,
+    /// Foreign reads handed to the stripe's owner instead ([`Array::take_moved`]): a write
+    /// held the stripe, a member was being rebuilt, or the read met an error to repair.
+    pub moved_reads: u64,
+    /// Owner writes that waited for foreign reads of their stripe to finish.
+    pub gate_waits: u64,
 }
 
 /// What one shard sent to one member, for status and statistics.
@@ -304,6 +312,9 @@ impl ArrayStats {
         self.discarded_stripes += o.discarded_stripes;
         self.discards_skipped += o.discards_skipped;
         self.timeouts += o.timeouts;
+        self.foreign_reads += o.foreign_reads;
+        self.moved_reads += o.moved_reads;
+        self.gate_waits += o.gate_waits;
     }
 }
 
@@ -381,6 +392,9 @@ enum Phase {
     BgWrite,
     /// A write waiting for its write-intent bits to be durable (no I/O outstanding).
     BitmapWait,
+    /// An owner's write waiting for foreign reads of its stripe to finish (no I/O
+    /// outstanding; [`crate::shard::StripeGate`]).
+    GateWait,
 }
 
 struct Sop {
@@ -424,6 +438,20 @@ struct Sop {
     bg_start_ns: u64,
     /// Write-intent regions this operation counts in flight (empty: none).
     regions: Range<u64>,
+    /// A read of a stripe another shard owns (a foreign read).
+    foreign: bool,
+    /// What the operation holds in the stripe gate.
+    gate: GateHold,
+}
+
+/// What a stripe operation counts in the [`StripeGate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GateHold {
+    None,
+    /// A foreign read.
+    Read,
+    /// An owner's write.
+    Write,
 }
 
 /// A shard's part of the write-intent bitmap.
@@ -530,6 +558,12 @@ pub struct Array<C: Channel> {
     bg_wait: bool,
     /// The write-intent bitmap, when the array has one.
     intent: Option<IntentShard>,
+    /// Shared with the other shards when there are several ([`Array::set_shard`]).
+    gate: Option<Arc<StripeGate>>,
+    /// Owner writes in [`Phase::GateWait`], in arrival order.
+    gate_waiting: VecDeque<u32>,
+    /// Foreign reads handed back for the owner ([`Array::take_moved`]).
+    moved: VecDeque<ArrayRequest>,
 }
 
 /// Why an [`Array`] could not be built.
@@ -686,6 +720,8 @@ impl<C: Channel> Array<C> {
                     bg_slot: 0,
                     bg_start_ns: 0,
                     regions: 0..0,
+                    foreign: false,
+                    gate: GateHold::None,
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
@@ -717,6 +753,9 @@ impl<C: Channel> Array<C> {
             bg_not_before: 0,
             bg_wait: false,
             intent: None,
+            gate: None,
+            gate_waiting: VecDeque::with_capacity(total_sops),
+            moved: VecDeque::with_capacity(cfg.requests),
         };
         for m in cfg.failed_members.into_iter().flatten() {
             if usize::from(m) >= n {
@@ -847,6 +886,7 @@ impl<C: Channel> Array<C> {
     /// Whether any request is still in progress (or, on the bitmap owner, a bitmap write).
     pub fn busy(&self) -> bool {
         self.free_reqs.len() != self.reqs.len()
+            || !self.moved.is_empty()
             || self
                 .intent
                 .as_ref()
@@ -908,6 +948,9 @@ impl<C: Channel> Array<C> {
 
     fn set_failed(&mut self, member: u16, state: MemberState) {
         debug_assert!(state.is_failed());
+        if let Some(g) = &self.gate {
+            g.note_failed(member);
+        }
         let m = &mut self.members[usize::from(member)];
         match m.state {
             MemberState::Online => {
@@ -961,7 +1004,12 @@ impl<C: Channel> Array<C> {
         let Some(idx) = self.free_reqs.pop() else {
             return Err(ArrayError::QueueFull);
         };
-        let invalid = self.validate(&r).err();
+        let mut invalid = self.validate(&r).err();
+        if invalid.is_none() && r.op != ArrayOp::Flush && !self.may_serve(&r) {
+            invalid = Some(ArrayError::Invalid(
+                "a request for a stripe another reactor owns must be a read within one stripe",
+            ));
+        }
         let paced = invalid.is_none() && r.op != ArrayOp::Flush;
         if paced {
             self.pacer.foreground_submitted(self.now);
@@ -986,6 +1034,22 @@ impl<C: Channel> Array<C> {
             self.backlog.push_back(idx);
         }
         Ok(())
+    }
+
+    /// Whether this shard may serve `r` (validated): its own stripes always; a stripe
+    /// another shard owns only as a foreign read — a read within that one stripe, with
+    /// the stripe gate attached ([`Array::set_gate`]).
+    fn may_serve(&self, r: &ArrayRequest) -> bool {
+        if self.shards == 1 {
+            return true;
+        }
+        let stripe_bytes = self.geo.geometry().stripe_data_bytes();
+        let first = r.offset_bytes / stripe_bytes;
+        if first % self.shards as u64 == self.shard as u64 {
+            return true;
+        }
+        let last = (r.offset_bytes + u64::from(r.len_bytes) - 1) / stripe_bytes;
+        r.op == ArrayOp::Read && first == last && self.gate.is_some()
     }
 
     /// Checks a request against the array: buffer length and alignment, block alignment,
@@ -1040,6 +1104,7 @@ impl<C: Channel> Array<C> {
             round |= self.resubmit();
             round |= self.reap();
             round |= self.bitmap_work();
+            round |= self.gate_work();
             while let Some(s) = self.ready.pop_front() {
                 self.advance(s);
                 round = true;
@@ -1384,6 +1449,8 @@ impl<C: Channel> Array<C> {
             sop.unsupported = false;
             sop.bad.clear();
             sop.regions = 0..0;
+            sop.foreign = self.shards > 1 && stripe % self.shards as u64 != self.shard as u64;
+            sop.gate = GateHold::None;
             self.waiting.push_back(s);
             if fully {
                 self.backlog.pop_front();
@@ -1433,8 +1500,21 @@ impl<C: Channel> Array<C> {
             // whole background stripe operation (docs/PACING.md).
             let excl = writes && self.sops[s as usize].bg.is_none();
             self.locked.push((stripe, s, excl));
-            self.start_sop(s);
             started = true;
+            if excl {
+                if let Some(gate) = &self.gate {
+                    // Foreign reads of the stripe from now on go to us; those in flight
+                    // must finish before any member is written.
+                    self.sops[s as usize].gate = GateHold::Write;
+                    if !gate.begin_write(stripe) {
+                        self.sops[s as usize].phase = Phase::GateWait;
+                        self.gate_waiting.push_back(s);
+                        self.stats.gate_waits += 1;
+                        continue;
+                    }
+                }
+            }
+            self.start_sop(s);
         }
         started
     }
@@ -1449,10 +1529,103 @@ impl<C: Channel> Array<C> {
         if self.array_failed() {
             return self.finish_sop(s, Err(ArrayError::Failed));
         }
+        if self.sops[s as usize].foreign {
+            // Only the owner knows how far its stripes are rebuilt; and a write holding
+            // the stripe goes first: either way the owner serves the read.
+            let stripe = self.sops[s as usize].stripe;
+            let gate = self.gate.as_ref().expect("foreign reads only with a gate");
+            if self.rebuilding() || !gate.try_read(stripe) {
+                return self.move_sop(s);
+            }
+            self.sops[s as usize].gate = GateHold::Read;
+            let members = &self.members;
+            if gate.lagging(|m| members[usize::from(m)].state.is_failed()) {
+                return self.move_sop(s);
+            }
+            self.stats.foreign_reads += 1;
+            return self.dispatch_sop(s);
+        }
         if self.bitmap_gate(s) {
             return;
         }
         self.dispatch_sop(s);
+    }
+
+    /// Whether a member is being rebuilt.
+    fn rebuilding(&self) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.state == MemberState::Rebuilding)
+    }
+
+    /// Starts the owner writes waiting in [`Phase::GateWait`] whose stripes no foreign read
+    /// holds any more.
+    fn gate_work(&mut self) -> bool {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.gate_waiting.len() {
+            let s = self.gate_waiting[i];
+            let stripe = self.sops[s as usize].stripe;
+            let clear = self.gate.as_ref().is_some_and(|g| g.readers_clear(stripe));
+            if clear {
+                self.gate_waiting.remove(i);
+                self.sops[s as usize].phase = Phase::Queued;
+                self.start_sop(s);
+                any = true;
+            } else {
+                i += 1;
+            }
+        }
+        any
+    }
+
+    /// Releases what operation `s` holds in the stripe gate.
+    fn release_gate(&mut self, s: u32) {
+        let sop = &mut self.sops[s as usize];
+        let hold = std::mem::replace(&mut sop.gate, GateHold::None);
+        let Some(gate) = &self.gate else {
+            debug_assert_eq!(hold, GateHold::None);
+            return;
+        };
+        match hold {
+            GateHold::None => {}
+            GateHold::Read => gate.end_read(sop.stripe),
+            GateHold::Write => gate.end_write(sop.stripe),
+        }
+    }
+
+    /// Hands foreign read `s` (its request's only operation, with no I/O outstanding) to
+    /// the stripe's owner: the request leaves this shard unfinished and is given back by
+    /// [`Array::take_moved`].
+    fn move_sop(&mut self, s: u32) {
+        debug_assert!(self.sops[s as usize].foreign);
+        debug_assert_eq!(self.sops[s as usize].outstanding, 0);
+        self.release_gate(s);
+        if let Some(p) = self.locked.iter().position(|&(_, x, _)| x == s) {
+            self.locked.swap_remove(p);
+        }
+        let ri = self.sops[s as usize].req;
+        self.free_sops.push(s);
+        let req = self.reqs[ri as usize].take().expect("live request");
+        debug_assert!(req.pending == 1 && req.split == req.len);
+        if req.paced {
+            self.pacer.foreground_done(
+                self.now,
+                self.now.saturating_sub(req.submit_ns),
+                req.len,
+                true,
+            );
+        }
+        self.moved.push_back(ArrayRequest {
+            tag: req.tag,
+            op: req.op,
+            offset_bytes: req.offset,
+            // A foreign request lies within one stripe (checked at submit).
+            len_bytes: req.len as u32,
+            buf: req.buf,
+        });
+        self.free_reqs.push(ri);
+        self.stats.moved_reads += 1;
     }
 
     /// Starts operation `s`'s first phase (its stripe is held, its bits durable).
@@ -1478,6 +1651,7 @@ impl<C: Channel> Array<C> {
                 .expect("regions are counted only with a bitmap");
             i.shared.end_write(regions);
         }
+        self.release_gate(s);
         let sop = &self.sops[s as usize];
         debug_assert_eq!(sop.outstanding, 0);
         if let Some(p) = self.locked.iter().position(|&(_, x, _)| x == s) {
@@ -1716,6 +1890,11 @@ impl<C: Channel> Array<C> {
     }
 
     fn finish_degraded_read(&mut self, s: u32) {
+        if self.sops[s as usize].foreign && !self.sops[s as usize].bad.is_empty() {
+            // Rewriting the unreadable range is the owner's to do (two reactors must not
+            // write one range): it reads again, rebuilds and repairs.
+            return self.move_sop(s);
+        }
         self.stats.degraded_reads += 1;
         if let Err(e) = self.rebuild_in_buffers(s) {
             return self.finish_sop(s, Err(e));
@@ -2204,6 +2383,7 @@ impl<C: Channel> Array<C> {
                 self.finish_bg(s, status)
             }
             Phase::BitmapWait => unreachable!("operations waiting for their bits have no I/O"),
+            Phase::GateWait => unreachable!("operations waiting for the gate have no I/O"),
             Phase::Flushing => {
                 let ri = sop.req;
                 self.free_sops.push(s);
@@ -2213,6 +2393,13 @@ impl<C: Channel> Array<C> {
                 }
                 req.pending = 0;
                 self.finish_req(ri);
+            }
+            // A foreign read goes on from redundancy under the gate (the owner writes
+            // nothing meanwhile), unless a member is now being rebuilt.
+            Phase::DirectRead | Phase::DegradedRead
+                if failed && sop.foreign && self.rebuilding() =>
+            {
+                self.move_sop(s)
             }
             Phase::DirectRead if failed => self.start_degraded(s, Phase::DegradedRead),
             Phase::DirectRead => {
@@ -2365,6 +2552,31 @@ impl<C: Channel> Array<C> {
         assert!(shard < shards, "shard {shard} of {shards}");
         self.shard = shard;
         self.shards = shards;
+    }
+
+    /// Shares the stripe gate of an array with several shards ([`StripeGate`]): this shard
+    /// then serves reads of other shards' stripes (foreign reads, each within one stripe)
+    /// and makes its own writes wait for foreign reads of their stripe. Every shard of the
+    /// array must get the same gate (or none). Foreign reads it cannot serve come back
+    /// from [`Array::take_moved`] for the owner.
+    ///
+    /// # Panics
+    /// If requests are in flight (a programmer error).
+    pub fn set_gate(&mut self, gate: Option<Arc<StripeGate>>) {
+        assert!(!self.busy(), "set the gate before submitting requests");
+        self.gate = gate;
+    }
+
+    /// Stripe operations in the shard's pools (foreground and background): the most it
+    /// can hold in a [`StripeGate`] at once.
+    pub fn stripe_op_capacity(&self) -> usize {
+        self.sops.len()
+    }
+
+    /// A foreign read this shard handed back: submit it to the stripe's owner (same tag
+    /// and buffer). Nothing of it has been completed here.
+    pub fn take_moved(&mut self) -> Option<ArrayRequest> {
+        self.moved.pop_front()
     }
 
     /// Replaces the pacer that admits background operations ([`Unpaced`] by default).
@@ -2550,6 +2762,9 @@ impl<C: Channel> Array<C> {
         let m = &mut self.members[usize::from(slot)];
         let old = std::mem::replace(&mut m.ch, ch);
         m.state = MemberState::Rebuilding;
+        if let Some(g) = &self.gate {
+            g.note_replaced(slot);
+        }
         m.recovery_stripe = 0;
         m.max_transfer = max_transfer;
         tracing::info!(

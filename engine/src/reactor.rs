@@ -50,7 +50,7 @@ use crate::process::{
 };
 use crate::qos::QosState;
 use crate::qos::{Pacer, Unpaced};
-use crate::shard::{merge_state, split};
+use crate::shard::{merge_state, owner, split, StripeGate};
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
 pub const ADAPTIVE_SPINS: u32 = 1000;
@@ -59,6 +59,10 @@ pub const ADAPTIVE_SPINS: u32 = 1000;
 pub const ADAPTIVE_MAX_SLEEP: Duration = Duration::from_micros(200);
 /// Capacity of each reactor's inbound ring, in messages.
 pub const RING_CAPACITY: usize = 4096;
+/// Slots of the stripe gate shared by the reactors of an array (4 bytes each: 64 KiB): far
+/// more than the stripe operations in flight, so two of them rarely share a slot (a
+/// false conflict costs a hop or a short wait, never correctness).
+pub const GATE_SLOTS: usize = 16384;
 /// Capacity of each reactor's control ring (management commands), in messages.
 pub const CONTROL_CAPACITY: usize = 256;
 /// How often a reactor publishes its statistics for [`ReactorHandle::snapshot`] (and at
@@ -386,6 +390,11 @@ pub struct ReactorConfig {
     pub mode: Mode,
     /// Array requests in flight per reactor (its parent table).
     pub requests: usize,
+    /// With several reactors: a reactor serves reads of stripes another reactor owns
+    /// itself (foreign reads, [`crate::shard::StripeGate`]) instead of sending them to the
+    /// owner; the owner still orders them against its writes. `false` sends every piece
+    /// to its owner (for comparison).
+    pub foreign_reads: bool,
 }
 
 /// Something that submits array requests on a reactor (NBD connection, load generator).
@@ -460,6 +469,8 @@ pub struct Io<'a, C: Channel> {
     parents: &'a mut Vec<Option<Parent>>,
     free: &'a mut Vec<u32>,
     reactors: usize,
+    /// Reads of other reactors' stripes are served here ([`ReactorConfig::foreign_reads`]).
+    foreign_reads: bool,
     done: &'a mut VecDeque<ArrayCompletion>,
     in_flight: &'a AtomicUsize,
 }
@@ -512,7 +523,7 @@ impl<C: Channel> Io<'_, C> {
     }
 
     fn route(&mut self, owner: usize, r: ArrayRequest) {
-        if owner == self.me {
+        if owner == self.me || (self.foreign_reads && r.op == ArrayOp::Read) {
             self.local.push_back(r);
         } else {
             self.outbox.push_back((owner, Msg::Piece(r)));
@@ -741,6 +752,15 @@ impl<F: Frontend> Reactors<F> {
             epoch: Instant::now(),
             rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
         });
+        // Foreign reads need more than one reactor; every slot counts at most the stripe
+        // operations of all reactors.
+        let gate = (n > 1 && cfg.foreign_reads).then(|| {
+            StripeGate::new(
+                GATE_SLOTS,
+                n * (array_cfg.stripe_ops + array_cfg.background_ops),
+                geo.geometry().members(),
+            )
+        });
         let mut threads = Vec::with_capacity(n);
         for (me, fe) in frontends.into_iter().enumerate() {
             let devices = Arc::clone(&devices);
@@ -751,6 +771,7 @@ impl<F: Frontend> Reactors<F> {
             let mode = cfg.mode;
             let requests = cfg.requests;
             let bitmap = bitmap.clone();
+            let gate = gate.clone();
             let t = std::thread::Builder::new()
                 .name(format!("reactor-{me}"))
                 .spawn(move || {
@@ -778,8 +799,20 @@ impl<F: Frontend> Reactors<F> {
                     if let Some(b) = bitmap {
                         array.attach_bitmap(b, me == 0);
                     }
+                    if let Some(g) = &gate {
+                        array.set_gate(Some(Arc::clone(g)));
+                    }
                     Ok(run::<F, D>(
-                        me, n, geo, array, &rings, &shared, mode, requests, fe,
+                        me,
+                        n,
+                        geo,
+                        array,
+                        &rings,
+                        &shared,
+                        mode,
+                        requests,
+                        gate.is_some(),
+                        fe,
                     ))
                 })
                 .map_err(ReactorError::Spawn)?;
@@ -826,6 +859,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     shared: &Shared,
     mode: Mode,
     requests: usize,
+    foreign_reads: bool,
     mut fe: F,
 ) -> F {
     let mut parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
@@ -967,6 +1001,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 parents: &mut parents,
                 free: &mut free,
                 reactors,
+                foreign_reads,
                 done: &mut done,
                 in_flight: &shared.in_flight,
             };
@@ -981,6 +1016,12 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             progress = true;
         }
         progress |= array.process();
+        // Foreign reads this shard could not serve go to their owners.
+        while let Some(r) = array.take_moved() {
+            let stripe = r.offset_bytes / geo.geometry().stripe_data_bytes();
+            outbox.push_back((owner(stripe, reactors), Msg::Piece(r)));
+            progress = true;
+        }
         if owner_of_bitmap {
             if let Some(b) = array.bitmap() {
                 let g = b.generation();

@@ -12,6 +12,8 @@
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use crate::array::{Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest, MemberState};
 use crate::device::{Channel, IoBuf, IoError};
@@ -88,6 +90,147 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
     })
 }
 
+/// Lets a reactor serve a read of a stripe another reactor owns by itself (a *foreign
+/// read*), without a hop to the owner — DESIGN.md "The data path": non-degraded reads with
+/// no write in flight on their stripe need no hop — while the owner's writes stay ordered
+/// against it.
+///
+/// A fixed table of slots, one 32-bit word each, stripes hashed onto slots: the low 16
+/// bits count foreign reads in flight, the high 16 bits the owners' writes that hold the
+/// stripe. Both sides announce themselves with one read-modify-write on the same word, so
+/// the two are totally ordered (the atomic's modification order; no fences needed): a
+/// foreign read that finds a writer backs off at once and goes to the owner instead
+/// ([`StripeGate::try_read`]); a write that finds readers issues no member write until
+/// they have finished ([`StripeGate::begin_write`], [`StripeGate::readers_clear`]), and
+/// new readers meanwhile go to the owner, where they queue behind the write (per-stripe
+/// FIFO), so a stream of reads cannot starve it. A foreign read never waits for anything
+/// but its own device I/O, so there is no cycle of waits between reactors. Two stripes on
+/// one slot only cost a false conflict (a read that hops, a write that waits for an
+/// unrelated read); consecutive stripes land on different cache lines.
+///
+/// Member failures: reactors learn of a failure another reactor saw by message, so a
+/// reader's view of the members may lag the owner's, and after a failure the owner's
+/// degraded writes leave the failed member's chunks stale. Every shard therefore also
+/// records the members it failed here ([`StripeGate::note_failed`]) before it issues any
+/// write without them; a foreign read that finds a member failed here that it still
+/// thinks online goes to the owner ([`StripeGate::lagging`]). The owner's flag store
+/// happens before its next `begin_write`, and a reader that passes `try_read` after that
+/// write's `end_write` sees the flag (release/acquire through the slot word).
+///
+/// Cost on the hot path: one uncontended atomic add at the start and one at the end of a
+/// foreign read plus one load per member; one add of each per owner write (only with more
+/// than one reactor).
+pub struct StripeGate {
+    slots: Box<[AtomicU32]>,
+    /// `slots.len() / SLOTS_PER_LINE`.
+    lines: u64,
+    /// Per member: some shard failed it (cleared when the slot gets a new device).
+    failed: Box<[AtomicBool]>,
+}
+
+/// One writer in a slot word.
+const GATE_WRITER: u32 = 1 << 16;
+/// Readers (or writers) one slot can count: 16 bits each.
+const GATE_MAX: u32 = (1 << 16) - 1;
+/// 32-bit slots in a 64-byte cache line.
+const SLOTS_PER_LINE: u64 = 16;
+
+impl StripeGate {
+    /// A gate for reactors that have at most `ops_in_flight` stripe operations in flight
+    /// in all (the bound on any slot's count), with `slots` slots (rounded up to a power
+    /// of two, at least 1024: a few KiB, so false conflicts stay rare).
+    ///
+    /// # Panics
+    /// If `ops_in_flight` does not fit a slot's 16-bit count (a configuration far beyond
+    /// any pool size the target uses: 65 535 operations).
+    pub fn new(slots: usize, ops_in_flight: usize, members: u16) -> Arc<Self> {
+        assert!(
+            ops_in_flight <= GATE_MAX as usize,
+            "{ops_in_flight} stripe operations exceed the gate's 16-bit counts"
+        );
+        let n = slots.max(1024).next_power_of_two();
+        Arc::new(Self {
+            slots: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            lines: n as u64 / SLOTS_PER_LINE,
+            failed: (0..members).map(|_| AtomicBool::new(false)).collect(),
+        })
+    }
+
+    /// A shard failed `member` (before it writes any stripe without it).
+    pub fn note_failed(&self, member: u16) {
+        if let Some(f) = self.failed.get(usize::from(member)) {
+            f.store(true, Ordering::Release);
+        }
+    }
+
+    /// `member`'s slot has a new device (being rebuilt: foreign reads go to the owner
+    /// until it is online everywhere).
+    pub fn note_replaced(&self, member: u16) {
+        if let Some(f) = self.failed.get(usize::from(member)) {
+            f.store(false, Ordering::Release);
+        }
+    }
+
+    /// Whether some shard failed a member that `failed_here(member)` says this shard has
+    /// not: its view lags, and a foreign read must go to the owner. Call after a
+    /// successful [`StripeGate::try_read`].
+    pub fn lagging(&self, mut failed_here: impl FnMut(u16) -> bool) -> bool {
+        self.failed
+            .iter()
+            .enumerate()
+            .any(|(m, f)| f.load(Ordering::Acquire) && !failed_here(m as u16))
+    }
+
+    /// The slot of `stripe`: consecutive stripes (which alternate owners) on different
+    /// cache lines, so one reactor's foreign reads do not bounce the line another owns.
+    fn slot(&self, stripe: u64) -> &AtomicU32 {
+        let line = stripe % self.lines;
+        let within = (stripe / self.lines) % SLOTS_PER_LINE;
+        &self.slots[(line * SLOTS_PER_LINE + within) as usize]
+    }
+
+    /// A foreign read of `stripe` starts: `true` when no write holds it (the read is then
+    /// counted until [`StripeGate::end_read`]); `false` when one does (nothing counted:
+    /// send the read to the owner).
+    pub fn try_read(&self, stripe: u64) -> bool {
+        let slot = self.slot(stripe);
+        let prev = slot.fetch_add(1, Ordering::AcqRel);
+        debug_assert!(prev & GATE_MAX < GATE_MAX, "gate reader count overflow");
+        if prev >= GATE_WRITER {
+            slot.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// A foreign read counted by [`StripeGate::try_read`] has finished with the members.
+    pub fn end_read(&self, stripe: u64) {
+        let prev = self.slot(stripe).fetch_sub(1, Ordering::Release);
+        debug_assert!(prev & GATE_MAX > 0, "gate reader count underflow");
+    }
+
+    /// The owner's write takes `stripe` (counted until [`StripeGate::end_write`]); returns
+    /// whether no foreign read is in flight on it (else wait for
+    /// [`StripeGate::readers_clear`] before writing any member).
+    pub fn begin_write(&self, stripe: u64) -> bool {
+        let prev = self.slot(stripe).fetch_add(GATE_WRITER, Ordering::AcqRel);
+        debug_assert!(prev >> 16 < GATE_MAX, "gate writer count overflow");
+        prev & GATE_MAX == 0
+    }
+
+    /// Whether the foreign reads in flight on `stripe` (when its write began) have all
+    /// finished (no new ones start while the write holds the stripe).
+    pub fn readers_clear(&self, stripe: u64) -> bool {
+        self.slot(stripe).load(Ordering::Acquire) & GATE_MAX == 0
+    }
+
+    /// The owner's write counted by [`StripeGate::begin_write`] has finished.
+    pub fn end_write(&self, stripe: u64) {
+        let prev = self.slot(stripe).fetch_sub(GATE_WRITER, Ordering::Release);
+        debug_assert!(prev >= GATE_WRITER, "gate writer count underflow");
+    }
+}
+
 struct Parent {
     tag: u64,
     remaining: u32,
@@ -96,6 +239,11 @@ struct Parent {
 
 /// Several shards ([`Array`]s, one per "reactor", each over its own channels to the same
 /// members) driven from one thread. Same request interface as [`Array`].
+///
+/// As on the threaded reactors, a read piece is served by the shard that "received" the
+/// request — here the shard `parent slot mod shards`, so reads spread over every shard
+/// whatever their stripe — through the shards' shared [`StripeGate`] (foreign reads), and
+/// goes to its owner when the gate says so; writes always go to the owner.
 pub struct ShardedArray<C: Channel> {
     shards: Vec<Array<C>>,
     parents: Vec<Option<Parent>>,
@@ -109,6 +257,8 @@ pub struct ShardedArray<C: Channel> {
     /// A member was replaced: start a rebuild at the next turn (so members replaced
     /// together are rebuilt together).
     rebuild_pending: bool,
+    /// Reads are served by the receiving shard (foreign reads); with more than one shard.
+    foreign_reads: bool,
 }
 
 impl<C: Channel> ShardedArray<C> {
@@ -124,14 +274,20 @@ impl<C: Channel> ShardedArray<C> {
             "shards must share one geometry"
         );
         let n = shards.len();
+        let gate = (n > 1).then(|| {
+            let ops: usize = shards.iter().map(Array::stripe_op_capacity).sum();
+            StripeGate::new(4096, ops, shards[0].geometry().geometry().members())
+        });
         for (i, s) in shards.iter_mut().enumerate() {
             s.set_shard(i, n);
+            s.set_gate(gate.clone());
         }
         // Members assembled as being rebuilt resume at once.
         let rebuild_pending = shards[0].pending_rebuild().is_some();
         Self {
             failures_seen: shards.iter().map(|s| s.stats().member_failures).collect(),
             rebuild_pending,
+            foreign_reads: n > 1,
             shards,
             parents: (0..requests).map(|_| None).collect(),
             free: (0..requests as u32).rev().collect(),
@@ -150,6 +306,12 @@ impl<C: Channel> ShardedArray<C> {
     /// The shards.
     pub fn shards(&self) -> &[Array<C>] {
         &self.shards
+    }
+
+    /// Turns foreign reads off (every piece goes to its stripe's owner) or back on (with
+    /// more than one shard).
+    pub fn set_foreign_reads(&mut self, on: bool) {
+        self.foreign_reads = on && self.shards.len() > 1;
     }
 
     /// The shards, mutably (to set pacers).
@@ -363,7 +525,12 @@ impl<C: Channel> ShardedArray<C> {
                 Err(e) => parent.error = Some(e),
                 Ok(()) => {
                     for piece in split(tagged, self.shards[0].geometry(), n) {
-                        self.push(piece.owner, piece.request);
+                        let to = if self.foreign_reads && r.op == ArrayOp::Read {
+                            p as usize % n
+                        } else {
+                            piece.owner
+                        };
+                        self.push(to, piece.request);
                         parent.remaining += 1;
                     }
                 }
@@ -409,7 +576,8 @@ impl<C: Channel> ShardedArray<C> {
     /// shard, rebuild completion and start); returns whether anything happened.
     pub fn process(&mut self) -> bool {
         let mut any = self.coordinate();
-        for s in 0..self.shards.len() {
+        let n = self.shards.len();
+        for s in 0..n {
             while let Some(r) = self.overflow[s].pop_front() {
                 if self.shards[s].submit(r).is_err() {
                     self.overflow[s].push_front(r);
@@ -418,6 +586,12 @@ impl<C: Channel> ShardedArray<C> {
                 any = true;
             }
             any |= self.shards[s].process();
+            while let Some(r) = self.shards[s].take_moved() {
+                let stripe =
+                    r.offset_bytes / self.shards[s].geometry().geometry().stripe_data_bytes();
+                self.push(owner(stripe, n), r);
+                any = true;
+            }
             loop {
                 let k = self.shards[s].poll(&mut self.scratch);
                 for i in 0..k {
@@ -469,6 +643,50 @@ pub fn merge_state(a: MemberState, b: MemberState) -> MemberState {
 mod tests {
     use super::*;
     use crate::geometry::{Geometry, Layout, Level};
+
+    #[test]
+    fn the_gate_orders_foreign_reads_and_owner_writes() {
+        let g = StripeGate::new(0, 64, 5);
+        // Readers first: the write is told to wait until they are gone.
+        assert!(g.try_read(7) && g.try_read(7));
+        assert!(!g.begin_write(7));
+        // While the write holds the stripe, new readers go to the owner.
+        assert!(!g.try_read(7));
+        assert!(!g.readers_clear(7));
+        g.end_read(7);
+        assert!(!g.readers_clear(7));
+        g.end_read(7);
+        assert!(g.readers_clear(7));
+        // Other stripes are unaffected, including the neighbours on other cache lines.
+        assert!(g.try_read(8) && g.try_read(6));
+        g.end_read(8);
+        g.end_read(6);
+        // Two writes hold the stripe until both end.
+        assert!(g.begin_write(7));
+        g.end_write(7);
+        assert!(!g.try_read(7));
+        g.end_write(7);
+        assert!(g.try_read(7));
+        g.end_read(7);
+        // Consecutive stripes never share a cache line; every slot is used.
+        let lines: std::collections::HashSet<usize> = (0..1024u64)
+            .map(|s| (g.slot(s) as *const AtomicU32 as usize - g.slots.as_ptr() as usize) / 4)
+            .collect();
+        assert_eq!(lines.len(), 1024);
+        let line = |s: u64| (g.slot(s) as *const AtomicU32 as usize) / 64;
+        assert!((0..1023u64).all(|s| line(s) != line(s + 1)));
+    }
+
+    #[test]
+    fn a_reader_that_missed_a_failure_is_lagging() {
+        let g = StripeGate::new(0, 64, 5);
+        assert!(!g.lagging(|_| false));
+        g.note_failed(3);
+        assert!(g.lagging(|_| false));
+        assert!(!g.lagging(|m| m == 3));
+        g.note_replaced(3);
+        assert!(!g.lagging(|_| false));
+    }
 
     #[test]
     fn pieces_follow_stripe_owners() {

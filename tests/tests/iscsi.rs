@@ -1024,6 +1024,7 @@ mod in_process {
                     cores: vec![None; reactors],
                     mode: Mode::Adaptive,
                     requests: 256,
+                    foreign_reads: true,
                 },
                 frontends,
             )

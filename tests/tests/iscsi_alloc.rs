@@ -199,6 +199,7 @@ fn the_iscsi_data_path_allocates_nothing() {
                 cores: vec![None; reactors],
                 mode: Mode::Adaptive,
                 requests: 256,
+                foreign_reads: true,
             },
             frontends.into_iter().map(Armed).collect(),
         )

@@ -526,6 +526,17 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
             );
         }
         assert_eq!(st.degraded_reads + st.degraded_writes, 0);
+        if c.reactors > 1 {
+            // Reads are served by the shard that received them; writes waited for such
+            // reads of their stripe (the gate was exercised both ways).
+            assert!(
+                st.foreign_reads > 0 && st.gate_waits > 0,
+                "seed {}: {st:?}",
+                c.seed
+            );
+        } else {
+            assert_eq!(st.foreign_reads + st.moved_reads + st.gate_waits, 0);
+        }
     });
 }
 
@@ -564,6 +575,7 @@ fn raid6_survives_a_lost_member_plus_io_errors() {
 #[test]
 fn latent_sector_errors_are_repaired_and_the_member_kept() {
     let met = std::sync::atomic::AtomicUsize::new(0);
+    let moved = std::sync::atomic::AtomicUsize::new(0);
     let all = cases(Failures::Latent);
     let n = all.len();
     each_case(all, |c| {
@@ -585,7 +597,16 @@ fn latent_sector_errors_are_repaired_and_the_member_kept() {
         if medium > 0 {
             met.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        moved.fetch_add(
+            stats(&arr).moved_reads as usize,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     });
+    // Foreign reads that met a bad sector went to the owner, which rewrote it.
+    assert!(
+        moved.into_inner() > 0,
+        "no foreign read met a latent sector error"
+    );
     // Writes heal bad sectors before some runs read them; most runs must still meet them.
     let met = met.into_inner();
     eprintln!("{met} of {n} runs met latent sector errors");

@@ -102,6 +102,7 @@ impl Target {
             cores: vec![None; reactors],
             mode: Mode::Adaptive,
             requests: 256,
+            foreign_reads: true,
         };
         let running = Reactors::start(
             Arc::clone(&devices),

@@ -154,6 +154,7 @@ fn the_nbd_data_path_allocates_nothing() {
                 cores: vec![None; reactors],
                 mode: Mode::Adaptive,
                 requests: 256,
+                foreign_reads: true,
             },
             frontends.into_iter().map(Armed).collect(),
         )

@@ -133,6 +133,7 @@ fn start_checkers(
         cores: vec![None; reactors],
         mode: Mode::Adaptive,
         requests: 16,
+        foreign_reads: true,
     };
     let running = Reactors::start_with_pacers(
         Arc::clone(&devices),
@@ -152,7 +153,20 @@ fn reactors_route_pieces_and_keep_data_and_parity_right() {
     for reactors in [1usize, 2, 3] {
         let (running, devices, geo) = start_checkers(reactors, 1500, 77);
         let cap = geo.capacity_bytes();
+        let h = running.handle();
         let done = running.stop().unwrap();
+        let st = h.snapshot().stats;
+        // Reads of another reactor's stripes are served where they arrive (foreign reads),
+        // while that reactor writes its stripes: the data checks above and below cover them.
+        if reactors > 1 {
+            assert!(st.foreign_reads > 0, "{reactors} reactors: {st:?}");
+        } else {
+            assert_eq!(st.foreign_reads + st.moved_reads, 0);
+        }
+        eprintln!(
+            "{reactors} reactors: {} direct reads, {} foreign, {} moved to the owner, {} writes waited for foreign reads",
+            st.direct_reads, st.foreign_reads, st.moved_reads, st.gate_waits
+        );
         let mut logical = Vec::with_capacity(cap as usize);
         for f in &done {
             assert!(
@@ -373,4 +387,147 @@ fn oracle_extract_raid6_4k(images: &[Vec<u8>]) -> Vec<u8> {
     args.extend(["--out".to_string(), img.display().to_string()]);
     oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
     std::fs::read(&img).unwrap()
+}
+
+/// Front-end of [`foreign_reads_race_owner_writes_on_shared_stripes`]: reads and writes of
+/// 4 KiB blocks `b` with `b % stride == lane`, several in flight (never two on one block).
+struct Interleaved {
+    lane: u64,
+    stride: u64,
+    blocks: u64,
+    reference: Vec<u8>,
+    bufs: Vec<AlignedBuf>,
+    /// Per slot: (write, block) in flight.
+    slots: Vec<Option<(bool, u64)>>,
+    rng: Rng,
+    ops_left: u32,
+    errors: Vec<String>,
+}
+
+impl Frontend for Interleaved {
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        let mut any = false;
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_some() || self.ops_left == 0 {
+                continue;
+            }
+            let mine = self.blocks / self.stride;
+            let block = self.lane + self.stride * self.rng.below(mine);
+            if self.slots.iter().flatten().any(|&(_, b)| b == block) {
+                continue;
+            }
+            let write = self.rng.below(2) == 0;
+            let b = &mut self.bufs[slot][..];
+            let at = (block / self.stride * 4096) as usize;
+            if write {
+                self.rng.fill(b);
+                self.reference[at..at + 4096].copy_from_slice(b);
+            }
+            // SAFETY: slot `slot`'s buffer is untouched until its completion.
+            let buf = unsafe { IoBuf::from_raw(NonNull::new(b.as_mut_ptr()).unwrap(), 4096, None) };
+            let r = ArrayRequest {
+                tag: slot as u64,
+                op: if write {
+                    ArrayOp::Write { fua: false }
+                } else {
+                    ArrayOp::Read
+                },
+                offset_bytes: block * 4096,
+                len_bytes: 4096,
+                buf,
+            };
+            if io.submit(r).is_err() {
+                break;
+            }
+            self.slots[slot] = Some((write, block));
+            self.ops_left -= 1;
+            any = true;
+        }
+        any
+    }
+
+    fn complete(&mut self, c: ArrayCompletion) {
+        let slot = c.tag as usize;
+        let (write, block) = self.slots[slot].take().expect("slot in flight");
+        let at = (block / self.stride * 4096) as usize;
+        if let Err(e) = c.status {
+            self.errors.push(format!("block {block}: {e}"));
+        } else if !write && self.bufs[slot][..] != self.reference[at..at + 4096] {
+            self.errors.push(format!("read of block {block} differs"));
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.ops_left == 0 && self.slots.iter().all(Option::is_none)
+    }
+}
+
+/// Three reactors hammer the same four stripes, each its own interleaved 4 KiB blocks, four
+/// requests in flight each: most reads are of stripes another reactor owns and is writing
+/// at that moment (foreign reads through the stripe gate). Halfway a member fails, so
+/// foreign reads turn degraded (reading parity the owner's writes change) while writes
+/// continue. Every read must return what its front-end last wrote.
+#[test]
+fn foreign_reads_race_owner_writes_on_shared_stripes() {
+    const STRIPES_HERE: u64 = 4;
+    const REACTORS: u64 = 3;
+    for seed in [1u64, 2, 3] {
+        let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+        let geo = ArrayGeometry::new(g, STRIPES_HERE).unwrap();
+        let blocks = geo.capacity_bytes() / 4096;
+        let devices: Arc<Vec<MemDevice>> = Arc::new(
+            (0..6)
+                .map(|i| MemDevice::new(&format!("mem{i}"), STRIPES_HERE * CHUNK, 512, 64).unwrap())
+                .collect(),
+        );
+        let frontends: Vec<Interleaved> = (0..REACTORS)
+            .map(|lane| Interleaved {
+                lane,
+                stride: REACTORS,
+                blocks,
+                reference: vec![0; (blocks / REACTORS * 4096) as usize],
+                bufs: (0..4).map(|_| AlignedBuf::zeroed(4096)).collect(),
+                slots: vec![None; 4],
+                rng: Rng::new(seed * 10 + lane),
+                ops_left: 20_000,
+                errors: Vec::new(),
+            })
+            .collect();
+        let cfg = ReactorConfig {
+            cores: vec![None; REACTORS as usize],
+            mode: Mode::Adaptive,
+            requests: 16,
+            foreign_reads: true,
+        };
+        let running = Reactors::start(
+            Arc::clone(&devices),
+            geo,
+            Parity::new(),
+            ArrayConfig::default(),
+            cfg,
+            frontends,
+        )
+        .unwrap();
+        let h = running.handle();
+        // Fail a member once a good part of the requests has run.
+        let t0 = std::time::Instant::now();
+        while h.snapshot().stats.direct_reads < 15_000 && t0.elapsed().as_secs() < 60 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        h.fail_member(2).unwrap();
+        let done = running.stop().unwrap();
+        let st = h.snapshot().stats;
+        for f in &done {
+            assert!(
+                f.errors.is_empty(),
+                "seed {seed}: {:?} ({st:?})",
+                &f.errors[..f.errors.len().min(5)]
+            );
+        }
+        eprintln!("seed {seed}: {st:?}");
+        assert!(
+            st.foreign_reads > 0 && st.moved_reads > 0 && st.degraded_reads > 0,
+            "seed {seed}: {st:?}"
+        );
+    }
 }

@@ -74,6 +74,9 @@ struct Args {
     /// Seconds per measurement.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Send every read to its stripe's owner (no foreign reads; for comparison).
+    #[arg(long)]
+    no_foreign_reads: bool,
 }
 
 /// Thread CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
@@ -319,6 +322,7 @@ where
         cores,
         mode: Mode::Polled,
         requests: args.qd * 2,
+        foreign_reads: !args.no_foreign_reads,
     };
     let running = Reactors::start(devices, geo, Parity::new(), array_cfg, cfg, gens)
         .context("starting reactors")?;
