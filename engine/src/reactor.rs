@@ -34,6 +34,7 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
 use thiserror::Error;
 
 use crate::array::{
@@ -350,7 +351,7 @@ impl ReactorHandle {
                     qos: QosState::default(),
                 })
                 .collect(),
-            requests_in_flight: self.shared.in_flight.load(Ordering::Acquire),
+            requests_in_flight: self.shared.requests_in_flight(),
             reactors: self.shared.control.len(),
             control_error: None,
         };
@@ -472,6 +473,7 @@ pub struct Io<'a, C: Channel> {
     /// Reads of other reactors' stripes are served here ([`ReactorConfig::foreign_reads`]).
     foreign_reads: bool,
     done: &'a mut VecDeque<ArrayCompletion>,
+    /// This reactor's count of requests in flight ([`Shared::in_flight`]).
     in_flight: &'a AtomicUsize,
 }
 
@@ -486,7 +488,7 @@ impl<C: Channel> Io<'_, C> {
             return Err(ArrayError::QueueFull);
         };
         // Counted until the completion reaches the front-end (see the stop rule).
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        count_in_flight(self.in_flight, 1);
         let mut parent = Parent {
             tag: r.tag,
             remaining: 0,
@@ -538,8 +540,10 @@ struct Shared {
     stop: AtomicBool,
     /// Front-ends that reported `finished` (each counted once; finished is final).
     finished: AtomicUsize,
-    /// Array requests accepted by any reactor and not yet completed.
-    in_flight: AtomicUsize,
+    /// Per reactor: array requests its front-end submitted and that have not yet completed
+    /// (written by that reactor alone, each on its own cache line: no line bounces between
+    /// cores on every request).
+    in_flight: Box<[CachePadded<AtomicUsize>]>,
     /// Each reactor's thread, for unparking (set when the thread starts).
     threads: Vec<OnceLock<Thread>>,
     /// Whether each reactor is (about to be) parked.
@@ -563,7 +567,26 @@ struct Shared {
     rate: Mutex<RateWindow>,
 }
 
+/// Adds `delta` to a reactor's own in-flight count: only that reactor writes it, so a load
+/// and a store do (no locked read-modify-write); readers on other threads load it.
+fn count_in_flight(c: &AtomicUsize, delta: isize) {
+    let v = c.load(Ordering::Relaxed);
+    let next = v
+        .checked_add_signed(delta)
+        .expect("in-flight count stays in range");
+    c.store(next, Ordering::Release);
+}
+
 impl Shared {
+    /// Requests in flight over every reactor. Once every front-end is finished no count can
+    /// grow again, so a sum of zero read one counter at a time is final (the stop rule).
+    fn requests_in_flight(&self) -> usize {
+        self.in_flight
+            .iter()
+            .map(|c| c.load(Ordering::Acquire))
+            .sum()
+    }
+
     /// Queues a control message for reactor `to` (waiting out a full ring: commands are
     /// rare and reactors drain their ring every turn) and wakes it.
     fn send_control(&self, to: usize, mut c: Control) {
@@ -721,7 +744,9 @@ impl<F: Frontend> Reactors<F> {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             finished: AtomicUsize::new(0),
-            in_flight: AtomicUsize::new(0),
+            in_flight: (0..n)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
             threads: (0..n).map(|_| OnceLock::new()).collect(),
             parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
             control: (0..n).map(|_| ArrayQueue::new(CONTROL_CAPACITY)).collect(),
@@ -1003,7 +1028,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 reactors,
                 foreign_reads,
                 done: &mut done,
-                in_flight: &shared.in_flight,
+                in_flight: &shared.in_flight[me],
             };
             progress |= fe.poll(&mut io);
         }
@@ -1119,7 +1144,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
         // 5. Completions to the front-end.
         while let Some(c) = done.pop_front() {
             fe.complete(c);
-            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            count_in_flight(&shared.in_flight[me], -1);
             progress = true;
         }
         // Stop only when no reactor can send this one work any more: every front-end is
@@ -1130,7 +1155,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
         }
         if shared.stop.load(Ordering::Acquire)
             && shared.finished.load(Ordering::Acquire) == reactors
-            && shared.in_flight.load(Ordering::Acquire) == 0
+            && shared.requests_in_flight() == 0
             && !array.background_busy()
             // The bitmap owner's last batch (its buffer is the shard's) must complete.
             && !array.busy()
