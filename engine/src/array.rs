@@ -1451,11 +1451,20 @@ impl<C: Channel> Array<C> {
             sop.regions = 0..0;
             sop.foreign = self.shards > 1 && stripe % self.shards as u64 != self.shard as u64;
             sop.gate = GateHold::None;
-            self.waiting.push_back(s);
             if fully {
                 self.backlog.pop_front();
             }
             any = true;
+            let read = self.reqs[ri as usize].as_ref().expect("live").op == ArrayOp::Read;
+            if read
+                && self.waiting.is_empty()
+                && !self.locked.iter().any(|&(st, _, w)| st == stripe && w)
+            {
+                self.locked.push((stripe, s, false));
+                self.start_sop(s);
+            } else {
+                self.waiting.push_back(s);
+            }
         }
         any
     }

@@ -518,6 +518,16 @@ pub struct StripeLayout {
     q: Option<u16>,
 }
 
+/// `x mod n` for `x < 2n` (member arithmetic: a member index plus an offset below `n`).
+fn wrap(x: u16, n: u16) -> u16 {
+    debug_assert!(x < 2 * n);
+    if x >= n {
+        x - n
+    } else {
+        x
+    }
+}
+
 impl StripeLayout {
     /// The stripe number.
     pub fn stripe(&self) -> u64 {
@@ -547,8 +557,10 @@ impl StripeLayout {
         let p = self.p;
         match (self.q, self.layout) {
             // Symmetric: data follows parity cyclically.
-            (None, Layout::LeftSymmetric | Layout::RightSymmetric) => (p + 1 + k) % n,
-            (Some(_), Layout::LeftSymmetric | Layout::RightSymmetric) => (p + 2 + k) % n,
+            // p < n and k < n - 1, so one conditional subtraction is the remainder (no
+            // division on the per-request path).
+            (None, Layout::LeftSymmetric | Layout::RightSymmetric) => wrap(p + 1 + k, n),
+            (Some(_), Layout::LeftSymmetric | Layout::RightSymmetric) => wrap(p + 2 + k, n),
             // Ascending member order, skipping the parity member(s).
             (None, _) => {
                 if k >= p {
@@ -693,8 +705,10 @@ impl ArrayGeometry {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> Result<MemberExtents, GeometryError> {
-        let block = u64::from(self.geometry.block_bytes);
-        if !offset_bytes.is_multiple_of(block) || !len_bytes.is_multiple_of(block) {
+        // The block size is a power of two (512 or 4096, checked at construction): a mask
+        // tests alignment without a division on this per-request path.
+        let mask = u64::from(self.geometry.block_bytes) - 1;
+        if (offset_bytes | len_bytes) & mask != 0 {
             return Err(GeometryError::Misaligned {
                 offset_bytes,
                 len_bytes,

@@ -83,12 +83,16 @@ impl StripeWrite {
             start < end && end <= u64::from(data_chunks) * c,
             "range {start}..{end} outside the stripe"
         );
-        let (first, last) = ((start / c) as u16, ((end - 1) / c) as u16);
+        // Chunk sizes are powers of two (md's rule, checked by `Geometry::new`): shifts and
+        // masks instead of divisions on this per-request path.
+        debug_assert!(chunk_bytes.is_power_of_two());
+        let shift = chunk_bytes.trailing_zeros();
+        let (first, last) = ((start >> shift) as u16, ((end - 1) >> shift) as u16);
         Self {
             first,
             last,
-            first_start: (start % c) as u32,
-            last_end: (end - u64::from(last) * c) as u32,
+            first_start: (start & (c - 1)) as u32,
+            last_end: (end - (u64::from(last) << shift)) as u32,
             data_chunks,
             chunk_bytes,
         }

@@ -396,6 +396,8 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let duration = Duration::from_secs_f64(args.seconds);
+    // (device, level, workload, reactors, IOPS) for the scaling summary.
+    let mut results: Vec<(DeviceKind, u32, Workload, usize, f64)> = Vec::new();
     for &kind in &args.device {
         for &level in &args.level {
             let (lvl, n) = match level {
@@ -451,6 +453,7 @@ fn main() -> Result<()> {
                     let iops = t.ios as f64 / secs;
                     let raw_iops = raw.ios as f64 / raw.wall.as_secs_f64();
                     let spread_iops = spread.ios as f64 / spread.wall.as_secs_f64();
+                    results.push((kind, level, w, r, iops));
                     println!(
                         "| {:?} | raid{} | {:?} | {} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0}% | {:.0} | {:.0}% |",
                         kind,
@@ -466,6 +469,33 @@ fn main() -> Result<()> {
                         100.0 * iops / spread_iops
                     );
                 }
+            }
+        }
+    }
+    // Scaling: each reactor count against the smallest one run, same device/level/workload.
+    let base = *args.reactors.iter().min().expect("clap requires a value");
+    let multi: Vec<usize> = args
+        .reactors
+        .iter()
+        .copied()
+        .filter(|&r| r != base)
+        .collect();
+    if !multi.is_empty() {
+        println!("\n| device | level | workload | reactors | IOPS vs {base} reactor(s) |");
+        println!("|---|---|---|---:|---:|");
+        for &(kind, level, w, r, iops) in &results {
+            if r == base {
+                continue;
+            }
+            let one = results
+                .iter()
+                .find(|x| x.0 == kind && x.1 == level && x.2 == w && x.3 == base)
+                .map(|x| x.4);
+            if let Some(one) = one {
+                println!(
+                    "| {kind:?} | raid{level} | {w:?} | {r} | {:.2}× |",
+                    iops / one
+                );
             }
         }
     }
