@@ -714,9 +714,12 @@ fn read_all(w: &mut World) -> Vec<u8> {
     buf.to_vec()
 }
 
+/// Member requests as (stripe, bytes) pairs.
+type StripeIo = Vec<(u64, u32)>;
+
 /// Member `m`'s data-area writes and the data-area reads of the others since log event
-/// `from`, as (stripe, bytes) pairs.
-fn data_io_since(w: &World, from: usize, m: usize) -> (Vec<(u64, u32)>, Vec<(u64, u32)>) {
+/// `from`.
+fn data_io_since(w: &World, from: usize, m: usize) -> (StripeIo, StripeIo) {
     let chunk = u64::from(w.arr.geometry().geometry().chunk_bytes());
     let mut writes = Vec::new();
     let mut reads = Vec::new();
