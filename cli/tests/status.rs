@@ -49,6 +49,7 @@ impl Mock {
             requests_in_flight: 3,
             exports: vec![],
             process: ProcessReport::idle(),
+            bitmap: None,
         })))
     }
 
@@ -129,20 +130,20 @@ impl Handler for Mock {
         if kind == ProcessKind::Repair {
             // A repair that finds nothing: done at once.
             r.process = ProcessReport::idle();
-            return Ok(r.process);
+            return Ok(r.process.clone());
         }
         r.process = ProcessReport {
             kind,
             size_bytes: r.array.size_bytes,
             ..ProcessReport::idle()
         };
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 
     fn process_stop(&self) -> Result<ProcessReport, RpcError> {
         let mut r = self.0.lock().unwrap();
         r.process = ProcessReport::idle();
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 }
 

@@ -419,15 +419,49 @@ impl ReactorHandle {
         device: Arc<D>,
         resume_stripe: u64,
     ) -> Result<u64, ControlError> {
+        if self.shared.device_type != std::any::TypeId::of::<D>() {
+            return Err(ControlError::DeviceType { member: slot });
+        }
+        self.check_start_replace(slot, device.info(), resume_stripe)?;
+        let serial = self.shared.replace_serial.fetch_add(1, Ordering::AcqRel) + 1;
+        self.shared.replaced.store(0, Ordering::Release);
+        self.shared
+            .rate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reset();
+        let device: Arc<dyn Any + Send + Sync> = device;
+        for to in 0..self.shared.control.len() {
+            self.shared.send_control(
+                to,
+                Control::StartReplace {
+                    slot,
+                    dev: Arc::clone(&device),
+                    serial,
+                    resume: resume_stripe,
+                },
+            );
+        }
+        Ok(serial)
+    }
+
+    /// Whether [`Self::start_replace`] would accept a device described by `info` for
+    /// member `slot` now (against the last published state).
+    ///
+    /// # Errors
+    /// As [`Self::start_replace`].
+    pub fn check_start_replace(
+        &self,
+        slot: u16,
+        info: &crate::device::DeviceInfo,
+        resume_stripe: u64,
+    ) -> Result<(), ControlError> {
         let members = self.shared.members;
         if slot >= members {
             return Err(ControlError::NoSuchMember {
                 member: slot,
                 members,
             });
-        }
-        if self.shared.device_type != std::any::TypeId::of::<D>() {
-            return Err(ControlError::DeviceType { member: slot });
         }
         let req = ProcessRequest {
             kind: ProcessKind::Replace,
@@ -473,32 +507,8 @@ impl ReactorHandle {
                 return Err(ProcessError::Busy { running: p.kind }.into());
             }
         }
-        device_fits(
-            &self.shared.geo,
-            self.shared.data_offset,
-            slot,
-            device.info(),
-        )?;
-        let serial = self.shared.replace_serial.fetch_add(1, Ordering::AcqRel) + 1;
-        self.shared.replaced.store(0, Ordering::Release);
-        self.shared
-            .rate
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reset();
-        let device: Arc<dyn Any + Send + Sync> = device;
-        for to in 0..self.shared.control.len() {
-            self.shared.send_control(
-                to,
-                Control::StartReplace {
-                    slot,
-                    dev: Arc::clone(&device),
-                    serial,
-                    resume: resume_stripe,
-                },
-            );
-        }
-        Ok(serial)
+        device_fits(&self.shared.geo, self.shared.data_offset, slot, info)?;
+        Ok(())
     }
 
     /// Fails replacement `serial` on every reactor (the operator's `fail` of the

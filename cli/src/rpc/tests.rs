@@ -48,6 +48,7 @@ impl Mock {
                 requests_in_flight: 0,
                 exports: vec![],
                 process: ProcessReport::idle(),
+                bitmap: None,
             }),
         })
     }
@@ -141,13 +142,13 @@ impl Handler for Mock {
             size_bytes: r.array.size_bytes,
             ..ProcessReport::idle()
         };
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 
     fn process_stop(&self) -> Result<ProcessReport, RpcError> {
         let mut r = self.lock();
         r.process = ProcessReport::idle();
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 }
 
