@@ -895,7 +895,7 @@ impl Shared {
                                 i.sync_done(0..self.geo.stripes());
                             }
                         }
-                        info!(process = %p.kind, mismatch_cnt = p.mismatch_cnt, "background process finished")
+                        info!(process = %p.kind, stripes = p.total_stripes, mismatch_cnt = p.mismatch_cnt, "background process finished")
                     }
                     ProcessState::Stopped => {
                         info!(process = %p.kind, position_sectors = p.position_sectors, "background process stopped")
