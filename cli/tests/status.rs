@@ -328,4 +328,11 @@ fn fail_remove_add() {
     );
     assert_eq!(mock.status().members.len(), 5);
     assert_eq!(mock.status().exit_code(), 1);
+    // A target without `member_replace` refuses it clearly (exit 1).
+    let (code, out, err) = run(&["replace", "/dev/m0", "/dev/other"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("replace /dev/m0 with /dev/other: not supported: member_replace"),
+        "{err}"
+    );
 }

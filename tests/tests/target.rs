@@ -1851,7 +1851,8 @@ fn linux_md_members_are_served_with_the_data_md_was_given() {
             // stripes rewritten without it), in full on mdfix6d (no bitmap).
             let log = srv.log();
             assert!(
-                log.contains(&format!("{} not used", s.display())) && log.contains("member re-added"),
+                log.contains(&format!("{} not used", s.display()))
+                    && log.contains("member re-added"),
                 "{name}: the removed member must come back:\n{}",
                 srv.logs()
             );

@@ -117,6 +117,34 @@ pub(super) struct ReplaceBook {
     pub(super) path: PathBuf,
     /// `recovery_offset` last written for it, sectors.
     pub(super) checkpoint: u64,
+    /// The reactors' last refusal when it started: a different one about this replace
+    /// later means a reactor could not take it.
+    pub(super) error_at_start: Option<engine::reactor::ControlError>,
+}
+
+/// Whether a reactor's refusal `e` is about a replace of `role` (it could not open the
+/// device, or its shard refused the start).
+fn concerns_replace(e: &engine::reactor::ControlError, role: u16) -> bool {
+    use engine::process::ProcessError as P;
+    use engine::reactor::ControlError as C;
+    match e {
+        C::Open { member, .. } | C::DeviceType { member } => *member == role,
+        C::Process(p) => {
+            matches!(
+                p,
+                P::ReplaceBusy { .. }
+                    | P::NotInService { .. }
+                    | P::Degraded {
+                        kind: EngineKind::Replace,
+                        ..
+                    }
+                    | P::Busy { .. }
+                    | P::NoSlots
+                    | P::BadResume { .. }
+            ) || matches!(p, P::Unfit { member, .. } if *member == role)
+        }
+        C::NoSuchMember { .. } => false,
+    }
 }
 
 impl ProcessBook {
@@ -1034,6 +1062,7 @@ impl Shared {
         self.handle
             .check_start_replace(role, &nd.info, 0)
             .map_err(RpcError::process_refused)?;
+        let error_at_start = self.handle.snapshot().control_error;
         let NewDevice {
             path: p,
             canon,
@@ -1099,6 +1128,7 @@ impl Shared {
             dev_number,
             path: p.clone(),
             checkpoint: 0,
+            error_at_start,
         });
         *self
             .last_checkpoint
@@ -1128,6 +1158,7 @@ impl Shared {
         };
         let path = meta.members[idx].path.clone();
         let dev_number = meta.members[idx].sb.dev_number;
+        let error_at_start = self.handle.snapshot().control_error;
         match self.handle.start_replace(role, dev.clone(), stripe) {
             Ok(serial) => {
                 let chunk_sectors = u64::from(self.geo.geometry().chunk_sectors());
@@ -1137,6 +1168,7 @@ impl Shared {
                     dev_number,
                     path,
                     checkpoint: stripe * chunk_sectors,
+                    error_at_start,
                 });
             }
             Err(e) => {
@@ -1217,18 +1249,26 @@ impl Shared {
         let Some(b) = meta.book.replacing.clone() else {
             return;
         };
+        // A reactor that could not take the replace: it cannot complete.
+        if let Some(e) = snap
+            .control_error
+            .as_ref()
+            .filter(|e| Some(*e) != b.error_at_start.as_ref() && concerns_replace(e, b.role))
+        {
+            warn!(
+                role = b.role,
+                "a reactor refused the replace ({e}): cancelling it"
+            );
+            self.handle.fail_replacement(b.serial);
+            if let Some(x) = meta.book.replacing.as_mut() {
+                x.error_at_start = Some(e.clone());
+            }
+        }
         let Some(r) = snap
             .replacement
             .as_ref()
             .filter(|r| r.info.serial == b.serial)
         else {
-            if let Some(e) = &snap.control_error {
-                warn!(
-                    role = b.role,
-                    "a reactor refused the replace ({e}): cancelling it"
-                );
-                self.handle.fail_replacement(b.serial);
-            }
             return;
         };
         match r.info.state {
