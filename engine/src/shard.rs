@@ -397,8 +397,11 @@ impl<C: Channel> ShardedArray<C> {
                 s.complete_replace(serial);
             }
             any = true;
-            // A member replaced (rebuilt) meanwhile is rebuilt next.
-            self.rebuild_pending |= self.member_states().contains(&MemberState::Rebuilding);
+            // A member replaced (rebuilt) meanwhile is rebuilt next (allocation-free).
+            self.rebuild_pending |= self
+                .shards
+                .iter()
+                .any(|s| s.member_states().any(|m| m == MemberState::Rebuilding));
         }
         // Allocation-free: this runs every turn.
         let rebuild_done = self.shards.iter().all(|s| {
