@@ -1160,6 +1160,16 @@ impl Target {
             "array assembled and marked active"
         );
 
+        // The replace to resume: its device goes to the reactors with the members, so the
+        // replacement gets every write from the first one.
+        let resumed = resume_replace.and_then(|(role, idx, stripe)| {
+            meta.members[idx].spare.take().map(|device| ResumedReplace {
+                role,
+                idx,
+                stripe,
+                device,
+            })
+        });
         let array_cfg = ArrayConfig {
             requests: 1024,
             stripe_ops: opts.stripe_ops.max(1),
@@ -1188,8 +1198,25 @@ impl Target {
             Extras {
                 pacer: move |_| pacer.build(limits, members),
                 bitmap: intent.clone(),
+                replace: resumed.as_ref().map(|r| engine::reactor::ResumeReplace {
+                    member: r.role,
+                    device: Arc::clone(&r.device) as Arc<dyn std::any::Any + Send + Sync>,
+                    resume_stripe: r.stripe,
+                }),
             },
         );
+        if let (Ok(_), Some(r)) = (&started, &resumed) {
+            let m = &meta.members[r.idx];
+            let chunk_sectors = u64::from(g.chunk_sectors());
+            meta.book.replacing = Some(lifecycle::ReplaceBook {
+                role: r.role,
+                serial: engine::reactor::RESUMED_REPLACE_SERIAL,
+                dev_number: m.sb.dev_number,
+                path: m.path.clone(),
+                checkpoint: r.stripe * chunk_sectors,
+                error_at_start: None,
+            });
+        }
         if let (Ok(_), Some(i)) = (&started, &intent) {
             meta.bitmap = BitmapSync::Online(Arc::clone(i));
         }
@@ -1246,9 +1273,6 @@ impl Target {
             exports,
             removed: Mutex::new(Vec::new()),
         });
-        if let Some((role, idx, stripe)) = resume_replace {
-            shared.resume_replace(role, idx, stripe);
-        }
         let stop_monitor = Arc::new(AtomicBool::new(false));
         let monitor = {
             let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop_monitor));
@@ -1407,6 +1431,15 @@ impl Target {
         );
         Ok(())
     }
+}
+
+/// A replace found in progress at assembly, resumed by the reactors from the start.
+struct ResumedReplace {
+    role: u16,
+    /// Its entry in the target's [`Meta::members`].
+    idx: usize,
+    stripe: u64,
+    device: Arc<AnyDevice>,
 }
 
 /// The devices assembly found returning to a role that no device serves now (md's re-add

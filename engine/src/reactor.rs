@@ -817,7 +817,25 @@ pub struct Extras<P> {
     pub pacer: P,
     /// The array's write-intent bitmap, if it has one (reactor 0 owns it).
     pub bitmap: Option<Arc<WriteIntent>>,
+    /// A replace to resume ([`Array::start_replace`] on every shard before its first
+    /// request, serial [`RESUMED_REPLACE_SERIAL`]): from the very first write, every write
+    /// to the member reaches the replacement, which holds the member's data below
+    /// `resume_stripe` and must not miss one.
+    pub replace: Option<ResumeReplace>,
 }
+
+/// A replace found in progress at assembly ([`Extras::replace`]).
+pub struct ResumeReplace {
+    /// The member being replaced.
+    pub member: u16,
+    /// The replacement device: an `Arc<D>` of the reactors' device type.
+    pub device: Arc<dyn Any + Send + Sync>,
+    /// Stripes already copied (its `recovery_offset`).
+    pub resume_stripe: u64,
+}
+
+/// The serial of a replace resumed at start ([`Extras::replace`]); later ones count up.
+pub const RESUMED_REPLACE_SERIAL: u64 = 1;
 
 /// Running reactors; [`Reactors::stop`] joins them and returns their front-ends.
 pub struct Reactors<F: Frontend> {
@@ -877,6 +895,7 @@ impl<F: Frontend> Reactors<F> {
             Extras {
                 pacer,
                 bitmap: None,
+                replace: None,
             },
         )
     }
@@ -910,6 +929,7 @@ impl<F: Frontend> Reactors<F> {
             Extras {
                 pacer: |_| Box::new(Unpaced) as Box<dyn Pacer>,
                 bitmap,
+                replace: None,
             },
         )
     }
@@ -932,7 +952,12 @@ impl<F: Frontend> Reactors<F> {
         D: BlockDevice + Send + Sync + 'static,
         P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
     {
-        let Extras { pacer, bitmap } = extras;
+        let Extras {
+            pacer,
+            bitmap,
+            replace,
+        } = extras;
+        let replace = replace.map(Arc::new);
         let pacer = Arc::new(pacer);
         let n = cfg.cores.len();
         if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
@@ -978,7 +1003,11 @@ impl<F: Frontend> Reactors<F> {
             rebuilt: (0..geo.geometry().members())
                 .map(|_| AtomicUsize::new(0))
                 .collect(),
-            replace_serial: AtomicU64::new(0),
+            replace_serial: AtomicU64::new(if replace.is_some() {
+                RESUMED_REPLACE_SERIAL
+            } else {
+                0
+            }),
             replaced: AtomicUsize::new(0),
             epoch: Instant::now(),
             rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
@@ -993,6 +1022,7 @@ impl<F: Frontend> Reactors<F> {
             let mode = cfg.mode;
             let requests = cfg.requests;
             let bitmap = bitmap.clone();
+            let replace = replace.clone();
             let t = std::thread::Builder::new()
                 .name(format!("reactor-{me}"))
                 .spawn(move || {
@@ -1021,7 +1051,16 @@ impl<F: Frontend> Reactors<F> {
                         array.attach_bitmap(b, me == 0);
                     }
                     Ok(run::<F, D>(
-                        me, n, geo, array, &rings, &shared, mode, requests, fe,
+                        me,
+                        n,
+                        geo,
+                        array,
+                        &rings,
+                        &shared,
+                        mode,
+                        requests,
+                        fe,
+                        replace.as_deref(),
                     ))
                 })
                 .map_err(ReactorError::Spawn)?;
@@ -1069,6 +1108,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     mode: Mode,
     requests: usize,
     mut fe: F,
+    replace: Option<&ResumeReplace>,
 ) -> F {
     let mut parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
     let mut free: Vec<u32> = (0..requests as u32).rev().collect();
@@ -1107,6 +1147,25 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     // Members this reactor has reported rebuilt on its stripes.
     let mut reported_rebuilt = vec![false; usize::from(members)];
     let mut control_error: Option<ControlError> = None;
+    // A replace in progress resumes before the first request (see `Extras::replace`).
+    if let Some(r) = replace {
+        let started = match Arc::clone(&r.device).downcast::<D>() {
+            Err(_) => Err(ControlError::DeviceType { member: r.member }),
+            Ok(d) => d
+                .open_channel()
+                .map_err(|e| ControlError::Open {
+                    reactor: me,
+                    member: r.member,
+                    why: e.to_string(),
+                })
+                .and_then(|ch| {
+                    array
+                        .start_replace(r.member, ch, RESUMED_REPLACE_SERIAL, r.resume_stripe)
+                        .map_err(ControlError::from)
+                }),
+        };
+        control_error = started.err();
+    }
     // The owner wakes the other reactors when bits they may wait for become durable.
     let owner_of_bitmap = me == 0 && reactors > 1;
     let mut bitmap_gen = array.bitmap().map_or(0, |b| b.generation());

@@ -1148,48 +1148,6 @@ impl Shared {
         ))
     }
 
-    /// At start: the replacement `meta.members[idx]` of `role`, found by assembly with its
-    /// member current, resumes its replace from `stripe`; if the reactors refuse, it
-    /// becomes a spare.
-    pub(super) fn resume_replace(&self, role: u16, idx: usize, stripe: u64) {
-        let mut meta = self.meta();
-        let Some(dev) = meta.members[idx].spare.take() else {
-            return;
-        };
-        let path = meta.members[idx].path.clone();
-        let dev_number = meta.members[idx].sb.dev_number;
-        let error_at_start = self.handle.snapshot().control_error;
-        match self.handle.start_replace(role, dev.clone(), stripe) {
-            Ok(serial) => {
-                let chunk_sectors = u64::from(self.geo.geometry().chunk_sectors());
-                meta.book.replacing = Some(ReplaceBook {
-                    role,
-                    serial,
-                    dev_number,
-                    path,
-                    checkpoint: stripe * chunk_sectors,
-                    error_at_start,
-                });
-            }
-            Err(e) => {
-                warn!(device = %path.display(), role, "the replace cannot resume ({e}): the device becomes a spare");
-                let m = &mut meta.members[idx];
-                m.role = None;
-                m.replacement = false;
-                m.spare = Some(dev);
-                let _ = meta.record_with(
-                    &[],
-                    None,
-                    RoleChanges {
-                        roles: vec![(dev_number, DEV_ROLE_SPARE)],
-                        recovery: vec![(dev_number, None)],
-                        features: vec![(dev_number, Feature::Replacement, false)],
-                    },
-                );
-            }
-        }
-    }
-
     /// `member_fail` of the replacement device: the replace is cancelled (md fails the
     /// replacement; the member keeps its slot). `None` when `sel` names no replacement.
     pub(super) fn fail_replacement(&self, sel: &str) -> Option<MemberReport> {
@@ -1260,6 +1218,14 @@ impl Shared {
                 "a reactor refused the replace ({e}): cancelling it"
             );
             self.handle.fail_replacement(b.serial);
+            if snap
+                .replacement
+                .as_ref()
+                .is_none_or(|r| r.info.serial != b.serial)
+            {
+                // No reactor has it at all: nothing to wait for.
+                return self.abandon_replace(meta, &b, &e.to_string());
+            }
             if let Some(x) = meta.book.replacing.as_mut() {
                 x.error_at_start = Some(e.clone());
             }
@@ -1299,32 +1265,36 @@ impl Shared {
                 }
             }
             ReplaceState::Done => self.finish_replace(meta, &b),
-            ReplaceState::Failed(e) => {
-                warn!(
-                    device = %b.path.display(),
-                    role = b.role,
-                    error = %e,
-                    "replace stopped: the replacement failed; the array is unchanged"
-                );
-                if let Err(e) = meta.record_with(
-                    &[],
-                    None,
-                    RoleChanges {
-                        roles: vec![(b.dev_number, DEV_ROLE_FAULTY)],
-                        ..RoleChanges::default()
-                    },
-                ) {
-                    warn!("recording the failed replacement: {e:#}");
-                }
-                for m in meta.members.iter_mut().filter(|m| m.replacement) {
-                    m.active = false;
-                    m.replacement = false;
-                    m.role = None;
-                }
-                self.release_lock(&b.path);
-                meta.book.replacing = None;
-            }
+            ReplaceState::Failed(e) => self.abandon_replace(meta, &b, &e.to_string()),
         }
+    }
+
+    /// The replace stopped without completing (`why`): the replacement's slot is recorded
+    /// faulty and the device let go; the array is as it was.
+    fn abandon_replace(&self, meta: &mut Meta, b: &ReplaceBook, why: &str) {
+        warn!(
+            device = %b.path.display(),
+            role = b.role,
+            error = why,
+            "replace stopped: the replacement is out; the array is unchanged"
+        );
+        if let Err(e) = meta.record_with(
+            &[],
+            None,
+            RoleChanges {
+                roles: vec![(b.dev_number, DEV_ROLE_FAULTY)],
+                ..RoleChanges::default()
+            },
+        ) {
+            warn!("recording the failed replacement: {e:#}");
+        }
+        for m in meta.members.iter_mut().filter(|m| m.replacement) {
+            m.active = false;
+            m.replacement = false;
+            m.role = None;
+        }
+        self.release_lock(&b.path);
+        meta.book.replacing = None;
     }
 
     /// The replacement holds its role on every reactor: its superblock loses the
