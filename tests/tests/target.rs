@@ -2959,9 +2959,9 @@ fn an_interrupted_replace_resumes_from_its_recovery_offset() {
 }
 
 /// The new device failing (the operator fails it) cancels the replace: status says the
-/// process failed and why, the array is as it was; a second replace whose old member then
-/// fails goes on as a rebuild from the others (status: `rebuild`, degraded) and ends with
-/// the new device in the slot and the data right.
+/// process failed and why, the array is as it was; a second replace, onto a hot spare,
+/// whose old member then fails goes on as a rebuild from the others (status: `rebuild`,
+/// degraded) and ends with the new device in the slot and the data right.
 #[test]
 fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
     let Some(nbdcopy) = tool("nbdcopy") else {
@@ -3017,7 +3017,10 @@ fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
     );
     assert_eq!(st["array"]["state"], "active", "{st}");
     assert_eq!(st["members"][1]["device"].as_str(), old.to_str(), "{st}");
-    // Replace again; the old member fails part-way: a rebuild from the others.
+    // Replace again, onto a hot spare this time (md's `--replace` takes a spare); the old
+    // member fails part-way: a rebuild from the others.
+    let text = mgmt(d, &srv, &rpc_arg, &[OsStr::new("add"), new.as_os_str()], 0);
+    assert!(text.contains("as a spare"), "{text}");
     mgmt(
         d,
         &srv,

@@ -1058,42 +1058,76 @@ impl Shared {
                 word(x.state)
             )));
         }
-        let nd = self.open_new(new, false)?;
-        self.handle
-            .check_start_replace(role, &nd.info, 0)
-            .map_err(RpcError::process_refused)?;
+        // A hot spare of this array may be the new device (md's `--replace` takes a spare).
+        let spare = {
+            let want = Path::new(new);
+            let canon = std::fs::canonicalize(want).ok();
+            self.meta().members.iter().position(|m| {
+                m.active
+                    && m.role.is_none()
+                    && m.spare.is_some()
+                    && (m.path == want
+                        || canon.is_some() && std::fs::canonicalize(&m.path).ok() == canon)
+            })
+        };
+        let (p, dev, dev_number, mut meta) = match spare {
+            Some(idx) => {
+                let mut meta = self.meta();
+                let dev = meta.members[idx]
+                    .spare
+                    .take()
+                    .ok_or_else(|| RpcError::internal("the spare has no device"))?;
+                if let Err(e) = self.handle.check_start_replace(role, dev.info(), 0) {
+                    meta.members[idx].spare = Some(dev);
+                    return Err(RpcError::process_refused(e));
+                }
+                let m = &mut meta.members[idx];
+                m.role = Some(role);
+                m.replacement = true;
+                let (p, dev_number) = (m.path.clone(), m.sb.dev_number);
+                (p, dev, dev_number, meta)
+            }
+            None => {
+                let nd = self.open_new(new, false)?;
+                self.handle
+                    .check_start_replace(role, &nd.info, 0)
+                    .map_err(RpcError::process_refused)?;
+                let NewDevice {
+                    path: p,
+                    canon,
+                    lock,
+                    dev,
+                    info,
+                    ..
+                } = nd;
+                let mut meta = self.meta();
+                let (dev_number, newest) = Self::free_slot(&meta)?;
+                let data_size = (info.capacity_bytes - self.data_offset_bytes) / 512;
+                let sb = engine::metadata::joining_member(
+                    &newest,
+                    dev_number,
+                    engine::metadata::Uuid::random(&mut rand::thread_rng()),
+                    data_size,
+                );
+                metadata_io::write_superblock(&p, &sb).map_err(|e| {
+                    RpcError::device_unusable(new, format!("writing its superblock: {e}"))
+                })?;
+                meta.members.push(MemberMeta {
+                    role: Some(role),
+                    path: p.clone(),
+                    sb,
+                    active: true,
+                    spare: None,
+                    replacement: true,
+                });
+                self.locks
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((canon, lock));
+                (p, Arc::new(dev), dev_number, meta)
+            }
+        };
         let error_at_start = self.handle.snapshot().control_error;
-        let NewDevice {
-            path: p,
-            canon,
-            lock,
-            dev,
-            info,
-            ..
-        } = nd;
-        let mut meta = self.meta();
-        let (dev_number, newest) = Self::free_slot(&meta)?;
-        let data_size = (info.capacity_bytes - self.data_offset_bytes) / 512;
-        let sb = engine::metadata::joining_member(
-            &newest,
-            dev_number,
-            engine::metadata::Uuid::random(&mut rand::thread_rng()),
-            data_size,
-        );
-        metadata_io::write_superblock(&p, &sb)
-            .map_err(|e| RpcError::device_unusable(new, format!("writing its superblock: {e}")))?;
-        meta.members.push(MemberMeta {
-            role: Some(role),
-            path: p.clone(),
-            sb,
-            active: true,
-            spare: None,
-            replacement: true,
-        });
-        self.locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((canon, lock));
         // Every superblock says it first: role `role` twice, the new device a replacement
         // copied up to sector 0 (md's `super_1_sync` for a `Replacement` rdev).
         meta.record_with(
@@ -1106,19 +1140,33 @@ impl Shared {
             },
         )
         .map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        let serial = match self.handle.start_replace(role, Arc::new(dev), 0) {
+        let serial = match self.handle.start_replace(role, Arc::clone(&dev), 0) {
             Ok(s) => s,
             Err(e) => {
                 warn!(device = %p.display(), role, "cannot replace onto the device: {e}");
+                // A spare stays a spare; a new device leaves again.
+                let back = spare.and_then(|idx| meta.members.get_mut(idx));
+                let roles = match back {
+                    Some(m) => {
+                        m.role = None;
+                        m.replacement = false;
+                        m.spare = Some(dev);
+                        vec![(dev_number, DEV_ROLE_SPARE)]
+                    }
+                    None => {
+                        self.release_lock(&p);
+                        vec![(dev_number, DEV_ROLE_FAULTY)]
+                    }
+                };
                 let _ = meta.record_with(
                     &[],
                     None,
                     RoleChanges {
-                        roles: vec![(dev_number, DEV_ROLE_FAULTY)],
-                        ..RoleChanges::default()
+                        roles,
+                        recovery: vec![(dev_number, None)],
+                        features: vec![(dev_number, Feature::Replacement, false)],
                     },
                 );
-                self.release_lock(&p);
                 return Err(RpcError::process_refused(e));
             }
         };
