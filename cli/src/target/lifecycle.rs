@@ -329,12 +329,15 @@ impl Shared {
     /// the new device.
     pub(super) fn process_stop(&self) -> Result<ProcessReport, RpcError> {
         if let Some(b) = &self.meta().book.replacing {
-            return Err(RpcError::process_refused(format!(
-                "a replace of member {} cannot be paused; to cancel it, fail the new device \
-                 (ferroraid fail {})",
-                b.role,
-                b.path.display()
-            )));
+            return Err(RpcError::new(
+                crate::rpc::codes::PROCESS_REFUSED,
+                format!(
+                    "a replace of member {} cannot be paused; to cancel it, fail the new \
+                     device (ferroraid fail {})",
+                    b.role,
+                    b.path.display()
+                ),
+            ));
         }
         Ok(self.stop_any())
     }
