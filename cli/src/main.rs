@@ -81,8 +81,14 @@ enum Command {
     Fail(mgmt::MemberArgs),
     /// Take a faulty member (or a spare) out of a running target's array.
     Remove(mgmt::MemberArgs),
-    /// Add a device to a running target's array (as a spare, or into an empty slot).
+    /// Add a device to a running target's array (as a spare, or into an empty slot; a
+    /// device that left its slot comes back by bitmap, rebuilt only where it missed writes).
     Add(mgmt::MemberArgs),
+    /// Replace a member of a running target's array with a new device while the member
+    /// keeps serving (md's mdadm --replace): NEW is copied from OLD (rebuilt from the
+    /// others where OLD cannot be read), then takes its slot and OLD leaves the array.
+    /// Follows progress until done unless --no-wait.
+    Replace(mgmt::ReplaceArgs),
     /// Print the md v1.2 superblock of member devices (like mdadm --examine).
     Examine(mgmt::ExamineArgs),
     /// Scrub a running target's array: read everything and count parity mismatches
@@ -193,6 +199,7 @@ fn run() -> Result<()> {
         Command::Fail(args) => mgmt::member(mgmt::MemberOp::Fail, &args),
         Command::Remove(args) => mgmt::member(mgmt::MemberOp::Remove, &args),
         Command::Add(args) => mgmt::member(mgmt::MemberOp::Add, &args),
+        Command::Replace(args) => mgmt::replace(&args),
         Command::Examine(args) => mgmt::examine(&args),
         Command::Check(args) => mgmt::process(ferroraid::status::ProcessKind::Check, &args),
         Command::Repair(args) => mgmt::process(ferroraid::status::ProcessKind::Repair, &args),

@@ -1,5 +1,5 @@
-//! The management subcommands: `status`, `fail`, `remove`, `add`, `check`, `repair`,
-//! `stop-process` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`) and
+//! The management subcommands: `status`, `fail`, `remove`, `add`, `replace`, `check`,
+//! `repair`, `stop-process` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`) and
 //! `examine` (superblocks, no target needed).
 
 use std::io::Write as _;
@@ -9,7 +9,9 @@ use anyhow::Result;
 use clap::Args;
 use ferroraid::examine::{examine_device, ExamineEntry};
 use ferroraid::rpc::{default_rpc_path, ClientError, RpcClient};
-use ferroraid::status::{MemberReport, ProcessKind, EXIT_NOT_RUNNING};
+use ferroraid::status::{
+    MemberReport, MemberState, ProcessKind, ProcessRunState, EXIT_NOT_RUNNING,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal as _;
 
@@ -55,6 +57,22 @@ pub struct MemberArgs {
 /// Options of `ferroraid check|repair`.
 #[derive(Args, Debug)]
 pub struct ProcessArgs {
+    /// Start it and return at once (follow it with `ferroraid status`).
+    #[arg(long)]
+    no_wait: bool,
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+}
+
+/// Options of `ferroraid replace`.
+#[derive(Args, Debug)]
+pub struct ReplaceArgs {
+    /// The member to replace: its path as the target opened it, or its slot number.
+    #[arg(value_name = "OLD")]
+    old: String,
+    /// The new device (a path; blank, or a former member of this array).
+    #[arg(value_name = "NEW")]
+    new: String,
     /// Start it and return at once (follow it with `ferroraid status`).
     #[arg(long)]
     no_wait: bool,
@@ -247,6 +265,107 @@ pub fn process(kind: ProcessKind, a: &ProcessArgs) -> Result<()> {
         return Err(Exit(EXIT_MISMATCHES).into());
     }
     Ok(())
+}
+
+/// `ferroraid replace OLD NEW`: starts the replace and, unless `--no-wait`, follows it
+/// (a progress bar on a terminal, a line every 10 % otherwise) until NEW holds OLD's slot.
+/// Exit status 0 done, 1 refused or failed (the message says why: the new device failed,
+/// the array failed, ...), 4 no target.
+pub fn replace(a: &ReplaceArgs) -> Result<()> {
+    let mut c = connect(&a.rpc)?;
+    let m = match c.member_replace(&a.old, &a.new) {
+        Ok(m) => m,
+        Err(ClientError::Rpc(e)) => anyhow::bail!("replace {} with {}: {e}", a.old, a.new),
+        Err(e) => return Err(e.into()),
+    };
+    let slot = m.slot.unwrap_or(0);
+    let name = c.status().map(|r| r.array.name).unwrap_or_default();
+    out(&format!(
+        "ferroraid: replacing member {slot} ({}) of array {name} with {}\n",
+        a.old, a.new
+    ))?;
+    if a.no_wait {
+        return Ok(());
+    }
+    let bar = if std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(1);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b.set_message("replace");
+        Some(b)
+    } else {
+        None
+    };
+    let mut next_line = 0u64;
+    let mut said_rebuild = false;
+    let finish = |bar: &Option<ProgressBar>| {
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+    };
+    loop {
+        std::thread::sleep(PROGRESS_POLL);
+        let r = match c.status() {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(b) = &bar {
+                    b.abandon();
+                }
+                anyhow::bail!("replace: lost the target: {e}");
+            }
+        };
+        let replacing = r.members.iter().any(|m| m.state == MemberState::Replacing);
+        let p = &r.process;
+        if !replacing {
+            finish(&bar);
+            let now = r.members.iter().find(|m| m.slot == Some(slot));
+            let holds = now.is_some_and(|m| {
+                m.device.as_deref() == Some(a.new.as_str()) && m.state == MemberState::Active
+            });
+            if holds {
+                out(&format!(
+                    "ferroraid: replace done: {} is member {slot} of array {name}; {} is out \
+                     of the array; array is {}\n",
+                    a.new, a.old, r.array.state
+                ))?;
+                return Ok(());
+            }
+            let why = match (&p.state, &p.error) {
+                (ProcessRunState::Failed, Some(e)) => e.clone(),
+                _ => format!("{} is no longer replacing member {slot}", a.new),
+            };
+            anyhow::bail!("replace of member {slot} ended without completing: {why}");
+        }
+        if p.kind == ProcessKind::Rebuild && !said_rebuild {
+            said_rebuild = true;
+            out(&format!(
+                "ferroraid: member {slot} ({}) failed: the replace goes on as a rebuild from \
+                 the other members\n",
+                a.old
+            ))?;
+        }
+        if !matches!(p.kind, ProcessKind::Replace | ProcessKind::Rebuild) {
+            continue;
+        }
+        match &bar {
+            Some(b) => {
+                b.set_length(p.size_bytes.max(1));
+                b.set_position(p.position_bytes);
+            }
+            None => {
+                let pct = p.position_bytes.saturating_mul(100) / p.size_bytes.max(1);
+                if pct >= next_line {
+                    out(&format!("ferroraid: replace {pct}% done\n"))?;
+                    next_line = pct / 10 * 10 + 10;
+                }
+            }
+        }
+    }
 }
 
 /// `ferroraid stop-process`: stops what runs and says what it was.

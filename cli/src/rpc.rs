@@ -28,6 +28,7 @@
 //! | `member_fail` | `{"device": "<path or slot number>"}` | the member's [`MemberReport`] after |
 //! | `member_remove` | `{"device": "<path or slot number>"}` | the (now empty) slot's [`MemberReport`] |
 //! | `member_add` | `{"device": "<path>"}` | the added device's [`MemberReport`] |
+//! | `member_replace` | `{"old": "<path or slot number>", "new": "<path>"}` | the replacement's [`MemberReport`] (`replacing`) |
 //! | `rpc_methods` | none | the method names, sorted |
 //!
 //! `params` may also be given by position (`["/dev/nvme2n1"]`). A device is named by the
@@ -131,18 +132,20 @@ pub mod codes {
     /// The target cannot do this (yet).
     pub const NOT_SUPPORTED: i64 = -32005;
     /// `process_start` refused: another process runs, the array is degraded (only a
-    /// rebuild may run) or failed.
+    /// rebuild may run) or failed; `member_replace` refused for the same reasons, or
+    /// because the member is not in service or already being replaced.
     pub const PROCESS_REFUSED: i64 = -32006;
     /// The server is at [`super::MAX_CONNECTIONS`]; try again.
     pub const SERVER_BUSY: i64 = -32099;
 }
 
 /// The method names, sorted (the result of `rpc_methods`).
-pub const METHODS: [&str; 7] = [
+pub const METHODS: [&str; 8] = [
     "array_status",
     "member_add",
     "member_fail",
     "member_remove",
+    "member_replace",
     "process_start",
     "process_stop",
     "rpc_methods",
@@ -303,6 +306,23 @@ pub trait Handler: Send + Sync {
     /// [`RpcError::not_supported`].
     fn member_add(&self, device_path: &str) -> Result<MemberReport, RpcError>;
 
+    /// Replaces a member while it keeps serving (`member_replace`, like `mdadm --replace
+    /// OLD --with NEW`): `new` gets the member's contents (copied from it, rebuilt from
+    /// the others where it cannot be read) and every write, then takes its slot; `old`
+    /// leaves the array. Returns the replacement's report (`replacing`); progress is the
+    /// `replace` process of the status report.
+    ///
+    /// # Errors
+    /// [`RpcError::no_such_member`]; [`RpcError::process_refused`] when the member is not
+    /// in service, already being replaced, the array is degraded (md would give the new
+    /// device to the missing member first: add it instead) or another process runs;
+    /// [`RpcError::device_in_use`], [`RpcError::device_unusable`]. Targets that predate it
+    /// answer [`RpcError::not_supported`].
+    fn member_replace(&self, old: &str, new: &str) -> Result<MemberReport, RpcError> {
+        let _ = (old, new);
+        Err(RpcError::not_supported("member_replace"))
+    }
+
     /// Starts a background process (`process_start`, like writing md's `sync_action`):
     /// `check` (count parity mismatches), `repair` (rewrite mismatched parity) or `resync`
     /// (make parity consistent). Returns the process as it starts.
@@ -443,6 +463,10 @@ fn dispatch(handler: &dyn Handler, method: &str, params: Option<Value>) -> Resul
             let d = device_param(method, params)?;
             encode(guarded(method, || handler.member_add(&d))??)
         }
+        "member_replace" => {
+            let (old, new) = replace_params(method, params)?;
+            encode(guarded(method, || handler.member_replace(&old, &new))??)
+        }
         "process_start" => {
             let kind = kind_param(method, params)?;
             encode(guarded(method, || handler.process_start(kind))??)
@@ -524,6 +548,11 @@ fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError>
             usage()
         )));
     };
+    device_value(v, &usage)
+}
+
+/// A device value: a string (path or slot) or a non-negative integer (slot).
+fn device_value(v: Value, usage: &dyn Fn() -> String) -> Result<String, RpcError> {
     match v {
         Value::String(s) if s.is_empty() => Err(RpcError::invalid_params(format!(
             "device is empty: {}",
@@ -548,6 +577,48 @@ fn device_param(method: &str, params: Option<Value>) -> Result<String, RpcError>
     }
 }
 
+/// The parameters of `member_replace`: `{"old": ..., "new": ...}` or `[old, new]`; `old`
+/// a path or slot, `new` a path.
+fn replace_params(method: &str, params: Option<Value>) -> Result<(String, String), RpcError> {
+    let usage =
+        || format!("{method} takes {{\"old\": \"<path or slot number>\", \"new\": \"<path>\"}}");
+    let (old, new) = match params {
+        Some(Value::Object(mut m)) => {
+            let (o, n) = (m.remove("old"), m.remove("new"));
+            if let Some(k) = m.keys().next() {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown parameter {:?}: {}",
+                    shorten(k),
+                    usage()
+                )));
+            }
+            (o, n)
+        }
+        Some(Value::Array(a)) if a.len() == 2 => {
+            let mut it = a.into_iter();
+            (it.next(), it.next())
+        }
+        _ => (None, None),
+    };
+    let (Some(old), Some(new)) = (old, new) else {
+        return Err(RpcError::invalid_params(format!(
+            "missing old or new device: {}",
+            usage()
+        )));
+    };
+    let old = device_value(old, &usage)?;
+    let new = match new {
+        Value::String(_) => device_value(new, &usage)?,
+        _ => {
+            return Err(RpcError::invalid_params(format!(
+                "new must be a device path: {}",
+                usage()
+            )))
+        }
+    };
+    Ok((old, new))
+}
+
 /// The `kind` parameter of `process_start`: `{"kind": "check"}` or `["check"]`; one of
 /// `check`, `repair`, `resync`.
 fn kind_param(method: &str, params: Option<Value>) -> Result<ProcessKind, RpcError> {
@@ -559,6 +630,9 @@ fn kind_param(method: &str, params: Option<Value>) -> Result<ProcessKind, RpcErr
         Some("resync") => Ok(ProcessKind::Resync),
         Some("rebuild") => Err(RpcError::invalid_params(
             "a rebuild starts by itself when a device is added to a degraded array (member_add)",
+        )),
+        Some("replace") => Err(RpcError::invalid_params(
+            "a replace starts with member_replace (ferroraid replace OLD NEW)",
         )),
         Some(other) => Err(RpcError::invalid_params(format!(
             "unknown process kind {:?}: {}",
@@ -1304,6 +1378,15 @@ impl RpcClient {
     /// As [`RpcClient::member_fail`].
     pub fn member_add(&mut self, path: &str) -> Result<MemberReport, ClientError> {
         self.call_as("member_add", json!({ "device": path }))
+    }
+
+    /// `member_replace` of `old` (a path or slot number) by the device at `new`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`]; the server's refusals ([`Handler::member_replace`]) as
+    /// [`ClientError::Rpc`].
+    pub fn member_replace(&mut self, old: &str, new: &str) -> Result<MemberReport, ClientError> {
+        self.call_as("member_replace", json!({ "old": old, "new": new }))
     }
 
     /// `process_start` of `kind` (check, repair or resync).

@@ -24,8 +24,10 @@
 //!   "reactors": { "count": 2, "cores": [0, 1], "mode": "polled" },
 //!   "stats": { "direct_reads": 10, ... }, "requests_in_flight": 0,
 //!   "exports": [ { "protocol": "nbd", "address": "127.0.0.1:10809", "name": "data" } ],
-//!   "process": { "kind": "idle", "position_bytes": 0, "size_bytes": 0,
-//!                "rate_bytes_per_s": 0, "eta_s": null, "mismatch_cnt": 0 } }
+//!   "process": { "kind": "idle", "state": "idle", "position_bytes": 0, "size_bytes": 0,
+//!                "rate_bytes_per_s": 0, "eta_s": null, "mismatch_cnt": 0, "error": null },
+//!   "bitmap": { "chunk_bytes": 67108864, "regions": 120, "dirty_regions": 3,
+//!               "events_cleared": 5, "clearing": true } }
 //! ```
 //!
 //! [`StatusReport::exit_code`] is the exit status of `ferroraid status` (0 healthy,
@@ -66,9 +68,31 @@ pub struct StatusReport {
     pub requests_in_flight: u64,
     /// Where the array is exported (empty when it is not).
     pub exports: Vec<ExportReport>,
-    /// The background process running on the array (resync, rebuild, check, repair), or
-    /// `idle`.
+    /// The background process running on the array (resync, rebuild, check, repair,
+    /// replace), `idle`, or the last one if it ended on a failure.
     pub process: ProcessReport,
+    /// The internal write-intent bitmap; `null` when the array has none. Absent in reports
+    /// of targets that predate it.
+    #[serde(default)]
+    pub bitmap: Option<BitmapReport>,
+}
+
+/// The array's internal write-intent bitmap (md's, `engine::bitmap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BitmapReport {
+    /// Bytes of each member one bit covers (md's bitmap `chunksize`).
+    pub chunk_bytes: u64,
+    /// Bits (regions) in the bitmap.
+    pub regions: u64,
+    /// Bits set on disk: regions written recently, or since a member left (a re-added
+    /// member is rebuilt over these; a crash resyncs them).
+    pub dirty_regions: u64,
+    /// md's `events_cleared`: the array's `events` when bits were last cleared. A member
+    /// that left at a lower `events` can only come back with a full rebuild.
+    pub events_cleared: u64,
+    /// Whether idle bits are being cleared (false while a member is missing or being
+    /// recovered: md keeps every bit then).
+    pub clearing: bool,
 }
 
 /// The array's identity, geometry, size and state.
@@ -227,6 +251,10 @@ pub enum MemberState {
     Rebuilding,
     /// A slot no device was found for when the array started.
     Missing,
+    /// A device replacing the member of its slot (`ferroraid replace`, md's
+    /// "replacement"): written by every write to the member, filled by the `replace`
+    /// process, never read until it takes the slot. Listed right after its slot.
+    Replacing,
 }
 
 impl MemberState {
@@ -239,6 +267,7 @@ impl MemberState {
             MemberState::Spare => "spare",
             MemberState::Rebuilding => "rebuilding",
             MemberState::Missing => "missing",
+            MemberState::Replacing => "replacing",
         }
     }
 
@@ -485,10 +514,16 @@ impl fmt::Display for ExportProtocol {
 }
 
 /// The background process on the array (md's `sync_action` and progress).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessReport {
-    /// `idle`, `resync`, `rebuild`, `check` or `repair` ([`ProcessKind`]).
+    /// `idle`, `resync`, `rebuild`, `check`, `repair` or `replace` ([`ProcessKind`]); the
+    /// failed process's kind when `state` is `failed`.
     pub kind: ProcessKind,
+    /// `running`, `idle` (nothing runs: none was started, or the last one finished or was
+    /// stopped) or `failed` (the last one ended on an error: `error` says which)
+    /// ([`ProcessRunState`]). Absent in reports of targets that predate it.
+    #[serde(default)]
+    pub state: ProcessRunState,
     /// How far it has come, bytes of array capacity (0 when idle).
     pub position_bytes: u64,
     /// How far it goes, bytes of array capacity (0 when idle).
@@ -500,6 +535,23 @@ pub struct ProcessReport {
     /// Sectors (512 bytes) found inconsistent by the last check or repair (md's
     /// `mismatch_cnt`); 0 when none ran.
     pub mismatch_cnt: u64,
+    /// Why the process ended early, when `state` is `failed` (`null` otherwise).
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Whether a background process runs. Serialized lower-case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessRunState {
+    /// Nothing runs.
+    #[default]
+    Idle,
+    /// Working.
+    Running,
+    /// The last process ended on an error (a rebuild target or replacement failed, the
+    /// array failed, a stripe could not be recovered): see `error`.
+    Failed,
 }
 
 impl ProcessReport {
@@ -507,11 +559,13 @@ impl ProcessReport {
     pub fn idle() -> ProcessReport {
         ProcessReport {
             kind: ProcessKind::Idle,
+            state: ProcessRunState::Idle,
             position_bytes: 0,
             size_bytes: 0,
             rate_bytes_per_s: 0,
             eta_s: None,
             mismatch_cnt: 0,
+            error: None,
         }
     }
 }
@@ -536,6 +590,8 @@ pub enum ProcessKind {
     Check,
     /// Scrub that also rewrites mismatched parity.
     Repair,
+    /// Copying a member onto its replacement while it keeps serving (`ferroraid replace`).
+    Replace,
 }
 
 impl fmt::Display for ProcessKind {
@@ -546,6 +602,7 @@ impl fmt::Display for ProcessKind {
             ProcessKind::Rebuild => "rebuild",
             ProcessKind::Check => "check",
             ProcessKind::Repair => "repair",
+            ProcessKind::Replace => "replace",
         })
     }
 }
@@ -651,10 +708,13 @@ impl fmt::Display for StatusReport {
             a.raid_devices,
             if spares == 1 { "" } else { "s" }
         )?;
-        let state = match self.process.kind {
-            ProcessKind::Idle => a.state.to_string(),
-            // resyncing, rebuilding, checking, repairing (as /proc/mdstat words them)
-            k => format!("{}, {k}ing", a.state),
+        let state = match (self.process.kind, self.process.state) {
+            (ProcessKind::Idle, _) => a.state.to_string(),
+            (k, ProcessRunState::Failed) => format!("{}, {k} failed", a.state),
+            // resyncing, rebuilding, checking, repairing, replacing (as /proc/mdstat
+            // words them)
+            (ProcessKind::Replace, _) => format!("{}, replacing", a.state),
+            (k, _) => format!("{}, {k}ing", a.state),
         };
         writeln!(f, "          State : {state}")?;
         writeln!(f, "         Events : {}", a.events)?;
@@ -692,6 +752,15 @@ impl fmt::Display for StatusReport {
         let p = &self.process;
         if p.kind == ProcessKind::Idle {
             writeln!(f, "        Process : idle")?;
+        } else if p.state == ProcessRunState::Failed {
+            writeln!(
+                f,
+                "        Process : {} failed at {} of {}: {}",
+                p.kind,
+                human_bytes(p.position_bytes),
+                human_bytes(p.size_bytes),
+                p.error.as_deref().unwrap_or("unknown error")
+            )?;
         } else {
             let pct = if p.size_bytes == 0 {
                 0.0
@@ -710,6 +779,21 @@ impl fmt::Display for StatusReport {
         }
         if matches!(p.kind, ProcessKind::Check | ProcessKind::Repair) || p.mismatch_cnt > 0 {
             writeln!(f, "   Mismatch Cnt : {}", p.mismatch_cnt)?;
+        }
+        if let Some(b) = &self.bitmap {
+            writeln!(
+                f,
+                "         Bitmap : {} of {} regions dirty, {} chunks, events_cleared {}{}",
+                b.dirty_regions,
+                b.regions,
+                chunk_text(b.chunk_bytes),
+                b.events_cleared,
+                if b.clearing {
+                    ""
+                } else {
+                    " (kept: a member is missing or recovering)"
+                }
+            )?;
         }
         writeln!(f)?;
         let dev_w = self
@@ -813,6 +897,7 @@ mod tests {
                 name: "data".into(),
             }],
             process: ProcessReport::idle(),
+            bitmap: None,
         }
     }
 
@@ -899,7 +984,7 @@ mod tests {
         };
         assert_eq!(
             keys(&v),
-            "array,exports,members,process,reactors,requests_in_flight,stats"
+            "array,bitmap,exports,members,process,reactors,requests_in_flight,stats"
         );
         assert_eq!(
             keys(&v["array"]),
@@ -931,8 +1016,49 @@ mod tests {
         assert_eq!(keys(&v["exports"][0]), "address,name,protocol");
         assert_eq!(
             keys(&v["process"]),
-            "eta_s,kind,mismatch_cnt,position_bytes,rate_bytes_per_s,size_bytes"
+            "error,eta_s,kind,mismatch_cnt,position_bytes,rate_bytes_per_s,size_bytes,state"
         );
+        assert_eq!(v["process"]["state"], "idle");
+        assert_eq!(v["bitmap"], serde_json::Value::Null);
+        let mut with_bitmap = sample(&[]);
+        with_bitmap.bitmap = Some(BitmapReport {
+            chunk_bytes: 64 << 20,
+            regions: 120,
+            dirty_regions: 3,
+            events_cleared: 5,
+            clearing: true,
+        });
+        let b = serde_json::to_value(&with_bitmap).unwrap();
+        assert_eq!(
+            keys(&b["bitmap"]),
+            "chunk_bytes,clearing,dirty_regions,events_cleared,regions"
+        );
+        assert!(with_bitmap.to_string().contains(
+            "         Bitmap : 3 of 120 regions dirty, 65536K chunks, events_cleared 5\n"
+        ));
+        // Reports of older targets (no bitmap, no process state) still parse.
+        let mut old = b.clone();
+        old.as_object_mut().unwrap().remove("bitmap");
+        old["process"].as_object_mut().unwrap().remove("state");
+        old["process"].as_object_mut().unwrap().remove("error");
+        let back: StatusReport = serde_json::from_value(old).unwrap();
+        assert_eq!(back.bitmap, None);
+        assert_eq!(back.process, ProcessReport::idle());
+        // A failed process says so.
+        let mut failed = sample(&[]);
+        failed.process = ProcessReport {
+            kind: ProcessKind::Rebuild,
+            state: ProcessRunState::Failed,
+            error: Some("rebuild target member 3 failed".into()),
+            size_bytes: 1 << 20,
+            ..ProcessReport::idle()
+        };
+        let f = serde_json::to_value(&failed).unwrap();
+        assert_eq!(f["process"]["state"], "failed");
+        assert_eq!(f["process"]["error"], "rebuild target member 3 failed");
+        assert!(failed.to_string().contains(
+            "        Process : rebuild failed at 0 B of 1.00 MiB: rebuild target member 3 failed\n"
+        ));
         assert_eq!(v["array"]["state"], "degraded");
         assert_eq!(v["members"][2]["state"], "faulty");
         assert_eq!(v["reactors"]["mode"], "adaptive");
@@ -959,6 +1085,7 @@ mod tests {
             rate_bytes_per_s: 100 << 20,
             eta_s: Some(83),
             mismatch_cnt: 0,
+            ..ProcessReport::idle()
         };
         let text = r.to_string();
         assert!(text.starts_with("host:data:\n"), "{text}");

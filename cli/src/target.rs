@@ -32,8 +32,8 @@ use engine::device::BlockDevice;
 use engine::geometry::ArrayGeometry;
 use engine::metadata::bitmap::{bitmap_start_sector, BITMAP_STATE_STALE};
 use engine::metadata::{
-    assemble, next_generation, AssembleOptions, Assembly, DevRole, MdTime, Resync, Superblock,
-    Update, MAX_SECTOR,
+    assemble, next_generation, AssembleOptions, Assembly, DevRole, FullRebuildReason, MdTime,
+    Resync, Superblock, Update, MAX_SECTOR,
 };
 use engine::parity::Parity;
 use engine::reactor::{Extras, Mode, ReactorConfig, ReactorHandle, Reactors};
@@ -137,8 +137,12 @@ struct MemberMeta {
     sb: Superblock,
     /// Still receives superblock updates (not failed).
     active: bool,
-    /// A spare's opened device, handed to the reactors when it replaces a failed member.
+    /// A spare's opened device, handed to the reactors when it replaces a failed member
+    /// (or a replacement's, resumed after the reactors start).
     spare: Option<Arc<AnyDevice>>,
+    /// It replaces the member of its role (`ferroraid replace`, md's `Replacement` flag):
+    /// the member of the role is another device until the replace completes.
+    replacement: bool,
 }
 
 impl std::fmt::Debug for MemberMeta {
@@ -149,6 +153,7 @@ impl std::fmt::Debug for MemberMeta {
             .field("dev_number", &self.sb.dev_number)
             .field("events", &self.sb.events)
             .field("active", &self.active)
+            .field("replacement", &self.replacement)
             .finish_non_exhaustive()
     }
 }
@@ -181,11 +186,12 @@ struct Meta {
 }
 
 /// Role and recovery changes of one superblock generation, beside failures and
-/// `resync_offset` ([`Update::roles`], [`Update::recovery`]).
+/// `resync_offset` ([`Update::roles`], [`Update::recovery`], [`Update::features`]).
 #[derive(Default)]
 struct RoleChanges {
     roles: Vec<(u32, u16)>,
     recovery: Vec<(u32, Option<u64>)>,
+    features: Vec<(u32, engine::metadata::Feature, bool)>,
 }
 
 impl Meta {
@@ -213,15 +219,27 @@ impl Meta {
                 .map(|m| m.sb.clone())
                 .collect();
             let newest = current.iter().max_by_key(|sb| sb.events);
+            // The member of the role, never its replacement.
+            let replacements: Vec<u32> = self
+                .members
+                .iter()
+                .filter(|m| m.replacement)
+                .map(|m| m.sb.dev_number)
+                .collect();
             let slots: Vec<u32> = failed
                 .iter()
                 .filter_map(|r| {
-                    match self.members.iter().find(|m| m.role == Some(*r) && m.active) {
+                    match self
+                        .members
+                        .iter()
+                        .find(|m| m.role == Some(*r) && m.active && !m.replacement)
+                    {
                         Some(m) => Some(m.sb.dev_number),
                         None => newest?
                             .dev_roles
                             .iter()
-                            .position(|x| x == r)
+                            .enumerate()
+                            .position(|(slot, x)| x == r && !replacements.contains(&(slot as u32)))
                             .map(|slot| slot as u32),
                     }
                 })
@@ -236,6 +254,7 @@ impl Meta {
                 resync,
                 roles: std::mem::take(&mut changes.roles),
                 recovery: std::mem::take(&mut changes.recovery),
+                features: std::mem::take(&mut changes.features),
             };
             let next = next_generation(&current, &update).context("building superblocks")?;
             if let Some(ev) = next.iter().flatten().map(|sb| sb.events).max() {
@@ -465,7 +484,10 @@ impl Shared {
                 events: self.events(),
             },
             members: (0..g.members())
-                .map(|r| self.member_report(&snap, r))
+                .flat_map(|r| {
+                    std::iter::once(self.member_report(&snap, r))
+                        .chain(self.replacement_report(&snap, r))
+                })
                 .chain(self.spare_paths().into_iter().map(|p| {
                     MemberReport::idle(
                         None,
@@ -483,6 +505,7 @@ impl Shared {
             requests_in_flight: snap.requests_in_flight as u64,
             exports: self.exports.clone(),
             process: self.process_report(),
+            bitmap: self.bitmap_report(),
         }
     }
 }
@@ -518,6 +541,9 @@ impl Handler for TargetHandler {
 
     fn member_fail(&self, sel: &str) -> Result<MemberReport, RpcError> {
         let s = self.shared()?;
+        if let Some(report) = s.fail_replacement(sel) {
+            return Ok(report);
+        }
         let role = s
             .role_of(sel)
             .ok_or_else(|| RpcError::no_such_member(sel))?;
@@ -597,12 +623,16 @@ impl Handler for TargetHandler {
         self.shared()?.add_device(path)
     }
 
+    fn member_replace(&self, old: &str, new: &str) -> Result<MemberReport, RpcError> {
+        self.shared()?.replace(old, new)
+    }
+
     fn process_start(&self, kind: ProcessKind) -> Result<ProcessReport, RpcError> {
         self.shared()?.process_start(kind)
     }
 
     fn process_stop(&self) -> Result<ProcessReport, RpcError> {
-        Ok(self.shared()?.process_stop())
+        self.shared()?.process_stop()
     }
 }
 
@@ -681,6 +711,7 @@ impl Target {
                 .superblock
                 .as_ref()
                 .map_err(|e| anyhow::anyhow!("the newest superblock: {e}"))?;
+            let returning = readd_plan(&assembly);
             let absent: Vec<u16> = assembly
                 .missing_roles
                 .iter()
@@ -690,6 +721,7 @@ impl Target {
                         .dev_roles
                         .iter()
                         .any(|&raw| DevRole::from_raw(raw) == DevRole::Active(r))
+                        && !returning.iter().any(|x| x.0 == r)
                 })
                 .collect();
             if !absent.is_empty() {
@@ -743,10 +775,84 @@ impl Target {
         // Members only partly rebuilt (MD_FEATURE_RECOVERY_OFFSET): the rebuild resumes at
         // their recovery_offset, as md's does.
         let mut rebuilding = [None, None];
+        let mut bitmap_recovery = [None, None];
         let mut resumed_roles = Vec::new();
+        // The first generation's role and recovery changes (re-added members, finished or
+        // abandoned replacements).
+        let mut first = RoleChanges::default();
+        let newest_sb = candidates[assembly.newest]
+            .superblock
+            .clone()
+            .map_err(|e| anyhow::anyhow!("the newest superblock: {e}"))?;
+        let readds = readd_plan(&assembly);
+        let bitmap_current = assembly.bitmap.as_ref().is_some_and(|b| !b.stale);
         for (role, m) in assembly.members.iter().enumerate() {
+            let readd = readds.iter().find(|r| usize::from(r.0) == role);
             match m {
+                None if readd.is_some() => {
+                    // md's re-add: the device that left this role comes back to it, rebuilt
+                    // over the bitmap's dirty regions (or in full, as assembly decided).
+                    let &(_, c, by_bitmap) = readd.expect("checked");
+                    let by_bitmap = by_bitmap && bitmap_current;
+                    let dev = opened[c].take().context("a device serves one role")?;
+                    ensure!(
+                        resumed_roles.len() < 2,
+                        "more members being rebuilt than any RAID level survives"
+                    );
+                    rebuilding[resumed_roles.len()] = Some((role as u16, 0));
+                    if by_bitmap {
+                        bitmap_recovery[resumed_roles.len()] = Some(role as u16);
+                    }
+                    resumed_roles.push(role as u16);
+                    let mut sb = candidates[c]
+                        .superblock
+                        .clone()
+                        .context("a re-added device has a superblock")?;
+                    let dev_number = sb.dev_number;
+                    // Brought up to the newest generation (it missed some), as md's re-add
+                    // writes it with the array's state.
+                    sb.events = newest_sb.events;
+                    sb.resync_offset = newest_sb.resync_offset;
+                    sb.dev_roles.clone_from(&newest_sb.dev_roles);
+                    first.roles.push((dev_number, role as u16));
+                    first.recovery.push((dev_number, Some(0)));
+                    first.features.push((
+                        dev_number,
+                        engine::metadata::Feature::RecoveryBitmap,
+                        by_bitmap,
+                    ));
+                    first.features.push((
+                        dev_number,
+                        engine::metadata::Feature::Replacement,
+                        false,
+                    ));
+                    info!(
+                        role,
+                        device = %opts.devices[c].display(),
+                        recovery = if by_bitmap { "bitmap" } else { "full" },
+                        "member re-added: it rejoins its role and is rebuilt"
+                    );
+                    devices.push(dev);
+                    let path = opts.devices[c].clone();
+                    metas.push(MemberMeta {
+                        role: Some(role as u16),
+                        path: path.clone(),
+                        sb,
+                        active: true,
+                        spare: None,
+                        replacement: false,
+                    });
+                    paths.push(Some(path));
+                }
                 Some(m) => {
+                    if m.was_replacement {
+                        first.features.push((
+                            m.dev_number,
+                            engine::metadata::Feature::Replacement,
+                            false,
+                        ));
+                    }
+
                     let dev = opened[m.candidate]
                         .take()
                         .context("a device serves one role")?;
@@ -757,11 +863,17 @@ impl Target {
                         );
                         let stripe = sectors.saturating_mul(512) / u64::from(g.chunk_bytes());
                         rebuilding[resumed_roles.len()] = Some((role as u16, stripe));
+                        // A re-add in progress stays bitmap-based while the bitmap is
+                        // current (MD_FEATURE_RECOVERY_BITMAP).
+                        if m.bitmap_recovery && bitmap_current {
+                            bitmap_recovery[resumed_roles.len()] = Some(role as u16);
+                        }
                         resumed_roles.push(role as u16);
                         info!(
                             role,
                             device = %opts.devices[m.candidate].display(),
                             recovery_offset = sectors,
+                            by_bitmap = m.bitmap_recovery && bitmap_current,
                             "member partly rebuilt: the rebuild resumes"
                         );
                     }
@@ -777,6 +889,7 @@ impl Target {
                         sb,
                         active: true,
                         spare: None,
+                        replacement: false,
                     });
                     paths.push(Some(path));
                 }
@@ -808,6 +921,85 @@ impl Target {
                 sb,
                 active: true,
                 spare: Some(Arc::new(dev)),
+                replacement: false,
+            });
+        }
+        // Devices whose role another device serves now: they stand by as spares (md
+        // hot-adds such a device as a new spare).
+        for r in assembly.re_add.iter().filter(|r| {
+            r.recovery == engine::metadata::Recovery::Full(FullRebuildReason::RoleTaken)
+        }) {
+            let (Some(dev), Ok(sb)) = (
+                opened[r.candidate].take(),
+                candidates[r.candidate].superblock.clone(),
+            ) else {
+                continue;
+            };
+            let dev_number = sb.dev_number;
+            first
+                .roles
+                .push((dev_number, engine::metadata::DEV_ROLE_SPARE));
+            first.recovery.push((dev_number, None));
+            first
+                .features
+                .push((dev_number, engine::metadata::Feature::Replacement, false));
+            let mut sb = sb;
+            sb.events = newest_sb.events;
+            sb.resync_offset = newest_sb.resync_offset;
+            sb.dev_roles.clone_from(&newest_sb.dev_roles);
+            info!(device = %r.device, "its role is served by another device: it becomes a spare");
+            metas.push(MemberMeta {
+                role: None,
+                path: opts.devices[r.candidate].clone(),
+                sb,
+                active: true,
+                spare: Some(Arc::new(dev)),
+                replacement: false,
+            });
+        }
+        // A replacement in progress resumes once the reactors run (one at a time; on a
+        // degraded array md would give the device to the missing role first: it becomes a
+        // spare, and the hot-spare logic does just that).
+        let mut resume_replace: Option<(u16, usize, u64)> = None;
+        for (k, rp) in assembly.replacements.iter().enumerate() {
+            let (Some(dev), Ok(sb)) = (
+                opened[rp.candidate].take(),
+                candidates[rp.candidate].superblock.clone(),
+            ) else {
+                continue;
+            };
+            let keep = k == 0 && !assembly.degraded;
+            if !keep {
+                first
+                    .roles
+                    .push((rp.dev_number, engine::metadata::DEV_ROLE_SPARE));
+                first.recovery.push((rp.dev_number, None));
+                first
+                    .features
+                    .push((rp.dev_number, engine::metadata::Feature::Replacement, false));
+                warn!(
+                    device = %rp.device,
+                    role = rp.role,
+                    "replacement not resumed (the array is degraded, or another replace comes                      first): it becomes a spare"
+                );
+            } else {
+                let sectors = rp.recovery_offset.min(geo.member_data_bytes() / 512);
+                let stripe = sectors.saturating_mul(512) / u64::from(g.chunk_bytes());
+                resume_replace = Some((rp.role, metas.len(), stripe));
+                info!(
+                    device = %rp.device,
+                    role = rp.role,
+                    recovery_offset = rp.recovery_offset,
+                    "replacement in progress: the replace resumes"
+                );
+            }
+            metas.push(MemberMeta {
+                role: keep.then_some(rp.role),
+                path: opts.devices[rp.candidate].clone(),
+                sb,
+                active: true,
+                spare: Some(Arc::new(dev)),
+                replacement: keep,
             });
         }
         let name = candidates[assembly.newest]
@@ -919,7 +1111,7 @@ impl Target {
         let mut meta = Meta {
             members: metas,
             recorded_failed: Vec::new(),
-            book: lifecycle::ProcessBook::resuming(resumed_roles),
+            book: lifecycle::ProcessBook::resuming(resumed_roles.clone()),
             bitmap: match &bitmap {
                 None => BitmapSync::None,
                 Some(_) => BitmapSync::Offline {
@@ -929,7 +1121,13 @@ impl Target {
         };
         // While served the array is dirty on disk (md writes `resync_offset` 0 while it is
         // not in sync); where an owed resync resumes is kept in memory (the assembly).
-        let events = meta.record(&assembly.missing_roles, Some(Resync::Dirty))?;
+        let still_missing: Vec<u16> = assembly
+            .missing_roles
+            .iter()
+            .copied()
+            .filter(|r| !resumed_roles.contains(r))
+            .collect();
+        let events = meta.record_with(&still_missing, Some(Resync::Dirty), first)?;
         let intent = match bitmap.take() {
             None => None,
             Some((mut b, needs)) => {
@@ -962,12 +1160,23 @@ impl Target {
             "array assembled and marked active"
         );
 
+        // The replace to resume: its device goes to the reactors with the members, so the
+        // replacement gets every write from the first one.
+        let resumed = resume_replace.and_then(|(role, idx, stripe)| {
+            meta.members[idx].spare.take().map(|device| ResumedReplace {
+                role,
+                idx,
+                stripe,
+                device,
+            })
+        });
         let array_cfg = ArrayConfig {
             requests: 1024,
             stripe_ops: opts.stripe_ops.max(1),
             data_offset_bytes,
             failed_members: failed,
             rebuilding,
+            bitmap_recovery,
             io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
             depth: opts.depth,
             ..ArrayConfig::default()
@@ -990,8 +1199,25 @@ impl Target {
             Extras {
                 pacer: move |_| pacer.build(limits, members),
                 bitmap: intent.clone(),
+                replace: resumed.as_ref().map(|r| engine::reactor::ResumeReplace {
+                    member: r.role,
+                    device: Arc::clone(&r.device) as Arc<dyn std::any::Any + Send + Sync>,
+                    resume_stripe: r.stripe,
+                }),
             },
         );
+        if let (Ok(_), Some(r)) = (&started, &resumed) {
+            let m = &meta.members[r.idx];
+            let chunk_sectors = u64::from(g.chunk_sectors());
+            meta.book.replacing = Some(lifecycle::ReplaceBook {
+                role: r.role,
+                serial: engine::reactor::RESUMED_REPLACE_SERIAL,
+                dev_number: m.sb.dev_number,
+                path: m.path.clone(),
+                checkpoint: r.stripe * chunk_sectors,
+                error_at_start: None,
+            });
+        }
         if let (Ok(_), Some(i)) = (&started, &intent) {
             meta.bitmap = BitmapSync::Online(Arc::clone(i));
         }
@@ -1206,6 +1432,39 @@ impl Target {
         );
         Ok(())
     }
+}
+
+/// A replace found in progress at assembly, resumed by the reactors from the start.
+struct ResumedReplace {
+    role: u16,
+    /// Its entry in the target's [`Meta::members`].
+    idx: usize,
+    stripe: u64,
+    device: Arc<AnyDevice>,
+}
+
+/// The devices assembly found returning to a role that no device serves now (md's re-add
+/// decision, [`Assembly::re_add`]): `(role, candidate, by bitmap)`, one per role.
+fn readd_plan(assembly: &Assembly) -> Vec<(u16, usize, bool)> {
+    let mut out: Vec<(u16, usize, bool)> = Vec::new();
+    for r in &assembly.re_add {
+        let taken = assembly
+            .members
+            .get(usize::from(r.role))
+            .is_none_or(Option::is_some);
+        if taken
+            || r.recovery == engine::metadata::Recovery::Full(FullRebuildReason::RoleTaken)
+            || out.iter().any(|x| x.0 == r.role)
+        {
+            continue;
+        }
+        out.push((
+            r.role,
+            r.candidate,
+            r.recovery == engine::metadata::Recovery::Bitmap,
+        ));
+    }
+    out
 }
 
 fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> {

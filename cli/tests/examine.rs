@@ -84,6 +84,7 @@ fn raid6_files(dir: &Path) -> (Vec<PathBuf>, Vec<Superblock>) {
             resync: Some(Resync::Dirty),
             roles: Vec::new(),
             recovery: Vec::new(),
+            features: Vec::new(),
         },
     )
     .unwrap();

@@ -49,6 +49,7 @@ impl Mock {
             requests_in_flight: 3,
             exports: vec![],
             process: ProcessReport::idle(),
+            bitmap: None,
         })))
     }
 
@@ -129,20 +130,20 @@ impl Handler for Mock {
         if kind == ProcessKind::Repair {
             // A repair that finds nothing: done at once.
             r.process = ProcessReport::idle();
-            return Ok(r.process);
+            return Ok(r.process.clone());
         }
         r.process = ProcessReport {
             kind,
             size_bytes: r.array.size_bytes,
             ..ProcessReport::idle()
         };
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 
     fn process_stop(&self) -> Result<ProcessReport, RpcError> {
         let mut r = self.0.lock().unwrap();
         r.process = ProcessReport::idle();
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 }
 
@@ -327,4 +328,11 @@ fn fail_remove_add() {
     );
     assert_eq!(mock.status().members.len(), 5);
     assert_eq!(mock.status().exit_code(), 1);
+    // A target without `member_replace` refuses it clearly (exit 1).
+    let (code, out, err) = run(&["replace", "/dev/m0", "/dev/other"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("replace /dev/m0 with /dev/other: not supported: member_replace"),
+        "{err}"
+    );
 }

@@ -26,6 +26,15 @@
 //! while the stripe keeps enough members to rebuild it (the parity written with it covers
 //! the lost chunk). The client sees an error only when data is unrecoverable.
 //!
+//! # Replacement (md's `want_replacement`)
+//! A member may get a **replacement device** ([`Array::start_replace`]): an extra device
+//! entry beside the member's, written by every write to the member (md sends writes to a
+//! slot's `rdev` and its `replacement` alike, `ops_run_io`) and filled by the replace
+//! process ([`ProcessKind::Replace`]); reads keep going to the member. Member requests
+//! carry a device id in their tags, not the slot, so when the replace completes the two
+//! devices swap places ([`Array::complete_replace`]) with requests still in flight on
+//! either: completions find their device by id.
+//!
 //! # Write-intent bitmap
 //! With a bitmap attached ([`Array::attach_bitmap`], `crate::bitmap`), a write,
 //! write-zeroes or discard operation waits in [`Phase`] `BitmapWait` — holding its stripe —
@@ -283,6 +292,11 @@ pub struct ArrayConfig {
     /// sectors): in sync below it. [`Array::pending_rebuild`] gives the rebuild that
     /// resumes them.
     pub rebuilding: [Option<(u16, u64)>; 2],
+    /// Members of `rebuilding` that returned after a short absence and need only the
+    /// write-intent bitmap's dirty regions rebuilt (md's `Bitmap_sync` re-add,
+    /// `MD_FEATURE_RECOVERY_BITMAP`); honoured only with a bitmap attached
+    /// ([`Array::attach_bitmap`]) that was not forced all-dirty at start.
+    pub bitmap_recovery: [Option<u16>; 2],
     /// Per-member queue-depth control ([`crate::qos::depth`]), the same for every member.
     pub depth: DepthConfig,
 }
@@ -331,14 +345,44 @@ impl Default for ArrayConfig {
             io_timeout_ns: DEFAULT_IO_TIMEOUT_NS,
             background_ops: DEFAULT_BACKGROUND_OPS,
             rebuilding: [None, None],
+            bitmap_recovery: [None, None],
             depth: DepthConfig::default(),
         }
     }
 }
 
-/// Member-tag layout: stripe operation index in the high bits, member in the low 16.
+/// Member-tag layout: stripe operation index in the high bits, the device id
+/// ([`Member::id`]) in the low 16.
 const MEMBER_BITS: u32 = 16;
-const _: () = assert!((MAX_RAID6_MEMBERS as u64) < (1 << MEMBER_BITS));
+const _: () = assert!((MAX_RAID6_MEMBERS as u64 + 1) < (1 << MEMBER_BITS));
+/// `entry_of` value of a device id no entry holds.
+const NO_ENTRY: u16 = u16::MAX;
+
+/// Where a member's replacement stands on one shard ([`Array::replacement`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplaceState {
+    /// The replacement is written by every write to its member and filled by the replace
+    /// process.
+    Copying,
+    /// The replacement device failed (the error it returned): the replace stopped, the
+    /// member keeps its slot, the array is as it was.
+    Failed(IoError),
+    /// The replacement took the member's slot ([`Array::complete_replace`]); the old
+    /// device is out of the array.
+    Done,
+}
+
+/// A member's replacement on one shard: which member, the caller's serial for it (so
+/// late messages about an earlier replacement are ignored), and its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplaceInfo {
+    /// The member (slot) being replaced.
+    pub member: u16,
+    /// The caller's serial number of this replacement.
+    pub serial: u64,
+    /// Its state.
+    pub state: ReplaceState,
+}
 
 struct Member<C> {
     ch: C,
@@ -355,6 +399,43 @@ struct Member<C> {
     /// While [`MemberState::Rebuilding`]: this shard's stripes below it are rebuilt (the
     /// member is read there); above it the member counts as missing.
     recovery_stripe: u64,
+    /// While [`MemberState::Rebuilding`]: only the write-intent bitmap's dirty regions need
+    /// rebuilding (a re-add, [`ArrayConfig::bitmap_recovery`]).
+    bitmap_recovery: bool,
+    /// The device id in this device's request tags. It stays with the device (channel)
+    /// when a replacement swaps entries, so requests in flight find it ([`Array`]'s
+    /// `entry_of`).
+    id: u16,
+}
+
+impl<C: Channel> Member<C> {
+    /// A device entry for `ch`, online, with tag id `id` and queues sized for
+    /// `total_sops` stripe operations of `chunk`-byte chunks.
+    fn new(ch: C, id: u16, cfg: &ArrayConfig, total_sops: usize, chunk: usize) -> Self {
+        let i = ch.info();
+        let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
+        let queue_depth = i.queue_depth;
+        Member {
+            ch,
+            state: MemberState::Online,
+            // A chunk split at the largest transfer: room for every piece of every
+            // operation (foreground, background, the bitmap owner's batch), in any one
+            // class.
+            queue: MemberQueue::new(
+                cfg.depth,
+                queue_depth,
+                (total_sops + 1) * (chunk / max_transfer as usize + 1),
+                total_sops + 1,
+                MEMBER_BITS,
+            ),
+            max_transfer,
+            counters: MemberCounters::default(),
+            latency: new_latency_histogram(),
+            recovery_stripe: 0,
+            bitmap_recovery: false,
+            id,
+        }
+    }
 }
 
 struct ReqCtx {
@@ -424,7 +505,7 @@ struct Sop {
     /// `range.start + i` of its chunk: the parity range sits at the front, so small
     /// operations keep their working set small and cache-hot whatever their offset.
     bufs: Vec<AlignedBuf>,
-    /// Member requests outstanding, per member (for timeouts: whom to fail and abort).
+    /// Member requests outstanding, per device id (for timeouts: whom to fail and abort).
     per_member: Vec<u16>,
     /// When the current phase issued its first member request, ns (array clock).
     issued_ns: u64,
@@ -465,9 +546,11 @@ struct IntentShard {
     seen: u64,
     /// The owner's batch writes (capacity fixed at attach).
     writes: Vec<BitmapWrite>,
-    /// Member requests of the owner's batch outstanding, in all and per member.
+    /// Member requests of the owner's batch outstanding, in all and per device id.
     outstanding: u32,
     per_member: Vec<u16>,
+    /// Whether this shard reported itself degraded ([`WriteIntent::shard_degraded`]).
+    degraded: bool,
     /// When the batch was issued (array clock), for command timeouts.
     issued_ns: u64,
 }
@@ -564,6 +647,19 @@ pub struct Array<C: Channel> {
     gate_waiting: VecDeque<u32>,
     /// Foreign reads handed back for the owner ([`Array::take_moved`]).
     moved: VecDeque<ArrayRequest>,
+    /// Device entry (index into `members`) of each device id; [`NO_ENTRY`] for an unused
+    /// id. `members` holds the array's members at their slots and, at index `members()`,
+    /// at most one extra device: a live replacement, or a device leaving (a failed
+    /// replacement or a replaced member) until its requests in flight are back.
+    entry_of: Vec<u16>,
+    /// The last replacement started on this shard (kept after it ends, for its state).
+    replace: Option<ReplaceInfo>,
+    /// The bitmap's [`WriteIntent::write_all`] ticket the replacement waits for.
+    replace_bitmap_ticket: u64,
+    /// Replacement failures on this shard (an executor spreads them to the others).
+    replacement_failures: u64,
+    /// The configuration it was built with (for device entries added later).
+    cfg: ArrayConfig,
 }
 
 /// Why an [`Array`] could not be built.
@@ -670,32 +766,14 @@ impl<C: Channel> Array<C> {
             geo,
             data_offset: cfg.data_offset_bytes,
             parity,
-            members: channels
-                .into_iter()
-                .map(|ch| {
-                    let i = ch.info();
-                    let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
-                    let queue_depth = i.queue_depth;
-                    Member {
-                        ch,
-                        state: MemberState::Online,
-                        // A chunk split at the largest transfer: room for every piece of
-                        // every operation (foreground, background, the bitmap owner's
-                        // batch), in any one class.
-                        queue: MemberQueue::new(
-                            cfg.depth,
-                            queue_depth,
-                            (total_sops + 1) * (chunk / max_transfer as usize + 1),
-                            total_sops + 1,
-                            MEMBER_BITS,
-                        ),
-                        max_transfer,
-                        counters: MemberCounters::default(),
-                        latency: new_latency_histogram(),
-                        recovery_stripe: 0,
-                    }
-                })
-                .collect(),
+            members: {
+                // Room for a replacement beside the members, reserved now.
+                let mut v = Vec::with_capacity(n + 1);
+                for (id, ch) in channels.into_iter().enumerate() {
+                    v.push(Member::new(ch, id as u16, &cfg, total_sops, chunk));
+                }
+                v
+            },
             reqs: (0..cfg.requests).map(|_| None).collect(),
             free_reqs: (0..cfg.requests as u32).rev().collect(),
             sops: (0..total_sops)
@@ -713,7 +791,8 @@ impl<C: Channel> Array<C> {
                     bad: ArrayVec::new(),
                     lost: ArrayVec::new(),
                     bufs: (0..n).map(|_| AlignedBuf::zeroed(chunk)).collect(),
-                    per_member: vec![0; n],
+                    // One per device id: the members and a replacement.
+                    per_member: vec![0; n + 1],
                     issued_ns: 0,
                     unsupported: false,
                     bg: None,
@@ -756,6 +835,13 @@ impl<C: Channel> Array<C> {
             gate: None,
             gate_waiting: VecDeque::with_capacity(total_sops),
             moved: VecDeque::with_capacity(cfg.requests),
+            entry_of: (0..=n as u16)
+                .map(|id| if usize::from(id) < n { id } else { NO_ENTRY })
+                .collect(),
+            replace: None,
+            replace_bitmap_ticket: 0,
+            replacement_failures: 0,
+            cfg,
         };
         for m in cfg.failed_members.into_iter().flatten() {
             if usize::from(m) >= n {
@@ -781,10 +867,16 @@ impl<C: Channel> Array<C> {
             if mem.state == MemberState::Online {
                 mem.state = MemberState::Rebuilding;
                 mem.recovery_stripe = recovery.min(geo.stripes());
+                mem.bitmap_recovery = cfg.bitmap_recovery.contains(&Some(m));
                 array.failed_members += 1;
             }
         }
         Ok(array)
+    }
+
+    /// Members of the array (slots), whatever extra device entry exists.
+    fn slots(&self) -> usize {
+        usize::from(self.geo.geometry().members())
     }
 
     /// The array's geometry.
@@ -794,10 +886,11 @@ impl<C: Channel> Array<C> {
 
     /// State of every member, in member order.
     pub fn member_states(&self) -> impl Iterator<Item = MemberState> + '_ {
-        self.members.iter().map(|m| m.state)
+        self.members[..self.slots()].iter().map(|m| m.state)
     }
 
-    /// The member channels (for an executor that needs to know when they next complete).
+    /// The device channels: every member's, and a replacement's or leaving device's (for
+    /// an executor that needs to know when they next complete).
     pub fn channels(&self) -> impl Iterator<Item = &C> {
         self.members.iter().map(|m| &m.ch)
     }
@@ -821,6 +914,26 @@ impl<C: Channel> Array<C> {
     /// If `m` is not a member index.
     pub fn member_latency(&self, m: u16) -> &hdrhistogram::Histogram<u64> {
         &self.members[usize::from(m)].latency
+    }
+
+    /// The last replacement started on this shard, if any: its member, serial and state
+    /// ([`Array::start_replace`]).
+    pub fn replacement(&self) -> Option<ReplaceInfo> {
+        self.replace
+    }
+
+    /// What this shard sent to the live replacement device, with its latency histogram
+    /// (ns); `None` without a live replacement.
+    pub fn replacement_io(&self) -> Option<(MemberCounters, &hdrhistogram::Histogram<u64>)> {
+        let e = self.replacement_entry()?;
+        let m = &self.members[usize::from(e)];
+        Some((m.counters, &m.latency))
+    }
+
+    /// Replacement devices this shard has seen fail (an executor spreads each failure to
+    /// the other shards with [`Array::fail_replacement`]).
+    pub fn replacement_failures(&self) -> u64 {
+        self.replacement_failures
     }
 
     /// The depth controller's state for member `m` on this shard.
@@ -909,9 +1022,6 @@ impl<C: Channel> Array<C> {
         let units = owner.as_ref().map_or(0, |_| {
             (intent.regions().div_ceil(8) as usize + 256).div_ceil(512) + 1
         });
-        if self.failed_members > 0 {
-            intent.set_degraded();
-        }
         self.intent = Some(IntentShard {
             seen: intent.generation(),
             shared: intent,
@@ -919,9 +1029,18 @@ impl<C: Channel> Array<C> {
             waiting: VecDeque::with_capacity(self.sops.len()),
             writes: Vec::with_capacity(units),
             outstanding: 0,
-            per_member: vec![0; self.members.len()],
+            per_member: vec![0; self.slots() + 1],
             issued_ns: 0,
+            degraded: false,
         });
+        self.note_degraded();
+        // Members joining (assembled partly rebuilt, or re-added) get the whole bitmap.
+        if self.members[..self.slots()]
+            .iter()
+            .any(|m| m.state == MemberState::Rebuilding)
+        {
+            self.intent.as_ref().expect("attached").shared.write_all();
+        }
     }
 
     /// The attached write-intent bitmap's shared state.
@@ -948,6 +1067,11 @@ impl<C: Channel> Array<C> {
 
     fn set_failed(&mut self, member: u16, state: MemberState) {
         debug_assert!(state.is_failed());
+        assert!(
+            usize::from(member) < self.slots(),
+            "member {member} of a {}-member array",
+            self.slots()
+        );
         if let Some(g) = &self.gate {
             g.note_failed(member);
         }
@@ -967,8 +1091,17 @@ impl<C: Channel> Array<C> {
         }
         // Nothing is cleared from the write-intent bitmap while a member is missing: its
         // dirty regions are what a returning member must be rebuilt over.
-        if let Some(i) = &self.intent {
-            i.shared.set_degraded();
+        self.note_degraded();
+    }
+
+    /// Tells the write-intent bitmap whether this shard has a member failed or being
+    /// recovered ([`WriteIntent::shard_degraded`]): the daemon clears no bit while any
+    /// shard has. Called whenever `failed_members` changes.
+    fn note_degraded(&mut self) {
+        let now = self.failed_members > 0;
+        if let Some(i) = &mut self.intent {
+            i.shared.shard_degraded(now, i.degraded);
+            i.degraded = now;
         }
     }
 
@@ -1112,6 +1245,9 @@ impl<C: Channel> Array<C> {
             round |= self.split_backlog();
             round |= self.issue_background();
             round |= self.start_waiting();
+            if self.members.len() > self.slots() {
+                round |= self.drop_leaving_device();
+            }
             for m in &mut self.members {
                 m.ch.kick();
             }
@@ -1181,22 +1317,42 @@ impl<C: Channel> Array<C> {
         any
     }
 
+    /// The tag of operation `s`'s requests to device entry `entry`.
+    fn tag_of(&self, s: u32, entry: u16) -> u64 {
+        (u64::from(s) << MEMBER_BITS) | u64::from(self.members[usize::from(entry)].id)
+    }
+
+    /// The device id of entry `entry`.
+    fn id_of(&self, entry: u16) -> usize {
+        usize::from(self.members[usize::from(entry)].id)
+    }
+
+    /// The entry of the device with tag id `id`, if one holds it.
+    fn entry_of_id(&self, id: u16) -> Option<u16> {
+        self.entry_of
+            .get(usize::from(id))
+            .copied()
+            .filter(|&e| e != NO_ENTRY)
+    }
+
     fn member_done(&mut self, c: Completion) {
         let s = (c.tag >> MEMBER_BITS) as u32;
-        let member = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
+        let id = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
+        let Some(member) = self.entry_of_id(id) else {
+            self.stats.stray_completions += 1;
+            return;
+        };
         if s == self.bitmap_sop() {
             return self.bitmap_write_done(member, c.status);
         }
-        let known = (s as usize) < self.sops.len()
-            && usize::from(member) < self.members.len()
-            && self.sops[s as usize].outstanding > 0;
+        let known = (s as usize) < self.sops.len() && self.sops[s as usize].outstanding > 0;
         if !known {
             self.stats.stray_completions += 1;
             return;
         }
         {
             let sop = &mut self.sops[s as usize];
-            let pm = &mut sop.per_member[usize::from(member)];
+            let pm = &mut sop.per_member[usize::from(id)];
             debug_assert!(*pm > 0, "completion from a member with nothing outstanding");
             *pm = pm.saturating_sub(1);
             let m = &mut self.members[usize::from(member)];
@@ -1209,6 +1365,9 @@ impl<C: Channel> Array<C> {
             // The member cannot zero or deallocate natively (support can vanish at run
             // time): the stripe is rewritten with zero buffers instead; not a failure.
             self.sops[s as usize].unsupported = true;
+        } else if let (Err(e), true) = (c.status, usize::from(member) >= self.slots()) {
+            // The replacement, or a device leaving the array: never fails a member.
+            self.extra_error(s, member, e);
         } else if let Err(e) = c.status {
             let sop = &mut self.sops[s as usize];
             sop.io_error = true;
@@ -1229,6 +1388,24 @@ impl<C: Channel> Array<C> {
         sop.outstanding -= 1;
         if sop.outstanding == 0 {
             self.ready.push_back(s);
+        }
+    }
+
+    /// A request of operation `s` to the extra device entry `entry` failed with `e`: the
+    /// live replacement fails (the replace stops; the operation's outcome never depends
+    /// on it); a device leaving the array (a replaced member whose reads were in flight
+    /// at the swap) only makes a reading phase run again from the current devices.
+    fn extra_error(&mut self, s: u32, entry: u16, e: IoError) {
+        if self.replacement_entry() == Some(entry) {
+            self.fail_replacement_entry(e);
+            return;
+        }
+        let sop = &mut self.sops[s as usize];
+        if matches!(
+            sop.phase,
+            Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_) | Phase::BgRead
+        ) {
+            sop.io_error = true;
         }
     }
 
@@ -1255,12 +1432,61 @@ impl<C: Channel> Array<C> {
 
     /// Issues one member I/O for stripe operation `s`: `len` bytes at `chunk_off` of the
     /// member's chunk in the operation's stripe, to/from `ptr`.
+    /// A write to the member being replaced goes to its replacement as well (md writes a
+    /// slot's `rdev` and `replacement` alike).
     fn io(&mut self, s: u32, member: u16, op: Op, chunk_off: u32, len: u32, ptr: *mut u8) {
+        self.io_dev(s, member, op, chunk_off, len, ptr);
+        if let Some(r) = self.mirror_of(member, op) {
+            self.io_dev(s, r, op, chunk_off, len, ptr);
+        }
+    }
+
+    /// A write of a stripe chunk's range: to the member (and its replacement, [`Self::io`]);
+    /// to the replacement alone when the member being replaced has failed — the write
+    /// was planned around the failed member, and the new contents of its chunk over the
+    /// range are in the operation's buffers (or the caller's), which the replacement
+    /// must get where it already holds the member's data; nowhere when the member is
+    /// failed without a replacement.
+    fn io_write(&mut self, s: u32, member: u16, op: Op, chunk_off: u32, len: u32, ptr: *mut u8) {
+        if !self.is_failed(member) {
+            self.io(s, member, op, chunk_off, len, ptr);
+        } else if let Some(r) = self.replacement_of(member) {
+            self.io_dev(s, r, op, chunk_off, len, ptr);
+        }
+    }
+
+    /// The live replacement entry of `member`, if it has one.
+    fn replacement_of(&self, member: u16) -> Option<u16> {
+        match self.replace {
+            Some(ReplaceInfo {
+                member: m,
+                state: ReplaceState::Copying,
+                ..
+            }) if m == member => self.replacement_entry(),
+            _ => None,
+        }
+    }
+
+    /// The replacement entry that must also get `op` when it goes to `member`: writes to
+    /// the member being replaced, while the replacement is live.
+    fn mirror_of(&self, member: u16, op: Op) -> Option<u16> {
+        match self.replace {
+            Some(ReplaceInfo {
+                member: m,
+                state: ReplaceState::Copying,
+                ..
+            }) if m == member && !matches!(op, Op::Read | Op::Flush) => self.replacement_entry(),
+            _ => None,
+        }
+    }
+
+    /// [`Self::io`] to device entry `member` alone (a member, or the replacement).
+    fn io_dev(&mut self, s: u32, member: u16, op: Op, chunk_off: u32, len: u32, ptr: *mut u8) {
         debug_assert!(!self.is_failed(member), "I/O planned on a failed member");
         let g = self.geo.geometry();
         let stripe = self.sops[s as usize].stripe;
         let base = self.data_offset + stripe * u64::from(g.chunk_bytes()) + u64::from(chunk_off);
-        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let tag = self.tag_of(s, member);
         let class = self.class_of(s, op);
         // Requests larger than the member takes go out in pieces (each counted).
         let max = self.members[usize::from(member)].max_transfer;
@@ -1303,7 +1529,7 @@ impl<C: Channel> Array<C> {
 
     fn io_flush(&mut self, s: u32, member: u16) {
         let req = Request {
-            tag: (u64::from(s) << MEMBER_BITS) | u64::from(member),
+            tag: self.tag_of(s, member),
             op: Op::Flush,
             offset_bytes: 0,
             len_bytes: 0,
@@ -1316,10 +1542,18 @@ impl<C: Channel> Array<C> {
     /// Issues one bufferless member request (`WriteZeroes`, `Discard`) over the whole chunk
     /// of operation `s`'s stripe, split at the member's largest transfer.
     fn io_nodata(&mut self, s: u32, member: u16, op: Op) {
+        self.io_nodata_dev(s, member, op);
+        if let Some(r) = self.mirror_of(member, op) {
+            self.io_nodata_dev(s, r, op);
+        }
+    }
+
+    /// [`Self::io_nodata`] to device entry `member` alone.
+    fn io_nodata_dev(&mut self, s: u32, member: u16, op: Op) {
         let g = self.geo.geometry();
         let chunk = g.chunk_bytes();
         let base = self.data_offset + self.sops[s as usize].stripe * u64::from(chunk);
-        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        let tag = self.tag_of(s, member);
         let class = self.class_of(s, op);
         let max = self.members[usize::from(member)].max_transfer;
         let mut done = 0u32;
@@ -1346,7 +1580,7 @@ impl<C: Channel> Array<C> {
             sop.issued_ns = self.now;
         }
         sop.outstanding += 1;
-        sop.per_member[usize::from(member)] += 1;
+        sop.per_member[usize::from(self.members[usize::from(member)].id)] += 1;
         let c = &mut self.members[usize::from(member)].counters;
         match op {
             Op::Read => {
@@ -1380,7 +1614,7 @@ impl<C: Channel> Array<C> {
             // Abort again only after another full timeout.
             self.sops[s as usize].issued_ns = self.now;
             for member in 0..self.members.len() as u16 {
-                if self.sops[s as usize].per_member[usize::from(member)] == 0 {
+                if self.sops[s as usize].per_member[self.id_of(member)] == 0 {
                     continue;
                 }
                 any = true;
@@ -1395,8 +1629,8 @@ impl<C: Channel> Array<C> {
     /// the device are aborted (their completions, if any, come back as timeouts too).
     fn time_out(&mut self, s: u32, member: u16) {
         self.stats.timeouts += 1;
-        self.fail_member(member, IoError::Timeout);
-        let tag = (u64::from(s) << MEMBER_BITS) | u64::from(member);
+        self.fail_entry(member, IoError::Timeout);
+        let tag = self.tag_of(s, member);
         let m = &mut self.members[usize::from(member)];
         for _ in 0..m.queue.remove_tag(tag) {
             self.synthetic.push_back(Completion {
@@ -1405,6 +1639,16 @@ impl<C: Channel> Array<C> {
             });
         }
         self.members[usize::from(member)].ch.abort(tag);
+    }
+
+    /// Fails device entry `entry` with `e`: a member ([`Self::fail_member`]), the live
+    /// replacement (the replace stops), or nothing for a device leaving the array.
+    fn fail_entry(&mut self, entry: u16, e: IoError) {
+        if usize::from(entry) < self.slots() {
+            self.fail_member(entry, e);
+        } else if self.replacement_entry() == Some(entry) {
+            self.fail_replacement_entry(e);
+        }
     }
 
     // ---- request and operation lifecycle -------------------------------------------------
@@ -1539,11 +1783,16 @@ impl<C: Channel> Array<C> {
             return self.finish_sop(s, Err(ArrayError::Failed));
         }
         if self.sops[s as usize].foreign {
-            // Only the owner knows how far its stripes are rebuilt; and a write holding
-            // the stripe goes first: either way the owner serves the read.
+            // Only the owner knows how far its stripes are rebuilt; while this shard still
+            // copies a replacement, an owner that has already swapped it in writes only the
+            // new device (this shard would read the old one); and a write holding the
+            // stripe goes first: in each case the owner serves the read.
             let stripe = self.sops[s as usize].stripe;
+            let copying = self
+                .replace
+                .is_some_and(|r| r.state == ReplaceState::Copying);
             let gate = self.gate.as_ref().expect("foreign reads only with a gate");
-            if self.rebuilding() || !gate.try_read(stripe) {
+            if self.rebuilding() || copying || !gate.try_read(stripe) {
                 return self.move_sop(s);
             }
             self.sops[s as usize].gate = GateHold::Read;
@@ -1768,6 +2017,8 @@ impl<C: Channel> Array<C> {
         for m in 0..g.members() {
             if !self.is_failed(m) {
                 self.io_nodata(s, m, op);
+            } else if let Some(r) = self.replacement_of(m) {
+                self.io_nodata_dev(s, r, op);
             }
         }
         if self.sops[s as usize].outstanding == 0 {
@@ -2065,23 +2316,24 @@ impl<C: Channel> Array<C> {
                         )
                     };
                     let req = Request {
-                        tag: (u64::from(self.bitmap_sop()) << MEMBER_BITS) | u64::from(member),
+                        tag: self.tag_of(self.bitmap_sop(), member),
                         op: Op::Write { fua: true },
                         offset_bytes: bw.offset_bytes + u64::from(done),
                         len_bytes: piece,
                         buf,
                     };
                     done += piece;
-                    let c = &mut self.members[usize::from(member)].counters;
-                    c.writes += 1;
-                    c.write_bytes += u64::from(piece);
+                    let m = &mut self.members[usize::from(member)];
+                    let id = usize::from(m.id);
+                    m.counters.writes += 1;
+                    m.counters.write_bytes += u64::from(piece);
                     sent += 1;
                     let i = self.intent.as_mut().expect("bitmap");
                     if i.outstanding == 0 {
                         i.issued_ns = self.now;
                     }
                     i.outstanding += 1;
-                    i.per_member[usize::from(member)] += 1;
+                    i.per_member[id] += 1;
                     self.send(member, IoClass::Flush, req);
                 }
             }
@@ -2102,7 +2354,7 @@ impl<C: Channel> Array<C> {
             return;
         }
         i.outstanding -= 1;
-        let pm = &mut i.per_member[usize::from(member)];
+        let pm = &mut i.per_member[usize::from(self.members[usize::from(member)].id)];
         debug_assert!(
             *pm > 0,
             "bitmap completion from a member with nothing outstanding"
@@ -2112,7 +2364,7 @@ impl<C: Channel> Array<C> {
         if let Err(e) = status {
             self.members[usize::from(member)].counters.errors += 1;
             // md fails a member whose bitmap write fails (md_super_write → md_error).
-            self.fail_member(member, e);
+            self.fail_entry(member, e);
         }
         if done {
             let ok = !self.array_failed();
@@ -2136,7 +2388,8 @@ impl<C: Channel> Array<C> {
         // Abort again only after another full timeout.
         i.issued_ns = self.now;
         for member in 0..self.members.len() as u16 {
-            if self.intent.as_ref().expect("bitmap").per_member[usize::from(member)] == 0 {
+            let id = self.id_of(member);
+            if self.intent.as_ref().expect("bitmap").per_member[id] == 0 {
                 continue;
             }
             self.time_out(self.bitmap_sop(), member);
@@ -2321,19 +2574,15 @@ impl<C: Channel> Array<C> {
         for k in 0..nd {
             let m = st.data_member(k);
             if let Some(x) = w.written(k) {
-                if !self.is_failed(m) {
-                    let ptr = client(self, k, x.start);
-                    self.io(s, m, Op::Write { fua }, x.start, x.len(), ptr);
-                }
+                let ptr = client(self, k, x.start);
+                self.io_write(s, m, Op::Write { fua }, x.start, x.len(), ptr);
             }
         }
         for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
-            if !self.is_failed(m) {
-                let ptr = self.sops[s as usize].bufs[usize::from(m)]
-                    .as_mut_ptr()
-                    .wrapping_add(ri);
-                self.io(s, m, Op::Write { fua }, r.start, r.len(), ptr);
-            }
+            let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                .as_mut_ptr()
+                .wrapping_add(ri);
+            self.io_write(s, m, Op::Write { fua }, r.start, r.len(), ptr);
         }
         if self.sops[s as usize].outstanding == 0 {
             self.ready.push_back(s);
@@ -2651,12 +2900,31 @@ impl<C: Channel> Array<C> {
             if p.state == ProcessState::Running || !p.in_flight.is_empty() {
                 return Err(ProcessError::Busy { running: p.kind });
             }
+            // A replace finished here waits for the others to swap the replacement in; its
+            // state is how they know.
+            if p.kind == ProcessKind::Replace
+                && p.state == ProcessState::Finished
+                && self.replacement_entry().is_some()
+            {
+                return Err(ProcessError::Busy { running: p.kind });
+            }
         }
         if self.background_ops == 0 {
             return Err(ProcessError::NoSlots);
         }
         let mut targets: ArrayVec<u16, 2> = ArrayVec::new();
-        for (m, mem) in self.members.iter().enumerate() {
+        if req.kind == ProcessKind::Replace {
+            // Members failed meanwhile are read around (the chunk is rebuilt from the
+            // others); the replacement must be live.
+            return match (self.replace, self.replacement_entry()) {
+                (Some(r), Some(_)) => {
+                    targets.push(r.member);
+                    Ok(targets)
+                }
+                _ => Err(ProcessError::NoReplacement),
+            };
+        }
+        for (m, mem) in self.members[..self.slots()].iter().enumerate() {
             match (req.kind, mem.state) {
                 (_, MemberState::Online) => {}
                 (ProcessKind::Rebuild, MemberState::Rebuilding) => {
@@ -2737,19 +3005,28 @@ impl<C: Channel> Array<C> {
         if !m.state.is_failed() {
             return Err(ProcessError::NotFailed { member: slot });
         }
-        if m.queue.queued() > 0
-            || self
-                .sops
-                .iter()
-                .any(|s| s.per_member[usize::from(slot)] > 0)
-            || self
-                .synthetic
-                .iter()
-                .any(|c| (c.tag & ((1 << MEMBER_BITS) - 1)) as u16 == slot)
-        {
+        // A failed member being replaced is still being copied onto its replacement
+        // (rebuilt from the others): that device takes the slot when it is done.
+        if self.replacement_entry().is_some() && self.replace.is_some_and(|r| r.member == slot) {
+            return Err(ProcessError::ReplaceBusy { member: slot });
+        }
+        if self.entry_busy(slot) {
             return Err(ProcessError::MemberBusy { member: slot });
         }
         device_fits(&self.geo, self.data_offset, slot, info)
+    }
+
+    /// Whether device entry `entry` has requests outstanding on this shard: queued,
+    /// on the device, or completed with a refusal not yet taken.
+    fn entry_busy(&self, entry: u16) -> bool {
+        let id = self.id_of(entry);
+        self.members[usize::from(entry)].queue.queued() > 0
+            || self.sops.iter().any(|s| s.per_member[id] > 0)
+            || self
+                .synthetic
+                .iter()
+                .any(|c| (c.tag & ((1 << MEMBER_BITS) - 1)) as usize == id)
+            || self.intent.as_ref().is_some_and(|i| i.per_member[id] > 0)
     }
 
     /// Puts a new device's channel into the slot of failed member `slot`; the member is
@@ -2775,11 +3052,36 @@ impl<C: Channel> Array<C> {
             g.note_replaced(slot);
         }
         m.recovery_stripe = 0;
+        m.bitmap_recovery = false;
         m.max_transfer = max_transfer;
+        if let Some(i) = &self.intent {
+            i.shared.write_all();
+        }
         tracing::info!(
             shard = self.shard,
             member = slot,
             "member replaced: rebuilding"
+        );
+        Ok(old)
+    }
+
+    /// [`Self::replace_member`] for a device that **is** the member that left `slot`
+    /// (md's re-add): it comes back in sync except where writes missed it, which the
+    /// attached write-intent bitmap marks — its rebuild ([`Self::pending_rebuild`]) covers
+    /// only the regions set on disk (md's `Bitmap_sync` recovery). The caller has checked
+    /// that it may (md's `super_1_validate`: the device's `events` is not below the
+    /// bitmap's `events_cleared`, [`WriteIntent::events_cleared`]). Without a bitmap, or
+    /// with one forced all-dirty at start, it is rebuilt in full.
+    ///
+    /// # Errors
+    /// As [`Self::replace_member`].
+    pub fn readd_member(&mut self, slot: u16, ch: C) -> Result<C, ProcessError> {
+        let old = self.replace_member(slot, ch)?;
+        self.members[usize::from(slot)].bitmap_recovery = true;
+        tracing::info!(
+            shard = self.shard,
+            member = slot,
+            "member re-added: only the bitmap's dirty regions are rebuilt"
         );
         Ok(old)
     }
@@ -2810,17 +3112,28 @@ impl<C: Channel> Array<C> {
     /// The rebuild that members being rebuilt and not yet rebuilt on this shard need:
     /// the whole array from the lowest of their recovery positions (what a replacement, or
     /// an assembly with [`ArrayConfig::rebuilding`], resumes from); `None` if there is none.
+    ///
+    /// When every such member returned by bitmap ([`Self::readd_member`],
+    /// [`ArrayConfig::bitmap_recovery`]) and a bitmap is attached that was not forced
+    /// all-dirty, the rebuild covers only the regions set on disk
+    /// ([`WriteIntent::on_disk_regions`]; allocates: a control path).
     pub fn pending_rebuild(&self) -> Option<ProcessRequest> {
         let stripes = self.geo.stripes();
-        let resume = self
-            .members
-            .iter()
-            .filter(|m| m.state == MemberState::Rebuilding && m.recovery_stripe < stripes)
-            .map(|m| m.recovery_stripe)
-            .min()?;
+        let waiting = || {
+            self.members[..self.slots()]
+                .iter()
+                .filter(|m| m.state == MemberState::Rebuilding && m.recovery_stripe < stripes)
+        };
+        let resume = waiting().map(|m| m.recovery_stripe).min()?;
+        let ranges = match &self.intent {
+            Some(i) if !i.shared.forced_all() && waiting().all(|m| m.bitmap_recovery) => {
+                Some(i.shared.on_disk_regions())
+            }
+            _ => None,
+        };
         Some(ProcessRequest {
             kind: ProcessKind::Rebuild,
-            ranges: None,
+            ranges,
             resume_stripe: resume,
         })
     }
@@ -2831,7 +3144,7 @@ impl<C: Channel> Array<C> {
     pub fn rebuilt_members(&self) -> ArrayVec<u16, 2> {
         let stripes = self.geo.stripes();
         let mut out = ArrayVec::new();
-        for (m, mem) in self.members.iter().enumerate() {
+        for (m, mem) in self.members[..self.slots()].iter().enumerate() {
             if mem.state == MemberState::Rebuilding && mem.recovery_stripe >= stripes {
                 // At most the redundancy (2) members are being rebuilt.
                 let _ = out.try_push(m as u16);
@@ -2853,8 +3166,236 @@ impl<C: Channel> Array<C> {
             return false;
         }
         mem.state = MemberState::Online;
+        mem.bitmap_recovery = false;
         self.failed_members -= 1;
+        self.note_degraded();
         tracing::info!(shard = self.shard, member = m, "member rebuilt: online");
+        true
+    }
+
+    // ---- replacement (md's `mdadm --replace`) ---------------------------------------------
+
+    /// The entry of the live replacement device, if any.
+    fn replacement_entry(&self) -> Option<u16> {
+        match self.replace {
+            Some(ReplaceInfo {
+                state: ReplaceState::Copying,
+                ..
+            }) if self.members.len() > self.slots() => Some(self.slots() as u16),
+            _ => None,
+        }
+    }
+
+    /// Whether [`Self::start_replace`] would accept a device described by `info` as the
+    /// replacement of member `slot` now.
+    ///
+    /// # Errors
+    /// As [`Self::start_replace`].
+    pub fn check_start_replace(
+        &self,
+        slot: u16,
+        info: &crate::device::DeviceInfo,
+    ) -> Result<(), ProcessError> {
+        let members = self.geo.geometry().members();
+        if slot >= members {
+            return Err(ProcessError::NoSuchMember {
+                member: slot,
+                members,
+            });
+        }
+        if self.array_failed() {
+            return Err(ProcessError::ArrayFailed);
+        }
+        if let (Some(r), Some(_)) = (self.replace, self.replacement_entry()) {
+            return Err(ProcessError::ReplaceBusy { member: r.member });
+        }
+        if self.members[usize::from(slot)].state != MemberState::Online {
+            return Err(ProcessError::NotInService { member: slot });
+        }
+        // md would give a new device to a missing member first (`raid5_add_disk` fills an
+        // empty slot before it takes a replacement): rebuild that one instead.
+        if let Some(m) = self.members[..self.slots()]
+            .iter()
+            .position(|m| m.state != MemberState::Online)
+        {
+            return Err(ProcessError::Degraded {
+                kind: ProcessKind::Replace,
+                member: m as u16,
+            });
+        }
+        // The device a previous replacement left behind still has requests in flight.
+        if self.members.len() > self.slots() {
+            return Err(ProcessError::MemberBusy { member: slot });
+        }
+        if let Some(p) = &self.proc {
+            if p.state == ProcessState::Running || !p.in_flight.is_empty() {
+                return Err(ProcessError::Busy { running: p.kind });
+            }
+        }
+        if self.background_ops == 0 {
+            return Err(ProcessError::NoSlots);
+        }
+        device_fits(&self.geo, self.data_offset, slot, info)
+    }
+
+    /// Gives member `slot` a replacement device (md's `want_replacement` with a spare as
+    /// its replacement) and starts the replace process ([`ProcessKind::Replace`]) from
+    /// `resume_stripe` (a checkpoint: the replacement holds the member's data below it).
+    /// From now on every write to the member goes to the replacement too; reads stay on
+    /// the member. When the process has finished on every shard, the executor calls
+    /// [`Self::complete_replace`] on each; if the replacement fails, the replace stops and
+    /// the array is as it was ([`ReplaceState::Failed`]). Every shard must be given a
+    /// channel to the same device and the same `serial`.
+    ///
+    /// # Errors
+    /// [`ProcessError::NoSuchMember`]; [`ProcessError::ArrayFailed`];
+    /// [`ProcessError::ReplaceBusy`] while a replacement is live;
+    /// [`ProcessError::NotInService`] for a member failed or being rebuilt;
+    /// [`ProcessError::Degraded`] while any member is (md would rebuild it first);
+    /// [`ProcessError::MemberBusy`] while the device a previous replace left has requests
+    /// in flight (retry); [`ProcessError::Busy`] while another process runs;
+    /// [`ProcessError::NoSlots`]; [`ProcessError::Unfit`]; [`ProcessError::BadResume`].
+    /// Nothing changes on error.
+    pub fn start_replace(
+        &mut self,
+        slot: u16,
+        ch: C,
+        serial: u64,
+        resume_stripe: u64,
+    ) -> Result<(), ProcessError> {
+        self.check_start_replace(slot, ch.info())?;
+        let req = ProcessRequest {
+            kind: ProcessKind::Replace,
+            ranges: None,
+            resume_stripe,
+        };
+        req.validate(&self.geo)?;
+        let id = self
+            .entry_of
+            .iter()
+            .position(|&e| e == NO_ENTRY)
+            .expect("one id is free while no extra device exists");
+        let chunk = self.geo.geometry().chunk_bytes() as usize;
+        let dev = Member::new(ch, id as u16, &self.cfg, self.sops.len(), chunk);
+        let entry = self.slots() as u16;
+        self.members.push(dev);
+        self.entry_of[id] = entry;
+        self.replace = Some(ReplaceInfo {
+            member: slot,
+            serial,
+            state: ReplaceState::Copying,
+        });
+        self.replace_bitmap_ticket = self.intent.as_ref().map_or(0, |i| i.shared.write_all());
+        // Checked above, with nothing in between but the new entry the check wants.
+        self.start_process(&req)?;
+        tracing::info!(
+            shard = self.shard,
+            member = slot,
+            resume = resume_stripe,
+            "replace started: writes to the member go to its replacement too"
+        );
+        Ok(())
+    }
+
+    /// The live replacement failed with `e`: it gets no more I/O, the replace process
+    /// stops ([`ProcessError::ReplacementFailed`]) and the member keeps its slot.
+    fn fail_replacement_entry(&mut self, e: IoError) {
+        let Some(entry) = self.replacement_entry() else {
+            return;
+        };
+        self.members[usize::from(entry)].state = MemberState::Failed(e);
+        let r = self.replace.as_mut().expect("a live replacement");
+        r.state = ReplaceState::Failed(e);
+        let member = r.member;
+        self.replacement_failures += 1;
+        if let Some(p) = self.proc.as_mut() {
+            if p.kind == ProcessKind::Replace
+                && matches!(p.state, ProcessState::Running | ProcessState::Stopped)
+            {
+                p.state = ProcessState::Failed(ProcessError::ReplacementFailed { member });
+            }
+        }
+        tracing::warn!(
+            shard = self.shard,
+            member,
+            error = %e,
+            "replacement device failed: replace stopped, the member keeps its slot"
+        );
+    }
+
+    /// Fails the live replacement numbered `serial` (a failure another shard saw, or the
+    /// operator's); returns whether it was live here.
+    pub fn fail_replacement(&mut self, serial: u64, e: IoError) -> bool {
+        if self.replacement_entry().is_none() || self.replace.is_none_or(|r| r.serial != serial) {
+            return false;
+        }
+        self.fail_replacement_entry(e);
+        true
+    }
+
+    /// Whether this shard's part of replacement `serial` is done: its replace process
+    /// finished and the bitmap area was written to the replacement in full. Once every
+    /// shard says so, the executor calls [`Self::complete_replace`] on each.
+    pub fn replace_finished(&self, serial: u64) -> bool {
+        self.replacement_entry().is_some()
+            && self.replace.is_some_and(|r| r.serial == serial)
+            && self.proc.as_ref().is_some_and(|p| {
+                p.kind == ProcessKind::Replace && p.state == ProcessState::Finished
+            })
+            && self
+                .intent
+                .as_ref()
+                .is_none_or(|i| i.shared.all_written() >= self.replace_bitmap_ticket)
+    }
+
+    /// After replacement `serial` finished on every shard ([`Self::replace_finished`]):
+    /// the replacement takes its member's slot and the old device leaves the array (md's
+    /// `raid5_spare_active` + `raid5_remove_disk`: the replaced device is marked faulty
+    /// so that it is never re-added). Requests in flight to either device complete
+    /// normally. A member that had failed during the replace is whole again. Returns
+    /// whether it swapped.
+    pub fn complete_replace(&mut self, serial: u64) -> bool {
+        if !self.replace_finished(serial) {
+            return false;
+        }
+        let r = self.replace.expect("checked");
+        let (slot, extra) = (usize::from(r.member), self.slots());
+        self.members.swap(slot, extra);
+        let (a, b) = (self.members[slot].id, self.members[extra].id);
+        self.entry_of[usize::from(a)] = slot as u16;
+        self.entry_of[usize::from(b)] = extra as u16;
+        let old = std::mem::replace(
+            &mut self.members[extra].state,
+            MemberState::Failed(IoError::Gone),
+        );
+        if old.is_failed() {
+            self.failed_members -= 1;
+            self.note_degraded();
+        }
+        self.replace = Some(ReplaceInfo {
+            state: ReplaceState::Done,
+            ..r
+        });
+        tracing::info!(
+            shard = self.shard,
+            member = r.member,
+            "replace complete: the replacement holds the member's slot"
+        );
+        true
+    }
+
+    /// Drops the device a replacement left behind (a failed replacement, or the replaced
+    /// member) once none of its requests is in flight; returns whether it did.
+    fn drop_leaving_device(&mut self) -> bool {
+        let extra = self.slots();
+        if self.members.len() <= extra
+            || self.replacement_entry().is_some()
+            || self.entry_busy(extra as u16)
+        {
+            return false;
+        }
+        let dev = self.members.pop().expect("an extra device");
+        self.entry_of[usize::from(dev.id)] = NO_ENTRY;
         true
     }
 
@@ -2945,6 +3486,25 @@ impl<C: Channel> Array<C> {
         if let Err(e) = self.rebuild_target_left() {
             return self.finish_bg(s, Err(e));
         }
+        let chunk = g.chunk_bytes();
+        if kind == ProcessKind::Replace {
+            let slot = self.replace.expect("a replace has a replacement").member;
+            if !self.missing(s, slot) {
+                // Copy: the member's chunk alone. A read error sends the operation back
+                // here with the member missing for it: then the chunk is rebuilt.
+                let sop = &mut self.sops[s as usize];
+                sop.phase = Phase::BgRead;
+                sop.io_error = false;
+                sop.range = ChunkRange {
+                    start: 0,
+                    end: chunk,
+                };
+                sop.lost.clear();
+                let ptr = sop.bufs[usize::from(slot)].as_mut_ptr();
+                self.io(s, slot, Op::Read, 0, chunk, ptr);
+                return;
+            }
+        }
         let mut lost: ArrayVec<u16, 2> = ArrayVec::new();
         for m in 0..g.members() {
             if self.missing(s, m) {
@@ -2953,7 +3513,9 @@ impl<C: Channel> Array<C> {
                 }
                 // A scrub cannot verify a stripe with a member gone (unrecovered read
                 // errors alone are rebuilt and rewritten).
-                if kind != ProcessKind::Rebuild && self.members[usize::from(m)].state.is_failed() {
+                if !matches!(kind, ProcessKind::Rebuild | ProcessKind::Replace)
+                    && self.members[usize::from(m)].state.is_failed()
+                {
                     return self.finish_bg(s, Err(ProcessError::MemberFailed { kind, member: m }));
                 }
             }
@@ -2961,7 +3523,6 @@ impl<C: Channel> Array<C> {
         if lost.len() > usize::from(g.parity_chunks()) {
             return self.finish_bg(s, Err(ProcessError::Unrecoverable { stripe }));
         }
-        let chunk = g.chunk_bytes();
         let sop = &mut self.sops[s as usize];
         sop.phase = Phase::BgRead;
         sop.io_error = false;
@@ -2987,6 +3548,14 @@ impl<C: Channel> Array<C> {
         let Some(p) = self.proc.as_ref() else {
             return Ok(());
         };
+        if p.kind == ProcessKind::Replace {
+            return match self.replacement_entry() {
+                Some(_) => Ok(()),
+                None => Err(ProcessError::ReplacementFailed {
+                    member: p.targets.first().copied().unwrap_or(0),
+                }),
+            };
+        }
         if p.kind != ProcessKind::Rebuild
             || p.targets
                 .iter()
@@ -3003,6 +3572,9 @@ impl<C: Channel> Array<C> {
     fn bg_compute(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let kind = self.sops[s as usize].bg.expect("background operation");
+        if kind == ProcessKind::Replace {
+            return self.replace_compute(s);
+        }
         let st = g.stripe(self.sops[s as usize].stripe);
         let chunk = g.chunk_bytes();
         self.sops[s as usize].phase = Phase::BgWrite;
@@ -3041,6 +3613,43 @@ impl<C: Channel> Array<C> {
             }
         } else if kind != ProcessKind::Rebuild {
             self.scrub(s, kind);
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// A replace's stripe after its reads: the member's chunk (read, or rebuilt from the
+    /// others where the member could not give it) is written to the replacement. Members
+    /// that returned unrecovered read errors are rewritten (they stay in service); a
+    /// rewrite of the member being replaced reaches the replacement too.
+    fn replace_compute(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let stripe = self.sops[s as usize].stripe;
+        let chunk = g.chunk_bytes();
+        self.sops[s as usize].phase = Phase::BgWrite;
+        self.sops[s as usize].io_error = false;
+        let lost = self.sops[s as usize].lost.clone();
+        if !lost.is_empty() && self.rebuild_in_buffers(s).is_err() {
+            return self.finish_bg(s, Err(ProcessError::Unrecoverable { stripe }));
+        }
+        if let Err(e) = self.rebuild_target_left() {
+            return self.finish_bg(s, Err(e));
+        }
+        let slot = self.replace.expect("a replace has a replacement").member;
+        let mut mirrored = false;
+        for m in lost {
+            if self.sops[s as usize].bad.contains(&m) && !self.is_failed(m) {
+                self.stats.read_errors_repaired += 1;
+                let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+                self.io(s, m, Op::Write { fua: false }, 0, chunk, ptr);
+                mirrored |= m == slot;
+            }
+        }
+        if !mirrored {
+            let r = self.replacement_entry().expect("checked live");
+            let ptr = self.sops[s as usize].bufs[usize::from(slot)].as_mut_ptr();
+            self.io_dev(s, r, Op::Write { fua: false }, 0, chunk, ptr);
         }
         if self.sops[s as usize].outstanding == 0 {
             self.ready.push_back(s);

@@ -18,7 +18,12 @@
 //!    region with a write in flight). The cleared bits are then written.
 //! 3. **Never while degraded**: a write that could not reach every member leaves its bit
 //!    set (md's `NEEDED`), since the missing member will need the region recovered; the
-//!    daemon clears nothing while a member is failed.
+//!    daemon clears nothing while a member is failed or being recovered (md clears bits
+//!    only while `mddev->degraded` is 0, `md_bitmap_endwrite`). Each shard says whether it
+//!    sees a member missing ([`WriteIntent::shard_degraded`]); the daemon clears nothing
+//!    while any shard does, so a failure one shard has seen and another not yet still
+//!    stops every clear. Once the array is whole again (a rebuild or re-add finished on
+//!    every shard), clearing resumes, as md's does.
 //! 4. Regions found dirty after an unclean shutdown, or marked for a re-added member,
 //!    are **needed**: pinned set until the resync/recovery that covers them calls
 //!    [`WriteIntent::sync_done`] (md's `md_bitmap_end_sync`).
@@ -26,7 +31,15 @@
 //!    (`md_bitmap_endwrite`: `events_cleared = mddev->events`), and the bitmap superblock
 //!    carries the array's `events` from each superblock update on
 //!    ([`WriteIntent::set_events`]; md writes the bitmap superblock before the md
-//!    superblocks, `md_update_sb` → `md_bitmap_update_sb`).
+//!    superblocks, `md_update_sb` → `md_bitmap_update_sb`). A member that left the array
+//!    at `events` E can be re-added by bitmap only while `events_cleared <= E`
+//!    ([`WriteIntent::events_cleared`]; md's `super_1_validate`): no bit was cleared since
+//!    it left, so the bits set on disk cover every write it missed
+//!    ([`WriteIntent::on_disk_regions`]).
+//! 6. **A device joining the array** (a rebuild target, a re-added member, a replacement)
+//!    gets the whole bitmap area written, not only the units that change afterwards
+//!    ([`WriteIntent::write_all`]; md's `md_bitmap_write_all` when spares are added in
+//!    `md_check_recovery`), so it holds the array's bitmap once it is a member.
 //!
 //! # The writer / clearer race, and why it cannot lose a bit
 //! Per region there is an in-flight counter (`counters[r]`, writers) and a `durable` bit
@@ -147,6 +160,16 @@ pub struct WriteIntent {
     /// the bit, cleared by the owner before its scan, so no request is missed).
     request_pending: AtomicBool,
     degraded: AtomicBool,
+    /// Shards that see a member failed or being recovered ([`WriteIntent::shard_degraded`]).
+    degraded_shards: AtomicU64,
+    /// The owner is asked to write the whole bitmap area ([`WriteIntent::write_all`]).
+    rewrite_all: AtomicBool,
+    /// `write_all` requests made, and those whose whole-area write completed on every
+    /// online member.
+    all_requested: AtomicU64,
+    all_written: AtomicU64,
+    /// The owner's `events_cleared` (as last changed by a daemon pass).
+    events_cleared: AtomicU64,
     events: AtomicU64,
     super_written: AtomicU64,
     owner_taken: AtomicBool,
@@ -227,6 +250,11 @@ impl WriteIntent {
             generation: AtomicU64::new(0),
             request_pending: AtomicBool::new(false),
             degraded: AtomicBool::new(false),
+            degraded_shards: AtomicU64::new(0),
+            rewrite_all: AtomicBool::new(false),
+            all_requested: AtomicU64::new(0),
+            all_written: AtomicU64::new(0),
+            events_cleared: AtomicU64::new(s.events_cleared),
             events: AtomicU64::new(s.events),
             super_written: AtomicU64::new(s.events),
             owner_taken: AtomicBool::new(false),
@@ -359,15 +387,85 @@ impl WriteIntent {
         }
     }
 
-    /// A member failed: from now on the daemon clears no bit (md keeps the bits of a
-    /// degraded array for the member's recovery). Called by the array when a member fails.
+    /// Marks the bitmap degraded for good (until restart): the daemon clears no bit any
+    /// more. The arrays use [`WriteIntent::shard_degraded`], which lifts once the array is
+    /// whole again; this is for callers without shards.
     pub fn set_degraded(&self) {
         self.degraded.store(true, SeqCst);
     }
 
-    /// Whether a member failure was reported ([`WriteIntent::set_degraded`]).
+    /// One shard now sees (`true`) or no longer sees (`false`) a member failed or being
+    /// recovered; `was` is what it reported before (a transition is counted once). The
+    /// daemon clears nothing while any shard is degraded (rule 3). A shard reports a
+    /// failure before it issues any write that skips the member, so no write that missed
+    /// a member can find the daemon clearing.
+    pub fn shard_degraded(&self, now: bool, was: bool) {
+        match (was, now) {
+            (false, true) => {
+                self.degraded_shards.fetch_add(1, SeqCst);
+            }
+            (true, false) => {
+                let prev = self.degraded_shards.fetch_sub(1, SeqCst);
+                debug_assert!(prev > 0, "a shard left a degraded state it never entered");
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the daemon must keep every bit: some shard sees a member missing, or
+    /// [`WriteIntent::set_degraded`] was called.
     pub fn degraded(&self) -> bool {
-        self.degraded.load(SeqCst)
+        self.degraded.load(SeqCst) || self.degraded_shards.load(SeqCst) > 0
+    }
+
+    /// Asks the owner to write the whole bitmap area (superblock and every bit) to every
+    /// online member in its next batch: a device joined the array (rule 6). Returns a
+    /// ticket: [`WriteIntent::all_written`] reaches it once such a batch completed.
+    pub fn write_all(&self) -> u64 {
+        let t = self.all_requested.fetch_add(1, SeqCst) + 1;
+        self.rewrite_all.store(true, SeqCst);
+        t
+    }
+
+    /// The highest [`WriteIntent::write_all`] ticket whose whole-area write has completed
+    /// on every member online at the time.
+    pub fn all_written(&self) -> u64 {
+        self.all_written.load(SeqCst)
+    }
+
+    /// The bitmap's `events_cleared`: the array's `events` when bits were last cleared
+    /// (rule 5). A device whose own `events` is below it may have missed writes whose bits
+    /// are gone: it needs a full rebuild.
+    pub fn events_cleared(&self) -> u64 {
+        self.events_cleared.load(SeqCst)
+    }
+
+    /// Whether every region was forced dirty at start (a stale bitmap after an unclean
+    /// shutdown): the bits then say nothing about what a returning member missed.
+    pub fn forced_all(&self) -> bool {
+        self.all
+    }
+
+    /// Stripe ranges of the regions **set on disk**, ascending and merged: what a member
+    /// returning by bitmap (re-add) must be recovered over — every write it missed had its
+    /// bit made durable first, and none has been cleared while it was away (rules 1, 3).
+    /// Allocates (a control path).
+    pub fn on_disk_regions(&self) -> Vec<Range<u64>> {
+        let mut out: Vec<Range<u64>> = Vec::new();
+        for r in 0..self.regions {
+            if !self.on_disk(r) {
+                continue;
+            }
+            let s = self.region_stripes(r);
+            if s.is_empty() {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last) if last.end >= s.start => last.end = last.end.max(s.end),
+                _ => out.push(s),
+            }
+        }
+        out
     }
 
     /// The array's superblocks are about to move to `events`: the owner writes the bitmap
@@ -537,6 +635,10 @@ pub struct BitmapOwner {
     /// The bitmap was stale and every bit is being written ([`NeedsSync::All`]): once the
     /// first batch is on disk, clear the stale flag (then the bits say it all).
     clear_stale: bool,
+    /// [`WriteIntent::write_all`] tickets covered by the batch in flight (0: none) and by
+    /// the units marked dirty since (0: none).
+    batch_all: u64,
+    pending_all: u64,
 }
 
 impl BitmapOwner {
@@ -556,6 +658,8 @@ impl BitmapOwner {
             next_pass_ns: None,
             unit_bytes: i.unit_bytes,
             clear_stale: i.all && i.initial.super_.is_stale(),
+            batch_all: 0,
+            pending_all: 0,
         };
         if i.all {
             for r in 0..i.regions {
@@ -648,6 +752,11 @@ impl BitmapOwner {
         if immediate {
             i.generation.fetch_add(1, SeqCst);
         }
+        // A device joined: every unit goes out again (rule 6).
+        if i.rewrite_all.swap(false, SeqCst) {
+            self.pending_all = i.all_requested.load(SeqCst);
+            self.dirty_units.iter_mut().for_each(|d| *d = true);
+        }
         // The superblock's events.
         let ev = i.events.load(SeqCst);
         if ev > self.super_.events {
@@ -693,6 +802,7 @@ impl BitmapOwner {
         } else {
             0
         };
+        self.batch_all = std::mem::take(&mut self.pending_all);
         self.in_flight = true;
     }
 
@@ -748,9 +858,10 @@ impl BitmapOwner {
             if self.idle[idx] < 2 {
                 continue;
             }
-            // C1, C2 (module docs).
+            // C1, C2 (module docs). A member failure seen since the pass began stops it:
+            // a write that skipped the member may have completed in between (rule 3).
             let was = i.c1_take_durable(r);
-            if i.c2_in_flight(r) {
+            if i.c2_in_flight(r) || i.degraded() {
                 if was {
                     i.c_restore(r);
                     restored = true;
@@ -768,6 +879,8 @@ impl BitmapOwner {
         if cleared {
             // md_bitmap_endwrite: events_cleared = the array's events when bits are cleared.
             self.super_.events_cleared = i.events.load(SeqCst).max(self.super_.events);
+            i.events_cleared
+                .fetch_max(self.super_.events_cleared, SeqCst);
             self.encode_super();
         }
     }
@@ -785,7 +898,11 @@ impl BitmapOwner {
             for &u in &self.batch {
                 self.dirty_units[u as usize] = true;
             }
+            self.pending_all = self.pending_all.max(self.batch_all);
             return;
+        }
+        if self.batch_all != 0 {
+            i.all_written.fetch_max(self.batch_all, SeqCst);
         }
         let ub = u64::from(self.unit_bytes);
         let mut any = false;

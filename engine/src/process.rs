@@ -15,7 +15,14 @@
 //!   stripe, checks parity and writes parity only where it mismatches — a resync of a
 //!   consistent stripe writes nothing. The mismatches it meets are counted too, as md does;
 //! - **rebuild** (md's "recovery") reconstructs the chunk of every member being rebuilt
-//!   from the survivors and writes it.
+//!   from the survivors and writes it; a member re-added by bitmap is rebuilt only over
+//!   the bitmap's dirty regions (the process's stripe ranges);
+//! - **replace** (md's `want_replacement` recovery) copies a member's chunk onto its
+//!   replacement device while the member stays in service: it reads only the member's
+//!   chunk and writes it to the replacement; where the member returns an unrecovered read
+//!   error (or has failed meanwhile), it reads the other members instead and writes the
+//!   chunk rebuilt from them (md's `handle_stripe` with `s.replacing`: the block is read
+//!   from the old device when `R5_Insync`, else computed).
 //!
 //! # Sharding
 //! Every shard (reactor) walks only the stripes it owns (`stripe mod shards == shard`), in
@@ -80,6 +87,9 @@ pub enum ProcessKind {
     Check,
     /// Scrub and rewrite mismatching parity.
     Repair,
+    /// Copy a member onto its replacement device while the member keeps serving (md's
+    /// `mdadm --replace`); chunks the member cannot read are rebuilt from the others.
+    Replace,
 }
 
 impl ProcessKind {
@@ -91,6 +101,7 @@ impl ProcessKind {
             ProcessKind::Rebuild => "rebuild",
             ProcessKind::Check => "check",
             ProcessKind::Repair => "repair",
+            ProcessKind::Replace => "replace",
         }
     }
 
@@ -189,6 +200,30 @@ pub enum ProcessError {
     #[error("rebuild target member {member} failed")]
     TargetFailed {
         /// The (first) target.
+        member: u16,
+    },
+    /// The replacement device of a member failed: the replace stopped, the member keeps
+    /// its slot and the array is as it was (md fails the replacement, not the array).
+    #[error("the replacement device of member {member} failed: the replace stopped, the array is unchanged")]
+    ReplacementFailed {
+        /// The member being replaced.
+        member: u16,
+    },
+    /// A replace was asked for, but no member has a replacement device.
+    #[error("nothing to replace: no member has a replacement device")]
+    NoReplacement,
+    /// A member already has a replacement device (one replacement at a time per array;
+    /// md allows one per slot and would refuse a second for the same slot).
+    #[error("member {member} is already being replaced: one replacement at a time")]
+    ReplaceBusy {
+        /// The member being replaced.
+        member: u16,
+    },
+    /// The member cannot be replaced because it is not in service (failed or being
+    /// rebuilt: add a device to rebuild it instead).
+    #[error("member {member} is not in service (failed or being rebuilt): add a device to rebuild it instead of replacing it")]
+    NotInService {
+        /// The member.
         member: u16,
     },
     /// A member failed during a check, repair or resync: the process stopped (it cannot
@@ -392,7 +427,8 @@ pub struct ShardProgress {
     pub mismatch_cnt: u64,
     /// Background stripe operations in flight.
     pub in_flight: u32,
-    /// Members being rebuilt by this process (rebuild only).
+    /// Members being rebuilt by this process (rebuild), or the member being replaced
+    /// (replace).
     pub targets: ArrayVec<u16, 2>,
 }
 
@@ -427,7 +463,7 @@ pub struct ProcessSnapshot {
     pub total_member_bytes: u64,
     /// Mismatches found, 512-byte sectors (md's `mismatch_cnt`).
     pub mismatch_cnt: u64,
-    /// Members being rebuilt (rebuild only).
+    /// Members being rebuilt (rebuild), or the member being replaced (replace).
     pub targets: ArrayVec<u16, 2>,
     /// Progress rate, per-member bytes per second, over the last window (`None` until two
     /// samples exist; filled in by [`RateWindow`] users such as the reactor handle).

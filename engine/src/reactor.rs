@@ -28,7 +28,7 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -39,10 +39,11 @@ use thiserror::Error;
 
 use crate::array::{
     device_fits, new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig,
-    ArrayError, ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState,
+    ArrayError, ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState, ReplaceInfo,
+    ReplaceState,
 };
 use crate::bitmap::WriteIntent;
-use crate::device::{BlockDevice, Channel, DeviceError};
+use crate::device::{BlockDevice, Channel, DeviceError, IoError};
 use crate::geometry::ArrayGeometry;
 use crate::parity::Parity;
 use crate::process::{
@@ -82,10 +83,23 @@ enum Control {
     /// Stop the shard's process.
     StopProcess,
     /// Put a new device (an `Arc<D>` of the reactors' device type) into a failed member's
-    /// slot; the reactor opens its own channel to it and starts a rebuild.
-    ReplaceMember(u16, Arc<dyn Any + Send + Sync>),
+    /// slot; the reactor opens its own channel to it and starts a rebuild. `true`: it is
+    /// the member's own device returning (a re-add: only the bitmap's dirty regions).
+    ReplaceMember(u16, Arc<dyn Any + Send + Sync>, bool),
     /// Every shard has rebuilt this member: it is online.
     MemberRebuilt(u16),
+    /// Give member `slot` a replacement device (an `Arc<D>`) and start the replace from
+    /// `resume` (stripes).
+    StartReplace {
+        slot: u16,
+        dev: Arc<dyn Any + Send + Sync>,
+        serial: u64,
+        resume: u64,
+    },
+    /// Replacement `serial` failed (on another reactor, or by the operator).
+    FailReplacement { serial: u64, err: IoError },
+    /// Every reactor has finished replacement `serial`: swap it in.
+    ReplaceDone { serial: u64 },
 }
 
 /// One member as the array sees it: merged over every reactor's shard.
@@ -116,6 +130,21 @@ pub struct ArraySnapshot {
     /// The last management command a reactor refused after the handle accepted it (a
     /// process start a shard found busy, a replacement device it could not open), if any.
     pub control_error: Option<ControlError>,
+    /// The last replacement ([`ReactorHandle::start_replace`]), merged over the reactors:
+    /// failed if any reactor failed it, done once every reactor swapped it in, else
+    /// copying; with what the reactors sent to the replacement device while it was live.
+    pub replacement: Option<ReplacementSnapshot>,
+}
+
+/// A member's replacement as the array sees it ([`ArraySnapshot::replacement`]).
+#[derive(Clone, Debug)]
+pub struct ReplacementSnapshot {
+    /// The member being (or that was) replaced, its serial and state.
+    pub info: ReplaceInfo,
+    /// Requests sent to the replacement device while it was live, every reactor.
+    pub counters: MemberCounters,
+    /// Their completion latency, ns.
+    pub latency: hdrhistogram::Histogram<u64>,
 }
 
 /// Why a management command was refused.
@@ -158,6 +187,10 @@ struct Published {
     process: Option<ShardProgress>,
     /// The last command the reactor refused.
     control_error: Option<ControlError>,
+    /// The shard's last replacement, and what it sent to the replacement device.
+    replace: Option<ReplaceInfo>,
+    replace_counters: MemberCounters,
+    replace_latency: hdrhistogram::Histogram<u64>,
 }
 
 /// A cloneable handle for management while the reactors run: fail members, read
@@ -301,6 +334,30 @@ impl ReactorHandle {
         slot: u16,
         device: Arc<D>,
     ) -> Result<(), ControlError> {
+        self.put_member(slot, device, false)
+    }
+
+    /// [`Self::replace_member`] for the device that left member `slot` coming back (md's
+    /// re-add, [`Array::readd_member`]): its rebuild covers only the write-intent bitmap's
+    /// dirty regions. The caller has checked that the device may return by bitmap (its
+    /// `events` is not below [`WriteIntent::events_cleared`]).
+    ///
+    /// # Errors
+    /// As [`Self::replace_member`].
+    pub fn readd_member<D: BlockDevice + Send + Sync + 'static>(
+        &self,
+        slot: u16,
+        device: Arc<D>,
+    ) -> Result<(), ControlError> {
+        self.put_member(slot, device, true)
+    }
+
+    fn put_member<D: BlockDevice + Send + Sync + 'static>(
+        &self,
+        slot: u16,
+        device: Arc<D>,
+        readd: bool,
+    ) -> Result<(), ControlError> {
         let members = self.shared.members;
         if slot >= members {
             return Err(ControlError::NoSuchMember {
@@ -323,6 +380,13 @@ impl ReactorHandle {
         if !snap.members[usize::from(slot)].state.is_failed() {
             return Err(ProcessError::NotFailed { member: slot }.into());
         }
+        if snap
+            .replacement
+            .as_ref()
+            .is_some_and(|r| r.info.member == slot && r.info.state == ReplaceState::Copying)
+        {
+            return Err(ProcessError::ReplaceBusy { member: slot }.into());
+        }
         device_fits(
             &self.shared.geo,
             self.shared.data_offset,
@@ -334,9 +398,136 @@ impl ReactorHandle {
         let device: Arc<dyn Any + Send + Sync> = device;
         for to in 0..self.shared.control.len() {
             self.shared
-                .send_control(to, Control::ReplaceMember(slot, Arc::clone(&device)));
+                .send_control(to, Control::ReplaceMember(slot, Arc::clone(&device), readd));
         }
         Ok(())
+    }
+
+    /// Gives member `slot` the replacement `device` on every reactor (each opens its own
+    /// channel) and starts the replace from `resume_stripe` (md's `mdadm --replace`,
+    /// [`Array::start_replace`]): writes to the member go to the replacement too, the
+    /// replace process copies the member onto it (rebuilding what the member cannot
+    /// read), and once every reactor has finished the replacement takes the slot
+    /// ([`ArraySnapshot::replacement`] turns [`ReplaceState::Done`]). Returns the
+    /// replacement's serial.
+    ///
+    /// # Errors
+    /// [`ControlError::NoSuchMember`]; [`ControlError::DeviceType`];
+    /// [`ControlError::Process`] with [`ProcessError::ArrayFailed`],
+    /// [`ProcessError::Degraded`] (a member is failed or being rebuilt: md would use a new
+    /// device for it first), [`ProcessError::ReplaceBusy`], [`ProcessError::Busy`] (a
+    /// process runs) or [`ProcessError::Unfit`]. A reactor that refuses later reports it
+    /// in [`ArraySnapshot::control_error`].
+    pub fn start_replace<D: BlockDevice + Send + Sync + 'static>(
+        &self,
+        slot: u16,
+        device: Arc<D>,
+        resume_stripe: u64,
+    ) -> Result<u64, ControlError> {
+        if self.shared.device_type != std::any::TypeId::of::<D>() {
+            return Err(ControlError::DeviceType { member: slot });
+        }
+        self.check_start_replace(slot, device.info(), resume_stripe)?;
+        let serial = self.shared.replace_serial.fetch_add(1, Ordering::AcqRel) + 1;
+        self.shared.replaced.store(0, Ordering::Release);
+        self.shared
+            .rate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reset();
+        let device: Arc<dyn Any + Send + Sync> = device;
+        for to in 0..self.shared.control.len() {
+            self.shared.send_control(
+                to,
+                Control::StartReplace {
+                    slot,
+                    dev: Arc::clone(&device),
+                    serial,
+                    resume: resume_stripe,
+                },
+            );
+        }
+        Ok(serial)
+    }
+
+    /// Whether [`Self::start_replace`] would accept a device described by `info` for
+    /// member `slot` now (against the last published state).
+    ///
+    /// # Errors
+    /// As [`Self::start_replace`].
+    pub fn check_start_replace(
+        &self,
+        slot: u16,
+        info: &crate::device::DeviceInfo,
+        resume_stripe: u64,
+    ) -> Result<(), ControlError> {
+        let members = self.shared.members;
+        if slot >= members {
+            return Err(ControlError::NoSuchMember {
+                member: slot,
+                members,
+            });
+        }
+        let req = ProcessRequest {
+            kind: ProcessKind::Replace,
+            ranges: None,
+            resume_stripe,
+        };
+        req.validate(&self.shared.geo)?;
+        let snap = self.snapshot();
+        let lost = snap
+            .members
+            .iter()
+            .filter(|m| m.state != MemberState::Online)
+            .count();
+        if lost > usize::from(self.shared.geo.geometry().parity_chunks()) {
+            return Err(ProcessError::ArrayFailed.into());
+        }
+        if let Some(r) = snap
+            .replacement
+            .as_ref()
+            .filter(|r| r.info.state == ReplaceState::Copying)
+        {
+            return Err(ProcessError::ReplaceBusy {
+                member: r.info.member,
+            }
+            .into());
+        }
+        if snap.members[usize::from(slot)].state != MemberState::Online {
+            return Err(ProcessError::NotInService { member: slot }.into());
+        }
+        if let Some(m) = snap
+            .members
+            .iter()
+            .position(|m| m.state != MemberState::Online)
+        {
+            return Err(ProcessError::Degraded {
+                kind: ProcessKind::Replace,
+                member: m as u16,
+            }
+            .into());
+        }
+        if let Some(p) = self.process_snapshot() {
+            if p.state == ProcessState::Running {
+                return Err(ProcessError::Busy { running: p.kind }.into());
+            }
+        }
+        device_fits(&self.shared.geo, self.shared.data_offset, slot, info)?;
+        Ok(())
+    }
+
+    /// Fails replacement `serial` on every reactor (the operator's `fail` of the
+    /// replacement device): the replace stops, the member keeps its slot.
+    pub fn fail_replacement(&self, serial: u64) {
+        for to in 0..self.shared.control.len() {
+            self.shared.send_control(
+                to,
+                Control::FailReplacement {
+                    serial,
+                    err: IoError::Gone,
+                },
+            );
+        }
     }
 
     /// The array's statistics over every reactor, as last published.
@@ -354,9 +545,34 @@ impl ReactorHandle {
             requests_in_flight: self.shared.requests_in_flight(),
             reactors: self.shared.control.len(),
             control_error: None,
+            replacement: None,
         };
+        let mut all_have_replace = true;
         for p in &self.shared.published {
             let p = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match (p.replace, &mut out.replacement) {
+                (None, _) => all_have_replace = false,
+                (Some(info), None) => {
+                    let mut latency = new_latency_histogram();
+                    // Same bounds on both sides: cannot fail.
+                    let _ = latency.add(&p.replace_latency);
+                    out.replacement = Some(ReplacementSnapshot {
+                        info,
+                        counters: p.replace_counters,
+                        latency,
+                    });
+                }
+                (Some(info), Some(r)) => {
+                    if info.serial > r.info.serial {
+                        // A reactor already on a newer replacement: that one is current.
+                        r.info = info;
+                    } else if info.serial == r.info.serial {
+                        r.info.state = merge_replace(r.info.state, info.state);
+                    }
+                    r.counters.add(&p.replace_counters);
+                    let _ = r.latency.add(&p.replace_latency);
+                }
+            }
             out.stats.add(&p.stats);
             if out.control_error.is_none() {
                 out.control_error.clone_from(&p.control_error);
@@ -369,7 +585,24 @@ impl ReactorHandle {
                 let _ = o.latency.add(&m.latency);
             }
         }
+        if !all_have_replace {
+            // Not every reactor has taken the command yet: still starting.
+            if let Some(r) = &mut out.replacement {
+                if r.info.state == ReplaceState::Done {
+                    r.info.state = ReplaceState::Copying;
+                }
+            }
+        }
         out
+    }
+}
+
+/// Merges one replacement's state over reactors: failed wins, done only when both are.
+fn merge_replace(a: ReplaceState, b: ReplaceState) -> ReplaceState {
+    match (a, b) {
+        (ReplaceState::Failed(e), _) | (_, ReplaceState::Failed(e)) => ReplaceState::Failed(e),
+        (ReplaceState::Done, ReplaceState::Done) => ReplaceState::Done,
+        _ => ReplaceState::Copying,
     }
 }
 
@@ -561,6 +794,10 @@ struct Shared {
     device_type: std::any::TypeId,
     /// Per member slot: reactors whose shard has rebuilt it on all its stripes.
     rebuilt: Vec<AtomicUsize>,
+    /// Serial of the last replacement started ([`ReactorHandle::start_replace`]).
+    replace_serial: AtomicU64,
+    /// Reactors whose shard has finished the current replacement.
+    replaced: AtomicUsize,
     /// When the reactors started (the handle's clock for rates).
     epoch: Instant,
     /// Rate of the current process (handle side only; never locked by a reactor).
@@ -614,7 +851,25 @@ pub struct Extras<P> {
     pub pacer: P,
     /// The array's write-intent bitmap, if it has one (reactor 0 owns it).
     pub bitmap: Option<Arc<WriteIntent>>,
+    /// A replace to resume ([`Array::start_replace`] on every shard before its first
+    /// request, serial [`RESUMED_REPLACE_SERIAL`]): from the very first write, every write
+    /// to the member reaches the replacement, which holds the member's data below
+    /// `resume_stripe` and must not miss one.
+    pub replace: Option<ResumeReplace>,
 }
+
+/// A replace found in progress at assembly ([`Extras::replace`]).
+pub struct ResumeReplace {
+    /// The member being replaced.
+    pub member: u16,
+    /// The replacement device: an `Arc<D>` of the reactors' device type.
+    pub device: Arc<dyn Any + Send + Sync>,
+    /// Stripes already copied (its `recovery_offset`).
+    pub resume_stripe: u64,
+}
+
+/// The serial of a replace resumed at start ([`Extras::replace`]); later ones count up.
+pub const RESUMED_REPLACE_SERIAL: u64 = 1;
 
 /// Running reactors; [`Reactors::stop`] joins them and returns their front-ends.
 pub struct Reactors<F: Frontend> {
@@ -674,6 +929,7 @@ impl<F: Frontend> Reactors<F> {
             Extras {
                 pacer,
                 bitmap: None,
+                replace: None,
             },
         )
     }
@@ -707,6 +963,7 @@ impl<F: Frontend> Reactors<F> {
             Extras {
                 pacer: |_| Box::new(Unpaced) as Box<dyn Pacer>,
                 bitmap,
+                replace: None,
             },
         )
     }
@@ -729,7 +986,12 @@ impl<F: Frontend> Reactors<F> {
         D: BlockDevice + Send + Sync + 'static,
         P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
     {
-        let Extras { pacer, bitmap } = extras;
+        let Extras {
+            pacer,
+            bitmap,
+            replace,
+        } = extras;
+        let replace = replace.map(Arc::new);
         let pacer = Arc::new(pacer);
         let n = cfg.cores.len();
         if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
@@ -764,6 +1026,9 @@ impl<F: Frontend> Reactors<F> {
                             .collect(),
                         process: None,
                         control_error: None,
+                        replace: None,
+                        replace_counters: MemberCounters::default(),
+                        replace_latency: new_latency_histogram(),
                     })
                 })
                 .collect(),
@@ -774,6 +1039,12 @@ impl<F: Frontend> Reactors<F> {
             rebuilt: (0..geo.geometry().members())
                 .map(|_| AtomicUsize::new(0))
                 .collect(),
+            replace_serial: AtomicU64::new(if replace.is_some() {
+                RESUMED_REPLACE_SERIAL
+            } else {
+                0
+            }),
+            replaced: AtomicUsize::new(0),
             epoch: Instant::now(),
             rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
         });
@@ -797,6 +1068,7 @@ impl<F: Frontend> Reactors<F> {
             let requests = cfg.requests;
             let bitmap = bitmap.clone();
             let gate = gate.clone();
+            let replace = replace.clone();
             let t = std::thread::Builder::new()
                 .name(format!("reactor-{me}"))
                 .spawn(move || {
@@ -838,6 +1110,7 @@ impl<F: Frontend> Reactors<F> {
                         requests,
                         gate.is_some(),
                         fe,
+                        replace.as_deref(),
                     ))
                 })
                 .map_err(ReactorError::Spawn)?;
@@ -886,6 +1159,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     requests: usize,
     foreign_reads: bool,
     mut fe: F,
+    replace: Option<&ResumeReplace>,
 ) -> F {
     let mut parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
     let mut free: Vec<u32> = (0..requests as u32).rev().collect();
@@ -909,14 +1183,40 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     let mut failures_seen = 0u64;
     let mut next_publish = 0u64;
     array.set_shard(me, reactors);
-    // A replacement the shard could not take yet (requests to the old device outstanding).
-    let mut pending_replace: Vec<(u16, D::Channel)> = Vec::new();
+    // A replacement the shard could not take yet (requests to the old device outstanding);
+    // `true`: a re-add.
+    let mut pending_replace: Vec<(u16, D::Channel, bool)> = Vec::new();
+    // A replace the shard could not start yet (a device leaving, a process draining):
+    // (slot, channel, serial, resume).
+    let mut pending_start: Option<(u16, D::Channel, u64, u64)> = None;
+    // The replacement whose finish this reactor has counted.
+    let mut reported_replace = 0u64;
+    let mut repl_failures_seen = 0u64;
     // A member was replaced, or a rebuild finished with one still waiting: start one.
     // Members assembled as being rebuilt resume at once.
     let mut rebuild_pending = array.pending_rebuild().is_some();
     // Members this reactor has reported rebuilt on its stripes.
     let mut reported_rebuilt = vec![false; usize::from(members)];
     let mut control_error: Option<ControlError> = None;
+    // A replace in progress resumes before the first request (see `Extras::replace`).
+    if let Some(r) = replace {
+        let started = match Arc::clone(&r.device).downcast::<D>() {
+            Err(_) => Err(ControlError::DeviceType { member: r.member }),
+            Ok(d) => d
+                .open_channel()
+                .map_err(|e| ControlError::Open {
+                    reactor: me,
+                    member: r.member,
+                    why: e.to_string(),
+                })
+                .and_then(|ch| {
+                    array
+                        .start_replace(r.member, ch, RESUMED_REPLACE_SERIAL, r.resume_stripe)
+                        .map_err(ControlError::from)
+                }),
+        };
+        control_error = started.err();
+    }
     // The owner wakes the other reactors when bits they may wait for become durable.
     let owner_of_bitmap = me == 0 && reactors > 1;
     let mut bitmap_gen = array.bitmap().map_or(0, |b| b.generation());
@@ -948,9 +1248,9 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                     rebuild_pending = false;
                     next_publish = 0;
                 }
-                Control::ReplaceMember(m, dev) => match dev.downcast::<D>() {
+                Control::ReplaceMember(m, dev, readd) => match dev.downcast::<D>() {
                     Ok(d) => match d.open_channel() {
-                        Ok(ch) => pending_replace.push((m, ch)),
+                        Ok(ch) => pending_replace.push((m, ch, readd)),
                         Err(e) => {
                             control_error = Some(ControlError::Open {
                                 reactor: me,
@@ -969,6 +1269,56 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                     }
                     next_publish = 0;
                 }
+                Control::StartReplace {
+                    slot,
+                    dev,
+                    serial,
+                    resume,
+                } => match dev.downcast::<D>() {
+                    Ok(d) => match d.open_channel() {
+                        Ok(ch) => pending_start = Some((slot, ch, serial, resume)),
+                        Err(e) => {
+                            control_error = Some(ControlError::Open {
+                                reactor: me,
+                                member: slot,
+                                why: e.to_string(),
+                            })
+                        }
+                    },
+                    Err(_) => control_error = Some(ControlError::DeviceType { member: slot }),
+                },
+                Control::FailReplacement { serial, err } => {
+                    if pending_start.as_ref().is_some_and(|p| p.2 == serial) {
+                        pending_start = None;
+                    }
+                    array.fail_replacement(serial, err);
+                    // Already known everywhere: not announced again.
+                    repl_failures_seen = array.replacement_failures();
+                    next_publish = 0;
+                }
+                Control::ReplaceDone { serial } => {
+                    array.complete_replace(serial);
+                    if array.member_states().any(|s| s == MemberState::Rebuilding) {
+                        rebuild_pending = true;
+                    }
+                    next_publish = 0;
+                }
+            }
+        }
+        // A replace waiting for the shard: started once nothing is in its way.
+        if let Some((slot, ch, serial, resume)) = pending_start.take() {
+            match array.check_start_replace(slot, ch.info()) {
+                Err(ProcessError::MemberBusy { .. } | ProcessError::Busy { .. }) => {
+                    pending_start = Some((slot, ch, serial, resume));
+                }
+                Err(e) => control_error = Some(e.into()),
+                Ok(()) => {
+                    if let Err(e) = array.start_replace(slot, ch, serial, resume) {
+                        control_error = Some(e.into());
+                    }
+                    next_publish = 0;
+                    progress = true;
+                }
             }
         }
         // Replacements: swapped in once the old device has nothing outstanding here.
@@ -982,9 +1332,14 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                     pending_replace.swap_remove(i);
                 }
                 Ok(()) => {
-                    let (m, ch) = pending_replace.swap_remove(i);
+                    let (m, ch, readd) = pending_replace.swap_remove(i);
+                    let put = if readd {
+                        array.readd_member(m, ch)
+                    } else {
+                        array.replace_member(m, ch)
+                    };
                     // Checked just above.
-                    if array.replace_member(m, ch).is_ok() {
+                    if put.is_ok() {
                         announced[usize::from(m)] = false;
                         reported_rebuilt[usize::from(m)] = false;
                         rebuild_pending = true;
@@ -1094,6 +1449,37 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 }
             }
         }
+        // Replacements: this shard's part finished (counted once; the last reactor to
+        // finish swaps it in everywhere), or its device failed here (told to all).
+        if let Some(r) = array.replacement() {
+            if r.serial != reported_replace && array.replace_finished(r.serial) {
+                reported_replace = r.serial;
+                next_publish = 0;
+                let count = shared.replaced.fetch_add(1, Ordering::AcqRel) + 1;
+                if count == reactors {
+                    shared.replaced.store(0, Ordering::Release);
+                    for to in 0..reactors {
+                        shared.send_control(to, Control::ReplaceDone { serial: r.serial });
+                    }
+                }
+            }
+            let f = array.replacement_failures();
+            if f != repl_failures_seen {
+                repl_failures_seen = f;
+                next_publish = 0;
+                if let ReplaceState::Failed(err) = r.state {
+                    for to in (0..reactors).filter(|&to| to != me) {
+                        shared.send_control(
+                            to,
+                            Control::FailReplacement {
+                                serial: r.serial,
+                                err,
+                            },
+                        );
+                    }
+                }
+            }
+        }
         // A rebuild that finished while another replaced member waits: start that one.
         if !rebuild_pending
             && array.process_progress().is_some_and(|p| {
@@ -1198,6 +1584,12 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
 fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     p.stats = array.stats();
     p.process = array.process_progress();
+    p.replace = array.replacement();
+    if let Some((c, h)) = array.replacement_io() {
+        p.replace_counters = c;
+        p.replace_latency.reset();
+        let _ = p.replace_latency.add(h);
+    }
     for (i, (m, state)) in p.members.iter_mut().zip(array.member_states()).enumerate() {
         m.state = state;
         m.counters = array.member_counters(i as u16);

@@ -15,7 +15,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::array::{Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest, MemberState};
+use crate::array::{
+    Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest, MemberState, ReplaceInfo,
+    ReplaceState,
+};
 use crate::device::{Channel, IoBuf, IoError};
 use crate::geometry::ArrayGeometry;
 use crate::process::{
@@ -259,6 +262,10 @@ pub struct ShardedArray<C: Channel> {
     rebuild_pending: bool,
     /// Reads are served by the receiving shard (foreign reads); with more than one shard.
     foreign_reads: bool,
+    /// Replacement failures each shard has reported so far (to spread one to all).
+    repl_failures_seen: Vec<u64>,
+    /// Serial of the last replacement started.
+    repl_serial: u64,
 }
 
 impl<C: Channel> ShardedArray<C> {
@@ -286,6 +293,8 @@ impl<C: Channel> ShardedArray<C> {
         let rebuild_pending = shards[0].pending_rebuild().is_some();
         Self {
             failures_seen: shards.iter().map(|s| s.stats().member_failures).collect(),
+            repl_failures_seen: vec![0; n],
+            repl_serial: 0,
             rebuild_pending,
             foreign_reads: n > 1,
             shards,
@@ -380,14 +389,98 @@ impl<C: Channel> ShardedArray<C> {
         ProcessSnapshot::merge(&shards, self.geometry())
     }
 
-    /// Whether a process runs or background operations are in flight on any shard.
+    /// Whether a process runs or background operations are in flight on any shard (or a
+    /// finished replace waits for its completion on every shard).
     pub fn process_active(&self) -> bool {
         self.rebuild_pending
             || self.shards.iter().any(|s| {
                 s.background_busy()
                     || s.process_progress()
                         .is_some_and(|p| p.state == ProcessState::Running)
+                    || s.replace_finished(self.repl_serial)
             })
+    }
+
+    /// Gives member `slot` a replacement device on every shard (`channels`: one per shard,
+    /// in shard order) and starts the replace ([`Array::start_replace`]) from
+    /// `resume_stripe`. It completes by itself once every shard has finished (the
+    /// replacement takes the slot); a replacement failure on one shard is spread to all.
+    ///
+    /// # Errors
+    /// See [`Array::start_replace`]; [`ProcessError::Unfit`] for a channel count that
+    /// differs from the shard count. Nothing changes unless every shard accepts.
+    pub fn start_replace(
+        &mut self,
+        slot: u16,
+        channels: Vec<C>,
+        resume_stripe: u64,
+    ) -> Result<(), ProcessError> {
+        if channels.len() != self.shards.len() {
+            return Err(ProcessError::Unfit {
+                member: slot,
+                why: "one channel per shard is needed",
+            });
+        }
+        for (sh, ch) in self.shards.iter().zip(&channels) {
+            sh.check_start_replace(slot, ch.info())?;
+        }
+        self.repl_serial += 1;
+        for (sh, ch) in self.shards.iter_mut().zip(channels) {
+            // Checked above on every shard, with nothing in between.
+            sh.start_replace(slot, ch, self.repl_serial, resume_stripe)?;
+        }
+        Ok(())
+    }
+
+    /// Fails the live replacement on every shard (as if it returned `err`): the replace
+    /// stops, the member keeps its slot. Returns whether one was live.
+    pub fn fail_replacement(&mut self, err: IoError) -> bool {
+        let mut any = false;
+        for s in &mut self.shards {
+            any |= s.fail_replacement(self.repl_serial, err);
+        }
+        any
+    }
+
+    /// The last replacement merged over the shards: failed if any shard failed it, done
+    /// when every shard completed it, else copying.
+    pub fn replacement(&self) -> Option<ReplaceInfo> {
+        let mut out = self.shards[0].replacement()?;
+        for s in &self.shards[1..] {
+            let r = s.replacement()?;
+            out.state = match (out.state, r.state) {
+                (ReplaceState::Failed(e), _) | (_, ReplaceState::Failed(e)) => {
+                    ReplaceState::Failed(e)
+                }
+                (ReplaceState::Done, ReplaceState::Done) => ReplaceState::Done,
+                _ => ReplaceState::Copying,
+            };
+        }
+        Some(out)
+    }
+
+    /// Puts the device that left member `slot` back into it on every shard (md's re-add,
+    /// [`Array::readd_member`]): only the bitmap's dirty regions are rebuilt. Scheduled
+    /// like [`Self::replace_member`].
+    ///
+    /// # Errors
+    /// As [`Self::replace_member`].
+    pub fn readd_member(&mut self, slot: u16, channels: Vec<C>) -> Result<(), ProcessError> {
+        if channels.len() != self.shards.len() {
+            return Err(ProcessError::Unfit {
+                member: slot,
+                why: "one channel per shard is needed",
+            });
+        }
+        for (sh, ch) in self.shards.iter().zip(&channels) {
+            sh.check_replace(slot, ch.info())?;
+        }
+        for (sh, ch) in self.shards.iter_mut().zip(channels) {
+            // Checked above on every shard, with nothing in between.
+            sh.readd_member(slot, ch)?;
+        }
+        self.rebuild_pending = true;
+        Ok(())
     }
 
     /// Puts a new device into failed member `slot`'s place on every shard (`channels`: one
@@ -441,6 +534,37 @@ impl<C: Channel> ShardedArray<C> {
                 any = true;
             }
         }
+        // A replacement one shard saw fail is failed on all.
+        for i in 0..self.shards.len() {
+            let f = self.shards[i].replacement_failures();
+            if f != self.repl_failures_seen[i] {
+                self.repl_failures_seen[i] = f;
+                if let Some(ReplaceInfo {
+                    state: ReplaceState::Failed(e),
+                    serial,
+                    ..
+                }) = self.shards[i].replacement()
+                {
+                    for s in &mut self.shards {
+                        s.fail_replacement(serial, e);
+                    }
+                }
+                any = true;
+            }
+        }
+        // A replace finished on every shard: the replacement takes the slot on all.
+        let serial = self.repl_serial;
+        if serial > 0 && self.shards.iter().all(|s| s.replace_finished(serial)) {
+            for s in &mut self.shards {
+                s.complete_replace(serial);
+            }
+            any = true;
+            // A member replaced (rebuilt) meanwhile is rebuilt next (allocation-free).
+            self.rebuild_pending |= self
+                .shards
+                .iter()
+                .any(|s| s.member_states().any(|m| m == MemberState::Rebuilding));
+        }
         // Allocation-free: this runs every turn.
         let rebuild_done = self.shards.iter().all(|s| {
             s.process_progress().is_some_and(|p| {
@@ -461,20 +585,28 @@ impl<C: Channel> ShardedArray<C> {
         }
         if self.rebuild_pending && !self.process_running() {
             self.rebuild_pending = false;
-            // Every shard resumes from the lowest recovery position of any.
-            let resume = self
+            // Every shard resumes from the lowest recovery position of any, over the same
+            // ranges (a re-add's: the shared bitmap's dirty regions).
+            let pending: Vec<ProcessRequest> = self
                 .shards
                 .iter()
                 .filter_map(|s| s.pending_rebuild())
-                .map(|r| r.resume_stripe)
-                .min();
-            if let Some(resume_stripe) = resume {
-                // Refused only on a failed array (then nothing can be rebuilt).
-                let _ = self.start_process(&ProcessRequest {
+                .collect();
+            if let Some(first) = pending.first() {
+                let req = ProcessRequest {
                     kind: ProcessKind::Rebuild,
-                    ranges: None,
-                    resume_stripe,
-                });
+                    ranges: if pending.iter().all(|r| r.ranges.is_some()) {
+                        first.ranges.clone()
+                    } else {
+                        None
+                    },
+                    resume_stripe: pending.iter().map(|r| r.resume_stripe).min().unwrap_or(0),
+                };
+                // Refused on a failed array (then nothing can be rebuilt), or while a
+                // replace runs: retried when it is over.
+                if let Err(ProcessError::Busy { .. }) = self.start_process(&req) {
+                    self.rebuild_pending = true;
+                }
             }
             any = true;
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use engine::array::{
     Array, ArrayCompletion, ArrayConfig, ArrayError, ArrayOp, ArrayRequest, MemberState,
+    ReplaceState,
 };
 use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, IoBuf, IoError};
@@ -1395,5 +1396,393 @@ fn reads_run_beside_a_background_operation_and_writes_wait() {
         done_at[2] >= 3 * LAT,
         "write completed at {} ns",
         done_at[2]
+    );
+}
+
+// ---- replace (md's `mdadm --replace`) ---------------------------------------------------
+
+impl World {
+    /// Runs with `client_qd` random client requests in flight until the last replacement
+    /// left the copying state (done or failed); returns it.
+    fn run_replace(&mut self, client_qd: usize) -> engine::array::ReplaceInfo {
+        self.run_until(client_qd, |w| {
+            w.arr
+                .replacement()
+                .is_some_and(|r| r.state != ReplaceState::Copying)
+                && !w.arr.process_active()
+        });
+        self.drain();
+        self.arr.replacement().expect("a replacement was started")
+    }
+
+    fn all_members(&self) -> Vec<u16> {
+        (0..self.geo.geometry().members()).collect()
+    }
+}
+
+/// Replace under random client writes and reads, on RAID5 and RAID6 with 1, 2 and 4
+/// shards, with latent read errors scattered over the old member (some met by the copy,
+/// some by client reads): the replacement takes the slot, holds exactly what the old
+/// member held plus every write (byte for byte, data and parity: every stripe consistent
+/// with the replacement in place), no client request fails or reads wrong bytes, and the
+/// old member ends in service until the swap (its latent errors rebuilt from the others).
+#[test]
+fn replace_under_client_io_copies_the_member_with_every_write() {
+    for (level, members) in [(Level::Raid5, 4u16), (Level::Raid6, 5)] {
+        for shards in [1usize, 2, 4] {
+            let seed = 900 + u64::from(members) * 10 + shards as u64;
+            let mut w = World::new(level, members, 16384, 48, shards, seed);
+            w.fill();
+            let old = (seed % u64::from(members)) as u16;
+            // Latent sector errors on the old member: three chunks' worth of sectors.
+            for s in [5u64, 21, 40] {
+                let at = s * 16384 + 4096;
+                w.devs[usize::from(old)].add_latent_error(at..at + 1024);
+            }
+            let new = blank(&w, "new", seed);
+            let chans = w.channels_to(&new);
+            w.arr.start_replace(old, chans, 0).unwrap();
+            assert_eq!(w.arr.process_snapshot().unwrap().kind, ProcessKind::Replace);
+            let r = w.run_replace(6);
+            assert_eq!(r.state, ReplaceState::Done, "{level:?} shards {shards}");
+            assert_eq!(r.member, old);
+            let snap = w.arr.process_snapshot().unwrap();
+            assert_eq!(snap.state, ProcessState::Finished);
+            assert_eq!(snap.targets.as_slice(), &[old]);
+            assert!(w
+                .arr
+                .member_states()
+                .iter()
+                .all(|s| *s == MemberState::Online));
+            assert!(w.failed.is_empty(), "client saw errors: {:?}", w.failed);
+            assert_eq!(w.bad_reads, 0, "{level:?} shards {shards}");
+            let stats: u64 = w.arr.shards().iter().map(|s| s.stats().medium_errors).sum();
+            assert!(stats >= 1, "no latent error was met");
+            // The replacement is the member now: the old device's storage is out.
+            let old_dev = std::mem::replace(&mut w.devs[usize::from(old)], new);
+            let all = w.all_members();
+            w.assert_members_hold_model(&all);
+            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+            w.assert_reads_model();
+            // Nothing reaches the old device any more.
+            let before = old_dev.stats();
+            for _ in 0..20 {
+                w.random_io(true);
+                w.random_io(false);
+                w.drain();
+            }
+            assert_eq!(old_dev.stats(), before, "I/O after the swap");
+            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        }
+    }
+}
+
+/// Without clients the copy reads only the old member's chunks (each once) and writes
+/// each to the replacement once; a chunk the old member cannot read is rebuilt from the
+/// others (the other members read exactly that stripe) and rewritten on the old member
+/// (which reaches the replacement too).
+#[test]
+fn replace_copies_from_the_old_member_and_rebuilds_only_what_it_cannot_read() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid6, 6, 8192, 32, shards, 950 + shards as u64);
+        w.fill();
+        let old = 2u16;
+        w.devs[usize::from(old)].add_latent_error(7 * 8192..7 * 8192 + 512);
+        let reads: Vec<u64> = (0..6).map(|m| w.member_read_bytes(m)).collect();
+        let writes: Vec<u64> = (0..6).map(|m| w.member_write_bytes(m)).collect();
+        let new = blank(&w, "new", 3);
+        let chans = w.channels_to(&new);
+        w.arr.start_replace(old, chans, 0).unwrap();
+        let r = w.run_replace(0);
+        assert_eq!(r.state, ReplaceState::Done);
+        let c = 8192u64;
+        for m in 0..6u16 {
+            let read = w.member_read_bytes(m) - reads[usize::from(m)];
+            let wrote = w.member_write_bytes(m) - writes[usize::from(m)];
+            if m == old {
+                // Every chunk read once; the failed read moved nothing.
+                assert_eq!(read, 32 * c - c, "old member, shards {shards}");
+                // Stripe 7's chunk rewritten where the read failed.
+                assert_eq!(wrote, c, "old member rewritten, shards {shards}");
+            } else {
+                assert_eq!(read, c, "member {m} read stripe 7 only, shards {shards}");
+                assert_eq!(wrote, 0, "member {m}, shards {shards}");
+            }
+        }
+        // The replacement: every chunk once, stripe 7's twice (the rewrite of the old
+        // member is a write to it as well, and the copy's own write is then skipped).
+        assert_eq!(new.stats().bytes_written, 32 * c, "shards {shards}");
+        w.devs[usize::from(old)] = new;
+        w.assert_members_hold_model(&w.all_members());
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+    }
+}
+
+/// The old member fails part-way (its reads start failing, then it disappears): the
+/// replace goes on as a rebuild from the others (redundancy is spent on the old member
+/// only), completes, and the replacement holds everything; clients see no error.
+#[test]
+fn old_member_failing_mid_replace_turns_it_into_a_rebuild() {
+    for (level, members) in [(Level::Raid5, 4u16), (Level::Raid6, 5)] {
+        for shards in [1usize, 2, 4] {
+            let seed = 970 + u64::from(members) * 10 + shards as u64;
+            let mut w = World::new(level, members, 8192, 40, shards, seed);
+            w.fill();
+            let old = 1u16;
+            let new = blank(&w, "new", seed);
+            let chans = w.channels_to(&new);
+            w.arr.start_replace(old, chans, 0).unwrap();
+            w.run_until(4, |w| {
+                w.arr
+                    .process_snapshot()
+                    .is_some_and(|s| s.position_stripes >= 12)
+            });
+            // Reads beyond stripe 20 fail with an I/O error (the member is failed on the
+            // first), then it disappears altogether.
+            w.devs[usize::from(old)].add_fault(FaultRule {
+                filter: OpFilter::Read,
+                range: Some(20 * 8192..40 * 8192),
+                fault: Fault::Error(IoError::Io { errno: 5 }),
+                probability: 1.0,
+                count: None,
+            });
+            w.run_until(4, |w| {
+                w.arr.member_states()[usize::from(old)].is_failed()
+                    || w.arr
+                        .process_snapshot()
+                        .is_some_and(|s| s.position_stripes >= 24)
+            });
+            w.devs[usize::from(old)].disappear();
+            let r = w.run_replace(4);
+            assert_eq!(r.state, ReplaceState::Done, "{level:?} shards {shards}");
+            let failures: u64 = w
+                .arr
+                .shards()
+                .iter()
+                .map(|s| s.stats().member_failures)
+                .sum();
+            assert!(failures >= 1, "the old member never failed");
+            assert!(w
+                .arr
+                .member_states()
+                .iter()
+                .all(|s| *s == MemberState::Online));
+            assert!(w.failed.is_empty(), "client saw errors: {:?}", w.failed);
+            assert_eq!(w.bad_reads, 0);
+            w.devs[usize::from(old)] = new;
+            w.assert_members_hold_model(&w.all_members());
+            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+            w.assert_reads_model();
+        }
+    }
+}
+
+/// The replacement fails part-way: the replace stops (ReplacementFailed), the old member
+/// keeps its slot, nothing else changes (every member online, data and parity intact),
+/// clients see no error; a second replace onto a good device then completes.
+#[test]
+fn replacement_failing_stops_the_replace_and_leaves_the_array_unchanged() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid5, 4, 8192, 32, shards, 990 + shards as u64);
+        w.fill();
+        let bad = blank(&w, "bad", 1);
+        bad.add_fault(FaultRule {
+            filter: OpFilter::Write,
+            range: Some(16 * 8192..32 * 8192),
+            fault: Fault::Error(IoError::Io { errno: 5 }),
+            probability: 1.0,
+            count: None,
+        });
+        let chans = w.channels_to(&bad);
+        w.arr.start_replace(3, chans, 0).unwrap();
+        let r = w.run_replace(4);
+        assert!(matches!(r.state, ReplaceState::Failed(_)), "{r:?}");
+        assert_eq!(
+            w.arr.process_snapshot().unwrap().state,
+            ProcessState::Failed(ProcessError::ReplacementFailed { member: 3 })
+        );
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        assert!(w.failed.is_empty(), "{:?}", w.failed);
+        assert_eq!(w.bad_reads, 0);
+        w.assert_members_hold_model(&[0, 1, 2, 3]);
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        // The failed device gets nothing more.
+        let before = bad.stats();
+        for _ in 0..10 {
+            w.random_io(true);
+            w.drain();
+        }
+        assert_eq!(bad.stats().bytes_written, before.bytes_written);
+        // Another replace of the same member works.
+        let good = blank(&w, "good", 2);
+        let chans = w.channels_to(&good);
+        w.arr.start_replace(3, chans, 0).unwrap();
+        assert_eq!(w.run_replace(4).state, ReplaceState::Done);
+        w.devs[3] = good;
+        w.assert_members_hold_model(&[0, 1, 2, 3]);
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        assert!(w.failed.is_empty(), "{:?}", w.failed);
+    }
+}
+
+/// What a replace refuses, and why (md's rules where it has them): no such member, a
+/// device too small, a second replacement while one is live, a degraded array (md gives
+/// a new device to the missing member first), a member already failed (add a device to
+/// rebuild it), another process running. Nothing changes on a refusal.
+#[test]
+fn replace_refusals() {
+    let mut w = World::new(Level::Raid6, 5, 8192, 16, 2, 1001);
+    w.fill();
+    let dev = blank(&w, "new", 1);
+    let chans = w.channels_to(&dev);
+    assert_eq!(
+        w.arr.start_replace(7, chans, 0),
+        Err(ProcessError::NoSuchMember {
+            member: 7,
+            members: 5
+        })
+    );
+    let tiny =
+        SimDevice::new("tiny", 4096, BLOCK, Profile::nvme_ssd(), w.clock.clone(), 1).unwrap();
+    let chans = w.channels_to(&tiny);
+    assert!(matches!(
+        w.arr.start_replace(1, chans, 0),
+        Err(ProcessError::Unfit { member: 1, .. })
+    ));
+    w.arr
+        .start_process(&ProcessRequest::whole(ProcessKind::Check))
+        .unwrap();
+    let chans = w.channels_to(&dev);
+    assert_eq!(
+        w.arr.start_replace(1, chans, 0),
+        Err(ProcessError::Busy {
+            running: ProcessKind::Check
+        })
+    );
+    w.run_process(0);
+    let chans = w.channels_to(&dev);
+    w.arr.start_replace(1, chans, 0).unwrap();
+    let other = blank(&w, "other", 2);
+    let chans = w.channels_to(&other);
+    assert_eq!(
+        w.arr.start_replace(1, chans, 0),
+        Err(ProcessError::ReplaceBusy { member: 1 })
+    );
+    let chans = w.channels_to(&other);
+    assert_eq!(
+        w.arr.start_replace(2, chans, 0),
+        Err(ProcessError::ReplaceBusy { member: 1 })
+    );
+    assert_eq!(
+        w.arr
+            .start_process(&ProcessRequest::whole(ProcessKind::Check)),
+        Err(ProcessError::Busy {
+            running: ProcessKind::Replace
+        })
+    );
+    assert_eq!(w.run_replace(0).state, ReplaceState::Done);
+    w.devs[1] = dev;
+    // Degraded: refused, the failed member named.
+    w.devs[3].disappear();
+    w.arr.fail_member(3, IoError::Gone);
+    let chans = w.channels_to(&other);
+    assert_eq!(
+        w.arr.start_replace(0, chans, 0),
+        Err(ProcessError::Degraded {
+            kind: ProcessKind::Replace,
+            member: 3
+        })
+    );
+    let chans = w.channels_to(&other);
+    assert_eq!(
+        w.arr.start_replace(3, chans, 0),
+        Err(ProcessError::NotInService { member: 3 })
+    );
+}
+
+/// A replace resumed from a checkpoint copies nothing below it (the replacement already
+/// holds those stripes, as `recovery_offset` says after a restart).
+#[test]
+fn replace_resumes_from_its_checkpoint() {
+    let mut w = World::new(Level::Raid5, 4, 8192, 32, 2, 1010);
+    w.fill();
+    let new = blank(&w, "new", 1);
+    // What a first run copied before it stopped: stripes below 20.
+    for s in 0..20u64 {
+        let at = (s * 8192) as usize;
+        new.poke(s * 8192, &w.devs[0].contents()[at..at + 8192]);
+    }
+    let reads = w.member_read_bytes(0);
+    let chans = w.channels_to(&new);
+    w.arr.start_replace(0, chans, 20).unwrap();
+    assert_eq!(w.run_replace(0).state, ReplaceState::Done);
+    assert_eq!(w.member_read_bytes(0) - reads, 12 * 8192);
+    assert_eq!(new.stats().bytes_written, 12 * 8192);
+    w.devs[0] = new;
+    w.assert_members_hold_model(&[0, 1, 2, 3]);
+    assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+}
+
+/// While a shard still copies a replacement, a read of another shard's stripe that arrives
+/// on it goes to the owner: an owner that has already swapped the replacement in writes
+/// only the new device, so this shard must not read the old one for the owner's stripes
+/// (on threaded reactors the swaps happen at different moments). Without a replace such a
+/// read is served where it arrived (a foreign read).
+#[test]
+fn a_shard_still_copying_a_replacement_sends_foreign_reads_to_the_owner() {
+    let mut w = World::new(Level::Raid5, 4, 8192, 32, 2, 4242);
+    w.fill();
+    let stripe_bytes = w.geo.geometry().stripe_data_bytes();
+    let mut buf = AlignedBuf::zeroed(4096);
+    // Stripe 1 belongs to shard 1; shard 0 receives the read.
+    let read = |buf: &mut AlignedBuf| ArrayRequest {
+        tag: 77,
+        op: ArrayOp::Read,
+        offset_bytes: stripe_bytes,
+        len_bytes: 4096,
+        // SAFETY: the buffer outlives the request, which completes or moves below.
+        buf: unsafe { IoBuf::from_slice(&mut buf[..]) },
+    };
+    let before = w.arr.shards()[0].stats();
+    w.arr.shards_mut()[0].submit(read(&mut buf)).unwrap();
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 4];
+    let mut got = 0;
+    for _ in 0..1000 {
+        let sh = &mut w.arr.shards_mut()[0];
+        sh.set_now(w.clock.now_ns());
+        sh.process();
+        got += sh.poll(&mut out[got..]);
+        if got > 0 {
+            break;
+        }
+        w.clock.advance_by(10_000);
+    }
+    assert_eq!(got, 1);
+    assert!(w.arr.shards_mut()[0].take_moved().is_none());
+    assert_eq!(out[0].status, Ok(()));
+    assert_eq!(
+        w.arr.shards()[0].stats().foreign_reads,
+        before.foreign_reads + 1
+    );
+    // Now with a replacement being copied on every shard.
+    let new = blank(&w, "new", 5);
+    let chans = w.channels_to(&new);
+    w.arr.start_replace(2, chans, 0).unwrap();
+    w.arr.shards_mut()[0].submit(read(&mut buf)).unwrap();
+    w.arr.shards_mut()[0].process();
+    let moved = w.arr.shards_mut()[0]
+        .take_moved()
+        .expect("handed to the owner");
+    assert_eq!((moved.tag, moved.offset_bytes), (77, stripe_bytes));
+    assert_eq!(
+        w.arr.shards()[0].stats().foreign_reads,
+        before.foreign_reads + 1
     );
 }

@@ -1,21 +1,22 @@
 //! The background data path allocates nothing: with a counting global allocator armed
 //! around the executor's calls into the engine (`submit`, `process`, `poll`), a repair
-//! that finds and rewrites mismatching parity, beside client reads and writes on 2 shards,
-//! must count zero allocations. A separate test binary because it replaces the global
-//! allocator.
+//! that finds and rewrites mismatching parity, and a replace (writes mirrored to the
+//! replacement, the copy, the swap at completion), beside client reads and writes on 2
+//! shards, must count zero allocations. A separate test binary because it replaces the
+//! global allocator.
 
 use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use engine::array::{Array, ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest};
+use engine::array::{Array, ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest, ReplaceState};
 use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, IoBuf};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::process::{ProcessKind, ProcessRequest, ProcessState};
 use engine::shard::ShardedArray;
-use engine::sim::{Profile, SimClock, SimDevice};
+use engine::sim::{Profile, SimChannel, SimClock, SimDevice};
 
 struct Counting;
 
@@ -163,5 +164,118 @@ fn repair_beside_client_io_allocates_nothing() {
         ALLOCATIONS.load(Ordering::Relaxed),
         0,
         "allocations on the background data path"
+    );
+}
+
+/// Runs `arr` with random 4 KiB client reads and writes (buffers allocated up front) until
+/// `done`, with the allocator armed around every call into the engine; returns the client
+/// requests issued.
+fn drive(
+    arr: &mut ShardedArray<SimChannel>,
+    clock: &SimClock,
+    cap: u64,
+    mut done: impl FnMut(&ShardedArray<SimChannel>) -> bool,
+) -> u64 {
+    let mut bufs: Vec<AlignedBuf> = (0..4).map(|_| AlignedBuf::zeroed(4096)).collect();
+    let mut busy = [false; 4];
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 16];
+    let mut x = 777u64;
+    let mut issued = 0u64;
+    for _ in 0..5_000_000 {
+        if done(arr) && busy.iter().all(|b| !b) {
+            break;
+        }
+        for (slot, b) in bufs.iter_mut().enumerate() {
+            if busy[slot] || issued > 2000 {
+                continue;
+            }
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = (x >> 20) % (cap / 4096) * 4096;
+            let op = if x & 1 == 0 {
+                ArrayOp::Read
+            } else {
+                ArrayOp::Write { fua: false }
+            };
+            // SAFETY: the buffer stays in `bufs`, untouched, until its request completes
+            // (its slot is busy until then).
+            let io = unsafe { IoBuf::from_slice(b) };
+            let r = ArrayRequest {
+                tag: slot as u64,
+                op,
+                offset_bytes: off,
+                len_bytes: 4096,
+                buf: io,
+            };
+            armed(|| arr.submit(r)).unwrap();
+            busy[slot] = true;
+            issued += 1;
+        }
+        arr.set_now(clock.now_ns());
+        let progressed = armed(|| arr.process());
+        let n = armed(|| arr.poll(&mut out));
+        for c in &out[..n] {
+            assert_eq!(c.status, Ok(()));
+            busy[c.tag as usize] = false;
+        }
+        if !progressed && n == 0 {
+            let next = arr
+                .shards()
+                .iter()
+                .flat_map(|s| s.channels().filter_map(|c| c.next_completion_ns()))
+                .chain(arr.next_deadline_ns())
+                .min();
+            clock.advance_to(next.unwrap_or(clock.now_ns() + 1000).max(clock.now_ns()));
+        }
+    }
+    issued
+}
+
+#[test]
+fn replace_beside_client_io_allocates_nothing() {
+    const CHUNK: u64 = 16384;
+    const STRIPES: u64 = 128;
+    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, CHUNK, 512).unwrap();
+    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+    let clock = SimClock::new();
+    let dev = |i: u64| {
+        SimDevice::new(
+            &format!("d{i}"),
+            STRIPES * CHUNK,
+            512,
+            Profile::nvme_ssd(),
+            clock.clone(),
+            i,
+        )
+        .unwrap()
+    };
+    let devs: Vec<SimDevice> = (0..4).map(dev).collect();
+    let new = dev(9);
+    let shards = (0..2)
+        .map(|_| {
+            let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+            Array::new(geo, chans, Parity::new(), ArrayConfig::default()).unwrap()
+        })
+        .collect();
+    let mut arr = ShardedArray::new(shards, 64);
+    // The control path (a new device entry, its queues) may allocate: not armed.
+    let chans = (0..2).map(|_| new.open_channel().unwrap()).collect();
+    arr.start_replace(1, chans, 0).unwrap();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let issued = drive(&mut arr, &clock, geo.capacity_bytes(), |a| {
+        a.replacement()
+            .is_some_and(|r| r.state != ReplaceState::Copying)
+            && !a.process_active()
+    });
+    assert_eq!(arr.replacement().unwrap().state, ReplaceState::Done);
+    assert!(issued > 50, "{issued} client requests");
+    assert_eq!(
+        ALLOCATIONS.load(Ordering::Relaxed) - before,
+        0,
+        "allocations on the replace's data path"
     );
 }

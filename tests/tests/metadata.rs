@@ -233,6 +233,7 @@ fn next_generation_on_files_and_mdadm() {
             resync: Some(Resync::Dirty),
             roles: Vec::new(),
             recovery: Vec::new(),
+            features: Vec::new(),
         },
     )
     .unwrap();

@@ -1798,6 +1798,12 @@ fn manifest_members(manifest: &str) -> Vec<(String, bool)> {
         .collect()
 }
 
+/// Member images Linux md wrote (the QEMU fixtures) are served with the data md was given;
+/// mdadm reads the superblocks ferroraid writes after. The arrays with a failed and
+/// removed member are served first without it (degraded), then with it given back: md's
+/// re-add decision is acted on — on `mdfix6b` the removed member is rebuilt over the 11
+/// stripes md's own bitmap marks, on `mdfix6d` (no bitmap) in full — and then it is in
+/// sync.
 #[test]
 fn linux_md_members_are_served_with_the_data_md_was_given() {
     let Some(nbdcopy) = tool("nbdcopy") else {
@@ -1808,7 +1814,10 @@ fn linux_md_members_are_served_with_the_data_md_was_given() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    for (k, name) in ["mdfix6", "mdfix5", "mdfix6d"].into_iter().enumerate() {
+    for (k, name) in ["mdfix6", "mdfix5", "mdfix6d", "mdfix6b"]
+        .into_iter()
+        .enumerate()
+    {
         let src = fixtures.join(name);
         let manifest = fs::read_to_string(src.join("manifest.json")).unwrap();
         let pattern = fs::read(src.join("pattern.bin")).unwrap();
@@ -1824,28 +1833,8 @@ fn linux_md_members_are_served_with_the_data_md_was_given() {
             all.push(copy.clone());
             if active { &mut current } else { &mut stale }.push(copy);
         }
-        let mut srv = Server::serve(&d, "all", name, &shuffled(&all, k as u64), &[]);
-        for s in &stale {
-            // mdfix6d: the failed and removed member is still there, with its old superblock.
-            let log = srv.log();
-            assert!(
-                log.contains(&format!("{} not used", s.display()))
-                    && log.contains("degraded start"),
-                "{name}: the removed member must be left out:\n{}",
-                srv.logs()
-            );
-        }
-        assert_same(
-            &format!("{name}: the export vs the pattern md was given"),
-            &read_all(&srv, &nbdcopy, &d),
-            &pattern,
-        );
-        srv.stop();
-        drop(srv);
-        // mdadm still reads them: ferroraid's generations continue md's.
-        examine(&d, &current, "clean", None);
         if !stale.is_empty() {
-            // And with the removed member absent.
+            // mdfix6d, mdfix6b: without the failed and removed member, degraded.
             let mut srv = Server::serve(&d, "survivors", name, &shuffled(&current, 7), &[]);
             assert!(srv.log().contains("degraded start"), "{}", srv.logs());
             assert_same(
@@ -1855,6 +1844,41 @@ fn linux_md_members_are_served_with_the_data_md_was_given() {
             );
             srv.stop();
         }
+        let mut srv = Server::serve(&d, "all", name, &shuffled(&all, k as u64), &[]);
+        for s in &stale {
+            // The removed member is given back with its old superblock: md's re-add
+            // decision, acted on — by bitmap on mdfix6b (md's own bitmap marks the 11
+            // stripes rewritten without it), in full on mdfix6d (no bitmap).
+            let log = srv.log();
+            assert!(
+                log.contains(&format!("{} not used", s.display()))
+                    && log.contains("member re-added"),
+                "{name}: the removed member must come back:\n{}",
+                srv.logs()
+            );
+            let how = if name == "mdfix6b" {
+                "bitmap-based recovery of the dirty regions only"
+            } else {
+                "needs a full rebuild: the array has no write-intent bitmap"
+            };
+            assert!(log.contains(how), "{name}: {how}:\n{}", srv.logs());
+            let log = wait_log(&srv, "rebuild complete");
+            if name == "mdfix6b" {
+                let log = wait_log(&srv, "background process finished process=rebuild");
+                assert!(log.contains("process=rebuild stripes=11"), "{log}");
+            }
+            let _ = log;
+        }
+        assert_same(
+            &format!("{name}: the export vs the pattern md was given"),
+            &read_all(&srv, &nbdcopy, &d),
+            &pattern,
+        );
+        srv.stop();
+        drop(srv);
+        // mdadm still reads them: ferroraid's generations continue md's (and a re-added
+        // member is in sync).
+        examine(&d, &all, "clean", None);
     }
 }
 
@@ -2556,4 +2580,657 @@ fn an_interrupted_rebuild_resumes_from_its_recovery_offset() {
     assert_eq!(sectors(&text), None, "in sync after the rebuild:\n{text}");
     assert!(text.contains("State : clean"), "{text}");
     a.oracle_verify(None);
+}
+
+// ---------------------------------------------------------------------------------------
+// Replace (md's `mdadm --replace`) and re-add by bitmap.
+// ---------------------------------------------------------------------------------------
+
+/// `mdadm --examine DEV`'s text (empty without mdadm).
+fn mdadm_examine(dir: &Path, dev: &Path) -> String {
+    let Some(mdadm) = mdadm() else {
+        return String::new();
+    };
+    let out = run_tool(
+        Command::new(&mdadm).arg("--examine").arg(dev),
+        dir,
+        TOOL_TIMEOUT,
+    );
+    assert!(out.status.success(), "{}", show_output(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of `key` in an `mdadm --examine` text (`Recovery Offset : 123 sectors` → 123).
+fn examine_number(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(key))
+        .and_then(|v| v.trim_start_matches([' ', ':']).split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Runs `ferroraid ARGS... --rpc RPC` and asserts its exit status; returns its output.
+fn mgmt(d: &Path, srv: &Server, rpc: &str, args: &[&OsStr], code: i32) -> String {
+    let mut cmd = ferroraid_cmd(args);
+    cmd.args(["--rpc", rpc]);
+    let shown = format!("{cmd:?}");
+    let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{shown}: {}\n{}",
+        show_output(&out),
+        srv.logs()
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Waits until `status --json` satisfies `done` (it is given the report), or panics.
+fn wait_status(
+    d: &Path,
+    srv: &Server,
+    rpc: &str,
+    what: &str,
+    mut done: impl FnMut(&serde_json::Value, Option<i32>) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    loop {
+        let (st, code) = rpc_status(d, rpc);
+        if done(&st, code) {
+            return st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never happened: {st}\n{}",
+            srv.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the server's log holds `needle` (the monitor logs within a turn or two).
+fn wait_log(srv: &Server, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = srv.log();
+        if log.contains(needle) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The member entries of a status report whose state is `state`.
+fn members_in(st: &serde_json::Value, state: &str) -> Vec<serde_json::Value> {
+    st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["state"] == state)
+        .cloned()
+        .collect()
+}
+
+/// `ferroraid replace` onto a blank device while fio writes with CRC32C verification: the
+/// bad requests are refused by name (too small, already a member, no such member, a
+/// second replace), status shows the replacement (`replacing`, process `replace`, the
+/// array healthy: exit 0) and then the new device active in the slot, fio verifies every
+/// block, the new member's superblock says `Active device 2` and in sync, the old
+/// device's own superblock says it is out (mdadm: not an active device), the oracle
+/// verifies parity with the new member in place and extracts what the clients wrote, and
+/// a restart given the old device too leaves it out.
+#[test]
+fn replace_a_member_during_client_writes() {
+    let Some(fio) = fio_with_nbd() else {
+        return;
+    };
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        assert!(
+            !required("nbdcopy"),
+            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let mut a = create(
+        d,
+        6,
+        "left-symmetric",
+        "replace",
+        &member_files(d, "m", 6, MEMBER_BYTES),
+    );
+    let new = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
+    let rpc = d.join("rpc.sock");
+    let rpc_arg = rpc.display().to_string();
+    // As for the rebuild test: a 100 MB/s floor lets the replace finish under fio. Two
+    // reactors: each copies its own stripes, and the last to finish swaps it in on both.
+    let mut srv = Server::serve(
+        d,
+        "serve",
+        &a.name,
+        &a.members,
+        &[
+            "--rpc",
+            &rpc_arg,
+            "--reactors",
+            "2",
+            "--speed-min",
+            "100000",
+            "--speed-max",
+            "200000",
+        ],
+    );
+    let mut client = fio_verified_writes(&fio, &srv, d, 40);
+    wait_member_writes(d, &rpc_arg, 64);
+    let old = a.members[2].clone();
+    let small = d.join("small");
+    fs::write(&small, vec![0u8; MIB as usize]).unwrap();
+    for (from, to, why) in [
+        (old.as_os_str(), small.as_os_str(), "smaller"),
+        (
+            old.as_os_str(),
+            a.members[0].as_os_str(),
+            "already a member",
+        ),
+        (OsStr::new("9"), new.as_os_str(), "no such member"),
+    ] {
+        let text = mgmt(d, &srv, &rpc_arg, &[OsStr::new("replace"), from, to], 1);
+        assert!(text.contains(why), "{text}");
+    }
+    let text = mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[
+            OsStr::new("replace"),
+            OsStr::new("--no-wait"),
+            old.as_os_str(),
+            new.as_os_str(),
+        ],
+        0,
+    );
+    assert!(text.contains("replacing member 2"), "{text}");
+    // One replace at a time: the same slot, or another, is refused while it runs.
+    let other = member_files(d, "other", 1, MEMBER_BYTES).remove(0);
+    let (st, code) = rpc_status(d, &rpc_arg);
+    if !members_in(&st, "replacing").is_empty() {
+        assert_eq!(code, Some(0), "a replace leaves the array healthy: {st}");
+        assert_eq!(st["process"]["kind"], "replace", "{st}");
+        let r = &members_in(&st, "replacing")[0];
+        assert_eq!(r["slot"], 2, "{st}");
+        assert_eq!(r["device"].as_str(), Some(new.to_str().unwrap()), "{st}");
+        for slot in ["2", "3"] {
+            let text = mgmt(
+                d,
+                &srv,
+                &rpc_arg,
+                &[OsStr::new("replace"), OsStr::new(slot), other.as_os_str()],
+                1,
+            );
+            assert!(text.contains("being replaced"), "{text}");
+        }
+    }
+    let mut seen_replacing = false;
+    let st = wait_status(d, &srv, &rpc_arg, "the replace completing", |st, code| {
+        if !members_in(st, "replacing").is_empty() && st["process"]["kind"] == "replace" {
+            seen_replacing = true;
+            assert_eq!(code, Some(0), "a replace leaves the array healthy: {st}");
+        }
+        members_in(st, "replacing").is_empty()
+            && st["members"][2]["device"].as_str() == Some(new.to_str().unwrap())
+    });
+    eprintln!("replace under fio: seen in progress {seen_replacing}");
+    assert_eq!(st["members"][2]["state"], "active", "{st}");
+    assert_eq!(st["array"]["state"], "active", "{st}");
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "fio finished before the replace did: it must replace under client writes"
+    );
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "fio saw an error: {}\n{}",
+        show_output(&out),
+        srv.logs()
+    );
+    let got = read_all(&srv, &nbdcopy, d);
+    srv.stop();
+    let log = srv.log();
+    assert!(log.contains("replace complete"), "{}", srv.logs());
+    for l in log
+        .lines()
+        .filter(|l| l.contains("replace started") || l.contains("replace complete"))
+    {
+        eprintln!("{l}");
+    }
+    a.members[2] = new.clone();
+    a.images[2] = new.clone();
+    if mdadm().is_some() {
+        let text = mdadm_examine(d, &new);
+        assert!(text.contains("Device Role : Active device 2"), "{text}");
+        assert!(text.contains("State : clean"), "{text}");
+        assert!(!text.contains("Recovery Offset"), "{text}");
+        assert!(text.contains("Array State : AAAAAA"), "{text}");
+        // The old device says it is out: its slot is not an active one any more (mdadm
+        // prints a device whose own role is faulty as "spare").
+        let text_old = mdadm_examine(d, &old);
+        assert!(!text_old.contains("Active device"), "{text_old}");
+        assert_eq!(
+            examine_number(&text_old, "Events :"),
+            examine_number(&text, "Events :").map(|e| e - 1),
+            "the old device got the completing generation:\n{text_old}"
+        );
+    }
+    a.oracle_verify(None);
+    let want = a.oracle_extract(d, &[]);
+    assert_same("array after the replace", &got, &want[..got.len()]);
+    // Given every device, the old one included, a restart leaves the old one out.
+    let mut all = a.members.clone();
+    all.push(old.clone());
+    let mut srv = Server::serve(d, "restart", &a.name, &all, &[]);
+    let again = read_all(&srv, &nbdcopy, d);
+    assert_same("array after a restart", &again, &got);
+    assert!(
+        srv.logs().contains(&format!("{} not used", old.display())),
+        "{}",
+        srv.logs()
+    );
+    srv.stop();
+}
+
+/// A replace interrupted by a clean stop resumes where it got to: at 1 MiB/s per member
+/// the stop finds it part-way; the new device's superblock says what md's does during a
+/// replace (`Replacement device 2`, a `Recovery Offset`, Array State `R` in slot 2), and a
+/// restart on all seven devices resumes the replace there, finishes it, and leaves the
+/// data and parity right.
+#[test]
+fn an_interrupted_replace_resumes_from_its_recovery_offset() {
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        assert!(
+            !required("nbdcopy"),
+            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let mut a = create(
+        d,
+        6,
+        "left-symmetric",
+        "rresume",
+        &member_files(d, "m", 6, MEMBER_BYTES),
+    );
+    let new = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
+    let rpc = d.join("rpc.sock");
+    let rpc_arg = rpc.display().to_string();
+    let extra = ["--rpc", &rpc_arg, "--speed-max", "1024"];
+    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &extra);
+    let data = d.join("data.bin");
+    let want = random_file(&data, a.size, 41);
+    fill(&srv, &nbdcopy, d, &data);
+    let old = a.members[2].clone();
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[
+            OsStr::new("replace"),
+            OsStr::new("--no-wait"),
+            old.as_os_str(),
+            new.as_os_str(),
+        ],
+        0,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let (st, code) = rpc_status(d, &rpc_arg);
+    assert_eq!(st["process"]["kind"], "replace", "{st}");
+    assert_eq!(code, Some(0), "{st}");
+    assert!(
+        st["process"]["position_bytes"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    srv.stop();
+    let mut all = a.members.clone();
+    all.push(new.clone());
+    if mdadm().is_some() {
+        let text = mdadm_examine(d, &new);
+        let at = examine_number(&text, "Recovery Offset :")
+            .unwrap_or_else(|| panic!("no Recovery Offset:\n{text}"));
+        assert!(
+            at > 0 && at < (MEMBER_BYTES - DATA_OFFSET) / 512,
+            "part-way: {at} sectors\n{text}"
+        );
+        assert!(
+            text.contains("Device Role : Replacement device 2"),
+            "{text}"
+        );
+        assert!(text.contains("Array State : AARAAA"), "{text}");
+        let text0 = mdadm_examine(d, &a.members[0]);
+        assert!(text0.contains("Array State : AARAAA"), "{text0}");
+    }
+    let mut srv = Server::serve(
+        d,
+        "restart",
+        &a.name,
+        &shuffled(&all, 5),
+        &["--speed-max", "1024"],
+    );
+    // A write below the checkpoint at once: the resumed replacement must get it (the
+    // oracle below finds its parity wrong otherwise).
+    let mut want = want;
+    if let Some(qemu_io) = tool("qemu-io") {
+        let mut cmd = Command::new(qemu_io);
+        cmd.args(["-f", "raw", "-c", "write -P 0x3c 0 1M", &srv.uri()]);
+        let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
+        assert!(out.status.success(), "{}", show_output(&out));
+        want[..MIB as usize].fill(0x3c);
+    }
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    while !srv.log().contains("replace complete") {
+        assert!(
+            Instant::now() < deadline,
+            "the replace did not finish:\n{}",
+            srv.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(srv.log().contains("the replace resumes"), "{}", srv.logs());
+    let got = read_all(&srv, &nbdcopy, d);
+    assert_same("array after the resumed replace", &got, &want);
+    srv.stop();
+    a.members[2] = new.clone();
+    a.images[2] = new.clone();
+    if mdadm().is_some() {
+        let text = mdadm_examine(d, &new);
+        assert!(text.contains("Device Role : Active device 2"), "{text}");
+        assert!(!text.contains("Recovery Offset"), "{text}");
+        assert!(text.contains("Array State : AAAAAA"), "{text}");
+    }
+    a.oracle_verify(None);
+}
+
+/// The new device failing (the operator fails it) cancels the replace: status says the
+/// process failed and why, the array is as it was; a second replace, onto a hot spare,
+/// whose old member then fails goes on as a rebuild from the others (status: `rebuild`,
+/// degraded) and ends with the new device in the slot and the data right.
+#[test]
+fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        assert!(
+            !required("nbdcopy"),
+            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let mut a = create(
+        d,
+        5,
+        "left-symmetric",
+        "rfail",
+        &member_files(d, "m", 5, MEMBER_BYTES),
+    );
+    let bad = member_files(d, "bad", 1, MEMBER_BYTES).remove(0);
+    let new = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
+    let rpc = d.join("rpc.sock");
+    let rpc_arg = rpc.display().to_string();
+    // Two reactors: a failure one of them sees is spread to the other.
+    let extra = ["--rpc", &rpc_arg, "--speed-max", "1024", "--reactors", "2"];
+    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &extra);
+    let data = d.join("data.bin");
+    let want = random_file(&data, a.size, 43);
+    fill(&srv, &nbdcopy, d, &data);
+    let old = a.members[1].clone();
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[
+            OsStr::new("replace"),
+            OsStr::new("--no-wait"),
+            old.as_os_str(),
+            bad.as_os_str(),
+        ],
+        0,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    mgmt(d, &srv, &rpc_arg, &[OsStr::new("fail"), bad.as_os_str()], 0);
+    let st = wait_status(d, &srv, &rpc_arg, "the replace stopping", |st, _| {
+        members_in(st, "replacing").is_empty() && st["process"]["state"] == "failed"
+    });
+    assert_eq!(st["process"]["kind"], "replace", "{st}");
+    assert!(
+        st["process"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("replacement device of member 1 failed")),
+        "{st}"
+    );
+    assert_eq!(st["array"]["state"], "active", "{st}");
+    assert_eq!(st["members"][1]["device"].as_str(), old.to_str(), "{st}");
+    // Replace again, onto a hot spare this time (md's `--replace` takes a spare); the old
+    // member fails part-way: a rebuild from the others.
+    let text = mgmt(d, &srv, &rpc_arg, &[OsStr::new("add"), new.as_os_str()], 0);
+    assert!(text.contains("as a spare"), "{text}");
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[
+            OsStr::new("replace"),
+            OsStr::new("--no-wait"),
+            OsStr::new("1"),
+            new.as_os_str(),
+        ],
+        0,
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    mgmt(d, &srv, &rpc_arg, &[OsStr::new("fail"), old.as_os_str()], 0);
+    // At 1 MiB/s per member the copy of 8 MiB is still going.
+    let st = wait_status(
+        d,
+        &srv,
+        &rpc_arg,
+        "the replace turning into a rebuild",
+        |st, _| st["process"]["kind"] == "rebuild",
+    );
+    assert_eq!(members_in(&st, "replacing").len(), 1, "{st}");
+    assert_eq!(st["array"]["state"], "degraded", "{st}");
+    assert_eq!(
+        rpc_status(d, &rpc_arg).1,
+        Some(1),
+        "a degraded array exits 1"
+    );
+    let st = wait_status(d, &srv, &rpc_arg, "the rebuild completing", |st, _| {
+        members_in(st, "replacing").is_empty()
+            && st["members"][1]["device"].as_str() == Some(new.to_str().unwrap())
+            && st["members"][1]["state"] == "active"
+    });
+    assert_eq!(st["array"]["state"], "active", "{st}");
+    let got = read_all(&srv, &nbdcopy, d);
+    assert_same("array after the replace turned rebuild", &got, &want);
+    srv.stop();
+    a.members[1] = new.clone();
+    a.images[1] = new.clone();
+    a.oracle_verify(None);
+    let _ = bad;
+}
+
+/// A member failed and removed for a short while, writes to two places meanwhile, then
+/// given back with `ferroraid add`: it rejoins its slot and only the bitmap's dirty
+/// regions are rebuilt (8 stripes of 128, 512 KiB written to it instead of 8 MiB), the
+/// data and parity are right; the bits are cleared again once the array is whole. The
+/// same at `serve` after a restart without the member. An array without a bitmap rebuilds
+/// a returning member in full.
+#[test]
+fn a_returning_member_is_rebuilt_only_where_the_bitmap_says() {
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        assert!(
+            !required("nbdcopy"),
+            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
+        );
+        return;
+    };
+    let Some(qemu_io) = tool("qemu-io") else {
+        assert!(
+            !required("qemu-io"),
+            "FERRORAID_REQUIRE_TOOLS=1 but qemu-io is missing"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create_with_bitmap(d, "readd");
+    let rpc = d.join("rpc.sock");
+    let rpc_arg = rpc.display().to_string();
+    let mut srv = Server::serve(
+        d,
+        "serve",
+        "readd",
+        &a.members,
+        &["--rpc", &rpc_arg, "--reactors", "2"],
+    );
+    let data = d.join("data.bin");
+    let mut want = random_file(&data, a.size, 47);
+    fill(&srv, &nbdcopy, d, &data);
+    // The daemon clears the bits after 5-10 s of quiet.
+    wait_status(d, &srv, &rpc_arg, "the bitmap clearing", |st, _| {
+        st["bitmap"]["dirty_regions"] == 0
+    });
+    let gone = a.members[1].clone();
+    // The engine keeps counting the slot's I/O across its absence (a removed slot reports
+    // none): the baseline is taken before.
+    let (st, _) = rpc_status(d, &rpc_arg);
+    let before = st["members"][1]["io"]["write_bytes"].as_u64().unwrap();
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[OsStr::new("fail"), gone.as_os_str()],
+        0,
+    );
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[OsStr::new("remove"), gone.as_os_str()],
+        0,
+    );
+    // 128 KiB at 0 (region 0) and at 8 MiB (region 16): two regions of 4 stripes each.
+    let write = |srv: &Server, at: u64, byte: u8, want: &mut Vec<u8>| {
+        let mut cmd = Command::new(&qemu_io);
+        cmd.args([
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -P {byte} {at} 128K"),
+            &srv.uri(),
+        ]);
+        let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
+        assert!(out.status.success(), "{}", show_output(&out));
+        want[at as usize..(at + 128 * KIB) as usize].fill(byte);
+    };
+    write(&srv, 0, 0x5a, &mut want);
+    write(&srv, 8 * MIB, 0x6b, &mut want);
+    let st = wait_status(d, &srv, &rpc_arg, "the writes marked", |st, _| {
+        st["bitmap"]["dirty_regions"] == 2
+    });
+    assert_eq!(st["bitmap"]["clearing"], false, "kept while degraded: {st}");
+    let text = mgmt(d, &srv, &rpc_arg, &[OsStr::new("add"), gone.as_os_str()], 0);
+    assert!(text.contains("as member 1"), "{text}");
+    let st = wait_status(d, &srv, &rpc_arg, "the re-add completing", |st, _| {
+        st["members"][1]["state"] == "active" && st["process"]["kind"] == "idle"
+    });
+    let written = st["members"][1]["io"]["write_bytes"].as_u64().unwrap() - before;
+    let log = wait_log(&srv, "process=rebuild stripes=8");
+    assert!(log.contains("member re-added"), "{log}");
+    // 8 stripes × 64 KiB of data, plus the bitmap area and its updates: far below the
+    // 8 MiB a full rebuild writes.
+    assert!(
+        (512 * KIB..MIB).contains(&written),
+        "{written} bytes written to the re-added member\n{log}"
+    );
+    eprintln!("re-add wrote {written} bytes to the member (a full rebuild: 8 MiB)");
+    let got = read_all(&srv, &nbdcopy, d);
+    assert_same("array after the re-add", &got, &want);
+    // Whole again: the bits are cleared.
+    wait_status(d, &srv, &rpc_arg, "the bitmap clearing again", |st, _| {
+        st["bitmap"]["dirty_regions"] == 0 && st["bitmap"]["clearing"] == true
+    });
+    // Out again; a restart without it; writes; a restart with it re-adds it at serve.
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[OsStr::new("fail"), gone.as_os_str()],
+        0,
+    );
+    write(&srv, 4 * MIB, 0x7c, &mut want);
+    srv.stop();
+    let others: Vec<PathBuf> = a.members.iter().filter(|m| **m != gone).cloned().collect();
+    let mut srv = Server::serve(d, "degraded", "readd", &others, &[]);
+    write(&srv, 12 * MIB, 0x8d, &mut want);
+    srv.stop();
+    let mut srv = Server::serve(d, "back", "readd", &a.members, &["--rpc", &rpc_arg]);
+    wait_status(d, &srv, &rpc_arg, "the re-add at serve", |st, _| {
+        st["members"][1]["state"] == "active" && st["process"]["kind"] == "idle"
+    });
+    let log = wait_log(&srv, "process=rebuild stripes=8");
+    assert!(log.contains("bitmap-based recovery"), "{log}");
+    assert!(log.contains("member re-added"), "{log}");
+    let got = read_all(&srv, &nbdcopy, d);
+    assert_same("array after the re-add at serve", &got, &want);
+    srv.stop();
+    a.oracle_verify(None);
+
+    // Without a bitmap: a full rebuild.
+    let mut b = create(
+        d,
+        5,
+        "left-symmetric",
+        "nobm",
+        &member_files(d, "n", 5, MEMBER_BYTES),
+    );
+    let mut srv = Server::serve(d, "nobm", "nobm", &b.members, &["--rpc", &rpc_arg]);
+    let data = d.join("data2.bin");
+    let want = random_file(&data, b.size, 53);
+    fill(&srv, &nbdcopy, d, &data);
+    let gone = b.members[3].clone();
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[OsStr::new("fail"), gone.as_os_str()],
+        0,
+    );
+    mgmt(
+        d,
+        &srv,
+        &rpc_arg,
+        &[OsStr::new("remove"), gone.as_os_str()],
+        0,
+    );
+    mgmt(d, &srv, &rpc_arg, &[OsStr::new("add"), gone.as_os_str()], 0);
+    wait_status(d, &srv, &rpc_arg, "the full rebuild", |st, _| {
+        st["members"][3]["state"] == "active" && st["process"]["kind"] == "idle"
+    });
+    let log = wait_log(&srv, "process=rebuild stripes=128");
+    assert!(
+        log.contains("cannot return by bitmap") && log.contains("no write-intent bitmap"),
+        "{log}"
+    );
+    let got = read_all(&srv, &nbdcopy, d);
+    assert_same("array after the full rebuild", &got, &want);
+    srv.stop();
+    b.images = b.members.clone();
+    b.oracle_verify(None);
 }

@@ -48,6 +48,7 @@ impl Mock {
                 requests_in_flight: 0,
                 exports: vec![],
                 process: ProcessReport::idle(),
+                bitmap: None,
             }),
         })
     }
@@ -141,13 +142,13 @@ impl Handler for Mock {
             size_bytes: r.array.size_bytes,
             ..ProcessReport::idle()
         };
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 
     fn process_stop(&self) -> Result<ProcessReport, RpcError> {
         let mut r = self.lock();
         r.process = ProcessReport::idle();
-        Ok(r.process)
+        Ok(r.process.clone())
     }
 }
 
@@ -1002,4 +1003,79 @@ fn process_start_and_stop() {
         r#"{"jsonrpc":"2.0","method":"process_stop","params":{"kind":"check"},"id":5}"#,
     );
     assert_eq!(err_code(&v), codes::INVALID_PARAMS);
+}
+
+/// `member_replace`: parameters by name or position, each checked; a handler that does
+/// not implement it answers "not supported" (a target that predates it); one that does
+/// gets the two devices as given.
+#[test]
+fn member_replace_params() {
+    struct Replacer;
+    impl Handler for Replacer {
+        fn status(&self) -> StatusReport {
+            unreachable!()
+        }
+        fn member_fail(&self, _: &str) -> Result<MemberReport, RpcError> {
+            unreachable!()
+        }
+        fn member_remove(&self, _: &str) -> Result<MemberReport, RpcError> {
+            unreachable!()
+        }
+        fn member_add(&self, _: &str) -> Result<MemberReport, RpcError> {
+            unreachable!()
+        }
+        fn member_replace(&self, old: &str, new: &str) -> Result<MemberReport, RpcError> {
+            Ok(MemberReport::idle(
+                old.parse().ok(),
+                Some(new.to_string()),
+                crate::status::MemberState::Replacing,
+            ))
+        }
+        fn process_start(&self, _: ProcessKind) -> Result<ProcessReport, RpcError> {
+            unreachable!()
+        }
+        fn process_stop(&self) -> Result<ProcessReport, RpcError> {
+            unreachable!()
+        }
+    }
+    let v = req(
+        &Replacer,
+        r#"{"jsonrpc":"2.0","method":"member_replace","params":{"old":2,"new":"/dev/n"},"id":1}"#,
+    );
+    assert_eq!(v["result"]["slot"], 2, "{v}");
+    assert_eq!(v["result"]["device"], "/dev/n", "{v}");
+    assert_eq!(v["result"]["state"], "replacing", "{v}");
+    let v = req(
+        &Replacer,
+        r#"{"jsonrpc":"2.0","method":"member_replace","params":["3","/dev/n"],"id":2}"#,
+    );
+    assert_eq!(v["result"]["slot"], 3, "{v}");
+    for (params, what) in [
+        (r#"{"old":"/dev/a"}"#, "missing old or new"),
+        (r#"["/dev/a"]"#, "missing old or new"),
+        (
+            r#"{"old":"/dev/a","new":"/dev/b","x":1}"#,
+            "unknown parameter",
+        ),
+        (r#"{"old":"/dev/a","new":5}"#, "new must be a device path"),
+        (r#"{"old":"","new":"/dev/b"}"#, "device is empty"),
+        (r#"{"old":true,"new":"/dev/b"}"#, "string or a slot number"),
+    ] {
+        let line =
+            format!(r#"{{"jsonrpc":"2.0","method":"member_replace","params":{params},"id":4}}"#);
+        let v = req(&Replacer, &line);
+        assert_eq!(err_code(&v), codes::INVALID_PARAMS, "{params}: {v}");
+        assert!(err_msg(&v).contains(what), "{params}: {v}");
+    }
+    let m = Mock::new();
+    let v = req(
+        &*m,
+        r#"{"jsonrpc":"2.0","method":"member_replace","params":{"old":"1","new":"/dev/n"},"id":5}"#,
+    );
+    assert_eq!(err_code(&v), codes::NOT_SUPPORTED, "{v}");
+    let v = req(
+        &*m,
+        r#"{"jsonrpc":"2.0","method":"process_start","params":{"kind":"replace"},"id":6}"#,
+    );
+    assert!(err_msg(&v).contains("member_replace"), "{v}");
 }

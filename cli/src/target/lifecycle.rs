@@ -17,12 +17,33 @@
 //!   `resync_offset` 0 while it is not in sync), so a crash resyncs from the start.
 //! - **Check / repair** run on request (`process_start`); md keeps no checkpoint for them
 //!   and neither does ferroraid: a stopped or interrupted check starts again from 0.
+//! - **Replace** (`member_replace`, md's `mdadm --replace OLD --with NEW`): NEW gets a
+//!   superblock of its own in a free slot with OLD's role, `MD_FEATURE_REPLACEMENT` and
+//!   `recovery_offset` 0 (so every superblock's `dev_roles` gives the role twice: mdadm
+//!   shows `R`); the reactors write every write of OLD to NEW too and copy OLD onto it,
+//!   rebuilding what OLD cannot read; progress is checkpointed as NEW's
+//!   `recovery_offset` every [`CHECKPOINT_INTERVAL`] and at stop, and a restart resumes
+//!   it. When it is done, NEW takes the role (flag and offset cleared) and OLD's slot is
+//!   recorded faulty — md's `raid5_spare_active` marks the replaced device Faulty "so that
+//!   it is never re-added" — and OLD's own superblock is written once more with that
+//!   generation, so OLD itself says it is out: md leaves it as it was (it writes no faulty
+//!   device), which keeps it claiming the role one generation behind, within md's
+//!   assembly margin, for kernels and mdadm versions that trust a device's own role.
+//!   If OLD fails meanwhile the replace goes on as a rebuild from the others; if NEW
+//!   fails, its slot is recorded faulty and the array is as it was.
+//! - **Re-add** (`member_add` of a device that left its role, md's `--re-add`): when its
+//!   superblock still gives it a role no device serves, its `events` are not below the
+//!   bitmap's `events_cleared` and the bitmap is current (`readd_recovery`), it rejoins
+//!   that role with `MD_FEATURE_RECOVERY_BITMAP` and is rebuilt only over the regions the
+//!   bitmap has set; otherwise it is added as a new device (full rebuild or spare).
 
 use engine::process::{ProcessKind as EngineKind, ProcessRequest, ProcessState};
 use engine::reactor::ArraySnapshot;
 
 use super::*;
-use crate::status::MemberState as ReportState;
+use crate::status::{BitmapReport, MemberState as ReportState, ProcessRunState};
+use engine::array::ReplaceState;
+use engine::metadata::{Feature, DEV_ROLE_FAULTY, DEV_ROLE_SPARE};
 
 /// How often rebuild progress is written to the superblocks: a crash redoes at most this
 /// much of a rebuild.
@@ -38,6 +59,7 @@ const PROCESS_STOP_WAIT: Duration = Duration::from_secs(10);
 fn engine_kind(kind: ProcessKind) -> Option<EngineKind> {
     match kind {
         ProcessKind::Idle => None,
+        ProcessKind::Replace => Some(EngineKind::Replace),
         ProcessKind::Resync => Some(EngineKind::Resync),
         ProcessKind::Rebuild => Some(EngineKind::Rebuild),
         ProcessKind::Check => Some(EngineKind::Check),
@@ -52,6 +74,7 @@ fn report_kind(kind: EngineKind) -> ProcessKind {
         EngineKind::Rebuild => ProcessKind::Rebuild,
         EngineKind::Check => ProcessKind::Check,
         EngineKind::Repair => ProcessKind::Repair,
+        EngineKind::Replace => ProcessKind::Replace,
     }
 }
 
@@ -67,6 +90,61 @@ pub(super) struct ProcessBook {
     /// Roles handed a new device that the reactors have not swapped in yet: the failed
     /// state they still publish is the old device's, not the new one's.
     pub(super) swapping: Vec<u16>,
+    /// The replace in progress, if any.
+    pub(super) replacing: Option<ReplaceBook>,
+}
+
+/// A device the operator gave, opened and checked ([`Shared::open_new`]).
+struct NewDevice {
+    path: PathBuf,
+    canon: PathBuf,
+    lock: Option<File>,
+    dev: AnyDevice,
+    info: engine::device::DeviceInfo,
+    /// Its superblock, if it has one of this array.
+    own_sb: Option<Superblock>,
+}
+
+/// A replace in progress ([`Shared::replace`]).
+#[derive(Clone, Debug)]
+pub(super) struct ReplaceBook {
+    /// The role (slot) being replaced.
+    pub(super) role: u16,
+    /// The reactors' serial for it.
+    pub(super) serial: u64,
+    /// The replacement device's `dev_number` and path.
+    pub(super) dev_number: u32,
+    pub(super) path: PathBuf,
+    /// `recovery_offset` last written for it, sectors.
+    pub(super) checkpoint: u64,
+    /// The reactors' last refusal when it started: a different one about this replace
+    /// later means a reactor could not take it.
+    pub(super) error_at_start: Option<engine::reactor::ControlError>,
+}
+
+/// Whether a reactor's refusal `e` is about a replace of `role` (it could not open the
+/// device, or its shard refused the start).
+fn concerns_replace(e: &engine::reactor::ControlError, role: u16) -> bool {
+    use engine::process::ProcessError as P;
+    use engine::reactor::ControlError as C;
+    match e {
+        C::Open { member, .. } | C::DeviceType { member } => *member == role,
+        C::Process(p) => {
+            matches!(
+                p,
+                P::ReplaceBusy { .. }
+                    | P::NotInService { .. }
+                    | P::Degraded {
+                        kind: EngineKind::Replace,
+                        ..
+                    }
+                    | P::Busy { .. }
+                    | P::NoSlots
+                    | P::BadResume { .. }
+            ) || matches!(p, P::Unfit { member, .. } if *member == role)
+        }
+        C::NoSuchMember { .. } => false,
+    }
 }
 
 impl ProcessBook {
@@ -110,32 +188,113 @@ impl Shared {
         } else {
             0
         };
-        if p.state != ProcessState::Running {
-            return ProcessReport {
-                mismatch_cnt,
-                ..ProcessReport::idle()
-            };
+        // A replace whose old member failed goes on rebuilding from the others.
+        let kind = match p.kind {
+            EngineKind::Replace
+                if p.targets.first().is_some_and(|&t| {
+                    self.handle.snapshot().members[usize::from(t)]
+                        .state
+                        .is_failed()
+                }) =>
+            {
+                ProcessKind::Rebuild
+            }
+            k => report_kind(k),
+        };
+        let position_bytes = p.done_stripes.saturating_mul(stripe_bytes).min(capacity);
+        let size_bytes = p.total_stripes.saturating_mul(stripe_bytes).min(capacity);
+        match p.state {
+            ProcessState::Running => {}
+            ProcessState::Failed(e) => {
+                return ProcessReport {
+                    kind,
+                    state: ProcessRunState::Failed,
+                    position_bytes,
+                    size_bytes,
+                    mismatch_cnt,
+                    error: Some(e.to_string()),
+                    ..ProcessReport::idle()
+                }
+            }
+            ProcessState::Finished | ProcessState::Stopped => {
+                return ProcessReport {
+                    mismatch_cnt,
+                    ..ProcessReport::idle()
+                }
+            }
         }
         // The engine's rate is per member; the array moves data_chunks times as much.
         let rate = p.rate_bytes_per_s.unwrap_or(0.0) * f64::from(g.data_chunks());
         ProcessReport {
-            kind: report_kind(p.kind),
-            position_bytes: p.done_stripes.saturating_mul(stripe_bytes).min(capacity),
-            size_bytes: p.total_stripes.saturating_mul(stripe_bytes).min(capacity),
+            kind,
+            state: ProcessRunState::Running,
+            position_bytes,
+            size_bytes,
             rate_bytes_per_s: rate as u64,
             eta_s: p.eta_s.map(|e| e.ceil() as u64),
             mismatch_cnt,
+            error: None,
         }
+    }
+
+    /// The write-intent bitmap as `status` shows it (`None` without one).
+    pub(super) fn bitmap_report(&self) -> Option<BitmapReport> {
+        let meta = self.meta();
+        let BitmapSync::Online(i) = &meta.bitmap else {
+            return None;
+        };
+        Some(BitmapReport {
+            chunk_bytes: i.chunk_bytes(),
+            regions: i.regions(),
+            dirty_regions: i.dirty_on_disk(),
+            events_cleared: i.events_cleared(),
+            clearing: !i.degraded(),
+        })
+    }
+
+    /// The replacement device of `role` as `status` lists it (right after its slot).
+    pub(super) fn replacement_report(
+        &self,
+        snap: &ArraySnapshot,
+        role: u16,
+    ) -> Option<MemberReport> {
+        let b = self.meta().book.replacing.clone()?;
+        if b.role != role {
+            return None;
+        }
+        let mut r = MemberReport::idle(
+            Some(role),
+            Some(b.path.display().to_string()),
+            ReportState::Replacing,
+        );
+        if let Some(x) = snap
+            .replacement
+            .as_ref()
+            .filter(|x| x.info.serial == b.serial)
+        {
+            r.io = crate::status::IoReport::from(&x.counters);
+            r.latency_us = MemberReport::latency_from(&x.latency);
+        }
+        Some(r)
     }
 
     /// `process_start`: check, repair or resync over the whole array (a resync the
     /// array still owes resumes at its checkpoint).
     pub(super) fn process_start(&self, kind: ProcessKind) -> Result<ProcessReport, RpcError> {
-        let Some(k) = engine_kind(kind).filter(|k| *k != EngineKind::Rebuild) else {
+        let Some(k) =
+            engine_kind(kind).filter(|k| !matches!(k, EngineKind::Rebuild | EngineKind::Replace))
+        else {
             return Err(RpcError::invalid_params(format!(
                 "{kind} cannot be started: one of check, repair, resync"
             )));
         };
+        if let Some(b) = &self.meta().book.replacing {
+            return Err(RpcError::process_refused(format!(
+                "member {} is being replaced by {}: wait for it to finish",
+                b.role,
+                b.path.display()
+            )));
+        }
         if let Some(p) = self.handle.process_snapshot() {
             if p.state == ProcessState::Running {
                 return Err(RpcError::process_refused(format!(
@@ -166,8 +325,25 @@ impl Shared {
     }
 
     /// `process_stop`: stops the running process (a resync is then not restarted by
-    /// itself until asked for).
-    pub(super) fn process_stop(&self) -> ProcessReport {
+    /// itself until asked for). A replace cannot be paused: it is cancelled by failing
+    /// the new device.
+    pub(super) fn process_stop(&self) -> Result<ProcessReport, RpcError> {
+        if let Some(b) = &self.meta().book.replacing {
+            return Err(RpcError::new(
+                crate::rpc::codes::PROCESS_REFUSED,
+                format!(
+                    "a replace of member {} cannot be paused; to cancel it, fail the new \
+                     device (ferroraid fail {})",
+                    b.role,
+                    b.path.display()
+                ),
+            ));
+        }
+        Ok(self.stop_any())
+    }
+
+    /// Stops whatever runs (the target's own stop, and `process_stop`).
+    fn stop_any(&self) -> ProcessReport {
         if let Some(p) = self.handle.process_snapshot() {
             if p.state == ProcessState::Running {
                 if p.kind == EngineKind::Resync {
@@ -223,19 +399,35 @@ impl Shared {
         }
     }
 
-    /// `member_add`: a replacement for the lowest failed role, or a spare.
-    pub(super) fn add_device(&self, path: &str) -> Result<MemberReport, RpcError> {
+    /// Opens a device the operator gives to the array (`member_add`, `member_replace`):
+    /// not in use by the array (`returning`: the device of a failed role may be given
+    /// back — its lock is let go), claimed, large enough, and no other array's member.
+    fn open_new(&self, path: &str, returning: bool) -> Result<NewDevice, RpcError> {
         let p = PathBuf::from(path);
         // vfio controllers (`vfio:BDF`) are not paths: they compare as given.
         let canon = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
         let same = |q: &Path| std::fs::canonicalize(q).ok().as_deref() == Some(canon.as_path());
+        let snap = self.handle.snapshot();
+        let back = self.paths().iter().enumerate().find_map(|(r, q)| {
+            q.as_deref()
+                .filter(|q| returning && same(q) && snap.members[r].state.is_failed())
+                .map(|q| (r, q.to_path_buf()))
+        });
         {
             let meta = self.meta();
-            if meta.members.iter().any(|m| m.active && same(&m.path))
-                || self.paths().iter().flatten().any(|q| same(q))
+            let serving = self.paths().iter().enumerate().any(|(r, q)| {
+                q.as_deref().is_some_and(&same) && back.as_ref().is_none_or(|b| b.0 != r)
+            });
+            if serving
+                || meta.members.iter().any(|m| m.active && same(&m.path))
+                || meta.book.replacing.as_ref().is_some_and(|b| same(&b.path))
             {
                 return Err(RpcError::device_in_use(path));
             }
+        }
+        if let Some((_, old)) = &back {
+            // Out of service: its channels are closed once a new device takes the role.
+            self.release_lock(old);
         }
         let lock = claim(&p).map_err(|e| RpcError::device_unusable(path, format!("{e:#}")))?;
         let dev = drivers::any::open_member(&p, &self.member_cfg)
@@ -256,7 +448,8 @@ impl Shared {
                 ),
             )
         })?;
-        if let Ok(sb) = metadata_io::read_superblock(&p) {
+        let own_sb = metadata_io::read_superblock(&p).ok();
+        if let Some(sb) = &own_sb {
             if sb.set_uuid != self.assembly.uuid {
                 return Err(RpcError::device_unusable(
                     path,
@@ -269,7 +462,18 @@ impl Shared {
                 ));
             }
         }
-        let mut meta = self.meta();
+        Ok(NewDevice {
+            path: p,
+            canon,
+            lock,
+            dev,
+            info,
+            own_sb,
+        })
+    }
+
+    /// A free slot (`dev_number`) for a device joining, and the newest superblock.
+    fn free_slot(meta: &Meta) -> Result<(u32, Superblock), RpcError> {
         let newest = meta
             .members
             .iter()
@@ -278,9 +482,34 @@ impl Shared {
             .map(|m| m.sb.clone())
             .ok_or_else(|| RpcError::internal("no member left to take the array state from"))?;
         let raid_disks = newest.raid_disks;
+        // md's `bind_rdev_to_array`: the first number no device of the array uses.
         let slot = (raid_disks..)
             .find(|n| meta.members.iter().all(|m| m.sb.dev_number != *n))
             .ok_or_else(|| RpcError::internal("no free slot"))?;
+        Ok((slot, newest))
+    }
+
+    /// `member_add`: the device that left a role back into it by bitmap (a re-add), else
+    /// a replacement for the lowest failed role, or a spare.
+    pub(super) fn add_device(&self, path: &str) -> Result<MemberReport, RpcError> {
+        let nd = self.open_new(path, true)?;
+        let mut meta = self.meta();
+        if let Some(role) = nd
+            .own_sb
+            .as_ref()
+            .and_then(|sb| self.readd_role(&meta, sb, path))
+        {
+            return self.readd(meta, nd, role, path);
+        }
+        let NewDevice {
+            path: p,
+            canon,
+            lock,
+            dev,
+            info,
+            ..
+        } = nd;
+        let (slot, newest) = Self::free_slot(&meta)?;
         let data_size = (info.capacity_bytes - self.data_offset_bytes) / 512;
         let sb = engine::metadata::joining_member(
             &newest,
@@ -296,6 +525,7 @@ impl Shared {
             sb,
             active: true,
             spare: Some(Arc::new(dev)),
+            replacement: false,
         });
         let idx = meta.members.len() - 1;
         self.locks
@@ -308,26 +538,15 @@ impl Shared {
                 self.promote(&mut meta, idx, role)
                     .map_err(|e| RpcError::internal(format!("{e:#}")))?;
                 drop(meta);
-                // Every reactor swaps the device in within a loop turn (once the old one
-                // has nothing outstanding): report what they publish.
-                let deadline = std::time::Instant::now() + Duration::from_secs(2);
-                loop {
-                    let snap = self.handle.snapshot();
-                    if !snap.members[usize::from(role)].state.is_failed()
-                        || std::time::Instant::now() > deadline
-                    {
-                        return Ok(self.member_report(&snap, role));
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                Ok(self.report_when_swapped(role))
             }
             None => {
                 meta.record_with(
                     &[],
                     None,
                     RoleChanges {
-                        roles: vec![(slot, engine::metadata::DEV_ROLE_SPARE)],
-                        recovery: Vec::new(),
+                        roles: vec![(slot, DEV_ROLE_SPARE)],
+                        ..RoleChanges::default()
                     },
                 )
                 .map_err(|e| RpcError::internal(format!("{e:#}")))?;
@@ -339,6 +558,198 @@ impl Shared {
                 ))
             }
         }
+    }
+
+    /// Every reactor swaps a device into `role` within a loop turn (once the old one has
+    /// nothing outstanding): the member's report as they publish it (after at most 2 s).
+    fn report_when_swapped(&self, role: u16) -> MemberReport {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let snap = self.handle.snapshot();
+            if !snap.members[usize::from(role)].state.is_failed()
+                || std::time::Instant::now() > deadline
+            {
+                return self.member_report(&snap, role);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The role a returning device (its superblock `sb`) goes back to by bitmap, if md's
+    /// re-add rule allows it ([`engine::metadata::readd_recovery`]): its own superblock
+    /// holds a role of this array that no device serves now, that role is failed here,
+    /// and the bitmap covers what it missed. Logs why not otherwise.
+    fn readd_role(&self, meta: &Meta, sb: &Superblock, path: &str) -> Option<u16> {
+        let DevRole::Active(role) = sb.role() else {
+            return None;
+        };
+        let newest = meta
+            .members
+            .iter()
+            .filter(|m| m.active)
+            .max_by_key(|m| m.sb.events)?;
+        let snap = self.handle.snapshot();
+        let same_shape = sb.ctime == newest.sb.ctime
+            && sb.level == newest.sb.level
+            && sb.layout == newest.sb.layout
+            && sb.chunksize == newest.sb.chunksize
+            && sb.raid_disks == newest.sb.raid_disks
+            && sb.size == newest.sb.size;
+        let role_free = snap
+            .members
+            .get(usize::from(role))
+            .is_some_and(|m| m.state.is_failed())
+            && !meta
+                .members
+                .iter()
+                .any(|m| m.active && m.role == Some(role))
+            && meta.book.replacing.as_ref().is_none_or(|b| b.role != role);
+        // Its slot must not be another device's now.
+        let slot_free = !matches!(newest.sb.role_of(sb.dev_number), DevRole::Active(_))
+            && !meta
+                .members
+                .iter()
+                .any(|m| m.active && m.sb.dev_number == sb.dev_number);
+        if !same_shape || !slot_free {
+            return None;
+        }
+        let bitmap = match &meta.bitmap {
+            BitmapSync::Online(i) => Some(engine::metadata::ReaddBitmap {
+                events_cleared: i.events_cleared(),
+                stale: i.forced_all(),
+            }),
+            _ => None,
+        };
+        match engine::metadata::readd_recovery(sb, bitmap, !role_free) {
+            engine::metadata::Recovery::Bitmap => Some(role),
+            engine::metadata::Recovery::Full(why) => {
+                info!(
+                    device = path,
+                    role,
+                    events = sb.events,
+                    "the device was a member of this array but cannot return by bitmap \
+                     ({why}): it is added as a new device"
+                );
+                None
+            }
+        }
+    }
+
+    /// Re-adds `nd` (a device that left `role`) to its role: its superblock brought to
+    /// the current generation with the role, `recovery_offset` 0 and
+    /// `MD_FEATURE_RECOVERY_BITMAP`; the reactors rebuild it over the bitmap's dirty
+    /// regions only.
+    fn readd(
+        &self,
+        mut meta: std::sync::MutexGuard<'_, Meta>,
+        nd: NewDevice,
+        role: u16,
+        path: &str,
+    ) -> Result<MemberReport, RpcError> {
+        let NewDevice {
+            path: p,
+            canon,
+            lock,
+            dev,
+            own_sb,
+            ..
+        } = nd;
+        let mut sb = own_sb.expect("a returning device has a superblock");
+        let newest = meta
+            .members
+            .iter()
+            .filter(|m| m.active)
+            .max_by_key(|m| m.sb.events)
+            .map(|m| m.sb.clone())
+            .ok_or_else(|| RpcError::internal("no member left to take the array state from"))?;
+        let dev_number = sb.dev_number;
+        let events = sb.events;
+        sb.events = newest.events;
+        sb.resync_offset = newest.resync_offset;
+        sb.dev_roles.clone_from(&newest.dev_roles);
+        meta.members.push(MemberMeta {
+            role: Some(role),
+            path: p.clone(),
+            sb,
+            active: true,
+            spare: None,
+            replacement: false,
+        });
+        self.locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((canon, lock));
+        let dirty = match &meta.bitmap {
+            BitmapSync::Online(i) => i.dirty_on_disk(),
+            _ => 0,
+        };
+        meta.record_with(
+            &[],
+            None,
+            RoleChanges {
+                roles: vec![(dev_number, role)],
+                recovery: vec![(dev_number, Some(0))],
+                features: vec![(dev_number, Feature::RecoveryBitmap, true)],
+            },
+        )
+        .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        let dev = Arc::new(dev);
+        if let Err(e) = self.handle.readd_member(role, dev) {
+            warn!(device = %p.display(), role, "cannot re-add the device: {e}");
+            if let Some(m) = meta.members.iter_mut().rev().find(|m| m.path == p) {
+                m.role = None;
+            }
+            let _ = meta.record_with(
+                &[],
+                None,
+                RoleChanges {
+                    roles: vec![(dev_number, DEV_ROLE_FAULTY)],
+                    recovery: vec![(dev_number, None)],
+                    ..RoleChanges::default()
+                },
+            );
+            self.release_lock(&p);
+            return Err(RpcError::process_refused(format!(
+                "the reactors refused {path} for member {role}: {e}"
+            )));
+        }
+        self.took_role(&mut meta, role, &p);
+        meta.book.rebuilding.push(role);
+        meta.book.swapping.push(role);
+        info!(
+            device = %p.display(),
+            role,
+            events,
+            dirty_regions = dirty,
+            "member re-added: rebuilt over the bitmap's dirty regions only"
+        );
+        drop(meta);
+        Ok(self.report_when_swapped(role))
+    }
+
+    /// `role` is served by the device at `path` now: paths, removals and recorded
+    /// failures follow, and the device that held it before is let go.
+    fn took_role(&self, meta: &mut Meta, role: u16, path: &Path) {
+        let old = {
+            let mut paths = self
+                .paths
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            paths[usize::from(role)].replace(path.to_path_buf())
+        };
+        if let Some(old) = old.filter(|o| o != path) {
+            // The old device is out of the array for good: let it go.
+            self.release_lock(&old);
+        }
+        self.removed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|r| *r != role);
+        meta.recorded_failed.retain(|r| *r != role);
+        *self
+            .last_checkpoint
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
     }
 
     /// `member_remove` of a spare: `Some(report)` when `sel` names one (it is taken out
@@ -364,8 +775,8 @@ impl Shared {
             &[],
             None,
             RoleChanges {
-                roles: vec![(slot, engine::metadata::DEV_ROLE_FAULTY)],
-                recovery: Vec::new(),
+                roles: vec![(slot, DEV_ROLE_FAULTY)],
+                ..RoleChanges::default()
             },
         )
         .map_err(|e| RpcError::internal(format!("{e:#}")))?;
@@ -407,6 +818,8 @@ impl Shared {
                     .members
                     .iter()
                     .any(|m| m.active && m.role == Some(r) && m.sb.recovering().is_some())
+                // A member failed during its replace: the replacement takes its role.
+                && meta.book.replacing.as_ref().is_none_or(|b| b.role != r)
         })
     }
 
@@ -427,6 +840,7 @@ impl Shared {
             RoleChanges {
                 roles: vec![(slot, role)],
                 recovery: vec![(slot, Some(0))],
+                ..RoleChanges::default()
             },
         )?;
         if let Err(e) = self.handle.replace_member(role, dev.clone()) {
@@ -437,34 +851,16 @@ impl Shared {
                 &[],
                 None,
                 RoleChanges {
-                    roles: vec![(slot, engine::metadata::DEV_ROLE_SPARE)],
+                    roles: vec![(slot, DEV_ROLE_SPARE)],
                     recovery: vec![(slot, None)],
+                    ..RoleChanges::default()
                 },
             )?;
             bail!("the reactors refused the device for role {role}: {e}");
         }
-        let old = {
-            let mut paths = self
-                .paths
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            paths[usize::from(role)].replace(path.clone())
-        };
-        if let Some(old) = old {
-            // The failed device is out of the array for good: let it go.
-            self.release_lock(&old);
-        }
-        self.removed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|r| *r != role);
-        meta.recorded_failed.retain(|r| *r != role);
+        self.took_role(meta, role, &path);
         meta.book.rebuilding.push(role);
         meta.book.swapping.push(role);
-        *self
-            .last_checkpoint
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
         info!(device = %path.display(), role, slot, "rebuilding onto the device");
         Ok(())
     }
@@ -491,6 +887,7 @@ impl Shared {
             }
         }
         let p = self.handle.process_snapshot();
+        self.tend_replace(meta, snap, p.as_ref());
         // Rebuild completion and checkpoints.
         let due = self
             .last_checkpoint
@@ -529,7 +926,7 @@ impl Shared {
                                 i.sync_done(0..self.geo.stripes());
                             }
                         }
-                        info!(process = %p.kind, mismatch_cnt = p.mismatch_cnt, "background process finished")
+                        info!(process = %p.kind, stripes = p.total_stripes, mismatch_cnt = p.mismatch_cnt, "background process finished")
                     }
                     ProcessState::Stopped => {
                         info!(process = %p.kind, position_sectors = p.position_sectors, "background process stopped")
@@ -566,8 +963,8 @@ impl Shared {
     }
 
     /// At stop: ends the running process and writes where it got to — `recovery_offset`
-    /// of members being rebuilt, and the resync position as `resync_offset` (returned:
-    /// `None` when no resync is owed any more).
+    /// of members being rebuilt and of a replacement, and the resync position as
+    /// `resync_offset` (returned: `None` when no resync is owed any more).
     pub(super) fn checkpoint_at_stop(&self) -> Option<u64> {
         // The monitor must not start an owed resync again behind our back.
         self.meta().book.resync_held = true;
@@ -575,6 +972,20 @@ impl Shared {
         let p = self.wait_process_idle(PROCESS_STOP_WAIT);
         let mut meta = self.meta();
         let snap = self.handle.snapshot();
+        // A replace that completed or failed meanwhile is recorded first; one still
+        // copying records where it got to (it resumes there after a restart).
+        self.tend_replace(&mut meta, &snap, p.as_ref());
+        if let Some(b) = meta.book.replacing.clone() {
+            if let Some(pos) = p
+                .as_ref()
+                .filter(|p| p.kind == EngineKind::Replace)
+                .map(|p| p.position_sectors)
+            {
+                if pos != b.checkpoint {
+                    let _ = Self::checkpoint_replace(&mut meta, &b, pos);
+                }
+            }
+        }
         let (changes, done) = Self::rebuild_changes(&meta, &snap, p.as_ref(), true);
         meta.book.rebuilding.retain(|r| !done.contains(r));
         if !changes.recovery.is_empty() {
@@ -596,6 +1007,408 @@ impl Shared {
         Some(at)
     }
 
+    /// `member_replace`: `new` replaces the member `old` names while it keeps serving (md's
+    /// `mdadm --replace OLD --with NEW`).
+    pub(super) fn replace(&self, old: &str, new: &str) -> Result<MemberReport, RpcError> {
+        let role = self
+            .role_of(old)
+            .ok_or_else(|| RpcError::no_such_member(old))?;
+        let removed = self
+            .removed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&role);
+        if removed || self.path_of(role).is_none() {
+            return Err(RpcError::no_such_member(old));
+        }
+        if let Some(b) = &self.meta().book.replacing {
+            return Err(RpcError::process_refused(if b.role == role {
+                format!(
+                    "member {old} (slot {role}) is already being replaced by {}",
+                    b.path.display()
+                )
+            } else {
+                format!(
+                    "member {} is being replaced by {}: one replace at a time",
+                    b.role,
+                    b.path.display()
+                )
+            }));
+        }
+        let snap = self.handle.snapshot();
+        let word = |s: MemberState| match s {
+            MemberState::Rebuilding => "being rebuilt",
+            _ => "faulty",
+        };
+        let state = snap.members[usize::from(role)].state;
+        if state != MemberState::Online {
+            return Err(RpcError::process_refused(format!(
+                "member {old} (slot {role}) is {}: a replace copies a member in service; \
+                 add {new} to rebuild it instead (ferroraid add {new})",
+                word(state)
+            )));
+        }
+        if let Some((m, x)) = snap
+            .members
+            .iter()
+            .enumerate()
+            .find(|(_, x)| x.state != MemberState::Online)
+        {
+            return Err(RpcError::process_refused(format!(
+                "the array is degraded (member {m} is {}): md would give a new device to the \
+                 missing member first (raid5_add_disk fills an empty slot before it takes a \
+                 replacement), so add {new} to rebuild member {m} instead",
+                word(x.state)
+            )));
+        }
+        // A hot spare of this array may be the new device (md's `--replace` takes a spare).
+        let spare = {
+            let want = Path::new(new);
+            let canon = std::fs::canonicalize(want).ok();
+            self.meta().members.iter().position(|m| {
+                m.active
+                    && m.role.is_none()
+                    && m.spare.is_some()
+                    && (m.path == want
+                        || canon.is_some() && std::fs::canonicalize(&m.path).ok() == canon)
+            })
+        };
+        let (p, dev, dev_number, mut meta) = match spare {
+            Some(idx) => {
+                let mut meta = self.meta();
+                let dev = meta.members[idx]
+                    .spare
+                    .take()
+                    .ok_or_else(|| RpcError::internal("the spare has no device"))?;
+                if let Err(e) = self.handle.check_start_replace(role, dev.info(), 0) {
+                    meta.members[idx].spare = Some(dev);
+                    return Err(RpcError::process_refused(e));
+                }
+                let m = &mut meta.members[idx];
+                m.role = Some(role);
+                m.replacement = true;
+                let (p, dev_number) = (m.path.clone(), m.sb.dev_number);
+                (p, dev, dev_number, meta)
+            }
+            None => {
+                let nd = self.open_new(new, false)?;
+                self.handle
+                    .check_start_replace(role, &nd.info, 0)
+                    .map_err(RpcError::process_refused)?;
+                let NewDevice {
+                    path: p,
+                    canon,
+                    lock,
+                    dev,
+                    info,
+                    ..
+                } = nd;
+                let mut meta = self.meta();
+                let (dev_number, newest) = Self::free_slot(&meta)?;
+                let data_size = (info.capacity_bytes - self.data_offset_bytes) / 512;
+                let sb = engine::metadata::joining_member(
+                    &newest,
+                    dev_number,
+                    engine::metadata::Uuid::random(&mut rand::thread_rng()),
+                    data_size,
+                );
+                metadata_io::write_superblock(&p, &sb).map_err(|e| {
+                    RpcError::device_unusable(new, format!("writing its superblock: {e}"))
+                })?;
+                meta.members.push(MemberMeta {
+                    role: Some(role),
+                    path: p.clone(),
+                    sb,
+                    active: true,
+                    spare: None,
+                    replacement: true,
+                });
+                self.locks
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((canon, lock));
+                (p, Arc::new(dev), dev_number, meta)
+            }
+        };
+        let error_at_start = self.handle.snapshot().control_error;
+        // Every superblock says it first: role `role` twice, the new device a replacement
+        // copied up to sector 0 (md's `super_1_sync` for a `Replacement` rdev).
+        meta.record_with(
+            &[],
+            None,
+            RoleChanges {
+                roles: vec![(dev_number, role)],
+                recovery: vec![(dev_number, Some(0))],
+                features: vec![(dev_number, Feature::Replacement, true)],
+            },
+        )
+        .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        let serial = match self.handle.start_replace(role, Arc::clone(&dev), 0) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(device = %p.display(), role, "cannot replace onto the device: {e}");
+                // A spare stays a spare; a new device leaves again.
+                let back = spare.and_then(|idx| meta.members.get_mut(idx));
+                let roles = match back {
+                    Some(m) => {
+                        m.role = None;
+                        m.replacement = false;
+                        m.spare = Some(dev);
+                        vec![(dev_number, DEV_ROLE_SPARE)]
+                    }
+                    None => {
+                        self.release_lock(&p);
+                        vec![(dev_number, DEV_ROLE_FAULTY)]
+                    }
+                };
+                let _ = meta.record_with(
+                    &[],
+                    None,
+                    RoleChanges {
+                        roles,
+                        recovery: vec![(dev_number, None)],
+                        features: vec![(dev_number, Feature::Replacement, false)],
+                    },
+                );
+                return Err(RpcError::process_refused(e));
+            }
+        };
+        meta.book.replacing = Some(ReplaceBook {
+            role,
+            serial,
+            dev_number,
+            path: p.clone(),
+            checkpoint: 0,
+            error_at_start,
+        });
+        *self
+            .last_checkpoint
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
+        info!(
+            old = %self.path_of(role).map(|x| x.display().to_string()).unwrap_or_default(),
+            new = %p.display(),
+            role,
+            dev_number,
+            "replace started: the member keeps serving while it is copied"
+        );
+        Ok(MemberReport::idle(
+            Some(role),
+            Some(new.to_string()),
+            ReportState::Replacing,
+        ))
+    }
+
+    /// `member_fail` of the replacement device: the replace is cancelled (md fails the
+    /// replacement; the member keeps its slot). `None` when `sel` names no replacement.
+    pub(super) fn fail_replacement(&self, sel: &str) -> Option<MemberReport> {
+        let b = self.meta().book.replacing.clone()?;
+        let want = Path::new(sel);
+        let same = b.path == want
+            || std::fs::canonicalize(want).ok().is_some_and(|c| {
+                std::fs::canonicalize(&b.path).ok().as_deref() == Some(c.as_path())
+            });
+        if !same {
+            return None;
+        }
+        self.handle.fail_replacement(b.serial);
+        info!(device = %b.path.display(), role = b.role, "replacement failed by the operator: replace cancelled");
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            let snap = self.handle.snapshot();
+            if snap.replacement.as_ref().is_some_and(|r| {
+                r.info.serial == b.serial && matches!(r.info.state, ReplaceState::Failed(_))
+            }) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Some(MemberReport::idle(
+            Some(b.role),
+            Some(b.path.display().to_string()),
+            ReportState::Faulty,
+        ))
+    }
+
+    /// Writes the replacement's progress (`recovery_offset`, sectors).
+    fn checkpoint_replace(meta: &mut Meta, b: &ReplaceBook, sectors: u64) -> Result<()> {
+        meta.record_with(
+            &[],
+            None,
+            RoleChanges {
+                recovery: vec![(b.dev_number, Some(sectors))],
+                ..RoleChanges::default()
+            },
+        )?;
+        if let Some(x) = meta.book.replacing.as_mut() {
+            x.checkpoint = sectors;
+        }
+        Ok(())
+    }
+
+    /// One monitor turn for a replace: progress checkpoints; when every reactor has swapped
+    /// the replacement in, the superblocks say so and the old device is let go; when the
+    /// replacement failed (or the replace cannot finish), its slot is recorded faulty.
+    pub(super) fn tend_replace(
+        &self,
+        meta: &mut Meta,
+        snap: &ArraySnapshot,
+        p: Option<&engine::process::ProcessSnapshot>,
+    ) {
+        let Some(b) = meta.book.replacing.clone() else {
+            return;
+        };
+        // A reactor that could not take the replace: it cannot complete.
+        if let Some(e) = snap
+            .control_error
+            .as_ref()
+            .filter(|e| Some(*e) != b.error_at_start.as_ref() && concerns_replace(e, b.role))
+        {
+            warn!(
+                role = b.role,
+                "a reactor refused the replace ({e}): cancelling it"
+            );
+            self.handle.fail_replacement(b.serial);
+            if snap
+                .replacement
+                .as_ref()
+                .is_none_or(|r| r.info.serial != b.serial)
+            {
+                // No reactor has it at all: nothing to wait for.
+                return self.abandon_replace(meta, &b, &e.to_string());
+            }
+            if let Some(x) = meta.book.replacing.as_mut() {
+                x.error_at_start = Some(e.clone());
+            }
+        }
+        let Some(r) = snap
+            .replacement
+            .as_ref()
+            .filter(|r| r.info.serial == b.serial)
+        else {
+            return;
+        };
+        match r.info.state {
+            ReplaceState::Copying => {
+                let replace = p.filter(|p| p.kind == EngineKind::Replace);
+                if let Some(ProcessState::Failed(e)) = replace.map(|p| p.state) {
+                    if !matches!(e, engine::process::ProcessError::ReplacementFailed { .. }) {
+                        warn!(
+                            role = b.role,
+                            "the replace cannot finish ({e}): cancelling it"
+                        );
+                        self.handle.fail_replacement(b.serial);
+                        return;
+                    }
+                }
+                let due = self
+                    .last_checkpoint
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .elapsed()
+                    >= CHECKPOINT_INTERVAL;
+                if let Some(pos) = replace.map(|p| p.position_sectors) {
+                    if due && pos != b.checkpoint {
+                        if let Err(e) = Self::checkpoint_replace(meta, &b, pos) {
+                            warn!("recording replace progress: {e:#}");
+                        }
+                    }
+                }
+            }
+            ReplaceState::Done => self.finish_replace(meta, &b),
+            ReplaceState::Failed(e) => self.abandon_replace(meta, &b, &e.to_string()),
+        }
+    }
+
+    /// The replace stopped without completing (`why`): the replacement's slot is recorded
+    /// faulty and the device let go; the array is as it was.
+    fn abandon_replace(&self, meta: &mut Meta, b: &ReplaceBook, why: &str) {
+        warn!(
+            device = %b.path.display(),
+            role = b.role,
+            error = why,
+            "replace stopped: the replacement is out; the array is unchanged"
+        );
+        if let Err(e) = meta.record_with(
+            &[],
+            None,
+            RoleChanges {
+                roles: vec![(b.dev_number, DEV_ROLE_FAULTY)],
+                ..RoleChanges::default()
+            },
+        ) {
+            warn!("recording the failed replacement: {e:#}");
+        }
+        for m in meta.members.iter_mut().filter(|m| m.replacement) {
+            m.active = false;
+            m.replacement = false;
+            m.role = None;
+        }
+        self.release_lock(&b.path);
+        meta.book.replacing = None;
+    }
+
+    /// The replacement holds its role on every reactor: its superblock loses the
+    /// replacement flag and recovery offset, the old member's slot is recorded faulty, and
+    /// the old device itself is told it is out (see the module docs), then let go.
+    fn finish_replace(&self, meta: &mut Meta, b: &ReplaceBook) {
+        let old = meta
+            .members
+            .iter()
+            .position(|m| m.active && m.role == Some(b.role) && !m.replacement);
+        let mut changes = RoleChanges {
+            recovery: vec![(b.dev_number, None)],
+            features: vec![(b.dev_number, Feature::Replacement, false)],
+            ..RoleChanges::default()
+        };
+        let old_meta = old.map(|i| meta.members[i].clone());
+        if let Some(o) = &old_meta {
+            changes.roles.push((o.sb.dev_number, DEV_ROLE_FAULTY));
+        }
+        for m in meta.members.iter_mut().filter(|m| m.replacement) {
+            m.replacement = false;
+        }
+        let events = match meta.record_with(&[], None, changes) {
+            Ok(ev) => ev,
+            Err(e) => {
+                warn!("recording the completed replace: {e:#}");
+                return;
+            }
+        };
+        if let Some(o) = &old_meta {
+            // The old device's own superblock: this generation, its slot faulty.
+            let newest = meta
+                .members
+                .iter()
+                .filter(|m| m.active)
+                .max_by_key(|m| m.sb.events)
+                .map(|m| m.sb.clone());
+            if let Some(n) = newest {
+                let mut sb = o.sb.clone();
+                sb.events = events;
+                sb.utime = n.utime;
+                sb.resync_offset = n.resync_offset;
+                sb.dev_roles.clone_from(&n.dev_roles);
+                if let Err(e) = metadata_io::write_superblock(&o.path, &sb) {
+                    // Then it must not pass for one generation behind: one more.
+                    warn!(device = %o.path.display(), "writing the replaced device's superblock: {e}");
+                    if let Err(e) = meta.record(&[], None) {
+                        warn!("one more generation after the replace: {e:#}");
+                    }
+                }
+            }
+        }
+        let path = b.path.clone();
+        self.took_role(meta, b.role, &path);
+        meta.book.replacing = None;
+        info!(
+            role = b.role,
+            new = %b.path.display(),
+            old = %old_meta.as_ref().map(|o| o.path.display().to_string()).unwrap_or_else(|| "(failed)".into()),
+            "replace complete: the replacement holds the slot, the old device is out of the array"
+        );
+    }
+
     /// The superblock changes for the members being rebuilt: in sync once the reactors
     /// put them online (those roles are returned), else — with `checkpoint` — the
     /// rebuild's position as their `recovery_offset`.
@@ -611,7 +1424,7 @@ impl Shared {
             let Some(m) = meta
                 .members
                 .iter()
-                .find(|m| m.active && m.role == Some(role))
+                .find(|m| m.active && m.role == Some(role) && !m.replacement)
             else {
                 continue;
             };

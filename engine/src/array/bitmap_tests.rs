@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 use super::*;
 use crate::bitmap::{NeedsSync, WriteIntent};
 use crate::device::BlockDevice;
-use crate::geometry::{Geometry, Layout};
+use crate::geometry::{Geometry, Layout, Role};
 use crate::metadata::bitmap::{bit_location, Bitmap, BitmapSuper};
 use crate::metadata::Uuid;
 use crate::shard::ShardedArray;
@@ -637,4 +637,266 @@ fn resync_after_a_crash_covers_only_bitmap_dirty_regions() {
             "shards {shards}: only stripe 20 is left torn"
         );
     }
+}
+
+// ---- re-add by bitmap (md's `Bitmap_sync` recovery) ------------------------------------
+
+/// Whether every stripe's P (and Q) match its data on the members' storage now.
+fn inconsistent_stripes(w: &World) -> Vec<u64> {
+    let geo = *w.arr.geometry();
+    let g = *geo.geometry();
+    let c = g.chunk_bytes() as usize;
+    let imgs: Vec<AlignedBuf> = w
+        .devs
+        .iter()
+        .map(|d| {
+            let v = d.contents();
+            let mut b = AlignedBuf::zeroed(v.len() - DATA_OFFSET as usize);
+            b.copy_from_slice(&v[DATA_OFFSET as usize..]);
+            b
+        })
+        .collect();
+    let parity = Parity::new();
+    let mut bad = Vec::new();
+    for s in 0..geo.stripes() {
+        let st = g.stripe(s);
+        let on = s as usize * c;
+        let mut data: Vec<&[u8]> = vec![&[]; usize::from(g.data_chunks())];
+        for m in 0..g.members() {
+            if let Role::Data { slot, .. } = st.role(m) {
+                data[usize::from(slot)] = &imgs[usize::from(m)][on..on + c];
+            }
+        }
+        let mut p = AlignedBuf::zeroed(c);
+        let mut q = AlignedBuf::zeroed(c);
+        let ok = match st.q_member() {
+            Some(qm) => {
+                parity.gen_pq(&data, &mut p, &mut q);
+                p[..] == imgs[usize::from(st.p_member())][on..on + c]
+                    && q[..] == imgs[usize::from(qm)][on..on + c]
+            }
+            None => {
+                parity.gen_p(&data, &mut p);
+                p[..] == imgs[usize::from(st.p_member())][on..on + c]
+            }
+        };
+        if !ok {
+            bad.push(s);
+        }
+    }
+    bad
+}
+
+/// Reads the whole array through the engine; returns its bytes.
+fn read_all(w: &mut World) -> Vec<u8> {
+    let cap = w.arr.geometry().capacity_bytes() as usize;
+    let mut buf = AlignedBuf::zeroed(cap);
+    let step = 16 * 1024;
+    let mut tags = Vec::new();
+    for (i, at) in (0..cap).step_by(step).enumerate() {
+        let len = step.min(cap - at);
+        // SAFETY: `buf` outlives the requests (completed below before it is read).
+        let io = unsafe { IoBuf::from_slice(&mut buf[at..at + len]) };
+        w.arr
+            .submit(ArrayRequest {
+                tag: 10_000 + i as u64,
+                op: ArrayOp::Read,
+                offset_bytes: at as u64,
+                len_bytes: io.len(),
+                buf: io,
+            })
+            .unwrap();
+        tags.push(10_000 + i as u64);
+    }
+    for (_, st) in w.complete(&tags) {
+        assert_eq!(st, Ok(()));
+    }
+    buf.to_vec()
+}
+
+/// Member requests as (stripe, bytes) pairs.
+type StripeIo = Vec<(u64, u32)>;
+
+/// Member `m`'s data-area writes and the data-area reads of the others since log event
+/// `from`.
+fn data_io_since(w: &World, from: usize, m: usize) -> (StripeIo, StripeIo) {
+    let chunk = u64::from(w.arr.geometry().geometry().chunk_bytes());
+    let mut writes = Vec::new();
+    let mut reads = Vec::new();
+    for e in &w.log.events()[from..] {
+        if e.kind != IoEventKind::Submit || e.offset_bytes < DATA_OFFSET {
+            continue;
+        }
+        let stripe = (e.offset_bytes - DATA_OFFSET) / chunk;
+        match e.op {
+            Op::Read if e.device != m => reads.push((stripe, e.len_bytes)),
+            Op::Write { .. } if e.device == m => writes.push((stripe, e.len_bytes)),
+            _ => {}
+        }
+    }
+    (writes, reads)
+}
+
+/// Fills the array with random data (whole stripes), lets the daemon clear every bit,
+/// then fails member `gone` (its storage kept: a short absence) and writes `stripes`
+/// while it is away. Returns the array's expected contents.
+fn absence(w: &mut World, gone: u16, stripes: &[u64], seed: u64) -> Vec<u8> {
+    let geo = *w.arr.geometry();
+    let sb = geo.geometry().stripe_data_bytes();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut model = vec![0u8; geo.capacity_bytes() as usize];
+    let mut bufs: Vec<AlignedBuf> = (0..geo.stripes())
+        .map(|_| {
+            let mut b = AlignedBuf::zeroed(sb as usize);
+            rng.fill_bytes(&mut b);
+            b
+        })
+        .collect();
+    let mut tags = Vec::new();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        model[i * sb as usize..(i + 1) * sb as usize].copy_from_slice(b);
+        w.submit_write(i as u64, i as u64 * sb, b);
+        tags.push(i as u64);
+    }
+    w.complete(&tags);
+    let t0 = w.clock.now_ns();
+    w.idle_until(t0 + 4 * SEC * u64::from(DAEMON_SLEEP_S));
+    assert_eq!(
+        w.on_disk(0).dirty_count(),
+        0,
+        "the daemon cleared every bit"
+    );
+    w.arr.fail_member(gone, IoError::Gone);
+    let mut tags = Vec::new();
+    let mut small: Vec<AlignedBuf> = stripes
+        .iter()
+        .map(|_| {
+            let mut b = AlignedBuf::zeroed(1024);
+            rng.fill_bytes(&mut b);
+            b
+        })
+        .collect();
+    for (i, (&s, b)) in stripes.iter().zip(small.iter_mut()).enumerate() {
+        // A partial write inside the stripe (its data, and parity, change).
+        let off = s * sb + 512 * (i as u64 % 4);
+        model[off as usize..off as usize + 1024].copy_from_slice(b);
+        w.submit_write(1000 + i as u64, off, b);
+        tags.push(1000 + i as u64);
+    }
+    for (_, st) in w.complete(&tags) {
+        assert_eq!(st, Ok(()));
+    }
+    model
+}
+
+/// A member that returns after a short absence is rebuilt only where the bitmap says it
+/// missed writes: with 1, 2 and 4 shards, its data-area writes are exactly the chunks of
+/// the dirty regions' stripes (2 stripes per 8 KiB region of 4 KiB chunks), the others
+/// read only those stripes; afterwards every stripe is consistent, the array reads back
+/// what was written, and — the array whole again — the daemon clears the bits.
+#[test]
+fn readd_rebuilds_only_the_bitmap_dirty_regions() {
+    for shards in [1usize, 2, 4] {
+        let mut w = world(Level::Raid6, 5, shards, 4096, 64, 8192);
+        let model = absence(&mut w, 2, &[3, 17, 18, 50], 40 + shards as u64);
+        // Regions 1, 8, 9, 25: stripes 2..4, 16..20, 50..52.
+        let dirty = w.intent.on_disk_regions();
+        assert_eq!(dirty, vec![2..4, 16..20, 50..52], "shards {shards}");
+        assert!(w.intent.degraded());
+        let from = w.log.events().len();
+        let chans = (0..shards)
+            .map(|_| w.devs[2].open_channel().unwrap())
+            .collect();
+        w.arr.readd_member(2, chans).unwrap();
+        run_process(&mut w);
+        let p = w.arr.process_snapshot().unwrap();
+        assert_eq!(p.kind, ProcessKind::Rebuild);
+        assert_eq!(p.state, ProcessState::Finished, "shards {shards}");
+        assert_eq!(p.total_stripes, 8);
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        let (writes, reads) = data_io_since(&w, from, 2);
+        let in_dirty = |s: u64| dirty.iter().any(|r| r.contains(&s));
+        assert!(writes.iter().all(|&(s, _)| in_dirty(s)), "{writes:?}");
+        assert!(reads.iter().all(|&(s, _)| in_dirty(s)), "{reads:?}");
+        let written: u64 = writes.iter().map(|&(_, l)| u64::from(l)).sum();
+        assert_eq!(written, 8 * 4096, "shards {shards}");
+        assert_eq!(inconsistent_stripes(&w), Vec::<u64>::new());
+        assert!(read_all(&mut w) == model, "shards {shards}: data differs");
+        // Whole again: the daemon clears the bits (md clears once not degraded).
+        assert!(!w.intent.degraded());
+        let t0 = w.clock.now_ns();
+        w.idle_until(t0 + 4 * SEC * u64::from(DAEMON_SLEEP_S));
+        assert_eq!(w.on_disk(0).dirty_count(), 0, "shards {shards}");
+        assert_eq!(
+            w.on_disk(2).dirty_count(),
+            0,
+            "the re-added member's bitmap"
+        );
+        eprintln!(
+            "re-add, {shards} shard(s): {written} bytes written to the member, {} bytes read \
+             from the others",
+            reads.iter().map(|&(_, l)| u64::from(l)).sum::<u64>()
+        );
+    }
+}
+
+/// The same absence with the device put back as a new one (a stale member, or an array
+/// without a usable bitmap: md's full recovery): every chunk is rebuilt. The I/O the
+/// bitmap saves is the difference.
+#[test]
+fn a_member_put_back_without_the_bitmap_is_rebuilt_in_full() {
+    let mut w = world(Level::Raid6, 5, 2, 4096, 64, 8192);
+    let model = absence(&mut w, 2, &[3, 17, 18, 50], 77);
+    let from = w.log.events().len();
+    let chans = (0..2).map(|_| w.devs[2].open_channel().unwrap()).collect();
+    w.arr.replace_member(2, chans).unwrap();
+    run_process(&mut w);
+    assert_eq!(w.arr.process_snapshot().unwrap().total_stripes, 64);
+    let (writes, reads) = data_io_since(&w, from, 2);
+    let written: u64 = writes.iter().map(|&(_, l)| u64::from(l)).sum();
+    assert_eq!(written, 64 * 4096);
+    assert_eq!(inconsistent_stripes(&w), Vec::<u64>::new());
+    assert!(read_all(&mut w) == model);
+    eprintln!(
+        "full rebuild: {written} bytes written to the member, {} bytes read from the others",
+        reads.iter().map(|&(_, l)| u64::from(l)).sum::<u64>()
+    );
+}
+
+/// A re-added member is written by client writes during its recovery, everywhere; a
+/// member joining gets the whole bitmap area written (md's `md_bitmap_write_all`).
+#[test]
+fn readd_under_client_writes_and_the_bitmap_area_is_rewritten() {
+    let mut w = world(Level::Raid5, 4, 2, 4096, 64, 8192);
+    let mut model = absence(&mut w, 1, &[9, 30], 5);
+    // Scribble over member 1's bitmap area: the re-add must write all of it.
+    w.devs[1].poke(BITMAP_START + 300, &[0xff; 64]);
+    let chans = (0..2).map(|_| w.devs[1].open_channel().unwrap()).collect();
+    w.arr.readd_member(1, chans).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let mut writes = random_writes(&w, &mut rng, 24);
+    let mut tags = Vec::new();
+    for (i, (off, buf)) in writes.iter_mut().enumerate() {
+        model[*off as usize..*off as usize + buf.len()].copy_from_slice(buf);
+        w.submit_write(5000 + i as u64, *off, buf);
+        tags.push(5000 + i as u64);
+    }
+    w.complete(&tags);
+    run_process(&mut w);
+    assert!(w
+        .arr
+        .member_states()
+        .iter()
+        .all(|s| *s == MemberState::Online));
+    assert_eq!(inconsistent_stripes(&w), Vec::<u64>::new());
+    assert!(read_all(&mut w) == model);
+    assert_eq!(
+        w.on_disk(1).bytes,
+        w.on_disk(0).bytes,
+        "bitmap area rewritten"
+    );
 }

@@ -46,7 +46,15 @@
 //!    bitmap, or its role now served by another device — it can only be rebuilt fully,
 //!    like a new spare. [`Assembly::re_add`] lists the decisions; the devices stay out of
 //!    [`Assembly::members`] until the recovery completes.
-//! 10. **Dirty and degraded** (`resync_offset != MaxSector` and a role missing) is refused
+//! 10. **Replacement** (md's `Replacement` flag, `MD_FEATURE_REPLACEMENT` on the device's
+//!     own superblock; `dev_roles` then gives two slots one role, mdadm's `R`): a current
+//!     replacement whose member is current too resumes its replace
+//!     ([`Assembly::replacements`], copied below its `recovery_offset`); if the member is
+//!     gone (stale, faulty, absent), the replacement becomes the member of the role,
+//!     recovering from its `recovery_offset` — md's `raid5_run` moves a replacement into
+//!     an empty slot the same way. Two devices claiming one role without the flag are an
+//!     error ([`AssembleError::RoleClaimedTwice`]). A replacement is never re-added.
+//! 11. **Dirty and degraded** (`resync_offset != MaxSector` and a role missing) is refused
 //!     unless `force` (md.rst, "Boot time assembly of degraded/dirty arrays": the parity
 //!     of a dirty array cannot be trusted, and a degraded array needs it to reconstruct).
 
@@ -158,6 +166,34 @@ pub struct Member {
     /// its data is valid below this many 512-byte sectors from its data offset, and the
     /// rebuild resumes there (md's `recovery_offset`); `None` when it is in sync.
     pub recovery_offset: Option<u64>,
+    /// Whether its recovery covers only the write-intent bitmap's dirty regions
+    /// (`MD_FEATURE_RECOVERY_BITMAP`: a re-add in progress) — honoured only when the
+    /// array's bitmap is current ([`Assembly::bitmap`] not stale).
+    pub bitmap_recovery: bool,
+    /// Whether it was a replacement whose member is gone: it serves the role now, being
+    /// rebuilt from its `recovery_offset`, and its superblock's `MD_FEATURE_REPLACEMENT`
+    /// is to be cleared with the next update.
+    pub was_replacement: bool,
+}
+
+/// A replacement device whose member is current: its replace resumes
+/// ([`Assembly::replacements`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplacementMember {
+    /// Index into the candidates.
+    pub candidate: usize,
+    /// The device's name.
+    pub device: String,
+    /// The role (member) it replaces.
+    pub role: u16,
+    /// Its slot (`dev_number`).
+    pub dev_number: u32,
+    /// Its `events`.
+    pub events: u64,
+    /// The member's data it holds: 512-byte sectors from the data offset
+    /// (`recovery_offset`; [`MAX_SECTOR`] when it has no recovery offset, i.e. it was
+    /// copied in full and only the swap was left).
+    pub recovery_offset: u64,
 }
 
 /// Why a device is not used.
@@ -316,6 +352,15 @@ pub enum FullRebuildReason {
     },
     /// Its role is served by another device now.
     RoleTaken,
+    /// It was itself being rebuilt (`MD_FEATURE_RECOVERY_OFFSET` without
+    /// `MD_FEATURE_RECOVERY_BITMAP`): its data beyond `recovery_offset` was never there
+    /// (md's `super_1_validate` sets `saved_raid_disk = -1`: full recovery).
+    PartlyRecovered {
+        /// Its `recovery_offset`, sectors.
+        recovery_offset: u64,
+    },
+    /// It was a replacement in progress: a partial copy, never a member.
+    Replacement,
 }
 
 impl fmt::Display for FullRebuildReason {
@@ -331,6 +376,13 @@ impl fmt::Display for FullRebuildReason {
                 "its events {events} are older than the bitmap's events_cleared {events_cleared}"
             ),
             FullRebuildReason::RoleTaken => f.write_str("its role is served by another device"),
+            FullRebuildReason::PartlyRecovered { recovery_offset } => write!(
+                f,
+                "it was itself being rebuilt (recovered only up to sector {recovery_offset})"
+            ),
+            FullRebuildReason::Replacement => {
+                f.write_str("it was a replacement in progress, never a member")
+            }
         }
     }
 }
@@ -411,6 +463,8 @@ pub struct Assembly {
     /// Devices that missed writes and can come back, and how (also listed in
     /// `excluded`).
     pub re_add: Vec<ReAdd>,
+    /// Replacement devices whose member is current: their replace resumes.
+    pub replacements: Vec<ReplacementMember>,
 }
 
 impl Assembly {
@@ -452,6 +506,20 @@ impl Assembly {
         }
         for r in &self.re_add {
             v.push(r.to_string());
+        }
+        for r in &self.replacements {
+            v.push(format!(
+                "{} replaces role {} (copied up to sector {}): the replace resumes",
+                r.device, r.role, r.recovery_offset
+            ));
+        }
+        for m in self.members.iter().flatten().filter(|m| m.was_replacement) {
+            v.push(format!(
+                "{} was replacing a member that is gone: it takes the role and is rebuilt \
+                 from sector {}",
+                m.device,
+                m.recovery_offset.unwrap_or(0)
+            ));
         }
         for f in &self.forced {
             v.push(f.to_string());
@@ -520,6 +588,19 @@ pub enum AssembleError {
         second: String,
         /// Whether their `device_uuid`s are equal.
         same_device_uuid: bool,
+    },
+    /// Two devices claim one role and neither is a replacement.
+    #[error(
+        "{first} and {second} both claim role {role} and neither is a replacement \
+         (MD_FEATURE_REPLACEMENT): split brain or corruption"
+    )]
+    RoleClaimedTwice {
+        /// The role.
+        role: u16,
+        /// First device.
+        first: String,
+        /// Second device.
+        second: String,
     },
     /// No device has an active role of its own.
     #[error("no active member among the devices ({spares} spare(s)): nothing to assemble")]
@@ -691,6 +772,7 @@ pub fn assemble(
         slot_user.insert(sb.dev_number, i);
         Ok(())
     };
+    let mut found_replacements: Vec<(usize, u16)> = Vec::new();
     for &(i, sb) in &readable {
         let now = newest.role_of(sb.dev_number);
         let own = sb.role();
@@ -699,6 +781,17 @@ pub fn assemble(
             DevRole::Active(r) if own == now && current => {
                 check_consistent(i, sb, newest_i, newest, &dev)?;
                 claim(&mut slot_user, i, sb)?;
+                if sb.is_replacement() {
+                    found_replacements.push((i, r));
+                    continue;
+                }
+                if let Some(m) = &members[usize::from(r)] {
+                    return Err(AssembleError::RoleClaimedTwice {
+                        role: r,
+                        first: m.device.clone(),
+                        second: dev(i),
+                    });
+                }
                 members[usize::from(r)] = Some(Member {
                     candidate: i,
                     device: dev(i),
@@ -708,6 +801,8 @@ pub fn assemble(
                     data_size_sectors: sb.data_size,
                     forced: false,
                     recovery_offset: sb.recovering(),
+                    bitmap_recovery: sb.recovers_by_bitmap(),
+                    was_replacement: false,
                 });
                 continue;
             }
@@ -735,6 +830,49 @@ pub fn assemble(
             device: dev(i),
             reason,
         });
+    }
+
+    // 5a. Replacements: resumed beside a current member, else the member of the role.
+    let mut replacements: Vec<ReplacementMember> = Vec::new();
+    for (i, r) in found_replacements {
+        let sb = candidates[i]
+            .superblock
+            .as_ref()
+            .expect("replacements are readable");
+        let copied = sb.recovering().unwrap_or(MAX_SECTOR);
+        match &members[usize::from(r)] {
+            Some(_) => {
+                if let Some(other) = replacements.iter().find(|x| x.role == r) {
+                    return Err(AssembleError::RoleClaimedTwice {
+                        role: r,
+                        first: other.device.clone(),
+                        second: dev(i),
+                    });
+                }
+                replacements.push(ReplacementMember {
+                    candidate: i,
+                    device: dev(i),
+                    role: r,
+                    dev_number: sb.dev_number,
+                    events: sb.events,
+                    recovery_offset: copied,
+                });
+            }
+            None => {
+                members[usize::from(r)] = Some(Member {
+                    candidate: i,
+                    device: dev(i),
+                    dev_number: sb.dev_number,
+                    events: sb.events,
+                    data_offset_sectors: sb.data_offset,
+                    data_size_sectors: sb.data_size,
+                    forced: false,
+                    recovery_offset: (copied != MAX_SECTOR).then_some(copied),
+                    bitmap_recovery: false,
+                    was_replacement: true,
+                });
+            }
+        }
     }
 
     // 5b. Bitmaps of the current members.
@@ -868,6 +1006,8 @@ pub fn assemble(
                 data_size_sectors: sb.data_size,
                 forced: true,
                 recovery_offset: sb.recovering(),
+                bitmap_recovery: false,
+                was_replacement: false,
             });
             excluded.retain(|e| e.candidate != i);
             forced.push(ForcedAction::IncludedOutOfDate {
@@ -917,21 +1057,14 @@ pub fn assemble(
         if u32::from(role) >= u32::from(raid_disks) || !same_shape(sb, newest) {
             continue;
         }
-        let recovery = if members[usize::from(role)].is_some() {
-            Recovery::Full(FullRebuildReason::RoleTaken)
-        } else {
-            match &bitmap {
-                None => Recovery::Full(FullRebuildReason::NoBitmap),
-                Some(b) if b.stale => Recovery::Full(FullRebuildReason::StaleBitmap),
-                Some(b) if sb.events < b.super_.events_cleared => {
-                    Recovery::Full(FullRebuildReason::OlderThanEventsCleared {
-                        events: sb.events,
-                        events_cleared: b.super_.events_cleared,
-                    })
-                }
-                Some(_) => Recovery::Bitmap,
-            }
-        };
+        let recovery = readd_recovery(
+            sb,
+            bitmap.as_ref().map(|b| ReaddBitmap {
+                events_cleared: b.super_.events_cleared,
+                stale: b.stale,
+            }),
+            members[usize::from(role)].is_some(),
+        );
         re_add.push(ReAdd {
             candidate: e.candidate,
             device: e.device.clone(),
@@ -970,7 +1103,49 @@ pub fn assemble(
         forced,
         bitmap,
         re_add,
+        replacements,
     })
+}
+
+/// The array's write-intent bitmap as a re-add decision needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReaddBitmap {
+    /// The bitmap's `events_cleared` (array `events` when bits were last cleared).
+    pub events_cleared: u64,
+    /// Whether the bitmap is stale (every bit counts as dirty).
+    pub stale: bool,
+}
+
+/// md's re-add rule (`super_1_validate` when the array has a bitmap; `md_bitmap`'s
+/// `events_cleared`) for a device coming back with superblock `sb` to the role its own
+/// superblock holds: [`Recovery::Bitmap`] when the array has a current bitmap
+/// (`bitmap`, not stale), the device's `events` is not below its `events_cleared` (no
+/// bit was cleared since it left, so the bits cover every write it missed), it was not
+/// itself a partial copy (a replacement, or a rebuild not guided by the bitmap:
+/// `MD_FEATURE_RECOVERY_OFFSET` without `MD_FEATURE_RECOVERY_BITMAP`), and its role is
+/// free (`role_taken` false); else [`Recovery::Full`] with the first reason that applies.
+/// Used by assembly and by a running target's `member_add`.
+pub fn readd_recovery(sb: &Superblock, bitmap: Option<ReaddBitmap>, role_taken: bool) -> Recovery {
+    if role_taken {
+        return Recovery::Full(FullRebuildReason::RoleTaken);
+    }
+    if sb.is_replacement() {
+        return Recovery::Full(FullRebuildReason::Replacement);
+    }
+    if let Some(recovery_offset) = sb.recovering().filter(|_| !sb.recovers_by_bitmap()) {
+        return Recovery::Full(FullRebuildReason::PartlyRecovered { recovery_offset });
+    }
+    match bitmap {
+        None => Recovery::Full(FullRebuildReason::NoBitmap),
+        Some(b) if b.stale => Recovery::Full(FullRebuildReason::StaleBitmap),
+        Some(b) if sb.events < b.events_cleared => {
+            Recovery::Full(FullRebuildReason::OlderThanEventsCleared {
+                events: sb.events,
+                events_cleared: b.events_cleared,
+            })
+        }
+        Some(_) => Recovery::Bitmap,
+    }
 }
 
 /// Whether `sb` describes the same array shape as `newest` (so its data, however old,

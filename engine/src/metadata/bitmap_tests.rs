@@ -380,6 +380,7 @@ fn upd(failed: Vec<u32>) -> Update {
         resync: None,
         roles: Vec::new(),
         recovery: Vec::new(),
+        features: Vec::new(),
     }
 }
 

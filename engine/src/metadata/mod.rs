@@ -45,8 +45,9 @@ mod bitmap_tests;
 mod tests;
 
 pub use assemble::{
-    assemble, ArrayBitmap, AssembleError, AssembleOptions, Assembly, Candidate, Exclusion,
-    ExclusionReason, ForcedAction, FullRebuildReason, Member, ReAdd, Recovery, EVENT_MARGIN,
+    assemble, readd_recovery, ArrayBitmap, AssembleError, AssembleOptions, Assembly, Candidate,
+    Exclusion, ExclusionReason, ForcedAction, FullRebuildReason, Member, ReAdd, ReaddBitmap,
+    Recovery, ReplacementMember, EVENT_MARGIN,
 };
 pub use bitmap::{Bitmap, BitmapError, BitmapSuper};
 pub use create::{

@@ -203,9 +203,14 @@ impl Feature {
     }
 
     /// Features ferroraid serves: [`Feature::BitmapOffset`] (the internal write-intent
-    /// bitmap, `super::bitmap`) and [`Feature::RecoveryOffset`] (a member rebuilt up to
-    /// `recovery_offset`: the rebuild resumes there, as md's `super_1_validate` does).
-    pub const SUPPORTED: u32 = 1 | 2;
+    /// bitmap, `super::bitmap`), [`Feature::RecoveryOffset`] (a member rebuilt up to
+    /// `recovery_offset`: the rebuild resumes there, as md's `super_1_validate` does),
+    /// [`Feature::Replacement`] (a device replacing the member of its role, copied up to
+    /// `recovery_offset`: the replace resumes there, or — the member gone — it becomes the
+    /// member and is rebuilt from there, as md's `raid5_run` does) and
+    /// [`Feature::RecoveryBitmap`] (a member recovered from the write-intent bitmap: a
+    /// re-add).
+    pub const SUPPORTED: u32 = 1 | 2 | 16 | 128;
 
     /// What the feature means and why ferroraid refuses it today (every feature outside
     /// [`Feature::SUPPORTED`]).
@@ -222,13 +227,15 @@ impl Feature {
                 "member has recorded bad blocks: md would not read those sectors, ferroraid \
                  does not read the bad-block log yet"
             }
-            Feature::Replacement => "member is a replacement in progress: finish it under md first",
+            Feature::Replacement => {
+                "replacement in progress (supported: the replace resumes at recovery_offset)"
+            }
             Feature::ReshapeBackwards => "backwards reshape in progress: finish it under md first",
             Feature::NewOffset => {
                 "reshape to a new data offset in progress: finish it under md first"
             }
             Feature::RecoveryBitmap => {
-                "bitmap-guided recovery in progress: finish it under md first"
+                "bitmap-guided recovery in progress (supported: the re-add resumes)"
             }
             Feature::Clustered => "clustered md is not supported",
             Feature::Journal => "RAID5/6 write journal is not supported",
@@ -481,14 +488,18 @@ pub enum SuperblockError {
         /// The stored `raid_disks`.
         raid_disks: u32,
     },
-    /// Two slots hold the same active role (a replacement in progress, or corruption).
-    #[error("role {role} is held by both dev_roles[{first}] and dev_roles[{second}]")]
+    /// More than two slots hold the same active role. md allows two: a member and its
+    /// replacement (mdadm's Array State shows `R`); a third is corruption.
+    #[error(
+        "role {role} is held by dev_roles[{first}], its replacement and dev_roles[{second}]: \
+         md allows a member and one replacement"
+    )]
     DuplicateRole {
         /// The role.
         role: u16,
-        /// First slot.
+        /// First slot holding it.
         first: u32,
-        /// Second slot.
+        /// The third slot holding it.
         second: u32,
     },
     /// An internal bitmap that does not start between the superblock and the data.
@@ -1003,10 +1014,23 @@ impl Superblock {
         (self.feature_map & Feature::RecoveryOffset.bit() != 0).then_some(self.recovery_offset)
     }
 
+    /// Whether this device replaces the member of its role (`MD_FEATURE_REPLACEMENT`,
+    /// md's `Replacement` flag): it holds the member's data up to [`Self::recovering`].
+    pub fn is_replacement(&self) -> bool {
+        self.feature_map & Feature::Replacement.bit() != 0
+    }
+
+    /// Whether this member's recovery is guided by the write-intent bitmap
+    /// (`MD_FEATURE_RECOVERY_BITMAP`: a re-add in progress; md keeps `saved_raid_disk`
+    /// then, so the recovery stays bitmap-based after a restart).
+    pub fn recovers_by_bitmap(&self) -> bool {
+        self.recovering().is_some() && self.feature_map & Feature::RecoveryBitmap.bit() != 0
+    }
+
     /// Checks that ferroraid can serve the array this (format-valid) superblock describes,
     /// in this order:
     /// 1. v1.2 position: `super_offset == 8` ([`SuperblockError::NotVersion12`]);
-    /// 2. no feature bits but [`Feature::BitmapOffset`]: every other bit of `feature_map`
+    /// 2. no feature bits outside [`Feature::SUPPORTED`]: every other bit of `feature_map`
     ///    is refused by name with its reason ([`SuperblockError::UnsupportedFeatures`]); an
     ///    internal bitmap must start after the superblock and before the data
     ///    ([`SuperblockError::BitmapPlacement`]; the bitmap itself is checked when read,
@@ -1020,7 +1044,8 @@ impl Superblock {
     ///    ([`SuperblockError::SizeTooSmall`]);
     /// 6. a reserved bad-block log, if any, between the superblock and the data
     ///    ([`SuperblockError::BadBlockLogPlacement`]);
-    /// 7. every `dev_roles` entry a role `< raid_disks`, spare or faulty, and no role twice
+    /// 7. every `dev_roles` entry a role `< raid_disks`, spare or faulty, and no role held
+    ///    by more than two slots — a member and its replacement
     ///    ([`SuperblockError::InvalidRole`], [`SuperblockError::DuplicateRole`]).
     ///
     /// # Errors
@@ -1076,20 +1101,26 @@ impl Superblock {
                 });
             }
         }
-        let mut holder: Vec<Option<u32>> = vec![None; self.raid_disks as usize];
+        // (first slot holding the role, how many hold it)
+        let mut holder: Vec<Option<(u32, u8)>> = vec![None; self.raid_disks as usize];
         for (slot, &raw) in self.dev_roles.iter().enumerate() {
             let slot = slot as u32;
             match DevRole::from_raw(raw) {
                 DevRole::Spare | DevRole::Faulty => {}
                 DevRole::Active(r) if u32::from(r) < self.raid_disks => {
-                    if let Some(first) = holder[usize::from(r)] {
-                        return Err(SuperblockError::DuplicateRole {
-                            role: r,
-                            first,
-                            second: slot,
-                        });
+                    let h = &mut holder[usize::from(r)];
+                    match h {
+                        None => *h = Some((slot, 1)),
+                        // A member and its replacement (md's `rdev` and `replacement`).
+                        Some((_, n @ 1)) => *n = 2,
+                        Some((first, _)) => {
+                            return Err(SuperblockError::DuplicateRole {
+                                role: r,
+                                first: *first,
+                                second: slot,
+                            });
+                        }
                     }
-                    holder[usize::from(r)] = Some(slot);
                 }
                 _ => {
                     return Err(SuperblockError::InvalidRole {

@@ -321,12 +321,16 @@ fn support_errors_name_the_reason() {
             raid_disks: 4
         }
     );
+    // A member and its replacement may share a role (mdadm's `R`); a third may not.
     assert_eq!(
-        with(&|s| s.dev_roles[5] = 2),
+        with(&|s| {
+            s.dev_roles[5] = 2;
+            s.dev_roles[6] = 2;
+        }),
         SuperblockError::DuplicateRole {
             role: 2,
             first: 2,
-            second: 5
+            second: 6
         }
     );
 }
@@ -544,6 +548,7 @@ fn upd(failed: Vec<u32>, resync: Option<Resync>) -> Update {
         resync,
         roles: Vec::new(),
         recovery: Vec::new(),
+        features: Vec::new(),
     }
 }
 
@@ -595,6 +600,7 @@ fn replacement_joins_rebuilds_and_comes_in_sync() {
     let add = Update {
         roles: vec![(6, 4)],
         recovery: vec![(6, Some(0))],
+        features: Vec::new(),
         ..Update::at(MdTime::new(1_800_000_001, 0))
     };
     let next: Vec<Superblock> = next_generation(&current, &add)
@@ -618,6 +624,7 @@ fn replacement_joins_rebuilds_and_comes_in_sync() {
     assert!(next[..5].iter().all(|n| n.recovering().is_none()));
     let cp = Update {
         recovery: vec![(6, Some(4096))],
+        features: Vec::new(),
         ..Update::at(MdTime::new(1_800_000_002, 0))
     };
     let next: Vec<Superblock> = next_generation(&next, &cp)
@@ -629,6 +636,7 @@ fn replacement_joins_rebuilds_and_comes_in_sync() {
     assert_eq!(next[5].recovery_offset, 4096);
     let done = Update {
         recovery: vec![(6, None)],
+        features: Vec::new(),
         ..Update::at(MdTime::new(1_800_000_003, 0))
     };
     let next: Vec<Superblock> = next_generation(&next, &done)
@@ -659,6 +667,7 @@ fn partly_rebuilt_member_assembles_with_its_recovery_offset() {
     let sbs = array_sbs(Level::Raid5, 4, true);
     let rec = Update {
         recovery: vec![(2, Some(2048))],
+        features: Vec::new(),
         ..Update::at(MdTime::new(1_800_000_001, 0))
     };
     let next: Vec<Superblock> = next_generation(&sbs, &rec)
@@ -1144,4 +1153,187 @@ impl Superblock {
     fn to_string_lossy_fields(&self) -> (String, String, (i16, u16), DevRole) {
         (self.name(), self.short_name(), self.ppl(), self.role())
     }
+}
+
+// ---------------------------------------------------------------- replacement, re-add
+
+/// A RAID6 of 6 whose member 2 gets a replacement in slot 6 (md's superblocks during
+/// `mdadm --replace`: both slots hold role 2, the new device has MD_FEATURE_REPLACEMENT
+/// and a recovery offset), copied up to sector 4096.
+fn replacing() -> Vec<Superblock> {
+    let sbs = array_sbs(Level::Raid6, 6, true);
+    let newest = sbs[0].clone();
+    let mut current = sbs;
+    current.push(joining_member(
+        &newest,
+        6,
+        Uuid([0xcd; 16]),
+        newest.data_size,
+    ));
+    let up = Update {
+        roles: vec![(6, 2)],
+        recovery: vec![(6, Some(4096))],
+        features: vec![(6, Feature::Replacement, true)],
+        ..Update::at(MdTime::new(1_800_000_001, 0))
+    };
+    next_generation(&current, &up)
+        .unwrap()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect()
+}
+
+#[test]
+fn replacement_superblocks_are_supported_and_round_trip() {
+    let sbs = replacing();
+    for sb in &sbs {
+        // Role 2 twice (mdadm prints R), accepted; round trip keeps every bit.
+        sb.check_supported().unwrap();
+        assert_eq!(&reparse(sb).unwrap(), sb);
+    }
+    assert!(sbs[6].is_replacement() && sbs[6].recovering() == Some(4096));
+    assert!(!sbs[2].is_replacement() && sbs[2].recovering().is_none());
+    assert_eq!(sbs[0].role_of(2), DevRole::Active(2));
+    assert_eq!(sbs[0].role_of(6), DevRole::Active(2));
+    // Completing: the replacement in sync, its flag cleared, the old slot faulty.
+    let done = Update {
+        failed: vec![2],
+        recovery: vec![(6, None)],
+        features: vec![(6, Feature::Replacement, false)],
+        ..Update::at(MdTime::new(1_800_000_002, 0))
+    };
+    let next = next_generation(&sbs, &done).unwrap();
+    assert!(next[2].is_none(), "the replaced member is not written");
+    let n6 = next[6].as_ref().unwrap();
+    assert!(!n6.is_replacement() && n6.recovering().is_none());
+    assert_eq!(n6.role_of(2), DevRole::Faulty);
+    assert_eq!(n6.role(), DevRole::Active(2));
+}
+
+#[test]
+fn a_replacement_resumes_beside_its_member_or_takes_its_role() {
+    let sbs = replacing();
+    let asm = assemble(&cands(&sbs), AssembleOptions::default()).unwrap();
+    assert_eq!(asm.members[2].as_ref().unwrap().dev_number, 2);
+    assert_eq!(asm.replacements.len(), 1);
+    let r = &asm.replacements[0];
+    assert_eq!((r.role, r.dev_number, r.recovery_offset), (2, 6, 4096));
+    assert!(!asm.degraded);
+    assert!(asm.notes().iter().any(|n| n.contains("replace resumes")));
+    // The member gone: the replacement serves role 2, rebuilt from where it got to.
+    let without: Vec<Superblock> = sbs.iter().filter(|s| s.dev_number != 2).cloned().collect();
+    let asm = assemble(&cands(&without), force()).unwrap();
+    let m = asm.members[2].as_ref().unwrap();
+    assert_eq!((m.dev_number, m.recovery_offset), (6, Some(4096)));
+    assert!(m.was_replacement);
+    assert!(asm.replacements.is_empty());
+    // The member recorded faulty (it failed during the replace): the same.
+    let failed: Vec<Superblock> = next_generation(&sbs, &upd(vec![2], None))
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut with_old = failed.clone();
+    with_old.push(sbs[2].clone());
+    let asm = assemble(&cands(&with_old), AssembleOptions::default()).unwrap();
+    let m = asm.members[2].as_ref().unwrap();
+    assert_eq!((m.dev_number, m.was_replacement), (6, true));
+    // The old member is never re-added: its role is served.
+    let re = asm.re_add.iter().find(|r| r.role == 2).unwrap();
+    assert_eq!(re.recovery, Recovery::Full(FullRebuildReason::RoleTaken));
+    // Two devices of one role without the flag: refused.
+    let mut clash = sbs.clone();
+    clash[6].feature_map &= !Feature::Replacement.bit();
+    assert!(matches!(
+        assemble(&cands(&clash), AssembleOptions::default()),
+        Err(AssembleError::RoleClaimedTwice { role: 2, .. })
+    ));
+}
+
+#[test]
+fn readd_rule_follows_md() {
+    let sbs = array_sbs(Level::Raid5, 4, true);
+    let mut sb = sbs[1].clone();
+    sb.events = 10;
+    let cur = Some(ReaddBitmap {
+        events_cleared: 10,
+        stale: false,
+    });
+    assert_eq!(readd_recovery(&sb, cur, false), Recovery::Bitmap);
+    assert_eq!(
+        readd_recovery(&sb, cur, true),
+        Recovery::Full(FullRebuildReason::RoleTaken)
+    );
+    assert_eq!(
+        readd_recovery(&sb, None, false),
+        Recovery::Full(FullRebuildReason::NoBitmap)
+    );
+    let stale = Some(ReaddBitmap {
+        events_cleared: 0,
+        stale: true,
+    });
+    assert_eq!(
+        readd_recovery(&sb, stale, false),
+        Recovery::Full(FullRebuildReason::StaleBitmap)
+    );
+    let newer = Some(ReaddBitmap {
+        events_cleared: 11,
+        stale: false,
+    });
+    assert_eq!(
+        readd_recovery(&sb, newer, false),
+        Recovery::Full(FullRebuildReason::OlderThanEventsCleared {
+            events: 10,
+            events_cleared: 11
+        })
+    );
+    // Itself partly rebuilt: full, unless that recovery was by bitmap too.
+    sb.feature_map |= Feature::RecoveryOffset.bit();
+    sb.recovery_offset = 512;
+    assert_eq!(
+        readd_recovery(&sb, cur, false),
+        Recovery::Full(FullRebuildReason::PartlyRecovered {
+            recovery_offset: 512
+        })
+    );
+    sb.feature_map |= Feature::RecoveryBitmap.bit();
+    assert!(sb.recovers_by_bitmap());
+    assert_eq!(readd_recovery(&sb, cur, false), Recovery::Bitmap);
+    sb.feature_map |= Feature::Replacement.bit();
+    assert_eq!(
+        readd_recovery(&sb, cur, false),
+        Recovery::Full(FullRebuildReason::Replacement)
+    );
+}
+
+#[test]
+fn marking_in_sync_clears_the_bitmap_recovery_flag() {
+    let sbs = array_sbs(Level::Raid5, 4, true);
+    let rec = Update {
+        recovery: vec![(2, Some(0))],
+        features: vec![(2, Feature::RecoveryBitmap, true)],
+        ..Update::at(MdTime::new(1_800_000_001, 0))
+    };
+    let next: Vec<Superblock> = next_generation(&sbs, &rec)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(next[2].recovers_by_bitmap());
+    assert!(!next[1].recovers_by_bitmap());
+    let asm = assemble(&cands(&next), AssembleOptions::default()).unwrap();
+    assert!(asm.members[2].as_ref().unwrap().bitmap_recovery);
+    let done = Update {
+        recovery: vec![(2, None)],
+        ..Update::at(MdTime::new(1_800_000_002, 0))
+    };
+    let next: Vec<Superblock> = next_generation(&next, &done)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(
+        next[2].feature_map & (Feature::RecoveryOffset.bit() | Feature::RecoveryBitmap.bit()),
+        0
+    );
 }

@@ -74,6 +74,13 @@ pub struct Update {
     /// (valid below that many sectors from its data offset); `(dev_number, None)` marks it
     /// in sync (feature cleared, `recovery_offset` 0), as md's `super_1_sync` writes them.
     pub recovery: Vec<(u32, Option<u64>)>,
+    /// Per-device feature bits to set (`true`) or clear (`false`) on that member's own
+    /// superblock, `(dev_number, feature, set)`: [`Feature::Replacement`] on a device
+    /// replacing the member of its role (md's `super_1_sync` sets it while the
+    /// `Replacement` flag is on), [`Feature::RecoveryBitmap`] on a member recovered from
+    /// the bitmap (set only together with a recovery offset; marking a member in sync
+    /// through `recovery` clears it).
+    pub features: Vec<(u32, Feature, bool)>,
 }
 
 impl Update {
@@ -85,6 +92,7 @@ impl Update {
             resync: None,
             roles: Vec::new(),
             recovery: Vec::new(),
+            features: Vec::new(),
         }
     }
 }
@@ -265,9 +273,17 @@ pub fn next_generation(
                     next.recovery_offset = sectors;
                 }
                 None => {
-                    next.feature_map &= !Feature::RecoveryOffset.bit();
+                    next.feature_map &=
+                        !(Feature::RecoveryOffset.bit() | Feature::RecoveryBitmap.bit());
                     next.recovery_offset = 0;
                 }
+            }
+        }
+        for &(_, f, set) in update.features.iter().filter(|x| x.0 == sb.dev_number) {
+            if set {
+                next.feature_map |= f.bit();
+            } else {
+                next.feature_map &= !f.bit();
             }
         }
         out.push(Some(next));
