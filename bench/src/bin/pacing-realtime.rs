@@ -75,7 +75,9 @@ struct Args {
     /// fraction (the pacer's default 0.10); for experiments.
     #[arg(long, default_value_t = 0.10)]
     tolerance: f64,
-    /// Log ferroraid's pacer state (rate, depth, baseline, answers) every 50 ms on stderr.
+    /// Log ferroraid's pacer on stderr: every control window's inputs and verdict (samples,
+    /// slow ones, p50/p99/max, baseline, allowance, rate and depth after it) and every probe
+    /// undone at once.
     #[arg(long)]
     trace: bool,
 }
@@ -181,11 +183,59 @@ impl Channel for Delayed {
     }
 }
 
-/// ferroraid's pacer with its state logged every 50 ms (`--trace`).
+/// ferroraid's pacer with every control window's verdict and every probe revert logged on
+/// stderr (`--trace`), and the admissions it answered counted.
 struct Traced {
     inner: FerroraidPacer,
-    next_ns: u64,
+    windows: u64,
+    reverts: u64,
     answers: [u64; 3],
+}
+
+impl Traced {
+    fn new(inner: FerroraidPacer) -> Self {
+        Self {
+            inner,
+            windows: 0,
+            reverts: 0,
+            answers: [0; 3],
+        }
+    }
+
+    /// Prints what changed since the last call.
+    fn log(&mut self) {
+        if self.inner.windows() != self.windows {
+            self.windows = self.inner.windows();
+            let w = self.inner.last_window();
+            eprintln!(
+                "window t={:.4}s n={} over={} p50={:.1}µs p99={:.1}µs max={:.1}µs baseline={:.1}µs allowed={:.1}µs bg_in_flight={} verdict={:?} -> rate={:.2}MB/s depth={} answers now/notbefore/aftercompletion={:?}",
+                w.end_ns as f64 / 1e9,
+                w.samples,
+                w.over,
+                w.p50_ns as f64 / 1e3,
+                w.p99_ns as f64 / 1e3,
+                w.max_ns as f64 / 1e3,
+                w.baseline_ns as f64 / 1e3,
+                w.allowed_ns as f64 / 1e3,
+                w.bg_in_flight,
+                w.verdict,
+                w.rate as f64 / 1e6,
+                w.depth,
+                self.answers,
+            );
+        }
+        if self.inner.reverts() != self.reverts {
+            self.reverts = self.inner.reverts();
+            let r = self.inner.last_revert();
+            eprintln!(
+                "revert t={:.4}s latency={:.1}µs allowed={:.1}µs overlapped_background={}",
+                r.at_ns as f64 / 1e9,
+                r.latency_ns as f64 / 1e3,
+                r.allowed_ns as f64 / 1e3,
+                r.overlapped_background
+            );
+        }
+    }
 }
 
 impl Pacer for Traced {
@@ -194,6 +244,7 @@ impl Pacer for Traced {
     }
     fn foreground_done(&mut self, now_ns: u64, latency_ns: u64, bytes: u64, read: bool) {
         self.inner.foreground_done(now_ns, latency_ns, bytes, read);
+        self.log();
     }
     fn background_done(&mut self, now_ns: u64, latency_ns: u64, bytes_per_member: u64) {
         self.inner
@@ -206,18 +257,7 @@ impl Pacer for Traced {
             Admission::NotBefore(_) => 1,
             Admission::AfterCompletion => 2,
         }] += 1;
-        if now_ns >= self.next_ns {
-            self.next_ns = now_ns + 50 * MS;
-            eprintln!(
-                "t={:.3}s present={} rate={} depth={} baseline_ns={} in_flight={in_flight} answers now/notbefore/aftercompletion={:?} last={a:?}",
-                now_ns as f64 / 1e9,
-                self.inner.foreground_present(now_ns),
-                self.inner.rate(now_ns),
-                self.inner.depth(),
-                self.inner.baseline_ns(),
-                self.answers
-            );
-        }
+        self.log();
         a
     }
 }
@@ -265,11 +305,8 @@ fn run_once(
                 ..FerroraidPacerConfig::default()
             });
             if args.trace && reader {
-                Box::new(Traced {
-                    inner,
-                    next_ns: 0,
-                    answers: [0; 3],
-                })
+                eprintln!("--- run: ferroraid pacer, QD1 reader");
+                Box::new(Traced::new(inner))
             } else {
                 Box::new(inner)
             }

@@ -345,6 +345,66 @@ impl Default for FerroraidPacerConfig {
     }
 }
 
+/// What [`FerroraidPacer`] decided at the end of a control window (tracing:
+/// [`FerroraidPacer::last_window`]; `pacing-realtime --trace` prints every one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacerWindow {
+    /// When the window closed, ns (the executor's clock).
+    pub end_ns: u64,
+    /// Foreground requests completed in the window.
+    pub samples: u64,
+    /// Of them, slower than `allowed_ns`.
+    pub over: u64,
+    /// The window's median foreground latency, ns.
+    pub p50_ns: u64,
+    /// The window's 99th-percentile foreground latency, ns.
+    pub p99_ns: u64,
+    /// The window's slowest foreground request, ns.
+    pub max_ns: u64,
+    /// The quiet baseline the window was judged against, ns.
+    pub baseline_ns: u64,
+    /// The latency allowed while background runs, ns.
+    pub allowed_ns: u64,
+    /// Background operations in flight when the window closed.
+    pub bg_in_flight: u32,
+    /// The verdict.
+    pub verdict: WindowVerdict,
+    /// Rate `R` after the verdict, bytes/s per member.
+    pub rate: u64,
+    /// Depth cap `D` after the verdict, operations.
+    pub depth: u32,
+}
+
+/// A control window's verdict ([`PacerWindow::verdict`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WindowVerdict {
+    /// No verdict: foreground absent, no baseline yet, the window after foreground
+    /// resumed, or too few samples.
+    #[default]
+    None,
+    /// Within the allowance; no change (waiting for `probe_after` good windows).
+    Met,
+    /// Within the allowance; the rate and depth were raised (a probe).
+    Probe,
+    /// Over the allowance; the rate and depth were cut.
+    Miss,
+}
+
+/// A probe [`FerroraidPacer`] undid at once because a foreground request missed during it
+/// ([`FerroraidPacer::last_revert`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacerRevert {
+    /// When, ns (the executor's clock).
+    pub at_ns: u64,
+    /// The foreground request's latency, ns.
+    pub latency_ns: u64,
+    /// The latency allowed, ns.
+    pub allowed_ns: u64,
+    /// Whether a background operation was in flight at any time during the request (if
+    /// not, background cannot have slowed it down).
+    pub overlapped_background: bool,
+}
+
 /// Quiet samples needed for a baseline.
 const BASELINE_SAMPLES: u64 = 16;
 /// Longest wait between increases after failed ones, windows.
@@ -394,6 +454,11 @@ pub struct FerroraidPacer {
     before_depth: u32,
     /// The window after foreground resumed: no verdict.
     grace: bool,
+    /// The last window's verdict, and how many windows and probe reverts there were.
+    last_window: PacerWindow,
+    windows: u64,
+    last_revert: PacerRevert,
+    reverts: u64,
 }
 
 impl FerroraidPacer {
@@ -427,6 +492,10 @@ impl FerroraidPacer {
             before_rate: rate,
             before_depth: 1,
             grace: false,
+            last_window: PacerWindow::default(),
+            windows: 0,
+            last_revert: PacerRevert::default(),
+            reverts: 0,
         }
     }
 
@@ -457,6 +526,26 @@ impl FerroraidPacer {
         self.baseline_ns
     }
 
+    /// The last control window's verdict and inputs.
+    pub fn last_window(&self) -> &PacerWindow {
+        &self.last_window
+    }
+
+    /// Control windows closed so far (a new [`FerroraidPacer::last_window`] each).
+    pub fn windows(&self) -> u64 {
+        self.windows
+    }
+
+    /// Probes undone at once because a foreground request missed during them.
+    pub fn reverts(&self) -> u64 {
+        self.reverts
+    }
+
+    /// The last probe undone at once, and the request that undid it.
+    pub fn last_revert(&self) -> &PacerRevert {
+        &self.last_revert
+    }
+
     /// Foreground latency allowed while background runs: the baseline × (1 + tolerance).
     fn allowed_ns(&self) -> u64 {
         (self.baseline_ns as f64 * (1.0 + self.cfg.tolerance)) as u64
@@ -480,9 +569,11 @@ impl FerroraidPacer {
         }
         let present = self.foreground_present(now);
         let grace = std::mem::take(&mut self.grace);
+        let mut verdict = WindowVerdict::None;
         if present && !grace && self.baseline_ns > 0 && self.window.len() >= WINDOW_SAMPLES {
             let p99 = self.window.value_at_quantile(0.99);
             let allowed = self.allowed_ns();
+            verdict = WindowVerdict::Met;
             if p99 <= allowed {
                 self.good_run += 1;
                 if self.good_run >= 64.max(4 * self.probe_after) {
@@ -493,6 +584,7 @@ impl FerroraidPacer {
                 self.met_run += 1;
                 if self.met_run >= self.probe_after {
                     // Additive increase: a quarter more rate, one more in flight.
+                    verdict = WindowVerdict::Probe;
                     self.met_run = 0;
                     self.probing = true;
                     self.before_rate = self.rate;
@@ -508,6 +600,7 @@ impl FerroraidPacer {
                     // The last increase hurt: wait twice as long before the next.
                     self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
                 }
+                verdict = WindowVerdict::Miss;
                 self.met_run = 0;
                 self.good_run = 0;
                 let f = allowed as f64 / p99 as f64;
@@ -522,6 +615,27 @@ impl FerroraidPacer {
                 );
             }
         }
+        let w = &self.window;
+        let allowed = self.allowed_ns();
+        self.last_window = PacerWindow {
+            end_ns: now,
+            samples: w.len(),
+            over: if self.baseline_ns > 0 {
+                w.count_between(w.highest_equivalent(allowed) + 1, u64::MAX)
+            } else {
+                0
+            },
+            p50_ns: w.value_at_quantile(0.5),
+            p99_ns: w.value_at_quantile(0.99),
+            max_ns: w.max(),
+            baseline_ns: self.baseline_ns,
+            allowed_ns: allowed,
+            bg_in_flight: self.bg_in_flight,
+            verdict,
+            rate: self.rate,
+            depth: self.depth,
+        };
+        self.windows += 1;
         // Re-measure the baseline every `rebaseline_ns`, or retry soon after a probe that
         // ended without enough samples.
         let due = if self.baseline_ns > 0 {
@@ -566,17 +680,25 @@ impl Pacer for FerroraidPacer {
         self.fg_last_ns = now_ns;
         let lat = latency_ns.max(1);
         self.window.saturating_record(lat);
+        // Quiet: no background in flight at any time during this request.
+        let quiet = self.bg_in_flight == 0 && self.bg_busy_ns <= now_ns.saturating_sub(lat);
         if self.probing && self.baseline_ns > 0 && lat > self.allowed_ns() {
             // The last increase made a foreground request miss: undo it now.
             self.probing = false;
+            self.reverts += 1;
+            self.last_revert = PacerRevert {
+                at_ns: now_ns,
+                latency_ns: lat,
+                allowed_ns: self.allowed_ns(),
+                overlapped_background: !quiet,
+            };
             self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
             self.met_run = 0;
             self.good_run = 0;
             self.rate = self.before_rate;
             self.depth = self.before_depth;
         }
-        // Quiet: no background in flight at any time during this request.
-        if self.bg_in_flight == 0 && self.bg_busy_ns <= now_ns.saturating_sub(lat) {
+        if quiet {
             self.quiet.saturating_record(lat);
             if self.quiet.len() >= BASELINE_SAMPLES {
                 self.baseline_ns = self.quiet.value_at_quantile(0.99);
