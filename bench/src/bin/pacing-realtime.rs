@@ -23,6 +23,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use bench::pacer_trace::TracedPacer;
 use clap::Parser;
 use drivers::mem::{MemChannel, MemDevice};
 use engine::array::{
@@ -36,7 +37,7 @@ use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::process::{ProcessKind, ProcessRequest, MAX_BACKGROUND_OPS};
 use engine::qos::pacer::{FerroraidPacer, FerroraidPacerConfig, PacerKind, SpeedLimits};
-use engine::qos::{Admission, DepthConfig, DepthPolicy, Pacer, Unpaced};
+use engine::qos::{DepthConfig, DepthPolicy, Pacer, Unpaced};
 use engine::sim::Profile;
 use hdrhistogram::Histogram;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -183,85 +184,6 @@ impl Channel for Delayed {
     }
 }
 
-/// ferroraid's pacer with every control window's verdict and every probe revert logged on
-/// stderr (`--trace`), and the admissions it answered counted.
-struct Traced {
-    inner: FerroraidPacer,
-    windows: u64,
-    reverts: u64,
-    answers: [u64; 3],
-}
-
-impl Traced {
-    fn new(inner: FerroraidPacer) -> Self {
-        Self {
-            inner,
-            windows: 0,
-            reverts: 0,
-            answers: [0; 3],
-        }
-    }
-
-    /// Prints what changed since the last call.
-    fn log(&mut self) {
-        if self.inner.windows() != self.windows {
-            self.windows = self.inner.windows();
-            let w = self.inner.last_window();
-            eprintln!(
-                "window t={:.4}s n={} over={} p50={:.1}µs p99={:.1}µs max={:.1}µs baseline={:.1}µs allowed={:.1}µs bg_in_flight={} verdict={:?} -> rate={:.2}MB/s depth={} answers now/notbefore/aftercompletion={:?}",
-                w.end_ns as f64 / 1e9,
-                w.samples,
-                w.over,
-                w.p50_ns as f64 / 1e3,
-                w.p99_ns as f64 / 1e3,
-                w.max_ns as f64 / 1e3,
-                w.baseline_ns as f64 / 1e3,
-                w.allowed_ns as f64 / 1e3,
-                w.bg_in_flight,
-                w.verdict,
-                w.rate as f64 / 1e6,
-                w.depth,
-                self.answers,
-            );
-        }
-        if self.inner.reverts() != self.reverts {
-            self.reverts = self.inner.reverts();
-            let r = self.inner.last_revert();
-            eprintln!(
-                "revert t={:.4}s latency={:.1}µs allowed={:.1}µs overlapped_background={}",
-                r.at_ns as f64 / 1e9,
-                r.latency_ns as f64 / 1e3,
-                r.allowed_ns as f64 / 1e3,
-                r.overlapped_background
-            );
-        }
-    }
-}
-
-impl Pacer for Traced {
-    fn foreground_submitted(&mut self, now_ns: u64) {
-        self.inner.foreground_submitted(now_ns);
-    }
-    fn foreground_done(&mut self, now_ns: u64, latency_ns: u64, bytes: u64, read: bool) {
-        self.inner.foreground_done(now_ns, latency_ns, bytes, read);
-        self.log();
-    }
-    fn background_done(&mut self, now_ns: u64, latency_ns: u64, bytes_per_member: u64) {
-        self.inner
-            .background_done(now_ns, latency_ns, bytes_per_member);
-    }
-    fn admit(&mut self, now_ns: u64, bytes_per_member: u64, in_flight: u32) -> Admission {
-        let a = self.inner.admit(now_ns, bytes_per_member, in_flight);
-        self.answers[match a {
-            Admission::Now => 0,
-            Admission::NotBefore(_) => 1,
-            Admission::AfterCompletion => 2,
-        }] += 1;
-        self.log();
-        a
-    }
-}
-
 /// What one run measured over its measured interval.
 struct Row {
     fg_iops: f64,
@@ -305,8 +227,7 @@ fn run_once(
                 ..FerroraidPacerConfig::default()
             });
             if args.trace && reader {
-                eprintln!("--- run: ferroraid pacer, QD1 reader");
-                Box::new(Traced::new(inner))
+                Box::new(TracedPacer::new(inner, "ferroraid pacer, QD1 reader"))
             } else {
                 Box::new(inner)
             }
