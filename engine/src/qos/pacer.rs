@@ -417,6 +417,10 @@ const BASELINE_SAMPLES: u64 = 16;
 /// hundreds of samples (the p99 of 16 samples is their maximum); 512 is ~70 ms of a QD1
 /// SSD reader, and one epoch still drops requests older than a few re-measurements.
 const REFERENCE_EPOCH: u64 = 512;
+/// Requests of the quiet reference that may lie above its baseline however small the
+/// reference is (2: one or two stalls of the host among the first 16 quiet requests do
+/// not set the baseline).
+const REFERENCE_TRIM: f64 = 2.0;
 /// Longest wait between increases after failed ones, windows.
 const MAX_PROBE_AFTER: u32 = 64;
 /// Foreground samples a window needs for a verdict.
@@ -689,7 +693,12 @@ impl FerroraidPacer {
         if n == 0 {
             return;
         }
-        self.baseline_ns = r.value_at_quantile(1.0 - TAIL_SHARE);
+        // The p99, or in a reference too small for one, the value with
+        // `REFERENCE_TRIM` requests above it: one stalled request among the first 16
+        // would otherwise be the baseline, and a baseline too high lets background
+        // run so fast that no quiet request comes to correct it.
+        let q = (1.0 - TAIL_SHARE).min(1.0 - REFERENCE_TRIM / n as f64);
+        self.baseline_ns = r.value_at_quantile(q.max(0.5));
         let allowed = (self.baseline_ns as f64 * (1.0 + self.cfg.tolerance)) as u64;
         // The last value of its histogram bucket: "slower than allowed" means the same in
         // the reference (bucket counts) and in the window (each request).

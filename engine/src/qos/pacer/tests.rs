@@ -287,6 +287,11 @@ fn ferroraid_allowance_is_a_p99_plus_the_quiet_devices_own_noise() {
     assert!(p.baseline_ns() < 102_000, "the stalls are past the p99");
     let a = p.allowance(100);
     assert!((3.0..4.5).contains(&a), "noisy: {a}");
+    // A stall among the first 16 quiet requests is not the baseline (it would allow
+    // background 40× the foreground's latency, and leave no quiet request to correct it).
+    let mut p = ferro(limits(1, 10_000));
+    feed_quiet(&mut p, 16, |i| if i == 5 { 4 * MS } else { 100_000 });
+    assert!(p.baseline_ns() < 102_000, "{}", p.baseline_ns());
     // A small reference is not taken for a noiseless device: its first 16 requests.
     let mut p = ferro(limits(1, 10_000));
     feed_quiet(&mut p, 16, |_| 100_000);
