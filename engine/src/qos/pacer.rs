@@ -450,7 +450,8 @@ const NOISE_SIGMAS: f64 = 3.0;
 /// `R` and `D` held background back: at once while the step stays below the level that
 /// last missed (doubling below half of it, or before any miss; else a quarter more `R`,
 /// one more `D`), after `probe_after` good windows when it reaches that level (a probe of
-/// the frontier, undone as soon as it shows; each failure doubles `probe_after`). `R`
+/// the frontier, undone as soon as it shows; each failed step doubles `probe_after`, each
+/// step that holds halves it). `R`
 /// stays in `speed_min..=speed_max`; a floor bucket at `speed_min` admits background even
 /// past `D` when it has fallen behind the floor. When foreground resumes, the last
 /// present-state `R` and `D` apply at once.
@@ -757,7 +758,11 @@ impl FerroraidPacer {
         if present && !grace && self.baseline_ns > 0 && n >= WINDOW_SAMPLES {
             if self.window_over as f64 <= allowance {
                 verdict = WindowVerdict::Met;
-                self.probing = false;
+                if std::mem::take(&mut self.probing) {
+                    // The last step held: the next probe comes twice as soon (after a
+                    // spurious miss, the climb back past the frontier accelerates).
+                    self.probe_after = (self.probe_after / 2).max(1);
+                }
                 self.good_run += 1;
                 if self.good_run >= 64.max(4 * self.probe_after) {
                     self.probe_after = (self.probe_after / 2).max(1);
