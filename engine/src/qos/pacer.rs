@@ -360,6 +360,8 @@ pub struct PacerWindow {
     pub allowance: f64,
     /// The window's median foreground latency, ns.
     pub p50_ns: u64,
+    /// The median allowed: the quiet reference's median × (1 + tolerance), ns.
+    pub allowed_p50_ns: u64,
     /// The window's 99th-percentile foreground latency, ns.
     pub p99_ns: u64,
     /// The window's slowest foreground request, ns.
@@ -484,6 +486,8 @@ pub struct FerroraidPacer {
     baseline_ns: u64,
     /// The allowed latency: `baseline_ns × (1 + tolerance)`, ns.
     allowed_ns: u64,
+    /// The allowed median: the reference's median × (1 + tolerance), ns.
+    allowed_median_ns: u64,
     /// The reference's share of quiet requests slower than `allowed_ns` (estimated with
     /// one pseudo-observation each way, so a small reference is not taken for a
     /// noiseless device).
@@ -544,6 +548,7 @@ impl FerroraidPacer {
             quiet_new: 0,
             baseline_ns: 0,
             allowed_ns: 0,
+            allowed_median_ns: 0,
             quiet_over: 0.0,
             baseline_at: 0,
             quiet_until: 0,
@@ -704,6 +709,8 @@ impl FerroraidPacer {
         // The last value of its histogram bucket: "slower than allowed" means the same in
         // the reference (bucket counts) and in the window (each request).
         self.allowed_ns = r.highest_equivalent(allowed.max(1));
+        let median = (r.value_at_quantile(0.5) as f64 * (1.0 + self.cfg.tolerance)) as u64;
+        self.allowed_median_ns = r.highest_equivalent(median.max(1));
         let over = r.count_between(self.allowed_ns + 1, u64::MAX);
         self.quiet_over = (over as f64 + 1.0) / (n as f64 + 2.0);
         self.baseline_at = now;
@@ -756,7 +763,11 @@ impl FerroraidPacer {
         let allowance = self.allowance(n);
         let mut verdict = WindowVerdict::None;
         if present && !grace && self.baseline_ns > 0 && n >= WINDOW_SAMPLES {
-            if self.window_over as f64 <= allowance {
+            // The body of the latency too: the window's median within tolerance of the
+            // quiet median. The p99 test alone protects nothing on a host whose stalls
+            // are more than 1 % of requests (its quiet p99 is a stall).
+            let median = self.window.value_at_quantile(0.5);
+            if self.window_over as f64 <= allowance && median <= self.allowed_median_ns {
                 verdict = WindowVerdict::Met;
                 if std::mem::take(&mut self.probing) {
                     // The last step held: the next probe comes twice as soon (after a
@@ -813,7 +824,9 @@ impl FerroraidPacer {
                 let k = (allowance.floor() as u64 + 1).min(n);
                 let q = ((n - k) as f64 + 0.5) / n as f64;
                 let over = self.window.value_at_quantile(q).max(self.allowed_ns + 1);
-                let f = (self.allowed_ns as f64 / over as f64).max(MAX_CUT);
+                let f = (self.allowed_ns as f64 / over as f64)
+                    .min(self.allowed_median_ns as f64 / median as f64)
+                    .max(MAX_CUT);
                 self.rate = ((self.rate as f64 * f) as u64).max(self.cfg.limits.speed_min);
                 self.depth = ((f64::from(self.depth) * f) as u32).max(1);
                 tracing::trace!(
@@ -833,6 +846,7 @@ impl FerroraidPacer {
             over: self.window_over,
             allowance,
             p50_ns: w.value_at_quantile(0.5),
+            allowed_p50_ns: self.allowed_median_ns,
             p99_ns: w.value_at_quantile(0.99),
             max_ns: w.max(),
             baseline_ns: self.baseline_ns,
