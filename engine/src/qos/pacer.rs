@@ -447,7 +447,9 @@ const NOISE_SIGMAS: f64 = 3.0;
 /// 1 % of the window plus what the quiet device itself gives (the quiet reference's share
 /// past the allowed latency, with a 3-sigma binomial margin): a statistical test of
 /// "background kept the p99 within tolerance", which the odd slow request of a noisy
-/// host does not fail. A miss cuts `R` and `D` in proportion to how far the window's
+/// host does not fail. A window also misses when its median is over the quiet median ×
+/// `1 + tolerance` (a host stalling more than 1 % of requests makes the quiet p99 a
+/// stall). A miss cuts `R` and `D` in proportion to how far the window's
 /// allowed quantile is over the line (at most by half). Good windows raise whichever of
 /// `R` and `D` held background back: at once while the step stays below the level that
 /// last missed (doubling below half of it, or before any miss; else a quarter more `R`,
