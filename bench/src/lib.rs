@@ -6,6 +6,7 @@
 
 pub mod isal;
 pub mod membw;
+pub mod pacer_trace;
 
 use std::time::Instant;
 

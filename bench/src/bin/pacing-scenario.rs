@@ -41,6 +41,7 @@
 //! ferroraid misses one of the targets (the md rules are reported, not judged).
 
 use anyhow::{Context, Result};
+use bench::pacer_trace::TracedPacer;
 use clap::Parser;
 use engine::array::{Array, ArrayConfig};
 use engine::device::BlockDevice;
@@ -103,6 +104,10 @@ struct Args {
     /// Only this profile (nvme-ssd or hdd-7200-ncq).
     #[arg(long)]
     profile: Option<String>,
+    /// Log ferroraid's pacer on stderr: every control window's inputs and verdict and
+    /// every probe undone at once, in every ferroraid run.
+    #[arg(long)]
+    trace: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +144,8 @@ struct Env {
     seed: u64,
     /// Chunk, bytes.
     chunk: u64,
+    /// `--trace`.
+    trace: bool,
 }
 
 /// One simulated run.
@@ -223,10 +230,27 @@ fn simulate(env: &Env, spec: &Spec) -> Outcome {
         PacerKind::Unpaced => Box::new(Unpaced),
         PacerKind::MdPre41 => Box::new(MdPre41Pacer::new(env.limits).with_members(MEMBERS)),
         PacerKind::Md41 => Box::new(Md41Pacer::new(env.limits).with_members(MEMBERS)),
-        PacerKind::Ferroraid => Box::new(FerroraidPacer::new(FerroraidPacerConfig {
-            limits: env.limits,
-            ..FerroraidPacerConfig::default()
-        })),
+        PacerKind::Ferroraid => {
+            let p = FerroraidPacer::new(FerroraidPacerConfig {
+                limits: env.limits,
+                ..FerroraidPacerConfig::default()
+            });
+            if env.trace {
+                let label = format!(
+                    "{} {} fg depth {} on {:?} ms",
+                    spec.profile.name,
+                    spec.process.map_or("none", |k| k.name()),
+                    spec.fg_depth,
+                    spec.fg_on
+                        .iter()
+                        .map(|&(a, b)| (a / MS, b / MS))
+                        .collect::<Vec<_>>()
+                );
+                Box::new(TracedPacer::new(p, &label))
+            } else {
+                Box::new(p)
+            }
+        }
     };
     arr.set_pacer(pacer);
     if let Some(kind) = spec.process {
@@ -623,6 +647,7 @@ fn main() -> Result<()> {
         },
         seed: args.seed,
         chunk: 0,
+        trace: args.trace,
     };
     let speed_min_mb = env.limits.speed_min as f64 / 1e6;
     let speed_min = env.limits.speed_min;

@@ -317,8 +317,9 @@ pub struct FerroraidPacerConfig {
     /// Foreground is absent after this long without a foreground request in flight or
     /// completing, ns (5 ms); then background runs at `speed_max`.
     pub absent_ns: u64,
-    /// Foreground latency (window p99) allowed over its quiet baseline, as a fraction
-    /// (0.10: foreground keeps ≥ ~90% of its quiet-device speed).
+    /// Foreground latency allowed over its quiet p99 (the baseline), as a fraction: the
+    /// p99 of each window is to stay within `baseline × (1 + tolerance)`, up to the quiet
+    /// device's own noise (0.10: foreground keeps ≥ ~90% of its quiet-device speed).
     pub tolerance: f64,
     /// Most background operations in flight while foreground is present (the controller
     /// moves between 1 and this).
@@ -345,24 +346,119 @@ impl Default for FerroraidPacerConfig {
     }
 }
 
-/// Quiet samples needed for a baseline.
+/// What [`FerroraidPacer`] decided at the end of a control window (tracing:
+/// [`FerroraidPacer::last_window`]; `pacing-realtime --trace` prints every one).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PacerWindow {
+    /// When the window closed, ns (the executor's clock).
+    pub end_ns: u64,
+    /// Foreground requests completed in the window.
+    pub samples: u64,
+    /// Of them, slower than `allowed_ns`.
+    pub over: u64,
+    /// How many may be ([`FerroraidPacer::allowance`]); more is a miss.
+    pub allowance: f64,
+    /// The window's median foreground latency, ns.
+    pub p50_ns: u64,
+    /// The median allowed: the quiet reference's median × (1 + tolerance), ns.
+    pub allowed_p50_ns: u64,
+    /// The window's 99th-percentile foreground latency, ns.
+    pub p99_ns: u64,
+    /// The window's slowest foreground request, ns.
+    pub max_ns: u64,
+    /// The quiet baseline the window was judged against, ns.
+    pub baseline_ns: u64,
+    /// The latency allowed while background runs, ns.
+    pub allowed_ns: u64,
+    /// The quiet reference's share of requests slower than `allowed_ns` (estimated).
+    pub quiet_over: f64,
+    /// Background operations in flight when the window closed.
+    pub bg_in_flight: u32,
+    /// The verdict.
+    pub verdict: WindowVerdict,
+    /// Rate `R` after the verdict, bytes/s per member.
+    pub rate: u64,
+    /// Depth cap `D` after the verdict, operations.
+    pub depth: u32,
+}
+
+/// A control window's verdict ([`PacerWindow::verdict`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WindowVerdict {
+    /// No verdict: foreground absent, no baseline yet, the window after foreground
+    /// resumed, or too few samples.
+    #[default]
+    None,
+    /// Within the allowance; no change (waiting for `probe_after` good windows).
+    Met,
+    /// Within the allowance; the rate and depth were raised (a probe).
+    Probe,
+    /// Over the allowance; the rate and depth were cut.
+    Miss,
+}
+
+/// A probe [`FerroraidPacer`] undid at once because a foreground request missed during it
+/// ([`FerroraidPacer::last_revert`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacerRevert {
+    /// When, ns (the executor's clock).
+    pub at_ns: u64,
+    /// The foreground request's latency, ns.
+    pub latency_ns: u64,
+    /// The latency allowed, ns.
+    pub allowed_ns: u64,
+    /// Whether a background operation was in flight at any time during the request (if
+    /// not, background cannot have slowed it down).
+    pub overlapped_background: bool,
+}
+
+/// Quiet samples for a first baseline, and new ones a re-measurement waits for.
 const BASELINE_SAMPLES: u64 = 16;
+/// The quiet reference keeps the last `REFERENCE_EPOCH..2 × REFERENCE_EPOCH` quiet
+/// requests (two epochs). A p99 and the share of quiet requests past the allowance need
+/// hundreds of samples (the p99 of 16 samples is their maximum); 512 is ~70 ms of a QD1
+/// SSD reader, and one epoch still drops requests older than a few re-measurements.
+const REFERENCE_EPOCH: u64 = 512;
+/// Requests of the quiet reference that may lie above its baseline however small the
+/// reference is (2: one or two stalls of the host among the first 16 quiet requests do
+/// not set the baseline).
+const REFERENCE_TRIM: f64 = 2.0;
 /// Longest wait between increases after failed ones, windows.
 const MAX_PROBE_AFTER: u32 = 64;
 /// Foreground samples a window needs for a verdict.
 const WINDOW_SAMPLES: u64 = 4;
+/// Share of foreground requests background may push past the allowed latency: the
+/// quantile the control law keeps within tolerance is `1 − TAIL_SHARE` (the p99).
+const TAIL_SHARE: f64 = 0.01;
+/// Smallest factor one window's miss multiplies the rate and depth by (AIMD's halving).
+const MAX_CUT: f64 = 0.5;
+/// Width of the noise margin, standard deviations of the count of slow requests a quiet
+/// device gives a window (3: a window of a quiet device passes ~99.9 % of the time).
+const NOISE_SIGMAS: f64 = 3.0;
 
 /// ferroraid's background pacer; the control law is in `docs/PACING.md`.
 ///
 /// In short: while foreground is absent (nothing in flight or completed for
 /// `absent_ns`), background runs at `speed_max`. While present, a token bucket at rate
-/// `R` and a depth cap `D` admit background; every window, the foreground's p99 latency
-/// is compared with its *quiet baseline* (p99 of foreground requests that ran with no
-/// background in flight): within `1 + tolerance` of it, `R` grows by a quarter and `D` by
-/// one (additive-increase); over it, both shrink in proportion to the overshoot
-/// (multiplicative decrease). `R` stays in `speed_min..=speed_max`; a floor bucket at
-/// `speed_min` admits background even past `D` when it has fallen behind the floor. When
-/// foreground resumes, the last present-state `R` and `D` apply at once.
+/// `R` and a depth cap `D` admit background. The *allowed latency* is the p99 of
+/// foreground requests that ran with no background in flight (the quiet reference, the
+/// last 512–1024 of them) × `1 + tolerance`; every window, the foreground requests slower
+/// than that are counted, and the window *misses* only when there are more of them than
+/// 1 % of the window plus what the quiet device itself gives (the quiet reference's share
+/// past the allowed latency, with a 3-sigma binomial margin): a statistical test of
+/// "background kept the p99 within tolerance", which the odd slow request of a noisy
+/// host does not fail. A window also misses when its median is over the quiet median ×
+/// `1 + tolerance` (a host stalling more than 1 % of requests makes the quiet p99 a
+/// stall). A miss cuts `R` and `D` in proportion to how far the window's
+/// allowed quantile is over the line (at most by half). Good windows raise whichever of
+/// `R` and `D` held background back: at once while the step stays below the level that
+/// last missed (doubling below half of it, or before any miss; else a quarter more `R`,
+/// one more `D`), after `probe_after` good windows when it reaches that level (a probe of
+/// the frontier, undone as soon as it shows; each failed step doubles `probe_after`, each
+/// step that holds halves it). `R`
+/// stays in `speed_min..=speed_max`; a floor bucket at `speed_min` admits background even
+/// past `D` when it has fallen behind the floor. When foreground resumes, the last
+/// present-state `R` and `D` apply at once.
 pub struct FerroraidPacer {
     cfg: FerroraidPacerConfig,
     rate: u64,
@@ -378,8 +474,26 @@ pub struct FerroraidPacer {
     bg_busy_ns: u64,
     window_start: u64,
     window: Histogram<u64>,
-    quiet: Histogram<u64>,
+    /// Requests of the window slower than `allowed_ns`; the last window's sample count.
+    window_over: u64,
+    last_window_samples: u64,
+    /// Quiet requests: the current and the previous epoch, and both merged (the
+    /// reference; kept to avoid allocating when it is recomputed).
+    quiet_cur: Histogram<u64>,
+    quiet_prev: Histogram<u64>,
+    reference: Histogram<u64>,
+    /// Quiet requests since the reference was last recomputed.
+    quiet_new: u64,
+    /// The reference's p99 (the baseline), ns; 0 before the first.
     baseline_ns: u64,
+    /// The allowed latency: `baseline_ns × (1 + tolerance)`, ns.
+    allowed_ns: u64,
+    /// The allowed median: the reference's median × (1 + tolerance), ns.
+    allowed_median_ns: u64,
+    /// The reference's share of quiet requests slower than `allowed_ns` (estimated with
+    /// one pseudo-observation each way, so a small reference is not taken for a
+    /// noiseless device).
+    quiet_over: f64,
     /// When the last baseline was taken; until when background holds for a quiet probe.
     baseline_at: u64,
     quiet_until: u64,
@@ -392,8 +506,21 @@ pub struct FerroraidPacer {
     probing: bool,
     before_rate: u64,
     before_depth: u32,
+    /// The rate and depth that last missed (a window's, or a probe's that was undone; 0:
+    /// none yet): steps up to below them are free, steps reaching them are probes.
+    miss_rate: u64,
+    miss_depth: u32,
+    /// The depth cap, or the rate, held background back in this window (only a limit
+    /// that binds is raised).
+    depth_limited: bool,
+    rate_limited: bool,
     /// The window after foreground resumed: no verdict.
     grace: bool,
+    /// The last window's verdict, and how many windows and probe reverts there were.
+    last_window: PacerWindow,
+    windows: u64,
+    last_revert: PacerRevert,
+    reverts: u64,
 }
 
 impl FerroraidPacer {
@@ -415,8 +542,16 @@ impl FerroraidPacer {
             bg_busy_ns: 0,
             window_start: 0,
             window: h(),
-            quiet: h(),
+            window_over: 0,
+            last_window_samples: 0,
+            quiet_cur: h(),
+            quiet_prev: h(),
+            reference: h(),
+            quiet_new: 0,
             baseline_ns: 0,
+            allowed_ns: 0,
+            allowed_median_ns: 0,
+            quiet_over: 0.0,
             baseline_at: 0,
             quiet_until: 0,
             last_bytes: 0,
@@ -426,7 +561,15 @@ impl FerroraidPacer {
             probing: false,
             before_rate: rate,
             before_depth: 1,
+            miss_rate: 0,
+            miss_depth: 0,
+            depth_limited: false,
+            rate_limited: false,
             grace: false,
+            last_window: PacerWindow::default(),
+            windows: 0,
+            last_revert: PacerRevert::default(),
+            reverts: 0,
         }
     }
 
@@ -457,9 +600,40 @@ impl FerroraidPacer {
         self.baseline_ns
     }
 
-    /// Foreground latency allowed while background runs: the baseline × (1 + tolerance).
-    fn allowed_ns(&self) -> u64 {
-        (self.baseline_ns as f64 * (1.0 + self.cfg.tolerance)) as u64
+    /// The foreground latency allowed while background runs, ns: the quiet baseline ×
+    /// (1 + tolerance) (0: no baseline yet).
+    pub fn allowed_ns(&self) -> u64 {
+        self.allowed_ns
+    }
+
+    /// How many of a window's `samples` foreground requests may be slower than
+    /// [`FerroraidPacer::allowed_ns`] before the window misses: 1 % of them (the p99),
+    /// plus the share the quiet device itself has past that line, plus 3 standard
+    /// deviations of that share's count (binomial).
+    pub fn allowance(&self, samples: u64) -> f64 {
+        let n = samples as f64;
+        let p = self.quiet_over;
+        n * (TAIL_SHARE + p) + NOISE_SIGMAS * (n * p * (1.0 - p)).sqrt()
+    }
+
+    /// The last control window's verdict and inputs.
+    pub fn last_window(&self) -> &PacerWindow {
+        &self.last_window
+    }
+
+    /// Control windows closed so far (a new [`FerroraidPacer::last_window`] each).
+    pub fn windows(&self) -> u64 {
+        self.windows
+    }
+
+    /// Probes undone at once because a foreground request missed during them.
+    pub fn reverts(&self) -> u64 {
+        self.reverts
+    }
+
+    /// The last probe undone at once, and the request that undid it.
+    pub fn last_revert(&self) -> &PacerRevert {
+        &self.last_revert
     }
 
     fn refill(&mut self, now: u64) {
@@ -474,54 +648,218 @@ impl FerroraidPacer {
             (self.floor_tokens + bytes_for(dt, self.cfg.limits.speed_min) as i64).min(floor_cap);
     }
 
+    /// The next rate up, and whether it stays below the last rate that missed: double
+    /// while below half of it (or before any miss), else a quarter more (and the floor's
+    /// rate over one window, so the floor itself climbs).
+    fn next_rate(&self) -> (u64, bool) {
+        let r = self.rate;
+        let next = if self.miss_rate == 0 || r.saturating_mul(2) < self.miss_rate {
+            r.saturating_mul(2)
+        } else {
+            r + r / 4 + bytes_for(self.cfg.window_ns, self.cfg.limits.speed_min)
+        }
+        .min(self.cfg.limits.speed_max);
+        (next, self.miss_rate == 0 || next < self.miss_rate)
+    }
+
+    /// The next depth up, and whether it stays below the last depth that missed: double
+    /// while below half of it (or before any miss), else one more.
+    fn next_depth(&self) -> (u32, bool) {
+        let d = self.depth;
+        let next = if self.miss_depth == 0 || d.saturating_mul(2) < self.miss_depth {
+            d.saturating_mul(2)
+        } else {
+            d + 1
+        }
+        .min(self.cfg.max_depth);
+        (next, self.miss_depth == 0 || next < self.miss_depth)
+    }
+
+    /// Records a quiet request (no background in flight at any time during it).
+    fn quiet_sample(&mut self, now: u64, lat: u64) {
+        self.quiet_cur.saturating_record(lat);
+        self.quiet_new += 1;
+        if self.quiet_cur.len() >= REFERENCE_EPOCH {
+            std::mem::swap(&mut self.quiet_cur, &mut self.quiet_prev);
+            self.quiet_cur.reset();
+        }
+        if self.quiet_new >= BASELINE_SAMPLES {
+            self.quiet_new = 0;
+            self.update_reference(now);
+        }
+    }
+
+    /// Recomputes the baseline, the allowed latency and the quiet share past it from the
+    /// quiet reference; ends a quiet probe.
+    fn update_reference(&mut self, now: u64) {
+        self.reference.reset();
+        // Same bounds: adding never fails (nor allocates).
+        let _ = self.reference.add(&self.quiet_prev);
+        let _ = self.reference.add(&self.quiet_cur);
+        let r = &self.reference;
+        let n = r.len();
+        if n == 0 {
+            return;
+        }
+        // The p99, or in a reference too small for one, the value with
+        // `REFERENCE_TRIM` requests above it: one stalled request among the first 16
+        // would otherwise be the baseline, and a baseline too high lets background
+        // run so fast that no quiet request comes to correct it.
+        let q = (1.0 - TAIL_SHARE).min(1.0 - REFERENCE_TRIM / n as f64);
+        self.baseline_ns = r.value_at_quantile(q.max(0.5));
+        let allowed = (self.baseline_ns as f64 * (1.0 + self.cfg.tolerance)) as u64;
+        // The last value of its histogram bucket: "slower than allowed" means the same in
+        // the reference (bucket counts) and in the window (each request).
+        self.allowed_ns = r.highest_equivalent(allowed.max(1));
+        let median = (r.value_at_quantile(0.5) as f64 * (1.0 + self.cfg.tolerance)) as u64;
+        self.allowed_median_ns = r.highest_equivalent(median.max(1));
+        let over = r.count_between(self.allowed_ns + 1, u64::MAX);
+        self.quiet_over = (over as f64 + 1.0) / (n as f64 + 2.0);
+        self.baseline_at = now;
+        self.quiet_until = 0;
+    }
+
+    /// Starts a quiet probe: background holds (floor permitting) until
+    /// `BASELINE_SAMPLES` new quiet requests are in, at most `quiet_probe_ns`.
+    fn start_quiet_probe(&mut self, now: u64) {
+        self.quiet_until = now + self.cfg.quiet_probe_ns;
+        self.baseline_at = now;
+        self.quiet_new = 0;
+    }
+
+    /// Undoes the probe in force: a foreground request showed it over the allowance.
+    fn revert_probe(&mut self, now: u64, lat: u64, quiet: bool) {
+        self.probing = false;
+        self.reverts += 1;
+        self.last_revert = PacerRevert {
+            at_ns: now,
+            latency_ns: lat,
+            allowed_ns: self.allowed_ns,
+            overlapped_background: !quiet,
+        };
+        self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
+        self.met_run = 0;
+        self.good_run = 0;
+        // What the probe raised missed: from now on, approach it slowly.
+        if self.rate > self.before_rate {
+            self.miss_rate = self.rate;
+        }
+        if self.depth > self.before_depth {
+            self.miss_depth = self.depth;
+        }
+        self.rate = self.before_rate;
+        self.depth = self.before_depth;
+        // That was this window's verdict; the next one judges the state restored.
+        self.window.reset();
+        self.window_over = 0;
+        self.window_start = now;
+    }
+
     fn close_window(&mut self, now: u64) {
         if now < self.window_start + self.cfg.window_ns {
             return;
         }
         let present = self.foreground_present(now);
         let grace = std::mem::take(&mut self.grace);
-        if present && !grace && self.baseline_ns > 0 && self.window.len() >= WINDOW_SAMPLES {
-            let p99 = self.window.value_at_quantile(0.99);
-            let allowed = self.allowed_ns();
-            if p99 <= allowed {
+        let n = self.window.len();
+        let allowance = self.allowance(n);
+        let mut verdict = WindowVerdict::None;
+        if present && !grace && self.baseline_ns > 0 && n >= WINDOW_SAMPLES {
+            // The body of the latency too: the window's median within tolerance of the
+            // quiet median. The p99 test alone protects nothing on a host whose stalls
+            // are more than 1 % of requests (its quiet p99 is a stall).
+            let median = self.window.value_at_quantile(0.5);
+            if self.window_over as f64 <= allowance && median <= self.allowed_median_ns {
+                verdict = WindowVerdict::Met;
+                if std::mem::take(&mut self.probing) {
+                    // The last step held: the next probe comes twice as soon (after a
+                    // spurious miss, the climb back past the frontier accelerates).
+                    self.probe_after = (self.probe_after / 2).max(1);
+                }
                 self.good_run += 1;
                 if self.good_run >= 64.max(4 * self.probe_after) {
                     self.probe_after = (self.probe_after / 2).max(1);
                     self.good_run = 0;
                 }
-                self.probing = false;
                 self.met_run += 1;
-                if self.met_run >= self.probe_after {
-                    // Additive increase: a quarter more rate, one more in flight.
+                // Raise what held background back. A step that stays below the level
+                // that last missed is taken at once (doubling while below half of it, or
+                // before any miss); one that reaches or passes it (a probe of the
+                // frontier) waits `probe_after` good windows.
+                let (rate, rate_free) = self.next_rate();
+                let (depth, depth_free) = self.next_depth();
+                let raise_rate = self.rate_limited
+                    && rate > self.rate
+                    && (rate_free || self.met_run >= self.probe_after);
+                let raise_depth = self.depth_limited
+                    && depth > self.depth
+                    && (depth_free || self.met_run >= self.probe_after);
+                if raise_rate || raise_depth {
+                    verdict = WindowVerdict::Probe;
                     self.met_run = 0;
                     self.probing = true;
                     self.before_rate = self.rate;
                     self.before_depth = self.depth;
-                    self.rate = (self.rate
-                        + self.rate / 4
-                        + bytes_for(self.cfg.window_ns, self.cfg.limits.speed_min))
-                    .min(self.cfg.limits.speed_max);
-                    self.depth = (self.depth + 1).min(self.cfg.max_depth);
+                    if raise_rate {
+                        self.rate = rate;
+                    }
+                    if raise_depth {
+                        self.depth = depth;
+                    }
                 }
             } else {
+                verdict = WindowVerdict::Miss;
                 if std::mem::take(&mut self.probing) {
                     // The last increase hurt: wait twice as long before the next.
                     self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
                 }
                 self.met_run = 0;
                 self.good_run = 0;
-                let f = allowed as f64 / p99 as f64;
+                self.miss_rate = self.rate;
+                self.miss_depth = self.depth;
+                // Cut in proportion to the overshoot of the allowed quantile: the latency
+                // of the first request past the allowance (the k-th slowest), not the
+                // slowest one, which a single stall of the host decides; at most by half
+                // a window (a request queued behind one background operation is slower by
+                // that operation's whole service time, however little background there
+                // is: the overshoot overstates the excess).
+                let k = (allowance.floor() as u64 + 1).min(n);
+                let q = ((n - k) as f64 + 0.5) / n as f64;
+                let over = self.window.value_at_quantile(q).max(self.allowed_ns + 1);
+                let f = (self.allowed_ns as f64 / over as f64)
+                    .min(self.allowed_median_ns as f64 / median as f64)
+                    .max(MAX_CUT);
                 self.rate = ((self.rate as f64 * f) as u64).max(self.cfg.limits.speed_min);
                 self.depth = ((f64::from(self.depth) * f) as u32).max(1);
                 tracing::trace!(
-                    p99_ns = p99,
-                    allowed_ns = allowed,
+                    over = self.window_over,
+                    allowance,
+                    allowed_ns = self.allowed_ns,
                     rate = self.rate,
                     depth = self.depth,
-                    "pacer: foreground over baseline"
+                    "pacer: foreground over its allowance"
                 );
             }
         }
+        let w = &self.window;
+        self.last_window = PacerWindow {
+            end_ns: now,
+            samples: n,
+            over: self.window_over,
+            allowance,
+            p50_ns: w.value_at_quantile(0.5),
+            allowed_p50_ns: self.allowed_median_ns,
+            p99_ns: w.value_at_quantile(0.99),
+            max_ns: w.max(),
+            baseline_ns: self.baseline_ns,
+            allowed_ns: self.allowed_ns,
+            quiet_over: self.quiet_over,
+            bg_in_flight: self.bg_in_flight,
+            verdict,
+            rate: self.rate,
+            depth: self.depth,
+        };
+        self.windows += 1;
         // Re-measure the baseline every `rebaseline_ns`, or retry soon after a probe that
         // ended without enough samples.
         let due = if self.baseline_ns > 0 {
@@ -531,10 +869,13 @@ impl FerroraidPacer {
         };
         if present && now.saturating_sub(self.baseline_at) >= due && self.quiet_until < now {
             // Re-measure the quiet baseline: hold background briefly.
-            self.quiet_until = now + self.cfg.quiet_probe_ns;
-            self.baseline_at = now;
+            self.start_quiet_probe(now);
         }
         self.window.reset();
+        self.window_over = 0;
+        self.depth_limited = false;
+        self.rate_limited = false;
+        self.last_window_samples = n;
         self.window_start = now;
     }
 }
@@ -544,13 +885,13 @@ impl Pacer for FerroraidPacer {
         if !self.foreground_present(now_ns) {
             if self.baseline_ns == 0 {
                 // Foreground arrives with no baseline: measure one first.
-                self.quiet_until = now_ns + self.cfg.quiet_probe_ns;
-                self.baseline_at = now_ns;
+                self.start_quiet_probe(now_ns);
             }
             // Foreground resumes: the present-state rate and depth apply from now; the
             // first window (background admitted at full speed still draining) gets no
             // verdict.
             self.window.reset();
+            self.window_over = 0;
             self.window_start = now_ns;
             self.grace = true;
             self.probing = false;
@@ -566,24 +907,19 @@ impl Pacer for FerroraidPacer {
         self.fg_last_ns = now_ns;
         let lat = latency_ns.max(1);
         self.window.saturating_record(lat);
-        if self.probing && self.baseline_ns > 0 && lat > self.allowed_ns() {
-            // The last increase made a foreground request miss: undo it now.
-            self.probing = false;
-            self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
-            self.met_run = 0;
-            self.good_run = 0;
-            self.rate = self.before_rate;
-            self.depth = self.before_depth;
-        }
         // Quiet: no background in flight at any time during this request.
-        if self.bg_in_flight == 0 && self.bg_busy_ns <= now_ns.saturating_sub(lat) {
-            self.quiet.saturating_record(lat);
-            if self.quiet.len() >= BASELINE_SAMPLES {
-                self.baseline_ns = self.quiet.value_at_quantile(0.99);
-                self.baseline_at = now_ns;
-                self.quiet.reset();
-                self.quiet_until = 0;
+        let quiet = self.bg_in_flight == 0 && self.bg_busy_ns <= now_ns.saturating_sub(lat);
+        if self.baseline_ns > 0 && lat > self.allowed_ns {
+            self.window_over += 1;
+            // During a probe, undo it as soon as the window has more slow requests than
+            // a whole window (as long as the last one) may have: its verdict is known.
+            let expected = self.window.len().max(self.last_window_samples);
+            if self.probing && self.window_over as f64 > self.allowance(expected) {
+                self.revert_probe(now_ns, lat, quiet);
             }
+        }
+        if quiet {
+            self.quiet_sample(now_ns, lat);
         }
         self.close_window(now_ns);
     }
@@ -611,11 +947,13 @@ impl Pacer for FerroraidPacer {
             return Admission::NotBefore(self.quiet_until.min(recheck));
         }
         if present && in_flight >= self.depth {
+            self.depth_limited = true;
             return Admission::AfterCompletion;
         }
         if self.tokens >= bytes || (self.tokens >= 0 && in_flight == 0) {
             return self.admitted(now_ns, bytes);
         }
+        self.rate_limited |= present;
         let need = (bytes - self.tokens.max(0)) as u64;
         let mut wait = ns_for(need, self.rate(now_ns)).max(1);
         if present {

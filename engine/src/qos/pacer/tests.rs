@@ -31,6 +31,11 @@ impl Run {
     }
 
     fn fg_p99(&self, from: u64, to: u64) -> u64 {
+        self.fg_quantile(from, to, 99)
+    }
+
+    /// The `pct`-th percentile of foreground latency completed in `from..to`, ns.
+    fn fg_quantile(&self, from: u64, to: u64, pct: usize) -> u64 {
         let mut l: Vec<u64> = self
             .fg
             .iter()
@@ -39,7 +44,7 @@ impl Run {
             .collect();
         assert!(!l.is_empty(), "foreground ran in {from}..{to}");
         l.sort_unstable();
-        l[(l.len() * 99).div_ceil(100) - 1]
+        l[(l.len() * pct).div_ceil(100) - 1]
     }
 }
 
@@ -52,6 +57,17 @@ fn simulate(
     fg_base: u64,
     fg_per_bg: u64,
 ) -> Run {
+    simulate_with(pacer, until, fg_on, |_, _, bg| fg_base + fg_per_bg * bg)
+}
+
+/// [`simulate`] with the foreground's latency given by `fg_latency(now, request number,
+/// background in flight)` when a request is issued.
+fn simulate_with(
+    pacer: &mut dyn Pacer,
+    until: u64,
+    fg_on: impl Fn(u64) -> bool,
+    fg_latency: impl Fn(u64, u64, u64) -> u64,
+) -> Run {
     let mut run = Run {
         bg: Vec::new(),
         fg: Vec::new(),
@@ -62,6 +78,7 @@ fn simulate(
     let mut wait_until = 0;
     let mut wait_completion = false;
     let mut started = 0u64;
+    let mut fg_issued = 0u64;
     let mut now = 0;
     while now < until {
         // Completions.
@@ -88,7 +105,8 @@ fn simulate(
         // Foreground issues.
         if fg.is_none() && fg_on(now) {
             pacer.foreground_submitted(now);
-            fg = Some((now + fg_base + fg_per_bg * bg.len() as u64, now));
+            fg = Some((now + fg_latency(now, fg_issued, bg.len() as u64), now));
+            fg_issued += 1;
         }
         // Background asks.
         while bg.len() < MAX_BG && now >= wait_until && !wait_completion {
@@ -176,6 +194,139 @@ fn ferroraid_protects_foreground_and_recovers_within_50_ms() {
     // Foreground resumes at 1.3 s: protected again from 1.35 s.
     let fg = r.fg_p99(1350 * MS, 2000 * MS);
     assert!(fg <= 110_000, "foreground p99 after resuming {fg} ns");
+}
+
+/// The device model's most background: `MAX_BG` operations in flight, bytes/s per member.
+const DEVICE_MAX: u64 = MAX_BG as u64 * OP_BYTES * NS_PER_S / BG_NS;
+
+#[test]
+fn ferroraid_is_not_pinned_at_the_floor_by_a_noisy_host() {
+    // Background costs this foreground nothing, but the host is noisy: one request in 9
+    // takes 110 µs instead of 100, and one in 250 stalls for 5 ms (a preempted reactor),
+    // background or not. The p99 of a 10 ms window (~95 requests) is then its slowest
+    // request, and a third of the windows hold a stall; comparing that with the quiet
+    // p99 pinned the old law at the floor (issue 5's real-time shortfall).
+    let mut p = ferro(limits(1, 10_000));
+    let r = simulate_with(
+        &mut p,
+        2000 * MS,
+        |_| true,
+        |_, i, _| match i {
+            _ if i % 250 == 7 => 5 * MS,
+            _ if i % 9 == 4 => 110_000,
+            _ => 100_000,
+        },
+    );
+    let rate = r.bg_rate(300 * MS, 2000 * MS);
+    assert!(
+        rate >= DEVICE_MAX * 80 / 100,
+        "background {rate} B/s of {DEVICE_MAX}: held back by noise it does not cause"
+    );
+    // The stalls are the quiet device's own: the windows that hold one pass.
+    assert!(p.allowance(95) >= 1.5, "{}", p.allowance(95));
+}
+
+#[test]
+fn ferroraid_cuts_background_when_it_starts_to_hurt() {
+    // Background is free until 1 s; from then on each operation in flight costs the
+    // foreground 10 µs (100 µs quiet, allowed 110 µs: one operation in flight fits).
+    let hurts = 1000 * MS;
+    let mut p = ferro(limits(1, 10_000));
+    let r = simulate_with(
+        &mut p,
+        2000 * MS,
+        |_| true,
+        |now, _, bg| 100_000 + if now >= hurts { 10_000 * bg } else { 0 },
+    );
+    let before = r.bg_rate(300 * MS, hurts);
+    assert!(before >= DEVICE_MAX * 80 / 100, "before: {before} B/s");
+    // Cut within 50 ms: the foreground's p90 is within tolerance again, and its p99
+    // close (uncontrolled, 16 in flight: 260 µs).
+    let p90 = r.fg_quantile(hurts + 50 * MS, 2000 * MS, 90);
+    let p99 = r.fg_p99(hurts + 50 * MS, 2000 * MS);
+    assert!(p90 <= 110_000, "p90 {p90} ns");
+    assert!(p99 <= 120_000, "p99 {p99} ns");
+    // Background still progresses well above the floor, far below where it was.
+    let after = r.bg_rate(hurts + 100 * MS, 2000 * MS);
+    assert!(after >= 50_000_000, "after: {after} B/s");
+    assert!(
+        after <= before / 4,
+        "after: {after} B/s, before {before} B/s"
+    );
+}
+
+#[test]
+fn ferroraid_keeps_the_median_when_the_hosts_stalls_are_the_p99() {
+    // One request in 40 stalls for 4 ms (a host that busy: 2.5 % of requests), so the
+    // quiet p99 is a stall and the p99 test allows 4.4 ms. Each background operation in
+    // flight costs the foreground 100 µs: without a check on the body of the latency,
+    // background would fill the device and every request take ~1.7 ms.
+    let mut p = ferro(limits(1, 10_000));
+    let r = simulate_with(
+        &mut p,
+        2000 * MS,
+        |_| true,
+        |_, i, bg| {
+            if i % 40 == 7 {
+                4 * MS
+            } else {
+                100_000 + 100_000 * bg
+            }
+        },
+    );
+    assert!(
+        p.baseline_ns() >= 4 * MS,
+        "the p99 is the stall: {}",
+        p.baseline_ns()
+    );
+    let p50 = r.fg_quantile(300 * MS, 2000 * MS, 50);
+    assert!(p50 <= 110_000, "median {p50} ns");
+    let floor = r.bg_rate(300 * MS, 2000 * MS);
+    assert!(floor >= 1_000_000 * 95 / 100, "floor: {floor} B/s");
+}
+
+/// `n` QD1 foreground requests with no background at all, request `i` taking `lat(i)`.
+fn feed_quiet(p: &mut FerroraidPacer, n: u64, lat: impl Fn(u64) -> u64) {
+    let mut now = 0;
+    for i in 0..n {
+        p.foreground_submitted(now);
+        now += lat(i);
+        p.foreground_done(now, lat(i), 4096, true);
+    }
+}
+
+#[test]
+fn ferroraid_allowance_is_a_p99_plus_the_quiet_devices_own_noise() {
+    // A noiseless quiet device (every request 100 µs): a window of 100 may have one
+    // request past the allowed latency (its p99), plus the margin that a reference of
+    // 512–1024 quiet requests cannot rule out (one pseudo-observation: ≤ 0.2 %).
+    let mut p = ferro(limits(1, 10_000));
+    feed_quiet(&mut p, 2000, |_| 100_000);
+    assert!(p.baseline_ns() >= 100_000 && p.baseline_ns() < 102_000);
+    assert!(p.allowed_ns() >= 110_000 && p.allowed_ns() < 112_000);
+    let a = p.allowance(100);
+    assert!((1.0..2.5).contains(&a), "noiseless: {a}");
+    // One quiet request in 200 stalls (2 ms): the window may hold its share of stalls
+    // too (~0.5), and 3 standard deviations of that count (~2.1).
+    let mut p = ferro(limits(1, 10_000));
+    feed_quiet(
+        &mut p,
+        2000,
+        |i| if i % 200 == 0 { 2 * MS } else { 100_000 },
+    );
+    assert!(p.baseline_ns() < 102_000, "the stalls are past the p99");
+    let a = p.allowance(100);
+    assert!((3.0..4.5).contains(&a), "noisy: {a}");
+    // A stall among the first 16 quiet requests is not the baseline (it would allow
+    // background 40× the foreground's latency, and leave no quiet request to correct it).
+    let mut p = ferro(limits(1, 10_000));
+    feed_quiet(&mut p, 16, |i| if i == 5 { 4 * MS } else { 100_000 });
+    assert!(p.baseline_ns() < 102_000, "{}", p.baseline_ns());
+    // A small reference is not taken for a noiseless device: its first 16 requests.
+    let mut p = ferro(limits(1, 10_000));
+    feed_quiet(&mut p, 16, |_| 100_000);
+    let a = p.allowance(100);
+    assert!(a >= 10.0, "16 quiet requests: {a}");
 }
 
 #[test]
