@@ -196,7 +196,21 @@ fn operator_fails_a_member_while_clients_run() {
     let (running, _devices, _geo) = start_checkers(reactors, 20_000, 500);
     let h = running.handle();
     assert!(h.fail_member(6).is_err());
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    // Fail the member once every member has served requests (as published): on a loaded
+    // machine the reactors may not have run at all after a fixed sleep.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !h
+        .snapshot()
+        .members
+        .iter()
+        .all(|m| m.counters.reads + m.counters.writes > 0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no I/O published on every member"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     h.fail_member(2).unwrap();
     // The next publication (within PUBLISH_INTERVAL of each reactor) shows it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -471,6 +485,7 @@ impl Frontend for Interleaved {
 fn foreign_reads_race_owner_writes_on_shared_stripes() {
     const STRIPES_HERE: u64 = 4;
     const REACTORS: u64 = 3;
+    let mut moved = 0;
     for seed in [1u64, 2, 3] {
         let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
         let geo = ArrayGeometry::new(g, STRIPES_HERE).unwrap();
@@ -489,7 +504,7 @@ fn foreign_reads_race_owner_writes_on_shared_stripes() {
                 bufs: (0..4).map(|_| AlignedBuf::zeroed(4096)).collect(),
                 slots: vec![None; 4],
                 rng: Rng::new(seed * 10 + lane),
-                ops_left: 20_000,
+                ops_left: 60_000,
                 errors: Vec::new(),
             })
             .collect();
@@ -509,9 +524,10 @@ fn foreign_reads_race_owner_writes_on_shared_stripes() {
         )
         .unwrap();
         let h = running.handle();
-        // Fail a member once a good part of the requests has run.
+        // Fail a member once reads have been published (every 100 ms; the run lasts
+        // several publications), so healthy and degraded phases both happen.
         let t0 = std::time::Instant::now();
-        while h.snapshot().stats.direct_reads < 15_000 && t0.elapsed().as_secs() < 60 {
+        while h.snapshot().stats.direct_reads == 0 && t0.elapsed().as_secs() < 60 {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         h.fail_member(2).unwrap();
@@ -526,8 +542,12 @@ fn foreign_reads_race_owner_writes_on_shared_stripes() {
         }
         eprintln!("seed {seed}: {st:?}");
         assert!(
-            st.foreign_reads > 0 && st.moved_reads > 0 && st.degraded_reads > 0,
+            st.foreign_reads > 0 && st.degraded_reads > 0,
             "seed {seed}: {st:?}"
         );
+        moved += st.moved_reads;
     }
+    // Whether a foreign read meets a write holding its stripe is up to thread timing;
+    // over the seeds some do.
+    assert!(moved > 0, "no foreign read was handed to its owner");
 }
