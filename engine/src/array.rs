@@ -3,8 +3,19 @@
 //! An [`Array`] owns one channel to each member and runs every stripe operation it is given
 //! as an explicit state machine driven by member completions. It is the per-reactor core of
 //! the stripe engine: with several reactors, each runs an `Array` over its own channels and
-//! receives only requests for the stripes it owns (the routing between reactors lives in
-//! the reactor layer). Everything here is single-threaded and lock-free by construction.
+//! receives the requests for the stripes it owns, plus reads of other reactors' stripes
+//! that it serves itself (foreign reads, see below; the routing between reactors lives in
+//! the reactor layer). Everything here is single-threaded and lock-free by construction;
+//! the only state shared with other shards is the [`StripeGate`] (atomics).
+//!
+//! # Foreign reads
+//! A read of a stripe another shard owns ([`Array::set_gate`]) is served here when the
+//! gate admits it (no write of the owner holds the stripe; this shard's view of failed
+//! members is not behind the owner's); it then holds the stripe in the gate until its
+//! member I/O is done, and the owner's writes to that stripe wait for it
+//! (phase `GateWait`). It goes to the owner instead ([`Array::take_moved`]) when the
+//! gate refuses, while a member is being rebuilt or a replacement copied here (only the
+//! owner knows its stripes' positions), or when a latent sector error must be rewritten.
 //!
 //! # Ordering
 //! A request is split at stripe boundaries into stripe operations. Operations on one
@@ -2981,16 +2992,11 @@ impl<C: Channel> Array<C> {
         self.proc.as_ref().is_some_and(|p| !p.in_flight.is_empty())
     }
 
-    /// Whether [`Self::replace_member`] would accept a device described by `info` into
-    /// `slot` now.
+    /// `slot` is a member slot of an array that has not failed.
     ///
     /// # Errors
-    /// As [`Self::replace_member`].
-    pub fn check_replace(
-        &self,
-        slot: u16,
-        info: &crate::device::DeviceInfo,
-    ) -> Result<(), ProcessError> {
+    /// [`ProcessError::NoSuchMember`], [`ProcessError::ArrayFailed`].
+    fn check_live_slot(&self, slot: u16) -> Result<(), ProcessError> {
         let members = self.geo.geometry().members();
         if slot >= members {
             return Err(ProcessError::NoSuchMember {
@@ -3001,6 +3007,20 @@ impl<C: Channel> Array<C> {
         if self.array_failed() {
             return Err(ProcessError::ArrayFailed);
         }
+        Ok(())
+    }
+
+    /// Whether [`Self::replace_member`] would accept a device described by `info` into
+    /// `slot` now.
+    ///
+    /// # Errors
+    /// As [`Self::replace_member`].
+    pub fn check_replace(
+        &self,
+        slot: u16,
+        info: &crate::device::DeviceInfo,
+    ) -> Result<(), ProcessError> {
+        self.check_live_slot(slot)?;
         let m = &self.members[usize::from(slot)];
         if !m.state.is_failed() {
             return Err(ProcessError::NotFailed { member: slot });
@@ -3196,16 +3216,7 @@ impl<C: Channel> Array<C> {
         slot: u16,
         info: &crate::device::DeviceInfo,
     ) -> Result<(), ProcessError> {
-        let members = self.geo.geometry().members();
-        if slot >= members {
-            return Err(ProcessError::NoSuchMember {
-                member: slot,
-                members,
-            });
-        }
-        if self.array_failed() {
-            return Err(ProcessError::ArrayFailed);
-        }
+        self.check_live_slot(slot)?;
         if let (Some(r), Some(_)) = (self.replace, self.replacement_entry()) {
             return Err(ProcessError::ReplaceBusy { member: r.member });
         }
