@@ -3289,6 +3289,11 @@ impl<C: Channel> Array<C> {
         let chunk = self.geo.geometry().chunk_bytes() as usize;
         let dev = Member::new(ch, id as u16, &self.cfg, self.sops.len(), chunk);
         let entry = self.slots() as u16;
+        // The last process (a previous replace, finished and swapped in, among others) is
+        // over (checked above); it must not stand for this one: a finished replace process
+        // is how `replace_finished` knows the copy is done.
+        let prev_proc = self.proc.take();
+        let prev_replace = self.replace;
         self.members.push(dev);
         self.entry_of[id] = entry;
         self.replace = Some(ReplaceInfo {
@@ -3296,9 +3301,19 @@ impl<C: Channel> Array<C> {
             serial,
             state: ReplaceState::Copying,
         });
+        if let Err(e) = self.start_process(&req) {
+            // Nothing changes on error.
+            self.members.pop();
+            self.entry_of[id] = NO_ENTRY;
+            self.replace = prev_replace;
+            self.proc = prev_proc;
+            return Err(e);
+        }
+        debug_assert!(self
+            .proc
+            .as_ref()
+            .is_some_and(|p| p.kind == ProcessKind::Replace && p.state == ProcessState::Running));
         self.replace_bitmap_ticket = self.intent.as_ref().map_or(0, |i| i.shared.write_all());
-        // Checked above, with nothing in between but the new entry the check wants.
-        self.start_process(&req)?;
         tracing::info!(
             shard = self.shard,
             member = slot,

@@ -1786,3 +1786,39 @@ fn a_shard_still_copying_a_replacement_sends_foreign_reads_to_the_owner() {
         before.foreign_reads + 1
     );
 }
+
+/// Replaces one after another in the same running array (a QA finding: the second one
+/// used to finish at once, taking the slot with the blank device uncopied, because the
+/// first replace's finished process stood for the new one). Each copies everything, with
+/// clients running, on 1, 2 and 4 shards; the same slot twice and another slot.
+#[test]
+fn consecutive_replaces_each_copy_the_member() {
+    for shards in [1usize, 2, 4] {
+        let mut w = World::new(Level::Raid5, 4, 8192, 32, shards, 1300 + shards as u64);
+        w.fill();
+        for (i, old) in [1u16, 1, 3].into_iter().enumerate() {
+            let new = blank(&w, "new", 40 + i as u64);
+            let chans = w.channels_to(&new);
+            w.arr.start_replace(old, chans, 0).unwrap();
+            let snap = w.arr.process_snapshot().unwrap();
+            assert_eq!(
+                (snap.kind, snap.state),
+                (ProcessKind::Replace, ProcessState::Running),
+                "replace {i}, shards {shards}"
+            );
+            let r = w.run_replace(4);
+            assert_eq!(r.state, ReplaceState::Done, "replace {i}, shards {shards}");
+            // Every chunk of the member reached the new device.
+            assert!(
+                new.stats().bytes_written >= 32 * 8192,
+                "replace {i}, shards {shards}: {} bytes copied",
+                new.stats().bytes_written
+            );
+            w.devs[usize::from(old)] = new;
+            w.assert_members_hold_model(&w.all_members());
+            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+            assert!(w.failed.is_empty(), "{:?}", w.failed);
+            assert_eq!(w.bad_reads, 0);
+        }
+    }
+}
