@@ -466,21 +466,7 @@ impl<C: Channel> ShardedArray<C> {
     /// # Errors
     /// As [`Self::replace_member`].
     pub fn readd_member(&mut self, slot: u16, channels: Vec<C>) -> Result<(), ProcessError> {
-        if channels.len() != self.shards.len() {
-            return Err(ProcessError::Unfit {
-                member: slot,
-                why: "one channel per shard is needed",
-            });
-        }
-        for (sh, ch) in self.shards.iter().zip(&channels) {
-            sh.check_replace(slot, ch.info())?;
-        }
-        for (sh, ch) in self.shards.iter_mut().zip(channels) {
-            // Checked above on every shard, with nothing in between.
-            sh.readd_member(slot, ch)?;
-        }
-        self.rebuild_pending = true;
-        Ok(())
+        self.fill_slot(slot, channels, |sh, ch| sh.readd_member(slot, ch).map(drop))
     }
 
     /// Puts a new device into failed member `slot`'s place on every shard (`channels`: one
@@ -493,6 +479,20 @@ impl<C: Channel> ShardedArray<C> {
     /// See [`Array::replace_member`]; also [`ProcessError::Unfit`] for a channel count that
     /// differs from the shard count. Nothing changes unless every shard accepts.
     pub fn replace_member(&mut self, slot: u16, channels: Vec<C>) -> Result<(), ProcessError> {
+        self.fill_slot(slot, channels, |sh, ch| {
+            sh.replace_member(slot, ch).map(drop)
+        })
+    }
+
+    /// Puts a device into failed member `slot` on every shard with `put` (one channel per
+    /// shard, in shard order) once every shard accepts it ([`Array::check_replace`]), and
+    /// schedules the rebuild. Nothing changes unless every shard accepts.
+    fn fill_slot(
+        &mut self,
+        slot: u16,
+        channels: Vec<C>,
+        put: impl Fn(&mut Array<C>, C) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
         if channels.len() != self.shards.len() {
             return Err(ProcessError::Unfit {
                 member: slot,
@@ -504,7 +504,7 @@ impl<C: Channel> ShardedArray<C> {
         }
         for (sh, ch) in self.shards.iter_mut().zip(channels) {
             // Checked above on every shard, with nothing in between.
-            sh.replace_member(slot, ch)?;
+            put(sh, ch)?;
         }
         self.rebuild_pending = true;
         Ok(())
