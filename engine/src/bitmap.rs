@@ -350,21 +350,7 @@ impl WriteIntent {
     /// an unclean shutdown (or a bitmap-based recovery) must cover. Allocates (a control
     /// path, not the data path).
     pub fn dirty_regions(&self) -> Vec<Range<u64>> {
-        let mut out: Vec<Range<u64>> = Vec::new();
-        for r in 0..self.regions {
-            if !self.is_needed(r) {
-                continue;
-            }
-            let s = self.region_stripes(r);
-            if s.is_empty() {
-                continue;
-            }
-            match out.last_mut() {
-                Some(last) if last.end >= s.start => last.end = last.end.max(s.end),
-                _ => out.push(s),
-            }
-        }
-        out
+        self.stripe_ranges(|r| self.is_needed(r))
     }
 
     /// Number of bits set on disk.
@@ -451,11 +437,13 @@ impl WriteIntent {
     /// bit made durable first, and none has been cleared while it was away (rules 1, 3).
     /// Allocates (a control path).
     pub fn on_disk_regions(&self) -> Vec<Range<u64>> {
+        self.stripe_ranges(|r| self.on_disk(r))
+    }
+
+    /// Stripe ranges of the regions `pick` selects, ascending and merged.
+    fn stripe_ranges(&self, pick: impl Fn(u64) -> bool) -> Vec<Range<u64>> {
         let mut out: Vec<Range<u64>> = Vec::new();
-        for r in 0..self.regions {
-            if !self.on_disk(r) {
-                continue;
-            }
+        for r in (0..self.regions).filter(|&r| pick(r)) {
             let s = self.region_stripes(r);
             if s.is_empty() {
                 continue;
