@@ -31,6 +31,7 @@
 //! Everything is preallocated: the window histograms are fixed-size HDR histograms (ns,
 //! 2 significant digits) reset in place; nothing allocates per I/O or per window.
 
+use arrayvec::ArrayVec;
 use hdrhistogram::Histogram;
 
 use super::IoClass;
@@ -178,7 +179,10 @@ pub struct DepthController {
     window_len: u64,
     reads: Histogram<u64>,
     writes: u64,
-    quiet: Histogram<u64>,
+    /// Latencies of reads that found the device quiet since the last calibration, ns (a
+    /// plain list: 64 samples need no histogram, and clearing a 1 ns–1 h histogram after
+    /// every 64 reads cost more than the reads' own accounting).
+    quiet: ArrayVec<u64, { QUIET_SAMPLES as usize }>,
     /// Reads in the device now, and since when the device had one (wbt's `sync_issue`).
     reads_in_flight: u32,
     read_since: u64,
@@ -240,7 +244,7 @@ impl DepthController {
             },
             reads: window_histogram(),
             writes: 0,
-            quiet: window_histogram(),
+            quiet: ArrayVec::new(),
             reads_in_flight: 0,
             read_since: 0,
             best_read_ns: u64::MAX,
@@ -336,8 +340,8 @@ impl DepthController {
                 self.reads.saturating_record(lat);
                 self.best_read_ns = self.best_read_ns.min(lat);
                 if quiet && self.cfg.target_latency_ns.is_none() {
-                    self.quiet.saturating_record(lat);
-                    if self.quiet.len() >= QUIET_SAMPLES {
+                    self.quiet.push(lat);
+                    if self.quiet.is_full() {
                         self.calibrate();
                     }
                 }
@@ -363,10 +367,12 @@ impl DepthController {
 
     fn calibrate(&mut self) {
         if self.cfg.policy != DepthPolicy::Ferroraid {
-            self.quiet.reset();
+            self.quiet.clear();
             return;
         }
-        let p99 = self.quiet.value_at_quantile(0.99);
+        // p99 by nearest rank: the ⌈0.99 n⌉-th smallest sample.
+        let rank = (self.quiet.len() * 99).div_ceil(100);
+        let p99 = *self.quiet.select_nth_unstable(rank - 1).1;
         let t = (p99.saturating_mul(TARGET_NUM) / TARGET_DEN).max(MIN_TARGET_NS);
         if t != self.target_ns {
             tracing::debug!(
@@ -378,7 +384,7 @@ impl DepthController {
         self.target_ns = t;
         self.window_len = (t.saturating_mul(WINDOW_READS) * TARGET_DEN / TARGET_NUM)
             .clamp(WINDOW_NS, MAX_WINDOW_NS);
-        self.quiet.reset();
+        self.quiet.clear();
     }
 
     /// Advances the controller to `now_ns`: closes the window when it is over.
