@@ -78,6 +78,7 @@ use crate::qos::{Admission, Pacer, Unpaced};
 use crate::qos::{DepthConfig, IoClass, QosState};
 use crate::shard::StripeGate;
 use crate::stripe::{plan_write, ChunkRange, StripeWrite, WriteMode};
+use locks::StripeLocks;
 
 /// What an array request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -610,8 +611,8 @@ pub struct Array<C: Channel> {
     free_reqs: Vec<u32>,
     sops: Vec<Sop>,
     free_sops: Vec<u32>,
-    /// Stripes with an operation running: (stripe, sop, whether it writes).
-    locked: Vec<(u64, u32, bool)>,
+    /// Stripes with an operation running, shared or exclusive.
+    locked: StripeLocks,
     /// Scratch for `start_waiting`: stripes with an operation still waiting ahead.
     held: Vec<u64>,
     /// Operations waiting for their stripe, in arrival order.
@@ -815,7 +816,7 @@ impl<C: Channel> Array<C> {
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
-            locked: Vec::with_capacity(total_sops),
+            locked: StripeLocks::new(total_sops),
             held: Vec::with_capacity(total_sops),
             waiting: VecDeque::with_capacity(total_sops),
             ready: VecDeque::with_capacity(total_sops),
@@ -1534,8 +1535,12 @@ impl<C: Channel> Array<C> {
     /// Queues `req` in the member's queue of `class` and dispatches what the channel and
     /// the depth controller admit.
     fn send(&mut self, member: u16, class: IoClass, req: Request) {
-        self.members[usize::from(member)].queue.enqueue(class, req);
-        self.pump(usize::from(member));
+        let now = self.now;
+        let m = &mut self.members[usize::from(member)];
+        let synthetic = &mut self.synthetic;
+        m.queue.send(class, req, &mut m.ch, now, |req, e| {
+            synthetic.push_back(refusal(req.tag, e));
+        });
     }
 
     fn io_flush(&mut self, s: u32, member: u16) {
@@ -1711,11 +1716,8 @@ impl<C: Channel> Array<C> {
             }
             any = true;
             let read = self.reqs[ri as usize].as_ref().expect("live").op == ArrayOp::Read;
-            if read
-                && self.waiting.is_empty()
-                && !self.locked.iter().any(|&(st, _, w)| st == stripe && w)
-            {
-                self.locked.push((stripe, s, false));
+            if read && self.waiting.is_empty() && !self.locked.conflicts(stripe, false) {
+                self.locked.take(stripe, s, false);
                 self.start_sop(s);
             } else {
                 self.waiting.push_back(s);
@@ -1742,11 +1744,7 @@ impl<C: Channel> Array<C> {
                     .expect("live request")
                     .op
                     .is_write();
-            let blocked = self.held.contains(&stripe)
-                || self
-                    .locked
-                    .iter()
-                    .any(|&(st, _, w)| st == stripe && (w || writes));
+            let blocked = self.held.contains(&stripe) || self.locked.conflicts(stripe, writes);
             if blocked {
                 if !self.held.contains(&stripe) {
                     // Bounded by the waiting operations, which the capacity covers.
@@ -1763,7 +1761,7 @@ impl<C: Channel> Array<C> {
             // resync (`raid5_read_one_chunk`). Foreground reads therefore never wait for a
             // whole background stripe operation (docs/PACING.md).
             let excl = writes && self.sops[s as usize].bg.is_none();
-            self.locked.push((stripe, s, excl));
+            self.locked.take(stripe, s, excl);
             started = true;
             if excl {
                 if let Some(gate) = &self.gate {
@@ -1870,9 +1868,7 @@ impl<C: Channel> Array<C> {
         debug_assert!(self.sops[s as usize].foreign);
         debug_assert_eq!(self.sops[s as usize].outstanding, 0);
         self.release_gate(s);
-        if let Some(p) = self.locked.iter().position(|&(_, x, _)| x == s) {
-            self.locked.swap_remove(p);
-        }
+        self.locked.release(s);
         let ri = self.sops[s as usize].req;
         self.free_sops.push(s);
         let req = self.reqs[ri as usize].take().expect("live request");
@@ -1923,9 +1919,7 @@ impl<C: Channel> Array<C> {
         self.release_gate(s);
         let sop = &self.sops[s as usize];
         debug_assert_eq!(sop.outstanding, 0);
-        if let Some(p) = self.locked.iter().position(|&(_, x, _)| x == s) {
-            self.locked.swap_remove(p);
-        }
+        self.locked.release(s);
         let ri = sop.req;
         self.free_sops.push(s);
         let req = self.reqs[ri as usize].as_mut().expect("live request");
@@ -3775,9 +3769,7 @@ impl<C: Channel> Array<C> {
         let slot = sop.bg_slot;
         let latency = self.now.saturating_sub(sop.bg_start_ns);
         sop.bg = None;
-        if let Some(i) = self.locked.iter().position(|&(_, x, _)| x == s) {
-            self.locked.swap_remove(i);
-        }
+        self.locked.release(s);
         self.bg_sops.push(s);
         self.bg_free.push(slot);
         self.bg_wait = false;
@@ -3829,5 +3821,6 @@ impl<C: Channel> Array<C> {
 
 #[cfg(test)]
 mod bitmap_tests;
+mod locks;
 #[cfg(test)]
 mod tests;

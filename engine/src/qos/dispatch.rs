@@ -88,6 +88,47 @@ impl MemberQueue {
         self.queues[class.index()].push_back(req);
     }
 
+    /// Queues `req` in its class and dispatches what `ch` and the limits admit, like
+    /// [`MemberQueue::enqueue`] then [`MemberQueue::pump`] — but a request that finds every
+    /// queue empty and its class within its limit goes to the channel at once, without
+    /// passing through its queue (the common case on the data path: nothing waits, so
+    /// class order is not at stake). Returns what was dispatched; refusals as for `pump`.
+    pub fn send<C: Channel>(
+        &mut self,
+        class: IoClass,
+        req: Request,
+        ch: &mut C,
+        now_ns: u64,
+        mut refused: impl FnMut(Request, SubmitError),
+    ) -> Pumped {
+        let i = class.index();
+        let idle = self.queues.iter().all(VecDeque::is_empty);
+        let within = self.in_device[i] < self.ctl.limit(class)
+            && (!class.is_write_class() || self.write_class_in_device() < self.ctl.depth_limit());
+        if !(idle && within) {
+            self.enqueue(class, req);
+            return self.pump(ch, now_ns, refused);
+        }
+        match ch.submit(req) {
+            Ok(()) => {
+                self.dispatched(class, &req, now_ns);
+                Pumped { submitted: 1 }
+            }
+            Err(SubmitError::QueueFull) if ch.in_flight() > 0 => {
+                self.queues[i].push_back(req);
+                Pumped::default()
+            }
+            Err(SubmitError::QueueFull) => {
+                refused(req, SubmitError::Gone);
+                Pumped::default()
+            }
+            Err(e) => {
+                refused(req, e);
+                Pumped::default()
+            }
+        }
+    }
+
     /// Requests waiting in the queues (all classes).
     pub fn queued(&self) -> usize {
         self.queues.iter().map(VecDeque::len).sum()
