@@ -76,7 +76,7 @@ use crate::process::{
 use crate::qos::dispatch::MemberQueue;
 use crate::qos::{Admission, Pacer, Unpaced};
 use crate::qos::{DepthConfig, IoClass, QosState};
-use crate::shard::StripeGate;
+use crate::shard::{owner, StripeGate};
 use crate::stripe::{plan_write, ChunkRange, StripeWrite, WriteMode};
 use locks::StripeLocks;
 
@@ -1188,13 +1188,12 @@ impl<C: Channel> Array<C> {
         if self.shards == 1 {
             return true;
         }
-        let stripe_bytes = self.geo.geometry().stripe_data_bytes();
-        let first = r.offset_bytes / stripe_bytes;
-        if first % self.shards as u64 == self.shard as u64 {
+        let (first, within) = self.geo.stripe_of(r.offset_bytes);
+        if owner(first, self.shards) == self.shard {
             return true;
         }
-        let last = (r.offset_bytes + u64::from(r.len_bytes) - 1) / stripe_bytes;
-        r.op == ArrayOp::Read && first == last && self.gate.is_some()
+        let single = within + u64::from(r.len_bytes) <= self.geo.geometry().stripe_data_bytes();
+        r.op == ArrayOp::Read && single && self.gate.is_some()
     }
 
     /// Checks a request against the array: buffer length and alignment, block alignment,
@@ -1688,9 +1687,7 @@ impl<C: Channel> Array<C> {
                 continue;
             }
             let req = self.reqs[ri as usize].as_mut().expect("backlogged request");
-            let pos = req.offset + req.split;
-            let stripe = pos / stripe_bytes;
-            let start = pos - stripe * stripe_bytes;
+            let (stripe, start) = self.geo.stripe_of(req.offset + req.split);
             let end = (start + (req.len - req.split)).min(stripe_bytes);
             let buf_off = req.split;
             req.split += end - start;
@@ -1709,7 +1706,7 @@ impl<C: Channel> Array<C> {
             sop.unsupported = false;
             sop.bad.clear();
             sop.regions = 0..0;
-            sop.foreign = self.shards > 1 && stripe % self.shards as u64 != self.shard as u64;
+            sop.foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
             sop.gate = GateHold::None;
             if fully {
                 self.backlog.pop_front();
@@ -2061,21 +2058,18 @@ impl<C: Channel> Array<C> {
 
     fn start_read(&mut self, s: u32) {
         let g = *self.geo.geometry();
-        let st = g.stripe(self.sops[s as usize].stripe);
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
-        let healthy = (0..g.data_chunks())
-            .all(|k| w.written(k).is_none() || !self.missing(s, st.data_member(k)));
+        let healthy = w.chunks().all(|(k, _)| !self.missing(s, st.data_member(k)));
         if !healthy {
             return self.start_degraded(s, Phase::DegradedRead);
         }
         self.sops[s as usize].phase = Phase::DirectRead;
         self.sops[s as usize].io_error = false;
         let c = u64::from(g.chunk_bytes());
-        for k in 0..g.data_chunks() {
-            if let Some(r) = w.written(k) {
-                let ptr = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
-                self.io(s, st.data_member(k), Op::Read, r.start, r.len(), ptr);
-            }
+        for (k, r) in w.chunks() {
+            let ptr = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+            self.io(s, st.data_member(k), Op::Read, r.start, r.len(), ptr);
         }
     }
 
@@ -2083,7 +2077,7 @@ impl<C: Channel> Array<C> {
     /// its chunk buffers, for a degraded read or write.
     fn start_degraded(&mut self, s: u32, phase: Phase) {
         let g = *self.geo.geometry();
-        let st = g.stripe(self.sops[s as usize].stripe);
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
         let lost = (0..g.members()).filter(|&m| self.missing(s, m)).count();
         if lost > usize::from(g.parity_chunks()) {
             let stripe = st.stripe();
@@ -2131,7 +2125,7 @@ impl<C: Channel> Array<C> {
     fn rebuild_in_buffers(&mut self, s: u32) -> Result<(), ArrayError> {
         let g = *self.geo.geometry();
         let sop = &mut self.sops[s as usize];
-        let st = g.stripe(sop.stripe);
+        let st = self.geo.stripe(sop.stripe);
         let r = sop.range;
         let mut lost: ArrayVec<ChunkId, 2> = ArrayVec::new();
         for &m in &sop.lost {
@@ -2165,7 +2159,7 @@ impl<C: Channel> Array<C> {
             return self.finish_sop(s, Err(e));
         }
         let g = *self.geo.geometry();
-        let st = g.stripe(self.sops[s as usize].stripe);
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
         let c = u64::from(g.chunk_bytes());
         for k in 0..g.data_chunks() {
@@ -2412,7 +2406,7 @@ impl<C: Channel> Array<C> {
 
     fn start_write(&mut self, s: u32) {
         let g = *self.geo.geometry();
-        let st = g.stripe(self.sops[s as usize].stripe);
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
         let plan = plan_write(&w, &st, |m| self.missing(s, m));
         let r = plan.range;
@@ -2452,7 +2446,7 @@ impl<C: Channel> Array<C> {
     /// the caller's data, then issues the data and parity writes.
     fn write_out(&mut self, s: u32, mode: WriteMode) {
         let g = *self.geo.geometry();
-        let st = g.stripe(self.sops[s as usize].stripe);
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
         let r = self.sops[s as usize].range;
         let c = u64::from(g.chunk_bytes());
@@ -2686,7 +2680,7 @@ impl<C: Channel> Array<C> {
                 self.write_out(s, WriteMode::FullStripe)
             }
             Phase::Zeroing => {
-                let st = g.stripe(sop.stripe);
+                let st = self.geo.stripe(sop.stripe);
                 let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
                 let status = if lost > usize::from(g.parity_chunks()) {
                     Err(ArrayError::Unrecoverable {
@@ -2698,7 +2692,7 @@ impl<C: Channel> Array<C> {
                 self.finish_sop(s, status)
             }
             Phase::Writing => {
-                let st = g.stripe(sop.stripe);
+                let st = self.geo.stripe(sop.stripe);
                 match sop.mode {
                     WriteMode::FullStripe => self.stats.full_stripe_writes += 1,
                     WriteMode::Rmw => self.stats.rmw_writes += 1,
@@ -3595,7 +3589,7 @@ impl<C: Channel> Array<C> {
         if kind == ProcessKind::Replace {
             return self.replace_compute(s);
         }
-        let st = g.stripe(self.sops[s as usize].stripe);
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
         let chunk = g.chunk_bytes();
         self.sops[s as usize].phase = Phase::BgWrite;
         self.sops[s as usize].io_error = false;
@@ -3682,7 +3676,7 @@ impl<C: Channel> Array<C> {
     /// slice of each parity chunk that mismatches.
     fn scrub(&mut self, s: u32, kind: ProcessKind) {
         let g = *self.geo.geometry();
-        let st = g.stripe(self.sops[s as usize].stripe);
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
         let chunk = g.chunk_bytes() as usize;
         let page = (MD_STRIPE_PAGE_BYTES as usize).min(chunk);
         let slot = usize::from(self.sops[s as usize].bg_slot);

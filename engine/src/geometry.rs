@@ -32,6 +32,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use strength_reduce::StrengthReducedU64;
 use thiserror::Error;
 
 /// Smallest chunk size, in bytes (4 KiB: one page, md's minimum for raid456).
@@ -426,9 +427,14 @@ impl Geometry {
 
     /// Where P, Q and each data chunk of stripe `stripe` live.
     pub fn stripe(&self, stripe: u64) -> StripeLayout {
+        self.stripe_rotated(stripe, (stripe % u64::from(self.members)) as u16)
+    }
+
+    /// [`Geometry::stripe`] given `r = stripe % members` (the layout's rotation).
+    fn stripe_rotated(&self, stripe: u64, r: u16) -> StripeLayout {
         let n = self.members;
         let nd = self.data_chunks();
-        let r = (stripe % u64::from(n)) as u16;
+        debug_assert!(r < n);
         let p = match self.layout {
             Layout::LeftAsymmetric | Layout::LeftSymmetric => n - 1 - r,
             Layout::RightAsymmetric | Layout::RightSymmetric => r,
@@ -649,11 +655,26 @@ impl StripeLayout {
 }
 
 /// A geometry bound to its members: knows the array's capacity and maps ranges.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub struct ArrayGeometry {
     geometry: Geometry,
     stripes: u64,
+    /// `stripe_data_bytes` as a precomputed reciprocal: the per-request stripe lookup
+    /// ([`ArrayGeometry::stripe_of`]) multiplies and shifts instead of dividing (a 64-bit
+    /// division is tens of cycles; stripe sizes like 3 × 64 KiB are not powers of two).
+    stripe_div: StrengthReducedU64,
+    /// The member count, likewise, for the layout's rotation ([`ArrayGeometry::stripe`]).
+    members_div: StrengthReducedU64,
 }
+
+impl PartialEq for ArrayGeometry {
+    fn eq(&self, other: &Self) -> bool {
+        // `stripe_div` is derived from `geometry`.
+        self.geometry == other.geometry && self.stripes == other.stripes
+    }
+}
+
+impl Eq for ArrayGeometry {}
 
 impl ArrayGeometry {
     /// An array of `stripes` stripes. Prefer [`Geometry::with_members`], which derives the
@@ -670,7 +691,25 @@ impl ArrayGeometry {
                 stripe_data_bytes: geometry.stripe_data_bytes(),
             });
         }
-        Ok(Self { geometry, stripes })
+        Ok(Self {
+            geometry,
+            stripes,
+            stripe_div: StrengthReducedU64::new(geometry.stripe_data_bytes()),
+            members_div: StrengthReducedU64::new(u64::from(geometry.members)),
+        })
+    }
+
+    /// Where stripe `stripe`'s chunks live: [`Geometry::stripe`] without a division.
+    pub fn stripe(&self, stripe: u64) -> StripeLayout {
+        self.geometry
+            .stripe_rotated(stripe, (stripe % self.members_div) as u16)
+    }
+
+    /// The stripe holding array byte `offset_bytes` and the byte's offset within that
+    /// stripe's data: `(offset_bytes / stripe_data_bytes, offset_bytes % stripe_data_bytes)`,
+    /// without a division.
+    pub fn stripe_of(&self, offset_bytes: u64) -> (u64, u64) {
+        StrengthReducedU64::div_rem(offset_bytes, self.stripe_div)
     }
 
     /// The stripe shape.
@@ -971,5 +1010,34 @@ mod tests {
             Err(GeometryError::OutOfRange { .. })
         ));
         assert_eq!(a.map_range(a.capacity_bytes(), 0).unwrap().count(), 0);
+    }
+
+    proptest::proptest! {
+        /// The division-free lookups agree with plain division for every member count
+        /// and layout, including stripe sizes that are not powers of two.
+        #[test]
+        fn reciprocal_lookups_match_division(
+            n in 4u16..=12,
+            raid6 in proptest::bool::ANY,
+            layout in 0usize..6,
+            chunk_shift in 12u32..=20,
+            offset in 0u64..(1 << 50),
+        ) {
+            let layouts = [
+                Layout::LeftAsymmetric,
+                Layout::RightAsymmetric,
+                Layout::LeftSymmetric,
+                Layout::RightSymmetric,
+                Layout::ParityFirst,
+                Layout::ParityLast,
+            ];
+            let level = if raid6 { Level::Raid6 } else { Level::Raid5 };
+            let g = Geometry::new(level, layouts[layout], n, 1 << chunk_shift, 512).unwrap();
+            let a = ArrayGeometry::new(g, 1 << 20).unwrap();
+            let sb = g.stripe_data_bytes();
+            proptest::prop_assert_eq!(a.stripe_of(offset), (offset / sb, offset % sb));
+            let stripe = offset >> 12;
+            proptest::prop_assert_eq!(a.stripe(stripe), g.stripe(stripe));
+        }
     }
 }

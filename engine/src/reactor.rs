@@ -1398,7 +1398,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
         progress |= array.process();
         // Foreign reads this shard could not serve go to their owners.
         while let Some(r) = array.take_moved() {
-            let stripe = r.offset_bytes / geo.geometry().stripe_data_bytes();
+            let (stripe, _) = geo.stripe_of(r.offset_bytes);
             outbox.push_back((owner(stripe, reactors), Msg::Piece(r)));
             progress = true;
         }

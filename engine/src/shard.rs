@@ -31,7 +31,13 @@ use crate::process::{
 /// If `reactors` is 0.
 pub fn owner(stripe: u64, reactors: usize) -> usize {
     assert!(reactors > 0, "at least one reactor");
-    (stripe % reactors as u64) as usize
+    // Power-of-two counts (1, 2, 4, …) take a mask, not a division: this runs for every
+    // request.
+    if reactors.is_power_of_two() {
+        (stripe & (reactors as u64 - 1)) as usize
+    } else {
+        (stripe % reactors as u64) as usize
+    }
 }
 
 /// One piece of a split request: the reactor that owns it and the request it gets.
@@ -47,6 +53,7 @@ pub struct Piece {
 /// boundaries; consecutive stripes with the same owner stay in one piece (with one reactor
 /// the request stays whole). Allocation-free iterator.
 pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iterator<Item = Piece> {
+    let geo = *geo;
     let stripe_bytes = geo.geometry().stripe_data_bytes();
     let end = r.offset_bytes + u64::from(r.len_bytes);
     let mut pos = r.offset_bytes;
@@ -54,11 +61,14 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
         if pos >= end {
             return None;
         }
-        let first = pos / stripe_bytes;
+        let (first, within) = geo.stripe_of(pos);
         let who = owner(first, reactors);
-        let mut stop = ((first + 1) * stripe_bytes).min(end);
-        while stop < end && owner(stop / stripe_bytes, reactors) == who {
-            stop = ((stop / stripe_bytes + 1) * stripe_bytes).min(end);
+        let mut stop = (pos - within + stripe_bytes).min(end);
+        let mut next = first + 1;
+        // With one reactor every stripe is the same owner's: the request stays whole.
+        while stop < end && (reactors == 1 || owner(next, reactors) == who) {
+            stop = (stop + stripe_bytes).min(end);
+            next += 1;
         }
         let at = (pos - r.offset_bytes) as usize;
         let len = (stop - pos) as u32;
@@ -154,6 +164,7 @@ impl StripeGate {
         let n = slots.max(1024).next_power_of_two();
         Arc::new(Self {
             slots: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            // Both powers of two: so is `lines`.
             lines: n as u64 / SLOTS_PER_LINE,
             failed: (0..members).map(|_| AtomicBool::new(false)).collect(),
         })
@@ -187,8 +198,9 @@ impl StripeGate {
     /// The slot of `stripe`: consecutive stripes (which alternate owners) on different
     /// cache lines, so one reactor's foreign reads do not bounce the line another owns.
     fn slot(&self, stripe: u64) -> &AtomicU32 {
-        let line = stripe % self.lines;
-        let within = (stripe / self.lines) % SLOTS_PER_LINE;
+        // `lines` is a power of two (checked at construction): masks and shifts.
+        let line = stripe & (self.lines - 1);
+        let within = (stripe >> self.lines.trailing_zeros()) % SLOTS_PER_LINE;
         &self.slots[(line * SLOTS_PER_LINE + within) as usize]
     }
 
@@ -719,8 +731,7 @@ impl<C: Channel> ShardedArray<C> {
             }
             any |= self.shards[s].process();
             while let Some(r) = self.shards[s].take_moved() {
-                let stripe =
-                    r.offset_bytes / self.shards[s].geometry().geometry().stripe_data_bytes();
+                let (stripe, _) = self.shards[s].geometry().stripe_of(r.offset_bytes);
                 self.push(owner(stripe, n), r);
                 any = true;
             }

@@ -113,6 +113,12 @@ impl StripeWrite {
         })
     }
 
+    /// The touched data chunks with their written ranges, in order: `(k, range)` for
+    /// `k` in `first..=last` (no test of the untouched ones).
+    pub fn chunks(&self) -> impl Iterator<Item = (u16, ChunkRange)> + '_ {
+        (self.first..=self.last).map(|k| (k, self.written(k).expect("touched")))
+    }
+
     /// Data chunks touched.
     pub fn touched(&self) -> u16 {
         self.last - self.first + 1
