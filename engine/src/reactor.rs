@@ -3,9 +3,11 @@
 //! A reactor is a thread pinned to one core (core_affinity) running one loop that turns
 //! every source into work, in order:
 //!
-//! 1. its **inbound ring** (a bounded lock-free `crossbeam_queue::ArrayQueue`): pieces of
-//!    requests for stripes it owns, sent by other reactors, and completions of pieces it sent
-//!    away;
+//! 1. its **inbound rings**, one from each other reactor (bounded wait-free single-producer
+//!    single-consumer rings, `rtrb`: a message costs the sender one store of its tail and
+//!    the receiver one of its head, no read-modify-write, and each side re-reads the other's
+//!    index only when its cached copy says full or empty): pieces of requests for stripes it
+//!    owns, sent by other reactors, and completions of pieces it sent away;
 //! 2. its **array shard** ([`Array`]): member completions from its own channels (one queue
 //!    pair per member, never shared), stripe state machines, new member I/O;
 //! 3. its **front-end** ([`Frontend`]): whatever submits array requests here — an NBD
@@ -59,8 +61,9 @@ pub const ADAPTIVE_SPINS: u32 = 1000;
 /// Longest sleep of an idle adaptive reactor: bounds the latency added to the first request
 /// after an idle period.
 pub const ADAPTIVE_MAX_SLEEP: Duration = Duration::from_micros(200);
-/// Capacity of each reactor's inbound ring, in messages.
-pub const RING_CAPACITY: usize = 4096;
+/// Capacity of the ring from one reactor to another, in messages (n × (n − 1) rings for n
+/// reactors; a full ring keeps the sender's further messages in its outbox).
+pub const RING_CAPACITY: usize = 1024;
 /// Slots of the stripe gate shared by the reactors of an array (4 bytes each: 64 KiB): far
 /// more than the stripe operations in flight, so two of them rarely share a slot (a
 /// false conflict costs a hop or a short wait, never correctness).
@@ -670,6 +673,36 @@ pub enum ReactorError {
     Spawn(std::io::Error),
 }
 
+/// One reactor's ends of the rings between reactors: `out[to]` sends to reactor `to`,
+/// `inbox[from]` receives from reactor `from` (`None` at its own index).
+struct Links {
+    out: Vec<Option<rtrb::Producer<Msg>>>,
+    inbox: Vec<Option<rtrb::Consumer<Msg>>>,
+    /// Receivers this turn sent to (to wake, in adaptive mode).
+    sent: Vec<bool>,
+}
+
+impl Links {
+    /// The rings of `n` reactors, every ordered pair its own: entry `i` is reactor `i`'s.
+    fn mesh(n: usize) -> Vec<Links> {
+        let mut links: Vec<Links> = (0..n)
+            .map(|_| Links {
+                out: (0..n).map(|_| None).collect(),
+                inbox: (0..n).map(|_| None).collect(),
+                sent: vec![false; n],
+            })
+            .collect();
+        for from in 0..n {
+            for to in (0..n).filter(|&to| to != from) {
+                let (p, c) = rtrb::RingBuffer::new(RING_CAPACITY);
+                links[from].out[to] = Some(p);
+                links[to].inbox[from] = Some(c);
+            }
+        }
+        links
+    }
+}
+
 enum Msg {
     /// A piece of a request owned by the receiving reactor; `tag` = (origin, parent).
     Piece(ArrayRequest),
@@ -837,6 +870,10 @@ impl Shared {
 
     /// Wakes reactor `to` if it is parked (adaptive mode), after work was queued for it.
     fn wake(&self, to: usize) {
+        // Dekker with the parking side (it stores its flag, then looks at its rings): our
+        // queueing store must be visible before we read the flag. A ring push is a plain
+        // release store, which a later load may pass; the fence forbids that.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.parked[to].load(Ordering::SeqCst) {
             if let Some(t) = self.threads[to].get() {
                 t.unpark();
@@ -1001,8 +1038,7 @@ impl<F: Frontend> Reactors<F> {
                 frontends.len()
             )));
         }
-        let rings: Arc<Vec<ArrayQueue<Msg>>> =
-            Arc::new((0..n).map(|_| ArrayQueue::new(RING_CAPACITY)).collect());
+        let mut links = Links::mesh(n);
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             finished: AtomicUsize::new(0),
@@ -1061,7 +1097,7 @@ impl<F: Frontend> Reactors<F> {
         for (me, fe) in frontends.into_iter().enumerate() {
             let devices = Arc::clone(&devices);
             let pacer = Arc::clone(&pacer);
-            let rings = Arc::clone(&rings);
+            let my_links = links.remove(0);
             let shared = Arc::clone(&shared);
             let core = cfg.cores[me];
             let mode = cfg.mode;
@@ -1104,7 +1140,7 @@ impl<F: Frontend> Reactors<F> {
                         n,
                         geo,
                         array,
-                        &rings,
+                        my_links,
                         &shared,
                         mode,
                         requests,
@@ -1153,7 +1189,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     reactors: usize,
     geo: ArrayGeometry,
     mut array: Array<D::Channel>,
-    rings: &[ArrayQueue<Msg>],
+    mut links: Links,
     shared: &Shared,
     mode: Mode,
     requests: usize,
@@ -1362,12 +1398,14 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 None => rebuild_pending = false,
             }
         }
-        // 1. Inbound ring.
-        while let Some(msg) = rings[me].pop() {
-            progress = true;
-            match msg {
-                Msg::Piece(r) => local.push_back(r),
-                Msg::Done(c) => account(&mut parents, &mut free, &mut done, c),
+        // 1. Inbound rings.
+        for ring in links.inbox.iter_mut().flatten() {
+            while let Ok(msg) = ring.pop() {
+                progress = true;
+                match msg {
+                    Msg::Piece(r) => local.push_back(r),
+                    Msg::Done(c) => account(&mut parents, &mut free, &mut done, c),
+                }
             }
         }
         // 2. Front-end.
@@ -1520,12 +1558,21 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
         }
         // 4. Messages to other reactors; a full ring keeps the rest for the next turn.
         while let Some((to, msg)) = outbox.pop_front() {
-            if let Err(msg) = rings[to].push(msg) {
+            let ring = links.out[to].as_mut().expect("no ring to oneself");
+            if let Err(rtrb::PushError::Full(msg)) = ring.push(msg) {
                 outbox.push_front((to, msg));
                 break;
             }
-            shared.wake(to);
+            links.sent[to] = true;
             progress = true;
+        }
+        // Only a parked reactor needs waking (adaptive mode): one look per receiver.
+        if mode == Mode::Adaptive {
+            for (to, sent) in links.sent.iter_mut().enumerate() {
+                if std::mem::take(sent) {
+                    shared.wake(to);
+                }
+            }
         }
         // 5. Completions to the front-end.
         while let Some(c) = done.pop_front() {
@@ -1567,7 +1614,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                     // pushes after that look sees the flag and unparks us (an unpark before
                     // the park makes it return at once).
                     shared.parked[me].store(true, Ordering::SeqCst);
-                    if rings[me].is_empty() {
+                    if links.inbox.iter().flatten().all(rtrb::Consumer::is_empty) {
                         std::thread::park_timeout(nap);
                     }
                     shared.parked[me].store(false, Ordering::SeqCst);
