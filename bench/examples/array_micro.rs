@@ -83,23 +83,19 @@ fn go<C: Channel>(chans: Vec<C>, label: &str) {
     );
 }
 
+/// Five members of `make(name)`, one channel each, through [`go`].
+fn members<D: BlockDevice>(label: &str, make: impl Fn(&str) -> D) {
+    let devs: Vec<D> = (0..5).map(|i| make(&format!("{label}{i}"))).collect();
+    go(
+        devs.iter().map(|d| d.open_channel().unwrap()).collect(),
+        label,
+    );
+}
+
 fn main() {
     core_affinity::set_for_current(core_affinity::CoreId { id: 1 });
-    let devs: Vec<NullDevice> = (0..5)
-        .map(|i| NullDevice::new(&format!("n{i}"), 256 << 20, 512, 128).unwrap())
-        .collect();
-    go(
-        devs.iter().map(|d| d.open_channel().unwrap()).collect(),
-        "null",
-    );
-    if std::env::args().nth(1).as_deref() == Some("null") {
-        return;
+    members("null", |n| NullDevice::new(n, 256 << 20, 512, 128).unwrap());
+    if std::env::args().nth(1).as_deref() != Some("null") {
+        members("mem", |n| MemDevice::new(n, 256 << 20, 512, 128).unwrap());
     }
-    let devs: Vec<MemDevice> = (0..5)
-        .map(|i| MemDevice::new(&format!("m{i}"), 256 << 20, 512, 128).unwrap())
-        .collect();
-    go(
-        devs.iter().map(|d| d.open_channel().unwrap()).collect(),
-        "mem",
-    );
 }

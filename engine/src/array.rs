@@ -3813,8 +3813,9 @@ impl<C: Channel> Array<C> {
     }
 }
 
+mod locks;
+
 #[cfg(test)]
 mod bitmap_tests;
-mod locks;
 #[cfg(test)]
 mod tests;

@@ -1023,16 +1023,8 @@ mod tests {
             chunk_shift in 12u32..=20,
             offset in 0u64..(1 << 50),
         ) {
-            let layouts = [
-                Layout::LeftAsymmetric,
-                Layout::RightAsymmetric,
-                Layout::LeftSymmetric,
-                Layout::RightSymmetric,
-                Layout::ParityFirst,
-                Layout::ParityLast,
-            ];
             let level = if raid6 { Level::Raid6 } else { Level::Raid5 };
-            let g = Geometry::new(level, layouts[layout], n, 1 << chunk_shift, 512).unwrap();
+            let g = Geometry::new(level, Layout::ALL[layout], n, 1 << chunk_shift, 512).unwrap();
             let a = ArrayGeometry::new(g, 1 << 20).unwrap();
             let sb = g.stripe_data_bytes();
             proptest::prop_assert_eq!(a.stripe_of(offset), (offset / sb, offset % sb));
