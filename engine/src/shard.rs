@@ -162,6 +162,7 @@ impl StripeGate {
             "{ops_in_flight} stripe operations exceed the gate's 16-bit counts"
         );
         let n = slots.max(1024).next_power_of_two();
+        assert!((n as u64 / SLOTS_PER_LINE).is_power_of_two());
         Arc::new(Self {
             slots: (0..n).map(|_| AtomicU32::new(0)).collect(),
             // Both powers of two: so is `lines`.
@@ -198,7 +199,7 @@ impl StripeGate {
     /// The slot of `stripe`: consecutive stripes (which alternate owners) on different
     /// cache lines, so one reactor's foreign reads do not bounce the line another owns.
     fn slot(&self, stripe: u64) -> &AtomicU32 {
-        // `lines` is a power of two (checked at construction): masks and shifts.
+        // `lines` is a power of two (asserted at construction): masks and shifts.
         let line = stripe & (self.lines - 1);
         let within = (stripe >> self.lines.trailing_zeros()) % SLOTS_PER_LINE;
         &self.slots[(line * SLOTS_PER_LINE + within) as usize]

@@ -407,6 +407,49 @@ mod tests {
     }
 
     #[test]
+    fn send_goes_straight_through_only_when_nothing_waits() {
+        let mut ch = rec(2);
+        let mut q = MemberQueue::new(DepthConfig::default(), 2, 8, 8, 0);
+        let never = |_: Request, _: SubmitError| panic!("refused");
+        // Nothing queued: straight to the channel, accounted as dispatched.
+        let p = q.send(
+            IoClass::ForegroundWrite,
+            req(1, Op::Write { fua: false }),
+            &mut ch,
+            0,
+            never,
+        );
+        assert_eq!(p.submitted, 1);
+        assert_eq!(q.in_device(IoClass::ForegroundWrite), 1);
+        q.send(
+            IoClass::ForegroundWrite,
+            req(2, Op::Write { fua: false }),
+            &mut ch,
+            0,
+            never,
+        );
+        // The channel is full: the next ones wait in their queues...
+        let p = q.send(
+            IoClass::ForegroundWrite,
+            req(3, Op::Write { fua: false }),
+            &mut ch,
+            0,
+            never,
+        );
+        assert_eq!((p.submitted, q.queued()), (0, 1));
+        // ... and a later read does not pass them by the direct path, but by class order
+        // once the channel has room.
+        q.send(IoClass::ForegroundRead, req(4, Op::Read), &mut ch, 0, never);
+        assert_eq!(q.queued(), 2);
+        ch.inside.clear();
+        q.completed(1, 10);
+        q.completed(2, 10);
+        q.pump(&mut ch, 10, never);
+        assert_eq!(ch.order, [1, 2, 4, 3]);
+        assert_eq!(q.queued(), 0);
+    }
+
+    #[test]
     fn a_channel_that_never_takes_anything_refuses() {
         let mut ch = rec(0);
         let mut q = MemberQueue::new(DepthConfig::default(), 4, 8, 8, 0);
