@@ -669,7 +669,7 @@ pub struct ArrayGeometry {
 
 impl PartialEq for ArrayGeometry {
     fn eq(&self, other: &Self) -> bool {
-        // `stripe_div` is derived from `geometry`.
+        // `stripe_div` and `members_div` are derived from `geometry`.
         self.geometry == other.geometry && self.stripes == other.stripes
     }
 }

@@ -1038,7 +1038,7 @@ impl<F: Frontend> Reactors<F> {
                 frontends.len()
             )));
         }
-        let mut links = Links::mesh(n);
+        let mut links = Links::mesh(n).into_iter();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             finished: AtomicUsize::new(0),
@@ -1097,7 +1097,7 @@ impl<F: Frontend> Reactors<F> {
         for (me, fe) in frontends.into_iter().enumerate() {
             let devices = Arc::clone(&devices);
             let pacer = Arc::clone(&pacer);
-            let my_links = links.remove(0);
+            let my_links = links.next().expect("one link set per reactor");
             let shared = Arc::clone(&shared);
             let core = cfg.cores[me];
             let mode = cfg.mode;
@@ -1567,11 +1567,9 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             progress = true;
         }
         // Only a parked reactor needs waking (adaptive mode): one look per receiver.
-        if mode == Mode::Adaptive {
-            for (to, sent) in links.sent.iter_mut().enumerate() {
-                if std::mem::take(sent) {
-                    shared.wake(to);
-                }
+        for (to, sent) in links.sent.iter_mut().enumerate() {
+            if std::mem::take(sent) && mode == Mode::Adaptive {
+                shared.wake(to);
             }
         }
         // 5. Completions to the front-end.

@@ -65,8 +65,7 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
         let who = owner(first, reactors);
         let mut stop = (pos - within + stripe_bytes).min(end);
         let mut next = first + 1;
-        // With one reactor every stripe is the same owner's: the request stays whole.
-        while stop < end && (reactors == 1 || owner(next, reactors) == who) {
+        while stop < end && owner(next, reactors) == who {
             stop = (stop + stripe_bytes).min(end);
             next += 1;
         }
