@@ -630,6 +630,8 @@ pub struct Array<C: Channel> {
     stats: ArrayStats,
     /// The executor's clock, ns ([`Array::set_now`]).
     now: u64,
+    /// The clock value the members' depth controllers were last advanced to.
+    ticked_at: Option<u64>,
     io_timeout_ns: u64,
     /// Next time the operations are scanned for timeouts, ns.
     next_timeout_scan: u64,
@@ -828,6 +830,7 @@ impl<C: Channel> Array<C> {
             zero: AlignedBuf::zeroed(chunk),
             stats: ArrayStats::default(),
             now: 0,
+            ticked_at: None,
             io_timeout_ns: cfg.io_timeout_ns,
             next_timeout_scan: 0,
             shard: 0,
@@ -1242,6 +1245,7 @@ impl<C: Channel> Array<C> {
     /// happened (an executor idles when it returns false).
     pub fn process(&mut self) -> bool {
         let mut progress = false;
+        self.tick_members();
         loop {
             let mut round = false;
             round |= self.check_timeouts();
@@ -1281,12 +1285,24 @@ impl<C: Channel> Array<C> {
 
     // ---- member I/O --------------------------------------------------------------------
 
-    /// Advances every member's depth controller to now and hands queued requests to the
-    /// channels (class order, within the limits).
+    /// Advances every member's depth controller to now, once per clock value: the rounds
+    /// of one [`Array::process`] call share a `now`, and a window that was open at the
+    /// first round is still open at the next (a window shortened meanwhile by a
+    /// calibration closes at the next tick).
+    fn tick_members(&mut self) {
+        if self.ticked_at == Some(self.now) {
+            return;
+        }
+        self.ticked_at = Some(self.now);
+        for m in &mut self.members {
+            m.queue.tick(self.now);
+        }
+    }
+
+    /// Hands queued requests to the channels (class order, within the limits).
     fn resubmit(&mut self) -> bool {
         let mut any = false;
         for mi in 0..self.members.len() {
-            self.members[mi].queue.tick(self.now);
             any |= self.pump(mi);
         }
         any

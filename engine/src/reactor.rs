@@ -682,6 +682,59 @@ struct Links {
     sent: Vec<bool>,
 }
 
+/// Messages a reactor's turn produced, per receiving reactor, in the order produced; sent
+/// at the end of the turn, each receiver's batch with one ring commit ([`Outbox::flush`]).
+struct Outbox {
+    to: Vec<VecDeque<Msg>>,
+}
+
+impl Outbox {
+    /// Empty queues for `reactors` receivers, `capacity` messages each before they grow.
+    fn new(reactors: usize, capacity: usize) -> Self {
+        Self {
+            to: (0..reactors)
+                .map(|_| VecDeque::with_capacity(capacity))
+                .collect(),
+        }
+    }
+
+    fn push(&mut self, to: usize, msg: Msg) {
+        self.to[to].push_back(msg);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.to.iter().all(VecDeque::is_empty)
+    }
+
+    /// Moves as many queued messages as fit into each receiver's ring, oldest first, and
+    /// marks the receivers sent to. One chunk per receiver: the ring's write position (a
+    /// cache line the receiver reads) is published once per batch, not once per message,
+    /// and consecutive messages share cache lines on their way to the other core. What
+    /// does not fit stays queued, in order, for the next turn. Returns whether anything
+    /// was sent.
+    fn flush(&mut self, links: &mut Links) -> bool {
+        let mut any = false;
+        for (to, q) in self.to.iter_mut().enumerate() {
+            if q.is_empty() {
+                continue;
+            }
+            let ring = links.out[to].as_mut().expect("no ring to oneself");
+            let n = ring.slots().min(q.len());
+            if n == 0 {
+                continue;
+            }
+            let chunk = ring
+                .write_chunk_uninit(n)
+                .expect("`slots()` free slots are writable");
+            let moved = chunk.fill_from_iter(q.drain(..n));
+            debug_assert_eq!(moved, n);
+            links.sent[to] = true;
+            any = true;
+        }
+        any
+    }
+}
+
 impl Links {
     /// The rings of `n` reactors, every ordered pair its own: entry `i` is reactor `i`'s.
     fn mesh(n: usize) -> Vec<Links> {
@@ -703,6 +756,7 @@ impl Links {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Msg {
     /// A piece of a request owned by the receiving reactor; `tag` = (origin, parent).
     Piece(ArrayRequest),
@@ -732,7 +786,7 @@ pub struct Io<'a, C: Channel> {
     geo: &'a ArrayGeometry,
     array: &'a mut Array<C>,
     local: &'a mut VecDeque<ArrayRequest>,
-    outbox: &'a mut VecDeque<(usize, Msg)>,
+    outbox: &'a mut Outbox,
     parents: &'a mut Vec<Option<Parent>>,
     free: &'a mut Vec<u32>,
     reactors: usize,
@@ -794,7 +848,7 @@ impl<C: Channel> Io<'_, C> {
         if owner == self.me || (self.foreign_reads && r.op == ArrayOp::Read) {
             self.local.push_back(r);
         } else {
-            self.outbox.push_back((owner, Msg::Piece(r)));
+            self.outbox.push(owner, Msg::Piece(r));
         }
     }
 }
@@ -1200,7 +1254,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     let mut parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
     let mut free: Vec<u32> = (0..requests as u32).rev().collect();
     let mut local: VecDeque<ArrayRequest> = VecDeque::with_capacity(requests);
-    let mut outbox: VecDeque<(usize, Msg)> = VecDeque::with_capacity(requests);
+    let mut outbox = Outbox::new(reactors, requests);
     let mut done: VecDeque<ArrayCompletion> = VecDeque::with_capacity(requests);
     let mut comps = vec![
         ArrayCompletion {
@@ -1399,14 +1453,23 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             }
         }
         // 1. Inbound rings.
+        // Everything a sender has published, as one chunk (one read of its write position,
+        // one release of the slots).
         for ring in links.inbox.iter_mut().flatten() {
-            while let Ok(msg) = ring.pop() {
-                progress = true;
+            let n = ring.slots();
+            if n == 0 {
+                continue;
+            }
+            progress = true;
+            let chunk = ring.read_chunk(n).expect("`slots()` slots are readable");
+            let (a, b) = chunk.as_slices();
+            for &msg in a.iter().chain(b) {
                 match msg {
                     Msg::Piece(r) => local.push_back(r),
                     Msg::Done(c) => account(&mut parents, &mut free, &mut done, c),
                 }
             }
+            chunk.commit_all();
         }
         // 2. Front-end.
         {
@@ -1437,7 +1500,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
         // Foreign reads this shard could not serve go to their owners.
         while let Some(r) = array.take_moved() {
             let (stripe, _) = geo.stripe_of(r.offset_bytes);
-            outbox.push_back((owner(stripe, reactors), Msg::Piece(r)));
+            outbox.push(owner(stripe, reactors), Msg::Piece(r));
             progress = true;
         }
         if owner_of_bitmap {
@@ -1462,7 +1525,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 if origin == me {
                     account(&mut parents, &mut free, &mut done, back);
                 } else {
-                    outbox.push_back((origin, Msg::Done(back)));
+                    outbox.push(origin, Msg::Done(back));
                 }
             }
             progress |= k > 0;
@@ -1557,15 +1620,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             }
         }
         // 4. Messages to other reactors; a full ring keeps the rest for the next turn.
-        while let Some((to, msg)) = outbox.pop_front() {
-            let ring = links.out[to].as_mut().expect("no ring to oneself");
-            if let Err(rtrb::PushError::Full(msg)) = ring.push(msg) {
-                outbox.push_front((to, msg));
-                break;
-            }
-            links.sent[to] = true;
-            progress = true;
-        }
+        progress |= outbox.flush(&mut links);
         // Only a parked reactor needs waking (adaptive mode): one look per receiver.
         for (to, sent) in links.sent.iter_mut().enumerate() {
             if std::mem::take(sent) && mode == Mode::Adaptive {
@@ -1665,5 +1720,67 @@ fn account(
             tag: parent.tag,
             status: parent.error.map_or(Ok(()), Err),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(tag: u64) -> Msg {
+        Msg::Done(ArrayCompletion {
+            tag,
+            status: Ok(()),
+        })
+    }
+
+    /// Pops every message reactor `at` has from reactor `from`, as tags.
+    fn drain(links: &mut [Links], at: usize, from: usize) -> Vec<u64> {
+        let ring = links[at].inbox[from].as_mut().unwrap();
+        let mut out = Vec::new();
+        while let Ok(m) = ring.pop() {
+            match m {
+                Msg::Done(c) => out.push(c.tag),
+                Msg::Piece(r) => out.push(r.tag),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn outbox_sends_each_receiver_its_messages_in_order_and_keeps_what_does_not_fit() {
+        let mut links = Links::mesh(3);
+        let mut ob = Outbox::new(3, 4);
+        assert!(ob.is_empty());
+        // More than one ring holds for reactor 1, a few for reactor 2, interleaved.
+        let n1 = RING_CAPACITY as u64 + 10;
+        for t in 0..n1 {
+            ob.push(1, done(t));
+            if t < 5 {
+                ob.push(2, done(1000 + t));
+            }
+        }
+        assert!(ob.flush(&mut links[0]));
+        assert_eq!((links[0].sent[1], links[0].sent[2]), (true, true));
+        assert!(!ob.is_empty(), "ten messages did not fit");
+        assert_eq!(
+            drain(&mut links, 1, 0),
+            (0..RING_CAPACITY as u64).collect::<Vec<_>>()
+        );
+        assert_eq!(drain(&mut links, 2, 0), (1000..1005).collect::<Vec<_>>());
+        links[0].sent.iter_mut().for_each(|s| *s = false);
+        // The rest follows, still in order; nothing is sent twice.
+        assert!(ob.flush(&mut links[0]));
+        assert_eq!(
+            (links[0].sent[1], links[0].sent[2]),
+            (true, false),
+            "only reactor 1 had messages left"
+        );
+        assert!(ob.is_empty());
+        assert_eq!(
+            drain(&mut links, 1, 0),
+            (RING_CAPACITY as u64..n1).collect::<Vec<_>>()
+        );
+        assert!(!ob.flush(&mut links[0]), "nothing left to send");
     }
 }
