@@ -2513,12 +2513,21 @@ impl<C: Channel> Array<C> {
                 self.gen_parity_from(s, &st, &srcs, r);
             }
             WriteMode::Rmw => {
-                // Turn each touched chunk's old data into Δ = old ⊕ new over R (zero where
-                // not written), then P ⊕= ΣΔ, Q ⊕= Σ g^slot·Δ.
+                // P ⊕= Σ (old ⊕ new), Q ⊕= Σ g^slot·(old ⊕ new) over R, in one kernel pass.
+                // A chunk written over all of R (every single-chunk write) gives the kernel
+                // its old data and the caller's new data as they are. A chunk written over
+                // part of R has its old data turned into Δ = old ⊕ new in place (zero where
+                // not written), given to the kernel against zeroes.
+                let mut direct: ArrayVec<Option<*const u8>, MAX_DATA_CHUNKS> = ArrayVec::new();
                 for k in 0..nd {
+                    direct.push(None);
                     if let Some(x) = w.written(k) {
-                        let m = usize::from(st.data_member(k));
                         let src = client(self, k, x.start);
+                        if x == r {
+                            direct[usize::from(k)] = Some(src);
+                            continue;
+                        }
+                        let m = usize::from(st.data_member(k));
                         let buf = &mut self.sops[s as usize].bufs[m];
                         let (xs, xe) = ((x.start - base) as usize, (x.end - base) as usize);
                         buf[ri..xs].fill(0);
@@ -2540,15 +2549,23 @@ impl<C: Channel> Array<C> {
                     match st.role(m as u16) {
                         Role::P => p_buf = Some(&mut b[ri..rl]),
                         Role::Q => q_buf = Some(&mut b[ri..rl]),
-                        Role::Data { index, slot } => {
-                            if w.written(index).is_some() {
+                        Role::Data { index, slot } => match direct[usize::from(index)] {
+                            Some(src) => deltas.push(crate::parity::Delta {
+                                slot: slot as u8,
+                                old: &b[ri..rl],
+                                // SAFETY: the caller's range for this chunk, which is all of
+                                // R: rl − ri bytes (lent for the request's life).
+                                new: unsafe { std::slice::from_raw_parts(src, rl - ri) },
+                            }),
+                            None if w.written(index).is_some() => {
                                 deltas.push(crate::parity::Delta {
                                     slot: slot as u8,
                                     old: zero,
                                     new: &b[ri..rl],
                                 });
                             }
-                        }
+                            None => {}
+                        },
                     }
                 }
                 let p = p_buf.expect("stripe has P");
