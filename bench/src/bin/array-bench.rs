@@ -77,6 +77,15 @@ struct Args {
     /// Send every read to its stripe's owner (no foreign reads; for comparison).
     #[arg(long)]
     no_foreign_reads: bool,
+    /// Each reactor's generator addresses only the stripes its own reactor owns: no request
+    /// moves between reactors (for comparison: what the hops cost).
+    #[arg(long)]
+    local_only: bool,
+    /// Measurements per figure: each repetition runs every reactor count back to back;
+    /// tables give the median (and min–max) over repetitions, scaling as the median of the
+    /// ratios paired within a repetition.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+    repeat: u32,
 }
 
 /// Thread CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
@@ -100,6 +109,34 @@ struct Tally {
     cpu_ns: u64,
 }
 
+/// The stripes one reactor owns (`stripe % reactors == me`, [`engine::shard::owner`]).
+#[derive(Clone, Copy, Debug)]
+struct OwnStripes {
+    me: u64,
+    reactors: u64,
+    /// Data bytes per stripe.
+    stripe_bytes: u64,
+    /// How many stripes the reactor owns.
+    count: u64,
+}
+
+impl OwnStripes {
+    fn new(me: usize, reactors: usize, stripe_bytes: u64, stripes: u64) -> Self {
+        let (me, reactors) = (me as u64, reactors as u64);
+        Self {
+            me,
+            reactors,
+            stripe_bytes,
+            count: stripes.saturating_sub(me).div_ceil(reactors),
+        }
+    }
+
+    /// Byte offset of the `k`-th stripe the reactor owns.
+    fn offset(&self, k: u64) -> u64 {
+        (self.me + k * self.reactors) * self.stripe_bytes
+    }
+}
+
 /// The per-reactor load generator (front-end).
 struct LoadGen {
     workload: Workload,
@@ -108,6 +145,8 @@ struct LoadGen {
     /// Region of the array this generator covers (sequential writes: disjoint per reactor).
     region: (u64, u64),
     next_seq: u64,
+    /// `--local-only`: only the stripes its own reactor owns.
+    own: Option<OwnStripes>,
     bufs: Vec<AlignedBuf>,
     free: Vec<usize>,
     rng: ChaCha8Rng,
@@ -119,15 +158,26 @@ struct LoadGen {
 
 impl LoadGen {
     fn request(&mut self, slot: usize) -> ArrayRequest {
-        let (off, op) = match self.workload {
-            Workload::Seqwrite => {
+        let (off, op) = match (self.workload, self.own) {
+            // bs is one stripe's data: one own stripe after the other.
+            (Workload::Seqwrite, Some(own)) => {
+                let off = own.offset(self.next_seq);
+                self.next_seq = (self.next_seq + 1) % own.count;
+                (off, ArrayOp::Write { fua: false })
+            }
+            (Workload::Seqwrite, None) => {
                 let off = self.region.0 + self.next_seq;
                 self.next_seq = (self.next_seq + self.bs) % (self.region.1 - self.region.0);
                 (off, ArrayOp::Write { fua: false })
             }
-            w => {
-                let blocks = self.cap / self.bs;
-                let off = self.rng.gen_range(0..blocks) * self.bs;
+            (w, own) => {
+                let off = match own {
+                    Some(own) => {
+                        let stripe = own.offset(self.rng.gen_range(0..own.count));
+                        stripe + self.rng.gen_range(0..own.stripe_bytes / self.bs) * self.bs
+                    }
+                    None => self.rng.gen_range(0..self.cap / self.bs) * self.bs,
+                };
                 let op = if w == Workload::Randwrite {
                     ArrayOp::Write { fua: false }
                 } else {
@@ -293,6 +343,9 @@ where
             cap,
             region: (i as u64 * share, (i as u64 + 1) * share),
             next_seq: 0,
+            own: args
+                .local_only
+                .then(|| OwnStripes::new(i, reactors, g.stripe_data_bytes(), geo.stripes())),
             bufs: (0..args.qd)
                 .map(|_| AlignedBuf::zeroed(bs as usize))
                 .collect(),
@@ -376,28 +429,137 @@ fn raw_parallel<D: BlockDevice + Sync>(
     t
 }
 
+/// One measurement of one configuration.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    iops: f64,
+    gb_per_s: f64,
+    cpu_us_per_io: f64,
+    raw_iops: f64,
+    spread_iops: f64,
+}
+
+/// Median of `v` (the lower middle for an even count), with min and max.
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[(v.len() - 1) / 2], v[0], v[v.len() - 1])
+}
+
+/// `median` alone for one run, `median (min–max)` for several.
+fn show(v: Vec<f64>, digits: usize, scale: f64, unit: &str) -> String {
+    let n = v.len();
+    let (med, lo, hi) = stats(v);
+    if n == 1 {
+        format!("{:.*}{unit}", digits, med * scale)
+    } else {
+        format!(
+            "{:.*}{unit} ({:.*}–{:.*})",
+            digits,
+            med * scale,
+            digits,
+            lo * scale,
+            digits,
+            hi * scale
+        )
+    }
+}
+
+/// Runs one configuration: the array, then the same load on one raw member and spread
+/// over all members, on fresh devices.
+fn measure(
+    kind: DeviceKind,
+    n: u16,
+    member: u64,
+    geo: ArrayGeometry,
+    w: Workload,
+    r: usize,
+    args: &Args,
+) -> Result<Sample> {
+    let g = geo.geometry();
+    let bs = if w == Workload::Seqwrite {
+        g.stripe_data_bytes()
+    } else {
+        4096
+    };
+    let raw_w = if w == Workload::DegradedRandread {
+        Workload::Randread
+    } else {
+        w
+    };
+    let duration = Duration::from_secs_f64(args.seconds);
+    let (t, raw, spread) = match kind {
+        DeviceKind::Null => {
+            let devs: Arc<Vec<NullDevice>> = Arc::new(
+                (0..n)
+                    .map(|i| NullDevice::new(&format!("null{i}"), member, 512, 1024))
+                    .collect::<Result<_, _>>()?,
+            );
+            let t = run_array(Arc::clone(&devs), geo, w, r, args)?;
+            (
+                t,
+                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
+                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
+            )
+        }
+        DeviceKind::Mem => {
+            let devs: Arc<Vec<MemDevice>> = Arc::new(
+                (0..n)
+                    .map(|i| MemDevice::new(&format!("mem{i}"), member, 512, 1024))
+                    .collect::<Result<_, _>>()?,
+            );
+            let t = run_array(Arc::clone(&devs), geo, w, r, args)?;
+            (
+                t,
+                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
+                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
+            )
+        }
+    };
+    let secs = t.wall.as_secs_f64();
+    Ok(Sample {
+        iops: t.ios as f64 / secs,
+        gb_per_s: t.bytes as f64 / secs / 1e9,
+        cpu_us_per_io: t.cpu_ns as f64 / 1e3 / t.ios.max(1) as f64,
+        raw_iops: raw.ios as f64 / raw.wall.as_secs_f64(),
+        spread_iops: spread.ios as f64 / spread.wall.as_secs_f64(),
+    })
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let chunk = args.chunk_kib * 1024;
     let member = args.member_mib << 20;
     println!("# ferroraid array benchmark (bdevperf-style)\n");
     println!(
-        "- CPU: {} ({} cores available); reactors polled, pinned; qd {} per reactor; {} s per run; chunk {} KiB; members {} MiB\n",
+        "- CPU: {} ({} cores available); reactors polled, pinned; qd {} per reactor; {} s per run; chunk {} KiB; members {} MiB{}{}\n",
         bench::cpu_model(),
         num_cpus(),
         args.qd,
         args.seconds,
         args.chunk_kib,
-        args.member_mib
+        args.member_mib,
+        if args.repeat > 1 {
+            format!(
+                "; {} repetitions: median (min–max), ratios paired within a repetition",
+                args.repeat
+            )
+        } else {
+            String::new()
+        },
+        if args.local_only {
+            "; --local-only: each generator addresses its own reactor's stripes"
+        } else {
+            ""
+        }
     );
     println!(
         "| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw \
          | raw spread over all members | array ÷ spread |"
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let duration = Duration::from_secs_f64(args.seconds);
-    // (device, level, workload, reactors, IOPS) for the scaling summary.
-    let mut results: Vec<(DeviceKind, u32, Workload, usize, f64)> = Vec::new();
+    let base = *args.reactors.iter().min().expect("clap requires a value");
+    // Scaling rows, printed after the main table.
+    let mut scaling: Vec<String> = Vec::new();
     for &kind in &args.device {
         for &level in &args.level {
             let (lvl, n) = match level {
@@ -408,95 +570,52 @@ fn main() -> Result<()> {
             let g = Geometry::new(lvl, Layout::LeftSymmetric, n, chunk, 512)?;
             let geo = g.with_members(&vec![member; usize::from(n)], 0)?;
             for &w in &args.workload {
-                for &r in &args.reactors {
-                    let bs = if w == Workload::Seqwrite {
-                        g.stripe_data_bytes()
-                    } else {
-                        4096
-                    };
-                    let raw_w = if w == Workload::DegradedRandread {
-                        Workload::Randread
-                    } else {
-                        w
-                    };
-                    let (t, raw, spread) = match kind {
-                        DeviceKind::Null => {
-                            let devs: Arc<Vec<NullDevice>> = Arc::new(
-                                (0..n)
-                                    .map(|i| {
-                                        NullDevice::new(&format!("null{i}"), member, 512, 1024)
-                                    })
-                                    .collect::<Result<_, _>>()?,
-                            );
-                            let t = run_array(Arc::clone(&devs), geo, w, r, &args)?;
-                            (
-                                t,
-                                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
-                                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
-                            )
-                        }
-                        DeviceKind::Mem => {
-                            let devs: Arc<Vec<MemDevice>> = Arc::new(
-                                (0..n)
-                                    .map(|i| MemDevice::new(&format!("mem{i}"), member, 512, 1024))
-                                    .collect::<Result<_, _>>()?,
-                            );
-                            let t = run_array(Arc::clone(&devs), geo, w, r, &args)?;
-                            (
-                                t,
-                                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
-                                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
-                            )
-                        }
-                    };
-                    let secs = t.wall.as_secs_f64();
-                    let iops = t.ios as f64 / secs;
-                    let raw_iops = raw.ios as f64 / raw.wall.as_secs_f64();
-                    let spread_iops = spread.ios as f64 / spread.wall.as_secs_f64();
-                    results.push((kind, level, w, r, iops));
+                // samples[rep][i]: repetition rep, reactor count args.reactors[i].
+                let mut samples: Vec<Vec<Sample>> = Vec::new();
+                for _ in 0..args.repeat {
+                    let mut rep = Vec::new();
+                    for &r in &args.reactors {
+                        rep.push(measure(kind, n, member, geo, w, r, &args)?);
+                    }
+                    samples.push(rep);
+                }
+                let col = |i: usize, f: &dyn Fn(&Sample) -> f64| -> Vec<f64> {
+                    samples.iter().map(|rep| f(&rep[i])).collect()
+                };
+                for (i, &r) in args.reactors.iter().enumerate() {
                     println!(
-                        "| {:?} | raid{} | {:?} | {} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0}% | {:.0} | {:.0}% |",
-                        kind,
-                        level,
-                        w,
-                        r,
-                        iops,
-                        t.bytes as f64 / secs / 1e9,
-                        t.cpu_ns as f64 / 1e3 / t.ios.max(1) as f64,
-                        raw_iops,
-                        100.0 * iops / raw_iops,
-                        spread_iops,
-                        100.0 * iops / spread_iops
+                        "| {kind:?} | raid{level} | {w:?} | {r} | {} | {} | {} | {} | {} | {} | {} |",
+                        show(col(i, &|s| s.iops), 0, 1.0, ""),
+                        show(col(i, &|s| s.gb_per_s), 2, 1.0, ""),
+                        show(col(i, &|s| s.cpu_us_per_io), 2, 1.0, ""),
+                        show(col(i, &|s| s.raw_iops), 0, 1.0, ""),
+                        show(col(i, &|s| s.iops / s.raw_iops), 0, 100.0, "%"),
+                        show(col(i, &|s| s.spread_iops), 0, 1.0, ""),
+                        show(col(i, &|s| s.iops / s.spread_iops), 0, 100.0, "%"),
                     );
+                }
+                let b = args
+                    .reactors
+                    .iter()
+                    .position(|&r| r == base)
+                    .expect("base is one of them");
+                for (i, &r) in args.reactors.iter().enumerate() {
+                    if r != base {
+                        let ratios = samples.iter().map(|rep| rep[i].iops / rep[b].iops);
+                        scaling.push(format!(
+                            "| {kind:?} | raid{level} | {w:?} | {r} | {} |",
+                            show(ratios.collect(), 2, 1.0, "×")
+                        ));
+                    }
                 }
             }
         }
     }
-    // Scaling: each reactor count against the smallest one run, same device/level/workload.
-    let base = *args.reactors.iter().min().expect("clap requires a value");
-    let multi: Vec<usize> = args
-        .reactors
-        .iter()
-        .copied()
-        .filter(|&r| r != base)
-        .collect();
-    if !multi.is_empty() {
+    if !scaling.is_empty() {
         println!("\n| device | level | workload | reactors | IOPS vs {base} reactor(s) |");
         println!("|---|---|---|---:|---:|");
-        for &(kind, level, w, r, iops) in &results {
-            if r == base {
-                continue;
-            }
-            let one = results
-                .iter()
-                .find(|x| x.0 == kind && x.1 == level && x.2 == w && x.3 == base)
-                .map(|x| x.4);
-            if let Some(one) = one {
-                println!(
-                    "| {kind:?} | raid{level} | {w:?} | {r} | {:.2}× |",
-                    iops / one
-                );
-            }
+        for row in scaling {
+            println!("{row}");
         }
     }
     Ok(())
