@@ -552,6 +552,19 @@ fn main() -> Result<()> {
             ""
         }
     );
+    let round_trip = || {
+        if num_cpus() < 2 {
+            return "one core only".to_string();
+        }
+        match bench::core_round_trip_ns(0, 1, 200_000) {
+            Some(ns) => format!("{ns:.0} ns"),
+            None => "not measured (cores cannot be pinned)".to_string(),
+        }
+    };
+    println!(
+        "- cache-line round trip between cores 0 and 1 (the reactors' cores) at the start: {}\n",
+        round_trip()
+    );
     println!(
         "| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw \
          | raw spread over all members | array ÷ spread |"
@@ -611,6 +624,10 @@ fn main() -> Result<()> {
             }
         }
     }
+    println!(
+        "\n- cache-line round trip between cores 0 and 1 at the end: {}",
+        round_trip()
+    );
     if !scaling.is_empty() {
         println!("\n| device | level | workload | reactors | IOPS vs {base} reactor(s) |");
         println!("|---|---|---|---:|---:|");
