@@ -67,7 +67,7 @@ pub fn core_round_trip_ns(a: usize, b: usize, round_trips: u64) -> Option<f64> {
         let mut spins = 0u32;
         while line.0.load(Ordering::Acquire) != want {
             spins += 1;
-            if spins % 4096 == 0 {
+            if spins.is_multiple_of(4096) {
                 // Both threads on one core (or descheduled): let the other one run.
                 std::thread::yield_now();
             } else {
