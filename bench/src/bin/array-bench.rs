@@ -487,33 +487,39 @@ fn measure(
         w
     };
     let duration = Duration::from_secs_f64(args.seconds);
+    // The array, then the same load on one raw member and spread over all of them.
+    fn run_all<D: BlockDevice + Send + Sync + 'static>(
+        devs: Vec<D>,
+        geo: ArrayGeometry,
+        (w, raw_w, bs, r, duration): (Workload, Workload, u64, usize, Duration),
+        args: &Args,
+    ) -> Result<(Tally, Tally, Tally)> {
+        let devs = Arc::new(devs);
+        let t = run_array(Arc::clone(&devs), geo, w, r, args)?;
+        Ok((
+            t,
+            raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
+            raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
+        ))
+    }
+    let load = (w, raw_w, bs, r, duration);
     let (t, raw, spread) = match kind {
-        DeviceKind::Null => {
-            let devs: Arc<Vec<NullDevice>> = Arc::new(
-                (0..n)
-                    .map(|i| NullDevice::new(&format!("null{i}"), member, 512, 1024))
-                    .collect::<Result<_, _>>()?,
-            );
-            let t = run_array(Arc::clone(&devs), geo, w, r, args)?;
-            (
-                t,
-                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
-                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
-            )
-        }
-        DeviceKind::Mem => {
-            let devs: Arc<Vec<MemDevice>> = Arc::new(
-                (0..n)
-                    .map(|i| MemDevice::new(&format!("mem{i}"), member, 512, 1024))
-                    .collect::<Result<_, _>>()?,
-            );
-            let t = run_array(Arc::clone(&devs), geo, w, r, args)?;
-            (
-                t,
-                raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
-                raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
-            )
-        }
+        DeviceKind::Null => run_all(
+            (0..n)
+                .map(|i| NullDevice::new(&format!("null{i}"), member, 512, 1024))
+                .collect::<Result<_, _>>()?,
+            geo,
+            load,
+            args,
+        )?,
+        DeviceKind::Mem => run_all(
+            (0..n)
+                .map(|i| MemDevice::new(&format!("mem{i}"), member, 512, 1024))
+                .collect::<Result<_, _>>()?,
+            geo,
+            load,
+            args,
+        )?,
     };
     let secs = t.wall.as_secs_f64();
     Ok(Sample {
