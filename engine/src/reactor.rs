@@ -689,11 +689,17 @@ struct Outbox {
 }
 
 impl Outbox {
-    /// Empty queues for `reactors` receivers, `capacity` messages each before they grow.
-    fn new(reactors: usize, capacity: usize) -> Self {
+    /// Empty queues for `reactors` receivers other than reactor `me`, room for `capacity`
+    /// messages in all before they grow (none for `me`: a reactor never messages itself).
+    fn new(me: usize, reactors: usize, capacity: usize) -> Self {
         Self {
             to: (0..reactors)
-                .map(|_| VecDeque::with_capacity(capacity))
+                .map(|to| {
+                    // Split between the receivers, as one queue of `capacity` was; a skewed
+                    // turn grows a queue once, and it keeps that capacity.
+                    let each = (capacity / reactors.saturating_sub(1).max(1)).max(64);
+                    VecDeque::with_capacity(if to == me { 0 } else { each })
+                })
                 .collect(),
         }
     }
@@ -726,8 +732,9 @@ impl Outbox {
             let chunk = ring
                 .write_chunk_uninit(n)
                 .expect("`slots()` free slots are writable");
-            let moved = chunk.fill_from_iter(q.drain(..n));
-            debug_assert_eq!(moved, n);
+            // Only what the ring took leaves the queue (all `n`: the chunk has room).
+            let moved = chunk.fill_from_iter(q.iter().copied());
+            q.drain(..moved);
             links.sent[to] = true;
             any = true;
         }
@@ -1254,7 +1261,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     let mut parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
     let mut free: Vec<u32> = (0..requests as u32).rev().collect();
     let mut local: VecDeque<ArrayRequest> = VecDeque::with_capacity(requests);
-    let mut outbox = Outbox::new(reactors, requests);
+    let mut outbox = Outbox::new(me, reactors, requests);
     let mut done: VecDeque<ArrayCompletion> = VecDeque::with_capacity(requests);
     let mut comps = vec![
         ArrayCompletion {
@@ -1750,7 +1757,7 @@ mod tests {
     #[test]
     fn outbox_sends_each_receiver_its_messages_in_order_and_keeps_what_does_not_fit() {
         let mut links = Links::mesh(3);
-        let mut ob = Outbox::new(3, 4);
+        let mut ob = Outbox::new(0, 3, 4);
         assert!(ob.is_empty());
         // More than one ring holds for reactor 1, a few for reactor 2, interleaved.
         let n1 = RING_CAPACITY as u64 + 10;

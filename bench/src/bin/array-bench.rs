@@ -334,6 +334,12 @@ where
         _ => 4096,
     };
     let cap = geo.capacity_bytes();
+    if args.local_only && geo.stripes() < reactors as u64 {
+        bail!(
+            "--local-only: {} stripes cannot give each of {reactors} reactors one of its own",
+            geo.stripes()
+        );
+    }
     let cores: Vec<Option<usize>> = (0..reactors).map(|i| Some(i % num_cpus())).collect();
     let share = cap / reactors as u64 / g.stripe_data_bytes() * g.stripe_data_bytes();
     let gens: Vec<LoadGen> = (0..reactors)

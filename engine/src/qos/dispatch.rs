@@ -182,7 +182,8 @@ impl MemberQueue {
         mut refused: impl FnMut(Request, SubmitError),
     ) -> Pumped {
         let mut out = Pumped::default();
-        // The common case on every executor turn: nothing waits (three loads, no class walk).
+        // The common case on every executor turn: nothing waits (one look per class queue, no
+        // class walk).
         if self.queues.iter().all(VecDeque::is_empty) {
             return out;
         }
