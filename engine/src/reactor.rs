@@ -692,14 +692,12 @@ impl Outbox {
     /// Empty queues for `reactors` receivers other than reactor `me`, room for `capacity`
     /// messages in all before they grow (none for `me`: a reactor never messages itself).
     fn new(me: usize, reactors: usize, capacity: usize) -> Self {
+        // Split between the receivers, as one queue of `capacity` was; a skewed turn grows
+        // a queue once, and it keeps that capacity.
+        let each = (capacity / reactors.saturating_sub(1).max(1)).max(64);
         Self {
             to: (0..reactors)
-                .map(|to| {
-                    // Split between the receivers, as one queue of `capacity` was; a skewed
-                    // turn grows a queue once, and it keeps that capacity.
-                    let each = (capacity / reactors.saturating_sub(1).max(1)).max(64);
-                    VecDeque::with_capacity(if to == me { 0 } else { each })
-                })
+                .map(|to| VecDeque::with_capacity(if to == me { 0 } else { each }))
                 .collect(),
         }
     }

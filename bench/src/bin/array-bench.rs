@@ -445,16 +445,12 @@ struct Sample {
     spread_iops: f64,
 }
 
-/// Median of `v` (the lower middle for an even count), with min and max.
-fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[(v.len() - 1) / 2], v[0], v[v.len() - 1])
-}
-
 /// `median` alone for one run, `median (min–max)` for several.
-fn show(v: Vec<f64>, digits: usize, scale: f64, unit: &str) -> String {
+fn show(mut v: Vec<f64>, digits: usize, scale: f64, unit: &str) -> String {
     let n = v.len();
-    let (med, lo, hi) = stats(v);
+    // Sorts `v` in place: min and max are then its ends.
+    let med = bench::median(&mut v);
+    let (lo, hi) = (v[0], v[n - 1]);
     if n == 1 {
         format!("{:.*}{unit}", digits, med * scale)
     } else {
