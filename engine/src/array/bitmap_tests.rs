@@ -10,10 +10,11 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 use crate::bitmap::{NeedsSync, WriteIntent};
-use crate::device::BlockDevice;
-use crate::geometry::{Geometry, Layout, Role};
+use crate::device::{BlockDevice, Op};
+use crate::geometry::{Geometry, Layout, Level, Role};
 use crate::metadata::bitmap::{bit_location, Bitmap, BitmapSuper};
 use crate::metadata::Uuid;
+use crate::process::ProcessRequest;
 use crate::shard::ShardedArray;
 use crate::sim::{IoEventKind, IoLog, Profile, SimChannel, SimClock, SimDevice};
 

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::device::BlockDevice;
-use crate::geometry::{Geometry, Layout};
+use crate::geometry::{Geometry, Layout, Level};
 use crate::sim::{Profile, SimClock, SimDevice};
 
 #[test]

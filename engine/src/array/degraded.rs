@@ -1,0 +1,169 @@
+//! Degraded reads: reading the survivors of a stripe and rebuilding lost data from parity.
+
+use arrayvec::ArrayVec;
+
+use crate::buf::AlignedBuf;
+use crate::device::{Channel, Op};
+use crate::geometry::{Level, Role};
+use crate::parity::{ChunkId, MAX_DATA_CHUNKS};
+use crate::stripe::ChunkRange;
+
+use super::{Array, ArrayError, Phase};
+
+impl<C: Channel> Array<C> {
+    /// Reads every surviving member of the stripe over the operation's parity range into
+    /// its chunk buffers, for a degraded read or write.
+    pub(super) fn start_degraded(&mut self, s: u32, phase: Phase) {
+        let g = *self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let lost = (0..g.members()).filter(|&m| self.missing(s, m)).count();
+        if lost > usize::from(g.parity_chunks()) {
+            let stripe = st.stripe();
+            return self.finish_sop(s, Err(ArrayError::Unrecoverable { stripe }));
+        }
+        // Read only the parity the rebuild needs: P for one lost data chunk, Q as well for
+        // two (or for one when P is lost too); none when only parity is lost (a degraded
+        // write regenerates P/Q from the data anyway).
+        let lost_data = (0..g.data_chunks())
+            .filter(|&k| self.missing(s, st.data_member(k)))
+            .count();
+        let p_lost = self.missing(s, st.p_member());
+        let need_p = lost_data > 0;
+        let need_q = lost_data == 2 || (lost_data == 1 && p_lost);
+        let range = self.footprint(s).parity_range();
+        let mut lost_members: ArrayVec<u16, 2> = ArrayVec::new();
+        for m in 0..g.members() {
+            if self.missing(s, m) {
+                lost_members.push(m); // at most the redundancy (checked above)
+            }
+        }
+        let sop = &mut self.sops[s as usize];
+        sop.phase = phase;
+        sop.range = range;
+        sop.io_error = false;
+        sop.lost = lost_members;
+        for m in 0..g.members() {
+            let needed = match st.role(m) {
+                Role::P => need_p,
+                Role::Q => need_q,
+                Role::Data { .. } => true,
+            };
+            if needed && !self.missing(s, m) {
+                let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+                self.io(s, m, Op::Read, range.start, range.len(), ptr);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Rebuilds the failed members' chunks over the parity range from the survivors in the
+    /// operation's buffers.
+    pub(super) fn rebuild_in_buffers(&mut self, s: u32) -> Result<(), ArrayError> {
+        let g = *self.geo.geometry();
+        let sop = &mut self.sops[s as usize];
+        let st = self.geo.stripe(sop.stripe);
+        let r = sop.range;
+        let mut lost: ArrayVec<ChunkId, 2> = ArrayVec::new();
+        for &m in &sop.lost {
+            lost.push(match st.role(m) {
+                Role::P => ChunkId::P,
+                Role::Q => ChunkId::Q,
+                Role::Data { slot, .. } => ChunkId::Data(slot as u8),
+            });
+        }
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let mut data = ArrayVec::new();
+        let (p, q) = views(&mut sop.bufs, &st, g.data_chunks(), g.level(), r, &mut data);
+        // Rebuilt data is read again at once (copied to the caller, or fed to the new parity):
+        // ordinary stores keep it in cache.
+        self.parity
+            .streaming(false)
+            .reconstruct(&mut data, p, q, &lost)
+            .map_err(|_| ArrayError::Unrecoverable { stripe: sop.stripe })
+    }
+
+    pub(super) fn finish_degraded_read(&mut self, s: u32) {
+        if self.sops[s as usize].foreign && !self.sops[s as usize].bad.is_empty() {
+            // Rewriting the unreadable range is the owner's to do (two reactors must not
+            // write one range): it reads again, rebuilds and repairs.
+            return self.move_sop(s);
+        }
+        self.stats.degraded_reads += 1;
+        if let Err(e) = self.rebuild_in_buffers(s) {
+            return self.finish_sop(s, Err(e));
+        }
+        let g = *self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let c = u64::from(g.chunk_bytes());
+        for k in 0..g.data_chunks() {
+            if let Some(r) = w.written(k) {
+                let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+                let base = self.sops[s as usize].range.start;
+                let src = &self.sops[s as usize].bufs[usize::from(st.data_member(k))]
+                    [(r.start - base) as usize..(r.end - base) as usize];
+                // SAFETY: dst is the caller's buffer range for these bytes (lent until the
+                // request completes, used by this operation alone); src is our own buffer.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            }
+        }
+        // Rewrite what the members with unrecovered read errors could not return: the
+        // device remaps the sectors, and the member stays in service.
+        let bad = self.sops[s as usize].bad.clone();
+        if bad.is_empty() {
+            return self.finish_sop(s, Ok(()));
+        }
+        let r = self.sops[s as usize].range;
+        self.sops[s as usize].phase = Phase::Repair;
+        self.sops[s as usize].io_error = false;
+        for m in bad {
+            if !self.is_failed(m) {
+                self.stats.read_errors_repaired += 1;
+                let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+                self.io(s, m, Op::Write { fua: false }, r.start, r.len(), ptr);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+}
+
+/// Splits one operation's member buffers into slot-ordered data views (pushed onto
+/// `data`, which the caller owns: returning a 255-entry `ArrayVec` by value would copy all
+/// of it), and returns P and Q, each over the parity range `r` (which sits at the front of
+/// every buffer).
+fn views<'a>(
+    bufs: &'a mut [AlignedBuf],
+    st: &crate::geometry::StripeLayout,
+    nd: u16,
+    level: Level,
+    r: ChunkRange,
+    data: &mut ArrayVec<&'a mut [u8], MAX_DATA_CHUNKS>,
+) -> (&'a mut [u8], Option<&'a mut [u8]>) {
+    let (ri, rl) = (0usize, r.len() as usize);
+    let mut by_slot: ArrayVec<Option<&'a mut [u8]>, MAX_DATA_CHUNKS> = ArrayVec::new();
+    for _ in 0..nd {
+        by_slot.push(None);
+    }
+    let mut p = None;
+    let mut q = None;
+    for (m, b) in bufs.iter_mut().enumerate() {
+        match st.role(m as u16) {
+            Role::P => p = Some(&mut b[ri..rl]),
+            Role::Q => q = Some(&mut b[ri..rl]),
+            Role::Data { slot, .. } => by_slot[usize::from(slot)] = Some(&mut b[ri..rl]),
+        }
+    }
+    data.extend(
+        by_slot
+            .iter_mut()
+            .map(|x| x.take().expect("every slot has a member")),
+    );
+    debug_assert_eq!(q.is_some(), level == Level::Raid6);
+    (p.expect("stripe has P"), q)
+}

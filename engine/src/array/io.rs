@@ -1,0 +1,425 @@
+//! Member I/O: issuing, pumping and reaping member requests, their completions, and
+//! timeouts.
+
+use crate::device::{Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
+use crate::qos::IoClass;
+
+use super::{Array, ArrayOp, Phase, MEMBER_BITS, NO_ENTRY};
+
+impl<C: Channel> Array<C> {
+    // ---- member I/O --------------------------------------------------------------------
+
+    /// Advances every member's depth controller to now, once per clock value: the rounds
+    /// of one [`Array::process`] call share a `now`, and a window that was open at the
+    /// first round is still open at the next (a window shortened meanwhile by a
+    /// calibration closes at the next tick).
+    pub(super) fn tick_members(&mut self) {
+        if self.ticked_at == Some(self.now) {
+            return;
+        }
+        self.ticked_at = Some(self.now);
+        for m in &mut self.members {
+            m.queue.tick(self.now);
+        }
+    }
+
+    /// Hands queued requests to the channels (class order, within the limits).
+    pub(super) fn resubmit(&mut self) -> bool {
+        let mut any = false;
+        for mi in 0..self.members.len() {
+            any |= self.pump(mi);
+        }
+        any
+    }
+
+    /// Dispatches member `mi`'s queued requests; returns whether any left the queues.
+    fn pump(&mut self, mi: usize) -> bool {
+        let now = self.now;
+        let m = &mut self.members[mi];
+        let synthetic = &mut self.synthetic;
+        let mut refused = 0;
+        let p = m.queue.pump(&mut m.ch, now, |req, e| {
+            refused += 1;
+            synthetic.push_back(refusal(req.tag, e));
+        });
+        p.submitted > 0 || refused > 0
+    }
+
+    pub(super) fn reap(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.synthetic.pop_front() {
+            self.member_done(c);
+            any = true;
+        }
+        for mi in 0..self.members.len() {
+            loop {
+                let n = self.members[mi].ch.poll(&mut self.scratch);
+                for i in 0..n {
+                    let c = self.scratch[i];
+                    self.members[mi].queue.completed(c.tag, self.now);
+                    self.member_done(c);
+                }
+                any |= n > 0;
+                if n < self.scratch.len() {
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    /// The tag of operation `s`'s requests to device entry `entry`.
+    pub(super) fn tag_of(&self, s: u32, entry: u16) -> u64 {
+        (u64::from(s) << MEMBER_BITS) | u64::from(self.members[usize::from(entry)].id)
+    }
+
+    /// The device id of entry `entry`.
+    pub(super) fn id_of(&self, entry: u16) -> usize {
+        usize::from(self.members[usize::from(entry)].id)
+    }
+
+    /// The entry of the device with tag id `id`, if one holds it.
+    fn entry_of_id(&self, id: u16) -> Option<u16> {
+        self.entry_of
+            .get(usize::from(id))
+            .copied()
+            .filter(|&e| e != NO_ENTRY)
+    }
+
+    fn member_done(&mut self, c: Completion) {
+        let s = (c.tag >> MEMBER_BITS) as u32;
+        let id = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
+        let Some(member) = self.entry_of_id(id) else {
+            self.stats.stray_completions += 1;
+            return;
+        };
+        if s == self.bitmap_sop() {
+            return self.bitmap_write_done(member, c.status);
+        }
+        let known = (s as usize) < self.sops.len() && self.sops[s as usize].outstanding > 0;
+        if !known {
+            self.stats.stray_completions += 1;
+            return;
+        }
+        {
+            let sop = &mut self.sops[s as usize];
+            let pm = &mut sop.per_member[usize::from(id)];
+            debug_assert!(*pm > 0, "completion from a member with nothing outstanding");
+            *pm = pm.saturating_sub(1);
+            let m = &mut self.members[usize::from(member)];
+            // Saturates at the histogram's top (one hour); never allocates.
+            m.latency
+                .saturating_record(self.now.saturating_sub(sop.issued_ns).max(1));
+            m.counters.errors += u64::from(c.status.is_err());
+        }
+        if c.status == Err(IoError::Unsupported) && self.sops[s as usize].phase == Phase::Zeroing {
+            // The member cannot zero or deallocate natively (support can vanish at run
+            // time): the stripe is rewritten with zero buffers instead; not a failure.
+            self.sops[s as usize].unsupported = true;
+        } else if let (Err(e), true) = (c.status, usize::from(member) >= self.slots()) {
+            // The replacement, or a device leaving the array: never fails a member.
+            self.extra_error(s, member, e);
+        } else if let Err(e) = c.status {
+            let sop = &mut self.sops[s as usize];
+            sop.io_error = true;
+            let reading = matches!(
+                sop.phase,
+                Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_) | Phase::BgRead
+            );
+            // A latent sector error on a read: rebuild the range from redundancy and
+            // rewrite it; the member stays in service (md's read-error handling).
+            if e == IoError::Medium && reading && !sop.bad.contains(&member) && !sop.bad.is_full() {
+                sop.bad.push(member);
+                self.stats.medium_errors += 1;
+            } else {
+                self.fail_member(member, e);
+            }
+        }
+        let sop = &mut self.sops[s as usize];
+        sop.outstanding -= 1;
+        if sop.outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// A request of operation `s` to the extra device entry `entry` failed with `e`: the
+    /// live replacement fails (the replace stops; the operation's outcome never depends
+    /// on it); a device leaving the array (a replaced member whose reads were in flight
+    /// at the swap) only makes a reading phase run again from the current devices.
+    fn extra_error(&mut self, s: u32, entry: u16, e: IoError) {
+        if self.replacement_entry() == Some(entry) {
+            self.fail_replacement_entry(e);
+            return;
+        }
+        let sop = &mut self.sops[s as usize];
+        if matches!(
+            sop.phase,
+            Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_) | Phase::BgRead
+        ) {
+            sop.io_error = true;
+        }
+    }
+
+    /// The I/O class of operation `s`'s member request `op`: flushes and FUA writes are
+    /// [`IoClass::Flush`]; otherwise background operations are [`IoClass::Background`],
+    /// client reads (including the reads and rewrites of a degraded read)
+    /// [`IoClass::ForegroundRead`], and client writes, write-zeroes and discards (with
+    /// their read-modify-write reads) [`IoClass::ForegroundWrite`].
+    fn class_of(&self, s: u32, op: Op) -> IoClass {
+        let sop = &self.sops[s as usize];
+        if matches!(op, Op::Flush | Op::Write { fua: true }) {
+            return IoClass::Flush;
+        }
+        if sop.bg.is_some() {
+            return IoClass::Background;
+        }
+        let req = self.reqs[sop.req as usize].as_ref().expect("live request");
+        if req.op == ArrayOp::Read {
+            IoClass::ForegroundRead
+        } else {
+            IoClass::ForegroundWrite
+        }
+    }
+
+    /// Issues one member I/O for stripe operation `s`: `len` bytes at `chunk_off` of the
+    /// member's chunk in the operation's stripe, to/from `ptr`.
+    /// A write to the member being replaced goes to its replacement as well (md writes a
+    /// slot's `rdev` and `replacement` alike).
+    pub(super) fn io(
+        &mut self,
+        s: u32,
+        member: u16,
+        op: Op,
+        chunk_off: u32,
+        len: u32,
+        ptr: *mut u8,
+    ) {
+        self.io_dev(s, member, op, chunk_off, len, ptr);
+        if let Some(r) = self.mirror_of(member, op) {
+            self.io_dev(s, r, op, chunk_off, len, ptr);
+        }
+    }
+
+    /// A write of a stripe chunk's range: to the member (and its replacement, [`Self::io`]);
+    /// to the replacement alone when the member being replaced has failed — the write
+    /// was planned around the failed member, and the new contents of its chunk over the
+    /// range are in the operation's buffers (or the caller's), which the replacement
+    /// must get where it already holds the member's data; nowhere when the member is
+    /// failed without a replacement.
+    pub(super) fn io_write(
+        &mut self,
+        s: u32,
+        member: u16,
+        op: Op,
+        chunk_off: u32,
+        len: u32,
+        ptr: *mut u8,
+    ) {
+        if !self.is_failed(member) {
+            self.io(s, member, op, chunk_off, len, ptr);
+        } else if let Some(r) = self.replacement_of(member) {
+            self.io_dev(s, r, op, chunk_off, len, ptr);
+        }
+    }
+
+    /// [`Self::io`] to device entry `member` alone (a member, or the replacement).
+    pub(super) fn io_dev(
+        &mut self,
+        s: u32,
+        member: u16,
+        op: Op,
+        chunk_off: u32,
+        len: u32,
+        ptr: *mut u8,
+    ) {
+        debug_assert!(!self.is_failed(member), "I/O planned on a failed member");
+        let g = self.geo.geometry();
+        let stripe = self.sops[s as usize].stripe;
+        let base = self.data_offset + stripe * u64::from(g.chunk_bytes()) + u64::from(chunk_off);
+        let tag = self.tag_of(s, member);
+        let class = self.class_of(s, op);
+        // Requests larger than the member takes go out in pieces (each counted).
+        let max = self.members[usize::from(member)].max_transfer;
+        let mut done = 0u32;
+        while done < len {
+            let piece = (len - done).min(max);
+            // SAFETY: every pointer passed here is either a chunk buffer of this operation
+            // (owned by the Array, untouched until the operation's I/O completes: the state
+            // machine only reads its buffers after `outstanding` reaches 0) or a range of the
+            // caller's request buffer, which the caller lent until the request completes
+            // (ArrayRequest contract) and which this operation alone uses for that range.
+            // `done + piece <= len` keeps the piece inside that range.
+            let buf = unsafe {
+                IoBuf::from_raw(
+                    std::ptr::NonNull::new(ptr.wrapping_add(done as usize))
+                        .expect("non-null buffer"),
+                    piece,
+                    None,
+                )
+            };
+            let req = Request {
+                tag,
+                op,
+                offset_bytes: base + u64::from(done),
+                len_bytes: piece,
+                buf,
+            };
+            done += piece;
+            self.count_issue(s, member, op, piece);
+            self.send(member, class, req);
+        }
+    }
+
+    /// Queues `req` in the member's queue of `class` and dispatches what the channel and
+    /// the depth controller admit.
+    pub(super) fn send(&mut self, member: u16, class: IoClass, req: Request) {
+        let now = self.now;
+        let m = &mut self.members[usize::from(member)];
+        let synthetic = &mut self.synthetic;
+        m.queue.send(class, req, &mut m.ch, now, |req, e| {
+            synthetic.push_back(refusal(req.tag, e));
+        });
+    }
+
+    pub(super) fn io_flush(&mut self, s: u32, member: u16) {
+        let req = Request {
+            tag: self.tag_of(s, member),
+            op: Op::Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+            buf: IoBuf::NONE,
+        };
+        self.count_issue(s, member, Op::Flush, 0);
+        self.send(member, IoClass::Flush, req);
+    }
+
+    /// Issues one bufferless member request (`WriteZeroes`, `Discard`) over the whole chunk
+    /// of operation `s`'s stripe, split at the member's largest transfer.
+    pub(super) fn io_nodata(&mut self, s: u32, member: u16, op: Op) {
+        self.io_nodata_dev(s, member, op);
+        if let Some(r) = self.mirror_of(member, op) {
+            self.io_nodata_dev(s, r, op);
+        }
+    }
+
+    /// [`Self::io_nodata`] to device entry `member` alone.
+    pub(super) fn io_nodata_dev(&mut self, s: u32, member: u16, op: Op) {
+        let g = self.geo.geometry();
+        let chunk = g.chunk_bytes();
+        let base = self.data_offset + self.sops[s as usize].stripe * u64::from(chunk);
+        let tag = self.tag_of(s, member);
+        let class = self.class_of(s, op);
+        let max = self.members[usize::from(member)].max_transfer;
+        let mut done = 0u32;
+        while done < chunk {
+            let piece = (chunk - done).min(max);
+            let req = Request {
+                tag,
+                op,
+                offset_bytes: base + u64::from(done),
+                len_bytes: piece,
+                buf: IoBuf::NONE,
+            };
+            done += piece;
+            self.count_issue(s, member, op, piece);
+            self.send(member, class, req);
+        }
+    }
+
+    /// Accounts one member request of operation `s` about to be sent: `op` over `len`
+    /// bytes.
+    fn count_issue(&mut self, s: u32, member: u16, op: Op, len: u32) {
+        let sop = &mut self.sops[s as usize];
+        if sop.outstanding == 0 {
+            sop.issued_ns = self.now;
+        }
+        sop.outstanding += 1;
+        sop.per_member[usize::from(self.members[usize::from(member)].id)] += 1;
+        let c = &mut self.members[usize::from(member)].counters;
+        match op {
+            Op::Read => {
+                c.reads += 1;
+                c.read_bytes += u64::from(len);
+            }
+            Op::Flush => c.flushes += 1,
+            Op::Write { .. } | Op::WriteZeroes | Op::Discard => {
+                c.writes += 1;
+                c.write_bytes += u64::from(len);
+            }
+        }
+    }
+
+    /// Fails members whose requests outlived the command timeout: their requests still
+    /// waiting in our class queues complete with [`IoError::Timeout`] at once, those on
+    /// the device are aborted (best effort; see [`Channel::abort`]), and the operation
+    /// goes on from redundancy once they are back. Scans at most every 1/16 of the
+    /// timeout.
+    pub(super) fn check_timeouts(&mut self) -> bool {
+        if self.io_timeout_ns == 0 || self.now < self.next_timeout_scan {
+            return false;
+        }
+        self.next_timeout_scan = self.now + (self.io_timeout_ns / 16).max(1);
+        let mut any = false;
+        for s in 0..self.sops.len() as u32 {
+            let sop = &self.sops[s as usize];
+            if sop.outstanding == 0 || self.now - sop.issued_ns < self.io_timeout_ns {
+                continue;
+            }
+            // Abort again only after another full timeout.
+            self.sops[s as usize].issued_ns = self.now;
+            for member in 0..self.members.len() as u16 {
+                if self.sops[s as usize].per_member[self.id_of(member)] == 0 {
+                    continue;
+                }
+                any = true;
+                self.time_out(s, member);
+            }
+        }
+        any
+    }
+
+    /// Operation `s`'s requests to `member` ran past the command timeout: the member is
+    /// failed, its queued requests complete with [`IoError::Timeout`] at once and those in
+    /// the device are aborted (their completions, if any, come back as timeouts too).
+    pub(super) fn time_out(&mut self, s: u32, member: u16) {
+        self.stats.timeouts += 1;
+        self.fail_entry(member, IoError::Timeout);
+        let tag = self.tag_of(s, member);
+        let m = &mut self.members[usize::from(member)];
+        for _ in 0..m.queue.remove_tag(tag) {
+            self.synthetic.push_back(Completion {
+                tag,
+                status: Err(IoError::Timeout),
+            });
+        }
+        self.members[usize::from(member)].ch.abort(tag);
+    }
+
+    /// Fails device entry `entry` with `e`: a member ([`Self::fail_member`]), the live
+    /// replacement (the replace stops), or nothing for a device leaving the array.
+    pub(super) fn fail_entry(&mut self, entry: u16, e: IoError) {
+        if usize::from(entry) < self.slots() {
+            self.fail_member(entry, e);
+        } else if self.replacement_entry() == Some(entry) {
+            self.fail_replacement_entry(e);
+        }
+    }
+}
+
+/// The completion of a request the member's channel refused for good with `e`.
+fn refusal(tag: u64, e: SubmitError) -> Completion {
+    debug_assert!(
+        !matches!(e, SubmitError::Invalid(_)),
+        "the array built a request its member refuses: {e}"
+    );
+    let err = match e {
+        SubmitError::Gone => IoError::Gone,
+        // The engine built a request the device refuses: treat the member as failed
+        // rather than lose the I/O.
+        _ => IoError::Io { errno: 22 },
+    };
+    Completion {
+        tag,
+        status: Err(err),
+    }
+}

@@ -1,0 +1,1287 @@
+//! The array: turns array requests into member I/O on one reactor's channels.
+//!
+//! An [`Array`] owns one channel to each member and runs every stripe operation it is given
+//! as an explicit state machine driven by member completions. It is the per-reactor core of
+//! the stripe engine: with several reactors, each runs an `Array` over its own channels and
+//! receives the requests for the stripes it owns, plus reads of other reactors' stripes
+//! that it serves itself (foreign reads, see below; the routing between reactors lives in
+//! the reactor layer). Everything here is single-threaded and lock-free by construction;
+//! the only state shared with other shards is the [`StripeGate`] (atomics).
+//!
+//! # Foreign reads
+//! A read of a stripe another shard owns ([`Array::set_gate`]) is served here when the
+//! gate admits it (no write of the owner holds the stripe; this shard's view of failed
+//! members is not behind the owner's); it then holds the stripe in the gate until its
+//! member I/O is done, and the owner's writes to that stripe wait for it
+//! (phase `GateWait`). It goes to the owner instead ([`Array::take_moved`]) when the
+//! gate refuses, while a member is being rebuilt or a replacement copied here (only the
+//! owner knows its stripes' positions), or when a latent sector error must be rewritten.
+//!
+//! # Ordering
+//! A request is split at stripe boundaries into stripe operations. Operations on one
+//! stripe start in arrival order (the stripe's owner orders them): a write (or write-zeroes,
+//! discard) runs alone on its stripe, reads of a stripe run together while no write is
+//! running or waiting ahead of them. So overlapping writes land in submission order, a
+//! read never sees half of a write, and a stream of reads cannot starve a write (a waiting
+//! write holds back every later operation on its stripe). Requests are split in arrival
+//! order too, so a request cannot overtake an earlier one on any stripe.
+//!
+//! # Reads
+//! A read of healthy members goes straight into the caller's buffer. If a member of the
+//! stripe has failed, or a read fails (which fails that member), the stripe's surviving
+//! chunks are read over the needed range and the lost data is rebuilt from parity.
+//!
+//! # Writes
+//! Planned by [`crate::stripe::plan_write`]: full-stripe, RMW, RCW or degraded
+//! reconstruct-write. A member write that fails fails the member; the write still succeeds
+//! while the stripe keeps enough members to rebuild it (the parity written with it covers
+//! the lost chunk). The client sees an error only when data is unrecoverable.
+//!
+//! # Replacement (md's `want_replacement`)
+//! A member may get a **replacement device** ([`Array::start_replace`]): an extra device
+//! entry beside the member's, written by every write to the member (md sends writes to a
+//! slot's `rdev` and its `replacement` alike, `ops_run_io`) and filled by the replace
+//! process ([`ProcessKind::Replace`]); reads keep going to the member. Member requests
+//! carry a device id in their tags, not the slot, so when the replace completes the two
+//! devices swap places ([`Array::complete_replace`]) with requests still in flight on
+//! either: completions find their device by id.
+//!
+//! # Write-intent bitmap
+//! With a bitmap attached ([`Array::attach_bitmap`], `crate::bitmap`), a write,
+//! write-zeroes or discard operation waits in [`Phase`] `BitmapWait` — holding its stripe —
+//! until the bits of the regions its stripe covers are durable on every online member;
+//! reads never wait. The owner shard writes the bitmap sectors (a member I/O kind of its
+//! own, at absolute member offsets outside the data area) and runs the lazy-clear daemon
+//! on the array clock. Without a bitmap nothing changes.
+//!
+//! # Limits
+//! Every pool is sized at construction ([`ArrayConfig`]); the data path allocates nothing.
+//!
+//! # Where things are
+//! Following the life of a stripe operation:
+//! - `mod.rs` (here): the public types, the array's state, construction, accessors,
+//!   [`Array::submit`] and validation, [`Array::process`] / [`Array::poll`], and `advance`,
+//!   the phase dispatcher that moves an operation on when its member I/O is done.
+//! - `ops.rs`: request and operation lifecycle: splitting requests into stripe operations,
+//!   stripe ordering and the gate, starting, moving and finishing operations and requests,
+//!   flushes.
+//! - `read.rs`: direct reads of healthy members.
+//! - `degraded.rs`: degraded reads, rebuilding lost data from parity.
+//! - `write.rs`: writes and parity generation; write-zeroes and discard.
+//! - `bitmap.rs`: the write-intent bitmap.
+//! - `io.rs`: member I/O: issuing, pumping and reaping member requests, timeouts.
+//! - `members.rs`: failing members, re-adding and rebuilding them, replacement devices.
+//! - `background.rs`: background processes (rebuild, resync, check/repair, replace) and
+//!   shard, gate and pacer setup.
+//! - `locks.rs`: the per-stripe operation locks.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrayvec::ArrayVec;
+use thiserror::Error;
+
+use crate::bitmap::{BitmapOwner, BitmapWrite, WriteIntent};
+use crate::buf::AlignedBuf;
+use crate::device::{Channel, Completion, IoBuf, IoError};
+use crate::geometry::{ArrayGeometry, MAX_RAID6_MEMBERS};
+use crate::parity::Parity;
+use crate::process::{ProcessKind, ProcessState, ShardWalk, MAX_BACKGROUND_OPS};
+use crate::qos::dispatch::MemberQueue;
+#[cfg(doc)]
+use crate::qos::Admission;
+use crate::qos::{DepthConfig, IoClass, QosState};
+use crate::qos::{Pacer, Unpaced};
+use crate::shard::{owner, StripeGate};
+use crate::stripe::{ChunkRange, WriteMode};
+use locks::StripeLocks;
+
+pub use members::device_fits;
+
+/// What an array request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArrayOp {
+    /// Read `len_bytes` at `offset_bytes` into the buffer.
+    Read,
+    /// Write the buffer; with `fua`, durable on every member it touched before completion.
+    Write {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Flush every member.
+    Flush,
+    /// Make `len_bytes` at `offset_bytes` read back as zeroes, parity kept consistent
+    /// (carries no buffer: [`IoBuf::NONE`], `len_bytes` is the range). With `fua`, durable
+    /// on every member it touched before completion.
+    WriteZeroes {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Advisory deallocation of `len_bytes` at `offset_bytes` (no buffer). Only whole
+    /// stripes inside the range are deallocated on the members; the contents of the range
+    /// afterwards are unspecified by the caller's contract but parity stays consistent.
+    Discard,
+}
+
+impl ArrayOp {
+    /// Whether the request moves data through its buffer (read, write).
+    pub fn has_buffer(self) -> bool {
+        matches!(self, ArrayOp::Read | ArrayOp::Write { .. })
+    }
+
+    /// Whether the request changes the array's contents (write, write-zeroes, discard).
+    pub fn is_write(self) -> bool {
+        matches!(
+            self,
+            ArrayOp::Write { .. } | ArrayOp::WriteZeroes { .. } | ArrayOp::Discard
+        )
+    }
+
+    fn fua(self) -> bool {
+        matches!(
+            self,
+            ArrayOp::Write { fua: true } | ArrayOp::WriteZeroes { fua: true }
+        )
+    }
+}
+
+/// An array request.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayRequest {
+    /// Caller's tag, returned in the completion.
+    pub tag: u64,
+    /// What to do.
+    pub op: ArrayOp,
+    /// Logical byte offset (multiple of the block size; 0 for `Flush`).
+    pub offset_bytes: u64,
+    /// Length in bytes (multiple of the block size; 0 for `Flush`); equals `buf.len()` for
+    /// reads and writes.
+    pub len_bytes: u32,
+    /// Data buffer, 64-byte aligned (4 KiB for O_DIRECT members); [`IoBuf::NONE`] for
+    /// `Flush`, `WriteZeroes` and `Discard`.
+    pub buf: IoBuf,
+}
+
+/// Why an array request failed or was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum ArrayError {
+    /// Malformed request (range, alignment, buffer length).
+    #[error("invalid request: {0}")]
+    Invalid(&'static str),
+    /// The request pool is full: poll completions, then retry.
+    #[error("array request queue is full")]
+    QueueFull,
+    /// More members of the stripe are lost than its redundancy: its data cannot be served.
+    #[error("stripe {stripe} has lost more members than its redundancy: data unrecoverable")]
+    Unrecoverable {
+        /// The stripe.
+        stripe: u64,
+    },
+    /// The array has lost more members than its redundancy and is failed.
+    #[error("the array has failed")]
+    Failed,
+}
+
+/// A finished array request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrayCompletion {
+    /// The request's tag.
+    pub tag: u64,
+    /// Outcome.
+    pub status: Result<(), ArrayError>,
+}
+
+/// Health of a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// Serving I/O.
+    Online,
+    /// Failed by the error shown; never used again until replaced (rebuild: issue 5).
+    Failed(IoError),
+    /// Marked faulty by the operator (`ferroraid fail`); never used again until replaced.
+    FailedByOperator,
+    /// A new device in a failed member's slot, being rebuilt ([`Array::replace_member`]):
+    /// written by every foreground write, read only for the stripes the rebuild has
+    /// already covered on this shard (md's rule for a recovering device; see
+    /// [`crate::process`]). Counts as missing for the array's redundancy until the
+    /// rebuild has finished on every shard ([`Array::complete_rebuild`]).
+    Rebuilding,
+}
+
+impl MemberState {
+    /// Whether the member is failed (never used again until replaced).
+    pub fn is_failed(self) -> bool {
+        matches!(self, MemberState::Failed(_) | MemberState::FailedByOperator)
+    }
+}
+
+/// Counters of what the array did, by path: what a benchmark or test reads to know which
+/// strategies ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArrayStats {
+    /// Stripe reads served straight from the members.
+    pub direct_reads: u64,
+    /// Stripe reads that rebuilt data from parity.
+    pub degraded_reads: u64,
+    /// Stripe writes by strategy.
+    pub full_stripe_writes: u64,
+    /// Read-modify-write stripe writes.
+    pub rmw_writes: u64,
+    /// Reconstruct-write stripe writes.
+    pub rcw_writes: u64,
+    /// Degraded reconstruct-writes.
+    pub degraded_writes: u64,
+    /// Members failed by I/O errors or disappearance.
+    pub member_failures: u64,
+    /// Unrecovered read errors (latent sector errors) absorbed: the range was rebuilt from
+    /// redundancy for the operation, and the member kept in service.
+    pub medium_errors: u64,
+    /// Ranges rewritten after a degraded read rebuilt them from redundancy.
+    pub read_errors_repaired: u64,
+    /// Completions with a tag the array never issued (a back-end bug): counted, ignored.
+    pub stray_completions: u64,
+    /// Whole stripes zeroed with member write-zeroes (data and parity alike: the parity
+    /// of all-zero data is zero).
+    pub zeroed_stripes: u64,
+    /// Whole stripes deallocated with member discards.
+    pub discarded_stripes: u64,
+    /// Stripe pieces of discard requests left alone (partial stripes, or members that do
+    /// not promise zeroes after a discard): discard is advisory.
+    pub discards_skipped: u64,
+    /// Member requests that outlived the command timeout (each failed its member).
+    pub timeouts: u64,
+    /// Reads of stripes another shard owns served by this one ([`crate::shard::StripeGate`]).
+    pub foreign_reads: u64,
+    /// Foreign reads handed to the stripe's owner instead ([`Array::take_moved`]): a write
+    /// held the stripe, a member was being rebuilt, or the read met an error to repair.
+    pub moved_reads: u64,
+    /// Owner writes that waited for foreign reads of their stripe to finish.
+    pub gate_waits: u64,
+}
+
+/// What one shard sent to one member, for status and statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberCounters {
+    /// Read requests issued.
+    pub reads: u64,
+    /// Write, write-zeroes and discard requests issued.
+    pub writes: u64,
+    /// Flush requests issued.
+    pub flushes: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written (write-zeroes and discards count their range).
+    pub write_bytes: u64,
+    /// Requests that completed with an error (any kind).
+    pub errors: u64,
+}
+
+impl MemberCounters {
+    /// Adds `o` into `self` (merging shards).
+    pub fn add(&mut self, o: &MemberCounters) {
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.flushes += o.flushes;
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+        self.errors += o.errors;
+    }
+}
+
+/// A member-latency histogram: ns, 1 ns to one hour, 2 significant digits (fixed size,
+/// so recording never allocates).
+pub fn new_latency_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
+}
+
+/// Pool sizes, fixed at construction.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayConfig {
+    /// Array requests in flight at once.
+    pub requests: usize,
+    /// Stripe operations in flight or waiting at once; each holds one chunk buffer per
+    /// member, so memory is `stripe_ops × members × chunk`.
+    pub stripe_ops: usize,
+    /// Byte offset of the data area on every member (md's `data_offset`).
+    pub data_offset_bytes: u64,
+    /// Members known to be failed when the array starts (assembled degraded).
+    pub failed_members: [Option<u16>; 2],
+    /// Command timeout, ns: a member request outstanding longer than this (counted from
+    /// the start of its operation's phase, on the clock given to [`Array::set_now`]) fails
+    /// its member, is aborted ([`Channel::abort`]) and the operation continues from
+    /// redundancy. 0 disables timeouts.
+    pub io_timeout_ns: u64,
+    /// Background stripe operations (resync, rebuild, check, repair) one shard may have in
+    /// flight at once, at most [`MAX_BACKGROUND_OPS`]. They come from a pool of their own
+    /// (each with one chunk buffer per member plus two of scratch), so background work
+    /// never takes one of foreground's `stripe_ops`, and always can progress as far as
+    /// the pacer admits it. 0 disables background processes.
+    pub background_ops: usize,
+    /// Members assembled as being rebuilt ([`MemberState::Rebuilding`]), each with its
+    /// recovery position in stripes (md's `recovery_offset` divided by the chunk size in
+    /// sectors): in sync below it. [`Array::pending_rebuild`] gives the rebuild that
+    /// resumes them.
+    pub rebuilding: [Option<(u16, u64)>; 2],
+    /// Members of `rebuilding` that returned after a short absence and need only the
+    /// write-intent bitmap's dirty regions rebuilt (md's `Bitmap_sync` re-add,
+    /// `MD_FEATURE_RECOVERY_BITMAP`); honoured only with a bitmap attached
+    /// ([`Array::attach_bitmap`]) that was not forced all-dirty at start.
+    pub bitmap_recovery: [Option<u16>; 2],
+    /// Per-member queue-depth control ([`crate::qos::depth`]), the same for every member.
+    pub depth: DepthConfig,
+}
+
+/// Default background operations in flight per shard: four chunk-wide stripe operations
+/// keep every member busy with large sequential requests while leaving the depth to
+/// foreground (md's raid5 resync likewise keeps a handful of stripes in flight).
+pub const DEFAULT_BACKGROUND_OPS: usize = 4;
+
+/// Default command timeout: 30 s, the Linux block layer's and NVMe driver's default.
+pub const DEFAULT_IO_TIMEOUT_NS: u64 = 30_000_000_000;
+
+impl ArrayStats {
+    /// Adds `o` into `self` (merging shards).
+    pub fn add(&mut self, o: &ArrayStats) {
+        self.direct_reads += o.direct_reads;
+        self.degraded_reads += o.degraded_reads;
+        self.full_stripe_writes += o.full_stripe_writes;
+        self.rmw_writes += o.rmw_writes;
+        self.rcw_writes += o.rcw_writes;
+        self.degraded_writes += o.degraded_writes;
+        self.member_failures += o.member_failures;
+        self.medium_errors += o.medium_errors;
+        self.read_errors_repaired += o.read_errors_repaired;
+        self.stray_completions += o.stray_completions;
+        self.zeroed_stripes += o.zeroed_stripes;
+        self.discarded_stripes += o.discarded_stripes;
+        self.discards_skipped += o.discards_skipped;
+        self.timeouts += o.timeouts;
+        self.foreign_reads += o.foreign_reads;
+        self.moved_reads += o.moved_reads;
+        self.gate_waits += o.gate_waits;
+    }
+}
+
+impl Default for ArrayConfig {
+    /// 256 requests, 32 stripe operations, data at offset 0, no member failed, 30 s
+    /// command timeout, [`DEFAULT_BACKGROUND_OPS`] background operations, ferroraid's depth
+    /// controller with a derived target.
+    fn default() -> Self {
+        Self {
+            requests: 256,
+            stripe_ops: 32,
+            data_offset_bytes: 0,
+            failed_members: [None, None],
+            io_timeout_ns: DEFAULT_IO_TIMEOUT_NS,
+            background_ops: DEFAULT_BACKGROUND_OPS,
+            rebuilding: [None, None],
+            bitmap_recovery: [None, None],
+            depth: DepthConfig::default(),
+        }
+    }
+}
+
+/// Member-tag layout: stripe operation index in the high bits, the device id
+/// ([`Member::id`]) in the low 16.
+const MEMBER_BITS: u32 = 16;
+const _: () = assert!((MAX_RAID6_MEMBERS as u64 + 1) < (1 << MEMBER_BITS));
+/// `entry_of` value of a device id no entry holds.
+const NO_ENTRY: u16 = u16::MAX;
+
+/// Where a member's replacement stands on one shard ([`Array::replacement`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplaceState {
+    /// The replacement is written by every write to its member and filled by the replace
+    /// process.
+    Copying,
+    /// The replacement device failed (the error it returned): the replace stopped, the
+    /// member keeps its slot, the array is as it was.
+    Failed(IoError),
+    /// The replacement took the member's slot ([`Array::complete_replace`]); the old
+    /// device is out of the array.
+    Done,
+}
+
+/// A member's replacement on one shard: which member, the caller's serial for it (so
+/// late messages about an earlier replacement are ignored), and its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplaceInfo {
+    /// The member (slot) being replaced.
+    pub member: u16,
+    /// The caller's serial number of this replacement.
+    pub serial: u64,
+    /// Its state.
+    pub state: ReplaceState,
+}
+
+struct Member<C> {
+    ch: C,
+    state: MemberState,
+    /// Requests waiting for the channel, one queue per I/O class, dispatched in class
+    /// order within the depth controller's limits ([`crate::qos::dispatch`]).
+    queue: MemberQueue,
+    /// Largest request the member takes, bytes (a multiple of its block size).
+    max_transfer: u32,
+    counters: MemberCounters,
+    /// Completion latency of this shard's requests to the member, ns, measured from the
+    /// start of the issuing phase to the loop turn that reaped it.
+    latency: hdrhistogram::Histogram<u64>,
+    /// While [`MemberState::Rebuilding`]: this shard's stripes below it are rebuilt (the
+    /// member is read there); above it the member counts as missing.
+    recovery_stripe: u64,
+    /// While [`MemberState::Rebuilding`]: only the write-intent bitmap's dirty regions need
+    /// rebuilding (a re-add, [`ArrayConfig::bitmap_recovery`]).
+    bitmap_recovery: bool,
+    /// The device id in this device's request tags. It stays with the device (channel)
+    /// when a replacement swaps entries, so requests in flight find it ([`Array`]'s
+    /// `entry_of`).
+    id: u16,
+}
+
+impl<C: Channel> Member<C> {
+    /// A device entry for `ch`, online, with tag id `id` and queues sized for
+    /// `total_sops` stripe operations of `chunk`-byte chunks.
+    fn new(ch: C, id: u16, cfg: &ArrayConfig, total_sops: usize, chunk: usize) -> Self {
+        let i = ch.info();
+        let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
+        let queue_depth = i.queue_depth;
+        Member {
+            ch,
+            state: MemberState::Online,
+            // A chunk split at the largest transfer: room for every piece of every
+            // operation (foreground, background, the bitmap owner's batch), in any one
+            // class.
+            queue: MemberQueue::new(
+                cfg.depth,
+                queue_depth,
+                (total_sops + 1) * (chunk / max_transfer as usize + 1),
+                total_sops + 1,
+                MEMBER_BITS,
+            ),
+            max_transfer,
+            counters: MemberCounters::default(),
+            latency: new_latency_histogram(),
+            recovery_stripe: 0,
+            bitmap_recovery: false,
+            id,
+        }
+    }
+}
+
+struct ReqCtx {
+    tag: u64,
+    op: ArrayOp,
+    buf: IoBuf,
+    offset: u64,
+    len: u64,
+    /// Bytes already split into stripe operations.
+    split: u64,
+    /// Stripe operations not yet finished.
+    pending: u32,
+    error: Option<ArrayError>,
+    /// When the shard accepted the request, ns (array clock): the pacer's latency.
+    submit_ns: u64,
+    /// Whether the pacer was told of the request (reads and writes, not flushes).
+    paced: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    DirectRead,
+    DegradedRead,
+    WriteRead(WriteMode),
+    Writing,
+    /// Rewriting ranges that returned unrecovered read errors, after a degraded read.
+    Repair,
+    Flushing,
+    /// Member write-zeroes or discards over a whole stripe.
+    Zeroing,
+    /// A background operation reading every surviving chunk of its stripe whole.
+    BgRead,
+    /// A background operation writing rebuilt chunks or corrected parity.
+    BgWrite,
+    /// A write waiting for its write-intent bits to be durable (no I/O outstanding).
+    BitmapWait,
+    /// An owner's write waiting for foreign reads of its stripe to finish (no I/O
+    /// outstanding; [`crate::shard::StripeGate`]).
+    GateWait,
+}
+
+struct Sop {
+    req: u32,
+    stripe: u64,
+    /// Range within the stripe's logical data, bytes.
+    start: u64,
+    end: u64,
+    /// Where `start` lies in the request's buffer, bytes.
+    buf_off: u64,
+    phase: Phase,
+    outstanding: u32,
+    /// A member I/O of the current phase failed.
+    io_error: bool,
+    /// Parity range of the current write or degraded read.
+    range: ChunkRange,
+    /// Strategy of the current write.
+    mode: WriteMode,
+    /// Members that returned an unrecovered read error in this operation: treated as
+    /// missing for it, and rewritten from redundancy.
+    bad: ArrayVec<u16, 2>,
+    /// Members a degraded phase did without (missing when it started): exactly what the
+    /// rebuild reconstructs. A member failed by another operation after this one read it
+    /// successfully is not among them — its data in our buffers is good.
+    lost: ArrayVec<u16, 2>,
+    /// One chunk buffer per member. Byte `i` of a member's buffer holds byte
+    /// `range.start + i` of its chunk: the parity range sits at the front, so small
+    /// operations keep their working set small and cache-hot whatever their offset.
+    bufs: Vec<AlignedBuf>,
+    /// Member requests outstanding, per device id (for timeouts: whom to fail and abort).
+    per_member: Vec<u16>,
+    /// When the current phase issued its first member request, ns (array clock).
+    issued_ns: u64,
+    /// A member refused a write-zeroes/discard of a `Zeroing` phase as unsupported.
+    unsupported: bool,
+    /// A background stripe operation of this kind (it has no request: `req` is unused).
+    bg: Option<ProcessKind>,
+    /// Its scratch pair (computed P and Q) in `bg_scratch`: `2*bg_slot`, `2*bg_slot + 1`.
+    bg_slot: u8,
+    /// When the background operation was issued, ns (for the pacer).
+    bg_start_ns: u64,
+    /// Write-intent regions this operation counts in flight (empty: none).
+    regions: Range<u64>,
+    /// A read of a stripe another shard owns (a foreign read).
+    foreign: bool,
+    /// What the operation holds in the stripe gate.
+    gate: GateHold,
+}
+
+/// What a stripe operation counts in the [`StripeGate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GateHold {
+    None,
+    /// A foreign read.
+    Read,
+    /// An owner's write.
+    Write,
+}
+
+/// A shard's part of the write-intent bitmap.
+struct IntentShard {
+    shared: Arc<WriteIntent>,
+    /// The owner's state, on the owner shard only.
+    owner: Option<BitmapOwner>,
+    /// Operations in `BitmapWait`, in arrival order.
+    waiting: VecDeque<u32>,
+    /// `generation` when the waiting operations were last checked.
+    seen: u64,
+    /// The owner's batch writes (capacity fixed at attach).
+    writes: Vec<BitmapWrite>,
+    /// Member requests of the owner's batch outstanding, in all and per device id.
+    outstanding: u32,
+    per_member: Vec<u16>,
+    /// Whether this shard reported itself degraded ([`WriteIntent::shard_degraded`]).
+    degraded: bool,
+    /// When the batch was issued (array clock), for command timeouts.
+    issued_ns: u64,
+}
+
+/// One shard's background process.
+struct Proc {
+    kind: ProcessKind,
+    state: ProcessState,
+    walk: ShardWalk,
+    /// Stripes with a background operation issued and not finished.
+    in_flight: ArrayVec<u64, MAX_BACKGROUND_OPS>,
+    /// Lowest stripe whose operation did not complete (the position stays below it).
+    hold: Option<u64>,
+    done: u64,
+    total: u64,
+    mismatch_cnt: u64,
+    targets: ArrayVec<u16, 2>,
+}
+
+impl Proc {
+    /// Lowest own stripe not yet done (see [`ShardProgress::position_stripes`]).
+    fn position(&self, stripes: u64) -> u64 {
+        let mut pos = self.walk.peek().unwrap_or(stripes);
+        for &x in &self.in_flight {
+            pos = pos.min(x);
+        }
+        if let Some(h) = self.hold {
+            pos = pos.min(h);
+        }
+        pos
+    }
+}
+
+/// How long a shard waits before asking the pacer again when it answered
+/// [`Admission::AfterCompletion`] with no background operation in flight (a pacer that
+/// would otherwise never be asked again), ns.
+const BG_RETRY_NS: u64 = 1_000_000;
+
+/// One reactor's view of an array; see the module docs.
+pub struct Array<C: Channel> {
+    geo: ArrayGeometry,
+    data_offset: u64,
+    parity: Parity,
+    members: Vec<Member<C>>,
+    reqs: Vec<Option<ReqCtx>>,
+    free_reqs: Vec<u32>,
+    sops: Vec<Sop>,
+    free_sops: Vec<u32>,
+    /// Stripes with an operation running, shared or exclusive.
+    locked: StripeLocks,
+    /// Scratch for `start_waiting`: stripes with an operation still waiting ahead.
+    held: Vec<u64>,
+    /// Operations waiting for their stripe, in arrival order.
+    waiting: VecDeque<u32>,
+    /// Operations whose phase finished, to advance.
+    ready: VecDeque<u32>,
+    /// Requests not yet fully split (waiting for free stripe operations), in order.
+    backlog: VecDeque<u32>,
+    done: VecDeque<ArrayCompletion>,
+    /// Member completions synthesised for requests a channel refused for good.
+    synthetic: VecDeque<Completion>,
+    scratch: Vec<Completion>,
+    failed_members: u16,
+    zero: AlignedBuf,
+    stats: ArrayStats,
+    /// The executor's clock, ns ([`Array::set_now`]).
+    now: u64,
+    /// The clock value the members' depth controllers were last advanced to.
+    ticked_at: Option<u64>,
+    io_timeout_ns: u64,
+    /// Next time the operations are scanned for timeouts, ns.
+    next_timeout_scan: u64,
+    /// This shard's index among `shards` (stripe `s` is ours when `s % shards == shard`).
+    shard: usize,
+    shards: usize,
+    /// Admits background operations; fed foreground submissions and completions.
+    pacer: Box<dyn Pacer>,
+    /// The background process, if one was started (kept after it ends, for its state).
+    proc: Option<Proc>,
+    /// Scratch for computed P and Q, two chunk buffers per background slot.
+    bg_scratch: Vec<AlignedBuf>,
+    /// Free background slots.
+    bg_free: ArrayVec<u8, MAX_BACKGROUND_OPS>,
+    background_ops: usize,
+    /// Free stripe operations of the background pool (indices after the foreground's).
+    bg_sops: ArrayVec<u32, MAX_BACKGROUND_OPS>,
+    /// The pacer said: not before this time (ns).
+    bg_not_before: u64,
+    /// The pacer said: after a background completion.
+    bg_wait: bool,
+    /// The write-intent bitmap, when the array has one.
+    intent: Option<IntentShard>,
+    /// Shared with the other shards when there are several ([`Array::set_shard`]).
+    gate: Option<Arc<StripeGate>>,
+    /// Owner writes in [`Phase::GateWait`], in arrival order.
+    gate_waiting: VecDeque<u32>,
+    /// Foreign reads handed back for the owner ([`Array::take_moved`]).
+    moved: VecDeque<ArrayRequest>,
+    /// Device entry (index into `members`) of each device id; [`NO_ENTRY`] for an unused
+    /// id. `members` holds the array's members at their slots and, at index `members()`,
+    /// at most one extra device: a live replacement, or a device leaving (a failed
+    /// replacement or a replaced member) until its requests in flight are back.
+    entry_of: Vec<u16>,
+    /// The last replacement started on this shard (kept after it ends, for its state).
+    replace: Option<ReplaceInfo>,
+    /// The bitmap's [`WriteIntent::write_all`] ticket the replacement waits for.
+    replace_bitmap_ticket: u64,
+    /// Replacement failures on this shard (an executor spreads them to the others).
+    replacement_failures: u64,
+    /// The configuration it was built with (for device entries added later).
+    cfg: ArrayConfig,
+}
+
+/// Why an [`Array`] could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ArrayBuildError {
+    /// Channel count differs from the member count.
+    #[error("{got} member channels for a {expected}-member array")]
+    Members {
+        /// Members of the geometry.
+        expected: u16,
+        /// Channels given.
+        got: usize,
+    },
+    /// A pool size of zero.
+    #[error("array pools must hold at least one request and one stripe operation")]
+    EmptyPool,
+    /// More background operations than [`MAX_BACKGROUND_OPS`].
+    #[error("{0} background operations per shard: at most {MAX_BACKGROUND_OPS}")]
+    BackgroundOps(usize),
+    /// A member cannot serve this array.
+    #[error("member {member} ({name}): {why}")]
+    Member {
+        /// Member index.
+        member: usize,
+        /// Device name.
+        name: String,
+        /// What does not fit.
+        why: String,
+    },
+}
+
+impl<C: Channel> Array<C> {
+    /// An array over `channels` (one per member, in member order), all members online.
+    ///
+    /// # Errors
+    /// [`ArrayBuildError`] on a channel count that does not match, an empty pool, or a
+    /// member that cannot serve the geometry: its block size does not divide the array's,
+    /// the data offset is not a multiple of its block size, or it is smaller than the data
+    /// offset plus the data area.
+    pub fn new(
+        geo: ArrayGeometry,
+        channels: Vec<C>,
+        parity: Parity,
+        cfg: ArrayConfig,
+    ) -> Result<Self, ArrayBuildError> {
+        let g = *geo.geometry();
+        if channels.len() != usize::from(g.members()) {
+            return Err(ArrayBuildError::Members {
+                expected: g.members(),
+                got: channels.len(),
+            });
+        }
+        if cfg.requests == 0 || cfg.stripe_ops == 0 {
+            return Err(ArrayBuildError::EmptyPool);
+        }
+        if cfg.background_ops > MAX_BACKGROUND_OPS {
+            return Err(ArrayBuildError::BackgroundOps(cfg.background_ops));
+        }
+        for (member, ch) in channels.iter().enumerate() {
+            let i = ch.info();
+            let bad = |why: String| ArrayBuildError::Member {
+                member,
+                name: i.name.clone(),
+                why,
+            };
+            if i.block_bytes == 0 || !g.block_bytes().is_multiple_of(i.block_bytes) {
+                return Err(bad(format!(
+                    "its {}-byte blocks do not divide the array's {}-byte blocks",
+                    i.block_bytes,
+                    g.block_bytes()
+                )));
+            }
+            if !cfg
+                .data_offset_bytes
+                .is_multiple_of(u64::from(i.block_bytes))
+            {
+                return Err(bad(format!(
+                    "data offset {} is not a multiple of its {}-byte blocks",
+                    cfg.data_offset_bytes, i.block_bytes
+                )));
+            }
+            let need = cfg
+                .data_offset_bytes
+                .saturating_add(geo.member_data_bytes());
+            if i.capacity_bytes < need {
+                return Err(bad(format!(
+                    "{} bytes is less than the data offset plus data area, {need} bytes",
+                    i.capacity_bytes
+                )));
+            }
+            if i.max_transfer_bytes < i.block_bytes {
+                return Err(bad(format!(
+                    "largest transfer {} bytes is below one block",
+                    i.max_transfer_bytes
+                )));
+            }
+        }
+        let chunk = g.chunk_bytes() as usize;
+        let n = channels.len();
+        // Foreground stripe operations, then the background pool: background work never
+        // takes a foreground slot.
+        let total_sops = cfg.stripe_ops + cfg.background_ops;
+        let mut array = Self {
+            geo,
+            data_offset: cfg.data_offset_bytes,
+            parity,
+            members: {
+                // Room for a replacement beside the members, reserved now.
+                let mut v = Vec::with_capacity(n + 1);
+                for (id, ch) in channels.into_iter().enumerate() {
+                    v.push(Member::new(ch, id as u16, &cfg, total_sops, chunk));
+                }
+                v
+            },
+            reqs: (0..cfg.requests).map(|_| None).collect(),
+            free_reqs: (0..cfg.requests as u32).rev().collect(),
+            sops: (0..total_sops)
+                .map(|_| Sop {
+                    req: 0,
+                    stripe: 0,
+                    start: 0,
+                    end: 0,
+                    buf_off: 0,
+                    phase: Phase::Queued,
+                    outstanding: 0,
+                    io_error: false,
+                    range: ChunkRange::default(),
+                    mode: WriteMode::FullStripe,
+                    bad: ArrayVec::new(),
+                    lost: ArrayVec::new(),
+                    bufs: (0..n).map(|_| AlignedBuf::zeroed(chunk)).collect(),
+                    // One per device id: the members and a replacement.
+                    per_member: vec![0; n + 1],
+                    issued_ns: 0,
+                    unsupported: false,
+                    bg: None,
+                    bg_slot: 0,
+                    bg_start_ns: 0,
+                    regions: 0..0,
+                    foreign: false,
+                    gate: GateHold::None,
+                })
+                .collect(),
+            free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
+            locked: StripeLocks::new(total_sops),
+            held: Vec::with_capacity(total_sops),
+            waiting: VecDeque::with_capacity(total_sops),
+            ready: VecDeque::with_capacity(total_sops),
+            backlog: VecDeque::with_capacity(cfg.requests),
+            done: VecDeque::with_capacity(cfg.requests),
+            synthetic: VecDeque::with_capacity(total_sops * n),
+            scratch: vec![Completion::EMPTY; 64],
+            failed_members: 0,
+            zero: AlignedBuf::zeroed(chunk),
+            stats: ArrayStats::default(),
+            now: 0,
+            ticked_at: None,
+            io_timeout_ns: cfg.io_timeout_ns,
+            next_timeout_scan: 0,
+            shard: 0,
+            shards: 1,
+            pacer: Box::new(Unpaced),
+            proc: None,
+            bg_scratch: (0..2 * cfg.background_ops)
+                .map(|_| AlignedBuf::zeroed(chunk))
+                .collect(),
+            bg_free: (0..cfg.background_ops as u8).rev().collect(),
+            background_ops: cfg.background_ops,
+            // The background pool follows the foreground one.
+            bg_sops: (cfg.stripe_ops as u32..total_sops as u32).rev().collect(),
+            bg_not_before: 0,
+            bg_wait: false,
+            intent: None,
+            gate: None,
+            gate_waiting: VecDeque::with_capacity(total_sops),
+            moved: VecDeque::with_capacity(cfg.requests),
+            entry_of: (0..=n as u16)
+                .map(|id| if usize::from(id) < n { id } else { NO_ENTRY })
+                .collect(),
+            replace: None,
+            replace_bitmap_ticket: 0,
+            replacement_failures: 0,
+            cfg,
+        };
+        for m in cfg.failed_members.into_iter().flatten() {
+            if usize::from(m) >= n {
+                return Err(ArrayBuildError::Member {
+                    member: usize::from(m),
+                    name: String::new(),
+                    why: format!("listed as failed but the array has {n} members"),
+                });
+            }
+            array.fail_member(m, IoError::Gone);
+        }
+        for (m, recovery) in cfg.rebuilding.into_iter().flatten() {
+            if usize::from(m) >= n || cfg.failed_members.contains(&Some(m)) {
+                return Err(ArrayBuildError::Member {
+                    member: usize::from(m),
+                    name: String::new(),
+                    why: format!(
+                        "listed as being rebuilt but the array has {n} members or it is listed as failed"
+                    ),
+                });
+            }
+            let mem = &mut array.members[usize::from(m)];
+            if mem.state == MemberState::Online {
+                mem.state = MemberState::Rebuilding;
+                mem.recovery_stripe = recovery.min(geo.stripes());
+                mem.bitmap_recovery = cfg.bitmap_recovery.contains(&Some(m));
+                array.failed_members += 1;
+            }
+        }
+        Ok(array)
+    }
+
+    /// Members of the array (slots), whatever extra device entry exists.
+    fn slots(&self) -> usize {
+        usize::from(self.geo.geometry().members())
+    }
+
+    /// The array's geometry.
+    pub fn geometry(&self) -> &ArrayGeometry {
+        &self.geo
+    }
+
+    /// State of every member, in member order.
+    pub fn member_states(&self) -> impl Iterator<Item = MemberState> + '_ {
+        self.members[..self.slots()].iter().map(|m| m.state)
+    }
+
+    /// The device channels: every member's, and a replacement's or leaving device's (for
+    /// an executor that needs to know when they next complete).
+    pub fn channels(&self) -> impl Iterator<Item = &C> {
+        self.members.iter().map(|m| &m.ch)
+    }
+
+    /// What the array did so far.
+    pub fn stats(&self) -> ArrayStats {
+        self.stats
+    }
+
+    /// What this shard sent to member `m` so far.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_counters(&self, m: u16) -> MemberCounters {
+        self.members[usize::from(m)].counters
+    }
+
+    /// Completion latency of this shard's requests to member `m`, ns.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_latency(&self, m: u16) -> &hdrhistogram::Histogram<u64> {
+        &self.members[usize::from(m)].latency
+    }
+
+    /// The last replacement started on this shard, if any: its member, serial and state
+    /// ([`Array::start_replace`]).
+    pub fn replacement(&self) -> Option<ReplaceInfo> {
+        self.replace
+    }
+
+    /// What this shard sent to the live replacement device, with its latency histogram
+    /// (ns); `None` without a live replacement.
+    pub fn replacement_io(&self) -> Option<(MemberCounters, &hdrhistogram::Histogram<u64>)> {
+        let e = self.replacement_entry()?;
+        let m = &self.members[usize::from(e)];
+        Some((m.counters, &m.latency))
+    }
+
+    /// Replacement devices this shard has seen fail (an executor spreads each failure to
+    /// the other shards with [`Array::fail_replacement`]).
+    pub fn replacement_failures(&self) -> u64 {
+        self.replacement_failures
+    }
+
+    /// The depth controller's state for member `m` on this shard.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_qos(&self, m: u16) -> QosState {
+        self.members[usize::from(m)].queue.state()
+    }
+
+    /// Requests of `class` this shard has in member `m`'s device now.
+    ///
+    /// # Panics
+    /// If `m` is not a member index.
+    pub fn member_in_device(&self, m: u16, class: IoClass) -> u32 {
+        self.members[usize::from(m)].queue.in_device(class)
+    }
+
+    /// Sets the array's clock (ns, monotonic, any epoch): what command timeouts are
+    /// measured on. A reactor passes real time, a virtual-time executor its virtual clock.
+    /// Never set: timeouts never fire.
+    pub fn set_now(&mut self, now_ns: u64) {
+        debug_assert!(now_ns >= self.now, "the array clock went backwards");
+        self.now = self.now.max(now_ns);
+    }
+
+    /// The earliest time (array clock, ns) at which a command timeout can fire, if any
+    /// member request is outstanding and timeouts are on: a virtual-time executor advances
+    /// its clock no further than this while waiting for completions.
+    ///
+    /// Also the time a background process waits for its pacer ([`Admission::NotBefore`]),
+    /// so an executor wakes for it.
+    pub fn next_deadline_ns(&self) -> Option<u64> {
+        let pacer = self
+            .proc
+            .as_ref()
+            .filter(|p| p.state == ProcessState::Running && self.bg_not_before > self.now)
+            .map(|_| self.bg_not_before);
+        let daemon = self
+            .intent
+            .as_ref()
+            .and_then(|i| i.owner.as_ref())
+            .and_then(BitmapOwner::next_deadline_ns);
+        let own = pacer.into_iter().chain(daemon).min();
+        if self.io_timeout_ns == 0 {
+            return own;
+        }
+        // The owner's bitmap batch times out like a stripe operation's requests.
+        let batch = self
+            .intent
+            .as_ref()
+            .filter(|i| i.outstanding > 0)
+            .map(|i| i.issued_ns.saturating_add(self.io_timeout_ns));
+        self.sops
+            .iter()
+            .filter(|s| s.outstanding > 0)
+            .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
+            .chain(own)
+            .chain(batch)
+            .min()
+    }
+
+    /// Whether any request is still in progress (or, on the bitmap owner, a bitmap write).
+    pub fn busy(&self) -> bool {
+        self.free_reqs.len() != self.reqs.len()
+            || !self.moved.is_empty()
+            || self
+                .intent
+                .as_ref()
+                .and_then(|i| i.owner.as_ref())
+                .is_some_and(BitmapOwner::busy)
+    }
+
+    /// Accepts a request. Malformed requests complete at once with
+    /// [`ArrayError::Invalid`] (returned by `poll`), never panic.
+    ///
+    /// # Errors
+    /// [`ArrayError::QueueFull`] when the request pool is exhausted: poll, then retry.
+    pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        let Some(idx) = self.free_reqs.pop() else {
+            return Err(ArrayError::QueueFull);
+        };
+        let mut invalid = self.validate(&r).err();
+        if invalid.is_none() && r.op != ArrayOp::Flush && !self.may_serve(&r) {
+            invalid = Some(ArrayError::Invalid(
+                "a request for a stripe another reactor owns must be a read within one stripe",
+            ));
+        }
+        let paced = invalid.is_none() && r.op != ArrayOp::Flush;
+        if paced {
+            self.pacer.foreground_submitted(self.now);
+        }
+        self.reqs[idx as usize] = Some(ReqCtx {
+            tag: r.tag,
+            op: r.op,
+            buf: r.buf,
+            offset: r.offset_bytes,
+            len: u64::from(r.len_bytes),
+            split: 0,
+            pending: 0,
+            error: invalid,
+            submit_ns: self.now,
+            paced,
+        });
+        if invalid.is_some() {
+            self.finish_req(idx);
+        } else if r.op == ArrayOp::Flush {
+            self.start_flush(idx);
+        } else {
+            self.backlog.push_back(idx);
+        }
+        Ok(())
+    }
+
+    /// Whether this shard may serve `r` (validated): its own stripes always; a stripe
+    /// another shard owns only as a foreign read — a read within that one stripe, with
+    /// the stripe gate attached ([`Array::set_gate`]).
+    fn may_serve(&self, r: &ArrayRequest) -> bool {
+        if self.shards == 1 {
+            return true;
+        }
+        let (first, within) = self.geo.stripe_of(r.offset_bytes);
+        if owner(first, self.shards) == self.shard {
+            return true;
+        }
+        let single = within + u64::from(r.len_bytes) <= self.geo.geometry().stripe_data_bytes();
+        r.op == ArrayOp::Read && single && self.gate.is_some()
+    }
+
+    /// Checks a request against the array: buffer length and alignment, block alignment,
+    /// range.
+    ///
+    /// # Errors
+    /// [`ArrayError::Invalid`] naming the problem.
+    pub fn validate(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
+        if r.op == ArrayOp::Flush {
+            return if r.len_bytes == 0 {
+                Ok(())
+            } else {
+                Err(ArrayError::Invalid("flush carries no range"))
+            };
+        }
+        if r.len_bytes == 0 {
+            return Err(ArrayError::Invalid("zero-length request"));
+        }
+        if r.op.has_buffer() {
+            if r.buf.len() != r.len_bytes {
+                return Err(ArrayError::Invalid(
+                    "buffer length differs from request length",
+                ));
+            }
+            if !(r.buf.as_ptr() as usize).is_multiple_of(crate::parity::ALIGN) {
+                return Err(ArrayError::Invalid("buffer not 64-byte aligned"));
+            }
+        } else if !r.buf.is_empty() {
+            return Err(ArrayError::Invalid(
+                "write-zeroes and discard carry no buffer",
+            ));
+        }
+        self.geo
+            .map_range(r.offset_bytes, u64::from(r.len_bytes))
+            .map(|_| ())
+            .map_err(|e| match e {
+                crate::geometry::GeometryError::Misaligned { .. } => {
+                    ArrayError::Invalid("offset or length not a multiple of the block size")
+                }
+                _ => ArrayError::Invalid("request beyond the end of the array"),
+            })
+    }
+
+    /// Runs the state machines: resubmits, reaps member completions, advances stripe
+    /// operations, starts waiting ones, and kicks the channels. Returns whether anything
+    /// happened (an executor idles when it returns false).
+    pub fn process(&mut self) -> bool {
+        let mut progress = false;
+        self.tick_members();
+        loop {
+            let mut round = false;
+            round |= self.check_timeouts();
+            round |= self.resubmit();
+            round |= self.reap();
+            round |= self.bitmap_work();
+            round |= self.gate_work();
+            while let Some(s) = self.ready.pop_front() {
+                self.advance(s);
+                round = true;
+            }
+            round |= self.split_backlog();
+            round |= self.issue_background();
+            round |= self.start_waiting();
+            if self.members.len() > self.slots() {
+                round |= self.drop_leaving_device();
+            }
+            for m in &mut self.members {
+                m.ch.kick();
+            }
+            if !round {
+                break;
+            }
+            progress = true;
+        }
+        progress
+    }
+
+    /// Moves up to `out.len()` finished requests into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut [ArrayCompletion]) -> usize {
+        let n = self.done.len().min(out.len());
+        for (o, c) in out.iter_mut().zip(self.done.drain(..n)) {
+            *o = c;
+        }
+        n
+    }
+
+    fn advance(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let sop = &self.sops[s as usize];
+        let failed = sop.io_error;
+        match sop.phase {
+            Phase::Queued => unreachable!("queued operations have no I/O"),
+            // A read failed: the member is failed (or marked bad for this operation), and
+            // the survivors are read again without it.
+            Phase::BgRead if failed => self.start_bg(s),
+            Phase::BgRead => self.bg_compute(s),
+            // A rebuild whose every target failed (its write, or another operation's) did
+            // not rebuild this stripe.
+            Phase::BgWrite => {
+                let status = self.rebuild_target_left();
+                self.finish_bg(s, status)
+            }
+            Phase::BitmapWait => unreachable!("operations waiting for their bits have no I/O"),
+            Phase::GateWait => unreachable!("operations waiting for the gate have no I/O"),
+            Phase::Flushing => {
+                let ri = sop.req;
+                self.free_sops.push(s);
+                let req = self.reqs[ri as usize].as_mut().expect("live request");
+                if self.failed_members > g.parity_chunks() {
+                    req.error.get_or_insert(ArrayError::Failed);
+                }
+                req.pending = 0;
+                self.finish_req(ri);
+            }
+            // A foreign read goes on from redundancy under the gate (the owner writes
+            // nothing meanwhile), unless a member is now being rebuilt.
+            Phase::DirectRead | Phase::DegradedRead
+                if failed && sop.foreign && self.rebuilding() =>
+            {
+                self.move_sop(s)
+            }
+            Phase::DirectRead if failed => self.start_degraded(s, Phase::DegradedRead),
+            Phase::DirectRead => {
+                self.stats.direct_reads += 1;
+                self.finish_sop(s, Ok(()))
+            }
+            Phase::DegradedRead if failed => self.start_degraded(s, Phase::DegradedRead),
+            Phase::DegradedRead => self.finish_degraded_read(s),
+            // The read was served from redundancy; a failed rewrite failed the member.
+            Phase::Repair => self.finish_sop(s, Ok(())),
+            Phase::WriteRead(_) if failed => self.start_write(s),
+            Phase::WriteRead(mode) => self.write_out(s, mode),
+            Phase::Zeroing if sop.unsupported => {
+                // Some member could not zero natively: write the whole stripe from the zero
+                // buffer (data and parity), which needs no reads.
+                self.sops[s as usize].unsupported = false;
+                self.sops[s as usize].range = ChunkRange {
+                    start: 0,
+                    end: g.chunk_bytes(),
+                };
+                self.write_out(s, WriteMode::FullStripe)
+            }
+            Phase::Zeroing => {
+                let st = self.geo.stripe(sop.stripe);
+                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+                let status = if lost > usize::from(g.parity_chunks()) {
+                    Err(ArrayError::Unrecoverable {
+                        stripe: st.stripe(),
+                    })
+                } else {
+                    Ok(())
+                };
+                self.finish_sop(s, status)
+            }
+            Phase::Writing => {
+                let st = self.geo.stripe(sop.stripe);
+                match sop.mode {
+                    WriteMode::FullStripe => self.stats.full_stripe_writes += 1,
+                    WriteMode::Rmw => self.stats.rmw_writes += 1,
+                    WriteMode::Rcw => self.stats.rcw_writes += 1,
+                    WriteMode::Degraded => self.stats.degraded_writes += 1,
+                }
+                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+                let status = if lost > usize::from(g.parity_chunks()) {
+                    Err(ArrayError::Unrecoverable {
+                        stripe: st.stripe(),
+                    })
+                } else {
+                    Ok(())
+                };
+                self.finish_sop(s, status)
+            }
+        }
+    }
+}
+
+mod background;
+mod bitmap;
+mod degraded;
+mod io;
+mod locks;
+mod members;
+mod ops;
+mod read;
+mod write;
+
+#[cfg(test)]
+mod bitmap_tests;
+#[cfg(test)]
+mod tests;

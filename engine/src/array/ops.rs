@@ -1,0 +1,344 @@
+//! Request and stripe-operation lifecycle: splitting requests, ordering and starting
+//! operations on their stripes, the stripe gate, finishing operations and requests,
+//! flushes.
+
+use crate::device::Channel;
+use crate::process::ProcessError;
+use crate::shard::owner;
+use crate::stripe::StripeWrite;
+
+use super::{
+    Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest, GateHold, MemberState, Phase,
+    ReplaceState,
+};
+
+impl<C: Channel> Array<C> {
+    // ---- request and operation lifecycle -------------------------------------------------
+
+    pub(super) fn split_backlog(&mut self) -> bool {
+        let mut any = false;
+        let stripe_bytes = self.geo.geometry().stripe_data_bytes();
+        while let Some(&ri) = self.backlog.front() {
+            let Some(s) = self.free_sops.last().copied() else {
+                break;
+            };
+            if self.reqs[ri as usize]
+                .as_ref()
+                .expect("backlogged request")
+                .op
+                == ArrayOp::Flush
+            {
+                self.backlog.pop_front();
+                self.start_flush(ri);
+                any = true;
+                continue;
+            }
+            let req = self.reqs[ri as usize].as_mut().expect("backlogged request");
+            let (stripe, start) = self.geo.stripe_of(req.offset + req.split);
+            let end = (start + (req.len - req.split)).min(stripe_bytes);
+            let buf_off = req.split;
+            req.split += end - start;
+            req.pending += 1;
+            let fully = req.split == req.len;
+            self.free_sops.pop();
+            let sop = &mut self.sops[s as usize];
+            sop.req = ri;
+            sop.stripe = stripe;
+            sop.start = start;
+            sop.end = end;
+            sop.buf_off = buf_off;
+            sop.phase = Phase::Queued;
+            sop.outstanding = 0;
+            sop.io_error = false;
+            sop.unsupported = false;
+            sop.bad.clear();
+            sop.regions = 0..0;
+            sop.foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
+            sop.gate = GateHold::None;
+            if fully {
+                self.backlog.pop_front();
+            }
+            any = true;
+            let read = self.reqs[ri as usize].as_ref().expect("live").op == ArrayOp::Read;
+            if read && self.waiting.is_empty() && !self.locked.conflicts(stripe, false) {
+                self.locked.take(stripe, s, false);
+                self.start_sop(s);
+            } else {
+                self.waiting.push_back(s);
+            }
+        }
+        any
+    }
+
+    /// Starts every waiting operation its stripe admits, oldest first: a write when
+    /// nothing runs on the stripe, a read when only reads run there; and never one with an
+    /// older operation of its stripe still waiting (per-stripe FIFO, see the module docs).
+    pub(super) fn start_waiting(&mut self) -> bool {
+        let mut started = false;
+        let mut i = 0;
+        self.held.clear();
+        while i < self.waiting.len() {
+            let s = self.waiting[i];
+            let stripe = self.sops[s as usize].stripe;
+            // A background operation waits for its stripe like a write (below: reads may
+            // then join it).
+            let writes = self.sops[s as usize].bg.is_some()
+                || self.reqs[self.sops[s as usize].req as usize]
+                    .as_ref()
+                    .expect("live request")
+                    .op
+                    .is_write();
+            let blocked = self.held.contains(&stripe) || self.locked.conflicts(stripe, writes);
+            if blocked {
+                if !self.held.contains(&stripe) {
+                    // Bounded by the waiting operations, which the capacity covers.
+                    self.held.push(stripe);
+                }
+                i += 1;
+                continue;
+            }
+            self.waiting.remove(i);
+            // A background operation waits for the stripe like a write and excludes writes
+            // while it runs, but lets reads run beside it: it writes only parity (resync,
+            // repair) or a member being rebuilt, which a read of this stripe (above the
+            // recovery position) does not read; md likewise serves aligned reads past a
+            // resync (`raid5_read_one_chunk`). Foreground reads therefore never wait for a
+            // whole background stripe operation (docs/PACING.md).
+            let excl = writes && self.sops[s as usize].bg.is_none();
+            self.locked.take(stripe, s, excl);
+            started = true;
+            if excl {
+                if let Some(gate) = &self.gate {
+                    // Foreign reads of the stripe from now on go to us; those in flight
+                    // must finish before any member is written.
+                    self.sops[s as usize].gate = GateHold::Write;
+                    if !gate.begin_write(stripe) {
+                        self.sops[s as usize].phase = Phase::GateWait;
+                        self.gate_waiting.push_back(s);
+                        self.stats.gate_waits += 1;
+                        continue;
+                    }
+                }
+            }
+            self.start_sop(s);
+        }
+        started
+    }
+
+    fn start_sop(&mut self, s: u32) {
+        if self.sops[s as usize].bg.is_some() {
+            if self.array_failed() {
+                return self.finish_bg(s, Err(ProcessError::ArrayFailed));
+            }
+            return self.start_bg(s);
+        }
+        if self.array_failed() {
+            return self.finish_sop(s, Err(ArrayError::Failed));
+        }
+        if self.sops[s as usize].foreign {
+            // Only the owner knows how far its stripes are rebuilt; while this shard still
+            // copies a replacement, an owner that has already swapped it in writes only the
+            // new device (this shard would read the old one); and a write holding the
+            // stripe goes first: in each case the owner serves the read.
+            let stripe = self.sops[s as usize].stripe;
+            let copying = self
+                .replace
+                .is_some_and(|r| r.state == ReplaceState::Copying);
+            let gate = self.gate.as_ref().expect("foreign reads only with a gate");
+            if self.rebuilding() || copying || !gate.try_read(stripe) {
+                return self.move_sop(s);
+            }
+            self.sops[s as usize].gate = GateHold::Read;
+            let members = &self.members;
+            if gate.lagging(|m| members[usize::from(m)].state.is_failed()) {
+                return self.move_sop(s);
+            }
+            self.stats.foreign_reads += 1;
+            return self.dispatch_sop(s);
+        }
+        if self.bitmap_gate(s) {
+            return;
+        }
+        self.dispatch_sop(s);
+    }
+
+    /// Whether a member is being rebuilt.
+    pub(super) fn rebuilding(&self) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.state == MemberState::Rebuilding)
+    }
+
+    /// Starts the owner writes waiting in [`Phase::GateWait`] whose stripes no foreign read
+    /// holds any more.
+    pub(super) fn gate_work(&mut self) -> bool {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.gate_waiting.len() {
+            let s = self.gate_waiting[i];
+            let stripe = self.sops[s as usize].stripe;
+            let clear = self.gate.as_ref().is_some_and(|g| g.readers_clear(stripe));
+            if clear {
+                self.gate_waiting.remove(i);
+                self.sops[s as usize].phase = Phase::Queued;
+                self.start_sop(s);
+                any = true;
+            } else {
+                i += 1;
+            }
+        }
+        any
+    }
+
+    /// Releases what operation `s` holds in the stripe gate.
+    fn release_gate(&mut self, s: u32) {
+        let sop = &mut self.sops[s as usize];
+        let hold = std::mem::replace(&mut sop.gate, GateHold::None);
+        let Some(gate) = &self.gate else {
+            debug_assert_eq!(hold, GateHold::None);
+            return;
+        };
+        match hold {
+            GateHold::None => {}
+            GateHold::Read => gate.end_read(sop.stripe),
+            GateHold::Write => gate.end_write(sop.stripe),
+        }
+    }
+
+    /// Hands foreign read `s` (its request's only operation, with no I/O outstanding) to
+    /// the stripe's owner: the request leaves this shard unfinished and is given back by
+    /// [`Array::take_moved`].
+    pub(super) fn move_sop(&mut self, s: u32) {
+        debug_assert!(self.sops[s as usize].foreign);
+        debug_assert_eq!(self.sops[s as usize].outstanding, 0);
+        self.release_gate(s);
+        self.locked.release(s);
+        let ri = self.sops[s as usize].req;
+        self.free_sops.push(s);
+        let req = self.reqs[ri as usize].take().expect("live request");
+        debug_assert!(req.pending == 1 && req.split == req.len);
+        if req.paced {
+            self.pacer.foreground_done(
+                self.now,
+                self.now.saturating_sub(req.submit_ns),
+                req.len,
+                true,
+            );
+        }
+        self.moved.push_back(ArrayRequest {
+            tag: req.tag,
+            op: req.op,
+            offset_bytes: req.offset,
+            // A foreign request lies within one stripe (checked at submit).
+            len_bytes: req.len as u32,
+            buf: req.buf,
+        });
+        self.free_reqs.push(ri);
+        self.stats.moved_reads += 1;
+    }
+
+    /// Starts operation `s`'s first phase (its stripe is held, its bits durable).
+    pub(super) fn dispatch_sop(&mut self, s: u32) {
+        let req = self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .expect("live request");
+        match req.op {
+            ArrayOp::Read => self.start_read(s),
+            ArrayOp::Write { .. } => self.start_write(s),
+            ArrayOp::WriteZeroes { fua } => self.start_zeroes(s, fua),
+            ArrayOp::Discard => self.start_discard(s),
+            ArrayOp::Flush => unreachable!("flushes are not stripe operations"),
+        }
+    }
+
+    pub(super) fn finish_sop(&mut self, s: u32, status: Result<(), ArrayError>) {
+        let regions = std::mem::replace(&mut self.sops[s as usize].regions, 0..0);
+        if !regions.is_empty() {
+            let i = self
+                .intent
+                .as_ref()
+                .expect("regions are counted only with a bitmap");
+            i.shared.end_write(regions);
+        }
+        self.release_gate(s);
+        let sop = &self.sops[s as usize];
+        debug_assert_eq!(sop.outstanding, 0);
+        self.locked.release(s);
+        let ri = sop.req;
+        self.free_sops.push(s);
+        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        if let Err(e) = status {
+            req.error.get_or_insert(e);
+        }
+        req.pending -= 1;
+        if req.pending == 0 && req.split == req.len {
+            self.finish_req(ri);
+        }
+    }
+
+    pub(super) fn finish_req(&mut self, ri: u32) {
+        let req = self.reqs[ri as usize].take().expect("live request");
+        if req.paced {
+            self.pacer.foreground_done(
+                self.now,
+                self.now.saturating_sub(req.submit_ns),
+                req.len,
+                req.op == ArrayOp::Read,
+            );
+        }
+        self.done.push_back(ArrayCompletion {
+            tag: req.tag,
+            status: req.error.map_or(Ok(()), Err),
+        });
+        self.free_reqs.push(ri);
+    }
+
+    pub(super) fn start_flush(&mut self, ri: u32) {
+        let Some(s) = self.free_sops.pop() else {
+            // No operation free: wait in the backlog, in order with the other requests.
+            self.backlog.push_back(ri);
+            return;
+        };
+        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        req.pending = 1;
+        let sop = &mut self.sops[s as usize];
+        sop.req = ri;
+        sop.regions = 0..0;
+        sop.phase = Phase::Flushing;
+        sop.outstanding = 0;
+        sop.io_error = false;
+        for m in 0..self.members.len() as u16 {
+            if !self.is_failed(m) {
+                self.io_flush(s, m);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Pointer to stripe-data byte `x` of operation `s` in the caller's buffer.
+    pub(super) fn client_ptr(&self, s: u32, x: u64) -> *mut u8 {
+        let sop = &self.sops[s as usize];
+        let req = self.reqs[sop.req as usize].as_ref().expect("live request");
+        debug_assert!(sop.start <= x && x <= sop.end);
+        if !req.op.has_buffer() {
+            // Write-zeroes (or a discard rewritten as zeroes) takes its data from the
+            // chunk-sized zero buffer: stripe byte x lies at x % chunk in its chunk, and
+            // every range the engine reads from here stays inside that chunk. Only ever
+            // read through this pointer.
+            let c = u64::from(self.geo.geometry().chunk_bytes());
+            return self.zero.as_ptr().wrapping_add((x % c) as usize).cast_mut();
+        }
+        // In bounds: buf_off + (x - start) <= request length = buffer length.
+        req.buf
+            .as_ptr()
+            .wrapping_add((sop.buf_off + x - sop.start) as usize)
+    }
+
+    pub(super) fn footprint(&self, s: u32) -> StripeWrite {
+        let g = self.geo.geometry();
+        let sop = &self.sops[s as usize];
+        StripeWrite::from_range(g.data_chunks(), g.chunk_bytes(), sop.start, sop.end)
+    }
+}

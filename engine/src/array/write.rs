@@ -1,0 +1,310 @@
+//! Writes (full-stripe, RMW, RCW, degraded) and parity generation; write-zeroes and
+//! discard.
+
+use arrayvec::ArrayVec;
+
+use crate::device::{Channel, Op};
+use crate::geometry::Role;
+use crate::parity::MAX_DATA_CHUNKS;
+use crate::stripe::{plan_write, ChunkRange, WriteMode};
+
+use super::{Array, Phase};
+
+impl<C: Channel> Array<C> {
+    // ---- write-zeroes and discard ---------------------------------------------------------
+
+    /// Whether every surviving member supports `op` natively (`WriteZeroes` or a `Discard`
+    /// that leaves zeroes).
+    fn members_support(&self, op: Op) -> bool {
+        self.members.iter().all(|m| {
+            m.state.is_failed()
+                || match op {
+                    Op::WriteZeroes => m.ch.info().write_zeroes,
+                    _ => m.ch.info().discard,
+                }
+        })
+    }
+
+    /// Zeroes a whole stripe on every surviving member with `op` (data and parity: the P
+    /// and Q of all-zero data are zero, so the stripe stays consistent).
+    fn zero_stripe(&mut self, s: u32, op: Op) {
+        let g = *self.geo.geometry();
+        self.sops[s as usize].phase = Phase::Zeroing;
+        self.sops[s as usize].io_error = false;
+        self.sops[s as usize].unsupported = false;
+        for m in 0..g.members() {
+            if !self.is_failed(m) {
+                self.io_nodata(s, m, op);
+            } else if let Some(r) = self.replacement_of(m) {
+                self.io_nodata_dev(s, r, op);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// Write-zeroes of one stripe piece: a whole stripe without FUA goes to the members
+    /// as write-zeroes; anything else is an ordinary write whose data is the zero buffer
+    /// (RMW/RCW keep parity right; FUA writes are durable on completion).
+    pub(super) fn start_zeroes(&mut self, s: u32, fua: bool) {
+        if !fua && self.footprint(s).is_full_stripe() && self.members_support(Op::WriteZeroes) {
+            self.stats.zeroed_stripes += 1;
+            self.zero_stripe(s, Op::WriteZeroes)
+        } else {
+            self.start_write(s)
+        }
+    }
+
+    /// Discard of one stripe piece: a whole stripe is deallocated on every member when all
+    /// promise zeroes afterwards (parity of zeroes is zero); partial stripes, and arrays
+    /// whose members make no such promise, are left alone (discard is advisory; md's
+    /// raid456 likewise discards only whole stripes).
+    pub(super) fn start_discard(&mut self, s: u32) {
+        if self.footprint(s).is_full_stripe() && self.members_support(Op::Discard) {
+            self.stats.discarded_stripes += 1;
+            self.zero_stripe(s, Op::Discard)
+        } else {
+            self.stats.discards_skipped += 1;
+            self.finish_sop(s, Ok(()))
+        }
+    }
+
+    // ---- writes ----------------------------------------------------------------------------
+
+    pub(super) fn start_write(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let plan = plan_write(&w, &st, |m| self.missing(s, m));
+        let r = plan.range;
+        self.sops[s as usize].range = r;
+        self.sops[s as usize].io_error = false;
+        match plan.mode {
+            WriteMode::FullStripe => self.write_out(s, WriteMode::FullStripe),
+            WriteMode::Degraded => self.start_degraded(s, Phase::WriteRead(WriteMode::Degraded)),
+            mode @ (WriteMode::Rmw | WriteMode::Rcw) => {
+                self.sops[s as usize].phase = Phase::WriteRead(mode);
+                for k in 0..g.data_chunks() {
+                    let written = w.written(k);
+                    let read = match mode {
+                        WriteMode::Rmw => written.is_some(),
+                        _ => !written.is_some_and(|x| x.contains(&r)),
+                    };
+                    if read {
+                        let m = st.data_member(k);
+                        let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+                        self.io(s, m, Op::Read, r.start, r.len(), ptr);
+                    }
+                }
+                if mode == WriteMode::Rmw {
+                    for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
+                        let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+                        self.io(s, m, Op::Read, r.start, r.len(), ptr);
+                    }
+                }
+                if self.sops[s as usize].outstanding == 0 {
+                    self.ready.push_back(s);
+                }
+            }
+        }
+    }
+
+    /// Computes the new parity for `mode` from what the read phase left in the buffers and
+    /// the caller's data, then issues the data and parity writes.
+    pub(super) fn write_out(&mut self, s: u32, mode: WriteMode) {
+        let g = *self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let r = self.sops[s as usize].range;
+        let c = u64::from(g.chunk_bytes());
+        let nd = g.data_chunks();
+        // Buffer positions: the parity range starts at byte 0 of each member buffer.
+        let base = r.start;
+        let (ri, rl) = (0usize, r.len() as usize);
+        let fua = self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .expect("live")
+            .op
+            .fua();
+
+        // Pointers to the caller's data of each touched chunk, at the start of its range.
+        let client =
+            |this: &Self, k: u16, from: u32| this.client_ptr(s, u64::from(k) * c + u64::from(from));
+
+        match mode {
+            WriteMode::FullStripe | WriteMode::Rcw => {
+                // Overlay partial new data onto the chunks read (RCW), then regenerate P/Q
+                // from the complete new data over R.
+                let mut srcs: ArrayVec<*const u8, MAX_DATA_CHUNKS> = ArrayVec::new();
+                for _ in 0..nd {
+                    srcs.push(std::ptr::null());
+                }
+                for k in 0..nd {
+                    let m = usize::from(st.data_member(k));
+                    let slot = usize::from(st.q_slot(k));
+                    match w.written(k) {
+                        Some(x) if x.contains(&r) => {
+                            srcs[slot] = client(self, k, r.start) as *const u8
+                        }
+                        written => {
+                            if let Some(x) = written {
+                                let src = client(self, k, x.start);
+                                let dst = self.sops[s as usize].bufs[m]
+                                    .as_mut_ptr()
+                                    .wrapping_add((x.start - base) as usize);
+                                // SAFETY: src is the caller's range for chunk k (lent); dst our buffer.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(src, dst, x.len() as usize)
+                                };
+                            }
+                            srcs[slot] = self.sops[s as usize].bufs[m].as_ptr().wrapping_add(ri);
+                        }
+                    }
+                }
+                self.gen_parity_from(s, &st, &srcs, r);
+            }
+            WriteMode::Rmw => {
+                // P ⊕= Σ (old ⊕ new), Q ⊕= Σ g^slot·(old ⊕ new) over R, in one kernel pass.
+                // A chunk written over all of R (every single-chunk write) gives the kernel
+                // its old data and the caller's new data as they are. A chunk written over
+                // part of R has its old data turned into Δ = old ⊕ new in place (zero where
+                // not written), given to the kernel against zeroes.
+                let mut direct: ArrayVec<Option<*const u8>, MAX_DATA_CHUNKS> = ArrayVec::new();
+                for k in 0..nd {
+                    direct.push(None);
+                    if let Some(x) = w.written(k) {
+                        let src = client(self, k, x.start);
+                        if x == r {
+                            direct[usize::from(k)] = Some(src);
+                            continue;
+                        }
+                        let m = usize::from(st.data_member(k));
+                        let buf = &mut self.sops[s as usize].bufs[m];
+                        let (xs, xe) = ((x.start - base) as usize, (x.end - base) as usize);
+                        buf[ri..xs].fill(0);
+                        buf[xe..rl].fill(0);
+                        // SAFETY: src is the caller's range for chunk k, x.len() bytes (lent).
+                        let new = unsafe { std::slice::from_raw_parts(src, x.len() as usize) };
+                        for (b, n) in buf[xs..xe].iter_mut().zip(new) {
+                            *b ^= n;
+                        }
+                    }
+                }
+                let sop = &mut self.sops[s as usize];
+                let zero = &self.zero[ri..rl];
+                let mut deltas: ArrayVec<crate::parity::Delta<'_>, MAX_DATA_CHUNKS> =
+                    ArrayVec::new();
+                let mut p_buf: Option<&mut [u8]> = None;
+                let mut q_buf: Option<&mut [u8]> = None;
+                for (m, b) in sop.bufs.iter_mut().enumerate() {
+                    match st.role(m as u16) {
+                        Role::P => p_buf = Some(&mut b[ri..rl]),
+                        Role::Q => q_buf = Some(&mut b[ri..rl]),
+                        Role::Data { index, slot } => match direct[usize::from(index)] {
+                            Some(src) => deltas.push(crate::parity::Delta {
+                                slot: slot as u8,
+                                old: &b[ri..rl],
+                                // SAFETY: the caller's range for this chunk, which is all of
+                                // R: rl − ri bytes (lent for the request's life).
+                                new: unsafe { std::slice::from_raw_parts(src, rl - ri) },
+                            }),
+                            None if w.written(index).is_some() => {
+                                deltas.push(crate::parity::Delta {
+                                    slot: slot as u8,
+                                    old: zero,
+                                    new: &b[ri..rl],
+                                });
+                            }
+                            None => {}
+                        },
+                    }
+                }
+                let p = p_buf.expect("stripe has P");
+                match q_buf {
+                    Some(q) => self.parity.update_pq(&deltas, p, q),
+                    None => self.parity.update_p(&deltas, p),
+                }
+            }
+            WriteMode::Degraded => {
+                if let Err(e) = self.rebuild_in_buffers(s) {
+                    return self.finish_sop(s, Err(e));
+                }
+                let mut srcs: ArrayVec<*const u8, MAX_DATA_CHUNKS> = ArrayVec::new();
+                for _ in 0..nd {
+                    srcs.push(std::ptr::null());
+                }
+                for k in 0..nd {
+                    let m = usize::from(st.data_member(k));
+                    if let Some(x) = w.written(k) {
+                        let src = client(self, k, x.start);
+                        let dst = self.sops[s as usize].bufs[m]
+                            .as_mut_ptr()
+                            .wrapping_add((x.start - base) as usize);
+                        // SAFETY: src is the caller's range for chunk k (lent); dst our buffer.
+                        unsafe { std::ptr::copy_nonoverlapping(src, dst, x.len() as usize) };
+                    }
+                    srcs[usize::from(st.q_slot(k))] =
+                        self.sops[s as usize].bufs[m].as_ptr().wrapping_add(ri);
+                }
+                self.gen_parity_from(s, &st, &srcs, r);
+            }
+        }
+
+        // Issue the writes: touched data chunks from the caller's buffer, then P/Q over R.
+        self.sops[s as usize].phase = Phase::Writing;
+        self.sops[s as usize].mode = mode;
+        self.sops[s as usize].io_error = false;
+        for k in 0..nd {
+            let m = st.data_member(k);
+            if let Some(x) = w.written(k) {
+                let ptr = client(self, k, x.start);
+                self.io_write(s, m, Op::Write { fua }, x.start, x.len(), ptr);
+            }
+        }
+        for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
+            let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                .as_mut_ptr()
+                .wrapping_add(ri);
+            self.io_write(s, m, Op::Write { fua }, r.start, r.len(), ptr);
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// P (and Q) over `r` from data pointers in slot order, into the P/Q members' buffers.
+    fn gen_parity_from(
+        &mut self,
+        s: u32,
+        st: &crate::geometry::StripeLayout,
+        srcs: &[*const u8],
+        r: ChunkRange,
+    ) {
+        let len = r.len() as usize;
+        let mut data: ArrayVec<&[u8], MAX_DATA_CHUNKS> = ArrayVec::new();
+        for &p in srcs {
+            // SAFETY: each pointer is either the caller's buffer range for a fully written
+            // chunk (lent, len bytes from R's start lie inside the written range) or one of
+            // this operation's chunk buffers at its start, where R begins (len <= chunk).
+            data.push(unsafe { std::slice::from_raw_parts(p, len) });
+        }
+        let sop = &mut self.sops[s as usize];
+        let (ri, rl) = (0usize, r.len() as usize);
+        let pm = usize::from(st.p_member());
+        match st.q_member() {
+            Some(qm) => {
+                let qm = usize::from(qm);
+                let (a, b) = if pm < qm {
+                    let (lo, hi) = sop.bufs.split_at_mut(qm);
+                    (&mut lo[pm], &mut hi[0])
+                } else {
+                    let (lo, hi) = sop.bufs.split_at_mut(pm);
+                    (&mut hi[0], &mut lo[qm])
+                };
+                self.parity.gen_pq(&data, &mut a[ri..rl], &mut b[ri..rl]);
+            }
+            None => self.parity.gen_p(&data, &mut sop.bufs[pm][ri..rl]),
+        }
+    }
+}
