@@ -1242,127 +1242,237 @@ impl<F: Frontend> Reactors<F> {
     }
 }
 
+/// One reactor thread's state between turns of its loop ([`run`]).
+struct Reactor<'a, F, D: BlockDevice> {
+    me: usize,
+    reactors: usize,
+    geo: ArrayGeometry,
+    array: Array<D::Channel>,
+    links: Links,
+    shared: &'a Shared,
+    mode: Mode,
+    foreign_reads: bool,
+    fe: F,
+    parents: Vec<Option<Parent>>,
+    free: Vec<u32>,
+    local: VecDeque<ArrayRequest>,
+    outbox: Outbox,
+    done: VecDeque<ArrayCompletion>,
+    comps: Vec<ArrayCompletion>,
+    idle: u32,
+    nap: Duration,
+    counted_finished: bool,
+    epoch: Instant,
+    // Members whose failure this reactor has told the others about.
+    announced: Vec<bool>,
+    failures_seen: u64,
+    next_publish: u64,
+    // A replacement the shard could not take yet (requests to the old device outstanding);
+    // `true`: a re-add.
+    pending_replace: Vec<(u16, D::Channel, bool)>,
+    // A replace the shard could not start yet (a device leaving, a process draining):
+    // (slot, channel, serial, resume).
+    pending_start: Option<(u16, D::Channel, u64, u64)>,
+    // The replacement whose finish this reactor has counted.
+    reported_replace: u64,
+    repl_failures_seen: u64,
+    // A member was replaced, or a rebuild finished with one still waiting: start one.
+    // Members assembled as being rebuilt resume at once.
+    rebuild_pending: bool,
+    // Members this reactor has reported rebuilt on its stripes.
+    reported_rebuilt: Vec<bool>,
+    control_error: Option<ControlError>,
+    // The owner wakes the other reactors when bits they may wait for become durable.
+    owner_of_bitmap: bool,
+    bitmap_gen: u64,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
     me: usize,
     reactors: usize,
     geo: ArrayGeometry,
-    mut array: Array<D::Channel>,
-    mut links: Links,
+    array: Array<D::Channel>,
+    links: Links,
     shared: &Shared,
     mode: Mode,
     requests: usize,
     foreign_reads: bool,
-    mut fe: F,
+    fe: F,
     replace: Option<&ResumeReplace>,
 ) -> F {
-    let mut parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
-    let mut free: Vec<u32> = (0..requests as u32).rev().collect();
-    let mut local: VecDeque<ArrayRequest> = VecDeque::with_capacity(requests);
-    let mut outbox = Outbox::new(me, reactors, requests);
-    let mut done: VecDeque<ArrayCompletion> = VecDeque::with_capacity(requests);
-    let mut comps = vec![
-        ArrayCompletion {
-            tag: 0,
-            status: Ok(())
-        };
-        64
-    ];
-    let mut idle = 0u32;
-    let mut nap = Duration::from_micros(1);
-    let mut counted_finished = false;
-    let epoch = Instant::now();
-    let members = geo.geometry().members();
-    // Members whose failure this reactor has told the others about.
-    let mut announced = vec![false; usize::from(members)];
-    let mut failures_seen = 0u64;
-    let mut next_publish = 0u64;
-    array.set_shard(me, reactors);
-    // A replacement the shard could not take yet (requests to the old device outstanding);
-    // `true`: a re-add.
-    let mut pending_replace: Vec<(u16, D::Channel, bool)> = Vec::new();
-    // A replace the shard could not start yet (a device leaving, a process draining):
-    // (slot, channel, serial, resume).
-    let mut pending_start: Option<(u16, D::Channel, u64, u64)> = None;
-    // The replacement whose finish this reactor has counted.
-    let mut reported_replace = 0u64;
-    let mut repl_failures_seen = 0u64;
-    // A member was replaced, or a rebuild finished with one still waiting: start one.
-    // Members assembled as being rebuilt resume at once.
-    let mut rebuild_pending = array.pending_rebuild().is_some();
-    // Members this reactor has reported rebuilt on its stripes.
-    let mut reported_rebuilt = vec![false; usize::from(members)];
-    let mut control_error: Option<ControlError> = None;
-    // A replace in progress resumes before the first request (see `Extras::replace`).
-    if let Some(r) = replace {
-        let started = match Arc::clone(&r.device).downcast::<D>() {
-            Err(_) => Err(ControlError::DeviceType { member: r.member }),
-            Ok(d) => d
-                .open_channel()
-                .map_err(|e| ControlError::Open {
-                    reactor: me,
-                    member: r.member,
-                    why: e.to_string(),
-                })
-                .and_then(|ch| {
-                    array
-                        .start_replace(r.member, ch, RESUMED_REPLACE_SERIAL, r.resume_stripe)
-                        .map_err(ControlError::from)
-                }),
-        };
-        control_error = started.err();
-    }
-    // The owner wakes the other reactors when bits they may wait for become durable.
-    let owner_of_bitmap = me == 0 && reactors > 1;
-    let mut bitmap_gen = array.bitmap().map_or(0, |b| b.generation());
+    let mut r = Reactor::<F, D>::new(
+        me,
+        reactors,
+        geo,
+        array,
+        links,
+        shared,
+        mode,
+        requests,
+        foreign_reads,
+        fe,
+        replace,
+    );
     loop {
+        let now = u64::try_from(r.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        r.array.set_now(now);
+        let mut progress = r.control();
+        progress |= r.start_waiting();
+        progress |= r.receive();
+        progress |= r.front_end();
+        progress |= r.drive_array();
+        r.report(now);
+        progress |= r.send();
+        progress |= r.deliver();
+        if r.stopping() {
+            return r.fe;
+        }
+        r.rest(progress);
+    }
+}
+
+impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> {
+    /// The reactor's state before its first turn; a replace in progress is resumed.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        me: usize,
+        reactors: usize,
+        geo: ArrayGeometry,
+        mut array: Array<D::Channel>,
+        links: Links,
+        shared: &'a Shared,
+        mode: Mode,
+        requests: usize,
+        foreign_reads: bool,
+        fe: F,
+        replace: Option<&ResumeReplace>,
+    ) -> Self {
+        let parents: Vec<Option<Parent>> = (0..requests).map(|_| None).collect();
+        let free: Vec<u32> = (0..requests as u32).rev().collect();
+        let local: VecDeque<ArrayRequest> = VecDeque::with_capacity(requests);
+        let outbox = Outbox::new(me, reactors, requests);
+        let done: VecDeque<ArrayCompletion> = VecDeque::with_capacity(requests);
+        let comps = vec![
+            ArrayCompletion {
+                tag: 0,
+                status: Ok(())
+            };
+            64
+        ];
+        let epoch = Instant::now();
+        let members = geo.geometry().members();
+        array.set_shard(me, reactors);
+        let rebuild_pending = array.pending_rebuild().is_some();
+        let mut control_error: Option<ControlError> = None;
+        // A replace in progress resumes before the first request (see `Extras::replace`).
+        if let Some(r) = replace {
+            let started = match Arc::clone(&r.device).downcast::<D>() {
+                Err(_) => Err(ControlError::DeviceType { member: r.member }),
+                Ok(d) => d
+                    .open_channel()
+                    .map_err(|e| ControlError::Open {
+                        reactor: me,
+                        member: r.member,
+                        why: e.to_string(),
+                    })
+                    .and_then(|ch| {
+                        array
+                            .start_replace(r.member, ch, RESUMED_REPLACE_SERIAL, r.resume_stripe)
+                            .map_err(ControlError::from)
+                    }),
+            };
+            control_error = started.err();
+        }
+        let owner_of_bitmap = me == 0 && reactors > 1;
+        let bitmap_gen = array.bitmap().map_or(0, |b| b.generation());
+        Self {
+            me,
+            reactors,
+            geo,
+            array,
+            links,
+            shared,
+            mode,
+            foreign_reads,
+            fe,
+            parents,
+            free,
+            local,
+            outbox,
+            done,
+            comps,
+            idle: 0,
+            nap: Duration::from_micros(1),
+            counted_finished: false,
+            epoch,
+            announced: vec![false; usize::from(members)],
+            failures_seen: 0,
+            next_publish: 0,
+            pending_replace: Vec::new(),
+            pending_start: None,
+            reported_replace: 0,
+            repl_failures_seen: 0,
+            rebuild_pending,
+            reported_rebuilt: vec![false; usize::from(members)],
+            control_error,
+            owner_of_bitmap,
+            bitmap_gen,
+        }
+    }
+
+    /// Step 0: runs the management commands sent to this reactor. Whether there were any.
+    fn control(&mut self) -> bool {
         let mut progress = false;
-        let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        array.set_now(now);
+        let me = self.me;
         // 0. Management commands.
-        while let Some(c) = shared.control[me].pop() {
+        while let Some(c) = self.shared.control[me].pop() {
             progress = true;
             match c {
                 Control::FailMember(m, err) => {
                     // Every reactor gets the command (or already knows): no need to pass
                     // it on.
-                    announced[usize::from(m)] = true;
+                    self.announced[usize::from(m)] = true;
                     match err {
-                        None => array.fail_member_by_operator(m),
-                        Some(e) => array.fail_member(m, e),
+                        None => self.array.fail_member_by_operator(m),
+                        Some(e) => self.array.fail_member(m, e),
                     }
                 }
                 Control::StartProcess(req) => {
-                    if let Err(e) = array.start_process(&req) {
-                        control_error = Some(e.into());
+                    if let Err(e) = self.array.start_process(&req) {
+                        self.control_error = Some(e.into());
                     }
-                    next_publish = 0;
+                    self.next_publish = 0;
                 }
                 Control::StopProcess => {
-                    array.stop_process();
-                    rebuild_pending = false;
-                    next_publish = 0;
+                    self.array.stop_process();
+                    self.rebuild_pending = false;
+                    self.next_publish = 0;
                 }
                 Control::ReplaceMember(m, dev, readd) => match dev.downcast::<D>() {
                     Ok(d) => match d.open_channel() {
-                        Ok(ch) => pending_replace.push((m, ch, readd)),
+                        Ok(ch) => self.pending_replace.push((m, ch, readd)),
                         Err(e) => {
-                            control_error = Some(ControlError::Open {
+                            self.control_error = Some(ControlError::Open {
                                 reactor: me,
                                 member: m,
                                 why: e.to_string(),
                             })
                         }
                     },
-                    Err(_) => control_error = Some(ControlError::DeviceType { member: m }),
+                    Err(_) => self.control_error = Some(ControlError::DeviceType { member: m }),
                 },
                 Control::MemberRebuilt(m) => {
-                    array.set_member_online(m);
-                    reported_rebuilt[usize::from(m)] = false;
-                    if array.member_states().any(|s| s == MemberState::Rebuilding) {
-                        rebuild_pending = true;
+                    self.array.set_member_online(m);
+                    self.reported_rebuilt[usize::from(m)] = false;
+                    if self
+                        .array
+                        .member_states()
+                        .any(|s| s == MemberState::Rebuilding)
+                    {
+                        self.rebuild_pending = true;
                     }
-                    next_publish = 0;
+                    self.next_publish = 0;
                 }
                 Control::StartReplace {
                     slot,
@@ -1371,96 +1481,116 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                     resume,
                 } => match dev.downcast::<D>() {
                     Ok(d) => match d.open_channel() {
-                        Ok(ch) => pending_start = Some((slot, ch, serial, resume)),
+                        Ok(ch) => self.pending_start = Some((slot, ch, serial, resume)),
                         Err(e) => {
-                            control_error = Some(ControlError::Open {
+                            self.control_error = Some(ControlError::Open {
                                 reactor: me,
                                 member: slot,
                                 why: e.to_string(),
                             })
                         }
                     },
-                    Err(_) => control_error = Some(ControlError::DeviceType { member: slot }),
+                    Err(_) => self.control_error = Some(ControlError::DeviceType { member: slot }),
                 },
                 Control::FailReplacement { serial, err } => {
-                    if pending_start.as_ref().is_some_and(|p| p.2 == serial) {
-                        pending_start = None;
+                    if self.pending_start.as_ref().is_some_and(|p| p.2 == serial) {
+                        self.pending_start = None;
                     }
-                    array.fail_replacement(serial, err);
+                    self.array.fail_replacement(serial, err);
                     // Already known everywhere: not announced again.
-                    repl_failures_seen = array.replacement_failures();
-                    next_publish = 0;
+                    self.repl_failures_seen = self.array.replacement_failures();
+                    self.next_publish = 0;
                 }
                 Control::ReplaceDone { serial } => {
-                    array.complete_replace(serial);
-                    if array.member_states().any(|s| s == MemberState::Rebuilding) {
-                        rebuild_pending = true;
+                    self.array.complete_replace(serial);
+                    if self
+                        .array
+                        .member_states()
+                        .any(|s| s == MemberState::Rebuilding)
+                    {
+                        self.rebuild_pending = true;
                     }
-                    next_publish = 0;
+                    self.next_publish = 0;
                 }
             }
         }
+        progress
+    }
+
+    /// Starts what the management commands left waiting for the shard: a replace, member
+    /// replacements, a rebuild. Whether one started.
+    fn start_waiting(&mut self) -> bool {
+        let mut progress = false;
         // A replace waiting for the shard: started once nothing is in its way.
-        if let Some((slot, ch, serial, resume)) = pending_start.take() {
-            match array.check_start_replace(slot, ch.info()) {
+        if let Some((slot, ch, serial, resume)) = self.pending_start.take() {
+            match self.array.check_start_replace(slot, ch.info()) {
                 Err(ProcessError::MemberBusy { .. } | ProcessError::Busy { .. }) => {
-                    pending_start = Some((slot, ch, serial, resume));
+                    self.pending_start = Some((slot, ch, serial, resume));
                 }
-                Err(e) => control_error = Some(e.into()),
+                Err(e) => self.control_error = Some(e.into()),
                 Ok(()) => {
-                    if let Err(e) = array.start_replace(slot, ch, serial, resume) {
-                        control_error = Some(e.into());
+                    if let Err(e) = self.array.start_replace(slot, ch, serial, resume) {
+                        self.control_error = Some(e.into());
                     }
-                    next_publish = 0;
+                    self.next_publish = 0;
                     progress = true;
                 }
             }
         }
         // Replacements: swapped in once the old device has nothing outstanding here.
         let mut i = 0;
-        while i < pending_replace.len() {
-            let m = pending_replace[i].0;
-            match array.check_replace(m, pending_replace[i].1.info()) {
+        while i < self.pending_replace.len() {
+            let m = self.pending_replace[i].0;
+            match self
+                .array
+                .check_replace(m, self.pending_replace[i].1.info())
+            {
                 Err(ProcessError::MemberBusy { .. }) => i += 1,
                 Err(e) => {
-                    control_error = Some(e.into());
-                    pending_replace.swap_remove(i);
+                    self.control_error = Some(e.into());
+                    self.pending_replace.swap_remove(i);
                 }
                 Ok(()) => {
-                    let (m, ch, readd) = pending_replace.swap_remove(i);
+                    let (m, ch, readd) = self.pending_replace.swap_remove(i);
                     let put = if readd {
-                        array.readd_member(m, ch)
+                        self.array.readd_member(m, ch)
                     } else {
-                        array.replace_member(m, ch)
+                        self.array.replace_member(m, ch)
                     };
                     // Checked just above.
                     if put.is_ok() {
-                        announced[usize::from(m)] = false;
-                        reported_rebuilt[usize::from(m)] = false;
-                        rebuild_pending = true;
-                        next_publish = 0;
+                        self.announced[usize::from(m)] = false;
+                        self.reported_rebuilt[usize::from(m)] = false;
+                        self.rebuild_pending = true;
+                        self.next_publish = 0;
                         progress = true;
                     }
                 }
             }
         }
-        if rebuild_pending && pending_replace.is_empty() {
-            match array.pending_rebuild() {
-                Some(req) if array.check_process(&req).is_ok() => {
-                    rebuild_pending = false;
+        if self.rebuild_pending && self.pending_replace.is_empty() {
+            match self.array.pending_rebuild() {
+                Some(req) if self.array.check_process(&req).is_ok() => {
+                    self.rebuild_pending = false;
                     // Checked just above.
-                    let _ = array.start_process(&req);
+                    let _ = self.array.start_process(&req);
                     progress = true;
                 }
                 // Busy: retried once the running process ends.
                 Some(_) => {}
-                None => rebuild_pending = false,
+                None => self.rebuild_pending = false,
             }
         }
+        progress
+    }
+
+    /// Step 1: takes in what the other reactors sent. Whether there was anything.
+    fn receive(&mut self) -> bool {
+        let mut progress = false;
         // 1. Inbound rings.
         // Everything a sender has published, as one chunk (one read of its write position,
         // one release of the slots).
-        for ring in links.inbox.iter_mut().flatten() {
+        for ring in self.links.inbox.iter_mut().flatten() {
             let n = ring.slots();
             if n == 0 {
                 continue;
@@ -1470,82 +1600,100 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             let (a, b) = chunk.as_slices();
             for &msg in a.iter().chain(b) {
                 match msg {
-                    Msg::Piece(r) => local.push_back(r),
-                    Msg::Done(c) => account(&mut parents, &mut free, &mut done, c),
+                    Msg::Piece(r) => self.local.push_back(r),
+                    Msg::Done(c) => account(&mut self.parents, &mut self.free, &mut self.done, c),
                 }
             }
             chunk.commit_all();
         }
+        progress
+    }
+
+    /// Step 2: admits new work from the front-end. Whether it made progress.
+    fn front_end(&mut self) -> bool {
         // 2. Front-end.
-        {
-            let mut io = Io {
-                me,
-                geo: &geo,
-                array: &mut array,
-                local: &mut local,
-                outbox: &mut outbox,
-                parents: &mut parents,
-                free: &mut free,
-                reactors,
-                foreign_reads,
-                done: &mut done,
-                in_flight: &shared.in_flight[me],
-            };
-            progress |= fe.poll(&mut io);
-        }
+        let mut io = Io {
+            me: self.me,
+            geo: &self.geo,
+            array: &mut self.array,
+            local: &mut self.local,
+            outbox: &mut self.outbox,
+            parents: &mut self.parents,
+            free: &mut self.free,
+            reactors: self.reactors,
+            foreign_reads: self.foreign_reads,
+            done: &mut self.done,
+            in_flight: &self.shared.in_flight[self.me],
+        };
+        self.fe.poll(&mut io)
+    }
+
+    /// Step 3: drives the shard: local pieces in, foreign reads it could not serve out,
+    /// completions routed to their origin. Whether it made progress.
+    fn drive_array(&mut self) -> bool {
+        let mut progress = false;
+        let (me, reactors) = (self.me, self.reactors);
         // 3. Local pieces into the shard, in order.
-        while let Some(r) = local.front().copied() {
-            if array.submit(r).is_err() {
+        while let Some(r) = self.local.front().copied() {
+            if self.array.submit(r).is_err() {
                 break;
             }
-            local.pop_front();
+            self.local.pop_front();
             progress = true;
         }
-        progress |= array.process();
+        progress |= self.array.process();
         // Foreign reads this shard could not serve go to their owners.
-        while let Some(r) = array.take_moved() {
-            let (stripe, _) = geo.stripe_of(r.offset_bytes);
-            outbox.push(owner(stripe, reactors), Msg::Piece(r));
+        while let Some(r) = self.array.take_moved() {
+            let (stripe, _) = self.geo.stripe_of(r.offset_bytes);
+            self.outbox.push(owner(stripe, reactors), Msg::Piece(r));
             progress = true;
         }
-        if owner_of_bitmap {
-            if let Some(b) = array.bitmap() {
+        if self.owner_of_bitmap {
+            if let Some(b) = self.array.bitmap() {
                 let g = b.generation();
-                if g != bitmap_gen {
-                    bitmap_gen = g;
+                if g != self.bitmap_gen {
+                    self.bitmap_gen = g;
                     for to in 1..reactors {
-                        shared.wake(to);
+                        self.shared.wake(to);
                     }
                 }
             }
         }
         loop {
-            let k = array.poll(&mut comps);
-            for &c in &comps[..k] {
+            let k = self.array.poll(&mut self.comps);
+            for &c in &self.comps[..k] {
                 let (origin, p) = split_tag(c.tag);
                 let back = ArrayCompletion {
                     tag: u64::from(p),
                     status: c.status,
                 };
                 if origin == me {
-                    account(&mut parents, &mut free, &mut done, back);
+                    account(&mut self.parents, &mut self.free, &mut self.done, back);
                 } else {
-                    outbox.push(origin, Msg::Done(back));
+                    self.outbox.push(origin, Msg::Done(back));
                 }
             }
             progress |= k > 0;
-            if k < comps.len() {
+            if k < self.comps.len() {
                 break;
             }
         }
+        progress
+    }
+
+    /// Tells the other reactors what this shard learnt (members failed or rebuilt, a
+    /// replacement finished or failed), restarts a waiting rebuild, and publishes the
+    /// shard's figures when due.
+    fn report(&mut self, now: u64) {
+        let (me, reactors, shared) = (self.me, self.reactors, self.shared);
         // A member this shard failed is failed on every shard: a device that erred is not
         // trusted by any reactor (each learns it at once instead of by its own error).
         // Members this shard has rebuilt everywhere it owns: once every reactor has, they
         // go online on all.
-        for m in array.rebuilt_members() {
-            if !reported_rebuilt[usize::from(m)] {
-                reported_rebuilt[usize::from(m)] = true;
-                next_publish = 0;
+        for m in self.array.rebuilt_members() {
+            if !self.reported_rebuilt[usize::from(m)] {
+                self.reported_rebuilt[usize::from(m)] = true;
+                self.next_publish = 0;
                 let count = shared.rebuilt[usize::from(m)].fetch_add(1, Ordering::AcqRel) + 1;
                 if count == reactors {
                     shared.rebuilt[usize::from(m)].store(0, Ordering::Release);
@@ -1557,10 +1705,10 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
         }
         // Replacements: this shard's part finished (counted once; the last reactor to
         // finish swaps it in everywhere), or its device failed here (told to all).
-        if let Some(r) = array.replacement() {
-            if r.serial != reported_replace && array.replace_finished(r.serial) {
-                reported_replace = r.serial;
-                next_publish = 0;
+        if let Some(r) = self.array.replacement() {
+            if r.serial != self.reported_replace && self.array.replace_finished(r.serial) {
+                self.reported_replace = r.serial;
+                self.next_publish = 0;
                 let count = shared.replaced.fetch_add(1, Ordering::AcqRel) + 1;
                 if count == reactors {
                     shared.replaced.store(0, Ordering::Release);
@@ -1569,10 +1717,10 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                     }
                 }
             }
-            let f = array.replacement_failures();
-            if f != repl_failures_seen {
-                repl_failures_seen = f;
-                next_publish = 0;
+            let f = self.array.replacement_failures();
+            if f != self.repl_failures_seen {
+                self.repl_failures_seen = f;
+                self.next_publish = 0;
                 if let ReplaceState::Failed(err) = r.state {
                     for to in (0..reactors).filter(|&to| to != me) {
                         shared.send_control(
@@ -1587,24 +1735,25 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
             }
         }
         // A rebuild that finished while another replaced member waits: start that one.
-        if !rebuild_pending
-            && array.process_progress().is_some_and(|p| {
+        if !self.rebuild_pending
+            && self.array.process_progress().is_some_and(|p| {
                 p.kind == ProcessKind::Rebuild && p.state == ProcessState::Finished
             })
-            && array
+            && self
+                .array
                 .member_states()
                 .enumerate()
-                .any(|(m, s)| s == MemberState::Rebuilding && !reported_rebuilt[m])
+                .any(|(m, s)| s == MemberState::Rebuilding && !self.reported_rebuilt[m])
         {
-            rebuild_pending = true;
+            self.rebuild_pending = true;
         }
-        let failures = array.stats().member_failures;
-        if failures != failures_seen {
-            failures_seen = failures;
-            next_publish = 0;
-            for (m, state) in array.member_states().enumerate() {
-                if state.is_failed() && !announced[m] {
-                    announced[m] = true;
+        let failures = self.array.stats().member_failures;
+        if failures != self.failures_seen {
+            self.failures_seen = failures;
+            self.next_publish = 0;
+            for (m, state) in self.array.member_states().enumerate() {
+                if state.is_failed() && !self.announced[m] {
+                    self.announced[m] = true;
                     let err = match state {
                         MemberState::Failed(e) => Some(e),
                         _ => None,
@@ -1615,68 +1764,96 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
                 }
             }
         }
-        if now >= next_publish {
+        if now >= self.next_publish {
             if let Ok(mut p) = shared.published[me].try_lock() {
-                publish(&array, &mut p);
-                if control_error.is_some() {
-                    p.control_error = control_error.take();
+                publish(&self.array, &mut p);
+                if self.control_error.is_some() {
+                    p.control_error = self.control_error.take();
                 }
-                next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
+                self.next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
             }
         }
+    }
+
+    /// Step 4: sends the messages for other reactors. Whether any went.
+    fn send(&mut self) -> bool {
         // 4. Messages to other reactors; a full ring keeps the rest for the next turn.
-        progress |= outbox.flush(&mut links);
+        let progress = self.outbox.flush(&mut self.links);
         // Only a parked reactor needs waking (adaptive mode): one look per receiver.
-        for (to, sent) in links.sent.iter_mut().enumerate() {
-            if std::mem::take(sent) && mode == Mode::Adaptive {
-                shared.wake(to);
+        for (to, sent) in self.links.sent.iter_mut().enumerate() {
+            if std::mem::take(sent) && self.mode == Mode::Adaptive {
+                self.shared.wake(to);
             }
         }
+        progress
+    }
+
+    /// Step 5: delivers completions to the front-end. Whether there were any.
+    fn deliver(&mut self) -> bool {
+        let mut progress = false;
         // 5. Completions to the front-end.
-        while let Some(c) = done.pop_front() {
-            fe.complete(c);
-            count_in_flight(&shared.in_flight[me], -1);
+        while let Some(c) = self.done.pop_front() {
+            self.fe.complete(c);
+            count_in_flight(&self.shared.in_flight[self.me], -1);
             progress = true;
         }
+        progress
+    }
+
+    /// Whether the reactor stops now (its final figures published).
+    fn stopping(&mut self) -> bool {
+        let (shared, me) = (self.shared, self.me);
         // Stop only when no reactor can send this one work any more: every front-end is
         // finished and no request is in flight anywhere.
-        if !counted_finished && fe.finished() {
-            counted_finished = true;
+        if !self.counted_finished && self.fe.finished() {
+            self.counted_finished = true;
             shared.finished.fetch_add(1, Ordering::AcqRel);
         }
         if shared.stop.load(Ordering::Acquire)
-            && shared.finished.load(Ordering::Acquire) == reactors
+            && shared.finished.load(Ordering::Acquire) == self.reactors
             && shared.requests_in_flight() == 0
-            && !array.background_busy()
+            && !self.array.background_busy()
             // The bitmap owner's last batch (its buffer is the shard's) must complete.
-            && !array.busy()
+            && !self.array.busy()
         {
-            debug_assert!(local.is_empty() && outbox.is_empty() && !array.busy());
+            debug_assert!(self.local.is_empty() && self.outbox.is_empty() && !self.array.busy());
             // Final figures for anyone holding a handle (blocking is fine on the way out).
             let mut p = shared.published[me]
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            publish(&array, &mut p);
-            return fe;
+            publish(&self.array, &mut p);
+            return true;
         }
+        false
+    }
+
+    /// The end of a turn: spins, or parks when idle long enough (adaptive mode).
+    fn rest(&mut self, progress: bool) {
+        let (shared, me) = (self.shared, self.me);
         if progress {
-            idle = 0;
-            nap = Duration::from_micros(1);
+            self.idle = 0;
+            self.nap = Duration::from_micros(1);
         } else {
-            idle = idle.saturating_add(1);
-            match mode {
+            self.idle = self.idle.saturating_add(1);
+            match self.mode {
                 Mode::Polled => std::hint::spin_loop(),
-                Mode::Adaptive if idle < ADAPTIVE_SPINS => std::hint::spin_loop(),
+                Mode::Adaptive if self.idle < ADAPTIVE_SPINS => std::hint::spin_loop(),
                 Mode::Adaptive => {
                     // Announce the park before the last look at the ring: a sender that
                     // pushes after that look sees the flag and unparks us (an unpark before
                     // the park makes it return at once).
                     shared.parked[me].store(true, Ordering::SeqCst);
-                    if links.inbox.iter().flatten().all(rtrb::Consumer::is_empty) {
-                        std::thread::park_timeout(nap);
+                    if self
+                        .links
+                        .inbox
+                        .iter()
+                        .flatten()
+                        .all(rtrb::Consumer::is_empty)
+                    {
+                        std::thread::park_timeout(self.nap);
                     }
                     shared.parked[me].store(false, Ordering::SeqCst);
-                    nap = (nap * 2).min(ADAPTIVE_MAX_SLEEP);
+                    self.nap = (self.nap * 2).min(ADAPTIVE_MAX_SLEEP);
                 }
             }
         }
