@@ -113,7 +113,8 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], iscsi = [...], rpc, force, io_timeout_ms, max_block,
-    /// queue_depth, stripe_ops, qos, qos_target_us, pacer, speed_min, speed_max, and an
+    /// queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
+    /// speed_min, speed_max, and an
     /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -158,6 +159,18 @@ pub struct ServeArgs {
     /// Stripe operations per reactor (default 64).
     #[arg(long)]
     stripe_ops: Option<usize>,
+    /// Stripe cache per reactor and member, bytes (suffixes K, M, G): the recently written
+    /// stripes a following sub-stripe write need not read again. md's `stripe_cache_size`
+    /// is this in 4 KiB pages (default 256 = 1 MiB); ferroraid caches whole chunks, so it
+    /// holds SIZE / chunk stripes, at least `--stripe-ops`. 0 keeps nothing between
+    /// writes. Default: 64 stripes (4M with 64 KiB chunks).
+    #[arg(long, value_parser = crate::parse_bytes, value_name = "SIZE")]
+    stripe_cache: Option<u64>,
+    /// Longest a sub-stripe write that must pre-read is held for more writes of its
+    /// stripe, µs (only writes continuing a sequential stream, only while other member
+    /// I/O is in flight, never FUA or behind a flush); 0 never holds. Default 200.
+    #[arg(long, value_name = "US")]
+    write_hold_us: Option<u64>,
     /// Per-member queue-depth control: `ferroraid` (default: latency target derived from
     /// quiet-device reads), `wbt-like` (Linux blk-wbt's algorithm, for comparison) or
     /// `off`.
@@ -184,6 +197,21 @@ pub struct ServeArgs {
     devices: Vec<PathBuf>,
 }
 
+/// A byte count of the `--config` file: an integer, or a string with a binary suffix
+/// (`"4M"`), as on the command line.
+///
+/// # Errors
+/// A negative number, a string that is no byte size, or another TOML type, naming `key`.
+fn toml_bytes(v: &toml::Value, key: &str) -> Result<u64> {
+    match v {
+        toml::Value::Integer(i) => u64::try_from(*i).with_context(|| format!("{key} = {i}")),
+        toml::Value::String(s) => crate::parse_bytes(s)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| key.to_string()),
+        v => bail!("{key} = {v}: expected a byte count like 4194304 or \"4M\""),
+    }
+}
+
 /// The `--config` file.
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
@@ -204,6 +232,8 @@ struct ServeFile {
     max_block: Option<toml::Value>,
     queue_depth: Option<u32>,
     stripe_ops: Option<usize>,
+    stripe_cache: Option<toml::Value>,
+    write_hold_us: Option<u64>,
     qos: Option<String>,
     qos_target_us: Option<u64>,
     pacer: Option<String>,
@@ -324,13 +354,7 @@ impl ServeArgs {
         }
         let max_block = match (self.max_block, &file.max_block) {
             (Some(b), _) => Some(b),
-            (None, Some(toml::Value::Integer(i))) => Some(u64::try_from(*i).context("max_block")?),
-            (None, Some(toml::Value::String(s))) => {
-                Some(crate::parse_bytes(s).map_err(anyhow::Error::msg)?)
-            }
-            (None, Some(v)) => {
-                bail!("max_block = {v}: expected a byte count like 4194304 or \"4M\"")
-            }
+            (None, Some(v)) => Some(toml_bytes(v, "max_block")?),
             (None, None) => None,
         };
         if let Some(b) = max_block {
@@ -344,6 +368,17 @@ impl ServeArgs {
         }
         if let Some(s) = self.stripe_ops.or(file.stripe_ops) {
             o.stripe_ops = s;
+        }
+        let stripe_cache = match (self.stripe_cache, &file.stripe_cache) {
+            (Some(b), _) => Some(b),
+            (None, Some(v)) => Some(toml_bytes(v, "stripe_cache")?),
+            (None, None) => None,
+        };
+        if stripe_cache.is_some() {
+            o.stripe_cache_bytes = stripe_cache;
+        }
+        if let Some(us) = self.write_hold_us.or(file.write_hold_us) {
+            o.write_hold = Duration::from_micros(us);
         }
         if let Some(q) = self.qos.as_ref().or(file.qos.as_ref()) {
             o.depth.policy = match q.as_str() {

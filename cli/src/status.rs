@@ -461,6 +461,33 @@ pub struct StatsReport {
     pub discards_skipped: u64,
     /// Member requests that outlived the command timeout (each failed its member).
     pub timeouts: u64,
+    /// Write passes on healthy stripes: one plan, one parity computation and one set of
+    /// member I/Os each, serving `batched_writes` stripe writes (the batching factor is
+    /// their ratio).
+    #[serde(default)]
+    pub write_passes: u64,
+    /// Stripe writes the write passes served.
+    #[serde(default)]
+    pub batched_writes: u64,
+    /// Member bytes read before writing (RMW/RCW pre-reads).
+    #[serde(default)]
+    pub write_read_bytes: u64,
+    /// Client bytes the write passes wrote (member bytes read per client byte written:
+    /// `write_read_bytes / pass_written_bytes`).
+    #[serde(default)]
+    pub pass_written_bytes: u64,
+    /// Write passes that found their stripe in the stripe cache.
+    #[serde(default)]
+    pub cache_hit_stripes: u64,
+    /// Member bytes the stripe cache spared reading.
+    #[serde(default)]
+    pub cache_hit_bytes: u64,
+    /// Write passes held for more writes before reading (coalescing).
+    #[serde(default)]
+    pub held_passes: u64,
+    /// Total time write passes were held, µs.
+    #[serde(default)]
+    pub held_us: u64,
 }
 
 impl From<&ArrayStats> for StatsReport {
@@ -479,6 +506,14 @@ impl From<&ArrayStats> for StatsReport {
             discarded_stripes: s.discarded_stripes,
             discards_skipped: s.discards_skipped,
             timeouts: s.timeouts,
+            write_passes: s.write_passes,
+            batched_writes: s.batched_writes,
+            write_read_bytes: s.write_read_bytes,
+            pass_written_bytes: s.pass_written_bytes,
+            cache_hit_stripes: s.cache_hit_stripes,
+            cache_hit_bytes: s.cache_hit_bytes,
+            held_passes: s.held_passes,
+            held_us: s.held_ns / 1000,
         }
     }
 }
@@ -847,6 +882,19 @@ impl fmt::Display for StatusReport {
             s.zeroed_stripes,
             s.discarded_stripes,
             s.discards_skipped
+        )?;
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        writeln!(
+            f,
+            "  write passes: {} ({:.1} writes each), {} held ({:.0} µs on average) · stripe \
+             cache: {} hits, {} bytes not read · {:.2} bytes read per byte written",
+            s.write_passes,
+            ratio(s.batched_writes, s.write_passes),
+            s.held_passes,
+            ratio(s.held_us, s.held_passes),
+            s.cache_hit_stripes,
+            s.cache_hit_bytes,
+            ratio(s.write_read_bytes, s.pass_written_bytes)
         )
     }
 }
@@ -1009,9 +1057,11 @@ mod tests {
         assert_eq!(keys(&v["reactors"]), "cores,count,mode");
         assert_eq!(
             keys(&v["stats"]),
-            "degraded_reads,degraded_writes,direct_reads,discarded_stripes,discards_skipped,\
-             full_stripe_writes,medium_errors,member_failures,rcw_writes,read_errors_repaired,\
-             rmw_writes,timeouts,zeroed_stripes"
+            "batched_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
+             direct_reads,discarded_stripes,discards_skipped,full_stripe_writes,held_passes,\
+             held_us,medium_errors,member_failures,pass_written_bytes,rcw_writes,\
+             read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\
+             zeroed_stripes"
         );
         assert_eq!(keys(&v["exports"][0]), "address,name,protocol");
         assert_eq!(

@@ -84,6 +84,12 @@ pub struct ServeOptions {
     pub queue_depth: u32,
     /// Stripe operations per reactor (each holds one chunk per member).
     pub stripe_ops: usize,
+    /// Stripe cache per reactor and member, bytes (`ArrayConfig::stripe_cache_entries`
+    /// is this over the chunk size); `None`: the engine's default entries.
+    pub stripe_cache_bytes: Option<u64>,
+    /// Longest hold of a sub-stripe write for more writes of its stripe
+    /// (`ArrayConfig::write_hold_ns`).
+    pub write_hold: Duration,
     /// Per-member queue-depth control (`engine::qos::depth`): policy and optional
     /// read-latency target.
     pub depth: engine::qos::DepthConfig,
@@ -118,6 +124,8 @@ impl ServeOptions {
             io_timeout: Duration::from_secs(30),
             queue_depth: 128,
             stripe_ops: 64,
+            stripe_cache_bytes: None,
+            write_hold: Duration::from_nanos(engine::array::DEFAULT_WRITE_HOLD_NS),
             depth: engine::qos::DepthConfig::default(),
             rpc: None,
             iscsi: Vec::new(),
@@ -1179,6 +1187,14 @@ impl Target {
             bitmap_recovery,
             io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
             depth: opts.depth,
+            stripe_cache_entries: opts.stripe_cache_bytes.map_or(
+                engine::array::DEFAULT_STRIPE_CACHE_ENTRIES,
+                |b| {
+                    usize::try_from(b / u64::from(geo.geometry().chunk_bytes()))
+                        .unwrap_or(usize::MAX)
+                },
+            ),
+            write_hold_ns: u64::try_from(opts.write_hold.as_nanos()).unwrap_or(u64::MAX),
             ..ArrayConfig::default()
         };
         let rcfg = ReactorConfig {

@@ -5,6 +5,11 @@
 //! to the redundancy (RAID6 also with I/O errors on a survivor). Every read must equal the
 //! reference; healthy runs end with the oracle verifying the member images.
 //!
+//! A quarter of the writes continue a sequential stream of small writes and flushes are
+//! mixed in, so that writes of one stripe meet in write passes (batched, coalesced while
+//! held, re-planned from the stripe cache — issue 17) under every failure pattern: the
+//! healthy runs assert that passes served several writes, held, and hit the cache.
+//!
 //! `FERRORAID_MODEL_OPS` sets the operations per configuration (default 10000);
 //! `FERRORAID_SEED=N` runs only the configuration with seed N (printed on failure).
 
@@ -136,6 +141,8 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
         }
     }
     let mut inflight: Vec<Inflight> = Vec::new();
+    // The sequential stream's next offset.
+    let mut cursor = 0u64;
     let mut issued = 0usize;
     let mut completed = 0usize;
     let mut next_tag = 1u64;
@@ -176,7 +183,31 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
         }
         // Keep `depth` requests in flight.
         while issued < c.ops && inflight.len() < c.depth {
+            if rng.below(32) == 0 {
+                // A flush: completes once every write acknowledged before it is durable;
+                // orders nothing in the model (reads only ever meet completed writes).
+                let tag = next_tag;
+                next_tag += 1;
+                arr.submit(ArrayRequest {
+                    tag,
+                    op: ArrayOp::Flush,
+                    offset_bytes: 0,
+                    len_bytes: 0,
+                    buf: IoBuf::NONE,
+                })
+                .unwrap();
+                inflight.push(Inflight {
+                    tag,
+                    write: true,
+                    off: 0,
+                    len: 0,
+                    buf: AlignedBuf::zeroed(0),
+                });
+                issued += 1;
+                continue;
+            }
             let write = rng.below(2) == 0;
+            let sequential = write && rng.below(2) == 0;
             // Half small (1..=8 blocks: RMW territory), half up to three stripes (RCW,
             // full-stripe writes, multi-stripe requests).
             let max_blocks = if rng.below(2) == 0 {
@@ -186,7 +217,17 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
             };
             let blocks = 1 + rng.below(max_blocks);
             let len = blocks * 512;
-            let off = 512 * rng.below((cap - len) / 512 + 1);
+            let off = if sequential {
+                // Small writes continuing the stream (wrapping at the end of the array).
+                let len = len.min(8 * 512);
+                if cursor + len > cap {
+                    cursor = 0;
+                }
+                cursor
+            } else {
+                512 * rng.below((cap - len) / 512 + 1)
+            };
+            let len = if sequential { len.min(8 * 512) } else { len };
             // Reads never overlap in-flight writes, writes never overlap in-flight reads:
             // their outcome would be legitimately either. Writes may overlap writes: the
             // array must apply them in submission order.
@@ -195,6 +236,9 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
                 .any(|f| f.write != write && overlaps((f.off, f.len), (off, len)));
             if clash {
                 break;
+            }
+            if sequential {
+                cursor = off + len;
             }
             let mut buf = AlignedBuf::zeroed(len as usize);
             // One write in 16 is a write-zeroes, one in 16 a discard.
@@ -501,6 +545,8 @@ fn oracle_verify(c: &Case, devs: &[SimDevice], data_offset: usize) {
 
 #[test]
 fn healthy_arrays_match_reference_and_pass_the_oracle() {
+    let held = std::sync::atomic::AtomicU64::new(0);
+    let hits = std::sync::atomic::AtomicU64::new(0);
     each_case(cases(Failures::None), |c| {
         let (arr, devs, _) = run(c);
         assert!(failed_members(&arr).is_empty());
@@ -526,6 +572,14 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
             );
         }
         assert_eq!(st.degraded_reads + st.degraded_writes, 0);
+        // Writes of one stripe met in passes (the stream makes sure they do).
+        assert!(
+            st.batched_writes > st.write_passes,
+            "seed {}: no pass served two writes: {st:?}",
+            c.seed
+        );
+        held.fetch_add(st.held_passes, std::sync::atomic::Ordering::Relaxed);
+        hits.fetch_add(st.cache_hit_stripes, std::sync::atomic::Ordering::Relaxed);
         if c.reactors > 1 {
             // Reads are served by the shard that received them; writes waited for such
             // reads of their stripe (the gate was exercised both ways).
@@ -538,6 +592,9 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
             assert_eq!(st.foreign_reads + st.moved_reads + st.gate_waits, 0);
         }
     });
+    let (held, hits) = (held.into_inner(), hits.into_inner());
+    eprintln!("passes held: {held}, passes that found their stripe cached: {hits}");
+    assert!(held > 0 && hits > 0, "held {held}, cache hits {hits}");
 }
 
 #[test]

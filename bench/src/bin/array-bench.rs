@@ -8,8 +8,13 @@
 //! ```
 //!
 //! Workloads: `randread` and `randwrite` (4 KiB random), `seqwrite` (full-stripe
-//! sequential writes), `degraded-randread` (4 KiB random reads with one member failed).
-//! Figures: IOPS, GB/s (10^9 bytes/s) and reactor CPU time per I/O (µs, thread CPU clock).
+//! sequential writes), `degraded-randread` (4 KiB random reads with one member failed),
+//! and the sub-stripe writes of the stripe-cache issue: `seqwrite-4k` (sequential 4 KiB
+//! writes at `--qd`), `seqwrite-64k` (sequential 64 KiB writes at QD 8, whatever `--qd`),
+//! `rewrite` (seed 003: the first `--rewrite-mib` MiB of each generator's region written
+//! once with sequential 4 KiB writes, untimed, then written again and again, timed).
+//! Figures: IOPS, GB/s (10^9 bytes/s), reactor CPU time per I/O (µs, thread CPU clock),
+//! member I/O requests per array request, and stripe writes per write pass (batching).
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -40,6 +45,39 @@ enum Workload {
     Randwrite,
     Seqwrite,
     DegradedRandread,
+    #[value(name = "seqwrite-4k")]
+    Seqwrite4k,
+    #[value(name = "seqwrite-64k")]
+    Seqwrite64k,
+    Rewrite,
+}
+
+impl Workload {
+    /// Whether the generator walks its region sequentially in `bs` steps.
+    fn sequential(self) -> bool {
+        matches!(
+            self,
+            Workload::Seqwrite | Workload::Seqwrite4k | Workload::Seqwrite64k | Workload::Rewrite
+        )
+    }
+
+    /// Request size, bytes, on an array whose stripes hold `stripe_bytes` of data.
+    fn block_bytes(self, stripe_bytes: u64) -> u64 {
+        match self {
+            Workload::Seqwrite => stripe_bytes,
+            Workload::Seqwrite64k => 64 << 10,
+            _ => 4096,
+        }
+    }
+
+    /// Requests in flight per generator.
+    fn depth(self, qd: usize) -> usize {
+        if self == Workload::Seqwrite64k {
+            8
+        } else {
+            qd
+        }
+    }
 }
 
 #[derive(Parser, Debug)]
@@ -86,6 +124,9 @@ struct Args {
     /// ratios paired within a repetition.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
     repeat: u32,
+    /// `rewrite`: the region each generator writes once and then rewrites, MiB.
+    #[arg(long, default_value_t = 64)]
+    rewrite_mib: u64,
 }
 
 /// Thread CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
@@ -102,7 +143,15 @@ fn thread_cpu_ns() -> u64 {
 /// What one load generator measured.
 #[derive(Clone, Copy, Debug, Default)]
 struct Tally {
+    /// Timed requests completed.
     ios: u64,
+    /// Member requests issued over the whole run (warm-up and drain included).
+    member_ios: u64,
+    /// Stripe reads and writes the array served over the whole run.
+    requests: u64,
+    /// Write passes and the stripe writes they served (whole run).
+    passes: u64,
+    batched: u64,
     bytes: u64,
     errors: u64,
     wall: Duration,
@@ -145,6 +194,12 @@ struct LoadGen {
     /// Region of the array this generator covers (sequential writes: disjoint per reactor).
     region: (u64, u64),
     next_seq: u64,
+    /// `rewrite`: bytes of the region rewritten (the untimed first write covers them once).
+    rewrite_len: u64,
+    /// `rewrite`: the first write is still going.
+    warming: bool,
+    /// `rewrite`: bytes of the first write issued.
+    warm_sent: u64,
     /// `--local-only`: only the stripes its own reactor owns.
     own: Option<OwnStripes>,
     bufs: Vec<AlignedBuf>,
@@ -165,9 +220,14 @@ impl LoadGen {
                 self.next_seq = (self.next_seq + 1) % own.count;
                 (off, ArrayOp::Write { fua: false })
             }
-            (Workload::Seqwrite, None) => {
+            (w, None) if w.sequential() => {
+                let span = if w == Workload::Rewrite {
+                    self.rewrite_len
+                } else {
+                    self.region.1 - self.region.0
+                };
                 let off = self.region.0 + self.next_seq;
-                self.next_seq = (self.next_seq + self.bs) % (self.region.1 - self.region.0);
+                self.next_seq = (self.next_seq + self.bs) % span;
                 (off, ArrayOp::Write { fua: false })
             }
             (w, own) => {
@@ -186,6 +246,11 @@ impl LoadGen {
                 (off, op)
             }
         };
+        self.request_at(slot, off, op)
+    }
+
+    /// Request `op` at byte `off` with buffer `slot`.
+    fn request_at(&mut self, slot: usize, off: u64, op: ArrayOp) -> ArrayRequest {
         let b = &mut self.bufs[slot];
         // SAFETY: buffer `slot` is owned by this generator and untouched until its request
         // completes (the slot returns to `free` only then).
@@ -208,6 +273,26 @@ impl LoadGen {
 
 impl Frontend for LoadGen {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        if self.warming {
+            // `rewrite`: write the region once, untimed; the timed run starts when every
+            // write of it is back.
+            let mut any = false;
+            while self.warm_sent < self.rewrite_len {
+                let Some(slot) = self.free.pop() else { break };
+                let off = self.region.0 + self.warm_sent;
+                let r = self.request_at(slot, off, ArrayOp::Write { fua: false });
+                if io.submit(r).is_err() {
+                    self.free.push(slot);
+                    break;
+                }
+                self.warm_sent += self.bs;
+                any = true;
+            }
+            if self.warm_sent >= self.rewrite_len && self.free.len() == self.bufs.len() {
+                self.warming = false;
+            }
+            return any;
+        }
         let (t0, _) = *self
             .start
             .get_or_insert_with(|| (Instant::now(), thread_cpu_ns()));
@@ -232,12 +317,12 @@ impl Frontend for LoadGen {
     }
 
     fn complete(&mut self, c: ArrayCompletion) {
-        if !self.stopping {
+        if c.status.is_err() {
+            self.tally.errors += 1;
+        }
+        if !self.stopping && !self.warming {
             self.tally.ios += 1;
             self.tally.bytes += self.bs;
-            if c.status.is_err() {
-                self.tally.errors += 1;
-            }
         }
         self.free.push(c.tag as usize);
     }
@@ -272,16 +357,15 @@ fn raw_load<D: BlockDevice>(
     let (t0, c0) = (Instant::now(), thread_cpu_ns());
     while t0.elapsed() < duration {
         while let Some(slot) = free.pop() {
-            let off = match workload {
-                Workload::Seqwrite => {
-                    seq = (seq + bs) % (cap / bs * bs);
-                    seq
-                }
-                _ => rng.gen_range(0..cap / bs) * bs,
+            let off = if workload.sequential() {
+                seq = (seq + bs) % (cap / bs * bs);
+                seq
+            } else {
+                rng.gen_range(0..cap / bs) * bs
             };
             let op = match workload {
-                Workload::Randwrite | Workload::Seqwrite => Op::Write { fua: false },
-                _ => Op::Read,
+                Workload::Randread | Workload::DegradedRandread => Op::Read,
+                _ => Op::Write { fua: false },
             };
             // SAFETY: buffer `slot` is untouched until its completion returns the slot.
             let buf = unsafe { IoBuf::from_slice(&mut bufs[slot]) };
@@ -329,10 +413,8 @@ where
     D: BlockDevice + Send + Sync + 'static,
 {
     let g = geo.geometry();
-    let bs = match workload {
-        Workload::Seqwrite => g.stripe_data_bytes(),
-        _ => 4096,
-    };
+    let bs = workload.block_bytes(g.stripe_data_bytes());
+    let qd = workload.depth(args.qd);
     let cap = geo.capacity_bytes();
     if args.local_only && geo.stripes() < reactors as u64 {
         bail!(
@@ -342,6 +424,7 @@ where
     }
     let cores: Vec<Option<usize>> = (0..reactors).map(|i| Some(i % num_cpus())).collect();
     let share = cap / reactors as u64 / g.stripe_data_bytes() * g.stripe_data_bytes();
+    let rewrite_len = (args.rewrite_mib << 20).min(share) / bs * bs;
     let gens: Vec<LoadGen> = (0..reactors)
         .map(|i| LoadGen {
             workload,
@@ -349,13 +432,14 @@ where
             cap,
             region: (i as u64 * share, (i as u64 + 1) * share),
             next_seq: 0,
+            rewrite_len,
+            warming: workload == Workload::Rewrite,
+            warm_sent: 0,
             own: args
                 .local_only
                 .then(|| OwnStripes::new(i, reactors, g.stripe_data_bytes(), geo.stripes())),
-            bufs: (0..args.qd)
-                .map(|_| AlignedBuf::zeroed(bs as usize))
-                .collect(),
-            free: (0..args.qd).collect(),
+            bufs: (0..qd).map(|_| AlignedBuf::zeroed(bs as usize)).collect(),
+            free: (0..qd).collect(),
             rng: ChaCha8Rng::seed_from_u64(100 + i as u64),
             duration: Duration::from_secs_f64(args.seconds),
             start: None,
@@ -385,7 +469,9 @@ where
     };
     let running = Reactors::start(devices, geo, Parity::new(), array_cfg, cfg, gens)
         .context("starting reactors")?;
+    let handle = running.handle();
     let done = running.stop().context("stopping reactors")?;
+    let snap = handle.snapshot();
     let mut t = Tally::default();
     for g in done {
         t.ios += g.tally.ios;
@@ -394,6 +480,15 @@ where
         t.cpu_ns += g.tally.cpu_ns;
         t.wall = t.wall.max(g.tally.wall);
     }
+    for m in &snap.members {
+        t.member_ios += m.counters.reads + m.counters.writes;
+    }
+    t.requests = snap.stats.direct_reads
+        + snap.stats.degraded_reads
+        + snap.stats.batched_writes
+        + snap.stats.degraded_writes;
+    t.passes = snap.stats.write_passes;
+    t.batched = snap.stats.batched_writes;
     if t.errors > 0 {
         bail!("{} requests failed", t.errors);
     }
@@ -443,6 +538,10 @@ struct Sample {
     cpu_us_per_io: f64,
     raw_iops: f64,
     spread_iops: f64,
+    /// Member requests per array stripe request (whole run).
+    member_ios_per_io: f64,
+    /// Stripe writes per write pass (whole run; 0 without writes).
+    writes_per_pass: f64,
 }
 
 /// `median` alone for one run, `median (min–max)` for several.
@@ -478,11 +577,7 @@ fn measure(
     args: &Args,
 ) -> Result<Sample> {
     let g = geo.geometry();
-    let bs = if w == Workload::Seqwrite {
-        g.stripe_data_bytes()
-    } else {
-        4096
-    };
+    let bs = w.block_bytes(g.stripe_data_bytes());
     let raw_w = if w == Workload::DegradedRandread {
         Workload::Randread
     } else {
@@ -500,8 +595,8 @@ fn measure(
         let t = run_array(Arc::clone(&devs), geo, w, r, args)?;
         Ok((
             t,
-            raw_parallel(&devs[1..2], raw_w, bs, args.qd, r, duration),
-            raw_parallel(&devs[..], raw_w, bs, args.qd, r, duration),
+            raw_parallel(&devs[1..2], raw_w, bs, w.depth(args.qd), r, duration),
+            raw_parallel(&devs[..], raw_w, bs, w.depth(args.qd), r, duration),
         ))
     }
     let load = (w, raw_w, bs, r, duration);
@@ -530,6 +625,8 @@ fn measure(
         cpu_us_per_io: t.cpu_ns as f64 / 1e3 / t.ios.max(1) as f64,
         raw_iops: raw.ios as f64 / raw.wall.as_secs_f64(),
         spread_iops: spread.ios as f64 / spread.wall.as_secs_f64(),
+        member_ios_per_io: t.member_ios as f64 / t.requests.max(1) as f64,
+        writes_per_pass: t.batched as f64 / t.passes.max(1) as f64,
     })
 }
 
@@ -575,9 +672,9 @@ fn main() -> Result<()> {
     );
     println!(
         "| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw \
-         | raw spread over all members | array ÷ spread |"
+         | raw spread over all members | array ÷ spread | member I/O per request | writes per pass |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let base = *args.reactors.iter().min().expect("clap requires a value");
     // Scaling rows, printed after the main table.
     let mut scaling: Vec<String> = Vec::new();
@@ -605,7 +702,7 @@ fn main() -> Result<()> {
                 };
                 for (i, &r) in args.reactors.iter().enumerate() {
                     println!(
-                        "| {kind:?} | raid{level} | {w:?} | {r} | {} | {} | {} | {} | {} | {} | {} |",
+                        "| {kind:?} | raid{level} | {w:?} | {r} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                         show(col(i, &|s| s.iops), 0, 1.0, ""),
                         show(col(i, &|s| s.gb_per_s), 2, 1.0, ""),
                         show(col(i, &|s| s.cpu_us_per_io), 2, 1.0, ""),
@@ -613,6 +710,8 @@ fn main() -> Result<()> {
                         show(col(i, &|s| s.iops / s.raw_iops), 0, 100.0, "%"),
                         show(col(i, &|s| s.spread_iops), 0, 1.0, ""),
                         show(col(i, &|s| s.iops / s.spread_iops), 0, 100.0, "%"),
+                        show(col(i, &|s| s.member_ios_per_io), 2, 1.0, ""),
+                        show(col(i, &|s| s.writes_per_pass), 1, 1.0, ""),
                     );
                 }
                 let b = args

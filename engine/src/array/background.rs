@@ -283,6 +283,8 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let kind = self.sops[s as usize].bg.expect("background operation");
         let stripe = self.sops[s as usize].stripe;
+        // Resync, repair and rebuild write members without the cache.
+        self.cache.invalidate(stripe);
         if self.array_failed() {
             return self.finish_bg(s, Err(ProcessError::ArrayFailed));
         }

@@ -118,6 +118,7 @@ impl<C: Channel> Array<C> {
             return self.finish_sop(s, Ok(()));
         }
         let r = self.sops[s as usize].range;
+        self.cache.invalidate(self.sops[s as usize].stripe);
         self.sops[s as usize].phase = Phase::Repair;
         self.sops[s as usize].io_error = false;
         for m in bad {

@@ -124,11 +124,20 @@ impl<C: Channel> Array<C> {
             sop.io_error = true;
             let reading = matches!(
                 sop.phase,
-                Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_) | Phase::BgRead
+                Phase::DirectRead
+                    | Phase::DegradedRead
+                    | Phase::WriteRead(_)
+                    | Phase::PassRead(_)
+                    | Phase::BgRead
             );
             // A latent sector error on a read: rebuild the range from redundancy and
             // rewrite it; the member stays in service (md's read-error handling).
-            if e == IoError::Medium && reading && !sop.bad.contains(&member) && !sop.bad.is_full() {
+            // A phase may have several requests on one member (a pass reads each run of
+            // missing blocks, large ranges go out in pieces): a second latent error on a
+            // member already marked bad in this operation is the same case.
+            if e == IoError::Medium && reading && sop.bad.contains(&member) {
+                self.stats.medium_errors += 1;
+            } else if e == IoError::Medium && reading && !sop.bad.is_full() {
                 sop.bad.push(member);
                 self.stats.medium_errors += 1;
             } else {
@@ -138,6 +147,7 @@ impl<C: Channel> Array<C> {
         let sop = &mut self.sops[s as usize];
         sop.outstanding -= 1;
         if sop.outstanding == 0 {
+            self.ops_in_io -= 1;
             self.ready.push_back(s);
         }
     }
@@ -154,7 +164,11 @@ impl<C: Channel> Array<C> {
         let sop = &mut self.sops[s as usize];
         if matches!(
             sop.phase,
-            Phase::DirectRead | Phase::DegradedRead | Phase::WriteRead(_) | Phase::BgRead
+            Phase::DirectRead
+                | Phase::DegradedRead
+                | Phase::WriteRead(_)
+                | Phase::PassRead(_)
+                | Phase::BgRead
         ) {
             sop.io_error = true;
         }
@@ -332,6 +346,7 @@ impl<C: Channel> Array<C> {
         let sop = &mut self.sops[s as usize];
         if sop.outstanding == 0 {
             sop.issued_ns = self.now;
+            self.ops_in_io += 1;
         }
         sop.outstanding += 1;
         sop.per_member[usize::from(self.members[usize::from(member)].id)] += 1;

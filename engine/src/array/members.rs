@@ -85,6 +85,7 @@ impl<C: Channel> Array<C> {
             }
             MemberState::Failed(_) | MemberState::FailedByOperator => {}
         }
+        self.cache.invalidate_all();
         // Nothing is cleared from the write-intent bitmap while a member is missing: its
         // dirty regions are what a returning member must be rebuilt over.
         self.note_degraded();
@@ -231,6 +232,7 @@ impl<C: Channel> Array<C> {
         m.recovery_stripe = 0;
         m.bitmap_recovery = false;
         m.max_transfer = max_transfer;
+        self.cache.invalidate_all();
         if let Some(i) = &self.intent {
             i.shared.write_all();
         }
@@ -345,6 +347,7 @@ impl<C: Channel> Array<C> {
         mem.state = MemberState::Online;
         mem.bitmap_recovery = false;
         self.failed_members -= 1;
+        self.cache.invalidate_all();
         self.note_degraded();
         tracing::info!(shard = self.shard, member = m, "member rebuilt: online");
         true
@@ -543,6 +546,7 @@ impl<C: Channel> Array<C> {
         }
         let r = self.replace.expect("checked");
         let (slot, extra) = (usize::from(r.member), self.slots());
+        self.cache.invalidate_all();
         self.members.swap(slot, extra);
         let (a, b) = (self.members[slot].id, self.members[extra].id);
         self.entry_of[usize::from(a)] = slot as u16;

@@ -95,6 +95,7 @@ use crate::qos::{DepthConfig, IoClass, QosState};
 use crate::qos::{Pacer, Unpaced};
 use crate::shard::{owner, StripeGate};
 use crate::stripe::{ChunkRange, WriteMode};
+use cache::StripeCache;
 use locks::StripeLocks;
 
 pub use members::device_fits;
@@ -258,6 +259,27 @@ pub struct ArrayStats {
     pub moved_reads: u64,
     /// Owner writes that waited for foreign reads of their stripe to finish.
     pub gate_waits: u64,
+    /// Write passes issued on healthy stripes ([`crate::array`] module docs, "Writes"):
+    /// each one plan, one parity computation, one set of member I/Os.
+    pub write_passes: u64,
+    /// Stripe writes (pieces of client writes and write-zeroes) those passes served:
+    /// `batched_writes / write_passes` is the batching factor.
+    pub batched_writes: u64,
+    /// Member bytes the passes read before writing (RMW/RCW pre-reads; what the stripe
+    /// cache held is not read).
+    pub write_read_bytes: u64,
+    /// Client bytes the passes wrote (write-zeroes count their range):
+    /// `write_read_bytes / pass_written_bytes` is the member bytes read per client byte
+    /// written.
+    pub pass_written_bytes: u64,
+    /// Passes that found their stripe in the cache with valid blocks.
+    pub cache_hit_stripes: u64,
+    /// Member bytes the passes would have read without the stripe cache.
+    pub cache_hit_bytes: u64,
+    /// Passes held for more writes before reading (coalescing).
+    pub held_passes: u64,
+    /// Total time passes were held, ns (array clock).
+    pub held_ns: u64,
 }
 
 /// What one shard sent to one member, for status and statistics.
@@ -330,12 +352,40 @@ pub struct ArrayConfig {
     pub bitmap_recovery: [Option<u16>; 2],
     /// Per-member queue-depth control ([`crate::qos::depth`]), the same for every member.
     pub depth: DepthConfig,
+    /// Stripe cache entries per shard ([`crate::array`] "Writes"): each caches one chunk
+    /// per member of a recently written stripe, so memory is `entries × members × chunk`
+    /// bytes, allocated at construction. The cache always has at least `stripe_ops`
+    /// entries (every running pass uses one as its working set); 0 keeps nothing between
+    /// passes. md's `stripe_cache_size` counts 4 KiB rows per member (default 256); this
+    /// counts whole chunk-stripes.
+    pub stripe_cache_entries: usize,
+    /// Most stripe writes one pass serves (1: no batching).
+    pub write_batch: u32,
+    /// Longest a pass that would pre-read is held for more writes to its stripe, ns (0:
+    /// never held). Held only while other member I/O of the shard is in flight, never with
+    /// FUA or behind a flush.
+    pub write_hold_ns: u64,
 }
 
 /// Default background operations in flight per shard: four chunk-wide stripe operations
 /// keep every member busy with large sequential requests while leaving the depth to
 /// foreground (md's raid5 resync likewise keeps a handful of stripes in flight).
 pub const DEFAULT_BACKGROUND_OPS: usize = 4;
+
+/// Default stripe cache entries per shard: 64 chunk-stripes (with 64 KiB chunks, 4 MiB
+/// per member), twice the default stripe operations, so that a sequential writer's last
+/// stripes and a re-writer's working set stay cached. md's default (256 rows of 4 KiB
+/// per member, `NR_STRIPES`) is 1 MiB per member.
+pub const DEFAULT_STRIPE_CACHE_ENTRIES: usize = 64;
+
+/// Default most stripe writes per pass: every stripe operation of a default pool could
+/// join one pass; the bound keeps one pass's copy and parity work per loop turn finite.
+pub const DEFAULT_WRITE_BATCH: u32 = 256;
+
+/// Default longest hold of a pass that would pre-read: 200 µs (see docs/BENCHMARKS.md,
+/// "Write passes", for the measurements that chose it). The hold also ends as soon as no
+/// other member I/O of the shard is in flight.
+pub const DEFAULT_WRITE_HOLD_NS: u64 = 200_000;
 
 /// Default command timeout: 30 s, the Linux block layer's and NVMe driver's default.
 pub const DEFAULT_IO_TIMEOUT_NS: u64 = 30_000_000_000;
@@ -360,6 +410,14 @@ impl ArrayStats {
         self.foreign_reads += o.foreign_reads;
         self.moved_reads += o.moved_reads;
         self.gate_waits += o.gate_waits;
+        self.write_passes += o.write_passes;
+        self.batched_writes += o.batched_writes;
+        self.write_read_bytes += o.write_read_bytes;
+        self.pass_written_bytes += o.pass_written_bytes;
+        self.cache_hit_stripes += o.cache_hit_stripes;
+        self.cache_hit_bytes += o.cache_hit_bytes;
+        self.held_passes += o.held_passes;
+        self.held_ns += o.held_ns;
     }
 }
 
@@ -378,6 +436,9 @@ impl Default for ArrayConfig {
             rebuilding: [None, None],
             bitmap_recovery: [None, None],
             depth: DepthConfig::default(),
+            stripe_cache_entries: DEFAULT_STRIPE_CACHE_ENTRIES,
+            write_batch: DEFAULT_WRITE_BATCH,
+            write_hold_ns: DEFAULT_WRITE_HOLD_NS,
         }
     }
 }
@@ -507,6 +568,15 @@ enum Phase {
     /// An owner's write waiting for foreign reads of its stripe to finish (no I/O
     /// outstanding; [`crate::shard::StripeGate`]).
     GateWait,
+    /// A write that joined another operation's pass ([`pass`]): it issues nothing and
+    /// completes with the pass.
+    Batched,
+    /// A pass held for more writes to its stripe (no I/O outstanding).
+    PassHeld,
+    /// A pass reading what it lacks into its cache entry.
+    PassRead(WriteMode),
+    /// A pass writing its data and parity.
+    PassWrite,
 }
 
 struct Sop {
@@ -554,6 +624,27 @@ struct Sop {
     foreign: bool,
     /// What the operation holds in the stripe gate.
     gate: GateHold,
+    /// The next operation of the pass this one leads or follows ([`cache::NONE`]: none).
+    next: u32,
+    /// The pass's pinned cache entry (leader only; [`cache::NONE`] otherwise).
+    pass_entry: u32,
+    /// Stripe writes in the pass (leader only).
+    pass_writes: u32,
+    /// Whether any write of the pass is FUA (leader only).
+    pass_fua: bool,
+    /// Since when the pass is held for more writes, ns (leader only).
+    held_ns: Option<u64>,
+    /// The shard's flush count when the pass started (a flush since ends any hold).
+    flushes_seen: u64,
+    /// Per member: the blocks of its chunk the pass writes (data members; leader only).
+    dirty: Vec<cache::BlockSet>,
+    /// The touched rows (blocks of a chunk written on any data member; leader only).
+    rows: cache::BlockSet,
+    /// Per member: the blocks the pass reads (leader only).
+    need: Vec<cache::BlockSet>,
+    /// Per member: the address of chunk offset 0 in the caller's buffer when the pass
+    /// writes that data chunk straight from it (0: from the cache entry; leader only).
+    pass_direct: Vec<usize>,
 }
 
 /// What a stripe operation counts in the [`StripeGate`].
@@ -693,6 +784,21 @@ pub struct Array<C: Channel> {
     replacement_failures: u64,
     /// The configuration it was built with (for device entries added later).
     cfg: ArrayConfig,
+    /// The owner's stripe cache ([`cache`]).
+    cache: StripeCache,
+    /// Passes held for more writes, oldest first ([`pass`]).
+    held_passes: VecDeque<u32>,
+    /// Flushes accepted so far (a pass started before the latest flush is not held).
+    flushes: u64,
+    /// [`ArrayConfig::write_batch`], at least 1.
+    write_batch: u32,
+    /// [`ArrayConfig::write_hold_ns`].
+    write_hold_ns: u64,
+    /// Where the last write requests ended (array bytes), a ring ([`pass`]).
+    recent_write_ends: [u64; pass::RECENT_WRITES],
+    recent_write_next: usize,
+    /// Stripe operations with member I/O outstanding (a pass is held only while some are).
+    ops_in_io: u32,
 }
 
 /// Why an [`Array`] could not be built.
@@ -795,6 +901,8 @@ impl<C: Channel> Array<C> {
         // Foreground stripe operations, then the background pool: background work never
         // takes a foreground slot.
         let total_sops = cfg.stripe_ops + cfg.background_ops;
+        // Blocks of a chunk: the stripe cache's and the passes' unit.
+        let blocks = g.chunk_bytes() / g.block_bytes();
         let mut array = Self {
             geo,
             data_offset: cfg.data_offset_bytes,
@@ -834,6 +942,16 @@ impl<C: Channel> Array<C> {
                     regions: 0..0,
                     foreign: false,
                     gate: GateHold::None,
+                    next: cache::NONE,
+                    pass_entry: cache::NONE,
+                    pass_writes: 0,
+                    pass_fua: false,
+                    held_ns: None,
+                    flushes_seen: 0,
+                    dirty: (0..n).map(|_| cache::BlockSet::new(blocks)).collect(),
+                    rows: cache::BlockSet::new(blocks),
+                    need: (0..n).map(|_| cache::BlockSet::new(blocks)).collect(),
+                    pass_direct: vec![0; n],
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
@@ -874,6 +992,20 @@ impl<C: Channel> Array<C> {
                 .collect(),
             replace: None,
             replace_bitmap_ticket: 0,
+            cache: StripeCache::new(
+                cfg.stripe_cache_entries.max(cfg.stripe_ops),
+                n,
+                g.chunk_bytes(),
+                g.block_bytes(),
+                cfg.stripe_cache_entries > 0,
+            ),
+            held_passes: VecDeque::with_capacity(total_sops),
+            flushes: 0,
+            write_batch: cfg.write_batch.max(1),
+            write_hold_ns: cfg.write_hold_ns,
+            recent_write_ends: [u64::MAX; pass::RECENT_WRITES],
+            recent_write_next: 0,
+            ops_in_io: 0,
             replacement_failures: 0,
             cfg,
         };
@@ -1011,7 +1143,11 @@ impl<C: Channel> Array<C> {
             .as_ref()
             .and_then(|i| i.owner.as_ref())
             .and_then(BitmapOwner::next_deadline_ns);
-        let own = pacer.into_iter().chain(daemon).min();
+        let own = pacer
+            .into_iter()
+            .chain(daemon)
+            .chain(self.hold_deadline_ns())
+            .min();
         if self.io_timeout_ns == 0 {
             return own;
         }
@@ -1077,6 +1213,9 @@ impl<C: Channel> Array<C> {
         } else if r.op == ArrayOp::Flush {
             self.start_flush(idx);
         } else {
+            if r.op.is_write() {
+                self.note_write_end(r.offset_bytes + u64::from(r.len_bytes));
+            }
             self.backlog.push_back(idx);
         }
         Ok(())
@@ -1157,6 +1296,7 @@ impl<C: Channel> Array<C> {
             }
             round |= self.split_backlog();
             round |= self.issue_background();
+            round |= self.held_work();
             round |= self.start_waiting();
             if self.members.len() > self.slots() {
                 round |= self.drop_leaving_device();
@@ -1226,6 +1366,10 @@ impl<C: Channel> Array<C> {
             // The read was served from redundancy; a failed rewrite failed the member.
             Phase::Repair => self.finish_sop(s, Ok(())),
             Phase::WriteRead(_) if failed => self.start_write(s),
+            Phase::Batched => unreachable!("a batched write issues nothing"),
+            Phase::PassHeld => unreachable!("a held pass has no I/O"),
+            Phase::PassRead(mode) => self.pass_read_done(s, mode),
+            Phase::PassWrite => self.pass_written(s),
             Phase::WriteRead(mode) => self.write_out(s, mode),
             Phase::Zeroing if sop.unsupported => {
                 // Some member could not zero natively: write the whole stripe from the zero
@@ -1250,21 +1394,7 @@ impl<C: Channel> Array<C> {
                 self.finish_sop(s, status)
             }
             Phase::Writing => {
-                let st = self.geo.stripe(sop.stripe);
-                match sop.mode {
-                    WriteMode::FullStripe => self.stats.full_stripe_writes += 1,
-                    WriteMode::Rmw => self.stats.rmw_writes += 1,
-                    WriteMode::Rcw => self.stats.rcw_writes += 1,
-                    WriteMode::Degraded => self.stats.degraded_writes += 1,
-                }
-                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
-                let status = if lost > usize::from(g.parity_chunks()) {
-                    Err(ArrayError::Unrecoverable {
-                        stripe: st.stripe(),
-                    })
-                } else {
-                    Ok(())
-                };
+                let (status, _) = self.write_done(s);
                 self.finish_sop(s, status)
             }
         }
@@ -1273,11 +1403,13 @@ impl<C: Channel> Array<C> {
 
 mod background;
 mod bitmap;
+mod cache;
 mod degraded;
 mod io;
 mod locks;
 mod members;
 mod ops;
+mod pass;
 mod read;
 mod write;
 

@@ -55,6 +55,7 @@ impl<C: Channel> Array<C> {
             sop.regions = 0..0;
             sop.foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
             sop.gate = GateHold::None;
+            sop.next = super::cache::NONE;
             if fully {
                 self.backlog.pop_front();
             }
@@ -294,6 +295,7 @@ impl<C: Channel> Array<C> {
     }
 
     pub(super) fn start_flush(&mut self, ri: u32) {
+        self.flushes += 1;
         let Some(s) = self.free_sops.pop() else {
             // No operation free: wait in the backlog, in order with the other requests.
             self.backlog.push_back(ri);

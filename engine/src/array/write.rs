@@ -15,7 +15,7 @@ impl<C: Channel> Array<C> {
 
     /// Whether every surviving member supports `op` natively (`WriteZeroes` or a `Discard`
     /// that leaves zeroes).
-    fn members_support(&self, op: Op) -> bool {
+    pub(super) fn members_support(&self, op: Op) -> bool {
         self.members.iter().all(|m| {
             m.state.is_failed()
                 || match op {
@@ -29,6 +29,7 @@ impl<C: Channel> Array<C> {
     /// and Q of all-zero data are zero, so the stripe stays consistent).
     fn zero_stripe(&mut self, s: u32, op: Op) {
         let g = *self.geo.geometry();
+        self.cache.invalidate(self.sops[s as usize].stripe);
         self.sops[s as usize].phase = Phase::Zeroing;
         self.sops[s as usize].io_error = false;
         self.sops[s as usize].unsupported = false;
@@ -72,12 +73,15 @@ impl<C: Channel> Array<C> {
 
     // ---- writes ----------------------------------------------------------------------------
 
-    pub(super) fn start_write(&mut self, s: u32) {
+    /// A write of one operation alone: degraded stripes (every write of a healthy stripe
+    /// runs as a pass, [`super::pass`]), and write-zeroes falling back to data writes.
+    pub(super) fn start_write_single(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let st = self.geo.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
         let plan = plan_write(&w, &st, |m| self.missing(s, m));
         let r = plan.range;
+        self.stats.write_read_bytes += u64::from(plan.reads) * u64::from(r.len());
         self.sops[s as usize].range = r;
         self.sops[s as usize].io_error = false;
         match plan.mode {

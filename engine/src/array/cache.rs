@@ -1,0 +1,515 @@
+//! The owner's stripe cache: recently written (or read-for-write) stripes' chunks, kept so
+//! that a following write pass on the same stripe reads only what it does not hold.
+//!
+//! # What an entry holds
+//! One chunk buffer per member, addressed by **absolute chunk offset** (byte `i` of member
+//! `m`'s buffer is byte `i` of `m`'s chunk in the entry's stripe), and per member a
+//! [`BlockSet`] of the array blocks that are **known to equal the member** (valid). Data
+//! and P/Q alike. Everything else in the buffers is scratch.
+//!
+//! # Rules (write-through)
+//! - A block becomes valid only after a member read of it completed without error, or a
+//!   member write of it completed without error (the pass that wrote it knows its bytes).
+//! - Blocks a pass is about to overwrite are invalid until its writes are durable; a pass
+//!   that fails any member I/O, or that overlapped an [`StripeCache::invalidate_all`],
+//!   drops its entry's validity whole.
+//! - Every path that writes a member without going through the cache (degraded writes,
+//!   native write-zeroes and discards, read repair, background processes) invalidates the
+//!   stripe's entry first; a member failing, joining or being replaced invalidates every
+//!   entry. No acknowledged data lives only here: the cache is never the only copy.
+//!
+//! # Limits
+//! The entries, their buffers and the stripe → entry map are allocated at construction;
+//! lookups, pins, evictions and validity changes allocate nothing. An entry in use by a
+//! running pass is *pinned*: it is out of the recency list and never evicted. There are
+//! always at least as many entries as foreground stripe operations, so a pass can always
+//! pin one (at most one pass per stripe operation runs at a time).
+//!
+//! The size is md's `stripe_cache_size` idea (raid5.c `NR_STRIPES`, 256 rows of 4 KiB per
+//! member by default, sysfs range 17..32768) at chunk granularity: an entry caches a whole
+//! chunk per member, so `entries × members × chunk_bytes` bytes.
+
+use std::collections::HashMap;
+
+use crate::buf::AlignedBuf;
+
+/// A set of blocks of one chunk: bit `b` is block `b` (bytes `b·unit .. (b+1)·unit` of the
+/// chunk, `unit` = the array's block size). Fixed size, never allocates after
+/// construction.
+#[derive(Clone, Debug)]
+pub(crate) struct BlockSet {
+    words: Box<[u64]>,
+    bits: u32,
+}
+
+impl BlockSet {
+    /// An empty set of `bits` blocks.
+    pub(crate) fn new(bits: u32) -> Self {
+        Self {
+            words: vec![0u64; bits.div_ceil(64) as usize].into_boxed_slice(),
+            bits,
+        }
+    }
+
+    /// Blocks the set can hold.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.bits
+    }
+
+    /// Removes every block.
+    pub(crate) fn clear(&mut self) {
+        self.words.fill(0);
+    }
+
+    /// Blocks in the set.
+    pub(crate) fn count(&self) -> u32 {
+        self.words.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// Whether block `b` is in the set.
+    #[cfg(test)]
+    pub(crate) fn contains(&self, b: u32) -> bool {
+        debug_assert!(b < self.bits);
+        self.words[(b / 64) as usize] & (1 << (b % 64)) != 0
+    }
+
+    /// Adds blocks `a..b`.
+    pub(crate) fn insert_range(&mut self, a: u32, b: u32) {
+        self.apply_range(a, b, |w, m| *w |= m);
+    }
+
+    /// Removes blocks `a..b`.
+    pub(crate) fn remove_range(&mut self, a: u32, b: u32) {
+        self.apply_range(a, b, |w, m| *w &= !m);
+    }
+
+    fn apply_range(&mut self, a: u32, b: u32, f: impl Fn(&mut u64, u64)) {
+        assert!(a <= b && b <= self.bits, "blocks {a}..{b} of {}", self.bits);
+        let mut i = a;
+        while i < b {
+            let w = i / 64;
+            let lo = i % 64;
+            let hi = if b / 64 == w { b % 64 } else { 64 };
+            let mask = if hi - lo == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << (hi - lo)) - 1) << lo
+            };
+            f(&mut self.words[w as usize], mask);
+            i = (w + 1) * 64;
+        }
+    }
+
+    /// `self |= other`.
+    pub(crate) fn union_with(&mut self, other: &BlockSet) {
+        debug_assert_eq!(self.bits, other.bits);
+        for (w, o) in self.words.iter_mut().zip(other.words.iter()) {
+            *w |= o;
+        }
+    }
+
+    /// `self = a & !b` (blocks of `a` not in `b`).
+    pub(crate) fn set_difference(&mut self, a: &BlockSet, b: &BlockSet) {
+        debug_assert!(self.bits == a.bits && a.bits == b.bits);
+        for ((w, x), y) in self
+            .words
+            .iter_mut()
+            .zip(a.words.iter())
+            .zip(b.words.iter())
+        {
+            *w = x & !y;
+        }
+    }
+
+    /// `self = a & !b & !c`.
+    pub(crate) fn set_difference2(&mut self, a: &BlockSet, b: &BlockSet, c: &BlockSet) {
+        debug_assert!(self.bits == a.bits && a.bits == b.bits && b.bits == c.bits);
+        for (((w, x), y), z) in self
+            .words
+            .iter_mut()
+            .zip(a.words.iter())
+            .zip(b.words.iter())
+            .zip(c.words.iter())
+        {
+            *w = x & !y & !z;
+        }
+    }
+
+    /// Whether every block of `other` is in `self`.
+    pub(crate) fn is_superset(&self, other: &BlockSet) -> bool {
+        self.words
+            .iter()
+            .zip(other.words.iter())
+            .all(|(a, b)| b & !a == 0)
+    }
+
+    /// The maximal runs of consecutive blocks in the set, in order, as `(first, end)`
+    /// block ranges.
+    pub(crate) fn runs(&self) -> Runs<'_> {
+        Runs { set: self, at: 0 }
+    }
+
+    /// The first run of the set that starts at or after block `from`, as `(first, end)`.
+    /// Lets a caller walk the runs while mutating what owns the set.
+    pub(crate) fn run_from(&self, from: u32) -> Option<(u32, u32)> {
+        let a = self.next(from, true);
+        (a < self.bits).then(|| (a, self.next(a, false)))
+    }
+
+    /// Whether any block of `a..b` is in the set.
+    pub(crate) fn any_in(&self, a: u32, b: u32) -> bool {
+        a < b && self.next(a, true) < b
+    }
+
+    /// The next block at or after `from` whose membership equals `member`, or the
+    /// capacity.
+    fn next(&self, from: u32, member: bool) -> u32 {
+        let mut i = from;
+        while i < self.bits {
+            let w = self.words[(i / 64) as usize];
+            let w = if member { w } else { !w };
+            let w = w >> (i % 64);
+            if w != 0 {
+                return (i + w.trailing_zeros()).min(self.bits);
+            }
+            i = (i / 64 + 1) * 64;
+        }
+        self.bits
+    }
+}
+
+/// Iterator over the runs of a [`BlockSet`].
+pub(crate) struct Runs<'a> {
+    set: &'a BlockSet,
+    at: u32,
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (u32, u32);
+
+    fn next(&mut self) -> Option<(u32, u32)> {
+        let a = self.set.next(self.at, true);
+        if a >= self.set.bits {
+            self.at = self.set.bits;
+            return None;
+        }
+        let b = self.set.next(a, false);
+        self.at = b;
+        Some((a, b))
+    }
+}
+
+/// No entry / no link.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// One cached stripe (see the module docs).
+pub(crate) struct CacheEntry {
+    /// The stripe cached, or `u64::MAX` for an empty entry.
+    pub(crate) stripe: u64,
+    /// One chunk buffer per member (absolute chunk offsets).
+    pub(crate) bufs: Vec<AlignedBuf>,
+    /// Per member: blocks known to equal the member.
+    pub(crate) valid: Vec<BlockSet>,
+    /// In use by a running pass: out of the recency list, never evicted.
+    pub(crate) pinned: bool,
+    /// The cache's epoch when the pass pinned it ([`StripeCache::invalidate_all`]).
+    pub(crate) epoch: u64,
+    prev: u32,
+    next: u32,
+}
+
+impl CacheEntry {
+    /// Forgets every valid block.
+    pub(crate) fn invalidate(&mut self) {
+        for v in &mut self.valid {
+            v.clear();
+        }
+    }
+}
+
+/// The per-shard stripe cache (see the module docs).
+pub(crate) struct StripeCache {
+    entries: Vec<CacheEntry>,
+    map: HashMap<u64, u32>,
+    /// Least recently used unpinned entry (evicted first), and the most recent one.
+    head: u32,
+    tail: u32,
+    /// Bumped by [`Self::invalidate_all`]: a pass that pinned its entry in an earlier
+    /// epoch does not mark anything valid.
+    epoch: u64,
+    /// Whether validity survives a pass (`false`: entries are only working sets).
+    keep: bool,
+}
+
+impl StripeCache {
+    /// `entries` entries of `members` chunk buffers of `chunk` bytes, validity in blocks of
+    /// `block` bytes; `keep`: whether anything stays cached between passes.
+    pub(crate) fn new(entries: usize, members: usize, chunk: u32, block: u32, keep: bool) -> Self {
+        assert!(entries > 0 && chunk.is_multiple_of(block));
+        let bits = chunk / block;
+        let mut c = Self {
+            entries: (0..entries)
+                .map(|_| CacheEntry {
+                    stripe: u64::MAX,
+                    bufs: (0..members)
+                        .map(|_| AlignedBuf::zeroed(chunk as usize))
+                        .collect(),
+                    valid: (0..members).map(|_| BlockSet::new(bits)).collect(),
+                    pinned: false,
+                    epoch: 0,
+                    prev: NONE,
+                    next: NONE,
+                })
+                .collect(),
+            map: HashMap::with_capacity(entries),
+            head: NONE,
+            tail: NONE,
+            epoch: 0,
+            keep,
+        };
+        for e in 0..entries as u32 {
+            c.push_tail(e);
+        }
+        c
+    }
+
+    /// Entry `e`.
+    pub(crate) fn entry(&self, e: u32) -> &CacheEntry {
+        &self.entries[e as usize]
+    }
+
+    /// Entry `e`, mutable.
+    pub(crate) fn entry_mut(&mut self, e: u32) -> &mut CacheEntry {
+        &mut self.entries[e as usize]
+    }
+
+    /// Pins the entry of `stripe` for a pass: its cached blocks if it has one, else the
+    /// least recently used unpinned entry, emptied. Returns the entry and how many
+    /// blocks of it are valid (0 on a miss).
+    ///
+    /// # Panics
+    /// If `stripe` is already pinned or every entry is pinned (an engine bug: there are
+    /// at least as many entries as stripe operations, one pass per stripe).
+    pub(crate) fn pin(&mut self, stripe: u64) -> (u32, u32) {
+        if let Some(&e) = self.map.get(&stripe) {
+            assert!(
+                !self.entries[e as usize].pinned,
+                "stripe {stripe} pinned twice"
+            );
+            self.unlink(e);
+            let ent = &mut self.entries[e as usize];
+            ent.pinned = true;
+            ent.epoch = self.epoch;
+            let valid = ent.valid.iter().map(BlockSet::count).sum();
+            return (e, valid);
+        }
+        let e = self.head;
+        assert!(e != NONE, "every stripe cache entry is pinned");
+        self.unlink(e);
+        let ent = &mut self.entries[e as usize];
+        if ent.stripe != u64::MAX {
+            self.map.remove(&ent.stripe);
+        }
+        ent.stripe = stripe;
+        ent.invalidate();
+        ent.pinned = true;
+        ent.epoch = self.epoch;
+        self.map.insert(stripe, e);
+        (e, 0)
+    }
+
+    /// Ends a pass's use of entry `e`: it becomes the most recently used; `keep_valid`
+    /// false (the pass failed, or the cache was invalidated meanwhile, or caching is off)
+    /// drops its validity.
+    pub(crate) fn unpin(&mut self, e: u32, keep_valid: bool) {
+        let epoch = self.epoch;
+        let keep = self.keep;
+        let ent = &mut self.entries[e as usize];
+        debug_assert!(ent.pinned);
+        ent.pinned = false;
+        if !keep_valid || !keep || ent.epoch != epoch {
+            ent.invalidate();
+        }
+        self.push_tail(e);
+    }
+
+    /// Whether a pass that pinned entry `e` may still mark blocks valid (no
+    /// [`Self::invalidate_all`] since).
+    pub(crate) fn current(&self, e: u32) -> bool {
+        self.entries[e as usize].epoch == self.epoch
+    }
+
+    /// Whether `stripe` has an entry with any valid block.
+    pub(crate) fn holds(&self, stripe: u64) -> bool {
+        self.map
+            .get(&stripe)
+            .is_some_and(|&e| self.entries[e as usize].valid.iter().any(|v| v.count() > 0))
+    }
+
+    /// Forgets what is cached of `stripe` (a path about to write its members without the
+    /// cache). A pinned entry is left alone: its pass owns the stripe.
+    pub(crate) fn invalidate(&mut self, stripe: u64) {
+        if let Some(&e) = self.map.get(&stripe) {
+            let ent = &mut self.entries[e as usize];
+            if !ent.pinned {
+                ent.invalidate();
+            }
+        }
+    }
+
+    /// Forgets everything (a member failed, joined or was replaced); passes running now
+    /// mark nothing valid when they end.
+    pub(crate) fn invalidate_all(&mut self) {
+        self.epoch += 1;
+        for ent in &mut self.entries {
+            ent.invalidate();
+        }
+    }
+
+    fn unlink(&mut self, e: u32) {
+        let (p, n) = {
+            let ent = &self.entries[e as usize];
+            (ent.prev, ent.next)
+        };
+        if p == NONE {
+            self.head = n;
+        } else {
+            self.entries[p as usize].next = n;
+        }
+        if n == NONE {
+            self.tail = p;
+        } else {
+            self.entries[n as usize].prev = p;
+        }
+        let ent = &mut self.entries[e as usize];
+        ent.prev = NONE;
+        ent.next = NONE;
+    }
+
+    fn push_tail(&mut self, e: u32) {
+        let t = self.tail;
+        {
+            let ent = &mut self.entries[e as usize];
+            ent.prev = t;
+            ent.next = NONE;
+        }
+        if t == NONE {
+            self.head = e;
+        } else {
+            self.entries[t as usize].next = e;
+        }
+        self.tail = e;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_set_ranges_and_runs() {
+        let mut s = BlockSet::new(130);
+        assert_eq!(s.count(), 0);
+        s.insert_range(3, 70);
+        s.insert_range(128, 130);
+        assert_eq!(s.count(), 67 + 2);
+        assert_eq!(s.runs().collect::<Vec<_>>(), vec![(3, 70), (128, 130)]);
+        s.remove_range(10, 64);
+        assert_eq!(
+            s.runs().collect::<Vec<_>>(),
+            vec![(3, 10), (64, 70), (128, 130)]
+        );
+        assert!(s.contains(64) && s.contains(69) && !s.contains(10));
+        assert_eq!(s.run_from(4), Some((4, 10)));
+        assert_eq!(s.run_from(10), Some((64, 70)));
+        assert_eq!(s.run_from(130), None);
+        assert!(s.any_in(9, 64) && !s.any_in(10, 64) && !s.any_in(5, 5));
+        let mut all = BlockSet::new(130);
+        all.insert_range(0, 130);
+        let mut d = BlockSet::new(130);
+        d.set_difference(&all, &s);
+        assert_eq!(
+            d.runs().collect::<Vec<_>>(),
+            vec![(0, 3), (10, 64), (70, 128)]
+        );
+        assert!(all.is_superset(&s) && !s.is_superset(&all));
+        d.union_with(&s);
+        assert_eq!(d.runs().collect::<Vec<_>>(), vec![(0, 130)]);
+        let mut full = BlockSet::new(64);
+        full.insert_range(0, 64);
+        assert_eq!(full.runs().collect::<Vec<_>>(), vec![(0, 64)]);
+    }
+
+    #[test]
+    fn block_set_matches_a_plain_model() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |n: u32| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % u64::from(n)) as u32
+        };
+        for bits in [1u32, 63, 64, 65, 200] {
+            let mut s = BlockSet::new(bits);
+            let mut m = vec![false; bits as usize];
+            for _ in 0..500 {
+                let a = rnd(bits + 1);
+                let b = a + rnd(bits + 1 - a);
+                if rnd(2) == 0 {
+                    s.insert_range(a, b);
+                    m[a as usize..b as usize].fill(true);
+                } else {
+                    s.remove_range(a, b);
+                    m[a as usize..b as usize].fill(false);
+                }
+                let mut runs = Vec::new();
+                let mut i = 0;
+                while i < bits as usize {
+                    if m[i] {
+                        let j = (i..bits as usize).find(|&j| !m[j]).unwrap_or(bits as usize);
+                        runs.push((i as u32, j as u32));
+                        i = j;
+                    } else {
+                        i += 1;
+                    }
+                }
+                assert_eq!(s.runs().collect::<Vec<_>>(), runs, "bits {bits}");
+                assert_eq!(s.count() as usize, m.iter().filter(|&&v| v).count());
+            }
+        }
+    }
+
+    #[test]
+    fn cache_pins_evicts_by_recency_and_invalidates() {
+        let mut c = StripeCache::new(2, 3, 4096, 512, true);
+        let (a, hit) = c.pin(10);
+        assert_eq!(hit, 0);
+        c.entry_mut(a).valid[0].insert_range(0, 8);
+        c.unpin(a, true);
+        let (b, _) = c.pin(11);
+        assert_ne!(a, b);
+        c.unpin(b, true);
+        // Stripe 10 is cached with 8 valid blocks.
+        let (a2, hit) = c.pin(10);
+        assert_eq!((a2, hit), (a, 8));
+        c.unpin(a2, true);
+        // 11 is now the least recently used: a new stripe evicts it.
+        let (e, hit) = c.pin(12);
+        assert_eq!((e, hit), (b, 0));
+        c.unpin(e, true);
+        assert_eq!(c.pin(10).1, 8);
+        // A pass across an invalidate_all marks nothing valid.
+        c.invalidate_all();
+        assert!(!c.current(a));
+        c.entry_mut(a).valid[1].insert_range(0, 8);
+        c.unpin(a, true);
+        assert_eq!(c.pin(10).1, 0);
+        c.unpin(a, true);
+        // invalidate(stripe) forgets an unpinned entry.
+        let (e, _) = c.pin(10);
+        c.entry_mut(e).valid[2].insert_range(0, 1);
+        c.unpin(e, true);
+        c.invalidate(10);
+        assert_eq!(c.pin(10).1, 0);
+    }
+}

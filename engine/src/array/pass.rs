@@ -1,0 +1,829 @@
+//! Write passes: every write (and write-zeroes written as data) to a healthy stripe runs
+//! as a **pass** — one write plan over the union of the writes that wait for the stripe,
+//! one parity computation, one set of member I/Os, all of them completed together when it
+//! is durable. md does the same with the bios attached to a `stripe_head`
+//! (`../shared/research/md-batching-and-ppl.md` §1.3); here the stripe's owner does it,
+//! per core, without locks.
+//!
+//! # Life of a pass
+//! 1. **Gather.** The operation that takes the stripe (the *leader*) collects every write
+//!    of the same stripe waiting behind it, in submission order, up to the first operation
+//!    of the stripe that is not such a write (a read, a discard, a background operation) —
+//!    so the per-stripe FIFO holds and a read never sees part of a pass. The gathered
+//!    operations (*followers*) hang off the leader (`Sop::next`); they hold nothing
+//!    themselves: the leader holds the stripe, its gate and its bitmap regions.
+//! 2. **Plan** ([`Array::plan_pass`]) over the union: per member, the blocks the pass
+//!    writes; RMW reads the old data of the written blocks and P/Q of the touched rows,
+//!    RCW the other data of the touched rows; blocks the stripe cache holds
+//!    ([`super::cache`]) are not read. The plan reading fewer blocks wins; a tie goes to
+//!    RMW (see [`crate::stripe`]).
+//! 3. **Hold** (coalescing, [`Array::may_hold`]): a pass that would read waits while more
+//!    writes for its stripe arrive — only while other stripe operations of this shard have
+//!    member I/O in flight (their completions are what lets a client send more: a hold
+//!    with nothing else in flight would wait for writes the client cannot send), at most
+//!    [`ArrayConfig::write_hold_ns`], never with a FUA write in the pass, never once a
+//!    flush has arrived behind it, never while a read of the stripe waits, and never while
+//!    requests wait for a free stripe operation. When the writes gathered meanwhile make
+//!    the plan read nothing (a full stripe, or everything else cached) it goes at once.
+//! 4. **Read** the missing blocks into the cache entry; **compute** (the new data is
+//!    copied into the entry in submission order, later bytes winning; RMW keeps a copy of
+//!    the old rows in the leader's buffers for the deltas); **write** the written blocks
+//!    and P/Q of the touched rows from the entry, FUA if any write of the pass is.
+//! 5. **Finish**: on success the written blocks become valid in the cache; every
+//!    operation of the pass completes with the pass's status.
+//!
+//! A member I/O error while reading ends the gathering: the followers go back to the head
+//! of the stripe's waiting operations (in order) and the leader is planned again alone
+//! (degraded if a member was lost). A degraded stripe takes the single-operation path
+//! (`write_out`), and its cache entry is dropped.
+
+use arrayvec::ArrayVec;
+
+use super::cache::NONE;
+use super::{Array, ArrayError, ArrayOp, Phase};
+use crate::device::{Channel, Op};
+use crate::geometry::{Role, MAX_RAID6_MEMBERS};
+use crate::parity::{Delta, MAX_DATA_CHUNKS};
+use crate::stripe::WriteMode;
+
+/// A lone write up to this size (bytes) is copied into the stripe cache after its RMW;
+/// a larger one is written from the caller's buffer and not cached: small sequential
+/// writes are what a following pass re-reads, and the copy of a large one costs more than
+/// it saves.
+const LONE_COPY_MAX: usize = 16 << 10;
+
+/// Write request ends remembered for the stream test of a hold: enough for a few
+/// sequential streams interleaved with random writes, few enough to scan on every hold
+/// decision.
+pub(super) const RECENT_WRITES: usize = 32;
+
+/// Most members of any array (pointer tables on the stack).
+const MAX_MEMBERS: usize = MAX_RAID6_MEMBERS as usize;
+
+impl<C: Channel> Array<C> {
+    /// Whether operation `s` (waiting, not yet started) may join a pass: a client write,
+    /// or a write-zeroes that would be written as data (FUA, not a whole stripe, or
+    /// members without native write-zeroes).
+    pub(super) fn batchable(&self, s: u32) -> bool {
+        let sop = &self.sops[s as usize];
+        if sop.bg.is_some() || sop.foreign {
+            return false;
+        }
+        match self.reqs[sop.req as usize]
+            .as_ref()
+            .expect("live request")
+            .op
+        {
+            ArrayOp::Write { .. } => true,
+            ArrayOp::WriteZeroes { fua } => {
+                fua || !self.footprint(s).is_full_stripe() || !self.members_support(Op::WriteZeroes)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether any member of operation `s`'s stripe is missing for it (failed, not yet
+    /// rebuilt there, or an unrecovered read error in this operation).
+    fn stripe_degraded(&self, s: u32) -> bool {
+        (0..self.geo.geometry().members()).any(|m| self.missing(s, m))
+    }
+
+    /// A write operation `s` holds its stripe (bits durable, gate clear): a pass on a
+    /// healthy stripe, the single-operation path on a degraded one.
+    pub(super) fn start_write(&mut self, s: u32) {
+        if self.stripe_degraded(s) {
+            let stripe = self.sops[s as usize].stripe;
+            self.cache.invalidate(stripe);
+            return self.start_write_single(s);
+        }
+        self.start_pass(s);
+    }
+
+    /// Starts a pass led by `s`: pins the stripe's cache entry, gathers, plans, and holds
+    /// or issues.
+    fn start_pass(&mut self, s: u32) {
+        let stripe = self.sops[s as usize].stripe;
+        let alone = !self
+            .waiting
+            .iter()
+            .any(|&w| self.sops[w as usize].stripe == stripe);
+        if alone {
+            // A lone write the cache cannot help — a whole stripe, or a write that neither
+            // continues a stream nor finds its stripe cached (random writes) — takes the
+            // single-operation path: no copy, its working set at the front of its own
+            // buffers (cache-hot whatever the offset).
+            let full = self.footprint(s).is_full_stripe();
+            if full || (!self.continues_stream(s) && !self.cache.holds(stripe)) {
+                if full {
+                    self.cache.invalidate(stripe);
+                }
+                let sop = &self.sops[s as usize];
+                self.stats.write_passes += 1;
+                self.stats.batched_writes += 1;
+                self.stats.pass_written_bytes += sop.end - sop.start;
+                return self.start_write_single(s);
+            }
+        }
+        let fua = self.sop_fua(s);
+        {
+            let sop = &mut self.sops[s as usize];
+            debug_assert_eq!(sop.next, NONE);
+            sop.pass_entry = NONE;
+            sop.pass_writes = 1;
+            sop.pass_fua = fua;
+            sop.held_ns = None;
+            sop.flushes_seen = self.flushes;
+            sop.io_error = false;
+            for d in &mut sop.dirty {
+                d.clear();
+            }
+            sop.pass_direct.fill(0);
+            sop.rows.clear();
+        }
+        self.add_to_pass(s, s);
+        self.gather(s);
+        let (e, valid) = self.cache.pin(stripe);
+        self.stats.cache_hit_stripes += u64::from(valid > 0);
+        self.sops[s as usize].pass_entry = e;
+        self.plan_and_go(s);
+    }
+
+    /// Whether operation `s` is a FUA write (or write-zeroes).
+    fn sop_fua(&self, s: u32) -> bool {
+        self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .expect("live request")
+            .op
+            .fua()
+    }
+
+    /// Adds operation `f`'s footprint to the dirty blocks of the pass led by `lead`.
+    fn add_to_pass(&mut self, lead: u32, f: u32) {
+        let g = *self.geo.geometry();
+        let st = self.geo.stripe(self.sops[lead as usize].stripe);
+        let unit = g.block_bytes();
+        let w = self.footprint(f);
+        let sop = &mut self.sops[lead as usize];
+        for (k, x) in w.chunks() {
+            let (a, b) = (x.start / unit, x.end / unit);
+            sop.dirty[usize::from(st.data_member(k))].insert_range(a, b);
+            sop.rows.insert_range(a, b);
+        }
+    }
+
+    /// Moves the batchable writes of the leader's stripe that wait behind it into its pass,
+    /// in order, up to the first operation of the stripe that cannot join (or the batch
+    /// limit).
+    fn gather(&mut self, lead: u32) {
+        let stripe = self.sops[lead as usize].stripe;
+        let mut tail = lead;
+        while self.sops[tail as usize].next != NONE {
+            tail = self.sops[tail as usize].next;
+        }
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.sops[lead as usize].pass_writes >= self.write_batch {
+                break;
+            }
+            let f = self.waiting[i];
+            if self.sops[f as usize].stripe != stripe {
+                i += 1;
+                continue;
+            }
+            if !self.batchable(f) {
+                break;
+            }
+            self.waiting.remove(i);
+            let fua = self.sop_fua(f);
+            self.sops[f as usize].phase = Phase::Batched;
+            self.sops[tail as usize].next = f;
+            tail = f;
+            let sop = &mut self.sops[lead as usize];
+            sop.pass_writes += 1;
+            sop.pass_fua |= fua;
+            self.add_to_pass(lead, f);
+        }
+    }
+
+    /// Plans the pass led by `s` over everything gathered so far: fills `need` with the
+    /// blocks to read per member and returns the mode and how many blocks it reads.
+    pub(super) fn plan_pass(&mut self, s: u32) -> (WriteMode, u32) {
+        let g = *self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let nd = g.data_chunks();
+        let sop = &mut self.sops[s as usize];
+        let ent = self.cache.entry(sop.pass_entry);
+        let rows = &sop.rows;
+        // RMW: old data of the written blocks and P/Q of the touched rows, less what is
+        // cached. RCW: the other data of the touched rows, less what is cached.
+        let mut rmw = 0u32;
+        let mut rcw = 0u32;
+        let mut covers_all = true;
+        for k in 0..nd {
+            let m = usize::from(st.data_member(k));
+            let d = &sop.dirty[m];
+            let n = &mut sop.need[m];
+            n.set_difference(d, &ent.valid[m]);
+            rmw += n.count();
+            n.set_difference2(rows, d, &ent.valid[m]);
+            rcw += n.count();
+            covers_all &= d.is_superset(rows);
+        }
+        let parity = [Some(st.p_member()), st.q_member()];
+        for &m in parity.iter().flatten() {
+            let m = usize::from(m);
+            sop.need[m].set_difference(rows, &ent.valid[m]);
+            rmw += sop.need[m].count();
+        }
+        let mode = if rmw < rcw || (rmw == rcw && !covers_all) {
+            WriteMode::Rmw
+        } else if covers_all && rows.count() == rows.capacity() {
+            WriteMode::FullStripe
+        } else {
+            WriteMode::Rcw
+        };
+        // Fill `need` for the chosen mode (the loops above left RCW's data sets and RMW's
+        // parity sets in place).
+        match mode {
+            WriteMode::Rmw => {
+                for k in 0..nd {
+                    let m = usize::from(st.data_member(k));
+                    let (d, v) = (&sop.dirty[m], &ent.valid[m]);
+                    sop.need[m].set_difference(d, v);
+                }
+            }
+            _ => {
+                for &m in parity.iter().flatten() {
+                    sop.need[usize::from(m)].clear();
+                }
+            }
+        }
+        let reads = if mode == WriteMode::Rmw { rmw } else { rcw };
+        (mode, reads)
+    }
+
+    /// Blocks the pass led by `s` would read in `mode` with nothing cached.
+    fn uncached_reads(&self, s: u32, mode: WriteMode) -> u32 {
+        let g = self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let sop = &self.sops[s as usize];
+        let rows = sop.rows.count();
+        match mode {
+            WriteMode::Rmw => {
+                (0..g.data_chunks())
+                    .map(|k| sop.dirty[usize::from(st.data_member(k))].count())
+                    .sum::<u32>()
+                    + rows * u32::from(g.parity_chunks())
+            }
+            _ => (0..g.data_chunks())
+                .map(|k| rows - sop.dirty[usize::from(st.data_member(k))].count())
+                .sum(),
+        }
+    }
+
+    /// Plans the pass led by `s`; holds it (see the module docs) or issues it.
+    fn plan_and_go(&mut self, s: u32) {
+        let (mode, reads) = self.plan_pass(s);
+        if reads > 0 && self.may_hold(s) {
+            if self.sops[s as usize].held_ns.is_none() {
+                self.sops[s as usize].held_ns = Some(self.now);
+                self.stats.held_passes += 1;
+                self.held_passes.push_back(s);
+            }
+            self.sops[s as usize].phase = Phase::PassHeld;
+            return;
+        }
+        self.unhold(s);
+        self.issue_pass(s, mode, reads);
+    }
+
+    /// Takes the pass led by `s` off the held list, if it is there, counting the time.
+    fn unhold(&mut self, s: u32) {
+        if let Some(t) = self.sops[s as usize].held_ns.take() {
+            self.stats.held_ns += self.now.saturating_sub(t);
+            if let Some(i) = self.held_passes.iter().position(|&x| x == s) {
+                self.held_passes.remove(i);
+            }
+        }
+    }
+
+    /// Whether the pass led by `s`, which would read, may wait for more writes now.
+    fn may_hold(&self, s: u32) -> bool {
+        let sop = &self.sops[s as usize];
+        if self.write_hold_ns == 0
+            || sop.pass_fua
+            || sop.flushes_seen != self.flushes
+            || sop.pass_writes >= self.write_batch
+            || sop
+                .held_ns
+                .is_some_and(|t| self.now >= t + self.write_hold_ns)
+            || (self.free_sops.is_empty() && !self.backlog.is_empty())
+            // Only while other operations have member I/O in flight: their completions
+            // are what lets the client send the writes this pass waits for.
+            || self.ops_in_io == 0
+        {
+            return false;
+        }
+        // Only a pass that continues a stream of writes (one of its writes starts where a
+        // recent write request ended): random writes never coalesce, and holding them
+        // only delays them.
+        if !self.continues_stream(s) {
+            return false;
+        }
+        // Nothing of the stripe that cannot join may wait behind it (a read, say).
+        let stripe = sop.stripe;
+        !self
+            .waiting
+            .iter()
+            .any(|&w| self.sops[w as usize].stripe == stripe)
+    }
+
+    /// Whether a write of the pass led by `s` starts where a recent write request of this
+    /// shard ended ([`Array::note_write_end`]).
+    fn continues_stream(&self, s: u32) -> bool {
+        let sdb = self.geo.geometry().stripe_data_bytes();
+        let mut f = s;
+        while f != NONE {
+            let sop = &self.sops[f as usize];
+            let at = sop.stripe * sdb + sop.start;
+            if self.recent_write_ends.contains(&at) {
+                return true;
+            }
+            f = sop.next;
+        }
+        false
+    }
+
+    /// Remembers where a write request accepted by this shard ends (array byte offset),
+    /// for [`Self::continues_stream`]: the last [`RECENT_WRITES`] of them.
+    pub(super) fn note_write_end(&mut self, end: u64) {
+        let i = self.recent_write_next % RECENT_WRITES;
+        self.recent_write_ends[i] = end;
+        self.recent_write_next = self.recent_write_next.wrapping_add(1);
+    }
+
+    /// The passes being held: gather what arrived, and issue those that need no reads any
+    /// more or may not wait longer.
+    pub(super) fn held_work(&mut self) -> bool {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.held_passes.len() {
+            let s = self.held_passes[i];
+            if self.stripe_degraded(s) {
+                // A member was lost while the pass waited: the leader goes on alone on the
+                // degraded path, its followers after it.
+                self.unhold(s);
+                self.abort_pass(s);
+                self.start_write(s);
+                any = true;
+                continue;
+            }
+            let before = self.sops[s as usize].pass_writes;
+            self.gather(s);
+            let (_, reads) = self.plan_pass(s);
+            if reads > 0 && self.may_hold(s) {
+                any |= self.sops[s as usize].pass_writes != before;
+                i += 1;
+                continue;
+            }
+            // plan_and_go takes it off the list.
+            self.plan_and_go(s);
+            any = true;
+        }
+        any
+    }
+
+    /// The earliest time a held pass must go, ns (array clock).
+    pub(super) fn hold_deadline_ns(&self) -> Option<u64> {
+        self.held_passes
+            .iter()
+            .filter_map(|&s| self.sops[s as usize].held_ns)
+            .min()
+            .map(|t| t + self.write_hold_ns)
+    }
+
+    /// Issues the pass's reads (into its cache entry), or goes straight to compute and
+    /// write when it needs none.
+    fn issue_pass(&mut self, s: u32, mode: WriteMode, reads: u32) {
+        let unit = self.geo.geometry().block_bytes();
+        self.stats.write_passes += 1;
+        self.stats.batched_writes += u64::from(self.sops[s as usize].pass_writes);
+        self.stats.cache_hit_bytes +=
+            u64::from(self.uncached_reads(s, mode) - reads) * u64::from(unit);
+        let mut f = s;
+        while f != NONE {
+            let sop = &self.sops[f as usize];
+            self.stats.pass_written_bytes += sop.end - sop.start;
+            f = sop.next;
+        }
+        if reads == 0 {
+            return self.pass_write(s, mode);
+        }
+        self.stats.write_read_bytes += u64::from(reads) * u64::from(unit);
+        let e = self.sops[s as usize].pass_entry;
+        self.sops[s as usize].phase = Phase::PassRead(mode);
+        self.sops[s as usize].io_error = false;
+        for m in 0..self.slots() {
+            let mut at = 0;
+            while let Some((a, b)) = self.sops[s as usize].need[m].run_from(at) {
+                at = b;
+                let ptr = self.cache.entry_mut(e).bufs[m]
+                    .as_mut_ptr()
+                    .wrapping_add((a * unit) as usize);
+                self.io(s, m as u16, Op::Read, a * unit, (b - a) * unit, ptr);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// The pass's reads are back: on an error the pass ends its gathering (followers back
+    /// to the head of the waiting operations) and the leader is planned again alone;
+    /// otherwise what was read becomes valid and the pass computes and writes.
+    pub(super) fn pass_read_done(&mut self, s: u32, mode: WriteMode) {
+        if self.sops[s as usize].io_error {
+            self.abort_pass(s);
+            return self.start_write(s);
+        }
+        let e = self.sops[s as usize].pass_entry;
+        if self.cache.current(e) {
+            for m in 0..self.slots() {
+                let n = &self.sops[s as usize].need[m];
+                self.cache.entry_mut(e).valid[m].union_with(n);
+            }
+        }
+        self.pass_write(s, mode);
+    }
+
+    /// Undoes the pass led by `s` before any write went out: its followers return to the
+    /// head of the waiting operations in their order, its cache entry is unpinned and
+    /// forgotten, and `s` is a lone operation again.
+    fn abort_pass(&mut self, s: u32) {
+        let mut chain: ArrayVec<u32, 256> = ArrayVec::new();
+        let mut f = std::mem::replace(&mut self.sops[s as usize].next, NONE);
+        while f != NONE {
+            let next = std::mem::replace(&mut self.sops[f as usize].next, NONE);
+            self.sops[f as usize].phase = Phase::Queued;
+            // A pass holds at most every stripe operation.
+            if chain.try_push(f).is_err() {
+                unreachable!("more followers than stripe operations");
+            }
+            f = next;
+        }
+        for &f in chain.iter().rev() {
+            self.waiting.push_front(f);
+        }
+        let e = std::mem::replace(&mut self.sops[s as usize].pass_entry, NONE);
+        self.cache.unpin(e, false);
+        self.sops[s as usize].phase = Phase::Queued;
+    }
+
+    /// Marks the data chunks of the pass that one operation alone writes, over every
+    /// touched row: their parity sources and member writes come straight from that
+    /// operation's buffer (no copy into the entry; full-stripe and chunk-sized writes cost
+    /// what they cost without a cache), and the entry does not hold their new data.
+    /// `pass_direct[m]` is then the address of chunk offset 0 of member `m`'s chunk in the
+    /// caller's buffer (only ever dereferenced inside that write's range).
+    fn find_direct(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let c = u64::from(g.chunk_bytes());
+        let unit = g.block_bytes();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let Some((first, _)) = self.sops[s as usize].rows.run_from(0) else {
+            return;
+        };
+        let mut last = first;
+        let mut at = 0;
+        while let Some((_, b)) = self.sops[s as usize].rows.run_from(at) {
+            at = b;
+            last = b;
+        }
+        // Per data chunk: how many operations write it, and the last one's range.
+        let mut writers: ArrayVec<(u32, u32, u32, u32), MAX_DATA_CHUNKS> = ArrayVec::new();
+        for _ in 0..g.data_chunks() {
+            writers.push((0, NONE, 0, 0));
+        }
+        let mut f = s;
+        while f != NONE {
+            for (k, x) in self.footprint(f).chunks() {
+                let w = &mut writers[usize::from(k)];
+                *w = (w.0 + 1, f, x.start, x.end);
+            }
+            f = self.sops[f as usize].next;
+        }
+        for k in 0..g.data_chunks() {
+            let (n, f, xs, xe) = writers[usize::from(k)];
+            if n == 1 && xs <= first * unit && xe >= last * unit {
+                let p = self.client_ptr(f, u64::from(k) * c + u64::from(xs));
+                let m = usize::from(st.data_member(k));
+                self.sops[s as usize].pass_direct[m] = (p as usize).wrapping_sub(xs as usize);
+            }
+        }
+    }
+
+    /// Copies the new data of every operation of the pass into the cache entry, in
+    /// submission order (later bytes win).
+    fn overlay(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let c = u64::from(g.chunk_bytes());
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let e = self.sops[s as usize].pass_entry;
+        let mut f = s;
+        while f != NONE {
+            let w = self.footprint(f);
+            for (k, x) in w.chunks() {
+                if self.sops[s as usize].pass_direct[usize::from(st.data_member(k))] != 0 {
+                    // Written straight from the caller's buffer (see `find_direct`).
+                    continue;
+                }
+                let src = self.client_ptr(f, u64::from(k) * c + u64::from(x.start));
+                let dst = self.cache.entry_mut(e).bufs[usize::from(st.data_member(k))]
+                    .as_mut_ptr()
+                    .wrapping_add(x.start as usize);
+                // SAFETY: src is the caller's buffer range for these bytes of chunk k (lent
+                // until the request completes; or the chunk-sized zero buffer for
+                // write-zeroes), dst the pinned cache entry's chunk buffer at the same
+                // chunk offset, x.len() bytes inside the chunk; they never overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst, x.len() as usize) };
+            }
+            f = self.sops[f as usize].next;
+        }
+    }
+
+    /// Computes the pass's parity in its cache entry and issues its writes.
+    fn pass_write(&mut self, s: u32, mode: WriteMode) {
+        let g = *self.geo.geometry();
+        let unit = g.block_bytes();
+        let nd = g.data_chunks();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let e = self.sops[s as usize].pass_entry;
+        let members = self.slots();
+        // Pointers to the entry's member buffers: P/Q are written while data is read, and
+        // the borrow checker cannot split one Vec that way.
+        let mut eb: ArrayVec<*mut u8, MAX_MEMBERS> = ArrayVec::new();
+        for m in 0..members {
+            eb.push(self.cache.entry_mut(e).bufs[m].as_mut_ptr());
+        }
+        let pm = usize::from(st.p_member());
+        let qm = st.q_member().map(usize::from);
+        let lone = self.sops[s as usize].next == NONE && self.footprint(s).touched() == 1;
+        // The written blocks and P/Q rows are not valid until the writes are durable.
+        {
+            let sop = &self.sops[s as usize];
+            let ent = self.cache.entry_mut(e);
+            for k in 0..nd {
+                let m = usize::from(st.data_member(k));
+                for (a, b) in sop.dirty[m].runs() {
+                    ent.valid[m].remove_range(a, b);
+                }
+            }
+            for m in [Some(pm), qm].into_iter().flatten() {
+                for (a, b) in sop.rows.runs() {
+                    ent.valid[m].remove_range(a, b);
+                }
+            }
+        }
+        match mode {
+            WriteMode::Rmw if lone => {
+                // One write inside one chunk: old data from the entry, new from the caller,
+                // straight into the kernel; then the new data goes into the entry.
+                let c = u64::from(g.chunk_bytes());
+                let (k, x) = self.footprint(s).chunks().next().expect("one chunk");
+                let src = self.client_ptr(s, u64::from(k) * c + u64::from(x.start));
+                let m = usize::from(st.data_member(k));
+                let (a, len) = (x.start as usize, x.len() as usize);
+                // SAFETY: eb[m], eb[pm], eb[qm] are distinct members' chunk buffers of the
+                // pinned entry (chunk bytes each; a..a+len lies in the chunk); src is the
+                // caller's range for exactly these bytes (lent for the request's life).
+                unsafe {
+                    let old = std::slice::from_raw_parts(eb[m].add(a), len);
+                    let new = std::slice::from_raw_parts(src, len);
+                    let deltas = [Delta {
+                        slot: st.q_slot(k) as u8,
+                        old,
+                        new,
+                    }];
+                    let p = std::slice::from_raw_parts_mut(eb[pm].add(a), len);
+                    match qm {
+                        Some(qm) => {
+                            let q = std::slice::from_raw_parts_mut(eb[qm].add(a), len);
+                            self.parity.update_pq(&deltas, p, q);
+                        }
+                        None => self.parity.update_p(&deltas, p),
+                    }
+                    if len <= LONE_COPY_MAX {
+                        std::ptr::copy_nonoverlapping(src, eb[m].add(a), len);
+                    }
+                }
+                if len > LONE_COPY_MAX {
+                    // Written from the caller's buffer, not cached.
+                    let sop = &mut self.sops[s as usize];
+                    sop.pass_direct[m] = (src as usize).wrapping_sub(a);
+                }
+            }
+            WriteMode::Rmw => {
+                // Keep the old contents of the touched rows of every written chunk in the
+                // leader's own buffers (same chunk offsets), overlay, then P/Q ⊕= Δ per
+                // run of touched rows. Blocks of a row the pass does not write have
+                // old = new there, so their Δ is zero.
+                let mut at = 0;
+                while let Some((a, b)) = self.sops[s as usize].rows.run_from(at) {
+                    at = b;
+                    let (off, len) = ((a * unit) as usize, ((b - a) * unit) as usize);
+                    for k in 0..nd {
+                        let m = usize::from(st.data_member(k));
+                        let sop = &mut self.sops[s as usize];
+                        if sop.dirty[m].any_in(a, b) {
+                            // SAFETY: eb[m] is the pinned entry's chunk buffer of member m
+                            // and sop.bufs[m] the leader's own chunk buffer: distinct
+                            // allocations, off+len inside both.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    eb[m].add(off),
+                                    sop.bufs[m].as_mut_ptr().add(off),
+                                    len,
+                                )
+                            };
+                        }
+                    }
+                }
+                self.overlay(s);
+                let mut at = 0;
+                while let Some((a, b)) = self.sops[s as usize].rows.run_from(at) {
+                    at = b;
+                    let (off, len) = ((a * unit) as usize, ((b - a) * unit) as usize);
+                    let sop = &self.sops[s as usize];
+                    let mut deltas: ArrayVec<Delta<'_>, MAX_DATA_CHUNKS> = ArrayVec::new();
+                    for k in 0..nd {
+                        let m = usize::from(st.data_member(k));
+                        if sop.dirty[m].any_in(a, b) {
+                            deltas.push(Delta {
+                                slot: st.q_slot(k) as u8,
+                                old: &sop.bufs[m][off..off + len],
+                                // SAFETY: the entry's buffer of data member m, off+len
+                                // inside the chunk; only P/Q buffers are written below.
+                                new: unsafe { std::slice::from_raw_parts(eb[m].add(off), len) },
+                            });
+                        }
+                    }
+                    // SAFETY: P's and Q's entry buffers, distinct from the data buffers the
+                    // deltas read and from the leader's buffers.
+                    let p = unsafe { std::slice::from_raw_parts_mut(eb[pm].add(off), len) };
+                    match qm {
+                        Some(qm) => {
+                            // SAFETY: as above.
+                            let q = unsafe { std::slice::from_raw_parts_mut(eb[qm].add(off), len) };
+                            self.parity.update_pq(&deltas, p, q);
+                        }
+                        None => self.parity.update_p(&deltas, p),
+                    }
+                }
+            }
+            WriteMode::Rcw | WriteMode::FullStripe => {
+                self.find_direct(s);
+                self.overlay(s);
+                let mut data: ArrayVec<*const u8, MAX_DATA_CHUNKS> = ArrayVec::new();
+                for _ in 0..nd {
+                    data.push(std::ptr::null());
+                }
+                for k in 0..nd {
+                    let m = usize::from(st.data_member(k));
+                    let direct = self.sops[s as usize].pass_direct[m];
+                    data[usize::from(st.q_slot(k))] = if direct != 0 {
+                        direct as *const u8
+                    } else {
+                        eb[m]
+                    };
+                }
+                let mut at = 0;
+                while let Some((a, b)) = self.sops[s as usize].rows.run_from(at) {
+                    at = b;
+                    let (off, len) = ((a * unit) as usize, ((b - a) * unit) as usize);
+                    let mut srcs: ArrayVec<&[u8], MAX_DATA_CHUNKS> = ArrayVec::new();
+                    for &p in &data {
+                        // SAFETY: each pointer addresses chunk offset 0 of a data chunk:
+                        // the entry's buffer (the whole chunk), or the caller's buffer of
+                        // the one write that covers every touched row of that chunk
+                        // (`find_direct`), so off..off+len lies in memory lent to us; P/Q
+                        // (written below) are other members' entry buffers.
+                        srcs.push(unsafe { std::slice::from_raw_parts(p.wrapping_add(off), len) });
+                    }
+                    // SAFETY: P's and Q's entry buffers, distinct from every data buffer.
+                    let p = unsafe { std::slice::from_raw_parts_mut(eb[pm].add(off), len) };
+                    match qm {
+                        Some(qm) => {
+                            // SAFETY: as above.
+                            let q = unsafe { std::slice::from_raw_parts_mut(eb[qm].add(off), len) };
+                            self.parity.gen_pq(&srcs, p, q);
+                        }
+                        None => self.parity.gen_p(&srcs, p),
+                    }
+                }
+            }
+            WriteMode::Degraded => unreachable!("degraded stripes take the single path"),
+        }
+        self.issue_pass_writes(s, mode);
+    }
+
+    /// Issues the pass's member writes from its cache entry: the written blocks of every
+    /// data member, P/Q over the touched rows; FUA if any write of the pass is.
+    fn issue_pass_writes(&mut self, s: u32, mode: WriteMode) {
+        let g = *self.geo.geometry();
+        let unit = g.block_bytes();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let e = self.sops[s as usize].pass_entry;
+        let fua = self.sops[s as usize].pass_fua;
+        let sop = &mut self.sops[s as usize];
+        sop.phase = Phase::PassWrite;
+        sop.mode = mode;
+        sop.io_error = false;
+        for m in 0..self.slots() {
+            let set_is_rows = !matches!(st.role(m as u16), Role::Data { .. });
+            let mut at = 0;
+            loop {
+                let sop = &self.sops[s as usize];
+                let set = if set_is_rows {
+                    &sop.rows
+                } else {
+                    &sop.dirty[m]
+                };
+                let Some((a, b)) = set.run_from(at) else {
+                    break;
+                };
+                at = b;
+                let direct = self.sops[s as usize].pass_direct[m];
+                let base = if direct != 0 && !set_is_rows {
+                    direct as *mut u8
+                } else {
+                    self.cache.entry_mut(e).bufs[m].as_mut_ptr()
+                };
+                let ptr = base.wrapping_add((a * unit) as usize);
+                self.io_write(
+                    s,
+                    m as u16,
+                    Op::Write { fua },
+                    a * unit,
+                    (b - a) * unit,
+                    ptr,
+                );
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// A write (pass or single) of operation `s` is back: counts it by mode, and returns
+    /// its status — [`ArrayError::Unrecoverable`] when the array has lost more members than
+    /// its redundancy, so the stripe's data is gone — and how many members are failed.
+    pub(super) fn write_done(&mut self, s: u32) -> (Result<(), ArrayError>, usize) {
+        let g = *self.geo.geometry();
+        match self.sops[s as usize].mode {
+            WriteMode::FullStripe => self.stats.full_stripe_writes += 1,
+            WriteMode::Rmw => self.stats.rmw_writes += 1,
+            WriteMode::Rcw => self.stats.rcw_writes += 1,
+            WriteMode::Degraded => self.stats.degraded_writes += 1,
+        }
+        let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+        let status = if lost > usize::from(g.parity_chunks()) {
+            Err(ArrayError::Unrecoverable {
+                stripe: self.sops[s as usize].stripe,
+            })
+        } else {
+            Ok(())
+        };
+        (status, lost)
+    }
+
+    /// The pass's writes are back: counts it, marks what it wrote valid in the cache (when
+    /// every write succeeded and nothing invalidated the cache meanwhile), and completes
+    /// every operation of the pass with its status.
+    pub(super) fn pass_written(&mut self, s: u32) {
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let (status, lost) = self.write_done(s);
+        let e = std::mem::replace(&mut self.sops[s as usize].pass_entry, NONE);
+        let ok = !self.sops[s as usize].io_error && lost == 0 && self.cache.current(e);
+        if ok {
+            let sop = &self.sops[s as usize];
+            let ent = self.cache.entry_mut(e);
+            for m in 0..ent.valid.len() {
+                let set = match st.role(m as u16) {
+                    // Written from the caller's buffer: the entry does not hold it.
+                    Role::Data { .. } if sop.pass_direct[m] != 0 => continue,
+                    Role::Data { .. } => &sop.dirty[m],
+                    _ => &sop.rows,
+                };
+                ent.valid[m].union_with(set);
+            }
+        }
+        self.cache.unpin(e, ok);
+        let mut f = std::mem::replace(&mut self.sops[s as usize].next, NONE);
+        while f != NONE {
+            let next = std::mem::replace(&mut self.sops[f as usize].next, NONE);
+            self.finish_sop(f, status);
+            f = next;
+        }
+        self.finish_sop(s, status);
+    }
+}
