@@ -30,11 +30,28 @@ use clap::{Args, Parser, Subcommand};
 use engine::geometry::{Geometry, Layout, Level, Role};
 use engine::parity::Kernel;
 
+/// Exit status of a command-line usage error (unknown command or option, bad value):
+/// `EX_USAGE` of BSD's sysexits.h, apart from every status a command itself reports
+/// (clap's own default, 2, is `ferroraid status`'s "array failed").
+const EXIT_USAGE: u8 = 64;
+
+/// The exit statuses, shown at the end of `ferroraid --help` (README.md has the same table).
+const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0   success; status: the array is healthy
+  1   error (the message says which), a refused fail/remove/add, examine found a problem;
+      status: the array is degraded or rebuilding
+  2   status: the array has failed
+  3   check/repair: parity mismatches were found
+  4   status: no target answers on the management socket
+  64  usage error: unknown command or option, bad value (EX_USAGE of sysexits.h)";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ferroraid",
     version,
-    about = "ferroraid: a polled-mode RAID5/RAID6 target"
+    about = "ferroraid: a polled-mode RAID5/RAID6 target",
+    after_help = EXIT_STATUS_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -145,7 +162,20 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 fn main() -> std::process::ExitCode {
-    match run() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print to stdout and succeed; everything else clap rejects
+        // is a usage error.
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                std::process::ExitCode::from(EXIT_USAGE)
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader went away (`| head`): stop quietly, as Unix tools do.
         Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
@@ -167,14 +197,25 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-fn run() -> Result<()> {
+/// Whether log lines on stderr get ANSI colours: only when stderr is a terminal and
+/// `NO_COLOR` is unset or empty (<https://no-color.org>: any non-empty value disables).
+fn log_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(log_colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Layout { shape, stripes } => layout(&shape, stripes),
         Command::Map { shape, offset } => map(&shape, offset),
         Command::Kernels => {
@@ -278,4 +319,27 @@ fn map(shape: &Shape, offset: u64) -> Result<()> {
         st.q_member().map(|q| format!(", Q on member {q}")).unwrap_or_default()
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_colour_only_on_a_terminal_without_no_color() {
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some("".into())));
+        assert!(!log_colour(true, Some("1".into())));
+        assert!(!log_colour(false, None));
+        assert!(!log_colour(false, Some("".into())));
+    }
+
+    #[test]
+    fn usage_errors_are_not_help() {
+        let e = Cli::try_parse_from(["ferroraid", "bogus"]).unwrap_err();
+        assert!(e.use_stderr());
+        let e = Cli::try_parse_from(["ferroraid", "--help"]).unwrap_err();
+        assert!(!e.use_stderr());
+        assert!(e.to_string().contains("64"), "{e}");
+    }
 }

@@ -119,7 +119,8 @@ pub struct ServeArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Cores to run reactors on, one reactor each (e.g. 0,1). Default: `--reactors`
-    /// reactors on cores chosen with hwloc.
+    /// reactors, one per physical core, the members' NUMA node first (read with hwloc in
+    /// builds with the `hwloc` feature, else from sysfs; serve logs which).
     #[arg(long, value_delimiter = ',')]
     cores: Vec<usize>,
     /// Reactors when no --cores are given (default 1).

@@ -64,7 +64,8 @@ pub struct ServeOptions {
     /// (`vfio:DDDD:BB:DD.F`).
     pub devices: Vec<PathBuf>,
     /// CPU cores of the reactors (one reactor each). Empty: `reactors` reactors on cores
-    /// chosen with hwloc (one per physical core, the members' NUMA node first).
+    /// chosen by `drivers::topology::choose_cores` (hwloc with the `hwloc` feature, else
+    /// the kernel's sysfs topology: one per physical core, the members' NUMA node first).
     pub cores: Vec<usize>,
     /// Reactors when `cores` is empty (at least 1).
     pub reactors: usize,
@@ -1052,13 +1053,24 @@ impl Target {
                 .first()
                 .and_then(|p| drivers::topology::device_numa_node(p));
             match drivers::topology::choose_cores(opts.reactors.max(1), node) {
-                Ok(c) => c.into_iter().map(Some).collect(),
+                Ok(choice) => {
+                    let near = match node {
+                        Some(n) => format!("NUMA node {n} first"),
+                        None => "the members' NUMA node unknown".to_string(),
+                    };
+                    info!(
+                        "reactor cores {:?} chosen by {} topology (one hardware thread per physical core, {near})",
+                        choice.cores, choice.method
+                    );
+                    choice.cores.into_iter().map(Some).collect()
+                }
                 Err(e) => {
                     warn!("{e}; running {} unpinned reactors", opts.reactors.max(1));
                     vec![None; opts.reactors.max(1)]
                 }
             }
         } else {
+            info!("reactor cores {:?} as given (--cores)", opts.cores);
             opts.cores.iter().copied().map(Some).collect()
         };
         let n = cores.len();

@@ -577,7 +577,8 @@ pub fn ensure_md_fixtures(dir: &Path, who: &str) -> bool {
 /// (cargo decides freshness; well under a second when fresh) with the same target
 /// directory and the profile that made this test: `debug` is `cargo test`'s `test`
 /// profile (whose dependencies this build already compiled, so only the binary links),
-/// `release` is `--release`, anything else `--profile NAME`. `FERRORAID_BIN` skips all of
+/// `release` is `--release`, anything else `--profile NAME`; this crate's `hwloc` feature
+/// builds it `--features hwloc`. `FERRORAID_BIN` skips all of
 /// it. Every test that runs the binary uses this one function, so no two of them
 /// rebuild `target/<profile>/ferroraid` with different profiles.
 pub fn ferroraid_bin() -> &'static Path {
@@ -614,6 +615,10 @@ pub fn ferroraid_bin() -> &'static Path {
             .args(["--profile", profile, "--target-dir"])
             .arg(target_dir)
             .stdin(Stdio::null());
+        // The binary picks cores the way this test build does (`--features hwloc`).
+        if cfg!(feature = "hwloc") {
+            cmd.args(["--features", "hwloc"]);
+        }
         let start = Instant::now();
         match cmd.output() {
             Ok(out) if out.status.success() => {}
