@@ -5,13 +5,19 @@ Usage:  python3 bench/nbd_bench.py [--dir DIR] [--member-mib N] [--seconds S] [-
 
 Builds `ferroraid` (release), creates a RAID6 over six member files in DIR (default a new
 temporary directory on the file system of /var/tmp), serves it with `ferroraid serve`
-(one polled reactor pinned to the last CPU), and runs three fio workloads with fio's `nbd`
+(one polled reactor pinned to the last CPU), and runs fio workloads with fio's `nbd`
 engine (pinned to CPU 0): 4 KiB random read QD32, 4 KiB random write QD32, 1 MiB
-sequential write QD8. Then it serves one member-sized file with `qemu-nbd --cache=none
+sequential write QD8, and the sub-stripe writes of the stripe-cache issue: 4 KiB
+sequential write QD32, 64 KiB sequential write QD8, 4 KiB write QD1 with an fsync (NBD
+flush) after each, 16 KiB random 70/30 read/write QD16 (IOPS of both sides added). Then it
+serves one member-sized file with `qemu-nbd --cache=none
 --aio=io_uring` (pinned to the same CPU as the reactor) and runs the same workloads. Both
 targets are prefilled with data first (random reads of holes would measure nothing).
 Prints a Markdown table with IOPS, MB/s and the ratio ferroraid / qemu-nbd per workload,
 median over --runs runs, and the machine. Needs fio, qemu-nbd, qemu-img.
+`--exe PATH` runs a given ferroraid binary (an older build, for before/after tables)
+instead of building this tree; `--only NAME,...` runs a subset of the workloads (by the
+short names in WORKLOADS).
 """
 
 import argparse
@@ -50,19 +56,22 @@ def wait_port(port, proc, what, timeout=30):
     sys.exit(f"{what} did not listen on {port} within {timeout} s")
 
 
-def fio(uri, rw, bs, qd, seconds, size, cpu):
+def fio(uri, rw, bs, qd, seconds, size, cpu, extra=()):
     cmd = [
         "taskset", "-c", str(cpu),
         "fio", "--name=job", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
         f"--bs={bs}", f"--iodepth={qd}", f"--size={size}", "--time_based",
         f"--runtime={seconds}", "--output-format=json", "--randrepeat=0",
-        "--norandommap",
+        "--norandommap", *extra,
     ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     # fio's nbd engine prints "fio: connected to NBD server" before the JSON.
     job = json.loads(out[out.index("{"):])["jobs"][0]
-    side = job["read"] if rw.endswith("read") else job["write"]
-    return side["iops"], side["bw_bytes"] / 1e6
+    if rw == "randrw":
+        sides = [job["read"], job["write"]]
+    else:
+        sides = [job["read"] if rw.endswith("read") else job["write"]]
+    return sum(x["iops"] for x in sides), sum(x["bw_bytes"] for x in sides) / 1e6
 
 
 def prefill(uri, size, cpu):
@@ -73,16 +82,24 @@ def prefill(uri, size, cpu):
         check=True, capture_output=True)
 
 
-WORKLOADS = [
-    ("4 KiB random read, QD32", "randread", "4k", 32),
-    ("4 KiB random write, QD32", "randwrite", "4k", 32),
-    ("1 MiB sequential write, QD8", "write", "1m", 8),
+# (short name, title, fio rw, block size, queue depth, extra fio options)
+ALL_WORKLOADS = [
+    ("randread", "4 KiB random read, QD32", "randread", "4k", 32, ()),
+    ("randwrite", "4 KiB random write, QD32", "randwrite", "4k", 32, ()),
+    ("seq1m", "1 MiB sequential write, QD8", "write", "1m", 8, ()),
+    ("seq4k", "4 KiB sequential write, QD32", "write", "4k", 32, ()),
+    ("seq64k", "64 KiB sequential write, QD8", "write", "64k", 8, ()),
+    ("fsync4k", "4 KiB write + fsync each, QD1", "write", "4k", 1, ("--fsync=1",)),
+    ("randrw16k", "16 KiB random 70/30 read/write, QD16", "randrw", "16k", 16,
+     ("--rwmixread=70",)),
 ]
+WORKLOADS = ALL_WORKLOADS
 
 
 def measure(uri, size, seconds, cpu):
     prefill(uri, size, cpu)
-    return [fio(uri, rw, bs, qd, seconds, size, cpu) for _, rw, bs, qd in WORKLOADS]
+    return [fio(uri, rw, bs, qd, seconds, size, cpu, extra)
+            for _, _, rw, bs, qd, extra in WORKLOADS]
 
 
 def main():
@@ -91,12 +108,26 @@ def main():
     ap.add_argument("--member-mib", type=int, default=512)
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--exe", help="a prebuilt ferroraid binary to measure")
+    ap.add_argument("--only", help="comma-separated workload names: "
+                    + ",".join(w[0] for w in ALL_WORKLOADS))
     a = ap.parse_args()
+    global WORKLOADS
+    if a.only:
+        names = a.only.split(",")
+        unknown = [n for n in names if n not in {w[0] for w in ALL_WORKLOADS}]
+        if unknown:
+            sys.exit(f"unknown workloads {unknown}")
+        WORKLOADS = [w for w in ALL_WORKLOADS if w[0] in names]
     for tool in ("fio", "qemu-nbd", "taskset"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed")
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferroraid"], cwd=ROOT, check=True)
-    exe = os.path.join(ROOT, "target", "release", "ferroraid")
+    if a.exe:
+        exe = os.path.abspath(a.exe)
+    else:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferroraid"], cwd=ROOT,
+                       check=True)
+        exe = os.path.join(ROOT, "target", "release", "ferroraid")
     cpus = sorted(os.sched_getaffinity(0))
     target_cpu, client_cpu = cpus[-1], cpus[0]
     work = a.dir or tempfile.mkdtemp(prefix="nbd-bench-", dir="/var/tmp")
@@ -115,7 +146,7 @@ def main():
     with open(single, "wb") as f:
         f.truncate(size)
 
-    rows = {w[0]: ([], []) for w in WORKLOADS}
+    rows = {w[1]: ([], []) for w in WORKLOADS}
     for run in range(a.runs):
         port = free_port()
         srv = subprocess.Popen(
@@ -128,7 +159,7 @@ def main():
         finally:
             srv.send_signal(signal.SIGTERM)
             srv.wait(timeout=60)
-        for (name, *_), r in zip(WORKLOADS, res):
+        for (_, name, *_), r in zip(WORKLOADS, res):
             rows[name][0].append(r)
         port = free_port()
         q = subprocess.Popen(
@@ -142,7 +173,7 @@ def main():
         finally:
             q.terminate()
             q.wait(timeout=30)
-        for (name, *_), r in zip(WORKLOADS, res):
+        for (_, name, *_), r in zip(WORKLOADS, res):
             rows[name][1].append(r)
         print(f"run {run + 1}/{a.runs} done", file=sys.stderr)
 
@@ -156,7 +187,8 @@ def main():
     print()
     print("| workload | ferroraid IOPS | ferroraid MB/s | qemu-nbd IOPS | qemu-nbd MB/s | ratio |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, *_ in WORKLOADS:
+    print(f"- ferroraid binary: {exe}")
+    for _, name, *_ in WORKLOADS:
         ours, theirs = rows[name]
         oi = statistics.median(x[0] for x in ours)
         ob = statistics.median(x[1] for x in ours)

@@ -31,6 +31,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxBuildHasher;
+
 use crate::buf::AlignedBuf;
 
 /// A set of blocks of one chunk: bit `b` is block `b` (bytes `b·unit .. (b+1)·unit` of the
@@ -230,7 +232,7 @@ impl CacheEntry {
 /// The per-shard stripe cache (see the module docs).
 pub(crate) struct StripeCache {
     entries: Vec<CacheEntry>,
-    map: HashMap<u64, u32>,
+    map: HashMap<u64, u32, FxBuildHasher>,
     /// Least recently used unpinned entry (evicted first), and the most recent one.
     head: u32,
     tail: u32,
@@ -261,7 +263,7 @@ impl StripeCache {
                     next: NONE,
                 })
                 .collect(),
-            map: HashMap::with_capacity(entries),
+            map: HashMap::with_capacity_and_hasher(entries, FxBuildHasher),
             head: NONE,
             tail: NONE,
             epoch: 0,

@@ -545,6 +545,9 @@ struct ReqCtx {
     submit_ns: u64,
     /// Whether the pacer was told of the request (reads and writes, not flushes).
     paced: bool,
+    /// A write that starts where one of the shard's last write requests ended: it
+    /// continues a sequential stream ([`pass`]: only such writes are held to coalesce).
+    sequential: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1207,6 +1210,7 @@ impl<C: Channel> Array<C> {
             error: invalid,
             submit_ns: self.now,
             paced,
+            sequential: r.op.is_write() && self.recent_write_ends.contains(&r.offset_bytes),
         });
         if invalid.is_some() {
             self.finish_req(idx);

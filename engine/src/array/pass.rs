@@ -52,10 +52,9 @@ use crate::stripe::WriteMode;
 /// it saves.
 const LONE_COPY_MAX: usize = 16 << 10;
 
-/// Write request ends remembered for the stream test of a hold: enough for a few
-/// sequential streams interleaved with random writes, few enough to scan on every hold
-/// decision.
-pub(super) const RECENT_WRITES: usize = 32;
+/// Write request ends remembered for the stream test at submission: enough for a few
+/// sequential streams interleaved with other writes, few enough to scan on every write.
+pub(super) const RECENT_WRITES: usize = 8;
 
 /// Most members of any array (pointer tables on the stack).
 const MAX_MEMBERS: usize = MAX_RAID6_MEMBERS as usize;
@@ -85,6 +84,10 @@ impl<C: Channel> Array<C> {
     /// Whether any member of operation `s`'s stripe is missing for it (failed, not yet
     /// rebuilt there, or an unrecovered read error in this operation).
     fn stripe_degraded(&self, s: u32) -> bool {
+        // Members being rebuilt count as failed in `failed_members`.
+        if self.failed_members == 0 && self.sops[s as usize].bad.is_empty() {
+            return false;
+        }
         (0..self.geo.geometry().members()).any(|m| self.missing(s, m))
     }
 
@@ -103,26 +106,22 @@ impl<C: Channel> Array<C> {
     /// or issues.
     fn start_pass(&mut self, s: u32) {
         let stripe = self.sops[s as usize].stripe;
-        let alone = !self
-            .waiting
-            .iter()
-            .any(|&w| self.sops[w as usize].stripe == stripe);
-        if alone {
-            // A lone write the cache cannot help — a whole stripe, or a write that neither
-            // continues a stream nor finds its stripe cached (random writes) — takes the
-            // single-operation path: no copy, its working set at the front of its own
-            // buffers (cache-hot whatever the offset).
-            let full = self.footprint(s).is_full_stripe();
-            if full || (!self.continues_stream(s) && !self.cache.holds(stripe)) {
-                if full {
-                    self.cache.invalidate(stripe);
-                }
-                let sop = &self.sops[s as usize];
-                self.stats.write_passes += 1;
-                self.stats.batched_writes += 1;
-                self.stats.pass_written_bytes += sop.end - sop.start;
-                return self.start_write_single(s);
+        // A write the cache cannot help — a whole stripe, or a write that neither continues
+        // a stream nor finds its stripe cached (random writes) — takes the single-operation
+        // path: no copy, its working set at the front of its own buffers (cache-hot
+        // whatever the offset). Writes of the stripe waiting behind it (rare for such
+        // writes) form the next pass. Decided without scanning the waiting operations:
+        // this runs for every write, and a random writer keeps a queue's worth waiting.
+        let full = self.footprint(s).is_full_stripe();
+        if full || !(self.continues_stream(s) || self.cache.holds(stripe)) {
+            if full {
+                self.cache.invalidate(stripe);
             }
+            let sop = &self.sops[s as usize];
+            self.stats.write_passes += 1;
+            self.stats.batched_writes += 1;
+            self.stats.pass_written_bytes += sop.end - sop.start;
+            return self.start_write_single(s);
         }
         let fua = self.sop_fua(s);
         {
@@ -338,20 +337,14 @@ impl<C: Channel> Array<C> {
             .any(|&w| self.sops[w as usize].stripe == stripe)
     }
 
-    /// Whether a write of the pass led by `s` starts where a recent write request of this
-    /// shard ended ([`Array::note_write_end`]).
+    /// Whether the write leading the pass `s` continues a sequential stream: its request
+    /// started where one of the shard's last [`RECENT_WRITES`] write requests ended when it
+    /// was submitted ([`Array::note_write_end`]; tested at submission, where the stream's
+    /// previous write is at most a few requests back whatever the client's queue depth).
     fn continues_stream(&self, s: u32) -> bool {
-        let sdb = self.geo.geometry().stripe_data_bytes();
-        let mut f = s;
-        while f != NONE {
-            let sop = &self.sops[f as usize];
-            let at = sop.stripe * sdb + sop.start;
-            if self.recent_write_ends.contains(&at) {
-                return true;
-            }
-            f = sop.next;
-        }
-        false
+        self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .is_some_and(|r| r.sequential)
     }
 
     /// Remembers where a write request accepted by this shard ends (array byte offset),
