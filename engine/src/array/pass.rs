@@ -16,7 +16,8 @@
 //!    writes; RMW reads the old data of the written blocks and P/Q of the touched rows,
 //!    RCW the other data of the touched rows; blocks the stripe cache holds
 //!    ([`super::cache`]) are not read. The plan reading fewer blocks wins; a tie goes to
-//!    RMW (see [`crate::stripe`]).
+//!    RMW (see [`crate::stripe`]) unless neither reads anything: then RCW (fewer bytes
+//!    moved).
 //! 3. **Hold** (coalescing, [`Array::may_hold`]): a pass that would read waits while more
 //!    writes for its stripe arrive — only while other stripe operations of this shard have
 //!    member I/O in flight (their completions are what lets a client send more: a hold
@@ -234,7 +235,11 @@ impl<C: Channel> Array<C> {
             sop.need[m].set_difference(rows, &ent.valid[m]);
             rmw += sop.need[m].count();
         }
-        let mode = if rmw < rcw || (rmw == rcw && !covers_all) {
+        // Equal reads: RMW when both read (it reads the very blocks it then writes, as
+        // `crate::stripe` explains); RCW when neither does — everything is cached, and
+        // regenerating P/Q from the entry moves fewer bytes than saving the old rows and
+        // applying deltas (measured on `seqwrite-4k`, docs/BENCHMARKS.md "Write passes").
+        let mode = if rmw < rcw || (rmw == rcw && rmw > 0 && !covers_all) {
             WriteMode::Rmw
         } else if covers_all && rows.count() == rows.capacity() {
             WriteMode::FullStripe
