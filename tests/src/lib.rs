@@ -3,7 +3,8 @@
 //! - [`Oracle`] finds and runs the independent Python reference of md's layout and parity,
 //!   `../shared/oracle/raidref.py` beside the repository (see `shared/DESIGN.md`,
 //!   "Correctness references"), and turns a failed run into an error that carries the
-//!   command line, exit status and the oracle's stderr.
+//!   command line, exit status and the oracle's stderr; [`Oracle::locate_or_skip`] says
+//!   why a test skips its oracle checks when the oracle or `python3` is missing.
 //! - [`Rng`] is a tiny deterministic generator (SplitMix64): every test case derives its
 //!   data from a printed seed ([`seed_of`]), so a failure replays exactly.
 //! - Third-party tools: [`tool`] finds one or says why the test skips (unless
@@ -160,6 +161,32 @@ impl Oracle {
         }
         python()?;
         Ok(Self { script })
+    }
+
+    /// The oracle, or `None` after saying on stderr why `test` skips its oracle checks.
+    ///
+    /// The project's rule for missing tools: a user who cloned only this repository (no
+    /// `../shared` beside it) or has no `python3` gets a `SKIPPED: ...` line naming the
+    /// reason, not a failure; CI sets `FERRORAID_REQUIRE_ORACLE=1`, under which a missing
+    /// oracle panics instead. Only a missing oracle skips: what the oracle says once it runs
+    /// (a mismatch, a refused command) is still checked by the caller.
+    ///
+    /// # Panics
+    /// When [`Oracle::locate`] fails and `FERRORAID_REQUIRE_ORACLE=1`.
+    pub fn locate_or_skip(test: &str) -> Option<Self> {
+        match Self::locate() {
+            Ok(oracle) => Some(oracle),
+            Err(why) => {
+                assert!(
+                    !required("FERRORAID_REQUIRE_ORACLE"),
+                    "{test}: {why} and FERRORAID_REQUIRE_ORACLE=1"
+                );
+                eprintln!(
+                    "SKIPPED: {test}: {why} (set FERRORAID_REQUIRE_ORACLE=1 to fail instead)"
+                );
+                None
+            }
+        }
     }
 
     /// The script's path.
