@@ -185,9 +185,10 @@ def main():
           f"reactor; qemu-nbd: one {a.member_mib} MiB file, --cache=none --aio=io_uring; "
           f"files in {work}")
     print()
+    print(f"- ferroraid binary: {exe}")
+    print()
     print("| workload | ferroraid IOPS | ferroraid MB/s | qemu-nbd IOPS | qemu-nbd MB/s | ratio |")
     print("|---|---:|---:|---:|---:|---:|")
-    print(f"- ferroraid binary: {exe}")
     for _, name, *_ in WORKLOADS:
         ours, theirs = rows[name]
         oi = statistics.median(x[0] for x in ours)
