@@ -602,14 +602,8 @@ impl<C: Channel> Array<C> {
                         old,
                         new,
                     }];
-                    let p = std::slice::from_raw_parts_mut(eb[pm].add(a), len);
-                    match qm {
-                        Some(qm) => {
-                            let q = std::slice::from_raw_parts_mut(eb[qm].add(a), len);
-                            self.parity.update_pq(&deltas, p, q);
-                        }
-                        None => self.parity.update_p(&deltas, p),
-                    }
+                    let q = qm.map(|q| eb[q]);
+                    parity_into(&self.parity, eb[pm], q, a, len, ParityWork::Update(&deltas));
                     if len <= LONE_COPY_MAX {
                         std::ptr::copy_nonoverlapping(src, eb[m].add(a), len);
                     }
@@ -665,17 +659,13 @@ impl<C: Channel> Array<C> {
                             });
                         }
                     }
-                    // SAFETY: P's and Q's entry buffers, distinct from the data buffers the
-                    // deltas read and from the leader's buffers.
-                    let p = unsafe { std::slice::from_raw_parts_mut(eb[pm].add(off), len) };
-                    match qm {
-                        Some(qm) => {
-                            // SAFETY: as above.
-                            let q = unsafe { std::slice::from_raw_parts_mut(eb[qm].add(off), len) };
-                            self.parity.update_pq(&deltas, p, q);
-                        }
-                        None => self.parity.update_p(&deltas, p),
-                    }
+                    let (p, q) = (eb[pm], qm.map(|q| eb[q]));
+                    // SAFETY: P's and Q's entry buffers (chunk bytes, off+len inside),
+                    // distinct from the data buffers the deltas read and from the leader's
+                    // buffers.
+                    unsafe {
+                        parity_into(&self.parity, p, q, off, len, ParityWork::Update(&deltas))
+                    };
                 }
             }
             WriteMode::Rcw | WriteMode::FullStripe => {
@@ -707,16 +697,10 @@ impl<C: Channel> Array<C> {
                         // (written below) are other members' entry buffers.
                         srcs.push(unsafe { std::slice::from_raw_parts(p.wrapping_add(off), len) });
                     }
-                    // SAFETY: P's and Q's entry buffers, distinct from every data buffer.
-                    let p = unsafe { std::slice::from_raw_parts_mut(eb[pm].add(off), len) };
-                    match qm {
-                        Some(qm) => {
-                            // SAFETY: as above.
-                            let q = unsafe { std::slice::from_raw_parts_mut(eb[qm].add(off), len) };
-                            self.parity.gen_pq(&srcs, p, q);
-                        }
-                        None => self.parity.gen_p(&srcs, p),
-                    }
+                    let (p, q) = (eb[pm], qm.map(|q| eb[q]));
+                    // SAFETY: P's and Q's entry buffers (chunk bytes, off+len inside),
+                    // distinct from every data source.
+                    unsafe { parity_into(&self.parity, p, q, off, len, ParityWork::Gen(&srcs)) };
                 }
             }
             WriteMode::Degraded => unreachable!("degraded stripes take the single path"),
@@ -823,5 +807,39 @@ impl<C: Channel> Array<C> {
             f = next;
         }
         self.finish_sop(s, status);
+    }
+}
+
+/// What [`parity_into`] computes into P (and Q).
+enum ParityWork<'a, 'b> {
+    /// P/Q regenerated from every data chunk, in Q slot order.
+    Gen(&'a [&'b [u8]]),
+    /// Read-modify-write deltas applied to the old P/Q in place.
+    Update(&'a [Delta<'b>]),
+}
+
+/// Computes `work` into P (and, RAID6, Q) over bytes `off..off + len` of a pass's cache
+/// entry buffers `p` and `q`.
+///
+/// # Safety
+/// `p` and `q` are distinct chunk buffers of the pass's pinned cache entry, each at least
+/// `off + len` bytes, and no slice in `work` overlaps either of them.
+unsafe fn parity_into(
+    parity: &crate::parity::Parity,
+    p: *mut u8,
+    q: Option<*mut u8>,
+    off: usize,
+    len: usize,
+    work: ParityWork<'_, '_>,
+) {
+    // SAFETY: the caller's contract: in bounds, distinct, not aliased by `work`.
+    let p = unsafe { std::slice::from_raw_parts_mut(p.add(off), len) };
+    // SAFETY: as above.
+    let q = q.map(|q| unsafe { std::slice::from_raw_parts_mut(q.add(off), len) });
+    match (work, q) {
+        (ParityWork::Gen(d), Some(q)) => parity.gen_pq(d, p, q),
+        (ParityWork::Gen(d), None) => parity.gen_p(d, p),
+        (ParityWork::Update(d), Some(q)) => parity.update_pq(d, p, q),
+        (ParityWork::Update(d), None) => parity.update_p(d, p),
     }
 }
