@@ -4,7 +4,9 @@
 //! A [`UringDevice`] is opened once per member; every reactor then calls
 //! [`BlockDevice::open_channel`] and gets its own [`UringChannel`]: its own io_uring (nothing
 //! is shared between channels), sized to the queue depth, with the member registered as fixed
-//! file 0 and, optionally, an SQPOLL kernel thread.
+//! file 0 and, optionally, an SQPOLL kernel thread. A channel opened on a thread pinned to
+//! one CPU keeps its kernel io-wq workers (which run `FSYNC` and whatever cannot complete
+//! inline) off that CPU, on the process's other CPUs (see [`worker_cpus`]).
 //!
 //! # Requests
 //!
@@ -166,6 +168,45 @@ impl Default for UringConfig {
     }
 }
 
+/// Where the kernel's io-wq workers of a channel opened on this thread may run: every CPU
+/// the process may use except this thread's own, when the thread is pinned to one CPU and
+/// others remain; `None` (leave the default) otherwise.
+///
+/// Requests the kernel cannot complete inline (`fsync`, and reads or writes of files that
+/// cannot be served without blocking) go to io-wq worker threads, which inherit the
+/// submitting thread's affinity. A polled reactor pinned to its core never yields it, so a
+/// worker sharing that core runs only when the scheduler preempts the poller — a flush
+/// measured at ~10 ms instead of ~0.3 ms (`fio --fsync=1` over NBD, ext4 member files).
+fn worker_cpus() -> Option<libc::cpu_set_t> {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut own: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut process: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to live cpu_set_t of `size` bytes; 0 is the calling
+    // thread, getpid() the main thread (the process's own mask unless it was narrowed).
+    let ok = unsafe {
+        libc::sched_getaffinity(0, size, &mut own) == 0
+            && libc::sched_getaffinity(libc::getpid(), size, &mut process) == 0
+    };
+    // SAFETY: CPU_COUNT reads a valid cpu_set_t.
+    if !ok || unsafe { libc::CPU_COUNT(&own) } != 1 {
+        return None;
+    }
+    let mut rest = 0;
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: cpu < CPU_SETSIZE, the sets are valid.
+        unsafe {
+            if libc::CPU_ISSET(cpu, &own) {
+                libc::CPU_CLR(cpu, &mut process);
+            } else if libc::CPU_ISSET(cpu, &process) {
+                rest += 1;
+            }
+        }
+    }
+    (rest > 0).then_some(process)
+}
+
 /// What was opened: decides how the device facts are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -318,6 +359,11 @@ impl BlockDevice for UringDevice {
         ring.submitter()
             .register_files(&[self.shared.file.as_raw_fd()])
             .map_err(|e| os(format!("io_uring file registration for {}", info.name), e))?;
+        if let Some(cpus) = worker_cpus() {
+            // Best effort (IORING_REGISTER_IOWQ_AFF, Linux 5.14): without it the workers
+            // stay on the reactor's CPU, which is slower but correct.
+            let _ = ring.submitter().register_iowq_aff(&cpus);
+        }
 
         let depth = info.queue_depth as usize;
         let slots = vec![Slot::IDLE; depth].into_boxed_slice();
