@@ -168,8 +168,8 @@ pub struct ServeArgs {
     #[arg(long, value_parser = crate::parse_bytes, value_name = "SIZE")]
     stripe_cache: Option<u64>,
     /// Longest a sub-stripe write that must pre-read is held for more writes of its
-    /// stripe, µs (only writes continuing a sequential stream, only while other member
-    /// I/O is in flight, never FUA or behind a flush); 0 never holds. Default 200.
+    /// stripe, µs (only writes continuing a sequential stream, only while the clients can
+    /// still send more writes, never FUA or behind a flush); 0 never holds. Default 200.
     #[arg(long, value_name = "US")]
     write_hold_us: Option<u64>,
     /// Per-member queue-depth control: `ferroraid` (default: latency target derived from

@@ -488,6 +488,9 @@ pub struct StatsReport {
     /// Total time write passes were held, µs.
     #[serde(default)]
     pub held_us: u64,
+    /// Holds that reached `--write-hold-us` without the writes they waited for.
+    #[serde(default)]
+    pub expired_holds: u64,
 }
 
 impl From<&ArrayStats> for StatsReport {
@@ -514,6 +517,7 @@ impl From<&ArrayStats> for StatsReport {
             cache_hit_bytes: s.cache_hit_bytes,
             held_passes: s.held_passes,
             held_us: s.held_ns / 1000,
+            expired_holds: s.expired_holds,
         }
     }
 }
@@ -886,12 +890,14 @@ impl fmt::Display for StatusReport {
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         writeln!(
             f,
-            "  write passes: {} ({:.1} writes each), {} held ({:.0} µs on average) · stripe \
-             cache: {} hits, {} bytes not read · {:.2} bytes read per byte written",
+            "  write passes: {} ({:.1} writes each), {} held ({:.0} µs on average, {} to the \
+             bound) · stripe cache: {} hits, {} bytes not read · {:.2} bytes read per byte \
+             written",
             s.write_passes,
             ratio(s.batched_writes, s.write_passes),
             s.held_passes,
             ratio(s.held_us, s.held_passes),
+            s.expired_holds,
             s.cache_hit_stripes,
             s.cache_hit_bytes,
             ratio(s.write_read_bytes, s.pass_written_bytes)
@@ -1058,8 +1064,8 @@ mod tests {
         assert_eq!(
             keys(&v["stats"]),
             "batched_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
-             direct_reads,discarded_stripes,discards_skipped,full_stripe_writes,held_passes,\
-             held_us,medium_errors,member_failures,pass_written_bytes,rcw_writes,\
+             direct_reads,discarded_stripes,discards_skipped,expired_holds,full_stripe_writes,\
+             held_passes,held_us,medium_errors,member_failures,pass_written_bytes,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\
              zeroed_stripes"
         );

@@ -155,15 +155,7 @@ impl Core {
         let (op, buf) = match ctx.op {
             Op::Read => (ArrayOp::Read, self.lend(ctx.buf, ctx.len)),
             Op::Write { fua } => (ArrayOp::Write { fua }, self.lend(ctx.buf, ctx.len)),
-            Op::Flush => {
-                return ArrayRequest {
-                    tag: u64::from(c),
-                    op: ArrayOp::Flush,
-                    offset_bytes: 0,
-                    len_bytes: 0,
-                    buf: IoBuf::NONE,
-                }
-            }
+            Op::Flush => return ArrayRequest::flush(u64::from(c)),
             Op::Trim { .. } => (ArrayOp::Discard, IoBuf::NONE),
             Op::WriteZeroes { fua } => (ArrayOp::WriteZeroes { fua }, IoBuf::NONE),
         };

@@ -137,6 +137,27 @@ impl BlockSet {
         }
     }
 
+    /// `self = !a & !b`: every block of the chunk in neither set.
+    pub(crate) fn set_neither(&mut self, a: &BlockSet, b: &BlockSet) {
+        debug_assert!(self.bits == a.bits && a.bits == b.bits);
+        for (((i, w), x), y) in self
+            .words
+            .iter_mut()
+            .enumerate()
+            .zip(a.words.iter())
+            .zip(b.words.iter())
+        {
+            // Bits past the last block stay clear.
+            let top = (self.bits - 64 * i as u32).min(64);
+            let mask = if top == 64 {
+                u64::MAX
+            } else {
+                (1u64 << top) - 1
+            };
+            *w = !x & !y & mask;
+        }
+    }
+
     /// Whether every block of `other` is in `self`.
     pub(crate) fn is_superset(&self, other: &BlockSet) -> bool {
         self.words
@@ -437,6 +458,17 @@ mod tests {
         assert!(all.is_superset(&s) && !s.is_superset(&all));
         d.union_with(&s);
         assert_eq!(d.runs().collect::<Vec<_>>(), vec![(0, 130)]);
+        // Neither set: the gaps of both, never a block past the end.
+        let mut other = BlockSet::new(130);
+        other.insert_range(0, 2);
+        let mut n = BlockSet::new(130);
+        n.set_neither(&s, &other);
+        assert_eq!(
+            n.runs().collect::<Vec<_>>(),
+            vec![(2, 3), (10, 64), (70, 128)]
+        );
+        n.set_neither(&BlockSet::new(130), &BlockSet::new(130));
+        assert_eq!(n.runs().collect::<Vec<_>>(), vec![(0, 130)]);
         let mut full = BlockSet::new(64);
         full.insert_range(0, 64);
         assert_eq!(full.runs().collect::<Vec<_>>(), vec![(0, 64)]);

@@ -111,6 +111,11 @@ impl<C: Channel> Array<C> {
             m.latency
                 .saturating_record(self.now.saturating_sub(sop.issued_ns).max(1));
             m.counters.errors += u64::from(c.status.is_err());
+            // Whatever its status, a write may have reached the device's volatile cache.
+            m.unflushed |= matches!(
+                sop.phase,
+                Phase::Writing | Phase::Repair | Phase::Zeroing | Phase::BgWrite | Phase::PassWrite
+            );
         }
         if c.status == Err(IoError::Unsupported) && self.sops[s as usize].phase == Phase::Zeroing {
             // The member cannot zero or deallocate natively (support can vanish at run
@@ -147,7 +152,9 @@ impl<C: Channel> Array<C> {
         let sop = &mut self.sops[s as usize];
         sop.outstanding -= 1;
         if sop.outstanding == 0 {
-            self.ops_in_io -= 1;
+            if std::mem::take(&mut sop.write_in_io) {
+                self.write_ops_in_io -= 1;
+            }
             self.ready.push_back(s);
         }
     }
@@ -343,11 +350,19 @@ impl<C: Channel> Array<C> {
     /// Accounts one member request of operation `s` about to be sent: `op` over `len`
     /// bytes.
     fn count_issue(&mut self, s: u32, member: u16, op: Op, len: u32) {
-        let sop = &mut self.sops[s as usize];
-        if sop.outstanding == 0 {
+        if self.sops[s as usize].outstanding == 0 {
+            let sop = &self.sops[s as usize];
+            let write = sop.bg.is_none()
+                && !sop.foreign
+                && self.reqs[sop.req as usize]
+                    .as_ref()
+                    .is_some_and(|r| r.op.is_write());
+            let sop = &mut self.sops[s as usize];
             sop.issued_ns = self.now;
-            self.ops_in_io += 1;
+            sop.write_in_io = write;
+            self.write_ops_in_io += u32::from(write);
         }
+        let sop = &mut self.sops[s as usize];
         sop.outstanding += 1;
         sop.per_member[usize::from(self.members[usize::from(member)].id)] += 1;
         let c = &mut self.members[usize::from(member)].counters;

@@ -164,6 +164,20 @@ pub struct ArrayRequest {
     pub buf: IoBuf,
 }
 
+impl ArrayRequest {
+    /// A flush with tag `tag`: completes once every write completed before it was
+    /// submitted is durable on the members (NBD proto.md `NBD_CMD_FLUSH`).
+    pub fn flush(tag: u64) -> Self {
+        Self {
+            tag,
+            op: ArrayOp::Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+            buf: IoBuf::NONE,
+        }
+    }
+}
+
 /// Why an array request failed or was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum ArrayError {
@@ -280,6 +294,9 @@ pub struct ArrayStats {
     pub held_passes: u64,
     /// Total time passes were held, ns (array clock).
     pub held_ns: u64,
+    /// Holds that reached [`ArrayConfig::write_hold_ns`] still needing reads (the writes
+    /// waited for did not come; each lowers the shard's remembered client write depth).
+    pub expired_holds: u64,
 }
 
 /// What one shard sent to one member, for status and statistics.
@@ -362,8 +379,9 @@ pub struct ArrayConfig {
     /// Most stripe writes one pass serves (1: no batching).
     pub write_batch: u32,
     /// Longest a pass that would pre-read is held for more writes to its stripe, ns (0:
-    /// never held). Held only while other member I/O of the shard is in flight, never with
-    /// FUA or behind a flush.
+    /// never held). Held only while the clients can still send more writes (fewer write
+    /// requests in flight on the shard than its measured write depth), never with FUA or
+    /// behind a flush.
     pub write_hold_ns: u64,
 }
 
@@ -383,8 +401,8 @@ pub const DEFAULT_STRIPE_CACHE_ENTRIES: usize = 64;
 pub const DEFAULT_WRITE_BATCH: u32 = 256;
 
 /// Default longest hold of a pass that would pre-read: 200 µs (see docs/BENCHMARKS.md,
-/// "Write passes", for the measurements that chose it). The hold also ends as soon as no
-/// other member I/O of the shard is in flight.
+/// "Write passes", for the measurements that chose it). The hold also ends as soon as the
+/// clients have every write they can send in flight (see [`pass`]).
 pub const DEFAULT_WRITE_HOLD_NS: u64 = 200_000;
 
 /// Default command timeout: 30 s, the Linux block layer's and NVMe driver's default.
@@ -418,6 +436,7 @@ impl ArrayStats {
         self.cache_hit_bytes += o.cache_hit_bytes;
         self.held_passes += o.held_passes;
         self.held_ns += o.held_ns;
+        self.expired_holds += o.expired_holds;
     }
 }
 
@@ -485,6 +504,12 @@ struct Member<C> {
     /// Largest request the member takes, bytes (a multiple of its block size).
     max_transfer: u32,
     counters: MemberCounters,
+    /// A write of this shard to the device completed since this shard last sent it a
+    /// flush (or none was sent yet): a client flush flushes only such devices, since a
+    /// flush need only make durable what completed before it (NBD proto.md "Ordering of
+    /// messages and writes"; NVMe base spec 2.0 §7.1 Flush covers the volatile write
+    /// cache as a whole).
+    unflushed: bool,
     /// Completion latency of this shard's requests to the member, ns, measured from the
     /// start of the issuing phase to the loop turn that reaped it.
     latency: hdrhistogram::Histogram<u64>,
@@ -522,6 +547,7 @@ impl<C: Channel> Member<C> {
             ),
             max_transfer,
             counters: MemberCounters::default(),
+            unflushed: true,
             latency: new_latency_histogram(),
             recovery_stripe: 0,
             bitmap_recovery: false,
@@ -613,6 +639,8 @@ struct Sop {
     per_member: Vec<u16>,
     /// When the current phase issued its first member request, ns (array clock).
     issued_ns: u64,
+    /// The current phase's member I/O counts in `write_ops_in_io` (a client write).
+    write_in_io: bool,
     /// A member refused a write-zeroes/discard of a `Zeroing` phase as unsupported.
     unsupported: bool,
     /// A background stripe operation of this kind (it has no request: `req` is unused).
@@ -800,8 +828,15 @@ pub struct Array<C: Channel> {
     /// Where the last write requests ended (array bytes), a ring ([`pass`]).
     recent_write_ends: [u64; pass::RECENT_WRITES],
     recent_write_next: usize,
-    /// Stripe operations with member I/O outstanding (a pass is held only while some are).
-    ops_in_io: u32,
+    /// Client write operations (not background, not reads) with member I/O outstanding:
+    /// their completions let the clients send more writes ([`pass`]).
+    write_ops_in_io: u32,
+    /// Write requests (write, write-zeroes, discard) accepted and not yet completed.
+    writes_in_flight: u32,
+    /// The clients' apparent write depth on this shard: the most write requests seen in
+    /// flight since a hold last expired ([`pass`]: a pass is held only while fewer writes
+    /// than this are in flight, i.e. while the clients can still send more).
+    write_depth: u32,
 }
 
 /// Why an [`Array`] could not be built.
@@ -938,6 +973,7 @@ impl<C: Channel> Array<C> {
                     // One per device id: the members and a replacement.
                     per_member: vec![0; n + 1],
                     issued_ns: 0,
+                    write_in_io: false,
                     unsupported: false,
                     bg: None,
                     bg_slot: 0,
@@ -1008,7 +1044,9 @@ impl<C: Channel> Array<C> {
             write_hold_ns: cfg.write_hold_ns,
             recent_write_ends: [u64::MAX; pass::RECENT_WRITES],
             recent_write_next: 0,
-            ops_in_io: 0,
+            write_ops_in_io: 0,
+            writes_in_flight: 0,
+            write_depth: 0,
             replacement_failures: 0,
             cfg,
         };
@@ -1212,6 +1250,12 @@ impl<C: Channel> Array<C> {
             paced,
             sequential: r.op.is_write() && self.recent_write_ends.contains(&r.offset_bytes),
         });
+        if r.op.is_write() {
+            self.writes_in_flight += 1;
+            if invalid.is_none() {
+                self.write_depth = self.write_depth.max(self.writes_in_flight);
+            }
+        }
         if invalid.is_some() {
             self.finish_req(idx);
         } else if r.op == ArrayOp::Flush {

@@ -279,6 +279,9 @@ impl<C: Channel> Array<C> {
 
     pub(super) fn finish_req(&mut self, ri: u32) {
         let req = self.reqs[ri as usize].take().expect("live request");
+        if req.op.is_write() {
+            self.writes_in_flight -= 1;
+        }
         if req.paced {
             self.pacer.foreground_done(
                 self.now,
@@ -309,8 +312,11 @@ impl<C: Channel> Array<C> {
         sop.phase = Phase::Flushing;
         sop.outstanding = 0;
         sop.io_error = false;
+        // Only devices this shard wrote since it last flushed them: a write completed
+        // before the flush arrived has set `unflushed`; one completing after this flush is
+        // sent sets it again for the next flush.
         for m in 0..self.members.len() as u16 {
-            if !self.is_failed(m) {
+            if !self.is_failed(m) && std::mem::take(&mut self.members[usize::from(m)].unflushed) {
                 self.io_flush(s, m);
             }
         }

@@ -19,14 +19,21 @@
 //!    RMW (see [`crate::stripe`]) unless neither reads anything: then RCW (fewer bytes
 //!    moved).
 //! 3. **Hold** (coalescing, [`Array::may_hold`]): a pass that would read waits while more
-//!    writes for its stripe arrive — only while other stripe operations of this shard have
-//!    member I/O in flight (their completions are what lets a client send more: a hold
-//!    with nothing else in flight would wait for writes the client cannot send), at most
+//!    writes for its stripe arrive — only while the clients can still send more: some
+//!    other client write has member I/O in flight (its completion frees a slot of the
+//!    client's queue), or fewer writes are in flight on the shard than the most it has
+//!    seen (the clients' write depth: they have free slots, their writes are on the way).
+//!    With neither, every client waits on us and a hold would wait for writes nobody can
+//!    send (a lone QD1 writer is never held). A hold that reaches its bound without the
+//!    writes it waited for lowers the remembered depth to what is in flight then (a client
+//!    that went from QD8 to QD1 costs one hold). At most
 //!    [`ArrayConfig::write_hold_ns`], never with a FUA write in the pass, never once a
 //!    flush has arrived behind it, never while a read of the stripe waits, and never while
 //!    requests wait for a free stripe operation. When the writes gathered meanwhile make
 //!    the plan read nothing (a full stripe, or everything else cached) it goes at once.
-//! 4. **Read** the missing blocks into the cache entry; **compute** (the new data is
+//! 4. **Read** the missing blocks into the cache entry (a pass of a sequential stream that
+//!    must read at all reads every data block of the stripe it lacks and writes RCW,
+//!    [`Array::prefetch_stripe`]: the stream's following passes on the stripe read nothing); **compute** (the new data is
 //!    copied into the entry in submission order, later bytes winning; RMW keeps a copy of
 //!    the old rows in the leader's buffers for the deltas); **write** the written blocks
 //!    and P/Q of the touched rows from the entry, FUA if any write of the pass is.
@@ -297,8 +304,22 @@ impl<C: Channel> Array<C> {
             self.sops[s as usize].phase = Phase::PassHeld;
             return;
         }
+        if reads > 0 && self.hold_expired(s) {
+            // Held to the bound and still reading: the writes it waited for did not come,
+            // so the clients' depth is what they have in flight now (it grows again with
+            // their next submissions).
+            self.write_depth = self.writes_in_flight;
+            self.stats.expired_holds += 1;
+        }
         self.unhold(s);
         self.issue_pass(s, mode, reads);
+    }
+
+    /// Whether the pass led by `s` has been held for [`ArrayConfig::write_hold_ns`].
+    fn hold_expired(&self, s: u32) -> bool {
+        self.sops[s as usize]
+            .held_ns
+            .is_some_and(|t| self.now >= t + self.write_hold_ns)
     }
 
     /// Takes the pass led by `s` off the held list, if it is there, counting the time.
@@ -318,13 +339,13 @@ impl<C: Channel> Array<C> {
             || sop.pass_fua
             || sop.flushes_seen != self.flushes
             || sop.pass_writes >= self.write_batch
-            || sop
-                .held_ns
-                .is_some_and(|t| self.now >= t + self.write_hold_ns)
+            || self.hold_expired(s)
             || (self.free_sops.is_empty() && !self.backlog.is_empty())
-            // Only while other operations have member I/O in flight: their completions
-            // are what lets the client send the writes this pass waits for.
-            || self.ops_in_io == 0
+            // Only while the clients can send more writes: they have free slots (fewer
+            // writes in flight than the most seen since the last futile hold), or writes
+            // of theirs are in member I/O, whose completions free slots. Otherwise every
+            // client waits on us and holding would wait for writes nobody can send.
+            || (self.write_ops_in_io == 0 && self.writes_in_flight >= self.write_depth)
         {
             return false;
         }
@@ -417,6 +438,11 @@ impl<C: Channel> Array<C> {
         if reads == 0 {
             return self.pass_write(s, mode);
         }
+        let (mode, reads) = if mode != WriteMode::FullStripe && self.continues_stream(s) {
+            (WriteMode::Rcw, self.prefetch_stripe(s))
+        } else {
+            (mode, reads)
+        };
         self.stats.write_read_bytes += u64::from(reads) * u64::from(unit);
         let e = self.sops[s as usize].pass_entry;
         self.sops[s as usize].phase = Phase::PassRead(mode);
@@ -434,6 +460,29 @@ impl<C: Channel> Array<C> {
         if self.sops[s as usize].outstanding == 0 {
             self.ready.push_back(s);
         }
+    }
+
+    /// Plans the reads of a pass of a sequential stream that must read anyway as a read of
+    /// all the stripe's data it lacks — every block of every data chunk neither cached nor
+    /// written by the pass — to be written RCW: one larger read per member now, instead of
+    /// a small read for each following write of the stream (a QD1 stream of 4 KiB writes
+    /// would read three 4 KiB blocks for every block it writes, RAID6; with the stripe
+    /// cached the rest of the stripe's writes read nothing). Returns the blocks to read.
+    fn prefetch_stripe(&mut self, s: u32) -> u32 {
+        let g = *self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let sop = &mut self.sops[s as usize];
+        let ent = self.cache.entry(sop.pass_entry);
+        let mut reads = 0;
+        for k in 0..g.data_chunks() {
+            let m = usize::from(st.data_member(k));
+            sop.need[m].set_neither(&sop.dirty[m], &ent.valid[m]);
+            reads += sop.need[m].count();
+        }
+        for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
+            sop.need[usize::from(m)].clear();
+        }
+        reads
     }
 
     /// The pass's reads are back: on an error the pass ends its gathering (followers back

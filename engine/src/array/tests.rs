@@ -503,3 +503,60 @@ fn unsupported_native_zeroing_falls_back_to_writes() {
     assert_eq!(rw(&mut arr, &clock, 3, ArrayOp::Read, 0, &mut got), Ok(()));
     assert!(got.iter().all(|&b| b == 0));
 }
+
+/// A flush goes only to members written since this shard last flushed them: a write that
+/// completed before it arrived is covered, one still in flight when it is sent makes the
+/// next flush cover its members.
+#[test]
+fn flush_goes_to_members_written_since_their_last_flush() {
+    let (mut arr, _devs, clock) = sim_array(Level::Raid5, 4, 4096, 512, 8, Profile::fixed(1000));
+    let flushes = |arr: &Array<crate::sim::SimChannel>| -> Vec<u64> {
+        (0..4).map(|m| arr.member_counters(m).flushes).collect()
+    };
+    let flush = |arr: &mut Array<crate::sim::SimChannel>, tag: u64| {
+        arr.submit(ArrayRequest::flush(tag)).unwrap();
+    };
+    // The first flush after start flushes every member (earlier writes are unknown).
+    flush(&mut arr, 1);
+    assert_eq!(complete(&mut arr, &clock, 1), Ok(()));
+    assert_eq!(flushes(&arr), [1, 1, 1, 1]);
+    // Nothing written since: nothing to flush.
+    flush(&mut arr, 2);
+    assert_eq!(complete(&mut arr, &clock, 2), Ok(()));
+    assert_eq!(flushes(&arr), [1, 1, 1, 1]);
+    // One block of stripe 0 (data member 0, parity on member 3 in left-symmetric): only
+    // those two are flushed.
+    let mut small = AlignedBuf::zeroed(512);
+    small.fill(7);
+    let w = ArrayOp::Write { fua: false };
+    assert_eq!(rw(&mut arr, &clock, 3, w, 0, &mut small), Ok(()));
+    flush(&mut arr, 4);
+    assert_eq!(complete(&mut arr, &clock, 4), Ok(()));
+    assert_eq!(flushes(&arr), [2, 1, 1, 2]);
+    // A full-stripe write still in flight when a flush is sent: that flush need not (and
+    // does not) cover it, the next one does, on every member.
+    let mut stripe = AlignedBuf::zeroed(3 * 4096);
+    stripe.fill(9);
+    // SAFETY: `stripe` outlives the request, which completes before the test ends.
+    let io = unsafe { IoBuf::from_slice(&mut stripe) };
+    arr.submit(ArrayRequest {
+        tag: 5,
+        op: w,
+        offset_bytes: 0,
+        len_bytes: io.len(),
+        buf: io,
+    })
+    .unwrap();
+    arr.set_now(clock.now_ns());
+    arr.process();
+    assert!(
+        (0..4).all(|m| arr.member_counters(m).writes > 0),
+        "the stripe's member writes are in flight"
+    );
+    flush(&mut arr, 6);
+    assert_eq!(complete_all(&mut arr, &clock, &[6, 5]), [Ok(()), Ok(())]);
+    assert_eq!(flushes(&arr), [2, 1, 1, 2]);
+    flush(&mut arr, 7);
+    assert_eq!(complete(&mut arr, &clock, 7), Ok(()));
+    assert_eq!(flushes(&arr), [3, 2, 2, 3]);
+}
