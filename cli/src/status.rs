@@ -27,7 +27,10 @@
 //!   "process": { "kind": "idle", "state": "idle", "position_bytes": 0, "size_bytes": 0,
 //!                "rate_bytes_per_s": 0, "eta_s": null, "mismatch_cnt": 0, "error": null },
 //!   "bitmap": { "chunk_bytes": 67108864, "regions": 120, "dirty_regions": 3,
-//!               "events_cleared": 5, "clearing": true } }
+//!               "events_cleared": 5, "clearing": true },
+//!   "queue_wait_us": { "small_read": { "p50": 3.1, "p90": 8.0, "p99": 41.0, "p999": 90.1,
+//!                                      "max": 120.3, "count": 5120 },
+//!                      "bulk_write": { ... }, "other": { ... } } }
 //! ```
 //!
 //! [`StatusReport::exit_code`] is the exit status of `ferroraid status` (0 healthy,
@@ -75,6 +78,37 @@ pub struct StatusReport {
     /// of targets that predate it.
     #[serde(default)]
     pub bitmap: Option<BitmapReport>,
+    /// How long requests waited inside the target before their first member request, per
+    /// class (issue 24, docs/QOS.md). Absent in reports of targets that predate it.
+    #[serde(default)]
+    pub queue_wait_us: QueueWaitReport,
+}
+
+/// Queue wait inside the target per request class, **microseconds**: from the array's
+/// acceptance of a request to its first member request (`engine::array::Array::queue_wait`),
+/// merged over the reactors. Classes (`engine::array::RequestClass`): reads of at most 128
+/// KiB; writes of at least 128 KiB or continuing a sequential stream; the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueWaitReport {
+    /// Reads of at most 128 KiB.
+    pub small_read: LatencyReport,
+    /// Bulk writes.
+    pub bulk_write: LatencyReport,
+    /// Everything else (large reads, small random writes, flushes).
+    pub other: LatencyReport,
+}
+
+impl QueueWaitReport {
+    /// From the snapshot's per-class histograms (ns, indexed by `RequestClass::index`).
+    pub fn from_histograms_ns(h: &[hdrhistogram::Histogram<u64>; 3]) -> Self {
+        use engine::array::RequestClass as C;
+        let r = |c: C| LatencyReport::from_histogram_ns(&h[c.index()]);
+        QueueWaitReport {
+            small_read: r(C::SmallRead),
+            bulk_write: r(C::BulkWrite),
+            other: r(C::Other),
+        }
+    }
 }
 
 /// The array's internal write-intent bitmap (md's, `engine::bitmap`).
@@ -491,6 +525,10 @@ pub struct StatsReport {
     /// Holds that reached `--write-hold-us` without the writes they waited for.
     #[serde(default)]
     pub expired_holds: u64,
+    /// Requests that went ahead of earlier bulk writes waiting for their share of the
+    /// stripe operations (front-door scheduling, docs/QOS.md).
+    #[serde(default)]
+    pub overtaking_requests: u64,
 }
 
 impl From<&ArrayStats> for StatsReport {
@@ -518,6 +556,7 @@ impl From<&ArrayStats> for StatsReport {
             held_passes: s.held_passes,
             held_us: s.held_ns / 1000,
             expired_holds: s.expired_holds,
+            overtaking_requests: s.overtaking_requests,
         }
     }
 }
@@ -901,6 +940,22 @@ impl fmt::Display for StatusReport {
             s.cache_hit_stripes,
             s.cache_hit_bytes,
             ratio(s.write_read_bytes, s.pass_written_bytes)
+        )?;
+        let q = &self.queue_wait_us;
+        let wait = |l: &LatencyReport| {
+            format!(
+                "{} ({:.0} / {:.0} / {:.0} / {:.0})",
+                l.count, l.p50, l.p99, l.p999, l.max
+            )
+        };
+        writeln!(
+            f,
+            "  queue wait inside the target, requests (p50 / p99 / p99.9 / max µs): small \
+             reads {} · bulk writes {} · other {} · {} went ahead of queued bulk writes",
+            wait(&q.small_read),
+            wait(&q.bulk_write),
+            wait(&q.other),
+            s.overtaking_requests
         )
     }
 }
@@ -952,6 +1007,7 @@ mod tests {
             }],
             process: ProcessReport::idle(),
             bitmap: None,
+            queue_wait_us: QueueWaitReport::default(),
         }
     }
 
@@ -1038,7 +1094,7 @@ mod tests {
         };
         assert_eq!(
             keys(&v),
-            "array,bitmap,exports,members,process,reactors,requests_in_flight,stats"
+            "array,bitmap,exports,members,process,queue_wait_us,reactors,requests_in_flight,stats"
         );
         assert_eq!(
             keys(&v["array"]),
@@ -1061,11 +1117,16 @@ mod tests {
             "count,max,p50,p90,p99,p999"
         );
         assert_eq!(keys(&v["reactors"]), "cores,count,mode");
+        assert_eq!(keys(&v["queue_wait_us"]), "bulk_write,other,small_read");
+        assert_eq!(
+            keys(&v["queue_wait_us"]["small_read"]),
+            "count,max,p50,p90,p99,p999"
+        );
         assert_eq!(
             keys(&v["stats"]),
             "batched_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
              direct_reads,discarded_stripes,discards_skipped,expired_holds,full_stripe_writes,\
-             held_passes,held_us,medium_errors,member_failures,pass_written_bytes,rcw_writes,\
+             held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_written_bytes,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\
              zeroed_stripes"
         );

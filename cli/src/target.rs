@@ -45,7 +45,7 @@ use crate::nbd::{ExportConfig, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
 use crate::rpc::{Handler, RpcError, RpcServer};
 use crate::status::{
     ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessKind, ProcessReport,
-    ReactorsReport, StatsReport, StatusReport,
+    QueueWaitReport, ReactorsReport, StatsReport, StatusReport,
 };
 
 mod lifecycle;
@@ -515,6 +515,7 @@ impl Shared {
             exports: self.exports.clone(),
             process: self.process_report(),
             bitmap: self.bitmap_report(),
+            queue_wait_us: QueueWaitReport::from_histograms_ns(&snap.queue_wait),
         }
     }
 }

@@ -50,6 +50,7 @@ impl Mock {
             exports: vec![],
             process: ProcessReport::idle(),
             bitmap: None,
+            queue_wait_us: ferroraid::status::QueueWaitReport::default(),
         })))
     }
 

@@ -42,7 +42,7 @@ use thiserror::Error;
 use crate::array::{
     device_fits, new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig,
     ArrayError, ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState, ReplaceInfo,
-    ReplaceState,
+    ReplaceState, RequestClass,
 };
 use crate::bitmap::WriteIntent;
 use crate::device::{BlockDevice, Channel, DeviceError, IoError};
@@ -137,6 +137,9 @@ pub struct ArraySnapshot {
     /// failed if any reactor failed it, done once every reactor swapped it in, else
     /// copying; with what the reactors sent to the replacement device while it was live.
     pub replacement: Option<ReplacementSnapshot>,
+    /// How long requests waited inside the array before their first member request, ns,
+    /// per [`RequestClass`] (indexed by [`RequestClass::index`]), merged over the shards.
+    pub queue_wait: [hdrhistogram::Histogram<u64>; 3],
 }
 
 /// A member's replacement as the array sees it ([`ArraySnapshot::replacement`]).
@@ -194,6 +197,8 @@ struct Published {
     replace: Option<ReplaceInfo>,
     replace_counters: MemberCounters,
     replace_latency: hdrhistogram::Histogram<u64>,
+    /// [`Array::queue_wait`] per [`RequestClass`].
+    queue_wait: [hdrhistogram::Histogram<u64>; 3],
 }
 
 /// A cloneable handle for management while the reactors run: fail members, read
@@ -549,6 +554,7 @@ impl ReactorHandle {
             reactors: self.shared.control.len(),
             control_error: None,
             replacement: None,
+            queue_wait: std::array::from_fn(|_| new_latency_histogram()),
         };
         let mut all_have_replace = true;
         for p in &self.shared.published {
@@ -577,6 +583,10 @@ impl ReactorHandle {
                 }
             }
             out.stats.add(&p.stats);
+            for (o, h) in out.queue_wait.iter_mut().zip(&p.queue_wait) {
+                // Same bounds on both sides: cannot fail.
+                let _ = o.add(h);
+            }
             if out.control_error.is_none() {
                 out.control_error.clone_from(&p.control_error);
             }
@@ -1124,6 +1134,7 @@ impl<F: Frontend> Reactors<F> {
                         replace: None,
                         replace_counters: MemberCounters::default(),
                         replace_latency: new_latency_histogram(),
+                        queue_wait: std::array::from_fn(|_| new_latency_histogram()),
                     })
                 })
                 .collect(),
@@ -1865,6 +1876,11 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
 /// and one small vector of targets).
 fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     p.stats = array.stats();
+    for c in RequestClass::ALL {
+        let h = &mut p.queue_wait[c.index()];
+        h.reset();
+        let _ = h.add(array.queue_wait(c));
+    }
     p.process = array.process_progress();
     p.replace = array.replacement();
     if let Some((c, h)) = array.replacement_io() {

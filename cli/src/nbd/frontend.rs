@@ -48,6 +48,14 @@ use super::Shared;
 
 /// Requests one connection may receive in one loop turn before the others get theirs.
 const REQUESTS_PER_TURN: u32 = 64;
+/// Write payload bytes the front-end receives in one loop turn, all connections together
+/// (issue 24): receiving is a copy out of the socket at a few GB/s, so this bounds a turn's
+/// receive work to some tens of µs — a 4 KiB read on another connection waits at most that
+/// long behind bulk writes' payloads, instead of behind every buffer's worth of them (8 ×
+/// 4 MiB by default). Headers are never held back by it: requests without a payload
+/// (reads, flushes) are taken in every turn. The connection that used the budget up goes
+/// last in the next turn.
+const PAYLOAD_BYTES_PER_TURN: usize = 256 << 10;
 /// Most reply pieces one `sendmsg` gathers (each reply has up to four).
 const IOV_PER_SEND: usize = 64;
 /// Bytes of the sink a rejected write's payload is read into and dropped.
@@ -101,6 +109,8 @@ struct Core {
     /// Contexts waiting for `Io::submit` (it said `QueueFull`), in arrival order.
     pending: VecDeque<u16>,
     scratch: Box<[u8]>,
+    /// Write payload bytes this turn may still receive ([`PAYLOAD_BYTES_PER_TURN`]).
+    payload_budget: usize,
 }
 
 impl Core {
@@ -302,6 +312,9 @@ pub struct NbdFrontend {
     core: Core,
     drain_deadline: Option<Instant>,
     finished: bool,
+    /// The connection slot served first in the next turn (the one after the connection
+    /// that spent the last turn's payload budget).
+    first: usize,
 }
 
 impl NbdFrontend {
@@ -333,10 +346,12 @@ impl NbdFrontend {
                 pool,
                 pending: VecDeque::with_capacity(nctx),
                 scratch: vec![0u8; SCRATCH_BYTES].into_boxed_slice(),
+                payload_budget: PAYLOAD_BYTES_PER_TURN,
             },
             shared,
             drain_deadline: None,
             finished: false,
+            first: 0,
         }
     }
 
@@ -476,6 +491,8 @@ enum ReadEnd {
     Paused,
     /// The client closed its side at a message boundary: drain.
     Eof,
+    /// The turn's payload budget is spent ([`PAYLOAD_BYTES_PER_TURN`]); more may wait.
+    Budget,
     /// Protocol violation or socket error: hard disconnect.
     Kill(String),
 }
@@ -618,7 +635,13 @@ fn read_requests<C: Channel>(
                     progress = true;
                 }
                 while got < len {
-                    let left = (len - got) as usize;
+                    if core.payload_budget == 0 {
+                        // This turn's receive budget is spent: the rest comes next turn,
+                        // after the other connections had their turn.
+                        conn.rx = Rx::Payload { ctx, got };
+                        return (progress, ReadEnd::Budget);
+                    }
+                    let left = ((len - got) as usize).min(core.payload_budget);
                     let r = if left <= RBUF_BYTES / 2 {
                         // Small remainder: batch it with whatever follows.
                         match conn.fill() {
@@ -634,7 +657,8 @@ fn read_requests<C: Channel>(
                         }
                     } else {
                         let s = conn.stream.as_mut().expect("open connection has a socket");
-                        read_retrying(s, &mut core.pool.buf_mut(c.buf)[got as usize..len as usize])
+                        let end = got as usize + left;
+                        read_retrying(s, &mut core.pool.buf_mut(c.buf)[got as usize..end])
                     };
                     match r {
                         Ok(0) => {
@@ -645,6 +669,7 @@ fn read_requests<C: Channel>(
                         }
                         Ok(n) => {
                             got += n as u32;
+                            core.payload_budget = core.payload_budget.saturating_sub(n);
                             progress = true;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -733,7 +758,11 @@ impl Frontend for NbdFrontend {
         progress |= self.core.retry(io, &mut self.conns);
         let discard_cap = self.shared.discard_cap;
         let stall_timeout = self.shared.config.stall_timeout;
-        for ci in 0..self.conns.len() {
+        self.core.payload_budget = PAYLOAD_BYTES_PER_TURN;
+        let slots = self.conns.len();
+        let first = self.first;
+        for k in 0..slots {
+            let ci = (first + k) % slots;
             let Some(conn) = self.conns[ci].as_mut() else {
                 continue;
             };
@@ -758,6 +787,13 @@ impl Frontend for NbdFrontend {
                 let conn = self.conns[ci].as_mut().expect("still there");
                 match end {
                     ReadEnd::Paused => {}
+                    ReadEnd::Budget => {
+                        if self.first == first {
+                            self.first = (ci + 1) % slots;
+                        }
+                        // More is waiting: the next turn comes without a rest.
+                        progress = true;
+                    }
                     ReadEnd::Eof => {
                         if conn.life == Life::Open {
                             debug!(conn = conn.id, "client closed its side");

@@ -49,6 +49,7 @@ impl Mock {
                 exports: vec![],
                 process: ProcessReport::idle(),
                 bitmap: None,
+                queue_wait_us: crate::status::QueueWaitReport::default(),
             }),
         })
     }

@@ -352,11 +352,17 @@ impl<C: Channel> Array<C> {
     fn count_issue(&mut self, s: u32, member: u16, op: Op, len: u32) {
         if self.sops[s as usize].outstanding == 0 {
             let sop = &self.sops[s as usize];
-            let write = sop.bg.is_none()
-                && !sop.foreign
-                && self.reqs[sop.req as usize]
-                    .as_ref()
-                    .is_some_and(|r| r.op.is_write());
+            let mut write = false;
+            if sop.bg.is_none() {
+                if let Some(r) = self.reqs[sop.req as usize].as_mut() {
+                    write = r.op.is_write() && !sop.foreign;
+                    if !std::mem::replace(&mut r.issued, true) {
+                        // Saturates at the histogram's top (one hour); never allocates.
+                        self.queue_wait[r.class.index()]
+                            .saturating_record(self.now.saturating_sub(r.submit_ns).max(1));
+                    }
+                }
+            }
             let sop = &mut self.sops[s as usize];
             sop.issued_ns = self.now;
             sop.write_in_io = write;

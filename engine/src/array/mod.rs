@@ -294,6 +294,9 @@ pub struct ArrayStats {
     pub held_passes: u64,
     /// Total time passes were held, ns (array clock).
     pub held_ns: u64,
+    /// Requests that took a stripe operation ahead of earlier bulk writes waiting for
+    /// their share of the pool (front-door scheduling, [`RequestClass`]).
+    pub overtaking_requests: u64,
     /// Holds that reached [`ArrayConfig::write_hold_ns`] still needing reads (the writes
     /// waited for did not come; each lowers the shard's remembered client write depth).
     pub expired_holds: u64,
@@ -333,6 +336,61 @@ impl MemberCounters {
 pub fn new_latency_histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
 }
+
+/// The classes of client requests for front-door scheduling (issue 24, docs/QOS.md),
+/// decided from what the shard sees of each request: its op, its size and whether it
+/// continues a sequential stream of writes — never from client hints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestClass {
+    /// A read of at most [`BULK_MIN_BYTES`]: what latency-sensitive clients wait on.
+    SmallRead,
+    /// A write (or write-zeroes, discard) of at least [`BULK_MIN_BYTES`], or one that
+    /// continues a sequential stream of writes: throughput work that can wait.
+    BulkWrite,
+    /// Everything else: large reads, small random writes, flushes.
+    Other,
+}
+
+impl RequestClass {
+    /// Every class, in the order of [`Array::queue_wait`]'s index.
+    pub const ALL: [RequestClass; 3] = [Self::SmallRead, Self::BulkWrite, Self::Other];
+
+    /// The class's index in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The class's name in status output (`small_read`, `bulk_write`, `other`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SmallRead => "small_read",
+            Self::BulkWrite => "bulk_write",
+            Self::Other => "other",
+        }
+    }
+
+    /// The class of a request of `op` over `len_bytes` bytes; `sequential`: it starts
+    /// where one of the shard's recent write requests ended.
+    pub fn of(op: ArrayOp, len_bytes: u64, sequential: bool) -> Self {
+        if op == ArrayOp::Read && len_bytes <= BULK_MIN_BYTES {
+            Self::SmallRead
+        } else if op.is_write() && (len_bytes >= BULK_MIN_BYTES || sequential) {
+            Self::BulkWrite
+        } else {
+            Self::Other
+        }
+    }
+}
+
+/// Share of a shard's stripe operations bulk writes may hold, percent: the other quarter
+/// stays free for small reads and writes, so that they never wait for a whole pool of bulk
+/// work to drain (issue 24, docs/QOS.md).
+pub const BULK_SHARE_PERCENT: usize = 75;
+
+/// Requests of at least this many bytes are bulk ([`RequestClass`]): 128 KiB, the
+/// largest request Linux's default `max_sectors_kb` lets a single small I/O grow to and
+/// two 64 KiB chunks — a read this size still costs one or two member reads.
+pub const BULK_MIN_BYTES: u64 = 128 << 10;
 
 /// Pool sizes, fixed at construction.
 #[derive(Clone, Copy, Debug)]
@@ -379,10 +437,13 @@ pub struct ArrayConfig {
     /// Most stripe writes one pass serves (1: no batching).
     pub write_batch: u32,
     /// Longest a pass that would pre-read is held for more writes to its stripe, ns (0:
-    /// never held). Held only while the clients can still send more writes (fewer write
-    /// requests in flight on the shard than its measured write depth), never with FUA or
-    /// behind a flush.
+    /// never held). Held only while the clients can still send more writes (see
+    /// [`pass`]), never with FUA or behind a flush.
     pub write_hold_ns: u64,
+    /// Share of `stripe_ops` that bulk writes ([`RequestClass::BulkWrite`]) may hold,
+    /// percent (1..=100; 100: no reserve for other requests). Default
+    /// [`BULK_SHARE_PERCENT`].
+    pub bulk_share_percent: usize,
 }
 
 /// Default background operations in flight per shard: four chunk-wide stripe operations
@@ -437,6 +498,7 @@ impl ArrayStats {
         self.held_passes += o.held_passes;
         self.held_ns += o.held_ns;
         self.expired_holds += o.expired_holds;
+        self.overtaking_requests += o.overtaking_requests;
     }
 }
 
@@ -458,6 +520,7 @@ impl Default for ArrayConfig {
             stripe_cache_entries: DEFAULT_STRIPE_CACHE_ENTRIES,
             write_batch: DEFAULT_WRITE_BATCH,
             write_hold_ns: DEFAULT_WRITE_HOLD_NS,
+            bulk_share_percent: BULK_SHARE_PERCENT,
         }
     }
 }
@@ -574,6 +637,10 @@ struct ReqCtx {
     /// A write that starts where one of the shard's last write requests ended: it
     /// continues a sequential stream ([`pass`]: only such writes are held to coalesce).
     sequential: bool,
+    /// Its class ([`RequestClass`]).
+    class: RequestClass,
+    /// Its first member request was issued (its queue wait is recorded).
+    issued: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -657,6 +724,8 @@ struct Sop {
     gate: GateHold,
     /// The next operation of the pass this one leads or follows ([`cache::NONE`]: none).
     next: u32,
+    /// It counts in `bulk_sops` (an operation of a [`RequestClass::BulkWrite`] request).
+    bulk: bool,
     /// The pass's pinned cache entry (leader only; [`cache::NONE`] otherwise).
     pass_entry: u32,
     /// Stripe writes in the pass (leader only).
@@ -833,6 +902,13 @@ pub struct Array<C: Channel> {
     write_ops_in_io: u32,
     /// Write requests (write, write-zeroes, discard) accepted and not yet completed.
     writes_in_flight: u32,
+    /// Queue wait per [`RequestClass`], ns ([`Array::queue_wait`]).
+    queue_wait: [hdrhistogram::Histogram<u64>; 3],
+    /// Stripe operations of bulk writes now, and the most they may take
+    /// ([`ArrayConfig::bulk_share_percent`] of the pool): the rest is kept for other requests, which
+    /// pass queued bulk writes they do not overlap.
+    bulk_sops: u32,
+    bulk_cap: u32,
     /// The clients' apparent write depth on this shard: the most write requests seen in
     /// flight since a hold last expired ([`pass`]: a pass is held only while fewer writes
     /// than this are in flight, i.e. while the clients can still send more).
@@ -982,6 +1058,7 @@ impl<C: Channel> Array<C> {
                     foreign: false,
                     gate: GateHold::None,
                     next: cache::NONE,
+                    bulk: false,
                     pass_entry: cache::NONE,
                     pass_writes: 0,
                     pass_fua: false,
@@ -1046,6 +1123,9 @@ impl<C: Channel> Array<C> {
             recent_write_next: 0,
             write_ops_in_io: 0,
             writes_in_flight: 0,
+            queue_wait: std::array::from_fn(|_| new_latency_histogram()),
+            bulk_sops: 0,
+            bulk_cap: ((cfg.stripe_ops * cfg.bulk_share_percent.clamp(1, 100) / 100) as u32).max(1),
             write_depth: 0,
             replacement_failures: 0,
             cfg,
@@ -1113,6 +1193,13 @@ impl<C: Channel> Array<C> {
     /// If `m` is not a member index.
     pub fn member_counters(&self, m: u16) -> MemberCounters {
         self.members[usize::from(m)].counters
+    }
+
+    /// How long this shard's requests of class `c` waited inside the array, ns: from
+    /// [`Array::submit`] to their first member request (requests that issue none — served
+    /// from nothing, failed, flushes to clean members — are not counted).
+    pub fn queue_wait(&self, c: RequestClass) -> &hdrhistogram::Histogram<u64> {
+        &self.queue_wait[c.index()]
     }
 
     /// Completion latency of this shard's requests to member `m`, ns.
@@ -1234,6 +1321,7 @@ impl<C: Channel> Array<C> {
             ));
         }
         let paced = invalid.is_none() && r.op != ArrayOp::Flush;
+        let sequential = r.op.is_write() && self.recent_write_ends.contains(&r.offset_bytes);
         if paced {
             self.pacer.foreground_submitted(self.now);
         }
@@ -1248,7 +1336,9 @@ impl<C: Channel> Array<C> {
             error: invalid,
             submit_ns: self.now,
             paced,
-            sequential: r.op.is_write() && self.recent_write_ends.contains(&r.offset_bytes),
+            sequential,
+            class: RequestClass::of(r.op, u64::from(r.len_bytes), sequential),
+            issued: false,
         });
         if r.op.is_write() {
             self.writes_in_flight += 1;

@@ -9,7 +9,7 @@ use crate::stripe::StripeWrite;
 
 use super::{
     Array, ArrayCompletion, ArrayError, ArrayOp, ArrayRequest, GateHold, MemberState, Phase,
-    ReplaceState,
+    ReplaceState, RequestClass,
 };
 
 impl<C: Channel> Array<C> {
@@ -18,19 +18,32 @@ impl<C: Channel> Array<C> {
     pub(super) fn split_backlog(&mut self) -> bool {
         let mut any = false;
         let stripe_bytes = self.geo.geometry().stripe_data_bytes();
-        while let Some(&ri) = self.backlog.front() {
+        // Front-door scheduling (issue 24): bulk writes take at most `bulk_cap` stripe
+        // operations; a request behind bulk writes that wait for that cap goes ahead of
+        // them unless it overlaps one of them (overlapping requests keep their order, so
+        // later bytes still win and a read sees what some prefix of the submission order
+        // wrote).
+        let mut i = 0;
+        while i < self.backlog.len() {
+            let ri = self.backlog[i];
             let Some(s) = self.free_sops.last().copied() else {
                 break;
             };
-            if self.reqs[ri as usize]
-                .as_ref()
-                .expect("backlogged request")
-                .op
-                == ArrayOp::Flush
-            {
-                self.backlog.pop_front();
+            let req = self.reqs[ri as usize].as_ref().expect("backlogged request");
+            if req.op == ArrayOp::Flush {
+                // A flush covers what completed before it: it may pass queued writes.
+                self.backlog.remove(i);
                 self.start_flush(ri);
                 any = true;
+                continue;
+            }
+            let bulk = req.class == RequestClass::BulkWrite;
+            if bulk && self.bulk_sops >= self.bulk_cap {
+                i += 1;
+                continue;
+            }
+            if i > 0 && self.overlaps_earlier(i) {
+                i += 1;
                 continue;
             }
             let req = self.reqs[ri as usize].as_mut().expect("backlogged request");
@@ -41,6 +54,7 @@ impl<C: Channel> Array<C> {
             req.pending += 1;
             let fully = req.split == req.len;
             self.free_sops.pop();
+            self.bulk_sops += u32::from(bulk);
             let sop = &mut self.sops[s as usize];
             sop.req = ri;
             sop.stripe = stripe;
@@ -56,8 +70,12 @@ impl<C: Channel> Array<C> {
             sop.foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
             sop.gate = GateHold::None;
             sop.next = super::cache::NONE;
+            sop.bulk = bulk;
             if fully {
-                self.backlog.pop_front();
+                self.backlog.remove(i);
+                if i > 0 {
+                    self.stats.overtaking_requests += 1;
+                }
             }
             any = true;
             let read = self.reqs[ri as usize].as_ref().expect("live").op == ArrayOp::Read;
@@ -69,6 +87,18 @@ impl<C: Channel> Array<C> {
             }
         }
         any
+    }
+
+    /// Whether the backlogged request at `i` overlaps (array bytes) one queued before it.
+    fn overlaps_earlier(&self, i: usize) -> bool {
+        let r = self.reqs[self.backlog[i] as usize]
+            .as_ref()
+            .expect("backlogged");
+        let (a, b) = (r.offset + r.split, r.offset + r.len);
+        self.backlog.iter().take(i).any(|&e| {
+            let e = self.reqs[e as usize].as_ref().expect("backlogged");
+            e.op != ArrayOp::Flush && e.offset + e.split < b && a < e.offset + e.len
+        })
     }
 
     /// Starts every waiting operation its stripe admits, oldest first: a write when
@@ -215,6 +245,7 @@ impl<C: Channel> Array<C> {
         self.release_gate(s);
         self.locked.release(s);
         let ri = self.sops[s as usize].req;
+        debug_assert!(!self.sops[s as usize].bulk, "a foreign read is never bulk");
         self.free_sops.push(s);
         let req = self.reqs[ri as usize].take().expect("live request");
         debug_assert!(req.pending == 1 && req.split == req.len);
@@ -267,6 +298,9 @@ impl<C: Channel> Array<C> {
         self.locked.release(s);
         let ri = sop.req;
         self.free_sops.push(s);
+        if std::mem::take(&mut self.sops[s as usize].bulk) {
+            self.bulk_sops -= 1;
+        }
         let req = self.reqs[ri as usize].as_mut().expect("live request");
         if let Err(e) = status {
             req.error.get_or_insert(e);

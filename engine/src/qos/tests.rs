@@ -15,6 +15,14 @@ const WRITER_SPAN: u64 = 64 << 20;
 const CHUNK: u64 = 64 << 10;
 
 fn array(profile: &Profile, policy: DepthPolicy) -> (Array<SimChannel>, SimClock) {
+    array_with(profile, policy, crate::array::BULK_SHARE_PERCENT)
+}
+
+fn array_with(
+    profile: &Profile,
+    policy: DepthPolicy,
+    bulk_share_percent: usize,
+) -> (Array<SimChannel>, SimClock) {
     let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, CHUNK, 4096).unwrap();
     let stripes = 16384; // 1 GiB per member (allocated lazily: only what is written)
     let geo = ArrayGeometry::new(g, stripes).unwrap();
@@ -40,6 +48,7 @@ fn array(profile: &Profile, policy: DepthPolicy) -> (Array<SimChannel>, SimClock
             policy,
             ..DepthConfig::default()
         },
+        bulk_share_percent,
         ..ArrayConfig::default()
     };
     (Array::new(geo, chans, Parity::new(), cfg).unwrap(), clock)
@@ -216,4 +225,51 @@ fn no_class_starves_under_a_read_storm() {
             "drained"
         );
     }
+}
+
+/// Front-door scheduling (issue 24): a bulk writer with more requests in flight than the
+/// shard has stripe operations (1 MiB writes at QD64: ~6 stripes each, ~350 operations
+/// wanted, 64 in the pool) beside a QD1 4 KiB random reader, on fast members (NVMe: the
+/// wait is inside the target, not in the devices). Without a reserve for other requests
+/// the reader's every request waits in the backlog behind bulk writes for a free stripe
+/// operation; with bulk writes held to their share, it takes one at once.
+#[test]
+fn small_reads_do_not_wait_behind_bulk_writes_for_stripe_operations() {
+    let run_with = |share: usize| {
+        let (mut arr, clock) = array_with(&Profile::nvme_ssd(), DepthPolicy::Ferroraid, share);
+        let mut w = writer(0, 300 * MS);
+        w.block_bytes = 1 << 20;
+        w.depth = 64;
+        let jobs = [reader(20 * MS, 300 * MS), w];
+        let st = run(&mut arr, &clock, &jobs, 300 * MS, 5, 0, |_, _, _| {});
+        assert_eq!(st.iter().map(|s| s.errors).sum::<u64>(), 0);
+        let wait = arr.queue_wait(crate::array::RequestClass::SmallRead);
+        (
+            wait.max(),
+            p99_us(&st[0]),
+            st[1].bytes,
+            arr.stats().overtaking_requests,
+        )
+    };
+    let (wait_off, p99_off, bytes_off, over_off) = run_with(100);
+    let (wait_on, p99_on, bytes_on, over_on) = run_with(crate::array::BULK_SHARE_PERCENT);
+    // The scenario bites: with the whole pool open to bulk writes, reads queue for it.
+    assert_eq!(over_off, 0);
+    assert!(
+        wait_off > 500_000,
+        "no reserve: worst small-read queue wait {wait_off} ns"
+    );
+    // With the reserve: every read finds a stripe operation at once (it is issued in the
+    // loop turn it arrives), and passes the bulk writes queued before it.
+    assert!(over_on > 0);
+    assert!(
+        wait_on <= 20_000,
+        "reserve: worst small-read queue wait {wait_on} ns (without: {wait_off} ns)"
+    );
+    assert!(p99_on < p99_off, "reader p99 {p99_on} µs vs {p99_off} µs");
+    // Bulk keeps its throughput (three quarters of the pool is ample for 1 MiB writes).
+    assert!(
+        bytes_on * 10 >= bytes_off * 9,
+        "writer kept {bytes_on} of {bytes_off} bytes"
+    );
 }
