@@ -5,8 +5,8 @@
 //! [`BlockDevice::open_channel`] and gets its own [`UringChannel`]: its own io_uring (nothing
 //! is shared between channels), sized to the queue depth, with the member registered as fixed
 //! file 0 and, optionally, an SQPOLL kernel thread. A channel opened on a thread pinned to
-//! one CPU lets its kernel io-wq workers (which run `FSYNC` and whatever cannot complete
-//! inline) run on every CPU of the process, not only that one (see [`worker_cpus`]).
+//! one CPU keeps its kernel io-wq workers (which run `FSYNC` and whatever cannot complete
+//! inline) off that CPU, on the process's other CPUs (see [`worker_cpus`]).
 //!
 //! # Requests
 //!
@@ -169,18 +169,20 @@ impl Default for UringConfig {
 }
 
 /// Where the kernel's io-wq workers of a channel opened on this thread may run: every CPU
-/// the process may use, when this thread is pinned to one CPU and the process has others;
-/// `None` (leave the default) otherwise.
+/// the process may use except this thread's own, when the thread is pinned to one CPU and
+/// others remain; `None` (leave the default) otherwise.
 ///
-/// Requests the kernel cannot complete inline (`fsync`; reads and writes of files without
-/// non-blocking direct I/O, tmpfs among them) go to io-wq worker threads, which otherwise
-/// inherit the submitting thread's affinity. A polled reactor pinned to its core never
-/// yields it, so workers confined to that core run only when the scheduler preempts the
-/// poller: an `fsync` measured at ~10 ms instead of ~0.3 ms (`fio --fsync=1` over NBD,
-/// ext4 member files). Workers confined to the *other* CPUs instead fight the clients
-/// there (tmpfs random reads over NBD at 2 CPUs: 17.8 k IOPS vs 37.8 k). Free to run
-/// anywhere, they go where the scheduler finds time: 38.0 k IOPS and no `fsync` stalls
-/// (docs/BENCHMARKS.md, "Write passes", second round).
+/// Requests the kernel cannot complete inline (`fsync`, and reads or writes of files that
+/// cannot be served without blocking) go to io-wq worker threads, which inherit the
+/// submitting thread's affinity. A polled reactor pinned to its core never yields it, so a
+/// worker sharing that core runs only when the scheduler preempts the poller — a flush
+/// measured at ~10 ms instead of ~0.3 ms (`fio --fsync=1` over NBD, ext4 member files).
+/// Letting the workers run on every CPU, the reactor's included, still stalls flushes now
+/// and then (the scheduler often wakes a worker where it last ran); the other CPUs are
+/// where a deployment leaves the kernel its housekeeping. The price on a 2-CPU test
+/// machine: there the other CPU also runs the benchmark client, and members whose every
+/// request goes to io-wq (tmpfs files) run at half the speed they get when the workers may
+/// preempt the poller (docs/BENCHMARKS.md, "Write passes", second round).
 fn worker_cpus() -> Option<libc::cpu_set_t> {
     let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
@@ -194,8 +196,21 @@ fn worker_cpus() -> Option<libc::cpu_set_t> {
             && libc::sched_getaffinity(libc::getpid(), size, &mut process) == 0
     };
     // SAFETY: CPU_COUNT reads a valid cpu_set_t.
-    let (own_n, process_n) = unsafe { (libc::CPU_COUNT(&own), libc::CPU_COUNT(&process)) };
-    (ok && own_n == 1 && process_n > 1).then_some(process)
+    if !ok || unsafe { libc::CPU_COUNT(&own) } != 1 {
+        return None;
+    }
+    let mut rest = 0;
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: cpu < CPU_SETSIZE, the sets are valid.
+        unsafe {
+            if libc::CPU_ISSET(cpu, &own) {
+                libc::CPU_CLR(cpu, &mut process);
+            } else if libc::CPU_ISSET(cpu, &process) {
+                rest += 1;
+            }
+        }
+    }
+    (rest > 0).then_some(process)
 }
 
 /// What was opened: decides how the device facts are read.
