@@ -274,6 +274,7 @@ fn simulate(env: &Env, spec: &Spec) -> Outcome {
                 stop_ns,
                 offset_bytes: 0,
                 span_bytes: 0,
+                submit_gap_ns: 0,
             })
             .collect()
     };

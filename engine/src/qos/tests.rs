@@ -71,6 +71,7 @@ fn reader(start_ns: u64, stop_ns: u64) -> Job {
         // Other data than the writer's (another file): no stripe shared with it.
         offset_bytes: WRITER_SPAN,
         span_bytes: 0,
+        submit_gap_ns: 0,
     }
 }
 
@@ -83,6 +84,7 @@ fn writer(start_ns: u64, stop_ns: u64) -> Job {
         stop_ns,
         offset_bytes: 0,
         span_bytes: WRITER_SPAN,
+        submit_gap_ns: 0,
     }
 }
 
