@@ -167,9 +167,11 @@ pub struct ServeArgs {
     /// writes. Default: 64 stripes (4M with 64 KiB chunks).
     #[arg(long, value_parser = crate::parse_bytes, value_name = "SIZE")]
     stripe_cache: Option<u64>,
-    /// Longest a sub-stripe write that must pre-read is held for more writes of its
-    /// stripe, µs (only writes continuing a sequential stream, only while the clients can
-    /// still send more writes, never FUA or behind a flush); 0 never holds. Default 200.
+    /// Shortest bound of the hold of a sub-stripe write that must pre-read, waiting for
+    /// more writes of its stripe, µs: the bound is 3 × the measured write latency, at
+    /// least this and at most 10 ms (only writes continuing a sequential stream, only while
+    /// the clients can still send more writes, never FUA or behind a flush); 0 never
+    /// holds. Default 200.
     #[arg(long, value_name = "US")]
     write_hold_us: Option<u64>,
     /// Per-member queue-depth control: `ferroraid` (default: latency target derived from

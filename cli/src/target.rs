@@ -88,8 +88,8 @@ pub struct ServeOptions {
     /// Stripe cache per reactor and member, bytes (`ArrayConfig::stripe_cache_entries`
     /// is this over the chunk size); `None`: the engine's default entries.
     pub stripe_cache_bytes: Option<u64>,
-    /// Longest hold of a sub-stripe write for more writes of its stripe
-    /// (`ArrayConfig::write_hold_ns`).
+    /// Shortest bound of the hold of a sub-stripe write for more writes of its stripe
+    /// (`ArrayConfig::write_hold_ns`; the bound scales with the measured write latency).
     pub write_hold: Duration,
     /// Per-member queue-depth control (`engine::qos::depth`): policy and optional
     /// read-latency target.

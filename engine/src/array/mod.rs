@@ -297,7 +297,7 @@ pub struct ArrayStats {
     /// Requests that took a stripe operation ahead of earlier bulk writes waiting for
     /// their share of the pool (front-door scheduling, [`RequestClass`]).
     pub overtaking_requests: u64,
-    /// Holds that reached [`ArrayConfig::write_hold_ns`] still needing reads (the writes
+    /// Holds that reached their bound still needing reads (the writes
     /// waited for did not come; each lowers the shard's remembered client write depth).
     pub expired_holds: u64,
 }
@@ -436,8 +436,9 @@ pub struct ArrayConfig {
     pub stripe_cache_entries: usize,
     /// Most stripe writes one pass serves (1: no batching).
     pub write_batch: u32,
-    /// Longest a pass that would pre-read is held for more writes to its stripe, ns (0:
-    /// never held). Held only while the clients can still send more writes (see
+    /// Shortest bound of the hold of a pass that would pre-read, ns (0: never held): the
+    /// bound is 3 × the shard's measured write latency, at least this and at most 10 ms
+    /// (or this, if higher). Held only while the clients can still send more writes (see
     /// [`pass`]), never with FUA or behind a flush.
     pub write_hold_ns: u64,
     /// Share of `stripe_ops` that bulk writes ([`RequestClass::BulkWrite`]) may hold,
@@ -461,9 +462,11 @@ pub const DEFAULT_STRIPE_CACHE_ENTRIES: usize = 64;
 /// join one pass; the bound keeps one pass's copy and parity work per loop turn finite.
 pub const DEFAULT_WRITE_BATCH: u32 = 256;
 
-/// Default longest hold of a pass that would pre-read: 200 µs (see docs/BENCHMARKS.md,
-/// "Write passes", for the measurements that chose it). The hold also ends as soon as the
-/// clients have every write they can send in flight (see [`pass`]).
+/// Default shortest hold bound of a pass that would pre-read: 200 µs, what a network
+/// client needs to deliver the rest of a stripe's 64 KiB writes (see docs/BENCHMARKS.md,
+/// "Write passes", for the measurements that chose it). The bound grows with the measured
+/// write latency; the hold also ends as soon as the clients have every write they can send
+/// in flight (see [`pass`]).
 pub const DEFAULT_WRITE_HOLD_NS: u64 = 200_000;
 
 /// Default command timeout: 30 s, the Linux block layer's and NVMe driver's default.
@@ -894,6 +897,8 @@ pub struct Array<C: Channel> {
     write_batch: u32,
     /// [`ArrayConfig::write_hold_ns`].
     write_hold_ns: u64,
+    /// The shard's write latency, ns: mean of its write phases (`note_write_latency`).
+    write_latency_ns: u64,
     /// Where the last write requests ended (array bytes), a ring ([`pass`]).
     recent_write_ends: [u64; pass::RECENT_WRITES],
     recent_write_next: usize,
@@ -1119,6 +1124,7 @@ impl<C: Channel> Array<C> {
             flushes: 0,
             write_batch: cfg.write_batch.max(1),
             write_hold_ns: cfg.write_hold_ns,
+            write_latency_ns: 0,
             recent_write_ends: [u64::MAX; pass::RECENT_WRITES],
             recent_write_next: 0,
             write_ops_in_io: 0,
@@ -1463,6 +1469,10 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let sop = &self.sops[s as usize];
         let failed = sop.io_error;
+        if !failed && matches!(sop.phase, Phase::PassWrite | Phase::Writing) {
+            self.note_write_latency(self.now.saturating_sub(sop.issued_ns));
+        }
+        let sop = &self.sops[s as usize];
         match sop.phase {
             Phase::Queued => unreachable!("queued operations have no I/O"),
             // A read failed: the member is failed (or marked bad for this operation), and

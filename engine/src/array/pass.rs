@@ -27,7 +27,8 @@
 //!    send (a lone QD1 writer is never held). A hold that reaches its bound without the
 //!    writes it waited for lowers the remembered depth to what is in flight then (a client
 //!    that went from QD8 to QD1 costs one hold). At most
-//!    [`ArrayConfig::write_hold_ns`], never with a FUA write in the pass, never once a
+//!    [`Array::hold_bound_ns`] (3 × the shard's measured write latency, between
+//!    [`ArrayConfig::write_hold_ns`] and 10 ms), never with a FUA write in the pass, never once a
 //!    flush has arrived behind it, never while a read of the stripe waits, and never while
 //!    requests wait for a free stripe operation. When the writes gathered meanwhile make
 //!    the plan read nothing (a full stripe, or everything else cached) it goes at once.
@@ -59,6 +60,15 @@ use crate::stripe::WriteMode;
 /// writes are what a following pass re-reads, and the copy of a large one costs more than
 /// it saves.
 const LONE_COPY_MAX: usize = 16 << 10;
+
+/// A hold's bound in the shard's write latencies ([`Array::hold_bound_ns`]): the sim sweep
+/// needed up to 2.3 (HDD profile) for the writes of a client that writes again on each
+/// completion to arrive (docs/BENCHMARKS.md, "Write passes", hold-sweep).
+pub(super) const HOLD_WRITE_LATENCIES: u64 = 3;
+
+/// Upper end of the scaled hold bound, ns (10 ms): beyond it a hold costs more than any
+/// device's pre-read.
+pub(super) const MAX_HOLD_NS: u64 = 10_000_000;
 
 /// Write request ends remembered for the stream test at submission: enough for a few
 /// sequential streams interleaved with other writes, few enough to scan on every write.
@@ -315,11 +325,35 @@ impl<C: Channel> Array<C> {
         self.issue_pass(s, mode, reads);
     }
 
-    /// Whether the pass led by `s` has been held for [`ArrayConfig::write_hold_ns`].
+    /// Whether the pass led by `s` has been held for [`Self::hold_bound_ns`].
     fn hold_expired(&self, s: u32) -> bool {
         self.sops[s as usize]
             .held_ns
-            .is_some_and(|t| self.now >= t + self.write_hold_ns)
+            .is_some_and(|t| self.now >= t + self.hold_bound_ns())
+    }
+
+    /// The longest hold now, ns: [`HOLD_WRITE_LATENCIES`] times the shard's measured write
+    /// latency (a client that writes again as soon as a write completes sends the
+    /// stripe's next writes about one write latency later), at least
+    /// [`ArrayConfig::write_hold_ns`] (which also covers clients whose writes arrive
+    /// spaced by the network: three 64 KiB payloads take ~160 µs on 10 Gb/s) and at most
+    /// [`MAX_HOLD_NS`] (unless the configured floor is higher). The rule and the figures
+    /// that chose it: docs/BENCHMARKS.md, "Write passes", hold-sweep.
+    pub(super) fn hold_bound_ns(&self) -> u64 {
+        let scaled = (HOLD_WRITE_LATENCIES * self.write_latency_ns).min(MAX_HOLD_NS);
+        scaled.max(self.write_hold_ns)
+    }
+
+    /// Feeds one write phase's latency (issue of its first member write to the last
+    /// completion, ns) into the shard's write latency: an exponentially weighted mean
+    /// (weight 1/16 per sample; the first sample is taken as it is).
+    pub(super) fn note_write_latency(&mut self, ns: u64) {
+        self.write_latency_ns = if self.write_latency_ns == 0 {
+            ns
+        } else {
+            let old = self.write_latency_ns as i64;
+            (old + (ns as i64 - old) / 16) as u64
+        };
     }
 
     /// Takes the pass led by `s` off the held list, if it is there, counting the time.
@@ -421,7 +455,7 @@ impl<C: Channel> Array<C> {
             .iter()
             .filter_map(|&s| self.sops[s as usize].held_ns)
             .min()
-            .map(|t| t + self.write_hold_ns)
+            .map(|t| t + self.hold_bound_ns())
     }
 
     /// Issues the pass's reads (into its cache entry), or goes straight to compute and

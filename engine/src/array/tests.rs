@@ -560,3 +560,30 @@ fn flush_goes_to_members_written_since_their_last_flush() {
     assert_eq!(complete(&mut arr, &clock, 7), Ok(()));
     assert_eq!(flushes(&arr), [3, 2, 2, 3]);
 }
+
+/// The hold bound: the configured floor until a write latency is known, then 3 × the
+/// shard's write latency (a weighted mean), never below the floor nor above 10 ms.
+#[test]
+fn hold_bound_scales_with_write_latency_between_floor_and_cap() {
+    let (mut arr, _devs, _clock) = sim_array(Level::Raid5, 4, 4096, 512, 8, Profile::fixed(1000));
+    assert_eq!(arr.hold_bound_ns(), DEFAULT_WRITE_HOLD_NS);
+    arr.note_write_latency(1_000_000);
+    assert_eq!(arr.hold_bound_ns(), 3_000_000);
+    // A weighted mean: one slow write moves it by a sixteenth of the difference.
+    arr.note_write_latency(17_000_000);
+    assert_eq!(arr.hold_bound_ns(), 3 * 2_000_000);
+    for _ in 0..200 {
+        arr.note_write_latency(50_000_000);
+    }
+    assert_eq!(arr.hold_bound_ns(), pass::MAX_HOLD_NS);
+    for _ in 0..400 {
+        arr.note_write_latency(10_000);
+    }
+    assert_eq!(arr.hold_bound_ns(), DEFAULT_WRITE_HOLD_NS, "the floor");
+    arr.write_hold_ns = 20_000_000;
+    assert_eq!(
+        arr.hold_bound_ns(),
+        20_000_000,
+        "a floor above the cap wins"
+    );
+}
