@@ -158,6 +158,31 @@ impl BlockSet {
         }
     }
 
+    /// `self |= a & !b & !c`.
+    pub(crate) fn union_difference2(&mut self, a: &BlockSet, b: &BlockSet, c: &BlockSet) {
+        debug_assert!(self.bits == a.bits && a.bits == b.bits && b.bits == c.bits);
+        for (((w, x), y), z) in self
+            .words
+            .iter_mut()
+            .zip(a.words.iter())
+            .zip(b.words.iter())
+            .zip(c.words.iter())
+        {
+            *w |= x & !y & !z;
+        }
+    }
+
+    /// Blocks of the chunk in neither `a` nor `b`.
+    pub(crate) fn count_neither(a: &BlockSet, b: &BlockSet) -> u32 {
+        debug_assert_eq!(a.bits, b.bits);
+        a.bits
+            - a.words
+                .iter()
+                .zip(b.words.iter())
+                .map(|(x, y)| (x | y).count_ones())
+                .sum::<u32>()
+    }
+
     /// Whether every block of `other` is in `self`.
     pub(crate) fn is_superset(&self, other: &BlockSet) -> bool {
         self.words
@@ -466,6 +491,14 @@ mod tests {
         assert_eq!(
             n.runs().collect::<Vec<_>>(),
             vec![(2, 3), (10, 64), (70, 128)]
+        );
+        assert_eq!(BlockSet::count_neither(&s, &other), n.count());
+        let mut u = BlockSet::new(130);
+        u.insert_range(0, 1);
+        u.union_difference2(&all, &s, &other);
+        assert_eq!(
+            u.runs().collect::<Vec<_>>(),
+            vec![(0, 1), (2, 3), (10, 64), (70, 128)]
         );
         n.set_neither(&BlockSet::new(130), &BlockSet::new(130));
         assert_eq!(n.runs().collect::<Vec<_>>(), vec![(0, 130)]);

@@ -48,7 +48,7 @@
 
 use arrayvec::ArrayVec;
 
-use super::cache::NONE;
+use super::cache::{self, NONE};
 use super::{Array, ArrayError, ArrayOp, Phase};
 use crate::device::{Channel, Op};
 use crate::geometry::{Role, MAX_RAID6_MEMBERS};
@@ -392,12 +392,39 @@ impl<C: Channel> Array<C> {
         if !self.continues_stream(s) {
             return false;
         }
+        // Only when the clients could still make the pass read nothing: their remaining
+        // write depth, in writes the size of this pass's, covers the stripe's data that is
+        // neither written by the pass nor cached. A stream whose depth cannot (4 KiB at
+        // QD32 against 256 KiB of stripe data) would only line its queue up behind the
+        // hold (measured: NVMe profile −5 to −16 %, docs/BENCHMARKS.md "hold-sweep").
+        if !self.clients_could_fill(s) {
+            return false;
+        }
         // Nothing of the stripe that cannot join may wait behind it (a read, say).
         let stripe = sop.stripe;
         !self
             .waiting
             .iter()
             .any(|&w| self.sops[w as usize].stripe == stripe)
+    }
+
+    /// Whether writes the clients may still send could cover what the pass led by `s`
+    /// lacks: (write depth − writes in the pass) × the pass's bytes per write ≥ the data
+    /// blocks of the stripe neither written by the pass nor cached.
+    fn clients_could_fill(&self, s: u32) -> bool {
+        let g = self.geo.geometry();
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let sop = &self.sops[s as usize];
+        let ent = self.cache.entry(sop.pass_entry);
+        let (mut written, mut missing) = (0u64, 0u64);
+        for k in 0..g.data_chunks() {
+            let m = usize::from(st.data_member(k));
+            written += u64::from(sop.dirty[m].count());
+            missing += u64::from(cache::BlockSet::count_neither(&sop.dirty[m], &ent.valid[m]));
+        }
+        let writes = u64::from(sop.pass_writes.max(1));
+        let more = u64::from(self.write_depth).saturating_sub(writes);
+        more * written >= missing * writes
     }
 
     /// Whether the write leading the pass `s` continues a sequential stream: its request
@@ -501,20 +528,40 @@ impl<C: Channel> Array<C> {
 
     /// Plans the reads of a pass of a sequential stream that must read anyway as a read of
     /// all the stripe's data it lacks — every block of every data chunk neither cached nor
-    /// written by the pass — to be written RCW: one larger read per member now, instead of
+    /// written by the pass, except the rest of the chunk the stream is writing (it will be
+    /// overwritten before any parity needs it) — to be written RCW: one larger read per member now, instead of
     /// a small read for each following write of the stream (a QD1 stream of 4 KiB writes
     /// would read three 4 KiB blocks for every block it writes, RAID6; with the stripe
     /// cached the rest of the stripe's writes read nothing). Returns the blocks to read.
     fn prefetch_stripe(&mut self, s: u32) -> u32 {
         let g = *self.geo.geometry();
         let st = self.geo.stripe(self.sops[s as usize].stripe);
+        // Where the stream's front is: the end of the pass's furthest write (stripe data
+        // bytes). The stream overwrites the rest of that chunk before it needs its old
+        // data for another chunk's parity, so those blocks are not read (unless a row the
+        // pass writes needs them now).
+        let mut front = 0;
+        let mut f = s;
+        while f != NONE {
+            front = front.max(self.sops[f as usize].end);
+            f = self.sops[f as usize].next;
+        }
+        let chunk = u64::from(g.chunk_bytes());
+        let unit = u64::from(g.block_bytes());
+        let front_k = ((front.max(1) - 1) / chunk) as u16;
+        let front_block = (front - u64::from(front_k) * chunk).div_ceil(unit) as u32;
         let sop = &mut self.sops[s as usize];
         let ent = self.cache.entry(sop.pass_entry);
         let mut reads = 0;
         for k in 0..g.data_chunks() {
             let m = usize::from(st.data_member(k));
-            sop.need[m].set_neither(&sop.dirty[m], &ent.valid[m]);
-            reads += sop.need[m].count();
+            let n = &mut sop.need[m];
+            n.set_neither(&sop.dirty[m], &ent.valid[m]);
+            if k == front_k {
+                n.remove_range(front_block, n.capacity());
+                n.union_difference2(&sop.rows, &sop.dirty[m], &ent.valid[m]);
+            }
+            reads += n.count();
         }
         for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
             sop.need[usize::from(m)].clear();
