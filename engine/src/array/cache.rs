@@ -125,6 +125,22 @@ impl BlockSet {
 
     /// `self = a & !b & !c`.
     pub(crate) fn set_difference2(&mut self, a: &BlockSet, b: &BlockSet, c: &BlockSet) {
+        self.combine3(a, b, c, |w, x, y, z| *w = x & !y & !z);
+    }
+
+    /// `self |= a & !b & !c`.
+    pub(crate) fn union_difference2(&mut self, a: &BlockSet, b: &BlockSet, c: &BlockSet) {
+        self.combine3(a, b, c, |w, x, y, z| *w |= x & !y & !z);
+    }
+
+    /// Applies `f(word of self, word of a, of b, of c)` to every word.
+    fn combine3(
+        &mut self,
+        a: &BlockSet,
+        b: &BlockSet,
+        c: &BlockSet,
+        f: impl Fn(&mut u64, u64, u64, u64),
+    ) {
         debug_assert!(self.bits == a.bits && a.bits == b.bits && b.bits == c.bits);
         for (((w, x), y), z) in self
             .words
@@ -133,7 +149,7 @@ impl BlockSet {
             .zip(b.words.iter())
             .zip(c.words.iter())
         {
-            *w = x & !y & !z;
+            f(w, *x, *y, *z);
         }
     }
 
@@ -155,20 +171,6 @@ impl BlockSet {
                 (1u64 << top) - 1
             };
             *w = !x & !y & mask;
-        }
-    }
-
-    /// `self |= a & !b & !c`.
-    pub(crate) fn union_difference2(&mut self, a: &BlockSet, b: &BlockSet, c: &BlockSet) {
-        debug_assert!(self.bits == a.bits && a.bits == b.bits && b.bits == c.bits);
-        for (((w, x), y), z) in self
-            .words
-            .iter_mut()
-            .zip(a.words.iter())
-            .zip(b.words.iter())
-            .zip(c.words.iter())
-        {
-            *w |= x & !y & !z;
         }
     }
 
