@@ -761,6 +761,7 @@ impl Frontend for NbdFrontend {
         self.core.payload_budget = PAYLOAD_BYTES_PER_TURN;
         let slots = self.conns.len();
         let first = self.first;
+        let mut spent = false;
         for k in 0..slots {
             let ci = (first + k) % slots;
             let Some(conn) = self.conns[ci].as_mut() else {
@@ -782,16 +783,21 @@ impl Frontend for NbdFrontend {
             }
             let conn = self.conns[ci].as_mut().expect("still there");
             if conn.life != Life::Closed {
+                let budget_before = self.core.payload_budget;
                 let (p, end) = read_requests(ci, &mut self.conns, &mut self.core, io, discard_cap);
                 moved |= p;
+                if budget_before > 0 && self.core.payload_budget == 0 && !spent {
+                    // This connection spent the turn's budget: it goes last next turn.
+                    spent = true;
+                    self.first = (ci + 1) % slots;
+                }
                 let conn = self.conns[ci].as_mut().expect("still there");
                 match end {
                     ReadEnd::Paused => {}
                     ReadEnd::Budget => {
-                        if self.first == first {
-                            self.first = (ci + 1) % slots;
-                        }
-                        // More is waiting: the next turn comes without a rest.
+                        // Paused by us, not by its client: not a stall. More is waiting:
+                        // the next turn comes without a rest.
+                        moved = true;
                         progress = true;
                     }
                     ReadEnd::Eof => {

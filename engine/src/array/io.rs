@@ -111,6 +111,9 @@ impl<C: Channel> Array<C> {
             m.latency
                 .saturating_record(self.now.saturating_sub(sop.issued_ns).max(1));
             m.counters.errors += u64::from(c.status.is_err());
+            if sop.phase == Phase::Flushing {
+                m.flushing = m.flushing.saturating_sub(1);
+            }
             // Whatever its status, a write may have reached the device's volatile cache.
             m.unflushed |= matches!(
                 sop.phase,
@@ -311,6 +314,7 @@ impl<C: Channel> Array<C> {
             buf: IoBuf::NONE,
         };
         self.count_issue(s, member, Op::Flush, 0);
+        self.members[usize::from(member)].flushing += 1;
         self.send(member, IoClass::Flush, req);
     }
 

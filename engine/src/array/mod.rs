@@ -576,6 +576,11 @@ struct Member<C> {
     /// messages and writes"; NVMe base spec 2.0 §7.1 Flush covers the volatile write
     /// cache as a whole).
     unflushed: bool,
+    /// Flushes this shard sent the device that have not completed. A flush arriving
+    /// meanwhile sends its own: the one in flight was sent before `unflushed` was last
+    /// cleared, and answering the new flush without waiting for a device flush sent after
+    /// its writes completed would acknowledge them before they are durable.
+    flushing: u16,
     /// Completion latency of this shard's requests to the member, ns, measured from the
     /// start of the issuing phase to the loop turn that reaped it.
     latency: hdrhistogram::Histogram<u64>,
@@ -614,6 +619,7 @@ impl<C: Channel> Member<C> {
             max_transfer,
             counters: MemberCounters::default(),
             unflushed: true,
+            flushing: 0,
             latency: new_latency_histogram(),
             recovery_stripe: 0,
             bitmap_recovery: false,

@@ -348,9 +348,12 @@ impl<C: Channel> Array<C> {
         sop.io_error = false;
         // Only devices this shard wrote since it last flushed them: a write completed
         // before the flush arrived has set `unflushed`; one completing after this flush is
-        // sent sets it again for the next flush.
+        // sent sets it again for the next flush. A device with a flush still in flight
+        // gets another: that one may be answered before this one's writes are durable.
         for m in 0..self.members.len() as u16 {
-            if !self.is_failed(m) && std::mem::take(&mut self.members[usize::from(m)].unflushed) {
+            let dev = &mut self.members[usize::from(m)];
+            let send = std::mem::take(&mut dev.unflushed) | (dev.flushing > 0);
+            if send && !self.is_failed(m) {
                 self.io_flush(s, m);
             }
         }

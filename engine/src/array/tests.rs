@@ -559,6 +559,26 @@ fn flush_goes_to_members_written_since_their_last_flush() {
     flush(&mut arr, 7);
     assert_eq!(complete(&mut arr, &clock, 7), Ok(()));
     assert_eq!(flushes(&arr), [3, 2, 2, 3]);
+    // A flush arriving while another is still in flight on a device sends its own there:
+    // the first may be answered before the second's writes are durable.
+    assert_eq!(rw(&mut arr, &clock, 8, w, 0, &mut small), Ok(()));
+    flush(&mut arr, 9);
+    arr.set_now(clock.now_ns());
+    arr.process();
+    assert_eq!(
+        flushes(&arr),
+        [4, 2, 2, 4],
+        "flush 9 in flight on members 0 and 3"
+    );
+    flush(&mut arr, 10);
+    arr.set_now(clock.now_ns());
+    arr.process();
+    assert_eq!(flushes(&arr), [5, 2, 2, 5], "flush 10 sent its own");
+    assert_eq!(complete_all(&mut arr, &clock, &[9, 10]), [Ok(()), Ok(())]);
+    // Nothing written or in flight any more: nothing to flush.
+    flush(&mut arr, 11);
+    assert_eq!(complete(&mut arr, &clock, 11), Ok(()));
+    assert_eq!(flushes(&arr), [5, 2, 2, 5]);
 }
 
 /// The hold bound: the configured floor until a write latency is known, then 3 × the
