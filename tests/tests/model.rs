@@ -228,14 +228,7 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
                 // orders nothing in the model (reads only ever meet completed writes).
                 let tag = next_tag;
                 next_tag += 1;
-                arr.submit(ArrayRequest {
-                    tag,
-                    op: ArrayOp::Flush,
-                    offset_bytes: 0,
-                    len_bytes: 0,
-                    buf: IoBuf::NONE,
-                })
-                .unwrap();
+                arr.submit(ArrayRequest::flush(tag)).unwrap();
                 inflight.push(Inflight {
                     tag,
                     write: true,
@@ -314,24 +307,9 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
             }
             let tag = next_tag;
             next_tag += 1;
-            let io = if op.has_buffer() {
-                // SAFETY: the buffer lives in `inflight` until its completion is handled and
-                // is not touched meanwhile (AlignedBuf's heap memory does not move with the
-                // Vec).
-                unsafe {
-                    IoBuf::from_raw(NonNull::new(buf.as_mut_ptr()).unwrap(), len as u32, None)
-                }
-            } else {
-                IoBuf::NONE
-            };
-            arr.submit(ArrayRequest {
-                tag,
-                op,
-                offset_bytes: off,
-                len_bytes: len as u32,
-                buf: io,
-            })
-            .unwrap();
+            // SAFETY: the buffer lives in `inflight` until its completion is handled and is
+            // not touched meanwhile (AlignedBuf's heap memory does not move with the Vec).
+            unsafe { submit(&mut arr, tag, op, off, len, &mut buf) };
             inflight.push(Inflight {
                 tag,
                 write,
@@ -394,6 +372,36 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
         ctx(c)
     );
     (arr, devs, reference)
+}
+
+/// Submits `op` over `len` bytes at array offset `off` with tag `tag`; an op with data
+/// reads or writes the first `len` bytes of `buf`.
+///
+/// # Safety
+/// `buf`'s memory must stay allocated and untouched until the request's completion is
+/// handled.
+unsafe fn submit(
+    arr: &mut ShardedArray<SimChannel>,
+    tag: u64,
+    op: ArrayOp,
+    off: u64,
+    len: u64,
+    buf: &mut AlignedBuf,
+) {
+    let io = if op.has_buffer() {
+        // SAFETY: the caller keeps `buf` alive and untouched until completion.
+        unsafe { IoBuf::from_raw(NonNull::new(buf.as_mut_ptr()).unwrap(), len as u32, None) }
+    } else {
+        IoBuf::NONE
+    };
+    arr.submit(ArrayRequest {
+        tag,
+        op,
+        offset_bytes: off,
+        len_bytes: len as u32,
+        buf: io,
+    })
+    .unwrap();
 }
 
 /// Reads the whole array through the engine, 1 MiB at a time; `ctx` names the run.
@@ -1267,14 +1275,7 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
             let tag = next_tag;
             if rng.below(32) == 0 {
                 next_tag += 1;
-                arr.submit(ArrayRequest {
-                    tag,
-                    op: ArrayOp::Flush,
-                    offset_bytes: 0,
-                    len_bytes: 0,
-                    buf: IoBuf::NONE,
-                })
-                .unwrap();
+                arr.submit(ArrayRequest::flush(tag)).unwrap();
                 inflight.push(Pending {
                     tag,
                     write: true,
@@ -1360,24 +1361,10 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
                 versions.submit(&v);
                 v
             });
-            let io = if op.has_buffer() {
-                // SAFETY: the buffer lives in `inflight` until its completion is handled
-                // (or until after the crashed array is dropped) and is not touched
-                // meanwhile; AlignedBuf's heap memory does not move with the Vec.
-                unsafe {
-                    IoBuf::from_raw(NonNull::new(buf.as_mut_ptr()).unwrap(), len as u32, None)
-                }
-            } else {
-                IoBuf::NONE
-            };
-            arr.submit(ArrayRequest {
-                tag,
-                op,
-                offset_bytes: off,
-                len_bytes: len as u32,
-                buf: io,
-            })
-            .unwrap();
+            // SAFETY: the buffer lives in `inflight` until its completion is handled (or
+            // until after the crashed array is dropped) and is not touched meanwhile;
+            // AlignedBuf's heap memory does not move with the Vec.
+            unsafe { submit(&mut arr, tag, op, off, len, &mut buf) };
             inflight.push(Pending {
                 tag,
                 write,

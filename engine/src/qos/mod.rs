@@ -103,4 +103,4 @@ impl Pacer for Unpaced {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -14,7 +14,10 @@ const MS: u64 = 1_000_000;
 const WRITER_SPAN: u64 = 64 << 20;
 const CHUNK: u64 = 64 << 10;
 
-fn array(profile: &Profile, policy: DepthPolicy) -> (Array<SimChannel>, SimClock) {
+/// A RAID5 of four simulated members (64 KiB chunks, 4 KiB blocks, 1 GiB each, allocated
+/// only where written) on `profile`, 64 stripe operations, depth control `policy`; also
+/// the array of the workload executor's own tests.
+pub(crate) fn array(profile: &Profile, policy: DepthPolicy) -> (Array<SimChannel>, SimClock) {
     array_with(profile, policy, crate::array::BULK_SHARE_PERCENT)
 }
 

@@ -248,40 +248,12 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::array::ArrayConfig;
-    use crate::device::BlockDevice;
-    use crate::geometry::{ArrayGeometry, Geometry, Layout, Level};
-    use crate::parity::Parity;
-    use crate::sim::{Profile, SimDevice};
-
-    const CHUNK: u64 = 64 << 10;
-
-    fn array() -> (Array<SimChannel>, SimClock) {
-        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, CHUNK, 4096).unwrap();
-        let stripes = 256;
-        let geo = ArrayGeometry::new(g, stripes).unwrap();
-        let clock = SimClock::new();
-        let chans = (0..4)
-            .map(|i| {
-                SimDevice::new(
-                    &format!("m{i}"),
-                    stripes * CHUNK,
-                    4096,
-                    Profile::fixed(1_000),
-                    clock.clone(),
-                    i,
-                )
-                .unwrap()
-                .open_channel()
-                .unwrap()
-            })
-            .collect();
-        let arr = Array::new(geo, chans, Parity::new(), ArrayConfig::default()).unwrap();
-        (arr, clock)
-    }
+    use crate::qos::DepthPolicy;
+    use crate::sim::Profile;
 
     fn writes(gap_ns: u64, until_ns: u64) -> u64 {
-        let (mut arr, clock) = array();
+        let (mut arr, clock) =
+            crate::qos::tests::array(&Profile::fixed(1_000), DepthPolicy::Ferroraid);
         let job = Job {
             kind: JobKind::SeqWrite,
             block_bytes: 4096,
