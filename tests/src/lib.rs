@@ -12,6 +12,10 @@
 //!   files (no pipe can fill up).
 //! - Loop devices ([`attach_loop`], [`LoopGuard`]) and the Linux md fixtures made by the
 //!   QEMU rig ([`ensure_md_fixtures`]).
+//! - [`crash`]: the simulated crash world of the model test's crash phase and the
+//!   write-hole test — members with a bitmap area, the sharded array over them, the
+//!   workload that runs until a crash with torn member writes, and the per-block model of
+//!   the versions a block may hold afterwards.
 //!
 //! The crate deliberately has no dependencies beyond `engine` and the standard library, so
 //! the oracle tests stay independent of the code they check.
@@ -22,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+pub mod crash;
 
 /// Where the oracle script lives: `shared/oracle/raidref.py` beside the workspace root.
 ///

@@ -34,9 +34,12 @@
 //! failed as the redundancy allows the array reads back the same bytes. Each run crashes
 //! four times, each restart continuing from what the last one left.
 //!
+//! The simulated world, the workload up to the crash and the version model are shared
+//! with the write-hole test (`ferroraid_tests::crash`).
+//!
 //! Not covered: a member missing at the restart (the write hole: a bitmap resync cannot
-//! rebuild a torn stripe's lost chunk; that needs md's Partial Parity Log, which ferroraid
-//! does not implement), member failures before the crash (the failure would have to be
+//! rebuild a torn stripe's lost chunk; `tests/write_hole.rs` shows it, and that md's
+//! Partial Parity Log must close it), member failures before the crash (the failure would have to be
 //! recorded in the superblocks, which the engine alone does not write), and the loss of a
 //! volatile write cache at the crash (the simulated members apply a write when it
 //! completes, so FUA and flushes change nothing there).
@@ -45,24 +48,23 @@
 //! spreads them over its four crashes); `FERRORAID_SEED=N` runs only the configuration with
 //! seed N (printed on failure).
 
-use std::cell::Cell;
-use std::ptr::NonNull;
-use std::rc::Rc;
 use std::sync::Arc;
 
-use engine::array::{
-    Array, ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest, ArrayStats, MemberState,
-};
+use engine::array::{Array, ArrayConfig, ArrayOp, MemberState};
 use engine::bitmap::{NeedsSync, WriteIntent};
 use engine::buf::AlignedBuf;
-use engine::device::{BlockDevice, IoBuf, IoError, Op};
+use engine::device::{BlockDevice, IoError, Op};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level, Role};
-use engine::metadata::{Bitmap, BitmapSuper, Uuid};
 use engine::parity::Parity;
 use engine::process::{ProcessKind, ProcessRequest, ProcessState};
 use engine::shard::ShardedArray;
 use engine::sim::{
-    Fault, FaultRule, IoEventKind, IoLog, OpFilter, Profile, SimChannel, SimClock, SimDevice,
+    Fault, FaultRule, IoEventKind, OpFilter, Profile, SimChannel, SimClock, SimDevice,
+};
+use ferroraid_tests::crash::{
+    completions, crash_cases, each_case, idle_until, inconsistent_stripes, issue, issue_flush,
+    next_event, overlaps, read_whole, run_process, run_to_crash, stats, CrashCase, CrashWorld,
+    Crashed, Outcome, Pending, CRASH_BITMAP_START, CRASH_DAEMON_SLEEP_S, CRASH_DATA_OFFSET, SEC,
 };
 use ferroraid_tests::{Oracle, Rng};
 
@@ -98,18 +100,6 @@ struct Case {
     failures: Failures,
     reactors: usize,
     seed: u64,
-}
-
-struct Inflight {
-    tag: u64,
-    write: bool,
-    off: u64,
-    len: u64,
-    buf: AlignedBuf,
-}
-
-fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
-    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
 }
 
 /// Runs one configuration; panics with the seed on any mismatch.
@@ -180,22 +170,19 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
             }
         }
     }
-    let mut inflight: Vec<Inflight> = Vec::new();
+    let mut inflight: Vec<Pending> = Vec::new();
     // The sequential stream's next offset.
     let mut cursor = 0u64;
     let mut issued = 0usize;
     let mut completed = 0usize;
     let mut next_tag = 1u64;
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 16];
     let ctx = |c: &Case| {
         format!(
             "{} {} members={} chunk={} reactors={} failures={:?} seed={} (replay: FERRORAID_SEED={})",
             c.level, c.layout, c.members, c.chunk, c.reactors, c.failures, c.seed, c.seed
         )
     };
+    let name = ctx(c);
     while completed < c.ops {
         // Inject failures.
         while let Some(&(at, m, action)) = fail_at.first() {
@@ -228,14 +215,7 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
                 // orders nothing in the model (reads only ever meet completed writes).
                 let tag = next_tag;
                 next_tag += 1;
-                arr.submit(ArrayRequest::flush(tag)).unwrap();
-                inflight.push(Inflight {
-                    tag,
-                    write: true,
-                    off: 0,
-                    len: 0,
-                    buf: AlignedBuf::zeroed(0),
-                });
+                issue_flush(&mut arr, &mut inflight, tag);
                 issued += 1;
                 continue;
             }
@@ -308,43 +288,14 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
             let tag = next_tag;
             next_tag += 1;
             // SAFETY: the buffer lives in `inflight` until its completion is handled and is
-            // not touched meanwhile (AlignedBuf's heap memory does not move with the Vec).
-            unsafe { submit(&mut arr, tag, op, off, len, &mut buf) };
-            inflight.push(Inflight {
-                tag,
-                write,
-                off,
-                len,
-                buf,
-            });
+            // not touched meanwhile.
+            unsafe { issue(&mut arr, &mut inflight, tag, op, off, buf, None) };
             issued += 1;
         }
         arr.set_now(clock.now_ns());
         let progressed = arr.process();
-        let n = arr.poll(&mut out);
-        for done in &out[..n] {
-            let i = inflight
-                .iter()
-                .position(|f| f.tag == done.tag)
-                .expect("known tag");
-            let f = inflight.swap_remove(i);
-            assert_eq!(done.status, Ok(()), "{}: request {} failed", ctx(c), f.tag);
-            if !f.write {
-                let want = &reference[f.off as usize..(f.off + f.len) as usize];
-                if f.buf[..] != *want {
-                    let at = f.buf.iter().zip(want).position(|(a, b)| a != b).unwrap();
-                    panic!(
-                        "{}: read {}+{} differs from the reference at byte {} (array offset {})",
-                        ctx(c),
-                        f.off,
-                        f.len,
-                        at,
-                        f.off + at as u64
-                    );
-                }
-            }
-            completed += 1;
-        }
+        let n = completions(&mut arr, &mut inflight, &reference, &name).len();
+        completed += n;
         if !progressed && n == 0 {
             let next = next_event(&arr);
             match next {
@@ -374,80 +325,6 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
     (arr, devs, reference)
 }
 
-/// Submits `op` over `len` bytes at array offset `off` with tag `tag`; an op with data
-/// reads or writes the first `len` bytes of `buf`.
-///
-/// # Safety
-/// `buf`'s memory must stay allocated and untouched until the request's completion is
-/// handled.
-unsafe fn submit(
-    arr: &mut ShardedArray<SimChannel>,
-    tag: u64,
-    op: ArrayOp,
-    off: u64,
-    len: u64,
-    buf: &mut AlignedBuf,
-) {
-    let io = if op.has_buffer() {
-        // SAFETY: the caller keeps `buf` alive and untouched until completion.
-        unsafe { IoBuf::from_raw(NonNull::new(buf.as_mut_ptr()).unwrap(), len as u32, None) }
-    } else {
-        IoBuf::NONE
-    };
-    arr.submit(ArrayRequest {
-        tag,
-        op,
-        offset_bytes: off,
-        len_bytes: len as u32,
-        buf: io,
-    })
-    .unwrap();
-}
-
-/// Reads the whole array through the engine, 1 MiB at a time; `ctx` names the run.
-fn read_whole(arr: &mut ShardedArray<SimChannel>, clock: &SimClock, ctx: &str) -> AlignedBuf {
-    let cap = arr.geometry().capacity_bytes();
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 16];
-    let mut whole = AlignedBuf::zeroed(cap as usize);
-    let mut off = 0u64;
-    while off < cap {
-        let len = (cap - off).min(1 << 20);
-        // SAFETY: `whole` outlives the request, which completes before the next loop turn.
-        let io = unsafe {
-            IoBuf::from_raw(
-                NonNull::new(whole.as_mut_ptr().add(off as usize)).unwrap(),
-                len as u32,
-                None,
-            )
-        };
-        arr.submit(ArrayRequest {
-            tag: 0,
-            op: ArrayOp::Read,
-            offset_bytes: off,
-            len_bytes: len as u32,
-            buf: io,
-        })
-        .unwrap();
-        loop {
-            arr.set_now(clock.now_ns());
-            let progressed = arr.process();
-            if arr.poll(&mut out) == 1 {
-                assert_eq!(out[0].status, Ok(()), "{ctx}: read-back failed");
-                break;
-            }
-            if !progressed {
-                let t = next_event(arr).expect("pending I/O");
-                clock.advance_to(t.max(clock.now_ns()));
-            }
-        }
-        off += len;
-    }
-    whole
-}
-
 /// Recomputes every stripe's parity from the member images (no member may be missing).
 /// `ctx` names the run.
 fn assert_parity_consistent(
@@ -464,63 +341,6 @@ fn assert_parity_consistent(
             bad.len()
         );
     }
-}
-
-/// The stripes whose P (or Q) does not match their data on the member images now, with
-/// which of the two mismatches first ("P" or "Q").
-fn inconsistent_stripes(
-    g: &Geometry,
-    stripes: u64,
-    devs: &[SimDevice],
-    data_offset: usize,
-) -> Vec<(u64, &'static str)> {
-    let imgs: Vec<Vec<u8>> = devs.iter().map(|d| d.contents()).collect();
-    let chunk = g.chunk_bytes() as usize;
-    let par = Parity::new().streaming(false);
-    let mut p = AlignedBuf::zeroed(chunk);
-    let mut q = AlignedBuf::zeroed(chunk);
-    let mut data: Vec<AlignedBuf> = (0..g.data_chunks())
-        .map(|_| AlignedBuf::zeroed(chunk))
-        .collect();
-    let mut bad = Vec::new();
-    for s in 0..stripes {
-        let st = g.stripe(s);
-        let at = data_offset + s as usize * chunk;
-        for k in 0..g.data_chunks() {
-            let m = usize::from(st.data_member(k));
-            data[usize::from(st.q_slot(k))].copy_from_slice(&imgs[m][at..at + chunk]);
-        }
-        let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-        par.gen_pq(&refs, &mut p, &mut q);
-        if p[..] != imgs[usize::from(st.p_member())][at..at + chunk] {
-            bad.push((s, "P"));
-        } else if st
-            .q_member()
-            .is_some_and(|qm| q[..] != imgs[usize::from(qm)][at..at + chunk])
-        {
-            bad.push((s, "Q"));
-        }
-    }
-    bad
-}
-
-/// Earliest completion time over every shard's member channels.
-/// The next virtual time anything happens: a member completion or a command timeout.
-fn next_event(arr: &ShardedArray<SimChannel>) -> Option<u64> {
-    arr.shards()
-        .iter()
-        .flat_map(|s| s.channels())
-        .filter_map(|ch| ch.next_completion_ns())
-        .chain(arr.next_deadline_ns())
-        .min()
-}
-
-fn stats(arr: &ShardedArray<SimChannel>) -> ArrayStats {
-    let mut t = ArrayStats::default();
-    for s in arr.shards() {
-        t.add(&s.stats());
-    }
-    t
 }
 
 /// Members that some shard saw fail (each shard detects failures on its own channels).
@@ -586,20 +406,6 @@ fn cases(failures: Failures) -> Vec<Case> {
         }
     }
     v
-}
-
-/// Runs `f` over the cases on two worker threads (simulations are single-threaded each).
-fn each_case<C: Sync>(cases: Vec<C>, f: impl Fn(&C) + Sync) {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|sc| {
-        for _ in 0..2 {
-            sc.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(c) = cases.get(i) else { break };
-                f(c);
-            });
-        }
-    });
 }
 
 /// Hands the member images (data area only) to the oracle's `verify` (nothing to do
@@ -780,269 +586,6 @@ fn latent_sector_errors_are_repaired_and_the_member_kept() {
 
 // ---- the crash phase: torn writes at a crash, then the bitmap resync -------------------
 
-/// Where the crash test's members hold their write-intent bitmap (4 KiB-aligned: written
-/// in 4 KiB units, as mdadm places it) and where their data starts.
-const CRASH_BITMAP_START: u64 = 4096;
-const CRASH_DATA_OFFSET: u64 = 8192;
-/// The bitmap's `daemon_sleep`, s. An idle gap lasts four of them: the daemon clears a
-/// region at its second quiet pass.
-const CRASH_DAEMON_SLEEP_S: u32 = 1;
-const SEC: u64 = 1_000_000_000;
-
-struct CrashCase {
-    level: Level,
-    layout: Layout,
-    members: u16,
-    chunk: u64,
-    stripes: u64,
-    /// Bytes of each member one bitmap region covers: half a chunk (a stripe spans two
-    /// regions), one chunk, or two (a region spans two stripes).
-    bm_chunk: u32,
-    ops: usize,
-    depth: usize,
-    reactors: usize,
-    seed: u64,
-}
-
-impl CrashCase {
-    fn ctx(&self) -> String {
-        format!(
-            "crash: {} {} members={} chunk={} stripes={} bitmap_chunk={} depth={} reactors={} \
-             seed={} (replay: FERRORAID_SEED={})",
-            self.level,
-            self.layout,
-            self.members,
-            self.chunk,
-            self.stripes,
-            self.bm_chunk,
-            self.depth,
-            self.reactors,
-            self.seed,
-            self.seed
-        )
-    }
-}
-
-/// RAID5 and RAID6, 1, 2 and 4 reactors, four seeds each; each seed draws the layout, the
-/// member count, the chunk, the bitmap chunk, the size and the queue depth.
-fn crash_cases() -> Vec<CrashCase> {
-    let only: Option<u64> = std::env::var("FERRORAID_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let mut v = Vec::new();
-    let mut seed = 5000;
-    for level in [Level::Raid5, Level::Raid6] {
-        for reactors in [1, 2, 4] {
-            for _ in 0..6 {
-                seed += 1;
-                if only.is_some_and(|s| s != seed) {
-                    continue;
-                }
-                let mut rng = Rng::new(seed);
-                let chunk = [4096u64, 16384][rng.below(2) as usize];
-                let bm_chunk = match rng.below(3) {
-                    0 => chunk / 2,
-                    1 => chunk,
-                    _ => 2 * chunk,
-                };
-                v.push(CrashCase {
-                    level,
-                    layout: Layout::ALL[rng.below(Layout::ALL.len() as u64) as usize],
-                    members: level.min_members() + rng.below(4) as u16,
-                    chunk,
-                    stripes: 24 + rng.below(17),
-                    bm_chunk: bm_chunk as u32,
-                    ops: ops(),
-                    depth: 16 + rng.below(17) as usize,
-                    reactors,
-                    seed,
-                });
-            }
-        }
-    }
-    v
-}
-
-/// One write as the array holds it once applied: its range and its bytes (zeroes for a
-/// write-zeroes or the whole stripes of a discard).
-struct Version {
-    seq: u64,
-    off: u64,
-    data: Vec<u8>,
-    acked: Cell<bool>,
-}
-
-impl Version {
-    fn blocks(&self) -> std::ops::Range<usize> {
-        (self.off / 512) as usize..((self.off + self.data.len() as u64) / 512) as usize
-    }
-
-    fn block(&self, b: usize) -> &[u8] {
-        let at = b * 512 - self.off as usize;
-        &self.data[at..at + 512]
-    }
-}
-
-/// The crash model's reference: for each 512-byte block of the array, the writes whose
-/// bytes it may hold after a crash — the last acknowledged write over it (none: the block
-/// may still hold `base`, the array's contents at the start) and every write over it
-/// submitted after that one and not acknowledged. Writes to one block are applied in
-/// submission order, so nothing older than the last acknowledged write may show, and a
-/// block is atomic on a member (a torn member write applies a prefix of whole blocks).
-struct Versions {
-    base: Vec<u8>,
-    blocks: Vec<Vec<Rc<Version>>>,
-}
-
-/// How a block read back after the crash relates to its versions.
-#[derive(Debug, PartialEq, Eq)]
-enum Outcome {
-    /// No write over it was in flight: it equals the reference.
-    Definite,
-    /// A write over it was in flight and did not reach it.
-    Old,
-    /// A write over it was in flight and reached it.
-    New,
-}
-
-impl Versions {
-    fn new(base: Vec<u8>) -> Self {
-        Self {
-            blocks: (0..base.len() / 512).map(|_| Vec::new()).collect(),
-            base,
-        }
-    }
-
-    fn submit(&mut self, v: &Rc<Version>) {
-        for b in v.blocks() {
-            self.blocks[b].push(Rc::clone(v));
-        }
-    }
-
-    /// `v` was acknowledged: whatever was written over its blocks before it is gone.
-    fn ack(&mut self, v: &Version) {
-        v.acked.set(true);
-        for b in v.blocks() {
-            self.blocks[b].retain(|x| x.seq >= v.seq);
-        }
-    }
-
-    /// Judges block `b` read back as `got`; `Err` describes the loss.
-    fn judge(&self, b: usize, got: &[u8]) -> Result<Outcome, String> {
-        let list = &self.blocks[b];
-        let base = list.iter().find(|v| v.acked.get());
-        let base_bytes = base.map_or(&self.base[b * 512..(b + 1) * 512], |v| v.block(b));
-        let pending: Vec<&Rc<Version>> = list.iter().filter(|v| !v.acked.get()).collect();
-        if got == base_bytes {
-            return Ok(if pending.is_empty() {
-                Outcome::Definite
-            } else {
-                Outcome::Old
-            });
-        }
-        if pending.iter().any(|v| v.block(b) == got) {
-            return Ok(Outcome::New);
-        }
-        Err(format!(
-            "block {b} (array offset {}) holds none of its versions: acknowledged {}, in flight \
-             at the crash {:?}",
-            b * 512,
-            base.map_or("none (the contents at the start)".to_string(), |v| format!(
-                "write {} at {}+{}",
-                v.seq,
-                v.off,
-                v.data.len()
-            )),
-            pending
-                .iter()
-                .map(|v| (v.seq, v.off, v.data.len()))
-                .collect::<Vec<_>>()
-        ))
-    }
-}
-
-/// A request the crash test has in flight.
-struct Pending {
-    tag: u64,
-    write: bool,
-    off: u64,
-    len: u64,
-    buf: AlignedBuf,
-    version: Option<Rc<Version>>,
-}
-
-/// The crash test's array: `reactors` shards over `devs`, each with its own channels, the
-/// bitmap `intent` attached (shard 0 writes it), its clock set to `clock`'s time (before
-/// the first request: command timeouts count from it).
-fn crash_array(
-    c: &CrashCase,
-    geo: ArrayGeometry,
-    devs: &[SimDevice],
-    intent: &Arc<WriteIntent>,
-    clock: &SimClock,
-) -> ShardedArray<SimChannel> {
-    let cfg = ArrayConfig {
-        requests: 64,
-        stripe_ops: 16,
-        data_offset_bytes: CRASH_DATA_OFFSET,
-        ..ArrayConfig::default()
-    };
-    let shards = (0..c.reactors)
-        .map(|k| {
-            let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
-            let mut a = Array::new(geo, chans, Parity::new(), cfg).unwrap();
-            a.attach_bitmap(Arc::clone(intent), k == 0);
-            a
-        })
-        .collect();
-    let mut arr = ShardedArray::new(shards, 64);
-    arr.set_now(clock.now_ns());
-    arr
-}
-
-/// Runs the executor with no requests in flight until virtual time `t` (the bitmap
-/// daemon's passes fall inside).
-fn idle_until(arr: &mut ShardedArray<SimChannel>, clock: &SimClock, t: u64) {
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 16];
-    loop {
-        arr.set_now(clock.now_ns());
-        let progressed = arr.process();
-        assert_eq!(arr.poll(&mut out), 0, "idle: nothing was in flight");
-        if progressed {
-            continue;
-        }
-        match next_event(arr) {
-            Some(e) if e <= t => clock.advance_to(e.max(clock.now_ns())),
-            _ if clock.now_ns() < t => clock.advance_to(t),
-            _ => return,
-        }
-    }
-}
-
-/// Runs the executor until no background process is active.
-fn run_process(arr: &mut ShardedArray<SimChannel>, clock: &SimClock, ctx: &str) {
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 16];
-    for _ in 0..10_000_000 {
-        if !arr.process_active() {
-            return;
-        }
-        arr.set_now(clock.now_ns());
-        let progressed = arr.process();
-        assert_eq!(arr.poll(&mut out), 0, "{ctx}: no request was in flight");
-        if !progressed {
-            let t = next_event(arr).unwrap_or_else(|| panic!("{ctx}: the process stalled"));
-            clock.advance_to(t.max(clock.now_ns()));
-        }
-    }
-    panic!("{ctx}: the process never finished");
-}
-
 /// What the crash runs saw, for the totals (summed over crashes).
 #[derive(Debug, Default)]
 struct CrashReport {
@@ -1108,77 +651,16 @@ impl CrashReport {
 /// resync), as a clean restart.
 const CRASHES_PER_RUN: usize = 4;
 
-/// The simulated members of a crash run and what never changes between its crashes.
-struct CrashWorld<'a> {
-    c: &'a CrashCase,
-    ctx: String,
-    g: Geometry,
-    geo: ArrayGeometry,
-    clock: SimClock,
-    devs: Vec<SimDevice>,
-    /// Bytes of the bitmap area (superblock and bits).
-    area_len: usize,
-    oracle: Option<&'a Oracle>,
-}
-
-impl CrashWorld<'_> {
-    /// The bitmap as member `d` holds it now.
-    fn bitmap(&self, d: usize) -> Bitmap {
-        let img = self.devs[d].contents();
-        let at = CRASH_BITMAP_START as usize;
-        Bitmap::decode(&img[at..at + self.area_len]).unwrap()
-    }
-}
-
 /// A crash run: [`CRASHES_PER_RUN`] times, the workload on a bitmap array (assembled
 /// clean from the member images) until a random point, torn writes armed on some
 /// members, the crash at the first torn member write, the restart from the member images
 /// (the bitmap read back from one member decides what the resync covers), the resync and
 /// the checks. Panics with the seed on any loss.
 fn run_crash(c: &CrashCase, oracle: Option<&Oracle>) -> CrashReport {
-    let g = Geometry::new(c.level, c.layout, c.members, c.chunk, 512).unwrap();
-    let geo = ArrayGeometry::new(g, c.stripes).unwrap();
-    let clock = SimClock::new();
-    let data_bytes = c.stripes * c.chunk;
-    let super_ = BitmapSuper::new(
-        Uuid([7; 16]),
-        data_bytes / 512,
-        c.bm_chunk,
-        CRASH_DAEMON_SLEEP_S,
-    );
-    let area = Bitmap::new(super_, false).to_area(false);
-    assert!(CRASH_BITMAP_START + area.len() as u64 <= CRASH_DATA_OFFSET);
-    let devs: Vec<SimDevice> = (0..c.members)
-        .map(|i| {
-            let d = SimDevice::new(
-                &format!("sim{i}"),
-                CRASH_DATA_OFFSET + data_bytes,
-                512,
-                Profile::nvme_ssd(),
-                clock.clone(),
-                c.seed ^ u64::from(i),
-            )
-            .unwrap();
-            d.poke(CRASH_BITMAP_START, &area);
-            // Members of unequal speed: a pass's member writes complete at different
-            // times, so a crash finds some of them done and others not.
-            d.set_slowdown(1 + (c.seed / 3 + u64::from(i)) as u32 % 3);
-            d
-        })
-        .collect();
-    let w = CrashWorld {
-        c,
-        ctx: c.ctx(),
-        g,
-        geo,
-        clock,
-        devs,
-        area_len: area.len(),
-        oracle,
-    };
+    let w = CrashWorld::new(c, oracle);
     let mut rep = CrashReport::default();
     // What the array holds (all zeroes as created; after each crash, what was read back).
-    let mut base = vec![0u8; geo.capacity_bytes() as usize];
+    let mut base = vec![0u8; w.geo.capacity_bytes() as usize];
     for crash in 0..CRASHES_PER_RUN {
         base = crash_once(&w, crash, base, &mut rep);
     }
@@ -1196,228 +678,21 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
     assert_eq!(start.dirty_count(), 0, "{ctx}: a clean start");
     let intent =
         Arc::new(WriteIntent::new(&start, CRASH_BITMAP_START, &geo, NeedsSync::None).unwrap());
-    let mut arr = crash_array(c, geo, devs, &intent, clock);
+    let arr = w.array([None; 2], |k, a| {
+        a.attach_bitmap(Arc::clone(&intent), k == 0)
+    });
     let cap = geo.capacity_bytes();
     let stripe_bytes = g.stripe_data_bytes();
     let mut rng = Rng::new(c.seed ^ (0x5eed << crash));
-    let mut reference = base.clone();
-    let mut versions = Versions::new(base);
-    // The crash comes after `crash_at` requests (then at the first torn member write);
-    // idle gaps (the daemon clears every bit) fall at two random points before it and at
-    // most two queues' worth of requests before it, so the bitmap at the crash holds only
-    // the last writes' regions.
     let ops = (c.ops / CRASHES_PER_RUN).max(4 * c.depth);
-    let crash_at = ops / 2 + rng.below(ops as u64 / 2 + 1) as usize;
-    let last_gap = crash_at.saturating_sub(rng.below(2 * c.depth as u64) as usize);
-    let mut gaps = vec![
-        rng.below(last_gap as u64 + 1) as usize,
-        rng.below(last_gap as u64 + 1) as usize,
-        last_gap,
-    ];
-    gaps.sort_unstable();
-    let log = IoLog::new(0..0);
-    let mut inflight: Vec<Pending> = Vec::new();
-    let mut cursor = 512 * rng.below(cap / 512);
-    let mut issued = 0usize;
-    let mut next_tag = 1u64;
-    let mut armed = false;
-    let mut at_arming = ArrayStats::default();
-    // Member requests failed so far (by earlier crashes): the next is this crash's.
-    let failed_before: u64 = devs.iter().map(|d| d.stats().failed).sum();
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 16];
-    loop {
-        let gap = gaps.first().is_some_and(|&at| issued >= at);
-        if gap && inflight.is_empty() {
-            let last = gaps.len() == 1;
-            gaps.remove(0);
-            let t = clock.now_ns() + 4 * u64::from(CRASH_DAEMON_SLEEP_S) * SEC;
-            idle_until(&mut arr, clock, t);
-            assert_eq!(
-                intent.dirty_on_disk(),
-                0,
-                "{ctx}: the daemon cleared every bit while idle"
-            );
-            if last {
-                // Nothing is in flight: every member write from here on is in the log.
-                for (i, d) in devs.iter().enumerate() {
-                    d.attach_log(&log, i);
-                }
-            }
-            continue;
-        }
-        if !armed && gaps.is_empty() && issued >= crash_at {
-            // Torn writes on some members: each data write there from now on applies a
-            // prefix of its blocks (and fails), with probability 1/2 or always.
-            armed = true;
-            at_arming = stats(&arr);
-            let probability = [0.5, 1.0][rng.below(2) as usize];
-            let mut torn: Vec<u16> = (0..c.members).filter(|_| rng.below(2) == 0).collect();
-            if torn.is_empty() {
-                torn.push(rng.below(u64::from(c.members)) as u16);
-            }
-            for m in torn {
-                devs[usize::from(m)].add_fault(FaultRule {
-                    filter: OpFilter::Write,
-                    range: Some(CRASH_DATA_OFFSET..CRASH_DATA_OFFSET + data_bytes),
-                    fault: Fault::Torn {
-                        blocks: rng.below(c.chunk / 512) as u32,
-                    },
-                    probability,
-                    count: None,
-                });
-            }
-        }
-        // Keep `depth` requests in flight (none during a gap's drain).
-        while !gap && inflight.len() < c.depth {
-            let tag = next_tag;
-            if rng.below(32) == 0 {
-                next_tag += 1;
-                arr.submit(ArrayRequest::flush(tag)).unwrap();
-                inflight.push(Pending {
-                    tag,
-                    write: true,
-                    off: 0,
-                    len: 0,
-                    buf: AlignedBuf::zeroed(0),
-                    version: None,
-                });
-                issued += 1;
-                continue;
-            }
-            // Half small sequential writes (they meet in passes, are held and hit the
-            // stripe cache), then random writes, reads, write-zeroes and discards over the
-            // array, overlapping.
-            let pick = rng.below(16);
-            let small = rng.below(2) == 0;
-            let blocks = if pick < 8 || small {
-                1 + rng.below(8)
-            } else {
-                1 + rng.below((2 * stripe_bytes / 512).min(cap / 512))
-            };
-            let len = blocks * 512;
-            let off = if pick < 8 {
-                if cursor + len > cap {
-                    cursor = 0;
-                }
-                cursor
-            } else {
-                512 * rng.below((cap - len) / 512 + 1)
-            };
-            let op = match pick {
-                0..=10 => ArrayOp::Write {
-                    fua: rng.below(8) == 0,
-                },
-                11..=13 => ArrayOp::Read,
-                14 => ArrayOp::WriteZeroes {
-                    fua: rng.below(4) == 0,
-                },
-                _ => ArrayOp::Discard,
-            };
-            let write = op.is_write();
-            // As in `run`: reads and writes never overlap each other in flight.
-            if inflight
-                .iter()
-                .any(|f| f.write != write && f.len > 0 && overlaps((f.off, f.len), (off, len)))
-            {
-                break;
-            }
-            if pick < 8 {
-                cursor = off + len;
-            }
-            next_tag += 1;
-            let mut buf = AlignedBuf::zeroed(len as usize);
-            let version = match op {
-                ArrayOp::Write { .. } => {
-                    rng.fill(&mut buf);
-                    reference[off as usize..(off + len) as usize].copy_from_slice(&buf);
-                    Some((off, buf.to_vec()))
-                }
-                ArrayOp::WriteZeroes { .. } => {
-                    reference[off as usize..(off + len) as usize].fill(0);
-                    Some((off, vec![0; len as usize]))
-                }
-                ArrayOp::Discard => {
-                    // Whole stripes inside the range read zeroes afterwards; partial
-                    // stripes are left alone.
-                    let first = off.div_ceil(stripe_bytes) * stripe_bytes;
-                    let last = (off + len) / stripe_bytes * stripe_bytes;
-                    (first < last).then(|| {
-                        reference[first as usize..last as usize].fill(0);
-                        (first, vec![0; (last - first) as usize])
-                    })
-                }
-                _ => None,
-            }
-            .map(|(off, data)| {
-                let v = Rc::new(Version {
-                    seq: tag,
-                    off,
-                    data,
-                    acked: Cell::new(false),
-                });
-                versions.submit(&v);
-                v
-            });
-            // SAFETY: the buffer lives in `inflight` until its completion is handled (or
-            // until after the crashed array is dropped) and is not touched meanwhile;
-            // AlignedBuf's heap memory does not move with the Vec.
-            unsafe { submit(&mut arr, tag, op, off, len, &mut buf) };
-            inflight.push(Pending {
-                tag,
-                write,
-                off,
-                len,
-                buf,
-                version,
-            });
-            issued += 1;
-        }
-        arr.set_now(clock.now_ns());
-        let progressed = arr.process();
-        // The crash: the first torn member write reached the media in this turn. Nothing
-        // the array completed in this turn is acknowledged (a power cut takes the
-        // replies with it).
-        if armed && devs.iter().map(|d| d.stats().failed).sum::<u64>() > failed_before {
-            break;
-        }
-        let n = arr.poll(&mut out);
-        for done in &out[..n] {
-            let i = inflight
-                .iter()
-                .position(|f| f.tag == done.tag)
-                .expect("known tag");
-            let f = inflight.swap_remove(i);
-            assert_eq!(done.status, Ok(()), "{ctx}: request {} failed", f.tag);
-            if let Some(v) = &f.version {
-                versions.ack(v);
-            } else if !f.write {
-                let want = &reference[f.off as usize..(f.off + f.len) as usize];
-                if f.buf[..] != *want {
-                    let at = f.buf.iter().zip(want).position(|(a, b)| a != b).unwrap();
-                    panic!(
-                        "{ctx}: read {}+{} differs from the reference at array offset {}",
-                        f.off,
-                        f.len,
-                        f.off + at as u64
-                    );
-                }
-            }
-        }
-        if !progressed && n == 0 {
-            let t = next_event(&arr).expect("the bitmap daemon always has a deadline");
-            clock.advance_to(t.max(clock.now_ns()));
-            assert!(
-                clock.now_ns() < 100_000 * SEC,
-                "{ctx}: stalled with {} requests in flight",
-                inflight.len()
-            );
-        }
-    }
+    let Crashed {
+        stats: st,
+        at_arming,
+        pending: inflight,
+        versions,
+        log,
+    } = run_to_crash(w, &ctx, arr, Some(&intent), &mut rng, ops, base);
     // ---- crashed: no clean shutdown, the member images are what they are.
-    let st = stats(&arr);
     assert!(
         st.write_passes > 0 && st.batched_writes > st.write_passes,
         "{ctx}: the crash must come after batched passes: {st:?}"
@@ -1443,11 +718,6 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
             })
         })
         .count() as u64;
-    drop(arr);
-    drop(inflight);
-    for d in devs {
-        d.clear_faults();
-    }
     // Member data writes in flight at the crash (never completed: lost) and torn.
     let mut open: std::collections::HashMap<(usize, u64, u32), i64> = Default::default();
     let mut torn = Vec::new();
@@ -1528,7 +798,9 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
                  bitmap's dirty stripes {dirty:?}"
             );
         }
-        let mut arr = crash_array(c, geo, devs, &intent, clock);
+        let mut arr = w.array([None; 2], |k, a| {
+            a.attach_bitmap(Arc::clone(&intent), k == 0)
+        });
         if dirty.is_empty() {
             break (intent, arr);
         }
@@ -1625,7 +897,7 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
 fn a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync() {
     let oracle =
         Oracle::locate_or_skip("a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync");
-    let all = crash_cases();
+    let all = crash_cases(5000, 6, ops());
     let n = all.len();
     let total = std::sync::Mutex::new(CrashReport::default());
     each_case(all, |c| {
