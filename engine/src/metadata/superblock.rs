@@ -637,12 +637,14 @@ pub struct Superblock {
 fn le16(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
+/// Little-endian `u32` at byte `off` (also `ppl`).
 #[inline]
-fn le32(b: &[u8], off: usize) -> u32 {
+pub(super) fn le32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
+/// Little-endian `u64` at byte `off` (also `ppl`).
 #[inline]
-fn le64(b: &[u8], off: usize) -> u64 {
+pub(super) fn le64(b: &[u8], off: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[off..off + 8]);
     u64::from_le_bytes(a)
