@@ -60,7 +60,7 @@ pub use create::{
     BitmapChoice, CreateError, NewArray, BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS,
     DATA_OFFSET_ALIGN_SECTORS, MAX_NAME_BYTES,
 };
-pub use ppl::{PplEntry, PplError, PplHeader};
+pub use ppl::{PplArea, PplEntry, PplError, PplHeader};
 pub use superblock::{
     parse, raw_checksum, DevRole, Feature, FeatureSet, Superblock, SuperblockError,
     DEV_ROLE_FAULTY, DEV_ROLE_JOURNAL, DEV_ROLE_MAX, DEV_ROLE_SPARE, FEATURE_ALL, MAX_DEV_LIMIT,

@@ -369,6 +369,25 @@ impl std::fmt::Display for PplMode {
     }
 }
 
+/// A member's PPL area as its superblock places it, checked as md checks it
+/// ([`super::Superblock::ppl_area`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PplArea {
+    /// `ppl.offset`: signed sectors from the superblock to the area.
+    pub offset_sectors: i16,
+    /// `ppl.size`: the configured size, sectors.
+    pub size_sectors: u16,
+    /// Where the area starts on the member, sectors from the start of the device
+    /// (`super_offset + ppl.offset`: md's `rdev->ppl.sector`, `super_1_load`).
+    pub start_sector: u64,
+    /// The part md uses, sectors ([`usable_area_sectors`]).
+    pub usable_sectors: u64,
+    /// How md logs into it ([`PplMode::of`] the usable size).
+    pub mode: PplMode,
+    /// Whether the superblock carries `MD_FEATURE_MULTIPLE_PPLS` (else `MD_FEATURE_PPL`).
+    pub multiple_feature: bool,
+}
+
 /// A valid record found in an area.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PplRecord {
