@@ -16,6 +16,8 @@
 //!   state updated) so a crash in the middle of writing them leaves a consistent set.
 //! - [`bitmap`] is md's internal write-intent bitmap: [`BitmapSuper`] (`bitmap_super_t`),
 //!   the bit layout, mdadm's sizing, and the checks of a bitmap read from disk.
+//! - [`ppl`] is md's Partial Parity Log: the record format ([`PplHeader`], [`PplEntry`]),
+//!   the scan of a member's PPL area for its newest record, and recovery planning.
 //! - [`assemble`] decides, from the superblocks found on a set of devices, which device
 //!   serves which role, which are stale, spare or missing, and whether the array may start.
 //!
@@ -36,11 +38,14 @@
 mod assemble;
 pub mod bitmap;
 mod create;
+pub mod ppl;
 mod superblock;
 mod update;
 
 #[cfg(test)]
 mod bitmap_tests;
+#[cfg(test)]
+mod ppl_tests;
 #[cfg(test)]
 mod tests;
 
@@ -55,6 +60,7 @@ pub use create::{
     BitmapChoice, CreateError, NewArray, BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS,
     DATA_OFFSET_ALIGN_SECTORS, MAX_NAME_BYTES,
 };
+pub use ppl::{PplArea, PplEntry, PplError, PplHeader};
 pub use superblock::{
     parse, raw_checksum, DevRole, Feature, FeatureSet, Superblock, SuperblockError,
     DEV_ROLE_FAULTY, DEV_ROLE_JOURNAL, DEV_ROLE_MAX, DEV_ROLE_SPARE, FEATURE_ALL, MAX_DEV_LIMIT,

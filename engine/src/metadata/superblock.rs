@@ -48,6 +48,7 @@ use std::fmt;
 
 use thiserror::Error;
 
+use super::ppl::{usable_area_sectors, PplArea, PplMode};
 use super::{MdTime, Uuid};
 use crate::geometry::{ArrayGeometry, Geometry, GeometryError, Layout, Level};
 
@@ -239,8 +240,10 @@ impl Feature {
             }
             Feature::Clustered => "clustered md is not supported",
             Feature::Journal => "RAID5/6 write journal is not supported",
-            Feature::Ppl => "partial parity log is not supported",
-            Feature::MultiplePpls => "partial parity logs are not supported",
+            Feature::Ppl | Feature::MultiplePpls => {
+                "partial parity log: PPL arrays can be examined but not yet served \
+                 (ferroraid does not write the log yet)"
+            }
             Feature::Raid0Layout => {
                 "RAID0 layout flag on a RAID5/6 superblock (the kernel refuses it too)"
             }
@@ -513,6 +516,37 @@ pub enum SuperblockError {
         /// The stored `data_offset`, sectors.
         data_offset: u64,
     },
+    /// PPL feature bits in a combination md refuses: either PPL bit with an internal
+    /// bitmap or a journal, or both PPL bits (`super_1_validate`, md.c:1856–1865).
+    #[error(
+        "feature_map 0x{feature_map:x}: {why} (md's super_1_validate refuses this combination)"
+    )]
+    PplFeatures {
+        /// The stored `feature_map`.
+        feature_map: u32,
+        /// Which rule.
+        why: &'static str,
+    },
+    /// A PPL on a level other than RAID5 (`ppl_init_log`: "PPL is not compatible with raid
+    /// level %d").
+    #[error("PPL is not compatible with raid level {}: md's PPL is RAID5 only", level_name(*.level))]
+    PplLevel {
+        /// The stored level.
+        level: i32,
+    },
+    /// A PPL area md refuses (`ppl_validate_rdev`, raid5-ppl.c:1255).
+    #[error(
+        "PPL area at {offset} sectors from the superblock, {size} sectors long: {why} \
+         (md's ppl_validate_rdev refuses it)"
+    )]
+    PplPlacement {
+        /// `ppl.offset`, signed sectors from the superblock.
+        offset: i16,
+        /// `ppl.size`, sectors.
+        size: u16,
+        /// What is wrong.
+        why: &'static str,
+    },
     /// A buffer too small for [`Superblock::write_into`].
     #[error("buffer of {len} bytes is too small for a {needed}-byte superblock")]
     BufferTooSmall {
@@ -637,12 +671,14 @@ pub struct Superblock {
 fn le16(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
+/// Little-endian `u32` at byte `off` (also `ppl`).
 #[inline]
-fn le32(b: &[u8], off: usize) -> u32 {
+pub(super) fn le32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
+/// Little-endian `u64` at byte `off` (also `ppl`).
 #[inline]
-fn le64(b: &[u8], off: usize) -> u64 {
+pub(super) fn le64(b: &[u8], off: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[off..off + 8]);
     u64::from_le_bytes(a)
@@ -943,6 +979,87 @@ impl Superblock {
         ((raw & 0xffff) as u16 as i16, (raw >> 16) as u16)
     }
 
+    /// Sets `ppl.offset` (signed sectors from the superblock) and `ppl.size` (sectors), the
+    /// PPL reading of the `bitmap_offset` union (`md_p.h`; `super_1_sync` writes them
+    /// the same way). The feature bit is the caller's: mdadm writes [`Feature::Ppl`]
+    /// (`write_init_super1`), the kernel [`Feature::MultiplePpls`] for an area of
+    /// [`super::ppl::MULTIPLE_PPL_MIN_SECTORS`] or more (`super_1_sync`), and neither may
+    /// be set with [`Feature::BitmapOffset`].
+    pub fn set_ppl(&mut self, offset_sectors: i16, size_sectors: u16) {
+        self.bitmap_offset =
+            ((u32::from(size_sectors) << 16) | u32::from(offset_sectors as u16)) as i32;
+    }
+
+    /// The member's PPL area, or `None` without a PPL feature bit, after md's checks:
+    /// 1. not both PPL bits, and neither with [`Feature::BitmapOffset`] or
+    ///    [`Feature::Journal`] (`super_1_validate`) ([`SuperblockError::PplFeatures`]);
+    /// 2. level 5 (`ppl_init_log`) ([`SuperblockError::PplLevel`]);
+    /// 3. room for the header and one 4 KiB page; the area (trimmed to whole pages) not
+    ///    overlapping the data area (`data_offset .. + data_size`) nor the superblock
+    ///    (`ppl_validate_rdev`, native metadata: a positive offset below the superblock's
+    ///    size, or a non-positive one whose area reaches past it)
+    ///    ([`SuperblockError::PplPlacement`]).
+    ///
+    /// # Errors
+    /// The first rule broken, as listed.
+    pub fn ppl_area(&self) -> Result<Option<PplArea>, SuperblockError> {
+        let single = self.feature_map & Feature::Ppl.bit() != 0;
+        let multiple = self.feature_map & Feature::MultiplePpls.bit() != 0;
+        if !single && !multiple {
+            return Ok(None);
+        }
+        let features = |why| SuperblockError::PplFeatures {
+            feature_map: self.feature_map,
+            why,
+        };
+        if self.feature_map & Feature::BitmapOffset.bit() != 0 {
+            return Err(features("a PPL cannot be combined with an internal bitmap"));
+        }
+        if self.feature_map & Feature::Journal.bit() != 0 {
+            return Err(features("a PPL cannot be combined with a journal"));
+        }
+        if single && multiple {
+            return Err(features(
+                "MD_FEATURE_PPL and MD_FEATURE_MULTIPLE_PPLS cannot both be set",
+            ));
+        }
+        if self.level != 5 {
+            return Err(SuperblockError::PplLevel { level: self.level });
+        }
+        let (offset, size) = self.ppl();
+        let placement = |why| SuperblockError::PplPlacement { offset, size, why };
+        let usable = usable_area_sectors(size).ok_or_else(|| {
+            placement("too small for the 4 KiB header and one 4 KiB page of partial parity")
+        })?;
+        let start = self.super_offset as i128 + i128::from(offset);
+        let (data_start, data_end) = (
+            i128::from(self.data_offset),
+            i128::from(self.data_offset) + i128::from(self.data_size),
+        );
+        if (start < data_start && start + i128::from(usable) > data_start)
+            || (start >= data_start && data_end > start)
+        {
+            return Err(placement("overlaps the data area"));
+        }
+        let sb_sectors = (self.encoded_len() as u64).div_ceil(512) as i64;
+        let offset64 = i64::from(offset);
+        if (offset64 > 0 && offset64 < sb_sectors)
+            || (offset64 <= 0 && offset64 + usable as i64 > 0)
+        {
+            return Err(placement("overlaps the superblock"));
+        }
+        let start_sector = u64::try_from(start)
+            .map_err(|_| placement("starts before the beginning of the device"))?;
+        Ok(Some(PplArea {
+            offset_sectors: offset,
+            size_sectors: size,
+            start_sector,
+            usable_sectors: usable,
+            mode: PplMode::of(usable),
+            multiple_feature: multiple,
+        }))
+    }
+
     /// The role this member's own superblock gives it: `dev_roles[dev_number]`, or spare
     /// when `dev_number` is beyond `max_dev` (the kernel's `super_1_validate` and mdadm's
     /// `role_from_sb` do the same).
@@ -1030,21 +1147,24 @@ impl Superblock {
     /// Checks that ferroraid can serve the array this (format-valid) superblock describes,
     /// in this order:
     /// 1. v1.2 position: `super_offset == 8` ([`SuperblockError::NotVersion12`]);
-    /// 2. no feature bits outside [`Feature::SUPPORTED`]: every other bit of `feature_map`
+    /// 2. with a PPL feature bit, md's PPL checks ([`Superblock::ppl_area`]): an array md
+    ///    would refuse is refused for that reason, one md would run is refused below as
+    ///    unsupported (PPL arrays can be examined but not yet served);
+    /// 3. no feature bits outside [`Feature::SUPPORTED`]: every other bit of `feature_map`
     ///    is refused by name with its reason ([`SuperblockError::UnsupportedFeatures`]); an
     ///    internal bitmap must start after the superblock and before the data
     ///    ([`SuperblockError::BitmapPlacement`]; the bitmap itself is checked when read,
     ///    `super::BitmapSuper::check_against`);
-    /// 3. level 5 or 6, layout 0..=5, chunk a power of two of 4 KiB..16 MiB, `raid_disks`
+    /// 4. level 5 or 6, layout 0..=5, chunk a power of two of 4 KiB..16 MiB, `raid_disks`
     ///    within the level's limits ([`Superblock::geometry`]);
-    /// 4. `data_offset` beyond the superblock (`super_1_load`:
+    /// 5. `data_offset` beyond the superblock (`super_1_load`:
     ///    `data_offset >= sb_start + sb_size`) ([`SuperblockError::DataOffset`]);
-    /// 5. `data_size >= 10` (`super_1_load`) and `size <= data_size`
+    /// 6. `data_size >= 10` (`super_1_load`) and `size <= data_size`
     ///    ([`SuperblockError::DataSize`]); `size` at least one chunk
     ///    ([`SuperblockError::SizeTooSmall`]);
-    /// 6. a reserved bad-block log, if any, between the superblock and the data
+    /// 7. a reserved bad-block log, if any, between the superblock and the data
     ///    ([`SuperblockError::BadBlockLogPlacement`]);
-    /// 7. every `dev_roles` entry a role `< raid_disks`, spare or faulty, and no role held
+    /// 8. every `dev_roles` entry a role `< raid_disks`, spare or faulty, and no role held
     ///    by more than two slots — a member and its replacement
     ///    ([`SuperblockError::InvalidRole`], [`SuperblockError::DuplicateRole`]).
     ///
@@ -1056,6 +1176,7 @@ impl Superblock {
                 super_offset: self.super_offset,
             });
         }
+        self.ppl_area()?;
         if self.feature_map & !Feature::SUPPORTED != 0 {
             return Err(SuperblockError::UnsupportedFeatures(FeatureSet(
                 self.feature_map & !Feature::SUPPORTED,

@@ -206,7 +206,8 @@ fn reparse(sb: &Superblock) -> Result<Superblock, SuperblockError> {
 fn every_feature_bit_is_refused_by_name() {
     let base = array_sbs(Level::Raid6, 4, true).remove(0);
     for f in Feature::ALL {
-        if f.bit() & Feature::SUPPORTED != 0 {
+        // PPL bits on this RAID6 array fail md's own PPL checks first: `ppl_superblock`.
+        if f.bit() & Feature::SUPPORTED != 0 || matches!(f, Feature::Ppl | Feature::MultiplePpls) {
             continue;
         }
         let mut sb = base.clone();
@@ -224,6 +225,101 @@ fn every_feature_bit_is_refused_by_name() {
     assert!(msg.contains("MD_FEATURE_RESHAPE_ACTIVE"), "{msg}");
     assert!(msg.contains("MD_FEATURE_JOURNAL"), "{msg}");
     assert!(msg.contains("unknown feature bits 0x8000"), "{msg}");
+}
+
+/// A RAID5 member with mdadm's PPL: `MD_FEATURE_PPL`, 2048 sectors 8 after the
+/// superblock, data from 4096 (mdadm: `ROUND_UP(24 + 2048 + headroom, 2048)`).
+fn ppl_sb() -> Superblock {
+    let mut sb = array_sbs(Level::Raid5, 4, true).remove(0);
+    sb.feature_map = Feature::Ppl.bit();
+    sb.set_ppl(ppl::MDADM_PPL_OFFSET_SECTORS, ppl::MDADM_PPL_SIZE_SECTORS);
+    sb.data_offset = sb.data_offset.max(4096);
+    sb
+}
+
+#[test]
+fn ppl_superblock() {
+    let sb = ppl_sb();
+    assert_eq!(sb.ppl(), (8, 2048));
+    assert_eq!(
+        sb.bitmap_offset.to_le_bytes(),
+        [8, 0, 0, 8],
+        "le16 offset, le16 size"
+    );
+    let area = sb.ppl_area().unwrap().unwrap();
+    assert_eq!(area.start_sector, 16);
+    assert_eq!(area.usable_sectors, 2048);
+    assert_eq!(area.mode, ppl::PplMode::Multiple);
+    assert!(!area.multiple_feature);
+    // md would run it; ferroraid examines it but refuses to serve it.
+    let msg = reparse(&sb).unwrap_err().to_string();
+    assert!(msg.contains("MD_FEATURE_PPL"), "{msg}");
+    assert!(msg.contains("can be examined but not yet served"), "{msg}");
+    let mut multi = sb.clone();
+    multi.feature_map = Feature::MultiplePpls.bit();
+    let msg = reparse(&multi).unwrap_err().to_string();
+    assert!(msg.contains("MD_FEATURE_MULTIPLE_PPLS"), "{msg}");
+    assert!(msg.contains("can be examined but not yet served"), "{msg}");
+    assert_eq!(
+        Superblock::decode(&multi.to_bytes().unwrap())
+            .unwrap()
+            .ppl_area()
+            .unwrap()
+            .map(|a| a.multiple_feature),
+        Some(true)
+    );
+    // Without a PPL bit there is no area.
+    let base = array_sbs(Level::Raid5, 4, true).remove(0);
+    assert_eq!(base.ppl_area(), Ok(None));
+}
+
+#[test]
+fn ppl_superblock_refusals_follow_md() {
+    let with = |f: &dyn Fn(&mut Superblock)| {
+        let mut sb = ppl_sb();
+        f(&mut sb);
+        assert_eq!(reparse(&sb).unwrap_err(), sb.ppl_area().unwrap_err());
+        sb.ppl_area().unwrap_err()
+    };
+    for extra in [
+        Feature::BitmapOffset,
+        Feature::Journal,
+        Feature::MultiplePpls,
+    ] {
+        assert!(matches!(
+            with(&|sb| sb.feature_map |= extra.bit()),
+            SuperblockError::PplFeatures { .. }
+        ));
+    }
+    assert_eq!(
+        with(&|sb| sb.level = 6),
+        SuperblockError::PplLevel { level: 6 }
+    );
+    let placement = |e: SuperblockError| match e {
+        SuperblockError::PplPlacement { why, .. } => why,
+        other => panic!("{other}"),
+    };
+    assert!(placement(with(&|sb| sb.set_ppl(8, 15))).contains("too small"));
+    assert!(placement(with(&|sb| sb.data_offset = 2048)).contains("data area"));
+    // (An offset of 1 is fine when the superblock takes one sector, as md computes
+    // `sb_size` from `max_dev`.)
+    assert!(placement(with(&|sb| sb.set_ppl(0, 2048))).contains("superblock"));
+    assert!(placement(with(&|sb| sb.set_ppl(-8, 16))).contains("superblock"));
+    // After the data area: allowed by md (`ppl.sector >= data_offset + sectors`).
+    let mut sb = ppl_sb();
+    sb.data_size = 100;
+    sb.set_ppl((sb.data_offset + 100 - sb.super_offset) as i16, 16);
+    assert_eq!(
+        sb.ppl_area().unwrap().unwrap().start_sector,
+        sb.data_offset + 100
+    );
+    sb.data_size = 101;
+    assert!(placement(sb.ppl_area().unwrap_err()).contains("data area"));
+    // ... and the smallest area md accepts: a header and one page.
+    let mut sb = ppl_sb();
+    sb.set_ppl(8, 16);
+    let area = sb.ppl_area().unwrap().unwrap();
+    assert_eq!((area.usable_sectors, area.mode), (16, ppl::PplMode::Single));
 }
 
 #[test]
