@@ -48,6 +48,7 @@ pub mod device;
 pub mod geometry;
 pub mod metadata;
 pub mod parity;
+pub mod ppl;
 pub mod process;
 pub mod qos;
 pub mod reactor;

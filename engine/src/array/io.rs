@@ -96,6 +96,9 @@ impl<C: Channel> Array<C> {
         if s == self.bitmap_sop() {
             return self.bitmap_write_done(member, c.status);
         }
+        if let Some(l) = self.ppl_log_of(s) {
+            return self.ppl_io_done(l, member, c.status);
+        }
         let known = (s as usize) < self.sops.len() && self.sops[s as usize].outstanding > 0;
         if !known {
             self.stats.stray_completions += 1;

@@ -290,6 +290,10 @@ pub struct ArrayStats {
     pub cache_hit_stripes: u64,
     /// Member bytes the passes would have read without the stripe cache.
     pub cache_hit_bytes: u64,
+    /// PPL records written (each made durable before the writes it describes).
+    pub ppl_records: u64,
+    /// Bytes of those records: 4 KiB headers and partial parity.
+    pub ppl_bytes: u64,
     /// Passes held for more writes before reading (coalescing).
     pub held_passes: u64,
     /// Total time passes were held, ns (array clock).
@@ -498,6 +502,8 @@ impl ArrayStats {
         self.pass_written_bytes += o.pass_written_bytes;
         self.cache_hit_stripes += o.cache_hit_stripes;
         self.cache_hit_bytes += o.cache_hit_bytes;
+        self.ppl_records += o.ppl_records;
+        self.ppl_bytes += o.ppl_bytes;
         self.held_passes += o.held_passes;
         self.held_ns += o.held_ns;
         self.expired_holds += o.expired_holds;
@@ -682,6 +688,12 @@ enum Phase {
     PassRead(WriteMode),
     /// A pass writing its data and parity.
     PassWrite,
+    /// A write whose parity is computed, waiting for its Partial Parity Log record to be
+    /// durable (no I/O outstanding; [`ppl`]); `pass`: a pass, else the single-operation
+    /// path.
+    PplWait {
+        pass: bool,
+    },
 }
 
 struct Sop {
@@ -754,6 +766,12 @@ struct Sop {
     /// Per member: the address of chunk offset 0 in the caller's buffer when the pass
     /// writes that data chunk straight from it (0: from the cache entry; leader only).
     pass_direct: Vec<usize>,
+    /// The write's range of the stripe's logical data, bytes (a pass: the union of its
+    /// writes, kept contiguous while a PPL is attached): what its PPL entries describe.
+    ppl_lo: u64,
+    ppl_hi: u64,
+    /// The PPL log whose record holds this write ([`ppl::NO_LOG`] when none).
+    ppl_log: u16,
 }
 
 /// What a stripe operation counts in the [`StripeGate`].
@@ -874,6 +892,8 @@ pub struct Array<C: Channel> {
     bg_wait: bool,
     /// The write-intent bitmap, when the array has one.
     intent: Option<IntentShard>,
+    /// The Partial Parity Log's write side, when the array has one.
+    ppl: Option<ppl::PplShard>,
     /// Shared with the other shards when there are several ([`Array::set_shard`]).
     gate: Option<Arc<StripeGate>>,
     /// Owner writes in [`Phase::GateWait`], in arrival order.
@@ -1079,6 +1099,9 @@ impl<C: Channel> Array<C> {
                     rows: cache::BlockSet::new(blocks),
                     need: (0..n).map(|_| cache::BlockSet::new(blocks)).collect(),
                     pass_direct: vec![0; n],
+                    ppl_lo: 0,
+                    ppl_hi: 0,
+                    ppl_log: ppl::NO_LOG,
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
@@ -1111,6 +1134,7 @@ impl<C: Channel> Array<C> {
             bg_not_before: 0,
             bg_wait: false,
             intent: None,
+            ppl: None,
             gate: None,
             gate_waiting: VecDeque::with_capacity(total_sops),
             moved: VecDeque::with_capacity(cfg.requests),
@@ -1287,6 +1311,9 @@ impl<C: Channel> Array<C> {
             .into_iter()
             .chain(daemon)
             .chain(self.hold_deadline_ns())
+            // A shard waiting for its turn on a PPL log polls for it (another shard passes
+            // the turn on; nothing here completes when it does).
+            .chain(self.ppl_waiting().then(|| self.now + ppl::TURN_POLL_NS))
             .min();
         if self.io_timeout_ns == 0 {
             return own;
@@ -1439,6 +1466,7 @@ impl<C: Channel> Array<C> {
             round |= self.resubmit();
             round |= self.reap();
             round |= self.bitmap_work();
+            round |= self.ppl_work();
             round |= self.gate_work();
             while let Some(s) = self.ready.pop_front() {
                 self.advance(s);
@@ -1478,9 +1506,16 @@ impl<C: Channel> Array<C> {
         if !failed && matches!(sop.phase, Phase::PassWrite | Phase::Writing) {
             self.note_write_latency(self.now.saturating_sub(sop.issued_ns));
         }
+        if matches!(
+            self.sops[s as usize].phase,
+            Phase::PassWrite | Phase::Writing
+        ) {
+            self.ppl_write_done(s);
+        }
         let sop = &self.sops[s as usize];
         match sop.phase {
             Phase::Queued => unreachable!("queued operations have no I/O"),
+            Phase::PplWait { .. } => unreachable!("operations waiting for their log have no I/O"),
             // A read failed: the member is failed (or marked bad for this operation), and
             // the survivors are read again without it.
             Phase::BgRead if failed => self.start_bg(s),
@@ -1564,10 +1599,13 @@ mod locks;
 mod members;
 mod ops;
 mod pass;
+mod ppl;
 mod read;
 mod write;
 
 #[cfg(test)]
 mod bitmap_tests;
+#[cfg(test)]
+mod ppl_tests;
 #[cfg(test)]
 mod tests;

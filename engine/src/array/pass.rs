@@ -156,6 +156,8 @@ impl<C: Channel> Array<C> {
             }
             sop.pass_direct.fill(0);
             sop.rows.clear();
+            sop.ppl_lo = sop.start;
+            sop.ppl_hi = sop.end;
         }
         self.add_to_pass(s, s);
         self.gather(s);
@@ -166,7 +168,7 @@ impl<C: Channel> Array<C> {
     }
 
     /// Whether operation `s` is a FUA write (or write-zeroes).
-    fn sop_fua(&self, s: u32) -> bool {
+    pub(super) fn sop_fua(&self, s: u32) -> bool {
         self.reqs[self.sops[s as usize].req as usize]
             .as_ref()
             .expect("live request")
@@ -180,7 +182,10 @@ impl<C: Channel> Array<C> {
         let st = self.geo.stripe(self.sops[lead as usize].stripe);
         let unit = g.block_bytes();
         let w = self.footprint(f);
+        let (start, end) = (self.sops[f as usize].start, self.sops[f as usize].end);
         let sop = &mut self.sops[lead as usize];
+        sop.ppl_lo = sop.ppl_lo.min(start);
+        sop.ppl_hi = sop.ppl_hi.max(end);
         for (k, x) in w.chunks() {
             let (a, b) = (x.start / unit, x.end / unit);
             sop.dirty[usize::from(st.data_member(k))].insert_range(a, b);
@@ -208,6 +213,13 @@ impl<C: Channel> Array<C> {
                 continue;
             }
             if !self.batchable(f) {
+                break;
+            }
+            // With a PPL the pass's writes stay one contiguous range of the stripe, so
+            // every row's modified chunks are consecutive, as md's entries require
+            // (`crate::ppl`); a write apart from it starts the next pass.
+            let (lead_op, f_op) = (&self.sops[lead as usize], &self.sops[f as usize]);
+            if self.ppl.is_some() && (f_op.end < lead_op.ppl_lo || f_op.start > lead_op.ppl_hi) {
                 break;
             }
             self.waiting.remove(i);
@@ -838,12 +850,15 @@ impl<C: Channel> Array<C> {
             }
             WriteMode::Degraded => unreachable!("degraded stripes take the single path"),
         }
+        if self.ppl_gate(s, true, mode) {
+            return;
+        }
         self.issue_pass_writes(s, mode);
     }
 
     /// Issues the pass's member writes from its cache entry: the written blocks of every
     /// data member, P/Q over the touched rows; FUA if any write of the pass is.
-    fn issue_pass_writes(&mut self, s: u32, mode: WriteMode) {
+    pub(super) fn issue_pass_writes(&mut self, s: u32, mode: WriteMode) {
         let g = *self.geo.geometry();
         let unit = g.block_bytes();
         let st = self.geo.stripe(self.sops[s as usize].stripe);

@@ -81,6 +81,8 @@ impl<C: Channel> Array<C> {
         let w = self.footprint(s);
         let plan = plan_write(&w, &st, |m| self.missing(s, m));
         let r = plan.range;
+        let sop = &mut self.sops[s as usize];
+        (sop.ppl_lo, sop.ppl_hi) = (sop.start, sop.end);
         self.stats.write_read_bytes += u64::from(plan.reads) * u64::from(r.len());
         self.sops[s as usize].range = r;
         self.sops[s as usize].io_error = false;
@@ -126,11 +128,6 @@ impl<C: Channel> Array<C> {
         // Buffer positions: the parity range starts at byte 0 of each member buffer.
         let base = r.start;
         let (ri, rl) = (0usize, r.len() as usize);
-        let fua = self.reqs[self.sops[s as usize].req as usize]
-            .as_ref()
-            .expect("live")
-            .op
-            .fua();
 
         // Pointers to the caller's data of each touched chunk, at the start of its range.
         let client =
@@ -255,21 +252,40 @@ impl<C: Channel> Array<C> {
             }
         }
 
-        // Issue the writes: touched data chunks from the caller's buffer, then P/Q over R.
+        if self.ppl_gate(s, false, mode) {
+            return;
+        }
+        self.issue_single_writes(s, mode);
+    }
+
+    /// Issues the writes of a single-operation write whose parity is computed: touched
+    /// data chunks from the caller's buffer, then P/Q over the parity range.
+    pub(super) fn issue_single_writes(&mut self, s: u32, mode: WriteMode) {
+        let (fua, w) = (self.sop_fua(s), self.footprint(s));
+        let (st, r) = {
+            let sop = &self.sops[s as usize];
+            (self.geo.stripe(sop.stripe), sop.range)
+        };
+        let c = u64::from(self.geo.geometry().chunk_bytes());
+        let client =
+            |this: &Self, k: u16, from: u32| this.client_ptr(s, u64::from(k) * c + u64::from(from));
         self.sops[s as usize].phase = Phase::Writing;
         self.sops[s as usize].mode = mode;
         self.sops[s as usize].io_error = false;
-        for k in 0..nd {
-            let m = st.data_member(k);
-            if let Some(x) = w.written(k) {
-                let ptr = client(self, k, x.start);
-                self.io_write(s, m, Op::Write { fua }, x.start, x.len(), ptr);
-            }
+        for (k, x) in w.chunks() {
+            let ptr = client(self, k, x.start);
+            self.io_write(
+                s,
+                st.data_member(k),
+                Op::Write { fua },
+                x.start,
+                x.len(),
+                ptr,
+            );
         }
         for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
-            let ptr = self.sops[s as usize].bufs[usize::from(m)]
-                .as_mut_ptr()
-                .wrapping_add(ri);
+            // The parity range starts at byte 0 of the member's buffer.
+            let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
             self.io_write(s, m, Op::Write { fua }, r.start, r.len(), ptr);
         }
         if self.sops[s as usize].outstanding == 0 {

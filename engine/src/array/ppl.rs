@@ -1,0 +1,439 @@
+//! The Partial Parity Log's write side (RAID5): a stripe write whose parity is computed
+//! waits in [`Phase::PplWait`] until a record describing it is durable on the stripe's
+//! parity member, then issues its data and parity writes; the log's next record waits
+//! until those writes are durable. The rules and the cross-shard turns are in
+//! [`crate::ppl`]; the record format is md's ([`crate::metadata::ppl`]).
+//!
+//! Partial parity is computed when the record is built, from what the write is about to
+//! write: over the rows of an entry whose modified data chunks are `D_k`,
+//! `PP = P_new ⊕ ⊕ D_k,new` — equal to the XOR of the chunks the write leaves alone (md's
+//! definition, raid5-ppl.rst), whichever way (RMW, RCW, degraded) P was computed.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrayvec::ArrayVec;
+
+use super::{Array, Phase};
+use crate::buf::AlignedBuf;
+use crate::device::{Channel, IoBuf, IoError, Op, Request};
+use crate::metadata::ppl::{
+    pp_checksum, PplEntry, PplHeader, PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE, PPL_SPACE_SIZE,
+};
+use crate::parity::MAX_DATA_CHUNKS;
+use crate::ppl::{entries_for_range, PplShared};
+use crate::qos::IoClass;
+use crate::stripe::WriteMode;
+
+/// A shard's side of one member's log.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum LogState {
+    /// No turn held or asked for.
+    Idle,
+    /// Waiting for the turn of `ticket`.
+    Waiting { ticket: u64 },
+    /// The record write is in flight.
+    Writing { ticket: u64 },
+    /// The record's stripe writes are in flight (`left` of them).
+    Draining { ticket: u64, left: u32 },
+    /// Flushes of the members the record's writes reached are in flight (`left`).
+    Flushing { ticket: u64, left: u32 },
+}
+
+/// One member's log as this shard sees it.
+struct ShardLog {
+    /// Writes waiting for the log (their parity computed), in order.
+    queue: VecDeque<u32>,
+    /// The writes of the record in flight.
+    record: Vec<u32>,
+    state: LogState,
+    /// The record: header, then partial parity (`PPL_HEADER_SIZE + space` bytes).
+    buf: AlignedBuf,
+    /// Members the record's writes reached (bit per member entry).
+    written: u64,
+}
+
+/// A shard's write side of the array's PPL.
+pub(super) struct PplShard {
+    shared: Arc<PplShared>,
+    logs: Vec<ShardLog>,
+    /// Reused for each record's entries (no allocation per record).
+    entries: Vec<PplEntry>,
+    /// Partial parity bytes a record may carry.
+    space: usize,
+}
+
+impl<C: Channel> Array<C> {
+    /// Attaches the array's Partial Parity Log (RAID5 only): from now on every write of a
+    /// stripe whose parity member is in service is logged before it goes out (see the
+    /// module docs). Every shard of the array attaches the same `shared`. Attach before
+    /// submitting requests; the area must hold a 4 KiB header plus the partial parity of
+    /// one chunk, and must have been recovered and re-initialised at this assembly (md
+    /// zeroes it and writes an empty header at every start, `ppl_load_distributed`): the
+    /// records start again at generation 1 at the area's start, and a record of an earlier
+    /// run lying past them would otherwise look newer to recovery.
+    ///
+    /// # Panics
+    /// If the array is not RAID5, a log or bitmap is already attached, requests are in
+    /// flight, or the area is too small — programmer errors (assembly checks all of it).
+    pub fn attach_ppl(&mut self, shared: Arc<PplShared>) {
+        let g = *self.geo.geometry();
+        assert_eq!(g.parity_chunks(), 1, "md's PPL is RAID5 only");
+        assert!(self.ppl.is_none(), "a PPL is already attached");
+        assert!(
+            self.intent.is_none(),
+            "PPL and the write-intent bitmap exclude each other"
+        );
+        assert!(!self.busy(), "attach the PPL before submitting requests");
+        assert_eq!(shared.members(), self.slots(), "one log per member");
+        let chunk = g.chunk_bytes() as usize;
+        let space = PPL_SPACE_SIZE.max(chunk);
+        assert!(
+            shared.area_bytes >= (PPL_HEADER_SIZE + chunk) as u64,
+            "the PPL area cannot hold one chunk's partial parity"
+        );
+        let space = space.min(shared.area_bytes as usize - PPL_HEADER_SIZE);
+        let logs = (0..self.slots())
+            .map(|_| ShardLog {
+                queue: VecDeque::with_capacity(self.sops.len()),
+                record: Vec::with_capacity(self.sops.len()),
+                state: LogState::Idle,
+                buf: AlignedBuf::zeroed(PPL_HEADER_SIZE + space),
+                written: 0,
+            })
+            .collect();
+        self.ppl = Some(PplShard {
+            shared,
+            logs,
+            entries: Vec::with_capacity(PPL_HDR_MAX_ENTRIES),
+            space,
+        });
+    }
+
+    /// The "operation index" in the tags of log `log`'s record writes and flushes: past
+    /// the stripe operations and the bitmap's slot.
+    fn ppl_sop(&self, log: usize) -> u32 {
+        self.bitmap_sop() + 1 + log as u32
+    }
+
+    /// Whether tag operation index `s` is one of the logs'; returns the log.
+    pub(super) fn ppl_log_of(&self, s: u32) -> Option<usize> {
+        let base = self.bitmap_sop() + 1;
+        (s >= base && ((s - base) as usize) < self.slots() && self.ppl.is_some())
+            .then(|| (s - base) as usize)
+    }
+
+    /// Called where write operation `s` would issue its member writes (parity computed;
+    /// `pass`: a pass, else the single-operation path): with a PPL and the stripe's parity
+    /// member in service, queues it for its log and returns `true` (it then waits in
+    /// [`Phase::PplWait`]).
+    pub(super) fn ppl_gate(&mut self, s: u32, pass: bool, mode: WriteMode) -> bool {
+        let Some(p) = &mut self.ppl else {
+            return false;
+        };
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let pm = st.p_member();
+        if self.members[usize::from(pm)].state.is_failed() {
+            // No parity to protect (md logs only when the parity device is in sync).
+            return false;
+        }
+        let sop = &mut self.sops[s as usize];
+        sop.phase = Phase::PplWait { pass };
+        sop.mode = mode;
+        p.logs[usize::from(pm)].queue.push_back(s);
+        true
+    }
+
+    /// The logs' turn in the loop: take tickets, write records whose turn came.
+    pub(super) fn ppl_work(&mut self) -> bool {
+        let Some(p) = &mut self.ppl else {
+            return false;
+        };
+        let mut any = false;
+        for l in 0..p.logs.len() {
+            let p = self.ppl.as_mut().expect("attached");
+            let log = &mut p.logs[l];
+            match log.state {
+                LogState::Idle if !log.queue.is_empty() => {
+                    log.state = LogState::Waiting {
+                        ticket: p.shared.log(l).take_ticket(),
+                    };
+                    any = true;
+                }
+                _ => {}
+            }
+            let p = self.ppl.as_mut().expect("attached");
+            if let LogState::Waiting { ticket } = p.logs[l].state {
+                if p.shared.log(l).serving() == ticket {
+                    self.write_record(l, ticket);
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    /// Whether some log waits for its turn (the executor must keep polling).
+    pub fn ppl_waiting(&self) -> bool {
+        self.ppl.as_ref().is_some_and(|p| {
+            p.logs
+                .iter()
+                .any(|l| matches!(l.state, LogState::Waiting { .. }))
+        })
+    }
+
+    /// Builds log `l`'s record from its queue (as many writes as fit) and writes it.
+    fn write_record(&mut self, l: usize, ticket: u64) {
+        let g = *self.geo.geometry();
+        let c = u64::from(g.chunk_bytes());
+        let nd = g.data_chunks();
+        let sector = |x: u64| x / 512;
+        let mut p = self.ppl.take().expect("attached");
+        p.entries.clear();
+        let mut pp_len = 0usize;
+        let log = &mut p.logs[l];
+        log.record.clear();
+        log.written = 0;
+        while let Some(&s) = log.queue.front() {
+            let sop = &self.sops[s as usize];
+            let (lo, hi) = (sop.ppl_lo, sop.ppl_hi);
+            let rects = entries_for_range(lo, hi, g.chunk_bytes());
+            let need: usize = rects.iter().map(|r| r.pp_bytes(nd) as usize).sum();
+            if !log.record.is_empty()
+                && (p.entries.len() + rects.len() > PPL_HDR_MAX_ENTRIES || pp_len + need > p.space)
+            {
+                break;
+            }
+            log.queue.pop_front();
+            log.record.push(s);
+            let st = self.geo.stripe(sop.stripe);
+            let pm = usize::from(st.p_member());
+            debug_assert_eq!(pm, l);
+            for r in &rects {
+                let pp = r.pp_bytes(nd) as usize;
+                let first = (sop.stripe * u64::from(nd) + u64::from(r.first_chunk)) * c
+                    + u64::from(r.row_start);
+                let mut checksum = 0;
+                if pp > 0 {
+                    let dst = &mut log.buf[PPL_HEADER_SIZE + pp_len..PPL_HEADER_SIZE + pp_len + pp];
+                    self.partial_parity(s, r.row_start, r.first_chunk, r.chunks, dst);
+                    checksum = pp_checksum(dst);
+                }
+                pp_len += pp;
+                p.entries.push(PplEntry {
+                    data_sector: sector(first),
+                    pp_size: pp as u32,
+                    data_size: r.row_bytes * u32::from(r.chunks),
+                    parity_disk: l as u32,
+                    checksum,
+                });
+            }
+            for k in 0..nd {
+                log.written |= 1 << st.data_member(k);
+            }
+            log.written |= 1 << pm;
+        }
+        let record_bytes = (PPL_HEADER_SIZE + pp_len) as u64;
+        let (generation, off) = p
+            .shared
+            .log(l)
+            .place_record(record_bytes, p.shared.area_bytes);
+        let header = PplHeader {
+            signature: p.shared.signature,
+            generation,
+            entries: std::mem::take(&mut p.entries),
+        };
+        let block = header
+            .encode()
+            .expect("the record's entries fit the header");
+        p.entries = header.entries;
+        let log = &mut p.logs[l];
+        log.buf[..PPL_HEADER_SIZE].copy_from_slice(&block);
+        log.state = LogState::Writing { ticket };
+        let ptr = log.buf.as_mut_ptr();
+        let offset = p.shared.area_offset_bytes + off;
+        self.ppl = Some(p);
+        self.stats.ppl_records += 1;
+        self.stats.ppl_bytes += record_bytes;
+        // SAFETY: the record buffer belongs to this log and is not touched again until
+        // the record write completes (the log stays in `Writing` until then).
+        let buf = unsafe {
+            IoBuf::from_raw(
+                std::ptr::NonNull::new(ptr).expect("non-null buffer"),
+                record_bytes as u32,
+                None,
+            )
+        };
+        self.ppl_send(
+            l,
+            l as u16,
+            Op::Write { fua: true },
+            offset,
+            record_bytes as u32,
+            buf,
+        );
+    }
+
+    /// Sends one of log `l`'s requests (record write or flush) to member `member`.
+    fn ppl_send(&mut self, l: usize, member: u16, op: Op, offset: u64, len: u32, buf: IoBuf) {
+        let req = Request {
+            tag: self.tag_of(self.ppl_sop(l), member),
+            op,
+            offset_bytes: offset,
+            len_bytes: len,
+            buf,
+        };
+        let m = &mut self.members[usize::from(member)];
+        if matches!(op, Op::Write { .. }) {
+            m.counters.writes += 1;
+            m.counters.write_bytes += u64::from(len);
+        }
+        self.send(member, IoClass::Flush, req);
+    }
+
+    /// Partial parity of write `s` over `row_start..row_start + dst.len()` (chunk bytes)
+    /// for modified chunks `first..first + n`: `P_new ⊕ ⊕ D_k,new`, into `dst`.
+    fn partial_parity(&self, s: u32, row_start: u32, first: u16, n: u16, dst: &mut [u8]) {
+        let g = *self.geo.geometry();
+        let c = u64::from(g.chunk_bytes());
+        let sop = &self.sops[s as usize];
+        let st = self.geo.stripe(sop.stripe);
+        let pm = usize::from(st.p_member());
+        let len = dst.len();
+        let pass = sop.phase == (Phase::PplWait { pass: true });
+        let mut srcs: ArrayVec<*const u8, { MAX_DATA_CHUNKS + 1 }> = ArrayVec::new();
+        if pass {
+            let ent = self.cache.entry(sop.pass_entry);
+            srcs.push(ent.bufs[pm].as_ptr().wrapping_add(row_start as usize));
+            for k in first..first + n {
+                let m = usize::from(st.data_member(k));
+                let direct = sop.pass_direct[m];
+                let base = if direct != 0 {
+                    direct as *const u8
+                } else {
+                    ent.bufs[m].as_ptr()
+                };
+                srcs.push(base.wrapping_add(row_start as usize));
+            }
+        } else {
+            let r = sop.range;
+            debug_assert!(r.start <= row_start && row_start as usize + len <= r.end as usize);
+            srcs.push(
+                sop.bufs[pm]
+                    .as_ptr()
+                    .wrapping_add((row_start - r.start) as usize),
+            );
+            for k in first..first + n {
+                srcs.push(self.client_ptr(s, u64::from(k) * c + u64::from(row_start)));
+            }
+        }
+        let mut data: ArrayVec<&[u8], { MAX_DATA_CHUNKS + 1 }> = ArrayVec::new();
+        for &ptr in &srcs {
+            // SAFETY: each pointer addresses `len` bytes of the rows being logged: the new
+            // P in the pass's pinned cache entry or the operation's P buffer (the parity
+            // range starts at buffer byte 0), and the new data of a modified chunk — the
+            // entry's chunk buffer, or the caller's buffer whose written range covers
+            // these rows (entries only name rows a chunk is modified in). None of them is
+            // `dst` (the log's record buffer).
+            data.push(unsafe { std::slice::from_raw_parts(ptr, len) });
+        }
+        self.parity.gen_p(&data, dst);
+    }
+
+    /// A record write or flush of log `l` to `member` is back.
+    pub(super) fn ppl_io_done(&mut self, l: usize, member: u16, status: Result<(), IoError>) {
+        if let Err(e) = status {
+            self.members[usize::from(member)].counters.errors += 1;
+            // md fails the log's member when its record write fails (`ppl_log_endio`);
+            // the writes then go out unlogged (no parity member to protect).
+            self.fail_member(member, e);
+        }
+        let p = self.ppl.as_mut().expect("attached");
+        match p.logs[l].state {
+            LogState::Writing { ticket } => {
+                let record = std::mem::take(&mut p.logs[l].record);
+                let n = record.len() as u32;
+                p.logs[l].state = LogState::Draining { ticket, left: n };
+                for &s in &record {
+                    self.sops[s as usize].ppl_log = l as u16;
+                    self.issue_logged(s);
+                }
+                self.ppl.as_mut().expect("attached").logs[l].record = record;
+            }
+            LogState::Flushing { ticket, left } if left > 1 => {
+                p.logs[l].state = LogState::Flushing {
+                    ticket,
+                    left: left - 1,
+                };
+            }
+            LogState::Flushing { ticket, .. } => self.end_turn(l, ticket),
+            _ => self.stats.stray_completions += 1,
+        }
+    }
+
+    /// Issues the member writes of logged operation `s`.
+    fn issue_logged(&mut self, s: u32) {
+        let mode = self.sops[s as usize].mode;
+        match self.sops[s as usize].phase {
+            Phase::PplWait { pass: true } => self.issue_pass_writes(s, mode),
+            Phase::PplWait { pass: false } => self.issue_single_writes(s, mode),
+            ph => unreachable!("operation in {ph:?} in a PPL record"),
+        }
+    }
+
+    /// Logged operation `s`'s writes are back (whatever their status): when it was the
+    /// record's last, flush the members they reached, then pass the turn on.
+    pub(super) fn ppl_write_done(&mut self, s: u32) {
+        let l = std::mem::replace(&mut self.sops[s as usize].ppl_log, NO_LOG);
+        if l == NO_LOG {
+            return;
+        }
+        let l = usize::from(l);
+        let p = self.ppl.as_mut().expect("attached");
+        let LogState::Draining { ticket, left } = p.logs[l].state else {
+            unreachable!("a logged write finished outside its record's drain");
+        };
+        if left > 1 {
+            p.logs[l].state = LogState::Draining {
+                ticket,
+                left: left - 1,
+            };
+            return;
+        }
+        let written = p.logs[l].written;
+        let mut flushes = 0;
+        for m in 0..self.slots() as u16 {
+            if written & (1 << m) == 0
+                || self.is_failed(m)
+                || !self.members[usize::from(m)].ch.info().volatile_cache
+            {
+                continue;
+            }
+            flushes += 1;
+            self.ppl_send(l, m, Op::Flush, 0, 0, IoBuf::NONE);
+        }
+        let p = self.ppl.as_mut().expect("attached");
+        if flushes == 0 {
+            self.end_turn(l, ticket);
+        } else {
+            p.logs[l].state = LogState::Flushing {
+                ticket,
+                left: flushes,
+            };
+        }
+    }
+
+    fn end_turn(&mut self, l: usize, ticket: u64) {
+        let p = self.ppl.as_mut().expect("attached");
+        p.logs[l].state = LogState::Idle;
+        p.logs[l].record.clear();
+        p.shared.log(l).pass_turn(ticket);
+    }
+}
+
+/// How often a shard waiting for its turn on a log looks again when it has nothing else
+/// to do, ns (the executor's deadline; 20 µs: a fraction of a record write).
+pub(super) const TURN_POLL_NS: u64 = 20_000;
+
+/// `Sop::ppl_log` of an operation not in a record.
+pub(super) const NO_LOG: u16 = u16::MAX;

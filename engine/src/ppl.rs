@@ -1,0 +1,280 @@
+//! The Partial Parity Log at run time: md's PPL (`drivers/md/raid5-ppl.c`), shared
+//! lock-free by every shard of a RAID5 array.
+//!
+//! The on-disk format (header, entries, checksums, the area's place on each member) is
+//! md's (`../shared/research/md-batching-and-ppl.md` part 2; docs/FORMAT.md). This module
+//! holds what the shards share at run time and the pure rules the write path follows.
+//!
+//! # md's write protocol, per member log (research note §2.5)
+//! A write of a stripe is logged in the PPL area of the stripe's **parity member**: one
+//! *entry* per run of rows whose set of modified data chunks is the same, with the
+//! *partial parity* of those rows — the XOR of the data chunks the write does not modify.
+//! 1. The record (4 KiB header + partial parity) is durable (FUA) on the parity member
+//!    before any data or parity write of its stripes goes out.
+//! 2. The next record of that member's log is written only after every stripe write of the
+//!    previous one has completed and the members those writes reached have been flushed
+//!    (when they have a volatile cache): so at any instant only the newest record of a log
+//!    can describe writes that are not on stable media, and recovery replays only the
+//!    newest record of each log (`ppl_load_distributed`).
+//!
+//! Step 2 makes each member's log strictly serial, across shards too: the shards of an
+//! array take turns on a log with a ticket pair ([`PplLog`]): a shard with writes waiting
+//! for the log takes a ticket and writes its record when `serving` reaches it; it passes
+//! the turn on once the record's writes are durable. Nothing blocks: a waiting shard polls
+//! `serving` in its loop, like the bitmap's waiters poll the bitmap generation.
+//!
+//! # What an entry can describe (`ppl_recover_entry`)
+//! An entry names its first modified block by array-logical sector (`data_sector`), its
+//! partial parity length (`pp_size`, bytes: rows × row bytes) and modified bytes
+//! (`data_size`); recovery takes the modified data chunks to be the `data_size / pp_size`
+//! **consecutive** chunks (logical order) from `data_sector`'s chunk, each modified over
+//! the same rows. A write that covers one contiguous range of the stripe's logical data
+//! modifies, in every row, a consecutive run of chunks ([`entries_for_range`]): at most
+//! three runs of rows with different chunk sets. Rows whose every data chunk is modified
+//! are logged as md logs a full-stripe write: `pp_size` 0, parity recomputed from all data.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrayvec::ArrayVec;
+
+/// One entry of a record, in engine units (converted to md's `struct ppl_header_entry`
+/// when the record is encoded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryRect {
+    /// First row, bytes from the start of the chunk.
+    pub row_start: u32,
+    /// Rows covered, bytes (the same rows of every modified chunk).
+    pub row_bytes: u32,
+    /// First modified data chunk (logical index in the stripe).
+    pub first_chunk: u16,
+    /// Modified data chunks, consecutive from `first_chunk`.
+    pub chunks: u16,
+}
+
+impl EntryRect {
+    /// Whether every data chunk of the stripe is modified over these rows (md's
+    /// full-stripe entry: no partial parity, `pp_size` 0).
+    pub fn is_full(&self, data_chunks: u16) -> bool {
+        self.first_chunk == 0 && self.chunks == data_chunks
+    }
+
+    /// Bytes of partial parity the entry carries (`pp_size`): 0 for a full entry.
+    pub fn pp_bytes(&self, data_chunks: u16) -> u32 {
+        if self.is_full(data_chunks) {
+            0
+        } else {
+            self.row_bytes
+        }
+    }
+}
+
+/// The entries describing a write of the contiguous range `lo..hi` of a stripe's logical
+/// data (bytes; `0 <= lo < hi <= data_chunks × chunk_bytes`), at most three, in row
+/// order (see the module docs). Rows no chunk is modified in get no entry.
+///
+/// # Panics
+/// If the range is empty or outside the stripe (a programmer error: ranges come from the
+/// engine's own stripe pieces).
+pub fn entries_for_range(lo: u64, hi: u64, chunk_bytes: u32) -> ArrayVec<EntryRect, 3> {
+    let c = u64::from(chunk_bytes);
+    assert!(lo < hi, "empty range");
+    let (k_lo, o_lo) = ((lo / c) as u16, (lo % c) as u32);
+    let (k_hi, o_hi) = (((hi - 1) / c) as u16, ((hi - 1) % c) as u32 + 1);
+    let mut out = ArrayVec::new();
+    if k_lo == k_hi {
+        out.push(EntryRect {
+            row_start: o_lo,
+            row_bytes: o_hi - o_lo,
+            first_chunk: k_lo,
+            chunks: 1,
+        });
+        return out;
+    }
+    // In row r: chunk k_lo is modified iff r >= o_lo, k_hi iff r < o_hi, every chunk
+    // between always. The chunk set changes only at o_lo and o_hi.
+    let mut cuts: ArrayVec<u32, 4> = ArrayVec::new();
+    for x in [0, o_lo, o_hi, chunk_bytes] {
+        if !cuts.contains(&x) {
+            cuts.push(x);
+        }
+    }
+    cuts.sort_unstable();
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let first = if a >= o_lo { k_lo } else { k_lo + 1 };
+        let last = if a < o_hi { k_hi } else { k_hi - 1 };
+        if first > last {
+            continue;
+        }
+        out.push(EntryRect {
+            row_start: a,
+            row_bytes: b - a,
+            first_chunk: first,
+            chunks: last - first + 1,
+        });
+    }
+    out
+}
+
+/// One member's log, shared by the shards (see the module docs): the turn tickets, the
+/// record generation and where the next record goes.
+#[derive(Debug, Default)]
+pub struct PplLog {
+    next_ticket: AtomicU64,
+    serving: AtomicU64,
+    /// Generation of the last record written (md counts 1, 2, 3 … from each assembly; the
+    /// empty header written at assembly has 0).
+    generation: AtomicU64,
+    /// Bytes from the start of the area where the next record goes.
+    next_offset: AtomicU64,
+}
+
+impl PplLog {
+    /// Takes a ticket: the caller's turn comes when [`Self::serving`] equals it.
+    pub fn take_ticket(&self) -> u64 {
+        self.next_ticket.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// The ticket whose turn it is.
+    pub fn serving(&self) -> u64 {
+        self.serving.load(Ordering::Acquire)
+    }
+
+    /// Ends the turn of `ticket` (which must be the one being served).
+    pub fn pass_turn(&self, ticket: u64) {
+        let prev = self.serving.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(
+            prev, ticket,
+            "a PPL turn passed on by a shard that did not hold it"
+        );
+    }
+
+    /// For the turn holder: the next record's generation and its offset in an area of
+    /// `area_bytes`, for a record of `record_bytes` (md's multiple-PPL mode: records back
+    /// to back, rewinding to the start when the next one does not fit, raid5-ppl.c
+    /// `ppl_submit_iounit`).
+    pub fn place_record(&self, record_bytes: u64, area_bytes: u64) -> (u64, u64) {
+        let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut off = self.next_offset.load(Ordering::Acquire);
+        if off + record_bytes > area_bytes {
+            off = 0;
+        }
+        self.next_offset
+            .store(off + record_bytes, Ordering::Release);
+        (gen, off)
+    }
+}
+
+/// What every shard of a RAID5 array with a PPL shares: one [`PplLog`] per member, where
+/// the area lies on each member, and the array's signature.
+#[derive(Debug)]
+pub struct PplShared {
+    logs: Box<[PplLog]>,
+    /// Byte offset of the PPL area from the start of each member (absolute; md's
+    /// `ppl.sector × 512`).
+    pub area_offset_bytes: u64,
+    /// Bytes of the area (md's `ppl.size × 512`).
+    pub area_bytes: u64,
+    /// The records' `signature`: CRC32C of the array UUID as md computes it.
+    pub signature: u32,
+}
+
+impl PplShared {
+    /// The shared logs of an array of `members` members.
+    pub fn new(members: usize, area_offset_bytes: u64, area_bytes: u64, signature: u32) -> Self {
+        PplShared {
+            logs: (0..members).map(|_| PplLog::default()).collect(),
+            area_offset_bytes,
+            area_bytes,
+            signature,
+        }
+    }
+
+    /// Member `m`'s log.
+    pub fn log(&self, m: usize) -> &PplLog {
+        &self.logs[m]
+    }
+
+    /// Members (logs).
+    pub fn members(&self) -> usize {
+        self.logs.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rect(row_start: u32, row_bytes: u32, first_chunk: u16, chunks: u16) -> EntryRect {
+        EntryRect {
+            row_start,
+            row_bytes,
+            first_chunk,
+            chunks,
+        }
+    }
+
+    #[test]
+    fn a_write_inside_one_chunk_is_one_entry() {
+        let e = entries_for_range(64 * 1024 + 4096, 64 * 1024 + 12288, 65536);
+        assert_eq!(e.as_slice(), &[rect(4096, 8192, 1, 1)]);
+    }
+
+    #[test]
+    fn a_write_across_chunks_gives_a_consecutive_chunk_set_per_row_run() {
+        // Chunk 0 from 48 KiB, chunk 1 whole, chunk 2 up to 16 KiB.
+        let c = 65536u32;
+        let e = entries_for_range(48 * 1024, 2 * 65536 + 16 * 1024, c);
+        assert_eq!(
+            e.as_slice(),
+            &[
+                rect(0, 16384, 1, 2),
+                rect(16384, 32768, 1, 1),
+                rect(49152, 16384, 0, 2)
+            ]
+        );
+        // Two adjacent partial chunks whose rows do not meet: two single-chunk entries.
+        let e = entries_for_range(60 * 1024, 65536 + 4096, c);
+        assert_eq!(
+            e.as_slice(),
+            &[rect(0, 4096, 1, 1), rect(61440, 4096, 0, 1)]
+        );
+    }
+
+    #[test]
+    fn every_modified_block_is_in_exactly_one_entry() {
+        let c = 8192u32;
+        let nd = 4u64;
+        for lo in (0..nd * u64::from(c)).step_by(512) {
+            for hi in ((lo + 512)..=nd * u64::from(c)).step_by(512) {
+                let mut seen = vec![0u8; (nd * u64::from(c) / 512) as usize];
+                for r in entries_for_range(lo, hi, c) {
+                    assert!(r.chunks >= 1 && r.row_bytes > 0);
+                    for k in r.first_chunk..r.first_chunk + r.chunks {
+                        for b in (r.row_start..r.row_start + r.row_bytes).step_by(512) {
+                            let x = u64::from(k) * u64::from(c) + u64::from(b);
+                            seen[(x / 512) as usize] += 1;
+                        }
+                    }
+                }
+                for (i, &n) in seen.iter().enumerate() {
+                    let x = i as u64 * 512;
+                    let want = u8::from(x >= lo && x < hi);
+                    assert_eq!(n, want, "lo {lo} hi {hi} block at {x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn turns_are_served_in_ticket_order_and_records_rewind() {
+        let log = PplLog::default();
+        let (a, b) = (log.take_ticket(), log.take_ticket());
+        assert_eq!(log.serving(), a);
+        log.pass_turn(a);
+        assert_eq!(log.serving(), b);
+        assert_eq!(log.place_record(4096 + 8192, 32768), (1, 0));
+        assert_eq!(log.place_record(4096 + 8192, 32768), (2, 12288));
+        assert_eq!(log.place_record(4096 + 8192, 32768), (3, 0));
+    }
+}
