@@ -567,8 +567,71 @@ proptest! {
         let _ = scan_area(&bytes, usable, &uuid());
         let e = PplEntry { data_sector: data_sector % (CHUNK_SECTORS * 64), pp_size, data_size,
             parity_disk, checksum: 0 };
-        let _ = plan_recovery(&e, &raid5(), log_member, |m, _| missing & (1 << m) != 0);
+        if let Ok(plan) = plan_recovery(&e, &raid5(), log_member, |m, _| missing & (1 << m) != 0) {
+            for row in &plan.rows {
+                prop_assert_eq!(row.parity.member, log_member);
+                prop_assert!(row.data.len() <= 3);
+                prop_assert!(row.data.iter().all(|b| b.member < 4 && b.member != log_member));
+                prop_assert!(row.parity.offset_bytes < raid5().member_data_bytes());
+            }
+        }
         let e = PplEntry { data_sector, ..e };
         let _ = plan_recovery(&e, &raid5(), log_member, |_, _| false);
     }
+}
+
+#[test]
+fn plan_refuses_entries_crossing_a_stripe() {
+    // Chunks 2 and 3 of stripe 0 written: the second is stripe 1's first chunk.
+    let e = PplEntry {
+        data_sector: 2 * CHUNK_SECTORS,
+        pp_size: 4096,
+        data_size: 2 * 4096,
+        parity_disk: 3,
+        checksum: 0,
+    };
+    assert_eq!(
+        plan_recovery(&e, &raid5(), 3, none_missing),
+        Err(RecoveryError::CrossesStripe {
+            first: 2 * CHUNK_SECTORS,
+            last: 3 * CHUNK_SECTORS + 8,
+            stripe_sectors: 3 * CHUNK_SECTORS
+        })
+    );
+    // An entry with less than a sector of PP and one chunk reaches nothing, as in md.
+    let e = PplEntry {
+        pp_size: 100,
+        data_size: 100,
+        ..e
+    };
+    assert_eq!(
+        plan_recovery(&e, &raid5(), 3, none_missing).map(|p| p.rows.len()),
+        Ok(0)
+    );
+}
+
+/// The fuzz seed `fuzz/seeds/ppl/two-records`, written by an independent python script
+/// (pure-python CRC-32C, UUID 16 × 0x5a): records of generations 1 and 2 back to back.
+#[test]
+fn python_built_area() {
+    let area = include_bytes!("../../../fuzz/seeds/ppl/two-records");
+    let uuid = Uuid([0x5a; 16]);
+    let s = scan_area(area, 48, &uuid);
+    assert_eq!((s.records_seen, s.end.clone()), (2, ScanEnd::EndOfArea));
+    let newest = s.newest.unwrap();
+    assert_eq!((newest.offset_sectors, newest.header.generation), (16, 2));
+    let e = newest.header.entries;
+    assert_eq!(e.len(), 2);
+    let pp_at = (16 + 8) * 512;
+    assert!(e[0].pp_matches(&area[pp_at..pp_at + 8192]));
+    assert!(e[1].pp_matches(&[]));
+    let p = plan_recovery(&e[0], &raid5(), 2, none_missing).unwrap();
+    assert_eq!(p.rows.len(), 2);
+    assert_eq!(
+        p.rows[1].data,
+        vec![block(3, CHUNK + 24 * 512), block(0, CHUNK + 24 * 512)]
+    );
+    let p = plan_recovery(&e[1], &raid5(), 2, none_missing).unwrap();
+    assert_eq!(p.rows.len(), 1);
+    assert_eq!(p.rows[0].data.len(), 3);
 }
