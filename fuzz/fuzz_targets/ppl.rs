@@ -78,6 +78,9 @@ fuzz_target!(|data: &[u8]| {
                         .iter()
                         .all(|b| b.member < members && b.member != row.parity.member));
                     assert!(row.parity.offset_bytes < g.member_data_bytes());
+                    if let Some(off) = row.pp_offset_bytes {
+                        assert!(off + u64::from(plan.block_bytes) <= u64::from(e.pp_size));
+                    }
                 }
             }
         }
