@@ -16,6 +16,7 @@ use std::path::Path;
 
 use engine::geometry::Layout;
 use engine::metadata::bitmap::BITMAP_MAGIC;
+use engine::metadata::ppl::AreaScan;
 use engine::metadata::{
     raw_checksum, Bitmap, DevRole, Feature, Superblock, SuperblockError, SUPERBLOCK_BASE_BYTES,
 };
@@ -90,6 +91,103 @@ pub struct ExamineReport {
     /// Why the internal bitmap the superblock announces could not be read or is refused.
     #[serde(default)]
     pub bitmap_error: Option<String>,
+    /// The Partial Parity Log area, when the superblock has a PPL feature bit
+    /// (`feature_map` 0x400 or 0x800); `null` otherwise.
+    #[serde(default)]
+    pub ppl: Option<PplReport>,
+    /// Why the PPL area is refused (md's checks, `Superblock::ppl_area`) or could not be
+    /// read.
+    #[serde(default)]
+    pub ppl_error: Option<String>,
+}
+
+/// A member's Partial Parity Log area (`mdadm --examine`'s "PPL" line, and what md's
+/// `ppl_load_distributed` would find in it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PplReport {
+    /// Where the area starts, bytes from the superblock (`ppl.offset` × 512; signed).
+    pub offset_from_superblock_bytes: i64,
+    /// The area's size, bytes (`ppl.size` × 512).
+    pub size_bytes: u64,
+    /// `"single"` or `"multiple"`: how md logs into an area of this size (multiple from
+    /// 528 usable sectors, `ppl_init_child_log`); `null` when md refuses the area.
+    pub mode: Option<String>,
+    /// Whether the superblock says `MD_FEATURE_MULTIPLE_PPLS` (else `MD_FEATURE_PPL`).
+    pub multiple_feature: bool,
+    /// Valid records the scan walked through; `null` when the area was not read.
+    pub records_seen: Option<u32>,
+    /// The newest valid record, when the area was read and holds one.
+    pub newest: Option<PplRecordReport>,
+}
+
+/// The newest valid record of a PPL area.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PplRecordReport {
+    /// Where its header starts, bytes from the start of the area.
+    pub offset_bytes: u64,
+    /// Its `generation` (0: the empty header md writes at creation and every start).
+    pub generation: u64,
+    /// Its entries (logged stripe writes whose parity md would repair if the array was
+    /// not shut down cleanly).
+    pub entries: u32,
+}
+
+impl PplReport {
+    /// The area as `sb` places it; `None` without a PPL feature bit. Not read.
+    fn new(sb: &Superblock) -> Option<Self> {
+        let area = sb.ppl_area();
+        let multiple_feature = sb.feature_map & Feature::MultiplePpls.bit() != 0;
+        if !multiple_feature && sb.feature_map & Feature::Ppl.bit() == 0 {
+            return None;
+        }
+        let (offset, size) = sb.ppl();
+        Some(PplReport {
+            offset_from_superblock_bytes: i64::from(offset) * 512,
+            size_bytes: u64::from(size) * 512,
+            mode: area.ok().flatten().map(|a| a.mode.to_string()),
+            multiple_feature,
+            records_seen: None,
+            newest: None,
+        })
+    }
+
+    /// Adds what a scan of the area found.
+    fn scanned(&mut self, scan: &AreaScan) {
+        self.records_seen = Some(scan.records_seen);
+        self.newest = scan.newest.as_ref().map(|r| PplRecordReport {
+            offset_bytes: r.offset_sectors * 512,
+            generation: r.header.generation,
+            entries: r.header.entries.len() as u32,
+        });
+    }
+}
+
+impl fmt::Display for PplReport {
+    /// mdadm's line (`examine_super1`: "PPL : N sectors at offset M sectors from
+    /// superblock"), then what ferroraid read from the area.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "            PPL : {} sectors at offset {} sectors from superblock",
+            self.size_bytes / 512,
+            self.offset_from_superblock_bytes / 512
+        )?;
+        if let Some(mode) = &self.mode {
+            writeln!(f, "       PPL Mode : {mode}")?;
+        }
+        match (&self.newest, self.records_seen) {
+            (Some(r), Some(seen)) => writeln!(
+                f,
+                "     PPL Newest : generation {}, {} entries, at {} sectors into the area \
+                 ({seen} valid records read)",
+                r.generation,
+                r.entries,
+                r.offset_bytes / 512
+            ),
+            (None, Some(_)) => writeln!(f, "     PPL Newest : no valid PPL header"),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// An internal bitmap as `mdadm --examine-bitmap` shows it (`bitmap_super_t`, md-bitmap.h).
@@ -361,6 +459,13 @@ pub fn examine_device(path: &Path) -> ExamineEntry {
                         }
                     }
                 }
+                if let (Some(report), Ok(sb)) = (&mut r.ppl, Superblock::decode(&area)) {
+                    match drivers::metadata_io::scan_ppl(path, &sb) {
+                        Ok(Some((_, scan))) => report.scanned(&scan),
+                        Ok(None) => {}
+                        Err(e) => r.ppl_error = Some(e.to_string()),
+                    }
+                }
                 ExamineEntry::Report(Box::new(r))
             }
             Err(e) => ExamineEntry::Failure(ExamineFailure {
@@ -408,6 +513,7 @@ pub fn examine_area(device: &str, bytes: &[u8]) -> Result<ExamineReport, Superbl
             .and_then(|s| s.checked_mul(512))
     });
     let unsupported_reason = sb.check_supported().err().map(|e| e.to_string());
+    let ppl_error = sb.ppl_area().err().map(|e| e.to_string());
     Ok(ExamineReport {
         device: device.to_string(),
         array_uuid: sb.set_uuid.to_string(),
@@ -441,6 +547,8 @@ pub fn examine_area(device: &str, bytes: &[u8]) -> Result<ExamineReport, Superbl
         unsupported_reason,
         bitmap: None,
         bitmap_error: None,
+        ppl: PplReport::new(&sb),
+        ppl_error,
     })
 }
 
@@ -571,6 +679,12 @@ impl fmt::Display for ExamineReport {
         )?;
         writeln!(f, "    Device UUID : {}", self.device_uuid)?;
         writeln!(f)?;
+        if let Some(p) = &self.ppl {
+            write!(f, "{p}")?;
+        }
+        if let Some(e) = &self.ppl_error {
+            writeln!(f, "      PPL Error : {e}")?;
+        }
         writeln!(f, "    Update Time : {}", utc_time(self.utime_unix_s))?;
         if self.checksum_ok {
             writeln!(f, "       Checksum : {:x} - correct", self.checksum)?;
@@ -611,6 +725,9 @@ impl fmt::Display for ExamineReport {
 mod tests {
     use super::*;
     use engine::geometry::{Geometry, Level};
+    use engine::metadata::ppl::{
+        PplEntry, PplHeader, MDADM_PPL_OFFSET_SECTORS, MDADM_PPL_SIZE_SECTORS, PPL_HEADER_SIZE,
+    };
     use engine::metadata::{MdTime, NewArray, Uuid};
     use rand_chacha::rand_core::SeedableRng;
     use rand_chacha::ChaCha8Rng;
@@ -690,6 +807,113 @@ mod tests {
         let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();
         assert_eq!(r.layout, "left-symmetric-6");
         assert!(!r.supported);
+    }
+
+    /// A RAID5 member with mdadm's PPL (`MD_FEATURE_PPL`, 2048 sectors at +8, data at
+    /// 4096 sectors).
+    fn ppl_member() -> Superblock {
+        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 64 << 10, 512).unwrap();
+        let a = NewArray::new(
+            g,
+            Uuid::random(&mut ChaCha8Rng::seed_from_u64(3)),
+            "ppl",
+            None,
+            MdTime::new(1_700_000_000, 0),
+        )
+        .unwrap();
+        let mut sb = a
+            .superblocks(&[(64 << 20) / 512; 3], &mut ChaCha8Rng::seed_from_u64(4))
+            .unwrap()
+            .remove(0);
+        sb.feature_map = Feature::Ppl.bit();
+        sb.set_ppl(MDADM_PPL_OFFSET_SECTORS, MDADM_PPL_SIZE_SECTORS);
+        sb.data_offset = sb.data_offset.max(4096);
+        sb
+    }
+
+    #[test]
+    fn ppl_area_is_shown() {
+        let sb = ppl_member();
+        let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();
+        assert!(!r.supported);
+        assert!(r
+            .unsupported_reason
+            .as_deref()
+            .unwrap()
+            .contains("can be examined but not yet served"));
+        let p = r.ppl.clone().unwrap();
+        assert_eq!(p.offset_from_superblock_bytes, 8 * 512);
+        assert_eq!(p.size_bytes, 2048 * 512);
+        assert_eq!(p.mode.as_deref(), Some("multiple"));
+        assert_eq!((p.records_seen, p.newest), (None, None));
+        assert_eq!(r.ppl_error, None);
+        let text = r.to_string();
+        assert!(
+            text.contains("            PPL : 2048 sectors at offset 8 sectors from superblock\n"),
+            "{text}"
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["ppl"]["mode"], "multiple");
+        assert_eq!(serde_json::from_value::<ExamineReport>(v).unwrap(), r);
+        // md's refusals are reported, the line still shown.
+        let mut bad = sb.clone();
+        bad.data_offset = 2048;
+        let r = examine_area("/dev/x", &bad.to_area().unwrap()).unwrap();
+        assert!(r
+            .ppl_error
+            .as_deref()
+            .unwrap()
+            .contains("overlaps the data area"));
+        assert_eq!(r.ppl.unwrap().mode, None);
+        // No PPL bit, no PPL lines.
+        let r = examine_area("/dev/x", &raid6()[0].to_area().unwrap()).unwrap();
+        assert!(!r.to_string().contains("PPL"));
+        assert_eq!((r.ppl, r.ppl_error), (None, None));
+    }
+
+    #[test]
+    fn ppl_area_is_read_from_the_device() {
+        let sb = ppl_member();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("member");
+        let mut img = vec![0u8; (sb.data_offset * 512) as usize];
+        img[4096..8192].copy_from_slice(&sb.to_area().unwrap());
+        // The empty header mdadm writes, then a record of generation 4 after it.
+        let area = 16 * 512;
+        img[area..area + PPL_HEADER_SIZE]
+            .copy_from_slice(&PplHeader::empty(&sb.set_uuid).encode().unwrap());
+        let rec = PplHeader {
+            generation: 4,
+            entries: vec![PplEntry::default(); 3],
+            ..PplHeader::empty(&sb.set_uuid)
+        };
+        img[area + 4096..area + 8192].copy_from_slice(&rec.encode().unwrap());
+        std::fs::write(&path, &img).unwrap();
+        let ExamineEntry::Report(r) = examine_device(&path) else {
+            panic!("no report");
+        };
+        assert_eq!(r.ppl_error, None);
+        let p = r.ppl.clone().unwrap();
+        assert_eq!(p.records_seen, Some(2));
+        assert_eq!(
+            p.newest,
+            Some(PplRecordReport {
+                offset_bytes: 4096,
+                generation: 4,
+                entries: 3
+            })
+        );
+        let text = r.to_string();
+        assert!(
+            text.contains("PPL Newest : generation 4, 3 entries, at 8 sectors into the area"),
+            "{text}"
+        );
+        // A device that ends inside the area.
+        std::fs::write(&path, &img[..area + 4096]).unwrap();
+        let ExamineEntry::Report(r) = examine_device(&path) else {
+            panic!("no report");
+        };
+        assert!(r.ppl_error.unwrap().contains("beyond the end"));
     }
 
     #[test]

@@ -393,3 +393,66 @@ fn bad_devices_are_reported_and_the_rest_printed() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("<DEV>"));
 }
+
+/// A RAID5 member with mdadm's PPL area (2048 sectors at +8, `MD_FEATURE_PPL`) holding
+/// the empty header: ferroraid's "PPL" line is mdadm's, and it reads the header.
+#[test]
+fn ppl_line_agrees_with_mdadm() {
+    use engine::metadata::ppl::{PplHeader, MDADM_PPL_OFFSET_SECTORS, MDADM_PPL_SIZE_SECTORS};
+    use engine::metadata::Feature;
+    use std::os::unix::fs::FileExt;
+
+    let dir = disk_tempdir();
+    let file = dir.path().join("ppl.img");
+    let f = std::fs::File::create(&file).unwrap();
+    f.set_len(MEMBER_BYTES).unwrap();
+    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 64 << 10, 512).unwrap();
+    let a = NewArray::new(
+        g,
+        Uuid::random(&mut ChaCha8Rng::seed_from_u64(9)),
+        "ppl",
+        Some("testhost"),
+        MdTime::new(1_700_000_000, 0),
+    )
+    .unwrap();
+    let mut sb = a
+        .superblocks(&[MEMBER_BYTES / 512; 3], &mut ChaCha8Rng::seed_from_u64(10))
+        .unwrap()
+        .remove(0);
+    sb.feature_map = Feature::Ppl.bit();
+    sb.set_ppl(MDADM_PPL_OFFSET_SECTORS, MDADM_PPL_SIZE_SECTORS);
+    // mdadm's data offset with a PPL: ROUND_UP(24 + 2048 + headroom, 2048) sectors.
+    let grow = 4096u64.saturating_sub(sb.data_offset);
+    sb.data_offset += grow;
+    sb.data_size -= grow;
+    sb.size = sb.size.min(sb.data_size) / 128 * 128;
+    write_superblock(&file, &sb).unwrap();
+    let header = PplHeader::empty(&sb.set_uuid).encode().unwrap();
+    f.write_all_at(&header, 16 * 512).unwrap();
+
+    let out = ferroraid(&["examine", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ours = key_values(&text);
+    assert_eq!(
+        ours.get("PPL").map(String::as_str),
+        Some("2048 sectors at offset 8 sectors from superblock"),
+        "{text}"
+    );
+    assert!(
+        text.contains("PPL Newest : generation 0, 0 entries, at 0 sectors into the area"),
+        "{text}"
+    );
+    assert!(
+        text.contains("can be examined but not yet served"),
+        "{text}"
+    );
+    let Some(mdadm) = mdadm() else { return };
+    let (md_text, md) = mdadm_examine(&mdadm, &file);
+    for k in ["PPL", "Feature Map", "Raid Level", "Data Offset"] {
+        assert_eq!(
+            ours.get(k),
+            md.get(k),
+            "{k}: ours\n{text}\nmdadm's\n{md_text}"
+        );
+    }
+}

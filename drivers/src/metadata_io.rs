@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use engine::metadata::bitmap::{bitmap_start_sector, BITMAP_SUPER_BYTES};
+use engine::metadata::ppl::{scan_area_with, AreaScan, PplArea};
 use engine::metadata::{
     Bitmap, BitmapError, BitmapSuper, Candidate, Superblock, SuperblockError,
     SUPERBLOCK_AREA_BYTES, SUPERBLOCK_OFFSET_BYTES, SUPER_OFFSET_SECTORS,
@@ -243,6 +244,49 @@ pub fn read_bitmap(path: impl AsRef<Path>, sb: &Superblock) -> Result<Bitmap, Me
     f.read_exact_at(&mut area, start)
         .map_err(io_err(path, "read bitmap"))?;
     Bitmap::decode(&area).map_err(bm_err)
+}
+
+/// Scans the PPL area of the member at `path` for its newest record
+/// ([`engine::metadata::ppl::scan_area_with`]: one 4 KiB read per header, as md's
+/// `ppl_load_distributed`), or `None` when `sb` has no PPL feature bit. Files and block
+/// devices, like [`read_bitmap`].
+///
+/// # Errors
+/// [`MetadataIoError::Superblock`] when md would refuse the area
+/// ([`Superblock::ppl_area`]); [`MetadataIoError::TooSmall`] when it lies beyond the end
+/// of the device; [`MetadataIoError::Io`] when a read fails.
+pub fn scan_ppl(
+    path: impl AsRef<Path>,
+    sb: &Superblock,
+) -> Result<Option<(PplArea, AreaScan)>, MetadataIoError> {
+    let path = path.as_ref();
+    let area = match sb.ppl_area() {
+        Ok(Some(area)) => area,
+        Ok(None) => return Ok(None),
+        Err(source) => {
+            return Err(MetadataIoError::Superblock {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut f = File::open(path).map_err(io_err(path, "open"))?;
+    let size = device_bytes(&mut f, path)?;
+    let start = area.start_sector * 512;
+    let needed = start + area.usable_sectors * 512;
+    if size < needed {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: needed,
+            why: "the PPL area lies beyond the end of the device",
+        });
+    }
+    let scan = scan_area_with(area.usable_sectors, &sb.set_uuid, |offset, block| {
+        f.read_exact_at(block, start + offset * 512)
+            .map_err(io_err(path, "read PPL header"))
+    })?;
+    Ok(Some((area, scan)))
 }
 
 /// Writes a bitmap area (bitmap superblock first, e.g. `NewArray::initial_bitmap_area`

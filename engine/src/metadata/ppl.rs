@@ -573,6 +573,17 @@ pub struct RecoveryPlan {
     pub skipped: Vec<SkippedRow>,
 }
 
+impl RecoveryPlan {
+    /// A plan with no row (512-byte blocks).
+    fn nothing() -> Self {
+        RecoveryPlan {
+            block_bytes: 512,
+            rows: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+}
+
 /// Why an entry cannot be planned against a geometry.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RecoveryError {
@@ -622,6 +633,21 @@ pub enum RecoveryError {
         strip_sectors: u64,
         /// Chunk size, sectors.
         chunk_sectors: u32,
+    },
+    /// The entry's modified range crosses a stripe boundary. md's entries describe rows of
+    /// one stripe ("A PPL entry applies to a stripe", raid5-ppl.c); the kernel would XOR
+    /// the next stripe's blocks into this stripe's parity.
+    #[error(
+        "PPL entry covers array sectors {first}..{last}, which cross a stripe boundary \
+         (stripes of {stripe_sectors} sectors)"
+    )]
+    CrossesStripe {
+        /// First array sector (`r_sector_first`).
+        first: u64,
+        /// End array sector (`r_sector_last`, exclusive).
+        last: u64,
+        /// Data sectors per stripe.
+        stripe_sectors: u64,
     },
     /// The row's parity member is not the entry's `parity_disk`: the kernel asserts this
     /// (`BUG_ON(sh.pd_idx != le32_to_cpu(e->parity_disk))`, `ppl_recover_entry`).
@@ -673,12 +699,14 @@ pub enum RecoveryError {
 /// of `first + i` is `PP[i] ⊕ data…`.
 ///
 /// An entry md never writes but the kernel would process blindly is refused instead:
-/// more modified chunks than a stripe has, or a full-stripe strip longer than a chunk. An
+/// more modified chunks than a stripe has, a full-stripe strip longer than a chunk, or a
+/// range (`first..last`) that crosses into the next stripe. An
 /// entry with `data_size < pp_size` (no modified chunk, `n` = 0) plans nothing, as in md.
 ///
 /// # Errors
 /// [`RecoveryError::Level`] for RAID6; [`RecoveryError::OutOfRange`] when `last` is
-/// beyond the array; [`RecoveryError::TooManyDataDisks`], [`RecoveryError::StripTooLong`];
+/// beyond the array; [`RecoveryError::TooManyDataDisks`], [`RecoveryError::StripTooLong`],
+/// [`RecoveryError::CrossesStripe`];
 /// [`RecoveryError::ParityDisk`] and [`RecoveryError::WrongLog`] where the kernel asserts,
 /// on a row it repairs.
 pub fn plan_recovery(
@@ -719,27 +747,35 @@ pub fn plan_recovery(
             });
         }
         if n == 0 {
-            // md: `data_disks` 0, the inner loop never runs, nothing is written.
-            return Ok(RecoveryPlan {
-                block_bytes: 512,
-                rows: Vec::new(),
-                skipped: Vec::new(),
-            });
+            // `data_size < pp_size`: md's inner loop never runs, nothing is written.
+            return Ok(RecoveryPlan::nothing());
         }
         (n, strip, first.checked_add((n - 1) * chunk + strip))
     } else {
         (dd, chunk, first.checked_add(data_size >> 9))
     };
-    let last = match last {
-        Some(l) if l <= capacity_sectors && first < capacity_sectors => l,
-        other => {
-            return Err(RecoveryError::OutOfRange {
-                first,
-                last: other.unwrap_or(u64::MAX),
-                capacity_sectors,
-            })
-        }
+    let out_of_range = |last| RecoveryError::OutOfRange {
+        first,
+        last,
+        capacity_sectors,
     };
+    let last = last.ok_or_else(|| out_of_range(u64::MAX))?;
+    if last <= first {
+        // No block below `last` (a strip under one sector, or no data): md reads and
+        // writes nothing.
+        return Ok(RecoveryPlan::nothing());
+    }
+    if last > capacity_sectors {
+        return Err(out_of_range(last));
+    }
+    let stripe_sectors = g.stripe_data_bytes() / 512;
+    if first / stripe_sectors != (last - 1) / stripe_sectors {
+        return Err(RecoveryError::CrossesStripe {
+            first,
+            last,
+            stripe_sectors,
+        });
+    }
     let block_sectors =
         if first.is_multiple_of(STRIPE_SECTORS) && last.is_multiple_of(STRIPE_SECTORS) {
             STRIPE_SECTORS
@@ -748,8 +784,7 @@ pub fn plan_recovery(
         };
     let mut plan = RecoveryPlan {
         block_bytes: (block_sectors * 512) as u32,
-        rows: Vec::new(),
-        skipped: Vec::new(),
+        ..RecoveryPlan::nothing()
     };
     let map = |sector: u64| -> (u16, u16, u64) {
         // raid5_compute_sector: (data member, parity member, member byte offset).
