@@ -36,6 +36,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrayvec::ArrayVec;
+use thiserror::Error;
+
+use crate::device::IoError;
+use crate::geometry::ArrayGeometry;
+use crate::metadata::ppl::{
+    plan_recovery, scan_area_with, PplHeader, PPL_HEADER_SECTORS, PPL_HEADER_SIZE,
+};
+use crate::metadata::Uuid;
 
 /// One entry of a record, in engine units (converted to md's `struct ppl_header_entry`
 /// when the record is encoded).
@@ -199,6 +207,210 @@ impl PplShared {
     pub fn members(&self) -> usize {
         self.logs.len()
     }
+}
+
+/// Where the PPL and the data lie on every member, bytes from the member's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PplLayout {
+    /// Start of the PPL area (md's `ppl.sector × 512`).
+    pub area_offset_bytes: u64,
+    /// Usable bytes of the area: [`crate::metadata::ppl::usable_area_sectors`] × 512 (the
+    /// kernel trims `ppl.size` that way, `ppl_validate_rdev`).
+    pub area_bytes: u64,
+    /// Start of the data area (md's `data_offset × 512`).
+    pub data_offset_bytes: u64,
+}
+
+/// Synchronous member access for recovery at assembly, before the array serves anything.
+/// Offsets are bytes from the start of the member.
+pub trait PplMedia {
+    /// Reads `buf.len()` bytes of member `member` at `offset`.
+    fn read(&mut self, member: u16, offset: u64, buf: &mut [u8]) -> Result<(), IoError>;
+    /// Writes `buf` to member `member` at `offset`.
+    fn write(&mut self, member: u16, offset: u64, buf: &[u8]) -> Result<(), IoError>;
+    /// Makes member `member`'s completed writes durable.
+    fn flush(&mut self, member: u16) -> Result<(), IoError>;
+}
+
+/// What [`recover`] did (md's `ppl_conf` counters, and what ferroraid reports on top).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Members whose log was read (present members).
+    pub logs: u32,
+    /// Records replayed: the newest of each log, when it has entries.
+    pub records: u32,
+    /// Entries whose partial parity verified and whose rows were replayed
+    /// (`recovered_entries`).
+    pub entries: u32,
+    /// md's `mismatch_count`: logs without a valid header at the area start, entries whose
+    /// partial parity fails its checksum, entries the geometry refuses. Any makes the array
+    /// stay dirty (a resync, where possible) instead of clean.
+    pub mismatches: u32,
+    /// Rows whose parity was recomputed.
+    pub rows_repaired: u64,
+    /// Rows left alone because a modified data chunk's member is missing: the written
+    /// region there is as md leaves it (old, new or torn), the rest of the stripe safe.
+    pub rows_skipped: u64,
+    /// Stripes with skipped rows.
+    pub stripes_skipped: u64,
+}
+
+impl RecoveryReport {
+    /// Whether the array is consistent after recovery (no mismatch): it may be marked
+    /// clean without a resync.
+    pub fn clean(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+/// Why recovery stopped.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RecoverError {
+    /// A member read or write failed: md fails that member and recovers nothing from it
+    /// (`ppl_load_distributed`, `ppl_recover_entry`); the caller decides whether the array
+    /// can start without it.
+    #[error("member {member}: {error} during PPL recovery")]
+    Io {
+        /// The member (role index).
+        member: u16,
+        /// The device's error.
+        error: IoError,
+    },
+}
+
+/// Recovery at assembly after an unclean shutdown, as md's `ppl_load` → `ppl_recover`:
+/// for every present member (`present[m]`), the newest record of its log is read and each
+/// entry whose partial parity verifies has, row by row, its parity rewritten as
+/// `PP ⊕ the current data of the modified chunks` — right whether each modified block holds
+/// old, new or torn data — except rows whose modified chunk lies on a missing member
+/// (skipped, counted). Every written member is flushed. Run it before the array serves
+/// anything, then [`reinit_areas`].
+///
+/// # Errors
+/// [`RecoverError::Io`] on the first member I/O error.
+pub fn recover(
+    geo: &ArrayGeometry,
+    layout: &PplLayout,
+    uuid: &Uuid,
+    present: &[bool],
+    media: &mut impl PplMedia,
+) -> Result<RecoveryReport, RecoverError> {
+    let mut rep = RecoveryReport::default();
+    let io = |member: u16| move |error: IoError| RecoverError::Io { member, error };
+    let sectors = layout.area_bytes / 512;
+    let mut written = vec![false; present.len()];
+    let mut last_skipped_stripe = None;
+    let stripe_data_sectors =
+        u64::from(geo.geometry().chunk_sectors()) * u64::from(geo.geometry().data_chunks());
+    for (m, _) in present.iter().enumerate().filter(|(_, &p)| p) {
+        let member = m as u16;
+        rep.logs += 1;
+        let scan = scan_area_with(sectors, uuid, |off, block| {
+            media.read(member, layout.area_offset_bytes + off * 512, block)
+        })
+        .map_err(io(member))?;
+        let Some(rec) = scan.newest else {
+            rep.mismatches += 1;
+            continue;
+        };
+        rep.records += u32::from(!rec.header.entries.is_empty());
+        let mut pp_at = layout.area_offset_bytes + (rec.offset_sectors + PPL_HEADER_SECTORS) * 512;
+        for e in &rec.header.entries {
+            let mut pp = vec![0u8; e.pp_size as usize];
+            let at = pp_at;
+            pp_at += u64::from(e.pp_size >> 9) * 512;
+            if pp_at > layout.area_offset_bytes + layout.area_bytes {
+                rep.mismatches += 1;
+                break;
+            }
+            media.read(member, at, &mut pp).map_err(io(member))?;
+            if !e.pp_matches(&pp) {
+                rep.mismatches += 1;
+                continue;
+            }
+            let plan = match plan_recovery(e, geo, member, |d, _| !present[usize::from(d)]) {
+                Ok(p) => p,
+                Err(_) => {
+                    rep.mismatches += 1;
+                    continue;
+                }
+            };
+            rep.entries += 1;
+            rep.rows_skipped += plan.skipped.len() as u64;
+            for sk in &plan.skipped {
+                let stripe = sk.array_sector / stripe_data_sectors;
+                if last_skipped_stripe != Some(stripe) {
+                    last_skipped_stripe = Some(stripe);
+                    rep.stripes_skipped += 1;
+                }
+            }
+            let bs = plan.block_bytes as usize;
+            let mut acc = vec![0u8; bs];
+            let mut blk = vec![0u8; bs];
+            for row in &plan.rows {
+                match row.pp_offset_bytes {
+                    Some(o) => acc.copy_from_slice(&pp[o as usize..o as usize + bs]),
+                    None => acc.fill(0),
+                }
+                for d in &row.data {
+                    media
+                        .read(
+                            d.member,
+                            layout.data_offset_bytes + d.offset_bytes,
+                            &mut blk,
+                        )
+                        .map_err(io(d.member))?;
+                    acc.iter_mut().zip(&blk).for_each(|(a, b)| *a ^= b);
+                }
+                let pm = row.parity.member;
+                media
+                    .write(pm, layout.data_offset_bytes + row.parity.offset_bytes, &acc)
+                    .map_err(io(pm))?;
+                written[usize::from(pm)] = true;
+                rep.rows_repaired += 1;
+            }
+        }
+    }
+    for (m, _) in written.iter().enumerate().filter(|(_, &w)| w) {
+        media.flush(m as u16).map_err(io(m as u16))?;
+    }
+    Ok(rep)
+}
+
+/// Re-initialises the PPL area of every present member as md does at every start
+/// (`ppl_write_empty_header`): the area zeroed, then the empty header (generation 0) at
+/// its start, flushed. The array's records then start again at generation 1 from the
+/// area's start ([`PplShared`] starts that way).
+///
+/// # Errors
+/// [`RecoverError::Io`] on the first member I/O error.
+pub fn reinit_areas(
+    layout: &PplLayout,
+    uuid: &Uuid,
+    present: &[bool],
+    media: &mut impl PplMedia,
+) -> Result<(), RecoverError> {
+    let header = PplHeader::empty(uuid)
+        .encode()
+        .expect("the empty header encodes");
+    let zero = vec![0u8; (1 << 20).min(layout.area_bytes as usize)];
+    for (m, _) in present.iter().enumerate().filter(|(_, &p)| p) {
+        let member = m as u16;
+        let io = |error| RecoverError::Io { member, error };
+        let mut off = PPL_HEADER_SIZE as u64;
+        while off < layout.area_bytes {
+            let n = (layout.area_bytes - off).min(zero.len() as u64) as usize;
+            media
+                .write(member, layout.area_offset_bytes + off, &zero[..n])
+                .map_err(io)?;
+            off += n as u64;
+        }
+        media
+            .write(member, layout.area_offset_bytes, &header)
+            .map_err(io)?;
+        media.flush(member).map_err(io)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -178,9 +178,13 @@ pub fn each_case<C: Sync>(cases: Vec<C>, f: impl Fn(&C) + Sync) {
 }
 
 /// Where the crash test's members hold their write-intent bitmap (4 KiB-aligned: written
-/// in 4 KiB units, as mdadm places it) and where their data starts.
+/// in 4 KiB units, as mdadm places it), their Partial Parity Log area (room for a 4 KiB
+/// header and a few records of the largest chunk's partial parity; used by the PPL
+/// policy of the write-hole test) and where their data starts.
 pub const CRASH_BITMAP_START: u64 = 4096;
-pub const CRASH_DATA_OFFSET: u64 = 8192;
+pub const CRASH_PPL_START: u64 = 8192;
+pub const CRASH_PPL_BYTES: u64 = 64 << 10;
+pub const CRASH_DATA_OFFSET: u64 = CRASH_PPL_START + CRASH_PPL_BYTES;
 /// The bitmap's `daemon_sleep`, s. An idle gap lasts four of them: the daemon clears a
 /// region at its second quiet pass.
 pub const CRASH_DAEMON_SLEEP_S: u32 = 1;
@@ -520,7 +524,8 @@ pub fn run_process(arr: &mut ShardedArray<SimChannel>, clock: &SimClock, ctx: &s
 
 /// The simulated members of a crash run and what never changes between its crashes:
 /// `c.members` zero-filled members of unequal speed, each holding a clear write-intent
-/// bitmap area at [`CRASH_BITMAP_START`] and its data from [`CRASH_DATA_OFFSET`].
+/// bitmap area at [`CRASH_BITMAP_START`], a zeroed PPL area at [`CRASH_PPL_START`] and its
+/// data from [`CRASH_DATA_OFFSET`].
 pub struct CrashWorld<'a> {
     pub c: &'a CrashCase,
     /// [`CrashCase::ctx`].
@@ -549,7 +554,7 @@ impl<'a> CrashWorld<'a> {
             CRASH_DAEMON_SLEEP_S,
         );
         let area = Bitmap::new(super_, false).to_area(false);
-        assert!(CRASH_BITMAP_START + area.len() as u64 <= CRASH_DATA_OFFSET);
+        assert!(CRASH_BITMAP_START + area.len() as u64 <= CRASH_PPL_START);
         let devs: Vec<SimDevice> = (0..c.members)
             .map(|i| {
                 let d = SimDevice::new(

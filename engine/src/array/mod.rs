@@ -688,12 +688,9 @@ enum Phase {
     PassRead(WriteMode),
     /// A pass writing its data and parity.
     PassWrite,
-    /// A write whose parity is computed, waiting for its Partial Parity Log record to be
-    /// durable (no I/O outstanding; [`ppl`]); `pass`: a pass, else the single-operation
-    /// path.
-    PplWait {
-        pass: bool,
-    },
+    /// A write whose parity is computed (or a native zeroing of a whole stripe), waiting
+    /// for its Partial Parity Log record to be durable (no I/O outstanding; [`ppl`]).
+    PplWait(ppl::Logged),
 }
 
 struct Sop {
@@ -1508,14 +1505,14 @@ impl<C: Channel> Array<C> {
         }
         if matches!(
             self.sops[s as usize].phase,
-            Phase::PassWrite | Phase::Writing
+            Phase::PassWrite | Phase::Writing | Phase::Zeroing
         ) {
             self.ppl_write_done(s);
         }
         let sop = &self.sops[s as usize];
         match sop.phase {
             Phase::Queued => unreachable!("queued operations have no I/O"),
-            Phase::PplWait { .. } => unreachable!("operations waiting for their log have no I/O"),
+            Phase::PplWait(_) => unreachable!("operations waiting for their log have no I/O"),
             // A read failed: the member is failed (or marked bad for this operation), and
             // the survivors are read again without it.
             Phase::BgRead if failed => self.start_bg(s),

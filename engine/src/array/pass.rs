@@ -850,7 +850,7 @@ impl<C: Channel> Array<C> {
             }
             WriteMode::Degraded => unreachable!("degraded stripes take the single path"),
         }
-        if self.ppl_gate(s, true, mode) {
+        if self.ppl_gate(s, super::ppl::Logged::Pass, mode) {
             return;
         }
         self.issue_pass_writes(s, mode);

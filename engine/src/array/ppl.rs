@@ -25,6 +25,20 @@ use crate::ppl::{entries_for_range, PplShared};
 use crate::qos::IoClass;
 use crate::stripe::WriteMode;
 
+/// Which path issues a logged operation's member writes once its record is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Logged {
+    /// A write pass ([`super::pass`]).
+    Pass,
+    /// The single-operation path ([`super::write`]).
+    Single,
+    /// Native write-zeroes or discard of a whole stripe (`op`): logged as md logs a
+    /// full-stripe write (no partial parity), so recovery recomputes its parity from
+    /// whatever each member holds after a crash — and so an older record of the stripe
+    /// is never replayed over the zeroes.
+    Zeroing(Op),
+}
+
 /// A shard's side of one member's log.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 enum LogState {
@@ -123,11 +137,11 @@ impl<C: Channel> Array<C> {
             .then(|| (s - base) as usize)
     }
 
-    /// Called where write operation `s` would issue its member writes (parity computed;
-    /// `pass`: a pass, else the single-operation path): with a PPL and the stripe's parity
-    /// member in service, queues it for its log and returns `true` (it then waits in
-    /// [`Phase::PplWait`]).
-    pub(super) fn ppl_gate(&mut self, s: u32, pass: bool, mode: WriteMode) -> bool {
+    /// Called where write operation `s` would issue its member writes (parity computed,
+    /// or a whole stripe to zero natively; `kind` says which path issues them): with a PPL
+    /// and the stripe's parity member in service, queues it for its log and returns
+    /// `true` (it then waits in [`Phase::PplWait`]).
+    pub(super) fn ppl_gate(&mut self, s: u32, kind: Logged, mode: WriteMode) -> bool {
         let Some(p) = &mut self.ppl else {
             return false;
         };
@@ -138,7 +152,7 @@ impl<C: Channel> Array<C> {
             return false;
         }
         let sop = &mut self.sops[s as usize];
-        sop.phase = Phase::PplWait { pass };
+        sop.phase = Phase::PplWait(kind);
         sop.mode = mode;
         p.logs[usize::from(pm)].queue.push_back(s);
         true
@@ -300,7 +314,7 @@ impl<C: Channel> Array<C> {
         let st = self.geo.stripe(sop.stripe);
         let pm = usize::from(st.p_member());
         let len = dst.len();
-        let pass = sop.phase == (Phase::PplWait { pass: true });
+        let pass = sop.phase == Phase::PplWait(Logged::Pass);
         let mut srcs: ArrayVec<*const u8, { MAX_DATA_CHUNKS + 1 }> = ArrayVec::new();
         if pass {
             let ent = self.cache.entry(sop.pass_entry);
@@ -375,8 +389,9 @@ impl<C: Channel> Array<C> {
     fn issue_logged(&mut self, s: u32) {
         let mode = self.sops[s as usize].mode;
         match self.sops[s as usize].phase {
-            Phase::PplWait { pass: true } => self.issue_pass_writes(s, mode),
-            Phase::PplWait { pass: false } => self.issue_single_writes(s, mode),
+            Phase::PplWait(Logged::Pass) => self.issue_pass_writes(s, mode),
+            Phase::PplWait(Logged::Single) => self.issue_single_writes(s, mode),
+            Phase::PplWait(Logged::Zeroing(op)) => self.issue_zeroing(s, op),
             ph => unreachable!("operation in {ph:?} in a PPL record"),
         }
     }

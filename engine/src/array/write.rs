@@ -8,6 +8,7 @@ use crate::geometry::Role;
 use crate::parity::MAX_DATA_CHUNKS;
 use crate::stripe::{plan_write, ChunkRange, WriteMode};
 
+use super::ppl::Logged;
 use super::{Array, Phase};
 
 impl<C: Channel> Array<C> {
@@ -28,8 +29,19 @@ impl<C: Channel> Array<C> {
     /// Zeroes a whole stripe on every surviving member with `op` (data and parity: the P
     /// and Q of all-zero data are zero, so the stripe stays consistent).
     fn zero_stripe(&mut self, s: u32, op: Op) {
-        let g = *self.geo.geometry();
         self.cache.invalidate(self.sops[s as usize].stripe);
+        let stripe_bytes = self.geo.geometry().stripe_data_bytes();
+        let sop = &mut self.sops[s as usize];
+        (sop.ppl_lo, sop.ppl_hi) = (0, stripe_bytes);
+        if self.ppl_gate(s, Logged::Zeroing(op), WriteMode::FullStripe) {
+            return;
+        }
+        self.issue_zeroing(s, op);
+    }
+
+    /// Issues a whole-stripe zeroing's member requests (see [`Self::zero_stripe`]).
+    pub(super) fn issue_zeroing(&mut self, s: u32, op: Op) {
+        let g = *self.geo.geometry();
         self.sops[s as usize].phase = Phase::Zeroing;
         self.sops[s as usize].io_error = false;
         self.sops[s as usize].unsupported = false;
@@ -252,7 +264,7 @@ impl<C: Channel> Array<C> {
             }
         }
 
-        if self.ppl_gate(s, false, mode) {
+        if self.ppl_gate(s, Logged::Single, mode) {
             return;
         }
         self.issue_single_writes(s, mode);

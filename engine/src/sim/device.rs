@@ -291,6 +291,17 @@ impl SimDevice {
         self.state.borrow().data.clone()
     }
 
+    /// Copies bytes at `offset` into `buf` directly (no timing, no faults): what the media
+    /// holds, for checks and for synchronous work at assembly ([`SimMedia`]).
+    ///
+    /// # Panics
+    /// If the range exceeds the capacity.
+    pub fn peek(&self, offset: u64, buf: &mut [u8]) {
+        let s = self.state.borrow();
+        let off = usize::try_from(offset).expect("offset fits in memory");
+        buf.copy_from_slice(&s.data[off..off + buf.len()]);
+    }
+
     /// Overwrites bytes at `offset` directly (no timing, no faults): for building a test's
     /// starting state, or for silent corruption.
     ///
@@ -676,6 +687,35 @@ impl Channel for SimChannel {
             }
         }
         self.ready = entries.into();
+    }
+}
+
+/// Simulated members as [`crate::ppl::PplMedia`]: synchronous access to their media for
+/// work done at assembly, before an array serves (PPL recovery). A member that has
+/// disappeared returns [`IoError::Io`].
+pub struct SimMedia<'a>(pub &'a [SimDevice]);
+
+impl crate::ppl::PplMedia for SimMedia<'_> {
+    fn read(&mut self, member: u16, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        let d = &self.0[usize::from(member)];
+        if d.state.borrow().gone {
+            return Err(IoError::Io { errno: 6 });
+        }
+        d.peek(offset, buf);
+        Ok(())
+    }
+
+    fn write(&mut self, member: u16, offset: u64, buf: &[u8]) -> Result<(), IoError> {
+        let d = &self.0[usize::from(member)];
+        if d.state.borrow().gone {
+            return Err(IoError::Io { errno: 6 });
+        }
+        d.poke(offset, buf);
+        Ok(())
+    }
+
+    fn flush(&mut self, _member: u16) -> Result<(), IoError> {
+        Ok(())
     }
 }
 

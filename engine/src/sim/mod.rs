@@ -21,6 +21,7 @@ pub mod workload;
 
 pub use clock::SimClock;
 pub use device::{
-    Fault, FaultRule, IoEvent, IoEventKind, IoLog, OpFilter, SimChannel, SimDevice, SimStats,
+    Fault, FaultRule, IoEvent, IoEventKind, IoLog, OpFilter, SimChannel, SimDevice, SimMedia,
+    SimStats,
 };
 pub use profile::{Profile, Seek};
