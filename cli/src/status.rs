@@ -151,6 +151,12 @@ pub struct ArrayInfo {
     pub state: ArrayState,
     /// The superblock generation (md's `events`).
     pub events: u64,
+    /// How parity is kept consistent across a crash, with mdadm's names (`mdadm --detail`'s
+    /// "Consistency Policy"): `bitmap` (internal write-intent bitmap), `ppl` (Partial
+    /// Parity Log), `resync` (neither: a full resync after an unclean shutdown). Absent in
+    /// reports of targets that predate it.
+    #[serde(default)]
+    pub consistency_policy: String,
 }
 
 /// The state of an array. Serialized as the lower-case name.
@@ -516,6 +522,12 @@ pub struct StatsReport {
     /// Member bytes the stripe cache spared reading.
     #[serde(default)]
     pub cache_hit_bytes: u64,
+    /// Partial Parity Log records written (each durable before the writes it describes).
+    #[serde(default)]
+    pub ppl_records: u64,
+    /// Bytes of those records (4 KiB headers and partial parity).
+    #[serde(default)]
+    pub ppl_bytes: u64,
     /// Write passes held for more writes before reading (coalescing).
     #[serde(default)]
     pub held_passes: u64,
@@ -553,6 +565,8 @@ impl From<&ArrayStats> for StatsReport {
             pass_written_bytes: s.pass_written_bytes,
             cache_hit_stripes: s.cache_hit_stripes,
             cache_hit_bytes: s.cache_hit_bytes,
+            ppl_records: s.ppl_records,
+            ppl_bytes: s.ppl_bytes,
             held_passes: s.held_passes,
             held_us: s.held_ns / 1000,
             expired_holds: s.expired_holds,
@@ -795,6 +809,9 @@ impl fmt::Display for StatusReport {
             (k, _) => format!("{}, {k}ing", a.state),
         };
         writeln!(f, "          State : {state}")?;
+        if !a.consistency_policy.is_empty() {
+            writeln!(f, "Consistency Policy : {}", a.consistency_policy)?;
+        }
         writeln!(f, "         Events : {}", a.events)?;
         writeln!(f, "         Layout : {}", a.layout)?;
         writeln!(f, "     Chunk Size : {}", chunk_text(a.chunk_bytes))?;
@@ -991,6 +1008,7 @@ mod tests {
                 size_bytes: 256 << 20,
                 state: ArrayState::derive(6, 2, working, true),
                 events: 3,
+                consistency_policy: "bitmap".to_string(),
             },
             members,
             reactors: ReactorsReport {
@@ -1098,7 +1116,7 @@ mod tests {
         );
         assert_eq!(
             keys(&v["array"]),
-            "array_uuid,chunk_bytes,events,layout,level,name,raid_devices,size_bytes,state"
+            "array_uuid,chunk_bytes,consistency_policy,events,layout,level,name,raid_devices,size_bytes,state"
         );
         assert_eq!(
             keys(&v["members"][0]),
@@ -1126,7 +1144,8 @@ mod tests {
             keys(&v["stats"]),
             "batched_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
              direct_reads,discarded_stripes,discards_skipped,expired_holds,full_stripe_writes,\
-             held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_written_bytes,rcw_writes,\
+             held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_written_bytes,\
+             ppl_bytes,ppl_records,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\
              zeroed_stripes"
         );

@@ -491,6 +491,14 @@ impl Shared {
                 // Marked dirty while it serves (md's "active"); clean once stopped.
                 state: ArrayState::derive(g.members(), g.parity_chunks(), working, false),
                 events: self.events(),
+                consistency_policy: if self.assembly.ppl.is_some() {
+                    "ppl"
+                } else if self.assembly.bitmap.is_some() {
+                    "bitmap"
+                } else {
+                    "resync"
+                }
+                .to_string(),
             },
             members: (0..g.members())
                 .flat_map(|r| {
@@ -703,7 +711,7 @@ impl Target {
             .map(|d| d.info().block_bytes)
             .max()
             .unwrap_or(512);
-        let assembly = assemble(
+        let mut assembly = assemble(
             &candidates,
             AssembleOptions {
                 force: opts.force,
@@ -1048,6 +1056,20 @@ impl Target {
                 }
             }
         }
+        // The Partial Parity Log: recovered (after an unclean shutdown) and re-initialised
+        // before anything is written, as md's `raid5_run` → `ppl_init_log` does.
+        let ppl = match assembly.ppl {
+            None => None,
+            Some(area) => Some(prepare_ppl(
+                &geo,
+                area,
+                data_offset_bytes,
+                assembly.uuid,
+                &paths,
+                &rebuilding,
+                &mut assembly.resync_needed,
+            )?),
+        };
         let cores: Vec<Option<usize>> = if opts.cores.is_empty() {
             let node = opts
                 .devices
@@ -1228,6 +1250,7 @@ impl Target {
             Extras {
                 pacer: move |_| pacer.build(limits, members),
                 bitmap: intent.clone(),
+                ppl,
                 replace: resumed.as_ref().map(|r| engine::reactor::ResumeReplace {
                     member: r.role,
                     device: Arc::clone(&r.device) as Arc<dyn std::any::Any + Send + Sync>,
@@ -1573,4 +1596,93 @@ fn flush(path: &Path) -> Result<()> {
         .open(path)
         .and_then(|f| f.sync_data())
         .with_context(|| format!("flushing {}", path.display()))
+}
+
+/// The PPL at assembly: after an unclean shutdown (`*resync_needed`), md's recovery from
+/// the newest record of every present member's log ([`engine::ppl::recover`]); when it
+/// finds no mismatch the array is consistent and owes no resync (`*resync_needed` cleared,
+/// md's `ppl_init_log`). Then every present member's area is re-initialised
+/// ([`engine::ppl::reinit_areas`]) and the shared log state is returned for the reactors.
+/// Members being rebuilt (`rebuilding`) count as missing: their data is not current.
+///
+/// # Errors
+/// A member that cannot be opened or read or written (md fails it and recovers nothing
+/// from it; here the start stops, naming it).
+fn prepare_ppl(
+    geo: &ArrayGeometry,
+    area: engine::metadata::ppl::PplArea,
+    data_offset_bytes: u64,
+    uuid: engine::metadata::Uuid,
+    paths: &[Option<PathBuf>],
+    rebuilding: &[Option<(u16, u64)>; 2],
+    resync_needed: &mut bool,
+) -> Result<Arc<engine::ppl::PplShared>> {
+    use drivers::ppl_io::PplFiles;
+    use engine::ppl::{recover, reinit_areas, PplLayout, PplShared};
+    let members = usize::from(geo.geometry().members());
+    let present: Vec<bool> = (0..members)
+        .map(|r| {
+            paths.get(r).is_some_and(Option::is_some)
+                && !rebuilding
+                    .iter()
+                    .flatten()
+                    .any(|&(role, _)| usize::from(role) == r)
+        })
+        .collect();
+    let open: Vec<Option<PathBuf>> = (0..members)
+        .map(|r| present[r].then(|| paths[r].clone()).flatten())
+        .collect();
+    let layout = PplLayout {
+        area_offset_bytes: area.start_sector * 512,
+        area_bytes: area.usable_sectors * 512,
+        data_offset_bytes,
+    };
+    let mut files = PplFiles::open(&open).context("opening the members for the PPL")?;
+    let described = |files: &PplFiles, e: engine::ppl::RecoverError| match files.first_error() {
+        Some(d) => anyhow::anyhow!("{e}: {d}"),
+        None => anyhow::anyhow!("{e}"),
+    };
+    if *resync_needed {
+        let t = std::time::Instant::now();
+        let rep = recover(geo, &layout, &uuid, &present, &mut files)
+            .map_err(|e| described(&files, e))
+            .context("PPL recovery")?;
+        info!(
+            logs = rep.logs,
+            records = rep.records,
+            entries = rep.entries,
+            rows_repaired = rep.rows_repaired,
+            rows_skipped = rep.rows_skipped,
+            stripes_skipped = rep.stripes_skipped,
+            mismatches = rep.mismatches,
+            elapsed_ms = t.elapsed().as_millis() as u64,
+            "PPL recovery after an unclean shutdown"
+        );
+        if rep.stripes_skipped > 0 {
+            warn!(
+                stripes = rep.stripes_skipped,
+                "PPL recovery skipped rows whose written member is missing: the region being \
+                 written there at the crash reads back as the other members reconstruct it"
+            );
+        }
+        if rep.clean() {
+            *resync_needed = false;
+            info!("PPL recovery made every logged stripe consistent: no resync needed");
+        } else {
+            warn!(
+                mismatches = rep.mismatches,
+                "PPL recovery found logs or entries it could not trust: the array stays \
+                 dirty and is resynced (where every member is present)"
+            );
+        }
+    }
+    reinit_areas(&layout, &uuid, &present, &mut files)
+        .map_err(|e| described(&files, e))
+        .context("re-initialising the PPL areas")?;
+    Ok(Arc::new(PplShared::new(
+        members,
+        layout.area_offset_bytes,
+        layout.area_bytes,
+        engine::metadata::ppl::signature(&uuid),
+    )))
 }

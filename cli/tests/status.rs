@@ -34,6 +34,7 @@ impl Mock {
                 size_bytes: 3 << 30,
                 state: ArrayState::Clean,
                 events: 4,
+                consistency_policy: "bitmap".to_string(),
             },
             members: (0..4u16)
                 .map(|s| {

@@ -19,6 +19,7 @@ pub mod metadata_io;
 pub mod null;
 pub mod nvme;
 pub mod nvme_passthru;
+pub mod ppl_io;
 pub mod topology;
 pub mod uring;
 pub mod vfio_nvme;

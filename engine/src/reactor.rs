@@ -957,6 +957,9 @@ pub struct Extras<P> {
     pub pacer: P,
     /// The array's write-intent bitmap, if it has one (reactor 0 owns it).
     pub bitmap: Option<Arc<WriteIntent>>,
+    /// The array's Partial Parity Log, if it has one (RAID5; attached to every shard,
+    /// [`Array::attach_ppl`]; recovered and re-initialised before the reactors start).
+    pub ppl: Option<Arc<crate::ppl::PplShared>>,
     /// A replace to resume ([`Array::start_replace`] on every shard before its first
     /// request, serial [`RESUMED_REPLACE_SERIAL`]): from the very first write, every write
     /// to the member reaches the replacement, which holds the member's data below
@@ -1035,6 +1038,7 @@ impl<F: Frontend> Reactors<F> {
             Extras {
                 pacer,
                 bitmap: None,
+                ppl: None,
                 replace: None,
             },
         )
@@ -1069,6 +1073,7 @@ impl<F: Frontend> Reactors<F> {
             Extras {
                 pacer: |_| Box::new(Unpaced) as Box<dyn Pacer>,
                 bitmap,
+                ppl: None,
                 replace: None,
             },
         )
@@ -1095,6 +1100,7 @@ impl<F: Frontend> Reactors<F> {
         let Extras {
             pacer,
             bitmap,
+            ppl,
             replace,
         } = extras;
         let replace = replace.map(Arc::new);
@@ -1173,6 +1179,7 @@ impl<F: Frontend> Reactors<F> {
             let mode = cfg.mode;
             let requests = cfg.requests;
             let bitmap = bitmap.clone();
+            let ppl = ppl.clone();
             let gate = gate.clone();
             let replace = replace.clone();
             let t = std::thread::Builder::new()
@@ -1201,6 +1208,9 @@ impl<F: Frontend> Reactors<F> {
                     array.set_pacer(pacer(me));
                     if let Some(b) = bitmap {
                         array.attach_bitmap(b, me == 0);
+                    }
+                    if let Some(p) = ppl {
+                        array.attach_ppl(p);
                     }
                     if let Some(g) = &gate {
                         array.set_gate(Some(Arc::clone(g)));

@@ -37,6 +37,7 @@ impl Mock {
                     size_bytes: 1 << 30,
                     state: ArrayState::Clean,
                     events: 1,
+                    consistency_policy: "resync".to_string(),
                 },
                 members,
                 reactors: ReactorsReport {

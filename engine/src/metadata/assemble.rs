@@ -56,7 +56,9 @@
 //!     error ([`AssembleError::RoleClaimedTwice`]). A replacement is never re-added.
 //! 11. **Dirty and degraded** (`resync_offset != MaxSector` and a role missing) is refused
 //!     unless `force` (md.rst, "Boot time assembly of degraded/dirty arrays": the parity
-//!     of a dirty array cannot be trusted, and a degraded array needs it to reconstruct).
+//!     of a dirty array cannot be trusted, and a degraded array needs it to reconstruct)
+//!     — or unless the array has a Partial Parity Log, whose recovery at assembly makes
+//!     that parity right (md's `raid5_run`; [`Assembly::ppl`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -460,6 +462,9 @@ pub struct Assembly {
     pub forced: Vec<ForcedAction>,
     /// The internal write-intent bitmap, when the array has one.
     pub bitmap: Option<ArrayBitmap>,
+    /// The Partial Parity Log area (the newest superblock's; every member's lies at the
+    /// same place), when the array has one (RAID5, `--consistency-policy ppl`).
+    pub ppl: Option<super::ppl::PplArea>,
     /// Devices that missed writes and can come back, and how (also listed in
     /// `excluded`).
     pub re_add: Vec<ReAdd>,
@@ -483,7 +488,13 @@ impl Assembly {
                 self.missing_roles
             ));
         }
-        if self.resync_needed {
+        if self.resync_needed && self.ppl.is_some() {
+            v.push(
+                "not shut down cleanly: the Partial Parity Log is recovered before the first \
+                 request"
+                    .to_string(),
+            );
+        } else if self.resync_needed {
             v.push(format!(
                 "resync needed from sector {} of each member's data area",
                 if self.resync_offset == MAX_SECTOR {
@@ -1074,8 +1085,12 @@ pub fn assemble(
         });
     }
 
-    // 7. Dirty and degraded.
-    if degraded && newest.resync_offset != MAX_SECTOR {
+    // 7. Dirty and degraded — allowed with a Partial Parity Log: its recovery makes the
+    // parity of every stripe written at the crash consistent before the first request, so
+    // a missing member reads back right wherever it was not itself written (md's
+    // `raid5_run`: "starting dirty degraded array with PPL").
+    let ppl = newest.ppl_area().ok().flatten();
+    if degraded && newest.resync_offset != MAX_SECTOR && ppl.is_none() {
         if !options.force {
             return Err(AssembleError::DirtyDegraded {
                 resync_offset: newest.resync_offset,
@@ -1102,6 +1117,7 @@ pub fn assemble(
         resync_needed,
         forced,
         bitmap,
+        ppl,
         re_add,
         replacements,
     })

@@ -210,8 +210,9 @@ impl Feature {
     /// `recovery_offset`: the replace resumes there, or — the member gone — it becomes the
     /// member and is rebuilt from there, as md's `raid5_run` does) and
     /// [`Feature::RecoveryBitmap`] (a member recovered from the write-intent bitmap: a
-    /// re-add).
-    pub const SUPPORTED: u32 = 1 | 2 | 16 | 128;
+    /// re-add), and [`Feature::Ppl`] / [`Feature::MultiplePpls`] (md's Partial Parity Log
+    /// on RAID5, `crate::ppl`; md's own PPL checks, [`Superblock::ppl_area`], come first).
+    pub const SUPPORTED: u32 = 1 | 2 | 16 | 128 | 1024 | 2048;
 
     /// What the feature means and why ferroraid refuses it today (every feature outside
     /// [`Feature::SUPPORTED`]).
@@ -241,8 +242,8 @@ impl Feature {
             Feature::Clustered => "clustered md is not supported",
             Feature::Journal => "RAID5/6 write journal is not supported",
             Feature::Ppl | Feature::MultiplePpls => {
-                "partial parity log: PPL arrays can be examined but not yet served \
-                 (ferroraid does not write the log yet)"
+                "partial parity log (supported on RAID5: recovered at assembly, written \
+                 before every stripe write)"
             }
             Feature::Raid0Layout => {
                 "RAID0 layout flag on a RAID5/6 superblock (the kernel refuses it too)"
@@ -1148,8 +1149,7 @@ impl Superblock {
     /// in this order:
     /// 1. v1.2 position: `super_offset == 8` ([`SuperblockError::NotVersion12`]);
     /// 2. with a PPL feature bit, md's PPL checks ([`Superblock::ppl_area`]): an array md
-    ///    would refuse is refused for that reason, one md would run is refused below as
-    ///    unsupported (PPL arrays can be examined but not yet served);
+    ///    would refuse is refused for that reason;
     /// 3. no feature bits outside [`Feature::SUPPORTED`]: every other bit of `feature_map`
     ///    is refused by name with its reason ([`SuperblockError::UnsupportedFeatures`]); an
     ///    internal bitmap must start after the superblock and before the data
