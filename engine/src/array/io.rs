@@ -418,7 +418,7 @@ impl<C: Channel> Array<C> {
                 self.time_out(s, member);
             }
         }
-        any
+        any | self.ppl_timeouts()
     }
 
     /// Operation `s`'s requests to `member` ran past the command timeout: the member is

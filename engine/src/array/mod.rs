@@ -1327,13 +1327,16 @@ impl<C: Channel> Array<C> {
             .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
             .chain(own)
             .chain(batch)
+            .chain(self.ppl_deadline_ns())
             .min()
     }
 
-    /// Whether any request is still in progress (or, on the bitmap owner, a bitmap write).
+    /// Whether any request is still in progress (or, on the bitmap owner, a bitmap write;
+    /// or a PPL log's record, writes or flushes).
     pub fn busy(&self) -> bool {
         self.free_reqs.len() != self.reqs.len()
             || !self.moved.is_empty()
+            || self.ppl_busy()
             || self
                 .intent
                 .as_ref()

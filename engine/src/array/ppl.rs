@@ -65,6 +65,11 @@ struct ShardLog {
     buf: AlignedBuf,
     /// Members the record's writes reached (bit per member entry).
     written: u64,
+    /// Members with a request of this log in flight (the record write, or a flush; at
+    /// most one each), and when the latest was sent (array clock, ns): for the command
+    /// timeout, and to recognise a late completion of an aborted request.
+    in_flight: u64,
+    issued_ns: u64,
 }
 
 /// A shard's write side of the array's PPL.
@@ -114,6 +119,8 @@ impl<C: Channel> Array<C> {
                 state: LogState::Idle,
                 buf: AlignedBuf::zeroed(PPL_HEADER_SIZE + space),
                 written: 0,
+                in_flight: 0,
+                issued_ns: 0,
             })
             .collect();
         self.ppl = Some(PplShard {
@@ -185,6 +192,14 @@ impl<C: Channel> Array<C> {
             }
         }
         any
+    }
+
+    /// Whether a log holds or waits for a turn (its record, its writes or its flushes in
+    /// flight): the shard is not idle.
+    pub(super) fn ppl_busy(&self) -> bool {
+        self.ppl
+            .as_ref()
+            .is_some_and(|p| p.logs.iter().any(|l| l.state != LogState::Idle))
     }
 
     /// Whether some log waits for its turn (the executor must keep polling).
@@ -301,7 +316,13 @@ impl<C: Channel> Array<C> {
         if matches!(op, Op::Write { .. }) {
             m.counters.writes += 1;
             m.counters.write_bytes += u64::from(len);
+        } else {
+            m.counters.flushes += 1;
         }
+        let log = &mut self.ppl.as_mut().expect("attached").logs[l];
+        debug_assert_eq!(log.in_flight & (1 << member), 0, "one request per member");
+        log.in_flight |= 1 << member;
+        log.issued_ns = self.now;
         self.send(member, IoClass::Flush, req);
     }
 
@@ -356,11 +377,19 @@ impl<C: Channel> Array<C> {
 
     /// A record write or flush of log `l` to `member` is back.
     pub(super) fn ppl_io_done(&mut self, l: usize, member: u16, status: Result<(), IoError>) {
+        let log = &mut self.ppl.as_mut().expect("attached").logs[l];
+        if log.in_flight & (1 << member) == 0 {
+            // The late completion of a request already timed out and counted.
+            self.stats.stray_completions += 1;
+            return;
+        }
+        log.in_flight &= !(1 << member);
         if let Err(e) = status {
             self.members[usize::from(member)].counters.errors += 1;
             // md fails the log's member when its record write fails (`ppl_log_endio`);
-            // the writes then go out unlogged (no parity member to protect).
-            self.fail_member(member, e);
+            // the writes then go out unlogged (no parity member to protect). A failed
+            // flush fails its member too (`ppl_flush_endio`).
+            self.fail_entry(member, e);
         }
         let p = self.ppl.as_mut().expect("attached");
         match p.logs[l].state {
@@ -436,6 +465,49 @@ impl<C: Channel> Array<C> {
                 left: flushes,
             };
         }
+    }
+
+    /// The logs' requests are member commands too: one outstanding past the command
+    /// timeout fails its member and is aborted (as [`Array::check_timeouts`] does for
+    /// stripe operations); its completion then comes back as a timeout.
+    pub(super) fn ppl_timeouts(&mut self) -> bool {
+        let Some(p) = &self.ppl else {
+            return false;
+        };
+        if self.io_timeout_ns == 0 {
+            return false;
+        }
+        let mut any = false;
+        for l in 0..p.logs.len() {
+            let log = &mut self.ppl.as_mut().expect("attached").logs[l];
+            if log.in_flight == 0 || self.now.saturating_sub(log.issued_ns) < self.io_timeout_ns {
+                continue;
+            }
+            // Abort again only after another full timeout.
+            log.issued_ns = self.now;
+            let mask = log.in_flight;
+            for m in 0..self.slots() as u16 {
+                if mask & (1 << m) != 0 {
+                    any = true;
+                    self.time_out(self.ppl_sop(l), m);
+                }
+            }
+        }
+        any
+    }
+
+    /// When the oldest request of a log times out, ns (array clock).
+    pub(super) fn ppl_deadline_ns(&self) -> Option<u64> {
+        let p = self.ppl.as_ref()?;
+        (self.io_timeout_ns > 0)
+            .then(|| {
+                p.logs
+                    .iter()
+                    .filter(|l| l.in_flight != 0)
+                    .map(|l| l.issued_ns.saturating_add(self.io_timeout_ns))
+                    .min()
+            })
+            .flatten()
     }
 
     fn end_turn(&mut self, l: usize, ticket: u64) {

@@ -263,3 +263,55 @@ fn every_write_is_logged_and_the_newest_records_recover_the_parity_on_the_media(
         }
     }
 }
+
+/// A record write that never completes times out like any member command: the log's
+/// member is failed, and the writes it described go out without it (no parity member to
+/// protect); they complete and read back.
+#[test]
+fn a_hung_record_write_times_out_and_fails_its_member() {
+    use crate::sim::{Fault, FaultRule, OpFilter};
+    let mut w = world(5, 8192, 8, 1, 3);
+    // Stripe 0's parity member (left-symmetric: the last member for stripe 0).
+    let st = w.arr.geometry().stripe(0);
+    let pm = st.p_member();
+    w.devs[usize::from(pm)].add_fault(FaultRule {
+        filter: OpFilter::Write,
+        range: Some(AREA_OFFSET..AREA_OFFSET + AREA_BYTES),
+        fault: Fault::Hang,
+        probability: 1.0,
+        count: None,
+    });
+    let t0 = w.clock.now_ns();
+    let mut data = AlignedBuf::zeroed(4096);
+    data.iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = i as u8 ^ 0x5a);
+    submit(&mut w, 1, ArrayOp::Write { fua: false }, 0, &mut data);
+    let mut done = Vec::new();
+    while done.is_empty() {
+        assert!(
+            w.clock.now_ns() - t0 < 3 * DEFAULT_IO_TIMEOUT_NS,
+            "the write hangs behind its record"
+        );
+        step(&mut w, &mut done);
+    }
+    assert_eq!(done[0].status, Ok(()));
+    let waited = w.clock.now_ns() - t0;
+    assert!(
+        (DEFAULT_IO_TIMEOUT_NS..2 * DEFAULT_IO_TIMEOUT_NS).contains(&waited),
+        "the write took {waited} ns"
+    );
+    assert_eq!(
+        w.arr.member_states()[usize::from(pm)],
+        MemberState::Failed(IoError::Timeout)
+    );
+    let mut back = AlignedBuf::zeroed(4096);
+    submit(&mut w, 2, ArrayOp::Read, 0, &mut back);
+    done.clear();
+    while done.is_empty() {
+        step(&mut w, &mut done);
+    }
+    assert_eq!(done[0].status, Ok(()));
+    assert!(back[..] == data[..]);
+    assert!(w.arr.shards().iter().all(|s| !s.busy()));
+}
