@@ -26,7 +26,7 @@ use std::time::SystemTime;
 use anyhow::{bail, ensure, Context, Result};
 use drivers::metadata_io;
 use engine::geometry::Geometry;
-use engine::metadata::{BitmapChoice, MdTime, NewArray, Uuid};
+use engine::metadata::{BitmapChoice, MdTime, NewArray, Superblock, Uuid};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing::info;
 
@@ -175,7 +175,12 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
     let mut sectors = Vec::new();
     for p in &o.devices {
         if !o.force {
-            if let Ok(sb) = metadata_io::read_superblock(p) {
+            // Any md superblock, also one ferroraid cannot serve (a PPL or journal array,
+            // another level): only the format is checked.
+            let found = metadata_io::read_superblock_area(p)
+                .ok()
+                .and_then(|area| Superblock::decode(&area).ok());
+            if let Some(sb) = found {
                 bail!(
                     "{} already carries an md superblock (array {}, name {:?}, role {}); \
                      use --force to overwrite it",
