@@ -16,6 +16,13 @@
 //! consistent (zeroed, or declared clean), so every bit starts clear: mdadm writes all bits
 //! set even then (md clears them lazily without a resync, `resync_offset` being
 //! `MaxSector`); nothing needs a resync here, and clear bits say so.
+//!
+//! **Consistency policy** (`--consistency-policy resync|bitmap|ppl`, mdadm's option):
+//! `resync` is no bitmap, `bitmap` the internal bitmap, `ppl` md's Partial Parity Log
+//! (RAID5 only; `engine::metadata::ConsistencyPolicy`, `NewArray::policy`). A PPL array's
+//! members get mdadm's 1 MiB area at superblock + 4 KiB and mdadm's larger data offset;
+//! the area is written (zeroes and the empty header, `write_init_ppl1`) before the
+//! superblock that announces it.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -26,7 +33,7 @@ use std::time::SystemTime;
 use anyhow::{bail, ensure, Context, Result};
 use drivers::metadata_io;
 use engine::geometry::Geometry;
-use engine::metadata::{BitmapChoice, MdTime, NewArray, Uuid};
+use engine::metadata::{BitmapChoice, ConsistencyPolicy, MdTime, NewArray, Superblock, Uuid};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing::info;
 
@@ -49,6 +56,8 @@ pub struct CreateOptions {
     pub bitmap: BitmapChoice,
     /// Bitmap chunk (bytes of each member per bit), or `None` for mdadm's default.
     pub bitmap_chunk_bytes: Option<u64>,
+    /// `--consistency-policy`, or `None` for the default (`bitmap` decides).
+    pub consistency_policy: Option<ConsistencyPolicy>,
 }
 
 /// What was created.
@@ -62,6 +71,8 @@ pub struct Created {
     pub data_offset_bytes: u64,
     /// Bitmap chunk in bytes when an internal bitmap was written.
     pub bitmap_chunk_bytes: Option<u64>,
+    /// The array's consistency policy.
+    pub consistency_policy: ConsistencyPolicy,
 }
 
 /// Size of a file or block device, bytes.
@@ -141,9 +152,20 @@ fn zero_range(f: &File, block: bool, offset: u64, len: u64) -> std::io::Result<(
 ///
 /// # Errors
 /// Wrong device count, a device that already carries an md superblock (without
-/// `force`), a device too small, a name too long, an I/O error (naming the device).
+/// `force`), a device too small, a name too long, a consistency policy refused
+/// (`ppl` on RAID6 or with a bitmap, or over members reached through their back end), an
+/// I/O error (naming the device).
 pub fn create(o: &CreateOptions) -> Result<Created> {
     let g = o.geometry;
+    if o.consistency_policy == Some(ConsistencyPolicy::Ppl) {
+        if let Some(p) = o.devices.iter().find(|p| metadata_io::uses_back_end(p)) {
+            bail!(
+                "{}: PPL arrays over members reached through their back end (NVMe generic \
+                 devices, vfio) are not supported yet",
+                p.display()
+            );
+        }
+    }
     ensure!(
         o.devices.len() == usize::from(g.members()),
         "a {}-member array needs {} devices, {} given",
@@ -175,7 +197,12 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
     let mut sectors = Vec::new();
     for p in &o.devices {
         if !o.force {
-            if let Ok(sb) = metadata_io::read_superblock(p) {
+            // Any md superblock, also one ferroraid cannot serve (a PPL or journal array,
+            // another level): only the format is checked.
+            let found = metadata_io::read_superblock_area(p)
+                .ok()
+                .and_then(|area| Superblock::decode(&area).ok());
+            if let Some(sb) = found {
                 bail!(
                     "{} already carries an md superblock (array {}, name {:?}, role {}); \
                      use --force to overwrite it",
@@ -204,8 +231,11 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
     new.clean = true;
     new.bitmap = o.bitmap;
     new.bitmap_chunk_bytes = o.bitmap_chunk_bytes;
+    new.consistency_policy = o.consistency_policy;
     let sbs = new.superblocks(&sectors, &mut rng)?;
+    let consistency_policy = new.policy(sbs[0].size)?;
     let bitmap_area = new.initial_bitmap_area(sbs[0].size)?;
+    let ppl_area = new.initial_ppl_area(sbs[0].size)?;
     let bitmap_chunk_bytes = new.bitmap_super(sbs[0].size)?.map(|b| b.chunk_bytes());
     let data_offset = sbs[0].data_offset * 512;
     let data_bytes = sbs[0].size * 512;
@@ -272,10 +302,14 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         }
         bar.finish_and_clear();
     }
-    // md's order: the bitmap before the superblock that announces it.
+    // The bitmap or PPL area before the superblock that announces it, so no superblock
+    // ever points at an area that was not written.
     for (p, sb) in o.devices.iter().zip(&sbs) {
         if let Some(area) = &bitmap_area {
             metadata_io::write_bitmap_area(p, sb, area)?;
+        }
+        if let Some(area) = &ppl_area {
+            metadata_io::write_init_ppl(p, sb, area)?;
         }
         metadata_io::write_superblock(p, sb)?;
     }
@@ -284,5 +318,6 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         size_bytes,
         data_offset_bytes: data_offset,
         bitmap_chunk_bytes,
+        consistency_policy,
     })
 }

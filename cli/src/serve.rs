@@ -50,6 +50,11 @@ pub struct CreateArgs {
     /// `--bitmap internal`.
     #[arg(long, value_parser = crate::parse_bytes)]
     bitmap_chunk: Option<u64>,
+    /// How parity is made consistent after a crash (mdadm's names): `resync` (no bitmap,
+    /// a full resync), `bitmap` (the internal write-intent bitmap), `ppl` (md's Partial
+    /// Parity Log, RAID5 only; closes the write hole). Default: as --bitmap decides.
+    #[arg(long, value_parser = clap::value_parser!(engine::metadata::ConsistencyPolicy))]
+    consistency_policy: Option<engine::metadata::ConsistencyPolicy>,
     /// Member devices in role order: files, block devices, NVMe generic devices
     /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
     /// (`vfio:DDDD:BB:DD.F`).
@@ -89,6 +94,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
         progress: std::io::stderr().is_terminal(),
         bitmap,
         bitmap_chunk_bytes: a.bitmap_chunk,
+        consistency_policy: a.consistency_policy,
     })?;
     say!(
         "created {} {} array {:?} (UUID {}): {} members, chunk {} bytes, {} bytes, data offset {} bytes",
@@ -103,6 +109,9 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
     )?;
     if let Some(chunk) = c.bitmap_chunk_bytes {
         say!("internal write-intent bitmap: {chunk}-byte chunks")?;
+    }
+    if c.consistency_policy == engine::metadata::ConsistencyPolicy::Ppl {
+        say!("partial parity log: 1 MiB on every member, 4 KiB after the superblock")?;
     }
     Ok(())
 }
@@ -553,6 +562,7 @@ pub fn run_demo(a: &DemoArgs) -> Result<()> {
             progress: false,
             bitmap: Default::default(),
             bitmap_chunk_bytes: None,
+            consistency_policy: None,
         })?;
         say!(
             "created RAID6 \"demo\" over {DEMO_MEMBERS} sparse {}-byte member files in {} ({} bytes)",

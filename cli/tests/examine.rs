@@ -394,6 +394,25 @@ fn bad_devices_are_reported_and_the_rest_printed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("<DEV>"));
 }
 
+/// `ferroraid examine FILE` of a member with mdadm's PPL area holding only the empty
+/// header: checks the "PPL" and "PPL Newest" lines; returns the text and its
+/// `key : value` lines.
+fn examine_empty_ppl(file: &Path) -> (String, HashMap<String, String>) {
+    let out = ferroraid(&["examine", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let ours = key_values(&text);
+    assert_eq!(
+        ours.get("PPL").map(String::as_str),
+        Some("2048 sectors at offset 8 sectors from superblock"),
+        "{text}"
+    );
+    assert!(
+        text.contains("PPL Newest : generation 0, 0 entries, at 0 sectors into the area"),
+        "{text}"
+    );
+    (text, ours)
+}
+
 /// A RAID5 member with mdadm's PPL area (2048 sectors at +8, `MD_FEATURE_PPL`) holding
 /// the empty header: ferroraid's "PPL" line is mdadm's, and it reads the header.
 #[test]
@@ -430,18 +449,7 @@ fn ppl_line_agrees_with_mdadm() {
     let header = PplHeader::empty(&sb.set_uuid).encode().unwrap();
     f.write_all_at(&header, 16 * 512).unwrap();
 
-    let out = ferroraid(&["examine", file.to_str().unwrap()]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let ours = key_values(&text);
-    assert_eq!(
-        ours.get("PPL").map(String::as_str),
-        Some("2048 sectors at offset 8 sectors from superblock"),
-        "{text}"
-    );
-    assert!(
-        text.contains("PPL Newest : generation 0, 0 entries, at 0 sectors into the area"),
-        "{text}"
-    );
+    let (text, ours) = examine_empty_ppl(&file);
     assert!(
         text.contains("can be examined but not yet served"),
         "{text}"
@@ -455,4 +463,189 @@ fn ppl_line_agrees_with_mdadm() {
             "{k}: ours\n{text}\nmdadm's\n{md_text}"
         );
     }
+}
+
+/// `count` sparse 64 MiB member files named `{prefix}{i}.img` in `dir`.
+fn member_files(dir: &Path, prefix: &str, count: usize) -> Vec<PathBuf> {
+    (0..count)
+        .map(|i| {
+            let p = dir.join(format!("{prefix}{i}.img"));
+            std::fs::File::create(&p)
+                .and_then(|f| f.set_len(MEMBER_BYTES))
+                .unwrap();
+            p
+        })
+        .collect()
+}
+
+/// `ferroraid create --level L` with `extra` options over `files`.
+fn create(level: &str, extra: &[&str], files: &[PathBuf]) -> Output {
+    let mut args = vec!["create", "--level", level, "--name", "pol"];
+    args.extend_from_slice(extra);
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    ferroraid(&args)
+}
+
+/// `ferroraid create --consistency-policy ppl` lays a RAID5 out as `mdadm --create
+/// --consistency-policy=ppl` does: mdadm reads every member, with its PPL line, feature
+/// bit, data offset (`ROUND_UP(24 + 2048 + headroom, 2048)`: 4096 sectors here) and
+/// bad-block log after the area; `ferroraid examine` finds the empty record; the area is
+/// zero but for that header. A second create without --force is refused even though
+/// ferroraid cannot serve PPL arrays yet.
+#[test]
+fn create_with_ppl_policy_is_mdadms_layout() {
+    use engine::metadata::ppl::PplHeader;
+    use std::os::unix::fs::FileExt;
+
+    let dir = disk_tempdir();
+    let files = member_files(dir.path(), "ppl", 4);
+    let out = create("5", &["--consistency-policy", "ppl"], &files);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("data offset 2097152 bytes"), "{stdout}");
+    assert!(stdout.contains("partial parity log: 1 MiB"), "{stdout}");
+
+    let mdadm = mdadm();
+    for f in &files {
+        let area = drivers::metadata_io::read_superblock_area(f).unwrap();
+        let sb = Superblock::decode(&area).unwrap();
+        let mut bytes = vec![0u8; 2048 * 512];
+        std::fs::File::open(f)
+            .unwrap()
+            .read_exact_at(&mut bytes, 16 * 512)
+            .unwrap();
+        let header = PplHeader::empty(&sb.set_uuid).encode().unwrap();
+        assert_eq!(&bytes[..4096], &header[..], "{}", f.display());
+        assert!(bytes[4096..].iter().all(|&b| b == 0), "{}", f.display());
+
+        let (text, ours) = examine_empty_ppl(f);
+        assert!(!text.contains("PPL Error"), "{text}");
+        let Some(mdadm) = &mdadm else { continue };
+        let (md_text, md) = mdadm_examine(mdadm, f);
+        let expect = [
+            ("PPL", "2048 sectors at offset 8 sectors from superblock"),
+            ("Feature Map", "0x400"),
+            ("Data Offset", "4096 sectors"),
+            ("Super Offset", "8 sectors"),
+            ("Raid Level", "raid5"),
+            ("Checksum", ""),
+        ];
+        for (k, v) in expect {
+            let got = md
+                .get(k)
+                .unwrap_or_else(|| panic!("mdadm printed no {k}:\n{md_text}"));
+            if k == "Checksum" {
+                assert!(got.ends_with("- correct"), "{md_text}");
+            } else {
+                assert_eq!(got, v, "{k}:\n{md_text}");
+            }
+            assert_eq!(
+                ours.get(k),
+                md.get(k),
+                "{k}: ours\n{text}\nmdadm's\n{md_text}"
+            );
+        }
+        assert!(
+            md.get("Bad Block Log")
+                .is_some_and(|v| v.contains("at offset 2056 sectors")),
+            "{md_text}"
+        );
+        // mdadm 4.2's --examine prints no consistency policy (only --detail does).
+        assert!(!md_text.contains("Consistency Policy"), "{md_text}");
+    }
+
+    // Still an md member: a second create must be asked to overwrite it.
+    let out = create("5", &[], &files);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already carries an md superblock"), "{err}");
+}
+
+/// What mdadm refuses is refused with its reason, before any member is written:
+/// PPL on RAID6 (ferroraid's RAID6 PPL is not there yet), PPL or resync with a bitmap,
+/// bitmap without one, md's policies ferroraid has no use for. `resync` writes no bitmap
+/// and `bitmap` one, on an array small enough to get none by default.
+#[test]
+fn consistency_policy_refusals_and_resync_bitmap() {
+    let dir = disk_tempdir();
+    let files = member_files(dir.path(), "pol", 4);
+    // (level, options, what the error says, exit status: 1 refused, 64 usage error)
+    let cases: [(&str, &[&str], &str, i32); 8] = [
+        ("6", &["ppl"], "only supported for RAID level 5", 1),
+        ("6", &["ppl"], "RAID6 partial parity log", 1),
+        (
+            "5",
+            &["ppl", "--bitmap", "internal"],
+            "consistency policy ppl is not compatible with an internal write-intent bitmap",
+            1,
+        ),
+        (
+            "5",
+            &["ppl", "--bitmap-chunk", "1M"],
+            "not compatible with an internal write-intent bitmap",
+            1,
+        ),
+        (
+            "6",
+            &["resync", "--bitmap", "internal"],
+            "consistency policy resync is not compatible",
+            1,
+        ),
+        (
+            "6",
+            &["bitmap", "--bitmap", "none"],
+            "consistency policy bitmap needs an internal write-intent bitmap",
+            1,
+        ),
+        ("6", &["journal"], "journal device", 64),
+        ("6", &["none"], "without redundancy", 64),
+    ];
+    for (level, extra, needle, code) in cases {
+        let mut args = vec!["--consistency-policy"];
+        args.extend_from_slice(extra);
+        let out = create(level, &args, &files);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        for f in &files {
+            let area = drivers::metadata_io::read_superblock_area(f).unwrap();
+            assert!(
+                area.iter().all(|&b| b == 0),
+                "{args:?}: {} was written",
+                f.display()
+            );
+        }
+    }
+
+    let out = create("6", &["--consistency-policy", "resync"], &files);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, v) = examine_json(&files[..1]);
+    let text = v[0].to_string();
+    let sb = Superblock::decode(&drivers::metadata_io::read_superblock_area(&files[0]).unwrap())
+        .unwrap();
+    assert_eq!((sb.feature_map, sb.data_offset), (0, 2048), "{text}");
+    if let Some(mdadm) = mdadm() {
+        let (md_text, md) = mdadm_examine(&mdadm, &files[0]);
+        assert_eq!(md.get("Feature Map").map(String::as_str), Some("0x0"));
+        assert!(!md_text.contains("Internal Bitmap"), "{md_text}");
+        assert!(!md_text.contains("PPL"), "{md_text}");
+    }
+    let out = create("6", &["--consistency-policy", "bitmap", "--force"], &files);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("internal write-intent bitmap"));
+    let sb = Superblock::decode(&drivers::metadata_io::read_superblock_area(&files[0]).unwrap())
+        .unwrap();
+    assert_eq!(sb.feature_map, 0x1);
 }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use engine::metadata::bitmap::{bitmap_start_sector, BITMAP_SUPER_BYTES};
-use engine::metadata::ppl::{scan_area_with, AreaScan, PplArea};
+use engine::metadata::ppl::{scan_area_with, AreaScan, PplArea, PplHeader, PPL_HEADER_SIZE};
 use engine::metadata::{
     Bitmap, BitmapError, BitmapSuper, Candidate, Superblock, SuperblockError,
     SUPERBLOCK_AREA_BYTES, SUPERBLOCK_OFFSET_BYTES, SUPER_OFFSET_SECTORS,
@@ -95,6 +95,15 @@ pub enum MetadataIoError {
         what: &'static str,
         /// The completion status (or `Timeout` when none came in time).
         error: engine::device::IoError,
+    },
+    /// A PPL area that cannot be written: `sb` has none, or md would refuse it, or the
+    /// bytes given are not its initial contents.
+    #[error("{path}: PPL area: {why}", path = path.display())]
+    Ppl {
+        /// The member.
+        path: PathBuf,
+        /// Why.
+        why: String,
     },
     /// A superblock whose `super_offset` is not the v1.2 position this module writes to.
     #[error(
@@ -324,6 +333,74 @@ pub fn write_bitmap_area(
     f.write_all_at(area, start * 512)
         .map_err(io_err(path, "write bitmap"))?;
     f.sync_data().map_err(io_err(path, "sync bitmap"))?;
+    Ok(())
+}
+
+/// Writes a new member's PPL area as mdadm's `write_init_ppl1` does (`super1.c`): the
+/// whole area of `ppl.size` sectors at `(super_offset + ppl.offset) × 512` bytes, zero but
+/// for the empty header at its start (`area`, from `NewArray::initial_ppl_area`), in one
+/// write, then `fdatasync`. Write it before the superblock that announces it. Files and
+/// block devices; nothing outside the area is touched.
+///
+/// # Errors
+/// [`MetadataIoError::Ppl`] when `sb` has no PPL area or md would refuse it
+/// ([`Superblock::ppl_area`]), when `area` is not `ppl.size` sectors long or does not
+/// start with a header of `sb`'s array, or for a member reached through its back end
+/// (NVMe generic device, vfio: not supported for PPL arrays yet);
+/// [`MetadataIoError::TooSmall`] when the area passes the end of the device;
+/// [`MetadataIoError::Io`] (open, write, sync).
+pub fn write_init_ppl(
+    path: impl AsRef<Path>,
+    sb: &Superblock,
+    area: &[u8],
+) -> Result<(), MetadataIoError> {
+    let path = path.as_ref();
+    let refuse = |why: String| MetadataIoError::Ppl {
+        path: path.to_path_buf(),
+        why,
+    };
+    let ppl = match sb.ppl_area() {
+        Ok(Some(ppl)) => ppl,
+        Ok(None) => return Err(refuse("the superblock has no PPL feature bit".into())),
+        Err(e) => return Err(refuse(e.to_string())),
+    };
+    let len = u64::from(ppl.size_sectors) * 512;
+    if area.len() as u64 != len {
+        return Err(refuse(format!(
+            "{} bytes given for a {len}-byte area",
+            area.len()
+        )));
+    }
+    // ppl_area() guarantees room for the header and a page: the slice is in bounds.
+    PplHeader::decode_for(&area[..PPL_HEADER_SIZE], &sb.set_uuid).map_err(|e| {
+        refuse(format!(
+            "the area does not start with this array's header: {e}"
+        ))
+    })?;
+    if needs_back_end(path) {
+        return Err(refuse(
+            "members reached through their back end (NVMe generic devices, vfio) are not \
+             supported for PPL arrays yet"
+                .into(),
+        ));
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err(path, "open for writing"))?;
+    let start = ppl.start_sector * 512;
+    let size = device_bytes(&mut f, path)?;
+    if size < start + len {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: start + len,
+            why: "the PPL area lies beyond the end of the device",
+        });
+    }
+    f.write_all_at(area, start)
+        .map_err(io_err(path, "write PPL area"))?;
+    f.sync_data().map_err(io_err(path, "sync PPL area"))?;
     Ok(())
 }
 

@@ -23,7 +23,16 @@
 //!   contributes more than 100 GiB (`Create.c`); with one, `feature_map` =
 //!   `MD_FEATURE_BITMAP_OFFSET`, `bitmap_offset` = 8 and the bitmap superblock and bits
 //!   follow `super::bitmap` (chunk from `choose_bitmap_chunk_bytes`).
-//! - `feature_map` 0 without a bitmap, `events` 0 (`write_init_super1` resets it),
+//! - **Consistency policy** ([`ConsistencyPolicy`], `mdadm --consistency-policy`):
+//!   `resync` (neither bitmap nor PPL), `bitmap` (the internal bitmap) or `ppl` (RAID5
+//!   only, `mdadm.c`; never with a bitmap). With `ppl`, every member gets
+//!   `MD_FEATURE_PPL` and a PPL area of [`MDADM_PPL_SIZE_SECTORS`] (1 MiB) at
+//!   superblock + [`MDADM_PPL_OFFSET_SECTORS`] (`write_init_super1`); the default data
+//!   offset reserves the whole 1 MiB instead of the bitmap space (`validate_geometry1`:
+//!   `bmspace = MULTIPLE_PPL_AREA_SIZE_SUPER1 >> 9`), and the bad-block log follows the
+//!   area. The area starts zeroed with the empty header at its start
+//!   ([`NewArray::initial_ppl_area`], `write_init_ppl1`).
+//! - `feature_map` 0 without a bitmap or PPL, `events` 0 (`write_init_super1` resets it),
 //!   `utime = ctime`, `resync_offset` = `MaxSector` for a clean array (`--assume-clean`)
 //!   or 0 when a resync must make the parity consistent.
 
@@ -34,11 +43,12 @@ use super::bitmap::{
     check_bitmap_space, choose_bitmap_chunk_bytes, mdadm_adds_bitmap_by_default, Bitmap,
     BitmapError, BitmapSuper, DEFAULT_DAEMON_SLEEP_S,
 };
+use super::ppl::{PplHeader, MDADM_PPL_OFFSET_SECTORS, MDADM_PPL_SIZE_SECTORS};
 use super::superblock::{
     Feature, DEV_ROLE_SPARE, MAX_DEV_LIMIT, MAX_SECTOR, SUPERBLOCK_BASE_BYTES, SUPER_OFFSET_SECTORS,
 };
 use super::{MdTime, Superblock, Uuid};
-use crate::geometry::Geometry;
+use crate::geometry::{Geometry, Level};
 
 /// The default data offset is a whole number of these: 2048 sectors (1 MiB; mdadm's
 /// `ONE_MEG`).
@@ -105,6 +115,39 @@ pub enum CreateError {
     /// data with an explicit data offset).
     #[error("internal bitmap: {0}")]
     Bitmap(#[from] BitmapError),
+    /// `--consistency-policy ppl` on a level other than RAID5 (mdadm: "PPL consistency
+    /// policy is only supported for RAID level 5"; md's `ppl_init_log` refuses it too).
+    #[error(
+        "PPL consistency policy is only supported for RAID level 5 (this array is {level}); \
+         a RAID6 partial parity log is a ferroraid extension that is not supported yet"
+    )]
+    PplLevel {
+        /// The array's level.
+        level: Level,
+    },
+    /// A consistency policy together with a bitmap choice that contradicts it (mdadm:
+    /// "--bitmap is not compatible with consistency policy", "--bitmap is required for
+    /// consistency policy").
+    #[error("consistency policy {policy} {why}")]
+    PolicyConflict {
+        /// The policy asked for.
+        policy: ConsistencyPolicy,
+        /// What contradicts it.
+        why: &'static str,
+    },
+    /// An explicit data offset that leaves no room for mdadm's PPL area and the bad-block
+    /// log after it between the superblock and the data.
+    #[error(
+        "data offset {data_offset} sectors leaves no room for the PPL area: it needs at \
+         least {min} sectors ({MDADM_PPL_SIZE_SECTORS} sectors at {MDADM_PPL_OFFSET_SECTORS} \
+         after the superblock, then the {BAD_BLOCK_LOG_SECTORS}-sector bad-block log)"
+    )]
+    PplSpace {
+        /// The data offset asked for, sectors.
+        data_offset: u64,
+        /// Smallest that holds the area, sectors.
+        min: u64,
+    },
     /// A device too small for the data offset plus one chunk.
     #[error(
         "device {index} has {device_sectors} sectors: too small for a {data_offset}-sector \
@@ -146,19 +189,45 @@ pub fn choose_bitmap_space_sectors(device_sectors: u64) -> u64 {
 /// for an internal bitmap at superblock + 8 sectors and for the 8-sector bad-block log,
 /// and is 264192 sectors (129 MiB) on devices from about 128 GiB.
 pub fn default_data_offset_sectors(device_sectors: u64, chunk_sectors: u32) -> u64 {
+    data_offset_reserving(
+        device_sectors,
+        chunk_sectors,
+        choose_bitmap_space_sectors(device_sectors),
+    )
+}
+
+/// mdadm 4.2's default data offset, in sectors, for a member of an array created with
+/// `--consistency-policy=ppl` (`validate_geometry1`, `super1.c`: the space reserved after
+/// the superblock is the whole multiple-PPL area, `MULTIPLE_PPL_AREA_SIZE_SUPER1 >> 9` =
+/// [`MDADM_PPL_SIZE_SECTORS`], instead of the bitmap space):
+/// `ROUND_UP(24 + 2048 + headroom, 2048)`, headroom as in [`default_data_offset_sectors`].
+/// At least 2 MiB (4096 sectors); 266240 sectors (130 MiB) on large devices.
+pub fn ppl_data_offset_sectors(device_sectors: u64, chunk_sectors: u32) -> u64 {
+    data_offset_reserving(
+        device_sectors,
+        chunk_sectors,
+        u64::from(MDADM_PPL_SIZE_SECTORS),
+    )
+}
+
+/// `validate_geometry1`'s default data offset with `space_sectors` reserved for a bitmap
+/// or PPL: `24 + space + headroom` rounded up to 1 MiB, in sectors.
+fn data_offset_reserving(device_sectors: u64, chunk_sectors: u32, space_sectors: u64) -> u64 {
     let chunk = u64::from(chunk_sectors);
     let mut headroom = MAX_HEADROOM_SECTORS;
     while (headroom << 10) > device_sectors && (chunk == 0 || headroom / 2 >= chunk * 2) {
         headroom >>= 1;
     }
-    let raw = BASE_OVERHEAD_SECTORS + choose_bitmap_space_sectors(device_sectors) + headroom;
+    let raw = BASE_OVERHEAD_SECTORS + space_sectors + headroom;
     raw.div_ceil(DATA_OFFSET_ALIGN_SECTORS) * DATA_OFFSET_ALIGN_SECTORS
 }
 
 /// Where mdadm 4.2 puts the bad-block log of a 1.2 member (`write_init_super1`): returns
 /// `(bblog_offset, bblog_size)` in sectors relative to the superblock, or `None` when the
 /// data offset leaves no room. `bitmap_space_sectors` is
-/// [`choose_bitmap_space_sectors`] of the array's component size (mdadm passes `sb->size`).
+/// [`choose_bitmap_space_sectors`] of the array's component size (mdadm passes `sb->size`),
+/// or [`MDADM_PPL_SIZE_SECTORS`] for a PPL array (`write_init_super1`: `bm_space` is the
+/// PPL area, which also starts at superblock + 8).
 ///
 /// With the superblock at sector 8 and the bitmap space at superblock + 8: if
 /// `data_offset >= 8 + 8 + bitmap space + 8`, the log follows the bitmap space
@@ -236,6 +305,59 @@ pub enum BitmapChoice {
     None,
 }
 
+/// How a new array makes its parity consistent after an unclean shutdown: mdadm's
+/// `--consistency-policy` values for RAID5/6 (`consistency_policies`, `maps.c`; mdadm's
+/// `none` is for levels without redundancy and `journal` needs a journal device, which
+/// ferroraid does not have).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConsistencyPolicy {
+    /// `resync`: no bitmap, no log; a dirty array is resynced in full.
+    Resync,
+    /// `bitmap`: the internal write-intent bitmap; only dirty regions are resynced.
+    Bitmap,
+    /// `ppl`: md's Partial Parity Log (RAID5 only), which also closes the write hole.
+    Ppl,
+}
+
+impl ConsistencyPolicy {
+    /// mdadm's name (`resync`, `bitmap`, `ppl`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ConsistencyPolicy::Resync => "resync",
+            ConsistencyPolicy::Bitmap => "bitmap",
+            ConsistencyPolicy::Ppl => "ppl",
+        }
+    }
+}
+
+impl std::fmt::Display for ConsistencyPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ConsistencyPolicy {
+    type Err = String;
+
+    /// mdadm's names; `none` and `journal` are refused with the reason.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "resync" => Ok(ConsistencyPolicy::Resync),
+            "bitmap" => Ok(ConsistencyPolicy::Bitmap),
+            "ppl" => Ok(ConsistencyPolicy::Ppl),
+            "none" => Err(
+                "\"none\" is md's policy for levels without redundancy (RAID0, \
+                 linear); RAID5/6 take resync, bitmap or ppl"
+                    .into(),
+            ),
+            "journal" => Err("\"journal\" needs a RAID5/6 write journal device, which \
+                 ferroraid does not support; use resync, bitmap or ppl"
+                .into()),
+            _ => Err(format!("{s:?}: expected resync, bitmap or ppl")),
+        }
+    }
+}
+
 /// What a new array is: the inputs of mdadm's `--create` that end up in the superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewArray {
@@ -262,6 +384,9 @@ pub struct NewArray {
     pub bitmap_chunk_bytes: Option<u64>,
     /// `--delay`: the bitmap daemon's sleep, seconds (mdadm's default 5).
     pub bitmap_daemon_sleep_s: u32,
+    /// `--consistency-policy`, or `None` for mdadm's default (the [`NewArray::bitmap`]
+    /// choice decides: a bitmap or `resync`); see [`NewArray::policy`].
+    pub consistency_policy: Option<ConsistencyPolicy>,
 }
 
 impl NewArray {
@@ -287,23 +412,63 @@ impl NewArray {
             bitmap: BitmapChoice::Auto,
             bitmap_chunk_bytes: None,
             bitmap_daemon_sleep_s: DEFAULT_DAEMON_SLEEP_S,
+            consistency_policy: None,
         })
     }
 
-    /// The bitmap superblock of the new array when it gets an internal bitmap
-    /// ([`NewArray::bitmap`]), for members contributing `size_sectors` each; `None`
-    /// without one.
+    /// The consistency policy of the new array for members contributing `size_sectors`
+    /// each, after mdadm's checks (`mdadm.c` for `--create`, `Create.c` for the default):
+    /// - no policy given: [`NewArray::bitmap`] decides — a bitmap when asked for, or by
+    ///   default when each member contributes more than 100 GiB; else `resync`;
+    /// - `ppl`: RAID5 only ([`CreateError::PplLevel`]), no internal bitmap
+    ///   ([`CreateError::PolicyConflict`]; `Auto` means none);
+    /// - `resync`: no internal bitmap ([`CreateError::PolicyConflict`]);
+    /// - `bitmap`: the internal bitmap (`Auto` becomes one; mdadm requires
+    ///   `--bitmap=internal` spelled out), not `BitmapChoice::None`
+    ///   ([`CreateError::PolicyConflict`]).
     ///
     /// # Errors
-    /// [`CreateError::Bitmap`]: chunk refused or too small for the space
-    /// ([`choose_bitmap_chunk_bytes`]), or a daemon sleep of 0.
+    /// As listed.
+    pub fn policy(&self, size_sectors: u64) -> Result<ConsistencyPolicy, CreateError> {
+        let conflict = |policy, why| Err(CreateError::PolicyConflict { policy, why });
+        match (self.consistency_policy, self.bitmap) {
+            (None, BitmapChoice::Internal) => Ok(ConsistencyPolicy::Bitmap),
+            (None, BitmapChoice::None) => Ok(ConsistencyPolicy::Resync),
+            (None, BitmapChoice::Auto) => Ok(if mdadm_adds_bitmap_by_default(size_sectors) {
+                ConsistencyPolicy::Bitmap
+            } else {
+                ConsistencyPolicy::Resync
+            }),
+            (Some(ConsistencyPolicy::Ppl), _) if self.geometry.level() != Level::Raid5 => {
+                Err(CreateError::PplLevel {
+                    level: self.geometry.level(),
+                })
+            }
+            (
+                Some(p @ (ConsistencyPolicy::Ppl | ConsistencyPolicy::Resync)),
+                BitmapChoice::Internal,
+            ) => conflict(
+                p,
+                "is not compatible with an internal write-intent bitmap (md keeps one \
+                     or the other)",
+            ),
+            (Some(p @ ConsistencyPolicy::Bitmap), BitmapChoice::None) => conflict(
+                p,
+                "needs an internal write-intent bitmap, but none was asked for (--bitmap none)",
+            ),
+            (Some(p), _) => Ok(p),
+        }
+    }
+
+    /// The bitmap superblock of the new array when it gets an internal bitmap
+    /// ([`NewArray::policy`] is `bitmap`), for members contributing `size_sectors` each;
+    /// `None` without one.
+    ///
+    /// # Errors
+    /// As [`NewArray::policy`]; [`CreateError::Bitmap`]: chunk refused or too small for
+    /// the space ([`choose_bitmap_chunk_bytes`]), or a daemon sleep of 0.
     pub fn bitmap_super(&self, size_sectors: u64) -> Result<Option<BitmapSuper>, CreateError> {
-        let want = match self.bitmap {
-            BitmapChoice::None => false,
-            BitmapChoice::Internal => true,
-            BitmapChoice::Auto => mdadm_adds_bitmap_by_default(size_sectors),
-        };
-        if !want {
+        if self.policy(size_sectors)? != ConsistencyPolicy::Bitmap {
             return Ok(None);
         }
         if self.bitmap_daemon_sleep_s == 0 {
@@ -337,6 +502,27 @@ impl NewArray {
         }))
     }
 
+    /// The PPL area to write at each member's PPL start (absolute member byte
+    /// `(super_offset + ppl.offset) × 512`) for a new array with the `ppl` policy, or
+    /// `None` without one: [`MDADM_PPL_SIZE_SECTORS`] × 512 bytes (1 MiB), zero but for
+    /// the empty header ([`PplHeader::empty`]: generation 0, no entries, the array's
+    /// signature) at its start, as mdadm's `write_init_ppl1` leaves it (it zeroes the
+    /// whole area, then writes the header).
+    ///
+    /// # Errors
+    /// As [`NewArray::policy`].
+    pub fn initial_ppl_area(&self, size_sectors: u64) -> Result<Option<Vec<u8>>, CreateError> {
+        if self.policy(size_sectors)? != ConsistencyPolicy::Ppl {
+            return Ok(None);
+        }
+        let mut area = vec![0u8; usize::from(MDADM_PPL_SIZE_SECTORS) * 512];
+        let header = PplHeader::empty(&self.uuid)
+            .encode()
+            .expect("the empty header has no entries to refuse");
+        area[..header.len()].copy_from_slice(&header);
+        Ok(Some(area))
+    }
+
     /// `max_dev` for `devices` devices (members + spares), as mdadm's `init_super1`
     /// computes it: the superblock rounded up to whole 512-byte sectors, all of it roles.
     pub fn max_dev_for(devices: usize) -> u32 {
@@ -352,11 +538,17 @@ impl NewArray {
     ///
     /// With an internal bitmap ([`NewArray::bitmap_super`]) every superblock gets
     /// `MD_FEATURE_BITMAP_OFFSET` and `bitmap_offset` = [`BITMAP_OFFSET_SECTORS`]; write
-    /// [`NewArray::initial_bitmap_area`] there.
+    /// [`NewArray::initial_bitmap_area`] there. With the `ppl` policy every superblock
+    /// gets `MD_FEATURE_PPL`, `ppl.offset` = [`MDADM_PPL_OFFSET_SECTORS`], `ppl.size` =
+    /// [`MDADM_PPL_SIZE_SECTORS`] (`write_init_super1`), the default data offset is
+    /// [`ppl_data_offset_sectors`] and the bad-block log follows the area; write
+    /// [`NewArray::initial_ppl_area`] there.
     ///
     /// # Errors
     /// [`CreateError::DeviceCount`], [`CreateError::DataOffset`] (explicit offset below the
-    /// superblock's end or not 4 KiB-aligned), [`CreateError::DeviceTooSmall`],
+    /// superblock's end or not 4 KiB-aligned), [`CreateError::PplSpace`] (an explicit
+    /// offset below the end of the PPL area and the bad-block log after it), [`CreateError::DeviceTooSmall`],
+    /// [`CreateError::PplLevel`] / [`CreateError::PolicyConflict`] ([`NewArray::policy`]),
     /// [`CreateError::Bitmap`] (bitmap chunk refused, or the bitmap does not fit before an
     /// explicit data offset).
     pub fn superblocks<R: RngCore + ?Sized>(
@@ -375,6 +567,11 @@ impl NewArray {
         }
         let max_dev = Self::max_dev_for(device_sectors.len());
         let chunk = self.geometry.chunk_sectors();
+        // An explicit policy does not depend on the size: check it before any sizing.
+        let ppl = match self.consistency_policy {
+            Some(_) => self.policy(0)? == ConsistencyPolicy::Ppl,
+            None => false,
+        };
         let data_offset = match self.data_offset_sectors {
             Some(d) => {
                 let min = SUPER_OFFSET_SECTORS
@@ -385,8 +582,21 @@ impl NewArray {
                         min,
                     });
                 }
+                // The area and the bad-block log after it (mdadm would put the log just
+                // below the data, inside the area, with less room).
+                let ppl_min = SUPER_OFFSET_SECTORS
+                    + MDADM_PPL_OFFSET_SECTORS as u64
+                    + u64::from(MDADM_PPL_SIZE_SECTORS)
+                    + u64::from(BAD_BLOCK_LOG_SECTORS);
+                if ppl && d < ppl_min {
+                    return Err(CreateError::PplSpace {
+                        data_offset: d,
+                        min: ppl_min,
+                    });
+                }
                 d
             }
+            None if ppl => ppl_data_offset_sectors(device_sectors[0], chunk),
             None => default_data_offset_sectors(device_sectors[0], chunk),
         };
         let mut smallest = u64::MAX;
@@ -422,6 +632,17 @@ impl NewArray {
                 sb.feature_map |= Feature::BitmapOffset.bit();
                 sb.bitmap_offset = BITMAP_OFFSET_SECTORS;
                 check_bitmap_space(sb, bm.bits())?;
+            }
+        }
+        if self.policy(size)? == ConsistencyPolicy::Ppl {
+            for sb in &mut sbs {
+                sb.feature_map |= Feature::Ppl.bit();
+                sb.set_ppl(MDADM_PPL_OFFSET_SECTORS, MDADM_PPL_SIZE_SECTORS);
+                // The bad-block log follows the PPL area, not the bitmap space.
+                let (offset, len) =
+                    bad_block_log(data_offset, u64::from(MDADM_PPL_SIZE_SECTORS)).unwrap_or((0, 0));
+                sb.bblog_offset = offset;
+                sb.bblog_size = len;
             }
         }
         Ok(sbs)

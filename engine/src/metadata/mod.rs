@@ -56,9 +56,9 @@ pub use assemble::{
 };
 pub use bitmap::{Bitmap, BitmapError, BitmapSuper};
 pub use create::{
-    bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors, set_name,
-    BitmapChoice, CreateError, NewArray, BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS,
-    DATA_OFFSET_ALIGN_SECTORS, MAX_NAME_BYTES,
+    bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors,
+    ppl_data_offset_sectors, set_name, BitmapChoice, ConsistencyPolicy, CreateError, NewArray,
+    BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS, DATA_OFFSET_ALIGN_SECTORS, MAX_NAME_BYTES,
 };
 pub use ppl::{PplArea, PplEntry, PplError, PplHeader};
 pub use superblock::{

@@ -1429,3 +1429,148 @@ fn marking_in_sync_clears_the_bitmap_recovery_flag() {
         0
     );
 }
+
+// ---------------------------------------------------------------- consistency policy
+
+/// `--consistency-policy ppl` lays a RAID5 out as mdadm 4.2 does (`validate_geometry1`,
+/// `write_init_super1`, `write_init_ppl1`): 1 MiB reserved instead of the bitmap space in
+/// the default data offset, `MD_FEATURE_PPL` with the area at +8 sectors, 2048 long, the
+/// bad-block log after it, and an area that is zero but for the empty header.
+#[test]
+fn ppl_policy_lays_out_the_array_as_mdadm() {
+    use super::ppl::{scan_area, PplHeader, MDADM_PPL_SIZE_SECTORS};
+    // 64 MiB: the headroom halves down to 256 sectors (two 64 KiB chunks) -> 24 + 2048 + 256,
+    // rounded up to 2 MiB; the 1 TB disk: 24 + 2048 + 128 MiB -> 130 MiB.
+    assert_eq!(ppl_data_offset_sectors(64 * MIB_SECTORS, 128), 4096);
+    assert_eq!(ppl_data_offset_sectors(1_953_525_168, 1024), 266240);
+    assert_eq!(
+        ppl_data_offset_sectors(64 * MIB_SECTORS, 32768),
+        (24 + 2048 + 65536u64).div_ceil(2048) * 2048
+    );
+    assert_eq!(bad_block_log(4096, 2048), Some((2056, 8)));
+
+    let mut a = new_array(Level::Raid5, 4, true);
+    a.consistency_policy = Some(ConsistencyPolicy::Ppl);
+    let sbs = a.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()).unwrap();
+    for sb in &sbs {
+        assert_eq!(sb.feature_map, Feature::Ppl.bit());
+        assert_eq!(sb.ppl(), (8, 2048));
+        assert_eq!(sb.data_offset, 4096);
+        assert_eq!(sb.data_size, 64 * MIB_SECTORS - 4096);
+        assert_eq!((sb.bblog_offset, sb.bblog_size), (2056, 8));
+        let area = sb.ppl_area().unwrap().unwrap();
+        assert_eq!((area.start_sector, area.size_sectors), (16, 2048));
+    }
+    assert_eq!(a.policy(sbs[0].size), Ok(ConsistencyPolicy::Ppl));
+    assert_eq!(a.bitmap_super(sbs[0].size).unwrap(), None);
+    assert_eq!(a.initial_bitmap_area(sbs[0].size).unwrap(), None);
+    let bytes = a.initial_ppl_area(sbs[0].size).unwrap().unwrap();
+    assert_eq!(bytes.len(), usize::from(MDADM_PPL_SIZE_SECTORS) * 512);
+    let header = PplHeader::empty(&a.uuid).encode().unwrap();
+    assert_eq!(&bytes[..4096], &header[..]);
+    assert!(bytes[4096..].iter().all(|&b| b == 0));
+    let scan = scan_area(&bytes, 2048, &a.uuid);
+    let newest = scan.newest.expect("the empty header is a valid record");
+    assert_eq!(
+        (newest.header.generation, newest.header.entries.len()),
+        (0, 0)
+    );
+
+    // An explicit data offset must leave room for the area and the bad-block log.
+    a.data_offset_sectors = Some(2064);
+    assert_eq!(
+        a.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()),
+        Err(CreateError::PplSpace {
+            data_offset: 2064,
+            min: 2072
+        })
+    );
+    a.data_offset_sectors = Some(2072);
+    let sbs = a.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()).unwrap();
+    assert_eq!((sbs[0].bblog_offset, sbs[0].bblog_size), (2056, 8));
+    assert!(sbs[0].ppl_area().unwrap().is_some());
+}
+
+/// mdadm's refusals (`mdadm.c` for `--create`): PPL on RAID5 only and never with a
+/// bitmap; `resync` without a bitmap; `bitmap` with one. The default (no policy) is
+/// unchanged.
+#[test]
+fn consistency_policy_refusals_follow_mdadm() {
+    let sizes = [64 * MIB_SECTORS; 4];
+    let mut r6 = new_array(Level::Raid6, 4, true);
+    r6.consistency_policy = Some(ConsistencyPolicy::Ppl);
+    let e = r6.superblocks(&sizes, &mut rng()).unwrap_err();
+    assert_eq!(
+        e,
+        CreateError::PplLevel {
+            level: Level::Raid6
+        }
+    );
+    assert!(
+        e.to_string().contains("only supported for RAID level 5"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("not supported yet"), "{e}");
+    r6.bitmap = BitmapChoice::Internal;
+    assert!(matches!(
+        r6.superblocks(&sizes, &mut rng()),
+        Err(CreateError::PplLevel { .. })
+    ));
+
+    let mut a = new_array(Level::Raid5, 4, true);
+    for p in [ConsistencyPolicy::Ppl, ConsistencyPolicy::Resync] {
+        a.consistency_policy = Some(p);
+        a.bitmap = BitmapChoice::Internal;
+        let e = a.superblocks(&sizes, &mut rng()).unwrap_err();
+        assert!(
+            matches!(e, CreateError::PolicyConflict { policy, .. } if policy == p),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("not compatible with an internal"),
+            "{e}"
+        );
+    }
+    a.consistency_policy = Some(ConsistencyPolicy::Bitmap);
+    a.bitmap = BitmapChoice::None;
+    let e = a.superblocks(&sizes, &mut rng()).unwrap_err();
+    assert!(e.to_string().contains("needs an internal"), "{e}");
+
+    // resync: no bitmap, no PPL, mdadm's usual offset; bitmap: one even on a small array.
+    a.consistency_policy = Some(ConsistencyPolicy::Resync);
+    a.bitmap = BitmapChoice::Auto;
+    let sbs = a.superblocks(&sizes, &mut rng()).unwrap();
+    assert_eq!((sbs[0].feature_map, sbs[0].data_offset), (0, 2048));
+    assert_eq!(a.initial_ppl_area(sbs[0].size).unwrap(), None);
+    a.consistency_policy = Some(ConsistencyPolicy::Bitmap);
+    let sbs = a.superblocks(&sizes, &mut rng()).unwrap();
+    assert_eq!(sbs[0].feature_map, Feature::BitmapOffset.bit());
+    assert_eq!(sbs[0].data_offset, 2048);
+    // No policy: the bitmap choice decides, as before.
+    a.consistency_policy = None;
+    assert_eq!(a.policy(sbs[0].size), Ok(ConsistencyPolicy::Resync));
+    assert_eq!(
+        a.policy(200 * 1024 * MIB_SECTORS),
+        Ok(ConsistencyPolicy::Bitmap)
+    );
+    a.bitmap = BitmapChoice::Internal;
+    assert_eq!(a.policy(sbs[0].size), Ok(ConsistencyPolicy::Bitmap));
+
+    // mdadm's names; none and journal refused with the reason.
+    for p in [
+        ConsistencyPolicy::Resync,
+        ConsistencyPolicy::Bitmap,
+        ConsistencyPolicy::Ppl,
+    ] {
+        assert_eq!(p.name().parse::<ConsistencyPolicy>(), Ok(p));
+    }
+    assert!("none"
+        .parse::<ConsistencyPolicy>()
+        .unwrap_err()
+        .contains("RAID0"));
+    assert!("journal"
+        .parse::<ConsistencyPolicy>()
+        .unwrap_err()
+        .contains("journal device"));
+    assert!("PPL".parse::<ConsistencyPolicy>().is_err());
+}
