@@ -121,7 +121,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
-    /// "adaptive", nbd = [...], iscsi = [...], rpc, force, io_timeout_ms, max_block,
+    /// "adaptive", nbd = [...], iscsi = [...], rpc, force, run, io_timeout_ms, max_block,
     /// queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
     /// speed_min, speed_max, and an
     /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
@@ -154,9 +154,16 @@ pub struct ServeArgs {
     /// `rpc` key in the config) there is no management socket.
     #[arg(long, value_name = "PATH|default")]
     rpc: Option<PathBuf>,
-    /// Start even with members missing or out of date (reported).
+    /// Start even with members missing or out of date, or dirty and degraded (reported;
+    /// mdadm `--assemble --force`; implies --run).
     #[arg(long)]
     force: bool,
+    /// Start although members the array still counts as active were not given (mdadm
+    /// `--assemble --run`): the array runs degraded and the absent members are recorded
+    /// faulty. A dirty degraded array still needs --force unless it has a Partial Parity
+    /// Log, whose recovery makes it consistent first.
+    #[arg(long)]
+    run: bool,
     /// Member command timeout, milliseconds (default 30000).
     #[arg(long)]
     io_timeout_ms: Option<u64>,
@@ -240,6 +247,7 @@ struct ServeFile {
     /// A socket path, or `true` for the default path.
     rpc: Option<toml::Value>,
     force: Option<bool>,
+    run: Option<bool>,
     io_timeout_ms: Option<u64>,
     max_block: Option<toml::Value>,
     queue_depth: Option<u32>,
@@ -361,6 +369,7 @@ impl ServeArgs {
             });
         }
         o.force = self.force || file.force.unwrap_or(false);
+        o.run = self.run || file.run.unwrap_or(false);
         if let Some(ms) = self.io_timeout_ms.or(file.io_timeout_ms) {
             o.io_timeout = Duration::from_millis(ms);
         }

@@ -77,8 +77,12 @@ pub struct ServeOptions {
     pub nbd_unix: Vec<PathBuf>,
     /// Largest NBD request, bytes.
     pub max_block_bytes: u32,
-    /// Start although members are missing or out of date (mdadm `--force`).
+    /// Start although members are missing or out of date, or dirty and degraded (mdadm
+    /// `--force`; implies [`ServeOptions::run`]).
     pub force: bool,
+    /// Start although members the array still counts as active were not given (mdadm
+    /// `--run`); a dirty degraded array without a PPL still needs `force`.
+    pub run: bool,
     /// Command timeout of member requests.
     pub io_timeout: Duration,
     /// Requests in flight per reactor per member (io_uring queue depth).
@@ -122,6 +126,7 @@ impl ServeOptions {
             nbd_unix: Vec::new(),
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
             force: false,
+            run: false,
             io_timeout: Duration::from_secs(30),
             queue_depth: 128,
             stripe_ops: 64,
@@ -724,7 +729,7 @@ impl Target {
         // forgotten on the command line or gone missing — starting without it would record
         // it faulty and degrade the array for good. Refuse unless forced; roles already
         // recorded faulty (a known degraded array) start as they are.
-        if !opts.force {
+        if !opts.force && !opts.run {
             let newest = candidates[assembly.newest]
                 .superblock
                 .as_ref()
@@ -759,8 +764,8 @@ impl Target {
                 bail!(
                     "array {:?}: no device given for role(s) {absent:?}, which the array still \
                      counts as active{excluded}; name every member, or start degraded with \
-                     --force (the absent members are then recorded faulty and need a \
-                     rebuild to return)",
+                     --run (the absent members are then recorded faulty and need a rebuild \
+                     to return; a dirty array needs --force too unless it has a PPL)",
                     newest.short_name()
                 );
             }
