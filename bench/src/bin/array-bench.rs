@@ -29,7 +29,8 @@ use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, Channel, Completion, IoBuf, Op, Request};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
-use engine::reactor::{Frontend, Io, Mode, ReactorConfig, Reactors};
+use engine::qos::{Pacer, Unpaced};
+use engine::reactor::{Extras, Frontend, Io, Mode, ReactorConfig, Reactors};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -37,7 +38,36 @@ use rand_chacha::ChaCha8Rng;
 enum DeviceKind {
     Null,
     Mem,
+    /// Sparse files in `--dir`, through io_uring with O_DIRECT (the production back end).
+    File,
 }
+
+/// How parity is kept consistent across a crash (mdadm's `--consistency-policy` names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Policy {
+    /// Nothing logged (the bitmap's cost is not measured here).
+    Resync,
+    /// md's Partial Parity Log (RAID5): every stripe write logged on its parity member
+    /// first (`engine::ppl`).
+    Ppl,
+}
+
+impl Policy {
+    /// What a row's workload cell adds: nothing for `resync`, ` (ppl)` for `ppl`.
+    fn label(self) -> &'static str {
+        match self {
+            Policy::Resync => "",
+            Policy::Ppl => " (ppl)",
+        }
+    }
+}
+
+/// Where the PPL area starts on every member (mdadm's v1.2 place: 8 sectors after the
+/// superblock at sector 8), its size (mdadm's 2048 sectors) and where the data starts
+/// (mdadm's data offset for a PPL array), bytes. Every policy uses the same layout.
+const PPL_AREA_OFFSET: u64 = 16 * 512;
+const PPL_AREA_BYTES: u64 = 2048 * 512;
+const DATA_OFFSET: u64 = 4096 * 512;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Workload {
@@ -127,6 +157,12 @@ struct Args {
     /// `rewrite`: the region each generator writes once and then rewrites, MiB.
     #[arg(long, default_value_t = 64)]
     rewrite_mib: u64,
+    /// Consistency policies to run (each row names its own); `ppl` runs RAID5 only.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "resync")]
+    consistency: Vec<Policy>,
+    /// Directory for `--device file` members (created and removed per measurement).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: std::path::PathBuf,
 }
 
 /// Thread CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
@@ -407,6 +443,7 @@ fn run_array<D>(
     geo: ArrayGeometry,
     workload: Workload,
     reactors: usize,
+    policy: Policy,
     args: &Args,
 ) -> Result<Tally>
 where
@@ -450,7 +487,7 @@ where
     let array_cfg = ArrayConfig {
         requests: args.qd * 2,
         stripe_ops: args.qd * 2,
-        data_offset_bytes: 0,
+        data_offset_bytes: DATA_OFFSET,
         failed_members: [
             if workload == Workload::DegradedRandread {
                 Some(0)
@@ -467,8 +504,29 @@ where
         requests: args.qd * 2,
         foreign_reads: !args.no_foreign_reads,
     };
-    let running = Reactors::start(devices, geo, Parity::new(), array_cfg, cfg, gens)
-        .context("starting reactors")?;
+    let ppl = (policy == Policy::Ppl).then(|| {
+        Arc::new(engine::ppl::PplShared::new(
+            usize::from(g.members()),
+            PPL_AREA_OFFSET,
+            PPL_AREA_BYTES,
+            0x5eed,
+        ))
+    });
+    let running = Reactors::start_with(
+        devices,
+        geo,
+        Parity::new(),
+        array_cfg,
+        cfg,
+        gens,
+        Extras {
+            pacer: |_| Box::new(Unpaced) as Box<dyn Pacer>,
+            bitmap: None,
+            ppl,
+            replace: None,
+        },
+    )
+    .context("starting reactors")?;
     let handle = running.handle();
     let done = running.stop().context("stopping reactors")?;
     let snap = handle.snapshot();
@@ -567,6 +625,7 @@ fn show(mut v: Vec<f64>, digits: usize, scale: f64, unit: &str) -> String {
 
 /// Runs one configuration: the array, then the same load on one raw member and spread
 /// over all members, on fresh devices.
+#[allow(clippy::too_many_arguments)]
 fn measure(
     kind: DeviceKind,
     n: u16,
@@ -574,6 +633,7 @@ fn measure(
     geo: ArrayGeometry,
     w: Workload,
     r: usize,
+    policy: Policy,
     args: &Args,
 ) -> Result<Sample> {
     let g = geo.geometry();
@@ -585,21 +645,23 @@ fn measure(
     };
     let duration = Duration::from_secs_f64(args.seconds);
     // The array, then the same load on one raw member and spread over all of them.
+    type Load = (Workload, Workload, u64, usize, Duration, Policy);
     fn run_all<D: BlockDevice + Send + Sync + 'static>(
         devs: Vec<D>,
         geo: ArrayGeometry,
-        (w, raw_w, bs, r, duration): (Workload, Workload, u64, usize, Duration),
+        (w, raw_w, bs, r, duration, policy): Load,
         args: &Args,
     ) -> Result<(Tally, Tally, Tally)> {
         let devs = Arc::new(devs);
-        let t = run_array(Arc::clone(&devs), geo, w, r, args)?;
+        let t = run_array(Arc::clone(&devs), geo, w, r, policy, args)?;
         Ok((
             t,
             raw_parallel(&devs[1..2], raw_w, bs, w.depth(args.qd), r, duration),
             raw_parallel(&devs[..], raw_w, bs, w.depth(args.qd), r, duration),
         ))
     }
-    let load = (w, raw_w, bs, r, duration);
+    let load = (w, raw_w, bs, r, duration, policy);
+    let member = DATA_OFFSET + member;
     let (t, raw, spread) = match kind {
         DeviceKind::Null => run_all(
             (0..n)
@@ -617,6 +679,24 @@ fn measure(
             load,
             args,
         )?,
+        DeviceKind::File => {
+            let dir = tempfile::Builder::new()
+                .prefix("array-bench-")
+                .tempdir_in(&args.dir)
+                .with_context(|| format!("a directory in {}", args.dir.display()))?;
+            let cfg = drivers::any::MemberConfig::with_queue_depth(256);
+            let devs = (0..n)
+                .map(|i| {
+                    let p = dir.path().join(format!("m{i}.img"));
+                    std::fs::File::create(&p)
+                        .and_then(|f| f.set_len(member))
+                        .with_context(|| format!("creating {}", p.display()))?;
+                    drivers::any::open_member(&p, &cfg)
+                        .with_context(|| format!("opening {}", p.display()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            run_all(devs, geo, load, args)?
+        }
     };
     let secs = t.wall.as_secs_f64();
     Ok(Sample {
@@ -688,21 +768,26 @@ fn main() -> Result<()> {
             let g = Geometry::new(lvl, Layout::LeftSymmetric, n, chunk, 512)?;
             let geo = g.with_members(&vec![member; usize::from(n)], 0)?;
             for &w in &args.workload {
-                // samples[rep][i]: repetition rep, reactor count args.reactors[i].
-                let mut samples: Vec<Vec<Sample>> = Vec::new();
-                for _ in 0..args.repeat {
-                    let mut rep = Vec::new();
-                    for &r in &args.reactors {
-                        rep.push(measure(kind, n, member, geo, w, r, &args)?);
+                for &policy in &args.consistency {
+                    if policy == Policy::Ppl && lvl != Level::Raid5 {
+                        continue;
                     }
-                    samples.push(rep);
-                }
-                let col = |i: usize, f: &dyn Fn(&Sample) -> f64| -> Vec<f64> {
-                    samples.iter().map(|rep| f(&rep[i])).collect()
-                };
-                for (i, &r) in args.reactors.iter().enumerate() {
-                    println!(
-                        "| {kind:?} | raid{level} | {w:?} | {r} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    // samples[rep][i]: repetition rep, reactor count args.reactors[i].
+                    let mut samples: Vec<Vec<Sample>> = Vec::new();
+                    for _ in 0..args.repeat {
+                        let mut rep = Vec::new();
+                        for &r in &args.reactors {
+                            rep.push(measure(kind, n, member, geo, w, r, policy, &args)?);
+                        }
+                        samples.push(rep);
+                    }
+                    let col = |i: usize, f: &dyn Fn(&Sample) -> f64| -> Vec<f64> {
+                        samples.iter().map(|rep| f(&rep[i])).collect()
+                    };
+                    for (i, &r) in args.reactors.iter().enumerate() {
+                        println!(
+                        "| {kind:?} | raid{level} | {w:?}{} | {r} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                        policy.label(),
                         show(col(i, &|s| s.iops), 0, 1.0, ""),
                         show(col(i, &|s| s.gb_per_s), 2, 1.0, ""),
                         show(col(i, &|s| s.cpu_us_per_io), 2, 1.0, ""),
@@ -713,19 +798,21 @@ fn main() -> Result<()> {
                         show(col(i, &|s| s.member_ios_per_io), 2, 1.0, ""),
                         show(col(i, &|s| s.writes_per_pass), 1, 1.0, ""),
                     );
-                }
-                let b = args
-                    .reactors
-                    .iter()
-                    .position(|&r| r == base)
-                    .expect("base is one of them");
-                for (i, &r) in args.reactors.iter().enumerate() {
-                    if r != base {
-                        let ratios = samples.iter().map(|rep| rep[i].iops / rep[b].iops);
-                        scaling.push(format!(
-                            "| {kind:?} | raid{level} | {w:?} | {r} | {} |",
-                            show(ratios.collect(), 2, 1.0, "×")
-                        ));
+                    }
+                    let b = args
+                        .reactors
+                        .iter()
+                        .position(|&r| r == base)
+                        .expect("base is one of them");
+                    for (i, &r) in args.reactors.iter().enumerate() {
+                        if r != base {
+                            let ratios = samples.iter().map(|rep| rep[i].iops / rep[b].iops);
+                            scaling.push(format!(
+                                "| {kind:?} | raid{level} | {w:?}{} | {r} | {} |",
+                                policy.label(),
+                                show(ratios.collect(), 2, 1.0, "×")
+                            ));
+                        }
                     }
                 }
             }

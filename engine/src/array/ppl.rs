@@ -257,8 +257,12 @@ impl<C: Channel> Array<C> {
                     checksum,
                 });
             }
-            for k in 0..nd {
-                log.written |= 1 << st.data_member(k);
+            // The members the writes reach: the modified chunks' and P (flushed before the
+            // turn passes on, when they have a volatile cache).
+            for r in &rects {
+                for k in r.first_chunk..r.first_chunk + r.chunks {
+                    log.written |= 1 << st.data_member(k);
+                }
             }
             log.written |= 1 << pm;
         }
@@ -372,7 +376,9 @@ impl<C: Channel> Array<C> {
             // `dst` (the log's record buffer).
             data.push(unsafe { std::slice::from_raw_parts(ptr, len) });
         }
-        self.parity.gen_p(&data, dst);
+        // Cached stores: the checksum reads the partial parity next, then the record
+        // write (streaming stores would send it to memory and make both read it back).
+        self.parity.streaming(false).gen_p(&data, dst);
     }
 
     /// A record write or flush of log `l` to `member` is back.
