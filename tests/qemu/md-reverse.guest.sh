@@ -16,44 +16,9 @@
 #
 # What md printed goes to $RIG_OUT/NAME/. Any deviation fails the guest (RIG-RESULT: fail).
 
-t() { cut -d' ' -f1 /proc/uptime; }
-say() { echo "md-reverse [$(t)s]: $*"; }
-fail() {
-	echo "md-reverse: FAIL: $*"
-	cat /proc/mdstat
-	exit 1
-}
-
-# Waits until md has nothing to do on $1 (no resync/recovery/check running or pending).
-wait_idle() {
-	_n=${1#/dev/} _i=0
-	while :; do
-		_a=$(cat "/sys/block/$_n/md/sync_action")
-		_r=$(cat "/sys/block/$_n/md/resync_start")
-		if [ "$_a" = idle ] && [ "$_r" = none ] && ! busy "$_n"; then
-			return 0
-		fi
-		_i=$((_i + 1))
-		[ $_i -le 600 ] || fail "$1 still busy after 300 s (sync_action=$_a resync_start=$_r)"
-		sleep 0.5
-	done
-}
-
-# True when /proc/mdstat shows a resync, recovery or check on md device $1 (name).
-busy() {
-	grep -A3 "^$1 :" /proc/mdstat | grep -Eq 'resync|recovery|check|reshape|PENDING|DELAYED'
-}
-
-# md's check over the whole array; its mismatch_cnt goes to $2 and must be 0.
-md_check() {
-	_n=${1#/dev/}
-	echo check >"/sys/block/$_n/md/sync_action"
-	sleep 0.5
-	wait_idle "$1"
-	[ "$(cat "/sys/block/$_n/md/last_sync_action")" = check ] || fail "$1: md ran no check"
-	cat "/sys/block/$_n/md/mismatch_cnt" >"$2"
-	[ "$(cat "$2")" = 0 ] || fail "$1: md's check found mismatch_cnt $(cat "$2") on ferroraid's parity"
-}
+MD_TAG=md-reverse
+# shellcheck source=tests/qemu/md-lib.guest.sh
+. /rig/md-lib.sh
 
 mdadm --version >"$RIG_OUT/mdadm-version.txt" 2>&1
 cat /rig/kernel >"$RIG_OUT/kernel.txt"

@@ -28,6 +28,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/qemu/rig.sh
 source "$HERE/rig.sh"
+# shellcheck source=tests/qemu/md-host.sh
+source "$HERE/md-host.sh"
 
 MEMBER_BYTES=${MDREV_MEMBER_BYTES:-$((24 << 20))}
 # name level layout members chunk_KiB missing_slot seed bitmap_chunk_KiB
@@ -44,148 +46,37 @@ FERRORAID=${FERRORAID:-${CARGO_TARGET_DIR:-$RIG_REPO/target}/release/ferroraid}
 
 reverse_key() {
 	{
-		cat "$HERE/rig.sh" "$HERE/md-reverse.sh" "$HERE/md-reverse.guest.sh" "$HERE/mdfix.py"
+		cat "$HERE/rig.sh" "$HERE/md-host.sh" "$HERE/md-reverse.sh" "$HERE/md-reverse.guest.sh" "$HERE/md-lib.guest.sh" "$HERE/mdfix.py"
 		sha256sum <"$FERRORAID"
 		sha256sum <"$(command -v mdadm)"
 		echo "$MEMBER_BYTES"
 	} | sha256sum | cut -c1-16
 }
 
-check=0
-if [[ ${1:-} == --check ]]; then
-	check=1
-	shift
-fi
-[[ $# == 1 ]] || rig_die "usage: $0 [--check] OUTDIR (FERRORAID=PATH names the binary)"
-out=$1
-if [[ ! -x $FERRORAID ]]; then
-	((check)) && exit 3
-	rig_die "no ferroraid binary at $FERRORAID: build it (cargo build --release -p ferroraid) or set FERRORAID=PATH"
-fi
-rig_need python3 mdadm nbdcopy truncate cmp md5sum timeout
-key=$(reverse_key)
-if [[ -e $out/.complete && $(cat "$out/.complete") == "$key" ]]; then
-	((check)) || rig_log "md-reverse results in $out are current (key $key)"
-	exit 0
-fi
-((check)) && exit 3
+md_host_outdir md-reverse reverse_key "$@"
 
 start=$SECONDS
 rig_kernel
-mkdir -p "$(dirname "$out")"
-out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
-work=$out.tmp.$$
-# What a run killed with SIGKILL left (its traps never ran): work and socket directories
-# whose owner is gone.
-reverse_gone() { [[ $1 =~ ^[0-9]+$ ]] && ! kill -0 "$1" 2>/dev/null; }
-for stale in "$out".tmp.*; do
-	if [[ -d $stale ]] && reverse_gone "${stale##*.tmp.}"; then rm -rf "$stale"; fi
-done
-for stale in /tmp/md-reverse.*; do
-	if [[ -f $stale/owner ]] && reverse_gone "$(cat "$stale/owner")"; then rm -rf "$stale"; fi
-done
-# NBD and RPC sockets: a short path (sun_path holds 108 bytes).
-socks=$(mktemp -d /tmp/md-reverse.XXXXXX)
-echo $$ >"$socks/owner"
-SERVERS=()
-WATCHDOGS=()
+md_host_workspace md-reverse
 RIG_PID=
 
-# Stops every ferroraid server still running (TERM, then KILL) and its watchdog.
+# Stops every ferroraid server still running, the guest, and removes the work directory.
 reverse_cleanup() {
-	local pid i
-	for pid in "${SERVERS[@]}"; do
-		kill -TERM "$pid" 2>/dev/null || continue
-		for ((i = 0; i < 100; i++)); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
+	md_host_stop_all
 	# The guest: rig_run's own traps stop QEMU.
 	if [[ -n $RIG_PID ]] && kill -TERM "$RIG_PID" 2>/dev/null; then
 		wait "$RIG_PID" 2>/dev/null || true
 	fi
-	for pid in "${WATCHDOGS[@]}"; do
-		kill -TERM "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
 	rm -rf "$socks"
-	if [[ ${MDREV_KEEP:-} == 1 ]]; then
-		[[ -d $work ]] && rig_log "kept $work"
-	else
+	# (An if, not `[[ ... ]] && ...`: the trap's last status would become the script's.)
+	if [[ ${MDREV_KEEP:-} != 1 ]]; then
 		rm -rf "$work"
+	elif [[ -d $work ]]; then
+		rig_log "kept $work"
 	fi
 }
 trap reverse_cleanup EXIT
 trap 'exit 130' INT TERM HUP
-
-# Kills server $1 when this script ($$) or RIG_WATCH_PID (the Rust test) dies; runs in the
-# background, ends with the server.
-reverse_watchdog() {
-	local pid=$1 w
-	while kill -0 "$pid" 2>/dev/null; do
-		for w in $$ $RIG_WATCH_PID; do
-			if ! kill -0 "$w" 2>/dev/null; then
-				kill -TERM "$pid" 2>/dev/null
-				sleep 5
-				kill -KILL "$pid" 2>/dev/null
-				exit 0
-			fi
-		done
-		sleep 1
-	done
-}
-
-# reverse_serve LOG SOCK IMAGE...: `ferroraid serve` on the images, NBD on Unix socket SOCK;
-# returns once it listens, with its pid in SRV.
-reverse_serve() {
-	local log=$1 sock=$2 i
-	shift 2
-	rm -f "$sock" "$sock.rpc"
-	NO_COLOR=1 "$FERRORAID" serve --adaptive --nbd "unix:$sock" --rpc "$sock.rpc" "$@" >"$log" 2>&1 &
-	SRV=$!
-	SERVERS+=("$SRV")
-	reverse_watchdog "$SRV" &
-	WATCHDOGS+=("$!")
-	for ((i = 0; i < 300; i++)); do
-		[[ -S $sock ]] && grep -q 'NBD export listening' "$log" && return 0
-		if ! kill -0 "$SRV" 2>/dev/null; then
-			wait "$SRV" || true
-			rig_die "ferroraid serve $* failed to start: $(cat "$log")"
-		fi
-		sleep 0.1
-	done
-	rig_die "ferroraid serve $* did not listen on $sock within 30 s: $(cat "$log")"
-}
-
-# reverse_stop LOG: SIGTERM to the server SRV; it must exit 0 having marked the array clean.
-reverse_stop() {
-	local log=$1 rc=0 i
-	kill -TERM "$SRV"
-	for ((i = 0; i < 300; i++)); do
-		kill -0 "$SRV" 2>/dev/null || break
-		sleep 0.1
-	done
-	if kill -0 "$SRV" 2>/dev/null; then
-		kill -KILL "$SRV"
-		rig_die "ferroraid serve did not stop within 30 s of SIGTERM: $(tail -n 20 "$log")"
-	fi
-	wait "$SRV" || rc=$?
-	local keep=() p
-	for p in "${SERVERS[@]}"; do [[ $p == "$SRV" ]] || keep+=("$p"); done
-	SERVERS=("${keep[@]}")
-	((rc == 0)) || rig_die "ferroraid serve exited with status $rc on SIGTERM: $(tail -n 20 "$log")"
-	grep 'array stopped' "$log" | grep -q 'clean=true' ||
-		rig_die "ferroraid serve did not mark the array clean: $(tail -n 20 "$log")"
-}
-
-# reverse_copy SRC DST: nbdcopy, bounded.
-reverse_copy() {
-	timeout -k 5 120 nbdcopy --flush "$1" "$2" ||
-		rig_die "nbdcopy $1 $2 failed (status $?)"
-}
 
 # shuffled SEED N [SKIP]: the slots 0..N-1 but SKIP, in a seeded random order (never the
 # identity), comma-separated.
@@ -229,9 +120,9 @@ while read -r name level layout members chunk missing seed bitmap; do
 	slots=$(shuffled "$seed" "$members")
 	serve=()
 	for s in ${slots//,/ }; do serve+=("$d/d$s.img"); done
-	reverse_serve "$d/serve-write.log" "$socks/$name" "${serve[@]}"
-	reverse_copy "$d/pattern.bin" "nbd+unix:///$name?socket=$socks/$name"
-	reverse_stop "$d/serve-write.log"
+	md_host_serve "$d/serve-write.log" "$socks/$name" "${serve[@]}"
+	md_host_copy "$d/pattern.bin" "nbd+unix:///$name?socket=$socks/$name"
+	md_host_stop "$d/serve-write.log"
 	mdadm --examine "${images[@]}" >"$d/examine-ferroraid.txt" 2>&1 ||
 		rig_die "mdadm --examine of ferroraid's members failed: $(cat "$d/examine-ferroraid.txt")"
 	[[ $(grep -c '^ *State : clean$' "$d/examine-ferroraid.txt") == "$members" ]] ||
@@ -253,18 +144,10 @@ stable=$RIG_CACHE/md-reverse/arrays-$(sha256sum <"$conf" | cut -c1-16).conf
 mkdir -p "$(dirname "$stable")"
 [[ -s $stable ]] || { cp "$conf" "$stable.$$" && mv "$stable.$$" "$stable"; }
 initrd=$(rig_initramfs --init "$HERE/md-reverse.guest.sh" --modules md --bin "$(command -v mdadm)" \
-	--file "$stable:/rig/arrays.conf")
-# In the background: `wait` returns at once when a signal comes (the trap then stops it).
-rig_run --initrd "$initrd" --log "$work/console.log" --timeout "${MDREV_TIMEOUT:-300}" \
-	--out-disk "$work/out.img" --out-dir "$work/guest" "${disks[@]}" &
-RIG_PID=$!
-rc=0
-wait "$RIG_PID" || rc=$?
-RIG_PID=
-if ((rc != 0)); then
-	cp "$work/console.log" "$out.failed-console.log" 2>/dev/null || true
-	rig_die "the md-reverse guest failed (md refused or disagreed with ferroraid's members); its console log: $out.failed-console.log"
-fi
+	--file "$stable:/rig/arrays.conf" --file "$HERE/md-lib.guest.sh:/rig/md-lib.sh")
+md_host_guest "$work/console.log" "the md-reverse guest failed (md refused or disagreed with ferroraid's members)" \
+	--initrd "$initrd" --timeout "${MDREV_TIMEOUT:-300}" \
+	--out-disk "$work/out.img" --out-dir "$work/guest" "${disks[@]}"
 rig_log "md-reverse: guest done ($((SECONDS - start))s)"
 
 cp "$work/guest/kernel.txt" "$work/guest/mdadm-version.txt" "$work/"
@@ -284,9 +167,9 @@ while read -r name level layout members chunk missing seed bitmap; do
 	slots=$(shuffled $((seed + 2)) "$members")
 	serve=()
 	for s in ${slots//,/ }; do serve+=("$d/d$s.img"); done
-	reverse_serve "$d/serve-read.log" "$socks/$name" "${serve[@]}"
-	reverse_copy "nbd+unix:///$name?socket=$socks/$name" "$d/readback.bin"
-	reverse_stop "$d/serve-read.log"
+	md_host_serve "$d/serve-read.log" "$socks/$name" "${serve[@]}"
+	md_host_copy "nbd+unix:///$name?socket=$socks/$name" "$d/readback.bin"
+	md_host_stop "$d/serve-read.log"
 	if ! cmp "$d/readback.bin" "$d/expected.bin" >"$d/cmp.txt" 2>&1; then
 		at=$(sed -n 's/.* byte \([0-9]*\),.*/\1/p' "$d/cmp.txt")
 		rig_die "$name: ferroraid reads back other data than md wrote: $(cat "$d/cmp.txt"); \

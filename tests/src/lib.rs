@@ -524,6 +524,103 @@ pub fn run_tool(cmd: &mut Command, dir: &Path, timeout: Duration) -> Output {
     out
 }
 
+/// A QEMU-rig test that cannot run here (`why`, from [`qemu_rig_unavailable`]): prints
+/// `SKIPPED test: why` and returns, so the test passes, unless `FERRORAID_REQUIRE_QEMU=1`
+/// (CI), under which it panics.
+///
+/// # Panics
+/// Under `FERRORAID_REQUIRE_QEMU=1`.
+pub fn skip_without_rig(test: &str, why: &str) {
+    assert!(
+        !required("FERRORAID_REQUIRE_QEMU"),
+        "FERRORAID_REQUIRE_QEMU=1 but {test} cannot run: {why}"
+    );
+    eprintln!("SKIPPED {test}: {why} (set FERRORAID_REQUIRE_QEMU=1 to make this a failure)");
+}
+
+/// What a rig script (`run_rig_script`) said, for the test's output: its stderr, then its
+/// `summary` unless the stderr already holds it (a run prints its summary at the end; a
+/// cached result only says it is current).
+pub fn print_rig_summary(test: &str, start: Instant, out_dir: &Path, out: &Output, summary: &str) {
+    let said = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "{test}: {:.1} s ({}):\n{}\n{}",
+        start.elapsed().as_secs_f64(),
+        out_dir.display(),
+        said.trim_end(),
+        if said.contains(summary.trim_end()) {
+            ""
+        } else {
+            summary.trim_end()
+        }
+    );
+}
+
+/// What the scripts that run `ferroraid` beside the rig's md need on the host (for
+/// [`qemu_rig_unavailable`]): QEMU, mdadm, nbdcopy and python3.
+pub const RIG_TOOLS_MD_NBD: [(&str, &str, &str); 4] = [
+    ("qemu-system-x86_64", "--version", "qemu-system-x86"),
+    ("mdadm", "--version", "mdadm"),
+    ("nbdcopy", "--version", "libnbd-bin"),
+    ("python3", "--version", "python3"),
+];
+
+/// Runs `bash SCRIPT OUT_DIR` (a `tests/qemu` script that caches its results in OUT_DIR)
+/// with `RIG_WATCH_PID` set to this process, so the guest and servers stop if the test
+/// dies, and `FERRORAID` set to `ferroraid` when given; returns its output.
+///
+/// # Panics
+/// The script cannot be started or exits with a failure.
+pub fn run_rig_script(script: &Path, out_dir: &Path, ferroraid: Option<&Path>) -> Output {
+    let mut cmd = Command::new("bash");
+    cmd.arg(script)
+        .arg(out_dir)
+        .env("RIG_WATCH_PID", std::process::id().to_string())
+        .stdin(Stdio::null());
+    if let Some(bin) = ferroraid {
+        cmd.env("FERRORAID", bin);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} {} failed: {}",
+        script.display(),
+        out_dir.display(),
+        show_output(&out)
+    );
+    out
+}
+
+/// Why the QEMU rig (`tests/qemu/rig.sh`, docs/TESTING.md) cannot run here, or `None`: the
+/// first of `tools` — (program, version argument, Debian package) — that does not run,
+/// else no kernel for the rig (`rig.sh kernel`: apt unreachable and nothing cached).
+///
+/// # Panics
+/// `bash` cannot be started.
+pub fn qemu_rig_unavailable(tools: &[(&str, &str, &str)]) -> Option<String> {
+    for (tool, arg, package) in tools {
+        if !tool_runs(tool, arg) {
+            return Some(format!(
+                "{tool} is not installed (apt-get install {package})"
+            ));
+        }
+    }
+    let kernel = Command::new("bash")
+        .arg(repo_root().join("tests/qemu/rig.sh"))
+        .arg("kernel")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run rig.sh kernel: {e}"));
+    (!kernel.status.success()).then(|| {
+        format!(
+            "the rig has no kernel (apt unreachable and nothing cached?): {}",
+            show_output(&kernel)
+        )
+    })
+}
+
 /// The Linux md fixtures (`tests/qemu/md-fixtures.sh`, docs/TESTING.md) in `dir`, made if
 /// they are not current. `false` (after printing `SKIPPED who: why`) when they cannot be
 /// made here: no `qemu-system-x86_64`, no `mdadm`, no kernel for the rig. Under
@@ -561,40 +658,15 @@ pub fn ensure_md_fixtures(dir: &Path, who: &str) -> bool {
     if check.success() {
         return true;
     }
-    if !tool_runs("qemu-system-x86_64", "--version") {
-        return skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
-    }
-    if !tool_runs("mdadm", "--version") {
-        return skip("mdadm is not installed on the host (apt-get install mdadm)");
-    }
     // The kernel comes from apt (or the rig's cache): no kernel, no rig.
-    let kernel = Command::new("bash")
-        .arg(qemu.join("rig.sh"))
-        .arg("kernel")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run rig.sh kernel: {e}"));
-    if !kernel.status.success() {
-        return skip(&format!(
-            "the rig has no kernel (apt unreachable and nothing cached?): {}",
-            show_output(&kernel)
-        ));
+    if let Some(why) = qemu_rig_unavailable(&[
+        ("qemu-system-x86_64", "--version", "qemu-system-x86"),
+        ("mdadm", "--version", "mdadm"),
+    ]) {
+        return skip(&why);
     }
     let start = Instant::now();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(dir)
-        .env("RIG_WATCH_PID", std::process::id().to_string())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} {} failed: {}",
-        script.display(),
-        dir.display(),
-        show_output(&out)
-    );
+    let out = run_rig_script(&script, dir, None);
     eprintln!(
         "{who}: made the md fixtures in {:.1} s:\n{}",
         start.elapsed().as_secs_f64(),

@@ -30,20 +30,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::metadata::Superblock;
-use ferroraid_tests::{repo_root, show_output, tool_runs};
-
-fn required() -> bool {
-    ferroraid_tests::required("FERRORAID_REQUIRE_QEMU")
-}
-
-/// Passes with a printed reason, or fails when CI requires the rig.
-fn skip(why: &str) {
-    assert!(
-        !required(),
-        "FERRORAID_REQUIRE_QEMU=1 but md-reverse cannot run: {why}"
-    );
-    eprintln!("SKIPPED md_reverse: {why} (set FERRORAID_REQUIRE_QEMU=1 to make this a failure)");
-}
+use ferroraid_tests::{repo_root, show_output};
 
 /// The `ferroraid` binary of this build ([`ferroraid_tests::ferroraid_bin`]).
 fn ferroraid() -> &'static Path {
@@ -55,49 +42,13 @@ fn md_assembles_and_serves_ferroraid_arrays() {
     let qemu = repo_root().join("tests/qemu");
     let script = qemu.join("md-reverse.sh");
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("md-reverse");
-    for (tool, arg, package) in [
-        ("qemu-system-x86_64", "--version", "qemu-system-x86"),
-        ("mdadm", "--version", "mdadm"),
-        ("nbdcopy", "--version", "libnbd-bin"),
-        ("python3", "--version", "python3"),
-    ] {
-        if !tool_runs(tool, arg) {
-            skip(&format!(
-                "{tool} is not installed (apt-get install {package})"
-            ));
-            return;
-        }
-    }
-    let kernel = Command::new("bash")
-        .arg(qemu.join("rig.sh"))
-        .arg("kernel")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run rig.sh kernel: {e}"));
-    if !kernel.status.success() {
-        skip(&format!(
-            "the rig has no kernel (apt unreachable and nothing cached?): {}",
-            show_output(&kernel)
-        ));
+    if let Some(why) = ferroraid_tests::qemu_rig_unavailable(&ferroraid_tests::RIG_TOOLS_MD_NBD) {
+        ferroraid_tests::skip_without_rig("md_reverse", &why);
         return;
     }
     let bin = ferroraid();
     let start = Instant::now();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(&out_dir)
-        .env("FERRORAID", bin)
-        .env("RIG_WATCH_PID", std::process::id().to_string())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} {} failed: {}",
-        script.display(),
-        out_dir.display(),
-        show_output(&out)
-    );
+    let out = ferroraid_tests::run_rig_script(&script, &out_dir, Some(bin));
     let summary = fs::read_to_string(out_dir.join("summary.txt"))
         .unwrap_or_else(|e| panic!("{}/summary.txt: {e}", out_dir.display()));
     // The script fails on any deviation; its summary must say so too.
@@ -128,19 +79,7 @@ fn md_assembles_and_serves_ferroraid_arrays() {
             );
         }
     }
-    // A run prints its summary at the end; a cached result only says it is current.
-    let said = String::from_utf8_lossy(&out.stderr);
-    eprintln!(
-        "md_reverse: {:.1} s ({}):\n{}\n{}",
-        start.elapsed().as_secs_f64(),
-        out_dir.display(),
-        said.trim_end(),
-        if said.contains(summary.trim_end()) {
-            ""
-        } else {
-            summary.trim_end()
-        }
-    );
+    ferroraid_tests::print_rig_summary("md_reverse", start, &out_dir, &out, &summary);
 }
 
 /// A `ferroraid serve` that is killed when dropped (test failure included).
