@@ -161,10 +161,17 @@ impl PplLog {
     /// `area_bytes`, for a record of `record_bytes` (md's multiple-PPL mode: records back
     /// to back, rewinding to the start when the next one does not fit, raid5-ppl.c
     /// `ppl_submit_iounit`).
+    ///
+    /// A record always leaves room for one more header after it: md's scan
+    /// (`ppl_load_distributed`) stops when the next header would not fit, and then — unlike
+    /// when it stops at an invalid or older header — keeps the advanced offset instead of
+    /// the newest record's, so it reads that record's partial parity from past its end,
+    /// finds a checksum mismatch and resyncs (seen in the kernel-md interop test: a
+    /// record ending exactly at the end of the area).
     pub fn place_record(&self, record_bytes: u64, area_bytes: u64) -> (u64, u64) {
         let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let mut off = self.next_offset.load(Ordering::Acquire);
-        if off + record_bytes > area_bytes {
+        if off + record_bytes + PPL_HEADER_SIZE as u64 > area_bytes {
             off = 0;
         }
         self.next_offset
@@ -488,5 +495,10 @@ mod tests {
         assert_eq!(log.place_record(4096 + 8192, 32768), (1, 0));
         assert_eq!(log.place_record(4096 + 8192, 32768), (2, 12288));
         assert_eq!(log.place_record(4096 + 8192, 32768), (3, 0));
+        // A record that would end at the area's end (no room for a header after it, where
+        // md's scan would misplace it) goes to the start instead.
+        let log = PplLog::default();
+        assert_eq!(log.place_record(4096 + 12288, 32768), (1, 0));
+        assert_eq!(log.place_record(4096 + 12288, 32768), (2, 0));
     }
 }

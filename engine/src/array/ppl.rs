@@ -86,8 +86,8 @@ impl<C: Channel> Array<C> {
     /// Attaches the array's Partial Parity Log (RAID5 only): from now on every write of a
     /// stripe whose parity member is in service is logged before it goes out (see the
     /// module docs). Every shard of the array attaches the same `shared`. Attach before
-    /// submitting requests; the area must hold a 4 KiB header plus the partial parity of
-    /// one chunk, and must have been recovered and re-initialised at this assembly (md
+    /// submitting requests; the area must hold two 4 KiB headers plus the partial parity
+    /// of one chunk, and must have been recovered and re-initialised at this assembly (md
     /// zeroes it and writes an empty header at every start, `ppl_load_distributed`): the
     /// records start again at generation 1 at the area's start, and a record of an earlier
     /// run lying past them would otherwise look newer to recovery.
@@ -107,11 +107,12 @@ impl<C: Channel> Array<C> {
         assert_eq!(shared.members(), self.slots(), "one log per member");
         let chunk = g.chunk_bytes() as usize;
         let space = PPL_SPACE_SIZE.max(chunk);
+        // A record and room for one more header after it (`crate::ppl::PplLog::place_record`).
         assert!(
-            shared.area_bytes >= (PPL_HEADER_SIZE + chunk) as u64,
+            shared.area_bytes >= (2 * PPL_HEADER_SIZE + chunk) as u64,
             "the PPL area cannot hold one chunk's partial parity"
         );
-        let space = space.min(shared.area_bytes as usize - PPL_HEADER_SIZE);
+        let space = space.min(shared.area_bytes as usize - 2 * PPL_HEADER_SIZE);
         let logs = (0..self.slots())
             .map(|_| ShardLog {
                 queue: VecDeque::with_capacity(self.sops.len()),
