@@ -10,7 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use engine::device::IoError;
 use engine::ppl::PplMedia;
@@ -84,9 +84,9 @@ impl PplFiles {
         self.first_error.as_deref()
     }
 
-    fn file(&mut self, member: u16) -> Result<(&Path, &File), IoError> {
+    fn file(&self, member: u16) -> Result<&File, IoError> {
         match self.files.get(usize::from(member)) {
-            Some(Some((p, f))) => Ok((p.as_path(), f)),
+            Some(Some((_, f))) => Ok(f),
             // A missing role: recovery never addresses one (the caller passes `present`).
             _ => Err(IoError::Io { errno: 6 }),
         }
@@ -108,7 +108,7 @@ impl PplFiles {
 
 impl PplMedia for PplFiles {
     fn read(&mut self, member: u16, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        let (_, f) = self.file(member)?;
+        let f = self.file(member)?;
         match f.read_exact_at(buf, offset) {
             Ok(()) => Ok(()),
             Err(e) => Err(self.note(member, "PPL recovery read", &e)),
@@ -116,7 +116,7 @@ impl PplMedia for PplFiles {
     }
 
     fn write(&mut self, member: u16, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        let (_, f) = self.file(member)?;
+        let f = self.file(member)?;
         match f.write_all_at(buf, offset) {
             Ok(()) => Ok(()),
             Err(e) => Err(self.note(member, "PPL recovery write", &e)),
@@ -124,7 +124,7 @@ impl PplMedia for PplFiles {
     }
 
     fn flush(&mut self, member: u16) -> Result<(), IoError> {
-        let (_, f) = self.file(member)?;
+        let f = self.file(member)?;
         match f.sync_data() {
             Ok(()) => Ok(()),
             Err(e) => Err(self.note(member, "PPL recovery sync", &e)),
