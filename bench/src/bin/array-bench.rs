@@ -47,8 +47,9 @@ enum DeviceKind {
 enum Policy {
     /// Nothing logged (the bitmap's cost is not measured here).
     Resync,
-    /// md's Partial Parity Log (RAID5): every stripe write logged on its parity member
-    /// first (`engine::ppl`).
+    /// The Partial Parity Log: every stripe write logged on its parity member first (md's
+    /// on RAID5; on RAID6 ferroraid's extension, logged on P's and Q's members;
+    /// `engine::ppl`).
     Ppl,
 }
 
@@ -157,7 +158,7 @@ struct Args {
     /// `rewrite`: the region each generator writes once and then rewrites, MiB.
     #[arg(long, default_value_t = 64)]
     rewrite_mib: u64,
-    /// Consistency policies to run (each row names its own); `ppl` runs RAID5 only.
+    /// Consistency policies to run (each row names its own).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "resync")]
     consistency: Vec<Policy>,
     /// Directory for `--device file` members (created and removed per measurement).
@@ -769,9 +770,6 @@ fn main() -> Result<()> {
             let geo = g.with_members(&vec![member; usize::from(n)], 0)?;
             for &w in &args.workload {
                 for &policy in &args.consistency {
-                    if policy == Policy::Ppl && lvl != Level::Raid5 {
-                        continue;
-                    }
                     // samples[rep][i]: repetition rep, reactor count args.reactors[i].
                     let mut samples: Vec<Vec<Sample>> = Vec::new();
                     for _ in 0..args.repeat {

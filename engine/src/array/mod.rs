@@ -767,8 +767,12 @@ struct Sop {
     /// writes, kept contiguous while a PPL is attached): what its PPL entries describe.
     ppl_lo: u64,
     ppl_hi: u64,
-    /// The PPL log whose record holds this write ([`ppl::NO_LOG`] when none).
-    ppl_log: u16,
+    /// The PPL logs (members) whose records hold or will hold this write, in the order
+    /// they are taken (ascending member index; [`ppl::NO_LOG`] for none): P's on RAID5,
+    /// P's and Q's on RAID6.
+    ppl_logs: [u16; 2],
+    /// How many of `ppl_logs`' records are durable.
+    ppl_durable: u8,
 }
 
 /// What a stripe operation counts in the [`StripeGate`].
@@ -1098,7 +1102,8 @@ impl<C: Channel> Array<C> {
                     pass_direct: vec![0; n],
                     ppl_lo: 0,
                     ppl_hi: 0,
-                    ppl_log: ppl::NO_LOG,
+                    ppl_logs: [ppl::NO_LOG; 2],
+                    ppl_durable: 0,
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),

@@ -1,13 +1,26 @@
-//! The Partial Parity Log's write side (RAID5): a stripe write whose parity is computed
-//! waits in [`Phase::PplWait`] until a record describing it is durable on the stripe's
-//! parity member, then issues its data and parity writes; the log's next record waits
+//! The Partial Parity Log's write side: a stripe write whose parity is computed waits in
+//! [`Phase::PplWait`] until a record describing it is durable on the stripe's parity
+//! member — on RAID6 on both parity members, P's log and Q's log (ferroraid's extension,
+//! docs/FORMAT.md) — then issues its data and parity writes; a log's next record waits
 //! until those writes are durable. The rules and the cross-shard turns are in
 //! [`crate::ppl`]; the record format is md's ([`crate::metadata::ppl`]).
 //!
 //! Partial parity is computed when the record is built, from what the write is about to
 //! write: over the rows of an entry whose modified data chunks are `D_k`,
 //! `PP = P_new ⊕ ⊕ D_k,new` — equal to the XOR of the chunks the write leaves alone (md's
-//! definition, raid5-ppl.rst), whichever way (RMW, RCW, degraded) P was computed.
+//! definition, raid5-ppl.rst), whichever way (RMW, RCW, degraded) P was computed; on
+//! RAID6 the Q log's record carries partial Q, `PQ = Q_new ⊕ Σ g^slot(k)·D_k,new`, the Q
+//! syndrome of the chunks left alone.
+//!
+//! # RAID6: two logs per write, taken in member order
+//! A RAID6 write joins the log of the lower-numbered of its stripe's two parity members
+//! first, and the other log only once the first record is durable: a shard holding a turn
+//! on log `a` waits only for logs `b > a`, so turns cannot wait on each other in a cycle
+//! (lock ordering). A write of a stripe is not queued for any log while an earlier write of
+//! the same stripe is in a record whose turn has not ended (`deferred`): then a write with
+//! member writes not yet durable is in the newest record of both its logs, and newest
+//! records that disagree about a stripe mean the stripe is consistent on stable media —
+//! what recovery relies on ([`crate::ppl::recover`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,7 +33,7 @@ use crate::device::{Channel, IoBuf, IoError, Op, Request};
 use crate::metadata::ppl::{
     pp_checksum, PplEntry, PplHeader, PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE, PPL_SPACE_SIZE,
 };
-use crate::parity::MAX_DATA_CHUNKS;
+use crate::parity::{Delta, MAX_DATA_CHUNKS};
 use crate::ppl::{entries_for_range, PplShared};
 use crate::qos::IoClass;
 use crate::stripe::WriteMode;
@@ -60,6 +73,8 @@ struct ShardLog {
     queue: VecDeque<u32>,
     /// The writes of the record in flight.
     record: Vec<u32>,
+    /// The stripes of the record, until its turn ends (the deferral rule above).
+    stripes: Vec<u64>,
     state: LogState,
     /// The record: header, then partial parity (`PPL_HEADER_SIZE + space` bytes).
     buf: AlignedBuf,
@@ -80,12 +95,18 @@ pub(super) struct PplShard {
     entries: Vec<PplEntry>,
     /// Partial parity bytes a record may carry.
     space: usize,
+    /// Writes waiting for an earlier write of their stripe to leave its records' turns
+    /// (the deferral rule in the module docs), in arrival order.
+    deferred: VecDeque<u32>,
+    /// One chunk of zeroes and one of scratch, for partial Q (RAID6 only; empty on RAID5).
+    zero: AlignedBuf,
+    scratch: AlignedBuf,
 }
 
 impl<C: Channel> Array<C> {
-    /// Attaches the array's Partial Parity Log (RAID5 only): from now on every write of a
-    /// stripe whose parity member is in service is logged before it goes out (see the
-    /// module docs). Every shard of the array attaches the same `shared`. Attach before
+    /// Attaches the array's Partial Parity Log (md's on RAID5, ferroraid's extension on
+    /// RAID6): from now on every write of a stripe is logged on each of its parity members
+    /// in service before it goes out (see the module docs). Every shard of the array attaches the same `shared`. Attach before
     /// submitting requests; the area must hold two 4 KiB headers plus the partial parity
     /// of one chunk, and must have been recovered and re-initialised at this assembly (md
     /// zeroes it and writes an empty header at every start, `ppl_load_distributed`): the
@@ -93,11 +114,10 @@ impl<C: Channel> Array<C> {
     /// run lying past them would otherwise look newer to recovery.
     ///
     /// # Panics
-    /// If the array is not RAID5, a log or bitmap is already attached, requests are in
-    /// flight, or the area is too small — programmer errors (assembly checks all of it).
+    /// If a log or bitmap is already attached, requests are in flight, or the area is too
+    /// small — programmer errors (assembly checks all of it).
     pub fn attach_ppl(&mut self, shared: Arc<PplShared>) {
         let g = *self.geo.geometry();
-        assert_eq!(g.parity_chunks(), 1, "md's PPL is RAID5 only");
         assert!(self.ppl.is_none(), "a PPL is already attached");
         assert!(
             self.intent.is_none(),
@@ -117,6 +137,7 @@ impl<C: Channel> Array<C> {
             .map(|_| ShardLog {
                 queue: VecDeque::with_capacity(self.sops.len()),
                 record: Vec::with_capacity(self.sops.len()),
+                stripes: Vec::with_capacity(self.sops.len()),
                 state: LogState::Idle,
                 buf: AlignedBuf::zeroed(PPL_HEADER_SIZE + space),
                 written: 0,
@@ -124,11 +145,15 @@ impl<C: Channel> Array<C> {
                 issued_ns: 0,
             })
             .collect();
+        let q_bytes = if g.parity_chunks() == 2 { chunk } else { 0 };
         self.ppl = Some(PplShard {
             shared,
             logs,
             entries: Vec::with_capacity(PPL_HDR_MAX_ENTRIES),
             space,
+            deferred: VecDeque::with_capacity(self.sops.len()),
+            zero: AlignedBuf::zeroed(q_bytes),
+            scratch: AlignedBuf::zeroed(q_bytes),
         });
     }
 
@@ -147,23 +172,50 @@ impl<C: Channel> Array<C> {
 
     /// Called where write operation `s` would issue its member writes (parity computed,
     /// or a whole stripe to zero natively; `kind` says which path issues them): with a PPL
-    /// and the stripe's parity member in service, queues it for its log and returns
-    /// `true` (it then waits in [`Phase::PplWait`]).
+    /// and a parity member of the stripe in service, queues it for its first log (or
+    /// defers it, see the module docs) and returns `true` (it then waits in
+    /// [`Phase::PplWait`]).
     pub(super) fn ppl_gate(&mut self, s: u32, kind: Logged, mode: WriteMode) -> bool {
-        let Some(p) = &mut self.ppl else {
+        if self.ppl.is_none() {
             return false;
-        };
+        }
         let st = self.geo.stripe(self.sops[s as usize].stripe);
-        let pm = st.p_member();
-        if self.members[usize::from(pm)].state.is_failed() {
-            // No parity to protect (md logs only when the parity device is in sync).
+        // md logs only while the parity device is in sync; RAID6 logs on each parity
+        // member in service, lower member first.
+        let mut logs = [NO_LOG; 2];
+        let mut n = 0;
+        for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
+            if !self.members[usize::from(m)].state.is_failed() {
+                logs[n] = m;
+                n += 1;
+            }
+        }
+        if n == 0 {
             return false;
+        }
+        if n == 2 && logs[1] < logs[0] {
+            logs.swap(0, 1);
         }
         let sop = &mut self.sops[s as usize];
         sop.phase = Phase::PplWait(kind);
         sop.mode = mode;
-        p.logs[usize::from(pm)].queue.push_back(s);
+        sop.ppl_logs = logs;
+        sop.ppl_durable = 0;
+        self.ppl_enqueue(s);
         true
+    }
+
+    /// Queues gated write `s` for its first log, or defers it while an earlier write of
+    /// its stripe is in a record whose turn has not ended.
+    fn ppl_enqueue(&mut self, s: u32) {
+        let sop = &self.sops[s as usize];
+        let (stripe, first) = (sop.stripe, sop.ppl_logs[0]);
+        let p = self.ppl.as_mut().expect("attached");
+        if p.logs.iter().any(|l| l.stripes.contains(&stripe)) {
+            p.deferred.push_back(s);
+        } else {
+            p.logs[usize::from(first)].queue.push_back(s);
+        }
     }
 
     /// The logs' turn in the loop: take tickets, write records whose turn came.
@@ -198,9 +250,9 @@ impl<C: Channel> Array<C> {
     /// Whether a log holds or waits for a turn (its record, its writes or its flushes in
     /// flight): the shard is not idle.
     pub(super) fn ppl_busy(&self) -> bool {
-        self.ppl
-            .as_ref()
-            .is_some_and(|p| p.logs.iter().any(|l| l.state != LogState::Idle))
+        self.ppl.as_ref().is_some_and(|p| {
+            !p.deferred.is_empty() || p.logs.iter().any(|l| l.state != LogState::Idle)
+        })
     }
 
     /// Whether some log waits for its turn (the executor must keep polling).
@@ -223,6 +275,7 @@ impl<C: Channel> Array<C> {
         let mut pp_len = 0usize;
         let log = &mut p.logs[l];
         log.record.clear();
+        debug_assert!(log.stripes.is_empty(), "a turn's stripes outlived it");
         log.written = 0;
         while let Some(&s) = log.queue.front() {
             let sop = &self.sops[s as usize];
@@ -236,9 +289,11 @@ impl<C: Channel> Array<C> {
             }
             log.queue.pop_front();
             log.record.push(s);
+            log.stripes.push(sop.stripe);
             let st = self.geo.stripe(sop.stripe);
-            let pm = usize::from(st.p_member());
-            debug_assert_eq!(pm, l);
+            // This log is the stripe's P member's, or (RAID6) its Q member's.
+            let q_log = usize::from(st.p_member()) != l;
+            debug_assert!(!q_log || st.q_member() == Some(l as u16));
             for r in &rects {
                 let pp = r.pp_bytes(nd) as usize;
                 let first = (sop.stripe * u64::from(nd) + u64::from(r.first_chunk)) * c
@@ -246,7 +301,12 @@ impl<C: Channel> Array<C> {
                 let mut checksum = 0;
                 if pp > 0 {
                     let dst = &mut log.buf[PPL_HEADER_SIZE + pp_len..PPL_HEADER_SIZE + pp_len + pp];
-                    self.partial_parity(s, r.row_start, r.first_chunk, r.chunks, dst);
+                    if q_log {
+                        let (zero, scratch) = (&p.zero, &mut p.scratch);
+                        self.partial_q(s, r.row_start, r.first_chunk, r.chunks, dst, zero, scratch);
+                    } else {
+                        self.partial_parity(s, r.row_start, r.first_chunk, r.chunks, dst);
+                    }
                     checksum = pp_checksum(dst);
                 }
                 pp_len += pp;
@@ -258,14 +318,16 @@ impl<C: Channel> Array<C> {
                     checksum,
                 });
             }
-            // The members the writes reach: the modified chunks' and P (flushed before the
-            // turn passes on, when they have a volatile cache).
+            // The members the writes reach: the modified chunks', P and Q (flushed before
+            // the turn passes on, when they have a volatile cache).
             for r in &rects {
                 for k in r.first_chunk..r.first_chunk + r.chunks {
                     log.written |= 1 << st.data_member(k);
                 }
             }
-            log.written |= 1 << pm;
+            for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
+                log.written |= 1 << m;
+            }
         }
         let record_bytes = (PPL_HEADER_SIZE + pp_len) as u64;
         let (generation, off) = p
@@ -331,20 +393,27 @@ impl<C: Channel> Array<C> {
         self.send(member, IoClass::Flush, req);
     }
 
-    /// Partial parity of write `s` over `row_start..row_start + dst.len()` (chunk bytes)
-    /// for modified chunks `first..first + n`: `P_new ⊕ ⊕ D_k,new`, into `dst`.
-    fn partial_parity(&self, s: u32, row_start: u32, first: u16, n: u16, dst: &mut [u8]) {
-        let g = *self.geo.geometry();
-        let c = u64::from(g.chunk_bytes());
+    /// The new contents of write `s` over `row_start..row_start + len` (chunk bytes):
+    /// the address of parity member `parity`'s rows (its new P or Q) and, for modified
+    /// chunks `first..first + n`, each one's Q slot and the address of its new rows.
+    fn new_rows(
+        &self,
+        s: u32,
+        row_start: u32,
+        first: u16,
+        n: u16,
+        parity: u16,
+        len: usize,
+    ) -> (*const u8, ArrayVec<(u8, *const u8), MAX_DATA_CHUNKS>) {
+        let c = u64::from(self.geo.geometry().chunk_bytes());
         let sop = &self.sops[s as usize];
         let st = self.geo.stripe(sop.stripe);
-        let pm = usize::from(st.p_member());
-        let len = dst.len();
-        let pass = sop.phase == Phase::PplWait(Logged::Pass);
-        let mut srcs: ArrayVec<*const u8, { MAX_DATA_CHUNKS + 1 }> = ArrayVec::new();
-        if pass {
+        let mut data = ArrayVec::new();
+        if sop.phase == Phase::PplWait(Logged::Pass) {
             let ent = self.cache.entry(sop.pass_entry);
-            srcs.push(ent.bufs[pm].as_ptr().wrapping_add(row_start as usize));
+            let par = ent.bufs[usize::from(parity)]
+                .as_ptr()
+                .wrapping_add(row_start as usize);
             for k in first..first + n {
                 let m = usize::from(st.data_member(k));
                 let direct = sop.pass_direct[m];
@@ -353,33 +422,82 @@ impl<C: Channel> Array<C> {
                 } else {
                     ent.bufs[m].as_ptr()
                 };
-                srcs.push(base.wrapping_add(row_start as usize));
+                data.push((st.q_slot(k) as u8, base.wrapping_add(row_start as usize)));
             }
+            (par, data)
         } else {
             let r = sop.range;
             debug_assert!(r.start <= row_start && row_start as usize + len <= r.end as usize);
-            srcs.push(
-                sop.bufs[pm]
-                    .as_ptr()
-                    .wrapping_add((row_start - r.start) as usize),
-            );
+            let par = sop.bufs[usize::from(parity)]
+                .as_ptr()
+                .wrapping_add((row_start - r.start) as usize);
             for k in first..first + n {
-                srcs.push(self.client_ptr(s, u64::from(k) * c + u64::from(row_start)));
+                let ptr = self.client_ptr(s, u64::from(k) * c + u64::from(row_start));
+                data.push((st.q_slot(k) as u8, ptr.cast_const()));
             }
+            (par, data)
         }
+    }
+
+    /// Partial parity of write `s` over `row_start..row_start + dst.len()` (chunk bytes)
+    /// for modified chunks `first..first + n`: `P_new ⊕ ⊕ D_k,new`, into `dst`.
+    fn partial_parity(&self, s: u32, row_start: u32, first: u16, n: u16, dst: &mut [u8]) {
+        let len = dst.len();
+        let pm = self.geo.stripe(self.sops[s as usize].stripe).p_member();
+        let (par, mods) = self.new_rows(s, row_start, first, n, pm, len);
         let mut data: ArrayVec<&[u8], { MAX_DATA_CHUNKS + 1 }> = ArrayVec::new();
-        for &ptr in &srcs {
-            // SAFETY: each pointer addresses `len` bytes of the rows being logged: the new
-            // P in the pass's pinned cache entry or the operation's P buffer (the parity
-            // range starts at buffer byte 0), and the new data of a modified chunk — the
-            // entry's chunk buffer, or the caller's buffer whose written range covers
-            // these rows (entries only name rows a chunk is modified in). None of them is
-            // `dst` (the log's record buffer).
+        for ptr in std::iter::once(par).chain(mods.iter().map(|&(_, p)| p)) {
+            // SAFETY: each pointer addresses `len` bytes of the rows being logged
+            // (`new_rows`): the new P in the pass's pinned cache entry or the operation's P
+            // buffer (the parity range starts at buffer byte 0), and the new data of a
+            // modified chunk — the entry's chunk buffer, or the caller's buffer whose
+            // written range covers these rows (entries only name rows a chunk is modified
+            // in). None of them is `dst` (the log's record buffer).
             data.push(unsafe { std::slice::from_raw_parts(ptr, len) });
         }
         // Cached stores: the checksum reads the partial parity next, then the record
         // write (streaming stores would send it to memory and make both read it back).
         self.parity.streaming(false).gen_p(&data, dst);
+    }
+
+    /// Partial Q of RAID6 write `s` over `row_start..row_start + dst.len()` (chunk bytes)
+    /// for modified chunks `first..first + n`: `Q_new ⊕ Σ g^slot(k)·D_k,new`, into `dst`
+    /// — the Q syndrome of the chunks the write leaves alone. `zero` (chunk bytes of
+    /// zeroes) and `scratch` (chunk bytes, clobbered) are the shard's.
+    #[allow(clippy::too_many_arguments)]
+    fn partial_q(
+        &self,
+        s: u32,
+        row_start: u32,
+        first: u16,
+        n: u16,
+        dst: &mut [u8],
+        zero: &[u8],
+        scratch: &mut [u8],
+    ) {
+        let len = dst.len();
+        let qm = self
+            .geo
+            .stripe(self.sops[s as usize].stripe)
+            .q_member()
+            .expect("partial Q is RAID6's");
+        let (par, mods) = self.new_rows(s, row_start, first, n, qm, len);
+        // SAFETY: as in `partial_parity`: `len` bytes of the new Q rows, not `dst`.
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(par, len) });
+        let mut deltas: ArrayVec<Delta<'_>, MAX_DATA_CHUNKS> = ArrayVec::new();
+        for &(slot, ptr) in &mods {
+            deltas.push(Delta {
+                slot,
+                // SAFETY: as in `partial_parity`: `len` bytes of a modified chunk's new
+                // rows, none of them `dst`, `zero` or `scratch` (the shard's own).
+                old: unsafe { std::slice::from_raw_parts(ptr, len) },
+                new: &zero[..len],
+            });
+        }
+        // Q ⊕= Σ g^slot·(D_new ⊕ 0); the P half of the update lands in the scratch.
+        self.parity
+            .streaming(false)
+            .update_pq(&deltas, &mut scratch[..len], dst);
     }
 
     /// A record write or flush of log `l` to `member` is back.
@@ -405,8 +523,19 @@ impl<C: Channel> Array<C> {
                 let n = record.len() as u32;
                 p.logs[l].state = LogState::Draining { ticket, left: n };
                 for &s in &record {
-                    self.sops[s as usize].ppl_log = l as u16;
-                    self.issue_logged(s);
+                    let sop = &mut self.sops[s as usize];
+                    sop.ppl_durable += 1;
+                    let next = sop.ppl_logs[usize::from(sop.ppl_durable)..]
+                        .first()
+                        .copied()
+                        .filter(|&n| n != NO_LOG);
+                    match next {
+                        // RAID6: on to the higher member's log (the module docs).
+                        Some(n) => self.ppl.as_mut().expect("attached").logs[usize::from(n)]
+                            .queue
+                            .push_back(s),
+                        None => self.issue_logged(s),
+                    }
                 }
                 self.ppl.as_mut().expect("attached").logs[l].record = record;
             }
@@ -432,14 +561,18 @@ impl<C: Channel> Array<C> {
         }
     }
 
-    /// Logged operation `s`'s writes are back (whatever their status): when it was the
-    /// record's last, flush the members they reached, then pass the turn on.
+    /// Logged operation `s`'s writes are back (whatever their status): counts them in the
+    /// drain of each record holding it; when one was its record's last, flush the members
+    /// the record's writes reached, then pass that log's turn on.
     pub(super) fn ppl_write_done(&mut self, s: u32) {
-        let l = std::mem::replace(&mut self.sops[s as usize].ppl_log, NO_LOG);
-        if l == NO_LOG {
-            return;
+        let logs = std::mem::replace(&mut self.sops[s as usize].ppl_logs, [NO_LOG; 2]);
+        for l in logs.into_iter().filter(|&l| l != NO_LOG) {
+            self.ppl_drained(usize::from(l));
         }
-        let l = usize::from(l);
+    }
+
+    /// One write of log `l`'s record is back.
+    fn ppl_drained(&mut self, l: usize) {
         let p = self.ppl.as_mut().expect("attached");
         let LogState::Draining { ticket, left } = p.logs[l].state else {
             unreachable!("a logged write finished outside its record's drain");
@@ -521,7 +654,19 @@ impl<C: Channel> Array<C> {
         let p = self.ppl.as_mut().expect("attached");
         p.logs[l].state = LogState::Idle;
         p.logs[l].record.clear();
+        p.logs[l].stripes.clear();
         p.shared.log(l).pass_turn(ticket);
+        // Writes deferred behind this turn's stripes may queue now.
+        for _ in 0..p.deferred.len() {
+            let s = self
+                .ppl
+                .as_mut()
+                .expect("attached")
+                .deferred
+                .pop_front()
+                .expect("counted");
+            self.ppl_enqueue(s);
+        }
     }
 }
 
@@ -529,5 +674,5 @@ impl<C: Channel> Array<C> {
 /// to do, ns (the executor's deadline; 20 µs: a fraction of a record write).
 pub(super) const TURN_POLL_NS: u64 = 20_000;
 
-/// `Sop::ppl_log` of an operation not in a record.
+/// `Sop::ppl_logs` entry naming no log.
 pub(super) const NO_LOG: u16 = u16::MAX;
