@@ -21,11 +21,11 @@
 //! with the same members missing equals what the engine read back (so the corruption
 //! counted is the member images' own, not a degraded-read bug).
 //!
-//! [`Policy::Bitmap`] is today's engine and the negative control: over the seeds the test
-//! must find corrupted untouched blocks, proving the check can fail; it prints how many,
-//! per level and shard count. When md's Partial Parity Log lands (issue 19), a `Ppl`
-//! variant runs the same seeds with PPL on and must find zero (see [`start`], the one
-//! place the policy is attached).
+//! [`Policy::Bitmap`] is the negative control: over the seeds the test must find corrupted
+//! untouched blocks, proving the check can fail; it prints how many, per level and shard
+//! count. [`Policy::Ppl`] runs the same seeds with the Partial Parity Log on — md's on
+//! RAID5, ferroraid's two-log extension on RAID6 (docs/FORMAT.md) — and must find zero
+//! (see [`start`], the one place the policy is attached).
 //!
 //! `FERRORAID_WRITE_HOLE_OPS` sets the requests per run (default 600); `FERRORAID_SEED=N`
 //! runs only the configuration with seed N (printed on any failure).
@@ -53,10 +53,11 @@ enum Policy {
     /// consistent — which needs every member, so a member missing at the restart leaves
     /// the write hole open.
     Bitmap,
-    /// md's Partial Parity Log (RAID5): every write logged on its stripe's parity member
-    /// before it goes out; after a crash the newest record of every present member's log
-    /// makes the parity of the stripes it describes consistent with their current data —
-    /// with a member missing too, unless that member held modified data.
+    /// The Partial Parity Log: every write logged on its stripe's parity member (RAID6:
+    /// on both, partial P and partial Q) before it goes out; after a crash the newest
+    /// record of every present member's log makes the stripes it describes consistent
+    /// with their current data, rebuilding from the partial parity what a missing member
+    /// held outside the write.
     Ppl,
 }
 
@@ -289,11 +290,7 @@ fn oracle_extract(oracle: &Oracle, w: &CrashWorld, missing: &[u16], ctx: &str) -
 /// Runs every case under `policy` on two threads; prints the counts per level and shard
 /// count and returns each run's (level, shards, counts).
 fn run_all(policy: Policy, oracle: Option<&Oracle>) -> Vec<(Level, usize, Count)> {
-    let mut all = crash_cases(FIRST_SEED, SEEDS_PER_CONFIG, ops());
-    if policy == Policy::Ppl {
-        // md's PPL is RAID5 only; ferroraid's RAID6 extension is not built yet.
-        all.retain(|c| c.level == Level::Raid5);
-    }
+    let all = crash_cases(FIRST_SEED, SEEDS_PER_CONFIG, ops());
     let runs = Mutex::new(Vec::new());
     each_case(all, |c| {
         let n = run(c, policy, oracle);
@@ -356,9 +353,10 @@ fn without_ppl_a_dirty_degraded_restart_corrupts_untouched_blocks_ppl_must_give_
     }
 }
 
-/// The write hole closed: the same seeds (RAID5) with md's Partial Parity Log — every
-/// write logged on its stripe's parity member first, the newest records replayed at the
-/// restart with the missing member absent — read back every untouched block exactly.
+/// The write hole closed: the same seeds with the Partial Parity Log (md's on RAID5,
+/// ferroraid's two-log extension on RAID6) — every write logged on its stripe's parity
+/// member(s) first, the newest records replayed at the restart with the missing member
+/// (RAID6: one or two) absent — read back every untouched block exactly.
 #[test]
 fn with_ppl_a_dirty_degraded_restart_reads_back_every_untouched_block() {
     let oracle = Oracle::locate_or_skip(

@@ -14,9 +14,10 @@
 //!
 //! # RAID6: two logs per write, taken in member order
 //! A RAID6 write joins the log of the lower-numbered of its stripe's two parity members
-//! first, and the other log only once the first record is durable: a shard holding a turn
-//! on log `a` waits only for logs `b > a`, so turns cannot wait on each other in a cycle
-//! (lock ordering). A write of a stripe is not queued for any log while an earlier write of
+//! first, and the other log only once it is in a record of the first (that turn held):
+//! a shard holding a turn on log `a` waits only for logs `b > a`, so turns cannot wait on
+//! each other in a cycle (lock ordering). Its two records may be in flight together; its
+//! member writes go out once both are durable. A write of a stripe is not queued for any log while an earlier write of
 //! the same stripe is in a record whose turn has not ended (`deferred`): then a write with
 //! member writes not yet durable is in the newest record of both its logs, and newest
 //! records that disagree about a stripe mean the stripe is consistent on stable media —
@@ -329,6 +330,16 @@ impl<C: Channel> Array<C> {
                 log.written |= 1 << m;
             }
         }
+        // RAID6: the record's writes whose other log is a higher member's join that log
+        // now — holding this turn, a write may wait for a higher log's (the module docs)
+        // — so both records can be in flight at once.
+        for i in 0..p.logs[l].record.len() {
+            let s = p.logs[l].record[i];
+            let [first, second] = self.sops[s as usize].ppl_logs;
+            if usize::from(first) == l && second != NO_LOG {
+                p.logs[usize::from(second)].queue.push_back(s);
+            }
+        }
         let record_bytes = (PPL_HEADER_SIZE + pp_len) as u64;
         let (generation, off) = p
             .shared
@@ -525,16 +536,10 @@ impl<C: Channel> Array<C> {
                 for &s in &record {
                     let sop = &mut self.sops[s as usize];
                     sop.ppl_durable += 1;
-                    let next = sop.ppl_logs[usize::from(sop.ppl_durable)..]
-                        .first()
-                        .copied()
-                        .filter(|&n| n != NO_LOG);
-                    match next {
-                        // RAID6: on to the higher member's log (the module docs).
-                        Some(n) => self.ppl.as_mut().expect("attached").logs[usize::from(n)]
-                            .queue
-                            .push_back(s),
-                        None => self.issue_logged(s),
+                    let logs = sop.ppl_logs.iter().filter(|&&n| n != NO_LOG).count();
+                    // Out only once every record holding it is durable (RAID6: both).
+                    if usize::from(sop.ppl_durable) == logs {
+                        self.issue_logged(s);
                     }
                 }
                 self.ppl.as_mut().expect("attached").logs[l].record = record;
