@@ -628,6 +628,45 @@ fn raid6_bad_partial_parity_checksum_is_a_mismatch_and_the_partner_partial_still
     }
 }
 
+/// The partner member is present but its log has no valid record (a mismatch): the entry
+/// cannot be known settled, and is recovered from its own partial parity alone.
+#[test]
+fn raid6_partner_log_without_a_valid_record_is_recovered_from_this_log_alone() {
+    let w = World::new(Layout::LeftSymmetric, 6, 21);
+    let s = 4;
+    let st = w.geo.stripe(s);
+    let old = AlignedBuf::from_slice(w.stripe_data(s));
+    let (lo, hi) = (CHUNK + 1024, 3 * CHUNK);
+    let new = written(&old, lo, hi, 21);
+    let [prec, _] = log_write(&w, s, lo, hi, &old);
+    put_record(&w, st.p_member(), 1, 0, &prec);
+    // The Q member's header at the area start fails its checksum.
+    w.devs[usize::from(st.q_member().unwrap())].poke(AREA_OFFSET + 600, &[0xee]);
+    let torn = State::Torn(0x77);
+    w.put_mixed(s, &old, &new, |k, b| torn.old(k, b), |_, _| true);
+    let snapshot = contents(&w);
+    let mut present = vec![true; 6];
+    // Unmodified data chunk 0: rebuilt from the partial P.
+    present[usize::from(st.data_member(0))] = false;
+    w.drop_members(&present);
+    let rep = w.recover(&present);
+    let ctx = format!("{rep:?}");
+    assert_eq!(rep.mismatches, 1, "{ctx}");
+    assert_eq!((rep.entries_settled, rep.entries_paired), (0, 0), "{ctx}");
+    assert_eq!(rep.entries, 2, "{ctx}");
+    check(
+        &w,
+        &present,
+        s,
+        (lo, hi),
+        &old,
+        &new,
+        Modified::Unknown,
+        &snapshot,
+        &ctx,
+    );
+}
+
 /// The spec's settled case: the lower-numbered parity member's log holds a later write W
 /// that was never issued (its record in the higher member's log was not written), the
 /// higher member's newest record an older, durable write W0 of the same stripe.
