@@ -32,6 +32,11 @@
 //! modifies, in every row, a consecutive run of chunks ([`entries_for_range`]): at most
 //! three runs of rows with different chunk sets. Rows whose every data chunk is modified
 //! are logged as md logs a full-stripe write: `pp_size` 0, parity recomputed from all data.
+//!
+//! # RAID6
+//! ferroraid's RAID6 extension (docs/FORMAT.md) logs each write in the logs of both of the
+//! stripe's parity members, with partial P and partial Q; [`recover`] pairs the two and
+//! rebuilds from them (module `raid6`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,6 +49,12 @@ use crate::metadata::ppl::{
     plan_recovery, scan_area_with, PplHeader, PPL_HEADER_SECTORS, PPL_HEADER_SIZE,
 };
 use crate::metadata::Uuid;
+
+mod raid6;
+#[cfg(test)]
+mod raid6_tests;
+
+pub use raid6::{decode_entry, Raid6Entry, Raid6EntryError};
 
 /// One entry of a record, in engine units (converted to md's `struct ppl_header_entry`
 /// when the record is encoded).
@@ -251,15 +262,36 @@ pub struct RecoveryReport {
     pub entries: u32,
     /// md's `mismatch_count`: logs without a valid header at the area start, entries whose
     /// partial parity fails its checksum, entries the geometry refuses. Any makes the array
-    /// stay dirty (a resync, where possible) instead of clean.
+    /// stay dirty (a resync, where possible) instead of clean. RAID6 also counts the
+    /// entries [`decode_entry`] or the log-member check refuses ([`Raid6EntryError`]), and
+    /// one per entry (or pair) whose rows have more than two erasures
+    /// (`rows_unrecoverable`).
     pub mismatches: u32,
-    /// Rows whose parity was recomputed.
+    /// Rows whose parity was recomputed (RAID6: P and Q, written to whichever of them is
+    /// present; a pair of entries counts its rows once). Rows are md's recovery blocks:
+    /// 4096 bytes of each chunk when the entry is 4 KiB aligned, else 512.
     pub rows_repaired: u64,
-    /// Rows left alone because a modified data chunk's member is missing: the written
-    /// region there is as md leaves it (old, new or torn), the rest of the stripe safe.
+    /// Rows whose written region could not be known because a modified data chunk's member
+    /// is missing. RAID5 (md): left alone, the written region there is as md leaves it
+    /// (old, new or torn), the rest of the stripe safe. RAID6: the missing modified block
+    /// is given the value the on-disk P/Q imply (old, new or torn) and the row is then
+    /// repaired (counted in `rows_repaired` too): every unmodified block is safe.
     pub rows_skipped: u64,
     /// Stripes with skipped rows.
     pub stripes_skipped: u64,
+    /// RAID6 only (ferroraid RAID6 extension, docs/FORMAT.md): entries whose partner log
+    /// (the stripe's other parity member, present, with a valid record) does not hold the
+    /// same entry in its newest record — the write was never issued or is durable, the rows
+    /// are consistent on media and are left alone. Counted per entry, in either log.
+    pub entries_settled: u32,
+    /// RAID6 only: entries recovered jointly with their partner (both counted, whether or
+    /// not their partial parity verified); the others among `entries` were recovered alone
+    /// (their partner's member missing or its log unreadable).
+    pub entries_paired: u32,
+    /// RAID6 only: rows left alone because more chunks were erased than P and Q can solve
+    /// (missing members plus unknown partial parity: more than two). Each entry (or pair)
+    /// with such rows counts one mismatch.
+    pub rows_unrecoverable: u64,
 }
 
 impl RecoveryReport {
@@ -285,13 +317,26 @@ pub enum RecoverError {
     },
 }
 
-/// Recovery at assembly after an unclean shutdown, as md's `ppl_load` → `ppl_recover`:
-/// for every present member (`present[m]`), the newest record of its log is read and each
-/// entry whose partial parity verifies has, row by row, its parity rewritten as
-/// `PP ⊕ the current data of the modified chunks` — right whether each modified block holds
-/// old, new or torn data — except rows whose modified chunk lies on a missing member
-/// (skipped, counted). Every written member is flushed. Run it before the array serves
-/// anything, then [`reinit_areas`].
+/// Recovery at assembly after an unclean shutdown. Run it before the array serves
+/// anything, then [`reinit_areas`]. `present[m]`: whether member (role) `m` can be read
+/// and written; offsets in `layout` are bytes.
+///
+/// - **RAID5** (md's `ppl_load` → `ppl_recover` → `ppl_recover_entry`, through
+///   [`plan_recovery`]): for every present member, the newest record of its log is read and
+///   each entry whose partial parity verifies has, row by row, its parity rewritten as
+///   `PP ⊕ the current data of the modified chunks` — right whether each modified block
+///   holds old, new or torn data — except rows whose modified chunk lies on a missing
+///   member (skipped, counted).
+/// - **RAID6** (ferroraid RAID6 extension, docs/FORMAT.md; `geo` with two parity chunks):
+///   each entry is paired with the same entry in the newest record of its stripe's other
+///   parity member's log; settled (partner log present without it: nothing to do), joint
+///   (both partial parities) or single (partner member missing) recovery rebuilds missing
+///   unmodified blocks from the partial parity, solves missing modified blocks from the
+///   on-disk P and Q, and writes P and Q of the whole row to the present parity members
+///   (module `raid6`). Entries the writer never produces ([`Raid6EntryError`]) and
+///   rows with more than two erasures are left alone and counted as mismatches.
+///
+/// Every written member is flushed. Never panics on what it reads.
 ///
 /// # Errors
 /// [`RecoverError::Io`] on the first member I/O error.
@@ -302,6 +347,10 @@ pub fn recover(
     present: &[bool],
     media: &mut impl PplMedia,
 ) -> Result<RecoveryReport, RecoverError> {
+    if geo.geometry().parity_chunks() == 2 {
+        return raid6::recover(geo, layout, uuid, present, media);
+    }
+    // RAID5: md's `ppl_recover`.
     let mut rep = RecoveryReport::default();
     let io = |member: u16| move |error: IoError| RecoverError::Io { member, error };
     let sectors = layout.area_bytes / 512;
