@@ -1967,3 +1967,39 @@ fn policy_switch_refusals_name_the_reason() {
     let out = switch(&with_spare, ConsistencyPolicy::Resync).unwrap();
     assert_eq!(out[4].feature_map, 0);
 }
+
+/// Assembly accepts a RAID6 PPL array as a RAID5 one: the area is attached
+/// (`Assembly::ppl`), and dirty with up to two members missing it starts without force
+/// (md's dirty-degraded rule for a PPL array, generalised: the recovery at assembly makes
+/// every logged stripe consistent first); three missing is too few members either way.
+#[test]
+fn raid6_ppl_dirty_degraded_assembles_without_force() {
+    let mut sbs = raid6_ppl_sbs();
+    let area = sbs[0].ppl_area().unwrap();
+    let a = assemble(&cands(&sbs), AssembleOptions::default()).unwrap();
+    assert_eq!(a.ppl, area);
+    assert!(!a.resync_needed);
+    for sb in &mut sbs {
+        sb.resync_offset = 0;
+    }
+    for missing in [1, 2] {
+        let a = assemble(&cands(&sbs[missing..]), AssembleOptions::default()).unwrap();
+        assert!(a.degraded && a.resync_needed);
+        assert_eq!(a.ppl, area);
+        assert!(a.forced.is_empty(), "{:?}", a.forced);
+        assert_eq!(a.missing_roles.len(), missing);
+        assert!(
+            a.notes()
+                .iter()
+                .any(|n| n.contains("the Partial Parity Log is recovered before the first")),
+            "{:?}",
+            a.notes()
+        );
+    }
+    assert!(assemble(&cands(&sbs[3..]), AssembleOptions::default()).is_err());
+    // The same array without the ferroraid bit is md's refusal, not a PPL array.
+    for sb in &mut sbs {
+        sb.feature_map &= !Feature::Raid6Ppl.bit();
+    }
+    assert!(assemble(&cands(&sbs[1..]), AssembleOptions::default()).is_err());
+}
