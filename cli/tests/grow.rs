@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use common::{
@@ -35,12 +35,12 @@ fn ok(out: &Output) -> String {
     stdout
 }
 
-fn superblock(f: &PathBuf) -> Superblock {
+fn superblock(f: &Path) -> Superblock {
     Superblock::decode(&read_superblock_area(f).unwrap()).unwrap()
 }
 
 /// `ferroraid examine FILE`: text and `key : value` lines.
-fn examine(f: &PathBuf) -> (String, std::collections::HashMap<String, String>) {
+fn examine(f: &Path) -> (String, std::collections::HashMap<String, String>) {
     let out = ferroraid(&["examine", f.to_str().unwrap()]);
     let text = ok(&out);
     let kv = key_values(&text);
