@@ -18,11 +18,13 @@
 //! `MaxSector`); nothing needs a resync here, and clear bits say so.
 //!
 //! **Consistency policy** (`--consistency-policy resync|bitmap|ppl`, mdadm's option):
-//! `resync` is no bitmap, `bitmap` the internal bitmap, `ppl` md's Partial Parity Log
-//! (RAID5 only; `engine::metadata::ConsistencyPolicy`, `NewArray::policy`). A PPL array's
-//! members get mdadm's 1 MiB area at superblock + 4 KiB and mdadm's larger data offset;
-//! the area is written (zeroes and the empty header, `write_init_ppl1`) before the
-//! superblock that announces it.
+//! `resync` is no bitmap, `bitmap` the internal bitmap, `ppl` md's Partial Parity Log on
+//! RAID5 and ferroraid's RAID6 extension of it on RAID6 (`engine::metadata::ConsistencyPolicy`,
+//! `NewArray::policy`; kernel md cannot assemble a RAID6 PPL array: `crate::grow` switches
+//! it to `resync`). A PPL array's members get mdadm's 1 MiB area at superblock + 4 KiB and
+//! mdadm's larger data offset (on RAID6 also `FERRORAID_FEATURE_RAID6_PPL`); the area is
+//! written (zeroes and the empty header, `write_init_ppl1`) before the superblock that
+//! announces it.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -147,24 +149,56 @@ fn zero_range(f: &File, block: bool, offset: u64, len: u64) -> std::io::Result<(
     Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
 }
 
+/// Refuses a PPL over members reached through their back end (NVMe generic devices,
+/// vfio): their PPL I/O is not there yet (`drivers::metadata_io::write_init_ppl`).
+///
+/// # Errors
+/// The first such device, named.
+pub(crate) fn refuse_back_end_for_ppl(devices: &[PathBuf]) -> Result<()> {
+    if let Some(p) = devices.iter().find(|p| metadata_io::uses_back_end(p)) {
+        bail!(
+            "{}: PPL arrays over members reached through their back end (NVMe generic \
+             devices, vfio) are not supported yet",
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses the same device twice (also through a symlink or another path): it would be
+/// two roles on one device.
+///
+/// # Errors
+/// The two paths of the first device given twice.
+pub(crate) fn check_distinct(devices: &[PathBuf]) -> Result<()> {
+    let canon: Vec<PathBuf> = devices
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    for (i, a) in canon.iter().enumerate() {
+        if let Some(j) = canon[..i].iter().position(|b| b == a) {
+            bail!(
+                "{} and {} are the same device",
+                devices[j].display(),
+                devices[i].display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Creates the array: checks the devices, zeroes their data areas (unless
 /// `assume_clean`), writes the superblocks.
 ///
 /// # Errors
 /// Wrong device count, a device that already carries an md superblock (without
 /// `force`), a device too small, a name too long, a consistency policy refused
-/// (`ppl` on RAID6 or with a bitmap, or over members reached through their back end), an
+/// (`ppl` with a bitmap, or over members reached through their back end), an
 /// I/O error (naming the device).
 pub fn create(o: &CreateOptions) -> Result<Created> {
     let g = o.geometry;
     if o.consistency_policy == Some(ConsistencyPolicy::Ppl) {
-        if let Some(p) = o.devices.iter().find(|p| metadata_io::uses_back_end(p)) {
-            bail!(
-                "{}: PPL arrays over members reached through their back end (NVMe generic \
-                 devices, vfio) are not supported yet",
-                p.display()
-            );
-        }
+        refuse_back_end_for_ppl(&o.devices)?;
     }
     ensure!(
         o.devices.len() == usize::from(g.members()),
@@ -173,22 +207,7 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
         g.members(),
         o.devices.len()
     );
-    // The same device twice (also through a symlink or another path) would be two roles
-    // on one device.
-    let canon: Vec<PathBuf> = o
-        .devices
-        .iter()
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-        .collect();
-    for (i, a) in canon.iter().enumerate() {
-        if let Some(j) = canon[..i].iter().position(|b| b == a) {
-            bail!(
-                "{} and {} are the same device",
-                o.devices[j].display(),
-                o.devices[i].display()
-            );
-        }
-    }
+    check_distinct(&o.devices)?;
     // Claimed for the whole create: not while a target serves them.
     let mut locks = Vec::with_capacity(o.devices.len());
     for p in &o.devices {

@@ -18,7 +18,8 @@ use engine::geometry::Layout;
 use engine::metadata::bitmap::BITMAP_MAGIC;
 use engine::metadata::ppl::AreaScan;
 use engine::metadata::{
-    raw_checksum, Bitmap, DevRole, Feature, Superblock, SuperblockError, SUPERBLOCK_BASE_BYTES,
+    raw_checksum, Bitmap, DevRole, Feature, FeatureSet, Superblock, SuperblockError,
+    SUPERBLOCK_BASE_BYTES,
 };
 use serde::{Deserialize, Serialize};
 
@@ -65,8 +66,12 @@ pub struct ExamineReport {
     pub state: ExamineState,
     /// This device's UUID in md's colon form (`device_uuid`).
     pub device_uuid: String,
-    /// md's `feature_map` bits (0 for arrays ferroraid serves).
+    /// md's `feature_map` bits (0 for arrays without a bitmap, log or recovery).
     pub feature_map: u32,
+    /// The names of the known bits set in `feature_map`, in bit order: md's
+    /// (`MD_FEATURE_PPL`, ...) and ferroraid's own `FERRORAID_FEATURE_RAID6_PPL`.
+    #[serde(default)]
+    pub features: Vec<String>,
     /// `sb_csum` as stored.
     pub checksum: u32,
     /// The checksum the contents have (md's `calc_sb_1_csum`).
@@ -537,6 +542,10 @@ pub fn examine_area(device: &str, bytes: &[u8]) -> Result<ExamineReport, Superbl
         },
         device_uuid: sb.device_uuid.to_string(),
         feature_map: sb.feature_map,
+        features: FeatureSet(sb.feature_map)
+            .features()
+            .map(|f| f.md_name().to_string())
+            .collect(),
         checksum: stored,
         checksum_expected: expected,
         checksum_ok,
@@ -636,6 +645,10 @@ impl fmt::Display for ExamineReport {
         writeln!(f, "          Magic : a92b4efc")?;
         writeln!(f, "        Version : 1.2")?;
         writeln!(f, "    Feature Map : 0x{:x}", self.feature_map)?;
+        // Not an mdadm line: the bits by name (ferroraid's own among them).
+        if !self.features.is_empty() {
+            writeln!(f, "       Features : {}", self.features.join(", "))?;
+        }
         writeln!(f, "     Array UUID : {}", self.array_uuid)?;
         writeln!(f, "           Name : {}", self.name)?;
         writeln!(f, "  Creation Time : {}", utc_time(self.ctime_unix_s))?;
@@ -866,6 +879,54 @@ mod tests {
         let r = examine_area("/dev/x", &raid6()[0].to_area().unwrap()).unwrap();
         assert!(!r.to_string().contains("PPL"));
         assert_eq!((r.ppl, r.ppl_error), (None, None));
+    }
+
+    /// A RAID6 member of ferroraid's RAID6 PPL: served, the bits named (not an mdadm
+    /// line), the PPL line as on RAID5; without the ferroraid bit md's refusal is shown.
+    #[test]
+    fn raid6_ppl_member_shows_the_feature() {
+        let mut sb = ppl_member();
+        sb.level = 6;
+        sb.raid_disks = 4;
+        sb.feature_map |= Feature::Raid6Ppl.bit();
+        let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();
+        assert!(r.supported, "{:?}", r.unsupported_reason);
+        assert_eq!(
+            r.features,
+            ["MD_FEATURE_PPL", "FERRORAID_FEATURE_RAID6_PPL"]
+        );
+        assert_eq!(
+            r.ppl.as_ref().and_then(|p| p.mode.as_deref()),
+            Some("multiple")
+        );
+        let text = r.to_string();
+        assert!(
+            text.contains(
+                "    Feature Map : 0x1000400\n       Features : MD_FEATURE_PPL, \
+                 FERRORAID_FEATURE_RAID6_PPL\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("            PPL : 2048 sectors at offset 8"),
+            "{text}"
+        );
+        // Old JSON without `features` still reads.
+        let mut v = serde_json::to_value(&r).unwrap();
+        v.as_object_mut().unwrap().remove("features");
+        assert!(serde_json::from_value::<ExamineReport>(v)
+            .unwrap()
+            .features
+            .is_empty());
+        sb.feature_map = Feature::Ppl.bit();
+        let r = examine_area("/dev/x", &sb.to_area().unwrap()).unwrap();
+        assert!(!r.supported);
+        let why = r.ppl_error.unwrap();
+        assert!(
+            why.contains("PPL is not compatible with raid level raid6"),
+            "{why}"
+        );
+        assert_eq!(r.unsupported_reason, Some(why));
     }
 
     #[test]

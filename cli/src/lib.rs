@@ -5,6 +5,7 @@
 //! - [`nbd`]: the NBD server (protocol, handshake, reactor front-end).
 //! - [`target`]: the running target (assembly, reactors, NBD, superblock bookkeeping).
 //! - [`create`]: creating an array (superblocks, initial parity by zeroing).
+//! - [`grow`]: switching a stopped array's consistency policy (`ppl` ↔ `resync`).
 //! - [`rpc`]: the JSON-RPC 2.0 management socket (server, [`rpc::Handler`], client).
 //! - [`status`]: the status report (`ferroraid status`, the `array_status` method).
 //! - [`examine`]: superblock reports (`ferroraid examine`).
@@ -15,6 +16,7 @@
 pub mod create;
 pub mod examine;
 pub mod frontends;
+pub mod grow;
 pub mod iscsi;
 pub mod nbd;
 pub mod rpc;

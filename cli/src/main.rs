@@ -2,6 +2,7 @@
 //!
 //! The target: `create` (md v1.2 superblocks, initial parity), `serve` (assemble and export
 //! over NBD), `demo` (the embedded default: a RAID6 over sparse files, served over NBD).
+//! Offline: `examine` (superblocks), `grow` (a stopped array's consistency policy).
 //! Array tools: `layout` (where P, Q and data live), `map` (logical offset to member),
 //! `kernels` (parity kernels on this CPU), `selftest` (offline engine self-test).
 
@@ -114,6 +115,11 @@ enum Command {
     Check(mgmt::ProcessArgs),
     /// Scrub and rewrite mismatched parity (md's `repair`); like `check` otherwise.
     Repair(mgmt::ProcessArgs),
+    /// Switch a stopped array's consistency policy between ppl and resync (mdadm --grow
+    /// --consistency-policy): rewrites every member's superblock (and, for ppl, its
+    /// partial parity log area). The array must have been stopped cleanly and every member
+    /// must be given. The way back to kernel md for a RAID6 ppl array.
+    Grow(mgmt::GrowArgs),
     /// Stop a running target's background process (check, repair, resync, rebuild); a
     /// resync or rebuild resumes from where it stopped when started again.
     StopProcess(mgmt::StopProcessArgs),
@@ -245,6 +251,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Check(args) => mgmt::process(ferroraid::status::ProcessKind::Check, &args),
         Command::Repair(args) => mgmt::process(ferroraid::status::ProcessKind::Repair, &args),
         Command::StopProcess(args) => mgmt::stop_process(&args),
+        Command::Grow(args) => mgmt::grow(&args),
     }
 }
 

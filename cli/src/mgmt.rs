@@ -1,13 +1,15 @@
 //! The management subcommands: `status`, `fail`, `remove`, `add`, `replace`, `check`,
-//! `repair`, `stop-process` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`) and
-//! `examine` (superblocks, no target needed).
+//! `repair`, `stop-process` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`),
+//! `examine` (superblocks, no target needed) and `grow` (a stopped array's superblocks).
 
 use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use engine::metadata::ConsistencyPolicy;
 use ferroraid::examine::{examine_device, ExamineEntry};
+use ferroraid::grow::{grow_consistency_policy, GrowOptions, RAID6_PPL_NOTICE};
 use ferroraid::rpc::{default_rpc_path, ClientError, RpcClient};
 use ferroraid::status::{
     MemberReport, MemberState, ProcessKind, ProcessRunState, EXIT_NOT_RUNNING,
@@ -97,6 +99,30 @@ pub struct ExamineArgs {
     /// Member devices or image files (also `/dev/ngXnY` and `vfio:DDDD:BB:DD.F`).
     #[arg(value_name = "DEV", required = true)]
     devices: Vec<PathBuf>,
+}
+
+/// Options of `ferroraid grow`.
+#[derive(Args, Debug)]
+pub struct GrowArgs {
+    /// The consistency policy to switch to: `resync` (no log: what kernel md can assemble
+    /// for a RAID6) or `ppl` (the Partial Parity Log, area re-initialised as at create).
+    #[arg(long, value_name = "resync|ppl", value_parser = parse_grow_policy)]
+    consistency_policy: ConsistencyPolicy,
+    /// Every member (and spare) of the stopped array, in any order.
+    #[arg(value_name = "DEV", required = true)]
+    devices: Vec<PathBuf>,
+}
+
+/// `grow --consistency-policy`: `resync` or `ppl` (mdadm's `Grow_consistency_policy`
+/// switches only these two); the others are refused with what to do instead.
+fn parse_grow_policy(s: &str) -> Result<ConsistencyPolicy, String> {
+    match s.parse::<ConsistencyPolicy>()? {
+        ConsistencyPolicy::Bitmap => Err("\"bitmap\": grow switches between ppl and resync \
+             only; add an internal bitmap under md (mdadm --grow --bitmap=internal) after \
+             switching to resync"
+            .into()),
+        p => Ok(p),
+    }
 }
 
 /// Which member operation.
@@ -427,4 +453,39 @@ pub fn examine(a: &ExamineArgs) -> Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// `ferroraid grow --consistency-policy resync|ppl DEV...`: switches the stopped array's
+/// policy (`ferroraid::grow`) and says what changed and what md can do with it now.
+/// Exit status 0 switched, 1 refused (nothing written; the message says why) or an I/O
+/// error.
+pub fn grow(a: &GrowArgs) -> Result<()> {
+    let g = grow_consistency_policy(&GrowOptions {
+        devices: a.devices.clone(),
+        consistency_policy: a.consistency_policy,
+    })?;
+    out(&format!(
+        "ferroraid: array {:?} (UUID {}): consistency policy {} -> {} on {} devices, events {}\n",
+        g.name,
+        g.uuid,
+        g.from,
+        g.to,
+        a.devices.len(),
+        g.events
+    ))?;
+    match (g.to, g.level) {
+        (ConsistencyPolicy::Ppl, 6) => out(&format!("{RAID6_PPL_NOTICE}\n"))?,
+        (ConsistencyPolicy::Resync, 6) => out(
+            "ferroraid: kernel md can assemble it now (mdadm --assemble); for a write-intent \
+             bitmap under md: mdadm --grow --bitmap=internal /dev/md/NAME\n",
+        )?,
+        _ => {}
+    }
+    if let Some(size) = g.ppl_sectors.iter().max() {
+        out(&format!(
+            "ferroraid: partial parity log areas written ({size} sectors at offset 8 sectors \
+             from the superblock)\n"
+        ))?;
+    }
+    Ok(())
 }

@@ -52,7 +52,9 @@ pub struct CreateArgs {
     bitmap_chunk: Option<u64>,
     /// How parity is made consistent after a crash (mdadm's names): `resync` (no bitmap,
     /// a full resync), `bitmap` (the internal write-intent bitmap), `ppl` (md's Partial
-    /// Parity Log, RAID5 only; closes the write hole). Default: as --bitmap decides.
+    /// Parity Log; closes the write hole; on RAID6 ferroraid's extension, which kernel md
+    /// cannot assemble until `ferroraid grow --consistency-policy resync`). Default: as
+    /// --bitmap decides.
     #[arg(long, value_parser = clap::value_parser!(engine::metadata::ConsistencyPolicy))]
     consistency_policy: Option<engine::metadata::ConsistencyPolicy>,
     /// Member devices in role order: files, block devices, NVMe generic devices
@@ -112,6 +114,9 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
     }
     if c.consistency_policy == engine::metadata::ConsistencyPolicy::Ppl {
         say!("partial parity log: 1 MiB on every member, 4 KiB after the superblock")?;
+        if geometry.level() == Level::Raid6 {
+            say!("{}", ferroraid::grow::RAID6_PPL_NOTICE)?;
+        }
     }
     Ok(())
 }

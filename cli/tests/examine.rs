@@ -2,47 +2,21 @@
 //! `mdadm --examine` of the same files. Without mdadm the comparison is skipped (with a
 //! message) unless `FERRORAID_REQUIRE_MDADM=1` (CI sets it); the error cases always run.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use common::{
+    create, disk_tempdir, examine_empty_ppl, examine_json, ferroraid, key_values, mdadm,
+    mdadm_examine, member_files, MEMBER_BYTES,
+};
 use drivers::metadata_io::write_superblock;
 use engine::geometry::{Geometry, Layout, Level};
 use engine::metadata::{next_generation, MdTime, NewArray, Resync, Superblock, Update, Uuid};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-
-/// Member size: 64 MiB, sparse.
-const MEMBER_BYTES: u64 = 64 << 20;
-
-fn ferroraid(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferroraid"))
-        .args(args)
-        .output()
-        .expect("run ferroraid")
-}
-
-fn mdadm() -> Option<PathBuf> {
-    let found = ["/usr/sbin/mdadm", "/sbin/mdadm", "/usr/bin/mdadm"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-    match found {
-        Some(p) => Some(p),
-        None if std::env::var_os("FERRORAID_REQUIRE_MDADM").is_some() => {
-            panic!("FERRORAID_REQUIRE_MDADM is set and mdadm is not installed")
-        }
-        None => {
-            eprintln!("SKIP: mdadm not found (set FERRORAID_REQUIRE_MDADM=1 to fail instead)");
-            None
-        }
-    }
-}
-
-fn disk_tempdir() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir in CARGO_TARGET_TMPDIR")
-}
 
 /// A RAID6 (right-asymmetric, 128 KiB chunks) of six members plus a spare, written to
 /// sparse files; then member 2 fails (generation 1, dirty), so the survivors record it
@@ -96,38 +70,6 @@ fn raid6_files(dir: &Path) -> (Vec<PathBuf>, Vec<Superblock>) {
         }
     }
     (files, now)
-}
-
-/// `mdadm --examine FILE`: its text and `key : value` lines.
-fn mdadm_examine(mdadm: &Path, file: &Path) -> (String, HashMap<String, String>) {
-    let out = Command::new(mdadm)
-        .arg("--examine")
-        .arg(file)
-        .output()
-        .expect("run mdadm");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    (text.clone(), key_values(&text))
-}
-
-fn key_values(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.split_once(" : "))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
-}
-
-fn examine_json(files: &[PathBuf]) -> (Output, Vec<Value>) {
-    let mut args = vec!["examine", "--json"];
-    args.extend(files.iter().map(|f| f.to_str().unwrap()));
-    let out = ferroraid(&args);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "examine --json printed no JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out, v.as_array().expect("a JSON array").clone())
 }
 
 #[test]
@@ -394,25 +336,6 @@ fn bad_devices_are_reported_and_the_rest_printed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("<DEV>"));
 }
 
-/// `ferroraid examine FILE` of a member with mdadm's PPL area holding only the empty
-/// header: checks the "PPL" and "PPL Newest" lines; returns the text and its
-/// `key : value` lines.
-fn examine_empty_ppl(file: &Path) -> (String, HashMap<String, String>) {
-    let out = ferroraid(&["examine", file.to_str().unwrap()]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let ours = key_values(&text);
-    assert_eq!(
-        ours.get("PPL").map(String::as_str),
-        Some("2048 sectors at offset 8 sectors from superblock"),
-        "{text}"
-    );
-    assert!(
-        text.contains("PPL Newest : generation 0, 0 entries, at 0 sectors into the area"),
-        "{text}"
-    );
-    (text, ours)
-}
-
 /// A RAID5 member with mdadm's PPL area (2048 sectors at +8, `MD_FEATURE_PPL`) holding
 /// the empty header: ferroraid's "PPL" line is mdadm's, and it reads the header.
 #[test]
@@ -463,33 +386,11 @@ fn ppl_line_agrees_with_mdadm() {
     }
 }
 
-/// `count` sparse 64 MiB member files named `{prefix}{i}.img` in `dir`.
-fn member_files(dir: &Path, prefix: &str, count: usize) -> Vec<PathBuf> {
-    (0..count)
-        .map(|i| {
-            let p = dir.join(format!("{prefix}{i}.img"));
-            std::fs::File::create(&p)
-                .and_then(|f| f.set_len(MEMBER_BYTES))
-                .unwrap();
-            p
-        })
-        .collect()
-}
-
-/// `ferroraid create --level L` with `extra` options over `files`.
-fn create(level: &str, extra: &[&str], files: &[PathBuf]) -> Output {
-    let mut args = vec!["create", "--level", level, "--name", "pol"];
-    args.extend_from_slice(extra);
-    args.extend(files.iter().map(|f| f.to_str().unwrap()));
-    ferroraid(&args)
-}
-
 /// `ferroraid create --consistency-policy ppl` lays a RAID5 out as `mdadm --create
 /// --consistency-policy=ppl` does: mdadm reads every member, with its PPL line, feature
 /// bit, data offset (`ROUND_UP(24 + 2048 + headroom, 2048)`: 4096 sectors here) and
 /// bad-block log after the area; `ferroraid examine` finds the empty record; the area is
-/// zero but for that header. A second create without --force is refused even though
-/// ferroraid cannot serve PPL arrays yet.
+/// zero but for that header. A second create without --force is refused.
 #[test]
 fn create_with_ppl_policy_is_mdadms_layout() {
     use engine::metadata::ppl::PplHeader;
@@ -564,17 +465,21 @@ fn create_with_ppl_policy_is_mdadms_layout() {
 }
 
 /// What mdadm refuses is refused with its reason, before any member is written:
-/// PPL on RAID6 (ferroraid's RAID6 PPL is not there yet), PPL or resync with a bitmap,
-/// bitmap without one, md's policies ferroraid has no use for. `resync` writes no bitmap
-/// and `bitmap` one, on an array small enough to get none by default.
+/// PPL or resync with a bitmap (also on RAID6, where ferroraid allows PPL), bitmap
+/// without one, md's policies ferroraid has no use for. `resync` writes no bitmap and
+/// `bitmap` one, on an array small enough to get none by default.
 #[test]
 fn consistency_policy_refusals_and_resync_bitmap() {
     let dir = disk_tempdir();
     let files = member_files(dir.path(), "pol", 4);
     // (level, options, what the error says, exit status: 1 refused, 64 usage error)
-    let cases: [(&str, &[&str], &str, i32); 8] = [
-        ("6", &["ppl"], "only supported for RAID level 5", 1),
-        ("6", &["ppl"], "RAID6 partial parity log", 1),
+    let cases: [(&str, &[&str], &str, i32); 7] = [
+        (
+            "6",
+            &["ppl", "--bitmap", "internal"],
+            "consistency policy ppl is not compatible with an internal write-intent bitmap",
+            1,
+        ),
         (
             "5",
             &["ppl", "--bitmap", "internal"],

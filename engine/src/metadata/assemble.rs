@@ -58,7 +58,8 @@
 //!     unless `force` (md.rst, "Boot time assembly of degraded/dirty arrays": the parity
 //!     of a dirty array cannot be trusted, and a degraded array needs it to reconstruct)
 //!     — or unless the array has a Partial Parity Log, whose recovery at assembly makes
-//!     that parity right (md's `raid5_run`; [`Assembly::ppl`]).
+//!     that parity right (md's `raid5_run`; [`Assembly::ppl`]), on RAID6 (ferroraid's
+//!     extension) with up to two roles missing.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -463,7 +464,8 @@ pub struct Assembly {
     /// The internal write-intent bitmap, when the array has one.
     pub bitmap: Option<ArrayBitmap>,
     /// The Partial Parity Log area (the newest superblock's; every member's lies at the
-    /// same place), when the array has one (RAID5, `--consistency-policy ppl`).
+    /// same place), when the array has one (`--consistency-policy ppl`: md's on RAID5,
+    /// ferroraid's `FERRORAID_FEATURE_RAID6_PPL` extension on RAID6).
     pub ppl: Option<super::ppl::PplArea>,
     /// Devices that missed writes and can come back, and how (also listed in
     /// `excluded`).

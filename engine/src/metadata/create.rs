@@ -24,9 +24,10 @@
 //!   `MD_FEATURE_BITMAP_OFFSET`, `bitmap_offset` = 8 and the bitmap superblock and bits
 //!   follow `super::bitmap` (chunk from `choose_bitmap_chunk_bytes`).
 //! - **Consistency policy** ([`ConsistencyPolicy`], `mdadm --consistency-policy`):
-//!   `resync` (neither bitmap nor PPL), `bitmap` (the internal bitmap) or `ppl` (RAID5
-//!   only, `mdadm.c`; never with a bitmap). With `ppl`, every member gets
-//!   `MD_FEATURE_PPL` and a PPL area of [`MDADM_PPL_SIZE_SECTORS`] (1 MiB) at
+//!   `resync` (neither bitmap nor PPL), `bitmap` (the internal bitmap) or `ppl` (mdadm:
+//!   RAID5 only, `mdadm.c`; ferroraid also on RAID6, its extension; never with a bitmap).
+//!   With `ppl`, every member gets `MD_FEATURE_PPL` (on RAID6 also ferroraid's
+//!   `FERRORAID_FEATURE_RAID6_PPL`, so kernel md refuses the member) and a PPL area of [`MDADM_PPL_SIZE_SECTORS`] (1 MiB) at
 //!   superblock + [`MDADM_PPL_OFFSET_SECTORS`] (`write_init_super1`); the default data
 //!   offset reserves the whole 1 MiB instead of the bitmap space (`validate_geometry1`:
 //!   `bmspace = MULTIPLE_PPL_AREA_SIZE_SUPER1 >> 9`), and the bad-block log follows the
@@ -115,16 +116,6 @@ pub enum CreateError {
     /// data with an explicit data offset).
     #[error("internal bitmap: {0}")]
     Bitmap(#[from] BitmapError),
-    /// `--consistency-policy ppl` on a level other than RAID5 (mdadm: "PPL consistency
-    /// policy is only supported for RAID level 5"; md's `ppl_init_log` refuses it too).
-    #[error(
-        "PPL consistency policy is only supported for RAID level 5 (this array is {level}); \
-         a RAID6 partial parity log is a ferroraid extension that is not supported yet"
-    )]
-    PplLevel {
-        /// The array's level.
-        level: Level,
-    },
     /// A consistency policy together with a bitmap choice that contradicts it (mdadm:
     /// "--bitmap is not compatible with consistency policy", "--bitmap is required for
     /// consistency policy").
@@ -292,6 +283,19 @@ pub fn set_name(name: &str, homehost: Option<&str>) -> Result<[u8; 32], CreateEr
     Ok(out)
 }
 
+/// A PPL area of `size_sectors` 512-byte sectors as mdadm's `write_init_ppl1` leaves it
+/// (and md's `ppl_write_empty_header`): all zero but for the empty header of array `uuid`
+/// ([`PplHeader::empty`]: generation 0, no entries) at its start. `size_sectors` below the
+/// 8-sector header is taken as 8 (the header always fits).
+pub fn empty_ppl_area(uuid: &Uuid, size_sectors: u16) -> Vec<u8> {
+    let header = PplHeader::empty(uuid)
+        .encode()
+        .expect("the empty header has no entries to refuse");
+    let mut area = vec![0u8; (usize::from(size_sectors) * 512).max(header.len())];
+    area[..header.len()].copy_from_slice(&header);
+    area
+}
+
 /// Whether a new array gets an internal write-intent bitmap (`mdadm --bitmap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BitmapChoice {
@@ -315,7 +319,8 @@ pub enum ConsistencyPolicy {
     Resync,
     /// `bitmap`: the internal write-intent bitmap; only dirty regions are resynced.
     Bitmap,
-    /// `ppl`: md's Partial Parity Log (RAID5 only), which also closes the write hole.
+    /// `ppl`: md's Partial Parity Log on RAID5, ferroraid's RAID6 extension of it on
+    /// RAID6 ([`Feature::Raid6Ppl`]); also closes the write hole.
     Ppl,
 }
 
@@ -420,7 +425,8 @@ impl NewArray {
     /// each, after mdadm's checks (`mdadm.c` for `--create`, `Create.c` for the default):
     /// - no policy given: [`NewArray::bitmap`] decides — a bitmap when asked for, or by
     ///   default when each member contributes more than 100 GiB; else `resync`;
-    /// - `ppl`: RAID5 only ([`CreateError::PplLevel`]), no internal bitmap
+    /// - `ppl`: md's PPL on RAID5 (mdadm allows level 5 only) and ferroraid's RAID6 PPL
+    ///   extension on RAID6 (which kernel md cannot assemble); no internal bitmap
     ///   ([`CreateError::PolicyConflict`]; `Auto` means none);
     /// - `resync`: no internal bitmap ([`CreateError::PolicyConflict`]);
     /// - `bitmap`: the internal bitmap (`Auto` becomes one; mdadm requires
@@ -439,11 +445,6 @@ impl NewArray {
             } else {
                 ConsistencyPolicy::Resync
             }),
-            (Some(ConsistencyPolicy::Ppl), _) if self.geometry.level() != Level::Raid5 => {
-                Err(CreateError::PplLevel {
-                    level: self.geometry.level(),
-                })
-            }
             (
                 Some(p @ (ConsistencyPolicy::Ppl | ConsistencyPolicy::Resync)),
                 BitmapChoice::Internal,
@@ -515,12 +516,7 @@ impl NewArray {
         if self.policy(size_sectors)? != ConsistencyPolicy::Ppl {
             return Ok(None);
         }
-        let mut area = vec![0u8; usize::from(MDADM_PPL_SIZE_SECTORS) * 512];
-        let header = PplHeader::empty(&self.uuid)
-            .encode()
-            .expect("the empty header has no entries to refuse");
-        area[..header.len()].copy_from_slice(&header);
-        Ok(Some(area))
+        Ok(Some(empty_ppl_area(&self.uuid, MDADM_PPL_SIZE_SECTORS)))
     }
 
     /// `max_dev` for `devices` devices (members + spares), as mdadm's `init_super1`
@@ -539,8 +535,9 @@ impl NewArray {
     /// With an internal bitmap ([`NewArray::bitmap_super`]) every superblock gets
     /// `MD_FEATURE_BITMAP_OFFSET` and `bitmap_offset` = [`BITMAP_OFFSET_SECTORS`]; write
     /// [`NewArray::initial_bitmap_area`] there. With the `ppl` policy every superblock
-    /// gets `MD_FEATURE_PPL`, `ppl.offset` = [`MDADM_PPL_OFFSET_SECTORS`], `ppl.size` =
-    /// [`MDADM_PPL_SIZE_SECTORS`] (`write_init_super1`), the default data offset is
+    /// gets `MD_FEATURE_PPL` (and on RAID6 [`Feature::Raid6Ppl`]), `ppl.offset` =
+    /// [`MDADM_PPL_OFFSET_SECTORS`], `ppl.size` = [`MDADM_PPL_SIZE_SECTORS`]
+    /// (`write_init_super1`), the default data offset is
     /// [`ppl_data_offset_sectors`] and the bad-block log follows the area; write
     /// [`NewArray::initial_ppl_area`] there.
     ///
@@ -548,7 +545,7 @@ impl NewArray {
     /// [`CreateError::DeviceCount`], [`CreateError::DataOffset`] (explicit offset below the
     /// superblock's end or not 4 KiB-aligned), [`CreateError::PplSpace`] (an explicit
     /// offset below the end of the PPL area and the bad-block log after it), [`CreateError::DeviceTooSmall`],
-    /// [`CreateError::PplLevel`] / [`CreateError::PolicyConflict`] ([`NewArray::policy`]),
+    /// [`CreateError::PolicyConflict`] ([`NewArray::policy`]),
     /// [`CreateError::Bitmap`] (bitmap chunk refused, or the bitmap does not fit before an
     /// explicit data offset).
     pub fn superblocks<R: RngCore + ?Sized>(
@@ -635,8 +632,13 @@ impl NewArray {
             }
         }
         if self.policy(size)? == ConsistencyPolicy::Ppl {
+            let raid6 = if self.geometry.level() == Level::Raid6 {
+                Feature::Raid6Ppl.bit()
+            } else {
+                0
+            };
             for sb in &mut sbs {
-                sb.feature_map |= Feature::Ppl.bit();
+                sb.feature_map |= Feature::Ppl.bit() | raid6;
                 sb.set_ppl(MDADM_PPL_OFFSET_SECTORS, MDADM_PPL_SIZE_SECTORS);
                 // The bad-block log follows the PPL area, not the bitmap space.
                 let (offset, len) =

@@ -13,7 +13,9 @@
 //! - [`NewArray`] builds the superblocks of a new array the way mdadm 4.2 does (default
 //!   data offset, bad-block log placement, `max_dev`, roles, events).
 //! - [`next_generation`] produces the next superblock of every member (events bumped,
-//!   state updated) so a crash in the middle of writing them leaves a consistent set.
+//!   state updated) so a crash in the middle of writing them leaves a consistent set;
+//!   [`switch_consistency_policy`] switches a stopped, clean array between `ppl` and
+//!   `resync` (the way back to md for a RAID6 PPL array).
 //! - [`bitmap`] is md's internal write-intent bitmap: [`BitmapSuper`] (`bitmap_super_t`),
 //!   the bit layout, mdadm's sizing, and the checks of a bitmap read from disk.
 //! - [`ppl`] is md's Partial Parity Log: the record format ([`PplHeader`], [`PplEntry`]),
@@ -56,18 +58,21 @@ pub use assemble::{
 };
 pub use bitmap::{Bitmap, BitmapError, BitmapSuper};
 pub use create::{
-    bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors,
+    bad_block_log, choose_bitmap_space_sectors, default_data_offset_sectors, empty_ppl_area,
     ppl_data_offset_sectors, set_name, BitmapChoice, ConsistencyPolicy, CreateError, NewArray,
     BAD_BLOCK_LOG_SECTORS, BITMAP_OFFSET_SECTORS, DATA_OFFSET_ALIGN_SECTORS, MAX_NAME_BYTES,
 };
 pub use ppl::{PplArea, PplEntry, PplError, PplHeader};
 pub use superblock::{
     parse, raw_checksum, DevRole, Feature, FeatureSet, Superblock, SuperblockError,
-    DEV_ROLE_FAULTY, DEV_ROLE_JOURNAL, DEV_ROLE_MAX, DEV_ROLE_SPARE, FEATURE_ALL, MAX_DEV_LIMIT,
-    MAX_SECTOR, MD_SB_MAGIC, SUPERBLOCK_AREA_BYTES, SUPERBLOCK_BASE_BYTES, SUPERBLOCK_OFFSET_BYTES,
-    SUPER_OFFSET_SECTORS,
+    DEV_ROLE_FAULTY, DEV_ROLE_JOURNAL, DEV_ROLE_MAX, DEV_ROLE_SPARE, FEATURE_ALL,
+    FERRORAID_FEATURE_RAID6_PPL, MAX_DEV_LIMIT, MAX_SECTOR, MD_SB_MAGIC, SUPERBLOCK_AREA_BYTES,
+    SUPERBLOCK_BASE_BYTES, SUPERBLOCK_OFFSET_BYTES, SUPER_OFFSET_SECTORS,
 };
-pub use update::{joining_member, next_generation, Resync, Update, UpdateError};
+pub use update::{
+    joining_member, mdadm_ppl_placement, next_generation, switch_consistency_policy,
+    PolicyChangeError, Resync, Update, UpdateError, MIN_PPL_SPACE_SECTORS,
+};
 
 use std::fmt;
 use std::str::FromStr;

@@ -48,6 +48,7 @@ use std::fmt;
 
 use thiserror::Error;
 
+use super::create::ConsistencyPolicy;
 use super::ppl::{usable_area_sectors, PplArea, PplMode};
 use super::{MdTime, Uuid};
 use crate::geometry::{ArrayGeometry, Geometry, GeometryError, Layout, Level};
@@ -81,6 +82,12 @@ pub const DEV_ROLE_JOURNAL: u16 = 0xfffd;
 pub const DEV_ROLE_MAX: u16 = 0xff00;
 /// Every feature bit the kernel knows (`MD_FEATURE_ALL`, `md_p.h`).
 pub const FEATURE_ALL: u32 = 0x1fff;
+/// ferroraid's own feature bit, `1 << 24` in `feature_map`: the array keeps ferroraid's
+/// RAID6 Partial Parity Log ([`Feature::Raid6Ppl`]; `docs/FORMAT.md`, "RAID6 PPL"). Outside
+/// [`FEATURE_ALL`] on purpose: the kernel refuses a member with a bit it does not know
+/// (`super_1_load`: `feature_map & ~MD_FEATURE_ALL` → -EINVAL), which is the safe answer
+/// for a log md cannot keep.
+pub const FERRORAID_FEATURE_RAID6_PPL: u32 = 1 << 24;
 
 // Byte offsets of the fields (see the table in the module docs).
 const OFF_MAGIC: usize = 0;
@@ -126,13 +133,13 @@ const _: () = assert!(OFF_DATA_OFFSET == 128 && OFF_UTIME == 192);
 const _: () = assert!(OFF_PAD3 + PAD3_LEN == SUPERBLOCK_BASE_BYTES);
 const _: () = assert!(SUPERBLOCK_BASE_BYTES + 2 * MAX_DEV_LIMIT as usize == SUPERBLOCK_AREA_BYTES);
 
-/// A bit of `feature_map` (`MD_FEATURE_*`, `md_p.h`). ferroraid accepts only
-/// [`Feature::BitmapOffset`] ([`Feature::SUPPORTED`]); [`Feature::refusal`] says why each
-/// other one is refused.
+/// A bit of `feature_map` (`MD_FEATURE_*`, `md_p.h`, and ferroraid's own
+/// [`Feature::Raid6Ppl`]); the discriminant is the bit's position. ferroraid accepts those
+/// in [`Feature::SUPPORTED`]; [`Feature::refusal`] says why each other one is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Feature {
     /// `MD_FEATURE_BITMAP_OFFSET` (1): an internal write-intent bitmap at `bitmap_offset`.
-    BitmapOffset,
+    BitmapOffset = 0,
     /// `MD_FEATURE_RECOVERY_OFFSET` (2): this member is recovered only up to
     /// `recovery_offset`.
     RecoveryOffset,
@@ -158,12 +165,18 @@ pub enum Feature {
     /// `MD_FEATURE_MULTIPLE_PPLS` (2048): several partial parity logs.
     MultiplePpls,
     /// `MD_FEATURE_RAID0_LAYOUT` (4096): RAID0 layout is meaningful (RAID0 only).
-    Raid0Layout,
+    Raid0Layout = 12,
+    /// [`FERRORAID_FEATURE_RAID6_PPL`] (`1 << 24`, ferroraid's own bit): the RAID6 array
+    /// keeps ferroraid's RAID6 Partial Parity Log — md's PPL format and placement, logged
+    /// in the P and the Q member's areas. Valid only on RAID6 together with
+    /// [`Feature::Ppl`] or [`Feature::MultiplePpls`] ([`Superblock::ppl_area`]). Kernel md
+    /// refuses the member (an unknown bit).
+    Raid6Ppl = 24,
 }
 
 impl Feature {
     /// Every feature, in bit order.
-    pub const ALL: [Feature; 13] = [
+    pub const ALL: [Feature; 14] = [
         Feature::BitmapOffset,
         Feature::RecoveryOffset,
         Feature::ReshapeActive,
@@ -177,6 +190,7 @@ impl Feature {
         Feature::Ppl,
         Feature::MultiplePpls,
         Feature::Raid0Layout,
+        Feature::Raid6Ppl,
     ];
 
     /// The feature's bit in `feature_map`.
@@ -184,7 +198,8 @@ impl Feature {
         1 << (self as u32)
     }
 
-    /// The kernel's name for the bit.
+    /// The bit's name: the kernel's (`md_p.h`), or `FERRORAID_FEATURE_RAID6_PPL` for
+    /// ferroraid's own [`Feature::Raid6Ppl`].
     pub fn md_name(self) -> &'static str {
         match self {
             Feature::BitmapOffset => "MD_FEATURE_BITMAP_OFFSET",
@@ -200,6 +215,7 @@ impl Feature {
             Feature::Ppl => "MD_FEATURE_PPL",
             Feature::MultiplePpls => "MD_FEATURE_MULTIPLE_PPLS",
             Feature::Raid0Layout => "MD_FEATURE_RAID0_LAYOUT",
+            Feature::Raid6Ppl => "FERRORAID_FEATURE_RAID6_PPL",
         }
     }
 
@@ -210,9 +226,11 @@ impl Feature {
     /// `recovery_offset`: the replace resumes there, or — the member gone — it becomes the
     /// member and is rebuilt from there, as md's `raid5_run` does) and
     /// [`Feature::RecoveryBitmap`] (a member recovered from the write-intent bitmap: a
-    /// re-add), and [`Feature::Ppl`] / [`Feature::MultiplePpls`] (md's Partial Parity Log
-    /// on RAID5, `crate::ppl`; md's own PPL checks, [`Superblock::ppl_area`], come first).
-    pub const SUPPORTED: u32 = 1 | 2 | 16 | 128 | 1024 | 2048;
+    /// re-add), [`Feature::Ppl`] / [`Feature::MultiplePpls`] (md's Partial Parity Log
+    /// on RAID5, `crate::ppl`; md's own PPL checks, [`Superblock::ppl_area`], come first)
+    /// and [`Feature::Raid6Ppl`] (the same log on RAID6, ferroraid's extension; valid only
+    /// with a PPL bit on RAID6, checked by [`Superblock::ppl_area`]).
+    pub const SUPPORTED: u32 = 1 | 2 | 16 | 128 | 1024 | 2048 | FERRORAID_FEATURE_RAID6_PPL;
 
     /// What the feature means and why ferroraid refuses it today (every feature outside
     /// [`Feature::SUPPORTED`]).
@@ -242,8 +260,14 @@ impl Feature {
             Feature::Clustered => "clustered md is not supported",
             Feature::Journal => "RAID5/6 write journal is not supported",
             Feature::Ppl | Feature::MultiplePpls => {
-                "partial parity log (supported on RAID5: recovered at assembly, written \
-                 before every stripe write)"
+                "partial parity log (supported on RAID5, and on RAID6 with \
+                 FERRORAID_FEATURE_RAID6_PPL: recovered at assembly, written before every \
+                 stripe write)"
+            }
+            Feature::Raid6Ppl => {
+                "ferroraid's RAID6 partial parity log (supported on RAID6 with a PPL bit; \
+                 kernel md cannot assemble such an array: switch it to resync first, \
+                 ferroraid grow --consistency-policy resync)"
             }
             Feature::Raid0Layout => {
                 "RAID0 layout flag on a RAID5/6 superblock (the kernel refuses it too)"
@@ -269,9 +293,10 @@ impl FeatureSet {
             .into_iter()
             .filter(move |f| self.0 & f.bit() != 0)
     }
-    /// Bits set that the kernel does not define (outside [`FEATURE_ALL`]).
+    /// Bits set that neither the kernel (outside [`FEATURE_ALL`]) nor ferroraid
+    /// ([`FERRORAID_FEATURE_RAID6_PPL`]) defines.
     pub fn unknown_bits(self) -> u32 {
-        self.0 & !FEATURE_ALL
+        self.0 & !(FEATURE_ALL | FERRORAID_FEATURE_RAID6_PPL)
     }
 }
 
@@ -529,11 +554,32 @@ pub enum SuperblockError {
         why: &'static str,
     },
     /// A PPL on a level other than RAID5 (`ppl_init_log`: "PPL is not compatible with raid
-    /// level %d").
-    #[error("PPL is not compatible with raid level {}: md's PPL is RAID5 only", level_name(*.level))]
+    /// level %d"), and not ferroraid's RAID6 PPL either (a RAID6 with a PPL bit but
+    /// without [`FERRORAID_FEATURE_RAID6_PPL`], or a level other than 5 and 6).
+    #[error(
+        "PPL is not compatible with raid level {}: md's PPL is RAID5 only (ferroraid's RAID6 \
+         PPL also sets FERRORAID_FEATURE_RAID6_PPL)",
+        level_name(*.level)
+    )]
     PplLevel {
         /// The stored level.
         level: i32,
+    },
+    /// [`FERRORAID_FEATURE_RAID6_PPL`] where it is not valid: without a PPL bit
+    /// (`MD_FEATURE_PPL` or `MD_FEATURE_MULTIPLE_PPLS`) or on a level other than RAID6
+    /// (ferroraid's rule, `docs/FORMAT.md` "RAID6 PPL": the bit marks a RAID6 PPL only).
+    #[error(
+        "feature_map 0x{feature_map:x} on raid level {}: FERRORAID_FEATURE_RAID6_PPL \
+         (0x{FERRORAID_FEATURE_RAID6_PPL:x}) {why}",
+        level_name(*.level)
+    )]
+    Raid6PplBit {
+        /// The stored `feature_map`.
+        feature_map: u32,
+        /// The stored level.
+        level: i32,
+        /// Which rule.
+        why: &'static str,
     },
     /// A PPL area md refuses (`ppl_validate_rdev`, raid5-ppl.c:1255).
     #[error(
@@ -588,8 +634,9 @@ fn level_name(level: i32) -> String {
 /// describes; [`parse`] decodes and checks in one step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
-    /// `feature_map`: `MD_FEATURE_*` bits ([`Feature`]). ferroraid writes 0, or
-    /// [`Feature::BitmapOffset`] (1) with an internal bitmap.
+    /// `feature_map`: `MD_FEATURE_*` bits ([`Feature`]). ferroraid writes 0,
+    /// [`Feature::BitmapOffset`] (1) with an internal bitmap, or [`Feature::Ppl`] (1024)
+    /// with a Partial Parity Log, plus [`Feature::Raid6Ppl`] (`1 << 24`) on RAID6.
     pub feature_map: u32,
     /// `set_uuid`: the array's UUID, the same on every member.
     pub set_uuid: Uuid,
@@ -991,22 +1038,40 @@ impl Superblock {
             ((u32::from(size_sectors) << 16) | u32::from(offset_sectors as u16)) as i32;
     }
 
-    /// The member's PPL area, or `None` without a PPL feature bit, after md's checks:
+    /// The member's PPL area, or `None` without a PPL feature bit, after md's checks and
+    /// ferroraid's rules for its RAID6 extension ([`Feature::Raid6Ppl`]):
+    /// 0. [`Feature::Raid6Ppl`] only with a PPL bit ([`SuperblockError::Raid6PplBit`]);
     /// 1. not both PPL bits, and neither with [`Feature::BitmapOffset`] or
     ///    [`Feature::Journal`] (`super_1_validate`) ([`SuperblockError::PplFeatures`]);
-    /// 2. level 5 (`ppl_init_log`) ([`SuperblockError::PplLevel`]);
+    /// 2. level 5 (`ppl_init_log`) without [`Feature::Raid6Ppl`], or level 6 with it; a
+    ///    RAID5 with the bit is [`SuperblockError::Raid6PplBit`], any other level — RAID6
+    ///    without the bit included, md's refusal — [`SuperblockError::PplLevel`];
     /// 3. room for the header and one 4 KiB page; the area (trimmed to whole pages) not
     ///    overlapping the data area (`data_offset .. + data_size`) nor the superblock
     ///    (`ppl_validate_rdev`, native metadata: a positive offset below the superblock's
     ///    size, or a non-positive one whose area reaches past it)
     ///    ([`SuperblockError::PplPlacement`]).
     ///
+    /// The same placement and size rules hold for RAID5 and RAID6.
+    ///
     /// # Errors
     /// The first rule broken, as listed.
     pub fn ppl_area(&self) -> Result<Option<PplArea>, SuperblockError> {
         let single = self.feature_map & Feature::Ppl.bit() != 0;
         let multiple = self.feature_map & Feature::MultiplePpls.bit() != 0;
+        let raid6_bit = self.feature_map & Feature::Raid6Ppl.bit() != 0;
+        let raid6_bit_error = |why| SuperblockError::Raid6PplBit {
+            feature_map: self.feature_map,
+            level: self.level,
+            why,
+        };
         if !single && !multiple {
+            if raid6_bit {
+                return Err(raid6_bit_error(
+                    "is set without a PPL bit (MD_FEATURE_PPL or MD_FEATURE_MULTIPLE_PPLS): \
+                     it marks a RAID6 partial parity log and means nothing alone",
+                ));
+            }
             return Ok(None);
         }
         let features = |why| SuperblockError::PplFeatures {
@@ -1024,8 +1089,15 @@ impl Superblock {
                 "MD_FEATURE_PPL and MD_FEATURE_MULTIPLE_PPLS cannot both be set",
             ));
         }
-        if self.level != 5 {
-            return Err(SuperblockError::PplLevel { level: self.level });
+        match (self.level, raid6_bit) {
+            (5, false) | (6, true) => {}
+            (5, true) => {
+                return Err(raid6_bit_error(
+                    "is set on a RAID5: a RAID5 partial parity log is md's own and carries no \
+                     ferroraid bit",
+                ))
+            }
+            (level, _) => return Err(SuperblockError::PplLevel { level }),
         }
         let (offset, size) = self.ppl();
         let placement = |why| SuperblockError::PplPlacement { offset, size, why };
@@ -1073,6 +1145,20 @@ impl Superblock {
         self.dev_roles
             .get(dev_number as usize)
             .map_or(DevRole::Spare, |&r| DevRole::from_raw(r))
+    }
+
+    /// The consistency policy this superblock records (mdadm's `--detail` "Consistency
+    /// Policy", `sysfs consistency_policy`): `ppl` with a PPL feature bit, `bitmap` with
+    /// [`Feature::BitmapOffset`], else `resync`. Whether the combination is valid is
+    /// [`Superblock::ppl_area`]'s question.
+    pub fn consistency_policy(&self) -> ConsistencyPolicy {
+        if self.feature_map & (Feature::Ppl.bit() | Feature::MultiplePpls.bit()) != 0 {
+            ConsistencyPolicy::Ppl
+        } else if self.feature_map & Feature::BitmapOffset.bit() != 0 {
+            ConsistencyPolicy::Bitmap
+        } else {
+            ConsistencyPolicy::Resync
+        }
     }
 
     /// Whether the array was clean (no resync needed) when this superblock was written:
@@ -1148,8 +1234,9 @@ impl Superblock {
     /// Checks that ferroraid can serve the array this (format-valid) superblock describes,
     /// in this order:
     /// 1. v1.2 position: `super_offset == 8` ([`SuperblockError::NotVersion12`]);
-    /// 2. with a PPL feature bit, md's PPL checks ([`Superblock::ppl_area`]): an array md
-    ///    would refuse is refused for that reason;
+    /// 2. with a PPL feature bit (or [`Feature::Raid6Ppl`]), md's PPL checks and
+    ///    ferroraid's RAID6 PPL rules ([`Superblock::ppl_area`]): an array md would refuse
+    ///    is refused for that reason, unless it is ferroraid's RAID6 PPL;
     /// 3. no feature bits outside [`Feature::SUPPORTED`]: every other bit of `feature_map`
     ///    is refused by name with its reason ([`SuperblockError::UnsupportedFeatures`]); an
     ///    internal bitmap must start after the superblock and before the data

@@ -1491,30 +1491,23 @@ fn ppl_policy_lays_out_the_array_as_mdadm() {
     assert!(sbs[0].ppl_area().unwrap().is_some());
 }
 
-/// mdadm's refusals (`mdadm.c` for `--create`): PPL on RAID5 only and never with a
-/// bitmap; `resync` without a bitmap; `bitmap` with one. The default (no policy) is
+/// mdadm's refusals (`mdadm.c` for `--create`): PPL never with a bitmap (mdadm's RAID5
+/// only rule gives way to ferroraid's RAID6 PPL); `resync` without a bitmap; `bitmap` with
+/// one. The default (no policy) is
 /// unchanged.
 #[test]
 fn consistency_policy_refusals_follow_mdadm() {
     let sizes = [64 * MIB_SECTORS; 4];
+    // RAID6 takes ppl (ferroraid's extension, `raid6_ppl_policy_...`), but not with a bitmap.
     let mut r6 = new_array(Level::Raid6, 4, true);
     r6.consistency_policy = Some(ConsistencyPolicy::Ppl);
-    let e = r6.superblocks(&sizes, &mut rng()).unwrap_err();
-    assert_eq!(
-        e,
-        CreateError::PplLevel {
-            level: Level::Raid6
-        }
-    );
-    assert!(
-        e.to_string().contains("only supported for RAID level 5"),
-        "{e}"
-    );
-    assert!(e.to_string().contains("not supported yet"), "{e}");
     r6.bitmap = BitmapChoice::Internal;
     assert!(matches!(
         r6.superblocks(&sizes, &mut rng()),
-        Err(CreateError::PplLevel { .. })
+        Err(CreateError::PolicyConflict {
+            policy: ConsistencyPolicy::Ppl,
+            ..
+        })
     ));
 
     let mut a = new_array(Level::Raid5, 4, true);
@@ -1573,4 +1566,440 @@ fn consistency_policy_refusals_follow_mdadm() {
         .unwrap_err()
         .contains("journal device"));
     assert!("PPL".parse::<ConsistencyPolicy>().is_err());
+}
+
+// ---------------------------------------------------------------- RAID6 PPL (ferroraid's bit)
+
+/// A RAID6 member of ferroraid's RAID6 PPL: `MD_FEATURE_PPL` and
+/// `FERRORAID_FEATURE_RAID6_PPL`, mdadm's area and data offset, as `create` writes it.
+fn raid6_ppl_sbs() -> Vec<Superblock> {
+    let mut a = new_array(Level::Raid6, 5, true);
+    a.consistency_policy = Some(ConsistencyPolicy::Ppl);
+    a.superblocks(&[64 * MIB_SECTORS; 5], &mut rng()).unwrap()
+}
+
+#[test]
+fn raid6_ppl_feature_bit_is_named_and_supported() {
+    assert_eq!(Feature::Raid6Ppl.bit(), 1 << 24);
+    assert_eq!(Feature::Raid6Ppl.bit(), FERRORAID_FEATURE_RAID6_PPL);
+    assert_eq!(Feature::Raid6Ppl.md_name(), "FERRORAID_FEATURE_RAID6_PPL");
+    assert_eq!(
+        Feature::Raid6Ppl.to_string(),
+        "FERRORAID_FEATURE_RAID6_PPL (0x1000000)"
+    );
+    assert_ne!(Feature::SUPPORTED & FERRORAID_FEATURE_RAID6_PPL, 0);
+    // Outside md's bits (the kernel refuses the member), but not an unknown bit to us.
+    assert_eq!(FEATURE_ALL & FERRORAID_FEATURE_RAID6_PPL, 0);
+    let set = FeatureSet(FERRORAID_FEATURE_RAID6_PPL | 0x8000);
+    assert_eq!(set.unknown_bits(), 0x8000);
+    assert_eq!(set.features().collect::<Vec<_>>(), vec![Feature::Raid6Ppl]);
+    let text = set.to_string();
+    assert!(
+        text.starts_with("FERRORAID_FEATURE_RAID6_PPL (0x1000000): "),
+        "{text}"
+    );
+    assert!(text.contains("unknown feature bits 0x8000"), "{text}");
+    // Bits in order: the discriminants are the bit positions.
+    let bits: Vec<u32> = Feature::ALL.iter().map(|f| f.bit()).collect();
+    assert!(bits.windows(2).all(|w| w[0] < w[1]), "{bits:x?}");
+}
+
+/// `create --consistency-policy ppl --level 6`: exactly the RAID5 layout (mdadm's area,
+/// data offset and bad-block log) plus the ferroraid bit; the superblock round-trips and
+/// its area is found as on RAID5.
+#[test]
+fn raid6_ppl_superblock_round_trips_with_mdadms_placement() {
+    let sbs = raid6_ppl_sbs();
+    for sb in &sbs {
+        assert_eq!(sb.feature_map, 0x0100_0400);
+        assert_eq!(sb.ppl(), (8, 2048));
+        assert_eq!(sb.data_offset, 4096);
+        assert_eq!((sb.bblog_offset, sb.bblog_size), (2056, 8));
+        let bytes = sb.to_bytes().unwrap();
+        assert_eq!(
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+            0x0100_0400
+        );
+        let back = parse(&bytes).unwrap();
+        assert_eq!(&back, sb);
+        let area = back.ppl_area().unwrap().unwrap();
+        assert_eq!((area.start_sector, area.size_sectors), (16, 2048));
+        assert_eq!(area.usable_sectors, 2048);
+        assert_eq!(area.mode, ppl::PplMode::Multiple);
+        assert!(!area.multiple_feature);
+        assert_eq!(back.consistency_policy(), ConsistencyPolicy::Ppl);
+    }
+    // The same area as a RAID5 PPL member's.
+    let mut r5 = ppl_sb();
+    r5.data_offset = sbs[0].data_offset;
+    assert_eq!(
+        r5.ppl_area()
+            .unwrap()
+            .map(|a| (a.start_sector, a.usable_sectors, a.mode)),
+        sbs[0]
+            .ppl_area()
+            .unwrap()
+            .map(|a| (a.start_sector, a.usable_sectors, a.mode))
+    );
+    // MULTIPLE_PPLS (what the kernel writes back for a multi-PPL area) works as well.
+    let mut multi = sbs[0].clone();
+    multi.feature_map = Feature::MultiplePpls.bit() | Feature::Raid6Ppl.bit();
+    assert!(
+        reparse(&multi)
+            .unwrap()
+            .ppl_area()
+            .unwrap()
+            .unwrap()
+            .multiple_feature
+    );
+}
+
+/// The bit's rules: only on RAID6 and only with a PPL bit; a RAID6 PPL without it keeps
+/// md's refusal; md's own PPL refusals still come first.
+#[test]
+fn raid6_ppl_superblock_refusals_name_the_rule() {
+    let base = raid6_ppl_sbs().remove(0);
+    let refused = |f: &dyn Fn(&mut Superblock)| {
+        let mut sb = base.clone();
+        f(&mut sb);
+        let e = sb.ppl_area().unwrap_err();
+        assert_eq!(reparse(&sb).unwrap_err(), e);
+        e
+    };
+    // RAID6 + PPL bit without the ferroraid bit: md's refusal, with a hint.
+    let e = refused(&|sb| sb.feature_map = Feature::Ppl.bit());
+    assert_eq!(e, SuperblockError::PplLevel { level: 6 });
+    assert_eq!(
+        e.to_string(),
+        "PPL is not compatible with raid level raid6 (6): md's PPL is RAID5 only (ferroraid's \
+         RAID6 PPL also sets FERRORAID_FEATURE_RAID6_PPL)"
+    );
+    // The bit without a PPL bit.
+    let e = refused(&|sb| sb.feature_map = Feature::Raid6Ppl.bit());
+    assert!(
+        matches!(e, SuperblockError::Raid6PplBit { level: 6, .. }),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "feature_map 0x1000000 on raid level raid6 (6): FERRORAID_FEATURE_RAID6_PPL \
+         (0x1000000) is set without a PPL bit (MD_FEATURE_PPL or MD_FEATURE_MULTIPLE_PPLS): \
+         it marks a RAID6 partial parity log and means nothing alone"
+    );
+    // ... also beside a bitmap (not md's PPL-with-bitmap refusal: there is no PPL bit).
+    let e = refused(&|sb| {
+        sb.feature_map = Feature::Raid6Ppl.bit() | Feature::BitmapOffset.bit();
+        sb.bitmap_offset = 8;
+    });
+    assert!(e.to_string().contains("without a PPL bit"), "{e}");
+    // On RAID5.
+    let mut r5 = ppl_sb();
+    r5.feature_map |= Feature::Raid6Ppl.bit();
+    let e = r5.ppl_area().unwrap_err();
+    assert_eq!(reparse(&r5).unwrap_err(), e);
+    assert_eq!(
+        e.to_string(),
+        "feature_map 0x1000400 on raid level raid5 (5): FERRORAID_FEATURE_RAID6_PPL \
+         (0x1000000) is set on a RAID5: a RAID5 partial parity log is md's own and carries \
+         no ferroraid bit"
+    );
+    r5.feature_map = Feature::Raid6Ppl.bit();
+    assert!(r5
+        .ppl_area()
+        .unwrap_err()
+        .to_string()
+        .contains("without a PPL bit"));
+    // Another level: md's refusal.
+    assert_eq!(
+        refused(&|sb| sb.level = 4),
+        SuperblockError::PplLevel { level: 4 }
+    );
+    // md's combination and placement rules hold for RAID6 as for RAID5.
+    for extra in [
+        Feature::BitmapOffset,
+        Feature::Journal,
+        Feature::MultiplePpls,
+    ] {
+        assert!(matches!(
+            refused(&|sb| sb.feature_map |= extra.bit()),
+            SuperblockError::PplFeatures { .. }
+        ));
+    }
+    assert!(matches!(
+        refused(&|sb| sb.data_offset = 2048),
+        SuperblockError::PplPlacement { why, .. } if why.contains("data area")
+    ));
+    assert!(matches!(
+        refused(&|sb| sb.set_ppl(8, 15)),
+        SuperblockError::PplPlacement { why, .. } if why.contains("too small")
+    ));
+}
+
+/// What `create` writes for `--level 6 --consistency-policy ppl`: the RAID5 layout, the
+/// ferroraid bit, and the same initial area.
+#[test]
+fn raid6_ppl_policy_is_the_raid5_layout_plus_the_bit() {
+    let mut r5 = new_array(Level::Raid5, 5, true);
+    r5.consistency_policy = Some(ConsistencyPolicy::Ppl);
+    let r5_sbs = r5.superblocks(&[64 * MIB_SECTORS; 5], &mut rng()).unwrap();
+    let mut r6 = new_array(Level::Raid6, 5, true);
+    r6.consistency_policy = Some(ConsistencyPolicy::Ppl);
+    let r6_sbs = r6.superblocks(&[64 * MIB_SECTORS; 5], &mut rng()).unwrap();
+    for (a, b) in r5_sbs.iter().zip(&r6_sbs) {
+        assert_eq!(b.feature_map, a.feature_map | Feature::Raid6Ppl.bit());
+        assert_eq!(
+            (b.bitmap_offset, b.data_offset, b.bblog_offset, b.bblog_size),
+            (a.bitmap_offset, a.data_offset, a.bblog_offset, a.bblog_size)
+        );
+    }
+    assert_eq!(
+        r6.initial_ppl_area(r6_sbs[0].size).unwrap(),
+        Some(empty_ppl_area(&r6.uuid, 2048))
+    );
+    assert_eq!(r6.policy(r6_sbs[0].size), Ok(ConsistencyPolicy::Ppl));
+}
+
+fn switch(sbs: &[Superblock], to: ConsistencyPolicy) -> Result<Vec<Superblock>, PolicyChangeError> {
+    switch_consistency_policy(sbs, to, MdTime::new(1_800_000_000, 0))
+}
+
+/// `grow --consistency-policy resync` and back on a RAID6 PPL array: every bit, the
+/// area fields, events and utime as specified; the result is what md would accept
+/// (`feature_map` within `MD_FEATURE_ALL`) and switches back to the create-time layout.
+#[test]
+fn raid6_ppl_switches_to_resync_and_back() {
+    let sbs = raid6_ppl_sbs();
+    let resync = switch(&sbs, ConsistencyPolicy::Resync).unwrap();
+    assert_eq!(resync.len(), sbs.len());
+    for (old, new) in sbs.iter().zip(&resync) {
+        assert_eq!(new.feature_map, 0);
+        assert_eq!(new.bitmap_offset, 0);
+        assert_eq!(new.events, old.events + 1);
+        assert_eq!(new.utime, MdTime::new(1_800_000_000, 0));
+        assert_eq!(new.consistency_policy(), ConsistencyPolicy::Resync);
+        assert_eq!((new.data_offset, new.bblog_offset), (4096, 2056));
+        assert_eq!(new.feature_map & !FEATURE_ALL, 0);
+        reparse(new).unwrap();
+        // Nothing else changes.
+        let mut same = new.clone();
+        same.feature_map = old.feature_map;
+        same.bitmap_offset = old.bitmap_offset;
+        same.events = old.events;
+        same.utime = old.utime;
+        assert_eq!(&same, old);
+    }
+    let back = switch(&resync, ConsistencyPolicy::Ppl).unwrap();
+    for (orig, b) in sbs.iter().zip(&back) {
+        assert_eq!(b.feature_map, orig.feature_map);
+        assert_eq!(b.ppl(), (8, 2048));
+        assert_eq!(b.events, orig.events + 2);
+        assert_eq!(b.ppl_area().unwrap(), orig.ppl_area().unwrap());
+    }
+    // RAID5: md's own PPL, no ferroraid bit.
+    let mut r5 = new_array(Level::Raid5, 4, true);
+    r5.consistency_policy = Some(ConsistencyPolicy::Ppl);
+    let r5 = r5.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()).unwrap();
+    let r5_back = switch(
+        &switch(&r5, ConsistencyPolicy::Resync).unwrap(),
+        ConsistencyPolicy::Ppl,
+    )
+    .unwrap();
+    assert!(r5_back
+        .iter()
+        .all(|sb| sb.feature_map == Feature::Ppl.bit()));
+}
+
+/// mdadm's placement for a PPL added later (`update_super1` "ppl"): up to the bad-block
+/// log, capped at 2048 sectors, else `choose_ppl_space`; refused below 16 sectors.
+#[test]
+fn ppl_placement_on_a_resync_array_follows_mdadm() {
+    // A small resync array: the bad-block log right after 8 sectors of bitmap space.
+    let small = array_sbs(Level::Raid6, 4, true);
+    assert_eq!(small[0].bblog_offset, 16);
+    assert_eq!(mdadm_ppl_placement(&small[0]), Err(8));
+    let e = switch(&small, ConsistencyPolicy::Ppl).unwrap_err();
+    assert_eq!(
+        e,
+        PolicyChangeError::PplSpace {
+            index: 0,
+            dev_number: 0,
+            space_sectors: 8
+        }
+    );
+    assert!(e.to_string().contains("Not enough space to add ppl"), "{e}");
+    // Room up to the log: capped by choose_ppl_space (8 + max(chunk, 256)) below 2048.
+    let mut sb = small[0].clone();
+    sb.bblog_offset = 8 + 128;
+    assert_eq!(mdadm_ppl_placement(&sb), Ok((8, 128)));
+    sb.bblog_offset = 8 + 1000;
+    assert_eq!(mdadm_ppl_placement(&sb), Ok((8, 8 + 256)));
+    sb.chunksize = 1024;
+    assert_eq!(mdadm_ppl_placement(&sb), Ok((8, 1000)));
+    sb.bblog_offset = 8 + 2000;
+    assert_eq!(mdadm_ppl_placement(&sb), Ok((8, 8 + 1024)));
+    // No log: up to the data; 2048 at most.
+    sb.bblog_offset = 0;
+    sb.data_offset = 4096;
+    assert_eq!(mdadm_ppl_placement(&sb), Ok((8, 2048)));
+    // A resync array with room (large devices: 128 sectors of bitmap space).
+    let mut roomy = small.clone();
+    for sb in &mut roomy {
+        sb.bblog_offset = 8 + 128;
+    }
+    let ppl = switch(&roomy, ConsistencyPolicy::Ppl).unwrap();
+    let area = ppl[0].ppl_area().unwrap().unwrap();
+    assert_eq!((area.size_sectors, area.mode), (128, ppl::PplMode::Single));
+}
+
+#[test]
+fn policy_switch_refusals_name_the_reason() {
+    let sbs = raid6_ppl_sbs();
+    let refused = |sbs: &[Superblock], to| switch(sbs, to).unwrap_err();
+    let msg = |sbs: &[Superblock], to| refused(sbs, to).to_string();
+
+    assert!(msg(&sbs, ConsistencyPolicy::Bitmap).contains("only ppl and resync"));
+    assert_eq!(
+        refused(&[], ConsistencyPolicy::Resync),
+        PolicyChangeError::Empty
+    );
+    // Dirty: assemble and stop cleanly first.
+    let mut dirty = sbs.clone();
+    for sb in &mut dirty {
+        sb.resync_offset = 0;
+    }
+    assert_eq!(
+        msg(&dirty, ConsistencyPolicy::Resync),
+        "the array was not shut down cleanly (resync_offset 0): assemble it (ferroraid \
+         serve) and stop it cleanly first, then switch"
+    );
+    // A member behind (a stop that did not reach it).
+    let mut behind = sbs.clone();
+    behind[3].events = 0;
+    for sb in &mut behind[..3] {
+        sb.events = 1;
+    }
+    behind[4].events = 1;
+    assert!(matches!(
+        refused(&behind, ConsistencyPolicy::Resync),
+        PolicyChangeError::EventsDiffer {
+            index: 3,
+            events: 0,
+            newest: 1,
+            ..
+        }
+    ));
+    // Every member must be given.
+    let e = refused(&sbs[..4], ConsistencyPolicy::Resync);
+    assert_eq!(e, PolicyChangeError::MissingRole { role: 4 });
+    assert!(e.to_string().contains("give every member"), "{e}");
+    // Twice the same member.
+    let mut twice = sbs.clone();
+    twice.push(sbs[1].clone());
+    assert!(matches!(
+        refused(&twice, ConsistencyPolicy::Resync),
+        PolicyChangeError::DuplicateRole {
+            role: 1,
+            first: 1,
+            second: 5
+        }
+    ));
+    // Members of another array.
+    let mut foreign = sbs.clone();
+    foreign[2].set_uuid = Uuid([9; 16]);
+    assert!(matches!(
+        refused(&foreign, ConsistencyPolicy::Resync),
+        PolicyChangeError::ForeignArray { index: 2, .. }
+    ));
+    // Already there.
+    assert_eq!(
+        msg(&sbs, ConsistencyPolicy::Ppl),
+        "consistency policy is already ppl"
+    );
+    // A bitmap array: neither way (mdadm: "Current consistency policy is bitmap").
+    let mut bm = new_array(Level::Raid6, 4, true);
+    bm.bitmap = BitmapChoice::Internal;
+    let bm = bm.superblocks(&[64 * MIB_SECTORS; 4], &mut rng()).unwrap();
+    for to in [ConsistencyPolicy::Ppl, ConsistencyPolicy::Resync] {
+        assert!(matches!(
+            refused(&bm, to),
+            PolicyChangeError::From {
+                current: ConsistencyPolicy::Bitmap,
+                ..
+            }
+        ));
+    }
+    assert!(msg(&bm, ConsistencyPolicy::Ppl)
+        .starts_with("current consistency policy is bitmap, cannot change to ppl"));
+    // A member being rebuilt.
+    let mut rebuilding = sbs.clone();
+    rebuilding[2].feature_map |= Feature::RecoveryOffset.bit();
+    assert!(matches!(
+        refused(&rebuilding, ConsistencyPolicy::Resync),
+        PolicyChangeError::Recovering { index: 2, .. }
+    ));
+    // One ferroraid cannot serve (here: the bit on its own).
+    let mut broken = sbs.clone();
+    broken[0].feature_map = Feature::Raid6Ppl.bit();
+    assert!(matches!(
+        refused(&broken, ConsistencyPolicy::Resync),
+        PolicyChangeError::Superblock {
+            index: 0,
+            error: SuperblockError::Raid6PplBit { .. }
+        }
+    ));
+    // A member recorded faulty by the others.
+    let mut faulty = sbs.clone();
+    for sb in &mut faulty {
+        sb.dev_roles[4] = DEV_ROLE_FAULTY;
+    }
+    assert!(matches!(
+        refused(&faulty, ConsistencyPolicy::Resync),
+        PolicyChangeError::Faulty {
+            index: 4,
+            dev_number: 4
+        }
+    ));
+    // A spare is rewritten with the members.
+    let mut a = new_array(Level::Raid6, 4, true);
+    a.consistency_policy = Some(ConsistencyPolicy::Ppl);
+    let with_spare = a.superblocks(&[64 * MIB_SECTORS; 5], &mut rng()).unwrap();
+    assert_eq!(with_spare[4].role(), DevRole::Spare);
+    let out = switch(&with_spare, ConsistencyPolicy::Resync).unwrap();
+    assert_eq!(out[4].feature_map, 0);
+}
+
+/// Assembly accepts a RAID6 PPL array as a RAID5 one: the area is attached
+/// (`Assembly::ppl`), and dirty with up to two members missing it starts without force
+/// (md's dirty-degraded rule for a PPL array, generalised: the recovery at assembly makes
+/// every logged stripe consistent first); three missing is too few members either way.
+#[test]
+fn raid6_ppl_dirty_degraded_assembles_without_force() {
+    let mut sbs = raid6_ppl_sbs();
+    let area = sbs[0].ppl_area().unwrap();
+    let a = assemble(&cands(&sbs), AssembleOptions::default()).unwrap();
+    assert_eq!(a.ppl, area);
+    assert!(!a.resync_needed);
+    for sb in &mut sbs {
+        sb.resync_offset = 0;
+    }
+    for missing in [1, 2] {
+        let a = assemble(&cands(&sbs[missing..]), AssembleOptions::default()).unwrap();
+        assert!(a.degraded && a.resync_needed);
+        assert_eq!(a.ppl, area);
+        assert!(a.forced.is_empty(), "{:?}", a.forced);
+        assert_eq!(a.missing_roles.len(), missing);
+        assert!(
+            a.notes()
+                .iter()
+                .any(|n| n.contains("the Partial Parity Log is recovered before the first")),
+            "{:?}",
+            a.notes()
+        );
+    }
+    assert!(assemble(&cands(&sbs[3..]), AssembleOptions::default()).is_err());
+    // The same array without the ferroraid bit is md's refusal, not a PPL array.
+    for sb in &mut sbs {
+        sb.feature_map &= !Feature::Raid6Ppl.bit();
+    }
+    assert!(assemble(&cands(&sbs[1..]), AssembleOptions::default()).is_err());
 }

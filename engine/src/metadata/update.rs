@@ -1,4 +1,5 @@
-//! The superblock-update rule: from the current superblocks, the next generation.
+//! The superblock-update rule: from the current superblocks, the next generation; and the
+//! offline consistency-policy switch ([`switch_consistency_policy`]).
 //!
 //! Every state change of the array (a member failed, clean ↔ dirty, resync progress) is
 //! recorded by writing a new superblock to every working member, each with `events` one
@@ -26,8 +27,10 @@
 use thiserror::Error;
 
 use super::assemble::EVENT_MARGIN;
+use super::create::ConsistencyPolicy;
 use super::superblock::{
-    DevRole, Feature, Superblock, DEV_ROLE_FAULTY, DEV_ROLE_SPARE, MAX_DEV_LIMIT, MAX_SECTOR,
+    DevRole, Feature, Superblock, SuperblockError, DEV_ROLE_FAULTY, DEV_ROLE_SPARE, MAX_DEV_LIMIT,
+    MAX_SECTOR,
 };
 use super::{MdTime, Uuid};
 
@@ -142,6 +145,14 @@ pub enum UpdateError {
     EventsOverflow,
 }
 
+/// The newest of `sbs`: highest `events`, the first on ties; `None` when empty.
+fn newest_of(sbs: &[Superblock]) -> Option<&Superblock> {
+    sbs.iter()
+        .enumerate()
+        .max_by(|(ia, a), (ib, b)| a.events.cmp(&b.events).then(ib.cmp(ia)))
+        .map(|(_, sb)| sb)
+}
+
 /// The superblock of a device joining the array in slot `dev_number` (a spare, or a
 /// replacement about to be rebuilt): the array-wide fields, `events` and `dev_roles` of
 /// `newest`, and its own identity — `device_uuid`, a data area of `data_size_sectors`
@@ -193,12 +204,7 @@ pub fn next_generation(
     current: &[Superblock],
     update: &Update,
 ) -> Result<Vec<Option<Superblock>>, UpdateError> {
-    let newest = current
-        .iter()
-        .enumerate()
-        .max_by(|(ia, a), (ib, b)| a.events.cmp(&b.events).then(ib.cmp(ia)))
-        .map(|(_, sb)| sb)
-        .ok_or(UpdateError::Empty)?;
+    let newest = newest_of(current).ok_or(UpdateError::Empty)?;
     let events = newest
         .events
         .checked_add(1)
@@ -287,6 +293,305 @@ pub fn next_generation(
             }
         }
         out.push(Some(next));
+    }
+    Ok(out)
+}
+
+/// Why a consistency-policy switch ([`switch_consistency_policy`]) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PolicyChangeError {
+    /// No superblocks given.
+    #[error("no superblocks given")]
+    Empty,
+    /// A policy that cannot be switched to offline: only `ppl` and `resync` (mdadm's
+    /// `Grow_consistency_policy` allows the same two).
+    #[error(
+        "cannot switch to consistency policy {to}: only ppl and resync can be switched to \
+         (an internal bitmap is added under md: mdadm --grow --bitmap=internal)"
+    )]
+    Target {
+        /// The policy asked for.
+        to: ConsistencyPolicy,
+    },
+    /// A superblock ferroraid cannot serve (reshape, journal, unknown bits, a PPL md
+    /// refuses, ...): nothing is rewritten.
+    #[error("superblock {index}: {error}")]
+    Superblock {
+        /// Its position in the list.
+        index: usize,
+        /// Why.
+        error: SuperblockError,
+    },
+    /// A superblock of another array among the ones given.
+    #[error(
+        "superblock {index} belongs to array {uuid}, not {expected}: give the members of one array"
+    )]
+    ForeignArray {
+        /// Its position in the list.
+        index: usize,
+        /// Its `set_uuid`.
+        uuid: Uuid,
+        /// The first superblock's `set_uuid`.
+        expected: Uuid,
+    },
+    /// The array is dirty: its parity may be inconsistent, and only the policy it was
+    /// written under can make it consistent.
+    #[error(
+        "the array was not shut down cleanly (resync_offset {resync_offset}): assemble it \
+         (ferroraid serve) and stop it cleanly first, then switch"
+    )]
+    Dirty {
+        /// The newest `resync_offset`, sectors.
+        resync_offset: u64,
+    },
+    /// An active member whose `events` differ from the newest: the last stop did not
+    /// reach every member.
+    #[error(
+        "superblock {index} (slot {dev_number}) is at events {events}, the newest at \
+         {newest}: the array was not stopped cleanly on every member; assemble it \
+         (ferroraid serve) and stop it cleanly first"
+    )]
+    EventsDiffer {
+        /// Its position in the list.
+        index: usize,
+        /// Its slot.
+        dev_number: u32,
+        /// Its events.
+        events: u64,
+        /// The newest events.
+        newest: u64,
+    },
+    /// A device recorded faulty by the array.
+    #[error(
+        "superblock {index} (slot {dev_number}) is recorded faulty by the array: leave it out"
+    )]
+    Faulty {
+        /// Its position in the list.
+        index: usize,
+        /// Its slot.
+        dev_number: u32,
+    },
+    /// A role with no device given: every member must be given, or the ones left out
+    /// would keep the old policy.
+    #[error(
+        "no device given for role {role}: give every member of the array (a degraded array \
+         must be rebuilt first)"
+    )]
+    MissingRole {
+        /// The role.
+        role: u16,
+    },
+    /// Two devices given for one role (the same device twice, a clone, a replacement).
+    #[error("superblocks {first} and {second} both hold role {role}")]
+    DuplicateRole {
+        /// The role.
+        role: u16,
+        /// The first superblock holding it.
+        first: usize,
+        /// The second.
+        second: usize,
+    },
+    /// A member being rebuilt or replaced.
+    #[error(
+        "superblock {index} (slot {dev_number}) is being rebuilt or replaced: let it finish \
+         under ferroraid first"
+    )]
+    Recovering {
+        /// Its position in the list.
+        index: usize,
+        /// Its slot.
+        dev_number: u32,
+    },
+    /// The array already has the policy asked for (mdadm: "Consistency policy is already").
+    #[error("consistency policy is already {policy}")]
+    Already {
+        /// The policy.
+        policy: ConsistencyPolicy,
+    },
+    /// The current policy cannot be switched from (mdadm: "Current consistency policy is
+    /// %s, cannot change to %s").
+    #[error(
+        "current consistency policy is {current}, cannot change to {to} (remove the bitmap \
+         under md first: mdadm --grow --bitmap=none)"
+    )]
+    From {
+        /// The array's policy.
+        current: ConsistencyPolicy,
+        /// The policy asked for.
+        to: ConsistencyPolicy,
+    },
+    /// No room for a PPL area between the superblock and the bad-block log or data
+    /// (mdadm's `update_super1` "ppl": "Not enough space to add ppl").
+    #[error(
+        "superblock {index} (slot {dev_number}): not enough space for a PPL: {space_sectors} \
+         sectors between the superblock and the bad-block log or data, at least \
+         {MIN_PPL_SPACE_SECTORS} needed (mdadm: Not enough space to add ppl)"
+    )]
+    PplSpace {
+        /// Its position in the list.
+        index: usize,
+        /// Its slot.
+        dev_number: u32,
+        /// The space found, sectors.
+        space_sectors: i64,
+    },
+    /// `events` cannot grow further.
+    #[error("events counter overflow")]
+    EventsOverflow,
+}
+
+/// Fewest sectors mdadm's `update_super1` "ppl" accepts for a PPL area: the 4 KiB header
+/// and one 4 KiB page (`(PPL_HEADER_SIZE >> 9) + 8`).
+pub const MIN_PPL_SPACE_SECTORS: i64 = 16;
+
+/// Where mdadm's `update_super1` "ppl" (`mdadm --grow --consistency-policy=ppl`) puts a
+/// PPL area on a v1.1/1.2 member: `(ppl.offset, ppl.size)` in sectors, offset 8 from the
+/// superblock; the size is the room up to the bad-block log (`bblog_offset − 8` when there
+/// is a log) or else to the data (`data_offset − super_offset − 8`), capped at 2048
+/// sectors (`MULTIPLE_PPL_AREA_SIZE_SUPER1`), and below that at `choose_ppl_space`:
+/// `8 + max(chunk, 256)` sectors.
+///
+/// # Errors
+/// The room found, in sectors, when it is below [`MIN_PPL_SPACE_SECTORS`].
+pub fn mdadm_ppl_placement(sb: &Superblock) -> Result<(i16, u16), i64> {
+    let space = if sb.bblog_offset != 0 {
+        i64::from(sb.bblog_offset) - 8
+    } else {
+        sb.data_offset as i64 - sb.super_offset as i64 - 8
+    };
+    if space < MIN_PPL_SPACE_SECTORS {
+        return Err(space);
+    }
+    let max = i64::from(super::ppl::MDADM_PPL_SIZE_SECTORS);
+    let size = if space >= max {
+        max
+    } else {
+        space.min(8 + i64::from(sb.chunksize.max(256)))
+    };
+    Ok((8, size.min(i64::from(u16::MAX)) as u16))
+}
+
+/// The superblocks of a **stopped, clean** array switched to consistency policy `to`
+/// (`ppl` or `resync`): ferroraid's offline `mdadm --grow --consistency-policy=`
+/// (mdadm's `Grow_consistency_policy` and `update_super1` "ppl" / "no-ppl"). `current`
+/// holds the superblock of every device of the array (members and spares); the result has
+/// one superblock per input, in order, each with `events` one above the newest, `utime`,
+/// and:
+/// - `resync`: the PPL feature bits and [`Feature::Raid6Ppl`] cleared, `ppl.offset` and
+///   `ppl.size` zero (mdadm's "no-ppl" clears the bits only);
+/// - `ppl`: [`Feature::Ppl`] set (and on RAID6 [`Feature::Raid6Ppl`]), the area placed
+///   as mdadm places it ([`mdadm_ppl_placement`], per member: offsets may differ). The
+///   caller writes every member's area as at creation ([`super::empty_ppl_area`]) before
+///   any superblock.
+///
+/// # Errors
+/// In this order: [`PolicyChangeError::Target`] (`bitmap`), [`PolicyChangeError::Empty`],
+/// [`PolicyChangeError::Superblock`] (one ferroraid cannot serve),
+/// [`PolicyChangeError::ForeignArray`], [`PolicyChangeError::Dirty`],
+/// [`PolicyChangeError::Faulty`], [`PolicyChangeError::EventsDiffer`] (an active member
+/// not at the newest events), [`PolicyChangeError::Recovering`],
+/// [`PolicyChangeError::DuplicateRole`], [`PolicyChangeError::MissingRole`],
+/// [`PolicyChangeError::Already`], [`PolicyChangeError::From`] (a bitmap array),
+/// [`PolicyChangeError::PplSpace`], [`PolicyChangeError::Superblock`] (the new PPL area
+/// refused by md's placement rules), [`PolicyChangeError::EventsOverflow`].
+pub fn switch_consistency_policy(
+    current: &[Superblock],
+    to: ConsistencyPolicy,
+    utime: MdTime,
+) -> Result<Vec<Superblock>, PolicyChangeError> {
+    if to == ConsistencyPolicy::Bitmap {
+        return Err(PolicyChangeError::Target { to });
+    }
+    let newest = newest_of(current).ok_or(PolicyChangeError::Empty)?;
+    for (index, sb) in current.iter().enumerate() {
+        sb.check_supported()
+            .map_err(|error| PolicyChangeError::Superblock { index, error })?;
+        if sb.set_uuid != current[0].set_uuid {
+            return Err(PolicyChangeError::ForeignArray {
+                index,
+                uuid: sb.set_uuid,
+                expected: current[0].set_uuid,
+            });
+        }
+    }
+    if !newest.is_clean() {
+        return Err(PolicyChangeError::Dirty {
+            resync_offset: newest.resync_offset,
+        });
+    }
+    let mut holder: Vec<Option<usize>> = vec![None; newest.raid_disks as usize];
+    for (index, sb) in current.iter().enumerate() {
+        let dev_number = sb.dev_number;
+        match newest.role_of(dev_number) {
+            DevRole::Faulty => return Err(PolicyChangeError::Faulty { index, dev_number }),
+            DevRole::Active(role) => {
+                if sb.events != newest.events {
+                    return Err(PolicyChangeError::EventsDiffer {
+                        index,
+                        dev_number,
+                        events: sb.events,
+                        newest: newest.events,
+                    });
+                }
+                if sb.recovering().is_some() || sb.is_replacement() {
+                    return Err(PolicyChangeError::Recovering { index, dev_number });
+                }
+                // check_supported: every active role is below raid_disks.
+                let h = &mut holder[usize::from(role)];
+                if let Some(first) = *h {
+                    return Err(PolicyChangeError::DuplicateRole {
+                        role,
+                        first,
+                        second: index,
+                    });
+                }
+                *h = Some(index);
+            }
+            DevRole::Spare | DevRole::Journal | DevRole::Invalid(_) => {}
+        }
+    }
+    if let Some(role) = holder.iter().position(Option::is_none) {
+        return Err(PolicyChangeError::MissingRole { role: role as u16 });
+    }
+    let current_policy = newest.consistency_policy();
+    if current_policy == to {
+        return Err(PolicyChangeError::Already { policy: to });
+    }
+    if current_policy == ConsistencyPolicy::Bitmap {
+        return Err(PolicyChangeError::From {
+            current: current_policy,
+            to,
+        });
+    }
+    let events = newest
+        .events
+        .checked_add(1)
+        .ok_or(PolicyChangeError::EventsOverflow)?;
+    let ppl_bits = Feature::Ppl.bit() | Feature::MultiplePpls.bit() | Feature::Raid6Ppl.bit();
+    let mut out = Vec::with_capacity(current.len());
+    for (index, sb) in current.iter().enumerate() {
+        let mut next = sb.clone();
+        next.events = events;
+        next.utime = utime;
+        next.dev_roles.clone_from(&newest.dev_roles);
+        next.feature_map &= !ppl_bits;
+        next.bitmap_offset = 0;
+        if to == ConsistencyPolicy::Ppl {
+            let (offset, size) =
+                mdadm_ppl_placement(sb).map_err(|space_sectors| PolicyChangeError::PplSpace {
+                    index,
+                    dev_number: sb.dev_number,
+                    space_sectors,
+                })?;
+            next.feature_map |= Feature::Ppl.bit();
+            if next.level == 6 {
+                next.feature_map |= Feature::Raid6Ppl.bit();
+            }
+            next.set_ppl(offset, size);
+            next.ppl_area()
+                .map_err(|error| PolicyChangeError::Superblock { index, error })?;
+        }
+        out.push(next);
     }
     Ok(out)
 }
