@@ -1659,6 +1659,9 @@ fn prepare_ppl(
             rows_repaired = rep.rows_repaired,
             rows_skipped = rep.rows_skipped,
             stripes_skipped = rep.stripes_skipped,
+            entries_paired = rep.entries_paired,
+            entries_settled = rep.entries_settled,
+            rows_unrecoverable = rep.rows_unrecoverable,
             mismatches = rep.mismatches,
             elapsed_ms = t.elapsed().as_millis() as u64,
             "PPL recovery after an unclean shutdown"

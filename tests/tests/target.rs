@@ -1238,17 +1238,26 @@ fn kill_9_during_writes_keeps_acknowledged_data_and_leaves_the_array_dirty() {
 /// one member file, and starts the target again on the other three with `--run` (start
 /// degraded), or `--force` when `force`. Returns the restarted server (or `None` when it refused to
 /// start, with its log) and the verifier's output.
+#[allow(clippy::too_many_arguments)]
 fn kill_9_and_lose_a_member(
     d: &Path,
     python: &Path,
     script: &Path,
     policy: &str,
-    lost: usize,
+    level: u8,
+    lost: &[usize],
     force: bool,
 ) -> (Result<Server, String>, Option<Output>) {
-    let members = member_files(d, policy, 4, MEMBER_BYTES);
+    let members = member_files(d, policy, if level == 6 { 5 } else { 4 }, MEMBER_BYTES);
     let name = format!("hole-{policy}");
-    let mut cmd = ferroraid_cmd(["create", "--level", "5", "--chunk", "64K", "--name"]);
+    let mut cmd = ferroraid_cmd([
+        "create",
+        "--level",
+        &level.to_string(),
+        "--chunk",
+        "64K",
+        "--name",
+    ]);
     cmd.arg(&name)
         .args(["--consistency-policy", policy])
         .args(&members);
@@ -1259,9 +1268,11 @@ fn kill_9_and_lose_a_member(
     let werr = d.join(format!("{policy}-writer.err"));
     write_until_wrapped_then_kill(python, script, &mut srv, &acks, &werr);
     examine(d, &members, "active", None);
-    fs::remove_file(&members[lost]).unwrap();
+    for &m in lost {
+        fs::remove_file(&members[m]).unwrap();
+    }
     let rest: Vec<PathBuf> = (0..members.len())
-        .filter(|&i| i != lost)
+        .filter(|i| !lost.contains(i))
         .map(|i| members[i].clone())
         .collect();
     let label = format!("{policy}-restart");
@@ -1292,19 +1303,22 @@ fn kill_9_and_lose_a_member(
     (Ok(srv), Some(out))
 }
 
-/// The write hole closed end to end (issue 19): with md's Partial Parity Log, a RAID5
-/// killed (-9) under flushed and FUA writes and then started with a member file gone
-/// starts without `--force` (`--run`, as mdadm: the log is recovered first) and reads back every
-/// acknowledged write and everything flushed before the crash. The same run with the
-/// write-intent bitmap needs `--force`; what it reads back then is reported beside it.
+/// The write hole closed end to end (issue 19): with the Partial Parity Log, an array
+/// killed (-9) under flushed and FUA writes and then started with member files gone
+/// starts without `--force` (`--run`, as mdadm: the log is recovered first) and reads back
+/// every acknowledged write and everything flushed before the crash — RAID5 (md's PPL)
+/// with one member lost, RAID6 (ferroraid's two-log extension) with one and with two.
+/// The same run with the write-intent bitmap needs `--force`; what it reads back then is
+/// reported beside it.
 #[test]
-fn kill_9_then_a_lost_member_with_ppl_reads_back_every_acknowledged_write() {
+fn kill_9_then_lost_members_with_ppl_read_back_every_acknowledged_write() {
     let Some((tmp, python, script)) = kill_setup() else {
         return;
     };
     let d = tmp.path();
-    for lost in [1, 3] {
-        let (srv, out) = kill_9_and_lose_a_member(d, &python, &script, "ppl", lost, false);
+    let cases: [(u8, &[usize]); 4] = [(5, &[1]), (5, &[3]), (6, &[2]), (6, &[0, 3])];
+    for (level, lost) in cases {
+        let (srv, out) = kill_9_and_lose_a_member(d, &python, &script, "ppl", level, lost, false);
         let mut srv = srv.unwrap_or_else(|e| {
             panic!("a dirty degraded PPL array must start without --force: {e}")
         });
@@ -1316,12 +1330,12 @@ fn kill_9_then_a_lost_member_with_ppl_reads_back_every_acknowledged_write() {
         );
         assert!(
             out.status.success(),
-            "PPL, member {lost} lost: acknowledged data lost across kill -9: {}\n{}",
+            "PPL, RAID{level}, members {lost:?} lost: acknowledged data lost across kill -9: {}\n{}",
             show_output(&out),
             srv.logs()
         );
         eprintln!(
-            "ppl, member {lost} lost: {}",
+            "ppl, RAID{level}, members {lost:?} lost: {}",
             String::from_utf8_lossy(&out.stdout).trim()
         );
         srv.stop();
@@ -1331,7 +1345,8 @@ fn kill_9_then_a_lost_member_with_ppl_reads_back_every_acknowledged_write() {
             }
         }
 
-        let (refused, _) = kill_9_and_lose_a_member(d, &python, &script, "bitmap", lost, false);
+        let (refused, _) =
+            kill_9_and_lose_a_member(d, &python, &script, "bitmap", level, lost, false);
         let why = refused
             .err()
             .expect("a dirty degraded bitmap array needs --force");
@@ -1341,11 +1356,11 @@ fn kill_9_then_a_lost_member_with_ppl_reads_back_every_acknowledged_write() {
                 fs::remove_file(f.path()).unwrap();
             }
         }
-        let (srv, out) = kill_9_and_lose_a_member(d, &python, &script, "bitmap", lost, true);
+        let (srv, out) = kill_9_and_lose_a_member(d, &python, &script, "bitmap", level, lost, true);
         let mut srv = srv.expect("--force starts it");
         let out = out.expect("served");
         eprintln!(
-            "bitmap (--force), member {lost} lost: verify {}: {}",
+            "bitmap (--force), RAID{level}, members {lost:?} lost: verify {}: {}",
             if out.status.success() {
                 "passed"
             } else {
