@@ -8,6 +8,12 @@
 # the whole array is read back for the host (md-read.bin), md's `check` must find
 # mismatch_cnt 0, and the array is stopped cleanly.
 #
+# Part 0, ferroraid's RAID6 PPL (disks fr6ppl-.., fr6rs-..: one array written by ferroraid and
+# stopped cleanly; fr6rs is a copy switched with `ferroraid grow --consistency-policy
+# resync`): md must refuse the PPL members (the ferroraid feature bit is one md does not
+# know), and assemble the switched copy clean, read it back for the host, and find
+# mismatch_cnt 0.
+#
 # Part 2, md -> ferroraid (disks md2fr-0..): `mdadm --create --consistency-policy=ppl` a
 # RAID5 (--assume-clean: the members are zero, so parity is consistent), write the pattern
 # p-md2fr over it in full stripes, then hand the results to the host (the out disk, and
@@ -33,6 +39,54 @@ if [ ! -w $ddc ]; then
 	ddc=/sys/kernel/debug/dynamic_debug/control
 fi
 [ -w $ddc ] || fail "no dynamic debug control (neither /proc nor debugfs): md's PPL messages cannot be seen"
+
+# --- part 0: ferroraid's RAID6 PPL ----------------------------------------------------------
+out=$RIG_OUT/fr6
+mkdir -p "$out"
+md=/dev/md2
+sys=/sys/block/md2/md
+fr6() {
+	devs=
+	s=0
+	while [ $s -lt "$FR6_MEMBERS" ]; do
+		devs="$devs $(rig_dev_by_serial "$1-$s")"
+		s=$((s + 1))
+	done
+	echo "$devs"
+}
+devs=$(fr6 fr6ppl)
+# shellcheck disable=SC2086
+mdadm --examine $devs >"$out/examine-ppl.txt" 2>&1 || true
+# shellcheck disable=SC2086
+if mdadm --assemble $md $devs >"$out/assemble-ppl.txt" 2>&1 && [ -e $sys/array_state ] &&
+	grep -Eq '^(clean|active)' $sys/array_state; then
+	cat "$out/assemble-ppl.txt"
+	fail "fr6: md assembled ferroraid's RAID6 PPL array: $(cat $sys/array_state)"
+fi
+mdadm --stop $md >/dev/null 2>&1 || true
+dmesg | grep -E 'md2|md:' | tail -n 20 >"$out/dmesg-refused.txt" || true
+grep -Eo 'Invalid argument|does not have a valid v1.2 superblock|not assembled|no (usable|recogniseable) superblock' \
+	"$out/assemble-ppl.txt" | sort -u | tr '\n' ' ' | sed 's/ $//' >"$out/refused.txt"
+[ -s "$out/refused.txt" ] || echo "refused: $(head -n1 "$out/assemble-ppl.txt")" >"$out/refused.txt"
+say "fr6: md refused ferroraid's RAID6 PPL members: $(cat "$out/refused.txt")"
+devs=$(fr6 fr6rs)
+# shellcheck disable=SC2086
+if ! mdadm --assemble $md $devs >"$out/assemble-resync.txt" 2>&1; then
+	cat "$out/assemble-resync.txt"
+	fail "fr6: md refused the array switched to resync"
+fi
+{
+	echo "array_state=$(cat $sys/array_state)"
+	echo "consistency_policy=$(cat $sys/consistency_policy)"
+	echo "resync_start=$(cat $sys/resync_start)"
+} >"$out/state.txt"
+grep -qx 'consistency_policy=resync' "$out/state.txt" || fail "fr6: md's policy: $(cat "$out/state.txt")"
+grep -qx 'resync_start=none' "$out/state.txt" || fail "fr6: md wants a resync of a cleanly stopped array: $(cat "$out/state.txt")"
+dd if=$md of="$out/md-read.bin" bs=1048576 2>/dev/null
+md_check $md "$out/mismatch_cnt"
+say "fr6: md assembled the switched array ($(tr '\n' ' ' <"$out/state.txt")), read $(wc -c <"$out/md-read.bin") bytes, mismatch_cnt $(cat "$out/mismatch_cnt")"
+[ "$(cat "$out/mismatch_cnt")" = 0 ] || fail "fr6: md check found mismatches"
+mdadm --stop $md
 
 # --- part 1: ferroraid -> md ------------------------------------------------------------
 out=$RIG_OUT/fr2md

@@ -41,8 +41,10 @@ FR_MEMBERS=4 FR_MEMBER_BYTES=$((24 * MiB)) FR_SEED=8001 FR_NEW_SEED=8002
 FR_OFF=$((8 * MiB)) FR_LEN=$((8 * MiB)) FR_ACKS=64
 MD_MEMBERS=5 MD_MEMBER_BYTES=$((24 * MiB)) MD_CHUNK_KIB=64 MD_SEED=8003 MD_NEW_SEED=8004
 MD_OFF=$((16 * MiB)) MD_LEN=$((8 * MiB)) MD_WRITERS=4 CRASH_AFTER=40 MD_LOST=1
+FR6_MEMBERS=4 FR6_MEMBER_BYTES=$((16 * MiB)) FR6_SEED=8005
 PARAMS="$FR_MEMBERS $FR_MEMBER_BYTES $FR_SEED $FR_NEW_SEED $FR_OFF $FR_LEN $FR_ACKS $MD_MEMBERS \
-$MD_MEMBER_BYTES $MD_CHUNK_KIB $MD_SEED $MD_NEW_SEED $MD_OFF $MD_LEN $MD_WRITERS $CRASH_AFTER $MD_LOST"
+$MD_MEMBER_BYTES $MD_CHUNK_KIB $MD_SEED $MD_NEW_SEED $MD_OFF $MD_LEN $MD_WRITERS $CRASH_AFTER $MD_LOST \
+$FR6_MEMBERS $FR6_MEMBER_BYTES $FR6_SEED"
 FERRORAID=${FERRORAID:-${CARGO_TARGET_DIR:-$RIG_REPO/target}/release/ferroraid}
 
 ppl_key() {
@@ -104,7 +106,7 @@ newest_entries() {
 }
 
 rm -rf "$work"
-mkdir -p "$work/fr2md" "$work/md2fr"
+mkdir -p "$work/fr2md" "$work/md2fr" "$work/fr6/ppl"
 
 # --- ferroraid -> md: create, pattern, writes, kill -9 -------------------------------------
 d=$work/fr2md
@@ -151,6 +153,32 @@ rig_log "md-ppl: fr2md: ferroraid killed under writes ($(cat "$d/killed.txt"); n
 disks=()
 for ((i = 0; i < FR_MEMBERS; i++)); do disks+=(--disk "virtio:$d/d$i.img:fr2md-$i"); done
 
+# --- ferroraid's RAID6 PPL: md must refuse it, and take it once switched to resync --------
+d=$work/fr6
+fr6_images=()
+fr6_ppl=()
+for ((i = 0; i < FR6_MEMBERS; i++)); do
+	truncate -s "$FR6_MEMBER_BYTES" "$d/d$i.img"
+	fr6_images+=("$d/d$i.img")
+	fr6_ppl+=("$d/ppl/d$i.img")
+done
+"$FERRORAID" create --level 6 --layout left-symmetric --chunk 64K --name fr6 \
+	--consistency-policy ppl "${fr6_images[@]}" >"$d/create.txt" 2>&1 ||
+	rig_die "fr6: ferroraid create failed: $(cat "$d/create.txt")"
+fr6_size=$(sed -n 's/.*, \([0-9]*\) bytes, data offset .*/\1/p' "$d/create.txt")
+[[ -n $fr6_size ]] || rig_die "fr6: cannot read the array size from: $(cat "$d/create.txt")"
+pattern fr6 "$FR6_SEED" "$fr6_size" "$d/pattern.bin"
+md_host_serve "$d/serve.log" "$socks/fr6" "${fr6_images[@]}"
+md_host_copy "$d/pattern.bin" "nbd+unix:///fr6?socket=$socks/fr6"
+md_host_stop "$d/serve.log"
+for ((i = 0; i < FR6_MEMBERS; i++)); do cp --sparse=always "${fr6_images[i]}" "${fr6_ppl[i]}"; done
+"$FERRORAID" grow --consistency-policy resync "${fr6_images[@]}" >"$d/grow.txt" 2>&1 ||
+	rig_die "fr6: ferroraid grow --consistency-policy resync failed: $(cat "$d/grow.txt")"
+for ((i = 0; i < FR6_MEMBERS; i++)); do
+	disks+=(--disk "virtio:${fr6_ppl[i]}:fr6ppl-$i" --disk "virtio:${fr6_images[i]}:fr6rs-$i")
+done
+rig_log "md-ppl: fr6: ferroraid RAID6 PPL written and stopped, a copy switched to resync ($((SECONDS - start))s)"
+
 # --- md -> ferroraid: the images md will create on ---------------------------------------
 d=$work/md2fr
 for ((i = 0; i < MD_MEMBERS; i++)); do
@@ -164,7 +192,7 @@ echo "$MD_OFF $MD_LEN" >"$d/window"
 disks+=(--disk "virtio:$d/pattern.bin:p-md2fr:ro" --disk "virtio:$d/new.bin:n-md2fr:ro")
 
 conf=$work/ppl.env
-printf '%s\n' "FR_MEMBERS=$FR_MEMBERS" "MD_MEMBERS=$MD_MEMBERS" "MD_CHUNK_KIB=$MD_CHUNK_KIB" \
+printf '%s\n' "FR_MEMBERS=$FR_MEMBERS" "FR6_MEMBERS=$FR6_MEMBERS" "MD_MEMBERS=$MD_MEMBERS" "MD_CHUNK_KIB=$MD_CHUNK_KIB" \
 	"MD_OFF=$MD_OFF" "MD_LEN=$MD_LEN" "MD_WRITERS=$MD_WRITERS" "CRASH_AFTER=$CRASH_AFTER" >"$conf"
 # A path that depends only on the content: the initramfs cache is keyed on paths too.
 stable=$RIG_CACHE/md-ppl/ppl-$(sha256sum <"$conf" | cut -c1-16).env
@@ -190,6 +218,14 @@ region "$d/md-read.bin" "$d" >"$d/region.txt" ||
 	rig_die "fr2md: what md read back after its PPL recovery: $(cat "$d/region.txt")"
 mdadm --examine "${fr_images[@]}" >"$d/mdadm-examine-after.txt" 2>&1 || true
 rm -f "$d"/*.img "$d"/*.bin
+
+# --- ferroraid's RAID6 PPL: what md did ---------------------------------------------------
+d=$work/fr6
+cp -r "$work/guest/fr6/." "$d/"
+truncate -s "$fr6_size" "$d/pattern.bin"
+cmp -s "$d/md-read.bin" "$d/pattern.bin" ||
+	rig_die "fr6: md's read-back of the array switched to resync differs from what ferroraid wrote"
+rm -rf "$d"/*.img "$d"/*.bin "$d/ppl"
 
 # --- md -> ferroraid: the crashed members ------------------------------------------------
 d=$work/md2fr
@@ -242,6 +278,9 @@ recovery() { grep -h 'PPL recovery after an unclean shutdown' "$1" | sed 's/.*PP
 {
 	echo "kernel: $(sed -n 's/^kernel_release=//p' "$work/kernel.txt"); mdadm: $(head -n1 "$work/mdadm-version.txt")"
 	echo "ferroraid: $FERRORAID ($(sha256sum <"$FERRORAID" | cut -c1-16)); guest ${guest_s}s"
+	d=$work/fr6
+	echo "fr6: ferroraid RAID6 ppl $FR6_MEMBERS x $FR6_MEMBER_BYTES: md refused it ($(cat "$d/refused.txt"));" \
+		"after grow --consistency-policy resync: md $(tr '\n' ' ' <"$d/state.txt")mismatch_cnt $(cat "$d/mismatch_cnt"), read back equal"
 	d=$work/fr2md
 	echo "fr2md: ferroraid RAID5 $FR_MEMBERS x $FR_MEMBER_BYTES, $fr_size bytes, $(cat "$d/killed.txt");" \
 		"newest PPL record: $fr_entries entries; md: $(tr '\n' ' ' <"$d/state-assembled.txt")ppl_load return: $(cat "$d/ppl_load.txt");" \

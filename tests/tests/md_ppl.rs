@@ -14,7 +14,12 @@
 //!   (sysrq b) under small random O_DIRECT writes; `ferroraid examine` finds md's newest
 //!   record with entries, `ferroraid serve` recovers (entries > 0, "no resync needed") and
 //!   reads back the pattern outside the window (each window block old or new); with one
-//!   member removed, `serve --run` recovers and reads back the pattern outside the window.
+//!   member removed, `serve --run` recovers and reads back the pattern outside the window;
+//! - **ferroraid's RAID6 PPL** (its own extension): a RAID6 made by `ferroraid create
+//!   --consistency-policy ppl`, written and stopped cleanly, is refused by md (the
+//!   ferroraid feature bit is one md does not know: `Invalid argument`); a copy switched
+//!   with `ferroraid grow --consistency-policy resync` is assembled by md clean, without a
+//!   resync, `check` finds `mismatch_cnt` 0, and md reads back what ferroraid wrote.
 //!
 //! This test holds the script's summary to that and has the oracle
 //! (`../shared/oracle/raidref.py`) verify parity on every stripe of the members ferroraid
@@ -103,6 +108,15 @@ fn md_and_ferroraid_recover_each_others_ppl_after_a_crash() {
     );
 
     // md -> ferroraid: ferroraid recovered from md's log, no resync.
+    let r6 = line(&summary, "fr6");
+    for want in [
+        "md refused it",
+        "consistency_policy=resync resync_start=none",
+        "mismatch_cnt 0",
+        "read back equal",
+    ] {
+        assert!(r6.contains(want), "fr6: no {want:?} in {r6:?}");
+    }
     let md = line(&summary, "md2fr");
     assert!(
         number_after(md, "newest PPL record: ").unwrap_or(0) > 0,
