@@ -2,8 +2,8 @@
 //! around the executor's calls into the engine (`submit`, `process`, `poll`), a repair
 //! that finds and rewrites mismatching parity, and a replace (writes mirrored to the
 //! replacement, the copy, the swap at completion), beside client reads and writes on 2
-//! shards, must count zero allocations. A separate test binary because it replaces the
-//! global allocator.
+//! shards, and writes logged in the Partial Parity Log (RAID5 and RAID6), must count zero
+//! allocations. A separate test binary because it replaces the global allocator.
 
 use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::cell::Cell;
@@ -278,4 +278,72 @@ fn replace_beside_client_io_allocates_nothing() {
         0,
         "allocations on the replace's data path"
     );
+}
+
+/// The Partial Parity Log's write path allocates nothing: every write logged before it goes
+/// out (records built in preallocated buffers, turns taken across 2 shards), on RAID5 (md's
+/// PPL) and RAID6 (two logs per write), beside client reads.
+#[test]
+fn ppl_logged_writes_allocate_nothing() {
+    use std::sync::Arc;
+
+    use engine::metadata::ppl::signature;
+    use engine::metadata::Uuid;
+    use engine::ppl::PplShared;
+
+    const CHUNK: u64 = 16384;
+    const STRIPES: u64 = 256;
+    const AREA_OFFSET: u64 = 4096;
+    const AREA_BYTES: u64 = 64 << 10;
+    const DATA_OFFSET: u64 = AREA_OFFSET + AREA_BYTES;
+    for (level, members) in [(Level::Raid5, 5u16), (Level::Raid6, 6)] {
+        let g = Geometry::new(level, Layout::LeftSymmetric, members, CHUNK, 512).unwrap();
+        let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+        let clock = SimClock::new();
+        let devs: Vec<SimDevice> = (0..members)
+            .map(|i| {
+                SimDevice::new(
+                    &format!("d{i}"),
+                    DATA_OFFSET + STRIPES * CHUNK,
+                    512,
+                    Profile::nvme_ssd(),
+                    clock.clone(),
+                    u64::from(i),
+                )
+                .unwrap()
+            })
+            .collect();
+        let shared = Arc::new(PplShared::new(
+            usize::from(members),
+            AREA_OFFSET,
+            AREA_BYTES,
+            signature(&Uuid([3; 16])),
+        ));
+        let cfg = ArrayConfig {
+            data_offset_bytes: DATA_OFFSET,
+            ..ArrayConfig::default()
+        };
+        let shards = (0..2)
+            .map(|_| {
+                let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+                let mut a = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+                a.attach_ppl(Arc::clone(&shared));
+                a
+            })
+            .collect();
+        let mut arr = ShardedArray::new(shards, 64);
+        let records = |a: &ShardedArray<SimChannel>| -> u64 {
+            a.shards().iter().map(|s| s.stats().ppl_records).sum()
+        };
+        let issued = drive(&mut arr, &clock, geo.capacity_bytes(), |a| {
+            records(a) >= 300
+        });
+        assert!(records(&arr) >= 300, "{level}: {} records", records(&arr));
+        assert!(issued > 300, "{level}: {issued} client requests");
+        assert_eq!(
+            ALLOCATIONS.load(Ordering::Relaxed),
+            0,
+            "{level}: allocations on the PPL write path"
+        );
+    }
 }
