@@ -52,6 +52,10 @@ IOPS and MB/s fio's per-job `iops` and `bw_bytes` (10^6 bytes); each is the medi
 medians. The issue's targets: p99.9 beside ≤ 2× alone, reader IOPS ≥ 70 % of alone,
 writer MB/s ≥ 70 % of alone.
 
+A client that fails (e.g. an iSCSI command answered TASK SET FULL: fio's libiscsi engine
+does not retry) fails that target's row of that table, with its first error line; the
+other cells still run.
+
 Everything this script starts (servers, clients: each in its own process group), mounts
 and creates is stopped, unmounted and removed at the end, also on Ctrl-C, SIGTERM or a
 failure. Needs fio, qemu-nbd, taskset, python3-libnbd (for `one`), root (for `tmpfs`).
@@ -135,8 +139,20 @@ def run_client(cmd, timeout):
         proc.wait()
         raise
     if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}: {err[-2000:]}")
+        raise ClientFailed(cmd, proc.returncode, err)
     return out
+
+
+class ClientFailed(Exception):
+    """A client exited with an error: `why` is its first error line (fio repeats it for
+    every failed I/O)."""
+
+    def __init__(self, cmd, rc, stderr):
+        lines = [l for l in stderr.splitlines() if l.strip()]
+        first = next((l for l in lines if "error" in l.lower()), lines[-1] if lines else "")
+        prog = cmd[4] if cmd[3] == SYSTEM_PYTHON else cmd[3]  # after "taskset -c CPUS"
+        self.why = f"{os.path.basename(prog)} exited with {rc}: {first.strip()}"
+        super().__init__(f"{shlex.join(cmd)} exited with {rc}: {stderr[-2000:]}")
 
 
 def cpu_list(cpus):
@@ -350,6 +366,9 @@ def pct(x):
 
 
 def row(label, runs):
+    failed = [r["error"] for r in runs if "error" in r]
+    if failed:
+        return f"| {label} | failed ({len(failed)} of {len(runs)} runs): {failed[0]} |"
     med = lambda key, field: statistics.median(r[key][field] for r in runs)  # noqa: E731
     ra50, ra999, ra_iops = (med("reader_alone", f) for f in ("p50_us", "p999_us", "iops"))
     rb50, rb999, rb_iops = (med("reader_beside", f) for f in ("p50_us", "p999_us", "iops"))
@@ -481,7 +500,12 @@ def main():
                         for t in targets:
                             if protocol == "iscsi" and t.name == "qemu-nbd":
                                 continue
-                            res = measure(t, clients, target_cpus, cell, prefilled)
+                            try:
+                                res = measure(t, clients, target_cpus, cell, prefilled)
+                            except ClientFailed as e:
+                                # The cell's row says why; the other cells still run.
+                                print(e, file=sys.stderr)
+                                res = {"error": e.why}
                             results[kind][cell].setdefault(t.name, []).append(res)
                         print(f"{kind}: run {run + 1}/{a.runs}: {cell} done",
                               file=sys.stderr)
