@@ -34,8 +34,9 @@
 //! RAID5, ferroraid's two-log extension on RAID6 (docs/FORMAT.md) — and must find zero
 //! (see [`start`], the one place the policy is attached).
 //!
-//! `FERRORAID_WRITE_HOLE_OPS` sets the requests per run (default 600); `FERRORAID_SEED=N`
-//! runs only the configuration with seed N (printed on any failure).
+//! `FERRORAID_WRITE_HOLE_OPS` sets the requests per run (default 600),
+//! `FERRORAID_WRITE_HOLE_SEEDS` the seeds per level and shard count (default 8);
+//! `FERRORAID_SEED=N` runs only the configuration with seed N (printed on any failure).
 
 use std::sync::{Arc, Mutex};
 
@@ -68,9 +69,17 @@ enum Policy {
     Ppl,
 }
 
-/// Seeds are numbered from here (+1), [`SEEDS_PER_CONFIG`] per level and shard count.
+/// Seeds are numbered from here (+1), [`seeds_per_config`] per level and shard count.
 const FIRST_SEED: u64 = 19_000;
-const SEEDS_PER_CONFIG: usize = 8;
+
+/// Seeds per level and shard count: `FERRORAID_WRITE_HOLE_SEEDS`, default 8 (48 runs per
+/// policy, a few seconds; more for a longer hunt).
+fn seeds_per_config() -> usize {
+    std::env::var("FERRORAID_WRITE_HOLE_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
 
 fn ops() -> usize {
     std::env::var("FERRORAID_WRITE_HOLE_OPS")
@@ -304,7 +313,7 @@ fn oracle_extract(oracle: &Oracle, w: &CrashWorld, missing: &[u16], ctx: &str) -
 /// Runs every case under `policy` on two threads; prints the counts per level and shard
 /// count and returns each run's (level, shards, counts).
 fn run_all(policy: Policy, oracle: Option<&Oracle>) -> Vec<(Level, usize, Count)> {
-    let all = crash_cases(FIRST_SEED, SEEDS_PER_CONFIG, ops());
+    let all = crash_cases(FIRST_SEED, seeds_per_config(), ops());
     let runs = Mutex::new(Vec::new());
     each_case(all, |c| {
         let n = run(c, policy, oracle);
