@@ -15,7 +15,12 @@
 //!    `daemon_sleep`): md's region counter is left at 2 by the last write and each pass
 //!    takes one; at 0 the bit is cleared — so a region is cleared at the second pass after
 //!    its last write completed, after one to two `daemon_sleep` periods of quiet (never a
-//!    region with a write in flight). The cleared bits are then written.
+//!    region with a write in flight). The cleared bits are then written — only after
+//!    every online member with a volatile write cache was flushed (md writes bitmap pages
+//!    with `REQ_PREFLUSH`, `md_super_write`): the region's writes completed before the
+//!    pass, so the flush makes them durable, and a bit never reaches the disk clear while
+//!    a crash could still take its region's writes out of a cache
+//!    ([`BitmapOwner::batch_clears`]).
 //! 3. **Never while degraded**: a write that could not reach every member leaves its bit
 //!    set (md's `NEEDED`), since the missing member will need the region recovered; the
 //!    daemon clears nothing while a member is failed or being recovered (md clears bits
@@ -627,6 +632,10 @@ pub struct BitmapOwner {
     /// the units marked dirty since (0: none).
     batch_all: u64,
     pending_all: u64,
+    /// Bits were cleared in the image since the last batch started, and the batch in
+    /// flight clears bits (rule 2: it goes out after a flush).
+    clears_pending: bool,
+    batch_clears: bool,
 }
 
 impl BitmapOwner {
@@ -648,6 +657,8 @@ impl BitmapOwner {
             clear_stale: i.all && i.initial.super_.is_stale(),
             batch_all: 0,
             pending_all: 0,
+            clears_pending: false,
+            batch_clears: false,
         };
         if i.all {
             for r in 0..i.regions {
@@ -685,6 +696,13 @@ impl BitmapOwner {
     /// Whether a batch is in flight.
     pub fn busy(&self) -> bool {
         self.in_flight
+    }
+
+    /// Whether the batch in flight clears bits: then the caller flushes every online
+    /// member with a volatile write cache, and issues the batch's writes only once those
+    /// flushes completed (rule 2 in the module docs; md's `REQ_PREFLUSH`).
+    pub fn batch_clears(&self) -> bool {
+        self.in_flight && self.batch_clears
     }
 
     /// The next daemon pass, on the array clock (ns), when one is due (bits are set on
@@ -791,6 +809,7 @@ impl BitmapOwner {
             0
         };
         self.batch_all = std::mem::take(&mut self.pending_all);
+        self.batch_clears = std::mem::take(&mut self.clears_pending);
         self.in_flight = true;
     }
 
@@ -865,6 +884,7 @@ impl BitmapOwner {
             i.generation.fetch_add(1, SeqCst);
         }
         if cleared {
+            self.clears_pending = true;
             // md_bitmap_endwrite: events_cleared = the array's events when bits are cleared.
             self.super_.events_cleared = i.events.load(SeqCst).max(self.super_.events);
             i.events_cleared
@@ -887,6 +907,7 @@ impl BitmapOwner {
                 self.dirty_units[u as usize] = true;
             }
             self.pending_all = self.pending_all.max(self.batch_all);
+            self.clears_pending |= self.batch_clears;
             return;
         }
         if self.batch_all != 0 {

@@ -10,6 +10,13 @@
 //! array is dropped, without a shutdown, in the loop turn where the first torn member
 //! write reaches the media: member writes that completed are on the media, torn ones in
 //! part, the rest not at all, and nothing completed in that turn counts as acknowledged.
+//!
+//! Half the seeds ([`CrashCase::volatile`]) give some members (at least one) a volatile
+//! write cache: a member write that completed without FUA stays volatile until a flush
+//! sent after it completes, and the crash loses any of those it likes
+//! ([`SimDevice::crash_volatile`]: whole writes or some of their blocks, in any order). The
+//! version model follows: a client write acknowledged without FUA and with no client flush
+//! sent after its acknowledgement completed may read back old or new, as one in flight.
 
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -23,7 +30,9 @@ use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::metadata::{Bitmap, BitmapSuper, Uuid};
 use engine::parity::Parity;
 use engine::shard::ShardedArray;
-use engine::sim::{Fault, FaultRule, IoLog, OpFilter, Profile, SimChannel, SimClock, SimDevice};
+use engine::sim::{
+    Fault, FaultRule, IoLog, OpFilter, Profile, SimChannel, SimClock, SimDevice, VolatileLoss,
+};
 
 use crate::{Oracle, Rng};
 
@@ -208,6 +217,9 @@ pub struct CrashCase {
     pub depth: usize,
     /// Shards of the [`ShardedArray`].
     pub reactors: usize,
+    /// Whether members may have a volatile write cache (which ones: [`CrashWorld::cached`])
+    /// whose unflushed writes the crash may lose.
+    pub volatile: bool,
     pub seed: u64,
 }
 
@@ -216,7 +228,7 @@ impl CrashCase {
     pub fn ctx(&self) -> String {
         format!(
             "crash: {} {} members={} chunk={} stripes={} bitmap_chunk={} depth={} reactors={} \
-             seed={} (replay: FERRORAID_SEED={})",
+             volatile_caches={} seed={} (replay: FERRORAID_SEED={})",
             self.level,
             self.layout,
             self.members,
@@ -225,6 +237,7 @@ impl CrashCase {
             self.bm_chunk,
             self.depth,
             self.reactors,
+            self.volatile,
             self.seed,
             self.seed
         )
@@ -233,8 +246,9 @@ impl CrashCase {
 
 /// RAID5 and RAID6, 1, 2 and 4 reactors, `per_config` seeds each (numbered from
 /// `first_seed + 1`), `ops` requests a run; each seed draws the layout, the member count,
-/// the chunk, the bitmap chunk, the size and the queue depth. `FERRORAID_SEED=N` keeps
-/// only the case with seed N.
+/// the chunk, the bitmap chunk, the size, the queue depth and whether members may have a
+/// volatile write cache (half the seeds). `FERRORAID_SEED=N` keeps only the case with
+/// seed N.
 pub fn crash_cases(first_seed: u64, per_config: usize, ops: usize) -> Vec<CrashCase> {
     let only: Option<u64> = std::env::var("FERRORAID_SEED")
         .ok()
@@ -265,6 +279,7 @@ pub fn crash_cases(first_seed: u64, per_config: usize, ops: usize) -> Vec<CrashC
                     ops,
                     depth: 16 + rng.below(17) as usize,
                     reactors,
+                    volatile: rng.below(2) == 0,
                     seed,
                 });
             }
@@ -279,7 +294,13 @@ pub struct Version {
     seq: u64,
     off: u64,
     data: Vec<u8>,
+    /// Written with FUA: durable once acknowledged.
+    fua: bool,
     acked: Cell<bool>,
+    /// Acknowledged and durable: no crash can take it back.
+    durable: Cell<bool>,
+    /// [`Versions::acks`] when it was acknowledged.
+    acked_at: Cell<u64>,
 }
 
 impl Version {
@@ -294,14 +315,23 @@ impl Version {
 }
 
 /// The crash model's reference: for each 512-byte block of the array, the writes whose
-/// bytes it may hold after a crash — the last acknowledged write over it (none: the block
-/// may still hold `base`, the array's contents at the start) and every write over it
-/// submitted after that one and not acknowledged. Writes to one block are applied in
-/// submission order, so nothing older than the last acknowledged write may show, and a
+/// bytes it may hold after a crash — the last durable write over it (none: the block may
+/// still hold `base`, the array's contents at the start) and every write over it
+/// submitted after that one. A write is durable once acknowledged on members without a
+/// volatile cache; with volatile caches ([`Versions::new`]'s `volatile`), once
+/// acknowledged if it had FUA, else once a client flush submitted after its
+/// acknowledgement completes ([`Versions::flush_done`]). Writes to one block are applied
+/// in submission order, so nothing older than the last durable write may show, and a
 /// block is atomic on a member (a torn member write applies a prefix of whole blocks).
 pub struct Versions {
     base: Vec<u8>,
     blocks: Vec<Vec<Rc<Version>>>,
+    /// Members may have a volatile write cache: acknowledged is not durable.
+    volatile: bool,
+    /// Acknowledged writes not durable yet, oldest acknowledgement first.
+    unflushed: Vec<Rc<Version>>,
+    /// Acknowledgements so far.
+    acks: u64,
 }
 
 /// How a block read back after the crash relates to its versions.
@@ -309,18 +339,23 @@ pub struct Versions {
 pub enum Outcome {
     /// No write over it was in flight: it equals the reference.
     Definite,
-    /// A write over it was in flight and did not reach it.
+    /// A write over it was in flight (or not durable) and did not reach it.
     Old,
-    /// A write over it was in flight and reached it.
+    /// A write over it was in flight (or not durable) and reached it.
     New,
 }
 
 impl Versions {
-    /// No write yet over `base`, the array's contents at the start.
-    pub fn new(base: Vec<u8>) -> Self {
+    /// No write yet over `base`, the array's contents at the start (durable); `volatile`:
+    /// members may have a volatile write cache, so an acknowledged write without FUA is
+    /// durable only after a client flush.
+    pub fn new(base: Vec<u8>, volatile: bool) -> Self {
         Self {
             blocks: (0..base.len() / 512).map(|_| Vec::new()).collect(),
             base,
+            volatile,
+            unflushed: Vec::new(),
+            acks: 0,
         }
     }
 
@@ -331,25 +366,56 @@ impl Versions {
         }
     }
 
-    /// `v` was acknowledged: whatever was written over its blocks before it is gone.
-    pub fn ack(&mut self, v: &Version) {
+    /// `v` was acknowledged; if that makes it durable, whatever was written over its
+    /// blocks before it is gone.
+    pub fn ack(&mut self, v: &Rc<Version>) {
         v.acked.set(true);
+        v.acked_at.set(self.acks);
+        self.acks += 1;
+        if self.volatile && !v.fua {
+            self.unflushed.push(Rc::clone(v));
+        } else {
+            self.durable(v);
+        }
+    }
+
+    /// Acknowledgements so far: a client flush submitted now covers exactly these (pass
+    /// the value to [`Versions::flush_done`] when it completes).
+    pub fn acks(&self) -> u64 {
+        self.acks
+    }
+
+    /// A client flush completed that was submitted when [`Versions::acks`] returned
+    /// `covers`: every write acknowledged before it is durable.
+    pub fn flush_done(&mut self, covers: u64) {
+        let (done, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unflushed)
+            .into_iter()
+            .partition(|v| v.acked_at.get() < covers);
+        self.unflushed = left;
+        for v in &done {
+            self.durable(v);
+        }
+    }
+
+    fn durable(&mut self, v: &Version) {
+        v.durable.set(true);
         for b in v.blocks() {
             self.blocks[b].retain(|x| x.seq >= v.seq);
         }
     }
 
-    /// Whether a write not acknowledged (in flight at the crash) covers block `b`.
+    /// Whether a write that a crash may still undo covers block `b`: one in flight at the
+    /// crash, or acknowledged but not durable (a volatile cache lost it, or not).
     pub fn in_flight(&self, b: usize) -> bool {
-        self.blocks[b].iter().any(|v| !v.acked.get())
+        self.blocks[b].iter().any(|v| !v.durable.get())
     }
 
     /// Judges block `b` read back as `got`; `Err` describes the loss.
     pub fn judge(&self, b: usize, got: &[u8]) -> Result<Outcome, String> {
         let list = &self.blocks[b];
-        let base = list.iter().find(|v| v.acked.get());
+        let base = list.iter().find(|v| v.durable.get());
         let base_bytes = base.map_or(&self.base[b * 512..(b + 1) * 512], |v| v.block(b));
-        let pending: Vec<&Rc<Version>> = list.iter().filter(|v| !v.acked.get()).collect();
+        let pending: Vec<&Rc<Version>> = list.iter().filter(|v| !v.durable.get()).collect();
         if got == base_bytes {
             return Ok(if pending.is_empty() {
                 Outcome::Definite
@@ -361,8 +427,8 @@ impl Versions {
             return Ok(Outcome::New);
         }
         Err(format!(
-            "block {b} (array offset {}) holds none of its versions: acknowledged {}, in flight \
-             at the crash {:?}",
+            "block {b} (array offset {}) holds none of its versions: durable {}, in flight \
+             or not durable at the crash (tag, offset, length, acknowledged) {:?}",
             b * 512,
             base.map_or("none (the contents at the start)".to_string(), |v| format!(
                 "write {} at {}+{}",
@@ -372,7 +438,7 @@ impl Versions {
             )),
             pending
                 .iter()
-                .map(|v| (v.seq, v.off, v.data.len()))
+                .map(|v| (v.seq, v.off, v.data.len(), v.acked.get()))
                 .collect::<Vec<_>>()
         ))
     }
@@ -525,11 +591,14 @@ pub fn run_process(arr: &mut ShardedArray<SimChannel>, clock: &SimClock, ctx: &s
 /// The simulated members of a crash run and what never changes between its crashes:
 /// `c.members` zero-filled members of unequal speed, each holding a clear write-intent
 /// bitmap area at [`CRASH_BITMAP_START`], a zeroed PPL area at [`CRASH_PPL_START`] and its
-/// data from [`CRASH_DATA_OFFSET`].
+/// data from [`CRASH_DATA_OFFSET`]; with [`CrashCase::volatile`], some of them (at least
+/// one, each with chance 3/4) have a volatile write cache ([`cached_nvme`]).
 pub struct CrashWorld<'a> {
     pub c: &'a CrashCase,
-    /// [`CrashCase::ctx`].
+    /// [`CrashCase::ctx`], and the members with a volatile write cache.
     pub ctx: String,
+    /// The members with a volatile write cache.
+    pub cached: Vec<u16>,
     pub g: Geometry,
     pub geo: ArrayGeometry,
     pub clock: SimClock,
@@ -555,13 +624,26 @@ impl<'a> CrashWorld<'a> {
         );
         let area = Bitmap::new(super_, false).to_area(false);
         assert!(CRASH_BITMAP_START + area.len() as u64 <= CRASH_PPL_START);
+        let mut cached = Vec::new();
+        if c.volatile {
+            let mut rng = Rng::new(c.seed ^ 0xcac4e);
+            cached = (0..c.members).filter(|_| rng.below(4) != 0).collect();
+            if cached.is_empty() {
+                cached.push(rng.below(u64::from(c.members)) as u16);
+            }
+        }
         let devs: Vec<SimDevice> = (0..c.members)
             .map(|i| {
+                let profile = if cached.contains(&i) {
+                    cached_nvme()
+                } else {
+                    Profile::nvme_ssd()
+                };
                 let d = SimDevice::new(
                     &format!("sim{i}"),
                     CRASH_DATA_OFFSET + data_bytes,
                     512,
-                    Profile::nvme_ssd(),
+                    profile,
                     clock.clone(),
                     c.seed ^ u64::from(i),
                 )
@@ -573,9 +655,15 @@ impl<'a> CrashWorld<'a> {
                 d
             })
             .collect();
+        let ctx = if cached.is_empty() {
+            c.ctx()
+        } else {
+            format!("{} cached_members={cached:?}", c.ctx())
+        };
         CrashWorld {
             c,
-            ctx: c.ctx(),
+            ctx,
+            cached,
             g,
             geo,
             clock,
@@ -583,6 +671,25 @@ impl<'a> CrashWorld<'a> {
             area_len: area.len(),
             oracle,
         }
+    }
+
+    /// A power cut's loss of the members' volatile write caches
+    /// ([`SimDevice::crash_volatile`], seeded from `rng`), summed over the members; nothing
+    /// (and no draw from `rng`) without [`CrashCase::volatile`]. Call it with no array over
+    /// the members.
+    pub fn lose_volatile(&self, rng: &mut Rng) -> VolatileLoss {
+        let mut sum = VolatileLoss::default();
+        if !self.c.volatile {
+            return sum;
+        }
+        for d in &self.devs {
+            let l = d.crash_volatile(rng.next_u64());
+            sum.kept += l.kept;
+            sum.lost += l.lost;
+            sum.torn += l.torn;
+            sum.blocks_reverted += l.blocks_reverted;
+        }
+        sum
     }
 
     /// The bitmap as member `d` holds it now.
@@ -626,12 +733,26 @@ impl<'a> CrashWorld<'a> {
     }
 }
 
+/// An NVMe SSD with a volatile write cache (a consumer drive without power-loss
+/// protection): [`Profile::nvme_ssd`], but writes without FUA are acknowledged from the
+/// cache in 10 µs and paid for at the next flush.
+pub fn cached_nvme() -> Profile {
+    Profile {
+        name: "nvme-ssd-cached",
+        write_cache_latency_ns: Some(10_000),
+        ..Profile::nvme_ssd()
+    }
+}
+
 /// What a crash left: the array's stats at the crash and when the torn writes were
 /// armed, the requests in flight at the crash, the versions each block may hold, and the
 /// log of every member request since the last idle gap.
 pub struct Crashed {
     pub stats: ArrayStats,
     pub at_arming: ArrayStats,
+    /// What the members' volatile caches lost at the crash (all zero without
+    /// [`CrashCase::volatile`]).
+    pub volatile: VolatileLoss,
     /// Requests in flight at the crash (the array is gone: their buffers are free).
     pub pending: Vec<Pending>,
     pub versions: Versions,
@@ -645,8 +766,10 @@ pub struct Crashed {
 /// bitmap `intent`, the daemon clears every bit in each) at two random points and at most
 /// two queues' worth of requests before the crash; from a request count drawn in
 /// `ops / 2..=ops` torn writes armed on some members, and the crash in the loop turn
-/// where the first one reaches the media. The array is dropped, without a shutdown, and
-/// the faults cleared. `ctx` names the run in failure messages; `rng` draws everything.
+/// where the first one reaches the media. The array is dropped, without a shutdown, the
+/// faults cleared, and the members' volatile caches lose what the crash takes
+/// ([`CrashWorld::lose_volatile`]). `ctx` names the run in failure messages; `rng` draws
+/// everything.
 pub fn run_to_crash(
     w: &CrashWorld,
     ctx: &str,
@@ -661,7 +784,9 @@ pub fn run_to_crash(
     let cap = geo.capacity_bytes();
     let stripe_bytes = g.stripe_data_bytes();
     let mut reference = base.clone();
-    let mut versions = Versions::new(base);
+    let mut versions = Versions::new(base, c.volatile);
+    // Client flushes in flight: (tag, the acknowledgements they cover).
+    let mut flushes: Vec<(u64, u64)> = Vec::new();
     // The crash comes after `crash_at` requests (then at the first torn member write);
     // idle gaps fall at two random points before it and at most two queues' worth of
     // requests before it, so a bitmap at the crash holds only the last writes' regions.
@@ -731,6 +856,7 @@ pub fn run_to_crash(
             let tag = next_tag;
             if rng.below(32) == 0 {
                 next_tag += 1;
+                flushes.push((tag, versions.acks()));
                 issue_flush(&mut arr, &mut inflight, tag);
                 issued += 1;
                 continue;
@@ -804,7 +930,13 @@ pub fn run_to_crash(
                     seq: tag,
                     off,
                     data,
+                    fua: matches!(
+                        op,
+                        ArrayOp::Write { fua: true } | ArrayOp::WriteZeroes { fua: true }
+                    ),
                     acked: Cell::new(false),
+                    durable: Cell::new(false),
+                    acked_at: Cell::new(0),
                 });
                 versions.submit(&v);
                 v
@@ -823,8 +955,12 @@ pub fn run_to_crash(
             break;
         }
         let done = completions(&mut arr, &mut inflight, &reference, ctx);
-        for v in done.iter().filter_map(|f| f.version.as_ref()) {
-            versions.ack(v);
+        for f in &done {
+            if let Some(v) = &f.version {
+                versions.ack(v);
+            } else if let Some(i) = flushes.iter().position(|&(t, _)| t == f.tag) {
+                versions.flush_done(flushes.swap_remove(i).1);
+            }
         }
         let n = done.len();
         if !progressed && n == 0 {
@@ -842,9 +978,11 @@ pub fn run_to_crash(
     for d in devs {
         d.clear_faults();
     }
+    let volatile = w.lose_volatile(rng);
     Crashed {
         stats,
         at_arming,
+        volatile,
         pending: inflight,
         versions,
         log,

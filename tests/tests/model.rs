@@ -37,12 +37,16 @@
 //! The simulated world, the workload up to the crash and the version model are shared
 //! with the write-hole test (`ferroraid_tests::crash`).
 //!
+//! Half the seeds give some members a volatile write cache (`CrashCase::volatile`): each
+//! crash (the one that interrupts a resync too) loses any member writes no flush or FUA
+//! made durable, and a client write acknowledged without FUA and not covered by a later
+//! client flush may read back old or new. Then md's clearing rule matters too: a bit is
+//! cleared on disk only after the writes of its region are durable.
+//!
 //! Not covered: a member missing at the restart (the write hole: a bitmap resync cannot
 //! rebuild a torn stripe's lost chunk; `tests/write_hole.rs` shows it, and that md's
-//! Partial Parity Log must close it), member failures before the crash (the failure would have to be
-//! recorded in the superblocks, which the engine alone does not write), and the loss of a
-//! volatile write cache at the crash (the simulated members apply a write when it
-//! completes, so FUA and flushes change nothing there).
+//! Partial Parity Log must close it), and member failures before the crash (the failure
+//! would have to be recorded in the superblocks, which the engine alone does not write).
 //!
 //! `FERRORAID_MODEL_OPS` sets the operations per configuration (default 10000; a crash run
 //! spreads them over its four crashes); `FERRORAID_SEED=N` runs only the configuration with
@@ -618,9 +622,15 @@ struct CrashReport {
     /// of those, the ones the crash found still running.
     resyncs_interrupted: u64,
     resyncs_cut: u64,
-    /// Blocks a write in flight covered, read back old or new.
+    /// Blocks a write in flight (or acknowledged, not durable) covered, read back old or
+    /// new.
     blocks_old: u64,
     blocks_new: u64,
+    /// Crashes with volatile member caches; member writes they lost (whole or torn) and
+    /// left.
+    volatile_crashes: u64,
+    volatile_lost: u64,
+    volatile_kept: u64,
 }
 
 impl CrashReport {
@@ -644,6 +654,9 @@ impl CrashReport {
         self.resyncs_cut += o.resyncs_cut;
         self.blocks_old += o.blocks_old;
         self.blocks_new += o.blocks_new;
+        self.volatile_crashes += o.volatile_crashes;
+        self.volatile_lost += o.volatile_lost;
+        self.volatile_kept += o.volatile_kept;
     }
 }
 
@@ -688,6 +701,7 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
     let Crashed {
         stats: st,
         at_arming,
+        volatile,
         pending: inflight,
         versions,
         log,
@@ -698,6 +712,9 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
         "{ctx}: the crash must come after batched passes: {st:?}"
     );
     rep.crashes += 1;
+    rep.volatile_crashes += u64::from(c.volatile);
+    rep.volatile_lost += volatile.lost + volatile.torn;
+    rep.volatile_kept += volatile.kept;
     rep.window_passes += st.write_passes - at_arming.write_passes;
     rep.window_batched += st.batched_writes - at_arming.batched_writes;
     rep.passes += st.write_passes;
@@ -847,6 +864,10 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
         rep.resyncs_cut += u64::from(arr.process_active());
         drop(arr);
         devs[m].clear_faults();
+        // The power cut takes the members' volatile caches with it (the resync's writes
+        // are not flushed yet).
+        let lost = w.lose_volatile(&mut rng);
+        rep.volatile_lost += lost.lost + lost.torn;
         before = Some(dirty);
     };
     // As the target does once the resync finished: the regions are in sync.
@@ -912,7 +933,8 @@ fn a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync() {
          stripe with another), {} member writes lost and {} torn; {} stripes inconsistent, \
          {} of {} stripes dirty in the bitmap; {} resyncs interrupted by another crash ({} \
          still running); the final resyncs found {} mismatched sectors; blocks under writes \
-         in flight read back old {} times, new {} times",
+         in flight or not durable read back old {} times, new {} times; {} crashes with \
+         volatile member caches lost {} member writes (whole or torn) and left {}",
         t.crashes,
         t.batched,
         t.passes,
@@ -931,7 +953,10 @@ fn a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync() {
         t.resyncs_cut,
         t.mismatch_cnt,
         t.blocks_old,
-        t.blocks_new
+        t.blocks_new,
+        t.volatile_crashes,
+        t.volatile_lost,
+        t.volatile_kept
     );
     if n > 1 {
         // Batched passes were issued in the crash windows (their member writes are the
@@ -943,5 +968,7 @@ fn a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync() {
         assert!(t.dirty_stripes < t.stripes, "{t:?}");
         assert!(t.blocks_old > 0 && t.blocks_new > 0, "{t:?}");
         assert!(t.resyncs_cut > 0, "{t:?}");
+        // Volatile caches lost writes at some crashes.
+        assert!(t.volatile_crashes > 0 && t.volatile_lost > 0, "{t:?}");
     }
 }

@@ -15,6 +15,13 @@
 //! or new bytes, or (on a missing member whose write the crash cut) neither, with any
 //! policy (md's PPL is not a journal); they are counted, not judged.
 //!
+//! Half the seeds give some members a volatile write cache (`CrashCase::volatile`): the
+//! crash also loses any member writes no flush or FUA made durable (whole or some of their
+//! blocks, in any order), and a client write acknowledged without FUA and not covered by a
+//! later client flush counts as in flight. PPL must hold there too: that is where md's
+//! rule that a log's next record waits until the previous record's writes are flushed,
+//! and the RAID6 deferral rule (`engine/src/array/ppl.rs`), matter.
+//!
 //! Checked on every run, whatever the policy: untouched blocks on the members still
 //! present read back exactly (they are read directly; only a missing member's blocks are
 //! rebuilt), and, where the oracle is present, its reconstruction of the member images
@@ -27,8 +34,9 @@
 //! RAID5, ferroraid's two-log extension on RAID6 (docs/FORMAT.md) — and must find zero
 //! (see [`start`], the one place the policy is attached).
 //!
-//! `FERRORAID_WRITE_HOLE_OPS` sets the requests per run (default 600); `FERRORAID_SEED=N`
-//! runs only the configuration with seed N (printed on any failure).
+//! `FERRORAID_WRITE_HOLE_OPS` sets the requests per run (default 600),
+//! `FERRORAID_WRITE_HOLE_SEEDS` the seeds per level and shard count (default 8);
+//! `FERRORAID_SEED=N` runs only the configuration with seed N (printed on any failure).
 
 use std::sync::{Arc, Mutex};
 
@@ -61,9 +69,17 @@ enum Policy {
     Ppl,
 }
 
-/// Seeds are numbered from here (+1), [`SEEDS_PER_CONFIG`] per level and shard count.
+/// Seeds are numbered from here (+1), [`seeds_per_config`] per level and shard count.
 const FIRST_SEED: u64 = 19_000;
-const SEEDS_PER_CONFIG: usize = 8;
+
+/// Seeds per level and shard count: `FERRORAID_WRITE_HOLE_SEEDS`, default 8 (48 runs per
+/// policy, a few seconds; more for a longer hunt).
+fn seeds_per_config() -> usize {
+    std::env::var("FERRORAID_WRITE_HOLE_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
 
 fn ops() -> usize {
     std::env::var("FERRORAID_WRITE_HOLE_OPS")
@@ -158,10 +174,15 @@ struct Count {
     /// Untouched blocks that read back wrong (the write hole), and the runs with any.
     corrupted: u64,
     runs_corrupted: u64,
-    /// Blocks a write in flight covered that read back old, new, or neither.
+    /// Blocks a write in flight (or acknowledged, not durable) covered that read back old,
+    /// new, or neither.
     old: u64,
     new: u64,
     neither: u64,
+    /// Runs with volatile member caches, and the member writes their crashes lost (whole
+    /// or torn).
+    volatile_runs: u64,
+    volatile_lost: u64,
 }
 
 /// One run of case `c` under `policy`: the workload to the crash, members removed, the
@@ -208,6 +229,8 @@ fn run(c: &CrashCase, policy: Policy, oracle: Option<&Oracle>) -> Count {
     let mut n = Count {
         runs: 1,
         inconsistent_stripes: inconsistent.len() as u64,
+        volatile_runs: u64::from(c.volatile),
+        volatile_lost: crashed.volatile.lost + crashed.volatile.torn,
         ..Count::default()
     };
     let stripe_bytes = g.stripe_data_bytes();
@@ -290,7 +313,7 @@ fn oracle_extract(oracle: &Oracle, w: &CrashWorld, missing: &[u16], ctx: &str) -
 /// Runs every case under `policy` on two threads; prints the counts per level and shard
 /// count and returns each run's (level, shards, counts).
 fn run_all(policy: Policy, oracle: Option<&Oracle>) -> Vec<(Level, usize, Count)> {
-    let all = crash_cases(FIRST_SEED, SEEDS_PER_CONFIG, ops());
+    let all = crash_cases(FIRST_SEED, seeds_per_config(), ops());
     let runs = Mutex::new(Vec::new());
     each_case(all, |c| {
         let n = run(c, policy, oracle);
@@ -310,8 +333,9 @@ fn run_all(policy: Policy, oracle: Option<&Oracle>) -> Vec<(Level, usize, Count)
         eprintln!(
             "policy {policy:?}, {level}, {shards} shards: {} runs, {} of them with corrupted \
              untouched blocks; {} untouched blocks corrupted of {} ({} on missing members); \
-             {} stripes inconsistent after the crashes; blocks under writes in flight read \
-             back old {}, new {}, neither {}",
+             {} stripes inconsistent after the crashes; blocks under writes in flight (or \
+             not durable) read back old {}, new {}, neither {}; {} runs with volatile member \
+             caches, whose crashes lost {} member writes",
             sum(|n| n.runs),
             sum(|n| n.runs_corrupted),
             sum(|n| n.corrupted),
@@ -320,7 +344,9 @@ fn run_all(policy: Policy, oracle: Option<&Oracle>) -> Vec<(Level, usize, Count)
             sum(|n| n.inconsistent_stripes),
             sum(|n| n.old),
             sum(|n| n.new),
-            sum(|n| n.neither)
+            sum(|n| n.neither),
+            sum(|n| n.volatile_runs),
+            sum(|n| n.volatile_lost)
         );
     }
     let corrupted: u64 = runs.iter().map(|(_, _, n)| n.corrupted).sum();

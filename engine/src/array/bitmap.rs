@@ -36,6 +36,7 @@ impl<C: Channel> Array<C> {
             per_member: vec![0; self.slots() + 1],
             issued_ns: 0,
             degraded: false,
+            preflush: false,
         });
         self.note_degraded();
         // Members joining (assembled partly rebuilt, or re-added) get the whole bitmap.
@@ -92,7 +93,9 @@ impl<C: Channel> Array<C> {
                 o.poll(&i.shared, self.now, &mut i.writes);
                 if o.busy() {
                     any = true;
-                    self.issue_bitmap_batch();
+                    if !(o.batch_clears() && self.issue_bitmap_flushes()) {
+                        self.issue_bitmap_batch();
+                    }
                 }
             }
         }
@@ -138,6 +141,40 @@ impl<C: Channel> Array<C> {
     /// for them in a slot of their own.
     pub(super) fn bitmap_sop(&self) -> u32 {
         self.sops.len() as u32
+    }
+
+    /// Before a batch that clears bits: flushes every online member with a volatile write
+    /// cache, so the writes of the regions being cleared (completed before the daemon
+    /// pass) are durable before a cleared bit can be (`crate::bitmap` rule 2). Returns
+    /// whether any flush was sent (the batch then goes out when they are back).
+    fn issue_bitmap_flushes(&mut self) -> bool {
+        let mut sent = false;
+        for member in 0..self.members.len() as u16 {
+            if !self.members[usize::from(member)].ch.info().volatile_cache || self.is_failed(member)
+            {
+                continue;
+            }
+            let m = &mut self.members[usize::from(member)];
+            m.counters.flushes += 1;
+            let id = usize::from(m.id);
+            let i = self.intent.as_mut().expect("bitmap");
+            if i.outstanding == 0 {
+                i.issued_ns = self.now;
+            }
+            i.outstanding += 1;
+            i.per_member[id] += 1;
+            i.preflush = true;
+            sent = true;
+            let req = Request {
+                tag: self.tag_of(self.bitmap_sop(), member),
+                op: Op::Flush,
+                offset_bytes: 0,
+                len_bytes: 0,
+                buf: IoBuf::NONE,
+            };
+            self.send(member, IoClass::Flush, req);
+        }
+        sent
     }
 
     /// Issues the owner's batch on every online member: FUA writes at absolute member
@@ -224,6 +261,12 @@ impl<C: Channel> Array<C> {
             self.fail_entry(member, e);
         }
         if done {
+            let i = self.intent.as_mut().expect("bitmap");
+            if std::mem::take(&mut i.preflush) && !self.array_failed() {
+                // The flushes before a clearing batch are back: now its writes.
+                self.issue_bitmap_batch();
+                return;
+            }
             let ok = !self.array_failed();
             self.finish_bitmap_batch(ok);
         }

@@ -42,6 +42,21 @@ fn world(
     stripes: u64,
     bm_chunk: u32,
 ) -> World {
+    world_with(level, members, shards, chunk, stripes, bm_chunk, |_| {
+        Profile::fixed(20_000)
+    })
+}
+
+/// [`world`] with member `i` timed (and cached, or not) by `profile(i)`.
+fn world_with(
+    level: Level,
+    members: u16,
+    shards: usize,
+    chunk: u64,
+    stripes: u64,
+    bm_chunk: u32,
+    profile: impl Fn(u16) -> Profile,
+) -> World {
     let g = Geometry::new(level, Layout::LeftSymmetric, members, chunk, 512).unwrap();
     let geo = ArrayGeometry::new(g, stripes).unwrap();
     let clock = SimClock::new();
@@ -57,7 +72,7 @@ fn world(
                 &format!("d{i}"),
                 DATA_OFFSET + stripes * chunk,
                 512,
-                Profile::fixed(20_000),
+                profile(i),
                 clock.clone(),
                 u64::from(i) + 1,
             )
@@ -152,6 +167,19 @@ impl World {
     fn on_disk(&self, d: usize) -> Bitmap {
         let c = self.devs[d].contents();
         Bitmap::decode(&c[BITMAP_START as usize..BITMAP_START as usize + self.area_len]).unwrap()
+    }
+
+    /// Submits `writes` (tagged by index) and runs until all completed; returns the
+    /// completions.
+    fn write_and_complete(
+        &mut self,
+        writes: &mut [(u64, AlignedBuf)],
+    ) -> Vec<(u64, Result<(), ArrayError>)> {
+        for (i, (off, buf)) in writes.iter_mut().enumerate() {
+            self.submit_write(i as u64, *off, buf);
+        }
+        let tags: Vec<u64> = (0..writes.len() as u64).collect();
+        self.complete(&tags)
     }
 
     fn submit_write(&mut self, tag: u64, off: u64, buf: &mut AlignedBuf) {
@@ -401,11 +429,7 @@ fn idle_regions_are_cleared_lazily_on_disk() {
         w.intent.set_events(7);
         let mut rng = ChaCha8Rng::seed_from_u64(21);
         let mut writes = random_writes(&w, &mut rng, 16);
-        let tags: Vec<u64> = (0..16).collect();
-        for (i, (off, buf)) in writes.iter_mut().enumerate() {
-            w.submit_write(i as u64, *off, buf);
-        }
-        w.complete(&tags);
+        w.write_and_complete(&mut writes);
         let t0 = w.clock.now_ns();
         let set = w.on_disk(0).dirty_count();
         assert!(set > 0);
@@ -435,6 +459,69 @@ fn idle_regions_are_cleared_lazily_on_disk() {
     }
 }
 
+/// md's clearing rule with volatile write caches (`crate::bitmap` rule 2, md's
+/// `REQ_PREFLUSH` on bitmap writes): the batch that clears bits goes out only after every
+/// member with a volatile cache was flushed, so the cleared regions' writes are durable
+/// first; members without a cache get no flush.
+#[test]
+fn cleared_bits_are_written_only_after_the_members_caches_are_flushed() {
+    let cached = [1u16, 3];
+    let mut w = world_with(Level::Raid5, 4, 2, 4096, 64, 8192, |i| {
+        if cached.contains(&i) {
+            Profile {
+                write_cache_latency_ns: Some(5_000),
+                ..Profile::fixed(20_000)
+            }
+        } else {
+            Profile::fixed(20_000)
+        }
+    });
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut writes = random_writes(&w, &mut rng, 16);
+    w.write_and_complete(&mut writes);
+    assert!(cached
+        .iter()
+        .all(|&m| w.devs[usize::from(m)].volatile_bytes() > 0));
+    let t0 = w.clock.now_ns();
+    w.idle_until(t0 + 3 * SEC * u64::from(DAEMON_SLEEP_S) + SEC);
+    for d in 0..4 {
+        assert_eq!(
+            w.on_disk(d).dirty_count(),
+            0,
+            "device {d} still has bits set"
+        );
+        assert_eq!(
+            w.devs[d].volatile_bytes(),
+            0,
+            "device {d}: nothing left volatile"
+        );
+    }
+    let ev = w.log.events();
+    let is_data = |e: &crate::sim::IoEvent| e.offset_bytes >= DATA_OFFSET && e.op != Op::Flush;
+    let last_data = ev.iter().rposition(is_data).expect("data writes");
+    let clearing = last_data
+        + ev[last_data..]
+            .iter()
+            .position(|e| e.kind == IoEventKind::Submit && e.op == Op::Write { fua: true })
+            .expect("the clearing batch");
+    for d in 0..4usize {
+        let flushes: Vec<usize> = (0..ev.len())
+            .filter(|&k| {
+                ev[k].device == d && ev[k].op == Op::Flush && ev[k].kind == IoEventKind::Complete
+            })
+            .collect();
+        if cached.contains(&(d as u16)) {
+            assert!(
+                flushes.iter().any(|&k| last_data < k && k < clearing),
+                "member {d}'s cache was flushed before the clearing batch: {flushes:?}, \
+                 data until {last_data}, clearing at {clearing}"
+            );
+        } else {
+            assert!(flushes.is_empty(), "member {d} has no cache to flush");
+        }
+    }
+}
+
 /// While a member is failed, md keeps every bit: the member's recovery needs them.
 #[test]
 fn nothing_is_cleared_while_degraded() {
@@ -442,11 +529,7 @@ fn nothing_is_cleared_while_degraded() {
     w.devs[2].disappear();
     let mut rng = ChaCha8Rng::seed_from_u64(31);
     let mut writes = random_writes(&w, &mut rng, 12);
-    let tags: Vec<u64> = (0..12).collect();
-    for (i, (off, buf)) in writes.iter_mut().enumerate() {
-        w.submit_write(i as u64, *off, buf);
-    }
-    for (_, st) in w.complete(&tags) {
+    for (_, st) in w.write_and_complete(&mut writes) {
         assert_eq!(st, Ok(()));
     }
     assert!(w.intent.degraded());

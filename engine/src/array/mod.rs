@@ -803,6 +803,9 @@ struct IntentShard {
     degraded: bool,
     /// When the batch was issued (array clock), for command timeouts.
     issued_ns: u64,
+    /// The owner's batch clears bits and waits for the flushes of the members with a
+    /// volatile cache (`outstanding` counts them) before its writes go out.
+    preflush: bool,
 }
 
 /// One shard's background process.

@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
 
@@ -178,6 +178,50 @@ struct State {
     rng: ChaCha8Rng,
     stats: SimStats,
     log: Option<(IoLog, usize)>,
+    /// What the volatile write cache holds that the media may not (profiles with a write
+    /// cache only; see [`SimDevice::crash_volatile`]).
+    cache: Option<VolatileCache>,
+}
+
+/// The content model of a volatile write cache: every completed write that is not yet
+/// durable, oldest first, with the bytes it overwrote (its pre-image). A crash
+/// ([`SimDevice::crash_volatile`]) puts pre-images back; a flush drops the entries it
+/// covers; a durable write (FUA, or [`SimDevice::poke`]) over an entry's range updates the
+/// entry's pre-image there, so no later revert can undo it.
+struct VolatileCache {
+    writes: VecDeque<VolatileWrite>,
+    /// Pre-image bytes held (the sum of `writes[..].pre.len()`).
+    bytes: usize,
+    /// Volatile writes applied so far: the sequence number of the newest.
+    seq: u64,
+}
+
+/// One completed write that a crash may still lose.
+struct VolatileWrite {
+    /// Its place in the order writes were applied (1, 2, ...).
+    seq: u64,
+    /// Byte offset on the device.
+    offset: u64,
+    /// The device's bytes over `offset..offset + pre.len()` before the write.
+    pre: Vec<u8>,
+}
+
+/// Pre-image bytes a volatile cache model keeps at most, per device (64 MiB): past it the
+/// oldest volatile writes count as destaged (durable), as a real cache of that size would
+/// have written them back by then. Bounds the model's memory whatever the workload.
+const VOLATILE_LIMIT_BYTES: usize = 64 << 20;
+
+/// What [`SimDevice::crash_volatile`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolatileLoss {
+    /// Volatile writes the crash let survive whole (they had been destaged).
+    pub kept: u64,
+    /// Volatile writes lost whole (every block back to what it held before).
+    pub lost: u64,
+    /// Volatile writes torn by the crash: some of their blocks lost, the others kept.
+    pub torn: u64,
+    /// Blocks put back to their earlier contents, over all writes.
+    pub blocks_reverted: u64,
 }
 
 /// Parallel units modelled individually; devices with more (or "unlimited") parallelism
@@ -213,13 +257,14 @@ impl SimDevice {
     ) -> Result<Self, DeviceError> {
         let len = check_memory_shape(name, capacity_bytes, block_bytes)?;
         let units = (profile.parallelism as usize).clamp(1, MAX_UNITS);
+        let cached = profile.write_cache_latency_ns.is_some();
         let info = DeviceInfo {
             name: name.to_string(),
             block_bytes,
             capacity_bytes,
             queue_depth: profile.queue_depth,
             max_transfer_bytes: 1 << 20,
-            volatile_cache: profile.write_cache_latency_ns.is_some(),
+            volatile_cache: cached,
             write_zeroes: true,
             discard: true,
         };
@@ -241,6 +286,11 @@ impl SimDevice {
                 rng: ChaCha8Rng::seed_from_u64(seed),
                 stats: SimStats::default(),
                 log: None,
+                cache: cached.then(|| VolatileCache {
+                    writes: VecDeque::new(),
+                    bytes: 0,
+                    seq: 0,
+                }),
             })),
             clock,
         })
@@ -303,14 +353,134 @@ impl SimDevice {
     }
 
     /// Overwrites bytes at `offset` directly (no timing, no faults): for building a test's
-    /// starting state, or for silent corruption.
+    /// starting state, for silent corruption, or for synchronous work at assembly
+    /// ([`SimMedia`]). The bytes are durable at once: a later
+    /// [`crash_volatile`](Self::crash_volatile) does not undo them.
     ///
     /// # Panics
     /// If the range exceeds the capacity.
     pub fn poke(&self, offset: u64, bytes: &[u8]) {
         let mut s = self.state.borrow_mut();
+        let s = &mut *s;
         let off = usize::try_from(offset).expect("offset fits in memory");
         s.data[off..off + bytes.len()].copy_from_slice(bytes);
+        if let Some(c) = &mut s.cache {
+            c.durable_write(offset, bytes);
+        }
+    }
+
+    /// Bytes of completed writes that are not durable yet: held only in the volatile write
+    /// cache (0 for a profile without one).
+    pub fn volatile_bytes(&self) -> usize {
+        self.state.borrow().cache.as_ref().map_or(0, |c| c.bytes)
+    }
+
+    /// A power cut's effect on the volatile write cache: reverts completed writes that
+    /// were not durable yet, drawn from `seed` (the same seed and the same history give the
+    /// same result, so a failing seed replays); returns what it did. A profile without a
+    /// write cache loses nothing. Call it on a device no channel is using (after the array
+    /// over it was dropped); requests still in flight are not affected.
+    ///
+    /// # The cache model
+    /// A non-FUA write (and a write-zeroes or discard, which carry no FUA) that completes
+    /// is readable at once but *volatile* until a flush **submitted after it completed**
+    /// completes successfully (NVMe Base 2.0 §7.1: a flush covers the commands completed
+    /// before it was submitted, on any queue). A FUA write is durable when it completes,
+    /// and only that write: it makes its own blocks durable with its bytes (an older
+    /// volatile write over the same blocks can no longer take them back), but older
+    /// volatile data of *other* blocks stays volatile, as on real devices. A write that
+    /// fails (torn) is volatile whatever its FUA bit: the blocks it applied may be lost.
+    ///
+    /// At the crash, one draw picks how many of the volatile writes survived (none, a
+    /// quarter, half or three quarters, on average); then every volatile write, newest
+    /// first, independently survives whole (it had been destaged), is lost whole, or — one
+    /// lost write in four — is torn, each of its blocks lost or kept by a coin. A lost
+    /// block gets back the bytes the write overwrote. Reverting newest first means each
+    /// block ends holding the bytes of some prefix of the writes to *it* (its durable bytes,
+    /// or one of its volatile versions), while different blocks and different writes are
+    /// lost independently, in no order at all: what a drive destaging its cache in any
+    /// order may leave, and at least as hostile as md's rules assume (a flush is the only
+    /// ordering a volatile cache keeps).
+    ///
+    /// Memory: one pre-image per volatile write, dropped when a flush covers it, and at
+    /// most [`VOLATILE_LIMIT_BYTES`] per device (the oldest count as destaged past it).
+    pub fn crash_volatile(&self, seed: u64) -> VolatileLoss {
+        let mut s = self.state.borrow_mut();
+        let s = &mut *s;
+        let mut loss = VolatileLoss::default();
+        let Some(cache) = &mut s.cache else {
+            return loss;
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let survive_quarters = rng.next_u32() % 4;
+        let block = s.info.block_bytes as usize;
+        while let Some(w) = cache.writes.pop_back() {
+            if rng.next_u32() % 4 < survive_quarters {
+                loss.kept += 1;
+                continue;
+            }
+            let torn = rng.next_u32() % 4 == 0;
+            let off = usize::try_from(w.offset).expect("offset fits in memory");
+            let blocks = w.pre.len() / block;
+            let mut reverted = 0;
+            for (i, pre) in w.pre.chunks(block).enumerate() {
+                if torn && rng.next_u32() % 2 == 0 {
+                    continue;
+                }
+                s.data[off + i * block..off + (i + 1) * block].copy_from_slice(pre);
+                reverted += 1;
+            }
+            match reverted {
+                0 => loss.kept += 1,
+                n if n == blocks => loss.lost += 1,
+                _ => loss.torn += 1,
+            }
+            loss.blocks_reverted += reverted as u64;
+        }
+        cache.bytes = 0;
+        loss
+    }
+}
+
+impl VolatileCache {
+    /// A write that completed into the cache, whose range held `pre` before: volatile
+    /// from now on. Past [`VOLATILE_LIMIT_BYTES`], the oldest writes count as destaged.
+    fn volatile_write(&mut self, offset: u64, pre: Vec<u8>) {
+        self.seq += 1;
+        self.bytes += pre.len();
+        self.writes.push_back(VolatileWrite {
+            seq: self.seq,
+            offset,
+            pre,
+        });
+        while self.bytes > VOLATILE_LIMIT_BYTES {
+            let w = self.writes.pop_front().expect("bytes are held by writes");
+            self.bytes -= w.pre.len();
+        }
+    }
+
+    /// `bytes` at `offset` became durable (a FUA write, a poke): no volatile write may
+    /// take them back, so they become the pre-image of every volatile write over them.
+    fn durable_write(&mut self, offset: u64, bytes: &[u8]) {
+        let end = offset + bytes.len() as u64;
+        for w in &mut self.writes {
+            let w_end = w.offset + w.pre.len() as u64;
+            let (lo, hi) = (offset.max(w.offset), end.min(w_end));
+            if lo < hi {
+                let (a, b) = ((lo - w.offset) as usize, (hi - w.offset) as usize);
+                let at = (lo - offset) as usize;
+                w.pre[a..b].copy_from_slice(&bytes[at..at + (b - a)]);
+            }
+        }
+    }
+
+    /// A flush submitted when the newest volatile write was `covers` completed: every
+    /// write up to it is durable.
+    fn flushed(&mut self, covers: u64) {
+        while self.writes.front().is_some_and(|w| w.seq <= covers) {
+            let w = self.writes.pop_front().expect("checked");
+            self.bytes -= w.pre.len();
+        }
     }
 }
 
@@ -337,6 +507,9 @@ impl BlockDevice for SimDevice {
 struct InFlight {
     req: Request,
     outcome: Outcome,
+    /// For a flush on a device with a volatile cache: the newest volatile write completed
+    /// when it was submitted (what it makes durable); 0 otherwise.
+    covers: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -532,18 +705,35 @@ impl State {
                 };
                 self.stats.bytes_read += len as u64;
             }
-            Op::Write { .. } => {
-                // SAFETY: as above; `applied <= len`.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        req.buf.as_ptr(),
-                        self.data.as_mut_ptr().add(off),
-                        applied,
-                    )
-                };
+            Op::Write { .. } | Op::WriteZeroes | Op::Discard if applied > 0 => {
+                // The volatile cache model: a write that completes whole with FUA is
+                // durable; any other keeps what it overwrote until a flush covers it.
+                let durable = req.op == (Op::Write { fua: true }) && outcome == Outcome::Ok;
+                if let (Some(c), false) = (&mut self.cache, durable) {
+                    c.volatile_write(req.offset_bytes, self.data[off..off + applied].to_vec());
+                }
+                if let Op::Write { .. } = req.op {
+                    // SAFETY: as above; `applied <= len`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            req.buf.as_ptr(),
+                            self.data.as_mut_ptr().add(off),
+                            applied,
+                        )
+                    };
+                } else {
+                    self.data[off..off + applied].fill(0);
+                }
+                if let (Some(c), true) = (&mut self.cache, durable) {
+                    c.durable_write(req.offset_bytes, &self.data[off..off + applied]);
+                }
             }
-            Op::WriteZeroes | Op::Discard => self.data[off..off + applied].fill(0),
-            Op::Flush => {}
+            Op::Write { .. } | Op::WriteZeroes | Op::Discard => {}
+            Op::Flush => {
+                if let Some(c) = &mut self.cache {
+                    c.flushed(f.covers);
+                }
+            }
         }
         if is_write {
             self.stats.bytes_written += applied as u64;
@@ -599,7 +789,15 @@ impl Channel for SimChannel {
                 captured_at: 0,
             });
         }
-        self.slots[slot] = Some(InFlight { req, outcome });
+        let covers = match (&s.cache, req.op) {
+            (Some(c), Op::Flush) => c.seq,
+            _ => 0,
+        };
+        self.slots[slot] = Some(InFlight {
+            req,
+            outcome,
+            covers,
+        });
         self.seq += 1;
         self.ready.push(Reverse((done_at, self.seq, slot)));
         Ok(())
@@ -1050,5 +1248,197 @@ mod tests {
         let mut b = AlignedBuf::zeroed(512);
         ch.submit(rw(1, Op::Read, 0, io(&mut b))).unwrap();
         assert_eq!(ch.next_completion_ns(), Some(10_000));
+    }
+
+    fn flush_req(tag: u64) -> Request {
+        Request {
+            tag,
+            op: Op::Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+            buf: IoBuf::NONE,
+        }
+    }
+
+    fn cached_dev(clock: &SimClock) -> SimDevice {
+        SimDevice::new(
+            "cache",
+            1 << 20,
+            512,
+            Profile::sata_ssd_cached(),
+            clock.clone(),
+            1,
+        )
+        .unwrap()
+    }
+
+    /// What block `b` of `img` holds: the fill byte of a block written whole with one
+    /// byte value (0: never written, or reverted to that).
+    fn fill(img: &[u8], b: usize) -> u8 {
+        let blk = &img[b * 512..(b + 1) * 512];
+        assert!(blk.iter().all(|&x| x == blk[0]), "block {b} is mixed");
+        blk[0]
+    }
+
+    #[test]
+    fn flush_makes_writes_completed_before_it_durable_and_no_others() {
+        for seed in 0..32 {
+            let clock = SimClock::new();
+            let dev = cached_dev(&clock);
+            let mut ch = dev.open_channel().unwrap();
+            let mut a = AlignedBuf::from_slice(&[1u8; 4096]);
+            let mut b = AlignedBuf::from_slice(&[2u8; 4096]);
+            let mut done = Vec::new();
+            ch.submit(rw(1, Op::Write { fua: false }, 0, io(&mut a)))
+                .unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+            assert_eq!(dev.volatile_bytes(), 4096);
+            // The flush is submitted after `a` completed; `b` is submitted with it and
+            // completes (from the cache) long before it: the flush covers `a` only.
+            ch.submit(flush_req(2)).unwrap();
+            ch.submit(rw(3, Op::Write { fua: false }, 8192, io(&mut b)))
+                .unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+            assert_eq!(done.last().unwrap().1, 2, "the flush completes last");
+            assert_eq!(dev.volatile_bytes(), 4096, "b is still volatile");
+            let loss = dev.crash_volatile(seed);
+            assert_eq!(loss.kept + loss.lost + loss.torn, 1);
+            let img = dev.contents();
+            for blk in 0..8 {
+                assert_eq!(fill(&img, blk), 1, "seed {seed}: the flushed write stays");
+                assert!([0, 2].contains(&fill(&img, 16 + blk)), "seed {seed}");
+            }
+            assert_eq!(dev.volatile_bytes(), 0);
+        }
+    }
+
+    #[test]
+    fn crash_reverts_unflushed_writes_newest_first_and_seeds_replay() {
+        // Three overlapping volatile writes: blocks 0..8 get 1, then 4..12 get 2, then
+        // 0..2 get 3. After a crash every block holds a prefix of its own writes.
+        let run = |seed| {
+            let clock = SimClock::new();
+            let dev = cached_dev(&clock);
+            let mut ch = dev.open_channel().unwrap();
+            let mut done = Vec::new();
+            for (tag, (off, len, v)) in [(0u64, 4096, 1u8), (2048, 4096, 2), (0, 1024, 3)]
+                .into_iter()
+                .enumerate()
+            {
+                let mut w = AlignedBuf::from_slice(&vec![v; len]);
+                ch.submit(rw(tag as u64, Op::Write { fua: false }, off, io(&mut w)))
+                    .unwrap();
+                run_until_idle(&clock, &mut ch, &mut done);
+            }
+            assert_eq!(dev.volatile_bytes(), 4096 + 4096 + 1024);
+            let loss = dev.crash_volatile(seed);
+            (dev.contents(), loss)
+        };
+        let mut outcomes = std::collections::HashSet::new();
+        let mut torn = 0;
+        for seed in 0..200 {
+            let (img, loss) = run(seed);
+            assert_eq!((img.clone(), loss), run(seed), "seed {seed} replays");
+            torn += loss.torn;
+            for b in 0..12 {
+                let got = fill(&img, b);
+                let allowed: &[u8] = match b {
+                    0..=1 => &[0, 1, 3],
+                    2..=3 => &[0, 1],
+                    4..=7 => &[0, 1, 2],
+                    _ => &[0, 2],
+                };
+                assert!(allowed.contains(&got), "seed {seed}: block {b} holds {got}");
+            }
+            assert!(img[12 * 512..].iter().all(|&x| x == 0));
+            outcomes.insert(img);
+        }
+        assert!(torn > 0, "some writes are torn");
+        assert!(
+            outcomes.len() > 8,
+            "seeds draw different losses: {}",
+            outcomes.len()
+        );
+        // Everything lost, and everything kept, both happen.
+        assert!(outcomes.iter().any(|i| i.iter().all(|&x| x == 0)));
+        assert!(outcomes.iter().any(|i| (0..12)
+            .map(|b| fill(i, b))
+            .eq([3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2])));
+    }
+
+    #[test]
+    fn fua_write_is_durable_alone_and_failed_flush_makes_nothing_durable() {
+        for seed in 0..32 {
+            let clock = SimClock::new();
+            let dev = cached_dev(&clock);
+            dev.add_fault(FaultRule {
+                filter: OpFilter::Flush,
+                range: None,
+                fault: Fault::Error(IoError::Io { errno: 5 }),
+                probability: 1.0,
+                count: Some(1),
+            });
+            let mut ch = dev.open_channel().unwrap();
+            let mut done = Vec::new();
+            let mut v = AlignedBuf::from_slice(&[1u8; 4096]);
+            let mut f = AlignedBuf::from_slice(&[9u8; 2048]);
+            ch.submit(rw(1, Op::Write { fua: false }, 0, io(&mut v)))
+                .unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+            ch.submit(flush_req(2)).unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+            assert!(done[1].2.is_err(), "the flush failed");
+            assert_eq!(
+                dev.volatile_bytes(),
+                4096,
+                "a failed flush makes nothing durable"
+            );
+            // FUA over the first half: durable with its bytes; the second half of the
+            // older write stays volatile.
+            ch.submit(rw(3, Op::Write { fua: true }, 0, io(&mut f)))
+                .unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+            assert_eq!(dev.volatile_bytes(), 4096, "FUA adds nothing volatile");
+            dev.crash_volatile(seed);
+            let img = dev.contents();
+            for b in 0..4 {
+                assert_eq!(fill(&img, b), 9, "seed {seed}: the FUA write stays");
+            }
+            for b in 4..8 {
+                assert!([0, 1].contains(&fill(&img, b)), "seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn poke_is_durable_and_devices_without_a_cache_lose_nothing() {
+        let clock = SimClock::new();
+        let mut done = Vec::new();
+        let mut w = AlignedBuf::from_slice(&[1u8; 1024]);
+        let mut lost = false;
+        for seed in 0..16 {
+            let dev = cached_dev(&clock);
+            let mut ch = dev.open_channel().unwrap();
+            ch.submit(rw(1, Op::Write { fua: false }, 0, io(&mut w)))
+                .unwrap();
+            run_until_idle(&clock, &mut ch, &mut done);
+            dev.poke(0, &[5u8; 512]);
+            dev.crash_volatile(seed);
+            let img = dev.contents();
+            assert_eq!(fill(&img, 0), 5, "seed {seed}: the poked block stays");
+            assert!([0, 1].contains(&fill(&img, 1)));
+            lost |= fill(&img, 1) == 0;
+        }
+        assert!(lost, "some seed loses the volatile block");
+
+        let plain =
+            SimDevice::new("nvme", 1 << 20, 512, Profile::nvme_ssd(), clock.clone(), 1).unwrap();
+        let mut ch = plain.open_channel().unwrap();
+        ch.submit(rw(1, Op::Write { fua: false }, 0, io(&mut w)))
+            .unwrap();
+        run_until_idle(&clock, &mut ch, &mut done);
+        assert_eq!(plain.volatile_bytes(), 0);
+        assert_eq!(plain.crash_volatile(7), VolatileLoss::default());
+        assert_eq!(fill(&plain.contents(), 1), 1);
     }
 }

@@ -10,7 +10,9 @@
 //!   device queue depth (+ seek and rotation for disks), per [`Profile`].
 //! - [`Fault`]: what can go wrong, injected by rule or by seeded chance: I/O errors on
 //!   chosen ops or LBA ranges, latent sector errors, a member that disappears, a slow member,
-//!   a torn (partially applied) write.
+//!   a torn (partially applied) write, and — for profiles with a volatile write cache — a
+//!   power cut that loses completed writes no flush or FUA made durable
+//!   ([`SimDevice::crash_volatile`]).
 //! - [`workload`]: closed-loop client jobs (sequential writers, random readers) driven
 //!   against an array in virtual time.
 
@@ -22,6 +24,6 @@ pub mod workload;
 pub use clock::SimClock;
 pub use device::{
     Fault, FaultRule, IoEvent, IoEventKind, IoLog, OpFilter, SimChannel, SimDevice, SimMedia,
-    SimStats,
+    SimStats, VolatileLoss,
 };
 pub use profile::{Profile, Seek};
