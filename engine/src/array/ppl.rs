@@ -17,11 +17,19 @@
 //! first, and the other log only once it is in a record of the first (that turn held):
 //! a shard holding a turn on log `a` waits only for logs `b > a`, so turns cannot wait on
 //! each other in a cycle (lock ordering). Its two records may be in flight together; its
-//! member writes go out once both are durable. A write of a stripe is not queued for any log while an earlier write of
-//! the same stripe is in a record whose turn has not ended (`deferred`): then a write with
-//! member writes not yet durable is in the newest record of both its logs, and newest
-//! records that disagree about a stripe mean the stripe is consistent on stable media —
-//! what recovery relies on ([`crate::ppl::recover`]).
+//! member writes go out once both are durable.
+//!
+//! What recovery relies on ([`crate::ppl::recover`]): a write with member writes not yet
+//! durable is in the newest record of both its logs, so newest records that disagree
+//! about a stripe mean the stripe is consistent on stable media. Mostly that follows from
+//! a turn ending only once every member its record's writes reached is flushed: a later
+//! write of the stripe enters a log's next record only after the earlier write, which was
+//! in that log too, is durable. Where the earlier write was logged in one log only (the
+//! other parity member was out of service and has come back since), it does not; so a
+//! write of a stripe is not queued for any log while an earlier write of the same stripe
+//! is in a record whose turn has not ended (`deferred`). The deterministic crash tests
+//! (volatile member caches lost at the crash, `tests/tests/write_hole.rs`) do not reach
+//! that corner; removing the rule fails none of them.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
