@@ -101,6 +101,21 @@ region() {
 }
 # newest_entries FILE: the most entries of any member's newest PPL record in `ferroraid
 # examine` output FILE.
+# Sparse member images DIR/d0.img.. (N of BYTES each) and `ferroraid create` of a PPL array
+# of LEVEL named NAME over them (left-symmetric, 64 KiB chunk); prints the array's bytes.
+fr_create() {
+	local level=$1 name=$2 dir=$3 n=$4 bytes=$5 i size imgs=()
+	for ((i = 0; i < n; i++)); do
+		truncate -s "$bytes" "$dir/d$i.img"
+		imgs+=("$dir/d$i.img")
+	done
+	"$FERRORAID" create --level "$level" --layout left-symmetric --chunk 64K --name "$name" \
+		--consistency-policy ppl "${imgs[@]}" >"$dir/create.txt" 2>&1 ||
+		rig_die "$name: ferroraid create failed: $(cat "$dir/create.txt")"
+	size=$(sed -n 's/.*, \([0-9]*\) bytes, data offset .*/\1/p' "$dir/create.txt")
+	[[ -n $size ]] || rig_die "$name: cannot read the array size from: $(cat "$dir/create.txt")"
+	echo "$size"
+}
 newest_entries() {
 	sed -n 's/^ *PPL Newest : generation [0-9]*, \([0-9]*\) entries.*/\1/p' "$1" | sort -n | tail -n1
 }
@@ -110,16 +125,9 @@ mkdir -p "$work/fr2md" "$work/md2fr" "$work/fr6/ppl"
 
 # --- ferroraid -> md: create, pattern, writes, kill -9 -------------------------------------
 d=$work/fr2md
+fr_size=$(fr_create 5 fr2md "$d" "$FR_MEMBERS" "$FR_MEMBER_BYTES")
 fr_images=()
-for ((i = 0; i < FR_MEMBERS; i++)); do
-	truncate -s "$FR_MEMBER_BYTES" "$d/d$i.img"
-	fr_images+=("$d/d$i.img")
-done
-"$FERRORAID" create --level 5 --layout left-symmetric --chunk 64K --name fr2md \
-	--consistency-policy ppl "${fr_images[@]}" >"$d/create.txt" 2>&1 ||
-	rig_die "ferroraid create failed: $(cat "$d/create.txt")"
-fr_size=$(sed -n 's/.*, \([0-9]*\) bytes, data offset .*/\1/p' "$d/create.txt")
-[[ -n $fr_size ]] || rig_die "cannot read the array size from: $(cat "$d/create.txt")"
+for ((i = 0; i < FR_MEMBERS; i++)); do fr_images+=("$d/d$i.img"); done
 pattern fr2md "$FR_SEED" "$fr_size" "$d/pattern.bin"
 pattern fr2md-window "$FR_NEW_SEED" "$FR_LEN" "$d/new.bin"
 echo "$FR_OFF $FR_LEN" >"$d/window"
@@ -155,18 +163,13 @@ for ((i = 0; i < FR_MEMBERS; i++)); do disks+=(--disk "virtio:$d/d$i.img:fr2md-$
 
 # --- ferroraid's RAID6 PPL: md must refuse it, and take it once switched to resync --------
 d=$work/fr6
+fr6_size=$(fr_create 6 fr6 "$d" "$FR6_MEMBERS" "$FR6_MEMBER_BYTES")
 fr6_images=()
 fr6_ppl=()
 for ((i = 0; i < FR6_MEMBERS; i++)); do
-	truncate -s "$FR6_MEMBER_BYTES" "$d/d$i.img"
 	fr6_images+=("$d/d$i.img")
 	fr6_ppl+=("$d/ppl/d$i.img")
 done
-"$FERRORAID" create --level 6 --layout left-symmetric --chunk 64K --name fr6 \
-	--consistency-policy ppl "${fr6_images[@]}" >"$d/create.txt" 2>&1 ||
-	rig_die "fr6: ferroraid create failed: $(cat "$d/create.txt")"
-fr6_size=$(sed -n 's/.*, \([0-9]*\) bytes, data offset .*/\1/p' "$d/create.txt")
-[[ -n $fr6_size ]] || rig_die "fr6: cannot read the array size from: $(cat "$d/create.txt")"
 pattern fr6 "$FR6_SEED" "$fr6_size" "$d/pattern.bin"
 md_host_serve "$d/serve.log" "$socks/fr6" "${fr6_images[@]}"
 md_host_copy "$d/pattern.bin" "nbd+unix:///fr6?socket=$socks/fr6"
