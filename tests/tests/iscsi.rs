@@ -1269,6 +1269,40 @@ mod in_process {
     /// A second connection joins a session (same ISID, its TSIH, another CID): both carry
     /// commands of the one CmdSN window; a login naming an unknown TSIH is refused.
     #[test]
+    fn abort_task_answers_by_whether_the_task_was_still_running() {
+        let mut t = Target::start(1, 16);
+        let mut a = Raw::login(t.port, &t.name, false);
+        let sn = a.ping().u32_at(28);
+        a.test_unit_ready(sn);
+        let done_itt = a.itt;
+        let (resp, _) = a.read().expect("SCSI Response");
+        assert_eq!((resp.opcode(), resp.raw[3]), (op::SCSI_RESP, 0));
+        // ABORT TASK (immediate) of a task whose status was sent: RefCmdSN is behind the
+        // window, so "Task does not exist" (RFC 7143 §11.5.1 c, §11.6.1 response 1) —
+        // never "Function complete" after the task's own status.
+        let tmf = |rtt: u32, ref_sn: u32, itt: u32| {
+            Header::new(op::TMF_REQ | 0x40, 0x80 | 1, 0, itt)
+                .u32(20, rtt)
+                .u32(24, sn.wrapping_add(1))
+                .u32(32, ref_sn)
+        };
+        a.send(&tmf(done_itt, sn, 900), &[]);
+        let (r, _) = a.read().expect("TMF response");
+        assert_eq!((r.opcode(), r.raw[2]), (op::TMF_RESP, 1), "finished task");
+        // A task never received whose CmdSN is inside the window: considered received,
+        // "Function complete" (rule b).
+        a.send(&tmf(4242, sn.wrapping_add(1), 901), &[]);
+        let (r, _) = a.read().expect("TMF response");
+        assert_eq!(
+            (r.opcode(), r.raw[2]),
+            (op::TMF_RESP, 0),
+            "RefCmdSN in the window"
+        );
+        drop(a);
+        t.stop();
+    }
+
+    #[test]
     fn two_connections_share_one_session() {
         let mut t = Target::start(2, 16);
         let mut a = Raw::login(t.port, &t.name, false);

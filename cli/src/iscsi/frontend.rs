@@ -1479,27 +1479,45 @@ impl IscsiFrontend {
     }
 
     /// Aborts every live task matching `pred(task, ci)`: no reply is sent for them; those in
-    /// the array are released when they complete.
-    fn abort_where(&mut self, pred: impl Fn(&Task, usize) -> bool, ci: usize) {
+    /// the array are released when they complete. Returns how many it aborted.
+    fn abort_where(&mut self, pred: impl Fn(&Task, usize) -> bool, ci: usize) -> usize {
+        let mut n = 0;
         for i in 0..self.tasks.len() {
             let t = &mut self.tasks[i];
             if t.live && !t.aborted && pred(t, ci) {
                 t.aborted = true;
+                n += 1;
                 self.maybe_release(i as u16);
             }
         }
+        n
     }
 
     fn task_management(&mut self, ci: usize, bhs: &Bhs) {
         let function = bhs.flags() & 0x7f;
         let rtt = bhs.u32_at(20);
         let session = self.conns[ci].as_ref().expect("open").session;
+        let ref_cmd_sn = bhs.u32_at(32);
         let response = match function {
-            // ABORT TASK (§11.5.1): function complete whether or not the task is still
-            // here (it may have finished meanwhile).
+            // ABORT TASK (RFC 7143 §11.5.1): "Function complete" when the task was found
+            // and terminated before its status was decided, or when it was never received
+            // (RefCmdSN inside the CmdSN window: it is considered received, rule b);
+            // "Task does not exist" (§11.6.1 response 1) when it has finished — its
+            // status is decided (a reply queued or sent) and RefCmdSN is behind the window
+            // (rule c) — so the initiator never gets both its status and an abort.
             1 => {
-                self.abort_where(|t, _| t.session == session && t.itt == rtt, ci);
-                0
+                let found = self.abort_where(
+                    |t, _| t.session == session && t.itt == rtt && t.stage != Stage::Reply,
+                    ci,
+                );
+                let s = self.sessions[session].as_ref().expect("session");
+                let in_window =
+                    pdu::sn_le(s.exp_cmd_sn, ref_cmd_sn) && pdu::sn_le(ref_cmd_sn, s.max_cmd_sn());
+                if found > 0 || in_window {
+                    0
+                } else {
+                    1
+                }
             }
             // ABORT TASK SET, CLEAR TASK SET: this session's tasks.
             2 | 4 => {
