@@ -150,8 +150,7 @@ impl<C: Channel> Array<C> {
     fn issue_bitmap_flushes(&mut self) -> bool {
         let mut sent = false;
         for member in 0..self.members.len() as u16 {
-            if !self.members[usize::from(member)].ch.info().volatile_cache || self.is_failed(member)
-            {
+            if !self.needs_flush(member) {
                 continue;
             }
             let m = &mut self.members[usize::from(member)];

@@ -108,6 +108,14 @@ impl<C: Channel> Array<C> {
         self.members[usize::from(member)].state.is_failed()
     }
 
+    /// Whether a write completed on device entry `member` may still sit in a volatile
+    /// write cache, so that it is durable only after a flush: the member is in service
+    /// and its device reports a volatile cache. The PPL's end of turn and the bitmap's
+    /// clearing batches flush exactly these.
+    pub(super) fn needs_flush(&self, member: u16) -> bool {
+        !self.is_failed(member) && self.members[usize::from(member)].ch.info().volatile_cache
+    }
+
     /// Whether operation `s` must do without `member`: failed, being rebuilt and not yet
     /// rebuilt at the operation's stripe, or it returned an unrecovered read error to
     /// this operation.

@@ -600,10 +600,7 @@ impl<C: Channel> Array<C> {
         let written = p.logs[l].written;
         let mut flushes = 0;
         for m in 0..self.slots() as u16 {
-            if written & (1 << m) == 0
-                || self.is_failed(m)
-                || !self.members[usize::from(m)].ch.info().volatile_cache
-            {
+            if written & (1 << m) == 0 || !self.needs_flush(m) {
                 continue;
             }
             flushes += 1;
