@@ -136,12 +136,13 @@ impl<C: Channel> Array<C> {
         assert_eq!(shared.members(), self.slots(), "one log per member");
         let chunk = g.chunk_bytes() as usize;
         let space = PPL_SPACE_SIZE.max(chunk);
-        // A record and room for one more header after it (`crate::ppl::PplLog::place_record`).
+        // A record ends more than one header before the area's end
+        // (`crate::ppl::PplLog::place_record`).
         assert!(
-            shared.area_bytes >= (2 * PPL_HEADER_SIZE + chunk) as u64,
+            shared.area_bytes >= crate::ppl::min_area_bytes(g.chunk_bytes()),
             "the PPL area cannot hold one chunk's partial parity"
         );
-        let space = space.min(shared.area_bytes as usize - 2 * PPL_HEADER_SIZE);
+        let space = space.min(shared.area_bytes as usize - 3 * PPL_HEADER_SIZE);
         let logs = (0..self.slots())
             .map(|_| ShardLog {
                 queue: VecDeque::with_capacity(self.sops.len()),

@@ -594,6 +594,23 @@ pub enum SuperblockError {
         /// What is wrong.
         why: &'static str,
     },
+    /// A PPL area md accepts but too small for ferroraid's writer: it logs up to one
+    /// chunk of partial parity per record ([`crate::ppl::min_area_bytes`]) where md logs
+    /// per 4 KiB stripe.
+    #[error(
+        "PPL area of {usable_sectors} usable sectors is too small for ferroraid with a \
+         {chunk_sectors}-sector chunk: it logs up to one chunk of partial parity per record and \
+         needs {needed_sectors} sectors (md, logging per 4 KiB stripe, accepts it); assemble \
+         it with md, or switch the stopped array to `ferroraid grow --consistency-policy resync`"
+    )]
+    PplAreaTooSmall {
+        /// The area md uses, sectors (`usable_area_sectors` of `ppl.size`).
+        usable_sectors: u64,
+        /// `chunksize`, sectors.
+        chunk_sectors: u32,
+        /// What ferroraid needs, sectors.
+        needed_sectors: u64,
+    },
     /// A buffer too small for [`Superblock::write_into`].
     #[error("buffer of {len} bytes is too small for a {needed}-byte superblock")]
     BufferTooSmall {
@@ -1244,6 +1261,8 @@ impl Superblock {
     ///    `super::BitmapSuper::check_against`);
     /// 4. level 5 or 6, layout 0..=5, chunk a power of two of 4 KiB..16 MiB, `raid_disks`
     ///    within the level's limits ([`Superblock::geometry`]);
+    ///    and a PPL area, if any, large enough for ferroraid's records with this chunk
+    ///    ([`SuperblockError::PplAreaTooSmall`]);
     /// 5. `data_offset` beyond the superblock (`super_1_load`:
     ///    `data_offset >= sb_start + sb_size`) ([`SuperblockError::DataOffset`]);
     /// 6. `data_size >= 10` (`super_1_load`) and `size <= data_size`
@@ -1280,6 +1299,16 @@ impl Superblock {
             }
         }
         self.geometry(512)?;
+        if let Some(area) = self.ppl_area()? {
+            let needed = crate::ppl::min_area_bytes(self.chunksize * 512) / 512;
+            if area.usable_sectors < needed {
+                return Err(SuperblockError::PplAreaTooSmall {
+                    usable_sectors: area.usable_sectors,
+                    chunk_sectors: self.chunksize,
+                    needed_sectors: needed,
+                });
+            }
+        }
         let sb_end = SUPER_OFFSET_SECTORS + (self.encoded_len() as u64).div_ceil(512);
         if self.data_offset < sb_end {
             return Err(SuperblockError::DataOffset {

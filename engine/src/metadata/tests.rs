@@ -318,6 +318,31 @@ fn ppl_superblock_refusals_follow_md() {
     assert_eq!((area.usable_sectors, area.mode), (16, ppl::PplMode::Single));
 }
 
+/// md accepts a PPL area of a header and one page; ferroraid's writer logs up to one chunk
+/// of partial parity per record and must end every record more than a header before the
+/// area's end (`crate::ppl::min_area_bytes`): a smaller area is refused by name, with the
+/// way out, instead of being logged into.
+#[test]
+fn a_ppl_area_too_small_for_one_chunk_is_refused_with_the_way_out() {
+    let mut sb = ppl_sb();
+    let chunk = sb.chunksize;
+    let needed = 3 * 8 + u64::from(chunk);
+    sb.set_ppl(8, needed as u16 - 8);
+    assert!(sb.ppl_area().is_ok(), "md accepts it");
+    let e = sb.check_supported().unwrap_err();
+    assert_eq!(
+        e,
+        SuperblockError::PplAreaTooSmall {
+            usable_sectors: needed - 8,
+            chunk_sectors: chunk,
+            needed_sectors: needed,
+        }
+    );
+    assert!(e.to_string().contains("--consistency-policy resync"), "{e}");
+    sb.set_ppl(8, needed as u16);
+    sb.check_supported().unwrap();
+}
+
 #[test]
 fn support_errors_name_the_reason() {
     let base = array_sbs(Level::Raid6, 4, true).remove(0);

@@ -173,22 +173,35 @@ impl PplLog {
     /// to back, rewinding to the start when the next one does not fit, raid5-ppl.c
     /// `ppl_submit_iounit`).
     ///
-    /// A record always leaves room for one more header after it: md's scan
-    /// (`ppl_load_distributed`) stops when the next header would not fit, and then — unlike
-    /// when it stops at an invalid or older header — keeps the advanced offset instead of
-    /// the newest record's, so it reads that record's partial parity from past its end,
-    /// finds a checksum mismatch and resyncs (seen in the kernel-md interop test: a
-    /// record ending exactly at the end of the area).
+    /// A record always ends more than one header before the end of the area. md's scan
+    /// (`ppl_load_distributed`) walks `while (offset < ppl.size - 8)`: when the newest
+    /// record ends at or past `ppl.size - 8` sectors the loop ends on its condition and —
+    /// unlike when it stops at an invalid or older header — keeps the advanced offset
+    /// instead of the newest record's, so `ppl_recover` reads that record's partial parity
+    /// from past its end, finds a checksum mismatch and md resyncs. The kernel-md interop
+    /// test saw both edges: a record ending exactly at the end of the area, and one ending
+    /// exactly one header before it. `off + record_bytes + 4096 < area_bytes` keeps every
+    /// record clear of both.
     pub fn place_record(&self, record_bytes: u64, area_bytes: u64) -> (u64, u64) {
         let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let mut off = self.next_offset.load(Ordering::Acquire);
-        if off + record_bytes + PPL_HEADER_SIZE as u64 > area_bytes {
+        if off + record_bytes + PPL_HEADER_SIZE as u64 >= area_bytes {
             off = 0;
         }
         self.next_offset
             .store(off + record_bytes, Ordering::Release);
         (gen, off)
     }
+}
+
+/// The smallest usable PPL area, bytes, that ferroraid's writer can log into for a chunk
+/// of `chunk_bytes`: one record (the 4 KiB header and up to one chunk of partial parity,
+/// what one write of a stripe can need) that ends more than one 4 KiB header before the
+/// area's end ([`PplLog::place_record`]). md logs per 4 KiB stripe and needs less
+/// (`ppl_validate_rdev`: a header and one page), so an md array can have a smaller area;
+/// assembly refuses to serve such an array with its PPL rather than log into it.
+pub fn min_area_bytes(chunk_bytes: u32) -> u64 {
+    3 * PPL_HEADER_SIZE as u64 + u64::from(chunk_bytes)
 }
 
 /// What every shard of a RAID5 array with a PPL shares: one [`PplLog`] per member, where
@@ -544,10 +557,79 @@ mod tests {
         assert_eq!(log.place_record(4096 + 8192, 32768), (1, 0));
         assert_eq!(log.place_record(4096 + 8192, 32768), (2, 12288));
         assert_eq!(log.place_record(4096 + 8192, 32768), (3, 0));
-        // A record that would end at the area's end (no room for a header after it, where
-        // md's scan would misplace it) goes to the start instead.
+        // A record that would end at the area's end, or exactly one header before it
+        // (where md's scan would misplace it), goes to the start instead.
         let log = PplLog::default();
         assert_eq!(log.place_record(4096 + 12288, 32768), (1, 0));
         assert_eq!(log.place_record(4096 + 12288, 32768), (2, 0));
+        let log = PplLog::default();
+        assert_eq!(log.place_record(4096 + 8192, 28672 + 512), (1, 0));
+        assert_eq!(log.place_record(4096 + 8192, 28672 + 512), (2, 12288));
+        let log = PplLog::default();
+        assert_eq!(log.place_record(4096 + 8192, 28672), (1, 0));
+        assert_eq!(log.place_record(4096 + 8192, 28672), (2, 0));
+    }
+
+    /// md's walk as `ppl_load_distributed` codes it (raid5-ppl.c, Linux v6.1), quirk
+    /// included: the offset at which `ppl_recover` reads the newest record's partial
+    /// parity (`None` when no valid header). Kept apart from [`scan_area_with`], which
+    /// returns the newest record's own offset whatever ended the walk.
+    fn md_recover_offset(area: &[u8], usable_sectors: u64, uuid: &Uuid) -> Option<u64> {
+        let (mut off, mut prev): (u64, Option<(u64, u64)>) = (0, None);
+        while off < usable_sectors - PPL_HEADER_SECTORS {
+            let at = off as usize * 512;
+            let block: &[u8; PPL_HEADER_SIZE] =
+                area[at..at + PPL_HEADER_SIZE].try_into().expect("4 KiB");
+            let Ok(h) = PplHeader::decode(block) else {
+                return prev.map(|(o, _)| o);
+            };
+            if h.signature != crate::metadata::ppl::signature(uuid)
+                || prev.is_some_and(|(_, g)| g > h.generation)
+            {
+                return prev.map(|(o, _)| o);
+            }
+            prev = Some((off, h.generation));
+            off += h.record_sectors();
+        }
+        // The loop ended on its condition: md keeps the advanced offset.
+        prev.map(|_| off)
+    }
+
+    proptest::proptest! {
+        /// Records placed by [`PplLog::place_record`] in an area of any usable size are
+        /// found by md's own walk at their offsets: the newest record is the one md
+        /// recovers, read from where it was written, after any number of rewinds.
+        #[test]
+        fn md_finds_every_placed_record_where_it_was_written(
+            data_pages in 3u64..80,
+            pp_pages in proptest::collection::vec(1u64..17, 1..60),
+        ) {
+            let uuid = Uuid([7; 16]);
+            let usable_sectors = PPL_HEADER_SECTORS + data_pages * 8;
+            let area_bytes = usable_sectors * 512;
+            let mut area = vec![0u8; area_bytes as usize + 2 * PPL_HEADER_SIZE];
+            let log = PplLog::default();
+            for &pages in &pp_pages {
+                let pp = pages.min(data_pages - 2) * 4096;
+                let (generation, off) = log.place_record(PPL_HEADER_SIZE as u64 + pp, area_bytes);
+                proptest::prop_assert!(off + PPL_HEADER_SIZE as u64 + pp + (PPL_HEADER_SIZE as u64) < area_bytes);
+                let header = PplHeader {
+                    signature: crate::metadata::ppl::signature(&uuid),
+                    generation,
+                    entries: vec![crate::metadata::ppl::PplEntry {
+                        data_sector: 0,
+                        pp_size: pp as u32,
+                        data_size: pp as u32,
+                        parity_disk: 0,
+                        checksum: 0,
+                    }],
+                };
+                let at = off as usize;
+                area[at..at + PPL_HEADER_SIZE].copy_from_slice(&header.encode().expect("one entry"));
+                proptest::prop_assert_eq!(md_recover_offset(&area, usable_sectors, &uuid), Some(off / 512));
+                let scan = crate::metadata::ppl::scan_area(&area, usable_sectors, &uuid);
+                proptest::prop_assert_eq!(scan.newest.map(|r| (r.offset_sectors, r.header.generation)), Some((off / 512, generation)));
+            }
+        }
     }
 }
