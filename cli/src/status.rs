@@ -541,6 +541,10 @@ pub struct StatsReport {
     /// stripe operations (front-door scheduling, docs/QOS.md).
     #[serde(default)]
     pub overtaking_requests: u64,
+    /// Reads of a stripe a write held, served from that write's own data instead of
+    /// waiting for its member writes (docs/QOS.md).
+    #[serde(default)]
+    pub pass_reads: u64,
 }
 
 impl From<&ArrayStats> for StatsReport {
@@ -571,6 +575,7 @@ impl From<&ArrayStats> for StatsReport {
             held_us: s.held_ns / 1000,
             expired_holds: s.expired_holds,
             overtaking_requests: s.overtaking_requests,
+            pass_reads: s.pass_reads,
         }
     }
 }
@@ -968,11 +973,13 @@ impl fmt::Display for StatusReport {
         writeln!(
             f,
             "  queue wait inside the target, requests (p50 / p99 / p99.9 / max µs): small \
-             reads {} · bulk writes {} · other {} · {} went ahead of queued bulk writes",
+             reads {} · bulk writes {} · other {} · {} went ahead of queued bulk writes · {} \
+             reads served from the write holding their stripe",
             wait(&q.small_read),
             wait(&q.bulk_write),
             wait(&q.other),
-            s.overtaking_requests
+            s.overtaking_requests,
+            s.pass_reads
         )
     }
 }
@@ -1144,8 +1151,8 @@ mod tests {
             keys(&v["stats"]),
             "batched_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
              direct_reads,discarded_stripes,discards_skipped,expired_holds,full_stripe_writes,\
-             held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_written_bytes,\
-             ppl_bytes,ppl_records,rcw_writes,\
+             held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
+             pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\
              zeroed_stripes"
         );

@@ -515,6 +515,26 @@ pub fn completions(
     reference: &[u8],
     ctx: &str,
 ) -> Vec<Pending> {
+    completions_checked(arr, inflight, ctx, |f| {
+        let want = &reference[f.off as usize..(f.off + f.len) as usize];
+        if let Some(at) = f.buf.iter().zip(want).position(|(a, b)| a != b) {
+            panic!(
+                "{ctx}: read {}+{} differs from the reference at array offset {}",
+                f.off,
+                f.len,
+                f.off + at as u64
+            );
+        }
+    })
+}
+
+/// [`completions`] with reads checked by `check_read` (which panics on a wrong read).
+pub fn completions_checked(
+    arr: &mut ShardedArray<SimChannel>,
+    inflight: &mut Vec<Pending>,
+    ctx: &str,
+    mut check_read: impl FnMut(&Pending),
+) -> Vec<Pending> {
     let mut out = [ArrayCompletion {
         tag: 0,
         status: Ok(()),
@@ -530,15 +550,7 @@ pub fn completions(
             let f = inflight.swap_remove(i);
             assert_eq!(done.status, Ok(()), "{ctx}: request {} failed", f.tag);
             if !f.write {
-                let want = &reference[f.off as usize..(f.off + f.len) as usize];
-                if let Some(at) = f.buf.iter().zip(want).position(|(a, b)| a != b) {
-                    panic!(
-                        "{ctx}: read {}+{} differs from the reference at array offset {}",
-                        f.off,
-                        f.len,
-                        f.off + at as u64
-                    );
-                }
+                check_read(&f);
             }
             f
         })

@@ -66,9 +66,10 @@ use engine::sim::{
     Fault, FaultRule, IoEventKind, OpFilter, Profile, SimChannel, SimClock, SimDevice,
 };
 use ferroraid_tests::crash::{
-    completions, crash_cases, each_case, idle_until, inconsistent_stripes, issue, issue_flush,
-    next_event, overlaps, read_whole, run_process, run_to_crash, stats, CrashCase, CrashWorld,
-    Crashed, Outcome, Pending, CRASH_BITMAP_START, CRASH_DAEMON_SLEEP_S, CRASH_DATA_OFFSET, SEC,
+    completions_checked, crash_cases, each_case, idle_until, inconsistent_stripes, issue,
+    issue_flush, next_event, overlaps, read_whole, run_process, run_to_crash, stats, CrashCase,
+    CrashWorld, Crashed, Outcome, Pending, CRASH_BITMAP_START, CRASH_DAEMON_SLEEP_S,
+    CRASH_DATA_OFFSET, SEC,
 };
 use ferroraid_tests::{Oracle, Rng};
 
@@ -91,6 +92,104 @@ enum Action {
     Disappear,
     Errors,
     Latent,
+}
+
+/// What each 512-byte block of the array may read as while writes over it are in flight.
+/// Reads may overlap writes in flight (issue 24: a read of a stripe a write holds is served
+/// from the write's data once that data is final); each block of a read must then hold a
+/// value some write (or the initial contents) gave it, no older than the newest write over
+/// it that completed before the read was issued: never stale, never invented, never part
+/// of a block. Without such writes that is exactly the reference.
+struct BlockHistory {
+    /// Per block: (tag of the write, hash of the 512 bytes it wrote), ascending tags; tag 0
+    /// is the initial contents.
+    values: Vec<Vec<(u64, u64)>>,
+    /// Per block: the tag of the newest completed write over it.
+    floor: Vec<u64>,
+    /// Per read in flight (tag): its first block and the floors of its blocks at issue.
+    reads: std::collections::HashMap<u64, (usize, Vec<u64>)>,
+    /// Per write in flight (tag): the blocks it changes.
+    writes: std::collections::HashMap<u64, std::ops::Range<usize>>,
+    /// Reads issued over a block a write in flight changes.
+    overlapping_reads: u64,
+}
+
+fn block_hash(b: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
+}
+
+impl BlockHistory {
+    fn new(initial: &[u8]) -> Self {
+        Self {
+            values: initial
+                .chunks(512)
+                .map(|b| vec![(0, block_hash(b))])
+                .collect(),
+            floor: vec![0; initial.len() / 512],
+            reads: Default::default(),
+            writes: Default::default(),
+            overlapping_reads: 0,
+        }
+    }
+
+    /// Write `tag` changes `blocks`, to what `reference` (already updated) holds there.
+    fn write_issued(&mut self, tag: u64, blocks: std::ops::Range<usize>, reference: &[u8]) {
+        for b in blocks.clone() {
+            self.values[b].push((tag, block_hash(&reference[b * 512..(b + 1) * 512])));
+        }
+        self.writes.insert(tag, blocks);
+    }
+
+    fn read_issued(&mut self, tag: u64, blocks: std::ops::Range<usize>) {
+        if self
+            .writes
+            .values()
+            .any(|w| w.start < blocks.end && blocks.start < w.end)
+        {
+            self.overlapping_reads += 1;
+        }
+        self.reads
+            .insert(tag, (blocks.start, self.floor[blocks].to_vec()));
+    }
+
+    fn write_done(&mut self, tag: u64) {
+        if let Some(blocks) = self.writes.remove(&tag) {
+            for b in blocks {
+                self.floor[b] = self.floor[b].max(tag);
+            }
+        }
+    }
+
+    fn check_read(&mut self, f: &Pending, ctx: &str) {
+        let (first, floors) = self.reads.remove(&f.tag).expect("read issued");
+        for (i, (blk, &floor)) in f.buf.chunks(512).zip(&floors).enumerate() {
+            let b = first + i;
+            let h = block_hash(blk);
+            let ok = self.values[b]
+                .iter()
+                .rev()
+                .take_while(|&&(t, _)| t >= floor)
+                .any(|&(_, v)| v == h);
+            assert!(
+                ok,
+                "{ctx}: read {} ({}+{}) block at array offset {} holds no value a write \
+                 gave it since write {floor} (the newest completed at its issue); writes \
+                 over it since: {:?}",
+                f.tag,
+                f.off,
+                f.len,
+                b * 512,
+                self.values[b]
+                    .iter()
+                    .filter(|&&(t, _)| t >= floor)
+                    .map(|&(t, _)| t)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
 }
 
 struct Case {
@@ -141,6 +240,7 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
     let mut arr = ShardedArray::new(shards, 16);
     let cap = geo.capacity_bytes();
     let mut reference = vec![0u8; cap as usize];
+    let mut history = BlockHistory::new(&reference);
     let mut rng = Rng::new(c.seed);
     let stripe_bytes = g.stripe_data_bytes();
     let redundancy = u64::from(g.parity_chunks());
@@ -245,12 +345,14 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
                 512 * rng.below((cap - len) / 512 + 1)
             };
             let len = if sequential { len.min(8 * 512) } else { len };
-            // Reads never overlap in-flight writes, writes never overlap in-flight reads:
-            // their outcome would be legitimately either. Writes may overlap writes: the
-            // array must apply them in submission order.
-            let clash = inflight
-                .iter()
-                .any(|f| f.write != write && overlaps((f.off, f.len), (off, len)));
+            // Writes never overlap in-flight reads. Reads may overlap writes in flight
+            // (checked by `history`: old or new per block, never older than what completed
+            // before them). Writes may overlap writes: the array must apply them in
+            // submission order.
+            let clash = write
+                && inflight
+                    .iter()
+                    .any(|f| !f.write && overlaps((f.off, f.len), (off, len)));
             if clash {
                 break;
             }
@@ -291,6 +393,17 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
             }
             let tag = next_tag;
             next_tag += 1;
+            let blocks = (off / 512) as usize..((off + len) / 512) as usize;
+            match op {
+                ArrayOp::Read => history.read_issued(tag, blocks),
+                ArrayOp::Discard => {
+                    let first = off.div_ceil(stripe_bytes) * stripe_bytes;
+                    let last = (off + len) / stripe_bytes * stripe_bytes;
+                    let zeroed = (first / 512) as usize..(last.max(first) / 512) as usize;
+                    history.write_issued(tag, zeroed, &reference);
+                }
+                _ => history.write_issued(tag, blocks, &reference),
+            }
             // SAFETY: the buffer lives in `inflight` until its completion is handled and is
             // not touched meanwhile.
             unsafe { issue(&mut arr, &mut inflight, tag, op, off, buf, None) };
@@ -298,7 +411,15 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
         }
         arr.set_now(clock.now_ns());
         let progressed = arr.process();
-        let n = completions(&mut arr, &mut inflight, &reference, &name).len();
+        let done = completions_checked(&mut arr, &mut inflight, &name, |f| {
+            history.check_read(f, &name)
+        });
+        for f in &done {
+            if f.write {
+                history.write_done(f.tag);
+            }
+        }
+        let n = done.len();
         completed += n;
         if !progressed && n == 0 {
             let next = next_event(&arr);
@@ -449,6 +570,7 @@ fn oracle_verify(
 fn healthy_arrays_match_reference_and_pass_the_oracle() {
     let held = std::sync::atomic::AtomicU64::new(0);
     let hits = std::sync::atomic::AtomicU64::new(0);
+    let pass_reads = std::sync::atomic::AtomicU64::new(0);
     let oracle = Oracle::locate_or_skip("healthy_arrays_match_reference_and_pass_the_oracle");
     each_case(cases(Failures::None), |c| {
         let (arr, devs, _) = run(c);
@@ -495,6 +617,7 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
         );
         held.fetch_add(st.held_passes, std::sync::atomic::Ordering::Relaxed);
         hits.fetch_add(st.cache_hit_stripes, std::sync::atomic::Ordering::Relaxed);
+        pass_reads.fetch_add(st.pass_reads, std::sync::atomic::Ordering::Relaxed);
         if c.reactors > 1 {
             // Reads are served by the shard that received them; writes waited for such
             // reads of their stripe (the gate was exercised both ways).
@@ -508,8 +631,15 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
         }
     });
     let (held, hits) = (held.into_inner(), hits.into_inner());
-    eprintln!("passes held: {held}, passes that found their stripe cached: {hits}");
-    assert!(held > 0 && hits > 0, "held {held}, cache hits {hits}");
+    let pass_reads = pass_reads.into_inner();
+    eprintln!(
+        "passes held: {held}, passes that found their stripe cached: {hits}, reads served \
+         from a write holding their stripe: {pass_reads}"
+    );
+    assert!(
+        held > 0 && hits > 0 && pass_reads > 0,
+        "held {held}, cache hits {hits}, reads from writes {pass_reads}"
+    );
 }
 
 #[test]

@@ -69,7 +69,6 @@ impl BlockSet {
     }
 
     /// Whether block `b` is in the set.
-    #[cfg(test)]
     pub(crate) fn contains(&self, b: u32) -> bool {
         debug_assert!(b < self.bits);
         self.words[(b / 64) as usize] & (1 << (b % 64)) != 0

@@ -43,6 +43,18 @@ impl StripeLocks {
             .any(|&(st, _, x)| st == stripe && (x || exclusive))
     }
 
+    /// The operation holding `stripe` exclusively (a write), if any. O(1) while no
+    /// exclusive hold exists, O(holds) otherwise.
+    pub(crate) fn exclusive_holder(&self, stripe: u64) -> Option<u32> {
+        if self.exclusive == 0 {
+            return None;
+        }
+        self.held
+            .iter()
+            .find(|&&(st, _, x)| st == stripe && x)
+            .map(|&(_, op, _)| op)
+    }
+
     /// Operation `op` holds `stripe` from now on (`exclusive` for a write).
     ///
     /// # Panics

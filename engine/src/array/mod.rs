@@ -301,6 +301,10 @@ pub struct ArrayStats {
     /// Requests that took a stripe operation ahead of earlier bulk writes waiting for
     /// their share of the pool (front-door scheduling, [`RequestClass`]).
     pub overtaking_requests: u64,
+    /// Stripe reads of a stripe a write pass held, served from the pass's own new data and
+    /// its cache entry instead of waiting for the pass's member writes
+    /// ([`Array::read_from_pass`]).
+    pub pass_reads: u64,
     /// Holds that reached their bound still needing reads (the writes
     /// waited for did not come; each lowers the shard's remembered client write depth).
     pub expired_holds: u64,
@@ -508,6 +512,7 @@ impl ArrayStats {
         self.held_ns += o.held_ns;
         self.expired_holds += o.expired_holds;
         self.overtaking_requests += o.overtaking_requests;
+        self.pass_reads += o.pass_reads;
     }
 }
 

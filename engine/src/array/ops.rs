@@ -82,6 +82,15 @@ impl<C: Channel> Array<C> {
             if read && self.waiting.is_empty() && !self.locked.conflicts(stripe, false) {
                 self.locked.take(stripe, s, false);
                 self.start_sop(s);
+            } else if read
+                && !self
+                    .waiting
+                    .iter()
+                    .any(|&w| self.sops[w as usize].stripe == stripe)
+                && self.read_from_pass(s)
+            {
+                // Served from the pass holding the stripe (no earlier operation of the
+                // stripe waits, so the per-stripe order holds).
             } else {
                 self.waiting.push_back(s);
             }
@@ -120,6 +129,13 @@ impl<C: Channel> Array<C> {
                     .op
                     .is_write();
             let blocked = self.held.contains(&stripe) || self.locked.conflicts(stripe, writes);
+            if blocked && !writes && !self.held.contains(&stripe) && self.read_from_pass(s) {
+                // The first waiting operation of its stripe, a read, served from the pass
+                // that holds the stripe.
+                self.waiting.remove(i);
+                started = true;
+                continue;
+            }
             if blocked {
                 if !self.held.contains(&stripe) {
                     // Bounded by the waiting operations, which the capacity covers.
