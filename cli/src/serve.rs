@@ -127,7 +127,8 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], iscsi = [...], rpc, force, run, io_timeout_ms, max_block,
-    /// queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
+    /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
+    /// nbd_idle_timeout_s, queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
     /// speed_min, speed_max, and an
     /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
     #[arg(long)]
@@ -175,6 +176,23 @@ pub struct ServeArgs {
     /// Largest NBD request (default 4M).
     #[arg(long, value_parser = crate::parse_bytes)]
     max_block: Option<u64>,
+    /// NBD connections the export serves at once (default: every slot of the reactors'
+    /// connection tables, 1024 per reactor; a larger limit grows the tables). Beyond it
+    /// `NBD_OPT_GO` is refused with `NBD_REP_ERR_POLICY` and a message the client shows.
+    #[arg(long, value_name = "N")]
+    nbd_max_connections: Option<usize>,
+    /// Longest NBD handshake, ms: a connection that has not finished negotiating by then
+    /// is closed (half-open clients; default 10000).
+    #[arg(long, value_name = "MS")]
+    nbd_handshake_timeout_ms: Option<u64>,
+    /// NBD handshakes in progress at once; a new connection beyond it closes the oldest
+    /// handshake, never the newcomer (default 1024).
+    #[arg(long, value_name = "N")]
+    nbd_max_handshakes: Option<usize>,
+    /// Close an NBD connection idle this long, s: nothing in flight and nothing received
+    /// (default 0: never — the kernel client and qemu keep idle connections for hours).
+    #[arg(long, value_name = "S")]
+    nbd_idle_timeout_s: Option<u64>,
     /// io_uring queue depth per member per reactor (default 128).
     #[arg(long)]
     queue_depth: Option<u32>,
@@ -255,6 +273,10 @@ struct ServeFile {
     run: Option<bool>,
     io_timeout_ms: Option<u64>,
     max_block: Option<toml::Value>,
+    nbd_max_connections: Option<usize>,
+    nbd_handshake_timeout_ms: Option<u64>,
+    nbd_max_handshakes: Option<usize>,
+    nbd_idle_timeout_s: Option<u64>,
     queue_depth: Option<u32>,
     stripe_ops: Option<usize>,
     stripe_cache: Option<toml::Value>,
@@ -388,6 +410,31 @@ impl ServeArgs {
                 .ok()
                 .filter(|&b| b >= 4096)
                 .with_context(|| format!("max_block {b}: expected 4K to 4G"))?;
+        }
+        let nbd = &mut o.nbd_config;
+        if let Some(n) = self.nbd_max_connections.or(file.nbd_max_connections) {
+            if n == 0 {
+                bail!("nbd_max_connections 0: expected at least 1");
+            }
+            nbd.max_connections = Some(n);
+        }
+        if let Some(ms) = self
+            .nbd_handshake_timeout_ms
+            .or(file.nbd_handshake_timeout_ms)
+        {
+            if ms == 0 {
+                bail!("nbd_handshake_timeout_ms 0: expected at least 1");
+            }
+            nbd.handshake_timeout = Duration::from_millis(ms);
+        }
+        if let Some(n) = self.nbd_max_handshakes.or(file.nbd_max_handshakes) {
+            if n == 0 {
+                bail!("nbd_max_handshakes 0: expected at least 1");
+            }
+            nbd.max_handshakes = n;
+        }
+        if let Some(s) = self.nbd_idle_timeout_s.or(file.nbd_idle_timeout_s) {
+            nbd.idle_timeout = (s > 0).then(|| Duration::from_secs(s));
         }
         if let Some(q) = self.queue_depth.or(file.queue_depth) {
             o.queue_depth = q;
