@@ -796,4 +796,67 @@ mod tests {
         assert!(options(&["--config", c]).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn nbd_connection_limits_are_configurable() {
+        use ferroraid::nbd::ServerConfig;
+        let o = options(&["m0"]).unwrap();
+        assert_eq!(o.nbd_config, ServerConfig::default());
+        assert_eq!(o.nbd_config.idle_timeout, None);
+        let o = options(&[
+            "--nbd-max-connections",
+            "5000",
+            "--nbd-handshake-timeout-ms",
+            "2500",
+            "--nbd-max-handshakes",
+            "64",
+            "--nbd-idle-timeout-s",
+            "3600",
+            "m0",
+        ])
+        .unwrap();
+        let n = &o.nbd_config;
+        assert_eq!(n.max_connections, Some(5000));
+        assert_eq!(n.handshake_timeout, Duration::from_millis(2500));
+        assert_eq!(n.max_handshakes, 64);
+        assert_eq!(n.idle_timeout, Some(Duration::from_secs(3600)));
+        let off = options(&["--nbd-idle-timeout-s", "0", "m0"]).unwrap();
+        assert_eq!(off.nbd_config.idle_timeout, None);
+        for bad in [
+            &["--nbd-max-connections", "0", "m0"][..],
+            &["--nbd-handshake-timeout-ms", "0", "m0"],
+            &["--nbd-max-handshakes", "0", "m0"],
+            &["--nbd-max-connections", "-1", "m0"],
+        ] {
+            assert!(options(bad).is_err(), "{bad:?} accepted");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("serve.toml");
+        std::fs::write(
+            &cfg,
+            "devices = [\"m0\"]\nnbd_max_connections = 8\nnbd_handshake_timeout_ms = 900\n\
+             nbd_max_handshakes = 16\nnbd_idle_timeout_s = 60\n",
+        )
+        .unwrap();
+        let c = cfg.to_str().unwrap();
+        let n = options(&["--config", c]).unwrap().nbd_config;
+        assert_eq!(
+            (
+                n.max_connections,
+                n.handshake_timeout,
+                n.max_handshakes,
+                n.idle_timeout
+            ),
+            (
+                Some(8),
+                Duration::from_millis(900),
+                16,
+                Some(Duration::from_secs(60))
+            )
+        );
+        let n = options(&["--config", c, "--nbd-max-connections", "9"])
+            .unwrap()
+            .nbd_config;
+        assert_eq!(n.max_connections, Some(9));
+    }
 }

@@ -26,7 +26,8 @@
 //! Reads take exactly the bytes the current message still needs, so nothing of what a
 //! client sends after `NBD_OPT_GO`/`NBD_OPT_EXPORT_NAME` is taken from the transmission
 //! phase. While replies wait to be sent (the client does not read them), nothing more is
-//! read: a client cannot make the server queue unbounded replies.
+//! read: a client cannot make the server queue unbounded replies. One negotiation reads
+//! at most 64 KiB per loop turn, so a client streaming options cannot hold the thread.
 //!
 //! When the client enters the transmission phase, its (already non-blocking) socket is
 //! handed, as a fully built connection holding a reserved slot of a reactor's connection
@@ -91,6 +92,9 @@ const LISTEN_POLL: Duration = Duration::from_millis(100);
 const ACCEPTS_PER_TURN: usize = 64;
 /// Bytes of oversized option data skipped per read.
 const SKIP_CHUNK: u32 = 4096;
+/// Bytes one negotiation may read per loop turn before the others get theirs: a client
+/// streaming options (up to [`MAX_OPTIONS`] × [`OPTION_SKIP_LIMIT`]) cannot hold the thread.
+const READ_BYTES_PER_TURN: usize = 64 << 10;
 
 /// Why a handshake ended without a connection (logged, never shown to the client).
 #[derive(Debug, Error)]
@@ -244,6 +248,7 @@ impl Negotiation {
     /// Moves the negotiation as far as the socket allows: sends queued replies, reads the
     /// next message, handles it, and so on until the socket would block or it is over.
     fn drive(&mut self, s: &mut Stream, shared: &Arc<Shared>) -> Result<Wait, HandshakeError> {
+        let mut budget = READ_BYTES_PER_TURN;
         loop {
             while self.sent < self.out.len() {
                 match s.send_vectored(&[IoSlice::new(&self.out[self.sent..])]) {
@@ -259,9 +264,17 @@ impl Negotiation {
                 return Ok(Wait::Done);
             }
             if self.got < self.buf.len() {
-                match s.read(&mut self.buf[self.got..]) {
+                if budget == 0 {
+                    // More may be waiting: `poll` reports the socket readable at once.
+                    return Ok(Wait::Read);
+                }
+                let end = self.buf.len().min(self.got + budget);
+                match s.read(&mut self.buf[self.got..end]) {
                     Ok(0) => return Err(HandshakeError::Closed),
-                    Ok(n) => self.got += n,
+                    Ok(n) => {
+                        self.got += n;
+                        budget -= n;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Read),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(e.into()),
@@ -649,6 +662,11 @@ pub(crate) fn run(listeners: Vec<Listener>, shared: Arc<Shared>, inboxes: Arc<In
 /// Logs why a negotiation ended without a connection (the socket closes when `p` drops).
 fn end(p: &Pending, e: &HandshakeError) {
     match e {
+        // After NBD_OPT_ABORT the client may close without reading the acknowledgement
+        // (proto.md: both sides handle that gracefully).
+        _ if p.neg.phase == Phase::Abort => {
+            debug!(conn = p.id, peer = %p.peer, "client ended the negotiation")
+        }
         HandshakeError::Closed => {
             debug!(conn = p.id, peer = %p.peer, "client closed during the handshake")
         }

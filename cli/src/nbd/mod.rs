@@ -384,8 +384,9 @@ impl Slot {
             .is_err()
         {
             return refuse(format!(
-                "export {:?} is serving its limit of {max} connections; try again later",
-                shared.export.name
+                "export {:?} is serving its limit of {max} connection{}; try again later",
+                shared.export.name,
+                if max == 1 { "" } else { "s" }
             ));
         }
         let cap = shared.config.max_connections_per_reactor;
