@@ -2,7 +2,7 @@
 //! the reactor loop.
 //!
 //! Each loop turn ([`Frontend::poll`]) the front-end
-//! 1. adopts connections the handshake threads finished (a lock-free inbox);
+//! 1. adopts connections the handshake thread finished (a lock-free inbox);
 //! 2. retries array submissions the reactor refused with `QueueFull`, in order;
 //! 3. for every connection: sends queued replies (one `sendmsg` gathers several, partial
 //!    sends resume next turn), then reads and judges request headers, receives write
@@ -15,7 +15,7 @@
 //!
 //! # Limits and memory
 //! Everything is allocated when the front-end is built (contexts, buffers, the
-//! connection table) or when a connection is built by its handshake thread (receive buffer,
+//! connection table) or when a connection is built by the handshake thread (receive buffer,
 //! reply queue). The data path takes and returns contexts and buffers from free lists;
 //! sockets are non-blocking. A connection holding its `max_inflight` requests, or finding no
 //! free buffer or context, simply stops reading until some complete.

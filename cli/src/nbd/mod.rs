@@ -241,6 +241,9 @@ pub struct ServerConfig {
 pub const DEFAULT_CONNECTIONS_PER_REACTOR: usize = 1024;
 /// Default longest handshake (10 s: a client on a slow link needs a few round trips).
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most handshakes in progress at once that may be configured (the handshake table is
+/// preallocated: a few hundred bytes a slot).
+pub const MAX_HANDSHAKES_LIMIT: usize = 65536;
 /// Default handshakes in progress at once (1024: more than a burst of real clients ever
 /// needs, small enough that a flood costs at most 1024 sockets).
 pub const DEFAULT_MAX_HANDSHAKES: usize = 1024;
@@ -456,7 +459,7 @@ impl NbdServerBuilder {
         self
     }
 
-    /// Binds the listening sockets, starts one listener thread each, and returns the
+    /// Binds the listening sockets, starts the handshake thread, and returns the
     /// server with `reactors` front-ends (one per reactor, in reactor order) for
     /// `engine::reactor::Reactors::start`. Connections that finish their handshake before
     /// the reactors run wait in the reactors' inboxes.
@@ -525,14 +528,14 @@ impl NbdServerBuilder {
             || config.max_connections_per_reactor > usize::from(u16::MAX)
             || config.max_inflight_per_connection == 0
             || config.max_connections == Some(0)
-            || config.max_handshakes == 0
+            || !(1..=MAX_HANDSHAKES_LIMIT).contains(&config.max_handshakes)
             || config.handshake_timeout.is_zero()
             || config.idle_timeout.is_some_and(|t| t.is_zero())
         {
             return Err(ConfigError::Server(
-                "connections per reactor must be 1..=65535 (export limit / reactors), the \
-                 connection limit, requests per connection and handshakes at once ≥ 1, and \
-                 the handshake and idle timeouts nonzero"
+                "connections per reactor must be 1..=65535 (export limit / reactors), \
+                 handshakes at once 1..=65536, the connection limit and requests per \
+                 connection ≥ 1, and the handshake and idle timeouts nonzero"
                     .into(),
             ));
         }
@@ -667,7 +670,7 @@ fn bind_unix(p: &Path) -> std::io::Result<UnixListener> {
     UnixListener::bind(p)
 }
 
-/// A running NBD server: its listener threads and the shutdown switch its front-ends
+/// A running NBD server: its handshake thread and the shutdown switch its front-ends
 /// watch. Dropping it shuts it down.
 ///
 /// Shut the server down **before** stopping the reactors: a front-end is finished only
@@ -751,7 +754,7 @@ impl NbdServer {
         ShutdownHandle(Arc::clone(&self.shared))
     }
 
-    /// Requests shutdown (see [`ShutdownHandle::request`]) and joins the listener threads.
+    /// Requests shutdown (see [`ShutdownHandle::request`]) and joins the handshake thread.
     /// The front-ends finish draining on their reactors; stop the reactors afterwards.
     pub fn shutdown(mut self) {
         self.stop_listeners();
@@ -881,6 +884,54 @@ mod tests {
             .listen_tcp(addr)
             .start(0)
             .is_err());
+        for bad in [
+            ServerConfig {
+                max_connections: Some(0),
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                // 2 reactors × 65535 slots at most.
+                max_connections: Some(2 * 65535 + 1),
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                max_handshakes: 0,
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                max_handshakes: MAX_HANDSHAKES_LIMIT + 1,
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                handshake_timeout: Duration::ZERO,
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                idle_timeout: Some(Duration::ZERO),
+                ..ServerConfig::default()
+            },
+        ] {
+            assert!(
+                NbdServer::builder(e.clone())
+                    .listen_tcp(addr)
+                    .config(bad.clone())
+                    .start(2)
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        // A limit above the default tables grows them: 3000 over 2 reactors.
+        let (big, _fe) = NbdServer::builder(e.clone())
+            .listen_tcp(addr)
+            .config(ServerConfig {
+                max_connections: Some(3000),
+                ..ServerConfig::default()
+            })
+            .start(2)
+            .unwrap();
+        assert_eq!(big.stats().max_connections, 3000);
+        assert_eq!(big.shared.config.max_connections_per_reactor, 1500);
+        big.shutdown();
         let small = ServerConfig {
             buffers: vec![BufferClass {
                 bytes: 512 << 10,
