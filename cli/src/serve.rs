@@ -127,7 +127,8 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], iscsi = [...], rpc, force, run, io_timeout_ms, max_block,
-    /// queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
+    /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
+    /// nbd_idle_timeout_s, queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
     /// speed_min, speed_max, and an
     /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
     #[arg(long)]
@@ -175,6 +176,23 @@ pub struct ServeArgs {
     /// Largest NBD request (default 4M).
     #[arg(long, value_parser = crate::parse_bytes)]
     max_block: Option<u64>,
+    /// NBD connections the export serves at once (default: every slot of the reactors'
+    /// connection tables, 1024 per reactor; a larger limit grows the tables). Beyond it
+    /// `NBD_OPT_GO` is refused with `NBD_REP_ERR_POLICY` and a message the client shows.
+    #[arg(long, value_name = "N")]
+    nbd_max_connections: Option<usize>,
+    /// Longest NBD handshake, ms: a connection that has not finished negotiating by then
+    /// is closed (half-open clients; default 10000).
+    #[arg(long, value_name = "MS")]
+    nbd_handshake_timeout_ms: Option<u64>,
+    /// NBD handshakes in progress at once; a new connection beyond it closes the oldest
+    /// handshake, never the newcomer (default 1024).
+    #[arg(long, value_name = "N")]
+    nbd_max_handshakes: Option<usize>,
+    /// Close an NBD connection idle this long, s: nothing in flight and nothing received
+    /// (default 0: never — the kernel client and qemu keep idle connections for hours).
+    #[arg(long, value_name = "S")]
+    nbd_idle_timeout_s: Option<u64>,
     /// io_uring queue depth per member per reactor (default 128).
     #[arg(long)]
     queue_depth: Option<u32>,
@@ -255,6 +273,10 @@ struct ServeFile {
     run: Option<bool>,
     io_timeout_ms: Option<u64>,
     max_block: Option<toml::Value>,
+    nbd_max_connections: Option<usize>,
+    nbd_handshake_timeout_ms: Option<u64>,
+    nbd_max_handshakes: Option<usize>,
+    nbd_idle_timeout_s: Option<u64>,
     queue_depth: Option<u32>,
     stripe_ops: Option<usize>,
     stripe_cache: Option<toml::Value>,
@@ -388,6 +410,31 @@ impl ServeArgs {
                 .ok()
                 .filter(|&b| b >= 4096)
                 .with_context(|| format!("max_block {b}: expected 4K to 4G"))?;
+        }
+        let nbd = &mut o.nbd_config;
+        if let Some(n) = self.nbd_max_connections.or(file.nbd_max_connections) {
+            if n == 0 {
+                bail!("nbd_max_connections 0: expected at least 1");
+            }
+            nbd.max_connections = Some(n);
+        }
+        if let Some(ms) = self
+            .nbd_handshake_timeout_ms
+            .or(file.nbd_handshake_timeout_ms)
+        {
+            if ms == 0 {
+                bail!("nbd_handshake_timeout_ms 0: expected at least 1");
+            }
+            nbd.handshake_timeout = Duration::from_millis(ms);
+        }
+        if let Some(n) = self.nbd_max_handshakes.or(file.nbd_max_handshakes) {
+            if n == 0 {
+                bail!("nbd_max_handshakes 0: expected at least 1");
+            }
+            nbd.max_handshakes = n;
+        }
+        if let Some(s) = self.nbd_idle_timeout_s.or(file.nbd_idle_timeout_s) {
+            nbd.idle_timeout = (s > 0).then(|| Duration::from_secs(s));
         }
         if let Some(q) = self.queue_depth.or(file.queue_depth) {
             o.queue_depth = q;
@@ -748,5 +795,68 @@ mod tests {
         std::fs::write(&cfg, "devices = [\"m0\"]\npacer = \"slow\"\n").unwrap();
         assert!(options(&["--config", c]).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn nbd_connection_limits_are_configurable() {
+        use ferroraid::nbd::ServerConfig;
+        let o = options(&["m0"]).unwrap();
+        assert_eq!(o.nbd_config, ServerConfig::default());
+        assert_eq!(o.nbd_config.idle_timeout, None);
+        let o = options(&[
+            "--nbd-max-connections",
+            "5000",
+            "--nbd-handshake-timeout-ms",
+            "2500",
+            "--nbd-max-handshakes",
+            "64",
+            "--nbd-idle-timeout-s",
+            "3600",
+            "m0",
+        ])
+        .unwrap();
+        let n = &o.nbd_config;
+        assert_eq!(n.max_connections, Some(5000));
+        assert_eq!(n.handshake_timeout, Duration::from_millis(2500));
+        assert_eq!(n.max_handshakes, 64);
+        assert_eq!(n.idle_timeout, Some(Duration::from_secs(3600)));
+        let off = options(&["--nbd-idle-timeout-s", "0", "m0"]).unwrap();
+        assert_eq!(off.nbd_config.idle_timeout, None);
+        for bad in [
+            &["--nbd-max-connections", "0", "m0"][..],
+            &["--nbd-handshake-timeout-ms", "0", "m0"],
+            &["--nbd-max-handshakes", "0", "m0"],
+            &["--nbd-max-connections", "-1", "m0"],
+        ] {
+            assert!(options(bad).is_err(), "{bad:?} accepted");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("serve.toml");
+        std::fs::write(
+            &cfg,
+            "devices = [\"m0\"]\nnbd_max_connections = 8\nnbd_handshake_timeout_ms = 900\n\
+             nbd_max_handshakes = 16\nnbd_idle_timeout_s = 60\n",
+        )
+        .unwrap();
+        let c = cfg.to_str().unwrap();
+        let n = options(&["--config", c]).unwrap().nbd_config;
+        assert_eq!(
+            (
+                n.max_connections,
+                n.handshake_timeout,
+                n.max_handshakes,
+                n.idle_timeout
+            ),
+            (
+                Some(8),
+                Duration::from_millis(900),
+                16,
+                Some(Duration::from_secs(60))
+            )
+        );
+        let n = options(&["--config", c, "--nbd-max-connections", "9"])
+            .unwrap()
+            .nbd_config;
+        assert_eq!(n.max_connections, Some(9));
     }
 }

@@ -82,6 +82,44 @@ pub struct StatusReport {
     /// class (issue 24, docs/QOS.md). Absent in reports of targets that predate it.
     #[serde(default)]
     pub queue_wait_us: QueueWaitReport,
+    /// The NBD server's connections and its refusals (issue 18); `null` in reports of
+    /// targets that predate it.
+    #[serde(default)]
+    pub nbd: Option<NbdReport>,
+}
+
+/// The NBD server's connection counters (`ferroraid::nbd::NbdStats`): counts since start,
+/// gauges now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NbdReport {
+    /// Connections holding a slot now (transmission phase, or reserved by `NBD_OPT_INFO`).
+    pub connections: u64,
+    /// The export's connection limit (`--nbd-max-connections`).
+    pub max_connections: u64,
+    /// Handshakes in progress now.
+    pub handshakes: u64,
+    /// Clients refused at the handshake because the limit was reached.
+    pub refused: u64,
+    /// Handshakes closed by `--nbd-handshake-timeout-ms`.
+    pub handshake_timeouts: u64,
+    /// Handshakes closed to make room for newer ones (`--nbd-max-handshakes`).
+    pub handshakes_evicted: u64,
+    /// Connections closed by `--nbd-idle-timeout-s`.
+    pub idle_closed: u64,
+}
+
+impl From<crate::nbd::NbdStats> for NbdReport {
+    fn from(s: crate::nbd::NbdStats) -> Self {
+        Self {
+            connections: s.connections as u64,
+            max_connections: s.max_connections as u64,
+            handshakes: s.handshakes as u64,
+            refused: s.refused,
+            handshake_timeouts: s.handshake_timeouts,
+            handshakes_evicted: s.handshakes_evicted,
+            idle_closed: s.idle_closed,
+        }
+    }
 }
 
 /// Queue wait inside the target per request class, **microseconds**: from the array's
@@ -849,6 +887,20 @@ impl fmt::Display for StatusReport {
                 e.protocol, e.address, e.name
             )?;
         }
+        if let Some(n) = &self.nbd {
+            writeln!(
+                f,
+                "    NBD clients : {} of {} connected, {} negotiating; refused {}, handshake \
+                 timeouts {}, evicted {}, idle closed {}",
+                n.connections,
+                n.max_connections,
+                n.handshakes,
+                n.refused,
+                n.handshake_timeouts,
+                n.handshakes_evicted,
+                n.idle_closed
+            )?;
+        }
         let p = &self.process;
         if p.kind == ProcessKind::Idle {
             writeln!(f, "        Process : idle")?;
@@ -1033,6 +1085,12 @@ mod tests {
             process: ProcessReport::idle(),
             bitmap: None,
             queue_wait_us: QueueWaitReport::default(),
+            nbd: Some(NbdReport {
+                connections: 3,
+                max_connections: 1024,
+                refused: 2,
+                ..NbdReport::default()
+            }),
         }
     }
 
@@ -1119,7 +1177,11 @@ mod tests {
         };
         assert_eq!(
             keys(&v),
-            "array,bitmap,exports,members,process,queue_wait_us,reactors,requests_in_flight,stats"
+            "array,bitmap,exports,members,nbd,process,queue_wait_us,reactors,requests_in_flight,stats"
+        );
+        assert_eq!(
+            keys(&v["nbd"]),
+            "connections,handshake_timeouts,handshakes,handshakes_evicted,idle_closed,max_connections,refused"
         );
         assert_eq!(
             keys(&v["array"]),
@@ -1248,6 +1310,10 @@ mod tests {
         );
         assert!(
             text.contains("        Exports : nbd 127.0.0.1:10809 (export name \"data\")"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    NBD clients : 3 of 1024 connected, 0 negotiating; refused 2,"),
             "{text}"
         );
         assert!(

@@ -77,6 +77,9 @@ pub struct ServeOptions {
     pub nbd_unix: Vec<PathBuf>,
     /// Largest NBD request, bytes.
     pub max_block_bytes: u32,
+    /// NBD server tunables: connection limit, handshake and idle timeouts, handshakes at
+    /// once (its `buffers` stay empty: derived from `max_block_bytes`).
+    pub nbd_config: crate::nbd::ServerConfig,
     /// Start although members are missing or out of date, or dirty and degraded (mdadm
     /// `--force`; implies [`ServeOptions::run`]).
     pub force: bool,
@@ -125,6 +128,7 @@ impl ServeOptions {
             nbd_tcp: Vec::new(),
             nbd_unix: Vec::new(),
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
+            nbd_config: crate::nbd::ServerConfig::default(),
             force: false,
             run: false,
             io_timeout: Duration::from_secs(30),
@@ -390,6 +394,8 @@ struct Shared {
     cores: Vec<Option<usize>>,
     mode: Mode,
     exports: Vec<ExportReport>,
+    /// The NBD server's connection counters.
+    nbd_stats: crate::nbd::StatsHandle,
     /// Roles whose (faulty) device the operator removed.
     removed: Mutex<Vec<u16>>,
 }
@@ -529,6 +535,7 @@ impl Shared {
             process: self.process_report(),
             bitmap: self.bitmap_report(),
             queue_wait_us: QueueWaitReport::from_histograms_ns(&snap.queue_wait),
+            nbd: Some(self.nbd_stats.get().into()),
         }
     }
 }
@@ -682,6 +689,10 @@ impl Target {
     /// that cannot be bound; a failed superblock write.
     pub fn start(opts: &ServeOptions) -> Result<Target> {
         ensure!(!opts.devices.is_empty(), "no member devices given");
+        match crate::nbd::raise_open_files_limit() {
+            Ok(n) => info!(limit = n, "open files limit (RLIMIT_NOFILE soft = hard)"),
+            Err(e) => warn!("cannot raise the open files limit: {e}"),
+        }
         // The management socket first: a target already running on it is refused before
         // any device is opened or marked.
         let handler = Arc::new(TargetHandler(OnceLock::new()));
@@ -1104,7 +1115,7 @@ impl Target {
         let n = cores.len();
 
         let export = ExportConfig::for_array(name.clone(), &geo, opts.max_block_bytes);
-        let mut builder = NbdServer::builder(export);
+        let mut builder = NbdServer::builder(export).config(opts.nbd_config.clone());
         for a in &opts.nbd_tcp {
             builder = builder.listen_tcp(*a);
         }
@@ -1329,6 +1340,7 @@ impl Target {
             cores,
             mode: opts.mode,
             exports,
+            nbd_stats: nbd.stats_handle(),
             removed: Mutex::new(Vec::new()),
         });
         let stop_monitor = Arc::new(AtomicBool::new(false));

@@ -52,6 +52,7 @@ impl Mock {
             process: ProcessReport::idle(),
             bitmap: None,
             queue_wait_us: ferroraid::status::QueueWaitReport::default(),
+            nbd: None,
         })))
     }
 

@@ -408,6 +408,20 @@ pub fn repo_root() -> PathBuf {
 pub fn required(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1")
 }
+/// Runs `f` on its own thread and returns its result, or panics naming `what` when it
+/// takes longer than `limit` (a hang becomes a failure; the thread is left behind).
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
+}
 
 /// The path of the installed tool `name`, or `None` (after saying so on stderr) when it is
 /// not installed and `FERRORAID_REQUIRE_TOOLS` is not `1`; under it, a missing tool panics.

@@ -1,16 +1,16 @@
 //! One NBD connection in the transmission phase: its socket, receive buffer, the request
 //! being received, and the replies waiting to be sent.
 //!
-//! A connection is built by the handshake thread (all of its memory is allocated there)
+//! A connection is built by the handshake thread (all of its memory is allocated there,
+//! and it carries the connection slot reserved there)
 //! and then owned by one reactor's [`super::NbdFrontend`], which drives it with
 //! non-blocking reads and writes; see the front-end for the state machine.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
 use super::proto::{self, ExportLimits};
 
@@ -34,19 +34,6 @@ impl Stream {
         }
     }
 
-    pub(crate) fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-            Stream::Unix(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-        }
-    }
-
     /// Disables Nagle's algorithm on TCP (proto.md "Protocol phases": "both the client and
     /// server SHOULD disable Nagle's algorithm"); nothing to do on Unix sockets.
     pub(crate) fn set_nodelay(&self) -> io::Result<()> {
@@ -54,27 +41,6 @@ impl Stream {
             Stream::Tcp(s) => s.set_nodelay(true),
             Stream::Unix(_) => Ok(()),
         }
-    }
-
-    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
-    }
-
-    pub(crate) fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-
-    /// Sends `bufs` in one `sendmsg` with `MSG_NOSIGNAL` (a vanished peer yields `EPIPE`,
-    /// never `SIGPIPE`, whatever the embedding program does with signals) and
-    /// `MSG_DONTWAIT`. Returns the bytes sent.
-    pub(crate) fn send_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        send_vectored(self.as_raw_fd(), bufs, libc::MSG_DONTWAIT)
     }
 
     /// Sends all of `buf`, blocking (up to the socket's send timeout), with `MSG_NOSIGNAL`:
@@ -91,6 +57,13 @@ impl Stream {
             buf = &buf[n..];
         }
         Ok(())
+    }
+
+    /// Sends `bufs` in one `sendmsg` with `MSG_NOSIGNAL` (a vanished peer yields `EPIPE`,
+    /// never `SIGPIPE`, whatever the embedding program does with signals) and
+    /// `MSG_DONTWAIT`. Returns the bytes sent.
+    pub(crate) fn send_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        send_vectored(self.as_raw_fd(), bufs, libc::MSG_DONTWAIT)
     }
 }
 
@@ -353,6 +326,12 @@ pub(crate) struct Conn {
     pub(crate) bytes_written: u64,
     /// Since when the connection has held buffers without its client moving a byte.
     pub(crate) stalled_since: Option<std::time::Instant>,
+    /// Since when the connection has had nothing in flight and its client sent nothing
+    /// (kept only when an idle timeout is configured).
+    pub(crate) idle_since: Option<std::time::Instant>,
+    /// Its place in the export's connection limit and its reactor's table, given back when
+    /// the connection is dropped.
+    pub(crate) _slot: super::Slot,
 }
 
 impl Conn {
@@ -365,6 +344,7 @@ impl Conn {
         structured: bool,
         limits: ExportLimits,
         max_inflight: u32,
+        slot: super::Slot,
     ) -> Self {
         Self {
             id,
@@ -389,6 +369,8 @@ impl Conn {
             bytes_read: 0,
             bytes_written: 0,
             stalled_since: None,
+            idle_since: None,
+            _slot: slot,
         }
     }
 

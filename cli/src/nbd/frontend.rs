@@ -2,7 +2,7 @@
 //! the reactor loop.
 //!
 //! Each loop turn ([`Frontend::poll`]) the front-end
-//! 1. adopts connections the handshake threads finished (a lock-free inbox);
+//! 1. adopts connections the handshake thread finished (a lock-free inbox);
 //! 2. retries array submissions the reactor refused with `QueueFull`, in order;
 //! 3. for every connection: sends queued replies (one `sendmsg` gathers several, partial
 //!    sends resume next turn), then reads and judges request headers, receives write
@@ -15,7 +15,7 @@
 //!
 //! # Limits and memory
 //! Everything is allocated when the front-end is built (contexts, buffers, the
-//! connection table) or when a connection is built by its handshake thread (receive buffer,
+//! connection table) or when a connection is built by the handshake thread (receive buffer,
 //! reply queue). The data path takes and returns contexts and buffers from free lists;
 //! sockets are non-blocking. A connection holding its `max_inflight` requests, or finding no
 //! free buffer or context, simply stops reading until some complete.
@@ -315,6 +315,9 @@ pub struct NbdFrontend {
     /// The connection slot served first in the next turn (the one after the connection
     /// that spent the last turn's payload budget).
     first: usize,
+    /// One past the highest slot in use: a turn scans `conns[..hi]` only, so a large,
+    /// mostly empty table costs nothing (slots are filled lowest first).
+    hi: usize,
 }
 
 impl NbdFrontend {
@@ -352,6 +355,7 @@ impl NbdFrontend {
             drain_deadline: None,
             finished: false,
             first: 0,
+            hi: 0,
         }
     }
 
@@ -377,11 +381,14 @@ impl NbdFrontend {
             info!(conn = conn.id, "closing: the server has shut down");
             return;
         }
+        // The connection holds a slot of this table (reserved at its handshake), so there
+        // is a free one; the check only guards against miscounting.
         let Some(slot) = self.conns.iter().position(Option::is_none) else {
             warn!(conn = conn.id, peer = %conn.peer, reactor = self.reactor,
                 "closing: reactor connection table full");
             return;
         };
+        self.hi = self.hi.max(slot + 1);
         info!(conn = conn.id, peer = %conn.peer, reactor = self.reactor,
             structured = conn.structured, "transmission phase");
         if self.drain_deadline.is_some() {
@@ -758,8 +765,13 @@ impl Frontend for NbdFrontend {
         progress |= self.core.retry(io, &mut self.conns);
         let discard_cap = self.shared.discard_cap;
         let stall_timeout = self.shared.config.stall_timeout;
+        // One clock read per turn, only when an idle timeout is configured.
+        let idle = self.shared.config.idle_timeout.map(|t| (t, Instant::now()));
         self.core.payload_budget = PAYLOAD_BYTES_PER_TURN;
-        let slots = self.conns.len();
+        let slots = self.hi;
+        if self.first >= slots {
+            self.first = 0;
+        }
         let first = self.first;
         let mut spent = false;
         for k in 0..slots {
@@ -845,16 +857,43 @@ impl Frontend for NbdFrontend {
                     }
                 }
             }
+            // A connection with nothing in flight whose client sends nothing is idle; with
+            // an idle timeout configured, it is closed once idle that long.
+            if let Some((idle_timeout, now)) = idle {
+                let busy = conn.outstanding > 0 || conn.rx != Rx::Header;
+                if moved || busy || conn.life != Life::Open {
+                    conn.idle_since = None;
+                } else {
+                    match conn.idle_since {
+                        None => conn.idle_since = Some(now),
+                        Some(t) if now.duration_since(t) >= idle_timeout => {
+                            self.shared
+                                .stats
+                                .idle_closed
+                                .fetch_add(1, Ordering::Relaxed);
+                            info!(conn = conn.id, peer = %conn.peer,
+                                "closing: idle for {idle_timeout:?} (idle timeout)");
+                            close(conn, &mut self.core);
+                            progress = true;
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
             if conn.life == Life::Draining && conn.outstanding == 0 && matches!(conn.rx, Rx::Header)
             {
                 close(conn, &mut self.core);
                 progress = true;
             }
             if conn.life == Life::Closed && conn.ctx_held == 0 {
+                // Dropping the connection gives its slot back to the handshake thread.
                 self.conns[ci] = None;
                 self.active -= 1;
                 progress = true;
             }
+        }
+        while self.hi > 0 && self.conns[self.hi - 1].is_none() {
+            self.hi -= 1;
         }
         if self.active == 0 && self.core.pending.is_empty() {
             self.latch_finished();

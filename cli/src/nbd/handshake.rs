@@ -1,11 +1,37 @@
 //! Listening sockets and the fixed newstyle handshake, off the reactors.
 //!
-//! One listener thread per listening socket waits for connections (`poll(2)` with a short
-//! timeout, so it notices shutdown) and gives each accepted connection its own short-lived
-//! handshake thread, so a slow or hostile client cannot hold up the others. The handshake
-//! uses blocking I/O with a per-read timeout and an overall deadline (it is not the data
-//! path). When the client enters the transmission phase, its socket is made non-blocking and
-//! handed, as a fully built connection, to a reactor's inbox (round-robin over reactors).
+//! # One thread, every handshake multiplexed
+//! One thread (`nbd-handshake`) owns every listening socket and every connection still
+//! negotiating. Each connection's negotiation is a small state machine ([`Negotiation`])
+//! fed with non-blocking reads and drained with non-blocking writes; one `poll(2)` over
+//! the listeners and the connections wakes the thread when any of them can move. So:
+//! - a client that connects and sends nothing (half-open), or stops half-way through a
+//!   message, costs a socket and a few hundred bytes, never a thread, and delays nobody:
+//!   the others' bytes are served in the same loop turn they arrive;
+//! - the whole handshake has one deadline ([`super::ServerConfig::handshake_timeout`],
+//!   default 10 s) after which the connection is closed;
+//! - at most [`super::ServerConfig::max_handshakes`] negotiate at once; when a new
+//!   connection arrives at a full table, the **oldest** handshake is closed to make room
+//!   (as a SYN cache does), never the newcomer: to keep a legitimate client out, an
+//!   attacker would have to open that many connections within the few milliseconds the
+//!   client needs to negotiate, instead of once per timeout.
+//!
+//! Why not a thread per handshake (the design before issue 18) or a pool: a thread per
+//! handshake bounded at N lets N half-open connections hold every thread until their
+//! timeout, so newcomers wait or are refused (the issue 4 note measured 10 s with 500);
+//! a pool of blocking workers has the same limit at its size. The negotiation is a few
+//! small messages, so one thread serves thousands of them; the state machine is also what
+//! a fuzzer can drive byte by byte.
+//!
+//! Reads take exactly the bytes the current message still needs, so nothing of what a
+//! client sends after `NBD_OPT_GO`/`NBD_OPT_EXPORT_NAME` is taken from the transmission
+//! phase. While replies wait to be sent (the client does not read them), nothing more is
+//! read: a client cannot make the server queue unbounded replies. One negotiation reads
+//! at most 64 KiB per loop turn, so a client streaming options cannot hold the thread.
+//!
+//! When the client enters the transmission phase, its (already non-blocking) socket is
+//! handed, as a fully built connection holding a reserved slot of a reactor's connection
+//! table ([`super::Slot`]), to that reactor's inbox.
 //!
 //! Protocol (proto.md "Fixed newstyle negotiation", "Option types"):
 //! - the server sends `NBDMAGIC`, `IHAVEOPT` and `NBD_FLAG_FIXED_NEWSTYLE |
@@ -18,21 +44,29 @@
 //!   every other option get `NBD_REP_ERR_UNSUP` (NOTLS mode); malformed option data gets
 //!   `NBD_REP_ERR_INVALID`, an unknown export `NBD_REP_ERR_UNKNOWN` (or, after
 //!   `NBD_OPT_EXPORT_NAME`, which cannot carry an error, a disconnect);
+//! - **connection limit**: `NBD_OPT_GO` and `NBD_OPT_INFO` reserve a slot of the export's
+//!   connection limit and of a reactor's table; when none is left they are answered
+//!   `NBD_REP_ERR_POLICY` ("server-side policy forbids the server to allow the option")
+//!   with a message naming the limit, which clients show (`nbdinfo` prints it), and the
+//!   client may try again later. `NBD_OPT_INFO` reserves too because proto.md asks a
+//!   `NBD_OPT_GO` right after a successful `NBD_OPT_INFO` to get the same answer; the slot
+//!   it holds is given back at the next other option or when the connection closes.
+//!   `NBD_OPT_EXPORT_NAME` cannot carry an error: "If the server is unwilling to allow the
+//!   export, it MUST terminate the session" — the connection is closed (and logged);
 //! - option data longer than [`MAX_OPTION_BYTES`] is skipped and answered with
 //!   `NBD_REP_ERR_TOO_BIG`; longer than [`OPTION_SKIP_LIMIT`], or more than
 //!   [`MAX_OPTIONS`] options, is treated as a denial of service (hard disconnect, which
 //!   proto.md allows for it);
 //! - while the server shuts down, options other than `NBD_OPT_ABORT` get
-//!   `NBD_REP_ERR_SHUTDOWN`.
+//!   `NBD_REP_ERR_SHUTDOWN` (the handshake thread then closes every negotiation at once).
 
-use std::io::{self, Read};
+use std::io::{self, IoSlice, Read};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
@@ -41,7 +75,7 @@ use tracing::{debug, info, warn};
 
 use super::conn::{Conn, Stream};
 use super::proto::{self, ClientOption, ExportLimits, InfoRequest};
-use super::Shared;
+use super::{Shared, Slot};
 
 /// Largest option data read and parsed, bytes: an `NBD_OPT_GO` with a 4096-byte name and
 /// every information request fits many times over.
@@ -51,28 +85,36 @@ pub const MAX_OPTION_BYTES: u32 = 64 << 10;
 pub const OPTION_SKIP_LIMIT: u32 = 1 << 20;
 /// Most options one connection may send before the server gives up on it.
 pub const MAX_OPTIONS: u32 = 1024;
-/// Handshakes in progress at once per listening socket; further connections are closed.
-pub const MAX_HANDSHAKES: usize = 256;
-/// How often a listener looks at the shutdown flag while idle.
+/// How often the handshake thread looks at the shutdown flag while nothing happens.
 const LISTEN_POLL: Duration = Duration::from_millis(100);
+/// Connections accepted from one listener per loop turn, so that a flood on one listener
+/// does not keep the thread from the negotiations already under way.
+const ACCEPTS_PER_TURN: usize = 64;
+/// Bytes of oversized option data skipped per read.
+const SKIP_CHUNK: u32 = 4096;
+/// Bytes one negotiation may read per loop turn before the others get theirs: a client
+/// streaming options (up to [`MAX_OPTIONS`] × [`OPTION_SKIP_LIMIT`]) cannot hold the thread.
+const READ_BYTES_PER_TURN: usize = 64 << 10;
 
 /// Why a handshake ended without a connection (logged, never shown to the client).
 #[derive(Debug, Error)]
 pub(crate) enum HandshakeError {
     #[error("socket: {0}")]
     Io(#[from] io::Error),
+    #[error("client closed the connection")]
+    Closed,
     #[error("client flags {0:#x} not offered by the server")]
     ClientFlags(u32),
     #[error("{0}")]
     Proto(#[from] proto::ProtoError),
     #[error("NBD_OPT_EXPORT_NAME for unknown export {0:?}")]
     UnknownExport(String),
+    #[error("NBD_OPT_EXPORT_NAME refused: {0}")]
+    ExportFull(String),
     #[error("option data of {0} bytes is a denial of service")]
     OptionTooLong(u32),
     #[error("more than {MAX_OPTIONS} options")]
     TooManyOptions,
-    #[error("handshake deadline passed")]
-    Deadline,
     #[error("server shutting down")]
     Shutdown,
 }
@@ -88,6 +130,13 @@ impl Listener {
         match self {
             Listener::Tcp(l) => l.as_raw_fd(),
             Listener::Unix(l, _) => l.as_raw_fd(),
+        }
+    }
+
+    fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Listener::Tcp(l) => l.set_nonblocking(true),
+            Listener::Unix(l, _) => l.set_nonblocking(true),
         }
     }
 
@@ -112,244 +161,221 @@ impl Listener {
     }
 }
 
-/// Waits until `fd` is readable or `timeout` passes. Returns whether it is readable.
-fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `p` is one valid pollfd for the duration of the call.
-    let n = unsafe { libc::poll(&mut p, 1, ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(false)
-        } else {
-            Err(e)
-        };
-    }
-    Ok(n > 0)
-}
-
-/// Where handshaken connections go: one inbox per reactor, chosen round-robin.
+/// Where handshaken connections go: one inbox per reactor, each as large as the reactor's
+/// connection table (a connection only gets here holding a [`Slot`] of that table, so an
+/// inbox never overflows).
 pub(crate) struct Inboxes {
     pub(crate) queues: Vec<Arc<ArrayQueue<Conn>>>,
-    pub(crate) next: AtomicUsize,
 }
 
-/// The listener thread's body: accept until shutdown, a handshake thread per connection;
-/// at shutdown, cut the handshakes still running and join them.
-pub(crate) fn listen(listener: Listener, shared: Arc<Shared>, inboxes: Arc<Inboxes>) {
-    if let Listener::Tcp(l) = &listener {
-        let _ = l.set_nonblocking(true);
-    } else if let Listener::Unix(l, _) = &listener {
-        let _ = l.set_nonblocking(true);
-    }
-    let mut workers: Vec<(JoinHandle<()>, Stream)> = Vec::new();
-    while !shared.shutdown.load(Ordering::Acquire) {
-        // Reap finished handshakes.
-        let mut i = 0;
-        while i < workers.len() {
-            if workers[i].0.is_finished() {
-                let (h, _) = workers.swap_remove(i);
-                let _ = h.join();
-            } else {
-                i += 1;
-            }
-        }
-        match wait_readable(listener.fd(), LISTEN_POLL) {
-            Ok(false) => continue,
-            Ok(true) => {}
-            Err(e) => {
-                warn!("listener poll: {e}");
-                std::thread::sleep(LISTEN_POLL);
-                continue;
-            }
-        }
-        let (stream, peer) = match listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                // E.g. out of file descriptors: back off rather than spin.
-                warn!("accept: {e}");
-                std::thread::sleep(LISTEN_POLL);
-                continue;
-            }
-        };
-        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        if workers.len() >= MAX_HANDSHAKES {
-            warn!(conn = id, %peer, "closing: {MAX_HANDSHAKES} handshakes already in progress");
-            continue;
-        }
-        let Ok(clone) = stream.try_clone() else {
-            warn!(conn = id, %peer, "closing: cannot duplicate the socket");
-            continue;
-        };
-        let sh = Arc::clone(&shared);
-        let ib = Arc::clone(&inboxes);
-        let spawned = std::thread::Builder::new()
-            .name(format!("nbd-handshake-{id}"))
-            .spawn(move || handshake(stream, id, peer, &sh, &ib));
-        match spawned {
-            Ok(h) => workers.push((h, clone)),
-            Err(e) => warn!(conn = id, "closing: cannot start a handshake thread: {e}"),
-        }
-    }
-    for (_, s) in &workers {
-        s.shutdown();
-    }
-    for (h, _) in workers {
-        let _ = h.join();
-    }
-    if let Listener::Unix(_, p) = &listener {
-        let _ = std::fs::remove_file(p);
-    }
+/// What a negotiation is in the middle of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the client's 32-bit flags.
+    Flags,
+    /// Waiting for a 16-byte option header.
+    Header,
+    /// Waiting for the data of `option`.
+    Data { option: u32 },
+    /// Skipping `left` bytes of oversized data of `option`.
+    Skip { option: u32, left: u32 },
+    /// Negotiated: enter transmission once the replies are sent.
+    Enter { structured: bool },
+    /// The client sent `NBD_OPT_ABORT`: close once the acknowledgement is sent.
+    Abort,
 }
 
-/// Runs one handshake and hands the connection to a reactor.
-fn handshake(mut stream: Stream, id: u64, peer: String, shared: &Shared, inboxes: &Inboxes) {
-    debug!(conn = id, %peer, "connected");
-    let structured = match negotiate(&mut stream, shared) {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            debug!(conn = id, %peer, "client ended the negotiation");
-            return;
-        }
-        Err(e) => {
-            info!(conn = id, %peer, "handshake failed: {e}");
-            return;
-        }
-    };
-    if shared.shutdown.load(Ordering::Acquire) {
-        info!(conn = id, %peer, "closing: server shutting down");
-        return;
-    }
-    if let Err(e) = stream
-        .set_timeouts(None)
-        .and_then(|_| stream.set_nonblocking(true))
-        .and_then(|_| stream.set_nodelay())
-    {
-        warn!(conn = id, %peer, "closing: socket setup: {e}");
-        return;
-    }
-    let conn = Conn::new(
-        id,
-        peer,
-        stream,
-        structured,
-        shared.limits,
-        shared.config.max_inflight_per_connection,
-    );
-    let k = inboxes.next.fetch_add(1, Ordering::Relaxed) % inboxes.queues.len();
-    if let Err(c) = inboxes.queues[k].push(conn) {
-        warn!(conn = c.id, reactor = k, "closing: reactor inbox full");
-    }
+/// What [`Negotiation::drive`] leaves the connection waiting for.
+#[derive(Debug, PartialEq, Eq)]
+enum Wait {
+    /// More bytes from the client.
+    Read,
+    /// Room in the socket's send buffer.
+    Write,
+    /// Nothing: the negotiation is over ([`Negotiation::phase`] says how).
+    Done,
 }
 
-/// Blocking reads and writes with the per-read timeout, bounded by the overall deadline.
-struct Wire<'a> {
-    s: &'a mut Stream,
-    deadline: Instant,
-    step: Duration,
+/// One connection's negotiation as a state machine over a non-blocking socket. Memory:
+/// the current message (at most [`MAX_OPTION_BYTES`]) and the replies to one option.
+struct Negotiation {
+    phase: Phase,
+    /// The current message; `want` bytes are needed, `got` are there.
+    buf: Vec<u8>,
+    got: usize,
+    /// Replies not yet sent (`sent` bytes of them are).
+    out: Vec<u8>,
+    sent: usize,
+    no_zeroes: bool,
+    structured: bool,
+    options: u32,
+    /// The connection slot reserved by `NBD_OPT_INFO` or `NBD_OPT_GO`.
+    slot: Option<Slot>,
 }
 
-impl Wire<'_> {
-    fn arm(&mut self) -> Result<(), HandshakeError> {
-        let now = Instant::now();
-        if now >= self.deadline {
-            return Err(HandshakeError::Deadline);
+impl Negotiation {
+    /// A negotiation with the server's greeting queued.
+    fn new() -> Self {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(&proto::greeting(proto::SERVER_HANDSHAKE_FLAGS));
+        Self {
+            phase: Phase::Flags,
+            buf: vec![0; 4],
+            got: 0,
+            out,
+            sent: 0,
+            no_zeroes: false,
+            structured: false,
+            options: 0,
+            slot: None,
         }
-        self.s
-            .set_timeouts(Some(self.step.min(self.deadline - now)))?;
-        Ok(())
     }
 
-    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), HandshakeError> {
-        self.arm()?;
-        self.s.read_exact(buf)?;
-        Ok(())
+    fn expect(&mut self, bytes: usize) {
+        self.buf.resize(bytes, 0);
+        self.got = 0;
     }
 
-    fn write_all(&mut self, buf: &[u8]) -> Result<(), HandshakeError> {
-        self.arm()?;
-        self.s.send_all_blocking(buf)?;
-        Ok(())
-    }
-
-    fn skip(&mut self, mut n: u32) -> Result<(), HandshakeError> {
-        let mut sink = [0u8; 4096];
-        while n > 0 {
-            let k = (n as usize).min(sink.len());
-            self.read_exact(&mut sink[..k])?;
-            n -= k as u32;
-        }
-        Ok(())
-    }
-
-    fn reply(&mut self, option: u32, reply: u32, data: &[u8]) -> Result<(), HandshakeError> {
-        let mut v = Vec::with_capacity(proto::OPTION_REPLY_HEADER_BYTES + data.len());
-        v.extend_from_slice(&proto::option_reply_header(
+    fn reply(&mut self, option: u32, reply: u32, data: &[u8]) {
+        self.out.extend_from_slice(&proto::option_reply_header(
             option,
             reply,
             data.len() as u32,
         ));
-        v.extend_from_slice(data);
-        self.write_all(&v)
+        self.out.extend_from_slice(data);
     }
-}
 
-/// The handshake proper. `Ok(Some(structured))`: enter transmission; `Ok(None)`: the
-/// client aborted.
-fn negotiate(stream: &mut Stream, shared: &Shared) -> Result<Option<bool>, HandshakeError> {
-    let cfg = &shared.config;
-    let mut w = Wire {
-        s: stream,
-        deadline: Instant::now() + cfg.handshake_deadline,
-        step: cfg.handshake_timeout,
-    };
-    w.write_all(&proto::greeting(proto::SERVER_HANDSHAKE_FLAGS))?;
-    let mut f = [0u8; 4];
-    w.read_exact(&mut f)?;
-    let client_flags = u32::from_be_bytes(f);
-    proto::check_client_flags(client_flags, proto::SERVER_HANDSHAKE_FLAGS)
-        .map_err(HandshakeError::ClientFlags)?;
-    let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
-    let export = &shared.export;
-    let mut structured = false;
-    let mut data = Vec::new();
-    for _ in 0..MAX_OPTIONS {
-        let mut h = [0u8; proto::OPTION_HEADER_BYTES];
-        w.read_exact(&mut h)?;
-        let h = proto::parse_option_header(&h)?;
-        if h.length > MAX_OPTION_BYTES {
-            if h.option == proto::OPT_EXPORT_NAME || h.length > OPTION_SKIP_LIMIT {
-                return Err(HandshakeError::OptionTooLong(h.length));
+    /// Moves the negotiation as far as the socket allows: sends queued replies, reads the
+    /// next message, handles it, and so on until the socket would block or it is over.
+    fn drive(&mut self, s: &mut Stream, shared: &Arc<Shared>) -> Result<Wait, HandshakeError> {
+        let mut budget = READ_BYTES_PER_TURN;
+        loop {
+            while self.sent < self.out.len() {
+                match s.send_vectored(&[IoSlice::new(&self.out[self.sent..])]) {
+                    Ok(0) => return Err(HandshakeError::Closed),
+                    Ok(n) => self.sent += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Write),
+                    Err(e) => return Err(e.into()),
+                }
             }
-            w.skip(h.length)?;
-            w.reply(h.option, proto::REP_ERR_TOO_BIG, b"option data too long")?;
-            continue;
+            self.out.clear();
+            self.sent = 0;
+            if matches!(self.phase, Phase::Enter { .. } | Phase::Abort) {
+                return Ok(Wait::Done);
+            }
+            if self.got < self.buf.len() {
+                if budget == 0 {
+                    // More may be waiting: `poll` reports the socket readable at once.
+                    return Ok(Wait::Read);
+                }
+                let end = self.buf.len().min(self.got + budget);
+                match s.read(&mut self.buf[self.got..end]) {
+                    Ok(0) => return Err(HandshakeError::Closed),
+                    Ok(n) => {
+                        self.got += n;
+                        budget -= n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Read),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
+                }
+                if self.got < self.buf.len() {
+                    continue;
+                }
+            }
+            self.step(shared)?;
         }
-        data.resize(h.length as usize, 0);
-        w.read_exact(&mut data)?;
-        if shared.shutdown.load(Ordering::Acquire) && h.option != proto::OPT_ABORT {
-            if h.option == proto::OPT_EXPORT_NAME {
+    }
+
+    /// Handles the complete message in `buf`.
+    fn step(&mut self, shared: &Arc<Shared>) -> Result<(), HandshakeError> {
+        match self.phase {
+            Phase::Flags => {
+                let flags =
+                    u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+                proto::check_client_flags(flags, proto::SERVER_HANDSHAKE_FLAGS)
+                    .map_err(HandshakeError::ClientFlags)?;
+                self.no_zeroes = flags & proto::FLAG_C_NO_ZEROES != 0;
+                self.phase = Phase::Header;
+                self.expect(proto::OPTION_HEADER_BYTES);
+            }
+            Phase::Header => {
+                let h = proto::parse_option_header(&self.buf)?;
+                self.options += 1;
+                if self.options > MAX_OPTIONS {
+                    return Err(HandshakeError::TooManyOptions);
+                }
+                if h.length > MAX_OPTION_BYTES {
+                    if h.option == proto::OPT_EXPORT_NAME || h.length > OPTION_SKIP_LIMIT {
+                        return Err(HandshakeError::OptionTooLong(h.length));
+                    }
+                    self.phase = Phase::Skip {
+                        option: h.option,
+                        left: h.length,
+                    };
+                    self.expect(h.length.min(SKIP_CHUNK) as usize);
+                } else {
+                    self.phase = Phase::Data { option: h.option };
+                    self.expect(h.length as usize);
+                }
+            }
+            Phase::Skip { option, left } => {
+                let left = left - self.buf.len() as u32;
+                if left == 0 {
+                    self.reply(option, proto::REP_ERR_TOO_BIG, b"option data too long");
+                    self.phase = Phase::Header;
+                    self.expect(proto::OPTION_HEADER_BYTES);
+                } else {
+                    self.phase = Phase::Skip { option, left };
+                    self.expect(left.min(SKIP_CHUNK) as usize);
+                }
+            }
+            Phase::Data { option } => {
+                let data = std::mem::take(&mut self.buf);
+                let r = self.option(option, &data, shared);
+                self.buf = data;
+                if !matches!(self.phase, Phase::Enter { .. } | Phase::Abort) {
+                    self.phase = Phase::Header;
+                    self.expect(proto::OPTION_HEADER_BYTES);
+                }
+                r?;
+            }
+            Phase::Enter { .. } | Phase::Abort => {
+                unreachable!("a finished negotiation reads nothing")
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers one option.
+    fn option(
+        &mut self,
+        option: u32,
+        data: &[u8],
+        shared: &Arc<Shared>,
+    ) -> Result<(), HandshakeError> {
+        if shared.shutdown.load(Ordering::Acquire) && option != proto::OPT_ABORT {
+            if option == proto::OPT_EXPORT_NAME {
                 return Err(HandshakeError::Shutdown);
             }
-            w.reply(h.option, proto::REP_ERR_SHUTDOWN, b"server shutting down")?;
-            continue;
+            self.reply(option, proto::REP_ERR_SHUTDOWN, b"server shutting down");
+            return Ok(());
         }
-        let opt = match proto::parse_option(h.option, &data) {
+        if option != proto::OPT_GO {
+            // A slot reserved by NBD_OPT_INFO is kept only for the NBD_OPT_GO right after it.
+            self.slot = None;
+        }
+        let opt = match proto::parse_option(option, data) {
             Ok(o) => o,
-            Err(e) if h.option == proto::OPT_EXPORT_NAME => return Err(e.into()),
+            Err(e) if option == proto::OPT_EXPORT_NAME => return Err(e.into()),
             Err(e) => {
-                w.reply(h.option, proto::REP_ERR_INVALID, e.to_string().as_bytes())?;
-                continue;
+                self.reply(option, proto::REP_ERR_INVALID, e.to_string().as_bytes());
+                return Ok(());
             }
         };
+        let export = &shared.export;
         let limits = ExportLimits {
-            structured,
+            structured: self.structured,
             ..shared.limits
         };
         match opt {
@@ -359,92 +385,398 @@ fn negotiate(stream: &mut Stream, shared: &Shared) -> Result<Option<bool>, Hands
                         String::from_utf8_lossy(name).into_owned(),
                     ));
                 }
+                match Slot::reserve(shared) {
+                    Ok(s) => self.slot = Some(s),
+                    Err(why) => return Err(HandshakeError::ExportFull(why)),
+                }
                 let (b, n) = proto::export_name_reply(
                     export.size_bytes,
                     limits.transmission_flags(),
-                    no_zeroes,
+                    self.no_zeroes,
                 );
-                w.write_all(&b[..n])?;
-                return Ok(Some(structured));
+                self.out.extend_from_slice(&b[..n]);
+                self.phase = Phase::Enter {
+                    structured: self.structured,
+                };
             }
             ClientOption::Abort => {
                 // The client may already have gone (proto.md: handle it gracefully).
-                let _ = w.reply(h.option, proto::REP_ACK, &[]);
-                return Ok(None);
+                self.reply(option, proto::REP_ACK, &[]);
+                self.phase = Phase::Abort;
             }
             ClientOption::List => {
-                w.reply(
-                    h.option,
+                self.reply(
+                    option,
                     proto::REP_SERVER,
                     &proto::rep_server_data(export.name.as_bytes(), export.description.as_bytes()),
-                )?;
-                w.reply(h.option, proto::REP_ACK, &[])?;
+                );
+                self.reply(option, proto::REP_ACK, &[]);
             }
             ClientOption::StartTls => {
-                w.reply(h.option, proto::REP_ERR_UNSUP, b"TLS is not supported")?;
+                self.reply(option, proto::REP_ERR_UNSUP, b"TLS is not supported");
             }
-            ClientOption::Info(r) | ClientOption::Go(r) => {
+            ClientOption::Info(ref r) | ClientOption::Go(ref r) => {
                 if !export.matches(r.name) {
-                    w.reply(h.option, proto::REP_ERR_UNKNOWN, b"no such export")?;
-                    continue;
+                    self.slot = None;
+                    self.reply(option, proto::REP_ERR_UNKNOWN, b"no such export");
+                    return Ok(());
                 }
-                send_info(&mut w, h.option, &r, shared, &limits)?;
-                w.reply(h.option, proto::REP_ACK, &[])?;
+                if self.slot.is_none() {
+                    match Slot::reserve(shared) {
+                        Ok(s) => self.slot = Some(s),
+                        Err(why) => {
+                            info!(export = %export.name, "refused {}: {why}",
+                                if option == proto::OPT_GO { "NBD_OPT_GO" } else { "NBD_OPT_INFO" });
+                            self.reply(option, proto::REP_ERR_POLICY, why.as_bytes());
+                            return Ok(());
+                        }
+                    }
+                }
+                self.send_info(option, r, shared, &limits);
+                self.reply(option, proto::REP_ACK, &[]);
                 if matches!(opt, ClientOption::Go(_)) {
-                    return Ok(Some(structured));
+                    self.phase = Phase::Enter {
+                        structured: self.structured,
+                    };
                 }
             }
             ClientOption::StructuredReply => {
-                structured = true;
-                w.reply(h.option, proto::REP_ACK, &[])?;
+                self.structured = true;
+                self.reply(option, proto::REP_ACK, &[]);
             }
             ClientOption::Unknown(_) => {
-                w.reply(h.option, proto::REP_ERR_UNSUP, b"option not supported")?;
+                self.reply(option, proto::REP_ERR_UNSUP, b"option not supported");
             }
         }
+        Ok(())
     }
-    Err(HandshakeError::TooManyOptions)
+
+    /// The `NBD_REP_INFO` replies to `NBD_OPT_INFO`/`NBD_OPT_GO`: `NBD_INFO_EXPORT`
+    /// (mandatory), `NBD_INFO_BLOCK_SIZE` always — this export's constraints are not the
+    /// defaults (minimum 1), and proto.md allows information the client did not ask for —
+    /// and the name and description when asked.
+    fn send_info(
+        &mut self,
+        option: u32,
+        r: &InfoRequest<'_>,
+        shared: &Shared,
+        limits: &ExportLimits,
+    ) {
+        let e = &shared.export;
+        self.reply(
+            option,
+            proto::REP_INFO,
+            &proto::info_export(e.size_bytes, limits.transmission_flags()),
+        );
+        self.reply(
+            option,
+            proto::REP_INFO,
+            &proto::info_block_size(
+                e.min_block_bytes,
+                e.preferred_block_bytes,
+                e.max_block_bytes,
+            ),
+        );
+        if r.asked(proto::INFO_NAME) {
+            self.reply(
+                option,
+                proto::REP_INFO,
+                &proto::info_string(proto::INFO_NAME, e.name.as_bytes()),
+            );
+        }
+        if r.asked(proto::INFO_DESCRIPTION) && !e.description.is_empty() {
+            self.reply(
+                option,
+                proto::REP_INFO,
+                &proto::info_string(proto::INFO_DESCRIPTION, e.description.as_bytes()),
+            );
+        }
+    }
 }
 
-/// The `NBD_REP_INFO` replies to `NBD_OPT_INFO`/`NBD_OPT_GO`: `NBD_INFO_EXPORT` (mandatory),
-/// `NBD_INFO_BLOCK_SIZE` always — this export's constraints are not the defaults (minimum
-/// 1), and proto.md allows information the client did not ask for — and the name and
-/// description when asked.
-fn send_info(
-    w: &mut Wire<'_>,
-    option: u32,
-    r: &InfoRequest<'_>,
-    shared: &Shared,
-    limits: &ExportLimits,
-) -> Result<(), HandshakeError> {
-    let e = &shared.export;
-    w.reply(
-        option,
-        proto::REP_INFO,
-        &proto::info_export(e.size_bytes, limits.transmission_flags()),
-    )?;
-    w.reply(
-        option,
-        proto::REP_INFO,
-        &proto::info_block_size(
-            e.min_block_bytes,
-            e.preferred_block_bytes,
-            e.max_block_bytes,
-        ),
-    )?;
-    if r.asked(proto::INFO_NAME) {
-        w.reply(
-            option,
-            proto::REP_INFO,
-            &proto::info_string(proto::INFO_NAME, e.name.as_bytes()),
-        )?;
+/// A connection being negotiated.
+struct Pending {
+    stream: Stream,
+    id: u64,
+    peer: String,
+    started: Instant,
+    wait: Wait,
+    neg: Negotiation,
+}
+
+/// The handshake thread's body: accepts on every listener and runs every negotiation
+/// until shutdown, then closes what is still negotiating and removes Unix socket files.
+pub(crate) fn run(listeners: Vec<Listener>, shared: Arc<Shared>, inboxes: Arc<Inboxes>) {
+    for l in &listeners {
+        if let Err(e) = l.set_nonblocking() {
+            warn!("listener: cannot make it non-blocking: {e}");
+        }
     }
-    if r.asked(proto::INFO_DESCRIPTION) && !e.description.is_empty() {
-        w.reply(
-            option,
-            proto::REP_INFO,
-            &proto::info_string(proto::INFO_DESCRIPTION, e.description.as_bytes()),
-        )?;
+    let cfg = &shared.config;
+    let max = cfg.max_handshakes;
+    let mut pending: Vec<Pending> = Vec::with_capacity(max);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(max + listeners.len());
+    let gauge = &shared.stats.handshakes;
+    while !shared.shutdown.load(Ordering::Acquire) {
+        // Deadlines first: what is expired does not get polled.
+        let now = Instant::now();
+        let mut next = now + LISTEN_POLL;
+        pending.retain(|p| {
+            let deadline = p.started + cfg.handshake_timeout;
+            if now >= deadline {
+                shared
+                    .stats
+                    .handshake_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                info!(conn = p.id, peer = %p.peer,
+                    "closing: handshake not finished within {:?}", cfg.handshake_timeout);
+                return false;
+            }
+            next = next.min(deadline);
+            true
+        });
+        gauge.store(pending.len(), Ordering::Relaxed);
+        fds.clear();
+        for l in &listeners {
+            fds.push(libc::pollfd {
+                fd: l.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        for p in &pending {
+            fds.push(libc::pollfd {
+                fd: p.stream.as_raw_fd(),
+                events: if p.wait == Wait::Write {
+                    libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                },
+                revents: 0,
+            });
+        }
+        let ms = next
+            .saturating_duration_since(now)
+            .as_millis()
+            .clamp(1, LISTEN_POLL.as_millis()) as libc::c_int;
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds for
+        // the duration of the call; the descriptors are open (owned by `listeners` and
+        // `pending`, which are not touched meanwhile).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                warn!("handshake poll: {e}");
+                std::thread::sleep(LISTEN_POLL);
+            }
+            continue;
+        }
+        if n == 0 {
+            continue;
+        }
+        // Negotiations that can move (before accepting, so that indices still match).
+        let mut i = pending.len();
+        while i > 0 {
+            i -= 1;
+            if fds[listeners.len() + i].revents == 0 {
+                continue;
+            }
+            let p = &mut pending[i];
+            match p.neg.drive(&mut p.stream, &shared) {
+                Ok(Wait::Done) => {
+                    let p = pending.swap_remove(i);
+                    finish(p, &shared, &inboxes);
+                }
+                Ok(w) => p.wait = w,
+                Err(e) => end(&pending.swap_remove(i), &e),
+            }
+        }
+        for (li, l) in listeners.iter().enumerate() {
+            if fds[li].revents == 0 {
+                continue;
+            }
+            for _ in 0..ACCEPTS_PER_TURN {
+                let (stream, peer) = match l.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        // E.g. out of file descriptors: back off rather than spin.
+                        warn!("accept: {e}");
+                        std::thread::sleep(Duration::from_millis(10));
+                        break;
+                    }
+                };
+                let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+                debug!(conn = id, %peer, "connected");
+                if let Err(e) = stream.set_nonblocking(true) {
+                    warn!(conn = id, %peer, "closing: socket setup: {e}");
+                    continue;
+                }
+                if pending.len() >= max {
+                    // Make room by closing the oldest negotiation, never the newcomer.
+                    if let Some(oldest) = (0..pending.len()).min_by_key(|&k| pending[k].started) {
+                        let o = pending.swap_remove(oldest);
+                        shared
+                            .stats
+                            .handshakes_evicted
+                            .fetch_add(1, Ordering::Relaxed);
+                        info!(conn = o.id, peer = %o.peer, age = ?o.started.elapsed(),
+                            "closing the oldest handshake: {max} handshakes in progress");
+                    }
+                }
+                let mut p = Pending {
+                    stream,
+                    id,
+                    peer,
+                    started: Instant::now(),
+                    wait: Wait::Write,
+                    neg: Negotiation::new(),
+                };
+                // The greeting fits an empty send buffer: this sends it at once (and a quick
+                // client may already have sent more, even all of its negotiation).
+                match p.neg.drive(&mut p.stream, &shared) {
+                    Ok(Wait::Done) => finish(p, &shared, &inboxes),
+                    Ok(w) => {
+                        p.wait = w;
+                        pending.push(p);
+                    }
+                    Err(e) => end(&p, &e),
+                }
+            }
+        }
+        gauge.store(pending.len(), Ordering::Relaxed);
     }
-    Ok(())
+    if !pending.is_empty() {
+        info!(handshakes = pending.len(), "closing: server shutting down");
+    }
+    drop(pending);
+    gauge.store(0, Ordering::Relaxed);
+    for l in &listeners {
+        if let Listener::Unix(_, p) = l {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Logs why a negotiation ended without a connection (the socket closes when `p` drops).
+fn end(p: &Pending, e: &HandshakeError) {
+    match e {
+        // After NBD_OPT_ABORT the client may close without reading the acknowledgement
+        // (proto.md: both sides handle that gracefully).
+        _ if p.neg.phase == Phase::Abort => {
+            debug!(conn = p.id, peer = %p.peer, "client ended the negotiation")
+        }
+        HandshakeError::Closed => {
+            debug!(conn = p.id, peer = %p.peer, "client closed during the handshake")
+        }
+        HandshakeError::ExportFull(_) => info!(conn = p.id, peer = %p.peer, "closing: {e}"),
+        e => info!(conn = p.id, peer = %p.peer, "handshake failed: {e}"),
+    }
+}
+
+/// Hands a negotiated connection to the reactor whose slot it holds (or closes it after
+/// `NBD_OPT_ABORT`).
+fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) {
+    let Pending {
+        stream,
+        id,
+        peer,
+        mut neg,
+        ..
+    } = p;
+    let Phase::Enter { structured } = neg.phase else {
+        debug!(conn = id, %peer, "client ended the negotiation");
+        return;
+    };
+    let Some(slot) = neg.slot.take() else {
+        unreachable!("a negotiation enters transmission only holding a slot");
+    };
+    if let Err(e) = stream.set_nodelay() {
+        warn!(conn = id, %peer, "closing: socket setup: {e}");
+        return;
+    }
+    let k = slot.reactor();
+    let conn = Conn::new(
+        id,
+        peer,
+        stream,
+        structured,
+        shared.limits,
+        shared.config.max_inflight_per_connection,
+        slot,
+    );
+    if let Err(c) = inboxes.queues[k].push(conn) {
+        // Cannot happen while slots are counted right (an inbox holds a table's worth).
+        warn!(conn = c.id, reactor = k, "closing: reactor inbox full");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nbd::{ExportConfig, NbdServer};
+    use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+
+    /// Feeds `bytes` to `n` in pieces of `piece` bytes, handling each complete message.
+    fn feed(n: &mut Negotiation, shared: &Arc<Shared>, bytes: &[u8], piece: usize) {
+        let mut rest = bytes;
+        loop {
+            while n.got == n.buf.len() && !matches!(n.phase, Phase::Enter { .. } | Phase::Abort) {
+                n.step(shared).unwrap();
+            }
+            if rest.is_empty() {
+                return;
+            }
+            let k = piece.min(rest.len()).min(n.buf.len() - n.got);
+            n.buf[n.got..n.got + k].copy_from_slice(&rest[..k]);
+            n.got += k;
+            rest = &rest[k..];
+        }
+    }
+
+    /// A client that sends its flags, `NBD_OPT_LIST`, an oversized option and `NBD_OPT_GO`
+    /// in pieces of any size gets the same replies and ends in the same state as one that
+    /// sends them at once; the `NBD_OPT_GO` holds a connection slot.
+    #[test]
+    fn negotiation_takes_messages_in_any_pieces() {
+        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 64 << 10, 512).unwrap();
+        let geo = ArrayGeometry::new(g, 16).unwrap();
+        let (server, _fe) = NbdServer::builder(ExportConfig::for_array("x", &geo, 1 << 20))
+            .listen_tcp("127.0.0.1:0".parse().unwrap())
+            .start(1)
+            .unwrap();
+        let shared = Arc::clone(&server.shared);
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
+        msg.extend_from_slice(&proto::encode_option_header(proto::OPT_LIST, 0));
+        let big = MAX_OPTION_BYTES + 5000;
+        msg.extend_from_slice(&proto::encode_option_header(99, big));
+        msg.extend(std::iter::repeat_n(7u8, big as usize));
+        let go = proto::encode_info_request(b"x", &[]);
+        msg.extend_from_slice(&proto::encode_option_header(proto::OPT_GO, go.len() as u32));
+        msg.extend_from_slice(&go);
+        let mut whole = Negotiation::new();
+        feed(&mut whole, &shared, &msg, usize::MAX);
+        assert_eq!(whole.phase, Phase::Enter { structured: false });
+        assert!(whole.slot.is_some());
+        for piece in [1, 3, 16, 4097] {
+            let mut n = Negotiation::new();
+            feed(&mut n, &shared, &msg, piece);
+            assert_eq!(n.phase, whole.phase, "pieces of {piece}");
+            assert_eq!(n.out, whole.out, "pieces of {piece}");
+        }
+        let too_big = proto::option_reply_header(99, proto::REP_ERR_TOO_BIG, 20);
+        assert!(whole.out.windows(too_big.len()).any(|w| w == too_big));
+        assert!(whole.out.ends_with(&proto::option_reply_header(
+            proto::OPT_GO,
+            proto::REP_ACK,
+            0
+        )));
+        // Only the slots still held count (the negotiations above dropped theirs).
+        assert_eq!(server.stats().connections, 1);
+        drop(whole);
+        assert_eq!(server.stats().connections, 0);
+        server.shutdown();
+    }
 }

@@ -4,8 +4,9 @@
 //! The protocol is the NBD project's `doc/proto.md`, fixed newstyle negotiation only, no
 //! TLS. The pieces:
 //! - [`proto`]: the wire format, pure (parsing, encoding, the request rules);
-//! - `handshake`: listener threads (TCP and Unix sockets) and the option haggling, with
-//!   blocking I/O off the reactors;
+//! - `handshake`: one thread owning the listening sockets (TCP and Unix) and every
+//!   negotiation in progress, multiplexed with non-blocking sockets and `poll(2)` off the
+//!   reactors; the handshake timeout, the handshake table and the connection limit;
 //! - [`NbdFrontend`]: one per reactor (an `engine::reactor::Frontend`), running the
 //!   transmission phase of its connections with non-blocking sockets, a preallocated
 //!   buffer pool and no locks;
@@ -67,8 +68,6 @@ pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::ne
 /// Default maximum block size, bytes: the longest read or write a client may send (4 MiB;
 /// proto.md asks for at least 1 MiB when the export is that large).
 pub const DEFAULT_MAX_BLOCK_BYTES: u32 = 4 << 20;
-/// Connections handed to one reactor waiting to be adopted.
-const INBOX_CAPACITY: usize = 64;
 
 /// What is exported and how clients must address it (proto.md "Block size constraints").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,15 +199,32 @@ pub struct ServerConfig {
     /// Data buffer classes of each reactor's pool. Empty: derived from the maximum block
     /// size (64 of min(128 KiB, max) and 8 of max). At most 65535 − 64 buffers.
     pub buffers: Vec<BufferClass>,
-    /// Connections one reactor serves at once; more are closed on arrival.
+    /// Connections one reactor serves at once: its connection table, preallocated at start
+    /// (raised to fit `max_connections` when that is larger than all tables together).
+    /// A connection gets a slot at handshake time or is refused there, never after.
     pub max_connections_per_reactor: usize,
+    /// Connections in the transmission phase the export serves at once (counting those a
+    /// successful `NBD_OPT_INFO` reserved). `None`: every slot of the reactors' tables.
+    /// Beyond it `NBD_OPT_GO`/`NBD_OPT_INFO` get `NBD_REP_ERR_POLICY` with a message and
+    /// `NBD_OPT_EXPORT_NAME` is closed (proto.md "Option types").
+    pub max_connections: Option<usize>,
     /// Requests one connection may have accepted and not yet answered; it stops reading
     /// beyond that.
     pub max_inflight_per_connection: u32,
-    /// Longest wait for one read or write during the handshake.
+    /// Longest whole handshake, from accept to the transmission phase; a connection that
+    /// has not finished negotiating by then is closed (half-open clients).
     pub handshake_timeout: Duration,
-    /// Longest whole handshake.
-    pub handshake_deadline: Duration,
+    /// Handshakes in progress at once over all listeners; a new connection beyond it closes
+    /// the oldest handshake (never the newcomer). Each costs a socket and its current
+    /// message (at most 64 KiB, a few hundred bytes normally).
+    pub max_handshakes: usize,
+    /// How long a connection in the transmission phase may sit with no request in flight
+    /// and no byte from its client before it is closed. `None` (the default): never — the
+    /// kernel's NBD client and qemu keep a connection idle for as long as a disk is
+    /// attached and unused (hours), and the kernel client does not reconnect unless run
+    /// with `-persist`, so cutting it would break the device. A connection holding buffers
+    /// without progress is cut by `stall_timeout` instead.
+    pub idle_timeout: Option<Duration>,
     /// After a shutdown request, how long connections get to finish and send their
     /// replies before being cut.
     pub drain_grace: Duration,
@@ -218,16 +234,33 @@ pub struct ServerConfig {
     pub stall_timeout: Duration,
 }
 
+/// Default connection table of one reactor (issue 18: 1000 idle clients on a 1-reactor
+/// target must not fill it). A free slot costs one `Option<Conn>` word-sized tag plus the
+/// struct (a few hundred bytes); a connection's 32 KiB receive buffer is allocated only
+/// when it arrives; the reactor scans only up to the highest slot in use.
+pub const DEFAULT_CONNECTIONS_PER_REACTOR: usize = 1024;
+/// Default longest handshake (10 s: a client on a slow link needs a few round trips).
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most handshakes in progress at once that may be configured (the handshake table is
+/// preallocated: a few hundred bytes a slot).
+pub const MAX_HANDSHAKES_LIMIT: usize = 65536;
+/// Default handshakes in progress at once (1024: more than a burst of real clients ever
+/// needs, small enough that a flood costs at most 1024 sockets).
+pub const DEFAULT_MAX_HANDSHAKES: usize = 1024;
+
 impl Default for ServerConfig {
-    /// Derived buffers, 256 connections per reactor, 128 requests per connection, 10 s
-    /// handshake step, 60 s handshake, 10 s drain, 30 s stall.
+    /// Derived buffers, 1024 connections per reactor, no per-export limit below the
+    /// tables, 128 requests per connection, 10 s handshake, 1024 handshakes at once, no
+    /// idle timeout, 10 s drain, 30 s stall.
     fn default() -> Self {
         Self {
             buffers: Vec::new(),
-            max_connections_per_reactor: 256,
+            max_connections_per_reactor: DEFAULT_CONNECTIONS_PER_REACTOR,
+            max_connections: None,
             max_inflight_per_connection: 128,
-            handshake_timeout: Duration::from_secs(10),
-            handshake_deadline: Duration::from_secs(60),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            idle_timeout: None,
             drain_grace: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(30),
         }
@@ -251,12 +284,12 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// A listener thread could not be started.
-    #[error("starting a listener thread: {0}")]
+    /// The handshake thread could not be started.
+    #[error("starting the handshake thread: {0}")]
     Spawn(std::io::Error),
 }
 
-/// State shared by the listener and handshake threads and the front-ends.
+/// State shared by the handshake thread and the front-ends.
 pub(crate) struct Shared {
     pub(crate) export: ExportConfig,
     pub(crate) config: ServerConfig,
@@ -267,6 +300,131 @@ pub(crate) struct Shared {
     pub(crate) discard_cap: u32,
     pub(crate) shutdown: AtomicBool,
     pub(crate) next_conn: AtomicU64,
+    /// Connection slots taken, per reactor (each at most `max_connections_per_reactor`).
+    pub(crate) taken: Vec<AtomicUsize>,
+    /// Connection slots taken in all (at most `max_connections`).
+    pub(crate) taken_total: AtomicUsize,
+    /// The export's connection limit (the configured one, or every table slot).
+    pub(crate) max_connections: usize,
+    /// Where the next reservation starts looking (round-robin over reactors).
+    pub(crate) next_reactor: AtomicUsize,
+    pub(crate) stats: Counters,
+}
+
+/// The server's counters (atomics updated off the data path: at handshakes and closes).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) handshakes: AtomicUsize,
+    pub(crate) refused: AtomicU64,
+    pub(crate) handshake_timeouts: AtomicU64,
+    pub(crate) handshakes_evicted: AtomicU64,
+    pub(crate) idle_closed: AtomicU64,
+}
+
+impl Shared {
+    fn nbd_stats(&self) -> NbdStats {
+        let c = &self.stats;
+        NbdStats {
+            connections: self.taken_total.load(Ordering::Relaxed),
+            max_connections: self.max_connections,
+            handshakes: c.handshakes.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            handshake_timeouts: c.handshake_timeouts.load(Ordering::Relaxed),
+            handshakes_evicted: c.handshakes_evicted.load(Ordering::Relaxed),
+            idle_closed: c.idle_closed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A snapshot of the server's connection counters ([`NbdServer::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NbdStats {
+    /// Connections holding a slot now: in the transmission phase, on their way to a
+    /// reactor, or reserved by a successful `NBD_OPT_INFO`.
+    pub connections: usize,
+    /// The export's connection limit.
+    pub max_connections: usize,
+    /// Handshakes in progress now.
+    pub handshakes: usize,
+    /// `NBD_OPT_GO`/`NBD_OPT_INFO` refused and `NBD_OPT_EXPORT_NAME` closed because the
+    /// connection limit was reached, since start.
+    pub refused: u64,
+    /// Connections closed because their handshake did not finish within the timeout.
+    pub handshake_timeouts: u64,
+    /// Handshakes closed to make room for a newer connection (too many at once).
+    pub handshakes_evicted: u64,
+    /// Connections closed by the idle timeout.
+    pub idle_closed: u64,
+}
+
+/// One reserved slot of the export's connection limit and of reactor `reactor`'s
+/// connection table. Taken at handshake time (`NBD_OPT_GO`, `NBD_OPT_INFO`,
+/// `NBD_OPT_EXPORT_NAME`), carried by the connection to its reactor, and given back when
+/// dropped — wherever the connection ends, so the counts cannot drift. Dropping it is two
+/// atomic decrements (no allocation, no lock).
+pub(crate) struct Slot {
+    shared: Arc<Shared>,
+    reactor: usize,
+}
+
+impl Slot {
+    /// Reserves a slot on the first reactor with room, round-robin.
+    ///
+    /// # Errors
+    /// The message for the client when the export's limit (or, if configured above the
+    /// tables, every reactor's table) is full; counted in [`NbdStats::refused`].
+    pub(crate) fn reserve(shared: &Arc<Shared>) -> Result<Slot, String> {
+        let max = shared.max_connections;
+        let refuse = |why: String| {
+            shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+            Err(why)
+        };
+        if shared
+            .taken_total
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return refuse(format!(
+                "export {:?} is serving its limit of {max} connection{}; try again later",
+                shared.export.name,
+                if max == 1 { "" } else { "s" }
+            ));
+        }
+        let cap = shared.config.max_connections_per_reactor;
+        let n = shared.taken.len();
+        let start = shared.next_reactor.fetch_add(1, Ordering::Relaxed);
+        for k in (0..n).map(|i| (start + i) % n) {
+            if shared.taken[k]
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                    (t < cap).then_some(t + 1)
+                })
+                .is_ok()
+            {
+                return Ok(Slot {
+                    shared: Arc::clone(shared),
+                    reactor: k,
+                });
+            }
+        }
+        shared.taken_total.fetch_sub(1, Ordering::AcqRel);
+        refuse(format!(
+            "every reactor's connection table ({n} × {cap}) is full; try again later"
+        ))
+    }
+
+    /// The reactor whose table holds this slot.
+    pub(crate) fn reactor(&self) -> usize {
+        self.reactor
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.shared.taken[self.reactor].fetch_sub(1, Ordering::AcqRel);
+        self.shared.taken_total.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 enum ListenSpec {
@@ -301,7 +459,7 @@ impl NbdServerBuilder {
         self
     }
 
-    /// Binds the listening sockets, starts one listener thread each, and returns the
+    /// Binds the listening sockets, starts the handshake thread, and returns the
     /// server with `reactors` front-ends (one per reactor, in reactor order) for
     /// `engine::reactor::Reactors::start`. Connections that finish their handshake before
     /// the reactors run wait in the reactors' inboxes.
@@ -360,15 +518,32 @@ impl NbdServerBuilder {
             export.max_block_bytes = largest;
             export.validate()?;
         }
+        if let Some(m) = config.max_connections {
+            // The tables grow to hold the export's limit (they are preallocated; a slot
+            // costs a few hundred bytes until a connection fills it).
+            config.max_connections_per_reactor =
+                config.max_connections_per_reactor.max(m.div_ceil(reactors));
+        }
         if config.max_connections_per_reactor == 0
             || config.max_connections_per_reactor > usize::from(u16::MAX)
             || config.max_inflight_per_connection == 0
+            || config.max_connections == Some(0)
+            || !(1..=MAX_HANDSHAKES_LIMIT).contains(&config.max_handshakes)
+            || config.handshake_timeout.is_zero()
+            || config.idle_timeout.is_some_and(|t| t.is_zero())
         {
             return Err(ConfigError::Server(
-                "connections per reactor must be 1..=65535 and requests per connection ≥ 1".into(),
+                "connections per reactor must be 1..=65535 (export limit / reactors), \
+                 handshakes at once 1..=65536, the connection limit and requests per \
+                 connection ≥ 1, and the handshake and idle timeouts nonzero"
+                    .into(),
             ));
         }
         let limits = export.limits();
+        let max_connections = config
+            .max_connections
+            .unwrap_or(reactors * config.max_connections_per_reactor);
+        let table = config.max_connections_per_reactor;
         let shared = Arc::new(Shared {
             discard_cap: export.max_block_bytes.max(proto::DOS_FLOOR_BYTES),
             export,
@@ -376,12 +551,16 @@ impl NbdServerBuilder {
             limits,
             shutdown: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
+            taken: (0..reactors).map(|_| AtomicUsize::new(0)).collect(),
+            taken_total: AtomicUsize::new(0),
+            max_connections,
+            next_reactor: AtomicUsize::new(0),
+            stats: Counters::default(),
         });
         let inboxes = Arc::new(Inboxes {
             queues: (0..reactors)
-                .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
+                .map(|_| Arc::new(ArrayQueue::new(table)))
                 .collect(),
-            next: AtomicUsize::new(0),
         });
         let mut listeners = Vec::new();
         let mut tcp = Vec::new();
@@ -423,24 +602,18 @@ impl NbdServerBuilder {
             listeners.push(l);
         }
         let mut threads = Vec::new();
-        let server_for_errors = |threads: Vec<JoinHandle<()>>, shared: &Arc<Shared>| {
-            shared.shutdown.store(true, Ordering::Release);
-            for t in threads {
-                let _ = t.join();
-            }
-        };
-        for l in listeners {
-            let sh = Arc::clone(&shared);
-            let ib = Arc::clone(&inboxes);
-            match std::thread::Builder::new()
-                .name("nbd-listen".into())
-                .spawn(move || handshake::listen(l, sh, ib))
-            {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    server_for_errors(threads, &shared);
-                    return Err(ConfigError::Spawn(e));
+        let sh = Arc::clone(&shared);
+        let ib = Arc::clone(&inboxes);
+        match std::thread::Builder::new()
+            .name("nbd-handshake".into())
+            .spawn(move || handshake::run(listeners, sh, ib))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                for p in &unix {
+                    let _ = std::fs::remove_file(p);
                 }
+                return Err(ConfigError::Spawn(e));
             }
         }
         let e = &shared.export;
@@ -465,6 +638,29 @@ impl NbdServerBuilder {
     }
 }
 
+/// Raises this process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit, as
+/// servers such as nginx do, and returns the new soft limit. Each NBD client holds one
+/// descriptor (and one more while negotiating); the usual soft limit of 1024 would cut a
+/// target at about 1000 clients with `EMFILE` at `accept`, while the hard limit (often
+/// 524288 with systemd) is what the administrator allows. `ferroraid serve` calls it at
+/// start. An unlimited hard limit is capped at 1 << 20.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    let hard = r.maximum.unwrap_or(1 << 20);
+    if r.current.is_some_and(|c| c >= hard) {
+        return Ok(r.current.unwrap_or(hard));
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: r.maximum,
+        },
+    )?;
+    Ok(hard)
+}
+
 fn bind_unix(p: &Path) -> std::io::Result<UnixListener> {
     if let Ok(m) = std::fs::symlink_metadata(p) {
         if m.file_type().is_socket() {
@@ -474,7 +670,7 @@ fn bind_unix(p: &Path) -> std::io::Result<UnixListener> {
     UnixListener::bind(p)
 }
 
-/// A running NBD server: its listener threads and the shutdown switch its front-ends
+/// A running NBD server: its handshake thread and the shutdown switch its front-ends
 /// watch. Dropping it shuts it down.
 ///
 /// Shut the server down **before** stopping the reactors: a front-end is finished only
@@ -485,6 +681,17 @@ pub struct NbdServer {
     threads: Vec<JoinHandle<()>>,
     tcp: Vec<SocketAddr>,
     unix: Vec<PathBuf>,
+}
+
+/// Reads a server's connection counters from anywhere ([`NbdServer::stats_handle`]).
+#[derive(Clone)]
+pub struct StatsHandle(Arc<Shared>);
+
+impl StatsHandle {
+    /// The counters now.
+    pub fn get(&self) -> NbdStats {
+        self.0.nbd_stats()
+    }
 }
 
 /// Requests shutdown of a server from anywhere (a signal handler thread, an RPC).
@@ -532,12 +739,22 @@ impl NbdServer {
         &self.shared.export
     }
 
+    /// The connection counters now (cheap: a few atomic loads).
+    pub fn stats(&self) -> NbdStats {
+        self.shared.nbd_stats()
+    }
+
+    /// A handle that reads the connection counters from elsewhere (the status report).
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(Arc::clone(&self.shared))
+    }
+
     /// A handle that can request shutdown from elsewhere.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle(Arc::clone(&self.shared))
     }
 
-    /// Requests shutdown (see [`ShutdownHandle::request`]) and joins the listener threads.
+    /// Requests shutdown (see [`ShutdownHandle::request`]) and joins the handshake thread.
     /// The front-ends finish draining on their reactors; stop the reactors afterwards.
     pub fn shutdown(mut self) {
         self.stop_listeners();
@@ -667,6 +884,54 @@ mod tests {
             .listen_tcp(addr)
             .start(0)
             .is_err());
+        for bad in [
+            ServerConfig {
+                max_connections: Some(0),
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                // 2 reactors × 65535 slots at most.
+                max_connections: Some(2 * 65535 + 1),
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                max_handshakes: 0,
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                max_handshakes: MAX_HANDSHAKES_LIMIT + 1,
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                handshake_timeout: Duration::ZERO,
+                ..ServerConfig::default()
+            },
+            ServerConfig {
+                idle_timeout: Some(Duration::ZERO),
+                ..ServerConfig::default()
+            },
+        ] {
+            assert!(
+                NbdServer::builder(e.clone())
+                    .listen_tcp(addr)
+                    .config(bad.clone())
+                    .start(2)
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        // A limit above the default tables grows them: 3000 over 2 reactors.
+        let (big, _fe) = NbdServer::builder(e.clone())
+            .listen_tcp(addr)
+            .config(ServerConfig {
+                max_connections: Some(3000),
+                ..ServerConfig::default()
+            })
+            .start(2)
+            .unwrap();
+        assert_eq!(big.stats().max_connections, 3000);
+        assert_eq!(big.shared.config.max_connections_per_reactor, 1500);
+        big.shutdown();
         let small = ServerConfig {
             buffers: vec![BufferClass {
                 bytes: 512 << 10,

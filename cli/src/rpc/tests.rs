@@ -51,6 +51,7 @@ impl Mock {
                 process: ProcessReport::idle(),
                 bitmap: None,
                 queue_wait_us: crate::status::QueueWaitReport::default(),
+                nbd: None,
             }),
         })
     }
