@@ -173,7 +173,8 @@ pub struct ServeArgs {
     /// Member command timeout, milliseconds (default 30000).
     #[arg(long)]
     io_timeout_ms: Option<u64>,
-    /// Largest NBD request (default 4M).
+    /// Advertised NBD maximum block size (default 4M); reads and writes up to 32M are
+    /// served anyway, split into pieces of this size.
     #[arg(long, value_parser = crate::parse_bytes)]
     max_block: Option<u64>,
     /// NBD connections the export serves at once (default: every slot of the reactors'

@@ -131,9 +131,13 @@ pub(crate) struct Reply {
     message: &'static str,
     tail: [u8; 8],
     tail_len: u8,
-    /// Context whose buffer holds the data (released once the reply is sent).
+    /// Context whose buffer holds the data (released once the reply is sent, unless
+    /// `more`).
     pub(crate) data_ctx: u16,
     pub(crate) data_len: u32,
+    /// A piece of a read split over several array requests that is not the last: once
+    /// sent, the context reads its next piece instead of being released.
+    pub(crate) more: bool,
 }
 
 impl Reply {
@@ -148,6 +152,7 @@ impl Reply {
             tail_len: 0,
             data_ctx: NO_CTX,
             data_len: 0,
+            more: false,
         }
     }
 
@@ -168,22 +173,30 @@ impl Reply {
     }
 
     /// A successful read of `len` bytes at `offset` (at least 1), sent from the buffer of
-    /// context `ctx`: a simple reply followed by the data, or one final
-    /// `NBD_REPLY_TYPE_OFFSET_DATA` chunk.
+    /// context `ctx`: a simple reply followed by the data, or one
+    /// `NBD_REPLY_TYPE_OFFSET_DATA` chunk (final when `last`). A read split into pieces
+    /// sends one such reply per piece: with simple replies only the `first` carries the
+    /// header (the others are bare data that must follow it on the wire); with structured
+    /// replies each piece is its own chunk and only the `last` is final.
     pub(crate) fn read_data(
         structured: bool,
         handle: u64,
         offset: u64,
         ctx: u16,
         len: u32,
+        first: bool,
+        last: bool,
     ) -> Self {
         let mut r = if structured {
-            Self::with_head(&proto::offset_data_head(handle, offset, len))
-        } else {
+            Self::with_head(&proto::offset_data_head(handle, offset, len, last))
+        } else if first {
             Self::ok(handle)
+        } else {
+            Self::with_head(&[])
         };
         r.data_ctx = ctx;
         r.data_len = len;
+        r.more = !last;
         r
     }
 
@@ -269,6 +282,9 @@ pub(crate) enum Rx {
     Header,
     /// Receiving a write payload into context `ctx`'s buffer; `got` bytes so far.
     Payload { ctx: u16, got: u32 },
+    /// A write split into pieces: the piece received into context `ctx`'s buffer is in
+    /// the array; the rest of its payload is received once that piece completes.
+    Piece { ctx: u16 },
     /// Consuming the payload of a rejected write (`left` bytes to go), then replying
     /// `error` to `handle`.
     Discard {
@@ -313,6 +329,11 @@ pub(crate) struct Conn {
     pub(crate) replies: VecDeque<Reply>,
     /// Bytes of the front reply already sent.
     pub(crate) tx_sent: usize,
+    /// A read split into pieces whose first piece is on the wire: nothing but its next
+    /// pieces is sent until its last one is (`NO_CTX`: none). Simple replies need this
+    /// (the data must follow its header); structured chunks could interleave, but keeping
+    /// one reply's chunks together costs little and spares clients the reassembly.
+    pub(crate) stream_ctx: u16,
     /// Requests accepted (header consumed) whose reply is not yet fully sent.
     pub(crate) outstanding: u32,
     /// Most requests accepted and not yet answered at once.
@@ -362,6 +383,7 @@ impl Conn {
             rx: Rx::Header,
             replies: VecDeque::with_capacity(max_inflight as usize),
             tx_sent: 0,
+            stream_ctx: NO_CTX,
             outstanding: 0,
             max_inflight,
             ctx_held: 0,
@@ -431,7 +453,7 @@ mod tests {
     #[test]
     fn reply_pieces_and_skipping() {
         let data = [7u8; 10];
-        let r = Reply::read_data(true, 1, 4096, 3, 10);
+        let r = Reply::read_data(true, 1, 4096, 3, 10, true, true);
         assert_eq!(r.total(), 28 + 10);
         let all = collect(&r, &data, 0);
         assert_eq!(all.len(), 38);

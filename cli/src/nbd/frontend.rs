@@ -91,9 +91,14 @@ struct Ctx {
     conn: u16,
     handle: u64,
     op: Op,
-    /// Byte offset and length in the export.
+    /// Byte offset and length in the export (the whole request).
     offset: u64,
     len: u32,
+    /// Reads and writes longer than the largest buffer go to the array in pieces, one
+    /// after the other through the same buffer: bytes of the request already done, and
+    /// the length of the current piece (`len` for everything else).
+    done: u32,
+    piece: u32,
     /// Data buffer (reads and writes), else `NO_BUF`.
     buf: BufId,
 }
@@ -123,8 +128,13 @@ impl Core {
         offset: u64,
         len: u32,
     ) -> Option<u16> {
+        // A request longer than the largest buffer is served in pieces of that size.
+        let piece = match op {
+            Op::Read | Op::Write { .. } => len.min(self.pool.largest()),
+            _ => len,
+        };
         let buf = match op {
-            Op::Read | Op::Write { .. } => Some(self.pool.take(len)?),
+            Op::Read | Op::Write { .. } => Some(self.pool.take(piece)?),
             _ => None,
         };
         let Some(c) = self.free_ctx.pop() else {
@@ -141,6 +151,8 @@ impl Core {
             op,
             offset,
             len,
+            done: 0,
+            piece,
             buf: buf.unwrap_or(NO_BUF),
         };
         conn.ctx_held += 1;
@@ -163,8 +175,8 @@ impl Core {
     fn request(&mut self, c: u16) -> ArrayRequest {
         let ctx = self.ctxs[usize::from(c)];
         let (op, buf) = match ctx.op {
-            Op::Read => (ArrayOp::Read, self.lend(ctx.buf, ctx.len)),
-            Op::Write { fua } => (ArrayOp::Write { fua }, self.lend(ctx.buf, ctx.len)),
+            Op::Read => (ArrayOp::Read, self.lend(ctx.buf, ctx.piece)),
+            Op::Write { fua } => (ArrayOp::Write { fua }, self.lend(ctx.buf, ctx.piece)),
             Op::Flush => return ArrayRequest::flush(u64::from(c)),
             Op::Trim { .. } => (ArrayOp::Discard, IoBuf::NONE),
             Op::WriteZeroes { fua } => (ArrayOp::WriteZeroes { fua }, IoBuf::NONE),
@@ -172,8 +184,8 @@ impl Core {
         ArrayRequest {
             tag: u64::from(c),
             op,
-            offset_bytes: ctx.offset,
-            len_bytes: ctx.len,
+            offset_bytes: ctx.offset + u64::from(ctx.done),
+            len_bytes: ctx.piece,
             buf,
         }
     }
@@ -188,6 +200,15 @@ impl Core {
         // outlives every request (the reactor returns its front-end only when nothing is
         // in flight). `len` ≤ the buffer's length; the pool's buffers are 4096-aligned.
         unsafe { IoBuf::from_raw(ptr, len, None) }
+    }
+
+    /// Moves a split read or write on to its next piece (the current one is done).
+    fn next_piece(&mut self, c: u16) {
+        let bytes = self.pool.buf(self.ctxs[usize::from(c)].buf).len() as u32;
+        let ctx = &mut self.ctxs[usize::from(c)];
+        ctx.done += ctx.piece;
+        ctx.piece = (ctx.len - ctx.done).min(bytes);
+        debug_assert!(ctx.piece > 0, "no piece left");
     }
 
     /// Submits context `c`, or queues it behind earlier ones when the reactor is full.
@@ -254,24 +275,97 @@ impl Core {
                     return;
                 }
                 Op::Read => {
-                    conn.bytes_read += u64::from(ctx.len);
-                    // The context (and its buffer) is released once the data is sent.
-                    conn.replies.push_back(Reply::read_data(
+                    conn.bytes_read += u64::from(ctx.piece);
+                    // The context (and its buffer) is released once the data is sent, or
+                    // reads the next piece then (see `send_replies`).
+                    let r = Reply::read_data(
                         conn.structured,
                         ctx.handle,
-                        ctx.offset,
+                        ctx.offset + u64::from(ctx.done),
                         c,
-                        ctx.len,
-                    ));
+                        ctx.piece,
+                        ctx.done == 0,
+                        ctx.done + ctx.piece == ctx.len,
+                    );
+                    if conn.stream_ctx == c {
+                        // The next piece of the reply on the wire: nothing else
+                        // went out since the last piece (tx_sent is 0), it goes first.
+                        debug_assert_eq!(conn.tx_sent, 0);
+                        conn.replies.push_front(r);
+                    } else {
+                        conn.replies.push_back(r);
+                    }
                     return;
+                }
+                Op::Write { .. } if ctx.done + ctx.piece < ctx.len => {
+                    // A piece of a split write: receive the next one into the buffer.
+                    debug_assert_eq!(conn.rx, Rx::Piece { ctx: c });
+                    self.next_piece(c);
+                    conn.rx = Rx::Payload { ctx: c, got: 0 };
+                    return;
+                }
+                Op::Write { .. } => {
+                    if conn.rx == (Rx::Piece { ctx: c }) {
+                        // The last piece of a split write.
+                        conn.rx = Rx::Header;
+                    }
+                    Reply::ok(ctx.handle)
                 }
                 _ => Reply::ok(ctx.handle),
             },
+            Err(e) if ctx.op == Op::Read && ctx.done > 0 && !conn.structured => {
+                // Part of this read's simple reply is on the wire and cannot carry an
+                // error: a hard disconnect is the only way (proto.md "Structured reply
+                // chunk message": "a hard disconnect must be initiated").
+                warn!(
+                    conn = conn.id,
+                    handle = ctx.handle,
+                    offset = ctx.offset + u64::from(ctx.done),
+                    "array request failed inside a split read's simple reply: {e}"
+                );
+                close(conn, self);
+                self.release(c, conn);
+                return;
+            }
+            Err(e) if matches!(ctx.op, Op::Write { .. }) && conn.rx == (Rx::Piece { ctx: c }) => {
+                // A piece of a split write failed: consume the rest of its payload, then
+                // reply with the error.
+                let (error, message) = nbd_error(e);
+                warn!(
+                    conn = conn.id,
+                    handle = ctx.handle,
+                    offset = ctx.offset + u64::from(ctx.done),
+                    len = ctx.piece,
+                    "array request failed: {e}"
+                );
+                let left = ctx.len - ctx.done - ctx.piece;
+                self.release(c, conn);
+                if left > 0 {
+                    conn.rx = Rx::Discard {
+                        left,
+                        handle: ctx.handle,
+                        error,
+                        message,
+                    };
+                } else {
+                    conn.rx = Rx::Header;
+                    let at = (error == proto::EIO).then_some(ctx.offset + u64::from(ctx.done));
+                    conn.replies.push_back(Reply::error(
+                        conn.structured,
+                        ctx.handle,
+                        error,
+                        message,
+                        at,
+                    ));
+                }
+                return;
+            }
             Err(e) => {
                 let (error, message) = nbd_error(e);
                 // An I/O error on a ranged command names its offset (the whole request is
                 // suspect: the array does not say which part failed).
-                let at = (error == proto::EIO && ctx.op != Op::Flush).then_some(ctx.offset);
+                let at = (error == proto::EIO && ctx.op != Op::Flush)
+                    .then_some(ctx.offset + u64::from(ctx.done));
                 if error == proto::EIO {
                     warn!(conn = conn.id, handle = ctx.handle, op = ?ctx.op, offset = ctx.offset,
                         len = ctx.len, "array request failed: {e}");
@@ -341,6 +435,8 @@ impl NbdFrontend {
                         op: Op::Flush,
                         offset: 0,
                         len: 0,
+                        done: 0,
+                        piece: 0,
                         buf: NO_BUF,
                     };
                     nctx
@@ -412,10 +508,13 @@ fn kill(conn: &mut Conn, core: &mut Core, why: &dyn std::fmt::Display) {
 fn close(conn: &mut Conn, core: &mut Core) {
     conn.stream = None;
     conn.life = Life::Closed;
+    // A context receiving a payload is not in the array (one in `Rx::Piece` is: its
+    // completion releases it).
     if let Rx::Payload { ctx, .. } = conn.rx {
         core.release(ctx, conn);
     }
     conn.rx = Rx::Header;
+    conn.stream_ctx = NO_CTX;
     while let Some(r) = conn.replies.pop_front() {
         if r.data_ctx != NO_CTX {
             core.release(r.data_ctx, conn);
@@ -435,7 +534,11 @@ fn close(conn: &mut Conn, core: &mut Core) {
 /// Sends as many queued replies as the socket takes. Returns whether anything was sent.
 fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
     let mut progress = false;
-    while !conn.replies.is_empty() {
+    while let Some(front) = conn.replies.front() {
+        if conn.stream_ctx != NO_CTX && front.data_ctx != conn.stream_ctx {
+            // A split read's simple reply is on the wire: its next piece goes first.
+            return Ok(progress);
+        }
         let Some(stream) = conn.stream.as_ref() else {
             return Ok(progress);
         };
@@ -456,7 +559,9 @@ fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
                     true
                 });
                 skip = 0;
-                if !complete {
+                if !complete || r.more {
+                    // A split read's piece: nothing may follow it but its next piece,
+                    // which is not read yet.
                     break;
                 }
             }
@@ -482,7 +587,19 @@ fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
             }
             left -= total;
             let r = conn.replies.pop_front().expect("front exists");
+            if r.more {
+                // A split read's piece: the context reads its next piece (submitted at the
+                // start of the next turn), and nothing else goes out until that piece is
+                // sent.
+                core.next_piece(r.data_ctx);
+                core.pending.push_back(r.data_ctx);
+                conn.stream_ctx = r.data_ctx;
+                continue;
+            }
             if r.data_ctx != NO_CTX {
+                if conn.stream_ctx == r.data_ctx {
+                    conn.stream_ctx = NO_CTX;
+                }
                 core.release(r.data_ctx, conn);
             }
             conn.outstanding -= 1;
@@ -628,9 +745,11 @@ fn read_requests<C: Channel>(
                     _ => unreachable!("verdicts with an op have a context, the others none"),
                 }
             }
+            Rx::Piece { .. } => return (progress, ReadEnd::Paused),
             Rx::Payload { ctx, got } => {
                 let c = core.ctxs[usize::from(ctx)];
-                let len = c.len;
+                // The current piece (the whole payload unless it is longer than the buffer).
+                let len = c.piece;
                 let mut got = got;
                 // Bytes already buffered first.
                 let take = conn.buffered().len().min((len - got) as usize);
@@ -687,7 +806,12 @@ fn read_requests<C: Channel>(
                     }
                 }
                 conn.bytes_written += u64::from(len);
-                conn.rx = Rx::Header;
+                conn.rx = if c.done + len < c.len {
+                    // More pieces follow: receive them once this one is written.
+                    Rx::Piece { ctx }
+                } else {
+                    Rx::Header
+                };
                 core.submit(ctx, io, conns);
             }
             Rx::Discard {
@@ -838,7 +962,10 @@ impl Frontend for NbdFrontend {
             // reactor's other connections of buffers. Only stalled connections read the
             // clock.
             if conn.life != Life::Closed {
-                let holding = !conn.replies.is_empty() || conn.rx != Rx::Header;
+                // A split write waiting for the array to take its piece is not the client's
+                // stall.
+                let holding =
+                    !conn.replies.is_empty() || !matches!(conn.rx, Rx::Header | Rx::Piece { .. });
                 if moved || !holding {
                     conn.stalled_since = None;
                 } else {

@@ -18,6 +18,25 @@
 //! flush goes through the array to every member, whichever connection sent it, so its
 //! effect is global. Structured replies are offered; block status and TLS are not.
 //!
+//! # Request sizes (proto.md "Block size constraints")
+//! - Reads and writes up to 2^25 bytes (32 MiB) are served whatever maximum block size was
+//!   advertised ("any payload not exceeding 2^25 (33,554,432) bytes SHOULD NOT be
+//!   considered a denial of service attack, even if that length is larger than the
+//!   advertised maximum payload size"): the front end splits a request longer than its
+//!   largest buffer into pieces of that size, one in the array at a time, and keeps the
+//!   pieces of one reply together on the wire. Longer ones get `NBD_EINVAL` (a write's
+//!   payload consumed up to 2^25 bytes, beyond that a hard disconnect).
+//! - Clients that agreed no block size (`NBD_OPT_EXPORT_NAME`, or `NBD_OPT_GO` without
+//!   `NBD_INFO_BLOCK_SIZE`) are admitted, and a request of theirs off the array's blocks
+//!   gets `NBD_EINVAL` (payload consumed), as anyone's does: proto.md lets a server that
+//!   admits such clients "cleanly error commands that fall outside the constraints
+//!   without corrupting data". Refusing them at `NBD_OPT_GO` with
+//!   `NBD_REP_ERR_BLOCK_SIZE_REQD` would lock out the kernel's `nbd-client` (it sends GO
+//!   with no information request and gives up on that error), which only ever sends whole
+//!   sectors; libnbd and qemu ask for the block sizes and obey them. Byte-granular
+//!   requests (a read-modify-write of the partial blocks, serialised against other writes
+//!   to them) are not served yet.
+//!
 //! # Use
 //! ```no_run
 //! # use ferroraid::nbd::{ExportConfig, NbdServer};

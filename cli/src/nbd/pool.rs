@@ -68,6 +68,11 @@ impl BufPool {
             .find_map(|(_, free)| free.pop())
     }
 
+    /// Size of the largest buffer class, bytes (0 for an empty pool).
+    pub(crate) fn largest(&self) -> u32 {
+        self.classes.last().map_or(0, |(bytes, _)| *bytes)
+    }
+
     /// Returns a buffer taken with [`BufPool::take`].
     pub(crate) fn give(&mut self, id: BufId) {
         let k = usize::from(self.class_of[usize::from(id)]);
@@ -117,6 +122,7 @@ mod tests {
             },
         ]);
         assert_eq!(p.len(), 3);
+        assert_eq!(p.largest(), 1 << 20);
         let a = p.take(512).unwrap();
         let b = p.take(4096).unwrap();
         assert_eq!(p.buf(a).len(), 4096);

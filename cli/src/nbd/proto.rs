@@ -647,6 +647,13 @@ pub struct ExportLimits {
 }
 
 impl ExportLimits {
+    /// The longest `NBD_CMD_READ`/`NBD_CMD_WRITE` served, bytes: the advertised maximum
+    /// block size or [`DOS_FLOOR_BYTES`] (2^25), whichever is larger (see
+    /// [`check_request`], rule 6).
+    pub fn max_request_bytes(&self) -> u32 {
+        self.max_block_bytes.max(DOS_FLOOR_BYTES)
+    }
+
     /// The transmission flags for these limits (proto.md "Transmission flags"): flush and
     /// FUA always (the array implements both), multi-conn (a flush goes through the array
     /// to every member, whichever connection sent it), trim/write-zeroes/fast-zero as
@@ -720,10 +727,15 @@ pub enum Verdict {
 /// 4. offset or length not a multiple of the minimum block size → `NBD_EINVAL`;
 /// 5. a range ending beyond the export → `NBD_ENOSPC` for writes and write-zeroes,
 ///    `NBD_EINVAL` for reads and trims ("Error values");
-/// 6. a read or write longer than the maximum block size → `NBD_EINVAL` ("SHOULD report
-///    an `NBD_EINVAL` error if ... larger than the advertised maximum block size";
-///    `NBD_EOVERFLOW` is reserved for `NBD_CMD_FLAG_DF`). Trim and write-zeroes carry no
-///    payload and may be longer (the array takes any 32-bit length);
+/// 6. a read or write longer than [`ExportLimits::max_request_bytes`] (the larger of the
+///    advertised maximum and 2^25 bytes) → `NBD_EINVAL`. Up to 2^25 bytes are served
+///    whatever maximum was advertised — proto.md "Block size constraints": without agreed
+///    constraints "a server SHOULD support ... a maximum payload size that is at least
+///    2^25", and any payload up to 2^25 "SHOULD NOT be considered a denial of service
+///    attack, even if that length is larger than the advertised maximum"; qemu-nbd and
+///    nbdkit serve them too. The front end splits such requests into pieces its buffers
+///    hold. `NBD_EOVERFLOW` is reserved for `NBD_CMD_FLAG_DF`. Trim and write-zeroes carry
+///    no payload and may be longer (the array takes any 32-bit length);
 /// 7. `NBD_CMD_FLAG_FAST_ZERO` → `NBD_ENOTSUP` at once, without touching the export: this
 ///    server cannot promise that zeroing is faster than writing, and "a fast failure of
 ///    `NBD_ENOTSUP` still counts as a fast response";
@@ -771,8 +783,8 @@ pub fn check_request(r: &Request, lim: &ExportLimits) -> Verdict {
             reject(EINVAL, "request beyond the end of the export")
         };
     }
-    if matches!(r.command, CMD_READ | CMD_WRITE) && r.length > lim.max_block_bytes {
-        return reject(EINVAL, "length exceeds the maximum block size");
+    if matches!(r.command, CMD_READ | CMD_WRITE) && r.length > lim.max_request_bytes() {
+        return reject(EINVAL, "length exceeds 32 MiB and the maximum block size");
     }
     if r.command == CMD_WRITE_ZEROES && r.flags & CMD_FLAG_FAST_ZERO != 0 {
         return reject(ENOTSUP, "fast zero is not guaranteed faster than a write");
@@ -819,13 +831,13 @@ pub fn structured_header(
     b
 }
 
-/// The head of a final `NBD_REPLY_TYPE_OFFSET_DATA` chunk (proto.md "Structured reply
-/// types"): chunk header with `NBD_REPLY_FLAG_DONE` and the 64-bit offset; `data_len`
-/// bytes of data (at least 1) follow it.
-pub fn offset_data_head(handle: u64, offset: u64, data_len: u32) -> [u8; 28] {
+/// The head of an `NBD_REPLY_TYPE_OFFSET_DATA` chunk (proto.md "Structured reply
+/// types"): chunk header (with `NBD_REPLY_FLAG_DONE` when `last`) and the 64-bit offset;
+/// `data_len` bytes of data (at least 1) follow it.
+pub fn offset_data_head(handle: u64, offset: u64, data_len: u32, last: bool) -> [u8; 28] {
     let mut b = [0u8; 28];
     b[0..20].copy_from_slice(&structured_header(
-        REPLY_FLAG_DONE,
+        if last { REPLY_FLAG_DONE } else { 0 },
         REPLY_TYPE_OFFSET_DATA,
         handle,
         data_len.saturating_add(8),
@@ -998,10 +1010,25 @@ mod tests {
         // Misaligned, oversize, unknown, bad flags.
         assert_eq!(err(check_request(&req(CMD_READ, 0, 1, 512), &l)), EINVAL);
         assert_eq!(err(check_request(&req(CMD_READ, 0, 0, 1000), &l)), EINVAL);
+        // Longer than the maximum block size: served up to 2^25 bytes, refused beyond.
+        let big = ExportLimits {
+            size_bytes: 1 << 30,
+            ..l
+        };
         assert_eq!(
-            err(check_request(&req(CMD_READ, 0, 0, 128 << 10), &l)),
-            EINVAL
+            check_request(&req(CMD_READ, 0, 0, 128 << 10), &big),
+            Verdict::Read
         );
+        assert_eq!(
+            check_request(&req(CMD_WRITE, 0, 0, DOS_FLOOR_BYTES), &big),
+            Verdict::Write { fua: false }
+        );
+        for cmd in [CMD_READ, CMD_WRITE] {
+            assert_eq!(
+                err(check_request(&req(cmd, 0, 0, DOS_FLOOR_BYTES + 512), &big)),
+                EINVAL
+            );
+        }
         assert_eq!(err(check_request(&req(99, 0, 0, 0), &l)), EINVAL);
         assert_eq!(
             err(check_request(&req(CMD_READ, CMD_FLAG_DF, 0, 512), &l)),
@@ -1119,7 +1146,7 @@ mod tests {
                 handle: 9
             }
         );
-        let head = offset_data_head(5, 4096, 512);
+        let head = offset_data_head(5, 4096, 512, true);
         let (h, n) = parse_reply_header(&head).unwrap();
         assert_eq!(n, 20);
         assert_eq!(
