@@ -79,7 +79,7 @@ pub struct StatusReport {
     #[serde(default)]
     pub bitmap: Option<BitmapReport>,
     /// How long requests waited inside the target before their first member request, per
-    /// class (issue 24, docs/QOS.md). Absent in reports of targets that predate it.
+    /// class (issue 24, docs/PACING.md, "Front door"). Absent in reports of targets that predate it.
     #[serde(default)]
     pub queue_wait_us: QueueWaitReport,
     /// The NBD server's connections and its refusals (issue 18); `null` in reports of
@@ -576,11 +576,11 @@ pub struct StatsReport {
     #[serde(default)]
     pub expired_holds: u64,
     /// Requests that went ahead of earlier bulk writes waiting for their share of the
-    /// stripe operations (front-door scheduling, docs/QOS.md).
+    /// stripe operations (front-door scheduling, docs/PACING.md, "Front door").
     #[serde(default)]
     pub overtaking_requests: u64,
     /// Reads of a stripe a write held, served from that write's own data instead of
-    /// waiting for its member writes (docs/QOS.md).
+    /// waiting for its member writes (docs/PACING.md, "Front door").
     #[serde(default)]
     pub pass_reads: u64,
 }

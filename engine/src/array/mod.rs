@@ -345,7 +345,7 @@ pub fn new_latency_histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
 }
 
-/// The classes of client requests for front-door scheduling (issue 24, docs/QOS.md),
+/// The classes of client requests for front-door scheduling (issue 24, docs/PACING.md, "Front door"),
 /// decided from what the shard sees of each request: its op, its size and whether it
 /// continues a sequential stream of writes — never from client hints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,7 +392,7 @@ impl RequestClass {
 
 /// Share of a shard's stripe operations bulk writes may hold, percent: the other quarter
 /// stays free for small reads and writes, so that they never wait for a whole pool of bulk
-/// work to drain (issue 24, docs/QOS.md).
+/// work to drain (issue 24, docs/PACING.md, "Front door").
 pub const BULK_SHARE_PERCENT: usize = 75;
 
 /// Requests of at least this many bytes are bulk ([`RequestClass`]): 128 KiB, the
@@ -948,6 +948,9 @@ pub struct Array<C: Channel> {
     /// ([`ArrayConfig::bulk_share_percent`] of the pool): the rest is kept for other requests, which
     /// pass queued bulk writes they do not overlap.
     bulk_sops: u32,
+    /// Reads of a stripe a write holds may be served from the write's data
+    /// ([`Array::read_from_pass`]); off only in tests that measure what it saves.
+    pass_reads_on: bool,
     bulk_cap: u32,
     /// The clients' apparent write depth on this shard: the most write requests seen in
     /// flight since a hold last expired ([`pass`]: a pass is held only while fewer writes
@@ -1171,6 +1174,7 @@ impl<C: Channel> Array<C> {
             writes_in_flight: 0,
             queue_wait: std::array::from_fn(|_| new_latency_histogram()),
             bulk_sops: 0,
+            pass_reads_on: true,
             bulk_cap: ((cfg.stripe_ops * cfg.bulk_share_percent.clamp(1, 100) / 100) as u32).max(1),
             write_depth: 0,
             replacement_failures: 0,

@@ -48,7 +48,7 @@ impl<C: Channel> Array<C> {
     /// member failing or joining meanwhile).
     pub(super) fn read_from_pass(&mut self, s: u32) -> bool {
         let sop = &self.sops[s as usize];
-        if sop.foreign || sop.bg.is_some() {
+        if sop.foreign || sop.bg.is_some() || !self.pass_reads_on {
             return false;
         }
         let stripe = sop.stripe;
@@ -145,6 +145,13 @@ impl<C: Channel> Array<C> {
         }
         self.served_from_pass(s);
         true
+    }
+
+    /// Reads wait for the write holding their stripe, as before [`Self::read_from_pass`]
+    /// (tests comparing the two).
+    #[cfg(test)]
+    pub(crate) fn disable_pass_reads(&mut self) {
+        self.pass_reads_on = false;
     }
 
     /// Read operation `s`, its data copied in: records its queue wait and completes it.

@@ -278,3 +278,58 @@ fn small_reads_do_not_wait_behind_bulk_writes_for_stripe_operations() {
         "writer kept {bytes_on} of {bytes_off} bytes"
     );
 }
+
+/// Issue 24: a QD1 random reader over the region a bulk writer (1 MiB, QD16) is writing.
+/// A read of a stripe a write holds used to wait for the write's member I/O; served from
+/// the write's data it does not (only reads landing on a write still reading wait).
+#[test]
+fn small_reads_of_stripes_being_written_do_not_wait_for_the_writes() {
+    let run_with = |pass_reads: bool| {
+        let (mut arr, clock) = array(&sata(), DepthPolicy::Ferroraid);
+        if !pass_reads {
+            arr.disable_pass_reads();
+        }
+        let mut w = writer(0, 300 * MS);
+        w.block_bytes = 1 << 20;
+        let mut r = reader(20 * MS, 300 * MS);
+        r.offset_bytes = 0;
+        r.span_bytes = WRITER_SPAN;
+        let st = run(&mut arr, &clock, &[r, w], 300 * MS, 5, 0, |_, _, _| {});
+        assert_eq!(st.iter().map(|s| s.errors).sum::<u64>(), 0);
+        let wait = arr.queue_wait(crate::array::RequestClass::SmallRead);
+        (
+            wait.value_at_quantile(0.99),
+            p99_us(&st[0]),
+            st[0].ops,
+            st[1].bytes,
+            arr.stats().pass_reads,
+        )
+    };
+    let (wait_off, p99_off, reads_off, bytes_off, served_off) = run_with(false);
+    let (wait_on, p99_on, reads_on, bytes_on, served_on) = run_with(true);
+    eprintln!(
+        "small-read queue wait p99: {wait_off} ns -> {wait_on} ns; reader p99 {p99_off:.0} -> \
+         {p99_on:.0} µs, {reads_off} -> {reads_on} reads; writer {bytes_off} -> {bytes_on} \
+         bytes; reads served from writes {served_on}"
+    );
+    assert_eq!(served_off, 0);
+    assert!(served_on > 0);
+    // The scenario bites: without, a read of a stripe being written waits for the write.
+    assert!(
+        wait_off > 1_000_000,
+        "without: p99 queue wait {wait_off} ns"
+    );
+    assert!(
+        wait_on * 4 <= wait_off,
+        "p99 small-read queue wait {wait_on} ns vs {wait_off} ns without"
+    );
+    assert!(p99_on < p99_off, "reader p99 {p99_on} µs vs {p99_off} µs");
+    assert!(
+        reads_on > reads_off,
+        "reader {reads_on} vs {reads_off} reads"
+    );
+    assert!(
+        bytes_on * 10 >= bytes_off * 9,
+        "writer kept {bytes_on} of {bytes_off} bytes"
+    );
+}
