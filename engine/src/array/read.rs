@@ -58,7 +58,7 @@ impl<C: Channel> Array<C> {
         let pass = &self.sops[h as usize];
         if matches!(
             pass.phase,
-            Phase::Writing | Phase::PplWait(ppl::Logged::Single)
+            Phase::WriteRead(_) | Phase::Writing | Phase::PplWait(ppl::Logged::Single)
         ) {
             return self.read_from_single(s, h);
         }
@@ -119,9 +119,10 @@ impl<C: Channel> Array<C> {
     }
 
     /// [`Self::read_from_pass`] for a write on the single-operation path (a whole stripe,
-    /// a random write, a degraded stripe) in [`Phase::Writing`] or waiting for its log
-    /// record: its new data is the caller's buffer, and nothing else of the stripe is in
-    /// memory, so only a read inside the write's range is served.
+    /// a random write, a degraded stripe) reading what it needs, writing, or waiting for
+    /// its log record: its new data is the caller's buffer from the start and never
+    /// changes, and nothing else of the stripe is in memory, so only a read inside the
+    /// write's range is served.
     fn read_from_single(&mut self, s: u32, h: u32) -> bool {
         let (w, r) = (&self.sops[h as usize], &self.sops[s as usize]);
         let op = self.reqs[w.req as usize].as_ref().map(|q| q.op);
