@@ -8,7 +8,7 @@
 #   md_host_copy SRC DST             nbdcopy --flush, bounded
 #   md_host_stop_all                 every server still running (for an EXIT trap)
 #   md_host_gone PID                 true when PID is a number and no such process runs
-#   md_host_outdir NAME KEYFN ARGS   the scripts' `[--check] OUTDIR` (below)
+#   md_host_outdir NAME KEYFN ARGS   the scripts' `[--check] OUTDIR` (below; MD_HOST_TOOLS)
 #   md_host_workspace NAME           stale runs removed, a socket directory in `socks`
 #   md_host_guest LOG WHAT ARGS...   the guest (rig_run ARGS), failing with WHAT
 
@@ -119,7 +119,9 @@ md_host_copy() {
 # `[--check] OUTDIR`. Sets `out` (OUTDIR, absolute), `key` (KEY_FUNCTION's hash of what the
 # results depend on) and `work` (OUTDIR.tmp.PID, where a run builds them), and returns only
 # when there is work to do: it exits 0 when OUTDIR/.complete holds the key (current), and
-# under --check 3 when not (or when there is no binary at FERRORAID).
+# under --check 3 when not (or when there is no binary at FERRORAID). MD_HOST_TOOLS names
+# the host tools it requires besides truncate, cmp, md5sum and timeout (default: python3,
+# mdadm and nbdcopy, what the md scripts use).
 md_host_outdir() {
 	local name=$1 keyfn=$2 check=0
 	shift 2
@@ -133,7 +135,8 @@ md_host_outdir() {
 		((check)) && exit 3
 		rig_die "no ferroraid binary at $FERRORAID: build it (cargo build --release -p ferroraid) or set FERRORAID=PATH"
 	fi
-	rig_need python3 mdadm nbdcopy truncate cmp md5sum timeout
+	# shellcheck disable=SC2086 # one tool a word
+	rig_need ${MD_HOST_TOOLS:-python3 mdadm nbdcopy} truncate cmp md5sum timeout
 	key=$("$keyfn")
 	if [[ -e $out/.complete && $(cat "$out/.complete") == "$key" ]]; then
 		((check)) || rig_log "$name results in $out are current (key $key)"
@@ -174,6 +177,12 @@ md_host_guest() {
 	RIG_PID=
 	if ((rc != 0)); then
 		cp "$log" "$out.failed-console.log" 2>/dev/null || true
+		# The guest's own account of its failure (the guest scripts print `TAG: FAIL: why`
+		# and then what they know: logs, mdstat, the kernel log).
+		if grep -qa ': FAIL: ' "$log" 2>/dev/null; then
+			rig_log "the guest's failure:"
+			sed -n '/: FAIL: /,$p' "$log" | head -n 150 | tr -d '\r' >&2
+		fi
 		rig_die "$what; its console log: $out.failed-console.log"
 	fi
 }

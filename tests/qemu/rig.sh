@@ -6,8 +6,11 @@
 #   tests/qemu/rig.sh kernel                      fetch + unpack the Debian kernel (cached)
 #   tests/qemu/rig.sh initramfs [OPTIONS]         build an initramfs, print its path (cached)
 #       --init FILE        the caller's guest script (runs as /rig/test.sh; required)
-#       --modules "LIST"   kernel modules or sets (virtio nvme ahci md vfio); deps resolved
+#       --modules "LIST"   kernel modules or sets (virtio nvme ahci md vfio nbd ext4); deps resolved
 #       --bin PATH         a host binary to copy in with its shared libraries (repeatable)
+#       --root DIR         a tree unpacked from Debian packages (`dpkg-deb -x`; repeatable): a
+#                          --bin inside it goes to its path in the tree, and its libraries
+#                          are found (and go) there first
 #       --file SRC:DST     a host file to copy to DST in the guest (repeatable)
 #   tests/qemu/rig.sh run [OPTIONS] [-- QEMU ARGS...]   boot it, print the guest's verdict
 #       --initrd FILE      from `initramfs` (required)
@@ -133,6 +136,10 @@ rig_module_set() {
 	# libcrc32c (a raid456 dependency) only soft-depends on a crc32c provider: name one.
 	md) echo "crc32c_generic raid456" ;;
 	vfio) echo "vfio_pci vfio_iommu_type1" ;;
+	# The kernel's NBD client (nbd-client talks to it over generic netlink or ioctls).
+	nbd) echo "nbd" ;;
+	# ext4 asks the crypto API for crc32c (metadata_csum, mke2fs's default): name a provider.
+	ext4) echo "crc32c_generic ext4" ;;
 	*) echo "$1" ;;
 	esac
 }
@@ -243,6 +250,17 @@ rig_dev_by_serial() {
 	return 1
 }
 
+# rig_devs_by_serial PREFIX COUNT: prints the COUNT disks with serials PREFIX0, PREFIX1, ...
+# (rig_dev_by_serial each), space-separated, in that order.
+rig_devs_by_serial() {
+	_i=0 _devs=
+	while [ $_i -lt "$2" ]; do
+		_devs="$_devs${_devs:+ }$(rig_dev_by_serial "$1$_i")" || return 1
+		_i=$((_i + 1))
+	done
+	echo "$_devs"
+}
+
 # rig_section NAME CMD...: runs CMD and prints its output between markers on the console.
 rig_section() {
 	_name=$1; shift
@@ -255,11 +273,26 @@ rig_section() {
 EOF
 }
 
-# Copies host file SRC to DST inside the staging dir, dereferencing links.
+# Copies host file SRC to DST inside the staging dir, dereferencing links. A busybox applet
+# link already at DST is replaced (cp would follow it to the host's busybox).
 rig__stage() {
 	local root=$1 src=$2 dst=$3
 	mkdir -p "$root$(dirname "$dst")"
+	rm -f "$root$dst"
 	cp -L "$src" "$root$dst"
+}
+
+# The guest path of host file $1: inside a --root tree (rig_initramfs's `roots`), its path
+# in that tree; else the same path.
+rig__guest_path() {
+	local r
+	for r in "${roots[@]}"; do
+		if [[ $1 == "$r"/* ]]; then
+			echo "${1#"$r"}"
+			return 0
+		fi
+	done
+	echo "$1"
 }
 
 # Stages and packs the initramfs (a subshell, so the staging dir goes on any exit); uses
@@ -275,13 +308,25 @@ rig__pack_initramfs() (
 	for applet in $("$busybox" --list-full); do
 		[[ -e $root/$applet || -L $root/$applet ]] || ln -s /bin/busybox "$root/$applet"
 	done
-	local b lib
+	local b lib libs dst r ldpath=""
+	# Libraries in the --root trees come before the host's (as LD_LIBRARY_PATH for ldd).
+	for r in "${roots[@]}"; do
+		for lib in "$r"/lib/*-linux-gnu "$r"/usr/lib/*-linux-gnu; do
+			[[ -d $lib ]] && ldpath+=${ldpath:+:}$lib
+		done
+	done
 	for b in "${bins[@]}"; do
 		[[ -x $b ]] || rig_die "initramfs: --bin '$b' is not an executable file"
-		rig__stage "$root" "$b" "$b"
+		rig__stage "$root" "$b" "$(rig__guest_path "$b")"
 		# Shared libraries and the loader, at the paths the binary asks for.
-		for lib in $(ldd "$b" 2>/dev/null | awk '/=> \//{print $3} /^[ \t]*\//{print $1}'); do
-			[[ -e $root$lib ]] || rig__stage "$root" "$lib" "$lib"
+		libs=$(LD_LIBRARY_PATH=$ldpath ldd "$b" 2>&1 || true)
+		if grep -q 'not found' <<<"$libs"; then
+			rig_die "initramfs: --bin '$b' needs libraries found nowhere (install them, or unpack their packages into a --root):
+$(grep 'not found' <<<"$libs")"
+		fi
+		for lib in $(awk '/=> \//{print $3} /^[ \t]*\//{print $1}' <<<"$libs"); do
+			dst=$(rig__guest_path "$lib")
+			[[ -e $root$dst ]] || rig__stage "$root" "$lib" "$dst"
 		done
 	done
 	for f in "${files[@]}"; do
@@ -313,12 +358,17 @@ rig__pack_initramfs() (
 # Builds (or reuses) an initramfs; prints its path. See the header for the options.
 rig_initramfs() {
 	local init="" modules="virtio" out=""
-	local -a bins=() files=()
+	local -a bins=() files=() roots=()
 	while (($#)); do
 		case $1 in
 		--init) init=$2; shift 2 ;;
 		--modules) modules="virtio $2"; shift 2 ;;
 		--bin) bins+=("$2"); shift 2 ;;
+		--root)
+			[[ -d $2 ]] || rig_die "initramfs: --root '$2' is not a directory"
+			roots+=("$(cd "$2" && pwd)")
+			shift 2
+			;;
 		--file) files+=("$2"); shift 2 ;;
 		--out) out=$2; shift 2 ;;
 		*) rig_die "initramfs: unknown option '$1'" ;;
@@ -346,6 +396,7 @@ rig_initramfs() {
 		echo "modules:$kos"
 		echo "init:$(sha256sum <"$init")"
 		echo "busybox:$(sha256sum <"$busybox")"
+		for f in "${roots[@]}"; do echo "root:$f"; done
 		for f in "${bins[@]}"; do echo "bin:$f $(sha256sum <"$f")"; done
 		for f in "${files[@]}"; do echo "file:$f $(sha256sum <"${f%%:*}")"; done
 	} | sha256sum | cut -c1-16)

@@ -552,6 +552,36 @@ pub fn skip_without_rig(test: &str, why: &str) {
     eprintln!("SKIPPED {test}: {why} (set FERRORAID_REQUIRE_QEMU=1 to make this a failure)");
 }
 
+/// A rig script's `OUT_DIR/summary.txt` (what [`run_rig_script`] left).
+///
+/// # Panics
+/// The file cannot be read.
+pub fn read_rig_summary(out_dir: &Path) -> String {
+    let path = out_dir.join("summary.txt");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The line of a rig script's `summary.txt` that starts with `name: `.
+///
+/// # Panics
+/// The summary has no such line.
+pub fn summary_line<'a>(summary: &'a str, name: &str) -> &'a str {
+    summary
+        .lines()
+        .find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(": ")))
+        .unwrap_or_else(|| panic!("summary.txt has no line for {name}:\n{summary}"))
+}
+
+/// The decimal number right after the first `key` in `line` (`entries=5` with key
+/// `entries=` → 5), or `None` when `key` is absent or no digit follows it.
+pub fn number_after(line: &str, key: &str) -> Option<u64> {
+    let rest = &line[line.find(key)? + key.len()..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
 /// What a rig script (`run_rig_script`) said, for the test's output: its stderr, then its
 /// `summary` unless the stderr already holds it (a run prints its summary at the end; a
 /// cached result only says it is current).

@@ -35,7 +35,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use ferroraid_tests::{first_difference, repo_root, Oracle};
+use ferroraid_tests::{first_difference, number_after, repo_root, summary_line as line, Oracle};
 
 /// Whether some python3 the script would use has libnbd's binding.
 fn python_nbd() -> bool {
@@ -48,21 +48,6 @@ fn python_nbd() -> bool {
             .status()
             .is_ok_and(|s| s.success())
     })
-}
-
-/// The number after `key` in `line` (e.g. `entries=` → 5).
-fn number_after(line: &str, key: &str) -> Option<u64> {
-    let rest = &line[line.find(key)? + key.len()..];
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
-}
-
-/// The summary line that starts with `name: `.
-fn line<'a>(summary: &'a str, name: &str) -> &'a str {
-    summary
-        .lines()
-        .find(|l| l.starts_with(&format!("{name}: ")))
-        .unwrap_or_else(|| panic!("summary.txt has no line for {name}:\n{summary}"))
 }
 
 #[test]
@@ -84,8 +69,7 @@ fn md_and_ferroraid_recover_each_others_ppl_after_a_crash() {
     let start = Instant::now();
     let out =
         ferroraid_tests::run_rig_script(&script, &out_dir, Some(ferroraid_tests::ferroraid_bin()));
-    let summary = fs::read_to_string(out_dir.join("summary.txt"))
-        .unwrap_or_else(|e| panic!("{}/summary.txt: {e}", out_dir.display()));
+    let summary = ferroraid_tests::read_rig_summary(&out_dir);
 
     // ferroraid -> md: md recovered from ferroraid's log, no resync, parity consistent.
     let fr = line(&summary, "fr2md");

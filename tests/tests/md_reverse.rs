@@ -23,7 +23,7 @@
 //! check of the one incompatibility the guest found (microseconds in `ctime`/`utime`,
 //! which the kernel reads as seconds past 2106).
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -49,8 +49,7 @@ fn md_assembles_and_serves_ferroraid_arrays() {
     let bin = ferroraid();
     let start = Instant::now();
     let out = ferroraid_tests::run_rig_script(&script, &out_dir, Some(bin));
-    let summary = fs::read_to_string(out_dir.join("summary.txt"))
-        .unwrap_or_else(|e| panic!("{}/summary.txt: {e}", out_dir.display()));
+    let summary = ferroraid_tests::read_rig_summary(&out_dir);
     // The script fails on any deviation; its summary must say so too.
     for (name, complete) in [
         ("rev6", true),
