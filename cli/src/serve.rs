@@ -128,7 +128,8 @@ pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], iscsi = [...], rpc, force, run, io_timeout_ms, max_block,
     /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
-    /// nbd_idle_timeout_s, queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
+    /// nbd_idle_timeout_s, tls = "off" | "allow" | "require", tls_cert, tls_key, tls_ca,
+    /// queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
     /// speed_min, speed_max, and an
     /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
     #[arg(long)]
@@ -194,6 +195,21 @@ pub struct ServeArgs {
     /// (default 0: never — the kernel client and qemu keep idle connections for hours).
     #[arg(long, value_name = "S")]
     nbd_idle_timeout_s: Option<u64>,
+    /// NBD over TLS (`NBD_OPT_STARTTLS`): `off` (default), `allow` (clients choose) or
+    /// `require` (nothing but STARTTLS before TLS: a plaintext client gets no data, as
+    /// with nbdkit and qemu-nbd). `allow` and `require` need --tls-cert and --tls-key.
+    #[arg(long, value_name = "off|allow|require")]
+    tls: Option<ferroraid::nbd::TlsMode>,
+    /// The server's X.509 certificate chain, PEM (its own certificate first).
+    #[arg(long, value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// CA certificates, PEM: clients must then present a certificate signed by one of
+    /// them (default: no client certificate asked for).
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<PathBuf>,
     /// io_uring queue depth per member per reactor (default 128).
     #[arg(long)]
     queue_depth: Option<u32>,
@@ -278,6 +294,10 @@ struct ServeFile {
     nbd_handshake_timeout_ms: Option<u64>,
     nbd_max_handshakes: Option<usize>,
     nbd_idle_timeout_s: Option<u64>,
+    tls: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
     queue_depth: Option<u32>,
     stripe_ops: Option<usize>,
     stripe_cache: Option<toml::Value>,
@@ -436,6 +456,27 @@ impl ServeArgs {
         }
         if let Some(s) = self.nbd_idle_timeout_s.or(file.nbd_idle_timeout_s) {
             nbd.idle_timeout = (s > 0).then(|| Duration::from_secs(s));
+        }
+        let tls = match (self.tls, &file.tls) {
+            (Some(m), _) => m,
+            (None, Some(m)) => m.parse().map_err(anyhow::Error::msg).context("tls")?,
+            (None, None) => ferroraid::nbd::TlsMode::Off,
+        };
+        let cert = self.tls_cert.as_ref().or(file.tls_cert.as_ref());
+        let key = self.tls_key.as_ref().or(file.tls_key.as_ref());
+        let ca = self.tls_ca.as_ref().or(file.tls_ca.as_ref());
+        match (tls, cert, key) {
+            (ferroraid::nbd::TlsMode::Off, None, None) if ca.is_none() => {}
+            (ferroraid::nbd::TlsMode::Off, ..) => {
+                bail!("tls_cert, tls_key and tls_ca need --tls allow or --tls require")
+            }
+            (mode, Some(cert), Some(key)) => {
+                o.nbd_tls = Some(
+                    ferroraid::nbd::TlsConfig::from_pem_files(mode, cert, key, ca.map(|p| &**p))
+                        .context("loading the NBD TLS credentials")?,
+                );
+            }
+            (mode, ..) => bail!("--tls {mode} needs --tls-cert and --tls-key (PEM files)"),
         }
         if let Some(q) = self.queue_depth.or(file.queue_depth) {
             o.queue_depth = q;
@@ -859,5 +900,75 @@ mod tests {
             .unwrap()
             .nbd_config;
         assert_eq!(n.max_connections, Some(9));
+    }
+
+    #[test]
+    fn nbd_tls_options_and_config_keys() {
+        use ferroraid::nbd::TlsMode;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // A self-signed certificate for localhost, also used as the client CA.
+        let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (cert_p, key_p) = (d.join("cert.pem"), d.join("key.pem"));
+        std::fs::write(&cert_p, c.cert.pem()).unwrap();
+        std::fs::write(&key_p, c.signing_key.serialize_pem()).unwrap();
+        let (cert, key) = (cert_p.to_str().unwrap(), key_p.to_str().unwrap());
+        // serve with `args`, the certificate and key, and one member.
+        let with_creds = |args: &[&str]| {
+            let mut v = args.to_vec();
+            v.extend(["--tls-cert", cert, "--tls-key", key, "m0"]);
+            options(&v)
+        };
+        assert!(options(&["m0"]).unwrap().nbd_tls.is_none());
+        let t = with_creds(&["--tls", "require"]).unwrap().nbd_tls.unwrap();
+        assert_eq!((t.mode, t.client_auth), (TlsMode::Require, false));
+        let t = with_creds(&["--tls", "allow", "--tls-ca", cert]).unwrap();
+        let t = t.nbd_tls.unwrap();
+        assert_eq!((t.mode, t.client_auth), (TlsMode::Allow, true));
+        // No mode, an unknown one, a CA file without a certificate in it.
+        for bad in [
+            &[][..],
+            &["--tls", "on"],
+            &["--tls", "require", "--tls-ca", key],
+        ] {
+            assert!(with_creds(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(options(&["--tls", "require", "m0"]).is_err());
+        assert!(options(&["--tls", "allow", "--tls-cert", cert, "m0"]).is_err());
+        // A certificate given as the key; a file that is not there, named in the error.
+        let swapped = [
+            "--tls",
+            "require",
+            "--tls-key",
+            cert,
+            "--tls-cert",
+            cert,
+            "m0",
+        ];
+        assert!(options(&swapped).is_err());
+        let missing = [
+            "--tls",
+            "allow",
+            "--tls-key",
+            key,
+            "--tls-cert",
+            "/none.pem",
+            "m0",
+        ];
+        let e = format!("{:#}", options(&missing).unwrap_err());
+        assert!(e.contains("/none.pem"), "{e}");
+        let cfg = d.join("serve.toml");
+        let toml = format!(
+            "devices = [\"m0\"]\ntls = \"require\"\ntls_cert = {cert:?}\n\
+             tls_key = {key:?}\ntls_ca = {cert:?}\n"
+        );
+        std::fs::write(&cfg, toml).unwrap();
+        let f = cfg.to_str().unwrap();
+        let t = options(&["--config", f]).unwrap().nbd_tls.unwrap();
+        assert_eq!((t.mode, t.client_auth), (TlsMode::Require, true));
+        let t = options(&["--config", f, "--tls", "allow"]).unwrap();
+        assert_eq!(t.nbd_tls.unwrap().mode, TlsMode::Allow);
+        std::fs::write(&cfg, "devices = [\"m0\"]\ntls = \"maybe\"\n").unwrap();
+        assert!(options(&["--config", f]).is_err());
     }
 }

@@ -80,6 +80,8 @@ pub struct ServeOptions {
     /// NBD server tunables: connection limit, handshake and idle timeouts, handshakes at
     /// once (its `buffers` stay empty: derived from `max_block_bytes`).
     pub nbd_config: crate::nbd::ServerConfig,
+    /// NBD over TLS: mode and credentials (`None`: TLS off).
+    pub nbd_tls: Option<crate::nbd::TlsConfig>,
     /// Start although members are missing or out of date, or dirty and degraded (mdadm
     /// `--force`; implies [`ServeOptions::run`]).
     pub force: bool,
@@ -129,6 +131,7 @@ impl ServeOptions {
             nbd_unix: Vec::new(),
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
             nbd_config: crate::nbd::ServerConfig::default(),
+            nbd_tls: None,
             force: false,
             run: false,
             io_timeout: Duration::from_secs(30),
@@ -1116,6 +1119,9 @@ impl Target {
 
         let export = ExportConfig::for_array(name.clone(), &geo, opts.max_block_bytes);
         let mut builder = NbdServer::builder(export).config(opts.nbd_config.clone());
+        if let Some(t) = &opts.nbd_tls {
+            builder = builder.tls(t.clone());
+        }
         for a in &opts.nbd_tcp {
             builder = builder.listen_tcp(*a);
         }

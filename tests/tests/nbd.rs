@@ -871,9 +871,10 @@ fn handshake_options_list_info_and_errors() {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].0, proto::REP_ERR_UNSUP);
     }
+    // TLS off (the default): STARTTLS is refused by policy (proto.md "NOTLS mode").
     assert_eq!(
         option(&mut s, proto::OPT_STARTTLS, &[])[0].0,
-        proto::REP_ERR_UNSUP
+        proto::REP_ERR_POLICY
     );
     // LIST: one SERVER with name and description, then ACK; with data → INVALID.
     let r = option(&mut s, proto::OPT_LIST, &[]);

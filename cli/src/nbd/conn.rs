@@ -5,6 +5,10 @@
 //! and it carries the connection slot reserved there)
 //! and then owned by one reactor's [`super::NbdFrontend`], which drives it with
 //! non-blocking reads and writes; see the front-end for the state machine.
+//!
+//! A connection that negotiated TLS carries its rustls session: [`Conn::recv`] and
+//! [`Conn::send`] go through it (one copy each way, `super::tls`), the others keep the
+//! plain socket calls.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -12,7 +16,10 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+use rustls::ServerConnection;
+
 use super::proto::{self, ExportLimits};
+use super::tls;
 
 /// Bytes of each connection's receive buffer: request headers and small write payloads
 /// are read through it in batches (one `recv` can bring several requests); payloads
@@ -315,6 +322,9 @@ pub(crate) struct Conn {
     /// Peer address (for logs).
     pub(crate) peer: String,
     pub(crate) stream: Option<Stream>,
+    /// The TLS session, when the client negotiated TLS (`NBD_OPT_STARTTLS`): every byte of
+    /// the transmission phase goes through it.
+    pub(crate) tls: Option<Box<ServerConnection>>,
     /// Structured replies negotiated.
     pub(crate) structured: bool,
     /// The limits requests are judged against (with `structured` filled in).
@@ -357,12 +367,13 @@ pub(crate) struct Conn {
 
 impl Conn {
     /// Builds a connection for the reactors (allocates its receive buffer and reply queue:
-    /// called on the handshake thread, never on a reactor).
+    /// called on the handshake thread, never on a reactor); `limits.structured` says whether
+    /// structured replies were negotiated.
     pub(crate) fn new(
         id: u64,
         peer: String,
         stream: Stream,
-        structured: bool,
+        tls: Option<Box<ServerConnection>>,
         limits: ExportLimits,
         max_inflight: u32,
         slot: super::Slot,
@@ -371,11 +382,9 @@ impl Conn {
             id,
             peer,
             stream: Some(stream),
-            structured,
-            limits: ExportLimits {
-                structured,
-                ..limits
-            },
+            tls,
+            structured: limits.structured,
+            limits,
             life: Life::Open,
             rbuf: vec![0u8; RBUF_BYTES].into_boxed_slice(),
             rstart: 0,
@@ -419,11 +428,68 @@ impl Conn {
             self.rend -= self.rstart;
             self.rstart = 0;
         }
-        let Some(s) = self.stream.as_mut() else {
-            return Ok(0);
-        };
         debug_assert!(self.rend < self.rbuf.len());
-        read_retrying(s, &mut self.rbuf[self.rend..]).inspect(|&n| self.rend += n)
+        recv_on(&mut self.stream, &mut self.tls, &mut self.rbuf[self.rend..])
+            .inspect(|&n| self.rend += n)
+    }
+
+    /// Reads what the client sent into `buf` (non-blocking): straight from the socket, or
+    /// decrypted through the TLS session. `Ok(0)` is end of stream (also a closed
+    /// connection); `WouldBlock` means nothing is there.
+    pub(crate) fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        recv_on(&mut self.stream, &mut self.tls, buf)
+    }
+
+    /// Sends `bufs` (non-blocking): in one `sendmsg`, or through the TLS session (which
+    /// takes at most [`tls::TLS_BUFFER_BYTES`] at a time). Returns the bytes taken;
+    /// `WouldBlock` when the socket is full.
+    pub(crate) fn send(
+        stream: &Stream,
+        tls: Option<&mut ServerConnection>,
+        bufs: &[IoSlice<'_>],
+    ) -> io::Result<usize> {
+        match tls {
+            None => stream.send_vectored(bufs),
+            Some(t) => tls::send(t, stream, bufs),
+        }
+    }
+
+    /// Sends what the TLS session still holds for the socket (a reply's tail, a key
+    /// update): without TLS, nothing to do. `WouldBlock` when the socket is full.
+    pub(crate) fn flush_tls(&mut self) -> io::Result<()> {
+        match (self.tls.as_deref_mut(), self.stream.as_ref()) {
+            (Some(t), Some(s)) => tls::flush(t, s),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the TLS session holds bytes the socket has not taken yet (replies count as
+    /// sent once the session took them).
+    pub(crate) fn tls_pending(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
+    /// Closes the socket (a TLS session is ended with close_notify first, best effort).
+    pub(crate) fn close_socket(&mut self) {
+        if let (Some(t), Some(s)) = (self.tls.as_deref_mut(), self.stream.as_ref()) {
+            tls::close(t, s);
+        }
+        self.stream = None;
+    }
+}
+
+/// [`Conn::recv`] on a connection's socket and TLS session.
+fn recv_on(
+    stream: &mut Option<Stream>,
+    tls: &mut Option<Box<ServerConnection>>,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    let Some(s) = stream.as_mut() else {
+        return Ok(0);
+    };
+    match tls.as_deref_mut() {
+        None => read_retrying(s, buf),
+        Some(t) => tls::read(t, s, buf),
     }
 }
 

@@ -41,7 +41,7 @@ use engine::device::{Channel, IoBuf};
 use engine::reactor::{Frontend, Io};
 use tracing::{debug, info, warn};
 
-use super::conn::{read_retrying, Conn, Life, Reply, Rx, NO_CTX, RBUF_BYTES};
+use super::conn::{Conn, Life, Reply, Rx, NO_CTX, RBUF_BYTES};
 use super::pool::{BufId, BufPool};
 use super::proto::{self, Verdict};
 use super::Shared;
@@ -506,7 +506,7 @@ fn kill(conn: &mut Conn, core: &mut Core, why: &dyn std::fmt::Display) {
 }
 
 fn close(conn: &mut Conn, core: &mut Core) {
-    conn.stream = None;
+    conn.close_socket();
     conn.life = Life::Closed;
     // A context receiving a payload is not in the array (one in `Rx::Piece` is: its
     // completion releases it).
@@ -534,6 +534,15 @@ fn close(conn: &mut Conn, core: &mut Core) {
 /// Sends as many queued replies as the socket takes. Returns whether anything was sent.
 fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
     let mut progress = false;
+    if conn.tls.is_some() {
+        // What the TLS session still holds goes first (it may hold bytes although no
+        // reply is queued: the tail of the last one, a key update).
+        match conn.flush_tls() {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
     while let Some(front) = conn.replies.front() {
         if conn.stream_ctx != NO_CTX && front.data_ctx != conn.stream_ctx {
             // A split read's simple reply is on the wire: its next piece goes first.
@@ -565,7 +574,7 @@ fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
                     break;
                 }
             }
-            match stream.send_vectored(&iov) {
+            match Conn::send(stream, conn.tls.as_deref_mut(), &iov) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progress),
                 Err(e) => return Err(e),
@@ -782,9 +791,8 @@ fn read_requests<C: Channel>(
                             r => r,
                         }
                     } else {
-                        let s = conn.stream.as_mut().expect("open connection has a socket");
                         let end = got as usize + left;
-                        read_retrying(s, &mut core.pool.buf_mut(c.buf)[got as usize..end])
+                        conn.recv(&mut core.pool.buf_mut(c.buf)[got as usize..end])
                     };
                     match r {
                         Ok(0) => {
@@ -826,8 +834,7 @@ fn read_requests<C: Channel>(
                 left -= take as u32;
                 while left > 0 {
                     let n = (left as usize).min(core.scratch.len());
-                    let s = conn.stream.as_mut().expect("open connection has a socket");
-                    match read_retrying(s, &mut core.scratch[..n]) {
+                    match conn.recv(&mut core.scratch[..n]) {
                         Ok(0) => {
                             return (
                                 progress,
@@ -964,8 +971,9 @@ impl Frontend for NbdFrontend {
             if conn.life != Life::Closed {
                 // A split write waiting for the array to take its piece is not the client's
                 // stall.
-                let holding =
-                    !conn.replies.is_empty() || !matches!(conn.rx, Rx::Header | Rx::Piece { .. });
+                let holding = !conn.replies.is_empty()
+                    || !matches!(conn.rx, Rx::Header | Rx::Piece { .. })
+                    || conn.tls_pending();
                 if moved || !holding {
                     conn.stalled_since = None;
                 } else {
@@ -1007,7 +1015,10 @@ impl Frontend for NbdFrontend {
                     }
                 }
             }
-            if conn.life == Life::Draining && conn.outstanding == 0 && matches!(conn.rx, Rx::Header)
+            if conn.life == Life::Draining
+                && conn.outstanding == 0
+                && matches!(conn.rx, Rx::Header)
+                && !conn.tls_pending()
             {
                 close(conn, &mut self.core);
                 progress = true;

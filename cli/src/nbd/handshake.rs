@@ -40,8 +40,10 @@
 //!   flag");
 //! - options: `NBD_OPT_GO`/`NBD_OPT_INFO` (`NBD_INFO_EXPORT` and `NBD_INFO_BLOCK_SIZE`
 //!   always, `NBD_INFO_NAME`/`NBD_INFO_DESCRIPTION` when asked), `NBD_OPT_EXPORT_NAME`,
-//!   `NBD_OPT_LIST`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`; `NBD_OPT_STARTTLS` and
-//!   every other option get `NBD_REP_ERR_UNSUP` (NOTLS mode); malformed option data gets
+//!   `NBD_OPT_LIST`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_STARTTLS` (as
+//!   the TLS mode says, [`super::tls`]: the TLS handshake runs in this state machine too,
+//!   non-blocking, and the options after it are read and answered through TLS); every
+//!   other option gets `NBD_REP_ERR_UNSUP`; malformed option data gets
 //!   `NBD_REP_ERR_INVALID`, an unknown export `NBD_REP_ERR_UNKNOWN` (or, after
 //!   `NBD_OPT_EXPORT_NAME`, which cannot carry an error, a disconnect);
 //! - **connection limit**: `NBD_OPT_GO` and `NBD_OPT_INFO` reserve a slot of the export's
@@ -73,8 +75,11 @@ use crossbeam_queue::ArrayQueue;
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
+use rustls::ServerConnection;
+
 use super::conn::{Conn, Stream};
 use super::proto::{self, ClientOption, ExportLimits, InfoRequest};
+use super::tls::{self, TlsMode};
 use super::{Shared, Slot};
 
 /// Largest option data read and parsed, bytes: an `NBD_OPT_GO` with a 4096-byte name and
@@ -117,6 +122,10 @@ pub(crate) enum HandshakeError {
     TooManyOptions,
     #[error("server shutting down")]
     Shutdown,
+    #[error("NBD_OPT_EXPORT_NAME without TLS, which this server requires")]
+    TlsRequired,
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
 }
 
 /// A listening socket.
@@ -183,6 +192,9 @@ enum Phase {
     Enter { structured: bool },
     /// The client sent `NBD_OPT_ABORT`: close once the acknowledgement is sent.
     Abort,
+    /// `NBD_OPT_STARTTLS` was acknowledged: once the acknowledgement is sent (in
+    /// plaintext), the TLS handshake runs; then options continue inside TLS.
+    TlsHandshake,
 }
 
 /// What [`Negotiation::drive`] leaves the connection waiting for.
@@ -192,6 +204,9 @@ enum Wait {
     Read,
     /// Room in the socket's send buffer.
     Write,
+    /// Nothing from the socket: bytes already decrypted wait in the TLS session, so the
+    /// negotiation is driven again at once (the socket may never become readable).
+    Ready,
     /// Nothing: the negotiation is over ([`Negotiation::phase`] says how).
     Done,
 }
@@ -211,11 +226,17 @@ struct Negotiation {
     options: u32,
     /// The connection slot reserved by `NBD_OPT_INFO` or `NBD_OPT_GO`.
     slot: Option<Slot>,
+    /// Connection number, for the log.
+    id: u64,
+    /// The TLS session once `NBD_OPT_STARTTLS` was acknowledged; `secure` once its
+    /// handshake finished (from then on every byte goes through it).
+    tls: Option<Box<ServerConnection>>,
+    secure: bool,
 }
 
 impl Negotiation {
-    /// A negotiation with the server's greeting queued.
-    fn new() -> Self {
+    /// A negotiation of connection `id` with the server's greeting queued.
+    fn new(id: u64) -> Self {
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(&proto::greeting(proto::SERVER_HANDSHAKE_FLAGS));
         Self {
@@ -228,6 +249,87 @@ impl Negotiation {
             structured: false,
             options: 0,
             slot: None,
+            id,
+            tls: None,
+            secure: false,
+        }
+    }
+
+    /// Sends the queued replies (through TLS once it is on). `Ok(false)`: the socket is
+    /// full, some are still queued (or, with TLS, held by the session).
+    fn send_out(&mut self, s: &mut Stream) -> Result<bool, HandshakeError> {
+        match self.tls.as_deref_mut() {
+            Some(t) if self.secure => {
+                while self.sent < self.out.len() {
+                    match tls::send(t, s, &[IoSlice::new(&self.out[self.sent..])]) {
+                        Ok(n) => self.sent += n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                match tls::flush(t, s) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            _ => {
+                while self.sent < self.out.len() {
+                    match s.send_vectored(&[IoSlice::new(&self.out[self.sent..])]) {
+                        Ok(0) => return Err(HandshakeError::Closed),
+                        Ok(n) => self.sent += n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        self.out.clear();
+        self.sent = 0;
+        Ok(true)
+    }
+
+    /// Runs the TLS handshake as far as the socket allows; once it is done, options
+    /// continue inside TLS.
+    fn tls_handshake(
+        &mut self,
+        s: &mut Stream,
+        budget: &mut usize,
+    ) -> Result<Option<Wait>, HandshakeError> {
+        let t = self
+            .tls
+            .as_deref_mut()
+            .expect("the TLS handshake phase has a session");
+        loop {
+            match tls::flush(t, s) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Some(Wait::Write)),
+                Err(e) => return Err(e.into()),
+            }
+            if !t.is_handshaking() {
+                let (version, suite, client) = tls::describe(t);
+                info!(conn = self.id, %version, %suite, %client, "TLS established");
+                self.secure = true;
+                self.phase = Phase::Header;
+                self.expect(proto::OPTION_HEADER_BYTES);
+                return Ok(None);
+            }
+            if *budget == 0 {
+                return Ok(Some(Wait::Ready));
+            }
+            match tls::pull(t, s) {
+                Ok(0) => return Err(HandshakeError::Closed),
+                Ok(n) => *budget = budget.saturating_sub(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Some(Wait::Read)),
+                Err(e) => {
+                    // The alert went out (best effort); name what rustls refused.
+                    let why = e
+                        .get_ref()
+                        .and_then(|i| i.downcast_ref::<rustls::Error>())
+                        .cloned();
+                    return Err(why.map_or_else(|| e.into(), HandshakeError::Tls));
+                }
+            }
         }
     }
 
@@ -250,26 +352,30 @@ impl Negotiation {
     fn drive(&mut self, s: &mut Stream, shared: &Arc<Shared>) -> Result<Wait, HandshakeError> {
         let mut budget = READ_BYTES_PER_TURN;
         loop {
-            while self.sent < self.out.len() {
-                match s.send_vectored(&[IoSlice::new(&self.out[self.sent..])]) {
-                    Ok(0) => return Err(HandshakeError::Closed),
-                    Ok(n) => self.sent += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Write),
-                    Err(e) => return Err(e.into()),
-                }
+            if !self.send_out(s)? {
+                return Ok(Wait::Write);
             }
-            self.out.clear();
-            self.sent = 0;
             if matches!(self.phase, Phase::Enter { .. } | Phase::Abort) {
                 return Ok(Wait::Done);
             }
+            if self.phase == Phase::TlsHandshake {
+                if let Some(w) = self.tls_handshake(s, &mut budget)? {
+                    return Ok(w);
+                }
+                continue;
+            }
             if self.got < self.buf.len() {
                 if budget == 0 {
-                    // More may be waiting: `poll` reports the socket readable at once.
-                    return Ok(Wait::Read);
+                    // More may be waiting: `poll` reports the socket readable at once; with
+                    // TLS, decrypted bytes may wait in the session instead.
+                    return Ok(if self.secure { Wait::Ready } else { Wait::Read });
                 }
                 let end = self.buf.len().min(self.got + budget);
-                match s.read(&mut self.buf[self.got..end]) {
+                let r = match self.tls.as_deref_mut() {
+                    Some(t) if self.secure => tls::read(t, s, &mut self.buf[self.got..end]),
+                    _ => s.read(&mut self.buf[self.got..end]),
+                };
+                match r {
                     Ok(0) => return Err(HandshakeError::Closed),
                     Ok(n) => {
                         self.got += n;
@@ -334,13 +440,16 @@ impl Negotiation {
                 let data = std::mem::take(&mut self.buf);
                 let r = self.option(option, &data, shared);
                 self.buf = data;
-                if !matches!(self.phase, Phase::Enter { .. } | Phase::Abort) {
+                if !matches!(
+                    self.phase,
+                    Phase::Enter { .. } | Phase::Abort | Phase::TlsHandshake
+                ) {
                     self.phase = Phase::Header;
                     self.expect(proto::OPTION_HEADER_BYTES);
                 }
                 r?;
             }
-            Phase::Enter { .. } | Phase::Abort => {
+            Phase::Enter { .. } | Phase::Abort | Phase::TlsHandshake => {
                 unreachable!("a finished negotiation reads nothing")
             }
         }
@@ -359,6 +468,24 @@ impl Negotiation {
                 return Err(HandshakeError::Shutdown);
             }
             self.reply(option, proto::REP_ERR_SHUTDOWN, b"server shutting down");
+            return Ok(());
+        }
+        let mode = shared.tls.as_ref().map_or(TlsMode::Off, |t| t.mode);
+        if mode == TlsMode::Require
+            && !self.secure
+            && option != proto::OPT_STARTTLS
+            && option != proto::OPT_ABORT
+        {
+            // FORCEDTLS (proto.md "TLS support"): nothing but STARTTLS and ABORT in the
+            // clear; NBD_OPT_EXPORT_NAME cannot be refused, so it ends the session.
+            if option == proto::OPT_EXPORT_NAME {
+                return Err(HandshakeError::TlsRequired);
+            }
+            self.reply(
+                option,
+                proto::REP_ERR_TLS_REQD,
+                b"this server requires TLS: send NBD_OPT_STARTTLS first",
+            );
             return Ok(());
         }
         if option != proto::OPT_GO {
@@ -412,9 +539,28 @@ impl Negotiation {
                 );
                 self.reply(option, proto::REP_ACK, &[]);
             }
-            ClientOption::StartTls => {
-                self.reply(option, proto::REP_ERR_UNSUP, b"TLS is not supported");
-            }
+            ClientOption::StartTls => match &shared.tls {
+                _ if self.secure => {
+                    self.reply(option, proto::REP_ERR_INVALID, b"TLS is already on");
+                }
+                Some(t) if t.mode != TlsMode::Off => {
+                    let session = t.session()?;
+                    self.reply(option, proto::REP_ACK, &[]);
+                    // proto.md NBD_OPT_STARTTLS: "the server MUST NOT preserve any
+                    // negotiation state ... issued before this command".
+                    self.structured = false;
+                    self.slot = None;
+                    self.tls = Some(session);
+                    self.phase = Phase::TlsHandshake;
+                }
+                _ => {
+                    self.reply(
+                        option,
+                        proto::REP_ERR_POLICY,
+                        b"TLS is off on this server (ferroraid serve --tls)",
+                    );
+                }
+            },
             ClientOption::Info(ref r) | ClientOption::Go(ref r) => {
                 if !export.matches(r.name) {
                     self.slot = None;
@@ -547,18 +693,20 @@ pub(crate) fn run(listeners: Vec<Listener>, shared: Arc<Shared>, inboxes: Arc<In
         for p in &pending {
             fds.push(libc::pollfd {
                 fd: p.stream.as_raw_fd(),
-                events: if p.wait == Wait::Write {
-                    libc::POLLOUT
-                } else {
-                    libc::POLLIN
+                events: match p.wait {
+                    Wait::Write => libc::POLLOUT,
+                    _ => libc::POLLIN,
                 },
                 revents: 0,
             });
         }
-        let ms = next
-            .saturating_duration_since(now)
-            .as_millis()
-            .clamp(1, LISTEN_POLL.as_millis()) as libc::c_int;
+        let ms = if pending.iter().any(|p| p.wait == Wait::Ready) {
+            0
+        } else {
+            next.saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, LISTEN_POLL.as_millis()) as libc::c_int
+        };
         // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds for
         // the duration of the call; the descriptors are open (owned by `listeners` and
         // `pending`, which are not touched meanwhile).
@@ -571,14 +719,14 @@ pub(crate) fn run(listeners: Vec<Listener>, shared: Arc<Shared>, inboxes: Arc<In
             }
             continue;
         }
-        if n == 0 {
+        if n == 0 && ms != 0 {
             continue;
         }
         // Negotiations that can move (before accepting, so that indices still match).
         let mut i = pending.len();
         while i > 0 {
             i -= 1;
-            if fds[listeners.len() + i].revents == 0 {
+            if fds[listeners.len() + i].revents == 0 && pending[i].wait != Wait::Ready {
                 continue;
             }
             let p = &mut pending[i];
@@ -631,7 +779,7 @@ pub(crate) fn run(listeners: Vec<Listener>, shared: Arc<Shared>, inboxes: Arc<In
                     peer,
                     started: Instant::now(),
                     wait: Wait::Write,
-                    neg: Negotiation::new(),
+                    neg: Negotiation::new(id),
                 };
                 // The greeting fits an empty send buffer: this sends it at once (and a quick
                 // client may already have sent more, even all of its negotiation).
@@ -692,6 +840,7 @@ fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) {
     let Some(slot) = neg.slot.take() else {
         unreachable!("a negotiation enters transmission only holding a slot");
     };
+    let tls = if neg.secure { neg.tls.take() } else { None };
     if let Err(e) = stream.set_nodelay() {
         warn!(conn = id, %peer, "closing: socket setup: {e}");
         return;
@@ -701,8 +850,11 @@ fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) {
         id,
         peer,
         stream,
-        structured,
-        shared.limits,
+        tls,
+        ExportLimits {
+            structured,
+            ..shared.limits
+        },
         shared.config.max_inflight_per_connection,
         slot,
     );
@@ -740,12 +892,7 @@ mod tests {
     /// sends them at once; the `NBD_OPT_GO` holds a connection slot.
     #[test]
     fn negotiation_takes_messages_in_any_pieces() {
-        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 64 << 10, 512).unwrap();
-        let geo = ArrayGeometry::new(g, 16).unwrap();
-        let (server, _fe) = NbdServer::builder(ExportConfig::for_array("x", &geo, 1 << 20))
-            .listen_tcp("127.0.0.1:0".parse().unwrap())
-            .start(1)
-            .unwrap();
+        let server = test_server(None);
         let shared = Arc::clone(&server.shared);
         let mut msg = Vec::new();
         msg.extend_from_slice(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
@@ -756,12 +903,12 @@ mod tests {
         let go = proto::encode_info_request(b"x", &[]);
         msg.extend_from_slice(&proto::encode_option_header(proto::OPT_GO, go.len() as u32));
         msg.extend_from_slice(&go);
-        let mut whole = Negotiation::new();
+        let mut whole = Negotiation::new(0);
         feed(&mut whole, &shared, &msg, usize::MAX);
         assert_eq!(whole.phase, Phase::Enter { structured: false });
         assert!(whole.slot.is_some());
         for piece in [1, 3, 16, 4097] {
-            let mut n = Negotiation::new();
+            let mut n = Negotiation::new(0);
             feed(&mut n, &shared, &msg, piece);
             assert_eq!(n.phase, whole.phase, "pieces of {piece}");
             assert_eq!(n.out, whole.out, "pieces of {piece}");
@@ -778,5 +925,190 @@ mod tests {
         drop(whole);
         assert_eq!(server.stats().connections, 0);
         server.shutdown();
+    }
+
+    /// A server of export `x` (RAID5, 3 members, 1 MiB) on a free port, TLS as given.
+    fn test_server(tls: Option<tls::TlsConfig>) -> NbdServer {
+        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 64 << 10, 512).unwrap();
+        let geo = ArrayGeometry::new(g, 16).unwrap();
+        let mut b = NbdServer::builder(ExportConfig::for_array("x", &geo, 1 << 20))
+            .listen_tcp("127.0.0.1:0".parse().unwrap());
+        if let Some(t) = tls {
+            b = b.tls(t);
+        }
+        b.start(1).unwrap().0
+    }
+
+    fn tls_server(mode: TlsMode, dir: &std::path::Path) -> (NbdServer, tls::test_pki::Pki) {
+        let pki = tls::test_pki::make(dir);
+        let cfg = tls::TlsConfig::from_pem_files(mode, &pki.cert, &pki.key, None).unwrap();
+        (test_server(Some(cfg)), pki)
+    }
+
+    /// Reads one option reply: (option, reply type, data).
+    fn reply_of(r: &mut impl Read) -> (u32, u32, Vec<u8>) {
+        let mut h = [0u8; 20];
+        r.read_exact(&mut h).unwrap();
+        let be = |i: usize| u32::from_be_bytes(h[i..i + 4].try_into().unwrap());
+        let mut d = vec![0u8; be(16) as usize];
+        r.read_exact(&mut d).unwrap();
+        (be(8), be(12), d)
+    }
+
+    /// STARTTLS end to end in process: a rustls client on one end of a socket pair, the
+    /// negotiation state machine driven non-blocking on the other. Structured replies
+    /// agreed before STARTTLS are forgotten (proto.md), options after it travel inside
+    /// TLS, a second STARTTLS is invalid, and `NBD_OPT_GO` ends in the transmission phase
+    /// with the TLS session.
+    #[test]
+    fn starttls_negotiation_with_a_rustls_client() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let (server, pki) = tls_server(TlsMode::Allow, dir.path());
+        let shared = Arc::clone(&server.shared);
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let mut s = Stream::Unix(a);
+        let ca = pki.ca_der.clone();
+        let client = std::thread::spawn(move || {
+            let mut b = b;
+            b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut g = [0u8; 18];
+            b.read_exact(&mut g).unwrap();
+            let opt = |o: u32, d: &[u8]| {
+                let mut m = proto::encode_option_header(o, d.len() as u32).to_vec();
+                m.extend_from_slice(d);
+                m
+            };
+            b.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+                .unwrap();
+            b.write_all(&opt(proto::OPT_STRUCTURED_REPLY, &[])).unwrap();
+            assert_eq!(reply_of(&mut b).1, proto::REP_ACK);
+            b.write_all(&opt(proto::OPT_STARTTLS, &[])).unwrap();
+            assert_eq!(reply_of(&mut b).1, proto::REP_ACK);
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca).unwrap();
+            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            let conn =
+                rustls::ClientConnection::new(Arc::new(cfg), "localhost".try_into().unwrap())
+                    .unwrap();
+            let mut t = rustls::StreamOwned::new(conn, b);
+            t.write_all(&opt(proto::OPT_STARTTLS, &[])).unwrap();
+            assert_eq!(reply_of(&mut t).1, proto::REP_ERR_INVALID);
+            t.write_all(&opt(proto::OPT_LIST, &[])).unwrap();
+            let (_, ty, data) = reply_of(&mut t);
+            // Name length 1, the name, then the description.
+            assert_eq!((ty, &data[..5]), (proto::REP_SERVER, &b"\0\0\0\x01x"[..]));
+            assert_eq!(reply_of(&mut t).1, proto::REP_ACK);
+            t.write_all(&opt(proto::OPT_GO, &proto::encode_info_request(b"x", &[])))
+                .unwrap();
+            let mut types = Vec::new();
+            loop {
+                let (o, ty, _) = reply_of(&mut t);
+                assert_eq!(o, proto::OPT_GO);
+                types.push(ty);
+                if ty == proto::REP_ACK {
+                    return (types, t);
+                }
+            }
+        });
+        let mut n = Negotiation::new(1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match n.drive(&mut s, &shared) {
+                Ok(Wait::Done) => break,
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("negotiation failed: {e}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "negotiation stuck in {:?}",
+                n.phase
+            );
+        }
+        let (types, _t) = client.join().unwrap();
+        assert_eq!(
+            types,
+            [proto::REP_INFO, proto::REP_INFO, proto::REP_ACK],
+            "NBD_INFO_EXPORT, NBD_INFO_BLOCK_SIZE, ACK"
+        );
+        // The structured replies agreed in the clear were dropped by STARTTLS.
+        assert_eq!(n.phase, Phase::Enter { structured: false });
+        assert!(n.secure && n.tls.is_some() && n.slot.is_some());
+        server.shutdown();
+    }
+
+    /// FORCEDTLS: before TLS every option but STARTTLS and ABORT is refused with
+    /// `NBD_REP_ERR_TLS_REQD`, `NBD_OPT_EXPORT_NAME` ends the session, no slot is taken;
+    /// with TLS off, STARTTLS gets `NBD_REP_ERR_POLICY`.
+    #[test]
+    fn tls_required_refuses_plaintext_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, _pki) = tls_server(TlsMode::Require, dir.path());
+        let shared = Arc::clone(&server.shared);
+        let mut msg = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        let go = proto::encode_info_request(b"x", &[]);
+        for (o, d) in [
+            (proto::OPT_LIST, &[][..]),
+            (proto::OPT_STRUCTURED_REPLY, &[]),
+            (proto::OPT_INFO, &go),
+            (proto::OPT_GO, &go),
+            (77, &[]),
+        ] {
+            msg.extend_from_slice(&proto::encode_option_header(o, d.len() as u32));
+            msg.extend_from_slice(d);
+        }
+        let mut n = Negotiation::new(0);
+        feed(&mut n, &shared, &msg, usize::MAX);
+        assert_eq!(n.phase, Phase::Header);
+        assert!(n.slot.is_none() && !n.structured);
+        let mut want = Vec::new();
+        let text = b"this server requires TLS: send NBD_OPT_STARTTLS first";
+        for o in [
+            proto::OPT_LIST,
+            proto::OPT_STRUCTURED_REPLY,
+            proto::OPT_INFO,
+            proto::OPT_GO,
+            77,
+        ] {
+            want.extend_from_slice(&proto::option_reply_header(
+                o,
+                proto::REP_ERR_TLS_REQD,
+                text.len() as u32,
+            ));
+            want.extend_from_slice(text);
+        }
+        assert_eq!(&n.out[n.out.len() - want.len()..], &want[..]);
+        n.buf = proto::encode_option_header(proto::OPT_EXPORT_NAME, 1).to_vec();
+        n.got = n.buf.len();
+        n.step(&shared).unwrap();
+        n.buf = b"x".to_vec();
+        n.got = 1;
+        assert!(matches!(n.step(&shared), Err(HandshakeError::TlsRequired)));
+        assert_eq!(server.stats().connections, 0);
+        server.shutdown();
+        // TLS off: STARTTLS is refused by policy.
+        let off = test_server(None);
+        let mut msg = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        msg.extend_from_slice(&proto::encode_option_header(proto::OPT_STARTTLS, 0));
+        let mut n = Negotiation::new(0);
+        feed(&mut n, &off.shared, &msg, usize::MAX);
+        assert!(n.tls.is_none());
+        let text = b"TLS is off on this server (ferroraid serve --tls)";
+        let mut want = proto::option_reply_header(
+            proto::OPT_STARTTLS,
+            proto::REP_ERR_POLICY,
+            text.len() as u32,
+        )
+        .to_vec();
+        want.extend_from_slice(text);
+        assert!(n.out.ends_with(&want));
+        off.shutdown();
     }
 }

@@ -1,12 +1,17 @@
 //! The NBD server: an array exported over the Network Block Device protocol, served on the
 //! reactors.
 //!
-//! The protocol is the NBD project's `doc/proto.md`, fixed newstyle negotiation only, no
-//! TLS. The pieces:
+//! The protocol is the NBD project's `doc/proto.md`, fixed newstyle negotiation only, with
+//! optional TLS (`NBD_OPT_STARTTLS`). The pieces:
 //! - [`proto`]: the wire format, pure (parsing, encoding, the request rules);
 //! - `handshake`: one thread owning the listening sockets (TCP and Unix) and every
 //!   negotiation in progress, multiplexed with non-blocking sockets and `poll(2)` off the
 //!   reactors; the handshake timeout, the handshake table and the connection limit;
+//! - [`tls`]: TLS with rustls ([`TlsConfig`], [`TlsMode`]: `off`, `allow`, `require`):
+//!   the TLS handshake runs inside the handshake thread's state machine, non-blocking;
+//!   the finished rustls session moves with its socket to the reactor, where the
+//!   connection's receive and send go through it (plaintext connections keep the
+//!   zero-copy path; what TLS costs is in [`tls`]);
 //! - [`NbdFrontend`]: one per reactor (an `engine::reactor::Frontend`), running the
 //!   transmission phase of its connections with non-blocking sockets, a preallocated
 //!   buffer pool and no locks;
@@ -16,7 +21,7 @@
 //! trim and write-zeroes (each switchable, see [`ExportConfig`]), fast-zero requests
 //! (always refused at once with `NBD_ENOTSUP`, which proto.md allows), and multi-conn: a
 //! flush goes through the array to every member, whichever connection sent it, so its
-//! effect is global. Structured replies are offered; block status and TLS are not.
+//! effect is global. Structured replies are offered; block status is not.
 //!
 //! # Request sizes (proto.md "Block size constraints")
 //! - Reads and writes up to 2^25 bytes (32 MiB) are served whatever maximum block size was
@@ -56,6 +61,7 @@ pub mod frontend;
 pub mod handshake;
 pub(crate) mod pool;
 pub mod proto;
+pub mod tls;
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::FileTypeExt;
@@ -73,6 +79,7 @@ use tracing::info;
 
 pub use frontend::NbdFrontend;
 pub use pool::BufferClass;
+pub use tls::{TlsConfig, TlsError, TlsMode};
 
 use handshake::{Inboxes, Listener};
 use proto::ExportLimits;
@@ -312,6 +319,8 @@ pub enum ConfigError {
 pub(crate) struct Shared {
     pub(crate) export: ExportConfig,
     pub(crate) config: ServerConfig,
+    /// TLS mode and credentials (`None`: TLS off).
+    pub(crate) tls: Option<TlsConfig>,
     pub(crate) limits: ExportLimits,
     /// Longest write payload consumed and dropped when the write is refused, bytes;
     /// beyond it the connection is cut (proto.md "Block size constraints": lengths under
@@ -455,6 +464,7 @@ enum ListenSpec {
 pub struct NbdServerBuilder {
     export: ExportConfig,
     config: ServerConfig,
+    tls: Option<TlsConfig>,
     listen: Vec<ListenSpec>,
 }
 
@@ -469,6 +479,13 @@ impl NbdServerBuilder {
     /// file is an error). The file is removed at shutdown.
     pub fn listen_unix(mut self, path: impl Into<PathBuf>) -> Self {
         self.listen.push(ListenSpec::Unix(path.into()));
+        self
+    }
+
+    /// Turns TLS on (`NBD_OPT_STARTTLS`) with these credentials, in `tls.mode` (a
+    /// [`TlsMode::Off`] config keeps TLS off). Default: off.
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = (tls.mode != TlsMode::Off).then_some(tls);
         self
     }
 
@@ -567,6 +584,7 @@ impl NbdServerBuilder {
             discard_cap: export.max_block_bytes.max(proto::DOS_FLOOR_BYTES),
             export,
             config,
+            tls: self.tls,
             limits,
             shutdown: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
@@ -636,9 +654,11 @@ impl NbdServerBuilder {
             }
         }
         let e = &shared.export;
+        let tls = shared.tls.as_ref().map_or(TlsMode::Off, |t| t.mode);
+        let client_certs = shared.tls.as_ref().is_some_and(|t| t.client_auth);
         info!(export = %e.name, size_bytes = e.size_bytes, min = e.min_block_bytes,
             preferred = e.preferred_block_bytes, max = e.max_block_bytes, ?tcp, ?unix,
-            reactors, "NBD server listening");
+            reactors, %tls, client_certs, "NBD server listening");
         let frontends = inboxes
             .queues
             .iter()
@@ -738,6 +758,7 @@ impl NbdServer {
         NbdServerBuilder {
             export,
             config: ServerConfig::default(),
+            tls: None,
             listen: Vec::new(),
         }
     }
