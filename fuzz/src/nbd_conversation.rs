@@ -118,8 +118,8 @@ pub struct Outcome {
     pub answered: usize,
     /// The "every request is answered" rule applied (the conversation ended cleanly).
     pub clean: bool,
-    /// The checker gave up because two unanswered requests shared a handle in a way that
-    /// makes a simple reply ambiguous (nothing was checked after that).
+    /// The checker gave up because two different unanswered requests shared a handle
+    /// (nothing was checked after that reply).
     pub ambiguous: bool,
     /// Loop turns taken.
     pub turns: u64,
@@ -592,6 +592,20 @@ impl<'a> Checker<'a> {
         })
     }
 
+    /// Whether a reply to any of `cands` (unanswered requests sharing a handle) may be
+    /// taken as the reply to the first: they are the same request. Otherwise which one it
+    /// answers is ambiguous (and with it what follows on the wire): the checker stops
+    /// checking (`lost`).
+    fn interchangeable(&mut self, cands: &[usize]) -> bool {
+        let key = |r: &Req| (r.command, r.offset, r.length);
+        let first = key(&self.reqs[cands[0]]);
+        if cands.iter().all(|&i| key(&self.reqs[i]) == first) {
+            return true;
+        }
+        self.lost = true;
+        false
+    }
+
     fn answer(&mut self, i: usize) {
         self.reqs[i].answered = true;
         self.answered += 1;
@@ -792,23 +806,23 @@ impl<'a> Checker<'a> {
                         0
                     }
                 };
-                let pick = if self.structured {
-                    let Some(&i) = cands
-                        .iter()
-                        .find(|&&i| self.reqs[i].command != proto::CMD_READ)
-                    else {
-                        panic!("simple reply to a read (handle {handle:#x}) with structured replies on")
-                    };
-                    i
+                let cands: Vec<usize> = if self.structured {
+                    let c: Vec<usize> = cands
+                        .into_iter()
+                        .filter(|&i| self.reqs[i].command != proto::CMD_READ)
+                        .collect();
+                    assert!(
+                        !c.is_empty(),
+                        "simple reply to a read (handle {handle:#x}) with structured replies on"
+                    );
+                    c
                 } else {
-                    let n = data(&self.reqs[cands[0]]);
-                    if cands.iter().any(|&i| data(&self.reqs[i]) != n) {
-                        // Which of them this answers decides how many data bytes follow.
-                        self.lost = true;
-                        return None;
-                    }
-                    cands[0]
+                    cands
                 };
+                if !self.interchangeable(&cands) {
+                    return None;
+                }
+                let pick = cands[0];
                 let n = data(&self.reqs[pick]);
                 let total = proto::SIMPLE_REPLY_BYTES + n;
                 if b.len() < total {
@@ -841,8 +855,10 @@ impl<'a> Checker<'a> {
                     !cands.is_empty(),
                     "chunk type {kind} for handle {handle:#x}, which no unanswered request carries"
                 );
+                if !self.interchangeable(&cands) {
+                    return None;
+                }
                 let req = self.reqs[cands[0]];
-                let unique = cands.len() == 1;
                 match kind {
                     proto::REPLY_TYPE_NONE => {
                         assert_eq!(length, 0, "NBD_REPLY_TYPE_NONE with data");
@@ -850,15 +866,13 @@ impl<'a> Checker<'a> {
                     }
                     proto::REPLY_TYPE_OFFSET_DATA => {
                         assert!(length > 8, "OFFSET_DATA chunk of {length} bytes");
-                        if unique {
-                            assert_eq!(req.command, proto::CMD_READ, "data chunk for {req:?}");
-                            let off = be64(p, 0);
-                            let end = off + u64::from(length - 8);
-                            assert!(
-                                off >= req.offset && end <= req.offset + u64::from(req.length),
-                                "data chunk {off}..{end} outside {req:?}"
-                            );
-                        }
+                        assert_eq!(req.command, proto::CMD_READ, "data chunk for {req:?}");
+                        let off = be64(p, 0);
+                        let end = off + u64::from(length - 8);
+                        assert!(
+                            off >= req.offset && end <= req.offset + u64::from(req.length),
+                            "data chunk {off}..{end} outside {req:?}"
+                        );
                     }
                     proto::REPLY_TYPE_ERROR | proto::REPLY_TYPE_ERROR_OFFSET => {
                         assert!(length >= 6, "error chunk of {length} bytes");
