@@ -118,6 +118,18 @@ pub struct MemberSnapshot {
     pub qos: QosState,
 }
 
+impl MemberSnapshot {
+    /// An online member with nothing counted yet.
+    fn online() -> Self {
+        MemberSnapshot {
+            state: MemberState::Online,
+            counters: MemberCounters::default(),
+            latency: new_latency_histogram(),
+            qos: QosState::default(),
+        }
+    }
+}
+
 /// The array's statistics over every reactor, as last published (at most
 /// [`PUBLISH_INTERVAL`] old).
 #[derive(Clone, Debug)]
@@ -543,12 +555,7 @@ impl ReactorHandle {
         let mut out = ArraySnapshot {
             stats: ArrayStats::default(),
             members: (0..self.shared.members)
-                .map(|_| MemberSnapshot {
-                    state: MemberState::Online,
-                    counters: MemberCounters::default(),
-                    latency: new_latency_histogram(),
-                    qos: QosState::default(),
-                })
+                .map(|_| MemberSnapshot::online())
                 .collect(),
             requests_in_flight: self.shared.requests_in_flight(),
             reactors: self.shared.control.len(),
@@ -951,6 +958,57 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// The state of `n` reactors serving an array of geometry `geo` whose data starts at
+    /// `data_offset` bytes on members of type `device_type`; `resumed`: a replace is
+    /// resumed at start ([`RESUMED_REPLACE_SERIAL`]).
+    fn new(
+        n: usize,
+        geo: ArrayGeometry,
+        data_offset: u64,
+        device_type: std::any::TypeId,
+        resumed: bool,
+    ) -> Self {
+        Shared {
+            stop: AtomicBool::new(false),
+            finished: AtomicUsize::new(0),
+            in_flight: (0..n)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            threads: (0..n).map(|_| OnceLock::new()).collect(),
+            parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            control: (0..n).map(|_| ArrayQueue::new(CONTROL_CAPACITY)).collect(),
+            published: (0..n)
+                .map(|_| {
+                    Mutex::new(Published {
+                        stats: ArrayStats::default(),
+                        members: (0..geo.geometry().members())
+                            .map(|_| MemberSnapshot::online())
+                            .collect(),
+                        process: None,
+                        control_error: None,
+                        replace: None,
+                        replace_counters: MemberCounters::default(),
+                        replace_latency: new_latency_histogram(),
+                        queue_wait: std::array::from_fn(|_| new_latency_histogram()),
+                    })
+                })
+                .collect(),
+            members: geo.geometry().members(),
+            geo,
+            data_offset,
+            device_type,
+            rebuilt: (0..geo.geometry().members())
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
+            replace_serial: AtomicU64::new(if resumed { RESUMED_REPLACE_SERIAL } else { 0 }),
+            replaced: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
+        }
+    }
+}
+
 /// What [`Reactors::start_with`] adds to a plain start.
 pub struct Extras<P> {
     /// Makes each reactor's pacer (`pacer(reactor index)`, on the reactor's thread).
@@ -1114,52 +1172,13 @@ impl<F: Frontend> Reactors<F> {
             )));
         }
         let mut links = Links::mesh(n).into_iter();
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            finished: AtomicUsize::new(0),
-            in_flight: (0..n)
-                .map(|_| CachePadded::new(AtomicUsize::new(0)))
-                .collect(),
-            threads: (0..n).map(|_| OnceLock::new()).collect(),
-            parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            control: (0..n).map(|_| ArrayQueue::new(CONTROL_CAPACITY)).collect(),
-            published: (0..n)
-                .map(|_| {
-                    Mutex::new(Published {
-                        stats: ArrayStats::default(),
-                        members: (0..geo.geometry().members())
-                            .map(|_| MemberSnapshot {
-                                state: MemberState::Online,
-                                counters: MemberCounters::default(),
-                                latency: new_latency_histogram(),
-                                qos: QosState::default(),
-                            })
-                            .collect(),
-                        process: None,
-                        control_error: None,
-                        replace: None,
-                        replace_counters: MemberCounters::default(),
-                        replace_latency: new_latency_histogram(),
-                        queue_wait: std::array::from_fn(|_| new_latency_histogram()),
-                    })
-                })
-                .collect(),
-            members: geo.geometry().members(),
+        let shared = Arc::new(Shared::new(
+            n,
             geo,
-            data_offset: array_cfg.data_offset_bytes,
-            device_type: std::any::TypeId::of::<D>(),
-            rebuilt: (0..geo.geometry().members())
-                .map(|_| AtomicUsize::new(0))
-                .collect(),
-            replace_serial: AtomicU64::new(if replace.is_some() {
-                RESUMED_REPLACE_SERIAL
-            } else {
-                0
-            }),
-            replaced: AtomicUsize::new(0),
-            epoch: Instant::now(),
-            rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
-        });
+            array_cfg.data_offset_bytes,
+            std::any::TypeId::of::<D>(),
+            replace.is_some(),
+        ));
         // Foreign reads need more than one reactor; every slot counts at most the stripe
         // operations of all reactors.
         let gate = (n > 1 && cfg.foreign_reads).then(|| {
@@ -1263,6 +1282,105 @@ impl<F: Frontend> Reactors<F> {
     }
 }
 
+/// One reactor driven by the caller's thread, a turn at a time ([`run_local`]): no thread,
+/// no rings, no rest between turns, so a front-end runs deterministically against an
+/// array (for fuzzing and tests that must not depend on thread timing). A turn is exactly
+/// a turn of a running reactor's loop ([`Reactors::start`]) with one reactor.
+pub struct LocalReactor<'s, F: Frontend, D: BlockDevice + Send + Sync + 'static> {
+    r: Reactor<'s, F, D>,
+}
+
+impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> LocalReactor<'_, F, D> {
+    /// Runs one loop turn (the front-end's `poll`, the shard, completions delivered to the
+    /// front-end). Whether anything made progress.
+    pub fn turn(&mut self) -> bool {
+        self.r.turn()
+    }
+
+    /// The front-end.
+    pub fn frontend(&self) -> &F {
+        &self.r.fe
+    }
+
+    /// The front-end, mutably (to hand it work between turns).
+    pub fn frontend_mut(&mut self) -> &mut F {
+        &mut self.r.fe
+    }
+
+    /// Array requests the front-end submitted whose completion it has not yet received.
+    pub fn in_flight(&self) -> usize {
+        self.r.shared.requests_in_flight()
+    }
+}
+
+/// Builds one reactor over `devices` (channels opened on the calling thread) with the
+/// front-end `fe`, calls `body` with it (`body` drives it with [`LocalReactor::turn`]),
+/// and returns what `body` returned and the front-end. `requests`: array requests in
+/// flight at once ([`ReactorConfig::requests`]). Background work is unpaced; the shard's
+/// clock is the wall clock, as on a running reactor (give `array_cfg` no command timeout
+/// and no write hold for runs that must not depend on time).
+///
+/// # Errors
+/// [`ReactorError::Device`] or [`ReactorError::Array`] when a channel or the shard cannot
+/// be built; [`ReactorError::Config`] for `requests` = 0.
+pub fn run_local<F, D, R>(
+    devices: &[D],
+    geo: ArrayGeometry,
+    parity: Parity,
+    array_cfg: ArrayConfig,
+    requests: usize,
+    fe: F,
+    body: impl FnOnce(&mut LocalReactor<'_, F, D>) -> R,
+) -> Result<(R, F), ReactorError>
+where
+    F: Frontend,
+    D: BlockDevice + Send + Sync + 'static,
+{
+    if requests == 0 || requests > u32::MAX as usize {
+        return Err(ReactorError::Config(format!(
+            "{requests} requests in flight: need 1..=2^32-1"
+        )));
+    }
+    let shared = Shared::new(
+        1,
+        geo,
+        array_cfg.data_offset_bytes,
+        std::any::TypeId::of::<D>(),
+        false,
+    );
+    let mut chans = Vec::with_capacity(devices.len());
+    for d in devices {
+        chans.push(
+            d.open_channel()
+                .map_err(|source| ReactorError::Device { reactor: 0, source })?,
+        );
+    }
+    let mut array = Array::new(geo, chans, parity, array_cfg)
+        .map_err(|source| ReactorError::Array { reactor: 0, source })?;
+    array.set_pacer(Box::new(Unpaced));
+    let links = Links::mesh(1)
+        .into_iter()
+        .next()
+        .expect("one reactor's links");
+    let mut local = LocalReactor {
+        r: Reactor::<F, D>::new(
+            0,
+            1,
+            geo,
+            array,
+            links,
+            &shared,
+            Mode::Polled,
+            requests,
+            false,
+            fe,
+            None,
+        ),
+    };
+    let out = body(&mut local);
+    Ok((out, local.r.fe))
+}
+
 /// One reactor thread's state between turns of its loop ([`run`]).
 struct Reactor<'a, F, D: BlockDevice> {
     me: usize,
@@ -1336,16 +1454,7 @@ fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
         replace,
     );
     loop {
-        let now = u64::try_from(r.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        r.array.set_now(now);
-        let mut progress = r.control();
-        progress |= r.start_waiting();
-        progress |= r.receive();
-        progress |= r.front_end();
-        progress |= r.drive_array();
-        r.report(now);
-        progress |= r.send();
-        progress |= r.deliver();
+        let progress = r.turn();
         if r.stopping() {
             return r.fe;
         }
@@ -1440,6 +1549,23 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             owner_of_bitmap,
             bitmap_gen,
         }
+    }
+
+    /// One turn of the loop, without the rest at its end: the clock, management commands,
+    /// the rings, the front-end, the shard, the reports, the messages out and the
+    /// completions in. Whether anything made progress.
+    fn turn(&mut self) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.array.set_now(now);
+        let mut progress = self.control();
+        progress |= self.start_waiting();
+        progress |= self.receive();
+        progress |= self.front_end();
+        progress |= self.drive_array();
+        self.report(now);
+        progress |= self.send();
+        progress |= self.deliver();
+        progress
     }
 
     /// Step 0: runs the management commands sent to this reactor. Whether there were any.

@@ -641,7 +641,7 @@ impl Negotiation {
 }
 
 /// A connection being negotiated.
-struct Pending {
+pub(crate) struct Pending {
     stream: Stream,
     id: u64,
     peer: String,
@@ -773,18 +773,13 @@ pub(crate) fn run(listeners: Vec<Listener>, shared: Arc<Shared>, inboxes: Arc<In
                             "closing the oldest handshake: {max} handshakes in progress");
                     }
                 }
-                let mut p = Pending {
-                    stream,
-                    id,
-                    peer,
-                    started: Instant::now(),
-                    wait: Wait::Write,
-                    neg: Negotiation::new(id),
-                };
+                let mut p = Pending::new(stream, id, peer);
                 // The greeting fits an empty send buffer: this sends it at once (and a quick
                 // client may already have sent more, even all of its negotiation).
                 match p.neg.drive(&mut p.stream, &shared) {
-                    Ok(Wait::Done) => finish(p, &shared, &inboxes),
+                    Ok(Wait::Done) => {
+                        finish(p, &shared, &inboxes);
+                    }
                     Ok(w) => {
                         p.wait = w;
                         pending.push(p);
@@ -807,6 +802,69 @@ pub(crate) fn run(listeners: Vec<Listener>, shared: Arc<Shared>, inboxes: Arc<In
     }
 }
 
+/// How a negotiation driven outside the handshake thread ([`super::local`]) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeState {
+    /// Negotiating: waiting for more bytes from the client.
+    Reading,
+    /// Negotiating: waiting for room in the socket's send buffer (replies are queued).
+    Writing,
+    /// Negotiated: the connection is in its reactor's inbox, in the transmission phase.
+    Transmission,
+    /// Over without a connection: the client aborted, closed, broke the protocol, or was
+    /// refused; the socket is closed.
+    Ended,
+}
+
+impl Pending {
+    /// A new negotiation of connection `id` from `peer` on `stream` (already
+    /// non-blocking), with the greeting queued.
+    pub(crate) fn new(stream: Stream, id: u64, peer: String) -> Self {
+        Pending {
+            stream,
+            id,
+            peer,
+            started: Instant::now(),
+            wait: Wait::Write,
+            neg: Negotiation::new(id),
+        }
+    }
+}
+
+/// Moves negotiation `p` as far as its socket allows, as the handshake thread does when
+/// the socket is ready (the handshake timeout is the caller's). While it goes on, `p`
+/// comes back; once over it is consumed: handed to its reactor's inbox
+/// ([`HandshakeState::Transmission`]) or closed ([`HandshakeState::Ended`]).
+pub(crate) fn drive_one(
+    mut p: Pending,
+    shared: &Arc<Shared>,
+    inboxes: &Inboxes,
+) -> (Option<Pending>, HandshakeState) {
+    match p.neg.drive(&mut p.stream, shared) {
+        Ok(Wait::Done) => {
+            let state = if finish(p, shared, inboxes) {
+                HandshakeState::Transmission
+            } else {
+                HandshakeState::Ended
+            };
+            (None, state)
+        }
+        Ok(w) => {
+            let state = if w == Wait::Write {
+                HandshakeState::Writing
+            } else {
+                HandshakeState::Reading
+            };
+            p.wait = w;
+            (Some(p), state)
+        }
+        Err(e) => {
+            end(&p, &e);
+            (None, HandshakeState::Ended)
+        }
+    }
+}
+
 /// Logs why a negotiation ended without a connection (the socket closes when `p` drops).
 fn end(p: &Pending, e: &HandshakeError) {
     match e {
@@ -824,8 +882,8 @@ fn end(p: &Pending, e: &HandshakeError) {
 }
 
 /// Hands a negotiated connection to the reactor whose slot it holds (or closes it after
-/// `NBD_OPT_ABORT`).
-fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) {
+/// `NBD_OPT_ABORT`). Whether it was handed over.
+fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) -> bool {
     let Pending {
         stream,
         id,
@@ -835,7 +893,7 @@ fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) {
     } = p;
     let Phase::Enter { structured } = neg.phase else {
         debug!(conn = id, %peer, "client ended the negotiation");
-        return;
+        return false;
     };
     let Some(slot) = neg.slot.take() else {
         unreachable!("a negotiation enters transmission only holding a slot");
@@ -843,7 +901,7 @@ fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) {
     let tls = if neg.secure { neg.tls.take() } else { None };
     if let Err(e) = stream.set_nodelay() {
         warn!(conn = id, %peer, "closing: socket setup: {e}");
-        return;
+        return false;
     }
     let k = slot.reactor();
     let conn = Conn::new(
@@ -861,7 +919,9 @@ fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) {
     if let Err(c) = inboxes.queues[k].push(conn) {
         // Cannot happen while slots are counted right (an inbox holds a table's worth).
         warn!(conn = c.id, reactor = k, "closing: reactor inbox full");
+        return false;
     }
+    true
 }
 
 #[cfg(test)]

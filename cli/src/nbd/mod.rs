@@ -15,7 +15,9 @@
 //! - [`NbdFrontend`]: one per reactor (an `engine::reactor::Frontend`), running the
 //!   transmission phase of its connections with non-blocking sockets, a preallocated
 //!   buffer pool and no locks;
-//! - [`NbdServerBuilder`] / [`NbdServer`]: configuration, start and shutdown.
+//! - [`NbdServerBuilder`] / [`NbdServer`]: configuration, start and shutdown;
+//! - [`local`]: the same server without listeners or threads, driven by the caller (the
+//!   stateful fuzz target, deterministic tests).
 //!
 //! What the export offers (proto.md "Transmission flags"): read, write with FUA, flush,
 //! trim and write-zeroes (each switchable, see [`ExportConfig`]), fast-zero requests
@@ -59,6 +61,7 @@
 pub(crate) mod conn;
 pub mod frontend;
 pub mod handshake;
+pub mod local;
 pub(crate) mod pool;
 pub mod proto;
 pub mod tls;
@@ -504,101 +507,11 @@ impl NbdServerBuilder {
     /// [`ConfigError`] for an invalid export or configuration, a socket that cannot be
     /// bound, or a thread that cannot start.
     pub fn start(self, reactors: usize) -> Result<(NbdServer, Vec<NbdFrontend>), ConfigError> {
-        let mut export = self.export;
-        let mut config = self.config;
-        export.validate()?;
-        if reactors == 0 {
-            return Err(ConfigError::Server("no reactors".into()));
-        }
+        let (shared, inboxes) = prepare(self.export, self.config, self.tls, reactors)?;
         let mut listen = self.listen;
         if listen.is_empty() {
             listen.push(ListenSpec::Tcp(DEFAULT_LISTEN));
         }
-        if config.buffers.is_empty() {
-            let small = export.max_block_bytes.min(128 << 10);
-            config.buffers.push(BufferClass {
-                bytes: small,
-                count: 64,
-            });
-            if small < export.max_block_bytes {
-                config.buffers.push(BufferClass {
-                    bytes: export.max_block_bytes,
-                    count: 8,
-                });
-            }
-        }
-        let largest = config.buffers.iter().map(|c| c.bytes).max().unwrap_or(0);
-        let total: usize = config.buffers.iter().map(|c| usize::from(c.count)).sum();
-        if config.buffers.len() > 255
-            || total == 0
-            || total + frontend::DATALESS_CONTEXTS >= usize::from(u16::MAX)
-        {
-            return Err(ConfigError::Server(format!(
-                "{total} buffers in {} classes: need 1..{} buffers in at most 255 classes",
-                config.buffers.len(),
-                usize::from(u16::MAX) - frontend::DATALESS_CONTEXTS
-            )));
-        }
-        if let Some(c) = config
-            .buffers
-            .iter()
-            .find(|c| c.bytes == 0 || !c.bytes.is_multiple_of(export.min_block_bytes))
-        {
-            return Err(ConfigError::Server(format!(
-                "buffer size {} is not a multiple of the minimum block size",
-                c.bytes
-            )));
-        }
-        if largest < export.max_block_bytes {
-            // The advertised maximum is the largest request the pool can hold.
-            export.max_block_bytes = largest;
-            export.validate()?;
-        }
-        if let Some(m) = config.max_connections {
-            // The tables grow to hold the export's limit (they are preallocated; a slot
-            // costs a few hundred bytes until a connection fills it).
-            config.max_connections_per_reactor =
-                config.max_connections_per_reactor.max(m.div_ceil(reactors));
-        }
-        if config.max_connections_per_reactor == 0
-            || config.max_connections_per_reactor > usize::from(u16::MAX)
-            || config.max_inflight_per_connection == 0
-            || config.max_connections == Some(0)
-            || !(1..=MAX_HANDSHAKES_LIMIT).contains(&config.max_handshakes)
-            || config.handshake_timeout.is_zero()
-            || config.idle_timeout.is_some_and(|t| t.is_zero())
-        {
-            return Err(ConfigError::Server(
-                "connections per reactor must be 1..=65535 (export limit / reactors), \
-                 handshakes at once 1..=65536, the connection limit and requests per \
-                 connection ≥ 1, and the handshake and idle timeouts nonzero"
-                    .into(),
-            ));
-        }
-        let limits = export.limits();
-        let max_connections = config
-            .max_connections
-            .unwrap_or(reactors * config.max_connections_per_reactor);
-        let table = config.max_connections_per_reactor;
-        let shared = Arc::new(Shared {
-            discard_cap: export.max_block_bytes.max(proto::DOS_FLOOR_BYTES),
-            export,
-            config,
-            tls: self.tls,
-            limits,
-            shutdown: AtomicBool::new(false),
-            next_conn: AtomicU64::new(1),
-            taken: (0..reactors).map(|_| AtomicUsize::new(0)).collect(),
-            taken_total: AtomicUsize::new(0),
-            max_connections,
-            next_reactor: AtomicUsize::new(0),
-            stats: Counters::default(),
-        });
-        let inboxes = Arc::new(Inboxes {
-            queues: (0..reactors)
-                .map(|_| Arc::new(ArrayQueue::new(table)))
-                .collect(),
-        });
         let mut listeners = Vec::new();
         let mut tcp = Vec::new();
         let mut unix = Vec::new();
@@ -675,6 +588,109 @@ impl NbdServerBuilder {
             frontends,
         ))
     }
+}
+
+/// Checks the export and the tunables (filling in derived buffers and lowering the
+/// advertised maximum block size to the largest buffer) and builds the state the
+/// handshake and the front-ends share, with one inbox per reactor: everything
+/// [`NbdServerBuilder::start`] does short of listening ([`local::LocalServer`] runs the
+/// same server without listeners or threads).
+fn prepare(
+    mut export: ExportConfig,
+    mut config: ServerConfig,
+    tls: Option<TlsConfig>,
+    reactors: usize,
+) -> Result<(Arc<Shared>, Arc<Inboxes>), ConfigError> {
+    export.validate()?;
+    if reactors == 0 {
+        return Err(ConfigError::Server("no reactors".into()));
+    }
+    if config.buffers.is_empty() {
+        let small = export.max_block_bytes.min(128 << 10);
+        config.buffers.push(BufferClass {
+            bytes: small,
+            count: 64,
+        });
+        if small < export.max_block_bytes {
+            config.buffers.push(BufferClass {
+                bytes: export.max_block_bytes,
+                count: 8,
+            });
+        }
+    }
+    let largest = config.buffers.iter().map(|c| c.bytes).max().unwrap_or(0);
+    let total: usize = config.buffers.iter().map(|c| usize::from(c.count)).sum();
+    if config.buffers.len() > 255
+        || total == 0
+        || total + frontend::DATALESS_CONTEXTS >= usize::from(u16::MAX)
+    {
+        return Err(ConfigError::Server(format!(
+            "{total} buffers in {} classes: need 1..{} buffers in at most 255 classes",
+            config.buffers.len(),
+            usize::from(u16::MAX) - frontend::DATALESS_CONTEXTS
+        )));
+    }
+    if let Some(c) = config
+        .buffers
+        .iter()
+        .find(|c| c.bytes == 0 || !c.bytes.is_multiple_of(export.min_block_bytes))
+    {
+        return Err(ConfigError::Server(format!(
+            "buffer size {} is not a multiple of the minimum block size",
+            c.bytes
+        )));
+    }
+    if largest < export.max_block_bytes {
+        // The advertised maximum is the largest request the pool can hold.
+        export.max_block_bytes = largest;
+        export.validate()?;
+    }
+    if let Some(m) = config.max_connections {
+        // The tables grow to hold the export's limit (they are preallocated; a slot
+        // costs a few hundred bytes until a connection fills it).
+        config.max_connections_per_reactor =
+            config.max_connections_per_reactor.max(m.div_ceil(reactors));
+    }
+    if config.max_connections_per_reactor == 0
+        || config.max_connections_per_reactor > usize::from(u16::MAX)
+        || config.max_inflight_per_connection == 0
+        || config.max_connections == Some(0)
+        || !(1..=MAX_HANDSHAKES_LIMIT).contains(&config.max_handshakes)
+        || config.handshake_timeout.is_zero()
+        || config.idle_timeout.is_some_and(|t| t.is_zero())
+    {
+        return Err(ConfigError::Server(
+            "connections per reactor must be 1..=65535 (export limit / reactors), \
+             handshakes at once 1..=65536, the connection limit and requests per \
+             connection ≥ 1, and the handshake and idle timeouts nonzero"
+                .into(),
+        ));
+    }
+    let limits = export.limits();
+    let max_connections = config
+        .max_connections
+        .unwrap_or(reactors * config.max_connections_per_reactor);
+    let table = config.max_connections_per_reactor;
+    let shared = Arc::new(Shared {
+        discard_cap: export.max_block_bytes.max(proto::DOS_FLOOR_BYTES),
+        export,
+        config,
+        tls,
+        limits,
+        shutdown: AtomicBool::new(false),
+        next_conn: AtomicU64::new(1),
+        taken: (0..reactors).map(|_| AtomicUsize::new(0)).collect(),
+        taken_total: AtomicUsize::new(0),
+        max_connections,
+        next_reactor: AtomicUsize::new(0),
+        stats: Counters::default(),
+    });
+    let inboxes = Arc::new(Inboxes {
+        queues: (0..reactors)
+            .map(|_| Arc::new(ArrayQueue::new(table)))
+            .collect(),
+    });
+    Ok((shared, inboxes))
 }
 
 /// Raises this process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit, as
