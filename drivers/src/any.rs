@@ -148,6 +148,20 @@ impl BlockDevice for AnyDevice {
         }
     }
 
+    /// The back end's answer; an absent member holds nothing (`Some` of no range): a
+    /// stripe whose present members are all unallocated reads as zeroes, the absent
+    /// member's chunk being reconstructed from them.
+    fn allocated(&self, range: std::ops::Range<u64>) -> Option<Vec<std::ops::Range<u64>>> {
+        match self {
+            AnyDevice::Uring(d) => d.allocated(range),
+            AnyDevice::NvmePassthru(d) => d.allocated(range),
+            AnyDevice::VfioNvme(d) => d.allocated(range),
+            AnyDevice::Mem(d) => d.allocated(range),
+            AnyDevice::Null(d) => d.allocated(range),
+            AnyDevice::Missing(_) => Some(Vec::new()),
+        }
+    }
+
     fn open_channel(&self) -> Result<AnyChannel, DeviceError> {
         Ok(match self {
             AnyDevice::Uring(d) => AnyChannel::Uring(d.open_channel()?),

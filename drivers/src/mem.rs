@@ -112,6 +112,35 @@ impl BlockDevice for MemDevice {
         &self.info
     }
 
+    /// The 4 KiB pages of `range` holding a nonzero byte (the device starts zero-filled:
+    /// a page never written with data reads as zeroes). Reads the whole range once.
+    fn allocated(&self, range: std::ops::Range<u64>) -> Option<Vec<std::ops::Range<u64>>> {
+        const PAGE: u64 = 4096;
+        let end = range.end.min(self.store.len as u64);
+        let mut out: Vec<std::ops::Range<u64>> = Vec::new();
+        let mut pos = range.start;
+        while pos < end {
+            let next = ((pos / PAGE + 1) * PAGE).min(end);
+            // SAFETY: `pos..next` lies within the store (`end` ≤ its length). Called as the
+            // array starts, before any channel of this device has a request in flight, so
+            // nothing writes these bytes while they are read.
+            let page = unsafe {
+                std::slice::from_raw_parts(
+                    self.store.base().add(pos as usize),
+                    (next - pos) as usize,
+                )
+            };
+            if page.iter().any(|&b| b != 0) {
+                match out.last_mut() {
+                    Some(r) if r.end == pos => r.end = next,
+                    _ => out.push(pos..next),
+                }
+            }
+            pos = next;
+        }
+        Some(out)
+    }
+
     fn open_channel(&self) -> Result<MemChannel, DeviceError> {
         Ok(MemChannel {
             info: self.info.clone(),

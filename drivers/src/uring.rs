@@ -330,6 +330,48 @@ impl BlockDevice for UringDevice {
     /// # Errors
     /// [`DeviceError::Os`] when the kernel refuses the ring (`io_uring_setup`: memory lock
     /// limits, io_uring disabled by `kernel.io_uring_disabled`) or the file registration.
+    /// A regular file's data extents within `range` from `lseek(2)` `SEEK_DATA` /
+    /// `SEEK_HOLE` (ext4 and xfs report unwritten extents as holes, tmpfs its
+    /// unallocated pages); `None` for a block device (it cannot tell) or when `lseek`
+    /// fails (a file system without hole support reports the whole file as data, which
+    /// is also what it returns).
+    fn allocated(&self, range: std::ops::Range<u64>) -> Option<Vec<std::ops::Range<u64>>> {
+        if self.kind != Kind::RegularFile {
+            return None;
+        }
+        let fd = self.shared.file.as_raw_fd();
+        let seek = |pos: u64, whence: libc::c_int| -> Result<Option<u64>, ()> {
+            let pos = libc::off_t::try_from(pos).map_err(|_| ())?;
+            // SAFETY: `fd` stays open while `self` lives; lseek touches no memory of ours.
+            // The file offset it moves is used by nothing else (io_uring requests carry
+            // their own offsets).
+            let r = unsafe { libc::lseek(fd, pos, whence) };
+            if r >= 0 {
+                return Ok(Some(r as u64));
+            }
+            // ENXIO: no data (or no hole) at or after `pos`.
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::ENXIO) => Ok(None),
+                _ => Err(()),
+            }
+        };
+        let mut out = Vec::new();
+        let mut pos = range.start;
+        while pos < range.end {
+            let Some(data) = seek(pos, libc::SEEK_DATA).ok()? else {
+                break;
+            };
+            if data >= range.end {
+                break;
+            }
+            let hole = seek(data, libc::SEEK_HOLE).ok()?.unwrap_or(range.end);
+            let end = hole.clamp(data + 1, range.end);
+            out.push(data..end);
+            pos = end;
+        }
+        Some(out)
+    }
+
     fn open_channel(&self) -> Result<UringChannel, DeviceError> {
         let info = &self.shared.info;
         // IORING_SETUP_SUBMIT_ALL (5.18): one bad SQE does not stop the kernel from taking

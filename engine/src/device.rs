@@ -308,6 +308,17 @@ pub trait BlockDevice {
     /// # Errors
     /// [`DeviceError`] when the back end cannot create another queue.
     fn open_channel(&self) -> Result<Self::Channel, DeviceError>;
+
+    /// The allocated byte ranges of `range` (device offsets, in order): bytes outside
+    /// them read as zeroes (holes of a sparse file: `lseek(2)` `SEEK_DATA`/`SEEK_HOLE`;
+    /// never-written pages of a memory device). Called once per member as the array
+    /// starts, off the reactors ([`crate::zero_map::ZeroMap`], for block status). `None`:
+    /// the device cannot tell (the default; every byte counts as data). A device whose
+    /// answer fails reports `None` too: "data" is always a correct answer.
+    fn allocated(&self, range: std::ops::Range<u64>) -> Option<Vec<std::ops::Range<u64>>> {
+        let _ = range;
+        None
+    }
 }
 
 /// Checks `req` against `info`: alignment, range, buffer length, supported op. Back ends

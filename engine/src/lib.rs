@@ -55,3 +55,4 @@ pub mod reactor;
 pub mod shard;
 pub mod sim;
 pub mod stripe;
+pub mod zero_map;

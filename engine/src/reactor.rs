@@ -55,6 +55,7 @@ use crate::process::{
 use crate::qos::QosState;
 use crate::qos::{Pacer, Unpaced};
 use crate::shard::{merge_state, owner, split, StripeGate};
+use crate::zero_map::ZeroMap;
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
 pub const ADAPTIVE_SPINS: u32 = 1000;
@@ -152,6 +153,9 @@ pub struct ArraySnapshot {
     /// How long requests waited inside the array before their first member request, ns,
     /// per [`RequestClass`] (indexed by [`RequestClass::index`]), merged over the shards.
     pub queue_wait: [hdrhistogram::Histogram<u64>; 3],
+    /// Stripes the array knows to read as zeroes now (reported as holes by block status,
+    /// [`ZeroMap`]), of [`ArrayGeometry::stripes`].
+    pub zero_stripes: u64,
 }
 
 /// A member's replacement as the array sees it ([`ArraySnapshot::replacement`]).
@@ -562,6 +566,7 @@ impl ReactorHandle {
             control_error: None,
             replacement: None,
             queue_wait: std::array::from_fn(|_| new_latency_histogram()),
+            zero_stripes: self.shared.zero_map.zero_stripes(),
         };
         let mut all_have_replace = true;
         for p in &self.shared.published {
@@ -649,6 +654,26 @@ pub struct ReactorConfig {
     /// owner; the owner still orders them against its writes. `false` sends every piece
     /// to its owner (for comparison).
     pub foreign_reads: bool,
+}
+
+/// The zero map of an array over `devices` (member order) at start: from each member's
+/// allocation over its data area ([`BlockDevice::allocated`]); every stripe "data" unless
+/// all members can tell. Blocking (a few `lseek(2)` per member extent); runs once, before
+/// the reactors start.
+fn zero_map_of<D: BlockDevice>(
+    devices: &[D],
+    geo: &ArrayGeometry,
+    data_offset: u64,
+) -> Arc<ZeroMap> {
+    let area = data_offset..data_offset.saturating_add(geo.member_data_bytes());
+    let allocated: Vec<_> = devices.iter().map(|d| d.allocated(area.clone())).collect();
+    let map = ZeroMap::from_allocation(geo, data_offset, &allocated);
+    tracing::debug!(
+        stripes = map.stripes(),
+        zero = map.zero_stripes(),
+        "zero map from the members' allocation"
+    );
+    Arc::new(map)
 }
 
 /// Something that submits array requests on a reactor (NBD connection, load generator).
@@ -820,6 +845,31 @@ pub struct Io<'a, C: Channel> {
 }
 
 impl<C: Channel> Io<'_, C> {
+    /// Block status of array bytes `[offset_bytes, offset_bytes + len_bytes)` (clipped to
+    /// the array), from the array's [`ZeroMap`]: `extent(len_bytes, zero)` for each run in
+    /// order (`zero`: reads as zeroes; else data), adjacent runs merged, until the range
+    /// ends or `extent` returns `false`. Answered at once from shared state, on any
+    /// reactor, with no array request and no allocation; a write that has completed is
+    /// never reported as zero, one in flight may be either.
+    pub fn block_status(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        extent: impl FnMut(u64, bool) -> bool,
+    ) {
+        match self.array.zero_map() {
+            Some(z) => z.extents(offset_bytes, len_bytes, extent),
+            None => {
+                let cap = self.geo.capacity_bytes();
+                let end = offset_bytes.saturating_add(len_bytes).min(cap);
+                if offset_bytes < end {
+                    let mut extent = extent;
+                    extent(end - offset_bytes, false);
+                }
+            }
+        }
+    }
+
     /// Submits an array request; its completion reaches the front-end's `complete`.
     ///
     /// # Errors
@@ -909,6 +959,8 @@ struct Shared {
     replaced: AtomicUsize,
     /// When the reactors started (the handle's clock for rates).
     epoch: Instant,
+    /// Stripes known to read as zeroes (block status), shared with every shard.
+    zero_map: Arc<ZeroMap>,
     /// Rate of the current process (handle side only; never locked by a reactor).
     rate: Mutex<RateWindow>,
 }
@@ -968,8 +1020,10 @@ impl Shared {
         data_offset: u64,
         device_type: std::any::TypeId,
         resumed: bool,
+        zero_map: Arc<ZeroMap>,
     ) -> Self {
         Shared {
+            zero_map,
             stop: AtomicBool::new(false),
             finished: AtomicUsize::new(0),
             in_flight: (0..n)
@@ -1178,6 +1232,7 @@ impl<F: Frontend> Reactors<F> {
             array_cfg.data_offset_bytes,
             std::any::TypeId::of::<D>(),
             replace.is_some(),
+            zero_map_of(&devices, &geo, array_cfg.data_offset_bytes),
         ));
         // Foreign reads need more than one reactor; every slot counts at most the stripe
         // operations of all reactors.
@@ -1225,6 +1280,7 @@ impl<F: Frontend> Reactors<F> {
                             }
                         })?;
                     array.set_pacer(pacer(me));
+                    array.set_zero_map(Arc::clone(&shared.zero_map));
                     if let Some(b) = bitmap {
                         array.attach_bitmap(b, me == 0);
                     }
@@ -1347,6 +1403,7 @@ where
         array_cfg.data_offset_bytes,
         std::any::TypeId::of::<D>(),
         false,
+        zero_map_of(devices, &geo, array_cfg.data_offset_bytes),
     );
     let mut chans = Vec::with_capacity(devices.len());
     for d in devices {
@@ -1358,6 +1415,7 @@ where
     let mut array = Array::new(geo, chans, parity, array_cfg)
         .map_err(|source| ReactorError::Array { reactor: 0, source })?;
     array.set_pacer(Box::new(Unpaced));
+    array.set_zero_map(Arc::clone(&shared.zero_map));
     let links = Links::mesh(1)
         .into_iter()
         .next()

@@ -17,6 +17,7 @@ use crate::qos::Unpaced;
 use crate::qos::{Admission, Pacer};
 use crate::shard::StripeGate;
 use crate::stripe::ChunkRange;
+use crate::zero_map::ZeroMap;
 
 use super::{Array, ArrayError, ArrayRequest, MemberState, Phase, Proc, BG_RETRY_NS};
 
@@ -44,6 +45,28 @@ impl<C: Channel> Array<C> {
     pub fn set_gate(&mut self, gate: Option<Arc<StripeGate>>) {
         assert!(!self.busy(), "set the gate before submitting requests");
         self.gate = gate;
+    }
+
+    /// Shares the array's zero map with this shard (every shard of an array gets the same
+    /// one): the shard clears a stripe's bit as a write of it starts and sets it when a
+    /// whole-stripe zeroing completes ([`ZeroMap`]).
+    ///
+    /// # Panics
+    /// If requests are in flight, or the map is not sized for this array (programmer
+    /// errors).
+    pub fn set_zero_map(&mut self, map: Arc<ZeroMap>) {
+        assert!(!self.busy(), "set the zero map before submitting requests");
+        assert_eq!(
+            map.stripes(),
+            self.geo.stripes(),
+            "zero map of another array"
+        );
+        self.zero_map = Some(map);
+    }
+
+    /// The array's zero map, if one was set ([`Array::set_zero_map`]).
+    pub fn zero_map(&self) -> Option<&Arc<ZeroMap>> {
+        self.zero_map.as_ref()
     }
 
     /// Stripe operations in the shard's pools (foreground and background): the most it

@@ -95,6 +95,7 @@ use crate::qos::{DepthConfig, IoClass, QosState};
 use crate::qos::{Pacer, Unpaced};
 use crate::shard::{owner, StripeGate};
 use crate::stripe::{ChunkRange, WriteMode};
+use crate::zero_map::ZeroMap;
 use cache::StripeCache;
 use locks::StripeLocks;
 
@@ -905,6 +906,9 @@ pub struct Array<C: Channel> {
     ppl: Option<ppl::PplShard>,
     /// Shared with the other shards when there are several ([`Array::set_shard`]).
     gate: Option<Arc<StripeGate>>,
+    /// Stripes known to read as zeroes, shared by every shard (block status); `None`
+    /// until [`Array::set_zero_map`].
+    zero_map: Option<Arc<ZeroMap>>,
     /// Owner writes in [`Phase::GateWait`], in arrival order.
     gate_waiting: VecDeque<u32>,
     /// Foreign reads handed back for the owner ([`Array::take_moved`]).
@@ -1149,6 +1153,7 @@ impl<C: Channel> Array<C> {
             intent: None,
             ppl: None,
             gate: None,
+            zero_map: None,
             gate_waiting: VecDeque::with_capacity(total_sops),
             moved: VecDeque::with_capacity(cfg.requests),
             entry_of: (0..=n as u16)
@@ -1595,6 +1600,11 @@ impl<C: Channel> Array<C> {
                         stripe: st.stripe(),
                     })
                 } else {
+                    // Every surviving member zeroed its chunk (or deallocated it with the
+                    // promise of zeroes): the stripe, parity included, reads as zeroes.
+                    if let Some(z) = &self.zero_map {
+                        z.set_zero(sop.stripe);
+                    }
                     Ok(())
                 };
                 self.finish_sop(s, status)

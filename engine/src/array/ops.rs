@@ -290,6 +290,14 @@ impl<C: Channel> Array<C> {
         let req = self.reqs[self.sops[s as usize].req as usize]
             .as_ref()
             .expect("live request");
+        if req.op.is_write() {
+            // Before any member I/O: once this write completes, block status must not
+            // call its stripe a hole (a whole-stripe zeroing sets the bit again as it
+            // completes).
+            if let Some(z) = &self.zero_map {
+                z.clear(self.sops[s as usize].stripe);
+            }
+        }
         match req.op {
             ArrayOp::Read => self.start_read(s),
             ArrayOp::Write { .. } => self.start_write(s),
