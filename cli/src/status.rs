@@ -583,6 +583,11 @@ pub struct StatsReport {
     /// waiting for its member writes (docs/PACING.md, "Front door").
     #[serde(default)]
     pub pass_reads: u64,
+    /// Stripes the target knows to read as zeroes now, reported as holes by block status
+    /// (`engine::zero_map::ZeroMap`: from the members' allocation at start, whole-stripe
+    /// zeroing since, cleared by writes). A gauge, not a count since start.
+    #[serde(default)]
+    pub zero_stripes: u64,
 }
 
 impl From<&ArrayStats> for StatsReport {
@@ -614,6 +619,8 @@ impl From<&ArrayStats> for StatsReport {
             expired_holds: s.expired_holds,
             overtaking_requests: s.overtaking_requests,
             pass_reads: s.pass_reads,
+            // A gauge of the snapshot, not of the path counters: the caller fills it in.
+            zero_stripes: 0,
         }
     }
 }
@@ -991,14 +998,15 @@ impl fmt::Display for StatusReport {
         writeln!(
             f,
             "  errors: {} member failures, {} timeouts, {} medium errors ({} repaired) · \
-             {} zeroed, {} discarded, {} discards skipped (stripes)",
+             {} zeroed, {} discarded, {} discards skipped, {} reading as zeroes now (stripes)",
             s.member_failures,
             s.timeouts,
             s.medium_errors,
             s.read_errors_repaired,
             s.zeroed_stripes,
             s.discarded_stripes,
-            s.discards_skipped
+            s.discards_skipped,
+            s.zero_stripes
         )?;
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         writeln!(
@@ -1216,7 +1224,7 @@ mod tests {
              held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
              pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\
-             zeroed_stripes"
+             zero_stripes,zeroed_stripes"
         );
         assert_eq!(keys(&v["exports"][0]), "address,name,protocol");
         assert_eq!(

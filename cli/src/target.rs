@@ -532,7 +532,10 @@ impl Shared {
                 cores: self.cores.clone(),
                 mode: self.mode.into(),
             },
-            stats: StatsReport::from(&snap.stats),
+            stats: StatsReport {
+                zero_stripes: snap.zero_stripes,
+                ..StatsReport::from(&snap.stats)
+            },
             requests_in_flight: snap.requests_in_flight as u64,
             exports: self.exports.clone(),
             process: self.process_report(),

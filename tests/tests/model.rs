@@ -65,6 +65,7 @@ use engine::shard::ShardedArray;
 use engine::sim::{
     Fault, FaultRule, IoEventKind, OpFilter, Profile, SimChannel, SimClock, SimDevice,
 };
+use engine::zero_map::ZeroMap;
 use ferroraid_tests::crash::{
     completions_checked, crash_cases, each_case, idle_until, inconsistent_stripes, issue,
     issue_flush, next_event, overlaps, read_whole, run_process, run_to_crash, stats, CrashCase,
@@ -163,6 +164,27 @@ impl BlockHistory {
         }
     }
 
+    /// Block status may call blocks `blocks` zeroes now (the zero map has their stripe):
+    /// zeroes must be a value some write (or the initial contents) gave each of them since
+    /// the newest write over it that has completed — exactly what a read issued and
+    /// answered at this instant may return.
+    fn check_zero_claim(&self, blocks: std::ops::Range<usize>, zero_hash: u64, ctx: &str) {
+        for b in blocks {
+            let floor = self.floor[b];
+            let ok = self.values[b]
+                .iter()
+                .rev()
+                .take_while(|&&(t, _)| t >= floor)
+                .any(|&(_, v)| v == zero_hash);
+            assert!(
+                ok,
+                "{ctx}: block status calls the block at array offset {} zeroes, but no \
+                 write since write {floor} (the newest completed) zeroed it",
+                b * 512
+            );
+        }
+    }
+
     fn check_read(&mut self, f: &Pending, ctx: &str) {
         let (first, floors) = self.reads.remove(&f.tag).expect("read issued");
         for (i, (blk, &floor)) in f.buf.chunks(512).zip(&floors).enumerate() {
@@ -230,17 +252,28 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
         data_offset_bytes: data_offset,
         ..ArrayConfig::default()
     };
+    // The simulated members start zero-filled and unallocated: every stripe starts zero
+    // in the zero map (block status), and each write must clear its stripes.
+    let zero_map = Arc::new(ZeroMap::from_allocation(
+        &geo,
+        data_offset,
+        &vec![Some(Vec::new()); devs.len()],
+    ));
+    assert_eq!(zero_map.zero_stripes(), geo.stripes());
     // One shard per reactor, each with its own channel to every member.
     let shards = (0..c.reactors)
         .map(|_| {
             let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
-            Array::new(geo, chans, Parity::new(), cfg).unwrap()
+            let mut a = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+            a.set_zero_map(Arc::clone(&zero_map));
+            a
         })
         .collect();
     let mut arr = ShardedArray::new(shards, 16);
     let cap = geo.capacity_bytes();
     let mut reference = vec![0u8; cap as usize];
     let mut history = BlockHistory::new(&reference);
+    let zero_hash = block_hash(&[0u8; 512]);
     let mut rng = Rng::new(c.seed);
     let stripe_bytes = g.stripe_data_bytes();
     let redundancy = u64::from(g.parity_chunks());
@@ -418,6 +451,12 @@ fn run(c: &Case) -> (ShardedArray<SimChannel>, Vec<SimDevice>, Vec<u8>) {
             if f.write {
                 history.write_done(f.tag);
             }
+        }
+        // Block status at this instant: every stripe the zero map calls zeroes.
+        let blocks_per_stripe = (stripe_bytes / 512) as usize;
+        for s in (0..geo.stripes()).filter(|&s| zero_map.is_zero(s)) {
+            let first = s as usize * blocks_per_stripe;
+            history.check_zero_claim(first..first + blocks_per_stripe, zero_hash, &name);
         }
         let n = done.len();
         completed += n;

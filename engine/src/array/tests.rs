@@ -391,6 +391,85 @@ fn hung_member_commands_time_out_and_fail_the_member() {
     }
 }
 
+/// The zero map (block status) follows the array's contents: a whole-stripe write-zeroes
+/// or discard marks its stripes zero once complete, any write to a stripe marks it data
+/// as it starts; a FUA write-zeroes (an ordinary write of zeroes) is not claimed. Every
+/// stripe the map calls zero reads as zeroes.
+#[test]
+fn the_zero_map_follows_zeroing_and_writes() {
+    let (mut arr, _devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 16, Profile::fixed(1000));
+    let geo = *arr.geometry();
+    let map = Arc::new(ZeroMap::new(&geo));
+    arr.set_zero_map(Arc::clone(&map));
+    let stripe = geo.geometry().stripe_data_bytes();
+    fill_array(&mut arr, &clock, |i| (i % 251) as u8 | 1);
+    assert_eq!(map.zero_stripes(), 0);
+    let op =
+        |arr: &mut Array<crate::sim::SimChannel>, tag: u64, op: ArrayOp, off: u64, len: u64| {
+            arr.submit(ArrayRequest {
+                tag,
+                op,
+                offset_bytes: off,
+                len_bytes: len as u32,
+                buf: IoBuf::NONE,
+            })
+            .unwrap();
+            assert_eq!(complete(arr, &clock, tag), Ok(()));
+        };
+    op(
+        &mut arr,
+        1,
+        ArrayOp::WriteZeroes { fua: false },
+        2 * stripe,
+        2 * stripe,
+    );
+    op(&mut arr, 2, ArrayOp::Discard, 7 * stripe - 512, 3 * stripe);
+    op(
+        &mut arr,
+        3,
+        ArrayOp::WriteZeroes { fua: true },
+        12 * stripe,
+        stripe,
+    );
+    let zero: Vec<u64> = (0..geo.stripes()).filter(|&s| map.is_zero(s)).collect();
+    assert_eq!(zero, vec![2, 3, 7, 8]);
+    // A 512-byte write into stripe 3 makes it data; the rest stays zero.
+    let mut b = AlignedBuf::zeroed(512);
+    b.fill(7);
+    let wr = rw(
+        &mut arr,
+        &clock,
+        4,
+        ArrayOp::Write { fua: false },
+        3 * stripe + 4096,
+        &mut b,
+    );
+    assert_eq!(wr, Ok(()));
+    let zero: Vec<u64> = (0..geo.stripes()).filter(|&s| map.is_zero(s)).collect();
+    assert_eq!(zero, vec![2, 7, 8]);
+    let mut runs = Vec::new();
+    map.extents(2 * stripe, 8 * stripe, |len, z| {
+        runs.push((len / stripe, z));
+        true
+    });
+    assert_eq!(runs, vec![(1, true), (4, false), (2, true), (1, false)]);
+    // What the map calls zero reads as zeroes.
+    for s in zero {
+        let mut got = AlignedBuf::zeroed(stripe as usize);
+        got.fill(0xee);
+        let rd = rw(
+            &mut arr,
+            &clock,
+            10 + s,
+            ArrayOp::Read,
+            s * stripe,
+            &mut got,
+        );
+        assert_eq!(rd, Ok(()));
+        assert!(got.iter().all(|&x| x == 0), "stripe {s}");
+    }
+}
+
 /// Write-zeroes zeroes whole stripes natively and partial ones by RMW/RCW from the zero
 /// buffer; discard deallocates whole stripes only. Parity stays right either way: the
 /// data survives the loss of two members afterwards.
