@@ -164,6 +164,16 @@ impl BlockHistory {
         }
     }
 
+    /// Whether block `b` may hold the value hashing to `h` for an observer whose floor
+    /// (newest write over `b` completed before it looked) is `floor`.
+    fn may_hold(&self, b: usize, floor: u64, h: u64) -> bool {
+        self.values[b]
+            .iter()
+            .rev()
+            .take_while(|&&(t, _)| t >= floor)
+            .any(|&(_, v)| v == h)
+    }
+
     /// Block status may call blocks `blocks` zeroes now (the zero map has their stripe):
     /// zeroes must be a value some write (or the initial contents) gave each of them since
     /// the newest write over it that has completed — exactly what a read issued and
@@ -171,13 +181,8 @@ impl BlockHistory {
     fn check_zero_claim(&self, blocks: std::ops::Range<usize>, zero_hash: u64, ctx: &str) {
         for b in blocks {
             let floor = self.floor[b];
-            let ok = self.values[b]
-                .iter()
-                .rev()
-                .take_while(|&&(t, _)| t >= floor)
-                .any(|&(_, v)| v == zero_hash);
             assert!(
-                ok,
+                self.may_hold(b, floor, zero_hash),
                 "{ctx}: block status calls the block at array offset {} zeroes, but no \
                  write since write {floor} (the newest completed) zeroed it",
                 b * 512
@@ -189,14 +194,8 @@ impl BlockHistory {
         let (first, floors) = self.reads.remove(&f.tag).expect("read issued");
         for (i, (blk, &floor)) in f.buf.chunks(512).zip(&floors).enumerate() {
             let b = first + i;
-            let h = block_hash(blk);
-            let ok = self.values[b]
-                .iter()
-                .rev()
-                .take_while(|&&(t, _)| t >= floor)
-                .any(|&(_, v)| v == h);
             assert!(
-                ok,
+                self.may_hold(b, floor, block_hash(blk)),
                 "{ctx}: read {} ({}+{}) block at array offset {} holds no value a write \
                  gave it since write {floor} (the newest completed at its issue); writes \
                  over it since: {:?}",
