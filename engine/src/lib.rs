@@ -34,6 +34,9 @@
 //! - [`qos`]: I/O classes and per-member class queues, per-member queue-depth
 //!   controllers (ferroraid's, a wbt-like baseline, off) and background pacers
 //!   (ferroraid's, md's pre-4.1 and 4.1+ rules) behind the `Pacer` interface.
+//! - [`zero_map`]: which stripes read as zeroes (one bit per stripe, shared lock-free by
+//!   the shards), for block status: from the members' allocation at start, set by
+//!   whole-stripe zeroing, cleared by writes.
 //! - [`sim`]: the engine's test world — a virtual clock and simulated devices with latency
 //!   profiles (NVMe, cached SATA SSD with an unbounded or bounded write cache, 7200 rpm
 //!   disk), seeded fault injection, and closed-loop client jobs in virtual time.
