@@ -67,6 +67,15 @@ pub const TAG_BIT: u64 = 1 << 63;
 pub(crate) const BARE_TASKS: usize = 256;
 /// PDUs one connection may process per loop turn before the others get theirs.
 const PDUS_PER_TURN: u32 = 64;
+/// Bytes beyond PDU headers (data segments: immediate data, Data-Out, their padding and
+/// digests) the front-end receives in one loop turn, all connections together — the NBD
+/// front-end's rule (issue 24, docs/PACING.md "Front door"): receiving is a copy out of the
+/// socket, so this bounds a turn's receive work to some tens of µs and a SCSI READ on
+/// another connection waits at most that long behind bulk writes' data, instead of behind
+/// a receive buffer's worth of it per connection. Headers are never held back: a PDU
+/// without a data segment (a READ command, a NOP-Out) is taken in every turn. The
+/// connection that used the budget up goes last in the next turn.
+const PAYLOAD_BYTES_PER_TURN: usize = 256 << 10;
 /// Loop turns between clock reads for keepalive and stall checks.
 const CLOCK_EVERY: u32 = 1024;
 
@@ -200,6 +209,11 @@ pub struct IscsiFrontend {
     drain_deadline: Option<Instant>,
     finished: bool,
     turns: u32,
+    /// Data-segment bytes this turn may still receive ([`PAYLOAD_BYTES_PER_TURN`]).
+    payload_budget: usize,
+    /// The connection slot served first this turn (the one after the last turn's budget
+    /// spender).
+    first: usize,
 }
 
 impl IscsiFrontend {
@@ -259,6 +273,8 @@ impl IscsiFrontend {
             drain_deadline: None,
             finished: false,
             turns: 0,
+            payload_budget: PAYLOAD_BYTES_PER_TURN,
+            first: 0,
         }
     }
 
@@ -374,6 +390,8 @@ impl IscsiFrontend {
 /// Why a connection stops being read this turn.
 enum ReadEnd {
     Paused,
+    /// The turn's payload budget is spent ([`PAYLOAD_BYTES_PER_TURN`]); more may wait.
+    Budget,
     Eof,
     Kill(String),
 }
@@ -886,10 +904,26 @@ impl IscsiFrontend {
                         conn.rend -= conn.rstart;
                         conn.rstart = 0;
                     }
+                    // The header is always read; what follows it only within the turn's
+                    // payload budget.
+                    let header_left = conn
+                        .rx
+                        .header_bytes(&conn.rbuf[..conn.rend])
+                        .saturating_sub(conn.rend);
+                    let room = conn.rbuf.len() - conn.rend;
+                    let cap = room.min(header_left.max(self.payload_budget));
+                    if cap == 0 {
+                        debug_assert_eq!(self.payload_budget, 0, "a framed PDU fits the buffer");
+                        return (progress, ReadEnd::Budget);
+                    }
                     let s = conn.stream.as_mut().expect("open connection");
-                    match crate::nbd::conn::read_retrying(s, &mut conn.rbuf[conn.rend..]) {
+                    let end = conn.rend + cap;
+                    match crate::nbd::conn::read_retrying(s, &mut conn.rbuf[conn.rend..end]) {
                         Ok(0) => return (progress, ReadEnd::Eof),
                         Ok(k) => {
+                            self.payload_budget = self
+                                .payload_budget
+                                .saturating_sub(k.saturating_sub(header_left));
                             conn.rend += k;
                             conn.last_rx = Instant::now();
                             conn.nop_sent = None;
@@ -1683,7 +1717,12 @@ impl Frontend for IscsiFrontend {
             return progress;
         }
         progress |= self.retry(io);
-        for ci in 0..self.conns.len() {
+        self.payload_budget = PAYLOAD_BYTES_PER_TURN;
+        let slots = self.conns.len();
+        let first = self.first % slots.max(1);
+        let mut spent = false;
+        for k in 0..slots {
+            let ci = (first + k) % slots;
             let Some(conn) = self.conns[ci].as_mut() else {
                 continue;
             };
@@ -1711,10 +1750,19 @@ impl Frontend for IscsiFrontend {
             }
             let conn = self.conns[ci].as_mut().expect("present");
             if conn.life == Life::Open {
+                let budget_before = self.payload_budget;
                 let (p, end) = self.read_pdus(ci, io);
                 progress |= p;
+                if budget_before > 0 && self.payload_budget == 0 && !spent {
+                    // This connection spent the turn's budget: it goes last next turn.
+                    spent = true;
+                    self.first = (ci + 1) % slots;
+                }
                 match end {
                     ReadEnd::Paused => {}
+                    // Paused by us, not by the initiator: more is waiting, so the next
+                    // turn comes without a rest (and this is no stall).
+                    ReadEnd::Budget => progress = true,
                     ReadEnd::Eof => {
                         let c = self.conns[ci].as_mut().expect("present");
                         debug!(conn = c.id, "initiator closed its side");

@@ -207,6 +207,19 @@ impl Framing {
         BHS_BYTES + MAX_AHS_BYTES + 2 * DIGEST_BYTES + pad4(self.max_recv_data as usize)
     }
 
+    /// Bytes of the header part (BHS, AHS, header digest) of the PDU at the front of `buf`:
+    /// [`BHS_BYTES`] while the BHS itself is incomplete (the AHS length is not known yet).
+    /// What a receiver reads even with no payload budget left: a PDU without a data
+    /// segment is whole once its header is.
+    pub fn header_bytes(&self, buf: &[u8]) -> usize {
+        match Bhs::parse(buf) {
+            Ok(bhs) => {
+                BHS_BYTES + bhs.ahs_bytes() + if self.header_digest { DIGEST_BYTES } else { 0 }
+            }
+            Err(_) => BHS_BYTES,
+        }
+    }
+
     /// Judges the header at the front of `buf`: `Ok(None)` when more bytes are needed to
     /// know the PDU's length or to hold all of it, `Ok(Some(len))` when a whole PDU of `len`
     /// bytes is buffered.
