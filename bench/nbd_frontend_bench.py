@@ -62,6 +62,7 @@ import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # no bench/__pycache__ from the imports below
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nbd_bench import ROOT, free_port, wait_port  # noqa: E402  (the same helpers)
 from reader_writer_bench import (  # noqa: E402
