@@ -88,7 +88,13 @@ fn main() -> Result<()> {
         l => bail!("--level {l}: 5 or 6"),
     };
     let defaults = ServeOptions::new(Vec::new());
-    let g = Geometry::new(level, Layout::LeftSymmetric, a.members, a.chunk_kib * 1024, 512)?;
+    let g = Geometry::new(
+        level,
+        Layout::LeftSymmetric,
+        a.members,
+        a.chunk_kib * 1024,
+        512,
+    )?;
     let stripes = (a.export_mib << 20) / g.stripe_data_bytes();
     let geo = ArrayGeometry::new(g, stripes)?;
     let member_bytes = stripes * u64::from(g.chunk_bytes());
