@@ -102,10 +102,12 @@ def killpg(proc, sig):
         pass
 
 
-def spawn(stack, cmd, what):
-    """Start a server in its own process group; the stack stops it (SIGTERM, then KILL)."""
+def spawn(stack, cmd, what, log_path=None):
+    """Start a server in its own process group; the stack stops it (SIGTERM, then KILL).
+    Its stderr goes to `log_path` (kept, for the caller to read), else to a temporary
+    file; the tail is printed if it exits on its own with an error."""
     # stderr to a file, not a pipe: a pipe nobody reads would stall a chatty server.
-    log = tempfile.TemporaryFile()
+    log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
                             start_new_session=True)
 
