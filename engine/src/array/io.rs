@@ -114,7 +114,7 @@ impl<C: Channel> Array<C> {
             m.latency
                 .saturating_record(self.now.saturating_sub(sop.issued_ns).max(1));
             m.counters.errors += u64::from(c.status.is_err());
-            if sop.phase == Phase::Flushing {
+            if matches!(sop.phase, Phase::Flushing | Phase::ZeroFlush) {
                 m.flushing = m.flushing.saturating_sub(1);
             }
             // Whatever its status, a write may have reached the device's volatile cache.

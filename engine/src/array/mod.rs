@@ -676,6 +676,9 @@ enum Phase {
     Flushing,
     /// Member write-zeroes or discards over a whole stripe.
     Zeroing,
+    /// A FUA write-zeroes whose native zeroing has completed: flushing the members with a
+    /// volatile write cache (member write-zeroes carry no FUA bit) before it completes.
+    ZeroFlush,
     /// A background operation reading every surviving chunk of its stripe whole.
     BgRead,
     /// A background operation writing rebuilt chunks or corrected parity.
@@ -1605,6 +1608,27 @@ impl<C: Channel> Array<C> {
                     if let Some(z) = &self.zero_map {
                         z.set_zero(sop.stripe);
                     }
+                    Ok(())
+                };
+                let fua = matches!(
+                    self.reqs[sop.req as usize].as_ref().map(|r| r.op),
+                    Some(ArrayOp::WriteZeroes { fua: true })
+                );
+                if status.is_ok() && fua {
+                    self.zero_flush(s)
+                } else {
+                    self.finish_sop(s, status)
+                }
+            }
+            Phase::ZeroFlush => {
+                // A flush that failed failed its member: the zeroes stand on the others.
+                let st = self.geo.stripe(sop.stripe);
+                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+                let status = if lost > usize::from(g.parity_chunks()) {
+                    Err(ArrayError::Unrecoverable {
+                        stripe: st.stripe(),
+                    })
+                } else {
                     Ok(())
                 };
                 self.finish_sop(s, status)

@@ -392,9 +392,8 @@ fn hung_member_commands_time_out_and_fail_the_member() {
 }
 
 /// The zero map (block status) follows the array's contents: a whole-stripe write-zeroes
-/// or discard marks its stripes zero once complete, any write to a stripe marks it data
-/// as it starts; a FUA write-zeroes (an ordinary write of zeroes) is not claimed. Every
-/// stripe the map calls zero reads as zeroes.
+/// (with or without FUA) or discard marks its stripes zero once complete, any write to a
+/// stripe marks it data as it starts. Every stripe the map calls zero reads as zeroes.
 #[test]
 fn the_zero_map_follows_zeroing_and_writes() {
     let (mut arr, _devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 16, Profile::fixed(1000));
@@ -432,7 +431,7 @@ fn the_zero_map_follows_zeroing_and_writes() {
         stripe,
     );
     let zero: Vec<u64> = (0..geo.stripes()).filter(|&s| map.is_zero(s)).collect();
-    assert_eq!(zero, vec![2, 3, 7, 8]);
+    assert_eq!(zero, vec![2, 3, 7, 8, 12]);
     // A 512-byte write into stripe 3 makes it data; the rest stays zero.
     let mut b = AlignedBuf::zeroed(512);
     b.fill(7);
@@ -446,7 +445,7 @@ fn the_zero_map_follows_zeroing_and_writes() {
     );
     assert_eq!(wr, Ok(()));
     let zero: Vec<u64> = (0..geo.stripes()).filter(|&s| map.is_zero(s)).collect();
-    assert_eq!(zero, vec![2, 7, 8]);
+    assert_eq!(zero, vec![2, 7, 8, 12]);
     let mut runs = Vec::new();
     map.extents(2 * stripe, 8 * stripe, |len, z| {
         runs.push((len / stripe, z));
@@ -468,6 +467,56 @@ fn the_zero_map_follows_zeroing_and_writes() {
         assert_eq!(rd, Ok(()));
         assert!(got.iter().all(|&x| x == 0), "stripe {s}");
     }
+}
+
+/// A FUA write-zeroes of a whole stripe zeroes it natively (member write-zeroes carry no
+/// FUA bit) and then flushes every member with a volatile cache before it completes: at
+/// its completion nothing it wrote sits in a member's cache. Without FUA no flush is sent.
+#[test]
+fn a_fua_whole_stripe_write_zeroes_is_flushed_before_it_completes() {
+    let profile = Profile {
+        write_cache_latency_ns: Some(200),
+        ..Profile::fixed(1000)
+    };
+    let (mut arr, devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 16, profile);
+    let stripe = arr.geometry().geometry().stripe_data_bytes();
+    fill_array(&mut arr, &clock, |i| (i % 251) as u8 | 1);
+    let flushes = |arr: &Array<crate::sim::SimChannel>| -> Vec<u64> {
+        (0..6).map(|m| arr.member_counters(m).flushes).collect()
+    };
+    let zeroes = |arr: &mut Array<crate::sim::SimChannel>, tag: u64, fua: bool, st: u64| {
+        arr.submit(ArrayRequest {
+            tag,
+            op: ArrayOp::WriteZeroes { fua },
+            offset_bytes: st * stripe,
+            len_bytes: stripe as u32,
+            buf: IoBuf::NONE,
+        })
+        .unwrap();
+        assert_eq!(complete(arr, &clock, tag), Ok(()));
+    };
+    let before = flushes(&arr);
+    zeroes(&mut arr, 2, false, 3);
+    assert_eq!(flushes(&arr), before, "no FUA: no flush");
+    assert!(devs.iter().any(|d| d.volatile_bytes() > 0));
+    let zeroed = arr.stats().zeroed_stripes;
+    zeroes(&mut arr, 3, true, 5);
+    assert_eq!(arr.stats().zeroed_stripes, zeroed + 1, "zeroed natively");
+    let after = flushes(&arr);
+    assert!(
+        before.iter().zip(&after).all(|(b, a)| a == &(b + 1)),
+        "one flush per member: {before:?} -> {after:?}"
+    );
+    for (i, d) in devs.iter().enumerate() {
+        assert_eq!(d.volatile_bytes(), 0, "member {i}: something left volatile");
+    }
+    let mut got = AlignedBuf::zeroed(stripe as usize);
+    got.fill(0xee);
+    assert_eq!(
+        rw(&mut arr, &clock, 4, ArrayOp::Read, 5 * stripe, &mut got),
+        Ok(())
+    );
+    assert!(got.iter().all(|&x| x == 0));
 }
 
 /// Write-zeroes zeroes whole stripes natively and partial ones by RMW/RCW from the zero

@@ -57,15 +57,33 @@ impl<C: Channel> Array<C> {
         }
     }
 
-    /// Write-zeroes of one stripe piece: a whole stripe without FUA goes to the members
-    /// as write-zeroes; anything else is an ordinary write whose data is the zero buffer
-    /// (RMW/RCW keep parity right; FUA writes are durable on completion).
-    pub(super) fn start_zeroes(&mut self, s: u32, fua: bool) {
-        if !fua && self.footprint(s).is_full_stripe() && self.members_support(Op::WriteZeroes) {
+    /// Write-zeroes of one stripe piece: a whole stripe goes to the members as
+    /// write-zeroes (with FUA, followed by a flush of the members with a volatile cache,
+    /// [`Phase::ZeroFlush`]: member write-zeroes carry no FUA bit); anything else is an
+    /// ordinary write whose data is the zero buffer (RMW/RCW keep parity right; FUA writes
+    /// are durable on completion).
+    pub(super) fn start_zeroes(&mut self, s: u32, _fua: bool) {
+        if self.footprint(s).is_full_stripe() && self.members_support(Op::WriteZeroes) {
             self.stats.zeroed_stripes += 1;
             self.zero_stripe(s, Op::WriteZeroes)
         } else {
             self.start_write(s)
+        }
+    }
+
+    /// A FUA write-zeroes' native zeroing of its stripe has completed: flushes every
+    /// member in service with a volatile write cache (the replacement included) so the
+    /// zeroes are durable before the operation completes ([`Phase::ZeroFlush`]).
+    pub(super) fn zero_flush(&mut self, s: u32) {
+        self.sops[s as usize].phase = Phase::ZeroFlush;
+        self.sops[s as usize].io_error = false;
+        for m in 0..self.members.len() as u16 {
+            if self.needs_flush(m) {
+                self.io_flush(s, m);
+            }
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
         }
     }
 
