@@ -1524,6 +1524,20 @@ impl<C: Channel> Array<C> {
         n
     }
 
+    /// How a whole-stripe zeroing of operation `s` ended: done unless more members are
+    /// lost than the parity covers (the stripe's zeroes stand on the survivors).
+    fn zeroing_status(&self, s: u32) -> Result<(), ArrayError> {
+        let g = self.geo.geometry();
+        let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
+        if lost > usize::from(g.parity_chunks()) {
+            Err(ArrayError::Unrecoverable {
+                stripe: self.sops[s as usize].stripe,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
     fn advance(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let sop = &self.sops[s as usize];
@@ -1596,20 +1610,14 @@ impl<C: Channel> Array<C> {
                 self.write_out(s, WriteMode::FullStripe)
             }
             Phase::Zeroing => {
-                let st = self.geo.stripe(sop.stripe);
-                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
-                let status = if lost > usize::from(g.parity_chunks()) {
-                    Err(ArrayError::Unrecoverable {
-                        stripe: st.stripe(),
-                    })
-                } else {
+                let status = self.zeroing_status(s);
+                if status.is_ok() {
                     // Every surviving member zeroed its chunk (or deallocated it with the
                     // promise of zeroes): the stripe, parity included, reads as zeroes.
                     if let Some(z) = &self.zero_map {
                         z.set_zero(sop.stripe);
                     }
-                    Ok(())
-                };
+                }
                 let fua = matches!(
                     self.reqs[sop.req as usize].as_ref().map(|r| r.op),
                     Some(ArrayOp::WriteZeroes { fua: true })
@@ -1620,19 +1628,8 @@ impl<C: Channel> Array<C> {
                     self.finish_sop(s, status)
                 }
             }
-            Phase::ZeroFlush => {
-                // A flush that failed failed its member: the zeroes stand on the others.
-                let st = self.geo.stripe(sop.stripe);
-                let lost = (0..g.members()).filter(|&m| self.is_failed(m)).count();
-                let status = if lost > usize::from(g.parity_chunks()) {
-                    Err(ArrayError::Unrecoverable {
-                        stripe: st.stripe(),
-                    })
-                } else {
-                    Ok(())
-                };
-                self.finish_sop(s, status)
-            }
+            // A flush that failed failed its member: the zeroes stand on the others.
+            Phase::ZeroFlush => self.finish_sop(s, self.zeroing_status(s)),
             Phase::Writing => {
                 let (status, _) = self.write_done(s);
                 self.finish_sop(s, status)
