@@ -23,7 +23,14 @@
 //! trim and write-zeroes (each switchable, see [`ExportConfig`]), fast-zero requests
 //! (always refused at once with `NBD_ENOTSUP`, which proto.md allows), and multi-conn: a
 //! flush goes through the array to every member, whichever connection sent it, so its
-//! effect is global. Structured replies are offered; block status is not.
+//! effect is global. Structured replies are offered, and block status (proto.md
+//! "Metadata querying"): the metadata context `base:allocation`
+//! (`NBD_OPT_LIST_META_CONTEXT`, `NBD_OPT_SET_META_CONTEXT`, see `handshake`) and
+//! `NBD_CMD_BLOCK_STATUS`, answered on the reactor from the array's zero map
+//! (`engine::zero_map`: stripes known to read as zeroes are `NBD_STATE_HOLE |
+//! NBD_STATE_ZERO`, the rest data) without an array request or an allocation, at most
+//! [`proto::MAX_BLOCK_DESCRIPTORS`] descriptors a reply; switchable with
+//! [`ExportConfig::block_status`] (`ferroraid serve --nbd-block-status on|off`).
 //!
 //! # Request sizes (proto.md "Block size constraints")
 //! - Reads and writes up to 2^25 bytes (32 MiB) are served whatever maximum block size was
