@@ -274,7 +274,7 @@ impl Raw {
             match kind {
                 proto::REPLY_TYPE_BLOCK_STATUS => {
                     assert_eq!(command, proto::CMD_BLOCK_STATUS);
-                    assert!(p.len() >= 12 && (p.len() - 4) % 8 == 0, "{p:?}");
+                    assert!(p.len() >= 12 && (p.len() - 4).is_multiple_of(8), "{p:?}");
                     assert!(flags & proto::REPLY_FLAG_DONE != 0, "one final chunk");
                     let d = (4..p.len())
                         .step_by(8)
