@@ -634,7 +634,10 @@ fn real_clients_see_holes_data_and_rezeroed_stripes() {
             (12 * STRIPE, t.size - 12 * STRIPE, true)
         ]
     );
-    // The whole-stripe zeroing through libnbd (`NBD_CMD_WRITE_ZEROES` of one stripe).
+    // The whole-stripe zeroing through libnbd (`NBD_CMD_WRITE_ZEROES` of one stripe, no
+    // flags). Not qemu-io's `write -z`: qemu (writethrough by default) sets FUA on it, and
+    // the engine serves a FUA write-zeroes as data writes (`start_zeroes` zeroes natively
+    // only without FUA), so that stripe stays "data" — correct, only less precise.
     run_ok(
         // python3-libnbd lives in the system's python3.
         Command::new("/usr/bin/python3").args([

@@ -1341,11 +1341,14 @@ mod tests {
         let shared = Arc::clone(&server.shared);
         let mut msg = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
         let go = proto::encode_info_request(b"x", &[]);
+        let meta = proto::encode_meta_context_request(b"x", &[proto::BASE_ALLOCATION.as_bytes()]);
         for (o, d) in [
             (proto::OPT_LIST, &[][..]),
             (proto::OPT_STRUCTURED_REPLY, &[]),
             (proto::OPT_INFO, &go),
             (proto::OPT_GO, &go),
+            (proto::OPT_LIST_META_CONTEXT, &meta),
+            (proto::OPT_SET_META_CONTEXT, &meta),
             (77, &[]),
         ] {
             msg.extend_from_slice(&proto::encode_option_header(o, d.len() as u32));
@@ -1354,7 +1357,7 @@ mod tests {
         let mut n = Negotiation::new(0);
         feed(&mut n, &shared, &msg, usize::MAX);
         assert_eq!(n.phase, Phase::Header);
-        assert!(n.slot.is_none() && !n.structured);
+        assert!(n.slot.is_none() && !n.structured && !n.block_status);
         let mut want = Vec::new();
         let text = b"this server requires TLS: send NBD_OPT_STARTTLS first";
         for o in [
@@ -1362,6 +1365,8 @@ mod tests {
             proto::OPT_STRUCTURED_REPLY,
             proto::OPT_INFO,
             proto::OPT_GO,
+            proto::OPT_LIST_META_CONTEXT,
+            proto::OPT_SET_META_CONTEXT,
             77,
         ] {
             want.extend_from_slice(&proto::option_reply_header(
