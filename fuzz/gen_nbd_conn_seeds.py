@@ -14,9 +14,10 @@ REQUEST_MAGIC = 0x25609513
 FIXED_NEWSTYLE, NO_ZEROES = 1, 2
 OPT_EXPORT_NAME, OPT_ABORT, OPT_LIST, OPT_STARTTLS, OPT_INFO, OPT_GO, OPT_STRUCTURED_REPLY = (
     1, 2, 3, 5, 6, 7, 8)
+OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT = 9, 10
 INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE = 1, 2, 3
 READ, WRITE, DISC, FLUSH, TRIM, CACHE, WRITE_ZEROES, BLOCK_STATUS = 0, 1, 2, 3, 4, 5, 6, 7
-FUA, NO_HOLE, DF, FAST_ZERO = 1, 2, 4, 16
+FUA, NO_HOLE, DF, REQ_ONE, FAST_ZERO = 1, 2, 4, 8, 16
 EXPORT = b"fuzz"
 
 
@@ -27,6 +28,12 @@ def option(opt, data=b""):
 def info_request(name, infos=()):
     return struct.pack(">I", len(name)) + name + struct.pack(">H", len(infos)) + b"".join(
         struct.pack(">H", i) for i in infos)
+
+
+def meta_request(name, queries=()):
+    """NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT data (proto.md "Option types")."""
+    return struct.pack(">I", len(name)) + name + struct.pack(">I", len(queries)) + b"".join(
+        struct.pack(">I", len(q)) + q for q in queries)
 
 
 class Requests:
@@ -117,6 +124,42 @@ def main():
         r(WRITE, i * 8192, 8192)(READ, i * 8192, 8192)
     seeds["shutdown-drain"] = seed(0x40, 0x0011, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
                                    + option(OPT_GO, info_request(EXPORT)) + r.out)
+
+    # Block status (base:allocation): LIST with no query and with `base:`, SET before
+    # structured replies (invalid), an unknown context (nothing selected), another export
+    # (unknown), then the context selected; in transmission: the whole export, REQ_ONE,
+    # beyond the end, zero length, after writes and a whole-stripe write-zeroes (a RAID5 ×
+    # 3 stripe is 8 KiB), a misaligned one, and reads of what it reports.
+    r = Requests()
+    r(BLOCK_STATUS, 0, 131072)(BLOCK_STATUS, 0, 131072, REQ_ONE)(BLOCK_STATUS, 131072, 512)
+    r(BLOCK_STATUS, 0, 0)(WRITE, 8192, 4096)(WRITE, 40960, 16384, FUA)(BLOCK_STATUS, 0, 131072)
+    r(BLOCK_STATUS, 4096, 65536, REQ_ONE | FUA)(WRITE_ZEROES, 40960, 8192)(BLOCK_STATUS, 0, 131072)
+    r(BLOCK_STATUS, 100, 512)(BLOCK_STATUS, 0, 512, DF)(READ, 0, 65536)(TRIM, 8192, 8192)
+    r(BLOCK_STATUS, 0, 65536)(DISC)
+    seeds["block-status"] = seed(0x08, 0, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+                                 + option(OPT_LIST_META_CONTEXT, meta_request(EXPORT))
+                                 + option(OPT_LIST_META_CONTEXT, meta_request(b"", [b"base:"]))
+                                 + option(OPT_SET_META_CONTEXT, meta_request(EXPORT, [b"base:allocation"]))
+                                 + option(OPT_STRUCTURED_REPLY)
+                                 + option(OPT_SET_META_CONTEXT, meta_request(EXPORT, [b"x:y"]))
+                                 + option(OPT_SET_META_CONTEXT, meta_request(b"nope", [b"base:allocation"]))
+                                 + option(OPT_SET_META_CONTEXT, b"\x00\x00\x00\x00\x00\x00\x00\x02")
+                                 + option(OPT_SET_META_CONTEXT, meta_request(b"", [b"x:y", b"base:allocation"]))
+                                 + option(OPT_GO, info_request(EXPORT, [INFO_BLOCK_SIZE]))
+                                 + r.out)
+
+    # RAID6, the context selected then NBD_OPT_EXPORT_NAME (the selection is kept),
+    # block status pipelined with writes and reads, a slow client, odd pieces.
+    r = Requests()
+    for i in range(6):
+        r(WRITE, i * 24576, 4096)(BLOCK_STATUS, 0, 131072)(READ, i * 24576, 8192, 0)
+        r(BLOCK_STATUS, i * 8192, 16384, REQ_ONE)
+    r(WRITE_ZEROES, 0, 131072)(BLOCK_STATUS, 0, 131072)(DISC)
+    seeds["block-status-raid6-export-name"] = seed(
+        0x89, 0x3c3c, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+        + option(OPT_STRUCTURED_REPLY)
+        + option(OPT_SET_META_CONTEXT, meta_request(EXPORT, [b"base:allocation"]))
+        + option(OPT_EXPORT_NAME, EXPORT) + r.out)
 
     for name, data in sorted(seeds.items()):
         with open(os.path.join(out, name), "wb") as f:

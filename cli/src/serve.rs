@@ -128,7 +128,8 @@ pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], iscsi = [...], rpc, force, run, io_timeout_ms, max_block,
     /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
-    /// nbd_idle_timeout_s, tls = "off" | "allow" | "require", tls_cert, tls_key, tls_ca,
+    /// nbd_idle_timeout_s, nbd_block_status = "on" | "off" (or true | false), tls = "off"
+    /// | "allow" | "require", tls_cert, tls_key, tls_ca,
     /// queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
     /// speed_min, speed_max, and an
     /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
@@ -195,6 +196,12 @@ pub struct ServeArgs {
     /// (default 0: never — the kernel client and qemu keep idle connections for hours).
     #[arg(long, value_name = "S")]
     nbd_idle_timeout_s: Option<u64>,
+    /// NBD block status (`NBD_CMD_BLOCK_STATUS`, metadata context `base:allocation`):
+    /// `on` (default) lets `nbdcopy`, `qemu-img convert` and `nbdinfo --map` skip the
+    /// stripes the array knows read as zeroes; `off` never offers the context (for
+    /// measurement, or clients that misuse it).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    nbd_block_status: Option<bool>,
     /// NBD over TLS (`NBD_OPT_STARTTLS`): `off` (default), `allow` (clients choose) or
     /// `require` (nothing but STARTTLS before TLS: a plaintext client gets no data, as
     /// with nbdkit and qemu-nbd). `allow` and `require` need --tls-cert and --tls-key.
@@ -294,6 +301,8 @@ struct ServeFile {
     nbd_handshake_timeout_ms: Option<u64>,
     nbd_max_handshakes: Option<usize>,
     nbd_idle_timeout_s: Option<u64>,
+    /// `"on"`/`"off"` or a boolean.
+    nbd_block_status: Option<toml::Value>,
     tls: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -324,6 +333,32 @@ struct ChapFile {
     /// Refuse initiators that do not authenticate the target.
     #[serde(default)]
     require_mutual: bool,
+}
+
+/// Parses `on` / `off` (a switch of the command line).
+///
+/// # Errors
+/// Anything else, with the expected values.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: expected \"on\" or \"off\"")),
+    }
+}
+
+/// A switch of the `--config` file: `"on"` / `"off"` or a boolean, naming `key`.
+///
+/// # Errors
+/// Another value or type.
+fn toml_on_off(v: &toml::Value, key: &str) -> Result<bool> {
+    match v {
+        toml::Value::Boolean(b) => Ok(*b),
+        toml::Value::String(s) => parse_on_off(s)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| key.to_string()),
+        v => bail!("{key} = {v}: expected \"on\", \"off\", true or false"),
+    }
 }
 
 /// Parses `HOST:PORT` or `unix:PATH`.
@@ -457,6 +492,11 @@ impl ServeArgs {
         if let Some(s) = self.nbd_idle_timeout_s.or(file.nbd_idle_timeout_s) {
             nbd.idle_timeout = (s > 0).then(|| Duration::from_secs(s));
         }
+        o.nbd_block_status = match (self.nbd_block_status, &file.nbd_block_status) {
+            (Some(b), _) => b,
+            (None, Some(v)) => toml_on_off(v, "nbd_block_status")?,
+            (None, None) => true,
+        };
         let tls = match (self.tls, &file.tls) {
             (Some(m), _) => m,
             (None, Some(m)) => m.parse().map_err(anyhow::Error::msg).context("tls")?,
@@ -900,6 +940,43 @@ mod tests {
             .unwrap()
             .nbd_config;
         assert_eq!(n.max_connections, Some(9));
+    }
+
+    #[test]
+    fn nbd_block_status_switch() {
+        assert!(options(&["m0"]).unwrap().nbd_block_status);
+        assert!(
+            !options(&["--nbd-block-status", "off", "m0"])
+                .unwrap()
+                .nbd_block_status
+        );
+        assert!(
+            options(&["--nbd-block-status", "on", "m0"])
+                .unwrap()
+                .nbd_block_status
+        );
+        assert!(options(&["--nbd-block-status", "maybe", "m0"]).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("serve.toml");
+        let c = cfg.to_str().unwrap();
+        for (text, want) in [
+            ("nbd_block_status = \"off\"", Some(false)),
+            ("nbd_block_status = false", Some(false)),
+            ("nbd_block_status = \"on\"", Some(true)),
+            ("nbd_block_status = 1", None),
+            ("nbd_block_status = \"no\"", None),
+        ] {
+            std::fs::write(&cfg, format!("devices = [\"m0\"]\n{text}\n")).unwrap();
+            let got = options(&["--config", c]).ok().map(|o| o.nbd_block_status);
+            assert_eq!(got, want, "{text}");
+        }
+        // The command line wins over the file.
+        std::fs::write(&cfg, "devices = [\"m0\"]\nnbd_block_status = \"off\"\n").unwrap();
+        assert!(
+            options(&["--config", c, "--nbd-block-status", "on"])
+                .unwrap()
+                .nbd_block_status
+        );
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub struct ServeOptions {
     pub nbd_config: crate::nbd::ServerConfig,
     /// NBD over TLS: mode and credentials (`None`: TLS off).
     pub nbd_tls: Option<crate::nbd::TlsConfig>,
+    /// Offer NBD block status (the `base:allocation` metadata context,
+    /// [`crate::nbd::ExportConfig::block_status`]).
+    pub nbd_block_status: bool,
     /// Start although members are missing or out of date, or dirty and degraded (mdadm
     /// `--force`; implies [`ServeOptions::run`]).
     pub force: bool,
@@ -132,6 +135,7 @@ impl ServeOptions {
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
             nbd_config: crate::nbd::ServerConfig::default(),
             nbd_tls: None,
+            nbd_block_status: true,
             force: false,
             run: false,
             io_timeout: Duration::from_secs(30),
@@ -1120,7 +1124,8 @@ impl Target {
         };
         let n = cores.len();
 
-        let export = ExportConfig::for_array(name.clone(), &geo, opts.max_block_bytes);
+        let mut export = ExportConfig::for_array(name.clone(), &geo, opts.max_block_bytes);
+        export.block_status = opts.nbd_block_status;
         let mut builder = NbdServer::builder(export).config(opts.nbd_config.clone());
         if let Some(t) = &opts.nbd_tls {
             builder = builder.tls(t.clone());

@@ -5,8 +5,8 @@
 #![no_main]
 
 use ferroraid::nbd::proto::{
-    check_request, encode_request, parse_option, parse_option_header, parse_request,
-    ExportLimits, REQUEST_BYTES,
+    check_request, encode_request, parse_option, parse_option_header, parse_request, ExportLimits,
+    REQUEST_BYTES,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -24,6 +24,7 @@ fuzz_target!(|data: &[u8]| {
             write_zeroes: byte(4) & 2 != 0,
             fast_zero: byte(4) & 4 != 0,
             structured: byte(4) & 8 != 0,
+            block_status: byte(4) & 16 != 0,
         };
         let _ = check_request(&r, &lim);
     }

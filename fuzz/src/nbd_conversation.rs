@@ -448,6 +448,7 @@ struct Opt {
 #[derive(Debug, Clone, Copy)]
 struct Req {
     command: u16,
+    flags: u16,
     handle: u64,
     offset: u64,
     length: u32,
@@ -470,6 +471,10 @@ struct Checker<'a> {
     /// The option being answered.
     k: usize,
     structured: bool,
+    /// The option being answered got an `NBD_REP_META_CONTEXT` reply.
+    meta_listed: bool,
+    /// The context id of `base:allocation` once an `NBD_OPT_SET_META_CONTEXT` selected it.
+    context: Option<u32>,
     reqs: Vec<Req>,
     /// Where the next request starts in `stream`.
     req_next: usize,
@@ -502,6 +507,8 @@ impl<'a> Checker<'a> {
             opt_next: Some(4),
             k: 0,
             structured: false,
+            meta_listed: false,
+            context: None,
             reqs: Vec::new(),
             req_next: 0,
             stop: None,
@@ -556,6 +563,7 @@ impl<'a> Checker<'a> {
             let header_end = at + proto::REQUEST_BYTES;
             self.reqs.push(Req {
                 command: r.command,
+                flags: r.flags,
                 handle: r.handle,
                 offset: r.offset,
                 length: r.length,
@@ -691,6 +699,9 @@ impl<'a> Checker<'a> {
                         assert_eq!(h.length, 0, "acknowledgement with data");
                         self.k += 1;
                         match opt.option {
+                            proto::OPT_LIST_META_CONTEXT => {}
+                            proto::OPT_SET_META_CONTEXT if !self.meta_listed => self.context = None,
+                            proto::OPT_SET_META_CONTEXT => {}
                             proto::OPT_GO => {
                                 self.phase = Phase::Transmission;
                                 self.req_next = opt.end;
@@ -699,6 +710,28 @@ impl<'a> Checker<'a> {
                             proto::OPT_ABORT => self.phase = Phase::Aborted,
                             proto::OPT_LIST | proto::OPT_INFO => {}
                             o => panic!("option {o} acknowledged"),
+                        }
+                    }
+                    proto::REP_META_CONTEXT => {
+                        let set = opt.option == proto::OPT_SET_META_CONTEXT;
+                        assert!(
+                            set || opt.option == proto::OPT_LIST_META_CONTEXT,
+                            "NBD_REP_META_CONTEXT for {opt:?}"
+                        );
+                        assert!(
+                            self.structured || !set,
+                            "context selected without structured replies"
+                        );
+                        assert!(
+                            data.len() > 4 && &data[4..] == proto::BASE_ALLOCATION.as_bytes(),
+                            "NBD_REP_META_CONTEXT data {data:?}"
+                        );
+                        let id = be32(data, 0);
+                        assert_eq!(id == 0, !set, "context id {id} in a reply to {opt:?}");
+                        assert!(!self.meta_listed, "a context listed twice");
+                        self.meta_listed = true;
+                        if set {
+                            self.context = Some(id);
                         }
                     }
                     proto::REP_SERVER => {
@@ -740,9 +773,16 @@ impl<'a> Checker<'a> {
                             (proto::REP_ERR_UNSUP..=proto::REP_ERR_TOO_BIG).contains(&r),
                             "unknown error reply {r:#x}"
                         );
+                        if opt.option == proto::OPT_SET_META_CONTEXT {
+                            // A failed SET leaves nothing selected.
+                            self.context = None;
+                        }
                         self.k += 1;
                     }
                     r => panic!("unknown option reply type {r:#x}"),
+                }
+                if h.reply != proto::REP_META_CONTEXT {
+                    self.meta_listed = false;
                 }
                 self.next_option();
                 Some(total)
@@ -890,11 +930,43 @@ impl<'a> Checker<'a> {
                         );
                     }
                     proto::REPLY_TYPE_OFFSET_HOLE => assert_eq!(length, 12, "hole chunk"),
-                    // NBD_REPLY_TYPE_BLOCK_STATUS: a context id and (length, flags) pairs.
-                    5 => assert!(
-                        length >= 4 && (length - 4) % 8 == 0,
-                        "block status chunk of {length} bytes"
-                    ),
+                    proto::REPLY_TYPE_BLOCK_STATUS => {
+                        // A context id and at least one (length, flags) pair: only for a
+                        // selected context, describing at most the request's range.
+                        assert_eq!(
+                            req.command,
+                            proto::CMD_BLOCK_STATUS,
+                            "block status for {req:?}"
+                        );
+                        assert!(
+                            length >= 12 && (length - 4) % 8 == 0,
+                            "block status chunk of {length} bytes"
+                        );
+                        assert!(
+                            flags & proto::REPLY_FLAG_DONE != 0,
+                            "block status chunk not final"
+                        );
+                        assert_eq!(Some(be32(p, 0)), self.context, "block status context id");
+                        let n = (p.len() - 4) / 8;
+                        if req.flags & proto::CMD_FLAG_REQ_ONE != 0 {
+                            assert_eq!(n, 1, "REQ_ONE answered with {n} descriptors");
+                        }
+                        assert!(n <= proto::MAX_BLOCK_DESCRIPTORS, "{n} descriptors");
+                        let mut sum = 0u64;
+                        for i in 0..n {
+                            let (len, st) = (be32(p, 4 + 8 * i), be32(p, 8 + 8 * i));
+                            assert!(len > 0, "empty extent");
+                            assert!(
+                                st == 0 || st == proto::STATE_HOLE | proto::STATE_ZERO,
+                                "extent flags {st:#x}"
+                            );
+                            sum += u64::from(len);
+                        }
+                        assert!(
+                            sum <= u64::from(req.length),
+                            "extents of {sum} bytes for {req:?}"
+                        );
+                    }
                     k => panic!("unknown chunk type {k}"),
                 }
                 if flags & proto::REPLY_FLAG_DONE != 0 {

@@ -861,15 +861,16 @@ fn handshake_options_list_info_and_errors() {
 
     let mut s = connect(t.port);
     greet(&mut s, proto::FLAG_C_FIXED_NEWSTYLE);
-    // Unknown option (and the metadata-context and TLS options) → ERR_UNSUP, haggling goes on.
-    for opt in [
-        42u32,
-        proto::OPT_SET_META_CONTEXT,
-        proto::OPT_LIST_META_CONTEXT,
+    // Unknown option → ERR_UNSUP; metadata-context options with malformed data →
+    // ERR_INVALID (their data consumed); haggling goes on.
+    for (opt, rep) in [
+        (42u32, proto::REP_ERR_UNSUP),
+        (proto::OPT_SET_META_CONTEXT, proto::REP_ERR_INVALID),
+        (proto::OPT_LIST_META_CONTEXT, proto::REP_ERR_INVALID),
     ] {
         let r = option(&mut s, opt, b"whatever");
         assert_eq!(r.len(), 1);
-        assert_eq!(r[0].0, proto::REP_ERR_UNSUP);
+        assert_eq!(r[0].0, rep);
     }
     // TLS off (the default): STARTTLS is refused by policy (proto.md "NOTLS mode").
     assert_eq!(
@@ -1730,6 +1731,7 @@ mod parsers {
                     write_zeroes: !structured,
                     fast_zero: true,
                     structured,
+                    block_status: !structured,
                 };
                 let _ = proto::check_request(&r, &lim);
             }
@@ -1748,6 +1750,7 @@ mod parsers {
                 write_zeroes: true,
                 fast_zero: true,
                 structured: true,
+                block_status: true,
             };
             let v = proto::check_request(&r, &lim);
             if let proto::Verdict::Read | proto::Verdict::Write { .. } = v {

@@ -127,6 +127,10 @@ impl Write for Stream {
 
 /// "No context": a reply without data.
 pub(crate) const NO_CTX: u16 = u16::MAX;
+/// A reply whose data is the connection's block status descriptors ([`Conn::status`]),
+/// not a request context's buffer (context numbers stay below `u16::MAX - 1`: the
+/// server's configuration check keeps buffers + dataless contexts under `u16::MAX`).
+pub(crate) const STATUS_CTX: u16 = u16::MAX - 1;
 
 /// A reply ready to send: a head (simple reply, structured chunk header), an optional
 /// static message and tail (structured error chunks), and optional data taken from a
@@ -204,6 +208,21 @@ impl Reply {
         r.data_ctx = ctx;
         r.data_len = len;
         r.more = !last;
+        r
+    }
+
+    /// A block status reply (proto.md "`NBD_REPLY_TYPE_BLOCK_STATUS`"): one final chunk
+    /// for context [`proto::BASE_ALLOCATION_ID`] whose `descriptors` block descriptors
+    /// (at least one) are in the connection's [`Conn::status`] buffer.
+    pub(crate) fn block_status(handle: u64, descriptors: u32) -> Self {
+        debug_assert!(descriptors >= 1);
+        let mut r = Self::with_head(&proto::block_status_head(
+            handle,
+            proto::BASE_ALLOCATION_ID,
+            descriptors,
+        ));
+        r.data_ctx = STATUS_CTX;
+        r.data_len = descriptors * proto::BLOCK_DESCRIPTOR_BYTES as u32;
         r
     }
 
@@ -339,6 +358,13 @@ pub(crate) struct Conn {
     pub(crate) replies: VecDeque<Reply>,
     /// Bytes of the front reply already sent.
     pub(crate) tx_sent: usize,
+    /// The block descriptors of the block status reply being sent
+    /// ([`proto::MAX_BLOCK_DESCRIPTORS`] × 8 bytes, allocated with the connection when it
+    /// selected `base:allocation`, else empty): one block status reply at a time is
+    /// queued; the next request waits until it is sent (`status_busy`).
+    pub(crate) status: Box<[u8]>,
+    /// A reply in `replies` uses `status`.
+    pub(crate) status_busy: bool,
     /// A read split into pieces whose first piece is on the wire: nothing but its next
     /// pieces is sent until its last one is (`NO_CTX`: none). Simple replies need this
     /// (the data must follow its header); structured chunks could interleave, but keeping
@@ -392,6 +418,13 @@ impl Conn {
             rx: Rx::Header,
             replies: VecDeque::with_capacity(max_inflight as usize),
             tx_sent: 0,
+            status: if limits.block_status {
+                vec![0u8; proto::MAX_BLOCK_DESCRIPTORS * proto::BLOCK_DESCRIPTOR_BYTES]
+                    .into_boxed_slice()
+            } else {
+                Box::default()
+            },
+            status_busy: false,
             stream_ctx: NO_CTX,
             outstanding: 0,
             max_inflight,
@@ -534,5 +567,25 @@ mod tests {
         assert_eq!(&b[30..], &512u64.to_be_bytes());
         let s = Reply::error(false, 2, proto::EIO, "boom", None);
         assert_eq!(s.total(), 16);
+        let d = [
+            proto::block_descriptor(4096, 3),
+            proto::block_descriptor(512, 0),
+        ]
+        .concat();
+        let b = Reply::block_status(9, 2);
+        let all = collect(&b, &d, 0);
+        assert_eq!(all.len(), 20 + 4 + 16);
+        assert_eq!(&all[20..24], &proto::BASE_ALLOCATION_ID.to_be_bytes());
+        assert_eq!(&all[24..], &d[..]);
+        let (h, _) = proto::parse_reply_header(&all).unwrap();
+        assert_eq!(
+            h,
+            proto::ReplyHeader::Structured {
+                flags: proto::REPLY_FLAG_DONE,
+                kind: proto::REPLY_TYPE_BLOCK_STATUS,
+                handle: 9,
+                length: 20
+            }
+        );
     }
 }

@@ -41,7 +41,7 @@ use engine::device::{Channel, IoBuf};
 use engine::reactor::{Frontend, Io};
 use tracing::{debug, info, warn};
 
-use super::conn::{Conn, Life, Reply, Rx, NO_CTX, RBUF_BYTES};
+use super::conn::{Conn, Life, Reply, Rx, NO_CTX, RBUF_BYTES, STATUS_CTX};
 use super::pool::{BufId, BufPool};
 use super::proto::{self, Verdict};
 use super::Shared;
@@ -516,10 +516,11 @@ fn close(conn: &mut Conn, core: &mut Core) {
     conn.rx = Rx::Header;
     conn.stream_ctx = NO_CTX;
     while let Some(r) = conn.replies.pop_front() {
-        if r.data_ctx != NO_CTX {
+        if r.data_ctx != NO_CTX && r.data_ctx != STATUS_CTX {
             core.release(r.data_ctx, conn);
         }
     }
+    conn.status_busy = false;
     conn.outstanding = 0;
     conn.tx_sent = 0;
     info!(
@@ -557,6 +558,8 @@ fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
             for r in &conn.replies {
                 let data = if r.data_ctx == NO_CTX {
                     &[][..]
+                } else if r.data_ctx == STATUS_CTX {
+                    &conn.status[..]
                 } else {
                     core.pool.buf(core.ctxs[usize::from(r.data_ctx)].buf)
                 };
@@ -605,7 +608,9 @@ fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
                 conn.stream_ctx = r.data_ctx;
                 continue;
             }
-            if r.data_ctx != NO_CTX {
+            if r.data_ctx == STATUS_CTX {
+                conn.status_busy = false;
+            } else if r.data_ctx != NO_CTX {
                 if conn.stream_ctx == r.data_ctx {
                     conn.stream_ctx = NO_CTX;
                 }
@@ -616,6 +621,54 @@ fn send_replies(conn: &mut Conn, core: &mut Core) -> io::Result<bool> {
         conn.tx_sent = left;
     }
     Ok(progress)
+}
+
+/// Fills `conn.status` with the block descriptors of `req` (a checked
+/// `NBD_CMD_BLOCK_STATUS`: in range, nonzero length) from the array's zero map
+/// (`Io::block_status`: answered at once, no array request, no allocation) and returns
+/// how many: zero-reading runs get `NBD_STATE_HOLE | NBD_STATE_ZERO`, the others 0; at
+/// most [`proto::MAX_BLOCK_DESCRIPTORS`] (one with `req_one`), so the reply may describe
+/// less than the range (proto.md allows it: the client asks again from where it ends).
+/// Each run is clipped to the request, so its length fits the request's 32 bits, and the
+/// lengths sum to at most the request's length.
+fn block_status<C: Channel>(
+    conn: &mut Conn,
+    io: &Io<'_, C>,
+    req: &proto::Request,
+    req_one: bool,
+) -> u32 {
+    let cap = if req_one {
+        1
+    } else {
+        proto::MAX_BLOCK_DESCRIPTORS
+    };
+    let cap = cap.min(conn.status.len() / proto::BLOCK_DESCRIPTOR_BYTES);
+    let buf = &mut conn.status;
+    let mut n = 0usize;
+    io.block_status(req.offset, u64::from(req.length), |len, zero| {
+        if n >= cap {
+            return false;
+        }
+        let len = u32::try_from(len).unwrap_or(req.length).min(req.length);
+        let flags = if zero {
+            proto::STATE_HOLE | proto::STATE_ZERO
+        } else {
+            0
+        };
+        let at = n * proto::BLOCK_DESCRIPTOR_BYTES;
+        buf[at..at + proto::BLOCK_DESCRIPTOR_BYTES]
+            .copy_from_slice(&proto::block_descriptor(len, flags));
+        n += 1;
+        n < cap
+    });
+    if n == 0 {
+        // Nothing from the map (cannot happen for a range inside the export): the whole
+        // range as data is always a correct answer.
+        buf[..proto::BLOCK_DESCRIPTOR_BYTES]
+            .copy_from_slice(&proto::block_descriptor(req.length, 0));
+        n = 1;
+    }
+    n as u32
 }
 
 /// Outcome of reading requests on one connection this turn.
@@ -673,6 +726,10 @@ fn read_requests<C: Channel>(
                     Err(e) => return (progress, ReadEnd::Kill(format!("bad request: {e}"))),
                 };
                 let verdict = proto::check_request(&req, &conn.limits);
+                if matches!(verdict, Verdict::BlockStatus { .. }) && conn.status_busy {
+                    // The descriptor buffer holds a reply not yet sent: read on once it is.
+                    return (progress, ReadEnd::Paused);
+                }
                 let op = match verdict {
                     Verdict::Read => Some(Op::Read),
                     Verdict::Write { fua } => Some(Op::Write { fua }),
@@ -707,6 +764,11 @@ fn read_requests<C: Channel>(
                 match (verdict, ctx) {
                     (Verdict::Write { .. }, Some(c)) => conn.rx = Rx::Payload { ctx: c, got: 0 },
                     (_, Some(c)) => core.submit(c, io, conns),
+                    (Verdict::BlockStatus { req_one }, None) => {
+                        let n = block_status(conn, io, &req, req_one);
+                        conn.status_busy = true;
+                        conn.replies.push_back(Reply::block_status(req.handle, n));
+                    }
                     (Verdict::Noop, None) => {
                         let r = if req.command == proto::CMD_READ {
                             Reply::empty_read(conn.structured, req.handle)

@@ -40,7 +40,9 @@
 //!   flag");
 //! - options: `NBD_OPT_GO`/`NBD_OPT_INFO` (`NBD_INFO_EXPORT` and `NBD_INFO_BLOCK_SIZE`
 //!   always, `NBD_INFO_NAME`/`NBD_INFO_DESCRIPTION` when asked), `NBD_OPT_EXPORT_NAME`,
-//!   `NBD_OPT_LIST`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_STARTTLS` (as
+//!   `NBD_OPT_LIST`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`,
+//!   `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` (the one context,
+//!   `base:allocation`, when the export offers block status), `NBD_OPT_STARTTLS` (as
 //!   the TLS mode says, [`super::tls`]: the TLS handshake runs in this state machine too,
 //!   non-blocking, and the options after it are read and answered through TLS); every
 //!   other option gets `NBD_REP_ERR_UNSUP`; malformed option data gets
@@ -188,8 +190,12 @@ enum Phase {
     Data { option: u32 },
     /// Skipping `left` bytes of oversized data of `option`.
     Skip { option: u32, left: u32 },
-    /// Negotiated: enter transmission once the replies are sent.
-    Enter { structured: bool },
+    /// Negotiated: enter transmission once the replies are sent (`block_status`: the
+    /// `base:allocation` context is selected).
+    Enter {
+        structured: bool,
+        block_status: bool,
+    },
     /// The client sent `NBD_OPT_ABORT`: close once the acknowledgement is sent.
     Abort,
     /// `NBD_OPT_STARTTLS` was acknowledged: once the acknowledgement is sent (in
@@ -223,6 +229,8 @@ struct Negotiation {
     sent: usize,
     no_zeroes: bool,
     structured: bool,
+    /// `base:allocation` selected by the last `NBD_OPT_SET_META_CONTEXT`.
+    block_status: bool,
     options: u32,
     /// The connection slot reserved by `NBD_OPT_INFO` or `NBD_OPT_GO`.
     slot: Option<Slot>,
@@ -247,6 +255,7 @@ impl Negotiation {
             sent: 0,
             no_zeroes: false,
             structured: false,
+            block_status: false,
             options: 0,
             slot: None,
             id,
@@ -524,6 +533,7 @@ impl Negotiation {
                 self.out.extend_from_slice(&b[..n]);
                 self.phase = Phase::Enter {
                     structured: self.structured,
+                    block_status: self.block_status,
                 };
             }
             ClientOption::Abort => {
@@ -549,6 +559,7 @@ impl Negotiation {
                     // proto.md NBD_OPT_STARTTLS: "the server MUST NOT preserve any
                     // negotiation state ... issued before this command".
                     self.structured = false;
+                    self.block_status = false;
                     self.slot = None;
                     self.tls = Some(session);
                     self.phase = Phase::TlsHandshake;
@@ -583,6 +594,7 @@ impl Negotiation {
                 if matches!(opt, ClientOption::Go(_)) {
                     self.phase = Phase::Enter {
                         structured: self.structured,
+                        block_status: self.block_status,
                     };
                 }
             }
@@ -590,11 +602,57 @@ impl Negotiation {
                 self.structured = true;
                 self.reply(option, proto::REP_ACK, &[]);
             }
+            ClientOption::ListMetaContext(ref r) | ClientOption::SetMetaContext(ref r) => {
+                self.meta_context(option, r, export);
+            }
             ClientOption::Unknown(_) => {
                 self.reply(option, proto::REP_ERR_UNSUP, b"option not supported");
             }
         }
         Ok(())
+    }
+
+    /// Answers `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` (proto.md "Option
+    /// types", "Metadata querying"). The one context is `base:allocation`, offered when
+    /// [`super::ExportConfig::block_status`] is on: listed (id 0) for no query, `base:`
+    /// or its name; selected (id [`proto::BASE_ALLOCATION_ID`]) by its name. Unknown
+    /// queries are silently not selected. SET needs structured replies
+    /// (`NBD_REP_ERR_INVALID` otherwise) and replaces any earlier selection, also when
+    /// it fails; a name that is not the export's gets `NBD_REP_ERR_UNKNOWN`.
+    fn meta_context(
+        &mut self,
+        option: u32,
+        r: &proto::MetaContextRequest<'_>,
+        export: &super::ExportConfig,
+    ) {
+        let set = option == proto::OPT_SET_META_CONTEXT;
+        if set {
+            self.block_status = false;
+            if !self.structured {
+                self.reply(
+                    option,
+                    proto::REP_ERR_INVALID,
+                    b"NBD_OPT_SET_META_CONTEXT needs structured replies: send NBD_OPT_STRUCTURED_REPLY first",
+                );
+                return;
+            }
+        }
+        if !export.matches(r.name) {
+            self.reply(option, proto::REP_ERR_UNKNOWN, b"no such export");
+            return;
+        }
+        if export.block_status && r.names_base_allocation(!set) {
+            let id = if set { proto::BASE_ALLOCATION_ID } else { 0 };
+            self.reply(
+                option,
+                proto::REP_META_CONTEXT,
+                &proto::rep_meta_context_data(id, proto::BASE_ALLOCATION),
+            );
+            if set {
+                self.block_status = true;
+            }
+        }
+        self.reply(option, proto::REP_ACK, &[]);
     }
 
     /// The `NBD_REP_INFO` replies to `NBD_OPT_INFO`/`NBD_OPT_GO`: `NBD_INFO_EXPORT`
@@ -891,7 +949,11 @@ fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) -> bool {
         mut neg,
         ..
     } = p;
-    let Phase::Enter { structured } = neg.phase else {
+    let Phase::Enter {
+        structured,
+        block_status,
+    } = neg.phase
+    else {
         debug!(conn = id, %peer, "client ended the negotiation");
         return false;
     };
@@ -911,6 +973,7 @@ fn finish(p: Pending, shared: &Shared, inboxes: &Inboxes) -> bool {
         tls,
         ExportLimits {
             structured,
+            block_status,
             ..shared.limits
         },
         shared.config.max_inflight_per_connection,
@@ -965,7 +1028,13 @@ mod tests {
         msg.extend_from_slice(&go);
         let mut whole = Negotiation::new(0);
         feed(&mut whole, &shared, &msg, usize::MAX);
-        assert_eq!(whole.phase, Phase::Enter { structured: false });
+        assert_eq!(
+            whole.phase,
+            Phase::Enter {
+                structured: false,
+                block_status: false
+            }
+        );
         assert!(whole.slot.is_some());
         for piece in [1, 3, 16, 4097] {
             let mut n = Negotiation::new(0);
@@ -985,6 +1054,158 @@ mod tests {
         drop(whole);
         assert_eq!(server.stats().connections, 0);
         server.shutdown();
+    }
+
+    /// Replies in `out`: (option, reply type, data) each.
+    fn replies(out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut v = Vec::new();
+        let mut r = out;
+        while !r.is_empty() {
+            v.push(reply_of(&mut r));
+        }
+        v
+    }
+
+    /// Sends `opts` after the flags and returns the replies to them.
+    fn negotiate(
+        n: &mut Negotiation,
+        shared: &Arc<Shared>,
+        opts: &[(u32, Vec<u8>)],
+    ) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut msg = Vec::new();
+        for (o, d) in opts {
+            msg.extend_from_slice(&proto::encode_option_header(*o, d.len() as u32));
+            msg.extend_from_slice(d);
+        }
+        n.out.clear();
+        feed(n, shared, &msg, usize::MAX);
+        replies(&n.out)
+    }
+
+    /// `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`: LIST offers
+    /// `base:allocation` (id 0) for no query, `base:` or the name, and nothing for other
+    /// queries; SET before structured replies is invalid; SET selects it (id 1) only by
+    /// name, silently skips unknown contexts, refuses another export, replaces an earlier
+    /// selection; malformed data is invalid with the stream still in sync; the selection
+    /// survives to `NBD_OPT_GO`; an export with block status off offers nothing.
+    #[test]
+    fn meta_context_negotiation() {
+        use proto::{encode_meta_context_request as mc, OPT_LIST_META_CONTEXT as LIST};
+        use proto::{OPT_SET_META_CONTEXT as SET, REP_ACK, REP_META_CONTEXT};
+        let server = test_server(None);
+        let shared = Arc::clone(&server.shared);
+        let mut n = Negotiation::new(0);
+        feed(
+            &mut n,
+            &shared,
+            &proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes(),
+            usize::MAX,
+        );
+        let ctx = |id: u32| {
+            (
+                REP_META_CONTEXT,
+                proto::rep_meta_context_data(id, "base:allocation"),
+            )
+        };
+        let kinds = |r: Vec<(u32, u32, Vec<u8>)>| -> Vec<(u32, Vec<u8>)> {
+            r.into_iter().map(|(_, t, d)| (t, d)).collect()
+        };
+        for q in [
+            &[][..],
+            &[&b"base:"[..]],
+            &[&b"base:allocation"[..], b"x:y"],
+        ] {
+            let r = kinds(negotiate(&mut n, &shared, &[(LIST, mc(b"x", q))]));
+            assert_eq!(r, vec![ctx(0), (REP_ACK, vec![])], "{q:?}");
+        }
+        let r = kinds(negotiate(&mut n, &shared, &[(LIST, mc(b"", &[b"qemu:"]))]));
+        assert_eq!(r, vec![(REP_ACK, vec![])]);
+        let r = negotiate(&mut n, &shared, &[(LIST, mc(b"nope", &[]))]);
+        assert_eq!(r[0].1, proto::REP_ERR_UNKNOWN);
+        // SET needs structured replies.
+        let r = negotiate(&mut n, &shared, &[(SET, mc(b"x", &[b"base:allocation"]))]);
+        assert_eq!((r.len(), r[0].1), (1, proto::REP_ERR_INVALID));
+        assert!(!n.block_status);
+        negotiate(&mut n, &shared, &[(proto::OPT_STRUCTURED_REPLY, vec![])]);
+        let r = kinds(negotiate(
+            &mut n,
+            &shared,
+            &[(SET, mc(b"x", &[b"base:allocation"]))],
+        ));
+        assert_eq!(r, vec![ctx(1), (REP_ACK, vec![])]);
+        assert!(n.block_status);
+        // A later SET replaces it: unknown contexts (and `base:`) select nothing.
+        let r = kinds(negotiate(
+            &mut n,
+            &shared,
+            &[(SET, mc(b"", &[b"base:", b"a:b"]))],
+        ));
+        assert_eq!(r, vec![(REP_ACK, vec![])]);
+        assert!(!n.block_status);
+        negotiate(&mut n, &shared, &[(SET, mc(b"", &[b"base:allocation"]))]);
+        assert!(n.block_status);
+        // Another export's name; then malformed data (the stream stays in sync: the next
+        // option is answered).
+        let r = negotiate(&mut n, &shared, &[(SET, mc(b"y", &[b"base:allocation"]))]);
+        assert_eq!(r[0].1, proto::REP_ERR_UNKNOWN);
+        assert!(!n.block_status);
+        let r = negotiate(
+            &mut n,
+            &shared,
+            &[
+                (SET, vec![0, 0, 0, 0, 0, 0, 0, 5, 1]),
+                (SET, mc(b"x", &[b"base:allocation"])),
+            ],
+        );
+        assert_eq!(r[0].1, proto::REP_ERR_INVALID);
+        assert_eq!(r.last().unwrap().1, REP_ACK);
+        assert!(n.block_status);
+        negotiate(
+            &mut n,
+            &shared,
+            &[(proto::OPT_GO, proto::encode_info_request(b"x", &[]))],
+        );
+        assert_eq!(
+            n.phase,
+            Phase::Enter {
+                structured: true,
+                block_status: true
+            }
+        );
+        drop(n);
+        server.shutdown();
+
+        // Block status off: nothing offered, nothing selected.
+        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 64 << 10, 512).unwrap();
+        let geo = ArrayGeometry::new(g, 16).unwrap();
+        let mut e = ExportConfig::for_array("x", &geo, 1 << 20);
+        e.block_status = false;
+        let (off, _fe) = NbdServer::builder(e)
+            .listen_tcp("127.0.0.1:0".parse().unwrap())
+            .start(1)
+            .unwrap();
+        let mut n = Negotiation::new(0);
+        feed(
+            &mut n,
+            &off.shared,
+            &proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes(),
+            usize::MAX,
+        );
+        let r = kinds(negotiate(
+            &mut n,
+            &off.shared,
+            &[
+                (LIST, mc(b"", &[])),
+                (proto::OPT_STRUCTURED_REPLY, vec![]),
+                (SET, mc(b"", &[b"base:allocation"])),
+            ],
+        ));
+        assert_eq!(
+            r,
+            vec![(REP_ACK, vec![]), (REP_ACK, vec![]), (REP_ACK, vec![])]
+        );
+        assert!(!n.block_status);
+        off.shutdown();
     }
 
     /// A server of export `x` (RAID5, 3 members, 1 MiB) on a free port, TLS as given.
@@ -1099,7 +1320,13 @@ mod tests {
             "NBD_INFO_EXPORT, NBD_INFO_BLOCK_SIZE, ACK"
         );
         // The structured replies agreed in the clear were dropped by STARTTLS.
-        assert_eq!(n.phase, Phase::Enter { structured: false });
+        assert_eq!(
+            n.phase,
+            Phase::Enter {
+                structured: false,
+                block_status: false
+            }
+        );
         assert!(n.secure && n.tls.is_some() && n.slot.is_some());
         server.shutdown();
     }
@@ -1114,11 +1341,14 @@ mod tests {
         let shared = Arc::clone(&server.shared);
         let mut msg = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
         let go = proto::encode_info_request(b"x", &[]);
+        let meta = proto::encode_meta_context_request(b"x", &[proto::BASE_ALLOCATION.as_bytes()]);
         for (o, d) in [
             (proto::OPT_LIST, &[][..]),
             (proto::OPT_STRUCTURED_REPLY, &[]),
             (proto::OPT_INFO, &go),
             (proto::OPT_GO, &go),
+            (proto::OPT_LIST_META_CONTEXT, &meta),
+            (proto::OPT_SET_META_CONTEXT, &meta),
             (77, &[]),
         ] {
             msg.extend_from_slice(&proto::encode_option_header(o, d.len() as u32));
@@ -1127,7 +1357,7 @@ mod tests {
         let mut n = Negotiation::new(0);
         feed(&mut n, &shared, &msg, usize::MAX);
         assert_eq!(n.phase, Phase::Header);
-        assert!(n.slot.is_none() && !n.structured);
+        assert!(n.slot.is_none() && !n.structured && !n.block_status);
         let mut want = Vec::new();
         let text = b"this server requires TLS: send NBD_OPT_STARTTLS first";
         for o in [
@@ -1135,6 +1365,8 @@ mod tests {
             proto::OPT_STRUCTURED_REPLY,
             proto::OPT_INFO,
             proto::OPT_GO,
+            proto::OPT_LIST_META_CONTEXT,
+            proto::OPT_SET_META_CONTEXT,
             77,
         ] {
             want.extend_from_slice(&proto::option_reply_header(

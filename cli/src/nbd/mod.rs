@@ -23,7 +23,14 @@
 //! trim and write-zeroes (each switchable, see [`ExportConfig`]), fast-zero requests
 //! (always refused at once with `NBD_ENOTSUP`, which proto.md allows), and multi-conn: a
 //! flush goes through the array to every member, whichever connection sent it, so its
-//! effect is global. Structured replies are offered; block status is not.
+//! effect is global. Structured replies are offered, and block status (proto.md
+//! "Metadata querying"): the metadata context `base:allocation`
+//! (`NBD_OPT_LIST_META_CONTEXT`, `NBD_OPT_SET_META_CONTEXT`, see `handshake`) and
+//! `NBD_CMD_BLOCK_STATUS`, answered on the reactor from the array's zero map
+//! (`engine::zero_map`: stripes known to read as zeroes are `NBD_STATE_HOLE |
+//! NBD_STATE_ZERO`, the rest data) without an array request or an allocation, at most
+//! [`proto::MAX_BLOCK_DESCRIPTORS`] descriptors a reply; switchable with
+//! [`ExportConfig::block_status`] (`ferroraid serve --nbd-block-status on|off`).
 //!
 //! # Request sizes (proto.md "Block size constraints")
 //! - Reads and writes up to 2^25 bytes (32 MiB) are served whatever maximum block size was
@@ -123,6 +130,11 @@ pub struct ExportConfig {
     /// Advertise `NBD_FLAG_SEND_WRITE_ZEROES` and `NBD_FLAG_SEND_FAST_ZERO` (write-zeroes
     /// become `ArrayOp::WriteZeroes`; fast-zero requests are refused with `NBD_ENOTSUP`).
     pub write_zeroes: bool,
+    /// Offer the `base:allocation` metadata context (proto.md "Metadata querying") and
+    /// with it `NBD_CMD_BLOCK_STATUS`, answered from the array's zero map
+    /// (`engine::zero_map`). Off: `NBD_OPT_LIST_META_CONTEXT` lists no context and
+    /// `NBD_OPT_SET_META_CONTEXT` selects none (`ferroraid serve --nbd-block-status off`).
+    pub block_status: bool,
 }
 
 impl ExportConfig {
@@ -130,7 +142,8 @@ impl ExportConfig {
     /// full stripe of data when that is a power of two no larger than `max_block_bytes`
     /// (a full-stripe write needs no parity reads), else one chunk (else the largest power
     /// of two that fits); maximum = `max_block_bytes` rounded down to whole blocks.
-    /// Trim and write-zeroes are on; the description names the array's shape.
+    /// Trim, write-zeroes and block status are on; the description names the array's
+    /// shape.
     pub fn for_array(name: impl Into<String>, geo: &ArrayGeometry, max_block_bytes: u32) -> Self {
         let g = geo.geometry();
         let block = g.block_bytes();
@@ -159,6 +172,7 @@ impl ExportConfig {
             max_block_bytes: max,
             trim: true,
             write_zeroes: true,
+            block_status: true,
         }
     }
 
@@ -218,6 +232,7 @@ impl ExportConfig {
             write_zeroes: self.write_zeroes,
             fast_zero: self.write_zeroes,
             structured: false,
+            block_status: false,
         }
     }
 }

@@ -100,6 +100,9 @@ pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 /// `NBD_REP_INFO`.
 pub const REP_INFO: u32 = 3;
+/// `NBD_REP_META_CONTEXT`: one metadata context, a reply to `NBD_OPT_LIST_META_CONTEXT`
+/// or `NBD_OPT_SET_META_CONTEXT` (proto.md "Option reply types").
+pub const REP_META_CONTEXT: u32 = 4;
 /// `NBD_REP_ERR_UNSUP`: unknown option.
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 /// `NBD_REP_ERR_POLICY`.
@@ -169,6 +172,8 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 /// `NBD_REPLY_TYPE_OFFSET_HOLE`.
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+/// `NBD_REPLY_TYPE_BLOCK_STATUS`: a context id and block descriptors.
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 /// `NBD_REPLY_TYPE_ERROR`.
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 /// `NBD_REPLY_TYPE_ERROR_OFFSET`.
@@ -190,6 +195,29 @@ pub const EOVERFLOW: u32 = 75;
 pub const ENOTSUP: u32 = 95;
 /// `NBD_ESHUTDOWN`.
 pub const ESHUTDOWN: u32 = 108;
+
+// ---------------------------------------------------------------------------------------
+// Metadata contexts (proto.md "Metadata querying", "Metadata contexts", "`base:`
+// metadata context").
+// ---------------------------------------------------------------------------------------
+
+/// The one metadata context this server offers: allocation status of the export.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// The context id this server gives `base:allocation` when it is selected
+/// (`NBD_OPT_SET_META_CONTEXT`); ids are the server's choice. `NBD_OPT_LIST_META_CONTEXT`
+/// replies carry id 0.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+/// `base:allocation` status flag `NBD_STATE_HOLE`: the extent is not allocated.
+pub const STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` status flag `NBD_STATE_ZERO`: the extent reads as zeroes.
+pub const STATE_ZERO: u32 = 1 << 1;
+/// Most block descriptors one `NBD_REPLY_TYPE_BLOCK_STATUS` chunk of this server carries
+/// (proto.md "`NBD_REPLY_TYPE_BLOCK_STATUS`": the server may describe less than the
+/// requested range, as long as it sends at least one descriptor). 256 descriptors are
+/// 2 KiB; a client asks again from where the reply ended.
+pub const MAX_BLOCK_DESCRIPTORS: usize = 256;
+/// Bytes of one block descriptor: 32-bit extent length, 32-bit status flags.
+pub const BLOCK_DESCRIPTOR_BYTES: usize = 8;
 
 // ---------------------------------------------------------------------------------------
 // Sizes.
@@ -374,9 +402,117 @@ pub enum ClientOption<'a> {
     Go(InfoRequest<'a>),
     /// `NBD_OPT_STRUCTURED_REPLY`.
     StructuredReply,
-    /// Any other option number (reply `NBD_REP_ERR_UNSUP`); includes the metadata-context
-    /// options, which this server does not implement.
+    /// `NBD_OPT_LIST_META_CONTEXT`.
+    ListMetaContext(MetaContextRequest<'a>),
+    /// `NBD_OPT_SET_META_CONTEXT`.
+    SetMetaContext(MetaContextRequest<'a>),
+    /// Any other option number (reply `NBD_REP_ERR_UNSUP`).
     Unknown(u32),
+}
+
+/// The data of `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` (proto.md "Option
+/// types"): an export name and a list of queries (context names, or for
+/// `NBD_OPT_LIST_META_CONTEXT` also a bare namespace such as `base:`). Checked when
+/// parsed: every query length fits the data, and the data holds nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaContextRequest<'a> {
+    /// Export name (empty = the default export).
+    pub name: &'a [u8],
+    /// Number of queries.
+    count: u32,
+    /// The raw queries: `count` × (32-bit length, string).
+    queries: &'a [u8],
+}
+
+impl<'a> MetaContextRequest<'a> {
+    /// The queries, in the client's order (not checked for UTF-8: a query that is not
+    /// valid UTF-8 names no context).
+    pub fn queries(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let mut rest = self.queries;
+        (0..self.count).map_while(move |_| {
+            let len = be32(rest.get(..4)?, 0) as usize;
+            let q = rest.get(4..4 + len)?;
+            rest = &rest[4 + len..];
+            Some(q)
+        })
+    }
+
+    /// Whether the request names `base:allocation`: a query of exactly that name, or
+    /// when `list` (`NBD_OPT_LIST_META_CONTEXT`) no query at all ("all contexts") or the
+    /// bare namespace `base:` ("all contexts of the namespace"). For
+    /// `NBD_OPT_SET_META_CONTEXT` only the full name selects it (as qemu-nbd does).
+    pub fn names_base_allocation(&self, list: bool) -> bool {
+        if list && self.count == 0 {
+            return true;
+        }
+        self.queries()
+            .any(|q| q == BASE_ALLOCATION.as_bytes() || (list && q == b"base:"))
+    }
+}
+
+fn parse_meta_context_request(data: &[u8]) -> Result<MetaContextRequest<'_>, ProtoError> {
+    let bad = ProtoError::Malformed;
+    if data.len() < 8 {
+        return Err(bad(
+            "META_CONTEXT data shorter than name length + query count",
+        ));
+    }
+    let name_len = be32(data, 0) as usize;
+    if name_len > data.len() - 8 {
+        return Err(bad("META_CONTEXT name length exceeds the option data"));
+    }
+    if name_len > MAX_STRING_BYTES {
+        return Err(ProtoError::StringTooLong(name_len));
+    }
+    let name = &data[4..4 + name_len];
+    let count = be32(data, 4 + name_len);
+    let queries = &data[8 + name_len..];
+    let mut rest = queries;
+    for _ in 0..count {
+        if rest.len() < 4 {
+            return Err(bad("META_CONTEXT query count exceeds the option data"));
+        }
+        let len = be32(rest, 0) as usize;
+        if len > rest.len() - 4 {
+            return Err(bad("META_CONTEXT query length exceeds the option data"));
+        }
+        if len > MAX_STRING_BYTES {
+            return Err(ProtoError::StringTooLong(len));
+        }
+        rest = &rest[4 + len..];
+    }
+    if !rest.is_empty() {
+        return Err(bad("META_CONTEXT data longer than its queries"));
+    }
+    Ok(MetaContextRequest {
+        name,
+        count,
+        queries,
+    })
+}
+
+/// Encodes `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` data (for clients and
+/// tests): export name, query count, queries.
+pub fn encode_meta_context_request(name: &[u8], queries: &[&[u8]]) -> Vec<u8> {
+    let mut v =
+        Vec::with_capacity(8 + name.len() + queries.iter().map(|q| 4 + q.len()).sum::<usize>());
+    v.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    v.extend_from_slice(name);
+    v.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        v.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        v.extend_from_slice(q);
+    }
+    v
+}
+
+/// `NBD_REP_META_CONTEXT` data (proto.md "Option reply types"): the 32-bit context id
+/// (0 in replies to `NBD_OPT_LIST_META_CONTEXT`) and the context's name.
+pub fn rep_meta_context_data(id: u32, name: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + name.len());
+    v.extend_from_slice(&id.to_be_bytes());
+    v.extend_from_slice(name.as_bytes());
+    v
 }
 
 /// Decodes the data of option `option`.
@@ -384,7 +520,10 @@ pub enum ClientOption<'a> {
 /// Rules (proto.md "Option types"): `NBD_OPT_LIST`, `NBD_OPT_STARTTLS` and
 /// `NBD_OPT_STRUCTURED_REPLY` carry no data; `NBD_OPT_INFO`/`NBD_OPT_GO` carry a 32-bit
 /// name length (at most data length − 6), the name, a 16-bit count and that many 16-bit
-/// information requests, and nothing else; names are at most 4096 bytes.
+/// information requests, and nothing else; `NBD_OPT_LIST_META_CONTEXT` /
+/// `NBD_OPT_SET_META_CONTEXT` carry a 32-bit name length, the name, a 32-bit query count
+/// and that many (32-bit length, query) pairs, and nothing else; names and queries are at
+/// most 4096 bytes.
 ///
 /// # Errors
 /// [`ProtoError::Malformed`] / [`ProtoError::StringTooLong`] (reply
@@ -417,6 +556,12 @@ pub fn parse_option(option: u32, data: &[u8]) -> Result<ClientOption<'_>, ProtoE
                 ClientOption::Go(r)
             })
         }
+        OPT_LIST_META_CONTEXT => Ok(ClientOption::ListMetaContext(parse_meta_context_request(
+            data,
+        )?)),
+        OPT_SET_META_CONTEXT => Ok(ClientOption::SetMetaContext(parse_meta_context_request(
+            data,
+        )?)),
         other => Ok(ClientOption::Unknown(other)),
     }
 }
@@ -644,6 +789,10 @@ pub struct ExportLimits {
     /// Whether structured replies were negotiated on this connection (enables
     /// `NBD_CMD_FLAG_DF`, advertised with `NBD_FLAG_SEND_DF` only then).
     pub structured: bool,
+    /// Whether the client selected the `base:allocation` metadata context on this
+    /// connection (`NBD_OPT_SET_META_CONTEXT`, which needs structured replies): enables
+    /// `NBD_CMD_BLOCK_STATUS`.
+    pub block_status: bool,
 }
 
 impl ExportLimits {
@@ -698,8 +847,14 @@ pub enum Verdict {
         /// `NBD_CMD_FLAG_FUA`.
         fua: bool,
     },
-    /// A zero-length read, write, trim or write-zeroes: reply success without doing
-    /// anything (proto.md: behaviour unspecified, "the server SHOULD NOT disconnect").
+    /// Describe the range's allocation (`base:allocation`), answered with one
+    /// `NBD_REPLY_TYPE_BLOCK_STATUS` chunk.
+    BlockStatus {
+        /// `NBD_CMD_FLAG_REQ_ONE`: exactly one descriptor.
+        req_one: bool,
+    },
+    /// A zero-length read, write, trim, write-zeroes or block status: reply success
+    /// without doing anything (proto.md: behaviour unspecified, "the server SHOULD NOT disconnect").
     Noop,
     /// `NBD_CMD_DISC`: finish outstanding requests, then close (no reply).
     Disconnect,
@@ -716,9 +871,11 @@ pub enum Verdict {
 /// Judges a request against the export (proto.md "Request types", "Command flags",
 /// "Block size constraints", "Error values"), in this order:
 ///
-/// 1. unknown or unimplemented command (`NBD_CMD_CACHE`, `NBD_CMD_BLOCK_STATUS`, trim or
-///    write-zeroes when not advertised) → `NBD_EINVAL` ("SHOULD return `NBD_EINVAL` if it
-///    receives an unknown command");
+/// 1. unknown or unimplemented command (`NBD_CMD_CACHE`, trim or write-zeroes when not
+///    advertised) → `NBD_EINVAL` ("SHOULD return `NBD_EINVAL` if it receives an unknown
+///    command"); `NBD_CMD_BLOCK_STATUS` without a selected metadata context →
+///    `NBD_EINVAL` (proto.md "Metadata querying": "Servers SHOULD reply to clients doing
+///    so anyway with `EINVAL`");
 /// 2. a command flag not documented for the command, or not negotiated → `NBD_EINVAL`;
 ///    `NBD_CMD_FLAG_FUA` is accepted on every command ("the server MUST accept all
 ///    commands with this bit set (even by ignoring the bit)");
@@ -726,7 +883,7 @@ pub enum Verdict {
 ///    reserved, and MUST be set to all-zero");
 /// 4. offset or length not a multiple of the minimum block size → `NBD_EINVAL`;
 /// 5. a range ending beyond the export → `NBD_ENOSPC` for writes and write-zeroes,
-///    `NBD_EINVAL` for reads and trims ("Error values");
+///    `NBD_EINVAL` for reads, trims and block status ("Error values");
 /// 6. a read or write longer than [`ExportLimits::max_request_bytes`] (the larger of the
 ///    advertised maximum and 2^25 bytes) → `NBD_EINVAL`. Up to 2^25 bytes are served
 ///    whatever maximum was advertised — proto.md "Block size constraints": without agreed
@@ -734,8 +891,9 @@ pub enum Verdict {
 ///    2^25", and any payload up to 2^25 "SHOULD NOT be considered a denial of service
 ///    attack, even if that length is larger than the advertised maximum"; qemu-nbd and
 ///    nbdkit serve them too. The front end splits such requests into pieces its buffers
-///    hold. `NBD_EOVERFLOW` is reserved for `NBD_CMD_FLAG_DF`. Trim and write-zeroes carry
-///    no payload and may be longer (the array takes any 32-bit length);
+///    hold. `NBD_EOVERFLOW` is reserved for `NBD_CMD_FLAG_DF`. Trim, write-zeroes and
+///    block status carry no payload and may be longer (the array takes any 32-bit
+///    length; a block status reply describes at most [`MAX_BLOCK_DESCRIPTORS`] extents);
 /// 7. `NBD_CMD_FLAG_FAST_ZERO` → `NBD_ENOTSUP` at once, without touching the export: this
 ///    server cannot promise that zeroing is faster than writing, and "a fast failure of
 ///    `NBD_ENOTSUP` still counts as a fast response";
@@ -749,7 +907,12 @@ pub fn check_request(r: &Request, lim: &ExportLimits) -> Verdict {
         CMD_WRITE_ZEROES if lim.write_zeroes => {
             CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | if lim.fast_zero { CMD_FLAG_FAST_ZERO } else { 0 }
         }
+        CMD_BLOCK_STATUS if lim.block_status => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
         CMD_DISC => return Verdict::Disconnect,
+        CMD_BLOCK_STATUS => return reject(
+            EINVAL,
+            "block status needs the base:allocation metadata context (NBD_OPT_SET_META_CONTEXT)",
+        ),
         CMD_TRIM => return reject(EINVAL, "trim is not supported by this export"),
         CMD_WRITE_ZEROES => return reject(EINVAL, "write-zeroes is not supported by this export"),
         _ => return reject(EINVAL, "unknown or unsupported command"),
@@ -796,6 +959,9 @@ pub fn check_request(r: &Request, lim: &ExportLimits) -> Verdict {
         CMD_READ => Verdict::Read,
         CMD_WRITE => Verdict::Write { fua },
         CMD_TRIM => Verdict::Trim { fua },
+        CMD_BLOCK_STATUS => Verdict::BlockStatus {
+            req_one: r.flags & CMD_FLAG_REQ_ONE != 0,
+        },
         _ => Verdict::WriteZeroes { fua },
     }
 }
@@ -874,6 +1040,34 @@ pub fn error_offset_tail(offset: u64) -> [u8; 8] {
     offset.to_be_bytes()
 }
 
+/// The head of a final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk (proto.md "Structured reply
+/// types"): chunk header with `NBD_REPLY_FLAG_DONE` and the 32-bit context id;
+/// `descriptors` block descriptors ([`block_descriptor`], 8 bytes each, at least one)
+/// follow it.
+pub fn block_status_head(handle: u64, context_id: u32, descriptors: u32) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    b[0..20].copy_from_slice(&structured_header(
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        handle,
+        descriptors
+            .saturating_mul(BLOCK_DESCRIPTOR_BYTES as u32)
+            .saturating_add(4),
+    ));
+    b[20..24].copy_from_slice(&context_id.to_be_bytes());
+    b
+}
+
+/// One block descriptor (proto.md "`NBD_REPLY_TYPE_BLOCK_STATUS`"): the extent's length
+/// in bytes and its status flags (for `base:allocation`, [`STATE_HOLE`] |
+/// [`STATE_ZERO`] or 0).
+pub fn block_descriptor(length_bytes: u32, status: u32) -> [u8; BLOCK_DESCRIPTOR_BYTES] {
+    let mut b = [0u8; BLOCK_DESCRIPTOR_BYTES];
+    b[0..4].copy_from_slice(&length_bytes.to_be_bytes());
+    b[4..8].copy_from_slice(&status.to_be_bytes());
+    b
+}
+
 /// A complete final `NBD_REPLY_TYPE_NONE` chunk (success, no payload).
 pub fn none_chunk(handle: u64) -> [u8; STRUCTURED_HEADER_BYTES] {
     structured_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0)
@@ -950,6 +1144,7 @@ mod tests {
             write_zeroes: true,
             fast_zero: true,
             structured: false,
+            block_status: false,
         }
     }
 
@@ -1125,6 +1320,114 @@ mod tests {
             parse_option(OPT_EXPORT_NAME, &long),
             Err(ProtoError::StringTooLong(_))
         ));
+    }
+
+    #[test]
+    fn meta_context_requests_and_block_status_rules() {
+        let d = encode_meta_context_request(b"disk", &[b"base:", b"qemu:dirty-bitmap:x"]);
+        for opt in [OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT] {
+            let r = match parse_option(opt, &d) {
+                Ok(ClientOption::ListMetaContext(r) | ClientOption::SetMetaContext(r)) => r,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(r.name, b"disk");
+            let q: Vec<&[u8]> = r.queries().collect();
+            assert_eq!(q, [&b"base:"[..], b"qemu:dirty-bitmap:x"]);
+            // `base:` lists the namespace but selects nothing.
+            assert!(r.names_base_allocation(true) && !r.names_base_allocation(false));
+        }
+        let none = encode_meta_context_request(b"", &[]);
+        let Ok(ClientOption::SetMetaContext(r)) = parse_option(OPT_SET_META_CONTEXT, &none) else {
+            panic!()
+        };
+        assert!(r.names_base_allocation(true) && !r.names_base_allocation(false));
+        let named = encode_meta_context_request(b"", &[b"base:allocation"]);
+        let Ok(ClientOption::SetMetaContext(r)) = parse_option(OPT_SET_META_CONTEXT, &named) else {
+            panic!()
+        };
+        assert!(r.names_base_allocation(false));
+        // Malformed: short, name past the data, a query past the data, trailing bytes,
+        // count larger than the queries, an over-long query.
+        let mut trailing = named.clone();
+        trailing.push(0);
+        let mut count = named.clone();
+        count[7] = 2;
+        let mut qlen = named.clone();
+        qlen[11] = 200;
+        let long = encode_meta_context_request(b"", &[&[b'a'; MAX_STRING_BYTES + 1]]);
+        for bad in [
+            &named[..7],
+            &[0, 0, 0, 9, 0, 0, 0, 0][..],
+            &qlen,
+            &trailing,
+            &count,
+            &long,
+        ] {
+            assert!(
+                parse_option(OPT_SET_META_CONTEXT, bad).is_err(),
+                "{bad:?} accepted"
+            );
+        }
+        // Block status: EINVAL without the context; REQ_ONE (and FUA) allowed with it; range
+        // and alignment as reads; zero length a no-op; any 32-bit length.
+        let err = |v: Verdict| match v {
+            Verdict::Reject { error, .. } => error,
+            other => panic!("expected a rejection, got {other:?}"),
+        };
+        let l = lim();
+        assert_eq!(
+            err(check_request(&req(CMD_BLOCK_STATUS, 0, 0, 512), &l)),
+            EINVAL
+        );
+        let b = ExportLimits {
+            structured: true,
+            block_status: true,
+            ..l
+        };
+        assert_eq!(
+            check_request(&req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 1 << 20), &b),
+            Verdict::BlockStatus { req_one: true }
+        );
+        assert_eq!(
+            check_request(&req(CMD_BLOCK_STATUS, CMD_FLAG_FUA, 512, 512), &b),
+            Verdict::BlockStatus { req_one: false }
+        );
+        assert_eq!(
+            err(check_request(
+                &req(CMD_BLOCK_STATUS, CMD_FLAG_DF, 0, 512),
+                &b
+            )),
+            EINVAL
+        );
+        assert_eq!(
+            err(check_request(&req(CMD_BLOCK_STATUS, 0, 1 << 20, 512), &b)),
+            EINVAL
+        );
+        assert_eq!(
+            err(check_request(
+                &req(CMD_BLOCK_STATUS, 0, 0, (1 << 20) + 512),
+                &b
+            )),
+            EINVAL
+        );
+        assert_eq!(
+            err(check_request(&req(CMD_BLOCK_STATUS, 0, 100, 512), &b)),
+            EINVAL
+        );
+        assert_eq!(
+            check_request(&req(CMD_BLOCK_STATUS, 0, 0, 0), &b),
+            Verdict::Noop
+        );
+        let head = block_status_head(3, BASE_ALLOCATION_ID, 2);
+        assert_eq!(
+            parse_reply_header(&head).unwrap().0,
+            ReplyHeader::Structured {
+                flags: REPLY_FLAG_DONE,
+                kind: REPLY_TYPE_BLOCK_STATUS,
+                handle: 3,
+                length: 20
+            }
+        );
     }
 
     #[test]
