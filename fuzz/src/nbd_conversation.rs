@@ -95,6 +95,9 @@ pub const TURNS_FIXED: u64 = 2_000;
 pub const TURNS_PER_BYTE: u64 = 64;
 /// Loop turns in a row without any progress that count as a hang.
 pub const IDLE_TURNS: u32 = 256;
+/// Longest option data the server reads and parses (`nbd::handshake::MAX_OPTION_BYTES`);
+/// longer data is skipped and answered `NBD_REP_ERR_TOO_BIG`.
+const OPTION_PARSE_LIMIT: u32 = 64 << 10;
 /// Chunk size of the array, bytes.
 const CHUNK: u64 = 4096;
 /// Stripes of the array (a small export: 128 KiB).
@@ -1053,7 +1056,12 @@ impl<'a> Checker<'a> {
     /// The TLS rules for the reply `reply` to `opt` (proto.md "TLS support" and
     /// `NBD_OPT_STARTTLS`), a shutting-down server's `NBD_REP_ERR_SHUTDOWN` excepted.
     fn check_tls_reply(&self, opt: Opt, reply: u32) {
-        if reply == proto::REP_ERR_SHUTDOWN {
+        // Option data beyond what the server parses (64 KiB) is skipped unread and answered
+        // `NBD_REP_ERR_TOO_BIG` whatever the option and the TLS state: the reply to its
+        // framing, which tells a plaintext client nothing.
+        if reply == proto::REP_ERR_SHUTDOWN
+            || (reply == proto::REP_ERR_TOO_BIG && opt.length > OPTION_PARSE_LIMIT)
+        {
             return;
         }
         if opt.option == proto::OPT_STARTTLS {
