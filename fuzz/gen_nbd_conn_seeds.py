@@ -141,6 +141,15 @@ def main():
                            + option(OPT_GO, info_request(EXPORT, [INFO_BLOCK_SIZE]))
                            + r.out, TLS_ALLOW)
 
+    # TLS allowed: structured replies and NBD_OPT_INFO in the clear, then STARTTLS, which
+    # drops them (proto.md): GO inside TLS without structured replies gets simple replies.
+    r = Requests()
+    r(WRITE, 0, 4096)(READ, 0, 4096)(READ, 4096, 12288)(FLUSH)(DISC)
+    seeds["tls-state-dropped"] = seed(0x08, 0x0000, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+                                      + option(OPT_STRUCTURED_REPLY) + option(OPT_INFO, info_request(EXPORT))
+                                      + option(OPT_STARTTLS) + option(OPT_GO, info_request(EXPORT))
+                                      + r.out, TLS_ALLOW)
+
     # TLS required: options in the clear refused (NBD_REP_ERR_TLS_REQD), then STARTTLS,
     # a second STARTTLS inside TLS (NBD_REP_ERR_INVALID), list, GO, simple replies.
     r = Requests()
