@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
             TLS_TRANSMISSION.fetch_add(1, Ordering::Relaxed);
         }
     }
-    if runs % every == 0 {
+    if runs.is_multiple_of(every) {
         eprintln!(
             "nbd_conn: {runs} runs, {} with a TLS handshake, {} of them in transmission",
             TLS.load(Ordering::Relaxed),
