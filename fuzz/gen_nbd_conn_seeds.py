@@ -2,7 +2,10 @@
 """Writes the seeds of the `nbd_conn` fuzz target (fuzz/seeds/nbd_conn/): whole NBD
 conversations built from proto.md by hand, independently of the Rust code, in the
 target's input format (src/nbd_conversation.rs): a setup byte, two fragmentation bytes,
-then the client's byte stream (handshake flags, options, requests and write payloads).
+a TLS byte, then the client's byte stream (handshake flags, options, requests and write
+payloads). With TLS the stream stays plaintext NBD: after the NBD_OPT_STARTTLS
+acknowledgement the target's client makes the TLS handshake itself and encrypts the rest
+of the stream, so no TLS bytes are in a seed.
 
 Run from anywhere: python3 fuzz/gen_nbd_conn_seeds.py
 """
@@ -52,8 +55,18 @@ class Requests:
         return self
 
 
-def seed(setup, frag, stream):
-    return bytes([setup]) + struct.pack(">H", frag) + stream
+# The TLS byte: bits 0-1 the server's mode, bit 2 an eager client (no TLS after the
+# acknowledgement), bit 3 TLS 1.2 only, bits 4-7 a ciphertext byte to flip.
+TLS_OFF, TLS_ALLOW, TLS_REQUIRE, TLS_REQUIRE_CERT = 0, 1, 2, 3
+TLS_EAGER, TLS_12 = 4, 8
+
+
+def tamper(k):
+    return k << 4
+
+
+def seed(setup, frag, stream, tls=TLS_OFF):
+    return bytes([setup]) + struct.pack(">HB", frag, tls) + stream
 
 
 def main():
@@ -160,6 +173,61 @@ def main():
         + option(OPT_STRUCTURED_REPLY)
         + option(OPT_SET_META_CONTEXT, meta_request(EXPORT, [b"base:allocation"]))
         + option(OPT_EXPORT_NAME, EXPORT) + r.out)
+
+    # TLS allowed: STARTTLS first, then structured replies and GO inside TLS, commands
+    # in odd pieces (the ciphertext is sent in the same pieces).
+    r = Requests()
+    r(WRITE, 0, 8192, FUA)(READ, 0, 8192)(WRITE_ZEROES, 8192, 4096)(TRIM, 12288, 4096)
+    r(FLUSH)(READ, 4096, 40000)(WRITE, 65536, 20000)(READ, 65536, 20480)(DISC)
+    seeds["tls-go"] = seed(0x18, 0x3a11, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+                           + option(OPT_STARTTLS) + option(OPT_STRUCTURED_REPLY)
+                           + option(OPT_GO, info_request(EXPORT, [INFO_BLOCK_SIZE]))
+                           + r.out, TLS_ALLOW)
+
+    # TLS allowed: structured replies and NBD_OPT_INFO in the clear, then STARTTLS, which
+    # drops them (proto.md): GO inside TLS without structured replies gets simple replies.
+    r = Requests()
+    r(WRITE, 0, 4096)(READ, 0, 4096)(READ, 4096, 12288)(FLUSH)(DISC)
+    seeds["tls-state-dropped"] = seed(0x08, 0x0000, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+                                      + option(OPT_STRUCTURED_REPLY) + option(OPT_INFO, info_request(EXPORT))
+                                      + option(OPT_STARTTLS) + option(OPT_GO, info_request(EXPORT))
+                                      + r.out, TLS_ALLOW)
+
+    # TLS required: options in the clear refused (NBD_REP_ERR_TLS_REQD), then STARTTLS,
+    # a second STARTTLS inside TLS (NBD_REP_ERR_INVALID), list, GO, simple replies.
+    r = Requests()
+    r(WRITE, 0, 4096)(READ, 0, 4096)(WRITE, 4096, 1024)(READ, 0, 65536)(FLUSH)(DISC)
+    seeds["tls-require-refused-first"] = seed(
+        0x08, 0x0000, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+        + option(OPT_LIST) + option(OPT_INFO, info_request(EXPORT)) + option(OPT_STRUCTURED_REPLY)
+        + option(OPT_STARTTLS) + option(OPT_STARTTLS) + option(OPT_LIST)
+        + option(OPT_GO, info_request(EXPORT)) + r.out, TLS_REQUIRE)
+
+    # TLS allowed, a plaintext client: served as without TLS.
+    r = Requests()
+    r(WRITE, 0, 4096)(READ, 0, 4096)(TRIM, 0, 4096)(READ, 0, 8192)(DISC)
+    seeds["tls-allow-plaintext"] = seed(0x00, 0x0102, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+                                        + option(OPT_STRUCTURED_REPLY)
+                                        + option(OPT_GO, info_request(EXPORT)) + r.out, TLS_ALLOW)
+
+    # Client certificates required, TLS 1.2, RAID6, a slow client; NBD_OPT_EXPORT_NAME
+    # inside TLS.
+    r = Requests()
+    r(WRITE, 0, 32768)(READ, 0, 65536)(WRITE_ZEROES, 0, 4096)(READ, 0, 4096)(DISC)
+    seeds["tls-client-cert-tls12"] = seed(0x89, 0x0777, struct.pack(">I", FIXED_NEWSTYLE)
+                                          + option(OPT_STARTTLS) + option(OPT_EXPORT_NAME, EXPORT)
+                                          + r.out, TLS_REQUIRE_CERT | TLS_12)
+
+    # TLS required and NBD_OPT_EXPORT_NAME in the clear: closed without export data.
+    seeds["tls-require-export-name"] = seed(0x00, 0x0000, struct.pack(">I", FIXED_NEWSTYLE)
+                                            + option(OPT_EXPORT_NAME, EXPORT), TLS_REQUIRE)
+
+    # A client whose ClientHello is corrupted in flight: the server ends the handshake.
+    r = Requests()
+    r(READ, 0, 4096)(DISC)
+    seeds["tls-tampered-hello"] = seed(0x00, 0x0000, struct.pack(">I", FIXED_NEWSTYLE | NO_ZEROES)
+                                       + option(OPT_STARTTLS) + option(OPT_GO, info_request(EXPORT))
+                                       + r.out, TLS_ALLOW | tamper(1))
 
     for name, data in sorted(seeds.items()):
         with open(os.path.join(out, name), "wb") as f:

@@ -20,9 +20,30 @@
 //!   the smallest the kernel allows);
 //! - bytes 1–2, the fragmentation: 0 sends the stream as it is; any other value seeds the
 //!   generator of piece sizes (1 byte to 64 KiB);
+//! - byte 3, TLS ([`TlsSetup`]): bits 0–1 the server's `--tls` mode (off; `allow`;
+//!   `require`; `require` with client certificates of the test CA, which the client
+//!   presents), bit 2 an eager client (after `NBD_OPT_STARTTLS` it goes on in the clear
+//!   without waiting for the reply and never starts TLS: the server's TLS layer gets
+//!   plaintext NBD), bit 3 the client offers TLS 1.2 only (else 1.3 is agreed), bits 4–7
+//!   `k`: when not 0 the client's ciphertext byte at offset 293 × (`k` − 1) + 1 is
+//!   flipped (in the handshake for small `k`, in the records after it otherwise);
 //! - the rest: what the client sends, from its handshake flags on: options, then requests
 //!   and write payloads. A seed is a valid whole conversation; mutations give options in
 //!   any order, unknown ones, bad magic, odd lengths, and truncation ends it at any byte.
+//!
+//! # TLS
+//! The stream is plaintext NBD whatever the TLS byte says: no TLS bytes are in the input.
+//! The client sends it in the clear up to the end of the next `NBD_OPT_STARTTLS` and waits
+//! for its reply; after the acknowledgement (`NBD_REP_ACK`) a rustls `ClientConnection`
+//! (trusting the test CA, server name `localhost`) makes the TLS handshake on the same
+//! non-blocking socket, then the rest of the stream is handed to the TLS writer in the
+//! input's piece sizes and the ciphertext sent in the input's piece sizes too; the
+//! server's bytes go through the session before the checker parses them. At the end the
+//! client sends close_notify (unless it drops the socket). The certificates (a CA, a
+//! server and a client certificate of it) are made with rcgen once per process and the
+//! rustls configurations cached (a `OnceLock`): an execution pays for a TLS handshake,
+//! not for key generation. The handshakes use fresh randomness, so a conversation with
+//! TLS is not byte-for-byte repeatable on the wire (its plaintext is).
 //!
 //! # What must hold (a panic otherwise)
 //! - no panic in the server;
@@ -33,21 +54,27 @@
 //!   answered (a simple reply to a read only without structured replies; read data within
 //!   the read's range; error chunks well formed), and nothing after an `NBD_OPT_ABORT`
 //!   acknowledgement;
+//! - TLS (proto.md "TLS support", `NBD_OPT_STARTTLS`): `NBD_OPT_STARTTLS` gets
+//!   `NBD_REP_ERR_POLICY` with TLS off, `NBD_REP_ERR_INVALID` with data or once TLS is on,
+//!   else `NBD_REP_ACK`; with TLS required every other option but `NBD_OPT_ABORT` gets
+//!   `NBD_REP_ERR_TLS_REQD` before TLS, and `NBD_OPT_EXPORT_NAME` is closed without a
+//!   byte of export data (a shutting-down server's `NBD_REP_ERR_SHUTDOWN` excepted);
+//!   structured replies negotiated before STARTTLS do not survive it; the server's TLS
+//!   records always verify (a TLS failure on the client's side is a server bug unless the
+//!   client flipped a byte of its own);
 //! - every request is answered before the server closes, when nothing allowed it to close
 //!   early: the client's stream ended at a message boundary (or with `NBD_CMD_DISC`),
 //!   with no bad magic and no write payload beyond 2^25 bytes, the client shut down only
-//!   its sending side and the server was not asked to shut down;
+//!   its sending side, the server was not asked to shut down and no TLS byte was flipped
+//!   nor plaintext sent where TLS was due;
 //! - no hang: at most `TURNS_FIXED + TURNS_PER_BYTE` × input bytes loop turns in all, and
 //!   never [`IDLE_TURNS`] turns in a row in which nothing moves before the conversation
 //!   is over;
 //! - afterwards a server shutdown drains the front-end: no connection, no buffer and no
 //!   connection slot is left taken.
 //!
-//! STARTTLS is not negotiated here yet: [`Setup`] is where a TLS option would go (a bit of
-//! byte 0 turning `--tls` on, with the client side doing its TLS handshake after the
-//! `NBD_OPT_STARTTLS` acknowledgement through the same piece-wise sender).
 
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
@@ -60,14 +87,17 @@ use ferroraid::nbd::local::{HandshakeState, LocalServer};
 use ferroraid::nbd::proto;
 use ferroraid::nbd::{BufferClass, ExportConfig, ServerConfig};
 
-/// Bytes of the input before the client's stream (setup and fragmentation).
-pub const HEADER_BYTES: usize = 3;
+/// Bytes of the input before the client's stream (setup, fragmentation and TLS).
+pub const HEADER_BYTES: usize = 4;
 /// Loop turns every conversation may take, whatever its length.
 pub const TURNS_FIXED: u64 = 2_000;
 /// Loop turns each input byte may add.
 pub const TURNS_PER_BYTE: u64 = 64;
 /// Loop turns in a row without any progress that count as a hang.
 pub const IDLE_TURNS: u32 = 256;
+/// Longest option data the server reads and parses (`nbd::handshake::MAX_OPTION_BYTES`);
+/// longer data is skipped and answered `NBD_REP_ERR_TOO_BIG`.
+const OPTION_PARSE_LIMIT: u32 = 64 << 10;
 /// Chunk size of the array, bytes.
 const CHUNK: u64 = 4096;
 /// Stripes of the array (a small export: 128 KiB).
@@ -121,6 +151,8 @@ pub struct Outcome {
     /// The checker gave up because two different unanswered requests shared a handle
     /// (nothing was checked after that reply).
     pub ambiguous: bool,
+    /// The client's TLS handshake completed (after an acknowledged `NBD_OPT_STARTTLS`).
+    pub tls: bool,
     /// Loop turns taken.
     pub turns: u64,
 }
@@ -189,6 +221,7 @@ pub fn run(input: &[u8]) -> Outcome {
         input.get(1).copied().unwrap_or(0),
         input.get(2).copied().unwrap_or(0),
     ]));
+    let tls_setup = TlsSetup::from_byte(input.get(3).copied().unwrap_or(0));
     let stream = input.get(HEADER_BYTES..).unwrap_or_default();
     let (level, members, block, ops) = match setup.array {
         0 => (Level::Raid5, 3, 512, true),
@@ -232,7 +265,11 @@ pub fn run(input: &[u8]) -> Outcome {
         max_inflight_per_connection: setup.max_inflight,
         ..ServerConfig::default()
     };
-    let (server, frontend) = LocalServer::new(export, config).expect("server");
+    let (server, frontend) = match server_tls(tls_setup.mode) {
+        Some(tls) => LocalServer::with_tls(export, config, tls),
+        None => LocalServer::new(export, config),
+    }
+    .expect("server");
     let export_size = server.export().size_bytes;
     let array_cfg = ArrayConfig {
         requests: 64,
@@ -259,6 +296,8 @@ pub fn run(input: &[u8]) -> Outcome {
         frontend,
         |r| {
             let mut check = Checker::new(stream, export_size);
+            check.tls_mode = tls_setup.mode;
+            let mut tls: Option<ClientTls> = None;
             let mut pieces = Pieces(if seed == 0 { 0 } else { seed | (seed << 16) });
             let mut client = Some(ours);
             let mut delivered = 0usize;
@@ -279,33 +318,90 @@ pub fn run(input: &[u8]) -> Outcome {
                     stream.len()
                 );
                 let mut moved = false;
-                // The client sends its next piece.
+                // The client sends its next piece: in the clear up to an
+                // `NBD_OPT_STARTTLS` whose reply it waits for (unless eager), through its
+                // TLS session once one was acknowledged.
+                let barrier = if tls_setup.eager || tls.is_some() {
+                    None
+                } else {
+                    check.starttls_barrier()
+                };
+                let limit = barrier.unwrap_or(stream.len()).min(stream.len());
                 if let Some(c) = client.as_ref() {
-                    if !ended && delivered < stream.len() {
-                        if piece_left == 0 {
-                            piece_left = pieces.next().min(stream.len() - delivered);
-                        }
-                        match send(c, &stream[delivered..delivered + piece_left]) {
-                            Some(n) => {
-                                delivered += n;
-                                piece_left -= n;
-                                moved |= n > 0;
+                    if !ended {
+                        match tls.as_mut() {
+                            None if delivered < limit => {
+                                if piece_left == 0 {
+                                    piece_left = pieces.next().min(limit - delivered);
+                                }
+                                match send(c, &stream[delivered..delivered + piece_left]) {
+                                    Some(n) => {
+                                        delivered += n;
+                                        piece_left -= n;
+                                        moved |= n > 0;
+                                    }
+                                    None => send_failed = true,
+                                }
                             }
-                            None => send_failed = true,
+                            None => {}
+                            Some(t) => {
+                                if !t.pending() && !t.conn.is_handshaking() && delivered < limit {
+                                    let n = pieces.next().min(limit - delivered);
+                                    let taken = t
+                                        .conn
+                                        .writer()
+                                        .write(&stream[delivered..delivered + n])
+                                        .unwrap_or(0);
+                                    delivered += taken;
+                                    moved |= taken > 0;
+                                }
+                                t.collect();
+                                if t.pending() {
+                                    let left = t.out.len() - t.out_at;
+                                    if piece_left == 0 {
+                                        piece_left = pieces.next();
+                                    }
+                                    piece_left = piece_left.min(left);
+                                    match send(c, &t.out[t.out_at..t.out_at + piece_left]) {
+                                        Some(n) => {
+                                            t.out_at += n;
+                                            piece_left -= n;
+                                            moved |= n > 0;
+                                        }
+                                        None => send_failed = true,
+                                    }
+                                }
+                            }
                         }
                     }
                 }
                 check.delivered = delivered;
-                if !ended && (delivered == stream.len() || send_failed) {
-                    ended = true;
-                    moved = true;
-                    if setup.server_shutdown {
-                        server.shutdown();
-                    }
-                    if setup.drop_client {
-                        client = None;
-                    } else if let Some(c) = client.as_ref() {
-                        let _ = c.shutdown(std::net::Shutdown::Write);
+                // Everything sent: not while the reply to a STARTTLS is awaited, nor while
+                // the TLS session has bytes for the socket (close_notify first).
+                let waiting = barrier == Some(delivered);
+                let quiet = tls
+                    .as_ref()
+                    .is_none_or(|t| t.broken || (!t.pending() && !t.conn.is_handshaking()));
+                if !ended && ((delivered == stream.len() && !waiting && quiet) || send_failed) {
+                    match tls.as_mut() {
+                        Some(t) if !t.closing && !t.broken && !send_failed && !setup.drop_client => {
+                            t.conn.send_close_notify();
+                            t.closing = true;
+                            t.collect();
+                            moved = true;
+                        }
+                        _ => {
+                            ended = true;
+                            moved = true;
+                            if setup.server_shutdown {
+                                server.shutdown();
+                            }
+                            if setup.drop_client {
+                                client = None;
+                            } else if let Some(c) = client.as_ref() {
+                                let _ = c.shutdown(std::net::Shutdown::Write);
+                            }
+                        }
                     }
                 }
                 // The server: the handshake thread's work, then a reactor turn.
@@ -327,7 +423,7 @@ pub fn run(input: &[u8]) -> Outcome {
                         match c.read(&mut rbuf[..want]) {
                             Ok(0) => eof = true,
                             Ok(n) => {
-                                check.feed(&rbuf[..n]);
+                                receive(&mut check, &mut tls, tls_setup, ended, &rbuf[..n]);
                                 room -= n;
                                 moved = true;
                             }
@@ -368,6 +464,8 @@ pub fn run(input: &[u8]) -> Outcome {
             }
             let clean = client.is_some()
                 && !setup.server_shutdown
+                && !check.tls_lost
+                && tls.as_ref().is_none_or(|t| !t.tampered && !t.broken)
                 && check.phase == Phase::Transmission
                 && matches!(check.stop, Some(Stop::End | Stop::Disc));
             check.at_close(clean);
@@ -395,6 +493,7 @@ pub fn run(input: &[u8]) -> Outcome {
                 answered: check.answered,
                 clean,
                 ambiguous: check.lost,
+                tls: tls.as_ref().is_some_and(|t| !t.conn.is_handshaking()),
                 turns: turns + n,
             }
         },
@@ -418,6 +517,9 @@ enum Phase {
     Transmission,
     /// After the `NBD_OPT_ABORT` acknowledgement: nothing more may come.
     Aborted,
+    /// `NBD_OPT_EXPORT_NAME` in the clear with TLS required: the server closes without a
+    /// byte of export data.
+    Refused,
 }
 
 /// Why the model of the client's requests stops.
@@ -481,6 +583,20 @@ struct Checker<'a> {
     stop: Option<Stop>,
     answered: usize,
     lost: bool,
+    /// The server's TLS mode.
+    tls_mode: TlsSetting,
+    /// Options are answered inside TLS (an `NBD_OPT_STARTTLS` was acknowledged).
+    secure: bool,
+    /// The `NBD_OPT_STARTTLS` acknowledgement was just parsed: what follows it is TLS
+    /// (the client takes the rest of `rx` into its session).
+    starttls_ack: bool,
+    /// The client did not start TLS after the acknowledgement (eager, or it had ended):
+    /// the server's bytes are TLS records no more checked.
+    tls_lost: bool,
+    /// The first option not yet looked at for STARTTLS, and the next STARTTLS found
+    /// (index, end of its data).
+    starttls_scan: usize,
+    starttls_next: Option<(usize, usize)>,
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -514,6 +630,12 @@ impl<'a> Checker<'a> {
             stop: None,
             answered: 0,
             lost: false,
+            tls_mode: TlsSetting::Off,
+            secure: false,
+            starttls_ack: false,
+            tls_lost: false,
+            starttls_scan: 0,
+            starttls_next: None,
         }
     }
 
@@ -621,13 +743,13 @@ impl<'a> Checker<'a> {
 
     /// Takes bytes the server sent.
     fn feed(&mut self, b: &[u8]) {
-        if self.lost {
+        if self.lost || self.tls_lost {
             return;
         }
         self.rx.extend_from_slice(b);
         let rx = std::mem::take(&mut self.rx);
         let mut at = 0;
-        while !self.lost {
+        while !self.lost && !self.starttls_ack {
             match self.message(&rx[at..]) {
                 Some(n) => at += n,
                 None => break,
@@ -643,7 +765,11 @@ impl<'a> Checker<'a> {
         if self.phase == Phase::Options {
             if let Some(next) = self.option(self.k) {
                 if next.option == proto::OPT_EXPORT_NAME {
-                    self.phase = Phase::ExportReply;
+                    self.phase = if self.plaintext_refused() {
+                        Phase::Refused
+                    } else {
+                        Phase::ExportReply
+                    };
                 }
             }
         }
@@ -694,6 +820,7 @@ impl<'a> Checker<'a> {
                     return None;
                 }
                 let data = &b[proto::OPTION_REPLY_HEADER_BYTES..total];
+                self.check_tls_reply(opt, h.reply);
                 match h.reply {
                     proto::REP_ACK => {
                         assert_eq!(h.length, 0, "acknowledgement with data");
@@ -707,6 +834,12 @@ impl<'a> Checker<'a> {
                                 self.req_next = opt.end;
                             }
                             proto::OPT_STRUCTURED_REPLY => self.structured = true,
+                            proto::OPT_STARTTLS => {
+                                // proto.md: no negotiation state survives STARTTLS.
+                                self.structured = false;
+                                self.secure = true;
+                                self.starttls_ack = true;
+                            }
                             proto::OPT_ABORT => self.phase = Phase::Aborted,
                             proto::OPT_LIST | proto::OPT_INFO => {}
                             o => panic!("option {o} acknowledged"),
@@ -816,6 +949,11 @@ impl<'a> Checker<'a> {
                 self.req_next = opt.end;
                 Some(n)
             }
+            Phase::Refused if b.is_empty() => None,
+            Phase::Refused => panic!(
+                "{} bytes for NBD_OPT_EXPORT_NAME in the clear with TLS required",
+                b.len()
+            ),
             Phase::Aborted if b.is_empty() => None,
             Phase::Aborted => panic!("{} bytes after the NBD_OPT_ABORT acknowledgement", b.len()),
             Phase::Transmission => self.reply(b),
@@ -978,6 +1116,78 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// TLS is required and not on: options but STARTTLS and ABORT are refused.
+    fn plaintext_refused(&self) -> bool {
+        !self.secure
+            && matches!(
+                self.tls_mode,
+                TlsSetting::Require | TlsSetting::RequireClientCert
+            )
+    }
+
+    /// The TLS rules for the reply `reply` to `opt` (proto.md "TLS support" and
+    /// `NBD_OPT_STARTTLS`), a shutting-down server's `NBD_REP_ERR_SHUTDOWN` excepted.
+    fn check_tls_reply(&self, opt: Opt, reply: u32) {
+        // Option data beyond what the server parses (64 KiB) is skipped unread and answered
+        // `NBD_REP_ERR_TOO_BIG` whatever the option and the TLS state: the reply to its
+        // framing, which tells a plaintext client nothing.
+        if reply == proto::REP_ERR_SHUTDOWN
+            || (reply == proto::REP_ERR_TOO_BIG && opt.length > OPTION_PARSE_LIMIT)
+        {
+            return;
+        }
+        if opt.option == proto::OPT_STARTTLS {
+            let want = if opt.length != 0 || self.secure {
+                // Data with the option, or TLS already on.
+                proto::REP_ERR_INVALID
+            } else if self.tls_mode == TlsSetting::Off {
+                proto::REP_ERR_POLICY
+            } else {
+                proto::REP_ACK
+            };
+            assert_eq!(
+                reply, want,
+                "reply {reply:#x} to NBD_OPT_STARTTLS ({} bytes of data, TLS {:?}, on: {})",
+                opt.length, self.tls_mode, self.secure
+            );
+        } else if opt.option != proto::OPT_ABORT && self.plaintext_refused() {
+            assert_eq!(
+                reply,
+                proto::REP_ERR_TLS_REQD,
+                "reply {reply:#x} to option {} in the clear with TLS required",
+                opt.option
+            );
+        }
+    }
+
+    /// Where the client must stop sending in the clear: the end of the next
+    /// `NBD_OPT_STARTTLS` not yet answered (its reply decides whether TLS follows).
+    fn starttls_barrier(&mut self) -> Option<usize> {
+        if !matches!(self.phase, Phase::Greeting | Phase::Options) || self.secure {
+            return None;
+        }
+        if let Some((j, end)) = self.starttls_next {
+            if j >= self.k {
+                return Some(end);
+            }
+            self.starttls_next = None;
+        }
+        self.starttls_scan = self.starttls_scan.max(self.k);
+        while let Some(o) = self.option(self.starttls_scan) {
+            let j = self.starttls_scan;
+            self.starttls_scan += 1;
+            if o.option == proto::OPT_EXPORT_NAME {
+                // Options end there.
+                break;
+            }
+            if o.option == proto::OPT_STARTTLS {
+                self.starttls_next = Some((j, o.end));
+                return Some(o.end);
+            }
+        }
+        None
+    }
+
     /// The server closed: with a clean end, every request sent must have been answered,
     /// and no reply may be cut short.
     fn at_close(&mut self, clean: bool) {
@@ -996,5 +1206,302 @@ impl<'a> Checker<'a> {
         {
             panic!("the server closed without answering {r:?}");
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// TLS: the server's `--tls` mode, the test certificates and the client's TLS transport.
+// ---------------------------------------------------------------------------------------
+
+/// The server's TLS mode from the TLS byte's bits 0–1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsSetting {
+    /// `--tls off`: `NBD_OPT_STARTTLS` is refused with `NBD_REP_ERR_POLICY`.
+    Off,
+    /// `--tls allow`: plaintext and TLS clients.
+    Allow,
+    /// `--tls require`: every option but STARTTLS and ABORT refused in the clear.
+    Require,
+    /// `--tls require --tls-ca`: as `Require`, and the client must present a certificate
+    /// of the test CA (it does).
+    RequireClientCert,
+}
+
+/// The TLS byte (byte 3), decoded (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct TlsSetup {
+    /// The server's mode.
+    pub mode: TlsSetting,
+    /// The client does not wait for the `NBD_OPT_STARTTLS` reply and never starts TLS:
+    /// the rest of its stream reaches the server's TLS layer in the clear.
+    pub eager: bool,
+    /// The client offers TLS 1.2 only (else 1.2 and 1.3, and 1.3 is agreed).
+    pub tls12: bool,
+    /// The client's ciphertext byte at this offset is flipped (bits 4–7, `k` > 0: offset
+    /// 293 × (`k` − 1) + 1, in the handshake for small `k`, in records after it otherwise).
+    pub tamper: Option<usize>,
+}
+
+impl TlsSetup {
+    /// Decodes the TLS byte.
+    pub fn from_byte(b: u8) -> Self {
+        let k = usize::from(b >> 4);
+        Self {
+            mode: [
+                TlsSetting::Off,
+                TlsSetting::Allow,
+                TlsSetting::Require,
+                TlsSetting::RequireClientCert,
+            ][usize::from(b & 3)],
+            eager: b & 4 != 0,
+            tls12: b & 8 != 0,
+            tamper: (k > 0).then(|| 293 * (k - 1) + 1),
+        }
+    }
+}
+
+/// The test certificates and the rustls configurations, made once per process (key
+/// generation and certificate signing would otherwise dominate each execution): a CA, a
+/// server certificate of it for `localhost`, a client certificate of it. Made with rcgen
+/// at run time (no key is checked in); they exist only in this process's memory.
+struct Pki {
+    /// The server's TLS without and with client certificates required.
+    server: ferroraid::nbd::TlsConfig,
+    server_mtls: ferroraid::nbd::TlsConfig,
+    /// The client's: [with a client certificate][TLS 1.2 only].
+    client: [[std::sync::Arc<rustls::ClientConfig>; 2]; 2],
+}
+
+fn pki() -> &'static Pki {
+    static PKI: std::sync::OnceLock<Pki> = std::sync::OnceLock::new();
+    PKI.get_or_init(|| {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
+        };
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+        use std::sync::Arc;
+
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        p.distinguished_name
+            .push(DnType::CommonName, "nbd_conn fuzz CA");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_key = KeyPair::generate().expect("CA key");
+        let ca = p.self_signed(&ca_key).expect("CA certificate");
+        let issuer = Issuer::new(p, ca_key);
+        let leaf = |name: &str, purpose: ExtendedKeyUsagePurpose| {
+            let mut p = CertificateParams::new(vec![name.to_string()]).expect("leaf parameters");
+            p.distinguished_name.push(DnType::CommonName, name);
+            p.extended_key_usages = vec![purpose];
+            let key = KeyPair::generate().expect("leaf key");
+            let cert = p.signed_by(&key, &issuer).expect("leaf certificate");
+            (
+                cert.der().clone(),
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+        };
+        let (server_cert, server_key) = leaf("localhost", ExtendedKeyUsagePurpose::ServerAuth);
+        let (client_cert, client_key) = leaf("fuzz client", ExtendedKeyUsagePurpose::ClientAuth);
+        let ca_der: CertificateDer<'static> = ca.der().clone();
+        let server = |client_ca: Option<Vec<CertificateDer<'static>>>| {
+            ferroraid::nbd::TlsConfig::from_der(
+                ferroraid::nbd::TlsMode::Require,
+                vec![server_cert.clone()],
+                server_key.clone_key(),
+                client_ca,
+            )
+            .expect("server TLS configuration")
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca_der.clone()).expect("CA in the client's roots");
+        let roots = Arc::new(roots);
+        let client = |with_cert: bool, tls12: bool| {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let b = rustls::ClientConfig::builder_with_provider(provider);
+            let b = if tls12 {
+                b.with_protocol_versions(&[&rustls::version::TLS12])
+            } else {
+                b.with_safe_default_protocol_versions()
+            }
+            .expect("client protocol versions")
+            .with_root_certificates(Arc::clone(&roots));
+            Arc::new(if with_cert {
+                b.with_client_auth_cert(vec![client_cert.clone()], client_key.clone_key())
+                    .expect("client certificate")
+            } else {
+                b.with_no_client_auth()
+            })
+        };
+        Pki {
+            server: server(None),
+            server_mtls: server(Some(vec![ca_der.clone()])),
+            client: [
+                [client(false, false), client(false, true)],
+                [client(true, false), client(true, true)],
+            ],
+        }
+    })
+}
+
+/// The server's TLS configuration for `mode` (`None`: no TLS configured, `--tls off`).
+fn server_tls(mode: TlsSetting) -> Option<ferroraid::nbd::TlsConfig> {
+    let (base, m) = match mode {
+        TlsSetting::Off => return None,
+        TlsSetting::Allow => (&pki().server, ferroraid::nbd::TlsMode::Allow),
+        TlsSetting::Require => (&pki().server, ferroraid::nbd::TlsMode::Require),
+        TlsSetting::RequireClientCert => (&pki().server_mtls, ferroraid::nbd::TlsMode::Require),
+    };
+    let mut c = base.clone();
+    c.mode = m;
+    Some(c)
+}
+
+/// The client's TLS session once `NBD_OPT_STARTTLS` was acknowledged: plaintext from the
+/// input goes in, ciphertext waits in `out` for the socket (sent in the input's pieces),
+/// the server's ciphertext comes in and its plaintext goes to the checker.
+struct ClientTls {
+    conn: rustls::ClientConnection,
+    /// Ciphertext not yet sent, from `out_at` on.
+    out: Vec<u8>,
+    out_at: usize,
+    /// Ciphertext bytes produced so far (for tampering).
+    produced: usize,
+    tamper: Option<usize>,
+    /// A byte was flipped.
+    tampered: bool,
+    /// close_notify queued.
+    closing: bool,
+    /// The session failed on the client's side (an alert from the server, or the
+    /// server's records did not verify after tampering): nothing more is checked.
+    broken: bool,
+}
+
+impl ClientTls {
+    fn new(setup: TlsSetup) -> Self {
+        let with_cert = setup.mode == TlsSetting::RequireClientCert;
+        let cfg =
+            std::sync::Arc::clone(&pki().client[usize::from(with_cert)][usize::from(setup.tls12)]);
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("server name");
+        Self {
+            conn: rustls::ClientConnection::new(cfg, name).expect("client TLS session"),
+            out: Vec::new(),
+            out_at: 0,
+            produced: 0,
+            tamper: setup.tamper,
+            tampered: false,
+            closing: false,
+            broken: false,
+        }
+    }
+
+    /// Moves what rustls has for the socket into `out` (flipping the tampered byte).
+    fn collect(&mut self) {
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+        }
+        while self.conn.wants_write() {
+            let start = self.out.len();
+            match self.conn.write_tls(&mut self.out) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if let Some(t) = self.tamper {
+                        if (self.produced..self.produced + n).contains(&t) {
+                            self.out[start + t - self.produced] ^= 0x5a;
+                            self.tampered = true;
+                        }
+                    }
+                    self.produced += n;
+                }
+            }
+        }
+    }
+
+    /// Ciphertext is waiting for the socket.
+    fn pending(&self) -> bool {
+        self.out_at < self.out.len()
+    }
+
+    /// Takes the server's ciphertext `raw` and feeds its plaintext to `check`. `Err`: the
+    /// session failed (the caller decides whether that breaks a rule).
+    fn receive(&mut self, mut raw: &[u8], check: &mut Checker<'_>) -> Result<(), rustls::Error> {
+        let mut plain = [0u8; 16 << 10];
+        let mut stalled = false;
+        while !raw.is_empty() && !self.broken {
+            let before = raw.len();
+            // An error: rustls' buffer is full of records not yet processed (done below).
+            let _ = self.conn.read_tls(&mut raw);
+            if raw.len() == before {
+                if stalled {
+                    // rustls takes nothing more (after the server's close_notify).
+                    break;
+                }
+                stalled = true;
+            } else {
+                stalled = false;
+            }
+            if let Err(e) = self.conn.process_new_packets() {
+                self.broken = true;
+                return Err(e);
+            }
+            loop {
+                match self.conn.reader().read(&mut plain) {
+                    Ok(0) => break,
+                    Ok(n) => check.feed(&plain[..n]),
+                    Err(_) => break,
+                }
+            }
+        }
+        // Handshake messages and alerts rustls owes the server.
+        self.collect();
+        Ok(())
+    }
+}
+
+/// The server's bytes `raw` reached the client: through its TLS session once one is up,
+/// else to the checker directly, switching to TLS after the `NBD_OPT_STARTTLS`
+/// acknowledgement (the bytes after it in `raw` are the server's first TLS bytes).
+fn receive(
+    check: &mut Checker<'_>,
+    tls: &mut Option<ClientTls>,
+    setup: TlsSetup,
+    ended: bool,
+    raw: &[u8],
+) {
+    let rest = match tls.as_mut() {
+        Some(t) => {
+            let r = t.receive(raw, check);
+            tls_failed(t, r);
+            return;
+        }
+        None => {
+            check.feed(raw);
+            if !std::mem::take(&mut check.starttls_ack) {
+                return;
+            }
+            std::mem::take(&mut check.rx)
+        }
+    };
+    if setup.eager || ended {
+        check.tls_lost = true;
+        return;
+    }
+    let t = tls.insert(ClientTls::new(setup));
+    t.collect();
+    if !rest.is_empty() {
+        let r = t.receive(&rest, check);
+        tls_failed(t, r);
+    }
+}
+
+/// A TLS failure on the client's side is the server's fault unless the client tampered
+/// with its own records (the server's alert then ends the session).
+fn tls_failed(t: &ClientTls, r: Result<(), rustls::Error>) {
+    if let Err(e) = r {
+        assert!(t.tampered, "the server's TLS records failed: {e}");
     }
 }

@@ -42,6 +42,11 @@ fn seeds_are_whole_conversations() {
         assert!(!o.ambiguous, "{name}: seeds use unique handles");
         match name.as_str() {
             "options-abort" => assert!(!o.transmission, "{name}: {o:?}"),
+            // Refused before TLS: no export data in the clear; a ClientHello corrupted in
+            // flight ends the handshake.
+            "tls-require-export-name" | "tls-tampered-hello" => {
+                assert!(!o.transmission && !o.tls && !o.clean, "{name}: {o:?}")
+            }
             "no-trim-drop" | "shutdown-drain" => assert!(o.transmission, "{name}: {o:?}"),
             _ => {
                 // A clean end: every request answered (DISC excepted).
@@ -49,6 +54,13 @@ fn seeds_are_whole_conversations() {
                 assert!(o.answered >= 4, "{name}: {o:?}");
             }
         }
+        // The conversations with STARTTLS complete their TLS handshake (the client's,
+        // after the acknowledgement); the others never start one.
+        let starttls = name.starts_with("tls-")
+            && !name.contains("plaintext")
+            && !name.contains("export-name")
+            && !name.contains("tampered");
+        assert_eq!(o.tls, starttls, "{name}: {o:?}");
         // The same conversation in other pieces: the same requests answered (when the
         // client waits for the server to close; one that vanishes, or a server shutting
         // down, cuts it where the pieces happen to be).
@@ -68,20 +80,44 @@ fn seeds_are_whole_conversations() {
     }
 }
 
-/// Every prefix of a conversation (a client that vanishes at any byte) keeps the rules.
+/// Every prefix of a conversation (a client that vanishes at any byte) keeps the rules,
+/// in the clear and inside TLS.
 #[test]
 fn a_client_may_vanish_at_any_byte() {
     let seeds = inputs("seeds/nbd_conn");
+    for (seed, step) in [("structured-go", 7), ("tls-require-refused-first", 13)] {
+        let (_, input) = seeds.iter().find(|(p, _)| p.ends_with(seed)).expect("seed");
+        for end in (conversation::HEADER_BYTES..input.len()).step_by(step) {
+            for drop_client in [0u8, 0x20] {
+                let mut cut = input[..end].to_vec();
+                cut[0] = (cut[0] & !0x20) | drop_client;
+                conversation::run(&cut);
+            }
+        }
+    }
+}
+
+/// The TLS byte's other settings on a TLS conversation: an eager client (plaintext where
+/// the server's TLS layer expects a ClientHello), each ciphertext byte to flip, TLS 1.2,
+/// client certificates: the server ends what it cannot read, and nothing else breaks.
+#[test]
+fn tls_settings_keep_the_rules() {
+    let seeds = inputs("seeds/nbd_conn");
     let (_, input) = seeds
         .iter()
-        .find(|(p, _)| p.ends_with("structured-go"))
-        .expect("structured-go seed");
-    let step = 7;
-    for end in (conversation::HEADER_BYTES..input.len()).step_by(step) {
-        for drop_client in [0u8, 0x20] {
-            let mut cut = input[..end].to_vec();
-            cut[0] = (cut[0] & !0x20) | drop_client;
-            conversation::run(&cut);
+        .find(|(p, _)| p.ends_with("tls-go"))
+        .expect("tls-go seed");
+    for tls in 0..=255u8 {
+        let mut v = input.clone();
+        v[3] = tls;
+        let o = conversation::run(&v);
+        let s = conversation::TlsSetup::from_byte(tls);
+        if s.mode == conversation::TlsSetting::Off {
+            assert!(!o.tls && o.clean, "TLS byte {tls:#04x}: {o:?}");
+        } else if !s.eager && s.tamper.is_none() {
+            assert!(o.tls && o.clean, "TLS byte {tls:#04x}: {o:?}");
+        } else if s.eager {
+            assert!(!o.tls && !o.transmission, "TLS byte {tls:#04x}: {o:?}");
         }
     }
 }

@@ -34,7 +34,9 @@ use std::sync::Arc;
 
 use super::conn::Stream;
 use super::handshake::{drive_one, Inboxes, Pending};
-use super::{prepare, ConfigError, ExportConfig, NbdFrontend, NbdStats, ServerConfig, Shared};
+use super::{
+    prepare, ConfigError, ExportConfig, NbdFrontend, NbdStats, ServerConfig, Shared, TlsConfig,
+};
 
 pub use super::handshake::HandshakeState;
 
@@ -58,7 +60,32 @@ impl LocalServer {
         export: ExportConfig,
         config: ServerConfig,
     ) -> Result<(Self, NbdFrontend), ConfigError> {
-        let (shared, inboxes) = prepare(export, config, None, 1)?;
+        Self::start(export, config, None)
+    }
+
+    /// As [`LocalServer::new`], with TLS as `tls` says (`ferroraid serve --tls`): its mode
+    /// decides what `NBD_OPT_STARTTLS` gets and whether plaintext options are refused, and
+    /// after an acknowledged `NBD_OPT_STARTTLS` the TLS handshake runs inside
+    /// [`LocalHandshake::drive`] on the same socket (a Unix socket here, as for the
+    /// server's `--unix` listener), the rest of the negotiation and the transmission phase
+    /// inside TLS.
+    ///
+    /// # Errors
+    /// As [`LocalServer::new`].
+    pub fn with_tls(
+        export: ExportConfig,
+        config: ServerConfig,
+        tls: TlsConfig,
+    ) -> Result<(Self, NbdFrontend), ConfigError> {
+        Self::start(export, config, Some(tls))
+    }
+
+    fn start(
+        export: ExportConfig,
+        config: ServerConfig,
+        tls: Option<TlsConfig>,
+    ) -> Result<(Self, NbdFrontend), ConfigError> {
+        let (shared, inboxes) = prepare(export, config, tls, 1)?;
         let frontend = NbdFrontend::new(0, Arc::clone(&shared), Arc::clone(&inboxes.queues[0]));
         Ok((Self { shared, inboxes }, frontend))
     }

@@ -168,14 +168,36 @@ impl TlsConfig {
     ) -> Result<Self, TlsError> {
         let chain = load_certs(cert)?;
         let key = PrivateKeyDer::from_pem_file(key).map_err(|e| pem_err(key, e))?;
+        let client_ca = match client_ca {
+            Some(ca) => Some(load_certs(ca)?),
+            None => None,
+        };
+        Self::from_der(mode, chain, key, client_ca)
+    }
+
+    /// As [`TlsConfig::from_pem_files`], from credentials already in memory (DER): the
+    /// server certificate chain (its own certificate first), its private key and, when
+    /// given, the CAs that must have signed every client's certificate. For embedders and
+    /// tests that make their certificates themselves (the `nbd_conn` fuzz target).
+    ///
+    /// # Errors
+    /// [`TlsError`]: what rustls refused (a key that does not match the certificate, an
+    /// unusable CA).
+    pub fn from_der(
+        mode: TlsMode,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+        client_ca: Option<Vec<CertificateDer<'static>>>,
+    ) -> Result<Self, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()?;
+        let client_auth = client_ca.is_some();
         let builder = match client_ca {
-            Some(ca) => {
+            Some(cas) => {
                 let mut roots = RootCertStore::empty();
-                for c in load_certs(ca)? {
-                    roots.add(c).map_err(|e| pem_err(ca, e))?;
+                for c in cas {
+                    roots.add(c)?;
                 }
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
@@ -188,7 +210,7 @@ impl TlsConfig {
         Ok(Self {
             mode,
             rustls: Arc::new(config),
-            client_auth: client_ca.is_some(),
+            client_auth,
         })
     }
 
