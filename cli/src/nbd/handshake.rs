@@ -437,7 +437,11 @@ impl Negotiation {
             Phase::Skip { option, left } => {
                 let left = left - self.buf.len() as u32;
                 if left == 0 {
-                    self.reply(option, proto::REP_ERR_TOO_BIG, b"option data too long");
+                    // Under FORCEDTLS the refusal in the clear comes first, whatever the
+                    // option's length (proto.md "TLS support").
+                    if !self.refuse_in_the_clear(option, shared) {
+                        self.reply(option, proto::REP_ERR_TOO_BIG, b"option data too long");
+                    }
                     self.phase = Phase::Header;
                     self.expect(proto::OPTION_HEADER_BYTES);
                 } else {
@@ -465,6 +469,30 @@ impl Negotiation {
         Ok(())
     }
 
+    /// FORCEDTLS (proto.md "TLS support"): whether `option` must be refused because TLS
+    /// is required and not yet up (anything but STARTTLS and ABORT in the clear).
+    fn tls_required(&self, option: u32, shared: &Shared) -> bool {
+        let mode = shared.tls.as_ref().map_or(TlsMode::Off, |t| t.mode);
+        mode == TlsMode::Require
+            && !self.secure
+            && option != proto::OPT_STARTTLS
+            && option != proto::OPT_ABORT
+    }
+
+    /// Answers `option` with `NBD_REP_ERR_TLS_REQD` when [`Self::tls_required`]; whether
+    /// it did.
+    fn refuse_in_the_clear(&mut self, option: u32, shared: &Shared) -> bool {
+        if !self.tls_required(option, shared) {
+            return false;
+        }
+        self.reply(
+            option,
+            proto::REP_ERR_TLS_REQD,
+            b"this server requires TLS: send NBD_OPT_STARTTLS first",
+        );
+        true
+    }
+
     /// Answers one option.
     fn option(
         &mut self,
@@ -479,22 +507,11 @@ impl Negotiation {
             self.reply(option, proto::REP_ERR_SHUTDOWN, b"server shutting down");
             return Ok(());
         }
-        let mode = shared.tls.as_ref().map_or(TlsMode::Off, |t| t.mode);
-        if mode == TlsMode::Require
-            && !self.secure
-            && option != proto::OPT_STARTTLS
-            && option != proto::OPT_ABORT
-        {
-            // FORCEDTLS (proto.md "TLS support"): nothing but STARTTLS and ABORT in the
-            // clear; NBD_OPT_EXPORT_NAME cannot be refused, so it ends the session.
-            if option == proto::OPT_EXPORT_NAME {
-                return Err(HandshakeError::TlsRequired);
-            }
-            self.reply(
-                option,
-                proto::REP_ERR_TLS_REQD,
-                b"this server requires TLS: send NBD_OPT_STARTTLS first",
-            );
+        if option == proto::OPT_EXPORT_NAME && self.tls_required(option, shared) {
+            // NBD_OPT_EXPORT_NAME cannot be refused, so it ends the session.
+            return Err(HandshakeError::TlsRequired);
+        }
+        if self.refuse_in_the_clear(option, shared) {
             return Ok(());
         }
         if option != proto::OPT_GO {
@@ -1342,6 +1359,7 @@ mod tests {
         let mut msg = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
         let go = proto::encode_info_request(b"x", &[]);
         let meta = proto::encode_meta_context_request(b"x", &[proto::BASE_ALLOCATION.as_bytes()]);
+        let big = vec![0u8; MAX_OPTION_BYTES as usize + 1];
         for (o, d) in [
             (proto::OPT_LIST, &[][..]),
             (proto::OPT_STRUCTURED_REPLY, &[]),
@@ -1350,6 +1368,8 @@ mod tests {
             (proto::OPT_LIST_META_CONTEXT, &meta),
             (proto::OPT_SET_META_CONTEXT, &meta),
             (77, &[]),
+            // Longer than an option may be: skipped, and still refused for TLS first.
+            (78, &big),
         ] {
             msg.extend_from_slice(&proto::encode_option_header(o, d.len() as u32));
             msg.extend_from_slice(d);
@@ -1368,6 +1388,7 @@ mod tests {
             proto::OPT_LIST_META_CONTEXT,
             proto::OPT_SET_META_CONTEXT,
             77,
+            78,
         ] {
             want.extend_from_slice(&proto::option_reply_header(
                 o,
