@@ -35,6 +35,17 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def release_binary(exe, package="ferroraid", binary="ferroraid"):
+    """`exe` made absolute when given; else `binary` of `package`, built in release (in
+    `CARGO_TARGET_DIR` when set, as cargo puts it)."""
+    if exe:
+        return os.path.abspath(exe)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", package, "--bin", binary],
+                   cwd=ROOT, check=True)
+    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    return os.path.join(target_dir, "release", binary)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -122,12 +133,7 @@ def main():
     for tool in ("fio", "qemu-nbd", "taskset"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed")
-    if a.exe:
-        exe = os.path.abspath(a.exe)
-    else:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferroraid"], cwd=ROOT,
-                       check=True)
-        exe = os.path.join(ROOT, "target", "release", "ferroraid")
+    exe = release_binary(a.exe)
     cpus = sorted(os.sched_getaffinity(0))
     target_cpu, client_cpu = cpus[-1], cpus[0]
     work = a.dir or tempfile.mkdtemp(prefix="nbd-bench-", dir="/var/tmp")

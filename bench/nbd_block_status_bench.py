@@ -35,7 +35,7 @@ import time
 
 sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nbd_bench import free_port, wait_port  # noqa: E402  (the same helpers)
+from nbd_bench import free_port, release_binary, wait_port  # noqa: E402  (the same helpers)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "bs"
@@ -89,13 +89,7 @@ def main():
     for tool in ("nbdcopy", "nbdinfo", "qemu-img", "du"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed")
-    if a.exe:
-        exe = os.path.abspath(a.exe)
-    else:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferroraid"], cwd=ROOT,
-                       check=True)
-        target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-        exe = os.path.join(target, "release", "ferroraid")
+    exe = release_binary(a.exe)
     work = a.dir or tempfile.mkdtemp(prefix="nbd-bs-bench-", dir="/var/tmp")
     os.makedirs(work, exist_ok=True)
     # 4 data members of size/4 each, plus md's data offset (1 MiB for members this small;

@@ -64,7 +64,7 @@ import time
 
 sys.dont_write_bytecode = True  # no bench/__pycache__ from the imports below
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nbd_bench import ROOT, free_port, wait_port  # noqa: E402  (the same helpers)
+from nbd_bench import ROOT, free_port, release_binary, wait_port  # noqa: E402  (the same helpers)
 from reader_writer_bench import (  # noqa: E402
     ClientFailed, Interrupted, cpu_list, on_signal, run_client, spawn)
 
@@ -275,13 +275,7 @@ def main():
         sys.exit("needs 2 CPUs: one for the server, the others for fio")
     server_cpu, client_cpus = cpus[-1], cpus[:-1]
 
-    if a.exe:
-        exe = os.path.abspath(a.exe)
-    else:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "bench", "--bin",
-                        "nbd-null-serve"], cwd=ROOT, check=True)
-        target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-        exe = os.path.join(target_dir, "release", "nbd-null-serve")
+    exe = release_binary(a.exe, "bench", "nbd-null-serve")
 
     data = a.members - (2 if a.level == 6 else 1)
     stripe = data * a.chunk_kib * 1024

@@ -75,7 +75,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nbd_bench import ROOT, free_port, wait_port  # noqa: E402  (the same helpers)
+from nbd_bench import ROOT, free_port, release_binary, wait_port  # noqa: E402  (the same helpers)
 
 ARRAY = "bench"
 IQN = f"iqn.2026-11.org.ferroraid:{ARRAY}"
@@ -452,13 +452,7 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
 
-    if a.exe:
-        exe = os.path.abspath(a.exe)
-    else:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferroraid"], cwd=ROOT,
-                       check=True)
-        target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-        exe = os.path.join(target_dir, "release", "ferroraid")
+    exe = release_binary(a.exe)
 
     cpus = sorted(os.sched_getaffinity(0))
     span = (a.member_mib - 8) << 20
