@@ -63,9 +63,18 @@ impl ZeroMap {
         }
         let chunk = u64::from(geo.geometry().chunk_bytes());
         let end = data_offset_bytes + geo.member_data_bytes();
-        // Start from "all zero", then mark every stripe an allocated range touches.
-        for s in 0..map.stripes {
-            map.set_bit(s);
+        // Start from "all zero" (whole words, the last one up to the stripe count), then
+        // mark every stripe an allocated range touches.
+        for (i, w) in map.words.iter().enumerate() {
+            let left = map.stripes - 64 * i as u64;
+            w.store(
+                if left >= 64 {
+                    u64::MAX
+                } else {
+                    (1 << left) - 1
+                },
+                Ordering::Relaxed,
+            );
         }
         for ranges in allocated.iter().flatten() {
             for r in ranges {
@@ -103,12 +112,8 @@ impl ZeroMap {
     /// Only the stripe's owner, holding the stripe, calls this.
     pub fn set_zero(&self, stripe: u64) {
         if stripe < self.stripes {
-            self.set_bit(stripe);
+            self.words[(stripe / 64) as usize].fetch_or(1 << (stripe % 64), Ordering::Release);
         }
-    }
-
-    fn set_bit(&self, stripe: u64) {
-        self.words[(stripe / 64) as usize].fetch_or(1 << (stripe % 64), Ordering::Release);
     }
 
     /// Marks stripe `stripe` as data: called as a write, write-zeroes or discard of it
@@ -258,6 +263,7 @@ mod tests {
         let m = ZeroMap::from_allocation(&g, off, &alloc);
         let data: Vec<u64> = (0..100).filter(|&s| !m.is_zero(s)).collect();
         assert_eq!(data, vec![5, 49, 50, 51]);
+        assert_eq!(m.zero_stripes(), 96, "no bit past the last stripe");
         let mut unknown = alloc.clone();
         unknown[3] = None;
         assert_eq!(

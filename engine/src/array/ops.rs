@@ -301,7 +301,7 @@ impl<C: Channel> Array<C> {
         match req.op {
             ArrayOp::Read => self.start_read(s),
             ArrayOp::Write { .. } => self.start_write(s),
-            ArrayOp::WriteZeroes { fua } => self.start_zeroes(s, fua),
+            ArrayOp::WriteZeroes { .. } => self.start_zeroes(s),
             ArrayOp::Discard => self.start_discard(s),
             ArrayOp::Flush => unreachable!("flushes are not stripe operations"),
         }

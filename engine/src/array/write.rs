@@ -62,7 +62,7 @@ impl<C: Channel> Array<C> {
     /// [`Phase::ZeroFlush`]: member write-zeroes carry no FUA bit); anything else is an
     /// ordinary write whose data is the zero buffer (RMW/RCW keep parity right; FUA writes
     /// are durable on completion).
-    pub(super) fn start_zeroes(&mut self, s: u32, _fua: bool) {
+    pub(super) fn start_zeroes(&mut self, s: u32) {
         if self.footprint(s).is_full_stripe() && self.members_support(Op::WriteZeroes) {
             self.stats.zeroed_stripes += 1;
             self.zero_stripe(s, Op::WriteZeroes)
