@@ -1238,6 +1238,79 @@ mod in_process {
         t.stop();
     }
 
+    /// A Data-Out whose DataSN skips (an earlier one lost to a digest error the target did
+    /// not see, RFC 7143 §7.9) fails its task with ABORTED COMMAND / PROTOCOL SERVICE CRC
+    /// ERROR once the outstanding bursts are answered (§7.8, ERL 0), writes nothing, and
+    /// leaves the connection up; the next write on it works.
+    #[test]
+    fn a_datasn_gap_fails_the_task_and_keeps_the_connection() {
+        let mut t = Target::start(1, 8);
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                max_burst: 8192,
+                max_r2t: 2,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        let send_burst = |r: &mut Raw, itt: u32, ttt: u32, off: u32, sns: [u32; 2], fill: u8| {
+            for (part, &data_sn) in sns.iter().enumerate() {
+                let o = off + part as u32 * 4096;
+                let h = Header::new(op::DATA_OUT, if part == 1 { 0x80 } else { 0 }, 4096, itt)
+                    .u32(20, ttt)
+                    .u32(36, data_sn)
+                    .u32(40, o);
+                r.send(&h, &[fill; 4096]);
+            }
+        };
+        // 32 KiB = 4 bursts of 8 KiB, 2 outstanding. The first burst's second PDU says
+        // DataSN 5 instead of 1.
+        let itt = write10(&mut r, sn, 200, 64);
+        let mut r2ts = Vec::new();
+        for k in 0..2u32 {
+            let (b, _) = r.read().expect("R2T");
+            assert_eq!((b.opcode(), b.itt(), b.u32_at(36)), (op::R2T, itt, k));
+            r2ts.push((b.u32_at(20), b.u32_at(40)));
+        }
+        send_burst(&mut r, itt, r2ts[0].0, r2ts[0].1, [0, 5], 0xab);
+        // The second R2T was already sent: its data is awaited, then the task fails. No
+        // third R2T is solicited.
+        send_burst(&mut r, itt, r2ts[1].0, r2ts[1].1, [0, 1], 0xab);
+        let (b, data) = r.read().expect("SCSI Response");
+        assert_eq!(
+            (b.opcode(), b.itt(), b.raw[3]),
+            (op::SCSI_RESP, itt, 0x02), // CHECK CONDITION
+            "the write after a DataSN gap"
+        );
+        // Sense data: 2-byte length, then fixed format: key at 2, ASC/ASCQ at 12/13.
+        assert_eq!(
+            (data[2 + 2] & 0x0f, data[2 + 12], data[2 + 13]),
+            (0x0b, 0x47, 0x05),
+            "ABORTED COMMAND / PROTOCOL SERVICE CRC ERROR"
+        );
+        // Nothing of it was written; the connection still serves a good write.
+        assert!(
+            read10(&mut r, sn.wrapping_add(1), 200, 64)
+                .iter()
+                .all(|&x| x == 0),
+            "a failed write changed the blocks"
+        );
+        let itt = write10(&mut r, sn.wrapping_add(2), 200, 16);
+        let (b, _) = r.read().expect("R2T");
+        assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+        send_burst(&mut r, itt, b.u32_at(20), 0, [0, 1], 0xcd);
+        let (b, _) = r.read().expect("SCSI Response");
+        assert_eq!((b.opcode(), b.itt(), b.raw[3]), (op::SCSI_RESP, itt, 0));
+        assert!(read10(&mut r, sn.wrapping_add(3), 200, 16)
+            .iter()
+            .all(|&x| x == 0xcd));
+        drop(r);
+        t.stop();
+    }
+
     /// An initiator that leaves an R2T unanswered (while answering nothing else) is cut
     /// after the stall timeout, and the buffer its task held comes back.
     #[test]

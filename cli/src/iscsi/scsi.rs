@@ -65,9 +65,12 @@ impl Sense {
     pub const INTERNAL_FAILURE: Sense = Sense::new(0x04, 0x44, 0x00);
     /// ABORTED COMMAND / COMMAND PHASE ERROR (0x4a/0x00) — e.g. missing Data-Out.
     pub const COMMAND_PHASE: Sense = Sense::new(0x0b, 0x4a, 0x00);
-    /// ABORTED COMMAND / DATA PHASE ERROR (0x4b/0x00): the command's data-out was lost
-    /// (a data digest error).
+    /// ABORTED COMMAND / DATA PHASE ERROR (0x4b/0x00).
     pub const DATA_PHASE: Sense = Sense::new(0x0b, 0x4b, 0x00);
+    /// ABORTED COMMAND / PROTOCOL SERVICE CRC ERROR (0x47/0x05): the iSCSI condition
+    /// "protocol service CRC error" (RFC 7143 §11.4.7.2) — a Data-Out PDU of the command
+    /// was lost to a data digest error or, implied, to a DataSN gap (§7.8, §7.9).
+    pub const PROTOCOL_CRC: Sense = Sense::new(0x0b, 0x47, 0x05);
 
     /// The fixed-format sense data (SPC-5 §4.4.3), 18 bytes.
     pub fn fixed(&self) -> [u8; 18] {
