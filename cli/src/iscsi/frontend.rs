@@ -1278,6 +1278,13 @@ impl IscsiFrontend {
         if out_used > sendable {
             early = Some(Sense::INVALID_FIELD_CDB);
         }
+        // A WRITE SAME carries exactly one logical block (SBC-4 §5.42, §5.44): more
+        // Data-Out than that means the initiator and the CDB disagree on the command, and
+        // which block was meant cannot be told — refused, as LIO refuses write-type
+        // commands whose data length differs from the CDB's.
+        if matches!(plan, Plan::WriteSame { ndob: false, .. }) && sendable != out_used {
+            early = Some(Sense::INVALID_FIELD_CDB);
+        }
         // Data-in the initiator takes: EDTL, and nothing without the R bit (the rest is
         // residual overflow).
         let din_max = if read_flag { edtl } else { 0 };
