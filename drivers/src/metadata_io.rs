@@ -26,6 +26,7 @@ use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use engine::metadata::bitmap::{bitmap_start_sector, BITMAP_SUPER_BYTES};
 use engine::metadata::ppl::{scan_area_with, AreaScan, PplArea, PplHeader, PPL_HEADER_SIZE};
+use engine::metadata::pr_record::{PR_RECORD_BYTES, PR_RECORD_OFFSET_BYTES};
 use engine::metadata::{
     Bitmap, BitmapError, BitmapSuper, Candidate, Superblock, SuperblockError,
     SUPERBLOCK_AREA_BYTES, SUPERBLOCK_OFFSET_BYTES, SUPER_OFFSET_SECTORS,
@@ -460,6 +461,99 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
     f.write_all_at(&area, SUPERBLOCK_OFFSET_BYTES)
         .map_err(io_err(path, "write superblock"))?;
     f.sync_data().map_err(io_err(path, "sync superblock"))?;
+    Ok(())
+}
+
+/// Reads the persistent-reservation record area of a member: bytes 0..4096, before the
+/// v1.2 superblock ([`engine::metadata::pr_record`]). Files and block devices with
+/// `pread`; NVMe generic devices and vfio controllers through their back end.
+///
+/// # Errors
+/// [`MetadataIoError::Io`] (open, read); [`MetadataIoError::TooSmall`] for a device shorter
+/// than the area; [`MetadataIoError::Device`] / [`MetadataIoError::Request`] from a back
+/// end.
+pub fn read_pr_record_area(path: &Path) -> Result<Box<[u8; PR_RECORD_BYTES]>, MetadataIoError> {
+    let mut area = Box::new([0u8; PR_RECORD_BYTES]);
+    if needs_back_end(path) {
+        let dev = open_back_end(path)?;
+        let mut buf = AlignedBuf::zeroed(PR_RECORD_BYTES);
+        run_range(
+            &dev,
+            path,
+            "read persistent-reservation record",
+            Op::Read,
+            PR_RECORD_OFFSET_BYTES,
+            PR_RECORD_BYTES as u64,
+            &mut buf,
+        )?;
+        area.copy_from_slice(&buf);
+        return Ok(area);
+    }
+    let mut f = File::open(path).map_err(io_err(path, "open"))?;
+    let size = device_bytes(&mut f, path)?;
+    if size < PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64 {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64,
+            why: "the persistent-reservation record is bytes 0..4096",
+        });
+    }
+    f.read_exact_at(&mut area[..], PR_RECORD_OFFSET_BYTES)
+        .map_err(io_err(path, "read persistent-reservation record"))?;
+    Ok(area)
+}
+
+/// Writes the persistent-reservation record area of a member (bytes 0..4096) and makes it
+/// durable: `pwrite` + `fdatasync` for files and block devices, a FUA write (and a flush
+/// for a volatile cache) through a back end. Nothing outside the area is touched.
+///
+/// # Errors
+/// As [`read_pr_record_area`], for writing and syncing.
+pub fn write_pr_record_area(
+    path: &Path,
+    area: &[u8; PR_RECORD_BYTES],
+) -> Result<(), MetadataIoError> {
+    if needs_back_end(path) {
+        let dev = open_back_end(path)?;
+        let mut buf = AlignedBuf::from_slice(area);
+        run_range(
+            &dev,
+            path,
+            "write persistent-reservation record",
+            Op::Write { fua: true },
+            PR_RECORD_OFFSET_BYTES,
+            PR_RECORD_BYTES as u64,
+            &mut buf,
+        )?;
+        if dev.info().volatile_cache {
+            run_request(
+                &dev,
+                path,
+                "flush after the persistent-reservation record",
+                Op::Flush,
+                &mut [],
+            )?;
+        }
+        return Ok(());
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err(path, "open for writing"))?;
+    let size = device_bytes(&mut f, path)?;
+    if size < PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64 {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64,
+            why: "the persistent-reservation record is bytes 0..4096",
+        });
+    }
+    f.write_all_at(area, PR_RECORD_OFFSET_BYTES)
+        .map_err(io_err(path, "write persistent-reservation record"))?;
+    f.sync_data()
+        .map_err(io_err(path, "sync persistent-reservation record"))?;
     Ok(())
 }
 

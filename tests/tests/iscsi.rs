@@ -26,16 +26,149 @@ const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The whole compliance suite (about a minute on the CI machines; a hang fails the test).
 const SUITE_TIMEOUT: Duration = Duration::from_secs(600);
-/// What tgt 1.0.85 passes of the same suite on the same machine (issue 8's reference:
-/// 160 passed, 8 failed, 62 skipped of 230).
-const TGT_PASSED: u32 = 160;
+/// What tgt 1.0.85 (Debian 12, one file LUN) passes of the same suite, each test counted
+/// by its own status (issue 20's measurement: 158 passed, 10 failed, 62 skipped of 230).
+const TGT_PASSED: usize = 158;
+/// Tests that must pass (issue 20).
+const REQUIRED_PASSED: usize = 176;
 /// The suite's tests ferroraid fails, each for a reason given in docs/ISCSI.md.
-const KNOWN_FAILURES: &[&str] = &[
-    "CompareAndWrite.Simple",
-    "CompareAndWrite.Miscompare",
-    "WriteSame16.Unmap",
-    "iSCSIdatasn.iSCSIDataSnInvalid",
+/// The libiscsi tests allowed to skip against a RAID LUN, by suite or `Suite.Test`, with
+/// why (docs/ISCSI.md lists the same). Any other skip fails the compliance test.
+const ALLOWED_SKIPS: &[(&str, &str)] = &[
+    ("PreventAllow", "removable media (the LUN is not removable)"),
+    ("StartStopUnit.Simple", "removable media (LOEJ: load/eject)"),
+    (
+        "Sanitize",
+        "SANITIZE: erasing the media of members, not a LUN's job",
+    ),
+    (
+        "MultipathIO",
+        "multipath: needs a second portal, the test is given one URL",
+    ),
+    (
+        "ReadOnly.ReadOnlySBC",
+        "needs a write-protected logical unit",
+    ),
+    (
+        "WriteAtomic16",
+        "WRITE ATOMIC: all-or-nothing across a power loss needs a journal of whole writes",
+    ),
+    (
+        "ExtendedCopy",
+        "EXTENDED COPY: copy offload not offered (docs/ISCSI.md, known gaps)",
+    ),
+    (
+        "ReceiveCopyResults",
+        "EXTENDED COPY: copy offload not offered (docs/ISCSI.md, known gaps)",
+    ),
+    (
+        "CompareAndWrite.InvalidDataOutSize",
+        "runs only with LOGICAL BLOCKS PER PHYSICAL BLOCK > 1",
+    ),
+    (
+        "WriteSame10.UnmapUnaligned",
+        "runs only with LOGICAL BLOCKS PER PHYSICAL BLOCK > 1",
+    ),
+    (
+        "WriteSame10.InvalidDataOutSize",
+        "runs only with LOGICAL BLOCKS PER PHYSICAL BLOCK > 1",
+    ),
+    (
+        "WriteSame16.UnmapUnaligned",
+        "runs only with LOGICAL BLOCKS PER PHYSICAL BLOCK > 1",
+    ),
+    (
+        "WriteSame16.InvalidDataOutSize",
+        "runs only with LOGICAL BLOCKS PER PHYSICAL BLOCK > 1",
+    ),
 ];
+
+/// What libiscsi's suite says of one test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CuStatus {
+    Passed,
+    Failed,
+    /// CUnit counts these as passed: a test that printed `[SKIPPED]` before its "passed".
+    Skipped,
+}
+
+/// Each test's own status from `iscsi-test-cu` output (`Suite.Test` → status), in order.
+/// CUnit reports a skipped test as passed, and libiscsi prints a suite's tear-down
+/// messages (e.g. "[SKIPPED] PERSISTENT RESERVE IN is not implemented.") after the last
+/// test's "passed": a test's status is decided by what it printed between its
+/// "Test: NAME ..." and its own "passed"/"FAILED"; "[FAILED]" lines inside a test are the
+/// log of a command that was expected to fail, not its status.
+fn cu_statuses(text: &str) -> Vec<(String, CuStatus)> {
+    let mut out: Vec<(String, CuStatus)> = Vec::new();
+    let mut suite = String::new();
+    // The open test: its index in `out` and whether it printed [SKIPPED].
+    let mut open: Option<(usize, bool)> = None;
+    for line in text.lines() {
+        if let Some(s) = line.strip_prefix("Suite: ") {
+            suite = s.trim().to_string();
+            open = None;
+            continue;
+        }
+        let mut rest = line;
+        if let Some(t) = line.trim_start().strip_prefix("Test: ") {
+            let (name, after) = t.split_once(" ...").unwrap_or((t, ""));
+            out.push((format!("{suite}.{name}"), CuStatus::Failed));
+            open = Some((out.len() - 1, false));
+            rest = after;
+        }
+        let Some((i, mut skipped)) = open else {
+            continue;
+        };
+        let mut at = 0;
+        while at < rest.len() {
+            let r = &rest[at..];
+            if r.starts_with("[SKIPPED]") {
+                skipped = true;
+                at += "[SKIPPED]".len();
+            } else if r.starts_with("[FAILED]") {
+                at += "[FAILED]".len();
+            } else if r.starts_with("passed") {
+                out[i].1 = if skipped {
+                    CuStatus::Skipped
+                } else {
+                    CuStatus::Passed
+                };
+                open = None;
+                break;
+            } else if r.starts_with("FAILED") {
+                out[i].1 = CuStatus::Failed;
+                open = None;
+                break;
+            } else {
+                at += r.chars().next().map_or(1, char::len_utf8);
+            }
+        }
+        if let Some((i, _)) = open {
+            open = Some((i, skipped));
+        }
+    }
+    out
+}
+
+#[test]
+fn cu_statuses_count_each_test_by_its_own_status() {
+    let text = "Suite: A\n  Test: One ...passed\n  Test: Two ...    [SKIPPED] x is not \
+        implemented.\n    [SKIPPED] x\npassed\n  Test: Three ...    [FAILED] WRITE10 failed\n\
+        passed    [SKIPPED] PERSISTENT RESERVE IN is not implemented.\n\nSuite: B\n  \
+        Test: Four ...    [FAILED] c\nFAILED\n    1. x.c:1  - CU_FAIL\n  Test: Five ...passed";
+    let got = cu_statuses(text);
+    let want = [
+        ("A.One", CuStatus::Passed),
+        ("A.Two", CuStatus::Skipped),
+        ("A.Three", CuStatus::Passed),
+        ("B.Four", CuStatus::Failed),
+        ("B.Five", CuStatus::Passed),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for ((n, s), (wn, ws)) in got.iter().zip(want) {
+        assert_eq!((n.as_str(), *s), (wn, ws));
+    }
+}
 
 fn ferroraid_cmd<I, S>(args: I) -> Command
 where
@@ -221,7 +354,7 @@ fn ok(out: Output, what: &str, srv: &Server) -> String {
 /// `iscsi-test-cu -d -t ALL` passes more tests than tgt, fails only the known ones, and
 /// neither crashes nor hangs the target (it still serves and stops cleanly afterwards).
 #[test]
-fn compliance_suite_passes_more_than_tgt() {
+fn compliance_suite_passes_176_with_no_failure_and_only_explained_skips() {
     let Some(t) = tools(&["iscsi-test-cu", "iscsi-inq"]) else {
         return;
     };
@@ -248,37 +381,54 @@ fn compliance_suite_passes_more_than_tgt() {
         .skip(1)
         .map(|n| n.parse().unwrap())
         .collect();
-    let (total, ran, passed, failed) = (nums[0], nums[1], nums[2], nums[3]);
-    eprintln!("iscsi-test-cu: {passed} passed, {failed} failed of {total} ({ran} ran)");
-    // Which failed: "  Test: NAME ..." followed (perhaps after messages) by "FAILED".
-    let mut suite = String::new();
-    let mut test = String::new();
-    let mut failures = Vec::new();
-    for l in text.lines() {
-        if let Some(s) = l.strip_prefix("Suite: ") {
-            suite = s.trim().to_string();
-        }
-        if let Some(rest) = l.trim_start().strip_prefix("Test: ") {
-            test = rest.split(" ...").next().unwrap_or("").to_string();
-        }
-        if (l.trim() == "FAILED" || l.trim_end().ends_with("...FAILED"))
-            && !failures.contains(&format!("{suite}.{test}"))
-        {
-            failures.push(format!("{suite}.{test}"));
-        }
-    }
-    for f in &failures {
-        assert!(
-            KNOWN_FAILURES.contains(&f.as_str()),
-            "unexpected failure {f}: {}\n--- server ---\n{}",
-            text,
-            srv.log()
-        );
-    }
+    let (total, ran) = (nums[0], nums[1]);
     assert_eq!(ran, total, "tests did not run: {text}");
+    let statuses = cu_statuses(&text);
+    assert_eq!(
+        statuses.len(),
+        total as usize,
+        "tests found in the output vs the summary's total"
+    );
+    let of = |want: CuStatus| -> Vec<&str> {
+        statuses
+            .iter()
+            .filter(|(_, s)| *s == want)
+            .map(|(n, _)| n.as_str())
+            .collect()
+    };
+    let (passed, failed, skipped) = (
+        of(CuStatus::Passed),
+        of(CuStatus::Failed),
+        of(CuStatus::Skipped),
+    );
+    eprintln!(
+        "iscsi-test-cu, each test by its own status: {} passed, {} failed, {} skipped of {total}",
+        passed.len(),
+        failed.len(),
+        skipped.len()
+    );
     assert!(
-        passed > TGT_PASSED && failed as usize <= KNOWN_FAILURES.len(),
-        "{passed} passed, {failed} failed: {text}"
+        failed.is_empty(),
+        "failed: {failed:?}\n{text}\n--- server ---\n{}",
+        srv.log()
+    );
+    let unexplained: Vec<&str> = skipped
+        .iter()
+        .copied()
+        .filter(|n| {
+            !ALLOWED_SKIPS
+                .iter()
+                .any(|(p, _)| n == p || n.strip_prefix(p).is_some_and(|r| r.starts_with('.')))
+        })
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "skipped without a reason a RAID LUN gives: {unexplained:?}\n{text}"
+    );
+    assert!(
+        passed.len() >= REQUIRED_PASSED,
+        "{} passed (required {REQUIRED_PASSED}; tgt 1.0.85 passes {TGT_PASSED})",
+        passed.len()
     );
     assert!(
         srv.alive(),
@@ -1234,6 +1384,79 @@ mod in_process {
         let got = read10(&mut r, sn.wrapping_add(1), 100, 128);
         let want: Vec<u8> = (0..65536u32).map(pattern).collect();
         assert!(got == want, "data read back differs");
+        drop(r);
+        t.stop();
+    }
+
+    /// A Data-Out whose DataSN skips (an earlier one lost to a digest error the target did
+    /// not see, RFC 7143 §7.9) fails its task with ABORTED COMMAND / PROTOCOL SERVICE CRC
+    /// ERROR once the outstanding bursts are answered (§7.8, ERL 0), writes nothing, and
+    /// leaves the connection up; the next write on it works.
+    #[test]
+    fn a_datasn_gap_fails_the_task_and_keeps_the_connection() {
+        let mut t = Target::start(1, 8);
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                no_immediate: true,
+                max_burst: 8192,
+                max_r2t: 2,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        let send_burst = |r: &mut Raw, itt: u32, ttt: u32, off: u32, sns: [u32; 2], fill: u8| {
+            for (part, &data_sn) in sns.iter().enumerate() {
+                let o = off + part as u32 * 4096;
+                let h = Header::new(op::DATA_OUT, if part == 1 { 0x80 } else { 0 }, 4096, itt)
+                    .u32(20, ttt)
+                    .u32(36, data_sn)
+                    .u32(40, o);
+                r.send(&h, &[fill; 4096]);
+            }
+        };
+        // 32 KiB = 4 bursts of 8 KiB, 2 outstanding. The first burst's second PDU says
+        // DataSN 5 instead of 1.
+        let itt = write10(&mut r, sn, 200, 64);
+        let mut r2ts = Vec::new();
+        for k in 0..2u32 {
+            let (b, _) = r.read().expect("R2T");
+            assert_eq!((b.opcode(), b.itt(), b.u32_at(36)), (op::R2T, itt, k));
+            r2ts.push((b.u32_at(20), b.u32_at(40)));
+        }
+        send_burst(&mut r, itt, r2ts[0].0, r2ts[0].1, [0, 5], 0xab);
+        // The second R2T was already sent: its data is awaited, then the task fails. No
+        // third R2T is solicited.
+        send_burst(&mut r, itt, r2ts[1].0, r2ts[1].1, [0, 1], 0xab);
+        let (b, data) = r.read().expect("SCSI Response");
+        assert_eq!(
+            (b.opcode(), b.itt(), b.raw[3]),
+            (op::SCSI_RESP, itt, 0x02), // CHECK CONDITION
+            "the write after a DataSN gap"
+        );
+        // Sense data: 2-byte length, then fixed format: key at 2, ASC/ASCQ at 12/13.
+        assert_eq!(
+            (data[2 + 2] & 0x0f, data[2 + 12], data[2 + 13]),
+            (0x0b, 0x47, 0x05),
+            "ABORTED COMMAND / PROTOCOL SERVICE CRC ERROR"
+        );
+        // Nothing of it was written; the connection still serves a good write.
+        assert!(
+            read10(&mut r, sn.wrapping_add(1), 200, 64)
+                .iter()
+                .all(|&x| x == 0),
+            "a failed write changed the blocks"
+        );
+        let itt = write10(&mut r, sn.wrapping_add(2), 200, 16);
+        let (b, _) = r.read().expect("R2T");
+        assert_eq!((b.opcode(), b.itt()), (op::R2T, itt));
+        send_burst(&mut r, itt, b.u32_at(20), 0, [0, 1], 0xcd);
+        let (b, _) = r.read().expect("SCSI Response");
+        assert_eq!((b.opcode(), b.itt(), b.raw[3]), (op::SCSI_RESP, itt, 0));
+        assert!(read10(&mut r, sn.wrapping_add(3), 200, 16)
+            .iter()
+            .all(|&x| x == 0xcd));
         drop(r);
         t.stop();
     }

@@ -17,11 +17,15 @@
 //! session ([`CMD_WINDOW`] CmdSNs, §4.2.2.1).
 //!
 //! # Error recovery level 0
-//! A header digest error, a data segment beyond MaxRecvDataSegmentLength, Data-Out that is
-//! out of order or beyond what was solicited, or a wrong DataSN drops the connection (its
-//! tasks are terminated, §7.1.4.1). A data digest error on a command or Data-Out is
-//! answered with a Reject (reason "data digest error", §7.8) and the PDU is discarded; the
-//! task then gets CHECK CONDITION once its data is complete or it is aborted. An unknown
+//! A header digest error, a data segment beyond MaxRecvDataSegmentLength, or Data-Out at
+//! an offset out of order or beyond what was solicited drops the connection (its tasks are
+//! terminated, §7.1.4.1). A data digest error on a command or Data-Out is answered with a
+//! Reject (reason "data digest error", §7.8) and the PDU is discarded; the task then gets
+//! CHECK CONDITION once its data is complete or it is aborted. A Data-Out whose DataSN is
+//! not the one expected means an earlier Data-Out was lost to a digest error the target
+//! did not see (§7.9, "sequence errors"), handled as §7.8 says for ERL 0: the PDU's data
+//! is discarded and the task ends with CHECK CONDITION, ABORTED COMMAND / PROTOCOL SERVICE
+//! CRC ERROR, once its current data sequence is over — the connection stays up. An unknown
 //! opcode gets Reject "command not supported". A non-immediate command outside the CmdSN
 //! window is silently ignored, as §4.2.2.1 requires.
 
@@ -124,7 +128,8 @@ struct Task {
     r2t_done: u32,
     /// DataSN expected next in the current data sequence.
     exp_data_sn: u32,
-    /// A data digest failed: answer CHECK CONDITION once the data is in.
+    /// A Data-Out was lost (data digest error, or a DataSN gap that implies one): answer
+    /// CHECK CONDITION once the data is in.
     data_error: bool,
     /// Multi-step progress (blocks written, descriptor index).
     step: u64,
@@ -709,8 +714,11 @@ impl IscsiFrontend {
             self.maybe_release(t);
             return;
         }
-        task.queued_out = true;
-        self.conns[ci].as_mut().expect("checked").out.push_back(t);
+        // Already queued (for R2Ts it no longer needs, after lost data): that entry sends
+        // the reply now that the stage is Reply.
+        if !std::mem::replace(&mut task.queued_out, true) {
+            self.conns[ci].as_mut().expect("checked").out.push_back(t);
+        }
     }
 }
 
@@ -1270,6 +1278,13 @@ impl IscsiFrontend {
         if out_used > sendable {
             early = Some(Sense::INVALID_FIELD_CDB);
         }
+        // A WRITE SAME carries exactly one logical block (SBC-4 §5.42, §5.44): more
+        // Data-Out than that means the initiator and the CDB disagree on the command, and
+        // which block was meant cannot be told — refused, as LIO refuses write-type
+        // commands whose data length differs from the CDB's.
+        if matches!(plan, Plan::WriteSame { ndob: false, .. }) && sendable != out_used {
+            early = Some(Sense::INVALID_FIELD_CDB);
+        }
         // Data-in the initiator takes: EDTL, and nothing without the R bit (the rest is
         // residual overflow).
         let din_max = if read_flag { edtl } else { 0 };
@@ -1363,7 +1378,16 @@ impl IscsiFrontend {
         if !task.unsol_done && task.got < task.allowed {
             return;
         }
-        if task.got < want {
+        if task.data_error && task.got < want {
+            // Data was lost (§7.8): solicit nothing more, take back R2Ts decided but not
+            // yet sent, and answer once every R2T already sent has had its data.
+            let tk = &mut self.tasks[usize::from(t)];
+            tk.unsol_done = true;
+            tk.r2t_sn = tk.r2t_sent;
+            if tk.r2t_done < tk.r2t_sent {
+                return;
+            }
+        } else if task.got < want {
             // Keep up to MaxOutstandingR2T bursts solicited (§11.8; sequences arrive in
             // order: DataSequenceInOrder=Yes).
             let conn = self.conns[usize::from(task.conn)].as_mut().expect("open");
@@ -1398,7 +1422,7 @@ impl IscsiFrontend {
         tk.stage = Stage::Array;
         if tk.data_error {
             tk.status = status::CHECK_CONDITION;
-            tk.sense = Some(Sense::DATA_PHASE);
+            tk.sense = Some(Sense::PROTOCOL_CRC);
             tk.din = 0;
         }
         if tk.sense.is_some() {
@@ -1474,20 +1498,29 @@ impl IscsiFrontend {
             }
             task.allowed
         };
-        if data_sn != task.exp_data_sn {
-            return Handled::Kill(format!(
-                "Data-Out DataSN {data_sn}, expected {} (ERL 0: protocol error)",
-                task.exp_data_sn
-            ));
-        }
         if offset != task.got || offset as u64 + dlen as u64 > u64::from(seq_end) {
             return Handled::Kill(format!(
                 "Data-Out at {offset}+{dlen} outside the expected {}..{seq_end}",
                 task.got
             ));
         }
+        // A DataSN gap: an earlier Data-Out of this sequence was lost to a digest error we
+        // did not see (§7.9). ERL 0 has no recovery R2T, so §7.8's other choice: discard
+        // the data, follow the sequence to its end (DataSN resynchronised on this PDU) and
+        // then terminate the task with "protocol service CRC error". The offset still had
+        // to be the expected one (DataPDUInOrder=Yes): that is checked above.
+        let lost = data_sn != task.exp_data_sn;
+        if lost {
+            warn!(
+                itt = task.itt,
+                data_sn,
+                expected = task.exp_data_sn,
+                "Data-Out DataSN gap: data discarded, the task fails with a protocol CRC error"
+            );
+            self.tasks[usize::from(t)].data_error = true;
+        }
         let keep_end = (offset + dlen as u32).min(task.need);
-        if keep_end > offset {
+        if keep_end > offset && !lost && !task.data_error {
             let conn = self.conns[ci].as_ref().expect("open");
             let n = (keep_end - offset) as usize;
             let src = &conn.rbuf[data_at..data_at + n];
@@ -1496,7 +1529,7 @@ impl IscsiFrontend {
         self.conns[ci].as_mut().expect("open").data_pdus += 1;
         let tk = &mut self.tasks[usize::from(t)];
         tk.got += dlen as u32;
-        tk.exp_data_sn += 1;
+        tk.exp_data_sn = data_sn.wrapping_add(1);
         if bhs.final_bit() {
             if solicited {
                 if tk.got != seq_end {

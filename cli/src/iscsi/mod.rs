@@ -17,7 +17,9 @@
 
 pub mod frontend;
 pub mod login;
+pub mod member_store;
 pub mod pdu;
+pub mod pr_store;
 pub mod scsi;
 pub mod text;
 

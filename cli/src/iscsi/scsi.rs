@@ -31,6 +31,22 @@ pub struct Sense {
     pub ascq: u8,
     /// INFORMATION field (e.g. the offset of the first miscompared byte), if valid.
     pub info: Option<u32>,
+    /// Which field was invalid, for ILLEGAL REQUEST (the sense-key specific field pointer).
+    pub field: Option<FieldPointer>,
+}
+
+/// The field-pointer sense-key specific data of ILLEGAL REQUEST (SPC-4 §4.5.2.4.2): where
+/// in the CDB (or parameter list) the invalid field is. Some initiators need it to tell
+/// "this field is wrong" from "this command is not supported" (libiscsi treats a
+/// MAINTENANCE IN answered INVALID FIELD IN CDB without a pointer as unsupported).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldPointer {
+    /// In the CDB (C/D = 1), else in the parameter data.
+    pub cdb: bool,
+    /// Byte offset of the field.
+    pub byte: u16,
+    /// Bit of that byte where the field ends (its most significant bit), if given.
+    pub bit: Option<u8>,
 }
 
 impl Sense {
@@ -40,6 +56,19 @@ impl Sense {
             asc,
             ascq,
             info: None,
+            field: None,
+        }
+    }
+
+    /// INVALID FIELD IN CDB pointing at byte `byte`, bit `bit` of the CDB.
+    pub const fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Sense {
+        Sense {
+            field: Some(FieldPointer {
+                cdb: true,
+                byte,
+                bit,
+            }),
+            ..Sense::INVALID_FIELD_CDB
         }
     }
     /// ILLEGAL REQUEST / INVALID COMMAND OPERATION CODE (0x20/0x00).
@@ -65,9 +94,12 @@ impl Sense {
     pub const INTERNAL_FAILURE: Sense = Sense::new(0x04, 0x44, 0x00);
     /// ABORTED COMMAND / COMMAND PHASE ERROR (0x4a/0x00) — e.g. missing Data-Out.
     pub const COMMAND_PHASE: Sense = Sense::new(0x0b, 0x4a, 0x00);
-    /// ABORTED COMMAND / DATA PHASE ERROR (0x4b/0x00): the command's data-out was lost
-    /// (a data digest error).
+    /// ABORTED COMMAND / DATA PHASE ERROR (0x4b/0x00).
     pub const DATA_PHASE: Sense = Sense::new(0x0b, 0x4b, 0x00);
+    /// ABORTED COMMAND / PROTOCOL SERVICE CRC ERROR (0x47/0x05): the iSCSI condition
+    /// "protocol service CRC error" (RFC 7143 §11.4.7.2) — a Data-Out PDU of the command
+    /// was lost to a data digest error or, implied, to a DataSN gap (§7.8, §7.9).
+    pub const PROTOCOL_CRC: Sense = Sense::new(0x0b, 0x47, 0x05);
 
     /// The fixed-format sense data (SPC-5 §4.4.3), 18 bytes.
     pub fn fixed(&self) -> [u8; 18] {
@@ -81,6 +113,11 @@ impl Sense {
         s[7] = 10;
         s[12] = self.asc;
         s[13] = self.ascq;
+        if let Some(f) = self.field {
+            // SKSV, C/D, BPV and the bit pointer, then the field pointer.
+            s[15] = 0x80 | if f.cdb { 0x40 } else { 0 } | f.bit.map_or(0, |b| 0x08 | (b & 0x07));
+            s[16..18].copy_from_slice(&f.byte.to_be_bytes());
+        }
         s
     }
 }
@@ -251,6 +288,8 @@ pub mod opc {
     pub const START_STOP_UNIT: u8 = 0x1b;
     pub const PREVENT_ALLOW: u8 = 0x1e;
     pub const READ_CAPACITY_10: u8 = 0x25;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
+    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
     pub const READ_10: u8 = 0x28;
     pub const WRITE_10: u8 = 0x2a;
     pub const WRITE_VERIFY_10: u8 = 0x2e;
@@ -334,6 +373,18 @@ const SUPPORTED: &[(u8, Option<u8>, &[u8])] = &[
         opc::WRITE_SAME_10,
         None,
         &[0xf8, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::READ_DEFECT_DATA_10,
+        None,
+        &[0x00, 0x1f, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::READ_DEFECT_DATA_12,
+        None,
+        &[
+            0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00, 0x07,
+        ],
     ),
     (
         opc::UNMAP,
@@ -751,6 +802,7 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
             }
             _ => Err(Sense::INVALID_FIELD_CDB),
         },
+        opc::READ_DEFECT_DATA_10 | opc::READ_DEFECT_DATA_12 => read_defect_data(c, out),
         opc::REPORT_LUNS => {
             let alloc = be32(&c[6..10]);
             if alloc < 16 {
@@ -1054,7 +1106,8 @@ fn report_opcodes(c: &[u8; 16], out: &mut [u8]) -> Result<Plan, Sense> {
             // Option 1: the opcode has no service actions (else INVALID FIELD); option 2:
             // it must have them; option 3: either.
             if options == 1 && has_sa(req_op) || options == 2 && !has_sa(req_op) {
-                return Err(Sense::INVALID_FIELD_CDB);
+                // The REPORTING OPTIONS field (byte 2, bits 2..0) does not fit the opcode.
+                return Err(Sense::invalid_cdb_field(2, Some(2)));
             }
             let found = SUPPORTED.iter().find(|&&(o, sa, _)| {
                 o == req_op
@@ -1084,10 +1137,39 @@ fn report_opcodes(c: &[u8; 16], out: &mut [u8]) -> Result<Plan, Sense> {
                 }
             }
         }
-        _ => return Err(Sense::INVALID_FIELD_CDB),
+        _ => return Err(Sense::invalid_cdb_field(2, Some(2))),
     };
     Ok(Plan::Data {
         len: alloc.min(n as u32),
+    })
+}
+
+/// READ DEFECT DATA (10) and (12) (SBC-4 §5.19, §5.20): the logical unit is an array, whose
+/// members keep their own defect management; it has no primary or grown defect list of
+/// its own, so both lists are reported valid (when asked for) and empty, in the format
+/// asked for when it is one SBC-4 defines (short block, long block, bytes from index,
+/// physical sector, extended bytes from index, extended physical sector).
+fn read_defect_data(c: &[u8; 16], out: &mut [u8]) -> Result<Plan, Sense> {
+    let twelve = c[0] == opc::READ_DEFECT_DATA_12;
+    let flags = if twelve { c[1] } else { c[2] };
+    let format = flags & 0x07;
+    if !matches!(format, 0b000 | 0b011..=0b111) || (format == 0b110 && !twelve) {
+        return Err(Sense::invalid_cdb_field(
+            if twelve { 1 } else { 2 },
+            Some(2),
+        ));
+    }
+    // PLISTV / GLISTV: the lists asked for are valid (and empty).
+    let valid = flags & 0x18;
+    let (alloc, header) = if twelve {
+        (be32(&c[6..10]), 8usize)
+    } else {
+        (be16(&c[7..9]), 4usize)
+    };
+    out[..header].fill(0);
+    out[1] = valid | format;
+    Ok(Plan::Data {
+        len: alloc.min(header as u32),
     })
 }
 
@@ -1276,5 +1358,37 @@ mod tests {
             assert_eq!(usage.len() + 1, want, "opcode {op:#x}");
         }
         assert!(MAX_PAGE_BYTES >= 4 + SUPPORTED.len() * 20);
+        // Reporting option 2 (by service action) for an opcode without service actions:
+        // INVALID FIELD IN CDB pointing at the REPORTING OPTIONS field (byte 2, bit 2).
+        c[2] = 0x02;
+        let Plan::Check(s) = decode(&c, &l, &mut out) else {
+            panic!("option 2 for READ(10) accepted")
+        };
+        let f = s.fixed();
+        assert_eq!((f[2], f[12], f[13]), (0x05, 0x24, 0x00));
+        assert_eq!((f[15], f[16], f[17]), (0x80 | 0x40 | 0x08 | 2, 0, 2));
+    }
+
+    #[test]
+    fn read_defect_data_reports_empty_valid_lists() {
+        let l = lun();
+        let mut out = vec![0xeeu8; MAX_PAGE_BYTES];
+        // (10), both lists, long block format, allocation 32.
+        let r = decode(
+            &cdb(&[0x37, 0, 0x18 | 0b011, 0, 0, 0, 0, 0, 32]),
+            &l,
+            &mut out,
+        );
+        assert_eq!(r, Plan::Data { len: 4 });
+        assert_eq!(&out[..4], &[0, 0x18 | 0b011, 0, 0]);
+        // (12), grown list only, short block format.
+        let r = decode(&cdb(&[0xb7, 0x08, 0, 0, 0, 0, 0, 0, 1, 0]), &l, &mut out);
+        assert_eq!(r, Plan::Data { len: 8 });
+        assert_eq!(&out[..8], &[0, 0x08, 0, 0, 0, 0, 0, 0]);
+        // A reserved format.
+        assert!(matches!(
+            decode(&cdb(&[0x37, 0, 0b001, 0, 0, 0, 0, 0, 32]), &l, &mut out),
+            Plan::Check(s) if s.asc == 0x24
+        ));
     }
 }

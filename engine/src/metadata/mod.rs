@@ -41,6 +41,7 @@ mod assemble;
 pub mod bitmap;
 mod create;
 pub mod ppl;
+pub mod pr_record;
 mod superblock;
 mod update;
 
