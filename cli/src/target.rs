@@ -383,7 +383,8 @@ struct Shared {
     geo: ArrayGeometry,
     assembly: Assembly,
     /// Device path of each role (`None`: missing); a replacement takes its role's entry.
-    paths: Mutex<Vec<Option<PathBuf>>>,
+    /// Shared with the iSCSI target's persistent-reservation store (it writes every member).
+    paths: Arc<Mutex<Vec<Option<PathBuf>>>>,
     meta: Mutex<Meta>,
     /// How member devices are opened (for devices added while serving).
     member_cfg: MemberConfig,
@@ -1137,11 +1138,26 @@ impl Target {
             builder = builder.listen_unix(p);
         }
         let (nbd, nbd_frontends) = builder.start(n).context("starting the NBD server")?;
+        let role_paths = Arc::new(Mutex::new(paths));
         let (iscsi, mut iscsi_frontends) = if opts.iscsi.is_empty() {
             (None, Vec::new())
         } else {
             let lun = crate::iscsi::lun_info(&name, &geo, assembly.uuid.0, &opts.iscsi_config);
             let mut b = IscsiServer::builder(lun).config(opts.iscsi_config.clone());
+            let members = Arc::clone(&role_paths);
+            let store = crate::iscsi::member_store::MemberStore::new(
+                assembly.uuid,
+                Box::new(move || {
+                    members
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .iter()
+                        .flatten()
+                        .cloned()
+                        .collect()
+                }),
+            );
+            b = b.reservation_store(Arc::new(store));
             for a in &opts.iscsi {
                 b = b.listen(*a);
             }
@@ -1343,7 +1359,7 @@ impl Target {
             name,
             geo,
             assembly,
-            paths: Mutex::new(paths),
+            paths: role_paths,
             meta: Mutex::new(meta),
             member_cfg: mcfg,
             data_offset_bytes,

@@ -445,6 +445,38 @@ fn compliance_suite_passes_176_with_no_failure_and_only_explained_skips() {
     srv.stop();
 }
 
+/// The reservation suites of `iscsi-test-cu` (persistent reservations and
+/// RESERVE/RELEASE(6), 27 tests, two initiator names) against a target with two reactors:
+/// every test runs and passes — none skipped, counted by each test's own status.
+#[test]
+fn reservation_suites_all_pass() {
+    let Some(t) = tools(&["iscsi-test-cu"]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(d, "pr", 4, 129 * MIB);
+    let mut srv = Server::start(d, "pr", &a, &["--reactors", "2"]);
+    let suites = "ALL.PrinReadKeys,ALL.ProutReserve,ALL.ProutRegister,ALL.ProutClear,\
+ALL.ProutPreempt,ALL.PrinReportCapabilities,ALL.PrinServiceactionRange,ALL.Reserve6";
+    let out = run_tool(
+        Command::new(&t[0]).args(["-d", "-t", suites, &srv.url()]),
+        d,
+        SUITE_TIMEOUT,
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let res = cu_statuses(&text);
+    let bad: Vec<_> = res.iter().filter(|(_, s)| *s != CuStatus::Passed).collect();
+    assert!(
+        bad.is_empty() && res.len() == 27,
+        "{} tests, not passed: {bad:?}\n{text}\n--- server ---\n{}",
+        res.len(),
+        srv.log()
+    );
+    assert!(!srv.log().contains("panicked"), "{}", srv.log());
+    srv.stop();
+}
+
 // ---------------------------------------------------------------------------------------
 // Inquiry tools.
 // ---------------------------------------------------------------------------------------
@@ -849,6 +881,10 @@ struct LoginOpts {
     /// MaxBurstLength and MaxOutstandingR2T to offer (0: not sent, the defaults).
     max_burst: u32,
     max_r2t: u32,
+    /// InitiatorName ("": `iqn.2026-11.org.ferroraid:raw-test`).
+    initiator: &'static str,
+    /// ISID (zero: 80 00 00 12 34 56).
+    isid: [u8; 6],
 }
 
 impl Raw {
@@ -871,7 +907,11 @@ impl Raw {
         text::put(
             &mut kv,
             "InitiatorName",
-            "iqn.2026-11.org.ferroraid:raw-test",
+            if o.initiator.is_empty() {
+                "iqn.2026-11.org.ferroraid:raw-test"
+            } else {
+                o.initiator
+            },
         );
         text::put(&mut kv, "SessionType", "Normal");
         text::put(&mut kv, "TargetName", target);
@@ -903,7 +943,14 @@ impl Raw {
         // is left to negotiate in the operational stage, RFC 7143 §6.3).
         let h = Header::new(op::LOGIN_REQ | 0x40, 0x80 | 0x03, kv.len() as u32, 1)
             .byte(3, 0)
-            .bytes(8, &[0x80, 0, 0, 0x12, 0x34, 0x56])
+            .bytes(
+                8,
+                &if o.isid == [0; 6] {
+                    [0x80, 0, 0, 0x12, 0x34, 0x56]
+                } else {
+                    o.isid
+                },
+            )
             .u16(14, o.tsih)
             .u16(20, o.cid)
             .u32(24, 1);
@@ -1113,7 +1160,8 @@ mod in_process {
     use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
     use engine::parity::Parity;
     use engine::reactor::{Mode, ReactorConfig, Reactors};
-    use ferroraid::iscsi::{lun_info, IscsiConfig, IscsiFrontend, IscsiServer};
+    use ferroraid::iscsi::pr_store::{MemoryStore, ReservationStore};
+    use ferroraid::iscsi::{lun_info, IscsiConfig, IscsiError, IscsiFrontend, IscsiServer};
     use ferroraid::nbd::BufferClass;
 
     const MEMBER_BYTES: u64 = 8 << 20;
@@ -1139,6 +1187,16 @@ mod in_process {
             buffers: u16,
             tweak: impl FnOnce(&mut IscsiConfig),
         ) -> Target {
+            Self::start_full(reactors, buffers, tweak, None)
+        }
+
+        /// As [`Target::start_with`], with a reservation store (APTPL).
+        fn start_full(
+            reactors: usize,
+            buffers: u16,
+            tweak: impl FnOnce(&mut IscsiConfig),
+            store: Option<Arc<dyn ReservationStore>>,
+        ) -> Target {
             let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
             let geo = ArrayGeometry::new(g, MEMBER_BYTES / CHUNK).unwrap();
             let devices: Arc<Vec<MemDevice>> = Arc::new(
@@ -1159,11 +1217,13 @@ mod in_process {
             tweak(&mut config);
             let lun = lun_info("mem", &geo, [7; 16], &config);
             let name = lun.target_name.clone();
-            let (server, frontends) = IscsiServer::builder(lun)
+            let mut builder = IscsiServer::builder(lun)
                 .config(config)
-                .listen("127.0.0.1:0".parse().unwrap())
-                .start(reactors)
-                .unwrap();
+                .listen("127.0.0.1:0".parse().unwrap());
+            if let Some(st) = store {
+                builder = builder.reservation_store(st);
+            }
+            let (server, frontends) = builder.start(reactors).unwrap();
             let port = server.addrs()[0].port();
             let running = Reactors::start(
                 devices,
@@ -1578,5 +1638,286 @@ mod in_process {
         assert_eq!(u16::from_be_bytes([hdr[36], hdr[37]]), 0x020a);
         drop((a, b));
         t.stop();
+    }
+
+    /// One SCSI command with `out` as immediate data (at most FirstBurstLength) and up
+    /// to `din` bytes of data-in: its status and its data-in, or its sense data.
+    fn scsi(r: &mut Raw, cdb: &[u8], out: &[u8], din: u32) -> (u8, Vec<u8>) {
+        r.itt += 1;
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        let mut flags = 0x80;
+        if !out.is_empty() {
+            flags |= 0x20;
+        }
+        if din > 0 {
+            flags |= 0x40;
+        }
+        let edtl = if out.is_empty() {
+            din
+        } else {
+            out.len() as u32
+        };
+        let h = Header::new(op::SCSI_CMD, flags, out.len() as u32, r.itt)
+            .u32(20, edtl)
+            .u32(24, r.cmd_sn)
+            .bytes(32, &c);
+        r.cmd_sn += 1;
+        r.send(&h, out);
+        let mut data = Vec::new();
+        loop {
+            let (b, d) = r.read().expect("a response");
+            assert_eq!(b.itt(), r.itt, "opcode {:#x}", b.opcode());
+            match b.opcode() {
+                op::DATA_IN => {
+                    data.extend_from_slice(&d);
+                    if b.flags() & 0x01 != 0 {
+                        return (b.raw[3], data);
+                    }
+                }
+                op::SCSI_RESP => {
+                    if data.is_empty() && d.len() > 2 {
+                        data = d[2..].to_vec();
+                    }
+                    return (b.raw[3], data);
+                }
+                o => panic!("unexpected PDU {o:#x}"),
+            }
+        }
+    }
+
+    const GOOD: u8 = 0;
+    const CHECK: u8 = 2;
+    const CONFLICT: u8 = 0x18;
+
+    fn prout(r: &mut Raw, sa: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> (u8, Vec<u8>) {
+        let mut p = [0u8; 24];
+        p[..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        p[20] = u8::from(aptpl);
+        scsi(r, &[0x5f, sa, kind, 0, 0, 0, 0, 0, 24, 0], &p, 0)
+    }
+
+    /// READ KEYS: (PRgeneration, keys).
+    fn read_keys(r: &mut Raw) -> (u32, Vec<u64>) {
+        let (st, d) = scsi(r, &[0x5e, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], &[], 4096);
+        assert_eq!(st, GOOD);
+        let n = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+        let keys = d[8..8 + n]
+            .chunks(8)
+            .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+            .collect();
+        (u32::from_be_bytes(d[..4].try_into().unwrap()), keys)
+    }
+
+    /// READ RESERVATION: (key, type) or `None`.
+    fn read_reservation(r: &mut Raw) -> Option<(u64, u8)> {
+        let (st, d) = scsi(r, &[0x5e, 1, 0, 0, 0, 0, 0, 0x10, 0, 0], &[], 4096);
+        assert_eq!(st, GOOD);
+        if u32::from_be_bytes(d[4..8].try_into().unwrap()) == 0 {
+            return None;
+        }
+        Some((
+            u64::from_be_bytes(d[8..16].try_into().unwrap()),
+            d[21] & 0x0f,
+        ))
+    }
+
+    fn write1(r: &mut Raw, lba: u8) -> (u8, Vec<u8>) {
+        scsi(r, &[0x2a, 0, 0, 0, 0, lba, 0, 0, 1, 0], &[0x5a; 512], 0)
+    }
+    fn read1(r: &mut Raw, lba: u8) -> (u8, Vec<u8>) {
+        scsi(r, &[0x28, 0, 0, 0, 0, lba, 0, 0, 1, 0], &[], 512)
+    }
+
+    fn login_as(t: &Target, initiator: &'static str, isid_low: u8) -> Raw {
+        Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                initiator,
+                isid: [0x80, 0, 0, 0, 0, isid_low],
+                ..LoginOpts::default()
+            },
+        )
+    }
+
+    const A: &str = "iqn.2026-11.org.ferroraid:initiator-a";
+    const B: &str = "iqn.2026-11.org.ferroraid:initiator-b";
+
+    /// The real binary keeps APTPL state in the record before each member's superblock:
+    /// A registers and reserves Write Exclusive with APTPL, the target stops; the record is
+    /// on every member; started again (members given in another order), the reservation
+    /// is there — B's write conflicts, A's runs — and mdadm still reads the superblocks.
+    #[test]
+    fn aptpl_reservations_survive_a_restart_on_the_members() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let mut arr = create(d, "aptpl", 4, 9 * MIB);
+        let login = |srv: &Server, initiator: &'static str, low: u8| {
+            Raw::login_with(
+                srv.iscsi_port,
+                &srv.target,
+                LoginOpts {
+                    initiator,
+                    isid: [0x80, 0, 0, 0, 0, low],
+                    ..LoginOpts::default()
+                },
+            )
+        };
+        let mut srv = Server::start(d, "aptpl1", &arr, &["--reactors", "2"]);
+        let mut a = login(&srv, A, 1);
+        assert_eq!(prout(&mut a, 0, 0, 0, 0xa1, true).0, GOOD, "REGISTER");
+        assert_eq!(prout(&mut a, 1, 1, 0xa1, 0, true).0, GOOD, "RESERVE WE");
+        drop(a);
+        srv.stop();
+        for m in &arr.members {
+            let head = fs::read(m).unwrap();
+            assert_eq!(&head[..8], b"FRRSV\0\x01\0", "record on {}", m.display());
+        }
+        arr.members.reverse();
+        let mut srv = Server::start(d, "aptpl2", &arr, &["--reactors", "2"]);
+        let mut a = login(&srv, A, 1);
+        let mut b = login(&srv, B, 2);
+        assert_eq!(read_reservation(&mut b), Some((0xa1, 1)));
+        assert_eq!(write1(&mut b, 4).0, CONFLICT);
+        assert_eq!(write1(&mut a, 4).0, GOOD);
+        // RELEASE and unregister: the record keeps the cleared state across a restart.
+        assert_eq!(prout(&mut a, 2, 1, 0xa1, 0, true).0, GOOD, "RELEASE");
+        assert_eq!(prout(&mut a, 0, 0, 0xa1, 0, true).0, GOOD, "unregister");
+        drop((a, b));
+        srv.stop();
+        let mut srv = Server::start(d, "aptpl3", &arr, &[]);
+        let mut b = login(&srv, B, 2);
+        assert_eq!(read_reservation(&mut b), None);
+        assert_eq!(write1(&mut b, 4).0, GOOD);
+        drop(b);
+        srv.stop();
+        if let Some(mdadm) = tool("mdadm") {
+            let out = run_tool(
+                Command::new(mdadm).arg("--examine").arg(&arr.members[0]),
+                d,
+                TOOL_TIMEOUT,
+            );
+            assert!(
+                out.status.success(),
+                "mdadm --examine: {}",
+                show_output(&out)
+            );
+        }
+    }
+
+    /// A store with room for one registration (like the 4 KiB record on the members, only
+    /// smaller): a second APTPL registration that would not fit is refused INSUFFICIENT
+    /// REGISTRATION RESOURCES and changes nothing; without APTPL it is kept in memory.
+    #[test]
+    fn a_state_the_store_cannot_hold_is_refused_whole() {
+        let store = Arc::new(MemoryStore::with_capacity(100));
+        let mut t = Target::start_full(1, 8, |_| {}, Some(Arc::clone(&store) as _));
+        let mut a = login_as(&t, A, 1);
+        let mut b = login_as(&t, B, 2);
+        assert_eq!(prout(&mut a, 6, 0, 0, 0xa, true).0, GOOD);
+        let saves = store.saves();
+        let (st, sense) = prout(&mut b, 6, 0, 0, 0xb, true);
+        assert_eq!(st, CHECK);
+        assert_eq!(
+            (sense[2] & 0x0f, sense[12], sense[13]),
+            (0x05, 0x55, 0x04),
+            "INSUFFICIENT REGISTRATION RESOURCES"
+        );
+        assert_eq!(read_keys(&mut b), (1, vec![0xa]), "nothing changed");
+        assert_eq!(store.saves(), saves, "nothing saved");
+        drop((a, b));
+        t.stop();
+    }
+
+    /// Two initiators on a target with two reactors: A registers and reserves Write
+    /// Exclusive, B's WRITE conflicts while its READ runs; B preempts A, A hears
+    /// REGISTRATIONS PREEMPTED and then conflicts; READ KEYS and READ RESERVATION follow.
+    /// With APTPL the reservation survives a restart of the target (in-memory store); a
+    /// save that fails is CHECK CONDITION MEDIUM ERROR; a corrupt saved state stops the
+    /// start.
+    #[test]
+    fn two_initiators_reserve_preempt_and_aptpl_survives_a_restart() {
+        let store = Arc::new(MemoryStore::new());
+        let dynstore = || Some(Arc::clone(&store) as Arc<dyn ReservationStore>);
+        let mut t = Target::start_full(2, 8, |_| {}, dynstore());
+        let mut a = login_as(&t, A, 1);
+        let mut b = login_as(&t, B, 2);
+        let (ka, kb) = (0xaaaa_0001u64, 0xbbbb_0002u64);
+        // REGISTER AND IGNORE EXISTING KEY with APTPL, then RESERVE Write Exclusive.
+        assert_eq!(prout(&mut a, 6, 0, 0, ka, true).0, GOOD);
+        assert_eq!(prout(&mut b, 6, 0, 0, kb, true).0, GOOD);
+        assert_eq!(prout(&mut a, 1, 1, ka, 0, true).0, GOOD);
+        assert!(store.saves() >= 3, "APTPL saves: {}", store.saves());
+        // B, registered but not the holder: writes conflict, reads run.
+        assert_eq!(write1(&mut b, 1).0, CONFLICT);
+        assert_eq!(read1(&mut b, 1).0, GOOD);
+        assert_eq!(write1(&mut a, 1).0, GOOD);
+        assert_eq!(read1(&mut b, 1), (GOOD, vec![0x5a; 512]));
+        // A wrong key conflicts.
+        assert_eq!(prout(&mut b, 1, 1, ka, 0, true).0, CONFLICT);
+        assert_eq!(read_keys(&mut b), (2, vec![ka, kb]));
+        assert_eq!(read_reservation(&mut b), Some((ka, 1)));
+        // B preempts A's reservation (and registration).
+        assert_eq!(prout(&mut b, 4, 1, kb, ka, true).0, GOOD);
+        let (st, sense) = scsi(&mut a, &[0; 6], &[], 0);
+        assert_eq!(st, CHECK, "A's next command reports the unit attention");
+        assert_eq!(
+            (sense[2] & 0x0f, sense[12], sense[13]),
+            (0x06, 0x2a, 0x05),
+            "REGISTRATIONS PREEMPTED"
+        );
+        assert_eq!(scsi(&mut a, &[0; 6], &[], 0).0, GOOD, "reported once");
+        assert_eq!(write1(&mut a, 2).0, CONFLICT);
+        assert_eq!(read1(&mut a, 2).0, GOOD);
+        assert_eq!(write1(&mut b, 2).0, GOOD);
+        assert_eq!(read_keys(&mut a), (3, vec![kb]));
+        assert_eq!(read_reservation(&mut a), Some((kb, 1)));
+        // A save that fails: CHECK CONDITION, MEDIUM ERROR / WRITE ERROR.
+        store.fail_saves(true);
+        let (st, sense) = prout(&mut a, 6, 0, 0, ka, true);
+        assert_eq!(st, CHECK);
+        assert_eq!((sense[2] & 0x0f, sense[12]), (0x03, 0x0c));
+        store.fail_saves(false);
+        assert_eq!(prout(&mut a, 6, 0, 0, 0, true).0, GOOD, "A unregisters");
+        assert_eq!(read_keys(&mut a), (5, vec![kb]));
+        // Restart the target: the state comes back from the store.
+        drop((a, b));
+        t.stop();
+        let mut t = Target::start_full(2, 8, |_| {}, dynstore());
+        let mut b = login_as(&t, B, 2);
+        let mut a = login_as(&t, A, 1);
+        assert_eq!(read_reservation(&mut a), Some((kb, 1)));
+        assert_eq!(read_keys(&mut a), (5, vec![kb]));
+        assert_eq!(write1(&mut a, 3).0, CONFLICT);
+        assert_eq!(write1(&mut b, 3).0, GOOD);
+        // Another ISID of B's name is another nexus: not the holder.
+        let mut b2 = login_as(&t, B, 9);
+        assert_eq!(write1(&mut b2, 3).0, CONFLICT);
+        // CLEAR drops every registration and the reservation.
+        assert_eq!(prout(&mut b, 3, 0, kb, 0, false).0, GOOD);
+        assert_eq!(write1(&mut a, 3).0, GOOD);
+        assert_eq!(read_reservation(&mut b2), None);
+        drop((a, b, b2));
+        t.stop();
+        // A corrupt saved state: the target refuses to start and leaves it alone.
+        let mut bad = store.current().expect("a saved state");
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let corrupt = Arc::new(MemoryStore::with_state(bad.clone()));
+        let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+        let geo = ArrayGeometry::new(g, MEMBER_BYTES / CHUNK).unwrap();
+        let cfg = IscsiConfig::default();
+        let lun = lun_info("mem", &geo, [7; 16], &cfg);
+        let err = IscsiServer::builder(lun)
+            .listen("127.0.0.1:0".parse().unwrap())
+            .reservation_store(Arc::clone(&corrupt) as Arc<dyn ReservationStore>)
+            .start(1)
+            .err()
+            .expect("a corrupt state must stop the start");
+        assert!(matches!(err, IscsiError::Reservations(_)), "{err}");
+        assert!(err.to_string().contains("checksum"), "{err}");
+        assert_eq!(corrupt.current(), Some(bad));
     }
 }

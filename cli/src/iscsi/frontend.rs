@@ -32,7 +32,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,6 +44,7 @@ use tracing::{debug, info, warn};
 
 use super::login::{NewConn, SessionParams};
 use super::pdu::{self, op, Bhs, Framing, Header, BHS_BYTES};
+use super::pr::{Nexus, Outcome, Verdict, View};
 use super::scsi::{self, status, Plan, Sense};
 use super::{text, Shared};
 use crate::nbd::conn::Stream;
@@ -100,6 +101,8 @@ struct Task {
     in_array: bool,
     in_pending: bool,
     queued_out: bool,
+    /// Waiting for its APTPL save (the persister thread's ticket in `pr_waits`).
+    in_pr: bool,
     aborted: bool,
     stage: Stage,
     conn: u16,
@@ -190,6 +193,11 @@ struct Session {
     exp_cmd_sn: u32,
     params: SessionParams,
     revoked: Arc<std::sync::atomic::AtomicBool>,
+    /// The I_T nexus (initiator name + ISID) of reservations.
+    nexus: Nexus,
+    /// The reservation view of `nexus` and the epoch it was taken at (see [`super::pr`]).
+    pr_seen: u64,
+    pr_view: View,
 }
 
 impl Session {
@@ -219,6 +227,8 @@ pub struct IscsiFrontend {
     /// The connection slot served first this turn (the one after the last turn's budget
     /// spender).
     first: usize,
+    /// Tasks waiting for their APTPL save: (task, the persister's ticket).
+    pr_waits: Vec<(u16, Arc<AtomicU8>)>,
 }
 
 impl IscsiFrontend {
@@ -235,6 +245,7 @@ impl IscsiFrontend {
             in_array: false,
             in_pending: false,
             queued_out: false,
+            in_pr: false,
             aborted: false,
             stage: Stage::Reply,
             conn: 0,
@@ -280,6 +291,7 @@ impl IscsiFrontend {
             turns: 0,
             payload_budget: PAYLOAD_BYTES_PER_TURN,
             first: 0,
+            pr_waits: Vec::new(),
         }
     }
 
@@ -329,12 +341,25 @@ impl IscsiFrontend {
                     self.forget_if_unknown(nc.tsih);
                     return;
                 };
+                let nexus = Nexus::new(&nc.initiator, nc.isid);
+                // Once per session, off the data path.
+                let (pr_seen, pr_view) = {
+                    let mut st = self.shared.pr_lock();
+                    st.attach(&nexus);
+                    (
+                        self.shared.pr_epoch.load(Ordering::Acquire),
+                        st.view(&nexus),
+                    )
+                };
                 self.sessions[i] = Some(Session {
                     tsih: nc.tsih,
                     conns: 0,
                     exp_cmd_sn: nc.cmd_sn,
                     params: nc.params,
                     revoked: Arc::clone(&nc.revoked),
+                    nexus,
+                    pr_seen,
+                    pr_view,
                 });
                 i
             }
@@ -452,7 +477,7 @@ impl IscsiFrontend {
     /// Releases task `t` once nothing refers to it.
     fn maybe_release(&mut self, t: u16) {
         let task = &mut self.tasks[usize::from(t)];
-        if !task.live || task.in_array || task.in_pending || task.queued_out {
+        if !task.live || task.in_array || task.in_pending || task.queued_out || task.in_pr {
             return;
         }
         task.live = false;
@@ -1186,6 +1211,7 @@ impl IscsiFrontend {
                     + out_bytes.min(u64::from(blocks) * u64::from(bs)) * u64::from(bytchk != 0)
             }
             Plan::CompareAndWrite { blocks, .. } => 3 * u64::from(blocks) * u64::from(bs),
+            Plan::PrIn { alloc, .. } => u64::from(alloc),
             Plan::WriteSame { blocks, .. } => {
                 (u64::from(blocks) * u64::from(bs)).min(u64::from(self.shared.write_same_buf))
             }
@@ -1235,6 +1261,11 @@ impl IscsiFrontend {
                 scsi::opc::REQUEST_SENSE => plan,
                 _ => Plan::Check(Sense::LUN_NOT_SUPPORTED),
             };
+        }
+        // Reservations and unit attentions (one atomic load when nothing changed).
+        if lun_ok && buf != NO_BUF {
+            let sidx = self.conns[ci].as_ref().expect("open").session;
+            plan = self.pr_gate(sidx, &cdb, plan, &mut scratch);
         }
         // No buffer free: the command is answered TASK SET FULL (SAM-5 §5.3.1) and the
         // initiator retries it later. Never waiting for a buffer with the command still in
@@ -1299,6 +1330,7 @@ impl IscsiFrontend {
             in_array: false,
             in_pending: false,
             queued_out: false,
+            in_pr: false,
             aborted: false,
             stage: Stage::DataOut,
             conn: ci as u16,
@@ -1440,6 +1472,13 @@ impl IscsiFrontend {
             Plan::Read { blocks, .. } => {
                 tk.din = (blocks * self.shared.lun.block_bytes).min(tk.din_max);
                 self.advance(t, io)
+            }
+            Plan::Conflict => {
+                tk.status = status::RESERVATION_CONFLICT;
+                self.reply(t)
+            }
+            Plan::PrIn { .. } | Plan::PrOut { .. } | Plan::Reserve6 | Plan::Release6 => {
+                self.pr_execute(t)
             }
             _ => self.advance(t, io),
         }
@@ -1592,14 +1631,24 @@ impl IscsiFrontend {
                 0
             }
             // LOGICAL UNIT RESET, TARGET WARM RESET: every task on this reactor (TAS=0:
-            // other sessions' tasks end without status, SAM-5 §5.6).
+            // other sessions' tasks end without status, SAM-5 §5.6); RESERVE(6) released,
+            // the other nexuses get BUS DEVICE RESET FUNCTION OCCURRED (SPC-4 §5.13.1).
             5 | 6 => {
                 self.abort_where(|_, _| true, ci);
+                self.pr_reset(session);
                 0
             }
-            // CLEAR ACA (no ACA), TARGET COLD RESET: not supported; TASK REASSIGN: not at
-            // ERL 0 (§11.6.1 response 4).
-            3 | 7 => 5,
+            // TARGET COLD RESET (§11.5.1): a warm reset, then every connection of every
+            // session closes (this one once the response is sent).
+            7 => {
+                self.abort_where(|_, _| true, ci);
+                self.pr_reset(session);
+                self.cold_reset(session);
+                0
+            }
+            // CLEAR ACA (no ACA): not supported; TASK REASSIGN: not at ERL 0 (§11.6.1
+            // response 4).
+            3 => 5,
             8 => 4,
             _ => 255,
         };
@@ -1613,6 +1662,9 @@ impl IscsiFrontend {
             .u32(28, exp)
             .u32(32, max);
         stage(conn, &h, &[]);
+        if function == 7 {
+            conn.life = Life::Draining;
+        }
         info!(conn = conn.id, function, response, "task management");
     }
 
@@ -1701,6 +1753,13 @@ impl IscsiFrontend {
         s.conns -= 1;
         if s.conns == 0 {
             let tsih = s.tsih;
+            // Nexus loss: its RESERVE(6) goes, registrations stay (SPC-4 §5.13.1).
+            {
+                let mut st = self.shared.pr_lock();
+                if st.detach(&s.nexus) {
+                    self.shared.pr_epoch.fetch_add(1, Ordering::AcqRel);
+                }
+            }
             self.sessions[sidx] = None;
             // Off the hot path: a session ends at most once per login.
             self.shared.forget_session(tsih);
@@ -1719,12 +1778,240 @@ impl IscsiFrontend {
     }
 }
 
+/// Reservations ([`super::pr`]): the per-command gate and the reservation commands.
+impl IscsiFrontend {
+    /// The reservation verdict on a command of session `sidx` (SPC-4 §5.13, SAM-5 §5.14):
+    /// `plan` unchanged, [`Plan::Conflict`], or a pending unit attention as CHECK
+    /// CONDITION (REQUEST SENSE gets it as its data). One atomic load when the state did
+    /// not change since this session last looked; the mutex only when it did, or to take a
+    /// unit attention.
+    fn pr_gate(&mut self, sidx: usize, cdb: &[u8; 16], plan: Plan, scratch: &mut [u8]) -> Plan {
+        let shared = &self.shared;
+        let s = self.sessions[sidx].as_mut().expect("session");
+        let epoch = shared.pr_epoch.load(Ordering::Acquire);
+        if epoch != s.pr_seen {
+            let st = shared.pr_lock();
+            s.pr_view = st.view(&s.nexus);
+            s.pr_seen = shared.pr_epoch.load(Ordering::Acquire);
+        }
+        let take_ua = match s.pr_view.check(cdb) {
+            Verdict::Go => s.pr_view.ua && cdb[0] == scsi::opc::REQUEST_SENSE,
+            Verdict::Conflict => return Plan::Conflict,
+            Verdict::UnitAttention => true,
+        };
+        if !take_ua {
+            return plan;
+        }
+        let pending = {
+            let mut st = shared.pr_lock();
+            let u = st.take_ua(&s.nexus);
+            s.pr_view = st.view(&s.nexus);
+            u
+        };
+        let Some(sense) = pending else {
+            // Taken meanwhile (another session of the nexus): judge again.
+            return match s.pr_view.check(cdb) {
+                Verdict::Conflict => Plan::Conflict,
+                _ => plan,
+            };
+        };
+        debug!(
+            tsih = s.tsih,
+            asc = sense.asc,
+            ascq = sense.ascq,
+            "unit attention"
+        );
+        if cdb[0] != scsi::opc::REQUEST_SENSE {
+            return Plan::Check(sense);
+        }
+        // REQUEST SENSE returns the unit attention as its sense data (SPC-4 §6.29).
+        let alloc = u32::from(cdb[4]);
+        let n = if cdb[1] & 1 != 0 {
+            scratch[..8].fill(0);
+            scratch[0] = 0x72;
+            scratch[1] = sense.key;
+            scratch[2] = sense.asc;
+            scratch[3] = sense.ascq;
+            8
+        } else {
+            scratch[..18].copy_from_slice(&sense.fixed());
+            18
+        };
+        Plan::Data { len: alloc.min(n) }
+    }
+
+    /// Runs a reservation command whose data-out (if any) is in: under the state's mutex,
+    /// then GOOD, RESERVATION CONFLICT or CHECK CONDITION — or, when APTPL needs a save,
+    /// the task waits for the persister thread ([`IscsiFrontend::pr_saved`]).
+    fn pr_execute(&mut self, t: u16) {
+        let task = self.tasks[usize::from(t)];
+        let nexus = self.sessions[task.session]
+            .as_ref()
+            .expect("session")
+            .nexus
+            .clone();
+        // The task keeps no CDB: the plan carries what the state machine reads of it.
+        let mut cdb = [0u8; 16];
+        match task.plan {
+            Plan::PrIn { sa, .. } => cdb[1] = sa,
+            Plan::PrOut {
+                param_bytes,
+                sa,
+                scope_type,
+            } => {
+                cdb[1] = sa;
+                cdb[2] = scope_type;
+                cdb[5..9].copy_from_slice(&param_bytes.to_be_bytes());
+            }
+            _ => {}
+        }
+        let outcome = {
+            let mut st = self.shared.pr_lock();
+            let o = match task.plan {
+                Plan::PrIn { alloc, .. } => match st.pr_in(&cdb) {
+                    Ok(data) => {
+                        let n = (data.len() as u32).min(alloc).min(task.din_max);
+                        self.pool.buf_mut(task.buf)[..n as usize]
+                            .copy_from_slice(&data[..n as usize]);
+                        let tk = &mut self.tasks[usize::from(t)];
+                        tk.din = n;
+                        tk.xfer = u64::from((data.len() as u32).min(alloc));
+                        Outcome::Good { save: None }
+                    }
+                    Err(s) => Outcome::Check(s),
+                },
+                Plan::PrOut { .. } => {
+                    let param = &self.pool.buf(task.buf)[..task.need as usize];
+                    // A rare management command: the copy lets a change the store cannot
+                    // keep be undone whole.
+                    let before = self.shared.pr_capacity.map(|_| st.clone());
+                    match st.pr_out(&nexus, &cdb, param) {
+                        Outcome::Good { save: Some(b) }
+                            if self.shared.pr_capacity.is_some_and(|c| b.len() > c) =>
+                        {
+                            *st = before.expect("cloned when a capacity is set");
+                            warn!(
+                                bytes = b.len(),
+                                "persistent-reservation state too large for the store: refused"
+                            );
+                            Outcome::Check(super::pr::INSUFFICIENT_REGISTRATION)
+                        }
+                        o => o,
+                    }
+                }
+                Plan::Reserve6 => st.reserve6(&nexus, &cdb),
+                Plan::Release6 => st.release6(&nexus, &cdb),
+                _ => Outcome::Check(Sense::INVALID_OPCODE),
+            };
+            if !matches!(task.plan, Plan::PrIn { .. }) && matches!(o, Outcome::Good { .. }) {
+                self.shared.pr_epoch.fetch_add(1, Ordering::AcqRel);
+            }
+            // Queued under the lock: saves reach the store in the order of the changes.
+            if let Outcome::Good { save: Some(bytes) } = &o {
+                let ticket = Arc::new(AtomicU8::new(super::SAVE_PENDING));
+                let job = super::SaveJob {
+                    bytes: bytes.clone(),
+                    ticket: Arc::clone(&ticket),
+                };
+                match self.shared.pr_saver.as_ref().map(|s| s.send(job)) {
+                    Some(Ok(())) => {
+                        self.tasks[usize::from(t)].in_pr = true;
+                        self.pr_waits.push((t, ticket));
+                        return;
+                    }
+                    _ => Outcome::Check(super::pr::SAVE_FAILED),
+                }
+            } else {
+                o
+            }
+        };
+        self.pr_finish(t, outcome);
+    }
+
+    fn pr_finish(&mut self, t: u16, o: Outcome) {
+        let tk = &mut self.tasks[usize::from(t)];
+        match o {
+            Outcome::Good { .. } => tk.status = status::GOOD,
+            Outcome::Conflict => {
+                tk.status = status::RESERVATION_CONFLICT;
+                tk.din = 0;
+            }
+            Outcome::Check(s) => {
+                tk.status = status::CHECK_CONDITION;
+                tk.sense = Some(s);
+                tk.din = 0;
+            }
+        }
+        self.reply(t);
+    }
+
+    /// Finishes tasks whose APTPL save completed: GOOD once durable, CHECK CONDITION
+    /// MEDIUM ERROR / WRITE ERROR when it failed ([`super::pr::SAVE_FAILED`]).
+    fn pr_saved(&mut self) -> bool {
+        let mut progress = false;
+        let mut i = 0;
+        while i < self.pr_waits.len() {
+            let (t, ref ticket) = self.pr_waits[i];
+            let r = ticket.load(Ordering::Acquire);
+            if r == super::SAVE_PENDING {
+                i += 1;
+                continue;
+            }
+            self.pr_waits.swap_remove(i);
+            progress = true;
+            let tk = &mut self.tasks[usize::from(t)];
+            tk.in_pr = false;
+            if tk.aborted {
+                self.maybe_release(t);
+                continue;
+            }
+            let o = if r == super::SAVE_DONE {
+                Outcome::Good { save: None }
+            } else {
+                Outcome::Check(super::pr::SAVE_FAILED)
+            };
+            self.pr_finish(t, o);
+        }
+        progress
+    }
+
+    /// LOGICAL UNIT RESET / TARGET RESET from session `sidx` (SPC-4 §5.13.1, SAM-5 §6.3).
+    fn pr_reset(&mut self, sidx: usize) {
+        let s = self.sessions[sidx].as_ref().expect("session");
+        let mut st = self.shared.pr_lock();
+        st.reset(&s.nexus);
+        self.shared.pr_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// TARGET COLD RESET: every other session (on every reactor) is revoked, this
+    /// session's other connections close.
+    fn cold_reset(&mut self, sidx: usize) {
+        let tsih = self.sessions[sidx].as_ref().expect("session").tsih;
+        {
+            let reg = self
+                .shared
+                .sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for (t, e) in reg.iter() {
+                if *t != tsih {
+                    e.revoked.store(true, Ordering::Release);
+                }
+            }
+        }
+        info!(tsih, "target cold reset: closing every other session");
+    }
+}
+
 impl Frontend for IscsiFrontend {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
         let mut progress = false;
         while let Some(nc) = self.inbox.pop() {
             self.adopt(nc);
             progress = true;
+        }
+        if !self.pr_waits.is_empty() {
+            progress |= self.pr_saved();
         }
         self.turns = self.turns.wrapping_add(1);
         let clock = self.turns.is_multiple_of(CLOCK_EVERY) && self.active > 0;

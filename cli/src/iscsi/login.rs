@@ -80,8 +80,10 @@ pub(crate) struct NewConn {
     pub cmd_sn: u32,
     /// Next StatSN to send on this connection.
     pub stat_sn: u32,
-    /// The initiator's name (logs).
+    /// The initiator's name (logs; with `isid`, the I_T nexus of reservations).
     pub initiator: String,
+    /// The session's ISID (RFC 7143 §11.12.5).
+    pub isid: [u8; 6],
     /// Revoked when the session is reinstated or the server shuts down.
     pub revoked: Arc<std::sync::atomic::AtomicBool>,
     /// Receive buffer: two of the largest PDUs `rx` accepts.
@@ -496,6 +498,7 @@ fn login(s: TcpStream, peer: SocketAddr, local: SocketAddr, shared: &Shared) -> 
             cmd_sn: lg.cmd_sn,
             stat_sn: lg.stat_sn,
             initiator,
+            isid: lg.isid,
             revoked: revoked.unwrap_or_default(),
             // The connection's memory, allocated here rather than on the reactor.
             rbuf: vec![0u8; 2 * rx.max_pdu_bytes()].into_boxed_slice(),

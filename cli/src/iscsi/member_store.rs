@@ -127,6 +127,11 @@ impl ReservationStore for MemberStore {
         *generation = next;
         Ok(())
     }
+
+    /// [`PR_PAYLOAD_MAX_BYTES`]: what the 4 KiB record holds.
+    fn capacity_bytes(&self) -> Option<usize> {
+        Some(PR_PAYLOAD_MAX_BYTES)
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,13 @@
 //! - [`IscsiFrontend`]: one per reactor, the full-feature phase with non-blocking
 //!   sockets, a preallocated task and buffer pool and no locks.
 //!
-//! Error recovery level 0 only; one LUN; no reservations, no protection information.
+//! - [`pr`]: persistent reservations, RESERVE/RELEASE(6) and unit attentions, pure; one
+//!   state for the LUN behind a mutex in the shared state, read per command through an
+//!   epoch and each session's cached view (see its docs); [`pr_store`]: where the state is
+//!   kept while APTPL is set, saved by a persister thread of the server, never on a
+//!   reactor.
+//!
+//! Error recovery level 0 only; one LUN; no protection information.
 //! What is and is not implemented, and the compliance-suite results, are in
 //! `docs/ISCSI.md`.
 
@@ -19,13 +25,15 @@ pub mod frontend;
 pub mod login;
 pub mod member_store;
 pub mod pdu;
+pub mod pr;
 pub mod pr_store;
 pub mod scsi;
 pub mod text;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -39,6 +47,8 @@ pub use frontend::IscsiFrontend;
 
 use crate::nbd::BufferClass;
 use login::NewConn;
+use pr::PrState;
+use pr_store::ReservationStore;
 use scsi::LunInfo;
 
 /// The iSCSI port (IANA, RFC 7143 §13.4 "well-known port 3260").
@@ -149,6 +159,41 @@ pub enum IscsiError {
     /// The listener thread could not start.
     #[error("starting the iSCSI listener: {0}")]
     Spawn(std::io::Error),
+    /// The persistent-reservation state (APTPL) could not be read or decoded: the target
+    /// does not start (the store is left as it is).
+    #[error(
+        "iSCSI persistent-reservation state (APTPL, SPC-4 §5.14.5) from the reservation store: {0}"
+    )]
+    Reservations(String),
+}
+
+/// One APTPL save for the persister thread: the bytes, and where the task that waits for
+/// it learns the result ([`SAVE_PENDING`], [`SAVE_DONE`], [`SAVE_FAILED`]).
+pub(crate) struct SaveJob {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) ticket: Arc<AtomicU8>,
+}
+
+/// A [`SaveJob`] not yet durable.
+pub(crate) const SAVE_PENDING: u8 = 0;
+/// A [`SaveJob`] durable.
+pub(crate) const SAVE_DONE: u8 = 1;
+/// A [`SaveJob`] that failed.
+pub(crate) const SAVE_FAILED: u8 = 2;
+
+/// The persister thread: saves jobs in order until every sender is gone (the server's
+/// shared state dropped).
+fn persist(store: Arc<dyn ReservationStore>, jobs: mpsc::Receiver<SaveJob>) {
+    while let Ok(j) = jobs.recv() {
+        let r = match store.save(&j.bytes) {
+            Ok(()) => SAVE_DONE,
+            Err(e) => {
+                tracing::error!("saving the persistent-reservation state (APTPL): {e}");
+                SAVE_FAILED
+            }
+        };
+        j.ticket.store(r, Ordering::Release);
+    }
 }
 
 /// A registered session (login threads look sessions up to add connections and to
@@ -175,9 +220,25 @@ pub(crate) struct Shared {
     pub(crate) write_same_buf: u32,
     /// Task slots of each front-end (buffers + spare slots).
     pub(crate) tasks_per_reactor: usize,
+    /// Reservations and unit attentions of the LUN ([`pr`]). Locked by PR IN/OUT,
+    /// RESERVE/RELEASE(6), task management, session start and end, and a command that
+    /// reports a unit attention — never by a plain command.
+    pub(crate) pr: Mutex<PrState>,
+    /// Bumped (under `pr`) on every change of `pr`: sessions refresh their cached view
+    /// only when it moved, so the per-command check is one atomic load.
+    pub(crate) pr_epoch: AtomicU64,
+    /// The persister thread's queue (`None` without a reservation store: APTPL refused).
+    pub(crate) pr_saver: Option<mpsc::Sender<SaveJob>>,
+    /// The store's [`ReservationStore::capacity_bytes`].
+    pub(crate) pr_capacity: Option<usize>,
 }
 
 impl Shared {
+    /// Locks the reservation state.
+    pub(crate) fn pr_lock(&self) -> std::sync::MutexGuard<'_, PrState> {
+        self.pr.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn forget_session(&self, tsih: u16) {
         let mut reg = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         reg.remove(&tsih);
@@ -222,6 +283,7 @@ pub struct IscsiServerBuilder {
     lun: LunInfo,
     config: IscsiConfig,
     listen: Vec<SocketAddr>,
+    store: Option<Arc<dyn ReservationStore>>,
 }
 
 impl IscsiServerBuilder {
@@ -234,6 +296,14 @@ impl IscsiServerBuilder {
     /// Replaces the tunables.
     pub fn config(mut self, config: IscsiConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Where the persistent-reservation state is kept while APTPL is set (SPC-4
+    /// §5.14.5): loaded at start, saved by the server's persister thread before a PR OUT
+    /// that changed it completes. Without a store, APTPL=1 is refused (PTPL_C=0).
+    pub fn reservation_store(mut self, store: Arc<dyn ReservationStore>) -> Self {
+        self.store = Some(store);
         self
     }
 
@@ -305,6 +375,22 @@ impl IscsiServerBuilder {
                 "buffers: 1..65535 buffers, each a multiple of the block size and ≥ 4 KiB".into(),
             ));
         }
+        let mut pr_state = PrState::new();
+        if let Some(store) = &self.store {
+            let saved = store
+                .load()
+                .map_err(|e| IscsiError::Reservations(format!("load: {e}")))?;
+            if let Some(b) = saved.filter(|b| !b.is_empty()) {
+                pr_state = PrState::decode(&b).map_err(|e| {
+                    IscsiError::Reservations(format!("{e} ({} bytes; left as they are)", b.len()))
+                })?;
+                info!(
+                    generation = pr_state.generation(),
+                    "persistent reservations restored (APTPL)"
+                );
+            }
+            pr_state.set_ptpl_capable(true);
+        }
         let mut lun = lun;
         lun.max_transfer_blocks = lun.max_transfer_blocks.min(largest / bs);
         lun.max_compare_write_blocks =
@@ -325,7 +411,25 @@ impl IscsiServerBuilder {
         let inboxes: Vec<Arc<ArrayQueue<NewConn>>> = (0..reactors)
             .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
             .collect();
+        let pr_capacity = self.store.as_ref().and_then(|s| s.capacity_bytes());
+        let pr_saver = match self.store {
+            Some(store) => {
+                let (tx, rx) = mpsc::channel();
+                // Detached: it ends when the shared state (every sender) is dropped, after
+                // the front-ends, so no save a task waits for is cut off.
+                std::thread::Builder::new()
+                    .name("iscsi-pr-save".into())
+                    .spawn(move || persist(store, rx))
+                    .map_err(IscsiError::Spawn)?;
+                Some(tx)
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
+            pr: Mutex::new(pr_state),
+            pr_epoch: AtomicU64::new(1),
+            pr_saver,
+            pr_capacity,
             target_name: lun.target_name.clone(),
             write_same_buf: (1u32 << 20).min(largest) / bs * bs,
             lun,
@@ -389,6 +493,7 @@ impl IscsiServer {
             lun,
             config: IscsiConfig::default(),
             listen: Vec::new(),
+            store: None,
         }
     }
 

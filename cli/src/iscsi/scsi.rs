@@ -15,6 +15,8 @@ pub mod status {
     pub const CHECK_CONDITION: u8 = 0x02;
     /// CONDITION MET (PRE-FETCH when the range fits the cache).
     pub const CONDITION_MET: u8 = 0x04;
+    /// RESERVATION CONFLICT: the command conflicts with a reservation (SPC-4 §5.13).
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
     /// TASK SET FULL: no resources for the command now; the initiator retries.
     pub const TASK_SET_FULL: u8 = 0x28;
 }
@@ -239,6 +241,28 @@ pub enum Plan {
         /// FUA.
         fua: bool,
     },
+    /// RESERVATION CONFLICT status (the front end's reservation check, [`super::pr`]).
+    Conflict,
+    /// PERSISTENT RESERVE IN (SPC-4 §6.15), answered from the reservation state.
+    PrIn {
+        /// Allocation length, bytes.
+        alloc: u32,
+        /// Service action (0..=3).
+        sa: u8,
+    },
+    /// PERSISTENT RESERVE OUT (SPC-4 §6.16) with `param_bytes` of parameter data.
+    PrOut {
+        /// Parameter list length, bytes (24: checked by the decoder).
+        param_bytes: u32,
+        /// Service action (0..=6).
+        sa: u8,
+        /// CDB byte 2: SCOPE (high nibble) and TYPE (low nibble).
+        scope_type: u8,
+    },
+    /// RESERVE(6) (SPC-2 §7.21).
+    Reserve6,
+    /// RELEASE(6) (SPC-2 §7.22).
+    Release6,
     /// MODE SELECT with `param_bytes` of parameter data.
     ModeSelect {
         /// Parameter list length, bytes.
@@ -266,9 +290,9 @@ impl Plan {
                     b
                 }
             }
-            Plan::Unmap { param_bytes } | Plan::ModeSelect { param_bytes, .. } => {
-                u64::from(param_bytes)
-            }
+            Plan::Unmap { param_bytes }
+            | Plan::ModeSelect { param_bytes, .. }
+            | Plan::PrOut { param_bytes, .. } => u64::from(param_bytes),
             Plan::CompareAndWrite { blocks, .. } => 2 * u64::from(blocks) * b,
             _ => 0,
         }
@@ -284,6 +308,8 @@ pub mod opc {
     pub const WRITE_6: u8 = 0x0a;
     pub const INQUIRY: u8 = 0x12;
     pub const MODE_SELECT_6: u8 = 0x15;
+    pub const RESERVE_6: u8 = 0x16;
+    pub const RELEASE_6: u8 = 0x17;
     pub const MODE_SENSE_6: u8 = 0x1a;
     pub const START_STOP_UNIT: u8 = 0x1b;
     pub const PREVENT_ALLOW: u8 = 0x1e;
@@ -300,6 +326,8 @@ pub mod opc {
     pub const UNMAP: u8 = 0x42;
     pub const MODE_SELECT_10: u8 = 0x55;
     pub const MODE_SENSE_10: u8 = 0x5a;
+    pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
+    pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const WRITE_16: u8 = 0x8a;
@@ -331,6 +359,8 @@ const SUPPORTED: &[(u8, Option<u8>, &[u8])] = &[
     (opc::WRITE_6, None, &[0x1f, 0xff, 0xff, 0xff, 0x07]),
     (opc::INQUIRY, None, &[0x01, 0xff, 0xff, 0xff, 0x07]),
     (opc::MODE_SELECT_6, None, &[0x11, 0x00, 0x00, 0xff, 0x07]),
+    (opc::RESERVE_6, None, &[0x00, 0x00, 0x00, 0x00, 0x07]),
+    (opc::RELEASE_6, None, &[0x00, 0x00, 0x00, 0x00, 0x07]),
     (opc::MODE_SENSE_6, None, &[0x08, 0xff, 0xff, 0xff, 0x07]),
     (opc::START_STOP_UNIT, None, &[0x01, 0x00, 0x0f, 0xf7, 0x07]),
     (opc::PREVENT_ALLOW, None, &[0x00, 0x00, 0x00, 0x03, 0x07]),
@@ -400,6 +430,61 @@ const SUPPORTED: &[(u8, Option<u8>, &[u8])] = &[
         opc::MODE_SENSE_10,
         None,
         &[0x18, 0xff, 0xff, 0x00, 0x00, 0x00, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_IN,
+        Some(0),
+        &[0x1f, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_IN,
+        Some(1),
+        &[0x1f, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_IN,
+        Some(2),
+        &[0x1f, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_IN,
+        Some(3),
+        &[0x1f, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_OUT,
+        Some(0),
+        &[0x1f, 0xff, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_OUT,
+        Some(1),
+        &[0x1f, 0xff, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_OUT,
+        Some(2),
+        &[0x1f, 0xff, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_OUT,
+        Some(3),
+        &[0x1f, 0xff, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_OUT,
+        Some(4),
+        &[0x1f, 0xff, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_OUT,
+        Some(5),
+        &[0x1f, 0xff, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x07],
+    ),
+    (
+        opc::PERSISTENT_RESERVE_OUT,
+        Some(6),
+        &[0x1f, 0xff, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x07],
     ),
     (
         opc::READ_16,
@@ -733,6 +818,32 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
                 lba,
                 blocks,
                 fua: c[1] & 0x08 != 0,
+            })
+        }
+        opc::PERSISTENT_RESERVE_IN => {
+            // READ KEYS, READ RESERVATION, REPORT CAPABILITIES, READ FULL STATUS.
+            if c[1] & 0x1f > 3 {
+                return Err(Sense::INVALID_FIELD_CDB);
+            }
+            Ok(Plan::PrIn {
+                alloc: be16(&c[7..9]),
+                sa: c[1] & 0x1f,
+            })
+        }
+        opc::PERSISTENT_RESERVE_OUT => Ok(Plan::PrOut {
+            param_bytes: super::pr::PrState::pr_out_param_bytes(c)?,
+            sa: c[1] & 0x1f,
+            scope_type: c[2],
+        }),
+        opc::RESERVE_6 | opc::RELEASE_6 => {
+            // The third-party and extent forms (SPC-2 §7.21) are obsolete: refused.
+            if c[1] & 0x13 != 0 {
+                return Err(Sense::INVALID_FIELD_CDB);
+            }
+            Ok(if c[0] == opc::RESERVE_6 {
+                Plan::Reserve6
+            } else {
+                Plan::Release6
             })
         }
         opc::INQUIRY => inquiry(c, lun, out),
