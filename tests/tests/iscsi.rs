@@ -1807,6 +1807,53 @@ mod in_process {
         }
     }
 
+    /// PREEMPT AND ABORT from B (on either reactor) aborts A's task that waits for its
+    /// data: no status ever comes for it, its data is not written, and A's next command
+    /// reports REGISTRATIONS PREEMPTED.
+    #[test]
+    fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
+        let mut t = Target::start_full(2, 8, |_| {}, None);
+        let mut a = login_as(&t, A, 1);
+        let mut b = login_as(&t, B, 2);
+        let (ka, kb) = (0xa, 0xb);
+        assert_eq!(prout(&mut a, 6, 0, 0, ka, false).0, GOOD);
+        assert_eq!(prout(&mut b, 6, 0, 0, kb, false).0, GOOD);
+        assert_eq!(prout(&mut a, 1, 1, ka, 0, false).0, GOOD, "A reserves WE");
+        // A's WRITE of block 7, its data solicited and never sent.
+        a.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 7, 0, 0, 1, 0]);
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 0, a.itt)
+            .u32(20, 512)
+            .u32(24, a.cmd_sn)
+            .bytes(32, &cdb);
+        a.cmd_sn += 1;
+        a.send(&h, &[]);
+        let (r2t, _) = a.read().expect("R2T");
+        assert_eq!((r2t.opcode(), r2t.itt()), (op::R2T, a.itt));
+        let write_itt = a.itt;
+        // B: PREEMPT AND ABORT A's key, taking the reservation.
+        assert_eq!(prout(&mut b, 5, 1, kb, ka, false).0, GOOD);
+        // A's data arrives late: dropped with its task.
+        let dout = Header::new(op::DATA_OUT, 0x80, 512, write_itt)
+            .u32(20, r2t.u32_at(20))
+            .u32(40, 0);
+        a.send(&dout, &[0x77; 512]);
+        // The next answer A gets is its TEST UNIT READY's (scsi() checks the ITT): the
+        // unit attention, and no status for the aborted write.
+        let (st, sense) = scsi(&mut a, &[0; 6], &[], 0);
+        assert_eq!(st, CHECK);
+        assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (0x06, 0x2a, 0x05));
+        assert_eq!(
+            read1(&mut b, 7),
+            (GOOD, vec![0; 512]),
+            "aborted data not written"
+        );
+        assert_eq!(read_reservation(&mut a), Some((kb, 1)));
+        drop((a, b));
+        t.stop();
+    }
+
     /// A store with room for one registration (like the 4 KiB record on the members, only
     /// smaller): a second APTPL registration that would not fit is refused INSUFFICIENT
     /// REGISTRATION RESOURCES and changes nothing; without APTPL it is kept in memory.

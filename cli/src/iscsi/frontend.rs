@@ -198,6 +198,9 @@ struct Session {
     /// The reservation view of `nexus` and the epoch it was taken at (see [`super::pr`]).
     pr_seen: u64,
     pr_view: View,
+    /// [`View::aborts`] acted on: a larger count in a fresh view means a PREEMPT AND
+    /// ABORT removed this nexus, and its tasks are aborted.
+    pr_aborts: u64,
 }
 
 impl Session {
@@ -227,6 +230,8 @@ pub struct IscsiFrontend {
     /// The connection slot served first this turn (the one after the last turn's budget
     /// spender).
     first: usize,
+    /// The reservation epoch this front end last looked at in its turn.
+    pr_turn_epoch: u64,
     /// Tasks waiting for their APTPL save: (task, the persister's ticket).
     pr_waits: Vec<(u16, Arc<AtomicU8>)>,
 }
@@ -291,6 +296,7 @@ impl IscsiFrontend {
             turns: 0,
             payload_budget: PAYLOAD_BYTES_PER_TURN,
             first: 0,
+            pr_turn_epoch: 0,
             pr_waits: Vec::new(),
         }
     }
@@ -359,6 +365,7 @@ impl IscsiFrontend {
                     revoked: Arc::clone(&nc.revoked),
                     nexus,
                     pr_seen,
+                    pr_aborts: pr_view.aborts,
                     pr_view,
                 });
                 i
@@ -1975,6 +1982,42 @@ impl IscsiFrontend {
         progress
     }
 
+    /// Aborts the tasks of sessions whose nexus a PREEMPT AND ABORT removed since they
+    /// last looked (SPC-4 §5.13.11.5; no status is sent for them, TAS = 0), refreshing
+    /// every session's view. Returns whether any task was aborted.
+    fn pr_preempt_aborts(&mut self) -> bool {
+        let mut any = false;
+        {
+            let st = self.shared.pr_lock();
+            let epoch = self.shared.pr_epoch.load(Ordering::Acquire);
+            for s in self.sessions.iter_mut().flatten() {
+                s.pr_view = st.view(&s.nexus);
+                s.pr_seen = epoch;
+                any |= s.pr_view.aborts > s.pr_aborts;
+            }
+        }
+        if !any {
+            return false;
+        }
+        let mut n = 0;
+        for sidx in 0..self.sessions.len() {
+            let Some(s) = self.sessions[sidx].as_mut() else {
+                continue;
+            };
+            if s.pr_view.aborts <= s.pr_aborts {
+                continue;
+            }
+            s.pr_aborts = s.pr_view.aborts;
+            let tsih = s.tsih;
+            n += self.abort_where(|t, _| t.session == sidx, 0);
+            info!(
+                tsih,
+                "PREEMPT AND ABORT: the preempted nexus's tasks aborted"
+            );
+        }
+        n > 0
+    }
+
     /// LOGICAL UNIT RESET / TARGET RESET from session `sidx` (SPC-4 §5.13.1, SAM-5 §6.3).
     fn pr_reset(&mut self, sidx: usize) {
         let s = self.sessions[sidx].as_ref().expect("session");
@@ -2012,6 +2055,13 @@ impl Frontend for IscsiFrontend {
         }
         if !self.pr_waits.is_empty() {
             progress |= self.pr_saved();
+        }
+        // One atomic load per turn: a reservation change (another reactor's PREEMPT AND
+        // ABORT) is looked at here rather than at its victims' next commands.
+        let epoch = self.shared.pr_epoch.load(Ordering::Acquire);
+        if epoch != self.pr_turn_epoch {
+            self.pr_turn_epoch = epoch;
+            progress |= self.pr_preempt_aborts();
         }
         self.turns = self.turns.wrapping_add(1);
         let clock = self.turns.is_multiple_of(CLOCK_EVERY) && self.active > 0;

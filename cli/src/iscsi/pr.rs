@@ -334,6 +334,9 @@ pub struct View {
     pub spc2: Spc2,
     /// A unit attention is pending for this nexus.
     pub ua: bool,
+    /// How many PREEMPT AND ABORTs have removed this nexus's registration: when it grows,
+    /// the front end aborts the nexus's tasks (SPC-4 §5.13.11.5).
+    pub aborts: u64,
 }
 
 /// The verdict on one command.
@@ -434,6 +437,8 @@ pub struct PrState {
     uas: HashMap<Nexus, Vec<Sense>>,
     /// Sessions logged in per nexus.
     live: HashMap<Nexus, u32>,
+    /// PREEMPT AND ABORTs that removed each nexus's registration ([`View::aborts`]).
+    aborts: HashMap<Nexus, u64>,
     /// A store keeps the state for APTPL (PTPL_C); without one APTPL=1 is refused.
     ptpl_capable: bool,
 }
@@ -508,6 +513,7 @@ impl PrState {
                 Some(_) => Spc2::Other,
             },
             ua: self.uas.get(n).is_some_and(|q| !q.is_empty()),
+            aborts: self.aborts.get(n).copied().unwrap_or(0),
         }
     }
 
@@ -766,7 +772,7 @@ impl PrState {
                         self.clear(n);
                         true
                     }
-                    _ => match self.preempt(n, kind, sa_key) {
+                    _ => match self.preempt(n, kind, sa_key, sa == 5) {
                         Ok(()) => true,
                         Err(o) => return o,
                     },
@@ -921,8 +927,16 @@ impl PrState {
         self.generation = self.generation.wrapping_add(1);
     }
 
-    /// PREEMPT and PREEMPT AND ABORT (§5.13.11.4).
-    fn preempt(&mut self, n: &Nexus, kind: Option<PrType>, sa_key: u64) -> Result<(), Outcome> {
+    /// PREEMPT and PREEMPT AND ABORT (§5.13.11.4, §5.13.11.5: with `abort`, the tasks of
+    /// every nexus whose registration is removed are aborted — counted in [`View::aborts`]
+    /// for the front ends to act on).
+    fn preempt(
+        &mut self,
+        n: &Nexus,
+        kind: Option<PrType>,
+        sa_key: u64,
+        abort: bool,
+    ) -> Result<(), Outcome> {
         let resv = self.resv.clone();
         // Registrations removed: those with the key, never the preempting nexus's own.
         let victims = |s: &Self, all_others: bool| -> Vec<Nexus> {
@@ -936,6 +950,9 @@ impl PrState {
             s.regs.retain(|r| !v.contains(&r.nexus));
             for o in v {
                 s.add_ua(o, ua::REGISTRATIONS_PREEMPTED);
+                if abort {
+                    *s.aborts.entry(o.clone()).or_default() += 1;
+                }
             }
         };
         let key_known = self.regs.iter().any(|r| r.key == sa_key);
