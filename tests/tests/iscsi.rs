@@ -1854,6 +1854,56 @@ mod in_process {
         t.stop();
     }
 
+    /// A LOGICAL UNIT RESET from B's session aborts A's waiting task although A's session
+    /// lives on the other reactor; A then hears BUS DEVICE RESET FUNCTION OCCURRED.
+    #[test]
+    fn a_logical_unit_reset_aborts_tasks_on_every_reactor() {
+        let mut t = Target::start_full(2, 8, |_| {}, None);
+        let mut a = login_as(&t, A, 1);
+        let mut b = login_as(&t, B, 2);
+        assert_ne!(a.tsih % 2, b.tsih % 2, "the two sessions on two reactors");
+        a.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0]);
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 0, a.itt)
+            .u32(20, 512)
+            .u32(24, a.cmd_sn)
+            .bytes(32, &cdb);
+        a.cmd_sn += 1;
+        a.send(&h, &[]);
+        let (r2t, _) = a.read().expect("R2T");
+        assert_eq!(r2t.opcode(), op::R2T);
+        let write_itt = a.itt;
+        // LOGICAL UNIT RESET (function 5), immediate, from B.
+        b.itt += 1;
+        let tmf = Header::new(op::TMF_REQ | 0x40, 0x80 | 5, 0, b.itt)
+            .u32(20, pdu::RESERVED_TAG)
+            .u32(24, b.cmd_sn);
+        b.send(&tmf, &[]);
+        let (r, _) = b.read().expect("TMF response");
+        assert_eq!(
+            (r.opcode(), r.raw[2]),
+            (op::TMF_RESP, 0),
+            "function complete"
+        );
+        // The late data: A's reactor looks at the reset (bumped before B's answer was
+        // sent) at the start of the turn that reads it, so it finds no task.
+        let dout = Header::new(op::DATA_OUT, 0x80, 512, write_itt)
+            .u32(20, r2t.u32_at(20))
+            .u32(40, 0);
+        a.send(&dout, &[0x66; 512]);
+        let (st, sense) = scsi(&mut a, &[0; 6], &[], 0);
+        assert_eq!(st, CHECK, "A's next command: the unit attention");
+        assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (0x06, 0x29, 0x03));
+        assert_eq!(
+            read1(&mut a, 9),
+            (GOOD, vec![0; 512]),
+            "aborted data not written"
+        );
+        drop((a, b));
+        t.stop();
+    }
+
     /// A store with room for one registration (like the 4 KiB record on the members, only
     /// smaller): a second APTPL registration that would not fit is refused INSUFFICIENT
     /// REGISTRATION RESOURCES and changes nothing; without APTPL it is kept in memory.

@@ -232,6 +232,8 @@ pub struct IscsiFrontend {
     first: usize,
     /// The reservation epoch this front end last looked at in its turn.
     pr_turn_epoch: u64,
+    /// `Shared::lun_resets` this front end has acted on.
+    lun_resets_seen: u64,
     /// Tasks waiting for their APTPL save: (task, the persister's ticket).
     pr_waits: Vec<(u16, Arc<AtomicU8>)>,
 }
@@ -297,6 +299,7 @@ impl IscsiFrontend {
             payload_budget: PAYLOAD_BYTES_PER_TURN,
             first: 0,
             pr_turn_epoch: 0,
+            lun_resets_seen: 0,
             pr_waits: Vec::new(),
         }
     }
@@ -1637,9 +1640,10 @@ impl IscsiFrontend {
                 self.abort_where(|t, _| t.session == session, ci);
                 0
             }
-            // LOGICAL UNIT RESET, TARGET WARM RESET: every task on this reactor (TAS=0:
-            // other sessions' tasks end without status, SAM-5 §5.6); RESERVE(6) released,
-            // the other nexuses get BUS DEVICE RESET FUNCTION OCCURRED (SPC-4 §5.13.1).
+            // LOGICAL UNIT RESET, TARGET WARM RESET: every task of the logical unit, on
+            // this reactor now and on the others in their next turn (TAS=0: other
+            // sessions' tasks end without status, SAM-5 §5.6); RESERVE(6) released, the
+            // other nexuses get BUS DEVICE RESET FUNCTION OCCURRED (SPC-4 §5.13.1).
             5 | 6 => {
                 self.abort_where(|_, _| true, ci);
                 self.pr_reset(session);
@@ -2023,6 +2027,9 @@ impl IscsiFrontend {
         let s = self.sessions[sidx].as_ref().expect("session");
         let mut st = self.shared.pr_lock();
         st.reset(&s.nexus);
+        // The other reactors abort their tasks in their next turn (seeing the epoch move);
+        // this one has already.
+        self.lun_resets_seen = self.shared.lun_resets.fetch_add(1, Ordering::AcqRel) + 1;
         self.shared.pr_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -2062,6 +2069,19 @@ impl Frontend for IscsiFrontend {
         if epoch != self.pr_turn_epoch {
             self.pr_turn_epoch = epoch;
             progress |= self.pr_preempt_aborts();
+            // A LOGICAL UNIT RESET / TARGET WARM RESET on another reactor: every task of
+            // the logical unit here ends too, without status (SAM-5 §6.3, TAS = 0).
+            let resets = self.shared.lun_resets.load(Ordering::Acquire);
+            if resets != self.lun_resets_seen {
+                self.lun_resets_seen = resets;
+                let n = self.abort_where(|_, _| true, 0);
+                info!(
+                    reactor = self.reactor,
+                    aborted = n,
+                    "logical unit reset on another reactor: tasks aborted"
+                );
+                progress = true;
+            }
         }
         self.turns = self.turns.wrapping_add(1);
         let clock = self.turns.is_multiple_of(CLOCK_EVERY) && self.active > 0;

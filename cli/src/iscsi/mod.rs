@@ -231,6 +231,9 @@ pub(crate) struct Shared {
     pub(crate) pr_saver: Option<mpsc::Sender<SaveJob>>,
     /// The store's [`ReservationStore::capacity_bytes`].
     pub(crate) pr_capacity: Option<usize>,
+    /// LOGICAL UNIT RESETs and TARGET WARM/COLD RESETs so far: each front end aborts its
+    /// tasks when it sees this move (with `pr_epoch`).
+    pub(crate) lun_resets: AtomicU64,
 }
 
 impl Shared {
@@ -430,6 +433,7 @@ impl IscsiServerBuilder {
             pr_epoch: AtomicU64::new(1),
             pr_saver,
             pr_capacity,
+            lun_resets: AtomicU64::new(0),
             target_name: lun.target_name.clone(),
             write_same_buf: (1u32 << 20).min(largest) / bs * bs,
             lun,
