@@ -930,7 +930,9 @@ impl IscsiFrontend {
         let mut budget = PDUS_PER_TURN;
         loop {
             let conn = self.conns[ci].as_mut().expect("open connection");
-            if conn.life != Life::Open || budget == 0 {
+            // A draining connection is still read: Data-Out for its tasks in progress
+            // (they could not end otherwise) and the initiator's close.
+            if conn.life == Life::Closed || budget == 0 {
                 return (progress, ReadEnd::Paused);
             }
             if tx_free(conn) < tx_reserve(&conn.rx) {
@@ -1064,6 +1066,11 @@ impl IscsiFrontend {
         let dlen = p.data.len();
         let digest_ok = p.data_digest_ok;
         let data_at = end - pdu::pad4(dlen) - if rx.data_digest && dlen > 0 { 4 } else { 0 };
+        if conn.life == Life::Draining && bhs.opcode() != op::DATA_OUT {
+            // Logged out or shutting down: the tasks in progress still get their data,
+            // nothing new starts (the PDU is dropped).
+            return Handled::Consumed;
+        }
         match bhs.opcode() {
             op::SCSI_CMD => self.scsi_command(ci, bhs, data_at, dlen, digest_ok, io),
             op::DATA_OUT => {
@@ -2139,7 +2146,7 @@ impl Frontend for IscsiFrontend {
                 }
             }
             let conn = self.conns[ci].as_mut().expect("present");
-            if conn.life == Life::Open {
+            if conn.life != Life::Closed {
                 let budget_before = self.payload_budget;
                 let (p, end) = self.read_pdus(ci, io);
                 progress |= p;

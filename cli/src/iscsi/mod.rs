@@ -22,6 +22,7 @@
 //! `docs/ISCSI.md`.
 
 pub mod frontend;
+pub mod local;
 pub mod login;
 pub mod member_store;
 pub mod pdu;
@@ -281,6 +282,132 @@ pub fn lun_info(array: &str, geo: &ArrayGeometry, uuid: [u8; 16], cfg: &IscsiCon
     }
 }
 
+/// Checks the tunables, fills in the default buffer classes and builds the state shared by
+/// the login side and `reactors` front-ends (with their inboxes): what
+/// [`IscsiServerBuilder::start`] and [`local::LocalServer::new`] both run.
+fn prepare(
+    lun: LunInfo,
+    mut config: IscsiConfig,
+    reactors: usize,
+    store: Option<Arc<dyn ReservationStore>>,
+) -> Result<Arc<Shared>, IscsiError> {
+    let bs = lun.block_bytes;
+    if reactors == 0 {
+        return Err(IscsiError::Config("no reactors".into()));
+    }
+    if !(512..(1 << 24)).contains(&config.max_recv_data)
+        || config.max_burst < 512
+        || config.max_transfer_bytes < bs
+        || config.max_connections == 0
+        || config.max_connections_per_reactor == 0
+    {
+        return Err(IscsiError::Config(format!(
+            "tunables out of range: {config:?}"
+        )));
+    }
+    if let Some(c) = &config.chap {
+        if c.user.is_empty() || c.secret.is_empty() {
+            return Err(IscsiError::Config(
+                "CHAP user and secret must be set".into(),
+            ));
+        }
+        if let Some((u, s)) = &c.mutual {
+            if u.is_empty() || s.is_empty() || *s == c.secret {
+                return Err(IscsiError::Config(
+                    "mutual CHAP needs its own user and a secret different from the initiator's (RFC 7143 §12.1.3)".into(),
+                ));
+            }
+        }
+    }
+    if config.buffers.is_empty() {
+        let max = config.max_transfer_bytes.max(3 * 255 * bs.min(4096));
+        config.buffers = vec![
+            BufferClass {
+                bytes: 64 << 10,
+                count: 128,
+            },
+            BufferClass {
+                bytes: 1 << 20,
+                count: 32,
+            },
+            BufferClass {
+                bytes: max,
+                count: 4,
+            },
+        ];
+    }
+    let largest = config.buffers.iter().map(|c| c.bytes).max().unwrap_or(0);
+    let total: usize = config.buffers.iter().map(|c| usize::from(c.count)).sum();
+    if total == 0
+        || total + frontend::BARE_TASKS >= usize::from(u16::MAX)
+        || config.buffers.len() > 255
+        || config
+            .buffers
+            .iter()
+            .any(|c| c.bytes < scsi::MAX_PAGE_BYTES as u32 || !c.bytes.is_multiple_of(bs))
+    {
+        return Err(IscsiError::Config(
+            "buffers: 1..65535 buffers, each a multiple of the block size and ≥ 4 KiB".into(),
+        ));
+    }
+    let mut pr_state = PrState::new();
+    if let Some(store) = &store {
+        let saved = store
+            .load()
+            .map_err(|e| IscsiError::Reservations(format!("load: {e}")))?;
+        if let Some(b) = saved.filter(|b| !b.is_empty()) {
+            pr_state = PrState::decode(&b).map_err(|e| {
+                IscsiError::Reservations(format!("{e} ({} bytes; left as they are)", b.len()))
+            })?;
+            info!(
+                generation = pr_state.generation(),
+                "persistent reservations restored (APTPL)"
+            );
+        }
+        pr_state.set_ptpl_capable(true);
+    }
+    let pr_capacity = store.as_ref().and_then(|s| s.capacity_bytes());
+    let pr_saver = match store {
+        Some(store) => {
+            let (tx, rx) = mpsc::channel();
+            // Detached: it ends when the shared state (every sender) is dropped, after
+            // the front-ends, so no save a task waits for is cut off.
+            std::thread::Builder::new()
+                .name("iscsi-pr-save".into())
+                .spawn(move || persist(store, rx))
+                .map_err(IscsiError::Spawn)?;
+            Some(tx)
+        }
+        None => None,
+    };
+    let mut lun = lun;
+    lun.max_transfer_blocks = lun.max_transfer_blocks.min(largest / bs);
+    lun.max_compare_write_blocks =
+        u8::try_from((largest / bs / 3).min(u32::from(lun.max_compare_write_blocks)))
+            .unwrap_or(255);
+    let inboxes: Vec<Arc<ArrayQueue<NewConn>>> = (0..reactors)
+        .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
+        .collect();
+    Ok(Arc::new(Shared {
+        pr: Mutex::new(pr_state),
+        pr_epoch: AtomicU64::new(1),
+        pr_saver,
+        pr_capacity,
+        lun_resets: AtomicU64::new(0),
+        target_name: lun.target_name.clone(),
+        write_same_buf: (1u32 << 20).min(largest) / bs * bs,
+        lun,
+        config,
+        shutdown: AtomicBool::new(false),
+        next_conn: AtomicU64::new(1),
+        next_tsih: AtomicU16::new(1),
+        sessions: Mutex::new(HashMap::new()),
+        inboxes,
+        largest_buf: largest,
+        tasks_per_reactor: total + frontend::BARE_TASKS,
+    }))
+}
+
 /// Configures and starts an [`IscsiServer`].
 pub struct IscsiServerBuilder {
     lun: LunInfo,
@@ -317,88 +444,7 @@ impl IscsiServerBuilder {
     /// [`IscsiError`] for bad tunables, a socket that cannot be bound, a thread that
     /// cannot start.
     pub fn start(self, reactors: usize) -> Result<(IscsiServer, Vec<IscsiFrontend>), IscsiError> {
-        let mut config = self.config;
-        let lun = self.lun;
-        let bs = lun.block_bytes;
-        if reactors == 0 {
-            return Err(IscsiError::Config("no reactors".into()));
-        }
-        if !(512..(1 << 24)).contains(&config.max_recv_data)
-            || config.max_burst < 512
-            || config.max_transfer_bytes < bs
-            || config.max_connections == 0
-            || config.max_connections_per_reactor == 0
-        {
-            return Err(IscsiError::Config(format!(
-                "tunables out of range: {config:?}"
-            )));
-        }
-        if let Some(c) = &config.chap {
-            if c.user.is_empty() || c.secret.is_empty() {
-                return Err(IscsiError::Config(
-                    "CHAP user and secret must be set".into(),
-                ));
-            }
-            if let Some((u, s)) = &c.mutual {
-                if u.is_empty() || s.is_empty() || *s == c.secret {
-                    return Err(IscsiError::Config(
-                        "mutual CHAP needs its own user and a secret different from the initiator's (RFC 7143 §12.1.3)".into(),
-                    ));
-                }
-            }
-        }
-        if config.buffers.is_empty() {
-            let max = config.max_transfer_bytes.max(3 * 255 * bs.min(4096));
-            config.buffers = vec![
-                BufferClass {
-                    bytes: 64 << 10,
-                    count: 128,
-                },
-                BufferClass {
-                    bytes: 1 << 20,
-                    count: 32,
-                },
-                BufferClass {
-                    bytes: max,
-                    count: 4,
-                },
-            ];
-        }
-        let largest = config.buffers.iter().map(|c| c.bytes).max().unwrap_or(0);
-        let total: usize = config.buffers.iter().map(|c| usize::from(c.count)).sum();
-        if total == 0
-            || total + frontend::BARE_TASKS >= usize::from(u16::MAX)
-            || config.buffers.len() > 255
-            || config
-                .buffers
-                .iter()
-                .any(|c| c.bytes < scsi::MAX_PAGE_BYTES as u32 || !c.bytes.is_multiple_of(bs))
-        {
-            return Err(IscsiError::Config(
-                "buffers: 1..65535 buffers, each a multiple of the block size and ≥ 4 KiB".into(),
-            ));
-        }
-        let mut pr_state = PrState::new();
-        if let Some(store) = &self.store {
-            let saved = store
-                .load()
-                .map_err(|e| IscsiError::Reservations(format!("load: {e}")))?;
-            if let Some(b) = saved.filter(|b| !b.is_empty()) {
-                pr_state = PrState::decode(&b).map_err(|e| {
-                    IscsiError::Reservations(format!("{e} ({} bytes; left as they are)", b.len()))
-                })?;
-                info!(
-                    generation = pr_state.generation(),
-                    "persistent reservations restored (APTPL)"
-                );
-            }
-            pr_state.set_ptpl_capable(true);
-        }
-        let mut lun = lun;
-        lun.max_transfer_blocks = lun.max_transfer_blocks.min(largest / bs);
-        lun.max_compare_write_blocks =
-            u8::try_from((largest / bs / 3).min(u32::from(lun.max_compare_write_blocks)))
-                .unwrap_or(255);
+        let shared = prepare(self.lun, self.config, reactors, self.store)?;
         let listen = if self.listen.is_empty() {
             vec![SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))]
         } else {
@@ -411,41 +457,6 @@ impl IscsiServerBuilder {
             bound.push(l);
         }
         let addrs: Vec<SocketAddr> = bound.iter().filter_map(|l| l.local_addr().ok()).collect();
-        let inboxes: Vec<Arc<ArrayQueue<NewConn>>> = (0..reactors)
-            .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
-            .collect();
-        let pr_capacity = self.store.as_ref().and_then(|s| s.capacity_bytes());
-        let pr_saver = match self.store {
-            Some(store) => {
-                let (tx, rx) = mpsc::channel();
-                // Detached: it ends when the shared state (every sender) is dropped, after
-                // the front-ends, so no save a task waits for is cut off.
-                std::thread::Builder::new()
-                    .name("iscsi-pr-save".into())
-                    .spawn(move || persist(store, rx))
-                    .map_err(IscsiError::Spawn)?;
-                Some(tx)
-            }
-            None => None,
-        };
-        let shared = Arc::new(Shared {
-            pr: Mutex::new(pr_state),
-            pr_epoch: AtomicU64::new(1),
-            pr_saver,
-            pr_capacity,
-            lun_resets: AtomicU64::new(0),
-            target_name: lun.target_name.clone(),
-            write_same_buf: (1u32 << 20).min(largest) / bs * bs,
-            lun,
-            config,
-            shutdown: AtomicBool::new(false),
-            next_conn: AtomicU64::new(1),
-            next_tsih: AtomicU16::new(1),
-            sessions: Mutex::new(HashMap::new()),
-            inboxes: inboxes.clone(),
-            largest_buf: largest,
-            tasks_per_reactor: total + frontend::BARE_TASKS,
-        });
         let mut threads = Vec::new();
         for l in bound {
             let sh = Arc::clone(&shared);
@@ -464,7 +475,8 @@ impl IscsiServerBuilder {
             }
         }
         info!(target = %shared.target_name, ?addrs, reactors, "iSCSI target listening");
-        let frontends = inboxes
+        let frontends = shared
+            .inboxes
             .iter()
             .enumerate()
             .map(|(i, q)| IscsiFrontend::new(i, Arc::clone(&shared), Arc::clone(q)))
