@@ -71,7 +71,11 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
         }
         let at = (pos - r.offset_bytes) as usize;
         let len = (stop - pos) as u32;
-        let buf = if r.op.has_buffer() {
+        let buf = if matches!(r.op, ArrayOp::CompareAndWrite { .. }) {
+            // Lies inside one stripe (validated), so this is the only piece: it carries
+            // the whole buffer, verify data and write data.
+            r.buf
+        } else if r.op.has_buffer() {
             // SAFETY: the piece is a sub-range (at..at+len) of the parent's lent buffer; the
             // pieces of one request are disjoint, and the parent completes only after every
             // piece has, so the caller's promise (valid and untouched until completion)

@@ -1585,6 +1585,100 @@ mod in_process {
         t.stop();
     }
 
+    /// Sends COMPARE AND WRITE of one block at `lba` (verify data, then write data, as
+    /// immediate data) on `r`; returns its ITT. The caller reads the response.
+    fn caw_send(r: &mut Raw, lba: u64, verify: &[u8; 512], write: &[u8; 512]) -> u32 {
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x89;
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[13] = 1;
+        let mut data = verify.to_vec();
+        data.extend_from_slice(write);
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 1024, r.itt)
+            .u32(20, 1024)
+            .u32(24, r.cmd_sn)
+            .bytes(32, &cdb);
+        r.cmd_sn = r.cmd_sn.wrapping_add(1);
+        r.send(&h, &data);
+        r.itt
+    }
+
+    /// The response to COMPARE AND WRITE `itt` on `r`: `true` for GOOD, `false` for
+    /// CHECK CONDITION with MISCOMPARE sense (anything else fails the test).
+    fn caw_won(r: &mut Raw, itt: u32) -> bool {
+        let (b, d) = r.read().expect("SCSI Response");
+        assert_eq!((b.opcode(), b.itt()), (op::SCSI_RESP, itt));
+        match b.raw[3] {
+            0 => true,
+            2 => {
+                // Sense length (2 bytes), then fixed-format sense data.
+                let sense = &d[2..];
+                assert_eq!(
+                    (sense[2] & 0x0f, sense[12], sense[13]),
+                    (0x0e, 0x1d, 0x00),
+                    "MISCOMPARE sense"
+                );
+                assert_eq!(sense[0] & 0x80, 0x80, "INFORMATION valid");
+                false
+            }
+            s => panic!("COMPARE AND WRITE status {s:#x}"),
+        }
+    }
+
+    /// Two initiators (two sessions) race COMPARE AND WRITE on one block, 200 rounds,
+    /// each expecting the block's current contents and bringing its own new data, over
+    /// two reactors: the engine's compare-and-write holds the stripe from the read through
+    /// the write, so exactly one wins every round and the block reads back the winner's
+    /// data (before issue 20 the front end read, compared and wrote in three steps, and
+    /// both could win).
+    #[test]
+    fn compare_and_write_races_have_one_winner() {
+        let mut t = Target::start(2, 16);
+        let mut a = Raw::login(t.port, &t.name, false);
+        let mut b = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                isid: [0x80, 0, 0, 0x12, 0x34, 0x57],
+                ..LoginOpts::default()
+            },
+        );
+        assert_ne!(a.tsih, b.tsih, "two sessions");
+        let lba = 37u64;
+        let mut current = [0u8; 512];
+        for round in 0..200u32 {
+            let mut new_a = [0u8; 512];
+            let mut new_b = [0u8; 512];
+            for (i, (x, y)) in new_a.iter_mut().zip(new_b.iter_mut()).enumerate() {
+                *x = (round as usize * 7 + i) as u8 | 1;
+                *y = (round as usize * 13 + i) as u8 & 0xfe;
+            }
+            // Alternate who sends first.
+            let (ia, ib) = if round % 2 == 0 {
+                let ia = caw_send(&mut a, lba, &current, &new_a);
+                (ia, caw_send(&mut b, lba, &current, &new_b))
+            } else {
+                let ib = caw_send(&mut b, lba, &current, &new_b);
+                (caw_send(&mut a, lba, &current, &new_a), ib)
+            };
+            let (wa, wb) = (caw_won(&mut a, ia), caw_won(&mut b, ib));
+            assert!(wa ^ wb, "round {round}: a won {wa}, b won {wb}");
+            let winner = if wa { new_a } else { new_b };
+            let sn = a.cmd_sn;
+            a.cmd_sn = sn.wrapping_add(1);
+            let back = read10(&mut a, sn, lba as u32, 1);
+            assert_eq!(
+                &back[..],
+                &winner[..],
+                "round {round}: not the winner's data"
+            );
+            current = winner;
+        }
+        drop((a, b));
+        t.stop();
+    }
+
     #[test]
     fn two_connections_share_one_session() {
         let mut t = Target::start(2, 16);

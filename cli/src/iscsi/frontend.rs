@@ -547,13 +547,28 @@ impl IscsiFrontend {
         let task = &mut self.tasks[usize::from(t)];
         let write = matches!(
             task.plan,
-            Plan::Write { .. } | Plan::WriteSame { .. } | Plan::Unmap { .. }
-        ) || matches!(task.plan, Plan::CompareAndWrite { .. } if task.step == 1);
+            Plan::Write { .. }
+                | Plan::WriteSame { .. }
+                | Plan::Unmap { .. }
+                | Plan::CompareAndWrite { .. }
+                | Plan::OrWrite { .. }
+        );
+        if let ArrayError::Miscompare { offset } = e {
+            // Not a failure: the compare found other data (SBC-4 §5.3), nothing written.
+            task.status = status::CHECK_CONDITION;
+            task.sense = Some(Sense {
+                info: Some(offset),
+                ..Sense::MISCOMPARE
+            });
+            task.din = 0;
+            return self.reply(t);
+        }
         let sense = match e {
             ArrayError::Unrecoverable { .. } if write => Sense::WRITE_ERROR,
             ArrayError::Unrecoverable { .. } => Sense::UNRECOVERED_READ,
             ArrayError::Failed | ArrayError::QueueFull => Sense::INTERNAL_FAILURE,
             ArrayError::Invalid(_) => Sense::INVALID_FIELD_CDB,
+            ArrayError::Miscompare { .. } => unreachable!("answered above"),
         };
         warn!(itt = task.itt, plan = ?task.plan, "array request failed: {e}");
         task.status = status::CHECK_CONDITION;
@@ -621,37 +636,40 @@ impl IscsiFrontend {
                     None
                 }
             },
-            Plan::CompareAndWrite { lba, blocks, fua } => {
+            // Atomic in the engine: the stripe's owner reads, compares and writes holding
+            // the stripe; the buffer is the Data-Out as received, verify then write data.
+            Plan::CompareAndWrite { lba, blocks, fua } if task.step == 0 => {
                 let n = blocks * bs;
-                match task.step {
-                    0 => Some(mk(ArrayOp::Read, off(lba), n, self.lend(t, 2 * n, n))),
-                    1 => {
-                        let b = self.pool.buf(task.buf);
-                        let n = n as usize;
-                        if let Some(i) = (0..n).find(|&i| b[i] != b[2 * n + i]) {
-                            return Err(Sense {
-                                info: Some(i as u32),
-                                ..Sense::MISCOMPARE
-                            });
-                        }
-                        Some(mk(
-                            ArrayOp::Write { fua },
-                            off(lba),
-                            n as u32,
-                            self.lend(t, n as u32, n as u32),
-                        ))
-                    }
-                    _ => None,
-                }
+                Some(mk(
+                    ArrayOp::CompareAndWrite { fua },
+                    off(lba),
+                    n,
+                    self.lend(t, 0, 2 * n),
+                ))
+            }
+            Plan::OrWrite { lba, blocks, fua } if task.step == 0 => {
+                let len = blocks * bs;
+                Some(mk(
+                    ArrayOp::OrWrite { fua },
+                    off(lba),
+                    len,
+                    self.lend(t, 0, len),
+                ))
             }
             Plan::WriteSame {
-                lba, blocks, ndob, ..
+                lba,
+                blocks,
+                ndob,
+                unmap,
             } => {
                 let done = task.step;
                 if done >= u64::from(blocks) {
                     return Ok(None);
                 }
+                // UNMAP: the range is deallocated, which reads back zeroes (LBPRZ=1),
+                // whatever the data block holds (SBC-4 §4.7.3.4).
                 let zero = ndob
+                    || unmap
                     || self.pool.buf(task.buf)[..bs as usize]
                         .iter()
                         .all(|&b| b == 0);
@@ -720,8 +738,14 @@ impl IscsiFrontend {
         let bs = u64::from(self.shared.lun.block_bytes);
         let task = &mut self.tasks[usize::from(t)];
         match task.plan {
-            Plan::WriteSame { blocks, ndob, .. } => {
+            Plan::WriteSame {
+                blocks,
+                ndob,
+                unmap,
+                ..
+            } => {
                 let zero = ndob
+                    || unmap
                     || self.pool.buf(task.buf)[..bs as usize]
                         .iter()
                         .all(|&b| b == 0);
@@ -1220,6 +1244,22 @@ impl IscsiFrontend {
         let mut scratch = [0u8; scsi::MAX_PAGE_BYTES];
         let plan0 = scsi::decode(&cdb, lun, &mut scratch);
         let bs = lun.block_bytes;
+        // COMPARE AND WRITE: a Data-Out length other than twice NUMBER OF LOGICAL BLOCKS
+        // (SBC-4 §5.3) is an INVALID FIELD IN CDB — also for NUMBER OF LOGICAL BLOCKS 0
+        // with data (libiscsi's CompareAndWrite.InvalidDataOutSize).
+        let plan0 = match plan0 {
+            Plan::Check(_) => plan0,
+            _ if cdb[0] == scsi::opc::COMPARE_AND_WRITE => {
+                let want = 2 * u64::from(cdb[13]) * u64::from(bs);
+                let sent = if write_flag { u64::from(edtl) } else { 0 };
+                if sent == want {
+                    plan0
+                } else {
+                    Plan::Check(Sense::INVALID_FIELD_CDB)
+                }
+            }
+            _ => plan0,
+        };
         let out_bytes = plan0.data_out_bytes(bs);
         let need_buf = match plan0 {
             Plan::Read { blocks, .. } => u64::from(blocks) * u64::from(bs),
@@ -1227,7 +1267,7 @@ impl IscsiFrontend {
                 u64::from(blocks) * u64::from(bs)
                     + out_bytes.min(u64::from(blocks) * u64::from(bs)) * u64::from(bytchk != 0)
             }
-            Plan::CompareAndWrite { blocks, .. } => 3 * u64::from(blocks) * u64::from(bs),
+            Plan::CompareAndWrite { blocks, .. } => 2 * u64::from(blocks) * u64::from(bs),
             Plan::PrIn { alloc, .. } => u64::from(alloc),
             Plan::WriteSame { blocks, .. } => {
                 (u64::from(blocks) * u64::from(bs)).min(u64::from(self.shared.write_same_buf))

@@ -272,7 +272,10 @@ pub fn lun_info(array: &str, geo: &ArrayGeometry, uuid: [u8; 16], cfg: &IscsiCon
         } else {
             max_blocks
         },
-        max_compare_write_blocks: u8::try_from((max_blocks / 3).min(255)).unwrap_or(255),
+        // One block: a longer COMPARE AND WRITE could cross a stripe boundary into a
+        // stripe another reactor owns, and the engine's compare-and-write is atomic only
+        // inside one stripe (docs/ISCSI.md, "COMPARE AND WRITE").
+        max_compare_write_blocks: u8::from(max_blocks >= 2),
         // WRITE SAME / UNMAP ranges become one WriteZeroes (len_bytes is a u32): 512 MiB,
         // at most 2^20 blocks (initiators treat larger MAXIMUM UNMAP LBA COUNTs as bogus).
         max_write_same_blocks: ((512u32 << 20) / bs).clamp(1, 1 << 20),
@@ -383,7 +386,7 @@ fn prepare(
     let mut lun = lun;
     lun.max_transfer_blocks = lun.max_transfer_blocks.min(largest / bs);
     lun.max_compare_write_blocks =
-        u8::try_from((largest / bs / 3).min(u32::from(lun.max_compare_write_blocks)))
+        u8::try_from((largest / bs / 2).min(u32::from(lun.max_compare_write_blocks)))
             .unwrap_or(255);
     let inboxes: Vec<Arc<ArrayQueue<NewConn>>> = (0..reactors)
         .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))

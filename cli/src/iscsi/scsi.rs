@@ -263,6 +263,16 @@ pub enum Plan {
     Reserve6,
     /// RELEASE(6) (SPC-2 §7.22).
     Release6,
+    /// ORWRITE(16) (SBC-4 §5.9): the range becomes its old contents OR `blocks` blocks
+    /// of data-out, read-OR-write as one uninterrupted series per stripe.
+    OrWrite {
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+        /// FUA.
+        fua: bool,
+    },
     /// MODE SELECT with `param_bytes` of parameter data.
     ModeSelect {
         /// Parameter list length, bytes.
@@ -277,7 +287,7 @@ impl Plan {
     pub fn data_out_bytes(&self, block_bytes: u32) -> u64 {
         let b = u64::from(block_bytes);
         match *self {
-            Plan::Write { blocks, .. } => u64::from(blocks) * b,
+            Plan::Write { blocks, .. } | Plan::OrWrite { blocks, .. } => u64::from(blocks) * b,
             Plan::Verify { blocks, bytchk, .. } => match bytchk {
                 1 => u64::from(blocks) * b,
                 3 => b,
@@ -331,6 +341,7 @@ pub mod opc {
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const WRITE_16: u8 = 0x8a;
+    pub const ORWRITE_16: u8 = 0x8b;
     pub const WRITE_VERIFY_16: u8 = 0x8e;
     pub const VERIFY_16: u8 = 0x8f;
     pub const PREFETCH_16: u8 = 0x90;
@@ -503,6 +514,14 @@ const SUPPORTED: &[(u8, Option<u8>, &[u8])] = &[
         ],
     ),
     (
+        opc::ORWRITE_16,
+        None,
+        &[
+            0xf8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f,
+            0x07,
+        ],
+    ),
+    (
         opc::WRITE_16,
         None,
         &[
@@ -629,6 +648,23 @@ fn be64(b: &[u8]) -> u64 {
 
 /// Range and size checks of a block command: LBA OUT OF RANGE past the end (SBC-4 §4.5),
 /// INVALID FIELD IN CDB beyond the longest transfer.
+/// The blocks a WRITE SAME with NUMBER OF LOGICAL BLOCKS 0 covers: from `lba` to the
+/// last logical block (SBC-4 §5.42 WRITE SAME(10), §5.44 WRITE SAME(16)).
+///
+/// # Errors
+/// LOGICAL BLOCK ADDRESS OUT OF RANGE past the capacity; INVALID FIELD IN CDB when the
+/// range exceeds MAXIMUM WRITE SAME LENGTH.
+fn write_same_to_end(lun: &LunInfo, lba: u64) -> Result<u32, Sense> {
+    if lba > lun.blocks {
+        return Err(Sense::LBA_OUT_OF_RANGE);
+    }
+    let n = lun.blocks - lba;
+    if n > u64::from(lun.max_write_same_blocks) {
+        return Err(Sense::INVALID_FIELD_CDB);
+    }
+    Ok(n as u32)
+}
+
 fn range(lun: &LunInfo, lba: u64, blocks: u32, max: u32) -> Result<(), Sense> {
     if lba > lun.blocks || u64::from(blocks) > lun.blocks - lba {
         return Err(Sense::LBA_OUT_OF_RANGE);
@@ -775,10 +811,15 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
             if c[1] >> 5 != 0 || anchor || (ndob && !unmap) {
                 return Err(Sense::INVALID_FIELD_CDB);
             }
-            // WSNZ=1 in the Block Limits page: zero blocks is not "to the end".
-            if blocks == 0 {
-                return Err(Sense::INVALID_FIELD_CDB);
-            }
+            // WSNZ=0 in the Block Limits page: zero blocks means every block from the LBA
+            // to the last (SBC-4 §5.42/§5.44), within MAXIMUM WRITE SAME LENGTH.
+            let blocks = match blocks {
+                0 => match write_same_to_end(lun, lba)? {
+                    0 => return Ok(Plan::Good),
+                    n => n,
+                },
+                n => n,
+            };
             range(lun, lba, blocks, lun.max_write_same_blocks)?;
             Ok(Plan::WriteSame {
                 lba,
@@ -844,6 +885,22 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
                 Plan::Reserve6
             } else {
                 Plan::Release6
+            })
+        }
+        opc::ORWRITE_16 => {
+            let (lba, blocks) = (be64(&c[2..10]), be32(&c[10..14]));
+            // ORPROTECT ≠ 0 without protection information, as RDPROTECT/WRPROTECT.
+            if c[1] >> 5 != 0 {
+                return Err(Sense::INVALID_FIELD_CDB);
+            }
+            range(lun, lba, blocks, max)?;
+            if blocks == 0 {
+                return Ok(Plan::Good);
+            }
+            Ok(Plan::OrWrite {
+                lba,
+                blocks,
+                fua: c[1] & 0x08 != 0,
             })
         }
         opc::INQUIRY => inquiry(c, lun, out),
@@ -980,7 +1037,8 @@ fn inquiry(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sense> {
             0xb0 => {
                 let b = &mut body[..0x3c];
                 b.fill(0);
-                b[0] = 0x01; // WSNZ
+                // WSNZ=0: WRITE SAME with zero blocks writes to the last block.
+                b[0] = 0x00;
                 b[1] = lun.max_compare_write_blocks;
                 b[2..4].copy_from_slice(
                     &u16::try_from(lun.granularity_blocks)
@@ -1341,6 +1399,84 @@ mod tests {
         let mut c = [0u8; 16];
         c[..b.len()].copy_from_slice(b);
         c
+    }
+
+    /// ORWRITE(16): decoded with FUA, ORPROTECT refused, zero blocks GOOD, past the end
+    /// LBA OUT OF RANGE (SBC-4 §5.9).
+    #[test]
+    fn orwrite_decodes_like_a_write() {
+        let l = lun();
+        let mut out = vec![0u8; MAX_PAGE_BYTES];
+        let mut c = cdb(&[0x8b, 0x08]);
+        c[2..10].copy_from_slice(&7u64.to_be_bytes());
+        c[10..14].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(
+            decode(&c, &l, &mut out),
+            Plan::OrWrite {
+                lba: 7,
+                blocks: 3,
+                fua: true
+            }
+        );
+        assert_eq!(
+            Plan::OrWrite {
+                lba: 7,
+                blocks: 3,
+                fua: true
+            }
+            .data_out_bytes(512),
+            1536
+        );
+        c[1] = 0x20;
+        assert_eq!(
+            decode(&c, &l, &mut out),
+            Plan::Check(Sense::INVALID_FIELD_CDB)
+        );
+        c[1] = 0;
+        c[10..14].fill(0);
+        assert_eq!(decode(&c, &l, &mut out), Plan::Good);
+        c[2..10].copy_from_slice(&((1u64 << 20) + 1).to_be_bytes());
+        assert_eq!(
+            decode(&c, &l, &mut out),
+            Plan::Check(Sense::LBA_OUT_OF_RANGE)
+        );
+    }
+
+    /// WRITE SAME with zero blocks covers the LBA to the last block (WSNZ=0), within
+    /// MAXIMUM WRITE SAME LENGTH (SBC-4 §5.42/§5.44).
+    #[test]
+    fn write_same_zero_blocks_runs_to_the_end() {
+        let l = lun();
+        let mut out = vec![0u8; MAX_PAGE_BYTES];
+        let ws10 = |lba: u32| {
+            let mut c = cdb(&[0x41]);
+            c[2..6].copy_from_slice(&lba.to_be_bytes());
+            c
+        };
+        let end = (1u32 << 20) - 16;
+        assert_eq!(
+            decode(&ws10(end), &l, &mut out),
+            Plan::WriteSame {
+                lba: u64::from(end),
+                blocks: 16,
+                unmap: false,
+                ndob: false
+            }
+        );
+        assert_eq!(decode(&ws10(1 << 20), &l, &mut out), Plan::Good);
+        assert_eq!(
+            decode(&ws10((1 << 20) + 1), &l, &mut out),
+            Plan::Check(Sense::LBA_OUT_OF_RANGE)
+        );
+        // From LBA 0 the rest exceeds MAXIMUM WRITE SAME LENGTH.
+        assert_eq!(
+            decode(&ws10(0), &l, &mut out),
+            Plan::Check(Sense::INVALID_FIELD_CDB)
+        );
+        let Plan::Data { .. } = decode(&cdb(&[0x12, 1, 0xb0, 0, 255]), &l, &mut out) else {
+            panic!("Block Limits page");
+        };
+        assert_eq!(out[4] & 0x01, 0, "WSNZ=0");
     }
 
     #[test]

@@ -391,6 +391,8 @@ fn nbd_error(e: ArrayError) -> (u32, &'static str) {
         ArrayError::Failed => (proto::EIO, "the array has failed"),
         // Never delivered as a completion (submission retries it); not a client error.
         ArrayError::QueueFull => (proto::EIO, "array queue full"),
+        // NBD sends no compare-and-write.
+        ArrayError::Miscompare { .. } => (proto::EIO, "compare-and-write miscompare"),
     }
 }
 

@@ -395,6 +395,15 @@ impl StripeCache {
             .is_some_and(|&e| self.entries[e as usize].valid.iter().any(|v| v.count() > 0))
     }
 
+    /// The unpinned entry of `stripe`, if the cache has one (its valid blocks equal the
+    /// members' contents while its stripe is held).
+    pub(crate) fn lookup(&self, stripe: u64) -> Option<u32> {
+        self.map
+            .get(&stripe)
+            .copied()
+            .filter(|&e| !self.entries[e as usize].pinned)
+    }
+
     /// Forgets what is cached of `stripe` (a path about to write its members without the
     /// cache). A pinned entry is left alone: its pass owns the stripe.
     pub(crate) fn invalidate(&mut self, stripe: u64) {

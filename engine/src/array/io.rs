@@ -140,6 +140,8 @@ impl<C: Channel> Array<C> {
                     | Phase::WriteRead(_)
                     | Phase::PassRead(_)
                     | Phase::BgRead
+                    | Phase::CombineRead
+                    | Phase::CombineDegradedRead
             );
             // A latent sector error on a read: rebuild the range from redundancy and
             // rewrite it; the member stays in service (md's read-error handling).
@@ -182,6 +184,8 @@ impl<C: Channel> Array<C> {
                 | Phase::WriteRead(_)
                 | Phase::PassRead(_)
                 | Phase::BgRead
+                | Phase::CombineRead
+                | Phase::CombineDegradedRead
         ) {
             sop.io_error = true;
         }

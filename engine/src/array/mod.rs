@@ -124,26 +124,84 @@ pub enum ArrayOp {
     /// stripes inside the range are deallocated on the members; the contents of the range
     /// afterwards are unspecified by the caller's contract but parity stays consistent.
     Discard,
+    /// Atomic compare-and-write of `len_bytes` at `offset_bytes` (SBC-4 §5.3 COMPARE AND
+    /// WRITE). The buffer is `2 × len_bytes` long: the verify data (`len_bytes`) followed
+    /// by the write data (`len_bytes`). The range must lie inside one stripe (else
+    /// [`ArrayError::Invalid`]). The stripe's owner holds the stripe exclusively from the
+    /// read of the old data through the compare to the end of the write, so no other write
+    /// of that stripe runs in between. If the old data differs from the verify data the
+    /// request completes with [`ArrayError::Miscompare`] (the first differing byte) and
+    /// writes nothing. With `fua`, the write is durable on every member it touched before
+    /// completion.
+    CompareAndWrite {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// OR-write of `len_bytes` at `offset_bytes` (SBC-4 §5.9 ORWRITE): the range becomes
+    /// its old contents OR the buffer (`len_bytes`). Each stripe piece reads, combines and
+    /// writes under an exclusive hold of its stripe (atomic per stripe, not across
+    /// stripes). The engine combines **in place**: on completion the buffer holds what
+    /// was written (on a failure its contents are unspecified). With `fua`, durable on
+    /// every member it touched before completion.
+    OrWrite {
+        /// Force unit access.
+        fua: bool,
+    },
 }
 
 impl ArrayOp {
-    /// Whether the request moves data through its buffer (read, write).
+    /// Whether the request moves data through its buffer (read, write, compare-and-write,
+    /// OR-write).
     pub fn has_buffer(self) -> bool {
-        matches!(self, ArrayOp::Read | ArrayOp::Write { .. })
+        matches!(
+            self,
+            ArrayOp::Read
+                | ArrayOp::Write { .. }
+                | ArrayOp::CompareAndWrite { .. }
+                | ArrayOp::OrWrite { .. }
+        )
     }
 
-    /// Whether the request changes the array's contents (write, write-zeroes, discard).
+    /// Whether the request changes the array's contents (write, write-zeroes, discard,
+    /// compare-and-write, OR-write).
     pub fn is_write(self) -> bool {
         matches!(
             self,
-            ArrayOp::Write { .. } | ArrayOp::WriteZeroes { .. } | ArrayOp::Discard
+            ArrayOp::Write { .. }
+                | ArrayOp::WriteZeroes { .. }
+                | ArrayOp::Discard
+                | ArrayOp::CompareAndWrite { .. }
+                | ArrayOp::OrWrite { .. }
+        )
+    }
+
+    /// Bytes of buffer a request of this op over `len_bytes` carries: twice the range for
+    /// [`ArrayOp::CompareAndWrite`] (verify data, then write data), the range for the
+    /// other ops with a buffer, none otherwise.
+    pub fn buf_len(self, len_bytes: u32) -> u64 {
+        match self {
+            ArrayOp::CompareAndWrite { .. } => 2 * u64::from(len_bytes),
+            op if op.has_buffer() => u64::from(len_bytes),
+            _ => 0,
+        }
+    }
+
+    /// Whether the op reads the old contents and combines them under the stripe's
+    /// exclusive hold before writing (compare-and-write, OR-write).
+    pub fn combines(self) -> bool {
+        matches!(
+            self,
+            ArrayOp::CompareAndWrite { .. } | ArrayOp::OrWrite { .. }
         )
     }
 
     fn fua(self) -> bool {
         matches!(
             self,
-            ArrayOp::Write { fua: true } | ArrayOp::WriteZeroes { fua: true }
+            ArrayOp::Write { fua: true }
+                | ArrayOp::WriteZeroes { fua: true }
+                | ArrayOp::CompareAndWrite { fua: true }
+                | ArrayOp::OrWrite { fua: true }
         )
     }
 }
@@ -197,6 +255,14 @@ pub enum ArrayError {
     /// The array has lost more members than its redundancy and is failed.
     #[error("the array has failed")]
     Failed,
+    /// A [`ArrayOp::CompareAndWrite`] found data different from its verify data: nothing
+    /// was written.
+    #[error("compare-and-write miscompare at byte {offset}")]
+    Miscompare {
+        /// Offset of the first differing byte from the start of the request's range,
+        /// bytes.
+        offset: u32,
+    },
 }
 
 /// A finished array request.
@@ -697,6 +763,11 @@ enum Phase {
     PassRead(WriteMode),
     /// A pass writing its data and parity.
     PassWrite,
+    /// A compare-and-write or OR-write reading the old data of its range into its
+    /// buffers, holding its stripe exclusively (`write.rs`, "combining writes").
+    CombineRead,
+    /// The same, reading the survivors of a degraded stripe to rebuild the old data.
+    CombineDegradedRead,
     /// A write whose parity is computed (or a native zeroing of a whole stripe), waiting
     /// for its Partial Parity Log record to be durable (no I/O outstanding; [`ppl`]).
     PplWait(ppl::Logged),
@@ -1455,7 +1526,7 @@ impl<C: Channel> Array<C> {
             return Err(ArrayError::Invalid("zero-length request"));
         }
         if r.op.has_buffer() {
-            if r.buf.len() != r.len_bytes {
+            if u64::from(r.buf.len()) != r.op.buf_len(r.len_bytes) {
                 return Err(ArrayError::Invalid(
                     "buffer length differs from request length",
                 ));
@@ -1467,6 +1538,14 @@ impl<C: Channel> Array<C> {
             return Err(ArrayError::Invalid(
                 "write-zeroes and discard carry no buffer",
             ));
+        }
+        if matches!(r.op, ArrayOp::CompareAndWrite { .. }) {
+            let (_, within) = self.geo.stripe_of(r.offset_bytes);
+            if within + u64::from(r.len_bytes) > self.geo.geometry().stripe_data_bytes() {
+                return Err(ArrayError::Invalid(
+                    "a compare-and-write must lie inside one stripe",
+                ));
+            }
         }
         self.geo
             .map_range(r.offset_bytes, u64::from(r.len_bytes))
@@ -1597,6 +1676,17 @@ impl<C: Channel> Array<C> {
             Phase::Batched => unreachable!("a batched write issues nothing"),
             Phase::PassHeld => unreachable!("a held pass has no I/O"),
             Phase::PassRead(mode) => self.pass_read_done(s, mode),
+            Phase::CombineRead | Phase::CombineDegradedRead if failed => {
+                self.start_degraded(s, Phase::CombineDegradedRead)
+            }
+            Phase::CombineRead => {
+                self.cache_combined(s);
+                self.combine(s)
+            }
+            Phase::CombineDegradedRead => match self.rebuild_in_buffers(s) {
+                Ok(()) => self.combine(s),
+                Err(e) => self.finish_sop(s, Err(e)),
+            },
             Phase::PassWrite => self.pass_written(s),
             Phase::WriteRead(mode) => self.write_out(s, mode),
             Phase::Zeroing if sop.unsupported => {

@@ -303,6 +303,7 @@ impl<C: Channel> Array<C> {
             ArrayOp::Write { .. } => self.start_write(s),
             ArrayOp::WriteZeroes { .. } => self.start_zeroes(s),
             ArrayOp::Discard => self.start_discard(s),
+            ArrayOp::CompareAndWrite { .. } | ArrayOp::OrWrite { .. } => self.start_combine(s),
             ArrayOp::Flush => unreachable!("flushes are not stripe operations"),
         }
     }
@@ -399,10 +400,18 @@ impl<C: Channel> Array<C> {
             let c = u64::from(self.geo.geometry().chunk_bytes());
             return self.zero.as_ptr().wrapping_add((x % c) as usize).cast_mut();
         }
-        // In bounds: buf_off + (x - start) <= request length = buffer length.
+        // A compare-and-write's data to write is the second half of its buffer (the
+        // first is the verify data, read by `combine` alone).
+        let data = if matches!(req.op, ArrayOp::CompareAndWrite { .. }) {
+            req.len
+        } else {
+            0
+        };
+        // In bounds: data + buf_off + (x - start) <= data + request length <= buffer
+        // length.
         req.buf
             .as_ptr()
-            .wrapping_add((sop.buf_off + x - sop.start) as usize)
+            .wrapping_add((data + sop.buf_off + x - sop.start) as usize)
     }
 
     pub(super) fn footprint(&self, s: u32) -> StripeWrite {

@@ -386,6 +386,8 @@ impl<C: Channel> Array<C> {
             || sop.flushes_seen != self.flushes
             || sop.pass_writes >= self.write_batch
             || self.hold_expired(s)
+            // A compare-and-write or OR-write has already read under its hold: it goes on.
+            || self.reqs[sop.req as usize].as_ref().is_some_and(|r| r.op.combines())
             // Requests waiting for a stripe operation (none free, or bulk writes at their
             // share of the pool): they may be the writes this pass waits for.
             || (!self.backlog.is_empty()

@@ -738,11 +738,17 @@ fn submit_at(
 ) {
     // SAFETY: every caller keeps `buf` alive until the request's completion is polled.
     let io = unsafe { IoBuf::from_slice(buf) };
+    // A compare-and-write's buffer holds its verify data, then its write data.
+    let len_bytes = if matches!(op, ArrayOp::CompareAndWrite { .. }) {
+        io.len() / 2
+    } else {
+        io.len()
+    };
     arr.submit(ArrayRequest {
         tag,
         op,
         offset_bytes: off,
-        len_bytes: io.len(),
+        len_bytes,
         buf: io,
     })
     .unwrap();
@@ -882,5 +888,253 @@ fn reads_of_a_stripe_being_written_are_served_from_the_pass() {
         want[base as usize..base as usize + 4096].copy_from_slice(&small);
         want[base3 as usize..base3 as usize + 4096].copy_from_slice(&rnd);
         assert!(all[..] == want[..], "{level:?}: read back differs");
+    }
+}
+
+/// A compare-and-write buffer: `verify` then `write`.
+fn caw_buf(verify: &[u8], write: &[u8]) -> AlignedBuf {
+    let mut b = AlignedBuf::zeroed(verify.len() + write.len());
+    b[..verify.len()].copy_from_slice(verify);
+    b[verify.len()..].copy_from_slice(write);
+    b
+}
+
+/// Compare-and-write (SBC-4 §5.3): a match writes, a mismatch reports the first differing
+/// byte and writes nothing — from the members and from the stripe cache, on a healthy and
+/// on a degraded array; ranges across a stripe or with a wrong buffer are refused.
+#[test]
+fn compare_and_write_matches_writes_and_mismatches_report_the_offset() {
+    for degraded in [false, true] {
+        let (mut arr, devs, clock) =
+            sim_array(Level::Raid6, 5, 4096, 512, 16, Profile::fixed(1000));
+        let stripe = arr.geometry().geometry().stripe_data_bytes() as usize;
+        let mut image = fill_array(&mut arr, &clock, |i| (i % 253) as u8);
+        if degraded {
+            // Member 1 holds data of stripe 2 (left-symmetric, 5 members).
+            devs[1].disappear();
+        }
+        // Across a chunk boundary of stripe 2: 1 KiB before and after it.
+        let off = 2 * stripe + 4096 - 1024;
+        let mut tag = 10;
+        for round in 0..6u8 {
+            let old = image[off..off + 2048].to_vec();
+            let new: Vec<u8> = (0..2048).map(|i| (i as u8) ^ round ^ 0x5a).collect();
+            // Mismatch at byte k (round 0: the very first byte; later: the second chunk).
+            let k = [0usize, 1500, 2047, 1024, 7, 1023][usize::from(round)];
+            let mut bad = old.clone();
+            bad[k] ^= 0x80;
+            let mut b = caw_buf(&bad, &new);
+            tag += 1;
+            let st = rw(
+                &mut arr,
+                &clock,
+                tag,
+                ArrayOp::CompareAndWrite { fua: false },
+                off as u64,
+                &mut b,
+            );
+            assert_eq!(
+                st,
+                Err(ArrayError::Miscompare { offset: k as u32 }),
+                "round {round}"
+            );
+            let mut got = AlignedBuf::zeroed(2048);
+            tag += 1;
+            assert_eq!(
+                rw(&mut arr, &clock, tag, ArrayOp::Read, off as u64, &mut got),
+                Ok(())
+            );
+            assert_eq!(&got[..], &old[..], "a miscompare wrote");
+            // Now the right verify data: written.
+            let mut b = caw_buf(&old, &new);
+            tag += 1;
+            let fua = round % 2 == 1;
+            let st = rw(
+                &mut arr,
+                &clock,
+                tag,
+                ArrayOp::CompareAndWrite { fua },
+                off as u64,
+                &mut b,
+            );
+            assert_eq!(st, Ok(()), "round {round}");
+            image[off..off + 2048].copy_from_slice(&new);
+        }
+        let mut got = AlignedBuf::zeroed(image.len());
+        tag += 1;
+        assert_eq!(
+            rw(&mut arr, &clock, tag, ArrayOp::Read, 0, &mut got),
+            Ok(())
+        );
+        assert!(
+            got[..] == image[..],
+            "degraded={degraded}: read-back differs"
+        );
+        if !degraded {
+            // Later rounds found the stripe in the cache (written by the earlier ones).
+            assert!(arr.stats().cache_hit_bytes > 0, "{:?}", arr.stats());
+            // Parity is right: the data survives the loss of two members.
+            devs[0].disappear();
+            devs[3].disappear();
+            let mut got = AlignedBuf::zeroed(image.len());
+            assert_eq!(rw(&mut arr, &clock, 99, ArrayOp::Read, 0, &mut got), Ok(()));
+            assert!(got[..] == image[..], "rebuilt data differs");
+        } else {
+            assert!(arr.stats().degraded_reads > 0 || arr.stats().degraded_writes > 0);
+        }
+        // Refused: across a stripe boundary, and a buffer not twice the range.
+        let mut b = AlignedBuf::zeroed(4096);
+        let st = rw(
+            &mut arr,
+            &clock,
+            100,
+            ArrayOp::CompareAndWrite { fua: false },
+            (stripe - 1024) as u64,
+            &mut b,
+        );
+        assert!(
+            matches!(st, Err(ArrayError::Invalid(m)) if m.contains("one stripe")),
+            "{st:?}"
+        );
+        let io = unsafe { IoBuf::from_slice(&mut b) };
+        arr.submit(ArrayRequest {
+            tag: 101,
+            op: ArrayOp::CompareAndWrite { fua: false },
+            offset_bytes: 0,
+            len_bytes: 4096,
+            buf: io,
+        })
+        .unwrap();
+        assert!(matches!(
+            complete(&mut arr, &clock, 101),
+            Err(ArrayError::Invalid(_))
+        ));
+    }
+}
+
+/// A FUA compare-and-write (and OR-write) is durable on the members before it completes;
+/// without FUA the members' volatile caches may keep it.
+#[test]
+fn fua_compare_and_write_and_or_write_are_durable_at_completion() {
+    let profile = Profile {
+        write_cache_latency_ns: Some(200),
+        ..Profile::fixed(1000)
+    };
+    let (mut arr, devs, clock) = sim_array(Level::Raid5, 4, 4096, 512, 16, profile);
+    let image = fill_array(&mut arr, &clock, |i| (i % 7) as u8);
+    let flush = |arr: &mut Array<crate::sim::SimChannel>, tag| {
+        arr.submit(ArrayRequest::flush(tag)).unwrap();
+        assert_eq!(complete(arr, &clock, tag), Ok(()));
+    };
+    flush(&mut arr, 2);
+    assert!(devs.iter().all(|d| d.volatile_bytes() == 0));
+    let mut b = caw_buf(&image[512..1024], &[9u8; 512]);
+    assert_eq!(
+        rw(
+            &mut arr,
+            &clock,
+            3,
+            ArrayOp::CompareAndWrite { fua: false },
+            512,
+            &mut b
+        ),
+        Ok(())
+    );
+    assert!(
+        devs.iter().any(|d| d.volatile_bytes() > 0),
+        "no FUA: cached"
+    );
+    flush(&mut arr, 4);
+    let mut b = caw_buf(&[9u8; 512], &[10u8; 512]);
+    assert_eq!(
+        rw(
+            &mut arr,
+            &clock,
+            5,
+            ArrayOp::CompareAndWrite { fua: true },
+            512,
+            &mut b
+        ),
+        Ok(())
+    );
+    assert!(
+        devs.iter().all(|d| d.volatile_bytes() == 0),
+        "FUA CAW left data volatile"
+    );
+    let mut o = AlignedBuf::from_slice(&[0x21u8; 1024]);
+    assert_eq!(
+        rw(
+            &mut arr,
+            &clock,
+            6,
+            ArrayOp::OrWrite { fua: true },
+            512,
+            &mut o
+        ),
+        Ok(())
+    );
+    assert!(
+        devs.iter().all(|d| d.volatile_bytes() == 0),
+        "FUA OR-write left data volatile"
+    );
+    let mut got = AlignedBuf::zeroed(1024);
+    assert_eq!(
+        rw(&mut arr, &clock, 7, ArrayOp::Read, 512, &mut got),
+        Ok(())
+    );
+    assert!(got[..512].iter().all(|&x| x == 10 | 0x21));
+    assert!(got[512..]
+        .iter()
+        .zip(&image[1024..1536])
+        .all(|(&g, &i)| g == i | 0x21));
+}
+
+/// OR-write (SBC-4 §5.9): old | new over a range spanning stripes, healthy and degraded;
+/// parity stays consistent.
+#[test]
+fn or_write_ors_old_data_across_stripes() {
+    for degraded in [false, true] {
+        let (mut arr, devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 8, Profile::fixed(1000));
+        let stripe = arr.geometry().geometry().stripe_data_bytes() as usize;
+        let mut image = fill_array(&mut arr, &clock, |i| ((i * 13) % 256) as u8 & 0x0f);
+        if degraded {
+            devs[2].disappear();
+        }
+        let (off, len) = (stripe - 3072, stripe + 5120);
+        let mut b = AlignedBuf::zeroed(len);
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = ((i * 7) % 256) as u8 & 0xf0 | (i % 3) as u8;
+        }
+        for (i, x) in b.iter().enumerate() {
+            image[off + i] |= x;
+        }
+        assert_eq!(
+            rw(
+                &mut arr,
+                &clock,
+                2,
+                ArrayOp::OrWrite { fua: false },
+                off as u64,
+                &mut b
+            ),
+            Ok(())
+        );
+        assert!(
+            b[..] == image[off..off + len],
+            "the buffer holds what was written"
+        );
+        let mut got = AlignedBuf::zeroed(image.len());
+        assert_eq!(rw(&mut arr, &clock, 3, ArrayOp::Read, 0, &mut got), Ok(()));
+        assert!(got[..] == image[..], "degraded={degraded}");
+        devs[4].disappear();
+        if !degraded {
+            devs[0].disappear();
+        }
+        let mut got = AlignedBuf::zeroed(image.len());
+        assert_eq!(rw(&mut arr, &clock, 4, ArrayOp::Read, 0, &mut got), Ok(()));
+        assert!(
+            got[..] == image[..],
+            "degraded={degraded}: parity inconsistent"
+        );
     }
 }

@@ -1,5 +1,18 @@
 //! Writes (full-stripe, RMW, RCW, degraded) and parity generation; write-zeroes and
-//! discard.
+//! discard; combining writes (compare-and-write, OR-write).
+//!
+//! # Combining writes
+//! [`ArrayOp::CompareAndWrite`] and [`ArrayOp::OrWrite`] hold their stripe exclusively
+//! like any write (the stripe's owner runs them; a pass never gathers them, so a write
+//! queued behind one waits for it). Holding the stripe, the operation reads the old data
+//! of its range into its own chunk buffers ([`Phase::CombineRead`]; from the stripe cache
+//! when every block is valid there; rebuilt from parity on a degraded stripe,
+//! [`Phase::CombineDegradedRead`]), then `combine`s: a compare-and-write compares it with
+//! its verify data and completes with [`ArrayError::Miscompare`] at the first differing
+//! byte, writing nothing; an OR-write ORs it into the caller's buffer in place. The
+//! operation then goes on as an ordinary write of the same stripe operation (a pass or
+//! the single-operation path) without ever letting go of the stripe: read, compare and
+//! write are one uninterrupted series for that stripe.
 
 use arrayvec::ArrayVec;
 
@@ -9,7 +22,7 @@ use crate::parity::MAX_DATA_CHUNKS;
 use crate::stripe::{plan_write, ChunkRange, WriteMode};
 
 use super::ppl::Logged;
-use super::{Array, Phase};
+use super::{Array, ArrayError, ArrayOp, Phase};
 
 impl<C: Channel> Array<C> {
     // ---- write-zeroes and discard ---------------------------------------------------------
@@ -99,6 +112,143 @@ impl<C: Channel> Array<C> {
             self.stats.discards_skipped += 1;
             self.finish_sop(s, Ok(()))
         }
+    }
+
+    // ---- combining writes (module docs) ----------------------------------------------------
+
+    /// Compare-and-write or OR-write operation `s` holds its stripe exclusively: reads the
+    /// old data of its range into its chunk buffers (from the stripe cache when it holds
+    /// every block; rebuilt from parity on a degraded stripe), then `combine`s. The data
+    /// of chunk `k` over range `x` lands at `x.start - range.start` of the data member's
+    /// buffer, `range` being the footprint's parity range (the layout
+    /// [`Self::start_degraded`] leaves).
+    pub(super) fn start_combine(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let stripe = self.sops[s as usize].stripe;
+        let st = self.geo.stripe(stripe);
+        let w = self.footprint(s);
+        let range = w.parity_range();
+        self.sops[s as usize].range = range;
+        self.sops[s as usize].io_error = false;
+        let healthy = w.chunks().all(|(k, _)| !self.missing(s, st.data_member(k)));
+        if !healthy {
+            return self.start_degraded(s, Phase::CombineDegradedRead);
+        }
+        let unit = g.block_bytes();
+        if let Some(e) = self.cache.lookup(stripe) {
+            let ent = self.cache.entry(e);
+            let cached = w.chunks().all(|(k, x)| {
+                let m = usize::from(st.data_member(k));
+                (x.start / unit..x.end.div_ceil(unit)).all(|b| ent.valid[m].contains(b))
+            });
+            if cached {
+                for (k, x) in w.chunks() {
+                    let m = usize::from(st.data_member(k));
+                    let (a, b) = (x.start as usize, x.end as usize);
+                    let at = (x.start - range.start) as usize;
+                    let src = &self.cache.entry(e).bufs[m][a..b];
+                    self.sops[s as usize].bufs[m][at..at + (b - a)].copy_from_slice(src);
+                }
+                self.stats.cache_hit_bytes +=
+                    w.chunks().map(|(_, x)| u64::from(x.len())).sum::<u64>();
+                return self.combine(s);
+            }
+        }
+        self.sops[s as usize].phase = Phase::CombineRead;
+        for (k, x) in w.chunks() {
+            let m = st.data_member(k);
+            let ptr = self.sops[s as usize].bufs[usize::from(m)]
+                .as_mut_ptr()
+                .wrapping_add((x.start - range.start) as usize);
+            self.io(s, m, Op::Read, x.start, x.len(), ptr);
+        }
+        if self.sops[s as usize].outstanding == 0 {
+            self.ready.push_back(s);
+        }
+    }
+
+    /// The old data a combining operation `s` read from healthy members (it holds the
+    /// stripe: the data equals the members) goes into the stripe cache, so the write that
+    /// follows runs as a pass that reads only what the cache lacks (P/Q for RMW) instead
+    /// of reading the same blocks again.
+    pub(super) fn cache_combined(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let unit = g.block_bytes();
+        let stripe = self.sops[s as usize].stripe;
+        let st = self.geo.stripe(stripe);
+        let w = self.footprint(s);
+        let base = self.sops[s as usize].range.start;
+        let (e, _) = self.cache.pin(stripe);
+        for (k, x) in w.chunks() {
+            let m = usize::from(st.data_member(k));
+            let (a, b) = (x.start as usize, x.end as usize);
+            let at = (x.start - base) as usize;
+            let src = &self.sops[s as usize].bufs[m][at..at + (b - a)];
+            let ent = self.cache.entry_mut(e);
+            ent.bufs[m][a..b].copy_from_slice(src);
+            ent.valid[m].insert_range(x.start / unit, x.end / unit);
+        }
+        self.cache.unpin(e, true);
+    }
+
+    /// The old data of combining operation `s` is in its buffers ([`Self::start_combine`]):
+    /// a compare-and-write compares it with the verify data (a difference completes the
+    /// operation with [`ArrayError::Miscompare`], nothing written); an OR-write ORs it
+    /// into the caller's buffer. Then the write proceeds, the stripe still held.
+    pub(super) fn combine(&mut self, s: u32) {
+        let g = *self.geo.geometry();
+        let c = u64::from(g.chunk_bytes());
+        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let w = self.footprint(s);
+        let (req_op, req_buf) = {
+            let r = self.reqs[self.sops[s as usize].req as usize]
+                .as_ref()
+                .expect("live request");
+            (r.op, r.buf)
+        };
+        let (start, buf_off, base) = {
+            let sop = &self.sops[s as usize];
+            (sop.start, sop.buf_off, sop.range.start)
+        };
+        // Chunks in order: stripe bytes ascend with them, so the first difference found
+        // is the first in the range.
+        for (k, x) in w.chunks() {
+            let m = usize::from(st.data_member(k));
+            let at = (x.start - base) as usize;
+            let len = x.len() as usize;
+            // Offset of these bytes from the start of the request's range.
+            let rel = buf_off + u64::from(k) * c + u64::from(x.start) - start;
+            match req_op {
+                ArrayOp::CompareAndWrite { .. } => {
+                    // SAFETY: the verify data is the first `len` bytes of the request's
+                    // buffer (lent until completion; validated to be twice the range);
+                    // rel + len lies inside the range.
+                    let verify = unsafe {
+                        std::slice::from_raw_parts(req_buf.as_ptr().add(rel as usize), len)
+                    };
+                    let old = &self.sops[s as usize].bufs[m][at..at + len];
+                    if let Some(i) = old.iter().zip(verify).position(|(a, b)| a != b) {
+                        let offset = (rel + i as u64) as u32;
+                        return self.finish_sop(s, Err(ArrayError::Miscompare { offset }));
+                    }
+                }
+                ArrayOp::OrWrite { .. } => {
+                    let dst = self.client_ptr(s, u64::from(k) * c + u64::from(x.start));
+                    // SAFETY: dst is the caller's buffer for these bytes (lent until the
+                    // request completes, used by this operation alone); the source is
+                    // this operation's own buffer.
+                    let new = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+                    for (n, o) in new
+                        .iter_mut()
+                        .zip(&self.sops[s as usize].bufs[m][at..at + len])
+                    {
+                        *n |= o;
+                    }
+                }
+                _ => unreachable!("only combining writes combine"),
+            }
+        }
+        self.start_write(s);
     }
 
     // ---- writes ----------------------------------------------------------------------------
