@@ -291,7 +291,10 @@ impl Login {
             initiator_mrdsl: LOGIN_MRDSL,
             params: SessionParams {
                 max_burst: 262_144,
-                first_burst: 65_536,
+                // Within the largest task buffer: a WRITE longer than the buffer takes its
+                // unsolicited data into the buffer's first window (`prepare` keeps such
+                // transfers off when that buffer is below 64 KiB).
+                first_burst: 65_536u32.min(shared.largest_buf.max(512)),
                 initial_r2t: true,
                 immediate_data: true,
                 max_outstanding_r2t: 1,
@@ -901,7 +904,8 @@ fn negotiate(lg: &mut Login, k: &str, v: &str, reply: &mut Vec<u8>, shared: &Sha
             Some(n) => {
                 let n = (n as u32)
                     .min(shared.config.max_burst)
-                    .min(lg.params.max_burst);
+                    .min(lg.params.max_burst)
+                    .min(shared.largest_buf.max(512));
                 lg.params.first_burst = n;
                 text::put(reply, k, &n.to_string());
             }
