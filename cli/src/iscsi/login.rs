@@ -291,10 +291,10 @@ impl Login {
             initiator_mrdsl: LOGIN_MRDSL,
             params: SessionParams {
                 max_burst: 262_144,
-                // Within the largest task buffer: a WRITE longer than the buffer takes its
-                // unsolicited data into the buffer's first window (`prepare` keeps such
-                // transfers off when that buffer is below 64 KiB).
-                first_burst: 65_536u32.min(shared.largest_buf.max(512)),
+                // The RFC 7143 default, which an initiator assumes without negotiating
+                // it: `prepare` allows transfers longer than the largest task buffer (whose
+                // unsolicited data must fit the first window) only when that is ≥ 64 KiB.
+                first_burst: 65_536,
                 initial_r2t: true,
                 immediate_data: true,
                 max_outstanding_r2t: 1,
@@ -905,6 +905,7 @@ fn negotiate(lg: &mut Login, k: &str, v: &str, reply: &mut Vec<u8>, shared: &Sha
                 let n = (n as u32)
                     .min(shared.config.max_burst)
                     .min(lg.params.max_burst)
+                    // Unsolicited data fits the largest task buffer (windowed WRITEs).
                     .min(shared.largest_buf.max(512));
                 lg.params.first_burst = n;
                 text::put(reply, k, &n.to_string());
