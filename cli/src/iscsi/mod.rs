@@ -20,6 +20,7 @@ pub mod login;
 pub mod pdu;
 pub mod scsi;
 pub mod text;
+pub mod xcopy;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
