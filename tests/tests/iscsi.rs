@@ -477,6 +477,39 @@ ALL.ProutPreempt,ALL.PrinReportCapabilities,ALL.PrinServiceactionRange,ALL.Reser
     srv.stop();
 }
 
+/// libiscsi's ExtendedCopy (6 tests) and ReceiveCopyResults (2 tests) suites run against
+/// the binary and every test passes by its own status (a skip is not a pass).
+#[test]
+fn extended_copy_and_receive_copy_results_suites_pass() {
+    let Some(t) = tools(&["iscsi-test-cu"]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = create(d, "xc", 4, 129 * MIB);
+    let mut srv = Server::start(d, "xc", &a, &["--reactors", "2"]);
+    for (suite, tests) in [("ALL.ExtendedCopy", 6), ("ALL.ReceiveCopyResults", 2)] {
+        let out = run_tool(
+            Command::new(&t[0]).args(["-d", "-V", "-t", suite, &srv.url()]),
+            d,
+            SUITE_TIMEOUT,
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let statuses = cu_statuses(&text);
+        assert_eq!(statuses.len(), tests, "{suite}: {}", show_output(&out));
+        for (name, status) in &statuses {
+            assert_eq!(
+                *status,
+                CuStatus::Passed,
+                "{name}: {text}\n--- server ---\n{}",
+                srv.log()
+            );
+        }
+    }
+    assert!(!srv.log().contains("panicked"), "{}", srv.log());
+    srv.stop();
+}
+
 // ---------------------------------------------------------------------------------------
 // Inquiry tools.
 // ---------------------------------------------------------------------------------------
@@ -1319,6 +1352,175 @@ mod in_process {
                 return data;
             }
         }
+    }
+
+    /// One SCSI command with `out` as immediate data (at most FirstBurstLength) and up to
+    /// `din` bytes of data-in: its status, data-in and sense data.
+    fn command(
+        r: &mut Raw,
+        cmd_sn: u32,
+        cdb: &[u8],
+        out: &[u8],
+        din: u32,
+    ) -> (u8, Vec<u8>, Vec<u8>) {
+        r.itt += 1;
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        let mut flags = 0x80;
+        if !out.is_empty() {
+            flags |= 0x20;
+        }
+        if din > 0 {
+            flags |= 0x40;
+        }
+        let h = Header::new(op::SCSI_CMD, flags, out.len() as u32, r.itt)
+            .u32(
+                20,
+                if out.is_empty() {
+                    din
+                } else {
+                    out.len() as u32
+                },
+            )
+            .u32(24, cmd_sn)
+            .bytes(32, &c);
+        r.send(&h, out);
+        let mut data = Vec::new();
+        loop {
+            let (b, d) = r.read().expect("Data-In or SCSI Response");
+            assert_eq!(b.itt(), r.itt);
+            if b.opcode() == op::DATA_IN {
+                data.extend_from_slice(&d);
+                if b.flags() & 0x01 != 0 {
+                    return (b.raw[3], data, Vec::new());
+                }
+            } else {
+                assert_eq!(b.opcode(), op::SCSI_RESP);
+                let sense = if d.len() > 2 {
+                    d[2..].to_vec()
+                } else {
+                    Vec::new()
+                };
+                return (b.raw[3], data, sense);
+            }
+        }
+    }
+
+    /// An EXTENDED COPY(LID1) parameter list: one identification CSCD descriptor per
+    /// designator, block to block segments `(src index, dst index, blocks, src, dst)`.
+    fn xcopy_list(list_id: u8, naas: &[&[u8]], segs: &[(u16, u16, u16, u64, u64)]) -> Vec<u8> {
+        let mut p = vec![0u8; 16];
+        p[0] = list_id;
+        p[2..4].copy_from_slice(&(32 * naas.len() as u16).to_be_bytes());
+        p[8..12].copy_from_slice(&(28 * segs.len() as u32).to_be_bytes());
+        for naa in naas {
+            let mut d = [0u8; 32];
+            d[0] = 0xe4;
+            d[4] = 0x01;
+            d[5] = 0x03;
+            d[7] = naa.len() as u8;
+            d[8..8 + naa.len()].copy_from_slice(naa);
+            d[29..32].copy_from_slice(&512u32.to_be_bytes()[1..]);
+            p.extend_from_slice(&d);
+        }
+        for &(si, di, n, src, dst) in segs {
+            let mut d = [0u8; 28];
+            d[0] = 0x02;
+            d[3] = 0x18;
+            d[4..6].copy_from_slice(&si.to_be_bytes());
+            d[6..8].copy_from_slice(&di.to_be_bytes());
+            d[10..12].copy_from_slice(&n.to_be_bytes());
+            d[12..20].copy_from_slice(&src.to_be_bytes());
+            d[20..28].copy_from_slice(&dst.to_be_bytes());
+            p.extend_from_slice(&d);
+        }
+        p
+    }
+
+    /// EXTENDED COPY through a raw session, with 64 KiB task buffers: a copy larger than
+    /// the buffer's work area (several read/write pieces) and then an overlapping one
+    /// (destination inside the source: copied back to front) read back exactly as a copy
+    /// through an unbounded buffer would leave them; COPY STATUS reports the held result
+    /// once; a CSCD naming another logical unit is unreachable and copies nothing.
+    #[test]
+    fn extended_copy_blocks_read_back_equal_to_the_source() {
+        let mut t = Target::start(1, 8);
+        let mut r = Raw::login(t.port, &t.name, false);
+        let mut sn = r.ping().u32_at(28);
+        let mut next = || {
+            sn = sn.wrapping_add(1);
+            sn.wrapping_sub(1)
+        };
+        // This LUN's NAA designator, from the Device Identification page.
+        let (st, page, _) = command(&mut r, next(), &[0x12, 0x01, 0x83, 0x01, 0x00], &[], 256);
+        assert_eq!(st, 0);
+        let mut at = 4;
+        let mut naa = Vec::new();
+        while at + 4 <= page.len() {
+            let len = usize::from(page[at + 3]);
+            if page[at + 1] & 0x3f == 0x03 {
+                naa = page[at + 4..at + 4 + len].to_vec();
+                break;
+            }
+            at += 4 + len;
+        }
+        assert_eq!(naa.len(), 16, "no NAA designator in {page:02x?}");
+        // 300 distinct blocks at LBA 0, in 8 KiB writes.
+        let src: Vec<u8> = (0..300 * 512)
+            .map(|i: usize| ((i / 512) as u8) ^ (i as u8).wrapping_mul(7))
+            .collect();
+        for (k, chunk) in src.chunks(16 * 512).enumerate() {
+            let mut cdb = [0u8; 10];
+            cdb[0] = 0x2a;
+            cdb[2..6].copy_from_slice(&(16 * k as u32).to_be_bytes());
+            cdb[7..9].copy_from_slice(&((chunk.len() / 512) as u16).to_be_bytes());
+            let (st, _, sense) = command(&mut r, next(), &cdb, chunk, 0);
+            assert_eq!(st, 0, "write: {sense:02x?}");
+        }
+        // Segment 1: LBA 0..300 to 1000..1300 (three pieces of at most 120 blocks);
+        // segment 2: 1000..1200 to 1050..1250, overlapping.
+        let list = xcopy_list(5, &[&naa], &[(0, 0, 300, 0, 1000), (0, 0, 200, 1000, 1050)]);
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x83;
+        cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
+        let (st, _, sense) = command(&mut r, next(), &cdb, &list, 0);
+        assert_eq!(st, 0, "EXTENDED COPY: {sense:02x?}");
+        let mut want = src.clone();
+        want.copy_within(0..200 * 512, 50 * 512);
+        // Read back in 100-block reads (the longest transfer is 64 KiB here).
+        let got: Vec<u8> = (0..3)
+            .flat_map(|k| read10(&mut r, next(), 1000 + 100 * k, 100))
+            .collect();
+        assert!(got == want, "copied blocks differ from the source");
+        // COPY STATUS: completed, 2 segments, 500 blocks written; then discarded.
+        let mut rcr = [0u8; 16];
+        rcr[0] = 0x84;
+        rcr[2] = 5;
+        rcr[10..14].copy_from_slice(&64u32.to_be_bytes());
+        let (st, data, _) = command(&mut r, next(), &rcr, &[], 64);
+        assert_eq!(st, 0);
+        assert_eq!(&data[4..8], &[0x01, 0, 2, 0], "status, segments, units");
+        assert_eq!(
+            u32::from_be_bytes(data[8..12].try_into().unwrap()),
+            500 * 512
+        );
+        let (st, _, sense) = command(&mut r, next(), &rcr, &[], 64);
+        assert_eq!(
+            (st, sense[2] & 0x0f, sense[12]),
+            (0x02, 0x05, 0x24),
+            "held twice"
+        );
+        // Another logical unit's designator: COPY ABORTED / UNREACHABLE COPY TARGET.
+        let list = xcopy_list(6, &[&naa, &[0x61; 16]], &[(0, 1, 10, 0, 2000)]);
+        cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
+        let (st, _, sense) = command(&mut r, next(), &cdb, &list, 0);
+        assert_eq!(
+            (st, sense[2] & 0x0f, sense[12], sense[13]),
+            (0x02, 0x0a, 0x08, 0x04)
+        );
+        assert!(read10(&mut r, next(), 2000, 10).iter().all(|&b| b == 0));
+        drop(r);
+        t.stop();
     }
 
     /// With every task buffer taken by writes waiting for their (solicited) data, further

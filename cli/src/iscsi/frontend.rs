@@ -46,6 +46,7 @@ use super::login::{NewConn, SessionParams};
 use super::pdu::{self, op, Bhs, Framing, Header, BHS_BYTES};
 use super::pr::{Nexus, Outcome, Verdict, View};
 use super::scsi::{self, status, Plan, Sense};
+use super::xcopy::{self, CopyResult, CopyState, ListIdUsage};
 use super::{text, Shared};
 use crate::nbd::conn::Stream;
 use crate::nbd::pool::{BufId, BufPool};
@@ -222,6 +223,8 @@ struct Session {
     /// [`View::aborts`] acted on: a larger count in a fresh view means a PREEMPT AND
     /// ABORT removed this nexus, and its tasks are aborted.
     pr_aborts: u64,
+    /// EXTENDED COPY results held for RECEIVE COPY RESULTS (SPC-4 §6.18.3), fixed size.
+    copies: xcopy::Held,
 }
 
 impl Session {
@@ -392,6 +395,7 @@ impl IscsiFrontend {
                     pr_seen,
                     pr_aborts: pr_view.aborts,
                     pr_view,
+                    copies: xcopy::Held::default(),
                 });
                 i
             }
@@ -566,6 +570,9 @@ impl IscsiFrontend {
     }
 
     fn failed(&mut self, t: u16, e: ArrayError) {
+        if matches!(self.tasks[usize::from(t)].plan, Plan::ExtendedCopy { .. }) {
+            self.xcopy_finish(t, CopyState::Failed);
+        }
         let task = &mut self.tasks[usize::from(t)];
         let write = matches!(
             task.plan,
@@ -574,7 +581,8 @@ impl IscsiFrontend {
                 | Plan::Unmap { .. }
                 | Plan::CompareAndWrite { .. }
                 | Plan::OrWrite { .. }
-        );
+        ) || matches!(task.plan, Plan::ExtendedCopy { .. }
+                if xcopy::Cursor::unpack(task.step).is_some_and(|c| c.writing));
         if let ArrayError::Miscompare { offset } = e {
             // Not a failure: the compare found other data (SBC-4 §5.3), nothing written.
             task.status = status::CHECK_CONDITION;
@@ -758,8 +766,166 @@ impl IscsiFrontend {
                 scsi::mode_select(&b[..task.need as usize], ten)?;
                 None
             }
+            Plan::ExtendedCopy { param_bytes } => return self.xcopy_request(t, param_bytes),
+            Plan::CopyStatus { list_id, alloc } => return self.copy_status(t, list_id, alloc),
             _ => None,
         })
+    }
+
+    /// The next read or write of EXTENDED COPY task `t` (SPC-4 §6.4), `None` when every
+    /// segment is copied. Its first call checks the parameter list (in the task buffer,
+    /// [`xcopy::parse`]) and admits the copy; then the copy runs in pieces through the work
+    /// area after the list ([`xcopy::work_offset`]), a read and a write per piece.
+    fn xcopy_request(&mut self, t: u16, param_bytes: u32) -> Result<Option<ArrayRequest>, Sense> {
+        let task = self.tasks[usize::from(t)];
+        let bs = self.shared.lun.block_bytes;
+        let off = xcopy::work_offset(param_bytes, bs);
+        let per = (task.buf_len.saturating_sub(off) / bs).min(self.shared.lun.max_transfer_blocks);
+        let cur = match xcopy::Cursor::unpack(task.step) {
+            Some(c) => c,
+            None => {
+                let data = &self.pool.buf(task.buf)[..task.need as usize];
+                let header = xcopy::parse(data, &self.shared.lun)?.header;
+                if per == 0 {
+                    // The task buffer has no room for one block after the list (a pool
+                    // configured below 8 KiB buffers).
+                    return Err(Sense::INTERNAL_FAILURE);
+                }
+                self.xcopy_admit(t, header)?;
+                xcopy::Cursor::START
+            }
+        };
+        let data = &self.pool.buf(task.buf)[..task.need as usize];
+        let list = xcopy::ParamList::of_checked(data);
+        let (step, cur) = xcopy::next_step(&list, data, cur, per);
+        self.tasks[usize::from(t)].step = cur.pack();
+        let (op, lba, blocks) = match step {
+            xcopy::Step::Done => {
+                self.xcopy_finish(t, CopyState::Done);
+                return Ok(None);
+            }
+            xcopy::Step::Read { lba, blocks } => (ArrayOp::Read, lba, blocks),
+            xcopy::Step::Write { lba, blocks } => (ArrayOp::Write { fua: false }, lba, blocks),
+        };
+        let len = blocks * bs;
+        Ok(Some(ArrayRequest {
+            tag: TAG_BIT | u64::from(t),
+            op,
+            offset_bytes: lba * u64::from(bs),
+            len_bytes: len,
+            buf: self.lend(t, off, len),
+        }))
+    }
+
+    /// Admits EXTENDED COPY task `t` with `header`: its list identifier must not be in use
+    /// by a copy in progress on the same I_T nexus (OPERATION IN PROGRESS), and at most
+    /// [`xcopy::MAX_CONCURRENT_COPIES`] run there at once (INSUFFICIENT RESOURCES). A held
+    /// result with the same identifier is discarded (SPC-4 §6.18.3 b). A scan of the task
+    /// table, once per EXTENDED COPY, not per I/O.
+    fn xcopy_admit(&mut self, t: u16, header: xcopy::Header) -> Result<(), Sense> {
+        let session = self.tasks[usize::from(t)].session;
+        let mut running = 0u8;
+        for (i, k) in self.tasks.iter().enumerate() {
+            if i == usize::from(t) || !self.xcopy_running(k, session) {
+                continue;
+            }
+            running = running.saturating_add(1);
+            let other = xcopy::ParamList::of_checked(self.pool.buf(k.buf)).header;
+            if header.usage != ListIdUsage::None
+                && other.usage != ListIdUsage::None
+                && other.list_id == header.list_id
+            {
+                return Err(xcopy::senses::OPERATION_IN_PROGRESS);
+            }
+        }
+        if running >= xcopy::MAX_CONCURRENT_COPIES {
+            return Err(xcopy::senses::INSUFFICIENT_RESOURCES);
+        }
+        if header.usage != ListIdUsage::None {
+            if let Some(s) = self.sessions[session].as_mut() {
+                s.copies.forget(header.list_id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether task `k` is an EXTENDED COPY of session slot `session` that has started and
+    /// not yet finished.
+    fn xcopy_running(&self, k: &Task, session: usize) -> bool {
+        k.live
+            && !k.aborted
+            && k.session == session
+            && k.stage == Stage::Array
+            && matches!(k.plan, Plan::ExtendedCopy { .. })
+            && xcopy::Cursor::unpack(k.step).is_some()
+    }
+
+    /// Records how EXTENDED COPY task `t` ended for COPY STATUS, when it had started and its
+    /// LIST ID USAGE asks for that (00b).
+    fn xcopy_finish(&mut self, t: u16, state: CopyState) {
+        let task = self.tasks[usize::from(t)];
+        let Some(cur) = xcopy::Cursor::unpack(task.step) else {
+            return;
+        };
+        let data = &self.pool.buf(task.buf)[..task.need as usize];
+        let list = xcopy::ParamList::of_checked(data);
+        if list.header.usage != ListIdUsage::Hold {
+            return;
+        }
+        let (segments, blocks) = match state {
+            CopyState::Done => (list.segments, list.total_blocks(data)),
+            _ => (cur.seg, list.blocks_done(data, cur)),
+        };
+        let r = CopyResult {
+            list_id: list.header.list_id,
+            state,
+            segments,
+            bytes: blocks * u64::from(self.shared.lun.block_bytes),
+        };
+        if let Some(s) = self.sessions[task.session].as_mut() {
+            s.copies.record(r);
+        }
+    }
+
+    /// RECEIVE COPY RESULTS, COPY STATUS (SPC-4 §6.18.3) for task `t`: the copy `list_id`
+    /// of the same I_T nexus in progress, else its held result (then discarded); written
+    /// into the task buffer as data-in. INVALID FIELD IN CDB when there is neither.
+    fn copy_status(
+        &mut self,
+        t: u16,
+        list_id: u8,
+        alloc: u32,
+    ) -> Result<Option<ArrayRequest>, Sense> {
+        let session = self.tasks[usize::from(t)].session;
+        let bs = u64::from(self.shared.lun.block_bytes);
+        let running = self.tasks.iter().find_map(|k| {
+            if !self.xcopy_running(k, session) {
+                return None;
+            }
+            let cur = xcopy::Cursor::unpack(k.step)?;
+            let data = &self.pool.buf(k.buf)[..k.need as usize];
+            let list = xcopy::ParamList::of_checked(data);
+            (list.header.usage != ListIdUsage::None && list.header.list_id == list_id).then(|| {
+                CopyResult {
+                    list_id,
+                    state: CopyState::InProgress,
+                    segments: cur.seg,
+                    bytes: list.blocks_done(data, cur) * bs,
+                }
+            })
+        });
+        let r = match running {
+            Some(r) => r,
+            None => self.sessions[session]
+                .as_mut()
+                .and_then(|s| s.copies.take(list_id))
+                .ok_or(Sense::INVALID_FIELD_CDB)?,
+        };
+        let task = &mut self.tasks[usize::from(t)];
+        let n = xcopy::copy_status(&r, self.pool.buf_mut(task.buf)) as u32;
+        task.xfer = u64::from(n.min(alloc));
+        task.din = n.min(alloc).min(task.din_max);
+        Ok(None)
     }
 
     /// Step bookkeeping after an array completion.
@@ -786,6 +952,11 @@ impl IscsiFrontend {
                 }
             }
             Plan::Read { .. } | Plan::Write { .. } | Plan::Flush => task.step = u64::MAX,
+            Plan::ExtendedCopy { .. } => {
+                if let Some(c) = xcopy::Cursor::unpack(task.step) {
+                    task.step = c.completed().pack();
+                }
+            }
             _ => task.step += 1,
         }
     }
@@ -1346,6 +1517,10 @@ impl IscsiFrontend {
             Plan::WriteSame { blocks, .. } => {
                 (u64::from(blocks) * u64::from(bs)).min(u64::from(self.shared.write_same_buf))
             }
+            // The parameter list, then a work area for the copy's pieces.
+            Plan::ExtendedCopy { param_bytes } => (u64::from(xcopy::work_offset(param_bytes, bs))
+                + u64::from(self.shared.write_same_buf))
+            .min(u64::from(self.shared.largest_buf)),
             _ => out_bytes,
         };
         let plan = if need_buf > u64::from(largest) {

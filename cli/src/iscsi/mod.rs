@@ -30,6 +30,7 @@ pub mod pr;
 pub mod pr_store;
 pub mod scsi;
 pub mod text;
+pub mod xcopy;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};

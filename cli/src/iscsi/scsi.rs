@@ -7,6 +7,8 @@
 //! Units: LBAs and transfer lengths in logical blocks (the array's block size); byte
 //! counts say so.
 
+use super::xcopy;
+
 /// SCSI status codes (SAM-5 §5.3).
 pub mod status {
     /// GOOD.
@@ -273,6 +275,20 @@ pub enum Plan {
         /// FUA.
         fua: bool,
     },
+    /// EXTENDED COPY(LID1) with a parameter list of `param_bytes` (SPC-4 §6.4): the copy
+    /// runs in read/write steps through the task buffer ([`super::xcopy`]).
+    ExtendedCopy {
+        /// Parameter list length, bytes.
+        param_bytes: u32,
+    },
+    /// RECEIVE COPY RESULTS, COPY STATUS of the copy `list_id` of this I_T nexus (SPC-4
+    /// §6.18.3), answered from the front-end's state.
+    CopyStatus {
+        /// LIST IDENTIFIER.
+        list_id: u8,
+        /// Allocation length, bytes.
+        alloc: u32,
+    },
     /// MODE SELECT with `param_bytes` of parameter data.
     ModeSelect {
         /// Parameter list length, bytes.
@@ -304,6 +320,7 @@ impl Plan {
             | Plan::ModeSelect { param_bytes, .. }
             | Plan::PrOut { param_bytes, .. } => u64::from(param_bytes),
             Plan::CompareAndWrite { blocks, .. } => 2 * u64::from(blocks) * b,
+            Plan::ExtendedCopy { param_bytes } => u64::from(param_bytes),
             _ => 0,
         }
     }
@@ -597,6 +614,30 @@ const SUPPORTED: &[(u8, Option<u8>, &[u8])] = &[
         Some(opc::MI_REPORT_SUPPORTED_OPCODES),
         &[
             0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00, 0x07,
+        ],
+    ),
+    (
+        xcopy::OPC_EXTENDED_COPY,
+        Some(xcopy::SA_LID1),
+        &[
+            0x1f, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x00,
+            0x07,
+        ],
+    ),
+    (
+        xcopy::OPC_RECEIVE_COPY_RESULTS,
+        Some(xcopy::SA_COPY_STATUS),
+        &[
+            0x1f, 0xff, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x00,
+            0x07,
+        ],
+    ),
+    (
+        xcopy::OPC_RECEIVE_COPY_RESULTS,
+        Some(xcopy::SA_OPERATING_PARAMETERS),
+        &[
+            0x1f, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x00,
+            0x07,
         ],
     ),
     (
@@ -990,6 +1031,8 @@ fn decode_inner(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sen
         opc::MAINTENANCE_IN if c[1] & 0x1f == opc::MI_REPORT_SUPPORTED_OPCODES => {
             report_opcodes(c, out)
         }
+        xcopy::OPC_EXTENDED_COPY => xcopy::decode_extended_copy(c),
+        xcopy::OPC_RECEIVE_COPY_RESULTS => xcopy::decode_receive_copy_results(c, lun, out),
         _ => Err(Sense::INVALID_OPCODE),
     }
 }
@@ -1007,6 +1050,7 @@ fn inquiry(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sense> {
         d[2] = 0x06; // SPC-4
         d[3] = 0x12; // HISUP, response data format 2
         d[4] = 96 - 5;
+        d[5] = 0x08; // 3PC: a copy manager (EXTENDED COPY, SPC-4 §6.6.2)
         d[7] = 0x02; // CMDQUE
         pad_ascii(&mut d[8..16], "FERRORAI");
         pad_ascii(&mut d[16..32], &lun.product);
@@ -1024,7 +1068,7 @@ fn inquiry(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sense> {
         let body = &mut out[4..];
         let len = match page {
             0x00 => {
-                let pages = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+                let pages = [0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2];
                 body[..pages.len()].copy_from_slice(&pages);
                 pages.len()
             }
@@ -1034,6 +1078,7 @@ fn inquiry(c: &[u8; 16], lun: &LunInfo, out: &mut [u8]) -> Result<Plan, Sense> {
                 s.len()
             }
             0x83 => device_identification(lun, body),
+            0x8f => xcopy::third_party_copy_vpd(body),
             0xb0 => {
                 let b = &mut body[..0x3c];
                 b.fill(0);
@@ -1537,9 +1582,9 @@ mod tests {
         assert_eq!(&out[8..16], b"FERRORAI");
         assert_eq!(
             decode(&cdb(&[0x12, 1, 0x00, 0, 255]), &l, &mut out),
-            Plan::Data { len: 10 }
+            Plan::Data { len: 11 }
         );
-        assert_eq!(&out[4..10], &[0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+        assert_eq!(&out[4..11], &[0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2]);
         let Plan::Data { len } = decode(&cdb(&[0x12, 1, 0x83, 0, 255]), &l, &mut out) else {
             panic!()
         };
