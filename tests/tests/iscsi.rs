@@ -83,13 +83,6 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Failures still expected, each with its reason in docs/ISCSI.md (issue 20 wants none).
-const KNOWN_FAILURES: &[&str] = &[
-    // WRITE(16)/READ(16) of 65,536 blocks (32 MiB), beyond the largest task buffer and the
-    // Block Limits page's MAXIMUM TRANSFER LENGTH: refused with INVALID FIELD IN CDB.
-    "WriteSame16.Unmap",
-];
-
 /// What libiscsi's suite says of one test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CuStatus {
@@ -361,7 +354,7 @@ fn ok(out: Output, what: &str, srv: &Server) -> String {
 /// `iscsi-test-cu -d -t ALL` passes more tests than tgt, fails only the known ones, and
 /// neither crashes nor hangs the target (it still serves and stops cleanly afterwards).
 #[test]
-fn compliance_suite_passes_176_with_only_known_failures_and_explained_skips() {
+fn compliance_suite_passes_176_with_no_failure_and_only_explained_skips() {
     let Some(t) = tools(&["iscsi-test-cu", "iscsi-inq"]) else {
         return;
     };
@@ -414,14 +407,9 @@ fn compliance_suite_passes_176_with_only_known_failures_and_explained_skips() {
         failed.len(),
         skipped.len()
     );
-    let unexpected: Vec<&str> = failed
-        .iter()
-        .copied()
-        .filter(|n| !KNOWN_FAILURES.contains(n))
-        .collect();
     assert!(
-        unexpected.is_empty(),
-        "failed: {unexpected:?}\n{text}\n--- server ---\n{}",
+        failed.is_empty(),
+        "failed: {failed:?}\n{text}\n--- server ---\n{}",
         srv.log()
     );
     let unexplained: Vec<&str> = skipped
@@ -1658,6 +1646,125 @@ mod in_process {
         let got = read10(&mut r, sn.wrapping_add(1), 100, 128);
         let want: Vec<u8> = (0..65536u32).map(pattern).collect();
         assert!(got == want, "data read back differs");
+        drop(r);
+        t.stop();
+    }
+
+    /// A WRITE and a READ four times the largest task buffer (64 KiB) go through it in
+    /// windows: the WRITE (FUA, with immediate data) solicits each window's data with R2Ts
+    /// that never cross a window boundary, the READ's Data-In continues its DataSN and
+    /// buffer offsets across windows, and the data reads back. Beyond the configured
+    /// maximum transfer length a command is still refused (CHECK CONDITION).
+    #[test]
+    fn transfers_longer_than_the_buffer_go_in_windows() {
+        let mut t = Target::start_with(1, 8, |c| c.max_transfer_bytes = 1 << 20);
+        let mut r = Raw::login_with(
+            t.port,
+            &t.name,
+            LoginOpts {
+                max_burst: 24576,
+                max_r2t: 3,
+                ..LoginOpts::default()
+            },
+        );
+        let sn = r.ping().u32_at(28);
+        let total = 256u32 << 10;
+        let pattern = |off: u32| ((off / 512 * 7 + off % 512) % 253) as u8;
+        // WRITE(10), FUA, 512 blocks, 8 KiB immediate data.
+        r.itt += 1;
+        let itt = r.itt;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x2a;
+        cdb[1] = 0x08;
+        cdb[2..6].copy_from_slice(&300u32.to_be_bytes());
+        cdb[7..9].copy_from_slice(&512u16.to_be_bytes());
+        let imm: Vec<u8> = (0..8192u32).map(pattern).collect();
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 8192, itt)
+            .u32(20, total)
+            .u32(24, sn)
+            .bytes(32, &cdb);
+        r.send(&h, &imm);
+        let mut covered = 8192u32;
+        let mut r2t_sn = 0;
+        let status = loop {
+            let (b, _) = r.read().expect("R2T or SCSI Response");
+            assert_eq!(b.itt(), itt);
+            if b.opcode() == op::SCSI_RESP {
+                break b.raw[3];
+            }
+            assert_eq!(b.opcode(), op::R2T);
+            assert_eq!(b.u32_at(36), r2t_sn, "R2TSN continues across windows");
+            r2t_sn += 1;
+            let (ttt, off, len) = (b.u32_at(20), b.u32_at(40), b.u32_at(44));
+            assert_eq!(off, covered, "R2Ts solicit the data in order");
+            assert!(len > 0 && len <= 24576);
+            assert_eq!(
+                off / 65536,
+                (off + len - 1) / 65536,
+                "R2T {off}+{len} crosses a window"
+            );
+            let mut o = off;
+            let mut data_sn = 0;
+            while o < off + len {
+                let n = (off + len - o).min(4096);
+                let data: Vec<u8> = (o..o + n).map(pattern).collect();
+                let last = o + n == off + len;
+                let h = Header::new(op::DATA_OUT, if last { 0x80 } else { 0 }, n, itt)
+                    .u32(20, ttt)
+                    .u32(36, data_sn)
+                    .u32(40, o);
+                r.send(&h, &data);
+                data_sn += 1;
+                o += n;
+            }
+            covered = off + len;
+        };
+        assert_eq!(status, 0, "windowed write status");
+        assert_eq!(covered, total);
+        // 8 KiB..64 KiB in bursts of 24 KiB, cut at the window: 3; then 3 per window.
+        assert_eq!(r2t_sn, 3 + 3 * 3);
+        // READ(10) of the same 512 blocks.
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        cdb[2..6].copy_from_slice(&300u32.to_be_bytes());
+        cdb[7..9].copy_from_slice(&512u16.to_be_bytes());
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x40, 0, r.itt)
+            .u32(20, total)
+            .u32(24, sn.wrapping_add(1))
+            .bytes(32, &cdb);
+        r.send(&h, &[]);
+        let mut got = Vec::new();
+        let mut data_sn = 0;
+        loop {
+            let (b, d) = r.read().expect("Data-In");
+            assert_eq!((b.opcode(), b.itt()), (op::DATA_IN, r.itt));
+            assert_eq!(b.u32_at(36), data_sn, "DataSN continues across windows");
+            assert_eq!(b.u32_at(40) as usize, got.len(), "buffer offset");
+            data_sn += 1;
+            got.extend_from_slice(&d);
+            if b.flags() & 0x01 != 0 {
+                assert_eq!(b.raw[3], 0, "read status");
+                break;
+            }
+        }
+        let want: Vec<u8> = (0..total).map(pattern).collect();
+        assert!(got == want, "data read back differs");
+        // A READ(10) above MAXIMUM TRANSFER LENGTH (1 MiB): CHECK CONDITION.
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        cdb[7..9].copy_from_slice(&2050u16.to_be_bytes());
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x40, 0, r.itt)
+            .u32(20, 2050 * 512)
+            .u32(24, sn.wrapping_add(2))
+            .bytes(32, &cdb);
+        r.send(&h, &[]);
+        let (b, _) = r.read().expect("SCSI Response");
+        assert_eq!(
+            (b.opcode(), b.itt(), b.raw[3]),
+            (op::SCSI_RESP, r.itt, 0x02)
+        );
         drop(r);
         t.stop();
     }

@@ -147,6 +147,27 @@ struct Task {
     data_sn: u32,
     /// Bytes the command would have transferred (residual computation).
     xfer: u64,
+    /// READ/WRITE longer than the task buffer: the transfer offset, bytes, where the
+    /// buffer's window starts (buffer byte `i` is transfer byte `win + i`). Zero for
+    /// every other task. Windows are `buf_len` bytes and follow each other.
+    win: u32,
+}
+
+impl Task {
+    /// Bytes of the READ/WRITE transfer the array moves (the Data-Out kept, or the blocks
+    /// read); 0 for other plans.
+    fn rw_bytes(&self, bs: u32) -> u32 {
+        match self.plan {
+            Plan::Write { .. } => self.need,
+            Plan::Read { blocks, .. } => blocks * bs,
+            _ => 0,
+        }
+    }
+
+    /// End of the current buffer window, transfer bytes: `win + buf_len` (saturated).
+    fn win_end(&self) -> u32 {
+        self.win.saturating_add(self.buf_len)
+    }
 }
 
 const NO_BUF: BufId = BufId::MAX;
@@ -283,6 +304,7 @@ impl IscsiFrontend {
             sent: 0,
             data_sn: 0,
             xfer: 0,
+            win: 0,
         };
         let maxc = shared.config.max_connections_per_reactor;
         Self {
@@ -599,15 +621,22 @@ impl IscsiFrontend {
             buf,
         };
         Ok(match task.plan {
-            Plan::Read { lba, blocks } if task.step == 0 => {
-                let len = blocks * bs;
-                Some(mk(ArrayOp::Read, off(lba), len, self.lend(t, 0, len)))
+            // A transfer longer than the buffer moves one window per step (`win`); FUA
+            // applies to every window written.
+            Plan::Read { lba, .. } if task.step == 0 => {
+                let len = (task.rw_bytes(bs) - task.win).min(task.buf_len);
+                Some(mk(
+                    ArrayOp::Read,
+                    off(lba) + u64::from(task.win),
+                    len,
+                    self.lend(t, 0, len),
+                ))
             }
-            Plan::Write { lba, blocks, fua } if task.step == 0 => {
-                let len = blocks * bs;
+            Plan::Write { lba, fua, .. } if task.step == 0 => {
+                let len = (task.rw_bytes(bs) - task.win).min(task.buf_len);
                 Some(mk(
                     ArrayOp::Write { fua },
-                    off(lba),
+                    off(lba) + u64::from(task.win),
                     len,
                     self.lend(t, 0, len),
                 ))
@@ -954,10 +983,34 @@ impl IscsiFrontend {
 
 /// Byte range `[start, end)` of task `t`'s solicited burst `k` (R2TSN `k`): bursts of
 /// MaxBurstLength from where the unsolicited data ended, up to the data the task keeps.
+/// A WRITE longer than its buffer has its bursts cut at the buffer windows' boundaries
+/// (multiples of `buf_len`), so that no burst spans two windows: each window's bursts
+/// start at the window (the first window's at `sol_base`).
 fn burst(t: &Task, k: u32, max_burst: u32) -> (u32, u32) {
-    let start = u64::from(t.sol_base) + u64::from(k) * u64::from(max_burst);
-    let end = (start + u64::from(max_burst)).min(u64::from(t.need));
-    (start.min(u64::from(t.need)) as u32, end as u32)
+    let need = u64::from(t.need);
+    let mb = u64::from(max_burst.max(1));
+    let w = u64::from(t.buf_len);
+    let base = u64::from(t.sol_base);
+    let k = u64::from(k);
+    let (start, end) = if w == 0 || need <= w {
+        let s = base + k * mb;
+        (s, s + mb)
+    } else {
+        // Window of sol_base, and the bursts left in it.
+        let w0 = base / w;
+        let first = ((w0 + 1) * w - base).div_ceil(mb);
+        if k < first {
+            let s = base + k * mb;
+            (s, (s + mb).min((w0 + 1) * w))
+        } else {
+            let per = w.div_ceil(mb);
+            let j = k - first;
+            let wi = w0 + 1 + j / per;
+            let s = wi * w + (j % per) * mb;
+            (s, (s + mb).min((wi + 1) * w))
+        }
+    };
+    (start.min(need) as u32, end.min(need) as u32)
 }
 
 /// The Target Transfer Tag of task `t`'s R2T `k`: the task slot in the high 16 bits (so
@@ -1030,8 +1083,23 @@ impl IscsiFrontend {
             }
             let seg_max = conn.tx.max_recv_data.min(MAX_SEND_SEGMENT);
             let (rflags, rcount) = residual(&task);
+            if task.sent < task.din && task.sent >= task.win_end() {
+                // A READ longer than its buffer: this window is sent (staged), read the
+                // next into the same buffer; the reply is queued again when it is in.
+                conn.out.pop_front();
+                let tk = &mut self.tasks[usize::from(t)];
+                tk.queued_out = false;
+                tk.win = tk.win_end();
+                tk.step = 0;
+                tk.stage = Stage::Array;
+                tk.in_pending = true;
+                self.pending.push_back(t);
+                continue;
+            }
             if task.sent < task.din {
-                let seg = (task.din - task.sent).min(seg_max);
+                let seg = (task.din - task.sent)
+                    .min(seg_max)
+                    .min(task.win_end() - task.sent);
                 if tx_free(conn) < pdu::pdu_bytes(seg as usize, &conn.tx) {
                     return;
                 }
@@ -1053,7 +1121,8 @@ impl IscsiFrontend {
                     .u32(40, task.sent)
                     .u32(44, if with_status { rcount } else { 0 });
                 let b = self.pool.buf(task.buf);
-                let data = &b[task.sent as usize..(task.sent + seg) as usize];
+                let at = (task.sent - task.win) as usize;
+                let data = &b[at..at + seg as usize];
                 stage(conn, &h, data);
                 let tk = &mut self.tasks[usize::from(t)];
                 tk.sent += seg;
@@ -1432,8 +1501,13 @@ impl IscsiFrontend {
             _ => plan0,
         };
         let out_bytes = plan0.data_out_bytes(bs);
+        let largest = self.shared.largest_buf;
+        // READ and WRITE longer than the largest buffer go through it in windows.
         let need_buf = match plan0 {
-            Plan::Read { blocks, .. } => u64::from(blocks) * u64::from(bs),
+            Plan::Read { blocks, .. } => {
+                (u64::from(blocks) * u64::from(bs)).min(u64::from(largest))
+            }
+            Plan::Write { .. } => out_bytes.min(u64::from(largest)),
             Plan::Verify { blocks, bytchk, .. } => {
                 u64::from(blocks) * u64::from(bs)
                     + out_bytes.min(u64::from(blocks) * u64::from(bs)) * u64::from(bytchk != 0)
@@ -1449,7 +1523,6 @@ impl IscsiFrontend {
             .min(u64::from(self.shared.largest_buf)),
             _ => out_bytes,
         };
-        let largest = self.shared.largest_buf;
         let plan = if need_buf > u64::from(largest) {
             Plan::Check(Sense::INVALID_FIELD_CDB)
         } else {
@@ -1590,6 +1663,7 @@ impl IscsiFrontend {
             sent: 0,
             data_sn: 0,
             xfer,
+            win: 0,
         };
         self.tasks[usize::from(t)] = task;
         if busy {
@@ -1651,35 +1725,13 @@ impl IscsiFrontend {
             if tk.r2t_done < tk.r2t_sent {
                 return;
             }
+        } else if task.got < want && task.got < task.win_end() {
+            return self.solicit(t);
         } else if task.got < want {
-            // Keep up to MaxOutstandingR2T bursts solicited (§11.8; sequences arrive in
-            // order: DataSequenceInOrder=Yes).
-            let conn = self.conns[usize::from(task.conn)].as_mut().expect("open");
-            let params = self.sessions[conn.session]
-                .as_ref()
-                .expect("session")
-                .params;
-            let tk = &mut self.tasks[usize::from(t)];
-            if tk.r2t_sn == 0 {
-                tk.sol_base = tk.got;
-                tk.unsol_done = true;
-                tk.exp_data_sn = 0;
-            }
-            let mut added = false;
-            while tk.r2t_sn - tk.r2t_done < params.max_outstanding_r2t {
-                let (start, end) = burst(tk, tk.r2t_sn, params.max_burst);
-                if start >= end || tk.r2t_sn >= 0xffff {
-                    break;
-                }
-                tk.r2t_sn += 1;
-                tk.allowed = end;
-                added = true;
-            }
-            if added && !tk.queued_out {
-                tk.queued_out = true;
-                conn.out.push_back(t);
-            }
-            return;
+            // A WRITE longer than its buffer, its window full: write it; `complete` moves
+            // the window on and solicits the next part.
+            self.tasks[usize::from(t)].stage = Stage::Array;
+            return self.advance(t, io);
         }
         // All data in.
         let tk = &mut self.tasks[usize::from(t)];
@@ -1713,6 +1765,40 @@ impl IscsiFrontend {
                 self.pr_execute(t)
             }
             _ => self.advance(t, io),
+        }
+    }
+
+    /// Keeps up to MaxOutstandingR2T bursts of task `t` solicited (§11.8; sequences arrive
+    /// in order: DataSequenceInOrder=Yes), none beyond the current buffer window.
+    fn solicit(&mut self, t: u16) {
+        let task = self.tasks[usize::from(t)];
+        let conn = self.conns[usize::from(task.conn)].as_mut().expect("open");
+        let params = self.sessions[conn.session]
+            .as_ref()
+            .expect("session")
+            .params;
+        let tk = &mut self.tasks[usize::from(t)];
+        if tk.r2t_sn == 0 {
+            tk.sol_base = tk.got;
+            tk.unsol_done = true;
+            tk.exp_data_sn = 0;
+        }
+        let win_end = tk.win_end();
+        let mut added = false;
+        // R2TSN is 32 bits; the Target Transfer Tag carries its low 16 (r2t_ttt), which
+        // is unambiguous with at most MaxOutstandingR2T (≤ 65535) bursts outstanding.
+        while tk.r2t_sn - tk.r2t_done < params.max_outstanding_r2t {
+            let (start, end) = burst(tk, tk.r2t_sn, params.max_burst);
+            if start >= end || start >= win_end {
+                break;
+            }
+            tk.r2t_sn += 1;
+            tk.allowed = end;
+            added = true;
+        }
+        if added && !tk.queued_out {
+            tk.queued_out = true;
+            conn.out.push_back(t);
         }
     }
 
@@ -1791,11 +1877,21 @@ impl IscsiFrontend {
             self.tasks[usize::from(t)].data_error = true;
         }
         let keep_end = (offset + dlen as u32).min(task.need);
+        if keep_end > offset && (offset < task.win || keep_end > task.win_end()) {
+            // Bursts never cross a window and unsolicited data (≤ FirstBurstLength, which
+            // login keeps within the largest buffer) lies in the first one.
+            return Handled::Kill(format!(
+                "Data-Out at {offset}+{dlen} outside the buffer window {}..{}",
+                task.win,
+                task.win_end()
+            ));
+        }
         if keep_end > offset && !lost && !task.data_error {
             let conn = self.conns[ci].as_ref().expect("open");
             let n = (keep_end - offset) as usize;
             let src = &conn.rbuf[data_at..data_at + n];
-            self.pool.buf_mut(task.buf)[offset as usize..offset as usize + n].copy_from_slice(src);
+            let at = (offset - task.win) as usize;
+            self.pool.buf_mut(task.buf)[at..at + n].copy_from_slice(src);
         }
         self.conns[ci].as_mut().expect("open").data_pdus += 1;
         let tk = &mut self.tasks[usize::from(t)];
@@ -2488,6 +2584,16 @@ impl Frontend for IscsiFrontend {
             return;
         }
         self.step_done(t);
+        let bs = self.shared.lun.block_bytes;
+        let tk = &mut self.tasks[idx];
+        if matches!(tk.plan, Plan::Write { .. }) && tk.win_end() < tk.rw_bytes(bs) {
+            // A WRITE longer than its buffer: this window is written; receive the next.
+            tk.win = tk.win_end();
+            tk.step = 0;
+            tk.stage = Stage::DataOut;
+            self.solicit(t);
+            return;
+        }
         // The next step (if any) is submitted from poll: `complete` has no `Io`.
         let tk = &mut self.tasks[idx];
         tk.in_pending = true;

@@ -291,6 +291,9 @@ impl Login {
             initiator_mrdsl: LOGIN_MRDSL,
             params: SessionParams {
                 max_burst: 262_144,
+                // The RFC 7143 default, which an initiator assumes without negotiating
+                // it: `prepare` allows transfers longer than the largest task buffer (whose
+                // unsolicited data must fit the first window) only when that is ≥ 64 KiB.
                 first_burst: 65_536,
                 initial_r2t: true,
                 immediate_data: true,
@@ -901,7 +904,9 @@ fn negotiate(lg: &mut Login, k: &str, v: &str, reply: &mut Vec<u8>, shared: &Sha
             Some(n) => {
                 let n = (n as u32)
                     .min(shared.config.max_burst)
-                    .min(lg.params.max_burst);
+                    .min(lg.params.max_burst)
+                    // Unsolicited data fits the largest task buffer (windowed WRITEs).
+                    .min(shared.largest_buf.max(512));
                 lg.params.first_burst = n;
                 text::put(reply, k, &n.to_string());
             }

@@ -99,9 +99,13 @@ pub struct IscsiConfig {
     /// Largest MaxConnections per session.
     pub max_connections: u32,
     /// Data buffer classes of each reactor's pool (one buffer per task). Empty: 128 of
-    /// 64 KiB, 32 of 1 MiB, 4 of the largest transfer.
+    /// 64 KiB, 32 of 1 MiB, 4 of 4 MiB.
     pub buffers: Vec<BufferClass>,
-    /// Largest READ/WRITE, bytes (the Block Limits page's MAXIMUM TRANSFER LENGTH).
+    /// Largest READ/WRITE, bytes (the Block Limits page's MAXIMUM TRANSFER LENGTH, SBC-4
+    /// §6.6.4); longer ones are refused with INVALID FIELD IN CDB. A READ or WRITE longer
+    /// than the largest buffer moves through that buffer in buffer-sized windows (a WRITE
+    /// solicits each window's Data-Out with R2Ts after writing the previous one). With a
+    /// largest buffer below 64 KiB (the default FirstBurstLength) the limit is that buffer.
     pub max_transfer_bytes: u32,
     /// Connections one reactor serves at once.
     pub max_connections_per_reactor: usize,
@@ -122,7 +126,7 @@ pub struct IscsiConfig {
 
 impl Default for IscsiConfig {
     /// No CHAP, digests offered, 64 KiB segments, 1 MiB bursts, 4 connections per
-    /// session, 4 MiB transfers, 256 connections per reactor, 10 s/60 s login, 10 s drain,
+    /// session, 64 MiB transfers, 256 connections per reactor, 10 s/60 s login, 10 s drain,
     /// 30 s/15 s keepalive, 30 s for solicited data.
     fn default() -> Self {
         Self {
@@ -132,7 +136,7 @@ impl Default for IscsiConfig {
             max_burst: 1 << 20,
             max_connections: 4,
             buffers: Vec::new(),
-            max_transfer_bytes: 4 << 20,
+            max_transfer_bytes: 64 << 20,
             max_connections_per_reactor: 256,
             login_timeout: Duration::from_secs(10),
             login_deadline: Duration::from_secs(60),
@@ -324,7 +328,8 @@ fn prepare(
         }
     }
     if config.buffers.is_empty() {
-        let max = config.max_transfer_bytes.max(3 * 255 * bs.min(4096));
+        // The largest class holds a COMPARE AND WRITE of 255 blocks (twice, + slack).
+        let max = (4u32 << 20).max(3 * 255 * bs.min(4096)) / bs * bs;
         config.buffers = vec![
             BufferClass {
                 bytes: 64 << 10,
@@ -385,7 +390,24 @@ fn prepare(
         None => None,
     };
     let mut lun = lun;
-    lun.max_transfer_blocks = lun.max_transfer_blocks.min(largest / bs);
+    // Transfers beyond the largest buffer go in windows, whose unsolicited data must fit
+    // the first window: not with a buffer below the default FirstBurstLength (64 KiB).
+    let max_bytes = if largest < 65_536 {
+        config.max_transfer_bytes.min(largest)
+    } else {
+        config.max_transfer_bytes
+    };
+    lun.max_transfer_blocks = lun.max_transfer_blocks.min(max_bytes / bs).max(1);
+    // OPTIMAL TRANSFER LENGTH: what one buffer holds (no windows), whole stripes if any.
+    let buf_blocks = largest / bs;
+    if lun.optimal_blocks > buf_blocks {
+        let g = lun.granularity_blocks;
+        lun.optimal_blocks = if g > 0 && g <= buf_blocks {
+            buf_blocks / g * g
+        } else {
+            buf_blocks
+        };
+    }
     lun.max_compare_write_blocks =
         u8::try_from((largest / bs / 2).min(u32::from(lun.max_compare_write_blocks)))
             .unwrap_or(255);
