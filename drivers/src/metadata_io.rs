@@ -464,6 +464,22 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
     Ok(())
 }
 
+/// Checks that the device at `path` (open as `f`) holds the whole persistent-reservation
+/// record area.
+fn pr_area_fits(f: &mut File, path: &Path) -> Result<(), MetadataIoError> {
+    let size = device_bytes(f, path)?;
+    let needed = PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64;
+    if size < needed {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: needed,
+            why: "the persistent-reservation record is bytes 0..4096",
+        });
+    }
+    Ok(())
+}
+
 /// Reads the persistent-reservation record area of a member: bytes 0..4096, before the
 /// v1.2 superblock ([`engine::metadata::pr_record`]). Files and block devices with
 /// `pread`; NVMe generic devices and vfio controllers through their back end.
@@ -490,15 +506,7 @@ pub fn read_pr_record_area(path: &Path) -> Result<Box<[u8; PR_RECORD_BYTES]>, Me
         return Ok(area);
     }
     let mut f = File::open(path).map_err(io_err(path, "open"))?;
-    let size = device_bytes(&mut f, path)?;
-    if size < PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64 {
-        return Err(MetadataIoError::TooSmall {
-            path: path.to_path_buf(),
-            device_bytes: size,
-            needed_bytes: PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64,
-            why: "the persistent-reservation record is bytes 0..4096",
-        });
-    }
+    pr_area_fits(&mut f, path)?;
     f.read_exact_at(&mut area[..], PR_RECORD_OFFSET_BYTES)
         .map_err(io_err(path, "read persistent-reservation record"))?;
     Ok(area)
@@ -541,15 +549,7 @@ pub fn write_pr_record_area(
         .write(true)
         .open(path)
         .map_err(io_err(path, "open for writing"))?;
-    let size = device_bytes(&mut f, path)?;
-    if size < PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64 {
-        return Err(MetadataIoError::TooSmall {
-            path: path.to_path_buf(),
-            device_bytes: size,
-            needed_bytes: PR_RECORD_OFFSET_BYTES + PR_RECORD_BYTES as u64,
-            why: "the persistent-reservation record is bytes 0..4096",
-        });
-    }
+    pr_area_fits(&mut f, path)?;
     f.write_all_at(area, PR_RECORD_OFFSET_BYTES)
         .map_err(io_err(path, "write persistent-reservation record"))?;
     f.sync_data()

@@ -2222,6 +2222,23 @@ mod in_process {
         }
     }
 
+    /// Sends a one-block WRITE(10) of `lba` without data and reads the R2T that solicits
+    /// it: the write's ITT and that R2T.
+    fn write_awaiting_data(r: &mut Raw, lba: u8) -> (u32, Bhs) {
+        r.itt += 1;
+        let mut cdb = [0u8; 16];
+        cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, lba, 0, 0, 1, 0]);
+        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 0, r.itt)
+            .u32(20, 512)
+            .u32(24, r.cmd_sn)
+            .bytes(32, &cdb);
+        r.cmd_sn += 1;
+        r.send(&h, &[]);
+        let (r2t, _) = r.read().expect("R2T");
+        assert_eq!((r2t.opcode(), r2t.itt()), (op::R2T, r.itt));
+        (r.itt, r2t)
+    }
+
     /// PREEMPT AND ABORT from B (on either reactor) aborts A's task that waits for its
     /// data: no status ever comes for it, its data is not written, and A's next command
     /// reports REGISTRATIONS PREEMPTED.
@@ -2235,18 +2252,7 @@ mod in_process {
         assert_eq!(prout(&mut b, 6, 0, 0, kb, false).0, GOOD);
         assert_eq!(prout(&mut a, 1, 1, ka, 0, false).0, GOOD, "A reserves WE");
         // A's WRITE of block 7, its data solicited and never sent.
-        a.itt += 1;
-        let mut cdb = [0u8; 16];
-        cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 7, 0, 0, 1, 0]);
-        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 0, a.itt)
-            .u32(20, 512)
-            .u32(24, a.cmd_sn)
-            .bytes(32, &cdb);
-        a.cmd_sn += 1;
-        a.send(&h, &[]);
-        let (r2t, _) = a.read().expect("R2T");
-        assert_eq!((r2t.opcode(), r2t.itt()), (op::R2T, a.itt));
-        let write_itt = a.itt;
+        let (write_itt, r2t) = write_awaiting_data(&mut a, 7);
         // B: PREEMPT AND ABORT A's key, taking the reservation.
         assert_eq!(prout(&mut b, 5, 1, kb, ka, false).0, GOOD);
         // A's data arrives late: dropped with its task.
@@ -2277,18 +2283,7 @@ mod in_process {
         let mut a = login_as(&t, A, 1);
         let mut b = login_as(&t, B, 2);
         assert_ne!(a.tsih % 2, b.tsih % 2, "the two sessions on two reactors");
-        a.itt += 1;
-        let mut cdb = [0u8; 16];
-        cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0]);
-        let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, 0, a.itt)
-            .u32(20, 512)
-            .u32(24, a.cmd_sn)
-            .bytes(32, &cdb);
-        a.cmd_sn += 1;
-        a.send(&h, &[]);
-        let (r2t, _) = a.read().expect("R2T");
-        assert_eq!(r2t.opcode(), op::R2T);
-        let write_itt = a.itt;
+        let (write_itt, r2t) = write_awaiting_data(&mut a, 9);
         // LOGICAL UNIT RESET (function 5), immediate, from B.
         b.itt += 1;
         let tmf = Header::new(op::TMF_REQ | 0x40, 0x80 | 5, 0, b.itt)
