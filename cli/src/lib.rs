@@ -18,6 +18,7 @@ pub mod examine;
 pub mod frontends;
 pub mod grow;
 pub mod iscsi;
+pub mod metrics;
 pub mod nbd;
 pub mod rpc;
 pub mod status;

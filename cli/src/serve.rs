@@ -126,7 +126,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
-    /// "adaptive", nbd = [...], iscsi = [...], rpc, force, run, io_timeout_ms, max_block,
+    /// "adaptive", nbd = [...], iscsi = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
     /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
     /// nbd_idle_timeout_s, nbd_block_status = "on" | "off" (or true | false), tls = "off"
     /// | "allow" | "require", tls_cert, tls_key, tls_ca,
@@ -162,6 +162,11 @@ pub struct ServeArgs {
     /// `rpc` key in the config) there is no management socket.
     #[arg(long, value_name = "PATH|default")]
     rpc: Option<PathBuf>,
+    /// Serve metrics for Prometheus on HOST:PORT (`GET /metrics`: Prometheus text, or
+    /// OpenMetrics when the scraper asks for it; docs/MANAGEMENT.md "Metrics"), e.g.
+    /// 127.0.0.1:9750. Default: no metrics endpoint.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics: Option<String>,
     /// Start even with members missing or out of date, or dirty and degraded (reported;
     /// mdadm `--assemble --force`; implies --run).
     #[arg(long)]
@@ -293,6 +298,8 @@ struct ServeFile {
     iscsi_chap: Option<ChapFile>,
     /// A socket path, or `true` for the default path.
     rpc: Option<toml::Value>,
+    /// The metrics endpoint, HOST:PORT.
+    metrics: Option<String>,
     force: Option<bool>,
     run: Option<bool>,
     io_timeout_ms: Option<u64>,
@@ -572,6 +579,11 @@ impl ServeArgs {
                 bail!("rpc = {v}: expected a socket path or true (the default path)")
             }
         };
+        if let Some(m) = self.metrics.as_ref().or(file.metrics.as_ref()) {
+            o.metrics = Some(m.parse().with_context(|| {
+                format!("--metrics {m:?}: expected HOST:PORT (e.g. 127.0.0.1:9750)")
+            })?);
+        }
         Ok(o)
     }
 }

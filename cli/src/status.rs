@@ -21,7 +21,9 @@
 //!                  "qos": { "policy": "ferroraid", "depth_limit": 31, "scale_step": 6,
 //!                           "target_latency_us": 151.3, "read_p50_us": 121.0,
 //!                           "read_p99_us": 123.9, "read_min_us": 120.8 } }, ... ],
-//!   "reactors": { "count": 2, "cores": [0, 1], "mode": "polled" },
+//!   "reactors": { "count": 2, "cores": [0, 1], "mode": "polled",
+//!                 "load": [ { "turns": 10, "busy_s": 0.1, "idle_s": 2.0, "pieces_sent": 4,
+//!                             "pieces_received": 3 }, ... ] },
 //!   "stats": { "direct_reads": 10, ... }, "requests_in_flight": 0,
 //!   "exports": [ { "protocol": "nbd", "address": "127.0.0.1:10809", "name": "data" } ],
 //!   "process": { "kind": "idle", "state": "idle", "position_bytes": 0, "size_bytes": 0,
@@ -471,7 +473,7 @@ impl MemberReport {
 }
 
 /// The reactor threads serving the array.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReactorsReport {
     /// Reactor threads running.
     pub count: usize,
@@ -479,6 +481,51 @@ pub struct ReactorsReport {
     pub cores: Vec<Option<usize>>,
     /// `polled` (busy-poll) or `adaptive` (spin, then nap) ([`ReactorMode`]).
     pub mode: ReactorMode,
+    /// Each reactor's loop since start, in reactor order. Empty in reports of targets that
+    /// predate it.
+    #[serde(default)]
+    pub load: Vec<ReactorLoadReport>,
+}
+
+/// One reactor's loop since the target started (`engine::reactor::ReactorLoad`): how its
+/// time split between turns that moved something and idle turns, and the request pieces
+/// it exchanged with the reactors owning their stripes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReactorLoadReport {
+    /// Loop turns.
+    pub turns: u64,
+    /// Seconds in turns that moved something.
+    pub busy_s: f64,
+    /// Seconds in turns that found nothing to do (spinning or napping).
+    pub idle_s: f64,
+    /// Request pieces sent to other reactors.
+    pub pieces_sent: u64,
+    /// Request pieces received from other reactors.
+    pub pieces_received: u64,
+}
+
+impl From<&engine::reactor::ReactorLoad> for ReactorLoadReport {
+    fn from(l: &engine::reactor::ReactorLoad) -> Self {
+        ReactorLoadReport {
+            turns: l.turns,
+            busy_s: l.busy_ns as f64 / 1e9,
+            idle_s: l.idle_ns as f64 / 1e9,
+            pieces_sent: l.pieces_sent,
+            pieces_received: l.pieces_received,
+        }
+    }
+}
+
+impl ReactorLoadReport {
+    /// Busy share of the measured time, percent (0 before anything was measured).
+    pub fn busy_percent(&self) -> f64 {
+        let total = self.busy_s + self.idle_s;
+        if total > 0.0 {
+            100.0 * self.busy_s / total
+        } else {
+            0.0
+        }
+    }
 }
 
 /// How reactors wait when idle (`engine::reactor::Mode`). Serialized lower-case.
@@ -882,6 +929,20 @@ impl fmt::Display for StatusReport {
                 cores.join(",")
             }
         )?;
+        if !self.reactors.load.is_empty() {
+            let busy: Vec<String> = self
+                .reactors
+                .load
+                .iter()
+                .map(|l| format!("{:.1} %", l.busy_percent()))
+                .collect();
+            let pieces: u64 = self.reactors.load.iter().map(|l| l.pieces_sent).sum();
+            writeln!(
+                f,
+                "   Reactor Busy : {} (since start; {pieces} request pieces between reactors)",
+                busy.join(", ")
+            )?;
+        }
         writeln!(f, "      In Flight : {} requests", self.requests_in_flight)?;
         if self.exports.is_empty() {
             writeln!(f, "        Exports : none")?;
@@ -1045,7 +1106,7 @@ impl fmt::Display for StatusReport {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A RAID6 report with `faulty` members failed.
@@ -1082,6 +1143,22 @@ mod tests {
                 count: 2,
                 cores: vec![Some(0), None],
                 mode: ReactorMode::Adaptive,
+                load: vec![
+                    ReactorLoadReport {
+                        turns: 1000,
+                        busy_s: 1.0,
+                        idle_s: 3.0,
+                        pieces_sent: 7,
+                        pieces_received: 5,
+                    },
+                    ReactorLoadReport {
+                        turns: 900,
+                        busy_s: 0.5,
+                        idle_s: 3.5,
+                        pieces_sent: 5,
+                        pieces_received: 7,
+                    },
+                ],
             },
             stats: StatsReport::default(),
             requests_in_flight: 0,
@@ -1211,7 +1288,11 @@ mod tests {
             keys(&v["members"][0]["latency_us"]),
             "count,max,p50,p90,p99,p999"
         );
-        assert_eq!(keys(&v["reactors"]), "cores,count,mode");
+        assert_eq!(keys(&v["reactors"]), "cores,count,load,mode");
+        assert_eq!(
+            keys(&v["reactors"]["load"][0]),
+            "busy_s,idle_s,pieces_received,pieces_sent,turns"
+        );
         assert_eq!(keys(&v["queue_wait_us"]), "bulk_write,other,small_read");
         assert_eq!(
             keys(&v["queue_wait_us"]["small_read"]),
@@ -1314,6 +1395,12 @@ mod tests {
         assert!(text.contains("     Chunk Size : 64K\n"), "{text}");
         assert!(
             text.contains("       Reactors : 2 adaptive (cores 0,-)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "   Reactor Busy : 25.0 %, 12.5 % (since start; 12 request pieces between reactors)\n"
+            ),
             "{text}"
         );
         assert!(

@@ -41,11 +41,12 @@ use tracing::{info, warn};
 
 use crate::frontends::TargetFrontend;
 use crate::iscsi::{IscsiConfig, IscsiServer};
+use crate::metrics::{MetricsServer, MetricsSource, Scrape};
 use crate::nbd::{ExportConfig, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
 use crate::rpc::{Handler, RpcError, RpcServer};
 use crate::status::{
     ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessKind, ProcessReport,
-    QueueWaitReport, ReactorsReport, StatsReport, StatusReport,
+    QueueWaitReport, ReactorLoadReport, ReactorsReport, StatsReport, StatusReport,
 };
 
 mod lifecycle;
@@ -108,6 +109,9 @@ pub struct ServeOptions {
     pub depth: engine::qos::DepthConfig,
     /// JSON-RPC management socket, if any.
     pub rpc: Option<PathBuf>,
+    /// Metrics endpoint (Prometheus/OpenMetrics text on `GET /metrics`,
+    /// [`crate::metrics`]), if any.
+    pub metrics: Option<SocketAddr>,
     /// iSCSI listening addresses (empty: no iSCSI target). The target is
     /// `iqn.2026-11.org.ferroraid:<array name>`, LUN 0.
     pub iscsi: Vec<SocketAddr>,
@@ -145,6 +149,7 @@ impl ServeOptions {
             write_hold: Duration::from_nanos(engine::array::DEFAULT_WRITE_HOLD_NS),
             depth: engine::qos::DepthConfig::default(),
             rpc: None,
+            metrics: None,
             iscsi: Vec::new(),
             iscsi_config: IscsiConfig::default(),
             pacer: engine::qos::pacer::PacerKind::default(),
@@ -491,7 +496,11 @@ impl Shared {
     }
 
     fn status(&self) -> StatusReport {
-        let snap = self.handle.snapshot();
+        self.status_of(&self.handle.snapshot())
+    }
+
+    /// The status report of one snapshot of the reactors' statistics.
+    fn status_of(&self, snap: &engine::reactor::ArraySnapshot) -> StatusReport {
         let g = self.geo.geometry();
         let working = snap
             .members
@@ -521,8 +530,8 @@ impl Shared {
             },
             members: (0..g.members())
                 .flat_map(|r| {
-                    std::iter::once(self.member_report(&snap, r))
-                        .chain(self.replacement_report(&snap, r))
+                    std::iter::once(self.member_report(snap, r))
+                        .chain(self.replacement_report(snap, r))
                 })
                 .chain(self.spare_paths().into_iter().map(|p| {
                     MemberReport::idle(
@@ -536,6 +545,12 @@ impl Shared {
                 count: self.cores.len(),
                 cores: self.cores.clone(),
                 mode: self.mode.into(),
+                load: self
+                    .handle
+                    .reactor_loads()
+                    .iter()
+                    .map(ReactorLoadReport::from)
+                    .collect(),
             },
             stats: StatsReport {
                 zero_stripes: snap.zero_stripes,
@@ -568,6 +583,18 @@ impl TargetHandler {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+impl MetricsSource for TargetHandler {
+    fn scrape(&self) -> Option<Scrape> {
+        let s = self.0.get()?;
+        let snapshot = s.handle.snapshot();
+        Some(Scrape {
+            status: s.status_of(&snapshot),
+            snapshot,
+            reactor_loads: s.handle.reactor_loads(),
+        })
     }
 }
 
@@ -684,6 +711,7 @@ pub struct Target {
     iscsi: Option<IscsiServer>,
     reactors: Option<Reactors<TargetFrontend>>,
     rpc: Option<RpcServer>,
+    metrics: Option<MetricsServer>,
     stop_monitor: Arc<AtomicBool>,
     monitor: Option<JoinHandle<()>>,
     /// The running write-intent bitmap, when the array has one.
@@ -712,6 +740,16 @@ impl Target {
                 RpcServer::bind(path, Arc::clone(&handler) as Arc<dyn Handler>)
                     .with_context(|| format!("opening the management socket {}", path.display()))?,
             ),
+            None => None,
+        };
+        // The metrics endpoint too: an address in use is refused before anything is
+        // touched; scrapes before the array is up are answered 503.
+        let metrics = match opts.metrics {
+            Some(addr) => {
+                let m = MetricsServer::bind(addr, Arc::clone(&handler) as Arc<dyn MetricsSource>)?;
+                info!(address = %m.local_addr(), "metrics endpoint listening (GET /metrics)");
+                Some(m)
+            }
             None => None,
         };
         let mcfg = MemberConfig::with_queue_depth(opts.queue_depth);
@@ -1388,6 +1426,7 @@ impl Target {
             iscsi,
             reactors: Some(reactors),
             rpc: None,
+            metrics,
             stop_monitor,
             monitor: Some(monitor),
         };
@@ -1483,6 +1522,9 @@ impl Target {
     pub fn stop(mut self) -> Result<()> {
         if let Some(mut rpc) = self.rpc.take() {
             rpc.shutdown();
+        }
+        if let Some(mut m) = self.metrics.take() {
+            m.shutdown();
         }
         if let Some(nbd) = self.nbd.take() {
             nbd.shutdown();

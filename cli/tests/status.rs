@@ -45,6 +45,7 @@ impl Mock {
                 count: 2,
                 cores: vec![Some(0), Some(1)],
                 mode: ReactorMode::Polled,
+                load: vec![],
             },
             stats: StatsReport::default(),
             requests_in_flight: 3,

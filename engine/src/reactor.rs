@@ -131,6 +131,37 @@ impl MemberSnapshot {
     }
 }
 
+/// One reactor's loop, counted by the reactor itself and published with its statistics
+/// ([`ReactorHandle::reactor_loads`]). Times are wall-clock **nanoseconds** since the
+/// reactor started; every interval between two turn starts counts once, as busy or idle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReactorLoad {
+    /// Loop turns.
+    pub turns: u64,
+    /// Time in turns that moved something (a request, a completion, a message between
+    /// reactors, a management command), ns.
+    pub busy_ns: u64,
+    /// Time in turns that found nothing to do, spinning or parked, ns.
+    pub idle_ns: u64,
+    /// Array request pieces this reactor sent to the reactor owning their stripe (issued
+    /// by its front end for another reactor's stripe, or a foreign read handed back).
+    pub pieces_sent: u64,
+    /// Pieces other reactors sent to this one.
+    pub pieces_received: u64,
+}
+
+impl ReactorLoad {
+    /// Busy share of the measured time, 0.0..=1.0 (0 before the first interval).
+    pub fn busy_fraction(&self) -> f64 {
+        let total = self.busy_ns + self.idle_ns;
+        if total == 0 {
+            0.0
+        } else {
+            self.busy_ns as f64 / total as f64
+        }
+    }
+}
+
 /// The array's statistics over every reactor, as last published (at most
 /// [`PUBLISH_INTERVAL`] old).
 #[derive(Clone, Debug)]
@@ -215,6 +246,8 @@ struct Published {
     replace_latency: hdrhistogram::Histogram<u64>,
     /// [`Array::queue_wait`] per [`RequestClass`].
     queue_wait: [hdrhistogram::Histogram<u64>; 3],
+    /// The reactor's own loop counters.
+    load: ReactorLoad,
 }
 
 /// A cloneable handle for management while the reactors run: fail members, read
@@ -620,6 +653,20 @@ impl ReactorHandle {
         }
         out
     }
+
+    /// Each reactor's loop counters, in reactor order, as last published (at most
+    /// [`PUBLISH_INTERVAL`] old).
+    pub fn reactor_loads(&self) -> Vec<ReactorLoad> {
+        self.shared
+            .published
+            .iter()
+            .map(|p| {
+                p.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .load
+            })
+            .collect()
+    }
 }
 
 /// Merges one replacement's state over reactors: failed wins, done only when both are.
@@ -728,6 +775,8 @@ struct Links {
 /// at the end of the turn, each receiver's batch with one ring commit ([`Outbox::flush`]).
 struct Outbox {
     to: Vec<VecDeque<Msg>>,
+    /// [`Msg::Piece`]s pushed since start ([`ReactorLoad::pieces_sent`]).
+    pieces: u64,
 }
 
 impl Outbox {
@@ -741,10 +790,14 @@ impl Outbox {
             to: (0..reactors)
                 .map(|to| VecDeque::with_capacity(if to == me { 0 } else { each }))
                 .collect(),
+            pieces: 0,
         }
     }
 
     fn push(&mut self, to: usize, msg: Msg) {
+        if matches!(msg, Msg::Piece(_)) {
+            self.pieces += 1;
+        }
         self.to[to].push_back(msg);
     }
 
@@ -1045,6 +1098,7 @@ impl Shared {
                         replace_counters: MemberCounters::default(),
                         replace_latency: new_latency_histogram(),
                         queue_wait: std::array::from_fn(|_| new_latency_histogram()),
+                        load: ReactorLoad::default(),
                     })
                 })
                 .collect(),
@@ -1482,6 +1536,12 @@ struct Reactor<'a, F, D: BlockDevice> {
     // The owner wakes the other reactors when bits they may wait for become durable.
     owner_of_bitmap: bool,
     bitmap_gen: u64,
+    // The loop's own counters ([`ReactorLoad`]); `pieces_sent` is the outbox's.
+    load: ReactorLoad,
+    // When the current turn started (array clock, ns) and whether the previous one moved
+    // anything: the interval between two turn starts is busy or idle by the earlier turn.
+    turn_started_ns: u64,
+    last_progress: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1606,6 +1666,9 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             control_error,
             owner_of_bitmap,
             bitmap_gen,
+            load: ReactorLoad::default(),
+            turn_started_ns: 0,
+            last_progress: true,
         }
     }
 
@@ -1615,6 +1678,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
     fn turn(&mut self) -> bool {
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.array.set_now(now);
+        self.count_turn(now);
         let mut progress = self.control();
         progress |= self.start_waiting();
         progress |= self.receive();
@@ -1623,7 +1687,21 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         self.report(now);
         progress |= self.send();
         progress |= self.deliver();
+        self.last_progress = progress;
         progress
+    }
+
+    /// Counts the turn starting at `now` (array clock, ns) and gives the time since the
+    /// previous turn started to busy or idle by whether that turn made progress.
+    fn count_turn(&mut self, now: u64) {
+        let dt = now.saturating_sub(self.turn_started_ns);
+        self.turn_started_ns = now;
+        self.load.turns += 1;
+        if self.last_progress {
+            self.load.busy_ns += dt;
+        } else {
+            self.load.idle_ns += dt;
+        }
     }
 
     /// Step 0: runs the management commands sent to this reactor. Whether there were any.
@@ -1805,7 +1883,10 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             let (a, b) = chunk.as_slices();
             for &msg in a.iter().chain(b) {
                 match msg {
-                    Msg::Piece(r) => self.local.push_back(r),
+                    Msg::Piece(r) => {
+                        self.load.pieces_received += 1;
+                        self.local.push_back(r);
+                    }
                     Msg::Done(c) => account(&mut self.parents, &mut self.free, &mut self.done, c),
                 }
             }
@@ -1972,6 +2053,10 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         if now >= self.next_publish {
             if let Ok(mut p) = shared.published[me].try_lock() {
                 publish(&self.array, &mut p);
+                p.load = ReactorLoad {
+                    pieces_sent: self.outbox.pieces,
+                    ..self.load
+                };
                 if self.control_error.is_some() {
                     p.control_error = self.control_error.take();
                 }
@@ -2027,6 +2112,10 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             publish(&self.array, &mut p);
+            p.load = ReactorLoad {
+                pieces_sent: self.outbox.pieces,
+                ..self.load
+            };
             return true;
         }
         false

@@ -151,11 +151,26 @@ fn start_checkers(
 #[test]
 fn reactors_route_pieces_and_keep_data_and_parity_right() {
     for reactors in [1usize, 2, 3] {
+        let t0 = std::time::Instant::now();
         let (running, devices, geo) = start_checkers(reactors, 1500, 77);
         let cap = geo.capacity_bytes();
         let h = running.handle();
         let done = running.stop().unwrap();
+        let wall_ns = t0.elapsed().as_nanos() as u64;
         let st = h.snapshot().stats;
+        // Each reactor's loop counters: every piece sent to another reactor arrived there,
+        // pieces cross only between reactors, and busy + idle time fits the run.
+        let loads = h.reactor_loads();
+        assert_eq!(loads.len(), reactors);
+        let sent: u64 = loads.iter().map(|l| l.pieces_sent).sum();
+        let received: u64 = loads.iter().map(|l| l.pieces_received).sum();
+        assert_eq!(sent, received, "{reactors} reactors: {loads:?}");
+        assert_eq!(sent > 0, reactors > 1, "{reactors} reactors: {loads:?}");
+        for l in &loads {
+            assert!(l.turns > 0 && l.busy_ns > 0, "{reactors} reactors: {l:?}");
+            assert!(l.busy_ns + l.idle_ns <= wall_ns, "{l:?} in {wall_ns} ns");
+            assert!((0.0..=1.0).contains(&l.busy_fraction()));
+        }
         // Reads of another reactor's stripes are served where they arrive (foreign reads),
         // while that reactor writes its stripes: the data checks above and below cover them.
         if reactors > 1 {

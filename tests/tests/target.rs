@@ -3416,3 +3416,234 @@ fn a_returning_member_is_rebuilt_only_where_the_bitmap_says() {
     b.images = b.members.clone();
     b.oracle_verify(None);
 }
+
+// ---------------------------------------------------------------------------------------
+// The metrics endpoint (issue 21).
+// ---------------------------------------------------------------------------------------
+
+/// One HTTP/1.0 exchange with the metrics endpoint: `(status code, body)`.
+fn http(port: u16, request: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the metrics port");
+    s.set_read_timeout(Some(TOOL_TIMEOUT)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("reading the answer");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {head}"));
+    (code, body.to_string())
+}
+
+/// `GET /metrics` in the Prometheus text format, answered 200 (503 — the array is still
+/// being assembled after the NBD port opened — is retried for up to 10 s).
+fn scrape(port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, body) = http(port, "GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n");
+        if code == 503 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        assert_eq!(code, 200, "{body}");
+        return body;
+    }
+}
+
+/// The sum of every sample of family `name` whose labels contain every `label=value` of
+/// `labels`.
+fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            (n == name && labels.iter().all(|x| rest.contains(x))).then(|| v.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Scrapes until `ok` holds for the text (the reactors publish every 100 ms), at most 10 s.
+fn scrape_until(port: u16, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = scrape(port);
+        if ok(&t) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: never seen in\n{t}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `serve --metrics` exports Prometheus text a monitoring system accepts (`promtool check
+/// metrics`), OpenMetrics when asked, and its counters move by what fio did: 8 MiB written
+/// in 64 KiB requests shows as at least 8 MiB × members/data chunks written to the members
+/// and at least 128 write requests' stripe writes; 8 MiB read back as at least 8 MiB read
+/// from the members and 128 small-read queue waits. Scrapes during fio are answered. Bad
+/// paths get 404, other methods 405; a bad or busy address is refused at start.
+#[test]
+fn metrics_endpoint_counts_what_fio_did_and_promtool_accepts_it() {
+    let Some(fio) = fio_with_nbd() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let members = member_files(d.path(), "m", 4, 32 * MIB);
+    let a = create(d.path(), 5, "left-symmetric", "met", &members);
+    let refused = refused_serve(
+        d.path(),
+        "bad metrics address",
+        &members,
+        &["--metrics", "nowhere"],
+    );
+    assert!(refused.contains("expected HOST:PORT"), "{refused}");
+    let busy = TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_addr = busy.local_addr().unwrap().to_string();
+    let refused = refused_serve(
+        d.path(),
+        "busy metrics address",
+        &members,
+        &["--metrics", &busy_addr],
+    );
+    assert!(
+        refused.contains("binding the metrics endpoint"),
+        "{refused}"
+    );
+    drop(busy);
+
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let srv = Server::serve(d.path(), "met", &a.name, &members, &["--metrics", &addr]);
+    let before = scrape(port);
+    let array = r#"array="met""#;
+    assert_eq!(
+        metric_sum(&before, "ferroraid_array_raid_devices", &[array]),
+        4.0,
+        "{before}"
+    );
+    assert_eq!(
+        metric_sum(&before, "ferroraid_member_state", &[r#"state="active""#]),
+        4.0,
+        "{before}"
+    );
+    if let Some(promtool) = tool("promtool") {
+        let mut child = Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(before.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics: {}",
+            show_output(&out)
+        );
+        eprintln!(
+            "promtool check metrics: accepted ({} lines)",
+            before.lines().count()
+        );
+    }
+    let (code, om) = http(
+        port,
+        "GET /metrics HTTP/1.0\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n",
+    );
+    assert_eq!(code, 200);
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    assert_eq!(http(port, "GET /nope HTTP/1.0\r\n\r\n").0, 404);
+    assert_eq!(
+        http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n").0,
+        405
+    );
+
+    let member_written = |t: &str| metric_sum(t, "ferroraid_member_written_bytes_total", &[array]);
+    let member_read = |t: &str| metric_sum(t, "ferroraid_member_read_bytes_total", &[array]);
+    let stripe_writes = |t: &str| metric_sum(t, "ferroraid_array_stripe_writes_total", &[array]);
+    let small_reads = |t: &str| {
+        metric_sum(
+            t,
+            "ferroraid_array_queue_wait_seconds_count",
+            &[r#"class="small_read""#],
+        )
+    };
+    let fio_job = |rw: &str| {
+        Command::new(&fio)
+            .current_dir(d.path())
+            .args([
+                "--name=metrics",
+                "--ioengine=nbd",
+                &format!("--uri={}", srv.uri()),
+                &format!("--rw={rw}"),
+                "--bs=64k",
+                "--size=8m",
+                "--iodepth=4",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut writer = fio_job("write");
+    // Scrapes while fio runs are answered (a management thread, not a reactor).
+    let t0 = Instant::now();
+    let during = scrape(port);
+    assert!(
+        during.contains("ferroraid_reactor_busy_seconds_total"),
+        "{during}"
+    );
+    eprintln!("a scrape during fio took {:?}", t0.elapsed());
+    let out = wait_child_output(&mut writer);
+    assert!(out.status.success(), "fio write: {}", show_output(&out));
+    let data_chunks = data_chunks(5, 4) as f64;
+    let client = (8 * MIB) as f64;
+    let after_write = scrape_until(port, "the writes at the members", |t| {
+        member_written(t) - member_written(&before) >= client * 4.0 / data_chunks
+    });
+    let written = member_written(&after_write) - member_written(&before);
+    assert!(
+        written <= client * 3.0,
+        "{written} member bytes for {client} written"
+    );
+    assert!(stripe_writes(&after_write) - stripe_writes(&before) >= 1.0);
+    let mut reader = fio_job("read");
+    let out = wait_child_output(&mut reader);
+    assert!(out.status.success(), "fio read: {}", show_output(&out));
+    let after_read = scrape_until(port, "the reads at the members", |t| {
+        member_read(t) - member_read(&after_write) >= client
+            && small_reads(t) - small_reads(&after_write) >= 128.0
+    });
+    eprintln!(
+        "fio wrote {client} bytes: members took {written} bytes; fio read {client} bytes: \
+         members gave {} bytes, {} small reads queued",
+        member_read(&after_read) - member_read(&after_write),
+        small_reads(&after_read) - small_reads(&after_write)
+    );
+    drop(srv);
+}
+
+/// Waits for a child with piped output (at most `TOOL_TIMEOUT`).
+fn wait_child_output(c: &mut Child) -> Output {
+    wait_child(c, TOOL_TIMEOUT);
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    if let Some(mut s) = c.stdout.take() {
+        s.read_to_end(&mut stdout).unwrap();
+    }
+    if let Some(mut s) = c.stderr.take() {
+        s.read_to_end(&mut stderr).unwrap();
+    }
+    Output {
+        status: c.try_wait().unwrap().expect("exited"),
+        stdout,
+        stderr,
+    }
+}

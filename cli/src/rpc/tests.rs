@@ -44,6 +44,7 @@ impl Mock {
                     count: 1,
                     cores: vec![None],
                     mode: ReactorMode::Adaptive,
+                    load: vec![],
                 },
                 stats: StatsReport::default(),
                 requests_in_flight: 0,
