@@ -575,12 +575,6 @@ pub struct StatsReport {
     /// Holds that reached `--write-hold-us` without the writes they waited for.
     #[serde(default)]
     pub expired_holds: u64,
-    /// Data chunks held passes wrote before their holds ended (early data writes).
-    #[serde(default)]
-    pub early_writes: u64,
-    /// Bytes of those writes.
-    #[serde(default)]
-    pub early_write_bytes: u64,
     /// Requests that went ahead of earlier bulk writes waiting for their share of the
     /// stripe operations (front-door scheduling, docs/PACING.md, "Front door").
     #[serde(default)]
@@ -623,8 +617,6 @@ impl From<&ArrayStats> for StatsReport {
             held_passes: s.held_passes,
             held_us: s.held_ns / 1000,
             expired_holds: s.expired_holds,
-            early_writes: s.early_writes,
-            early_write_bytes: s.early_write_bytes,
             overtaking_requests: s.overtaking_requests,
             pass_reads: s.pass_reads,
             // A gauge of the snapshot, not of the path counters: the caller fills it in.
@@ -1020,14 +1012,13 @@ impl fmt::Display for StatusReport {
         writeln!(
             f,
             "  write passes: {} ({:.1} writes each), {} held ({:.0} µs on average, {} to the \
-             bound, {} chunks written early) · stripe cache: {} hits, {} bytes not read · {:.2} bytes read per byte \
+             bound) · stripe cache: {} hits, {} bytes not read · {:.2} bytes read per byte \
              written",
             s.write_passes,
             ratio(s.batched_writes, s.write_passes),
             s.held_passes,
             ratio(s.held_us, s.held_passes),
             s.expired_holds,
-            s.early_writes,
             s.cache_hit_stripes,
             s.cache_hit_bytes,
             ratio(s.write_read_bytes, s.pass_written_bytes)
@@ -1229,8 +1220,7 @@ mod tests {
         assert_eq!(
             keys(&v["stats"]),
             "batched_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
-             direct_reads,discarded_stripes,discards_skipped,early_write_bytes,early_writes,\
-             expired_holds,full_stripe_writes,\
+             direct_reads,discarded_stripes,discards_skipped,expired_holds,full_stripe_writes,\
              held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
              pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\

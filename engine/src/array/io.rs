@@ -120,13 +120,8 @@ impl<C: Channel> Array<C> {
             // Whatever its status, a write may have reached the device's volatile cache.
             m.unflushed |= matches!(
                 sop.phase,
-                Phase::Writing
-                    | Phase::Repair
-                    | Phase::Zeroing
-                    | Phase::BgWrite
-                    | Phase::PassWrite
-                    | Phase::PassHeld
-            ) || (sop.early_any && matches!(sop.phase, Phase::PassRead(_)));
+                Phase::Writing | Phase::Repair | Phase::Zeroing | Phase::BgWrite | Phase::PassWrite
+            );
         }
         if c.status == Err(IoError::Unsupported) && self.sops[s as usize].phase == Phase::Zeroing {
             // The member cannot zero or deallocate natively (support can vanish at run
@@ -363,27 +358,6 @@ impl<C: Channel> Array<C> {
         }
     }
 
-    /// Starts a new phase's clock for operation `s` while requests of its previous phase
-    /// are still outstanding (a pass whose early data writes are in flight when its hold
-    /// ends): the phase's latency counts from now, and a client write counts in
-    /// `write_ops_in_io` as [`Self::count_issue`] does for a phase's first request.
-    pub(super) fn restart_phase_clock(&mut self, s: u32) {
-        let sop = &self.sops[s as usize];
-        if sop.outstanding == 0 {
-            return;
-        }
-        let write = sop.bg.is_none()
-            && !sop.foreign
-            && self.reqs[sop.req as usize]
-                .as_ref()
-                .is_some_and(|r| r.op.is_write());
-        let sop = &mut self.sops[s as usize];
-        sop.issued_ns = self.now;
-        if write && !std::mem::replace(&mut sop.write_in_io, true) {
-            self.write_ops_in_io += 1;
-        }
-    }
-
     /// Accounts one member request of operation `s` about to be sent: `op` over `len`
     /// bytes.
     fn count_issue(&mut self, s: u32, member: u16, op: Op, len: u32) {
@@ -392,9 +366,7 @@ impl<C: Channel> Array<C> {
             let mut write = false;
             if sop.bg.is_none() {
                 if let Some(r) = self.reqs[sop.req as usize].as_mut() {
-                    // A held pass's early data writes do not make the clients' writes
-                    // "in member I/O" for the hold rule (`may_hold`): they are its own.
-                    write = r.op.is_write() && !sop.foreign && sop.phase != Phase::PassHeld;
+                    write = r.op.is_write() && !sop.foreign;
                     if !std::mem::replace(&mut r.issued, true) {
                         // Saturates at the histogram's top (one hour); never allocates.
                         self.queue_wait[r.class.index()]

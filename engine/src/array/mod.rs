@@ -375,11 +375,6 @@ pub struct ArrayStats {
     /// Holds that reached their bound still needing reads (the writes
     /// waited for did not come; each lowers the shard's remembered client write depth).
     pub expired_holds: u64,
-    /// Data chunks a held pass wrote to their members before the hold ended (early data
-    /// writes, [`Array::early_writes`]).
-    pub early_writes: u64,
-    /// Bytes of those writes.
-    pub early_write_bytes: u64,
 }
 
 /// What one shard sent to one member, for status and statistics.
@@ -583,8 +578,6 @@ impl ArrayStats {
         self.held_passes += o.held_passes;
         self.held_ns += o.held_ns;
         self.expired_holds += o.expired_holds;
-        self.early_writes += o.early_writes;
-        self.early_write_bytes += o.early_write_bytes;
         self.overtaking_requests += o.overtaking_requests;
         self.pass_reads += o.pass_reads;
     }
@@ -850,11 +843,6 @@ struct Sop {
     /// Per member: the address of chunk offset 0 in the caller's buffer when the pass
     /// writes that data chunk straight from it (0: from the cache entry; leader only).
     pass_direct: Vec<usize>,
-    /// Per member: whether the pass wrote that data chunk early, while held
-    /// ([`Array::early_writes`]; leader only).
-    pass_early: Vec<bool>,
-    /// Whether any entry of `pass_early` is set (leader only).
-    early_any: bool,
     /// The write's range of the stripe's logical data, bytes (a pass: the union of its
     /// writes, kept contiguous while a PPL is attached): what its PPL entries describe.
     ppl_lo: u64,
@@ -1041,9 +1029,6 @@ pub struct Array<C: Channel> {
     /// Reads of a stripe a write holds may be served from the write's data
     /// ([`Array::read_from_pass`]); off only in tests that measure what it saves.
     pass_reads_on: bool,
-    /// Held passes write the whole data chunks they have early ([`Array::early_writes`]);
-    /// off only in tests that compare.
-    early_writes_on: bool,
     bulk_cap: u32,
     /// The clients' apparent write depth on this shard: the most write requests seen in
     /// flight since a hold last expired ([`pass`]: a pass is held only while fewer writes
@@ -1204,8 +1189,6 @@ impl<C: Channel> Array<C> {
                     rows: cache::BlockSet::new(blocks),
                     need: (0..n).map(|_| cache::BlockSet::new(blocks)).collect(),
                     pass_direct: vec![0; n],
-                    pass_early: vec![false; n],
-                    early_any: false,
                     ppl_lo: 0,
                     ppl_hi: 0,
                     ppl_logs: [ppl::NO_LOG; 2],
@@ -1271,7 +1254,6 @@ impl<C: Channel> Array<C> {
             queue_wait: std::array::from_fn(|_| new_latency_histogram()),
             bulk_sops: 0,
             pass_reads_on: true,
-            early_writes_on: true,
             bulk_cap: ((cfg.stripe_ops * cfg.bulk_share_percent.clamp(1, 100) / 100) as u32).max(1),
             write_depth: 0,
             replacement_failures: 0,
@@ -1692,8 +1674,7 @@ impl<C: Channel> Array<C> {
             Phase::Repair => self.finish_sop(s, Ok(())),
             Phase::WriteRead(_) if failed => self.start_write(s),
             Phase::Batched => unreachable!("a batched write issues nothing"),
-            // Its early data writes are back; the hold list decides when it goes on.
-            Phase::PassHeld => {}
+            Phase::PassHeld => unreachable!("a held pass has no I/O"),
             Phase::PassRead(mode) => self.pass_read_done(s, mode),
             Phase::CombineRead | Phase::CombineDegradedRead if failed => {
                 self.start_degraded(s, Phase::CombineDegradedRead)

@@ -155,8 +155,6 @@ impl<C: Channel> Array<C> {
                 d.clear();
             }
             sop.pass_direct.fill(0);
-            sop.pass_early.fill(false);
-            sop.early_any = false;
             sop.rows.clear();
             sop.ppl_lo = sop.start;
             sop.ppl_hi = sop.end;
@@ -224,12 +222,6 @@ impl<C: Channel> Array<C> {
             if self.ppl.is_some() && (f_op.end < lead_op.ppl_lo || f_op.start > lead_op.ppl_hi) {
                 break;
             }
-            // A chunk the pass has written early is on its member already: a later write
-            // to it starts the next pass (two writes of one range in flight at once could
-            // land in either order).
-            if lead_op.early_any && self.touches_early(lead, f) {
-                break;
-            }
             self.waiting.remove(i);
             let fua = self.sop_fua(f);
             self.sops[f as usize].phase = Phase::Batched;
@@ -276,9 +268,7 @@ impl<C: Channel> Array<C> {
         // `crate::stripe` explains); RCW when neither does — everything is cached, and
         // regenerating P/Q from the entry moves fewer bytes than saving the old rows and
         // applying deltas (measured on `seqwrite-4k`, docs/BENCHMARKS.md "Write passes").
-        // A pass that wrote data early cannot read that data's old contents from the
-        // members any more: it recomputes parity (RCW reads only data it does not write).
-        let mode = if !sop.early_any && (rmw < rcw || (rmw == rcw && rmw > 0 && !covers_all)) {
+        let mode = if rmw < rcw || (rmw == rcw && rmw > 0 && !covers_all) {
             WriteMode::Rmw
         } else if covers_all && rows.count() == rows.capacity() {
             WriteMode::FullStripe
@@ -334,7 +324,6 @@ impl<C: Channel> Array<C> {
                 self.held_passes.push_back(s);
             }
             self.sops[s as usize].phase = Phase::PassHeld;
-            self.early_writes(s);
             return;
         }
         if reads > 0 && self.hold_expired(s) {
@@ -477,11 +466,6 @@ impl<C: Channel> Array<C> {
         let mut i = 0;
         while i < self.held_passes.len() {
             let s = self.held_passes[i];
-            if self.stripe_degraded(s) && self.sops[s as usize].outstanding > 0 {
-                // Early writes still in flight: wait for them before replanning.
-                i += 1;
-                continue;
-            }
             if self.stripe_degraded(s) {
                 // A member was lost while the pass waited: the leader goes on alone on the
                 // degraded path, its followers after it.
@@ -496,7 +480,6 @@ impl<C: Channel> Array<C> {
             let (_, reads) = self.plan_pass(s);
             if reads > 0 && self.may_hold(s) {
                 any |= self.sops[s as usize].pass_writes != before;
-                self.early_writes(s);
                 i += 1;
                 continue;
             }
@@ -514,60 +497,6 @@ impl<C: Channel> Array<C> {
             .filter_map(|&s| self.sops[s as usize].held_ns)
             .min()
             .map(|t| t + self.hold_bound_ns())
-    }
-
-    /// Early data writes of the held pass led by `s`: every data chunk that exactly one
-    /// write of the pass covers whole, and that is not written yet, goes to its member now
-    /// from that write's buffer (lent until the request completes), instead of when the
-    /// hold ends; the pass then writes only the rest and P/Q, and completes when all of it
-    /// is durable. Whole chunks only: such a write costs one member request whenever it
-    /// goes, and its parity source stays the caller's buffer (`find_direct`). Not with a
-    /// PPL attached (its record must precede the data writes) nor for FUA passes (never
-    /// held).
-    pub(super) fn early_writes(&mut self, s: u32) {
-        if self.ppl.is_some() || self.sops[s as usize].pass_fua || !self.early_writes_on {
-            return;
-        }
-        let g = *self.geo.geometry();
-        let c = g.chunk_bytes();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
-        for k in 0..g.data_chunks() {
-            let m = usize::from(st.data_member(k));
-            if self.sops[s as usize].pass_early[m] {
-                continue;
-            }
-            let (mut writers, mut whole) = (0u32, NONE);
-            let mut f = s;
-            while f != NONE {
-                for (kk, x) in self.footprint(f).chunks() {
-                    if kk == k {
-                        writers += 1;
-                        if x.start == 0 && x.end == c {
-                            whole = f;
-                        }
-                    }
-                }
-                f = self.sops[f as usize].next;
-            }
-            if writers != 1 || whole == NONE {
-                continue;
-            }
-            let p = self.client_ptr(whole, u64::from(k) * u64::from(c));
-            let sop = &mut self.sops[s as usize];
-            sop.pass_early[m] = true;
-            sop.early_any = true;
-            self.stats.early_writes += 1;
-            self.stats.early_write_bytes += u64::from(c);
-            self.io_write(s, m as u16, Op::Write { fua: false }, 0, c, p);
-        }
-    }
-
-    /// Whether write `f` touches a data chunk that the pass led by `lead` wrote early.
-    fn touches_early(&self, lead: u32, f: u32) -> bool {
-        let st = self.geo.stripe(self.sops[lead as usize].stripe);
-        self.footprint(f)
-            .chunks()
-            .any(|(k, _)| self.sops[lead as usize].pass_early[usize::from(st.data_member(k))])
     }
 
     /// Issues the pass's reads (into its cache entry), or goes straight to compute and
@@ -593,7 +522,6 @@ impl<C: Channel> Array<C> {
             (mode, reads)
         };
         self.stats.write_read_bytes += u64::from(reads) * u64::from(unit);
-        self.restart_phase_clock(s);
         let e = self.sops[s as usize].pass_entry;
         self.sops[s as usize].phase = Phase::PassRead(mode);
         self.sops[s as usize].io_error = false;
@@ -938,17 +866,12 @@ impl<C: Channel> Array<C> {
         let st = self.geo.stripe(self.sops[s as usize].stripe);
         let e = self.sops[s as usize].pass_entry;
         let fua = self.sops[s as usize].pass_fua;
-        self.restart_phase_clock(s);
         let sop = &mut self.sops[s as usize];
         sop.phase = Phase::PassWrite;
         sop.mode = mode;
         sop.io_error = false;
         for m in 0..self.slots() {
             let set_is_rows = !matches!(st.role(m as u16), Role::Data { .. });
-            if self.sops[s as usize].pass_early[m] {
-                // Written while the pass was held (`early_writes`).
-                continue;
-            }
             let mut at = 0;
             loop {
                 let sop = &self.sops[s as usize];
