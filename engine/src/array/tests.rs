@@ -1138,3 +1138,187 @@ fn or_write_ors_old_data_across_stripes() {
         );
     }
 }
+
+/// Writes the last data chunk of RAID6 stripe `p - 1` (tag 19), then the four data chunks
+/// of stripe `p` as four concurrent chunk writes (tags 20..24) that continue it (one
+/// full-stripe pass): the clients' write depth is then 4, and the sequential stream's
+/// front is the start of stripe `p + 1`. Returns (offset, data) of every write.
+fn prime_stream(
+    arr: &mut Array<crate::sim::SimChannel>,
+    clock: &SimClock,
+    p: u64,
+    chunk: usize,
+) -> Vec<(usize, AlignedBuf)> {
+    let stripe = 4 * chunk as u64;
+    let mut prev = AlignedBuf::zeroed(chunk);
+    prev.fill(0x0f + p as u8);
+    let at = p * stripe - chunk as u64;
+    assert_eq!(
+        rw(arr, clock, 19, ArrayOp::Write { fua: false }, at, &mut prev),
+        Ok(())
+    );
+    let mut bufs: Vec<AlignedBuf> = (0..4)
+        .map(|i| {
+            let mut b = AlignedBuf::zeroed(chunk);
+            b.fill(0x10 + p as u8 * 4 + i as u8);
+            b
+        })
+        .collect();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let off = p * stripe + (i * chunk) as u64;
+        submit_at(arr, 20 + i as u64, ArrayOp::Write { fua: false }, off, b);
+    }
+    assert_eq!(complete_all(arr, clock, &[20, 21, 22, 23]), vec![Ok(()); 4]);
+    let mut out = vec![(at as usize, prev)];
+    for (i, b) in bufs.into_iter().enumerate() {
+        out.push(((p * stripe) as usize + i * chunk, b));
+    }
+    out
+}
+
+/// A held pass (issue 17) ends with data and parity consistent however its hold ends: the
+/// rest of the stripe arrives (one full-stripe pass, nothing read), the hold expires (the
+/// pass reads and writes what it has), or a member the pass does not write fails while it
+/// is held (the leader goes on degraded, its followers after it).
+///
+/// The last case is what rules out writing a held pass's data to the members before its
+/// parity ("early data writes", docs/BENCHMARKS.md, "Fourth look"): with the first chunk
+/// of stripe 6 on its member and P/Q still old, the lost chunk can no longer be rebuilt —
+/// that prototype failed this test ("stripes [6] read back wrong with one member lost",
+/// RAID6 with a single member lost).
+#[test]
+fn held_passes_stay_consistent_however_the_hold_ends() {
+    let chunk = 16usize << 10;
+    let stripe = 4 * chunk;
+    let (mut arr, devs, clock) = sim_array(
+        Level::Raid6,
+        6,
+        chunk as u64,
+        512,
+        8,
+        Profile::fixed(10_000),
+    );
+    let mut want = fill_array(&mut arr, &clock, |i| (i * 13 + 5) as u8).to_vec();
+    let mut keep: Vec<AlignedBuf> = Vec::new();
+    let put =
+        |want: &mut Vec<u8>, off: usize, b: &[u8]| want[off..off + b.len()].copy_from_slice(b);
+
+    // The stream's first chunk of stripe 2 is held.
+    for (o, b) in prime_stream(&mut arr, &clock, 1, chunk) {
+        put(&mut want, o, &b);
+    }
+    let s0 = arr.stats();
+    let mut w: Vec<AlignedBuf> = (0..4)
+        .map(|i| {
+            let mut b = AlignedBuf::zeroed(chunk);
+            b.fill(0xa0 + i);
+            b
+        })
+        .collect();
+    submit_at(
+        &mut arr,
+        30,
+        ArrayOp::Write { fua: false },
+        2 * stripe as u64,
+        &mut w[0],
+    );
+    assert!(turn(&mut arr, &clock).is_empty());
+    let s1 = arr.stats();
+    assert_eq!(s1.held_passes, s0.held_passes + 1, "{s1:?}");
+    assert_eq!(s1.write_passes, s0.write_passes, "held, not issued: {s1:?}");
+    // The rest of the stripe arrives: one full-stripe pass of the four writes, nothing
+    // read, each chunk and P/Q written once.
+    let writes_before: u64 = arr.members.iter().map(|m| m.counters.writes).sum();
+    for (i, b) in w.iter_mut().enumerate().skip(1) {
+        let off = (2 * stripe + i * chunk) as u64;
+        submit_at(
+            &mut arr,
+            30 + i as u64,
+            ArrayOp::Write { fua: false },
+            off,
+            b,
+        );
+    }
+    assert_eq!(
+        complete_all(&mut arr, &clock, &[30, 31, 32, 33]),
+        vec![Ok(()); 4]
+    );
+    let s2 = arr.stats();
+    assert_eq!(s2.full_stripe_writes, s1.full_stripe_writes + 1, "{s2:?}");
+    assert_eq!(s2.write_read_bytes, s1.write_read_bytes, "{s2:?}");
+    let writes_after: u64 = arr.members.iter().map(|m| m.counters.writes).sum();
+    assert_eq!(writes_after - writes_before, 6, "4 data chunks + P + Q");
+    assert_eq!(s2.batched_writes, s1.batched_writes + 4, "{s2:?}");
+    for (i, b) in w.iter().enumerate() {
+        put(&mut want, 2 * stripe + i * chunk, b);
+    }
+    keep.extend(w);
+
+    // A hold that expires without the rest of stripe 4: RCW from the other chunks.
+    for (o, b) in prime_stream(&mut arr, &clock, 3, chunk) {
+        put(&mut want, o, &b);
+    }
+    let s3 = arr.stats();
+    let mut lone = AlignedBuf::zeroed(chunk);
+    lone.fill(0xb7);
+    submit_at(
+        &mut arr,
+        40,
+        ArrayOp::Write { fua: false },
+        4 * stripe as u64,
+        &mut lone,
+    );
+    assert!(turn(&mut arr, &clock).is_empty());
+    assert_eq!(arr.stats().held_passes, s3.held_passes + 1);
+    assert_eq!(complete(&mut arr, &clock, 40), Ok(()));
+    let s4 = arr.stats();
+    assert_eq!(s4.expired_holds, s3.expired_holds + 1, "{s4:?}");
+    put(&mut want, 4 * stripe, &lone);
+    keep.push(lone);
+
+    // A member of stripe 6 that the pass does not write fails while the pass is held.
+    for (o, b) in prime_stream(&mut arr, &clock, 5, chunk) {
+        put(&mut want, o, &b);
+    }
+    let s5 = arr.stats();
+    let mut early = AlignedBuf::zeroed(chunk);
+    early.fill(0xc3);
+    submit_at(
+        &mut arr,
+        50,
+        ArrayOp::Write { fua: false },
+        6 * stripe as u64,
+        &mut early,
+    );
+    assert!(turn(&mut arr, &clock).is_empty());
+    assert_eq!(arr.stats().held_passes, s5.held_passes + 1);
+    let lost = arr.geo.stripe(6).data_member(2);
+    arr.fail_member_by_operator(lost);
+    assert_eq!(complete(&mut arr, &clock, 50), Ok(()));
+    put(&mut want, 6 * stripe, &early);
+    keep.push(early);
+
+    // Everything reads back as written, with the failed member, and with one more lost
+    // (parity consistent everywhere).
+    let cap = arr.geometry().capacity_bytes() as usize;
+    let mut all = AlignedBuf::zeroed(cap);
+    assert_eq!(rw(&mut arr, &clock, 60, ArrayOp::Read, 0, &mut all), Ok(()));
+    let bad: Vec<usize> = (0..8)
+        .filter(|s| all[s * stripe..(s + 1) * stripe] != want[s * stripe..(s + 1) * stripe])
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "stripes {bad:?} read back wrong with one member lost"
+    );
+    let other = (0..6u16).find(|&m| m != lost).unwrap();
+    devs[usize::from(other)].disappear();
+    let mut all = AlignedBuf::zeroed(cap);
+    assert_eq!(rw(&mut arr, &clock, 61, ArrayOp::Read, 0, &mut all), Ok(()));
+    for s in 0..8 {
+        let r = s * stripe..(s + 1) * stripe;
+        assert!(
+            all[r.clone()] == want[r],
+            "stripe {s} differs with two members lost"
+        );
+    }
+}
