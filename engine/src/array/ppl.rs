@@ -359,12 +359,14 @@ impl<C: Channel> Array<C> {
             generation,
             entries: std::mem::take(&mut p.entries),
         };
-        let block = header
-            .encode()
+        let log = &mut p.logs[l];
+        let block: &mut [u8; PPL_HEADER_SIZE] = (&mut log.buf[..PPL_HEADER_SIZE])
+            .try_into()
+            .expect("the record buffer starts with a header");
+        header
+            .encode_into(block)
             .expect("the record's entries fit the header");
         p.entries = header.entries;
-        let log = &mut p.logs[l];
-        log.buf[..PPL_HEADER_SIZE].copy_from_slice(&block);
         log.state = LogState::Writing { ticket };
         let ptr = log.buf.as_mut_ptr();
         let offset = p.shared.area_offset_bytes + off;

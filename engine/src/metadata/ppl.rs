@@ -94,7 +94,11 @@ pub fn signature(set_uuid: &Uuid) -> u32 {
 /// `crc32c_le` page by page, `ppl_submit_iounit` inverts; `ppl_recover` checks it the
 /// same way). Empty partial parity (a full-stripe entry) gives 0.
 pub fn pp_checksum(pp: &[u8]) -> u32 {
-    crc32c::crc32c(pp)
+    // The `crc-fast` crate folds with carry-less multiplies (VPCLMULQDQ/AVX-512 where the
+    // CPU has them): partial parity is up to a stripe's chunk per row, and its checksum
+    // was 8 % of a PPL write's reactor time with the SSE4.2 `crc32c` crate. Same CRC
+    // (CRC-32/ISCSI = CRC-32C); the header's stays on `crc32c`, which appends.
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, pp) as u32
 }
 
 /// The header checksum of a 4096-byte header block: the standard CRC-32C of the block
@@ -230,12 +234,23 @@ impl PplHeader {
     /// # Errors
     /// [`PplError::TooManyEntries`] beyond [`PPL_HDR_MAX_ENTRIES`] entries.
     pub fn encode(&self) -> Result<[u8; PPL_HEADER_SIZE], PplError> {
+        let mut b = [0u8; PPL_HEADER_SIZE];
+        self.encode_into(&mut b)?;
+        Ok(b)
+    }
+
+    /// [`Self::encode`] into `b` (every byte of it written): for the write path, which
+    /// encodes straight into a record's buffer.
+    ///
+    /// # Errors
+    /// [`PplError::TooManyEntries`] beyond [`PPL_HDR_MAX_ENTRIES`] entries (`b` untouched).
+    pub fn encode_into(&self, b: &mut [u8; PPL_HEADER_SIZE]) -> Result<(), PplError> {
         if self.entries.len() > PPL_HDR_MAX_ENTRIES {
             return Err(PplError::TooManyEntries {
                 count: self.entries.len(),
             });
         }
-        let mut b = [0u8; PPL_HEADER_SIZE];
+        b[PPL_HDR_RESERVED..].fill(0);
         b[..PPL_HDR_RESERVED].fill(0xff);
         b[OFF_SIGNATURE..OFF_SIGNATURE + 4].copy_from_slice(&self.signature.to_le_bytes());
         b[OFF_GENERATION..OFF_GENERATION + 8].copy_from_slice(&self.generation.to_le_bytes());
@@ -245,9 +260,9 @@ impl PplHeader {
             let at = OFF_ENTRIES + i * PPL_ENTRY_SIZE;
             b[at..at + PPL_ENTRY_SIZE].copy_from_slice(&e.to_bytes());
         }
-        let c = header_checksum(&b);
+        let c = header_checksum(b);
         b[OFF_CHECKSUM..OFF_CHECKSUM + 4].copy_from_slice(&c.to_le_bytes());
-        Ok(b)
+        Ok(())
     }
 
     /// Decodes a header block, checking what `ppl_load_distributed` checks of every header
