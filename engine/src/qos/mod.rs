@@ -11,6 +11,7 @@
 
 pub mod depth;
 pub mod dispatch;
+pub mod law;
 pub mod pacer;
 
 pub use depth::{DepthConfig, DepthController, DepthPolicy, QosState};
