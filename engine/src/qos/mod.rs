@@ -13,6 +13,7 @@ pub mod depth;
 pub mod dispatch;
 pub mod law;
 pub mod pacer;
+pub mod share;
 
 pub use depth::{DepthConfig, DepthController, DepthPolicy, QosState};
 
