@@ -452,10 +452,10 @@ fn bulk_share_gives_a_writer_alone_the_whole_pool() {
 
 /// Readers deeper than the one operation kept free (a QD16 reader beside the QD64
 /// writer) wait for stripe operations: the signal rises and the share is cut. Measured:
-/// the share settles at 50 of 64 operations after 4 cuts, the reader's p99 is 326 µs and
-/// its p99 queue wait 45 µs; pinned at 62 operations (98 %, what it holds for a QD1
+/// the share is cut 4 times (to ~50 of 64 operations), the reader's p99 is 344 µs and
+/// its p99 queue wait 57 µs; pinned at 62 operations (98 %, what it holds for a QD1
 /// reader) the reader's p99 is 8.4 ms. The writer keeps ≥ 70 % of its bytes alone
-/// (measured 75 %; 72 % with the share pinned at 75 %).
+/// (measured 74 %; 72 % with the share pinned at 75 %).
 #[test]
 fn deep_readers_cut_the_bulk_share() {
     let (wait, p99, _, bytes, share) = deep_readers(None);
