@@ -630,6 +630,19 @@ pub struct StatsReport {
     /// waiting for its member writes (docs/PACING.md, "Front door").
     #[serde(default)]
     pub pass_reads: u64,
+    /// Stripe operations bulk writes may hold now, over all reactors (the bulk share,
+    /// `engine::qos::share`, docs/PACING.md, "Front door"). A gauge.
+    #[serde(default)]
+    pub bulk_share_ops: u64,
+    /// The stripe operations of all reactors, the pool the share is of. A gauge.
+    #[serde(default)]
+    pub bulk_share_pool: u64,
+    /// Cuts of the bulk share so far (small reads slower inside the target than allowed).
+    #[serde(default)]
+    pub bulk_share_cuts: u64,
+    /// Raises of the bulk share so far (probes, returns towards the whole pool).
+    #[serde(default)]
+    pub bulk_share_raises: u64,
     /// Stripes the target knows to read as zeroes now, reported as holes by block status
     /// (`engine::zero_map::ZeroMap`: from the members' allocation at start, whole-stripe
     /// zeroing since, cleared by writes). A gauge, not a count since start.
@@ -666,6 +679,10 @@ impl From<&ArrayStats> for StatsReport {
             expired_holds: s.expired_holds,
             overtaking_requests: s.overtaking_requests,
             pass_reads: s.pass_reads,
+            bulk_share_ops: s.bulk_share_ops,
+            bulk_share_pool: s.bulk_share_pool,
+            bulk_share_cuts: s.bulk_share_cuts,
+            bulk_share_raises: s.bulk_share_raises,
             // A gauge of the snapshot, not of the path counters: the caller fills it in.
             zero_stripes: 0,
         }
@@ -1095,12 +1112,17 @@ impl fmt::Display for StatusReport {
             f,
             "  queue wait inside the target, requests (p50 / p99 / p99.9 / max µs): small \
              reads {} · bulk writes {} · other {} · {} went ahead of queued bulk writes · {} \
-             reads served from the write holding their stripe",
+             reads served from the write holding their stripe · bulk share {} of {} stripe \
+             operations ({} cuts, {} raises)",
             wait(&q.small_read),
             wait(&q.bulk_write),
             wait(&q.other),
             s.overtaking_requests,
-            s.pass_reads
+            s.pass_reads,
+            s.bulk_share_ops,
+            s.bulk_share_pool,
+            s.bulk_share_cuts,
+            s.bulk_share_raises
         )
     }
 }
@@ -1300,7 +1322,8 @@ pub(crate) mod tests {
         );
         assert_eq!(
             keys(&v["stats"]),
-            "batched_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
+            "batched_writes,bulk_share_cuts,bulk_share_ops,bulk_share_pool,bulk_share_raises,\
+             cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
              direct_reads,discarded_stripes,discards_skipped,expired_holds,full_stripe_writes,\
              held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
              pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\

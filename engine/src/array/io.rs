@@ -21,6 +21,12 @@ impl<C: Channel> Array<C> {
         for m in &mut self.members {
             m.queue.tick(self.now);
         }
+        self.bulk_share.tick(self.now, self.bulk_reqs > 0);
+        let share = self.bulk_share.state();
+        self.stats.bulk_share_ops = u64::from(share.cap_ops);
+        self.stats.bulk_share_pool = u64::from(share.pool_ops);
+        self.stats.bulk_share_cuts = share.cuts;
+        self.stats.bulk_share_raises = share.raises;
     }
 
     /// Hands queued requests to the channels (class order, within the limits).
@@ -48,7 +54,7 @@ impl<C: Channel> Array<C> {
     pub(super) fn reap(&mut self) -> bool {
         let mut any = false;
         while let Some(c) = self.synthetic.pop_front() {
-            self.member_done(c);
+            self.member_done(c, None);
             any = true;
         }
         for mi in 0..self.members.len() {
@@ -56,8 +62,8 @@ impl<C: Channel> Array<C> {
                 let n = self.members[mi].ch.poll(&mut self.scratch);
                 for i in 0..n {
                     let c = self.scratch[i];
-                    self.members[mi].queue.completed(c.tag, self.now);
-                    self.member_done(c);
+                    let device_ns = self.members[mi].queue.completed(c.tag, self.now);
+                    self.member_done(c, device_ns);
                 }
                 any |= n > 0;
                 if n < self.scratch.len() {
@@ -86,7 +92,9 @@ impl<C: Channel> Array<C> {
             .filter(|&e| e != NO_ENTRY)
     }
 
-    fn member_done(&mut self, c: Completion) {
+    /// A member request completed; `device_ns`: its time in the device (hand-over to the
+    /// channel → reaped), when it went through the member queue.
+    fn member_done(&mut self, c: Completion, device_ns: Option<u64>) {
         let s = (c.tag >> MEMBER_BITS) as u32;
         let id = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
         let Some(member) = self.entry_of_id(id) else {
@@ -103,6 +111,13 @@ impl<C: Channel> Array<C> {
         if !known {
             self.stats.stray_completions += 1;
             return;
+        }
+        if let (Some(d), None) = (device_ns, self.sops[s as usize].bg.as_ref()) {
+            // The request's slowest member request so far: what of its latency the
+            // devices took (the bulk share measures the rest, [`crate::qos::share`]).
+            if let Some(r) = self.reqs[self.sops[s as usize].req as usize].as_mut() {
+                r.device_ns = r.device_ns.max(d);
+            }
         }
         {
             let sop = &mut self.sops[s as usize];

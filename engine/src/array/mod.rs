@@ -89,6 +89,7 @@ use crate::geometry::{ArrayGeometry, MAX_RAID6_MEMBERS};
 use crate::parity::Parity;
 use crate::process::{ProcessKind, ProcessState, ShardWalk, MAX_BACKGROUND_OPS};
 use crate::qos::dispatch::MemberQueue;
+use crate::qos::share::{BulkShare, BulkShareState};
 #[cfg(doc)]
 use crate::qos::Admission;
 use crate::qos::{DepthConfig, IoClass, QosState};
@@ -375,6 +376,15 @@ pub struct ArrayStats {
     /// Holds that reached their bound still needing reads (the writes
     /// waited for did not come; each lowers the shard's remembered client write depth).
     pub expired_holds: u64,
+    /// Stripe operations bulk writes may hold now ([`crate::qos::share`], the bulk
+    /// share): a gauge, summed over shards when merged.
+    pub bulk_share_ops: u64,
+    /// The shards' stripe operations (the pool the share is of): a gauge, summed.
+    pub bulk_share_pool: u64,
+    /// Cuts of the bulk share (small reads slower than allowed).
+    pub bulk_share_cuts: u64,
+    /// Raises of the bulk share (probes, and returns towards the pool).
+    pub bulk_share_raises: u64,
 }
 
 /// What one shard sent to one member, for status and statistics.
@@ -457,11 +467,6 @@ impl RequestClass {
     }
 }
 
-/// Share of a shard's stripe operations bulk writes may hold, percent: the other quarter
-/// stays free for small reads and writes, so that they never wait for a whole pool of bulk
-/// work to drain (issue 24, docs/PACING.md, "Front door").
-pub const BULK_SHARE_PERCENT: usize = 75;
-
 /// Requests of at least this many bytes are bulk ([`RequestClass`]): 128 KiB, the
 /// largest request Linux's default `max_sectors_kb` lets a single small I/O grow to and
 /// two 64 KiB chunks — a read this size still costs one or two member reads.
@@ -516,10 +521,12 @@ pub struct ArrayConfig {
     /// (or this, if higher). Held only while the clients can still send more writes (see
     /// [`pass`]), never with FUA or behind a flush.
     pub write_hold_ns: u64,
-    /// Share of `stripe_ops` that bulk writes ([`RequestClass::BulkWrite`]) may hold,
-    /// percent (1..=100; 100: no reserve for other requests). Default
-    /// [`BULK_SHARE_PERCENT`].
-    pub bulk_share_percent: usize,
+    /// Share of `stripe_ops` that bulk writes ([`RequestClass::BulkWrite`]) may hold:
+    /// `None` (the default) adapts it to the latency small reads see
+    /// ([`crate::qos::share`], docs/PACING.md, "Front door"); `Some(p)` pins it at `p`
+    /// percent of the pool (1..=100, at least one operation; 100: no reserve for other
+    /// requests) — for tests and comparisons.
+    pub bulk_share_percent: Option<usize>,
 }
 
 /// Default background operations in flight per shard: four chunk-wide stripe operations
@@ -580,6 +587,10 @@ impl ArrayStats {
         self.expired_holds += o.expired_holds;
         self.overtaking_requests += o.overtaking_requests;
         self.pass_reads += o.pass_reads;
+        self.bulk_share_ops += o.bulk_share_ops;
+        self.bulk_share_pool += o.bulk_share_pool;
+        self.bulk_share_cuts += o.bulk_share_cuts;
+        self.bulk_share_raises += o.bulk_share_raises;
     }
 }
 
@@ -601,7 +612,7 @@ impl Default for ArrayConfig {
             stripe_cache_entries: DEFAULT_STRIPE_CACHE_ENTRIES,
             write_batch: DEFAULT_WRITE_BATCH,
             write_hold_ns: DEFAULT_WRITE_HOLD_NS,
-            bulk_share_percent: BULK_SHARE_PERCENT,
+            bulk_share_percent: None,
         }
     }
 }
@@ -728,6 +739,11 @@ struct ReqCtx {
     class: RequestClass,
     /// Its first member request was issued (its queue wait is recorded).
     issued: bool,
+    /// Device time of its slowest member request so far, ns.
+    device_ns: u64,
+    /// It waited for an earlier request's data (overlap in the backlog, or its stripe
+    /// held): its latency is not the bulk share's signal ([`crate::qos::share`]).
+    ordered: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1022,14 +1038,17 @@ pub struct Array<C: Channel> {
     writes_in_flight: u32,
     /// Queue wait per [`RequestClass`], ns ([`Array::queue_wait`]).
     queue_wait: [hdrhistogram::Histogram<u64>; 3],
-    /// Stripe operations of bulk writes now, and the most they may take
-    /// ([`ArrayConfig::bulk_share_percent`] of the pool): the rest is kept for other requests, which
-    /// pass queued bulk writes they do not overlap.
+    /// Stripe operations of bulk writes now; the most they may take is `bulk_share`'s
+    /// cap: the rest is kept for other requests, which pass queued bulk writes they do
+    /// not overlap.
     bulk_sops: u32,
+    /// The bulk share's controller ([`crate::qos::share`]).
+    bulk_share: BulkShare,
+    /// Bulk-write requests accepted and not finished.
+    bulk_reqs: u32,
     /// Reads of a stripe a write holds may be served from the write's data
     /// ([`Array::read_from_pass`]); off only in tests that measure what it saves.
     pass_reads_on: bool,
-    bulk_cap: u32,
     /// The clients' apparent write depth on this shard: the most write requests seen in
     /// flight since a hold last expired ([`pass`]: a pass is held only while fewer writes
     /// than this are in flight, i.e. while the clients can still send more).
@@ -1254,7 +1273,12 @@ impl<C: Channel> Array<C> {
             queue_wait: std::array::from_fn(|_| new_latency_histogram()),
             bulk_sops: 0,
             pass_reads_on: true,
-            bulk_cap: ((cfg.stripe_ops * cfg.bulk_share_percent.clamp(1, 100) / 100) as u32).max(1),
+            bulk_share: BulkShare::new(
+                cfg.stripe_ops as u32,
+                g.stripe_data_bytes(),
+                cfg.bulk_share_percent,
+            ),
+            bulk_reqs: 0,
             write_depth: 0,
             replacement_failures: 0,
             cfg,
@@ -1329,6 +1353,12 @@ impl<C: Channel> Array<C> {
     /// from nothing, failed, flushes to clean members — are not counted).
     pub fn queue_wait(&self, c: RequestClass) -> &hdrhistogram::Histogram<u64> {
         &self.queue_wait[c.index()]
+    }
+
+    /// The bulk share now: how many stripe operations bulk writes may hold, and why
+    /// ([`crate::qos::share`]).
+    pub fn bulk_share(&self) -> BulkShareState {
+        self.bulk_share.state()
     }
 
     /// Completion latency of this shard's requests to member `m`, ns.
@@ -1457,8 +1487,14 @@ impl<C: Channel> Array<C> {
         }
         let paced = invalid.is_none() && r.op != ArrayOp::Flush;
         let sequential = r.op.is_write() && self.recent_write_ends.contains(&r.offset_bytes);
+        let class = RequestClass::of(r.op, u64::from(r.len_bytes), sequential);
         if paced {
             self.pacer.foreground_submitted(self.now);
+            match class {
+                RequestClass::SmallRead => self.bulk_share.small_read_submitted(self.now),
+                RequestClass::BulkWrite => self.bulk_reqs += 1,
+                RequestClass::Other => {}
+            }
         }
         self.reqs[idx as usize] = Some(ReqCtx {
             tag: r.tag,
@@ -1472,8 +1508,10 @@ impl<C: Channel> Array<C> {
             submit_ns: self.now,
             paced,
             sequential,
-            class: RequestClass::of(r.op, u64::from(r.len_bytes), sequential),
+            class,
             issued: false,
+            device_ns: 0,
+            ordered: false,
         });
         if r.op.is_write() {
             self.writes_in_flight += 1;

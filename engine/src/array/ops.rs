@@ -18,8 +18,8 @@ impl<C: Channel> Array<C> {
     pub(super) fn split_backlog(&mut self) -> bool {
         let mut any = false;
         let stripe_bytes = self.geo.geometry().stripe_data_bytes();
-        // Front-door scheduling (issue 24): bulk writes take at most `bulk_cap` stripe
-        // operations; a request behind bulk writes that wait for that cap goes ahead of
+        // Front-door scheduling (issue 24): bulk writes take at most the bulk share's cap
+        // of stripe operations; a request behind bulk writes that wait for that cap goes ahead of
         // them unless it overlaps one of them (overlapping requests keep their order, so
         // later bytes still win and a read sees what some prefix of the submission order
         // wrote).
@@ -38,11 +38,14 @@ impl<C: Channel> Array<C> {
                 continue;
             }
             let bulk = req.class == RequestClass::BulkWrite;
-            if bulk && self.bulk_sops >= self.bulk_cap {
+            if bulk && self.bulk_sops >= self.bulk_share.cap() {
                 i += 1;
                 continue;
             }
             if i > 0 && self.overlaps_earlier(i) {
+                // Waits for the data of an earlier request, not for a stripe operation:
+                // not the bulk share's signal.
+                self.reqs[ri as usize].as_mut().expect("backlogged").ordered = true;
                 i += 1;
                 continue;
             }
@@ -92,6 +95,17 @@ impl<C: Channel> Array<C> {
                 // Served from the pass holding the stripe (no earlier operation of the
                 // stripe waits, so the per-stripe order holds).
             } else {
+                if read
+                    && (self.locked.conflicts(stripe, false)
+                        || self
+                            .waiting
+                            .iter()
+                            .any(|&w| self.sops[w as usize].stripe == stripe))
+                {
+                    // Waits for its stripe (an earlier operation of it): ordering, whose
+                    // length the devices decide — not the bulk share's signal.
+                    self.reqs[ri as usize].as_mut().expect("live").ordered = true;
+                }
                 self.waiting.push_back(s);
             }
         }
@@ -266,6 +280,11 @@ impl<C: Channel> Array<C> {
         let req = self.reqs[ri as usize].take().expect("live request");
         debug_assert!(req.pending == 1 && req.split == req.len);
         if req.paced {
+            if req.class == RequestClass::SmallRead {
+                // Leaves this shard unfinished: no latency of ours to measure.
+                self.bulk_share
+                    .small_read_done(self.now, req.submit_ns, 0, false);
+            }
             self.pacer.foreground_done(
                 self.now,
                 self.now.saturating_sub(req.submit_ns),
@@ -342,6 +361,16 @@ impl<C: Channel> Array<C> {
             self.writes_in_flight -= 1;
         }
         if req.paced {
+            match req.class {
+                RequestClass::SmallRead => self.bulk_share.small_read_done(
+                    self.now,
+                    req.submit_ns,
+                    req.device_ns,
+                    req.error.is_none() && !req.ordered,
+                ),
+                RequestClass::BulkWrite => self.bulk_reqs -= 1,
+                RequestClass::Other => {}
+            }
             self.pacer.foreground_done(
                 self.now,
                 self.now.saturating_sub(req.submit_ns),

@@ -391,7 +391,7 @@ impl<C: Channel> Array<C> {
             // Requests waiting for a stripe operation (none free, or bulk writes at their
             // share of the pool): they may be the writes this pass waits for.
             || (!self.backlog.is_empty()
-                && (self.free_sops.is_empty() || self.bulk_sops >= self.bulk_cap))
+                && (self.free_sops.is_empty() || self.bulk_sops >= self.bulk_share.cap()))
             // Only while the clients can send more writes: they have free slots (fewer
             // writes in flight than the most seen since the last futile hold), or writes
             // of theirs are in member I/O, whose completions free slots. Otherwise every

@@ -34,6 +34,7 @@
 use arrayvec::ArrayVec;
 use hdrhistogram::Histogram;
 
+use super::law::ProbeLaw;
 use super::IoClass;
 
 /// Which depth controller a member runs.
@@ -144,11 +145,6 @@ const TARGET_NUM: u64 = 5;
 const TARGET_DEN: u64 = 4;
 /// Write-class depth a writer starts at while reads are served (slow start).
 const SLOW_START_DEPTH: u32 = 4;
-/// Windows met in a row (and at least four probe intervals) after which the probe
-/// back-off halves.
-const GOOD_RUN_RELAX: u32 = 64;
-/// Largest back-off between probes, windows.
-const MAX_PROBE_AFTER: u32 = 512;
 /// wbt: `RWB_WINDOW_NSEC`, `RWB_DEF_DEPTH`, `RWB_MIN_WRITE_SAMPLES`, `RWB_UNKNOWN_BUMP`.
 const WBT_WINDOW_NS: u64 = 100_000_000;
 const WBT_DEF_DEPTH: u32 = 16;
@@ -170,8 +166,6 @@ pub struct DepthController {
     queue_depth: u32,
     /// Largest write-class depth (step 0).
     base: u32,
-    /// Smallest write-class depth.
-    floor: u32,
     step: i32,
     depth: u32,
     target_ns: u64,
@@ -188,19 +182,11 @@ pub struct DepthController {
     read_since: u64,
     /// Smallest read latency ever seen (fallback target before calibration), ns.
     best_read_ns: u64,
-    /// ferroraid: windows met in a row, windows to wait before a probe, probing now.
-    met_run: u32,
-    good_run: u32,
-    probe_after: u32,
-    probing: bool,
-    /// ferroraid: the depth, and the depth before the current probe.
-    ferro_depth: u32,
-    before_probe: u32,
-    /// How much deeper the next probe goes (capped at a quarter of the depth).
-    probe_step: u32,
-    /// No write-class I/O in the last window; doubling from a shallow depth.
+    /// ferroraid: the depth and its control law (AIMD with probe-revert, shared with
+    /// the bulk-share controller: [`super::law`]).
+    law: ProbeLaw,
+    /// No write-class I/O in the last window.
     write_idle: bool,
-    slow_start: bool,
     /// The window after an abandoned probe: no verdict.
     grace: bool,
     last_change: u64,
@@ -232,7 +218,6 @@ impl DepthController {
             cfg,
             queue_depth,
             base,
-            floor,
             step: 0,
             depth: base,
             target_ns,
@@ -248,15 +233,8 @@ impl DepthController {
             reads_in_flight: 0,
             read_since: 0,
             best_read_ns: u64::MAX,
-            met_run: 0,
-            good_run: 0,
-            probe_after: 1,
-            probing: false,
-            ferro_depth: base,
-            before_probe: base,
-            probe_step: u32::MAX,
+            law: ProbeLaw::new(floor, base),
             write_idle: true,
-            slow_start: false,
             grace: false,
             last_change: 0,
             unknown_cnt: 0,
@@ -319,12 +297,11 @@ impl DepthController {
         {
             let reads_present =
                 self.reads_in_flight > 0 || !self.reads.is_empty() || self.last.read_p50_us > 0.0;
-            if reads_present && self.depth > SLOW_START_DEPTH.max(self.floor) {
+            if reads_present && self.law.start_slow(SLOW_START_DEPTH) {
                 // Writes start while reads are being served: begin shallow and double
                 // per good window (slow start), so a writer's first burst cannot bury
                 // the reads before the controller has seen one.
-                self.slow_start = true;
-                self.set_depth(SLOW_START_DEPTH, now_ns, "writes start: slow start");
+                self.sync_depth(now_ns, "writes start: slow start");
             }
         }
     }
@@ -348,7 +325,7 @@ impl DepthController {
                 let target = self.effective_target();
                 if self.cfg.policy == DepthPolicy::Ferroraid
                     && target > 0
-                    && ((self.probing && lat > target + target / 2)
+                    && ((self.law.probing() && lat > target + target / 2)
                         || (lat > 4 * target && now_ns.saturating_sub(lat) >= self.last_change))
                 {
                     // A probe made a read miss, or a read dispatched after the last change
@@ -467,15 +444,13 @@ impl DepthController {
         if self.reads.is_empty() || (!busy && self.writes == 0) {
             // Reads absent (nothing to protect) or no write-class I/O (the limit holds
             // nothing back): return to full depth, doubling per window.
-            self.probing = false;
-            self.slow_start = false;
-            self.met_run = 0;
             let why = if self.reads.is_empty() {
                 "reads absent"
             } else {
                 "writes absent"
             };
-            self.set_depth(self.depth.saturating_mul(2), now_ns, why);
+            self.law.relax();
+            self.sync_depth(now_ns, why);
             return;
         }
         let target = self.effective_target();
@@ -490,62 +465,20 @@ impl DepthController {
         if min > target || p99 > target + target / 2 {
             self.ferro_miss(now_ns, min.max(p99 / 2));
         } else if p99 <= target {
-            self.probing = false;
-            self.met_run += 1;
-            self.good_run += 1;
-            if self.good_run >= GOOD_RUN_RELAX.max(4 * self.probe_after) {
-                // A long good run: the load may have changed, probe sooner and in bigger
-                // steps again.
-                self.probe_after = (self.probe_after / 2).max(1);
-                self.probe_step = self.probe_step.saturating_mul(2);
-                self.good_run = 0;
-            }
-            if self.slow_start {
-                // Slow start: double while reads stay on target; the first miss reverts
-                // the last doubling and hands over to probing.
-                self.probing = true;
-                self.before_probe = self.depth;
-                self.met_run = 0;
-                self.set_depth(self.depth.saturating_mul(2), now_ns, "slow start");
-                if self.depth >= self.base {
-                    self.slow_start = false;
-                    self.probing = false;
-                }
-            } else if self.depth < self.base && self.met_run >= self.probe_after {
-                // Probe: deeper by the probe step (a quarter of the depth, halved after
-                // each failed probe: a binary search for the deepest depth that keeps
-                // reads on target).
-                self.met_run = 0;
-                self.probing = true;
-                self.before_probe = self.depth;
-                let d = self.depth + self.probe_step.clamp(1, (self.depth / 4).max(1));
-                self.set_depth(d, now_ns, "target met: probe");
+            if let Some(why) = self.law.met() {
+                self.sync_depth(now_ns, why);
             }
         } else {
-            self.met_run = 0;
+            self.law.hold();
         }
     }
 
-    /// A miss with latency signal `signal_ns` (the window minimum, or half its p99).
+    /// A miss with latency signal `signal_ns` (the window minimum, or half its p99):
+    /// [`ProbeLaw::miss`] with the signal's ratio to the target.
     fn ferro_miss(&mut self, now_ns: u64, signal_ns: u64) {
-        self.met_run = 0;
-        self.good_run = 0;
-        self.slow_start = false;
-        if std::mem::take(&mut self.probing) {
-            // The probe hurt reads: back to the depth before it, and wait twice as long
-            // before the next one.
-            self.probe_after = (self.probe_after * 2).min(MAX_PROBE_AFTER);
-            self.probe_step = ((self.depth - self.before_probe) / 2).max(1);
-            self.set_depth(self.before_probe, now_ns, "probe missed");
-            return;
-        }
-        // Multiplicative decrease, by as many halvings as the latency is doublings over
-        // target (a standing queue's delay scales with the depth), 1 to 4.
         let target = self.effective_target().max(1);
-        let ratio = (signal_ns / target).max(1);
-        let halvings = ratio.ilog2().clamp(1, 4);
-        self.probe_step = u32::MAX;
-        self.set_depth(self.depth >> halvings, now_ns, "target missed");
+        let why = self.law.miss(signal_ns / target).unwrap_or("target missed");
+        self.sync_depth(now_ns, why);
     }
 
     /// wb_timer_fn + latency_exceeded.
@@ -606,11 +539,10 @@ impl DepthController {
         self.apply(now_ns, "scale down");
     }
 
-    /// ferroraid: sets the depth (clamped to floor..=base); the step is the number of
+    /// ferroraid: applies the law's depth (within floor..=base); the step is the number of
     /// halvings from the base it amounts to, rounded up.
-    fn set_depth(&mut self, depth: u32, now_ns: u64, why: &'static str) {
-        let d = depth.clamp(self.floor, self.base);
-        self.ferro_depth = d;
+    fn sync_depth(&mut self, now_ns: u64, why: &'static str) {
+        let d = self.law.value();
         let mut step = 0;
         while (self.base >> step) > d {
             step += 1;
@@ -670,7 +602,7 @@ impl DepthController {
                     }
                 }
             }
-            DepthPolicy::Ferroraid => self.ferro_depth,
+            DepthPolicy::Ferroraid => self.law.value(),
         }
     }
 

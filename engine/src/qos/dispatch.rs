@@ -243,13 +243,11 @@ impl MemberQueue {
     /// A request with `tag` came back from the device at `now_ns` (any status): updates
     /// the in-device counts and feeds its latency to the controller. Unknown tags (a
     /// back-end bug the engine counts separately) are ignored.
-    pub fn completed(&mut self, tag: u64, now_ns: u64) {
+    pub fn completed(&mut self, tag: u64, now_ns: u64) -> Option<u64> {
         let slot = (tag >> self.slot_shift) as usize;
-        let Some(s) = self.sent.get_mut(slot) else {
-            return;
-        };
+        let s = self.sent.get_mut(slot)?;
         let (Some(class), true) = (s.class, s.count > 0) else {
-            return;
+            return None;
         };
         s.count -= 1;
         let (at, quiet) = (s.at_ns, s.quiet);
@@ -259,8 +257,9 @@ impl MemberQueue {
         let i = class.index();
         debug_assert!(self.in_device[i] > 0);
         self.in_device[i] = self.in_device[i].saturating_sub(1);
-        self.ctl
-            .on_complete(now_ns, class, now_ns.saturating_sub(at), quiet);
+        let latency = now_ns.saturating_sub(at);
+        self.ctl.on_complete(now_ns, class, latency, quiet);
+        Some(latency)
     }
 
     /// Removes every queued (not yet dispatched) request with `tag`; returns how many.

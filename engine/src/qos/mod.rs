@@ -3,6 +3,10 @@
 //! - [`depth`]: per-member queue-depth controllers (off, wbt-like, ferroraid's).
 //! - [`dispatch`]: per-member, per-class queues in front of a member channel.
 //! - [`pacer`]: background pacers (ferroraid's, md's pre-4.1 and 4.1+ rules).
+//! - [`share`]: the bulk share — stripe operations bulk writes may hold per shard, adapted
+//!   from the small reads' time inside the target.
+//! - [`law`]: the control law the depth controller and the bulk share run (AIMD with
+//!   probe-revert) and the window test they share with the pacer.
 //!
 //! This module holds the interfaces the stripe engine talks to; the controllers that
 //! implement them live in submodules. Everything here is driven by the executor's clock
@@ -11,7 +15,9 @@
 
 pub mod depth;
 pub mod dispatch;
+pub mod law;
 pub mod pacer;
+pub mod share;
 
 pub use depth::{DepthConfig, DepthController, DepthPolicy, QosState};
 

@@ -611,9 +611,7 @@ impl FerroraidPacer {
     /// plus the share the quiet device itself has past that line, plus 3 standard
     /// deviations of that share's count (binomial).
     pub fn allowance(&self, samples: u64) -> f64 {
-        let n = samples as f64;
-        let p = self.quiet_over;
-        n * (TAIL_SHARE + p) + NOISE_SIGMAS * (n * p * (1.0 - p)).sqrt()
+        super::law::slow_allowance(samples, self.quiet_over, TAIL_SHARE, NOISE_SIGMAS)
     }
 
     /// The last control window's verdict and inputs.

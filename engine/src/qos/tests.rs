@@ -18,13 +18,13 @@ const CHUNK: u64 = 64 << 10;
 /// only where written) on `profile`, 64 stripe operations, depth control `policy`; also
 /// the array of the workload executor's own tests.
 pub(crate) fn array(profile: &Profile, policy: DepthPolicy) -> (Array<SimChannel>, SimClock) {
-    array_with(profile, policy, crate::array::BULK_SHARE_PERCENT)
+    array_with(profile, policy, None)
 }
 
 fn array_with(
     profile: &Profile,
     policy: DepthPolicy,
-    bulk_share_percent: usize,
+    bulk_share_percent: Option<usize>,
 ) -> (Array<SimChannel>, SimClock) {
     let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, CHUNK, 4096).unwrap();
     let stripes = 16384; // 1 GiB per member (allocated lazily: only what is written)
@@ -240,7 +240,7 @@ fn no_class_starves_under_a_read_storm() {
 /// operation; with bulk writes held to their share, it takes one at once.
 #[test]
 fn small_reads_do_not_wait_behind_bulk_writes_for_stripe_operations() {
-    let run_with = |share: usize| {
+    let run_with = |share: Option<usize>| {
         let (mut arr, clock) = array_with(&Profile::nvme_ssd(), DepthPolicy::Ferroraid, share);
         let mut w = writer(0, 300 * MS);
         w.block_bytes = 1 << 20;
@@ -256,8 +256,8 @@ fn small_reads_do_not_wait_behind_bulk_writes_for_stripe_operations() {
             arr.stats().overtaking_requests,
         )
     };
-    let (wait_off, p99_off, bytes_off, over_off) = run_with(100);
-    let (wait_on, p99_on, bytes_on, over_on) = run_with(crate::array::BULK_SHARE_PERCENT);
+    let (wait_off, p99_off, bytes_off, over_off) = run_with(Some(100));
+    let (wait_on, p99_on, bytes_on, over_on) = run_with(Some(75));
     // The scenario bites: with the whole pool open to bulk writes, reads queue for it.
     assert_eq!(over_off, 0);
     assert!(
@@ -285,7 +285,9 @@ fn small_reads_do_not_wait_behind_bulk_writes_for_stripe_operations() {
 #[test]
 fn small_reads_of_stripes_being_written_do_not_wait_for_the_writes() {
     let run_with = |pass_reads: bool| {
-        let (mut arr, clock) = array(&sata(), DepthPolicy::Ferroraid);
+        // The share these figures were measured with (the adaptive share holds ~98 % here,
+        // where the reads waiting for writes of their stripes wait longer: docs/PACING.md).
+        let (mut arr, clock) = array_with(&sata(), DepthPolicy::Ferroraid, Some(75));
         if !pass_reads {
             arr.disable_pass_reads();
         }
@@ -331,5 +333,145 @@ fn small_reads_of_stripes_being_written_do_not_wait_for_the_writes() {
     assert!(
         bytes_on * 10 >= bytes_off * 9,
         "writer kept {bytes_on} of {bytes_off} bytes"
+    );
+}
+
+/// Issue 24, adaptive bulk share: figures of a 1 MiB sequential writer at `depth` beside
+/// a QD1 4 KiB random reader (NVMe profile), with the share `share` (`None`: adaptive).
+/// Returns (reader worst queue wait ns, reader p99 µs, reader ops, writer bytes, the
+/// array's share state at the end).
+fn front_door(
+    share: Option<usize>,
+    depth: u32,
+    with_reader: bool,
+) -> (u64, f64, u64, u64, crate::qos::share::BulkShareState) {
+    let (mut arr, clock) = array_with(&Profile::nvme_ssd(), DepthPolicy::Ferroraid, share);
+    let mut w = writer(0, 300 * MS);
+    w.block_bytes = 1 << 20;
+    w.depth = depth;
+    let mut jobs = vec![w];
+    if with_reader {
+        jobs.push(reader(20 * MS, 300 * MS));
+    }
+    let st = run(&mut arr, &clock, &jobs, 300 * MS, 5, 0, |_, _, _| {});
+    assert_eq!(st.iter().map(|s| s.errors).sum::<u64>(), 0);
+    let wait = arr.queue_wait(crate::array::RequestClass::SmallRead).max();
+    let (p99, ops) = if with_reader {
+        (p99_us(&st[1]), st[1].ops)
+    } else {
+        (0.0, 0)
+    };
+    (wait, p99, ops, st[0].bytes, arr.bulk_share())
+}
+
+/// Figures of `readers` QD16 readers beside a 1 MiB QD64 writer: (small-read p99 queue
+/// wait ns, reader p99 µs, reader ops, writer bytes, share state).
+fn deep_readers(share: Option<usize>) -> (u64, f64, u64, u64, crate::qos::share::BulkShareState) {
+    let (mut arr, clock) = array_with(&Profile::nvme_ssd(), DepthPolicy::Ferroraid, share);
+    let mut w = writer(0, 300 * MS);
+    w.block_bytes = 1 << 20;
+    w.depth = 64;
+    let mut r = reader(20 * MS, 300 * MS);
+    r.depth = 16;
+    let st = run(&mut arr, &clock, &[w, r], 300 * MS, 5, 0, |_, _, _| {});
+    let wait = arr
+        .queue_wait(crate::array::RequestClass::SmallRead)
+        .value_at_quantile(0.99);
+    (
+        wait,
+        p99_us(&st[1]),
+        st[1].ops,
+        st[0].bytes,
+        arr.bulk_share(),
+    )
+}
+
+/// Reader bounds of the front-door tests (NVMe profile: a read alone takes ~100 µs,
+/// p99 121 µs; beside the writer its p99 is ~1 ms whatever the share, the devices' part,
+/// which the depth controller holds).
+const FRONT_DOOR_WAIT_NS: u64 = 1_000_000;
+const FRONT_DOOR_P99_US: f64 = 1_500.0;
+
+/// Issue 24, adaptive bulk share: a 1 MiB sequential writer at QD16 and QD64 beside a
+/// QD1 4 KiB random reader. The adaptive share keeps the reader's worst queue wait under
+/// 1 ms (measured: 573 µs, the reader's first read, which finds every operation held by
+/// bulk writes; afterwards one stays free) and its p99 under 1.5 ms (1.04 ms), while the
+/// writer keeps ≥ 70 % of what it writes alone (measured 91 %). Pinned at the whole pool,
+/// the reader waits behind the writer's backlog (worst 3.0 / 9.4 ms, p99 2.6 / 10.5 ms).
+#[test]
+fn adaptive_bulk_share_keeps_a_qd1_reader_beside_a_bulk_writer() {
+    for depth in [16, 64] {
+        let alone = front_door(None, depth, false);
+        let (wait, p99, ops, bytes, share) = front_door(None, depth, true);
+        eprintln!(
+            "QD{depth}: reader worst wait {wait} ns, p99 {p99:.0} µs, {ops} reads; writer \
+             {bytes} of {} bytes alone; {share:?}",
+            alone.3
+        );
+        assert!(
+            wait <= FRONT_DOOR_WAIT_NS,
+            "QD{depth}: worst wait {wait} ns"
+        );
+        assert!(p99 <= FRONT_DOOR_P99_US, "QD{depth}: reader p99 {p99} µs");
+        assert!(
+            bytes * 10 >= alone.3 * 7,
+            "QD{depth}: writer kept {bytes} of {} bytes",
+            alone.3
+        );
+        assert_eq!(share.cuts, 0, "a QD1 reader finds the operation kept free");
+        // The bounds bite: with the whole pool open to bulk writes they fail.
+        let (wait_all, p99_all, ..) = front_door(Some(100), depth, true);
+        assert!(
+            wait_all > FRONT_DOOR_WAIT_NS && p99_all > FRONT_DOOR_P99_US,
+            "QD{depth}: pinned at 100 %: worst wait {wait_all} ns, p99 {p99_all} µs"
+        );
+    }
+}
+
+/// With no small reads the share rises to the whole pool: a writer alone loses nothing
+/// (≥ 95 % of its bytes with the share pinned at 100 %; measured 100 %).
+#[test]
+fn bulk_share_gives_a_writer_alone_the_whole_pool() {
+    for depth in [16, 64] {
+        let (.., bytes, share) = front_door(None, depth, false);
+        let (.., bytes_all, _) = front_door(Some(100), depth, false);
+        assert!(
+            bytes * 100 >= bytes_all * 95,
+            "QD{depth}: {bytes} of {bytes_all} bytes"
+        );
+        assert_eq!(share.cap_ops, share.pool_ops);
+        assert_eq!(share.cuts, 0);
+        // The bound bites: a share pinned at a fifth of the pool loses throughput.
+        let (.., bytes_fifth, _) = front_door(Some(20), depth, false);
+        assert!(
+            bytes_fifth * 100 < bytes_all * 95,
+            "QD{depth}: 20 %: {bytes_fifth} of {bytes_all} bytes"
+        );
+    }
+}
+
+/// Readers deeper than the one operation kept free (a QD16 reader beside the QD64
+/// writer) wait for stripe operations: the signal rises and the share is cut. Measured:
+/// the share is cut 4 times (to ~50 of 64 operations), the reader's p99 is 344 µs and
+/// its p99 queue wait 57 µs; pinned at 62 operations (98 %, what it holds for a QD1
+/// reader) the reader's p99 is 8.4 ms. The writer keeps ≥ 70 % of its bytes alone
+/// (measured 74 %; 72 % with the share pinned at 75 %).
+#[test]
+fn deep_readers_cut_the_bulk_share() {
+    let (wait, p99, _, bytes, share) = deep_readers(None);
+    let (.., alone, _) = front_door(None, 64, false);
+    eprintln!(
+        "deep reader: p99 wait {wait} ns, p99 {p99:.0} µs, writer {bytes} of {alone}; {share:?}"
+    );
+    assert!(share.cuts >= 1, "{share:?}");
+    assert!(p99 <= 1_000.0, "reader p99 {p99} µs");
+    assert!(
+        bytes * 10 >= alone * 7,
+        "writer kept {bytes} of {alone} bytes"
+    );
+    let (_, p99_pinned, ..) = deep_readers(Some(98));
+    assert!(
+        p99_pinned > 5_000.0,
+        "pinned at 98 %: reader p99 {p99_pinned} µs"
     );
 }
