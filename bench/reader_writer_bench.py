@@ -4,6 +4,7 @@
 Usage:  python3 bench/reader_writer_bench.py [--members tmpfs,ext4] [--reactors 1,2]
             [--protocols nbd,iscsi] [--connections multi,one] [--writer-qd 16,64]
             [--seconds 8] [--runs 3] [--member-mib 512] [--exe PATH] [--fio-iscsi PATH]
+            [--control]
 
 For every member kind, the array is a RAID6 over six member files (`ferroraid create
 --level 6`), served by `ferroraid serve --polled --cores C...` (one reactor per listed
@@ -45,6 +46,12 @@ Dimensions (comma-separated lists; every combination is a table):
   absolute numbers. iSCSI with `one` is skipped: there is no single-session
   two-stream iSCSI client here.
 - `--writer-qd`: the bulk writer's queue depth (the issue: 16, and 64).
+- `--control`: adds a control row to every separate-connection table: the same QD1
+  reader on ferroraid, beside a bulk writer that writes a local file on the member file
+  system directly (fio's io_uring engine, O_DIRECT except on tmpfs) on the clients' CPUs,
+  no server in its path. Its "p99.9 ×" is what a bulk writer costs the reader on this
+  machine without the target's scheduling involved (the clients' CPU, the kernel, the
+  shared disk) — the bound below which the target's own rows cannot be judged here.
 
 Numbers: reader p50 / p99.9 are fio's `clat_ns` percentiles (`--percentile_list=50:99.9`),
 IOPS and MB/s fio's per-job `iops` and `bw_bytes` (10^6 bytes); each is the median over
@@ -259,6 +266,29 @@ class QemuNbd:
         return None
 
 
+class Control:
+    """The control row (`--control`): the reader reads ferroraid as in its own row, but
+    the bulk writer writes a file of the same member file system directly (fio's
+    io_uring engine, O_DIRECT except on tmpfs), on the clients' CPUs — no server in its
+    path. What the reader loses beside it is what a bulk writer costs a QD1 reader on
+    this machine without the target's involvement: a bound on what the target's
+    scheduling can be judged by."""
+    name = "control"
+
+    def __init__(self, ferroraid, work, member_mib):
+        self.ferroraid = ferroraid
+        self.writer_file = os.path.join(work, "control-writer.img")
+        self.writer_direct = fs_type(work) != "tmpfs"
+        with open(self.writer_file, "wb") as f:
+            f.truncate(member_mib << 20)
+
+    def start(self, stack, cpus, protocol):
+        return self.ferroraid.start(stack, cpus, protocol)
+
+    def status(self):
+        return None
+
+
 # ---------------------------------------------------------------- clients
 
 def fio_escape(s):
@@ -277,12 +307,14 @@ class Clients:
                     f"--uri={nbd_uri}", "--rw=write", "--bs=1m", "--iodepth=8",
                     f"--size={self.span}", "--output-format=json"], timeout=600)
 
-    def fio(self, protocol, uri, reader, writer, writer_qd):
-        """Reader and/or writer as fio jobs (one connection each): (reader, writer)."""
+    def fio(self, protocol, uri, reader, writer, writer_qd, control=None):
+        """Reader and/or writer as fio jobs (one connection each): (reader, writer). With
+        `control` (a [`Control`]), the writer writes its local file instead of `uri`."""
         if protocol == "nbd":
-            cmd = ["fio", "--ioengine=nbd", f"--uri={uri}"]
+            cmd, target = ["fio"], ["--ioengine=nbd", f"--uri={uri}"]
         else:
-            cmd = [self.fio_iscsi, "--ioengine=libiscsi", f"--filename={fio_escape(uri)}"]
+            cmd = [self.fio_iscsi]
+            target = ["--ioengine=libiscsi", f"--filename={fio_escape(uri)}"]
         cmd += ["--thread", f"--size={self.span}", "--time_based",
                 f"--runtime={self.seconds}", "--output-format=json",
                 "--percentile_list=50:99.9", "--norandommap", "--randrepeat=0"]
@@ -290,11 +322,16 @@ class Clients:
         init = (lambda who: [f"--initiator=iqn.2026-12.org.fio:{who}"]
                 if protocol == "iscsi" else [])
         if reader:
-            cmd += ["--name=reader", "--rw=randread", "--bs=4k", "--iodepth=1",
+            cmd += ["--name=reader", *target, "--rw=randread", "--bs=4k", "--iodepth=1",
                     *init("reader")]
-        if writer:
-            cmd += ["--name=writer", "--rw=write", "--bs=1m", f"--iodepth={writer_qd}",
-                    *init("writer")]
+        if writer and control is not None:
+            cmd += ["--name=writer", "--ioengine=io_uring",
+                    f"--filename={fio_escape(control.writer_file)}",
+                    f"--direct={int(control.writer_direct)}", "--rw=write", "--bs=1m",
+                    f"--iodepth={writer_qd}"]
+        elif writer:
+            cmd += ["--name=writer", *target, "--rw=write", "--bs=1m",
+                    f"--iodepth={writer_qd}", *init("writer")]
         out = run_client(self.taskset + cmd, timeout=self.seconds + 120)
         # fio's nbd engine prints "fio: connected to NBD server" and the libiscsi engine
         # a note on iodepth (it queues asynchronously all the same) before the JSON.
@@ -321,28 +358,33 @@ class Clients:
         res = json.loads(run_client(cmd, timeout=self.seconds + 120))
         return res.get("reader"), res.get("writer")
 
-    def run(self, protocol, connections, uri, reader, writer, writer_qd):
+    def run(self, protocol, connections, uri, reader, writer, writer_qd, control=None):
         if connections == "one":
+            assert control is None, "the control row is measured with fio only"
             return self.one_conn(uri, reader, writer, writer_qd)
-        return self.fio(protocol, uri, reader, writer, writer_qd)
+        return self.fio(protocol, uri, reader, writer, writer_qd, control)
 
 
 def measure(target, clients, cpus, cell, prefilled):
     """One run of one target in one cell: the three phases and, for ferroraid, the
     queue waits of the "together" phase."""
     protocol, _, connections, qd = cell
+    control = target if isinstance(target, Control) else None
     res = {}
     with contextlib.ExitStack() as stack:
         nbd_uri, uri = target.start(stack, cpus, protocol)
-        if not prefilled.get(target.name):
+        # The control reads the array ferroraid's row filled.
+        name = "ferroraid" if control else target.name
+        if not prefilled.get(name):
             clients.prefill(nbd_uri)
-            prefilled[target.name] = True
+            prefilled[name] = True
         res["reader_alone"], _ = clients.run(protocol, connections, uri, True, False, qd)
-        _, res["writer_alone"] = clients.run(protocol, connections, uri, False, True, qd)
+        _, res["writer_alone"] = clients.run(protocol, connections, uri, False, True, qd,
+                                             control)
     with contextlib.ExitStack() as stack:
         _, uri = target.start(stack, cpus, protocol)
         res["reader_beside"], res["writer_beside"] = clients.run(
-            protocol, connections, uri, True, True, qd)
+            protocol, connections, uri, True, True, qd, control)
         st = target.status()
         if st is not None:
             res["queue_wait"] = st["queue_wait_us"]
@@ -422,6 +464,9 @@ def main():
     ap.add_argument("--member-mib", type=int, default=512)
     ap.add_argument("--exe", help="a prebuilt ferroraid binary to measure")
     ap.add_argument("--fio-iscsi", help="a fio with the libiscsi engine")
+    ap.add_argument("--control", action="store_true",
+                    help="add the control row: the reader on ferroraid beside a writer "
+                         "that writes a local file (no server), separate connections only")
     a = ap.parse_args()
 
     def choices(opt, value, allowed, conv=str):
@@ -485,8 +530,10 @@ def main():
             with contextlib.ExitStack() as kind_stack:
                 work = member_dir(kind_stack, kind, a.member_mib)
                 fs_types[kind] = fs_type(work)
-                targets = [Ferroraid(exe, work, a.member_mib, sock_dir),
-                           QemuNbd(work, a.member_mib)]
+                ours = Ferroraid(exe, work, a.member_mib, sock_dir)
+                targets = [ours, QemuNbd(work, a.member_mib)]
+                if a.control:
+                    targets.append(Control(ours, work, a.member_mib))
                 prefilled = {}
                 for run in range(a.runs):
                     for cell in cells:
@@ -495,6 +542,8 @@ def main():
                         clients = Clients(fio_iscsi, span, a.seconds, client_cpus)
                         for t in targets:
                             if protocol == "iscsi" and t.name == "qemu-nbd":
+                                continue
+                            if t.name == "control" and cell[2] == "one":
                                 continue
                             try:
                                 res = measure(t, clients, target_cpus, cell, prefilled)
@@ -533,8 +582,11 @@ def main():
         print(HEADER)
         for kind in kinds:
             for name, runs in results[kind][cell].items():
-                where = "files" if name == "ferroraid" else "one file"
-                print(row(f"{name}, {where} on {kind}", runs))
+                label = {"ferroraid": f"ferroraid, files on {kind}",
+                         "qemu-nbd": f"qemu-nbd, one file on {kind}",
+                         "control": f"control: reader on ferroraid, writer to a local "
+                                    f"file on {kind} (no server)"}[name]
+                print(row(label, runs))
 
 
 if __name__ == "__main__":

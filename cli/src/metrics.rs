@@ -432,6 +432,30 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         f.array_counter(name, help, unit, v)?;
     }
     f.array_gauge(
+        "ferroraid_array_bulk_share_ops",
+        "Stripe operations bulk writes may hold now, all reactors (the adaptive bulk share).",
+        None,
+        x.bulk_share_ops as f64,
+    )?;
+    f.array_gauge(
+        "ferroraid_array_bulk_share_pool",
+        "The stripe operations of all reactors: the pool the bulk share is of.",
+        None,
+        x.bulk_share_pool as f64,
+    )?;
+    f.array_counter(
+        "ferroraid_array_bulk_share_cuts",
+        "Cuts of the bulk share (small reads slower inside the target than allowed).",
+        None,
+        x.bulk_share_cuts as f64,
+    )?;
+    f.array_counter(
+        "ferroraid_array_bulk_share_raises",
+        "Raises of the bulk share (probes, returns towards the whole pool).",
+        None,
+        x.bulk_share_raises as f64,
+    )?;
+    f.array_gauge(
         "ferroraid_array_zero_stripes",
         "Stripes the target knows to read as zeroes now (reported as holes by block status).",
         None,
