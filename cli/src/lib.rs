@@ -3,6 +3,7 @@
 //! in-process.
 //!
 //! - [`nbd`]: the NBD server (protocol, handshake, reactor front-end).
+//! - [`nvmf`]: NVMe over TCP (so far the PDU layer: [`nvmf::pdu`]).
 //! - [`target`]: the running target (assembly, reactors, NBD, superblock bookkeeping).
 //! - [`create`]: creating an array (superblocks, initial parity by zeroing).
 //! - [`grow`]: switching a stopped array's consistency policy (`ppl` ↔ `resync`).
@@ -20,6 +21,7 @@ pub mod grow;
 pub mod iscsi;
 pub mod metrics;
 pub mod nbd;
+pub mod nvmf;
 pub mod rpc;
 pub mod status;
 pub mod target;
