@@ -700,7 +700,10 @@ fn encode_members(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
     // histogram is the snapshot's replacement entry).
     let mut hist: Vec<(Labels, &hdrhistogram::Histogram<u64>)> = Vec::new();
     for (l, m) in &rows {
-        let slot = usize::from(m.slot.expect("slot rows"));
+        // Every row is a slot's (spares were filtered out above).
+        let Some(slot) = m.slot.map(usize::from) else {
+            continue;
+        };
         let h = match m.state {
             MemberState::Replacing => s.snapshot.replacement.as_ref().map(|r| &r.latency),
             MemberState::Removed | MemberState::Missing => None,
