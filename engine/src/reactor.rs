@@ -2160,9 +2160,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
 fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     p.stats = array.stats();
     for c in RequestClass::ALL {
-        let h = &mut p.queue_wait[c.index()];
-        h.reset();
-        let _ = h.add(array.queue_wait(c));
+        array.queue_wait_into(c, &mut p.queue_wait[c.index()]);
     }
     p.process = array.process_progress();
     p.replace = array.replacement();

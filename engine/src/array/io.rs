@@ -385,7 +385,7 @@ impl<C: Channel> Array<C> {
                     if !std::mem::replace(&mut r.issued, true) {
                         // Saturates at the histogram's top (one hour); never allocates.
                         self.queue_wait[r.class.index()]
-                            .saturating_record(self.now.saturating_sub(r.submit_ns).max(1));
+                            .record(self.now.saturating_sub(r.submit_ns));
                     }
                 }
             }

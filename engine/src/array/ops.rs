@@ -32,7 +32,7 @@ impl<C: Channel> Array<C> {
             let req = self.reqs[ri as usize].as_ref().expect("backlogged request");
             if req.op == ArrayOp::Flush {
                 // A flush covers what completed before it: it may pass queued writes.
-                self.backlog.remove(i);
+                remove_at(&mut self.backlog, i);
                 self.start_flush(ri);
                 any = true;
                 continue;
@@ -75,7 +75,7 @@ impl<C: Channel> Array<C> {
             sop.next = super::cache::NONE;
             sop.bulk = bulk;
             if fully {
-                self.backlog.remove(i);
+                remove_at(&mut self.backlog, i);
                 if i > 0 {
                     self.stats.overtaking_requests += 1;
                 }
@@ -146,7 +146,7 @@ impl<C: Channel> Array<C> {
             if blocked && !writes && !self.held.contains(&stripe) && self.read_from_pass(s) {
                 // The first waiting operation of its stripe, a read, served from the pass
                 // that holds the stripe.
-                self.waiting.remove(i);
+                remove_at(&mut self.waiting, i);
                 started = true;
                 continue;
             }
@@ -158,7 +158,7 @@ impl<C: Channel> Array<C> {
                 i += 1;
                 continue;
             }
-            self.waiting.remove(i);
+            remove_at(&mut self.waiting, i);
             // A background operation waits for the stripe like a write and excludes writes
             // while it runs, but lets reads run beside it: it writes only parity (resync,
             // repair) or a member being rebuilt, which a read of this stripe (above the
@@ -447,5 +447,16 @@ impl<C: Channel> Array<C> {
         let g = self.geo.geometry();
         let sop = &self.sops[s as usize];
         StripeWrite::from_range(g.data_chunks(), g.chunk_bytes(), sop.start, sop.end)
+    }
+}
+
+/// Removes `q[i]` (which exists), keeping the order of the rest: `pop_front` when it is
+/// the first — the common case on the per-request path, where `VecDeque::remove`'s
+/// general move costs more.
+pub(super) fn remove_at(q: &mut std::collections::VecDeque<u32>, i: usize) {
+    if i == 0 {
+        q.pop_front();
+    } else {
+        q.remove(i);
     }
 }

@@ -49,6 +49,7 @@
 use arrayvec::ArrayVec;
 
 use super::cache::{self, NONE};
+use super::ops::remove_at;
 use super::{Array, ArrayError, ArrayOp, Phase};
 use crate::device::{Channel, Op};
 use crate::geometry::{Role, MAX_RAID6_MEMBERS};
@@ -222,7 +223,7 @@ impl<C: Channel> Array<C> {
             if self.ppl.is_some() && (f_op.end < lead_op.ppl_lo || f_op.start > lead_op.ppl_hi) {
                 break;
             }
-            self.waiting.remove(i);
+            remove_at(&mut self.waiting, i);
             let fua = self.sop_fua(f);
             self.sops[f as usize].phase = Phase::Batched;
             self.sops[tail as usize].next = f;

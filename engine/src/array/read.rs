@@ -161,8 +161,7 @@ impl<C: Channel> Array<C> {
         if let Some(r) = self.reqs[ri as usize].as_mut() {
             if !std::mem::replace(&mut r.issued, true) {
                 // As `count_issue` records it when a request's first member I/O goes out.
-                self.queue_wait[r.class.index()]
-                    .saturating_record(self.now.saturating_sub(r.submit_ns).max(1));
+                self.queue_wait[r.class.index()].record(self.now.saturating_sub(r.submit_ns));
             }
         }
         self.stats.pass_reads += 1;

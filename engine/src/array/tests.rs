@@ -1322,3 +1322,38 @@ fn held_passes_stay_consistent_however_the_hold_ends() {
         );
     }
 }
+
+/// Queue waits count every request that issued member I/O: a read issued in the turn that
+/// accepted it (0 ns by the turn's clock, kept as a counter) as 1 ns, a read the array
+/// first saw a turn later with the time between.
+#[test]
+fn queue_wait_counts_same_turn_requests_and_times_later_ones() {
+    let (mut arr, _devs, clock) = sim_array(Level::Raid5, 4, 4096, 512, 8, Profile::fixed(1000));
+    let small = RequestClass::SmallRead;
+    let mut a = AlignedBuf::zeroed(4096);
+    let mut b = AlignedBuf::zeroed(4096);
+    // Issued in the same turn.
+    arr.set_now(clock.now_ns());
+    assert_eq!(rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut a), Ok(()));
+    // Accepted now, issued 5 µs later.
+    arr.set_now(clock.now_ns());
+    submit_at(&mut arr, 3, ArrayOp::Read, 8192, &mut b);
+    clock.advance_by(5_000);
+    assert_eq!(complete(&mut arr, &clock, 3), Ok(()));
+    let w = arr.queue_wait(small);
+    assert_eq!(w.len(), 2, "both reads counted");
+    assert_eq!(w.min(), 1, "the same-turn read as 1 ns");
+    assert!(
+        w.equivalent(w.max(), 5_000),
+        "the later one: {} ns",
+        w.max()
+    );
+    // The reactor's copy is the same histogram, and fills without growing.
+    let mut out = new_latency_histogram();
+    out.saturating_record(77);
+    arr.queue_wait_into(small, &mut out);
+    assert_eq!(
+        (out.len(), out.min(), out.max()),
+        (w.len(), w.min(), w.max())
+    );
+}
