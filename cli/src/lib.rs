@@ -10,6 +10,7 @@
 //! - [`rpc`]: the JSON-RPC 2.0 management socket (server, [`rpc::Handler`], client).
 //! - [`status`]: the status report (`ferroraid status`, the `array_status` method).
 //! - [`examine`]: superblock reports (`ferroraid examine`).
+//! - [`notify`]: readiness notification to systemd (`Type=notify`, `sd_notify`'s protocol).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -21,6 +22,7 @@ pub mod grow;
 pub mod iscsi;
 pub mod metrics;
 pub mod nbd;
+pub mod notify;
 pub mod nvmf;
 pub mod rpc;
 pub mod status;

@@ -599,17 +599,85 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
-/// Runs `ferroraid serve` until SIGINT/SIGTERM.
+/// Runs `ferroraid serve` until SIGINT/SIGTERM. Under a service manager that set
+/// `NOTIFY_SOCKET` (systemd's `Type=notify`), says `READY=1` once [`Target::start`] has
+/// returned — the array assembled, every export, the management socket and the metrics
+/// endpoint listening — and `STOPPING=1` when the stop begins; a start that fails says why
+/// in `STATUS=` (the unit then fails on the exit status).
 pub fn run_serve(a: &ServeArgs) -> Result<()> {
     let opts = a.options()?;
     let stop = stop_flag()?;
-    let target = Target::start(&opts)?;
-    serve_until(target, &stop, false)
+    let notifier = match ferroraid::notify::Notifier::from_env() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("cannot notify the service manager: {e}");
+            None
+        }
+    };
+    let target = match Target::start(&opts) {
+        Ok(t) => t,
+        Err(e) => {
+            notify(notifier.as_ref(), &format!("STATUS=start failed: {e:#}"));
+            return Err(e);
+        }
+    };
+    if let Some(n) = &notifier {
+        let state = format!("READY=1\nSTATUS={}", serving_status(&target));
+        match n.notify(&state) {
+            Ok(()) => tracing::info!("told the service manager: ready"),
+            Err(e) => tracing::warn!("cannot notify the service manager (READY=1): {e}"),
+        }
+    }
+    serve_until(target, &stop, false, notifier.as_ref())
+}
+
+/// Sends `state` to the service manager, if there is one; a failure is logged, never
+/// fatal (the data path does not depend on systemd hearing from us).
+fn notify(n: Option<&ferroraid::notify::Notifier>, state: &str) {
+    if let Some(n) = n {
+        if let Err(e) = n.notify(state) {
+            tracing::warn!("cannot notify the service manager: {e}");
+        }
+    }
+}
+
+/// The one-line `STATUS=` of a running target (what `systemctl status` shows): the array,
+/// its members, and where it is exported.
+fn serving_status(t: &Target) -> String {
+    let snap = t.handle().snapshot();
+    let online = snap
+        .members
+        .iter()
+        .filter(|m| m.state == MemberState::Online)
+        .count();
+    let mut exports: Vec<String> = t
+        .nbd_tcp_addrs()
+        .iter()
+        .map(|a| format!("nbd {a}"))
+        .collect();
+    exports.extend(
+        t.nbd_unix_paths()
+            .iter()
+            .map(|p| format!("nbd unix:{}", p.display())),
+    );
+    exports.extend(t.iscsi_addrs().iter().map(|a| format!("iscsi {a}")));
+    ferroraid::notify::status_line(&format!(
+        "serving array \"{}\": {online}/{} members online; {}",
+        t.name(),
+        snap.members.len(),
+        exports.join(", ")
+    ))
 }
 
 /// Serves until `stop` is set, then stops cleanly; with `live`, a status line every
-/// second on stdout.
-fn serve_until(target: Target, stop: &AtomicBool, live: bool) -> Result<()> {
+/// second on stdout. `notifier`: the service manager hears `STOPPING=1` when the stop
+/// begins.
+fn serve_until(
+    target: Target,
+    stop: &AtomicBool,
+    live: bool,
+    notifier: Option<&ferroraid::notify::Notifier>,
+) -> Result<()> {
     let tty = std::io::stdout().is_terminal();
     let mut last = (Instant::now(), 0u64, 0u64, 0u64);
     let mut next = Instant::now() + Duration::from_secs(1);
@@ -653,6 +721,10 @@ fn serve_until(target: Target, stop: &AtomicBool, live: bool) -> Result<()> {
         say!()?;
     }
     tracing::info!("stopping: draining requests, flushing members, marking the array clean");
+    notify(
+        notifier,
+        "STOPPING=1\nSTATUS=stopping: draining requests, flushing members, marking the array clean",
+    );
     target.stop()
 }
 
@@ -758,7 +830,7 @@ pub fn run_demo(a: &DemoArgs) -> Result<()> {
             stop2.store(true, Ordering::Release);
         });
     }
-    serve_until(target, &stop, true)
+    serve_until(target, &stop, true, None)
 }
 
 fn print_howto(url: &str, t: &Target, dir: &Path) -> Result<()> {

@@ -17,8 +17,13 @@
 //!   workload that runs until a crash with torn member writes, and the per-block model of
 //!   the versions a block may hold afterwards.
 //!
-//! The crate deliberately has no dependencies beyond `engine` and the standard library, so
-//! the oracle tests stay independent of the code they check.
+//! - [`target`]: the `ferroraid` binary run as an operator runs it — the fixture that
+//!   creates an array, starts `ferroraid serve`, waits until it serves, fills it and cleans
+//!   up ([`target::TargetFixture`]), for the tests of the binary.
+//!
+//! Beyond `engine`, the crate uses only test plumbing (`libc` for `PR_SET_PDEATHSIG`,
+//! `tempfile`, `serde_json` for `status --json`) — never `ferroraid` itself, so the oracle
+//! tests and the binary tests stay independent of the code they check.
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -28,6 +33,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod crash;
+pub mod target;
 
 /// Where the oracle script lives: `shared/oracle/raidref.py` beside the workspace root.
 ///

@@ -31,627 +31,14 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use ferroraid_tests::target::*;
 use ferroraid_tests::{
-    attach_loop, ensure_md_fixtures, first_difference, mdadm, required, run_tool, seed_of,
-    show_output, tool, LoopGuard, Oracle, Rng,
+    attach_loop, ensure_md_fixtures, mdadm, required, run_tool, seed_of, show_output, tool,
 };
-
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const CHUNK: u64 = 64 * KIB;
-/// Member files: mdadm's 1 MiB data offset for small devices, then 8 MiB of data (128
-/// chunks), so a 6-member RAID6 or a 5-member RAID5 holds 32 MiB.
-const MEMBER_BYTES: u64 = 9 * MIB;
-const DATA_OFFSET: u64 = MIB;
-/// Any one client command.
-const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
-/// From spawning `ferroraid serve` to its NBD port answering.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// From SIGTERM to the exit.
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
-/// A start that must be refused: still running after this long counts as started.
-const REFUSE_TIMEOUT: Duration = Duration::from_secs(20);
-
-// ---------------------------------------------------------------------------------------
-// The binary.
-// ---------------------------------------------------------------------------------------
-
-/// The `ferroraid` binary of this build ([`ferroraid_tests::ferroraid_bin`]).
-fn ferroraid() -> &'static Path {
-    ferroraid_tests::ferroraid_bin()
-}
-
-/// `ferroraid ARGS...` with the environment every run gets: plain logs at `info` (the
-/// messages the tests look for), no colours.
-fn ferroraid_cmd<I, S>(args: I) -> Command
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    let mut c = Command::new(ferroraid());
-    c.args(args).env("RUST_LOG", "info").env("NO_COLOR", "1");
-    c
-}
-
-/// A 127.0.0.1 TCP port that was free a moment ago (bound to port 0, then closed).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding 127.0.0.1:0")
-        .port()
-}
-
-// ---------------------------------------------------------------------------------------
-// A running target.
-// ---------------------------------------------------------------------------------------
-
-/// A `ferroraid serve` (or `demo`) process. `Drop` kills it if it is still running, and
-/// prints its log when the test is failing.
-struct Server {
-    child: Option<Child>,
-    label: String,
-    stdout: PathBuf,
-    stderr: PathBuf,
-    export: String,
-    port: u16,
-    socket: Option<PathBuf>,
-    status: Option<ExitStatus>,
-}
-
-impl Server {
-    /// Spawns `ferroraid ARGS...` (logs in `dir/LABEL.{out,err}`) and waits until its NBD
-    /// port greets a client.
-    fn spawn(
-        dir: &Path,
-        label: &str,
-        args: &[OsString],
-        export: &str,
-        port: u16,
-        socket: Option<PathBuf>,
-    ) -> Server {
-        let mut s = Self::spawn_unready(dir, label, args, export, port, socket);
-        s.wait_ready();
-        s
-    }
-
-    fn spawn_unready(
-        dir: &Path,
-        label: &str,
-        args: &[OsString],
-        export: &str,
-        port: u16,
-        socket: Option<PathBuf>,
-    ) -> Server {
-        let stdout = dir.join(format!("{label}.out"));
-        let stderr = dir.join(format!("{label}.err"));
-        let mut cmd = ferroraid_cmd(args);
-        // SAFETY: prctl is async-signal-safe; the closure touches nothing else. The server
-        // dies with the test (even a test killed from outside): no process is left behind.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&stdout).expect("creating the server's stdout file"))
-            .stderr(fs::File::create(&stderr).expect("creating the server's stderr file"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", ferroraid().display()));
-        Server {
-            child: Some(child),
-            label: label.to_string(),
-            stdout,
-            stderr,
-            export: export.to_string(),
-            port,
-            socket,
-            status: None,
-        }
-    }
-
-    /// `ferroraid serve --adaptive --nbd 127.0.0.1:PORT --nbd unix:DIR/LABEL.sock EXTRA...
-    /// DEVICES...`, ready.
-    fn serve(dir: &Path, label: &str, export: &str, devices: &[PathBuf], extra: &[&str]) -> Self {
-        let port = free_port();
-        let socket = dir.join(format!("{label}.sock"));
-        let mut args: Vec<OsString> = vec!["serve".into(), "--adaptive".into()];
-        args.push("--nbd".into());
-        args.push(format!("127.0.0.1:{port}").into());
-        args.push("--nbd".into());
-        args.push(format!("unix:{}", socket.display()).into());
-        args.extend(extra.iter().map(OsString::from));
-        args.extend(devices.iter().map(|d| d.as_os_str().to_owned()));
-        Self::spawn(dir, label, &args, export, port, Some(socket))
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn out(&self) -> String {
-        fs::read_to_string(&self.stdout).unwrap_or_default()
-    }
-
-    /// Both logs, for failure messages.
-    fn logs(&self) -> String {
-        format!(
-            "--- ferroraid ({}) stdout ---\n{}\n--- ferroraid ({}) stderr ---\n{}",
-            self.label,
-            self.out().trim_end(),
-            self.label,
-            self.log().trim_end()
-        )
-    }
-
-    /// Polls until the NBD port sends the newstyle greeting. Fails (with the logs) if the
-    /// process exits first or `START_TIMEOUT` passes.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(st) = self.try_wait() {
-                panic!(
-                    "ferroraid ({}) exited with {st} before serving:\n{}",
-                    self.label,
-                    self.logs()
-                );
-            }
-            if self.greets() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ferroraid ({}) did not answer on 127.0.0.1:{} within {START_TIMEOUT:?}:\n{}",
-                self.label,
-                self.port,
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Whether 127.0.0.1:PORT answers with the fixed-newstyle greeting (`NBDMAGIC`
-    /// `IHAVEOPT`); then the probe leaves politely (`NBD_OPT_ABORT`, and waits for the
-    /// server's answer or close).
-    fn greets(&self) -> bool {
-        let addr = ("127.0.0.1", self.port);
-        let Ok(mut s) = TcpStream::connect(addr) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let mut g = [0u8; 18];
-        if s.read_exact(&mut g).is_err() || &g[..16] != b"NBDMAGICIHAVEOPT" {
-            return false;
-        }
-        // Client flags FIXED_NEWSTYLE | NO_ZEROES, then option 2 (ABORT) with no data.
-        let mut abort = Vec::from(3u32.to_be_bytes());
-        abort.extend_from_slice(b"IHAVEOPT");
-        abort.extend_from_slice(&2u32.to_be_bytes());
-        abort.extend_from_slice(&0u32.to_be_bytes());
-        if s.write_all(&abort).is_ok() {
-            let mut reply = [0u8; 20];
-            let _ = s.read(&mut reply);
-        }
-        true
-    }
-
-    /// Waits until stdout contains `needle` (what the process prints after it listens);
-    /// fails with the logs after `START_TIMEOUT`.
-    fn wait_out(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let out = self.out();
-            if out.contains(needle) {
-                return out;
-            }
-            assert!(
-                Instant::now() < deadline && self.try_wait().is_none(),
-                "ferroraid ({}) never printed {needle:?}:\n{}",
-                self.label,
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn try_wait(&mut self) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            if let Some(c) = self.child.as_mut() {
-                self.status = c.try_wait().expect("waiting for ferroraid");
-            }
-        }
-        self.status
-    }
-
-    /// Waits up to `timeout` for the process to exit by itself.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(s) = self.try_wait() {
-                return Some(s);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) takes plain integers; the pid is our own child's, not yet reaped.
-        let rc = unsafe { libc::kill(self.pid(), sig) };
-        assert_eq!(rc, 0, "kill({}, {sig}) failed", self.pid());
-    }
-
-    /// SIGTERM (or SIGINT), and the exit status, which must come within `STOP_TIMEOUT`.
-    fn stop_with(&mut self, sig: i32) -> ExitStatus {
-        if let Some(s) = self.try_wait() {
-            panic!(
-                "ferroraid ({}) had already exited ({s}) when asked to stop:\n{}",
-                self.label,
-                self.logs()
-            );
-        }
-        self.signal(sig);
-        match self.wait_exit(STOP_TIMEOUT) {
-            Some(s) => s,
-            None => {
-                let logs = self.logs();
-                self.kill9();
-                panic!(
-                    "ferroraid ({}) did not exit within {STOP_TIMEOUT:?} of signal {sig}:\n{logs}",
-                    self.label
-                );
-            }
-        }
-    }
-
-    /// SIGTERM; the exit status must be 0.
-    fn stop(&mut self) {
-        let st = self.stop_with(libc::SIGTERM);
-        assert!(
-            st.success(),
-            "ferroraid ({}) exited with {st} after SIGTERM:\n{}",
-            self.label,
-            self.logs()
-        );
-        let log = self.log();
-        assert!(
-            log.contains("array stopped"),
-            "no 'array stopped' after SIGTERM:\n{}",
-            self.logs()
-        );
-    }
-
-    /// SIGKILL, and reap it.
-    fn kill9(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            if self.status.is_none() {
-                let _ = c.kill();
-                self.status = c.wait().ok();
-            }
-        }
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd://127.0.0.1:{}/{}", self.port, self.export)
-    }
-
-    fn unix_uri(&self) -> String {
-        let sock = self.socket.as_ref().expect("this server has a Unix socket");
-        format!("nbd+unix:///{}?socket={}", self.export, sock.display())
-    }
-
-    /// Runs a client; on failure the message carries the client's and the server's output.
-    fn client_ok(&self, cmd: &mut Command, dir: &Path) -> String {
-        let shown = format!("{cmd:?}");
-        let out = run_tool(cmd, dir, TOOL_TIMEOUT);
-        assert!(
-            out.status.success(),
-            "{shown} failed: {}\n{}",
-            show_output(&out),
-            self.logs()
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let running = self.status.is_none();
-        self.kill9();
-        if std::thread::panicking() {
-            eprintln!(
-                "{}{}",
-                if running {
-                    "(killed at the end of the failed test)\n"
-                } else {
-                    ""
-                },
-                self.logs()
-            );
-        }
-    }
-}
-
-/// Runs `ferroraid ARGS...`, which must fail: returns its stderr.
-fn refused(dir: &Path, what: &str, args: &[OsString]) -> String {
-    let mut cmd = ferroraid_cmd(args);
-    let out = run_tool(&mut cmd, dir, REFUSE_TIMEOUT);
-    assert!(
-        !out.status.success(),
-        "{what}: ferroraid {args:?} should have refused, but exited 0: {}",
-        show_output(&out)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// `ferroraid serve --adaptive --nbd 127.0.0.1:PORT EXTRA... DEVICES...`, which must refuse
-/// to start: exit non-zero without ever serving. Returns its stderr.
-fn refused_serve(dir: &Path, what: &str, devices: &[PathBuf], extra: &[&str]) -> String {
-    let port = free_port();
-    let mut args: Vec<OsString> = vec!["serve".into(), "--adaptive".into(), "--nbd".into()];
-    args.push(format!("127.0.0.1:{port}").into());
-    args.extend(extra.iter().map(OsString::from));
-    args.extend(devices.iter().map(|d| d.as_os_str().to_owned()));
-    let label = format!(
-        "refused-{}",
-        what.replace(|c: char| !c.is_alphanumeric(), "-")
-    );
-    let mut srv = Server::spawn_unready(dir, &label, &args, "", port, None);
-    let deadline = Instant::now() + REFUSE_TIMEOUT;
-    loop {
-        if let Some(st) = srv.try_wait() {
-            assert!(
-                !st.success(),
-                "{what}: ferroraid serve {devices:?} {extra:?} should have refused, but exited 0:\n{}",
-                srv.logs()
-            );
-            return srv.log();
-        }
-        assert!(
-            !srv.greets(),
-            "{what}: ferroraid serve {devices:?} {extra:?} started serving instead of refusing:\n{}",
-            srv.logs()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "{what}: ferroraid serve neither refused nor served within {REFUSE_TIMEOUT:?}:\n{}",
-            srv.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Arrays.
-// ---------------------------------------------------------------------------------------
-
-/// An array made by `ferroraid create`.
-struct Array {
-    level: u8,
-    layout: &'static str,
-    name: String,
-    /// Member devices in role order.
-    members: Vec<PathBuf>,
-    /// What the oracle reads for each role (the backing files of loop devices).
-    images: Vec<PathBuf>,
-    /// Capacity, bytes (from create's output).
-    size: u64,
-    data_offset: u64,
-}
-
-/// `n` sparse member files `dir/PREFIXi.img` of `bytes` bytes each.
-fn member_files(dir: &Path, prefix: &str, n: usize, bytes: u64) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("{prefix}{i}.img"));
-            fs::File::create(&p)
-                .and_then(|f| f.set_len(bytes))
-                .unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
-            p
-        })
-        .collect()
-}
-
-fn data_chunks(level: u8, members: usize) -> u64 {
-    members as u64 - if level == 6 { 2 } else { 1 }
-}
-
-/// `ferroraid create --level L --chunk 64K --layout X --name N MEMBERS...`; checks the
-/// reported capacity and data offset.
-fn create(dir: &Path, level: u8, layout: &'static str, name: &str, members: &[PathBuf]) -> Array {
-    let mut cmd = ferroraid_cmd(["create", "--level", &level.to_string(), "--chunk", "64K"]);
-    cmd.args(["--layout", layout, "--name", name]).args(members);
-    let shown = format!("{cmd:?}");
-    let out = run_tool(&mut cmd, dir, TOOL_TIMEOUT);
-    assert!(out.status.success(), "{shown}: {}", show_output(&out));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    // "created raid6 left-symmetric array "x" (UUID ...): 6 members, chunk 65536 bytes,
-    // 33554432 bytes, data offset 1048576 bytes"
-    let mut size = None;
-    let mut data_offset = None;
-    for part in text.trim().split(", ") {
-        if let Some(v) = part.strip_prefix("data offset ") {
-            data_offset = v.strip_suffix(" bytes").and_then(|v| v.parse().ok());
-        } else if let Some(v) = part.strip_suffix(" bytes") {
-            if let Ok(v) = v.parse::<u64>() {
-                size = Some(v);
-            }
-        }
-    }
-    let (Some(size), Some(data_offset)) = (size, data_offset) else {
-        panic!("{shown}: no capacity/data offset in its output: {text}");
-    };
-    assert!(
-        text.starts_with(&format!("created raid{level} {layout} array \"{name}\"")),
-        "{text}"
-    );
-    let member_bytes = fs::metadata(&members[0]).map(|m| m.len()).unwrap_or(0);
-    if member_bytes > 0 {
-        // Files: the capacity follows from the data offset and the member size.
-        assert_eq!(data_offset, DATA_OFFSET, "{text}");
-        assert_eq!(
-            size,
-            (member_bytes - data_offset) / CHUNK * CHUNK * data_chunks(level, members.len()),
-            "{text}"
-        );
-    }
-    Array {
-        level,
-        layout,
-        name: name.to_string(),
-        members: members.to_vec(),
-        images: members.to_vec(),
-        size,
-        data_offset,
-    }
-}
-
-impl Array {
-    fn oracle_args(&self, command: &str, images: &[String], extra: &[String]) -> Vec<String> {
-        let mut a = vec![command.to_string()];
-        a.extend(images.iter().cloned());
-        for (k, v) in [
-            ("--level", self.level.to_string()),
-            ("--layout", self.layout.to_string()),
-            ("--chunk", CHUNK.to_string()),
-            ("--data-offset", self.data_offset.to_string()),
-        ] {
-            a.push(k.to_string());
-            a.push(v);
-        }
-        a.extend(extra.iter().cloned());
-        a
-    }
-
-    fn image_args(&self, missing: &[usize]) -> Vec<String> {
-        self.images
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                if missing.contains(&i) {
-                    "missing".to_string()
-                } else {
-                    p.display().to_string()
-                }
-            })
-            .collect()
-    }
-
-    /// The oracle, or `None` after saying on stderr that the running test skips its oracle
-    /// checks of this array.
-    fn oracle(&self) -> Option<Oracle> {
-        let test = std::thread::current().name().unwrap_or("target").to_owned();
-        Oracle::locate_or_skip(&format!("{test} (array {})", self.name))
-    }
-
-    /// The oracle checks P (and Q) of the first `stripes` stripes (all by default); nothing
-    /// to do without the oracle.
-    fn oracle_verify(&self, stripes: Option<u64>) {
-        let Some(oracle) = self.oracle() else {
-            return;
-        };
-        let extra: Vec<String> = stripes
-            .map(|s| vec!["--stripes".to_string(), s.to_string()])
-            .unwrap_or_default();
-        let out = oracle
-            .run_ok(self.oracle_args("verify", &self.image_args(&[]), &extra))
-            .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-        assert!(out.contains("mismatches 0"), "{}: {out}", self.name);
-    }
-
-    /// The logical image the oracle reads from the members (`missing` roles rebuilt), or
-    /// `None` without the oracle.
-    fn oracle_extract(&self, dir: &Path, missing: &[usize]) -> Option<Vec<u8>> {
-        let oracle = self.oracle()?;
-        let out = dir.join(format!("{}-extract.img", self.name));
-        let extra = ["--out".to_string(), out.display().to_string()];
-        oracle
-            .run_ok(self.oracle_args("extract", &self.image_args(missing), &extra))
-            .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-        let mut v = fs::read(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
-        let _ = fs::remove_file(&out);
-        v.truncate(self.size as usize);
-        Some(v)
-    }
-}
-
-/// `items` in a seeded random order that differs from the given one.
-fn shuffled<T: Clone + PartialEq>(items: &[T], seed: u64) -> Vec<T> {
-    let mut v = items.to_vec();
-    let mut rng = Rng::new(seed);
-    for i in (1..v.len()).rev() {
-        v.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    if v.len() > 1 && v == items {
-        v.rotate_left(1);
-    }
-    v
-}
-
-fn random_file(path: &Path, len: u64, seed: u64) -> Vec<u8> {
-    let data = Rng::new(seed).bytes(len as usize);
-    fs::write(path, &data).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-    data
-}
-
-fn assert_same(what: &str, got: &[u8], want: &[u8]) {
-    if let Some(d) = first_difference(got, want) {
-        panic!("{what}: {d}");
-    }
-}
-
-/// `mdadm --examine` of every member: `State : {state}`, the checksum correct, and (if
-/// given) `Events : {events}`. Returns each member's events.
-fn examine(dir: &Path, members: &[PathBuf], state: &str, events: Option<u64>) -> Vec<u64> {
-    let Some(mdadm) = mdadm() else {
-        return Vec::new();
-    };
-    members
-        .iter()
-        .map(|m| {
-            let out = run_tool(
-                Command::new(&mdadm).arg("--examine").arg(m),
-                dir,
-                TOOL_TIMEOUT,
-            );
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let ctx = format!("mdadm --examine {}", m.display());
-            assert!(out.status.success(), "{ctx}: {}", show_output(&out));
-            let field = |k: &str| -> String {
-                text.lines()
-                    .map(str::trim)
-                    .find_map(|l| l.strip_prefix(k).map(|v| v.trim().to_string()))
-                    .unwrap_or_else(|| panic!("{ctx}: no {k:?} in\n{text}"))
-            };
-            assert_eq!(field("State :"), state, "{ctx}:\n{text}");
-            assert!(
-                field("Checksum :").ends_with("- correct"),
-                "{ctx}: checksum not correct:\n{text}"
-            );
-            let ev: u64 = field("Events :").parse().expect("Events is a number");
-            if let Some(e) = events {
-                assert_eq!(ev, e, "{ctx}: events\n{text}");
-            }
-            ev
-        })
-        .collect()
-}
-
-// ---------------------------------------------------------------------------------------
-// 1. Member files, every client.
-// ---------------------------------------------------------------------------------------
 
 #[test]
 fn files_raid6_served_to_every_client() {
@@ -732,21 +119,18 @@ fn split_runs(data: &[u8], lo: u64, hi: u64) -> Vec<(u64, u64)> {
 }
 
 fn files_round_trip(level: u8, layout: &'static str, n: usize, reactors: usize) {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let members = member_files(d, "m", n, MEMBER_BYTES);
-    let a = create(d, level, layout, &format!("files{level}"), &members);
     let seed = seed_of(&[u64::from(level), n as u64]);
-    let order = shuffled(&members, seed);
-    let mut srv = Server::serve(
-        d,
-        "serve",
-        &a.name,
-        &order,
-        &["--reactors", &reactors.to_string()],
-    );
+    let mut fx = TargetFixture::builder(level, n)
+        .layout(layout)
+        .name(&format!("files{level}"))
+        .shuffle(seed)
+        .serve_args(&["--reactors", &reactors.to_string()])
+        .build()
+        .expect("no tool needed");
+    let (d, a, members) = (fx.dir().to_path_buf(), &fx.array, &fx.array.members);
+    let (d, srv) = (d.as_path(), fx.server.as_mut().expect("served"));
     // A new array reads as zeroes (create zeroed the data areas).
-    let mut reference = vec![0u8; a.size as usize];
+    let mut reference = std::mem::take(&mut fx.data);
     let mut known = true;
 
     if let Some(nbdinfo) = tool("nbdinfo") {
@@ -777,7 +161,7 @@ fn files_round_trip(level: u8, layout: &'static str, n: usize, reactors: usize) 
         }
     }
 
-    qemu_io_patterns(&srv, d, &mut reference);
+    qemu_io_patterns(srv, d, &mut reference);
 
     if let Some(fio) = fio_with_nbd() {
         // Four jobs, four connections (multi-conn), each on its own 4 MiB: random writes of
@@ -913,7 +297,7 @@ fn files_round_trip(level: u8, layout: &'static str, n: usize, reactors: usize) 
     }
 
     srv.stop();
-    examine(d, &members, "clean", None);
+    examine(d, members, "clean", None);
     a.oracle_verify(None);
     if known {
         if let Some(logical) = a.oracle_extract(d, &[]) {
@@ -928,24 +312,6 @@ fn files_round_trip(level: u8, layout: &'static str, n: usize, reactors: usize) 
     }
 }
 
-/// fio with its nbd engine, or `None` (said why).
-fn fio_with_nbd() -> Option<PathBuf> {
-    let fio = tool("fio")?;
-    let ok = Command::new(&fio)
-        .arg("--enghelp=nbd")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            !required("FERRORAID_REQUIRE_TOOLS"),
-            "fio has no nbd engine and FERRORAID_REQUIRE_TOOLS=1"
-        );
-        eprintln!("SKIPPED: fio was built without the nbd engine");
-        return None;
-    }
-    Some(fio)
-}
-
 // ---------------------------------------------------------------------------------------
 // 2. Loop devices.
 // ---------------------------------------------------------------------------------------
@@ -955,34 +321,21 @@ fn loop_devices_round_trip() {
     let Some(nbdcopy) = tool("nbdcopy") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let files = member_files(d, "backing", 6, MEMBER_BYTES);
-    // Declared before the server, so dropped after it: the devices are detached only once
-    // the target has let go of them.
-    let mut loops: Vec<LoopGuard> = Vec::new();
-    for f in &files {
-        match attach_loop(f) {
-            Ok(g) => loops.push(g),
-            Err(why) => {
-                assert!(
-                    !required("FERRORAID_REQUIRE_LOOP"),
-                    "FERRORAID_REQUIRE_LOOP=1 but {why}"
-                );
-                eprintln!(
-                    "SKIPPED loop_devices_round_trip: {why} (needs root and losetup; \
-                     FERRORAID_REQUIRE_LOOP=1 makes this a failure)"
-                );
-                return;
-            }
-        }
-    }
-    let devs: Vec<PathBuf> = loops.iter().map(|g| PathBuf::from(&g.dev)).collect();
-    let mut a = create(d, 6, "left-symmetric", "loops", &devs);
-    a.images = files.clone();
+    let Some(mut fx) = TargetFixture::builder(6, 6)
+        .loop_devices()
+        .name("loops")
+        .shuffle(0x100b)
+        .build()
+    else {
+        return;
+    };
+    let d = fx.dir().to_path_buf();
+    let d = d.as_path();
+    let a = &fx.array;
+    let devs = a.members.clone();
     assert_eq!(a.data_offset, DATA_OFFSET);
     assert_eq!(a.size, 32 * MIB);
-    let mut srv = Server::serve(d, "serve", &a.name, &shuffled(&devs, 0x100b), &[]);
+    let srv = fx.server.as_mut().expect("served");
     let src = d.join("in.img");
     let data = random_file(&src, a.size, 0x100b);
     srv.client_ok(
@@ -1006,7 +359,6 @@ fn loop_devices_round_trip() {
         &data,
     );
     srv.stop();
-    drop(srv);
     examine(d, &devs, "clean", None);
     a.oracle_verify(None);
     if let Some(logical) = a.oracle_extract(d, &[]) {
@@ -1180,19 +532,23 @@ fn kill_9_during_writes_keeps_acknowledged_data_and_leaves_the_array_dirty() {
     let Some((tmp, python, script)) = kill_setup() else {
         return;
     };
+    let mut fx = TargetFixture::builder(6, 6)
+        .name("crash")
+        .shuffle(9)
+        .build()
+        .expect("no tool needed");
     let d = tmp.path();
-    let members = member_files(d, "m", 6, MEMBER_BYTES);
-    let a = create(d, 6, "left-symmetric", "crash", &members);
-    let mut srv = Server::serve(d, "serve", &a.name, &shuffled(&members, 9), &[]);
+    let (a, srv) = (&fx.array, fx.server.as_mut().expect("served"));
+    let members = a.members.clone();
 
     let acks = d.join("acks.txt");
-    write_until_wrapped_then_kill(&python, &script, &mut srv, &acks, &d.join("writer.err"));
+    write_until_wrapped_then_kill(&python, &script, srv, &acks, &d.join("writer.err"));
     let acked = fs::read_to_string(&acks).unwrap();
     // The array was being written: every member says so (a resync is needed).
     let events = examine(d, &members, "active", None);
     assert!(events.iter().all(|&e| e == 1), "events {events:?}");
 
-    let mut srv = Server::serve(d, "restart", &a.name, &shuffled(&members, 10), &[]);
+    let mut srv = fx.serve("restart", &shuffled(&members, 10), &[]);
     assert!(
         srv.log().contains("resync needed"),
         "the restarted target must say a resync is needed:\n{}",
@@ -1216,57 +572,40 @@ fn kill_9_during_writes_keeps_acknowledged_data_and_leaves_the_array_dirty() {
     // The target resyncs by itself (the array was not shut down cleanly): once it has
     // finished, a clean stop leaves members that are clean and parity consistent on every
     // stripe, the torn ones included.
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    while !srv
-        .log()
-        .contains("background process finished process=resync")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no resync finished:\n{}",
-            srv.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    srv.wait_log_for("background process finished process=resync", TOOL_TIMEOUT);
     srv.stop();
     examine(d, &members, "clean", None);
     a.oracle_verify(None);
 }
 
-/// Runs [`KILL_SCRIPT`]'s writer against a RAID5 over four member files created with
-/// `--consistency-policy POLICY`, kills the server (-9) once region B has wrapped, deletes
-/// one member file, and starts the target again on the other three with `--run` (start
-/// degraded), or `--force` when `force`. Returns the restarted server (or `None` when it refused to
-/// start, with its log) and the verifier's output.
-#[allow(clippy::too_many_arguments)]
+/// Runs [`KILL_SCRIPT`]'s writer against a RAID`level` over four (RAID6: five) member
+/// files created with `--consistency-policy POLICY`, kills the server (-9) once region B
+/// has wrapped, deletes the `lost` member files, and starts the target again on the others
+/// with `--run` (start degraded), or `--force` when `force`. Returns the fixture (its
+/// server: the restarted one, when it started), whether it started (or its exit and log),
+/// and the verifier's output.
 fn kill_9_and_lose_a_member(
-    d: &Path,
     python: &Path,
     script: &Path,
     policy: &str,
     level: u8,
     lost: &[usize],
     force: bool,
-) -> (Result<Server, String>, Option<Output>) {
-    let members = member_files(d, policy, if level == 6 { 5 } else { 4 }, MEMBER_BYTES);
-    let name = format!("hole-{policy}");
-    let mut cmd = ferroraid_cmd([
-        "create",
-        "--level",
-        &level.to_string(),
-        "--chunk",
-        "64K",
-        "--name",
-    ]);
-    cmd.arg(&name)
-        .args(["--consistency-policy", policy])
-        .args(&members);
-    let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
-    assert!(out.status.success(), "{}", show_output(&out));
-    let mut srv = Server::serve(d, &format!("{policy}-serve"), &name, &members, &[]);
+) -> (TargetFixture, Result<(), String>, Option<Output>) {
+    let mut fx = TargetFixture::builder(level, if level == 6 { 5 } else { 4 })
+        .prefix(policy)
+        .name(&format!("hole-{policy}"))
+        .consistency_policy(policy)
+        .label(&format!("{policy}-serve"))
+        .build()
+        .expect("no tool needed");
+    let d = fx.dir().to_path_buf();
+    let d = d.as_path();
+    let (members, name) = (fx.array.members.clone(), fx.array.name.clone());
     let acks = d.join(format!("{policy}-acks.txt"));
     let werr = d.join(format!("{policy}-writer.err"));
-    write_until_wrapped_then_kill(python, script, &mut srv, &acks, &werr);
+    write_until_wrapped_then_kill(python, script, fx.srv_mut(), &acks, &werr);
+    fx.server = None;
     examine(d, &members, "active", None);
     for &m in lost {
         fs::remove_file(&members[m]).unwrap();
@@ -1289,7 +628,7 @@ fn kill_9_and_lose_a_member(
     args.extend(rest.iter().map(|p| p.as_os_str().to_owned()));
     let mut srv = Server::spawn_unready(d, &label, &args, &name, port, Some(socket));
     if let Some(st) = srv.wait_exit(Duration::from_secs(5)) {
-        return (Err(format!("exit {st}: {}", srv.log())), None);
+        return (fx, Err(format!("exit {st}: {}", srv.log())), None);
     }
     srv.wait_ready();
     let out = run_tool(
@@ -1300,7 +639,8 @@ fn kill_9_and_lose_a_member(
         d,
         TOOL_TIMEOUT,
     );
-    (Ok(srv), Some(out))
+    fx.server = Some(srv);
+    (fx, Ok(()), Some(out))
 }
 
 /// The write hole closed end to end (issue 19): with the Partial Parity Log, an array
@@ -1312,17 +652,18 @@ fn kill_9_and_lose_a_member(
 /// reported beside it.
 #[test]
 fn kill_9_then_lost_members_with_ppl_read_back_every_acknowledged_write() {
-    let Some((tmp, python, script)) = kill_setup() else {
+    let Some((_tmp, python, script)) = kill_setup() else {
         return;
     };
-    let d = tmp.path();
     let cases: [(u8, &[usize]); 4] = [(5, &[1]), (5, &[3]), (6, &[2]), (6, &[0, 3])];
     for (level, lost) in cases {
-        let (srv, out) = kill_9_and_lose_a_member(d, &python, &script, "ppl", level, lost, false);
-        let mut srv = srv.unwrap_or_else(|e| {
+        let (mut fx, started, out) =
+            kill_9_and_lose_a_member(&python, &script, "ppl", level, lost, false);
+        if let Err(e) = started {
             panic!("a dirty degraded PPL array must start without --force: {e}")
-        });
+        }
         let out = out.expect("served");
+        let srv = fx.srv();
         assert!(
             srv.log().contains("PPL recovery after an unclean shutdown"),
             "no PPL recovery logged:\n{}",
@@ -1338,26 +679,15 @@ fn kill_9_then_lost_members_with_ppl_read_back_every_acknowledged_write() {
             "ppl, RAID{level}, members {lost:?} lost: {}",
             String::from_utf8_lossy(&out.stdout).trim()
         );
-        srv.stop();
-        for f in fs::read_dir(d).unwrap().flatten() {
-            if f.file_name().to_string_lossy().starts_with("ppl") {
-                fs::remove_file(f.path()).unwrap();
-            }
-        }
+        fx.stop();
 
-        let (refused, _) =
-            kill_9_and_lose_a_member(d, &python, &script, "bitmap", level, lost, false);
-        let why = refused
-            .err()
-            .expect("a dirty degraded bitmap array needs --force");
+        let (_fx, refused, _) =
+            kill_9_and_lose_a_member(&python, &script, "bitmap", level, lost, false);
+        let why = refused.expect_err("a dirty degraded bitmap array needs --force");
         assert!(why.contains("dirty"), "{why}");
-        for f in fs::read_dir(d).unwrap().flatten() {
-            if f.file_name().to_string_lossy().starts_with("bitmap") {
-                fs::remove_file(f.path()).unwrap();
-            }
-        }
-        let (srv, out) = kill_9_and_lose_a_member(d, &python, &script, "bitmap", level, lost, true);
-        let mut srv = srv.expect("--force starts it");
+        let (mut fx, started, out) =
+            kill_9_and_lose_a_member(&python, &script, "bitmap", level, lost, true);
+        started.expect("--force starts it");
         let out = out.expect("served");
         eprintln!(
             "bitmap (--force), RAID{level}, members {lost:?} lost: verify {}: {}",
@@ -1368,27 +698,7 @@ fn kill_9_then_lost_members_with_ppl_read_back_every_acknowledged_write() {
             },
             String::from_utf8_lossy(&out.stdout).trim()
         );
-        srv.stop();
-        for f in fs::read_dir(d).unwrap().flatten() {
-            if f.file_name().to_string_lossy().starts_with("bitmap") {
-                fs::remove_file(f.path()).unwrap();
-            }
-        }
-    }
-}
-
-fn wait_child(c: &mut Child, timeout: Duration) -> ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("a client did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
+        fx.stop();
     }
 }
 
@@ -1418,29 +728,23 @@ fn bitmap_state(dir: &Path, member: &Path) -> (u64, u64, u64, u64) {
     )
 }
 
-/// `ferroraid create` of a 4-member RAID6 named `name` (64 KiB chunks, 9 MiB files) with
-/// an internal bitmap of 256 KiB regions (4 stripes each).
-fn create_with_bitmap(d: &Path, name: &str) -> Array {
-    let members = member_files(d, name, 4, MEMBER_BYTES);
-    let mut cmd = ferroraid_cmd(["create", "--level", "6", "--chunk", "64K", "--name", name]);
-    cmd.args(["--bitmap", "internal", "--bitmap-chunk", "256K"])
-        .args(&members);
-    let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
-    assert!(out.status.success(), "{}", show_output(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("262144-byte chunks"),
-        "{}",
-        show_output(&out)
-    );
-    Array {
-        level: 6,
-        layout: "left-symmetric",
-        name: name.into(),
-        members: members.clone(),
-        images: members,
-        size: 16 * MIB,
-        data_offset: DATA_OFFSET,
-    }
+/// A 4-member RAID6 named `name` (64 KiB chunks, 9 MiB files `NAMEi.img`) with an internal
+/// bitmap of 256 KiB regions (4 stripes each), built by `more`'s builder; checks that
+/// create says so. `None`: a tool `more` asked for is missing.
+fn create_with_bitmap(
+    name: &str,
+    more: impl FnOnce(TargetBuilder) -> TargetBuilder,
+) -> Option<TargetFixture> {
+    let fx = more(
+        TargetFixture::builder(6, 4)
+            .prefix(name)
+            .name(name)
+            .bitmap("256K"),
+    )
+    .build()?;
+    assert!(fx.created.contains("262144-byte chunks"), "{}", fx.created);
+    assert_eq!(fx.array.size, 16 * MIB, "{}", fx.created);
+    Some(fx)
 }
 
 /// An array created with an internal bitmap is served with it: a write marks its regions
@@ -1453,19 +757,18 @@ fn internal_bitmap_is_kept_in_md_format_while_serving() {
     let Some(nbdcopy) = tool("nbdcopy") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create_with_bitmap(d, "bm");
+    let fx = create_with_bitmap("bm", TargetBuilder::no_serve).expect("no tool needed");
+    let (d, a) = (fx.dir(), &fx.array);
     let members = a.members.clone();
     // 8 MiB of data per member in 256 KiB regions: 32 bits, all clear, events 0.
     assert_eq!(bitmap_state(d, &members[0]), (0, 0, 0, 0));
 
-    let mut srv = Server::serve(d, "serve", "bm", &shuffled(&members, 21), &[]);
+    let mut srv = fx.serve("serve", &shuffled(&members, 21), &[]);
     // 1 MiB at the start: 8 stripes of 128 KiB = 512 KiB of each member = regions 0 and 1.
     let data = d.join("data.bin");
     let want = random_file(&data, MIB, 77);
     let t_write = Instant::now();
-    fill(&srv, &nbdcopy, d, &data);
+    srv.fill(&nbdcopy, &data);
     for m in &members {
         let (ev, bev, _, dirty) = bitmap_state(d, m);
         assert!(
@@ -1502,7 +805,7 @@ fn internal_bitmap_is_kept_in_md_format_while_serving() {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     assert_same("read back", &got[..MIB as usize], &want);
     srv.stop();
     examine(d, &members, "clean", None);
@@ -1543,26 +846,6 @@ fn internal_bitmap_is_kept_in_md_format_while_serving() {
 // 4. Assembly: refusals, --force, degraded starts.
 // ---------------------------------------------------------------------------------------
 
-/// Writes `data` over the whole export with nbdcopy (and flushes).
-fn fill(srv: &Server, nbdcopy: &Path, dir: &Path, data_file: &Path) {
-    srv.client_ok(
-        Command::new(nbdcopy)
-            .arg("--flush")
-            .arg(data_file)
-            .arg(srv.uri()),
-        dir,
-    );
-}
-
-/// Reads the whole export with nbdcopy.
-fn read_all(srv: &Server, nbdcopy: &Path, dir: &Path) -> Vec<u8> {
-    let out = dir.join(format!("{}-read.img", srv.label));
-    srv.client_ok(Command::new(nbdcopy).arg(srv.unix_uri()).arg(&out), dir);
-    let v = fs::read(&out).unwrap();
-    let _ = fs::remove_file(&out);
-    v
-}
-
 fn superblock_area(p: &Path) -> Vec<u8> {
     let f = fs::File::open(p).unwrap();
     let mut v = vec![0u8; 4096];
@@ -1601,7 +884,7 @@ fn assembly_refuses_foreign_blank_and_corrupt_members_and_force_starts_degraded(
     let data = random_file(&src, x.size, 0xa55e);
     {
         let mut srv = Server::serve(d, "fill", &x.name, &x.members, &[]);
-        fill(&srv, &nbdcopy, d, &src);
+        srv.fill(&nbdcopy, &src);
         srv.stop();
     }
 
@@ -1650,7 +933,7 @@ fn assembly_refuses_foreign_blank_and_corrupt_members_and_force_starts_degraded(
     );
     assert_same(
         "the export read degraded (role 3 rebuilt)",
-        &read_all(&srv, &nbdcopy, d),
+        &srv.read_all(&nbdcopy),
         &data,
     );
     srv.stop();
@@ -1674,7 +957,7 @@ fn assembly_refuses_foreign_blank_and_corrupt_members_and_force_starts_degraded(
     );
     assert_same(
         "the export with the out-of-date member present",
-        &read_all(&srv, &nbdcopy, d),
+        &srv.read_all(&nbdcopy),
         &data,
     );
     srv.stop();
@@ -1685,22 +968,16 @@ fn degraded_raid6_serves_with_one_and_two_members_missing_and_refuses_three() {
     let Some(nbdcopy) = tool("nbdcopy") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create(
-        d,
-        6,
-        "left-symmetric",
-        "deg",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let src = d.join("data.img");
-    let mut data = random_file(&src, a.size, 0xdead);
-    {
-        let mut srv = Server::serve(d, "healthy", &a.name, &a.members, &[]);
-        fill(&srv, &nbdcopy, d, &src);
-        srv.stop();
-    }
+    let fx = TargetFixture::builder(6, 6)
+        .name("deg")
+        .label("healthy")
+        .fill(0xdead)
+        .stop_after_fill()
+        .build()
+        .expect("nbdcopy is there");
+    let d = fx.dir();
+    let a = fx.array.clone();
+    let mut data = fx.data.clone();
 
     // One member file gone. The array still counts it active, so without --force the
     // start is refused (mdadm's --run rule: a forgotten device would be recorded faulty for
@@ -1720,13 +997,13 @@ fn degraded_raid6_serves_with_one_and_two_members_missing_and_refuses_three() {
         before,
         "a refused start wrote"
     );
-    let mut srv = Server::serve(d, "one-missing", &a.name, &shuffled(&five, 1), &["--force"]);
+    let mut srv = fx.serve("one-missing", &shuffled(&five, 1), &["--force"]);
     assert!(
         srv.log().contains("degraded start: roles [4] missing"),
         "{}",
         srv.logs()
     );
-    assert_same("one member missing", &read_all(&srv, &nbdcopy, d), &data);
+    assert_same("one member missing", &srv.read_all(&nbdcopy), &data);
     if let Some(qemu_io) = tool("qemu-io") {
         // Partial and full stripes written degraded: parity kept around the missing member.
         let (off, len) = (MIB + 512, 3 * MIB + 4096);
@@ -1751,13 +1028,13 @@ fn degraded_raid6_serves_with_one_and_two_members_missing_and_refuses_three() {
 
     // Two missing: RAID6 still serves (role 4 is recorded faulty now, role 1 is not: forced).
     let four: Vec<PathBuf> = [0, 2, 3, 5].map(|i| a.members[i].clone()).to_vec();
-    let mut srv = Server::serve(d, "two-missing", &a.name, &shuffled(&four, 2), &["--force"]);
+    let mut srv = fx.serve("two-missing", &shuffled(&four, 2), &["--force"]);
     assert!(
         srv.log().contains("degraded start: roles [1, 4] missing"),
         "{}",
         srv.logs()
     );
-    assert_same("two members missing", &read_all(&srv, &nbdcopy, d), &data);
+    assert_same("two members missing", &srv.read_all(&nbdcopy), &data);
     srv.stop();
     drop(srv);
     if let Some(logical) = a.oracle_extract(d, &[1, 4]) {
@@ -1784,26 +1061,20 @@ fn a_member_left_out_of_a_degraded_run_is_not_used_after_a_crash() {
     let (Some(nbdcopy), Some(qemu_io)) = (tool("nbdcopy"), tool("qemu-io")) else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create(
-        d,
-        6,
-        "left-symmetric",
-        "left",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let src = d.join("data.img");
-    let mut data = random_file(&src, a.size, 0x1ef7);
-    {
-        let mut srv = Server::serve(d, "healthy", &a.name, &a.members, &[]);
-        fill(&srv, &nbdcopy, d, &src);
-        srv.stop();
-    }
+    let fx = TargetFixture::builder(6, 6)
+        .name("left")
+        .label("healthy")
+        .fill(0x1ef7)
+        .stop_after_fill()
+        .build()
+        .expect("nbdcopy is there");
+    let d = fx.dir();
+    let a = fx.array.clone();
+    let mut data = fx.data.clone();
     // Degraded run without m5: writes land on the others only; then the target crashes
     // (one superblock generation later than m5's: within md's margin of one).
     let five = a.members[..5].to_vec();
-    let mut srv = Server::serve(d, "degraded", &a.name, &shuffled(&five, 3), &["--force"]);
+    let mut srv = fx.serve("degraded", &shuffled(&five, 3), &["--force"]);
     let len = 4 * MIB;
     srv.client_ok(
         Command::new(&qemu_io).args([
@@ -1830,7 +1101,7 @@ fn a_member_left_out_of_a_degraded_run_is_not_used_after_a_crash() {
         err.contains("dirty") && err.contains("degraded"),
         "must refuse a dirty array whose member missed writes: {err}"
     );
-    let mut srv = Server::serve(d, "forced", &a.name, &shuffled(&a.members, 4), &["--force"]);
+    let mut srv = fx.serve("forced", &shuffled(&a.members, 4), &["--force"]);
     assert!(
         srv.log().contains(&format!("{m5} not used")),
         "{m5} must be left out:\n{}",
@@ -1838,7 +1109,7 @@ fn a_member_left_out_of_a_degraded_run_is_not_used_after_a_crash() {
     );
     assert_same(
         "the export after the crash, m5 present but out of date",
-        &read_all(&srv, &nbdcopy, d),
+        &srv.read_all(&nbdcopy),
         &data,
     );
     srv.stop();
@@ -1849,24 +1120,18 @@ fn force_brings_in_an_out_of_date_member_when_too_few_are_current() {
     let Some(nbdcopy) = tool("nbdcopy") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create(
-        d,
-        6,
-        "left-symmetric",
-        "old",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let src = d.join("data.img");
-    let data = random_file(&src, a.size, 0x01d);
-    {
-        let mut srv = Server::serve(d, "healthy", &a.name, &a.members, &[]);
-        fill(&srv, &nbdcopy, d, &src);
-        srv.stop();
-    }
+    let fx = TargetFixture::builder(6, 6)
+        .name("old")
+        .label("healthy")
+        .fill(0x01d)
+        .stop_after_fill()
+        .build()
+        .expect("nbdcopy is there");
+    let d = fx.dir();
+    let a = fx.array.clone();
+    let data = fx.data.clone();
     // A degraded run without m0 (no writes): m0 is now out of date.
-    let mut srv = Server::serve(d, "without-m0", &a.name, &a.members[1..], &["--force"]);
+    let mut srv = fx.serve("without-m0", &a.members[1..], &["--force"]);
     srv.stop();
     drop(srv);
     // m0 and three current members: too few current ones; force could use m0.
@@ -1877,7 +1142,7 @@ fn force_brings_in_an_out_of_date_member_when_too_few_are_current() {
         err.contains("too few members to serve data") && err.contains(&m0),
         "the refusal must name the out-of-date member force could use: {err}"
     );
-    let mut srv = Server::serve(d, "forced", &a.name, &shuffled(&four, 6), &["--force"]);
+    let mut srv = fx.serve("forced", &shuffled(&four, 6), &["--force"]);
     assert!(
         srv.log()
             .contains(&format!("forced: using out-of-date {m0}")),
@@ -1887,7 +1152,7 @@ fn force_brings_in_an_out_of_date_member_when_too_few_are_current() {
     // m0 missed no data writes, so the array still holds exactly the data.
     assert_same(
         "forced with an out-of-date member",
-        &read_all(&srv, &nbdcopy, d),
+        &srv.read_all(&nbdcopy),
         &data,
     );
     srv.stop();
@@ -1895,15 +1160,13 @@ fn force_brings_in_an_out_of_date_member_when_too_few_are_current() {
 
 #[test]
 fn a_start_that_fails_on_its_address_leaves_the_array_clean() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create(
-        d,
-        6,
-        "left-symmetric",
-        "busy",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
+    let fx = TargetFixture::builder(6, 6)
+        .name("busy")
+        .no_serve()
+        .build()
+        .expect("no tool needed");
+    let d = fx.dir();
+    let a = fx.array.clone();
     let before = examine(d, &a.members, "clean", None);
     // Someone else holds the port.
     let busy = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1922,7 +1185,7 @@ fn a_start_that_fails_on_its_address_leaves_the_array_clean() {
     let after = examine(d, &a.members, "clean", None);
     assert_eq!(before, after, "events moved although the start failed");
     drop(busy);
-    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &[]);
+    let mut srv = fx.serve("serve", &a.members, &[]);
     assert!(!srv.log().contains("resync needed"), "{}", srv.logs());
     // A second target (or create) on the same devices is refused while this one runs, and
     // this one keeps serving.
@@ -2016,7 +1279,7 @@ fn linux_md_members_are_served_with_the_data_md_was_given() {
             assert!(srv.log().contains("degraded start"), "{}", srv.logs());
             assert_same(
                 &format!("{name} without the removed member"),
-                &read_all(&srv, &nbdcopy, &d),
+                &srv.read_all(&nbdcopy),
                 &pattern,
             );
             srv.stop();
@@ -2039,16 +1302,16 @@ fn linux_md_members_are_served_with_the_data_md_was_given() {
                 "needs a full rebuild: the array has no write-intent bitmap"
             };
             assert!(log.contains(how), "{name}: {how}:\n{}", srv.logs());
-            let log = wait_log(&srv, "rebuild complete");
+            let log = srv.wait_log("rebuild complete");
             if name == "mdfix6b" {
-                let log = wait_log(&srv, "background process finished process=rebuild");
+                let log = srv.wait_log("background process finished process=rebuild");
                 assert!(log.contains("process=rebuild stripes=11"), "{log}");
             }
             let _ = log;
         }
         assert_same(
             &format!("{name}: the export vs the pattern md was given"),
-            &read_all(&srv, &nbdcopy, &d),
+            &srv.read_all(&nbdcopy),
             &pattern,
         );
         srv.stop();
@@ -2151,15 +1414,14 @@ fn demo_round_trips_a_file_and_reuses_its_array() {
 
 #[test]
 fn serve_config_file_is_used_and_bad_ones_are_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create(
-        d,
-        5,
-        "right-symmetric",
-        "cfg",
-        &member_files(d, "m", 4, MEMBER_BYTES),
-    );
+    let fx = TargetFixture::builder(5, 4)
+        .layout("right-symmetric")
+        .name("cfg")
+        .no_serve()
+        .build()
+        .expect("no tool needed");
+    let d = fx.dir();
+    let a = fx.array.clone();
     let port = free_port();
     let sock = d.join("cfg.sock");
     let devices: Vec<String> = shuffled(&a.members, 8)
@@ -2254,27 +1516,6 @@ fn serve_config_file_is_used_and_bad_ones_are_refused() {
 // 8. A member failed over JSON-RPC while a client writes.
 // ---------------------------------------------------------------------------------------
 
-/// `ferroraid status --json --rpc SOCK`: the parsed report and the exit status.
-/// The socket opens just after the NBD listener, so "not running" (exit 4) is retried
-/// briefly.
-fn rpc_status(dir: &Path, rpc: &str) -> (serde_json::Value, Option<i32>) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let out = loop {
-        let out = run_tool(
-            &mut ferroraid_cmd(["status", "--json", "--rpc", rpc]),
-            dir,
-            TOOL_TIMEOUT,
-        );
-        if out.status.code() != Some(4) || Instant::now() > deadline {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let v = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("status --json is not JSON ({e}): {}", show_output(&out)));
-    (v, out.status.code())
-}
-
 /// fio writing 64 KiB random blocks with CRC32C verification over four connections
 /// (4 MiB each), `loops` times over, then reading everything back (`--verify_fatal`).
 fn fio_verified_writes(fio: &Path, srv: &Server, d: &Path, loops: u32) -> Child {
@@ -2302,28 +1543,6 @@ fn fio_verified_writes(fio: &Path, srv: &Server, d: &Path, loops: u32) -> Child 
         .unwrap()
 }
 
-/// Waits until the members have taken `n` writes (the client's writes are reaching them).
-fn wait_member_writes(d: &Path, rpc: &str, n: u64) {
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    loop {
-        let (st, _) = rpc_status(d, rpc);
-        let writes: u64 = st["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["io"]["writes"].as_u64().unwrap())
-            .sum();
-        if writes >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no writes reached the members: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The operator fails a member over the management socket while fio writes with CRC32C
 /// verification over four connections: the command answers at once, the client sees no
 /// error and reads back exactly what it wrote (reconstructed around the failed member),
@@ -2336,45 +1555,27 @@ fn fail_a_member_over_json_rpc_during_client_writes() {
         return;
     };
     let Some(nbdcopy) = tool("nbdcopy") else {
-        assert!(
-            !required("nbdcopy"),
-            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
-        );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create(
-        d,
-        6,
-        "left-symmetric",
-        "rpc",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let rpc = d.join("rpc.sock");
-    let rpc_arg = rpc.display().to_string();
-    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &["--rpc", &rpc_arg]);
-    let (before, code) = rpc_status(d, &rpc_arg);
+    let mut fx = TargetFixture::builder(6, 6)
+        .name("rpc")
+        .rpc()
+        .build()
+        .expect("no tool needed");
+    let mut srv = fx.take_server();
+    let d = fx.dir();
+    let a = fx.array.clone();
+    let (before, code) = srv.status();
     assert_eq!(code, Some(0), "healthy array: {before}\n{}", srv.logs());
     let events_before = before["array"]["events"].as_u64().unwrap();
     let mut client = fio_verified_writes(&fio, &srv, d, 24);
-    wait_member_writes(d, &rpc_arg, 64);
-    let out = run_tool(
-        ferroraid_cmd(["fail", "--rpc", &rpc_arg]).arg(&a.members[2]),
-        d,
-        TOOL_TIMEOUT,
-    );
-    assert!(
-        out.status.success(),
-        "fail: {}\n{}",
-        show_output(&out),
-        srv.logs()
-    );
+    srv.wait_member_writes(64);
+    srv.mgmt(&[OsStr::new("fail"), a.members[2].as_os_str()], 0);
     assert!(
         client.try_wait().unwrap().is_none(),
         "fio finished before the failure: the member must fail under its writes"
     );
-    let (st, code) = rpc_status(d, &rpc_arg);
+    let (st, code) = srv.status();
     assert_eq!(code, Some(1), "a degraded array exits 1: {st}");
     assert_eq!(st["array"]["state"], "degraded", "{st}");
     assert_eq!(st["members"][2]["state"], "faulty", "{st}");
@@ -2409,8 +1610,8 @@ fn fail_a_member_over_json_rpc_during_client_writes() {
     }
     srv.stop();
     // Restart on all six without --force: the failed member stays out.
-    let mut srv = Server::serve(d, "restart", &a.name, &a.members, &[]);
-    let got = read_all(&srv, &nbdcopy, d);
+    let mut srv = fx.serve("restart", &a.members, &[]);
+    let got = srv.read_all(&nbdcopy);
     if let Some(want) = a.oracle_extract(d, &[2]) {
         assert_same(
             "array after the failure and a restart",
@@ -2438,54 +1639,25 @@ fn rebuild_onto_a_blank_replacement_during_client_writes() {
         return;
     };
     let Some(nbdcopy) = tool("nbdcopy") else {
-        assert!(
-            !required("nbdcopy"),
-            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
-        );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let mut a = create(
-        d,
-        6,
-        "left-symmetric",
-        "rebuild",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let blank = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
-    let rpc = d.join("rpc.sock");
-    let rpc_arg = rpc.display().to_string();
     // The pacer keeps a rebuild at its floor while fio writes; a floor of 100 MB/s per
     // member lets it finish while fio still writes (what this test checks), through the
     // default pacer all the same.
-    let mut srv = Server::serve(
-        d,
-        "serve",
-        &a.name,
-        &a.members,
-        &[
-            "--rpc",
-            &rpc_arg,
-            "--speed-min",
-            "100000",
-            "--speed-max",
-            "200000",
-        ],
-    );
+    let mut fx = TargetFixture::builder(6, 6)
+        .name("rebuild")
+        .rpc()
+        .serve_args(&["--speed-min", "100000", "--speed-max", "200000"])
+        .build()
+        .expect("no tool needed");
+    let mut srv = fx.take_server();
+    let d = fx.dir();
+    let mut a = fx.array.clone();
+    let blank = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
+    let rpc_arg = fx.rpc_arg();
     let mut client = fio_verified_writes(&fio, &srv, d, 40);
-    wait_member_writes(d, &rpc_arg, 64);
-    let out = run_tool(
-        ferroraid_cmd(["fail", "--rpc", &rpc_arg]).arg(&a.members[2]),
-        d,
-        TOOL_TIMEOUT,
-    );
-    assert!(
-        out.status.success(),
-        "fail: {}\n{}",
-        show_output(&out),
-        srv.logs()
-    );
+    srv.wait_member_writes(64);
+    srv.mgmt(&[OsStr::new("fail"), a.members[2].as_os_str()], 0);
     // A device that is too small, and one already in the array, are refused by name.
     let small = d.join("small");
     fs::write(&small, vec![0u8; MIB as usize]).unwrap();
@@ -2509,26 +1681,12 @@ fn rebuild_onto_a_blank_replacement_during_client_writes() {
             show_output(&out)
         );
     }
-    let out = run_tool(
-        ferroraid_cmd(["add", "--rpc", &rpc_arg]).arg(&blank),
-        d,
-        TOOL_TIMEOUT,
-    );
-    assert!(
-        out.status.success(),
-        "add: {}\n{}",
-        show_output(&out),
-        srv.logs()
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("as member 2"),
-        "{}",
-        show_output(&out)
-    );
+    let text = srv.mgmt(&[OsStr::new("add"), blank.as_os_str()], 0);
+    assert!(text.contains("as member 2"), "{text}");
     // The rebuild completes while fio is still writing.
     let deadline = Instant::now() + TOOL_TIMEOUT;
     loop {
-        let (st, code) = rpc_status(d, &rpc_arg);
+        let (st, code) = srv.status();
         let state = st["members"][2]["state"].as_str().unwrap_or("").to_string();
         if state == "rebuilding" {
             assert_eq!(code, Some(1), "a rebuilding array exits 1: {st}");
@@ -2561,7 +1719,7 @@ fn rebuild_onto_a_blank_replacement_during_client_writes() {
         show_output(&out),
         srv.logs()
     );
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     srv.stop();
     assert!(
         srv.logs().contains("rebuild complete"),
@@ -2589,8 +1747,8 @@ fn rebuild_onto_a_blank_replacement_during_client_writes() {
         assert_same("array after the rebuild", &got, &want[..got.len()]);
     }
     // Without the failed member the array assembles whole and serves the same data.
-    let mut srv = Server::serve(d, "restart", &a.name, &a.members, &[]);
-    let again = read_all(&srv, &nbdcopy, d);
+    let mut srv = fx.serve("restart", &a.members, &[]);
+    let again = srv.read_all(&nbdcopy);
     assert_same("array after a restart", &again, &got);
     srv.stop();
 }
@@ -2605,16 +1763,16 @@ fn resync_after_a_crash_covers_only_bitmap_dirty_regions() {
     let Some(nbdcopy) = tool("nbdcopy") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create_with_bitmap(d, "rb");
+    let mut fx = create_with_bitmap("rb", |b| b).expect("no tool needed");
+    let d = fx.dir().to_path_buf();
+    let d = d.as_path();
+    let (a, srv) = (&fx.array, fx.server.as_mut().expect("served"));
     let members = a.members.clone();
     // Regions are 256 KiB of each member = 4 stripes of 128 KiB of data. Write stripe 0
     // (region 0) and stripe 64 (region 16), then crash before the daemon clears the bits.
-    let mut srv = Server::serve(d, "serve", "rb", &members, &[]);
     let data = d.join("data.bin");
     random_file(&data, 128 * KIB, 5);
-    fill(&srv, &nbdcopy, d, &data);
+    srv.fill(&nbdcopy, &data);
     let mut at8m = Command::new(tool("qemu-io").expect("qemu-io"));
     at8m.args(["-f", "raw", "-c", "write -P 0x6b 8M 128K", &srv.uri()]);
     let out = run_tool(&mut at8m, d, TOOL_TIMEOUT);
@@ -2632,18 +1790,7 @@ fn resync_after_a_crash_covers_only_bitmap_dirty_regions() {
     }
     drop(f);
     let mut srv = Server::serve(d, "restart", "rb", &members, &[]);
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    while !srv
-        .log()
-        .contains("background process finished process=resync")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no resync finished:\n{}",
-            srv.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    srv.wait_log_for("background process finished process=resync", TOOL_TIMEOUT);
     let log = srv.log();
     assert!(log.contains("bitmap_ranges=Some(2)"), "{log}");
     assert!(log.contains("process=resync stripes=8"), "{log}");
@@ -2669,45 +1816,26 @@ fn resync_after_a_crash_covers_only_bitmap_dirty_regions() {
 #[test]
 fn an_interrupted_rebuild_resumes_from_its_recovery_offset() {
     let Some(nbdcopy) = tool("nbdcopy") else {
-        assert!(
-            !required("nbdcopy"),
-            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
-        );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let mut a = create(
-        d,
-        6,
-        "left-symmetric",
-        "resume",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let blank = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
-    let rpc = d.join("rpc.sock");
-    let rpc_arg = rpc.display().to_string();
-    let extra = ["--rpc", &rpc_arg, "--speed-max", "1024"];
-    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &extra);
-    let data = d.join("data.bin");
-    let want = random_file(&data, a.size, 31);
-    fill(&srv, &nbdcopy, d, &data);
+    let mut fx = TargetFixture::builder(6, 6)
+        .name("resume")
+        .rpc()
+        .serve_args(&["--speed-max", "1024"])
+        .fill(31)
+        .build()
+        .expect("nbdcopy is there");
+    let mut srv = fx.take_server();
+    let d = fx.dir();
+    let mut a = fx.array.clone();
+    let blank = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
+    let want = fx.data.clone();
     for (cmd, dev) in [("fail", &a.members[2]), ("add", &blank)] {
-        let out = run_tool(
-            ferroraid_cmd([cmd, "--rpc", &rpc_arg]).arg(dev),
-            d,
-            TOOL_TIMEOUT,
-        );
-        assert!(
-            out.status.success(),
-            "{cmd}: {}\n{}",
-            show_output(&out),
-            srv.logs()
-        );
+        srv.mgmt(&[OsStr::new(cmd), dev.as_os_str()], 0);
     }
     // 8 MiB per member at 1 MiB/s: a few seconds in, the rebuild is part-way.
     std::thread::sleep(Duration::from_secs(3));
-    let (st, code) = rpc_status(d, &rpc_arg);
+    let (st, code) = srv.status();
     assert_eq!(st["process"]["kind"], "rebuild", "{st}");
     assert_eq!(code, Some(1), "{st}");
     srv.stop();
@@ -2739,22 +1867,14 @@ fn an_interrupted_rebuild_resumes_from_its_recovery_offset() {
     // Restart on the new set of members (the failed one left out): the rebuild resumes.
     a.members[2] = blank.clone();
     a.images[2] = blank.clone();
-    let mut srv = Server::serve(d, "restart", &a.name, &a.members, &[]);
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    while !srv.log().contains("rebuild complete") {
-        assert!(
-            Instant::now() < deadline,
-            "the rebuild did not finish:\n{}",
-            srv.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut srv = fx.serve("restart", &a.members, &[]);
+    srv.wait_log_for("rebuild complete", TOOL_TIMEOUT);
     let log = srv.log();
     assert!(
         log.contains("the rebuild resumes") && log.contains(&format!("recovery_offset={at}")),
         "{log}"
     );
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     assert_same("array after the resumed rebuild", &got, &want);
     srv.stop();
     let text = examine_blank();
@@ -2766,98 +1886,6 @@ fn an_interrupted_rebuild_resumes_from_its_recovery_offset() {
 // ---------------------------------------------------------------------------------------
 // Replace (md's `mdadm --replace`) and re-add by bitmap.
 // ---------------------------------------------------------------------------------------
-
-/// `mdadm --examine DEV`'s text (empty without mdadm).
-fn mdadm_examine(dir: &Path, dev: &Path) -> String {
-    let Some(mdadm) = mdadm() else {
-        return String::new();
-    };
-    let out = run_tool(
-        Command::new(&mdadm).arg("--examine").arg(dev),
-        dir,
-        TOOL_TIMEOUT,
-    );
-    assert!(out.status.success(), "{}", show_output(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The value of `key` in an `mdadm --examine` text (`Recovery Offset : 123 sectors` → 123).
-fn examine_number(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix(key))
-        .and_then(|v| v.trim_start_matches([' ', ':']).split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
-/// Runs `ferroraid ARGS... --rpc RPC` and asserts its exit status; returns its output.
-fn mgmt(d: &Path, srv: &Server, rpc: &str, args: &[&OsStr], code: i32) -> String {
-    let mut cmd = ferroraid_cmd(args);
-    cmd.args(["--rpc", rpc]);
-    let shown = format!("{cmd:?}");
-    let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "{shown}: {}\n{}",
-        show_output(&out),
-        srv.logs()
-    );
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Waits until `status --json` satisfies `done` (it is given the report), or panics.
-fn wait_status(
-    d: &Path,
-    srv: &Server,
-    rpc: &str,
-    what: &str,
-    mut done: impl FnMut(&serde_json::Value, Option<i32>) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    loop {
-        let (st, code) = rpc_status(d, rpc);
-        if done(&st, code) {
-            return st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: never happened: {st}\n{}",
-            srv.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until the server's log holds `needle` (the monitor logs within a turn or two).
-fn wait_log(srv: &Server, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = srv.log();
-        if log.contains(needle) {
-            return log;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} in the log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The member entries of a status report whose state is `state`.
-fn members_in(st: &serde_json::Value, state: &str) -> Vec<serde_json::Value> {
-    st["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["state"] == state)
-        .cloned()
-        .collect()
-}
 
 /// `ferroraid replace` onto a blank device while fio writes with CRC32C verification: the
 /// bad requests are refused by name (too small, already a member, no such member, a
@@ -2873,44 +1901,29 @@ fn replace_a_member_during_client_writes() {
         return;
     };
     let Some(nbdcopy) = tool("nbdcopy") else {
-        assert!(
-            !required("nbdcopy"),
-            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
-        );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let mut a = create(
-        d,
-        6,
-        "left-symmetric",
-        "replace",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let new = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
-    let rpc = d.join("rpc.sock");
-    let rpc_arg = rpc.display().to_string();
     // As for the rebuild test: a 100 MB/s floor lets the replace finish under fio. Two
     // reactors: each copies its own stripes, and the last to finish swaps it in on both.
-    let mut srv = Server::serve(
-        d,
-        "serve",
-        &a.name,
-        &a.members,
-        &[
-            "--rpc",
-            &rpc_arg,
+    let mut fx = TargetFixture::builder(6, 6)
+        .name("replace")
+        .rpc()
+        .serve_args(&[
             "--reactors",
             "2",
             "--speed-min",
             "100000",
             "--speed-max",
             "200000",
-        ],
-    );
+        ])
+        .build()
+        .expect("no tool needed");
+    let mut srv = fx.take_server();
+    let d = fx.dir();
+    let mut a = fx.array.clone();
+    let new = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
     let mut client = fio_verified_writes(&fio, &srv, d, 40);
-    wait_member_writes(d, &rpc_arg, 64);
+    srv.wait_member_writes(64);
     let old = a.members[2].clone();
     let small = d.join("small");
     fs::write(&small, vec![0u8; MIB as usize]).unwrap();
@@ -2923,13 +1936,10 @@ fn replace_a_member_during_client_writes() {
         ),
         (OsStr::new("9"), new.as_os_str(), "no such member"),
     ] {
-        let text = mgmt(d, &srv, &rpc_arg, &[OsStr::new("replace"), from, to], 1);
+        let text = srv.mgmt(&[OsStr::new("replace"), from, to], 1);
         assert!(text.contains(why), "{text}");
     }
-    let text = mgmt(
-        d,
-        &srv,
-        &rpc_arg,
+    let text = srv.mgmt(
         &[
             OsStr::new("replace"),
             OsStr::new("--no-wait"),
@@ -2941,7 +1951,7 @@ fn replace_a_member_during_client_writes() {
     assert!(text.contains("replacing member 2"), "{text}");
     // One replace at a time: the same slot, or another, is refused while it runs.
     let other = member_files(d, "other", 1, MEMBER_BYTES).remove(0);
-    let (st, code) = rpc_status(d, &rpc_arg);
+    let (st, code) = srv.status();
     if !members_in(&st, "replacing").is_empty() {
         assert_eq!(code, Some(0), "a replace leaves the array healthy: {st}");
         assert_eq!(st["process"]["kind"], "replace", "{st}");
@@ -2949,10 +1959,7 @@ fn replace_a_member_during_client_writes() {
         assert_eq!(r["slot"], 2, "{st}");
         assert_eq!(r["device"].as_str(), Some(new.to_str().unwrap()), "{st}");
         for slot in ["2", "3"] {
-            let text = mgmt(
-                d,
-                &srv,
-                &rpc_arg,
+            let text = srv.mgmt(
                 &[OsStr::new("replace"), OsStr::new(slot), other.as_os_str()],
                 1,
             );
@@ -2960,7 +1967,7 @@ fn replace_a_member_during_client_writes() {
         }
     }
     let mut seen_replacing = false;
-    let st = wait_status(d, &srv, &rpc_arg, "the replace completing", |st, code| {
+    let st = srv.wait_status("the replace completing", |st, code| {
         if !members_in(st, "replacing").is_empty() && st["process"]["kind"] == "replace" {
             seen_replacing = true;
             assert_eq!(code, Some(0), "a replace leaves the array healthy: {st}");
@@ -2982,7 +1989,7 @@ fn replace_a_member_during_client_writes() {
         show_output(&out),
         srv.logs()
     );
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     srv.stop();
     let log = srv.log();
     assert!(log.contains("replace complete"), "{}", srv.logs());
@@ -3017,8 +2024,8 @@ fn replace_a_member_during_client_writes() {
     // Given every device, the old one included, a restart leaves the old one out.
     let mut all = a.members.clone();
     all.push(old.clone());
-    let mut srv = Server::serve(d, "restart", &a.name, &all, &[]);
-    let again = read_all(&srv, &nbdcopy, d);
+    let mut srv = fx.serve("restart", &all, &[]);
+    let again = srv.read_all(&nbdcopy);
     assert_same("array after a restart", &again, &got);
     assert!(
         srv.logs().contains(&format!("{} not used", old.display())),
@@ -3036,34 +2043,22 @@ fn replace_a_member_during_client_writes() {
 #[test]
 fn an_interrupted_replace_resumes_from_its_recovery_offset() {
     let Some(nbdcopy) = tool("nbdcopy") else {
-        assert!(
-            !required("nbdcopy"),
-            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
-        );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let mut a = create(
-        d,
-        6,
-        "left-symmetric",
-        "rresume",
-        &member_files(d, "m", 6, MEMBER_BYTES),
-    );
-    let new = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
-    let rpc = d.join("rpc.sock");
-    let rpc_arg = rpc.display().to_string();
-    let extra = ["--rpc", &rpc_arg, "--speed-max", "1024"];
-    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &extra);
-    let data = d.join("data.bin");
-    let want = random_file(&data, a.size, 41);
-    fill(&srv, &nbdcopy, d, &data);
+    let mut fx = TargetFixture::builder(6, 6)
+        .name("rresume")
+        .rpc()
+        .serve_args(&["--speed-max", "1024"])
+        .fill(41)
+        .build()
+        .expect("nbdcopy is there");
+    let mut srv = fx.take_server();
+    let d = fx.dir();
+    let mut a = fx.array.clone();
+    let new = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
+    let want = fx.data.clone();
     let old = a.members[2].clone();
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
+    srv.mgmt(
         &[
             OsStr::new("replace"),
             OsStr::new("--no-wait"),
@@ -3073,7 +2068,7 @@ fn an_interrupted_replace_resumes_from_its_recovery_offset() {
         0,
     );
     std::thread::sleep(Duration::from_secs(3));
-    let (st, code) = rpc_status(d, &rpc_arg);
+    let (st, code) = srv.status();
     assert_eq!(st["process"]["kind"], "replace", "{st}");
     assert_eq!(code, Some(0), "{st}");
     assert!(
@@ -3099,13 +2094,7 @@ fn an_interrupted_replace_resumes_from_its_recovery_offset() {
         let text0 = mdadm_examine(d, &a.members[0]);
         assert!(text0.contains("Array State : AARAAA"), "{text0}");
     }
-    let mut srv = Server::serve(
-        d,
-        "restart",
-        &a.name,
-        &shuffled(&all, 5),
-        &["--speed-max", "1024"],
-    );
+    let mut srv = fx.serve("restart", &shuffled(&all, 5), &["--speed-max", "1024"]);
     // A write below the checkpoint at once: the resumed replacement must get it (the
     // oracle below finds its parity wrong otherwise).
     let mut want = want;
@@ -3116,17 +2105,9 @@ fn an_interrupted_replace_resumes_from_its_recovery_offset() {
         assert!(out.status.success(), "{}", show_output(&out));
         want[..MIB as usize].fill(0x3c);
     }
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    while !srv.log().contains("replace complete") {
-        assert!(
-            Instant::now() < deadline,
-            "the replace did not finish:\n{}",
-            srv.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    srv.wait_log_for("replace complete", TOOL_TIMEOUT);
     assert!(srv.log().contains("the replace resumes"), "{}", srv.logs());
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     assert_same("array after the resumed replace", &got, &want);
     srv.stop();
     a.members[2] = new.clone();
@@ -3147,36 +2128,23 @@ fn an_interrupted_replace_resumes_from_its_recovery_offset() {
 #[test]
 fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
     let Some(nbdcopy) = tool("nbdcopy") else {
-        assert!(
-            !required("nbdcopy"),
-            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
-        );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let mut a = create(
-        d,
-        5,
-        "left-symmetric",
-        "rfail",
-        &member_files(d, "m", 5, MEMBER_BYTES),
-    );
-    let bad = member_files(d, "bad", 1, MEMBER_BYTES).remove(0);
-    let new = member_files(d, "new", 1, MEMBER_BYTES).remove(0);
-    let rpc = d.join("rpc.sock");
-    let rpc_arg = rpc.display().to_string();
     // Two reactors: a failure one of them sees is spread to the other.
-    let extra = ["--rpc", &rpc_arg, "--speed-max", "1024", "--reactors", "2"];
-    let mut srv = Server::serve(d, "serve", &a.name, &a.members, &extra);
-    let data = d.join("data.bin");
-    let want = random_file(&data, a.size, 43);
-    fill(&srv, &nbdcopy, d, &data);
+    let mut fx = TargetFixture::builder(5, 5)
+        .name("rfail")
+        .rpc()
+        .serve_args(&["--speed-max", "1024", "--reactors", "2"])
+        .fill(43)
+        .build()
+        .expect("nbdcopy is there");
+    let mut srv = fx.take_server();
+    let mut a = fx.array.clone();
+    let bad = member_files(fx.dir(), "bad", 1, MEMBER_BYTES).remove(0);
+    let new = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
+    let want = fx.data.clone();
     let old = a.members[1].clone();
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
+    srv.mgmt(
         &[
             OsStr::new("replace"),
             OsStr::new("--no-wait"),
@@ -3186,8 +2154,8 @@ fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
         0,
     );
     std::thread::sleep(Duration::from_millis(500));
-    mgmt(d, &srv, &rpc_arg, &[OsStr::new("fail"), bad.as_os_str()], 0);
-    let st = wait_status(d, &srv, &rpc_arg, "the replace stopping", |st, _| {
+    srv.mgmt(&[OsStr::new("fail"), bad.as_os_str()], 0);
+    let st = srv.wait_status("the replace stopping", |st, _| {
         members_in(st, "replacing").is_empty() && st["process"]["state"] == "failed"
     });
     assert_eq!(st["process"]["kind"], "replace", "{st}");
@@ -3201,12 +2169,9 @@ fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
     assert_eq!(st["members"][1]["device"].as_str(), old.to_str(), "{st}");
     // Replace again, onto a hot spare this time (md's `--replace` takes a spare); the old
     // member fails part-way: a rebuild from the others.
-    let text = mgmt(d, &srv, &rpc_arg, &[OsStr::new("add"), new.as_os_str()], 0);
+    let text = srv.mgmt(&[OsStr::new("add"), new.as_os_str()], 0);
     assert!(text.contains("as a spare"), "{text}");
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
+    srv.mgmt(
         &[
             OsStr::new("replace"),
             OsStr::new("--no-wait"),
@@ -3216,29 +2181,21 @@ fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
         0,
     );
     std::thread::sleep(Duration::from_millis(1500));
-    mgmt(d, &srv, &rpc_arg, &[OsStr::new("fail"), old.as_os_str()], 0);
+    srv.mgmt(&[OsStr::new("fail"), old.as_os_str()], 0);
     // At 1 MiB/s per member the copy of 8 MiB is still going.
-    let st = wait_status(
-        d,
-        &srv,
-        &rpc_arg,
-        "the replace turning into a rebuild",
-        |st, _| st["process"]["kind"] == "rebuild",
-    );
+    let st = srv.wait_status("the replace turning into a rebuild", |st, _| {
+        st["process"]["kind"] == "rebuild"
+    });
     assert_eq!(members_in(&st, "replacing").len(), 1, "{st}");
     assert_eq!(st["array"]["state"], "degraded", "{st}");
-    assert_eq!(
-        rpc_status(d, &rpc_arg).1,
-        Some(1),
-        "a degraded array exits 1"
-    );
-    let st = wait_status(d, &srv, &rpc_arg, "the rebuild completing", |st, _| {
+    assert_eq!(srv.status().1, Some(1), "a degraded array exits 1");
+    let st = srv.wait_status("the rebuild completing", |st, _| {
         members_in(st, "replacing").is_empty()
             && st["members"][1]["device"].as_str() == Some(new.to_str().unwrap())
             && st["members"][1]["state"] == "active"
     });
     assert_eq!(st["array"]["state"], "active", "{st}");
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     assert_same("array after the replace turned rebuild", &got, &want);
     srv.stop();
     a.members[1] = new.clone();
@@ -3255,85 +2212,49 @@ fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
 /// a returning member in full.
 #[test]
 fn a_returning_member_is_rebuilt_only_where_the_bitmap_says() {
-    let Some(nbdcopy) = tool("nbdcopy") else {
-        assert!(
-            !required("nbdcopy"),
-            "FERRORAID_REQUIRE_TOOLS=1 but nbdcopy is missing"
-        );
-        return;
-    };
     let Some(qemu_io) = tool("qemu-io") else {
-        assert!(
-            !required("qemu-io"),
-            "FERRORAID_REQUIRE_TOOLS=1 but qemu-io is missing"
-        );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let a = create_with_bitmap(d, "readd");
-    let rpc = d.join("rpc.sock");
-    let rpc_arg = rpc.display().to_string();
-    let mut srv = Server::serve(
-        d,
-        "serve",
-        "readd",
-        &a.members,
-        &["--rpc", &rpc_arg, "--reactors", "2"],
-    );
-    let data = d.join("data.bin");
-    let mut want = random_file(&data, a.size, 47);
-    fill(&srv, &nbdcopy, d, &data);
+    let Some(mut fx) = create_with_bitmap("readd", |b| {
+        b.rpc().serve_args(&["--reactors", "2"]).fill(47)
+    }) else {
+        return;
+    };
+    let d = fx.dir().to_path_buf();
+    let d = d.as_path();
+    let rpc_arg = fx.rpc_arg();
+    let nbdcopy = fx.nbdcopy.clone().expect("filled");
+    let mut want = std::mem::take(&mut fx.data);
+    let (a, srv) = (&fx.array, fx.server.as_mut().expect("served"));
     // The daemon clears the bits after 5-10 s of quiet.
-    wait_status(d, &srv, &rpc_arg, "the bitmap clearing", |st, _| {
+    srv.wait_status("the bitmap clearing", |st, _| {
         st["bitmap"]["dirty_regions"] == 0
     });
     let gone = a.members[1].clone();
     // The engine keeps counting the slot's I/O across its absence (a removed slot reports
     // none): the baseline is taken before.
-    let (st, _) = rpc_status(d, &rpc_arg);
+    let (st, _) = srv.status();
     let before = st["members"][1]["io"]["write_bytes"].as_u64().unwrap();
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
-        &[OsStr::new("fail"), gone.as_os_str()],
-        0,
-    );
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
-        &[OsStr::new("remove"), gone.as_os_str()],
-        0,
-    );
+    srv.mgmt(&[OsStr::new("fail"), gone.as_os_str()], 0);
+    srv.mgmt(&[OsStr::new("remove"), gone.as_os_str()], 0);
     // 128 KiB at 0 (region 0) and at 8 MiB (region 16): two regions of 4 stripes each.
     let write = |srv: &Server, at: u64, byte: u8, want: &mut Vec<u8>| {
-        let mut cmd = Command::new(&qemu_io);
-        cmd.args([
-            "-f",
-            "raw",
-            "-c",
-            &format!("write -P {byte} {at} 128K"),
-            &srv.uri(),
-        ]);
-        let out = run_tool(&mut cmd, d, TOOL_TIMEOUT);
-        assert!(out.status.success(), "{}", show_output(&out));
+        srv.qemu_io(&qemu_io, &[&format!("write -P {byte} {at} 128K")]);
         want[at as usize..(at + 128 * KIB) as usize].fill(byte);
     };
-    write(&srv, 0, 0x5a, &mut want);
-    write(&srv, 8 * MIB, 0x6b, &mut want);
-    let st = wait_status(d, &srv, &rpc_arg, "the writes marked", |st, _| {
+    write(srv, 0, 0x5a, &mut want);
+    write(srv, 8 * MIB, 0x6b, &mut want);
+    let st = srv.wait_status("the writes marked", |st, _| {
         st["bitmap"]["dirty_regions"] == 2
     });
     assert_eq!(st["bitmap"]["clearing"], false, "kept while degraded: {st}");
-    let text = mgmt(d, &srv, &rpc_arg, &[OsStr::new("add"), gone.as_os_str()], 0);
+    let text = srv.mgmt(&[OsStr::new("add"), gone.as_os_str()], 0);
     assert!(text.contains("as member 1"), "{text}");
-    let st = wait_status(d, &srv, &rpc_arg, "the re-add completing", |st, _| {
+    let st = srv.wait_status("the re-add completing", |st, _| {
         st["members"][1]["state"] == "active" && st["process"]["kind"] == "idle"
     });
     let written = st["members"][1]["io"]["write_bytes"].as_u64().unwrap() - before;
-    let log = wait_log(&srv, "process=rebuild stripes=8");
+    let log = srv.wait_log("process=rebuild stripes=8");
     assert!(log.contains("member re-added"), "{log}");
     // 8 stripes × 64 KiB of data, plus the bitmap area and its updates: far below the
     // 8 MiB a full rebuild writes.
@@ -3342,75 +2263,56 @@ fn a_returning_member_is_rebuilt_only_where_the_bitmap_says() {
         "{written} bytes written to the re-added member\n{log}"
     );
     eprintln!("re-add wrote {written} bytes to the member (a full rebuild: 8 MiB)");
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     assert_same("array after the re-add", &got, &want);
     // Whole again: the bits are cleared.
-    wait_status(d, &srv, &rpc_arg, "the bitmap clearing again", |st, _| {
+    srv.wait_status("the bitmap clearing again", |st, _| {
         st["bitmap"]["dirty_regions"] == 0 && st["bitmap"]["clearing"] == true
     });
     // Out again; a restart without it; writes; a restart with it re-adds it at serve.
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
-        &[OsStr::new("fail"), gone.as_os_str()],
-        0,
-    );
-    write(&srv, 4 * MIB, 0x7c, &mut want);
+    srv.mgmt(&[OsStr::new("fail"), gone.as_os_str()], 0);
+    write(srv, 4 * MIB, 0x7c, &mut want);
     srv.stop();
     let others: Vec<PathBuf> = a.members.iter().filter(|m| **m != gone).cloned().collect();
     let mut srv = Server::serve(d, "degraded", "readd", &others, &[]);
     write(&srv, 12 * MIB, 0x8d, &mut want);
     srv.stop();
     let mut srv = Server::serve(d, "back", "readd", &a.members, &["--rpc", &rpc_arg]);
-    wait_status(d, &srv, &rpc_arg, "the re-add at serve", |st, _| {
+    srv.wait_status("the re-add at serve", |st, _| {
         st["members"][1]["state"] == "active" && st["process"]["kind"] == "idle"
     });
-    let log = wait_log(&srv, "process=rebuild stripes=8");
+    let log = srv.wait_log("process=rebuild stripes=8");
     assert!(log.contains("bitmap-based recovery"), "{log}");
     assert!(log.contains("member re-added"), "{log}");
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     assert_same("array after the re-add at serve", &got, &want);
     srv.stop();
     a.oracle_verify(None);
 
     // Without a bitmap: a full rebuild.
-    let mut b = create(
-        d,
-        5,
-        "left-symmetric",
-        "nobm",
-        &member_files(d, "n", 5, MEMBER_BYTES),
-    );
-    let mut srv = Server::serve(d, "nobm", "nobm", &b.members, &["--rpc", &rpc_arg]);
-    let data = d.join("data2.bin");
-    let want = random_file(&data, b.size, 53);
-    fill(&srv, &nbdcopy, d, &data);
+    let mut fx = TargetFixture::builder(5, 5)
+        .prefix("n")
+        .name("nobm")
+        .label("nobm")
+        .rpc()
+        .fill(53)
+        .build()
+        .expect("nbdcopy is there");
+    let want = std::mem::take(&mut fx.data);
+    let (b, srv) = (&mut fx.array, fx.server.as_mut().expect("served"));
     let gone = b.members[3].clone();
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
-        &[OsStr::new("fail"), gone.as_os_str()],
-        0,
-    );
-    mgmt(
-        d,
-        &srv,
-        &rpc_arg,
-        &[OsStr::new("remove"), gone.as_os_str()],
-        0,
-    );
-    mgmt(d, &srv, &rpc_arg, &[OsStr::new("add"), gone.as_os_str()], 0);
-    wait_status(d, &srv, &rpc_arg, "the full rebuild", |st, _| {
+    srv.mgmt(&[OsStr::new("fail"), gone.as_os_str()], 0);
+    srv.mgmt(&[OsStr::new("remove"), gone.as_os_str()], 0);
+    srv.mgmt(&[OsStr::new("add"), gone.as_os_str()], 0);
+    srv.wait_status("the full rebuild", |st, _| {
         st["members"][3]["state"] == "active" && st["process"]["kind"] == "idle"
     });
-    let log = wait_log(&srv, "process=rebuild stripes=128");
+    let log = srv.wait_log("process=rebuild stripes=128");
     assert!(
         log.contains("cannot return by bitmap") && log.contains("no write-intent bitmap"),
         "{log}"
     );
-    let got = read_all(&srv, &nbdcopy, d);
+    let got = srv.read_all(&nbdcopy);
     assert_same("array after the full rebuild", &got, &want);
     srv.stop();
     b.images = b.members.clone();
@@ -3630,20 +2532,113 @@ fn metrics_endpoint_counts_what_fio_did_and_promtool_accepts_it() {
     drop(srv);
 }
 
-/// Waits for a child with piped output (at most `TOOL_TIMEOUT`).
-fn wait_child_output(c: &mut Child) -> Output {
-    wait_child(c, TOOL_TIMEOUT);
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    if let Some(mut s) = c.stdout.take() {
-        s.read_to_end(&mut stdout).unwrap();
-    }
-    if let Some(mut s) = c.stderr.take() {
-        s.read_to_end(&mut stderr).unwrap();
-    }
-    Output {
-        status: c.try_wait().unwrap().expect("exited"),
-        stdout,
-        stderr,
-    }
+// ---------------------------------------------------------------------------------------
+// Service integration: systemd's Type=notify (issue 21).
+// ---------------------------------------------------------------------------------------
+
+/// Under a service manager (`NOTIFY_SOCKET` set to a datagram socket the test binds, as
+/// systemd does for `Type=notify`), `serve` sends `READY=1` only once the export answers
+/// and the management socket serves (the NBD greeting and `status` work the moment it
+/// arrives; the log says every export listened before it), with a `STATUS=` naming the
+/// array; SIGTERM gives `STOPPING=1` before the exit; a start that fails sends no
+/// `READY=1` but a `STATUS=` saying why.
+#[test]
+fn serve_tells_systemd_it_is_ready_only_once_the_export_answers() {
+    use std::os::unix::net::UnixDatagram;
+    let fx = TargetFixture::builder(5, 4)
+        .name("notified")
+        .no_serve()
+        .build()
+        .expect("no tool needed");
+    let d = fx.dir();
+    let sock_path = d.join("notify.sock");
+    let notify = UnixDatagram::bind(&sock_path).unwrap();
+    notify.set_read_timeout(Some(START_TIMEOUT)).unwrap();
+    let recv = || -> String {
+        let mut buf = [0u8; 4096];
+        let n = notify
+            .recv(&mut buf)
+            .expect("a notification within START_TIMEOUT");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+
+    let port = free_port();
+    let nbd_sock = d.join("notified.sock");
+    let rpc = d.join("rpc.sock");
+    let mut args: Vec<OsString> = ["serve", "--adaptive", "--nbd"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    args.push(format!("127.0.0.1:{port}").into());
+    args.extend([
+        "--nbd".into(),
+        format!("unix:{}", nbd_sock.display()).into(),
+    ]);
+    args.extend(["--rpc".into(), rpc.clone().into_os_string()]);
+    args.extend(fx.array.members.iter().map(|m| m.as_os_str().to_owned()));
+    let mut cmd = ferroraid_cmd(&args);
+    cmd.env("NOTIFY_SOCKET", &sock_path);
+    let mut srv = Server::launch(d, "notified", cmd, &args, "notified", port, Some(nbd_sock));
+    let ready = recv();
+    // The moment READY=1 arrives, the export greets and the management socket answers.
+    assert!(
+        srv.greets(),
+        "READY=1 before the NBD port answered:\n{}",
+        srv.logs()
+    );
+    let out = run_tool(
+        ferroraid_cmd(["status", "--json", "--rpc"]).arg(&rpc),
+        d,
+        TOOL_TIMEOUT,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", show_output(&out));
+    let lines: Vec<&str> = ready.lines().collect();
+    assert_eq!(lines.first(), Some(&"READY=1"), "{ready:?}");
+    let status = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("STATUS="))
+        .unwrap_or_else(|| panic!("no STATUS= in {ready:?}"));
+    assert!(
+        status.contains("serving array \"notified\"")
+            && status.contains("4/4 members online")
+            && status.contains(&format!("nbd 127.0.0.1:{port}")),
+        "{status}"
+    );
+    let log = srv.log();
+    let told = log
+        .find("told the service manager: ready")
+        .unwrap_or_else(|| panic!("no readiness in the log:\n{log}"));
+    let last_listen = log
+        .rfind("NBD export listening")
+        .unwrap_or_else(|| panic!("no export in the log:\n{log}"));
+    assert!(
+        last_listen < told,
+        "ready before every export listened:\n{log}"
+    );
+    let st = srv.stop_with(libc::SIGTERM);
+    assert!(st.success(), "{st}:\n{}", srv.logs());
+    let stopping = recv();
+    assert!(stopping.starts_with("STOPPING=1\n"), "{stopping:?}");
+    drop(srv);
+    examine(d, &fx.array.members, "clean", None);
+
+    // A refused start (a member missing, not forced): no READY=1, a STATUS= with the reason.
+    let err = {
+        let mut cmd = ferroraid_cmd(["serve", "--adaptive", "--nbd"]);
+        cmd.arg(format!("127.0.0.1:{}", free_port()))
+            .args(&fx.array.members[1..])
+            .env("NOTIFY_SOCKET", &sock_path);
+        let out = run_tool(&mut cmd, d, REFUSE_TIMEOUT);
+        assert!(!out.status.success(), "{}", show_output(&out));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let failed = recv();
+    assert!(
+        !failed.contains("READY=1") && failed.starts_with("STATUS=start failed: "),
+        "{failed:?} ({err})"
+    );
+    assert!(
+        failed.contains("--force"),
+        "the reason, as on stderr: {failed:?}"
+    );
 }
