@@ -15,6 +15,7 @@ use engine::geometry::{Geometry, Layout, Level};
 use engine::metadata::BitmapChoice;
 use engine::reactor::Mode;
 use ferroraid::create::{create, CreateOptions};
+use ferroraid::notify::NotifyState;
 use ferroraid::target::{ServeOptions, Target};
 use serde::Deserialize;
 
@@ -607,23 +608,18 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
 pub fn run_serve(a: &ServeArgs) -> Result<()> {
     let opts = a.options()?;
     let stop = stop_flag()?;
-    let notifier = match ferroraid::notify::Notifier::from_env() {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!("cannot notify the service manager: {e}");
-            None
-        }
-    };
+    let notifier = ferroraid::notify::Notifier::from_env();
     let target = match Target::start(&opts) {
         Ok(t) => t,
         Err(e) => {
-            notify(notifier.as_ref(), &format!("STATUS=start failed: {e:#}"));
+            let why = ferroraid::notify::status_line(&format!("start failed: {e:#}"));
+            notify(notifier.as_ref(), &[NotifyState::Status(&why)]);
             return Err(e);
         }
     };
     if let Some(n) = &notifier {
-        let state = format!("READY=1\nSTATUS={}", serving_status(&target));
-        match n.notify(&state) {
+        let status = serving_status(&target);
+        match n.notify(&[NotifyState::Ready, NotifyState::Status(&status)]) {
             Ok(()) => tracing::info!("told the service manager: ready"),
             Err(e) => tracing::warn!("cannot notify the service manager (READY=1): {e}"),
         }
@@ -633,7 +629,7 @@ pub fn run_serve(a: &ServeArgs) -> Result<()> {
 
 /// Sends `state` to the service manager, if there is one; a failure is logged, never
 /// fatal (the data path does not depend on systemd hearing from us).
-fn notify(n: Option<&ferroraid::notify::Notifier>, state: &str) {
+fn notify(n: Option<&ferroraid::notify::Notifier>, state: &[NotifyState]) {
     if let Some(n) = n {
         if let Err(e) = n.notify(state) {
             tracing::warn!("cannot notify the service manager: {e}");
@@ -723,7 +719,12 @@ fn serve_until(
     tracing::info!("stopping: draining requests, flushing members, marking the array clean");
     notify(
         notifier,
-        "STOPPING=1\nSTATUS=stopping: draining requests, flushing members, marking the array clean",
+        &[
+            NotifyState::Stopping,
+            NotifyState::Status(
+                "stopping: draining requests, flushing members, marking the array clean",
+            ),
+        ],
     );
     target.stop()
 }
