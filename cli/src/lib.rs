@@ -25,5 +25,6 @@ pub mod nbd;
 pub mod notify;
 pub mod nvmf;
 pub mod rpc;
+pub mod scan;
 pub mod status;
 pub mod target;

@@ -93,11 +93,19 @@ pub struct StopProcessArgs {
 #[derive(Args, Debug)]
 pub struct ExamineArgs {
     /// Print a JSON array, one entry per device (stable field names; entries with an
-    /// `error` field are devices without a readable superblock).
+    /// `error` field are devices without a readable superblock); with `--scan`, the
+    /// arrays found (`ferroraid::scan::Scan`).
     #[arg(long)]
     json: bool,
-    /// Member devices or image files (also `/dev/ngXnY` and `vfio:DDDD:BB:DD.F`).
-    #[arg(value_name = "DEV", required = true)]
+    /// Find arrays instead: read the superblock of every path the DEV arguments match as
+    /// shell globs (quote them; every block device in /sys/class/block when none is
+    /// given), group the devices by array UUID and print an `[[array]]` table for each,
+    /// which `serve --config` accepts (mdadm's `--examine --scan`).
+    #[arg(long)]
+    scan: bool,
+    /// Member devices or image files (also `/dev/ngXnY` and `vfio:DDDD:BB:DD.F`); globs
+    /// with `--scan`.
+    #[arg(value_name = "DEV", required_unless_present = "scan")]
     devices: Vec<PathBuf>,
 }
 
@@ -426,6 +434,9 @@ fn from_slot(m: &MemberReport) -> String {
 /// are reported on stderr (and as `error` entries in JSON). Exit status 1 when any device
 /// has no superblock or a bad checksum.
 pub fn examine(a: &ExamineArgs) -> Result<()> {
+    if a.scan {
+        return examine_scan(a);
+    }
     let entries: Vec<ExamineEntry> = a.devices.iter().map(|d| examine_device(d)).collect();
     if a.json {
         out(&(serde_json::to_string_pretty(&entries)? + "\n"))?;
@@ -453,6 +464,35 @@ pub fn examine(a: &ExamineArgs) -> Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// `ferroraid examine --scan [GLOB...]`: the arrays the globs' devices belong to, as
+/// `[[array]]` tables (or JSON). Exit status 0 when at least one array was found, 1 when
+/// none was.
+fn examine_scan(a: &ExamineArgs) -> Result<()> {
+    let patterns: Vec<String> = if a.devices.is_empty() {
+        ferroraid::scan::default_patterns()
+    } else {
+        a.devices
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect()
+    };
+    let found = ferroraid::scan::scan(&patterns)?;
+    if a.json {
+        out(&(serde_json::to_string_pretty(&found)? + "\n"))?;
+    } else {
+        out(&ferroraid::scan::config_text(&found, &patterns))?;
+    }
+    if found.arrays.is_empty() {
+        eprintln!(
+            "ferroraid: examine --scan: no array found: none of the {} paths {patterns:?} \
+             matched holds a usable md superblock",
+            found.skipped.len()
+        );
+        return Err(Exit(1).into());
+    }
+    Ok(())
 }
 
 /// `ferroraid grow --consistency-policy resync|ppl DEV...`: switches the stopped array's

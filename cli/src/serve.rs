@@ -289,6 +289,9 @@ fn toml_bytes(v: &toml::Value, key: &str) -> Result<u64> {
 #[serde(deny_unknown_fields)]
 struct ServeFile {
     devices: Option<Vec<PathBuf>>,
+    /// `[[array]]` tables: the array by its devices or by globs to scan
+    /// ([`ferroraid::scan::ArrayTable`]). One process serves one array for now.
+    array: Option<Vec<ferroraid::scan::ArrayTable>>,
     cores: Option<Vec<usize>>,
     reactors: Option<usize>,
     mode: Option<String>,
@@ -396,13 +399,29 @@ impl ServeArgs {
             }
             None => ServeFile::default(),
         };
-        let devices = if self.devices.is_empty() {
-            file.devices.clone().unwrap_or_default()
-        } else {
+        let devices = if !self.devices.is_empty() {
             self.devices.clone()
+        } else if let Some(tables) = &file.array {
+            if file.devices.is_some() {
+                bail!("the config names devices both at the top and in [[array]]: keep one");
+            }
+            match tables.as_slice() {
+                [t] => t.resolve()?,
+                [] => Vec::new(),
+                _ => bail!(
+                    "the config has {} [[array]] tables: one `serve` process serves one \
+                     array for now; give each array its own config file and process",
+                    tables.len()
+                ),
+            }
+        } else {
+            file.devices.clone().unwrap_or_default()
         };
         if devices.is_empty() {
-            bail!("no member devices: name them on the command line or as `devices` in --config");
+            bail!(
+                "no member devices: name them on the command line, or in --config as \
+                 `devices` or an [[array]] table"
+            );
         }
         let mut o = ServeOptions::new(devices);
         o.cores = if self.cores.is_empty() {

@@ -1512,6 +1512,109 @@ fn serve_config_file_is_used_and_bad_ones_are_refused() {
     }
 }
 
+/// `examine --scan GLOB` finds two arrays among shuffled member files and a file without a
+/// superblock, and prints an `[[array]]` table for each that `serve --config` assembles
+/// as written (mdadm's `--examine --scan` into `--assemble --scan`); bad scan configs are
+/// refused with what to do.
+#[test]
+fn examine_scan_tables_round_trip_into_serve_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Created with the members in shuffled order: the glob's sorted order is not the
+    // roles' order.
+    let a_files = member_files(d, "m-a", 4, 24 << 20);
+    let b_files = member_files(d, "m-b", 5, 24 << 20);
+    let a = create(d, 5, "left-symmetric", "scan-a", &shuffled(&a_files, 3));
+    let b = create(d, 6, "left-symmetric", "scan-b", &shuffled(&b_files, 4));
+    fs::write(d.join("m-junk.img"), vec![0u8; 1 << 20]).unwrap();
+    let pattern = format!("{}/m-*.img", d.display());
+
+    let out = ferroraid_cmd(["examine", "--scan", &pattern])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", show_output(&out));
+    let parsed: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let tables = parsed["array"].as_array().expect("[[array]] tables");
+    assert_eq!(tables.len(), 2, "{text}");
+    assert!(text.contains("RAID5, 4 of 4 slots found"), "{text}");
+    assert!(text.contains("RAID6, 5 of 5 slots found"), "{text}");
+
+    let json = ferroraid_cmd(["examine", "--scan", "--json", &pattern])
+        .output()
+        .unwrap();
+    let found: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(found["arrays"].as_array().unwrap().len(), 2, "{found}");
+    let skipped = found["skipped"].to_string();
+    assert!(skipped.contains("m-junk.img"), "{skipped}");
+
+    // Each table, as printed, serves its array.
+    for (arr, label) in [(&a, "scan-a"), (&b, "scan-b")] {
+        let start = text
+            .find(&format!("name = \"{label}\""))
+            .unwrap_or_else(|| panic!("no table named {label}: {text}"));
+        let table_start = text[..start].rfind("[[array]]").unwrap();
+        let table_end = text[start..].find("\n\n").map_or(text.len(), |e| start + e);
+        let port = free_port();
+        let cfg = d.join(format!("{label}.toml"));
+        fs::write(
+            &cfg,
+            format!(
+                "mode = \"adaptive\"\nnbd = [\"127.0.0.1:{port}\"]\n\n{}\n",
+                &text[table_start..table_end]
+            ),
+        )
+        .unwrap();
+        let args: Vec<OsString> = vec!["serve".into(), "--config".into(), cfg.into()];
+        let mut srv = Server::spawn(d, label, &args, &arr.name, port, None);
+        if let Some(qemu_io) = tool("qemu-io") {
+            srv.qemu_io(
+                &qemu_io,
+                &["write -P 0x5c 64k 256k", "read -P 0x5c 64k 256k"],
+            );
+        }
+        if let Some(nbdinfo) = tool("nbdinfo") {
+            let info = srv.client_ok(Command::new(&nbdinfo).arg(srv.uri()), d);
+            assert!(
+                info.contains(&format!("export-size: {}", arr.size)),
+                "{info}"
+            );
+        }
+        srv.stop();
+    }
+
+    // Nothing there: exit 1 and why.
+    let none = ferroraid_cmd(["examine", "--scan", &format!("{}/none-*", d.display())])
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(1), "{}", show_output(&none));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no array found"));
+    // Two tables: one array per process, said so; a UUID no device has: what was found.
+    for (what, extra, reason) in [
+        ("two tables", text.clone(), "serves one array"),
+        (
+            "unknown uuid",
+            format!(
+                "[[array]]\nuuid = \"00000000:00000000:00000000:00000001\"\nscan = [{:?}]\n",
+                pattern
+            ),
+            "no such array",
+        ),
+    ] {
+        let cfg = d.join("bad-scan.toml");
+        fs::write(
+            &cfg,
+            format!("nbd = [\"127.0.0.1:{}\"]\n{extra}", free_port()),
+        )
+        .unwrap();
+        let err = refused(d, what, &["serve".into(), "--config".into(), cfg.into()]);
+        assert!(err.contains(reason), "{what}: no {reason:?} in: {err}");
+        if what == "unknown uuid" {
+            assert!(err.contains("scan-a") && err.contains("scan-b"), "{err}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. A member failed over JSON-RPC while a client writes.
 // ---------------------------------------------------------------------------------------
