@@ -126,7 +126,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
-    /// "adaptive", nbd = [...], iscsi = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
+    /// "adaptive", nbd = [...], iscsi = [...], nvmf = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
     /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
     /// nbd_idle_timeout_s, nbd_block_status = "on" | "off" (or true | false), tls = "off"
     /// | "allow" | "require", tls_cert, tls_key, tls_ca,
@@ -156,6 +156,12 @@ pub struct ServeArgs {
     /// iqn.2026-11.org.ferroraid:<array name>, LUN 0. Default: no iSCSI.
     #[arg(long)]
     iscsi: Vec<String>,
+    /// NVMe/TCP listen address HOST:PORT (repeatable; e.g. 0.0.0.0:4420 and 0.0.0.0:8009
+    /// for `nvme discover`). Serves the subsystem nqn.2026-11.org.ferroraid:<array name>,
+    /// namespace 1, and the discovery controller on every address (docs/NVMF.md).
+    /// Default: no NVMe/TCP.
+    #[arg(long)]
+    nvmf: Vec<String>,
     /// Open the JSON-RPC management socket (mode 0600) at PATH; `--rpc default` puts it
     /// where `ferroraid status` looks by default (/run/ferroraid/ferroraid.sock as root,
     /// else $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock). Without --rpc (and no
@@ -293,6 +299,7 @@ struct ServeFile {
     mode: Option<String>,
     nbd: Option<Vec<String>>,
     iscsi: Option<Vec<String>>,
+    nvmf: Option<Vec<String>>,
     /// CHAP secrets of the iSCSI target (only in the file: secrets stay off the command
     /// line, where `ps` would show them).
     iscsi_chap: Option<ChapFile>,
@@ -440,6 +447,16 @@ impl ServeArgs {
         for s in &iscsi {
             o.iscsi.push(s.parse().with_context(|| {
                 format!("--iscsi {s:?}: expected HOST:PORT (e.g. 127.0.0.1:3260)")
+            })?);
+        }
+        let nvmf = if self.nvmf.is_empty() {
+            file.nvmf.clone().unwrap_or_default()
+        } else {
+            self.nvmf.clone()
+        };
+        for s in &nvmf {
+            o.nvmf.push(s.parse().with_context(|| {
+                format!("--nvmf {s:?}: expected HOST:PORT (e.g. 127.0.0.1:4420)")
             })?);
         }
         if let Some(c) = &file.iscsi_chap {

@@ -692,7 +692,7 @@ impl From<&ArrayStats> for StatsReport {
 /// One export of the array.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportReport {
-    /// The protocol ([`ExportProtocol`]): `nbd` or `iscsi`.
+    /// The protocol ([`ExportProtocol`]): `nbd`, `iscsi` or `nvmf`.
     pub protocol: ExportProtocol,
     /// Where clients connect: `host:port` for TCP, or a Unix socket path.
     pub address: String,
@@ -708,6 +708,8 @@ pub enum ExportProtocol {
     Nbd,
     /// iSCSI (RFC 7143); the export name is the target IQN.
     Iscsi,
+    /// NVMe/TCP (NVMe/TCP transport 1.0); the export name is the subsystem NQN.
+    Nvmf,
 }
 
 impl fmt::Display for ExportProtocol {
@@ -715,6 +717,7 @@ impl fmt::Display for ExportProtocol {
         f.write_str(match self {
             ExportProtocol::Nbd => "nbd",
             ExportProtocol::Iscsi => "iscsi",
+            ExportProtocol::Nvmf => "nvmf",
         })
     }
 }
