@@ -56,7 +56,7 @@ pub const PDUS_PER_TURN: usize = 64;
 const SMALL: usize = 4096;
 /// Receive buffer: the largest PDU (an H2CData of MAXH2CDATA with header, digests) and
 /// room to read ahead.
-const RX_BYTES: usize = MAX_TRANSFER as usize + 8192;
+pub(crate) const RX_BYTES: usize = MAX_TRANSFER as usize + 8192;
 /// Most iovecs one `writev` gathers.
 const IOV_PER_SEND: usize = 64;
 /// Largest Discard piece, bytes (the request's length is 32 bits).
@@ -444,7 +444,7 @@ impl NvmfFrontend {
         self.pool.free_count()
     }
 
-    fn adopt(&mut self, n: NewConn) {
+    fn adopt(&mut self, mut n: NewConn) {
         let Some(slot) = self.conns.iter().position(Option::is_none) else {
             warn!(
                 conn = n.id,
@@ -454,12 +454,12 @@ impl NvmfFrontend {
             return;
         };
         debug!(conn = n.id, peer = %n.peer, reactor = self.reactor, "NVMe/TCP connection");
-        let conn = Conn::new(n, ADMIN_IN_CAPSULE);
         let rx = Rx {
-            buf: vec![0u8; RX_BYTES].into_boxed_slice(),
+            buf: std::mem::take(&mut n.rx),
             start: 0,
             end: 0,
         };
+        let conn = Conn::new(n, ADMIN_IN_CAPSULE);
         self.conns[slot] = Some((conn, rx));
         self.hi = self.hi.max(slot + 1);
         self.active += 1;

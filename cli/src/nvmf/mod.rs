@@ -247,6 +247,9 @@ pub(crate) struct NewConn {
     pub(crate) stream: TcpStream,
     pub(crate) peer: SocketAddr,
     pub(crate) local: SocketAddr,
+    /// The connection's receive buffer ([`frontend::RX_BYTES`]), allocated here so the
+    /// reactor does not.
+    pub(crate) rx: Box<[u8]>,
 }
 
 fn accept_loop(l: TcpListener, shared: Arc<Shared>) {
@@ -281,6 +284,7 @@ fn accept_loop(l: TcpListener, shared: Arc<Shared>) {
                         stream: s,
                         peer,
                         local,
+                        rx: vec![0u8; frontend::RX_BYTES].into_boxed_slice(),
                     })
                     .is_err()
                 {
