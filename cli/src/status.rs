@@ -88,6 +88,47 @@ pub struct StatusReport {
     /// targets that predate it.
     #[serde(default)]
     pub nbd: Option<NbdReport>,
+    /// The NVMe/TCP target's controllers and their I/O queues with counters (issue 22);
+    /// `null` without NVMe/TCP and in reports of targets that predate it.
+    #[serde(default)]
+    pub nvmf: Option<NvmfReport>,
+}
+
+/// The NVMe/TCP target's associations now (`ferroraid::nvmf`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmfReport {
+    /// Controllers (one per host association), by CNTLID.
+    pub controllers: Vec<NvmfControllerReport>,
+}
+
+/// One NVMe/TCP controller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmfControllerReport {
+    /// Controller ID.
+    pub cntlid: u16,
+    /// `io` or `discovery`.
+    pub kind: String,
+    /// The host's NQN.
+    pub hostnqn: String,
+    /// Its connected I/O queues, by QID.
+    pub queues: Vec<NvmfQueueReport>,
+}
+
+/// One I/O queue's counters since it connected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmfQueueReport {
+    /// Queue ID.
+    pub qid: u16,
+    /// Read commands completed successfully.
+    pub reads: u64,
+    /// Write commands completed successfully.
+    pub writes: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Commands completed with an error status.
+    pub errors: u64,
 }
 
 /// The NBD server's connection counters (`ferroraid::nbd::NbdStats`): counts since start,
@@ -989,6 +1030,24 @@ impl fmt::Display for StatusReport {
                 n.idle_closed
             )?;
         }
+        if let Some(n) = &self.nvmf {
+            for c in &n.controllers {
+                let (r, w, e) = c.queues.iter().fold((0, 0, 0), |(r, w, e), q| {
+                    (r + q.reads, w + q.writes, e + q.errors)
+                });
+                writeln!(
+                    f,
+                    "   NVMe/TCP ctl : {} ({}) host {}: {} I/O queues, {} reads, {} writes, {} errors",
+                    c.cntlid,
+                    c.kind,
+                    c.hostnqn,
+                    c.queues.len(),
+                    r,
+                    w,
+                    e
+                )?;
+            }
+        }
         let p = &self.process;
         if p.kind == ProcessKind::Idle {
             writeln!(f, "        Process : idle")?;
@@ -1201,6 +1260,7 @@ pub(crate) mod tests {
                 refused: 2,
                 ..NbdReport::default()
             }),
+            nvmf: None,
         }
     }
 

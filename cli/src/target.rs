@@ -417,6 +417,7 @@ struct Shared {
     exports: Vec<ExportReport>,
     /// The NBD server's connection counters.
     nbd_stats: crate::nbd::StatsHandle,
+    nvmf_stats: Option<crate::nvmf::StatsHandle>,
     /// Roles whose (faulty) device the operator removed.
     removed: Mutex<Vec<u16>>,
 }
@@ -570,6 +571,10 @@ impl Shared {
             bitmap: self.bitmap_report(),
             queue_wait_us: QueueWaitReport::from_histograms_ns(&snap.queue_wait),
             nbd: Some(self.nbd_stats.get().into()),
+            nvmf: self
+                .nvmf_stats
+                .as_ref()
+                .map(crate::nvmf::StatsHandle::report),
         }
     }
 }
@@ -1441,6 +1446,7 @@ impl Target {
             mode: opts.mode,
             exports,
             nbd_stats: nbd.stats_handle(),
+            nvmf_stats: nvmf.as_ref().map(crate::nvmf::NvmfServer::stats_handle),
             removed: Mutex::new(Vec::new()),
         });
         let stop_monitor = Arc::new(AtomicBool::new(false));

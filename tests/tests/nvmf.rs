@@ -80,6 +80,7 @@ fn create(dir: &Path, name: &str) -> Array {
 /// `ferroraid serve --nvmf` on two free ports (two portals).
 struct Server {
     child: Option<Child>,
+    rpc: PathBuf,
     stderr: PathBuf,
     ports: [u16; 2],
     nqn: String,
@@ -94,6 +95,7 @@ impl Server {
         for p in ports {
             args.extend(["--nvmf".into(), format!("127.0.0.1:{p}").into()]);
         }
+        args.extend(["--rpc".into(), dir.join("rpc.sock").into_os_string()]);
         args.extend(a.members.iter().map(|m| m.as_os_str().to_owned()));
         let stderr = dir.join("serve.err");
         let mut cmd = ferroraid_cmd(&args);
@@ -112,6 +114,7 @@ impl Server {
             .expect("starting ferroraid serve");
         let s = Server {
             child: Some(child),
+            rpc: dir.join("rpc.sock"),
             stderr,
             ports,
             nqn: format!("nqn.2026-11.org.ferroraid:{}", a.name),
@@ -134,6 +137,17 @@ impl Server {
 
     fn log(&self) -> String {
         fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// `ferroraid status --json` over the management socket.
+    fn status(&self, dir: &Path) -> serde_json::Value {
+        let out = run_tool(
+            ferroraid_cmd(["status", "--json", "--rpc"]).arg(&self.rpc),
+            dir,
+            TOOL_TIMEOUT,
+        );
+        assert!(out.status.success(), "status: {}", show_output(&out));
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
     }
 }
 
@@ -597,6 +611,29 @@ fn connect_identify_and_io() {
         )
         .unwrap();
     assert_eq!((c.sct(), c.sc()), (sct::GENERIC, sc::INVALID_NS));
+
+    // status --json shows the controller, its two I/O queues and their counters.
+    let st = srv.status(dir.path());
+    let ctrls = st["nvmf"]["controllers"]
+        .as_array()
+        .expect("nvmf controllers");
+    let me = ctrls
+        .iter()
+        .find(|c| c["cntlid"] == u64::from(cntlid))
+        .unwrap_or_else(|| panic!("controller {cntlid} not in {st}"));
+    assert_eq!(me["kind"], "io");
+    assert_eq!(me["hostnqn"], HOSTNQN);
+    let qs = me["queues"].as_array().unwrap();
+    assert_eq!(
+        qs.iter()
+            .map(|q| q["qid"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 2]
+    );
+    let sum = |k: &str| qs.iter().map(|q| q[k].as_u64().unwrap()).sum::<u64>();
+    assert!(sum("reads") >= 4 && sum("writes") >= 4, "{me}");
+    assert!(sum("errors") >= 3, "{me}");
+    assert!(sum("bytes_written") >= 4096 * 2 + 65536 + 131072, "{me}");
 
     // SMART counts what went through the I/O queues.
     let (c, smart) = get_log(&mut q, 12, 0x02, 512, 0);

@@ -303,6 +303,47 @@ fn accept_loop(l: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Reads the target's controllers and queue counters from anywhere (the management
+/// socket): the registry lock only, never a reactor.
+#[derive(Clone)]
+pub struct StatsHandle(Arc<Shared>);
+
+impl StatsHandle {
+    /// The controllers now, by CNTLID, each with its I/O queues by QID.
+    pub fn report(&self) -> crate::status::NvmfReport {
+        let ctrls: Vec<Arc<Ctrl>> = self.0.ctrls().by_id.values().cloned().collect();
+        let mut controllers: Vec<crate::status::NvmfControllerReport> = ctrls
+            .iter()
+            .map(|c| {
+                let mut queues: Vec<crate::status::NvmfQueueReport> = c
+                    .queues()
+                    .iter()
+                    .map(|(&qid, s)| crate::status::NvmfQueueReport {
+                        qid,
+                        reads: s.reads.load(Ordering::Relaxed),
+                        writes: s.writes.load(Ordering::Relaxed),
+                        bytes_read: s.bytes_read.load(Ordering::Relaxed),
+                        bytes_written: s.bytes_written.load(Ordering::Relaxed),
+                        errors: s.errors.load(Ordering::Relaxed),
+                    })
+                    .collect();
+                queues.sort_by_key(|q| q.qid);
+                crate::status::NvmfControllerReport {
+                    cntlid: c.cntlid,
+                    kind: match c.kind {
+                        CtrlKind::Io => "io".into(),
+                        CtrlKind::Discovery => "discovery".into(),
+                    },
+                    hostnqn: c.hostnqn.clone(),
+                    queues,
+                }
+            })
+            .collect();
+        controllers.sort_by_key(|c| c.cntlid);
+        crate::status::NvmfReport { controllers }
+    }
+}
+
 /// Builds an [`NvmfServer`].
 pub struct NvmfServerBuilder {
     subsystem: Subsystem,
@@ -426,6 +467,11 @@ impl NvmfServer {
     /// The subsystem NQN.
     pub fn nqn(&self) -> &str {
         &self.shared.subsystem.nqn
+    }
+
+    /// A handle that reads the controllers and their queue counters (for `status`).
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(Arc::clone(&self.shared))
     }
 
     /// Requests shutdown (listeners stop; connections finish their commands and close)
