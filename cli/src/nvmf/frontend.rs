@@ -316,8 +316,10 @@ impl Conn {
         self.cmds = vec![Cmd::FREE; n];
         self.free = (0..n as u16).rev().collect();
         self.small = AlignedBuf::zeroed(n * SMALL);
-        // Up to three PDUs per context (C2HData, CapsuleResp; R2T) plus a TermReq.
-        self.tx = VecDeque::with_capacity(3 * n + 2);
+        // Up to three PDUs per context (C2HData, CapsuleResp; R2T) plus a TermReq; what
+        // is still queued (the ICResp, if the socket has not taken it) stays in front.
+        let old = std::mem::replace(&mut self.tx, VecDeque::with_capacity(3 * n + 2));
+        self.tx.extend(old);
         self.wait_buf = VecDeque::with_capacity(n);
         self.pending = VecDeque::with_capacity(n);
     }
