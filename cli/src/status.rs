@@ -1347,8 +1347,32 @@ pub(crate) mod tests {
         };
         assert_eq!(
             keys(&v),
-            "array,bitmap,exports,members,nbd,process,queue_wait_us,reactors,requests_in_flight,stats"
+            "array,bitmap,exports,members,nbd,nvmf,process,queue_wait_us,reactors,requests_in_flight,stats"
         );
+        let mut with_nvmf = sample(&[2]);
+        with_nvmf.nvmf = Some(NvmfReport {
+            controllers: vec![NvmfControllerReport {
+                cntlid: 1,
+                kind: "io".into(),
+                hostnqn: "nqn.x".into(),
+                queues: vec![NvmfQueueReport {
+                    qid: 1,
+                    ..NvmfQueueReport::default()
+                }],
+            }],
+        });
+        let n = serde_json::to_value(&with_nvmf).unwrap();
+        assert_eq!(
+            keys(&n["nvmf"]["controllers"][0]),
+            "cntlid,hostnqn,kind,queues"
+        );
+        assert_eq!(
+            keys(&n["nvmf"]["controllers"][0]["queues"][0]),
+            "bytes_read,bytes_written,errors,qid,reads,writes"
+        );
+        assert!(with_nvmf
+            .to_string()
+            .contains("NVMe/TCP ctl : 1 (io) host nqn.x: 1 I/O queues"));
         assert_eq!(
             keys(&v["nbd"]),
             "connections,handshake_timeouts,handshakes,handshakes_evicted,idle_closed,max_connections,refused"
