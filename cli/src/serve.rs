@@ -832,6 +832,33 @@ mod tests {
     }
 
     #[test]
+    fn nvmf_addresses_from_flags_and_config() {
+        let o = options(&["m0"]).unwrap();
+        assert!(o.nvmf.is_empty());
+        let o = options(&["--nvmf", "127.0.0.1:4420", "--nvmf", "[::1]:8009", "m0"]).unwrap();
+        assert_eq!(
+            o.nvmf,
+            vec![
+                "127.0.0.1:4420".parse::<std::net::SocketAddr>().unwrap(),
+                "[::1]:8009".parse().unwrap()
+            ]
+        );
+        let e = options(&["--nvmf", "localhost", "m0"]).err().unwrap();
+        assert!(format!("{e:#}").contains("HOST:PORT"), "{e:#}");
+        let dir = std::env::temp_dir().join(format!("ferroraid-nvmf-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("serve.toml");
+        std::fs::write(&cfg, "devices = [\"m0\"]\nnvmf = [\"0.0.0.0:4420\"]\n").unwrap();
+        let c = cfg.to_str().unwrap();
+        let o = options(&["--config", c]).unwrap();
+        assert_eq!(o.nvmf, vec!["0.0.0.0:4420".parse().unwrap()]);
+        // The command line wins over the file.
+        let o = options(&["--config", c, "--nvmf", "127.0.0.2:4421"]).unwrap();
+        assert_eq!(o.nvmf, vec!["127.0.0.2:4421".parse().unwrap()]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn qos_policy_and_target_are_selectable() {
         let o = options(&["m0", "m1", "m2"]).unwrap();
         assert_eq!(o.depth, engine::qos::DepthConfig::default());
