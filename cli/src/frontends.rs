@@ -1,9 +1,10 @@
-//! The front-end each reactor runs: NBD and iSCSI side by side on the same reactor.
+//! The front-end each reactor runs: NBD, iSCSI and NVMe/TCP side by side on the same
+//! reactor.
 //!
-//! [`TargetFrontend`] polls both every loop turn and routes each array completion back to
+//! [`TargetFrontend`] polls each every loop turn and routes each array completion back to
 //! the front-end that submitted it by its tag: the iSCSI front-end sets
-//! [`crate::iscsi::frontend::TAG_BIT`] (bit 63) on its tags; NBD tags are context indexes
-//! below 2^16.
+//! [`crate::iscsi::frontend::TAG_BIT`] (bit 63) on its tags, the NVMe/TCP front-end
+//! [`crate::nvmf::frontend::TAG_BIT`] (bit 62); NBD tags are context indexes below 2^16.
 
 use engine::array::ArrayCompletion;
 use engine::device::Channel;
@@ -12,6 +13,8 @@ use engine::reactor::{Frontend, Io};
 use crate::iscsi::frontend::TAG_BIT;
 use crate::iscsi::IscsiFrontend;
 use crate::nbd::NbdFrontend;
+use crate::nvmf::frontend::TAG_BIT as NVMF_TAG_BIT;
+use crate::nvmf::NvmfFrontend;
 
 /// One reactor's front-ends: NBD always, iSCSI when the target serves it.
 pub struct TargetFrontend {
@@ -19,6 +22,8 @@ pub struct TargetFrontend {
     pub nbd: NbdFrontend,
     /// The iSCSI front-end, if iSCSI is served.
     pub iscsi: Option<IscsiFrontend>,
+    /// The NVMe/TCP front-end, if NVMe/TCP is served.
+    pub nvmf: Option<NvmfFrontend>,
 }
 
 impl Frontend for TargetFrontend {
@@ -27,17 +32,25 @@ impl Frontend for TargetFrontend {
         if let Some(i) = self.iscsi.as_mut() {
             progress |= i.poll(io);
         }
+        if let Some(n) = self.nvmf.as_mut() {
+            progress |= n.poll(io);
+        }
         progress
     }
 
     fn complete(&mut self, c: ArrayCompletion) {
         match self.iscsi.as_mut() {
             Some(i) if c.tag & TAG_BIT != 0 => i.complete(c),
-            _ => self.nbd.complete(c),
+            _ => match self.nvmf.as_mut() {
+                Some(n) if c.tag & NVMF_TAG_BIT != 0 => n.complete(c),
+                _ => self.nbd.complete(c),
+            },
         }
     }
 
     fn finished(&self) -> bool {
-        self.nbd.finished() && self.iscsi.as_ref().is_none_or(|i| i.finished())
+        self.nbd.finished()
+            && self.iscsi.as_ref().is_none_or(|i| i.finished())
+            && self.nvmf.as_ref().is_none_or(|n| n.finished())
     }
 }

@@ -127,7 +127,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
-    /// "adaptive", nbd = [...], iscsi = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
+    /// "adaptive", nbd = [...], iscsi = [...], nvmf = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
     /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
     /// nbd_idle_timeout_s, nbd_block_status = "on" | "off" (or true | false), tls = "off"
     /// | "allow" | "require", tls_cert, tls_key, tls_ca,
@@ -157,6 +157,12 @@ pub struct ServeArgs {
     /// iqn.2026-11.org.ferroraid:<array name>, LUN 0. Default: no iSCSI.
     #[arg(long)]
     iscsi: Vec<String>,
+    /// NVMe/TCP listen address HOST:PORT (repeatable; e.g. 0.0.0.0:4420 and 0.0.0.0:8009
+    /// for `nvme discover`). Serves the subsystem nqn.2026-11.org.ferroraid:<array name>,
+    /// namespace 1, and the discovery controller on every address (docs/NVMF.md).
+    /// Default: no NVMe/TCP.
+    #[arg(long)]
+    nvmf: Vec<String>,
     /// Open the JSON-RPC management socket (mode 0600) at PATH; `--rpc default` puts it
     /// where `ferroraid status` looks by default (/run/ferroraid/ferroraid.sock as root,
     /// else $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock). Without --rpc (and no
@@ -297,6 +303,7 @@ struct ServeFile {
     mode: Option<String>,
     nbd: Option<Vec<String>>,
     iscsi: Option<Vec<String>>,
+    nvmf: Option<Vec<String>>,
     /// CHAP secrets of the iSCSI target (only in the file: secrets stay off the command
     /// line, where `ps` would show them).
     iscsi_chap: Option<ChapFile>,
@@ -460,6 +467,16 @@ impl ServeArgs {
         for s in &iscsi {
             o.iscsi.push(s.parse().with_context(|| {
                 format!("--iscsi {s:?}: expected HOST:PORT (e.g. 127.0.0.1:3260)")
+            })?);
+        }
+        let nvmf = if self.nvmf.is_empty() {
+            file.nvmf.clone().unwrap_or_default()
+        } else {
+            self.nvmf.clone()
+        };
+        for s in &nvmf {
+            o.nvmf.push(s.parse().with_context(|| {
+                format!("--nvmf {s:?}: expected HOST:PORT (e.g. 127.0.0.1:4420)")
             })?);
         }
         if let Some(c) = &file.iscsi_chap {
@@ -904,6 +921,33 @@ mod tests {
         let mut v = vec!["serve"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v)?.serve.options()
+    }
+
+    #[test]
+    fn nvmf_addresses_from_flags_and_config() {
+        let o = options(&["m0"]).unwrap();
+        assert!(o.nvmf.is_empty());
+        let o = options(&["--nvmf", "127.0.0.1:4420", "--nvmf", "[::1]:8009", "m0"]).unwrap();
+        assert_eq!(
+            o.nvmf,
+            vec![
+                "127.0.0.1:4420".parse::<std::net::SocketAddr>().unwrap(),
+                "[::1]:8009".parse().unwrap()
+            ]
+        );
+        let e = options(&["--nvmf", "localhost", "m0"]).err().unwrap();
+        assert!(format!("{e:#}").contains("HOST:PORT"), "{e:#}");
+        let dir = std::env::temp_dir().join(format!("ferroraid-nvmf-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("serve.toml");
+        std::fs::write(&cfg, "devices = [\"m0\"]\nnvmf = [\"0.0.0.0:4420\"]\n").unwrap();
+        let c = cfg.to_str().unwrap();
+        let o = options(&["--config", c]).unwrap();
+        assert_eq!(o.nvmf, vec!["0.0.0.0:4420".parse().unwrap()]);
+        // The command line wins over the file.
+        let o = options(&["--config", c, "--nvmf", "127.0.0.2:4421"]).unwrap();
+        assert_eq!(o.nvmf, vec!["127.0.0.2:4421".parse().unwrap()]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -88,6 +88,47 @@ pub struct StatusReport {
     /// targets that predate it.
     #[serde(default)]
     pub nbd: Option<NbdReport>,
+    /// The NVMe/TCP target's controllers and their I/O queues with counters (issue 22);
+    /// `null` without NVMe/TCP and in reports of targets that predate it.
+    #[serde(default)]
+    pub nvmf: Option<NvmfReport>,
+}
+
+/// The NVMe/TCP target's associations now (`ferroraid::nvmf`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmfReport {
+    /// Controllers (one per host association), by CNTLID.
+    pub controllers: Vec<NvmfControllerReport>,
+}
+
+/// One NVMe/TCP controller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmfControllerReport {
+    /// Controller ID.
+    pub cntlid: u16,
+    /// `io` or `discovery`.
+    pub kind: String,
+    /// The host's NQN.
+    pub hostnqn: String,
+    /// Its connected I/O queues, by QID.
+    pub queues: Vec<NvmfQueueReport>,
+}
+
+/// One I/O queue's counters since it connected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmfQueueReport {
+    /// Queue ID.
+    pub qid: u16,
+    /// Read commands completed successfully.
+    pub reads: u64,
+    /// Write commands completed successfully.
+    pub writes: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Commands completed with an error status.
+    pub errors: u64,
 }
 
 /// The NBD server's connection counters (`ferroraid::nbd::NbdStats`): counts since start,
@@ -692,7 +733,7 @@ impl From<&ArrayStats> for StatsReport {
 /// One export of the array.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportReport {
-    /// The protocol ([`ExportProtocol`]): `nbd` or `iscsi`.
+    /// The protocol ([`ExportProtocol`]): `nbd`, `iscsi` or `nvmf`.
     pub protocol: ExportProtocol,
     /// Where clients connect: `host:port` for TCP, or a Unix socket path.
     pub address: String,
@@ -708,6 +749,8 @@ pub enum ExportProtocol {
     Nbd,
     /// iSCSI (RFC 7143); the export name is the target IQN.
     Iscsi,
+    /// NVMe/TCP (NVMe/TCP transport 1.0); the export name is the subsystem NQN.
+    Nvmf,
 }
 
 impl fmt::Display for ExportProtocol {
@@ -715,6 +758,7 @@ impl fmt::Display for ExportProtocol {
         f.write_str(match self {
             ExportProtocol::Nbd => "nbd",
             ExportProtocol::Iscsi => "iscsi",
+            ExportProtocol::Nvmf => "nvmf",
         })
     }
 }
@@ -986,6 +1030,24 @@ impl fmt::Display for StatusReport {
                 n.idle_closed
             )?;
         }
+        if let Some(n) = &self.nvmf {
+            for c in &n.controllers {
+                let (r, w, e) = c.queues.iter().fold((0, 0, 0), |(r, w, e), q| {
+                    (r + q.reads, w + q.writes, e + q.errors)
+                });
+                writeln!(
+                    f,
+                    "   NVMe/TCP ctl : {} ({}) host {}: {} I/O queues, {} reads, {} writes, {} errors",
+                    c.cntlid,
+                    c.kind,
+                    c.hostnqn,
+                    c.queues.len(),
+                    r,
+                    w,
+                    e
+                )?;
+            }
+        }
         let p = &self.process;
         if p.kind == ProcessKind::Idle {
             writeln!(f, "        Process : idle")?;
@@ -1198,6 +1260,7 @@ pub(crate) mod tests {
                 refused: 2,
                 ..NbdReport::default()
             }),
+            nvmf: None,
         }
     }
 
@@ -1284,8 +1347,32 @@ pub(crate) mod tests {
         };
         assert_eq!(
             keys(&v),
-            "array,bitmap,exports,members,nbd,process,queue_wait_us,reactors,requests_in_flight,stats"
+            "array,bitmap,exports,members,nbd,nvmf,process,queue_wait_us,reactors,requests_in_flight,stats"
         );
+        let mut with_nvmf = sample(&[2]);
+        with_nvmf.nvmf = Some(NvmfReport {
+            controllers: vec![NvmfControllerReport {
+                cntlid: 1,
+                kind: "io".into(),
+                hostnqn: "nqn.x".into(),
+                queues: vec![NvmfQueueReport {
+                    qid: 1,
+                    ..NvmfQueueReport::default()
+                }],
+            }],
+        });
+        let n = serde_json::to_value(&with_nvmf).unwrap();
+        assert_eq!(
+            keys(&n["nvmf"]["controllers"][0]),
+            "cntlid,hostnqn,kind,queues"
+        );
+        assert_eq!(
+            keys(&n["nvmf"]["controllers"][0]["queues"][0]),
+            "bytes_read,bytes_written,errors,qid,reads,writes"
+        );
+        assert!(with_nvmf
+            .to_string()
+            .contains("NVMe/TCP ctl : 1 (io) host nqn.x: 1 I/O queues"));
         assert_eq!(
             keys(&v["nbd"]),
             "connections,handshake_timeouts,handshakes,handshakes_evicted,idle_closed,max_connections,refused"

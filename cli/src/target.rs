@@ -117,6 +117,12 @@ pub struct ServeOptions {
     pub iscsi: Vec<SocketAddr>,
     /// iSCSI tunables and CHAP secrets.
     pub iscsi_config: IscsiConfig,
+    /// NVMe/TCP listening addresses (empty: no NVMe/TCP target). The subsystem is
+    /// `nqn.2026-11.org.ferroraid:<array name>` (docs/NVMF.md), namespace 1; every
+    /// address also serves the discovery controller.
+    pub nvmf: Vec<SocketAddr>,
+    /// NVMe/TCP tunables.
+    pub nvmf_config: crate::nvmf::NvmfConfig,
     /// Background pacer of every reactor (`engine::qos::pacer`).
     pub pacer: engine::qos::pacer::PacerKind,
     /// Its floor and ceiling, bytes/s per member (md's `speed_limit_min/max`).
@@ -152,6 +158,8 @@ impl ServeOptions {
             metrics: None,
             iscsi: Vec::new(),
             iscsi_config: IscsiConfig::default(),
+            nvmf: Vec::new(),
+            nvmf_config: crate::nvmf::NvmfConfig::default(),
             pacer: engine::qos::pacer::PacerKind::default(),
             speed_limits: engine::qos::pacer::SpeedLimits::default(),
         }
@@ -409,6 +417,7 @@ struct Shared {
     exports: Vec<ExportReport>,
     /// The NBD server's connection counters.
     nbd_stats: crate::nbd::StatsHandle,
+    nvmf_stats: Option<crate::nvmf::StatsHandle>,
     /// Roles whose (faulty) device the operator removed.
     removed: Mutex<Vec<u16>>,
 }
@@ -562,6 +571,10 @@ impl Shared {
             bitmap: self.bitmap_report(),
             queue_wait_us: QueueWaitReport::from_histograms_ns(&snap.queue_wait),
             nbd: Some(self.nbd_stats.get().into()),
+            nvmf: self
+                .nvmf_stats
+                .as_ref()
+                .map(crate::nvmf::StatsHandle::report),
         }
     }
 }
@@ -709,6 +722,7 @@ pub struct Target {
     shared: Arc<Shared>,
     nbd: Option<NbdServer>,
     iscsi: Option<IscsiServer>,
+    nvmf: Option<crate::nvmf::NvmfServer>,
     reactors: Option<Reactors<TargetFrontend>>,
     rpc: Option<RpcServer>,
     metrics: Option<MetricsServer>,
@@ -1203,11 +1217,24 @@ impl Target {
             (Some(s), f)
         };
         iscsi_frontends.reverse();
+        let (nvmf, mut nvmf_frontends) = if opts.nvmf.is_empty() {
+            (None, Vec::new())
+        } else {
+            let sub = crate::nvmf::spec::Subsystem::for_array(&name, assembly.uuid.0, &geo);
+            let mut b = crate::nvmf::NvmfServer::builder(sub).config(opts.nvmf_config.clone());
+            for a in &opts.nvmf {
+                b = b.listen(*a);
+            }
+            let (s, f) = b.start(n).context("starting the NVMe/TCP target")?;
+            (Some(s), f)
+        };
+        nvmf_frontends.reverse();
         let frontends: Vec<TargetFrontend> = nbd_frontends
             .into_iter()
             .map(|nbd| TargetFrontend {
                 nbd,
                 iscsi: iscsi_frontends.pop(),
+                nvmf: nvmf_frontends.pop(),
             })
             .collect();
         // Mark the array active before the first write can reach it — only once the sockets
@@ -1393,6 +1420,16 @@ impl Target {
                 });
             }
         }
+        if let Some(t) = &nvmf {
+            for a in t.addrs() {
+                info!(address = %a, nqn = %t.nqn(), "NVMe/TCP target listening");
+                exports.push(ExportReport {
+                    protocol: ExportProtocol::Nvmf,
+                    address: a.to_string(),
+                    name: t.nqn().to_string(),
+                });
+            }
+        }
         let shared = Arc::new(Shared {
             name,
             geo,
@@ -1409,6 +1446,7 @@ impl Target {
             mode: opts.mode,
             exports,
             nbd_stats: nbd.stats_handle(),
+            nvmf_stats: nvmf.as_ref().map(crate::nvmf::NvmfServer::stats_handle),
             removed: Mutex::new(Vec::new()),
         });
         let stop_monitor = Arc::new(AtomicBool::new(false));
@@ -1424,6 +1462,7 @@ impl Target {
             shared: Arc::clone(&shared),
             nbd: Some(nbd),
             iscsi,
+            nvmf,
             reactors: Some(reactors),
             rpc: None,
             metrics,
@@ -1533,6 +1572,9 @@ impl Target {
         let resync_owed = self.shared.checkpoint_at_stop();
         if let Some(i) = self.iscsi.take() {
             i.shutdown();
+        }
+        if let Some(t) = self.nvmf.take() {
+            t.shutdown();
         }
         if let Some(r) = self.reactors.take() {
             r.stop().context("stopping the reactors")?;

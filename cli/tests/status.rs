@@ -54,6 +54,7 @@ impl Mock {
             bitmap: None,
             queue_wait_us: ferroraid::status::QueueWaitReport::default(),
             nbd: None,
+            nvmf: None,
         })))
     }
 

@@ -53,6 +53,7 @@ impl Mock {
                 bitmap: None,
                 queue_wait_us: crate::status::QueueWaitReport::default(),
                 nbd: None,
+                nvmf: None,
             }),
         })
     }
