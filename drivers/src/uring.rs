@@ -64,6 +64,10 @@
 //! On ext4 with `O_DIRECT` (written extents) neither reads nor writes entered io-wq at
 //! all (0 of 4377 reads, 0 of 167232 writes queued async): the reader waits in the block
 //! layer and the disk, where the engine's depth controller acts.
+//! Through this driver (`bench/src/bin/member-read-probe.rs`, same load, 64 MiB files,
+//! medians of 3 alternating runs): tmpfs reads through io_uring p50 269 µs, p99.9 10.6 ms,
+//! 887 reads/s; served inline p50 1 µs, p99.9 351 µs, 281718 reads/s, writes 2786 vs 2704
+//! MB/s; ext4 `O_DIRECT` takes the same path either way (p50 685 µs, p99.9 7.8 ms).
 //!
 //! So a channel reads a regular file itself, with one `pread(2)` in `submit`, when
 //! - the file system is memory-backed (`fstatfs`: `TMPFS_MAGIC`, `RAMFS_MAGIC`): a read
