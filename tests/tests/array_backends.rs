@@ -261,6 +261,53 @@ fn array_on_uring_files_passes_the_oracle() {
     );
 }
 
+/// The same over member files on tmpfs, where the io_uring channels serve small reads
+/// themselves (`pread` in `submit`, `UringDevice::inline_read_max_bytes`): every read the
+/// workload checks, and the images, match the oracle. Skips where /dev/shm is not tmpfs.
+#[test]
+fn array_on_uring_tmpfs_files_passes_the_oracle() {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/dev/shm") && l.contains(" tmpfs "))
+    {
+        eprintln!("SKIP: /dev/shm is not a tmpfs mount");
+        return;
+    }
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let paths = member_files(dir.path(), 6);
+    let devs: Vec<UringDevice> = paths
+        .iter()
+        .map(|p| {
+            UringDevice::open(p, &UringConfig::default()).unwrap_or_else(|_| {
+                // O_DIRECT on tmpfs needs Linux 6.6.
+                let cfg = UringConfig {
+                    direct: false,
+                    ..UringConfig::default()
+                };
+                UringDevice::open(p, &cfg).unwrap()
+            })
+        })
+        .collect();
+    eprintln!(
+        "tmpfs members: reads up to {} bytes served inline",
+        devs[0].inline_read_max_bytes()
+    );
+    let mut arr = array_over(geometry(Level::Raid6, Layout::LeftSymmetric, 6), &devs);
+    let reference = workload(&mut arr, 22, 300, true);
+    drop(arr);
+    drop(devs);
+    let images: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    oracle_check(
+        "array_on_uring_tmpfs_files_passes_the_oracle",
+        Level::Raid6,
+        Layout::LeftSymmetric,
+        &images,
+        &reference,
+        dir.path(),
+    );
+}
+
 #[test]
 fn array_on_uring_loop_devices_passes_the_oracle() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use drivers::uring::{UringChannel, UringConfig, UringDevice};
+use drivers::uring::{UringChannel, UringConfig, UringDevice, INLINE_READ_MAX_BYTES};
 use ferroraid_tests::attach_loop;
 
 /// A directory on the real disk (`/tmp` may be tmpfs, which has no O_DIRECT on old kernels
@@ -506,16 +506,23 @@ fn loop_device() {
     drop(guard);
 }
 
+/// Whether /dev/shm is a tmpfs mount (the tmpfs tests skip where it is not).
+fn shm_is_tmpfs() -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let yes = mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/dev/shm") && l.contains(" tmpfs "));
+    if !yes {
+        eprintln!("SKIP tmpfs test: /dev/shm is not a tmpfs mount");
+    }
+    yes
+}
+
 /// On tmpfs (no `FALLOC_FL_ZERO_RANGE`) write zeroes is reported unsupported and refused,
 /// while discard (`PUNCH_HOLE`) works. Skips where /dev/shm is not tmpfs.
 #[test]
 fn tmpfs_file_reports_what_its_file_system_supports() {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    if !mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some("/dev/shm") && l.contains(" tmpfs "))
-    {
-        eprintln!("SKIP tmpfs test: /dev/shm is not a tmpfs mount");
+    if !shm_is_tmpfs() {
         return;
     }
     let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir in /dev/shm");
@@ -533,4 +540,157 @@ fn tmpfs_file_reports_what_its_file_system_supports() {
         Err(SubmitError::Invalid(_))
     ));
     assert_eq!(run_one(&mut ch, range_req(2, Op::Discard, 0, 4096)), Ok(()));
+}
+
+/// Opens `path` with `O_DIRECT` (tmpfs has it since Linux 6.6), else through the page cache.
+fn open_tmpfs_member(path: &Path, inline_reads: bool) -> UringDevice {
+    let cfg = UringConfig {
+        inline_reads,
+        ..UringConfig::default()
+    };
+    UringDevice::open(path, &cfg).unwrap_or_else(|_| {
+        UringDevice::open(
+            path,
+            &UringConfig {
+                direct: false,
+                ..cfg
+            },
+        )
+        .expect("open tmpfs member")
+    })
+}
+
+/// Whether the kernel takes `RWF_NOWAIT` reads of `path` (then io_uring reads it inline
+/// itself and the channel must leave reads to it).
+fn takes_nowait_reads(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).expect("open");
+    let mut buf = [0u8; 512];
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec over a live local buffer of its length; the descriptor is open.
+    let r = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EOPNOTSUPP)
+}
+
+/// A tmpfs member (no `FMODE_NOWAIT`: io_uring would hand every read to io-wq, behind the
+/// writes) serves reads of at most `INLINE_READ_MAX_BYTES` in `submit`: their completions
+/// are ready before the writes queued ahead of them have even been handed to the kernel,
+/// with the data those writes' predecessors left. Larger reads, writes and every read of a
+/// file on the build disk (ext4/xfs: reads inline in io_uring already) go through
+/// io_uring. Every data check of `exercise` passes on the inline path, and a short read
+/// comes back exactly as io_uring reports it.
+#[test]
+fn tmpfs_small_reads_complete_in_submit_ahead_of_queued_writes() {
+    // Files on the build disk take NOWAIT reads: nothing changes for them.
+    let disk = disk_tempdir();
+    let on_disk = make_file(disk.path(), "member.img", 1 << 20);
+    let dev = UringDevice::open(&on_disk, &UringConfig::default()).expect("open");
+    assert_eq!(dev.inline_read_max_bytes(), 0);
+    if !shm_is_tmpfs() {
+        return;
+    }
+    let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir in /dev/shm");
+    let path = make_file(dir.path(), "member.img", 16 << 20);
+    if takes_nowait_reads(&path) {
+        // A kernel whose tmpfs takes NOWAIT: io_uring serves reads inline itself.
+        assert_eq!(open_tmpfs_member(&path, true).inline_read_max_bytes(), 0);
+        eprintln!("SKIP inline reads: this kernel reads tmpfs files without io-wq");
+        return;
+    }
+    assert_eq!(open_tmpfs_member(&path, false).inline_read_max_bytes(), 0);
+    let dev = open_tmpfs_member(&path, true);
+    assert_eq!(dev.inline_read_max_bytes(), INLINE_READ_MAX_BYTES);
+    exercise(&dev);
+
+    const CHUNK: usize = 64 << 10;
+    // Every buffer is declared before the channels, so that a failing assertion drops the
+    // channels (which wait for their requests) before the buffers they may still use.
+    let mut old = random_buf(16 * CHUNK, 7);
+    let mut new = random_buf(16 * CHUNK, 8);
+    let mut small = AlignedBuf::zeroed(4096);
+    let mut chunk = AlignedBuf::zeroed(CHUNK);
+    let mut large = AlignedBuf::zeroed(2 * CHUNK);
+    let mut back = AlignedBuf::zeroed(16 * CHUNK);
+    let mut buf = AlignedBuf::zeroed(8192);
+    let mut ch = dev.open_channel().expect("channel");
+    let writes: Vec<Request> = (0..16)
+        .map(|i| {
+            let buf = lend(&mut old, i * CHUNK, CHUNK, None);
+            req(i as u64, Op::Write { fua: false }, (i * CHUNK) as u64, buf)
+        })
+        .collect();
+    run_ok(&mut ch, &writes);
+
+    // Sixteen 64 KiB writes of new data past the old, queued and not kicked; then reads of
+    // the old data: 4 KiB and 64 KiB (inline), 128 KiB (through io_uring).
+    for i in 0..16 {
+        let buf = lend(&mut new, i * CHUNK, CHUNK, None);
+        let off = ((16 + i) * CHUNK) as u64;
+        ch.submit(req(100 + i as u64, Op::Write { fua: false }, off, buf))
+            .expect("submit write");
+    }
+    let inline_before = ch.stats().inline_reads;
+    let reads = [
+        req(1, Op::Read, 8192, lend(&mut small, 0, 4096, None)),
+        req(2, Op::Read, CHUNK as u64, lend(&mut chunk, 0, CHUNK, None)),
+        req(3, Op::Read, 0, lend(&mut large, 0, 2 * CHUNK, None)),
+    ];
+    for r in reads {
+        ch.submit(r).expect("submit read");
+    }
+    assert_eq!(ch.in_flight(), 19);
+    let mut out = [Completion::EMPTY; 32];
+    let k = ch.poll(&mut out);
+    let mut tags: Vec<u64> = out[..k].iter().map(|c| c.tag).collect();
+    tags.sort_unstable();
+    assert_eq!(
+        tags,
+        [1, 2],
+        "only the small reads are done before the kick"
+    );
+    assert!(
+        out[..k].iter().all(|c| c.status == Ok(())),
+        "{:?}",
+        &out[..k]
+    );
+    assert_eq!(ch.stats().inline_reads - inline_before, 2);
+    assert!(small[..] == old[8192..8192 + 4096]);
+    assert!(chunk[..] == old[CHUNK..2 * CHUNK]);
+    ch.kick();
+    for c in complete(&mut ch, 17) {
+        assert_eq!(c.status, Ok(()), "request {}", c.tag);
+    }
+    assert!(large[..] == old[..2 * CHUNK]);
+    let r = req(
+        4,
+        Op::Read,
+        (16 * CHUNK) as u64,
+        lend(&mut back, 0, 16 * CHUNK, None),
+    );
+    assert_eq!(run_one(&mut ch, r), Ok(()));
+    assert!(back[..] == new[..]);
+
+    // The file shrinks behind the device's back: the inline read comes back short, with
+    // the outcome the io_uring path reports for the same read.
+    let mut plain = open_tmpfs_member(&path, false)
+        .open_channel()
+        .expect("channel");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(4096 + 512))
+        .expect("truncate");
+    let short = Err(IoError::Short {
+        done: 4096 + 512,
+        expected: 8192,
+    });
+    let r = req(5, Op::Read, 0, lend(&mut buf, 0, 8192, None));
+    assert_eq!(run_one(&mut plain, r), short);
+    let before = ch.stats().inline_reads;
+    let r = req(6, Op::Read, 0, lend(&mut buf, 0, 8192, None));
+    assert_eq!(run_one(&mut ch, r), short);
+    assert_eq!(ch.stats().inline_reads, before + 1);
 }

@@ -511,6 +511,18 @@ impl RequestClass {
 /// two 64 KiB chunks — a read this size still costs one or two member reads.
 pub const BULK_MIN_BYTES: u64 = 128 << 10;
 
+/// Bytes of bulk-write stripe operations (client bytes of their stripes' ranges) one
+/// [`Array::process`] call admits; the first operation of a call is always admitted, so
+/// bulk work never starves and a stripe wider than this still moves one per call. Each
+/// admitted bulk operation is a copy of its data and a parity computation done in that
+/// call (RAID6 parity runs at ~20 GB/s on the bench machine, docs/BENCHMARKS.md: ~13 µs
+/// per 256 KiB, plus the copy of the data into the stripe), so this bounds the
+/// parity and copy work a reactor turn does ahead of a small read that arrives meanwhile.
+/// 256 KiB: the NBD and iSCSI front ends' receive budget per turn
+/// (`PAYLOAD_BYTES_PER_TURN`, docs/PACING.md), so admission keeps pace with what a turn
+/// receives.
+pub const BULK_BYTES_PER_TURN: u64 = 256 << 10;
+
 /// Pool sizes, fixed at construction.
 #[derive(Clone, Copy, Debug)]
 pub struct ArrayConfig {
@@ -566,6 +578,11 @@ pub struct ArrayConfig {
     /// percent of the pool (1..=100, at least one operation; 100: no reserve for other
     /// requests) — for tests and comparisons.
     pub bulk_share_percent: Option<usize>,
+    /// Bytes of bulk-write stripe operations one [`Array::process`] call admits (the first
+    /// of a call always): default [`BULK_BYTES_PER_TURN`]; `u64::MAX` removes the bound
+    /// (comparisons, and simulator tests of the bulk share alone: in virtual time a turn
+    /// costs nothing, so the bound only changes which requests of one instant go first).
+    pub bulk_bytes_per_turn: u64,
 }
 
 /// Default background operations in flight per shard: four chunk-wide stripe operations
@@ -652,6 +669,7 @@ impl Default for ArrayConfig {
             write_batch: DEFAULT_WRITE_BATCH,
             write_hold_ns: DEFAULT_WRITE_HOLD_NS,
             bulk_share_percent: None,
+            bulk_bytes_per_turn: BULK_BYTES_PER_TURN,
         }
     }
 }
@@ -1081,6 +1099,14 @@ pub struct Array<C: Channel> {
     /// cap: the rest is kept for other requests, which pass queued bulk writes they do
     /// not overlap.
     bulk_sops: u32,
+    /// Bytes of bulk-write stripe operations admitted in this [`Array::process`] call (a
+    /// reactor turn): at most [`BULK_BYTES_PER_TURN`] (or one operation) per call.
+    turn_bulk_bytes: u64,
+    /// A bulk write waited for the next call because this call's bulk bytes were spent:
+    /// `process` reports progress so the executor calls again.
+    turn_bulk_deferred: bool,
+    /// [`ArrayConfig::bulk_bytes_per_turn`] (at least 1).
+    bulk_bytes_per_turn: u64,
     /// The bulk share's controller ([`crate::qos::share`]).
     bulk_share: BulkShare,
     /// Bulk-write requests accepted and not finished.
@@ -1311,6 +1337,9 @@ impl<C: Channel> Array<C> {
             writes_in_flight: 0,
             queue_wait: std::array::from_fn(|_| QueueWait::new()),
             bulk_sops: 0,
+            turn_bulk_bytes: 0,
+            turn_bulk_deferred: false,
+            bulk_bytes_per_turn: cfg.bulk_bytes_per_turn.max(1),
             pass_reads_on: true,
             bulk_share: BulkShare::new(
                 cfg.stripe_ops as u32,
@@ -1649,8 +1678,16 @@ impl<C: Channel> Array<C> {
     /// Runs the state machines: resubmits, reaps member completions, advances stripe
     /// operations, starts waiting ones, and kicks the channels. Returns whether anything
     /// happened (an executor idles when it returns false).
+    ///
+    /// Bulk writes are admitted to stripe operations at most [`BULK_BYTES_PER_TURN`] bytes
+    /// per call (at least one operation): each admitted operation is copy and parity work
+    /// done inside this call, so a call's length — what a small request arriving at the
+    /// front door waits for — stays bounded however much bulk work is queued. When bulk
+    /// work waits for the next call for that reason, the call reports progress.
     pub fn process(&mut self) -> bool {
         let mut progress = false;
+        self.turn_bulk_bytes = 0;
+        self.turn_bulk_deferred = false;
         self.tick_members();
         loop {
             let mut round = false;
@@ -1679,7 +1716,7 @@ impl<C: Channel> Array<C> {
             }
             progress = true;
         }
-        progress
+        progress || self.turn_bulk_deferred
     }
 
     /// Moves up to `out.len()` finished requests into `out`; returns how many.

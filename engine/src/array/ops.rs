@@ -42,6 +42,13 @@ impl<C: Channel> Array<C> {
                 i += 1;
                 continue;
             }
+            // The turn's bulk bytes (`ArrayConfig::bulk_bytes_per_turn`) are spent: the rest of the bulk
+            // work waits for the next `process` call, and what is behind it may go ahead.
+            if bulk && self.turn_bulk_bytes >= self.bulk_bytes_per_turn {
+                self.turn_bulk_deferred = true;
+                i += 1;
+                continue;
+            }
             if i > 0 && self.overlaps_earlier(i) {
                 // Waits for the data of an earlier request, not for a stripe operation:
                 // not the bulk share's signal.
@@ -58,6 +65,9 @@ impl<C: Channel> Array<C> {
             let fully = req.split == req.len;
             self.free_sops.pop();
             self.bulk_sops += u32::from(bulk);
+            if bulk {
+                self.turn_bulk_bytes += end - start;
+            }
             let sop = &mut self.sops[s as usize];
             sop.req = ri;
             sop.stripe = stripe;

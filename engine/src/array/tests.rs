@@ -1357,3 +1357,126 @@ fn queue_wait_counts_same_turn_requests_and_times_later_ones() {
         (w.len(), w.min(), w.max())
     );
 }
+
+/// Issue 24: one `process` call (a reactor turn) admits at most `BULK_BYTES_PER_TURN` of
+/// bulk-write stripe operations — the copy and parity work it does — however much bulk
+/// work is queued, so a small read that arrives while a bulk writer has 8 MiB queued gets
+/// its member read issued in the next call; every call admits some bulk work until none
+/// is left (no starvation), and the data comes back as written.
+#[test]
+fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, 64 << 10, 4096).unwrap();
+    let stripe = g.stripe_data_bytes();
+    assert_eq!(
+        stripe, BULK_BYTES_PER_TURN,
+        "the test's stripes are one turn's bulk"
+    );
+    let geo = ArrayGeometry::new(g, 256).unwrap();
+    let clock = SimClock::new();
+    let devs: Vec<SimDevice> = (0..6)
+        .map(|i| {
+            let d = SimDevice::new(
+                &format!("d{i}"),
+                256 * (64 << 10),
+                4096,
+                Profile::fixed(50_000),
+                clock.clone(),
+                1,
+            );
+            d.unwrap()
+        })
+        .collect();
+    let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+    // The bulk share may take the whole pool: only the per-turn bound limits admission.
+    let cfg = ArrayConfig {
+        bulk_share_percent: Some(100),
+        ..ArrayConfig::default()
+    };
+    let mut arr = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+    let live_bulk = |arr: &Array<crate::sim::SimChannel>| {
+        (0..arr.sops.len())
+            .filter(|&i| !arr.free_sops.contains(&(i as u32)) && arr.sops[i].bulk)
+            .count()
+    };
+
+    // Eight 1 MiB sequential writes (32 stripes), all queued at once.
+    const MIB: usize = 1 << 20;
+    let mut data = AlignedBuf::zeroed(8 * MIB);
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i * 31 + 7) as u8;
+    }
+    for k in 0..8 {
+        let buf = &mut data[k * MIB..(k + 1) * MIB];
+        submit_at(
+            &mut arr,
+            10 + k as u64,
+            ArrayOp::Write { fua: false },
+            (k * MIB) as u64,
+            buf,
+        );
+    }
+    arr.set_now(clock.now_ns());
+    assert!(arr.process(), "bulk work deferred is progress");
+    assert_eq!(live_bulk(&arr), 1, "one turn's bulk bytes: one stripe");
+    assert_eq!(arr.turn_bulk_bytes, BULK_BYTES_PER_TURN);
+
+    // A small read beyond the writes arrives: the next turn issues its member read.
+    let mut small = AlignedBuf::zeroed(4096);
+    let read_at = 200 * stripe + 8192;
+    submit_at(&mut arr, 1, ArrayOp::Read, read_at, &mut small);
+    arr.set_now(clock.now_ns());
+    assert!(arr.process());
+    let reading = (0..arr.sops.len()).any(|i| {
+        !arr.free_sops.contains(&(i as u32))
+            && !arr.sops[i].bulk
+            && arr.sops[i].phase == Phase::DirectRead
+    });
+    assert!(
+        reading,
+        "the small read's member read is issued in the turn it arrived"
+    );
+    assert_eq!(live_bulk(&arr), 2);
+
+    // Drain: every call admits at most one turn's bulk bytes, and some while any wait.
+    let mut done = Vec::new();
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 16];
+    for _ in 0..100_000 {
+        if done.len() == 9 {
+            break;
+        }
+        arr.set_now(clock.now_ns());
+        let backlog_bulk = arr.backlog.iter().any(|&r| {
+            arr.reqs[r as usize].as_ref().expect("live").class == RequestClass::BulkWrite
+        });
+        let room = !arr.free_sops.is_empty();
+        let more = arr.process();
+        assert!(arr.turn_bulk_bytes <= BULK_BYTES_PER_TURN);
+        if backlog_bulk && room {
+            assert!(
+                arr.turn_bulk_bytes > 0,
+                "bulk work waited with a free operation"
+            );
+        }
+        let n = arr.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(c.status, Ok(()), "tag {}", c.tag);
+            done.push(c.tag);
+        }
+        if !more && n == 0 {
+            let next = arr.channels().filter_map(|c| c.next_completion_ns()).min();
+            clock.advance_to(next.expect("member I/O in flight"));
+        }
+    }
+    done.sort_unstable();
+    assert_eq!(done, [1, 10, 11, 12, 13, 14, 15, 16, 17]);
+    assert!(small.iter().all(|&b| b == 0), "never written: zeroes");
+    let mut back = AlignedBuf::zeroed(8 * MIB);
+    assert_eq!(rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut back), Ok(()));
+    assert!(
+        back[..] == data[..],
+        "read-back differs from what was written"
+    );
+}

@@ -26,6 +26,26 @@ fn array_with(
     policy: DepthPolicy,
     bulk_share_percent: Option<usize>,
 ) -> (Array<SimChannel>, SimClock) {
+    array_turns(
+        profile,
+        policy,
+        bulk_share_percent,
+        crate::array::BULK_BYTES_PER_TURN,
+    )
+}
+
+/// As [`array_with`], with `ArrayConfig::bulk_bytes_per_turn` given: the bulk-share
+/// scenarios pass `u64::MAX` to measure the share alone (the per-turn bound is tested in
+/// `array::tests::a_turn_admits_bounded_bulk_work_ahead_of_a_small_read`; in virtual time
+/// a turn costs nothing, so the bound only reorders the requests of one instant, which
+/// already lets small reads take stripe operations before the bulk writes fill the pool
+/// and would hide what the share does).
+fn array_turns(
+    profile: &Profile,
+    policy: DepthPolicy,
+    bulk_share_percent: Option<usize>,
+    bulk_bytes_per_turn: u64,
+) -> (Array<SimChannel>, SimClock) {
     let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, CHUNK, 4096).unwrap();
     let stripes = 16384; // 1 GiB per member (allocated lazily: only what is written)
     let geo = ArrayGeometry::new(g, stripes).unwrap();
@@ -52,6 +72,7 @@ fn array_with(
             ..DepthConfig::default()
         },
         bulk_share_percent,
+        bulk_bytes_per_turn,
         ..ArrayConfig::default()
     };
     (Array::new(geo, chans, Parity::new(), cfg).unwrap(), clock)
@@ -241,7 +262,12 @@ fn no_class_starves_under_a_read_storm() {
 #[test]
 fn small_reads_do_not_wait_behind_bulk_writes_for_stripe_operations() {
     let run_with = |share: Option<usize>| {
-        let (mut arr, clock) = array_with(&Profile::nvme_ssd(), DepthPolicy::Ferroraid, share);
+        let (mut arr, clock) = array_turns(
+            &Profile::nvme_ssd(),
+            DepthPolicy::Ferroraid,
+            share,
+            u64::MAX,
+        );
         let mut w = writer(0, 300 * MS);
         w.block_bytes = 1 << 20;
         w.depth = 64;
@@ -345,7 +371,12 @@ fn front_door(
     depth: u32,
     with_reader: bool,
 ) -> (u64, f64, u64, u64, crate::qos::share::BulkShareState) {
-    let (mut arr, clock) = array_with(&Profile::nvme_ssd(), DepthPolicy::Ferroraid, share);
+    let (mut arr, clock) = array_turns(
+        &Profile::nvme_ssd(),
+        DepthPolicy::Ferroraid,
+        share,
+        u64::MAX,
+    );
     let mut w = writer(0, 300 * MS);
     w.block_bytes = 1 << 20;
     w.depth = depth;
@@ -367,7 +398,12 @@ fn front_door(
 /// Figures of `readers` QD16 readers beside a 1 MiB QD64 writer: (small-read p99 queue
 /// wait ns, reader p99 µs, reader ops, writer bytes, share state).
 fn deep_readers(share: Option<usize>) -> (u64, f64, u64, u64, crate::qos::share::BulkShareState) {
-    let (mut arr, clock) = array_with(&Profile::nvme_ssd(), DepthPolicy::Ferroraid, share);
+    let (mut arr, clock) = array_turns(
+        &Profile::nvme_ssd(),
+        DepthPolicy::Ferroraid,
+        share,
+        u64::MAX,
+    );
     let mut w = writer(0, 300 * MS);
     w.block_bytes = 1 << 20;
     w.depth = 64;
