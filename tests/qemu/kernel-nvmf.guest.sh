@@ -1,0 +1,178 @@
+# The kernel's own NVMe/TCP host on ferroraid's NVMe/TCP target, in the rig's guest (run by
+# kernel-nvmf.sh, which documents the whole test). Busybox sh, `-e`, /rig/lib.sh sourced;
+# /rig/knvmf.env holds the parameters. What it prints for the host goes to $RIG_OUT; every
+# step is on the console.
+#
+#  1. `modprobe nvme-tcp` (/dev/nvme-fabrics appears); a host NQN and host ID in /etc/nvme;
+#  2. `ferroraid create` a RAID6 over the virtio members (serials knvmf-0..), `serve
+#     --adaptive --nvmf 127.0.0.1:PORT --rpc`, loopback up;
+#  3. `nvme discover` lists the subsystem; `nvme connect -k 30` gives /dev/nvmeXnY;
+#     `nvme id-ctrl`/`id-ns` show the documented fields (docs/NVMF.md);
+#  4. fio on the block device: JOBS jobs on disjoint JOB_MIB MiB regions, libaio at QD,
+#     O_DIRECT random writes of 4..256 KiB with crc32c verify headers, verified after;
+#  5. mkfs.ext4, mount, FILES files of FILE_MIB MiB, their sha256, umount, caches dropped,
+#     `e2fsck -f -n` clean, mount again, the sums agree, umount;
+#  6. `nvme disconnect -n NQN` (controller gone, no kernel complaint about the shutdown),
+#     `ferroraid status`, SIGTERM (exit 0, array stopped clean); the kernel's nvme lines
+#     must hold no error, reset, timeout or recovery.
+. /rig/knvmf.env
+RPC=/tmp/fr.rpc
+FR=/usr/bin/ferroraid
+MNT=/mnt/fs
+NQN="nqn.2026-11.org.ferroraid:$NAME"
+SERVE=
+CTRL=
+NS=
+
+t() { cut -d' ' -f1 /proc/uptime; }
+say() { echo "knvmf [$(t)s]: $*"; }
+fail() {
+	echo "knvmf: FAIL: $*"
+	for f in /tmp/serve*.log; do
+		[ -f "$f" ] && { echo "--- last lines of $f"; tail -n 40 "$f"; }
+	done
+	echo "--- kernel log"
+	dmesg | tail -n 60
+	[ -z "$SERVE" ] || kill -TERM "$SERVE" 2>/dev/null || true
+	exit 1
+}
+# field FILE NAME: the value of `NAME : value` in nvme-cli's normal output.
+field() { sed -n "s/^$2 *: *//p" "$1" | head -n1 | sed 's/ *$//'; }
+
+ip link set lo up
+ln -sf /proc/mounts /etc/mtab
+mkdir -p "$MNT" /etc/nvme
+cp /rig/kernel "$RIG_OUT/kernel.txt"
+echo "$(fio --version); $(mkfs.ext4 -V 2>&1 | head -n1); $(nvme version | tr '\n' ' ')" >"$RIG_OUT/versions.txt"
+say "kernel $(uname -r); $(grep -c ^processor /proc/cpuinfo) cpu; $(cat "$RIG_OUT/versions.txt")"
+
+# --- 1. the kernel's NVMe/TCP host ------------------------------------------------------------
+modprobe nvme-tcp || fail "modprobe nvme-tcp"
+[ -c /dev/nvme-fabrics ] || fail "no /dev/nvme-fabrics after modprobe nvme-tcp"
+# What Debian's nvme-cli postinst would have written (nvme-cli generates them otherwise).
+HOSTID=$(cat /proc/sys/kernel/random/uuid)
+echo "nqn.2014-08.org.nvmexpress:uuid:$HOSTID" >/etc/nvme/hostnqn
+echo "$HOSTID" >/etc/nvme/hostid
+say "nvme-tcp loaded: $(grep -o '^nvme[a-z_]*' /proc/modules | sort | tr '\n' ' ')/dev/nvme-fabrics present"
+
+# --- 2. the array and the target --------------------------------------------------------------
+DEVS=$(rig_devs_by_serial knvmf- "$MEMBERS") || fail "the member disks knvmf-0.. did not appear"
+$FR create --level "$LEVEL" --chunk "$CHUNK" --name "$NAME" $DEVS >"$RIG_OUT/create.txt" 2>&1 ||
+	fail "ferroraid create: $(cat "$RIG_OUT/create.txt")"
+say "$(tail -n 1 "$RIG_OUT/create.txt")"
+LOG=/tmp/serve.log
+NO_COLOR=1 $FR serve --adaptive --nvmf "127.0.0.1:$PORT" --rpc "$RPC" $DEVS >"$LOG" 2>&1 &
+SERVE=$!
+i=0
+until grep -q 'NVMe/TCP target listening' "$LOG" && [ -S "$RPC" ]; do
+	kill -0 "$SERVE" 2>/dev/null || { SERVE=; fail "ferroraid serve exited: $(cat "$LOG")"; }
+	i=$((i + 1))
+	[ $i -le 600 ] || fail "ferroraid serve did not listen within 60 s"
+	sleep 0.1
+done
+say "ferroraid serve is up on $DEVS: $(grep -o 'nqn=[^ ]*' "$LOG" | head -n1)"
+
+# --- 3. discover, connect, identify -----------------------------------------------------------
+timeout 120 nvme discover -t tcp -a 127.0.0.1 -s "$PORT" >"$RIG_OUT/discover.txt" 2>&1 ||
+	fail "nvme discover -t tcp -a 127.0.0.1 -s $PORT: $(cat "$RIG_OUT/discover.txt")"
+grep -q "^subnqn: *$NQN\$" "$RIG_OUT/discover.txt" ||
+	fail "nvme discover does not list $NQN: $(cat "$RIG_OUT/discover.txt")"
+say "discovered: $(grep -c '^=====Discovery Log Entry' "$RIG_OUT/discover.txt") entries, trtype $(field "$RIG_OUT/discover.txt" trtype), subnqn $NQN, traddr $(field "$RIG_OUT/discover.txt" traddr), trsvcid $(field "$RIG_OUT/discover.txt" trsvcid)"
+
+timeout 180 nvme connect -t tcp -a 127.0.0.1 -s "$PORT" -n "$NQN" -k 30 >"$RIG_OUT/connect.txt" 2>&1 ||
+	fail "nvme connect -t tcp -a 127.0.0.1 -s $PORT -n $NQN -k 30: $(cat "$RIG_OUT/connect.txt")"
+for c in /sys/class/nvme/nvme*; do
+	[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && CTRL=${c##*/}
+done
+[ -n "$CTRL" ] || fail "no /sys/class/nvme controller of $NQN after nvme connect: $(cat "$RIG_OUT/connect.txt")"
+i=0
+while :; do
+	for b in /sys/block/nvme*n*; do
+		case ${b##*/} in *c*) continue ;; esac # a multipath path node, not the disk
+		[ -e "$b" ] && [ "$(cat "$b/size")" != 0 ] && NS=${b##*/}
+	done
+	[ -n "$NS" ] && [ -b "/dev/$NS" ] && break
+	i=$((i + 1))
+	[ $i -le 300 ] || fail "no sized /dev/nvmeXnY 30 s after nvme connect"
+	sleep 0.1
+done
+BYTES=$(($(cat "/sys/block/$NS/size") * 512))
+LBS=$(cat "/sys/block/$NS/queue/logical_block_size")
+say "connected: /dev/$NS ($CTRL, state $(cat /sys/class/nvme/$CTRL/state), transport $(cat /sys/class/nvme/$CTRL/transport), queue_count $(cat /sys/class/nvme/$CTRL/queue_count), sqsize $(cat /sys/class/nvme/$CTRL/sqsize)) $BYTES bytes, logical block $LBS, io_min $(cat /sys/block/$NS/queue/minimum_io_size), io_opt $(cat /sys/block/$NS/queue/optimal_io_size)"
+
+nvme id-ctrl "/dev/$CTRL" >"$RIG_OUT/id-ctrl.txt" 2>&1 || fail "nvme id-ctrl /dev/$CTRL: $(cat "$RIG_OUT/id-ctrl.txt")"
+nvme id-ns "/dev/$NS" >"$RIG_OUT/id-ns.txt" 2>&1 || fail "nvme id-ns /dev/$NS: $(cat "$RIG_OUT/id-ns.txt")"
+I=$RIG_OUT/id-ctrl.txt
+[ "$(field "$I" subnqn)" = "$NQN" ] || fail "id-ctrl subnqn '$(field "$I" subnqn)', not $NQN"
+[ "$(field "$I" mdts)" = 5 ] || fail "id-ctrl mdts '$(field "$I" mdts)', not 5 (docs/NVMF.md)"
+[ "$(field "$I" nn)" = 1 ] || fail "id-ctrl nn '$(field "$I" nn)', not 1"
+[ "$(field "$I" cntrltype)" = 1 ] || fail "id-ctrl cntrltype '$(field "$I" cntrltype)', not 1 (I/O)"
+[ "$(field "$I" kas)" != 0 ] || fail "id-ctrl kas 0"
+echo "subnqn $(field "$I" subnqn), mdts $(field "$I" mdts), nn $(field "$I" nn), cntrltype $(field "$I" cntrltype), kas $(field "$I" kas), sgls $(field "$I" sgls), ioccsz $(field "$I" ioccsz), maxcmd $(field "$I" maxcmd), oncs $(field "$I" oncs), vwc $(field "$I" vwc), mn '$(field "$I" mn)'" >"$RIG_OUT/id-ctrl.fields"
+I=$RIG_OUT/id-ns.txt
+NSZE=$(($(field "$I" nsze)))
+[ $NSZE -gt 0 ] || fail "id-ns nsze '$(field "$I" nsze)'"
+[ $((NSZE * LBS)) -eq $BYTES ] || fail "id-ns nsze $NSZE x $LBS bytes != /dev/$NS's $BYTES bytes"
+[ $(($(field "$I" ncap))) -eq $NSZE ] || fail "id-ns ncap '$(field "$I" ncap)' != nsze $NSZE"
+echo "nsze $NSZE = ncap x $LBS bytes = /dev/$NS, nguid $(field "$I" nguid), npwg $(field "$I" npwg), nows $(field "$I" nows), noiob $(field "$I" noiob)" >"$RIG_OUT/id-ns.fields"
+say "id-ctrl: $(cat "$RIG_OUT/id-ctrl.fields")"
+say "id-ns: $(cat "$RIG_OUT/id-ns.fields")"
+
+# --- 4. fio on the block device ---------------------------------------------------------------
+rc=0
+fio --name=knvmf --filename="/dev/$NS" --numjobs="$JOBS" --size="${JOB_MIB}M" \
+	--offset_increment="${JOB_MIB}M" --bsrange=4k-256k --rw=randwrite --direct=1 \
+	--ioengine=libaio --iodepth="$QD" --verify=crc32c --verify_fatal=1 --randseed="$SEED" \
+	--group_reporting --eta=never --output="$RIG_OUT/fio.txt" || rc=$?
+[ $rc -eq 0 ] || fail "fio (write + verify) exited $rc: $(cat "$RIG_OUT/fio.txt")"
+grep -q 'err= 0' "$RIG_OUT/fio.txt" || fail "fio reported errors: $(cat "$RIG_OUT/fio.txt")"
+say "fio done: $JOBS jobs x $JOB_MIB MiB at QD $QD written and verified on /dev/$NS"
+
+# --- 5. a file system -------------------------------------------------------------------------
+mkfs.ext4 -F "/dev/$NS" >"$RIG_OUT/mkfs.txt" 2>&1 || fail "mkfs.ext4 /dev/$NS: $(cat "$RIG_OUT/mkfs.txt")"
+mount -t ext4 "/dev/$NS" "$MNT" || fail "mount /dev/$NS"
+say "mkfs.ext4 and mount done: $(df -k "$MNT" | tail -n 1)"
+i=0
+while [ $i -lt "$FILES" ]; do
+	dd if=/dev/urandom of="$MNT/f$i" bs=1M count="$FILE_MIB" 2>/dev/null || fail "writing $MNT/f$i"
+	i=$((i + 1))
+done
+(cd "$MNT" && sha256sum f*) >/tmp/sums.txt
+cp /tmp/sums.txt "$RIG_OUT/sums.txt"
+sync
+umount "$MNT" || fail "umount"
+echo 3 >/proc/sys/vm/drop_caches
+rc=0
+e2fsck -f -n "/dev/$NS" >"$RIG_OUT/e2fsck.txt" 2>&1 || rc=$?
+[ $rc -eq 0 ] || fail "e2fsck -f -n /dev/$NS exited $rc: $(cat "$RIG_OUT/e2fsck.txt")"
+say "e2fsck -f -n clean: $(tail -n 1 "$RIG_OUT/e2fsck.txt")"
+mount -t ext4 "/dev/$NS" "$MNT" || fail "mount /dev/$NS again"
+(cd "$MNT" && sha256sum -c /tmp/sums.txt) >"$RIG_OUT/sums-check.txt" 2>&1 ||
+	fail "the files' sha256 differ after the remount: $(cat "$RIG_OUT/sums-check.txt")"
+umount "$MNT" || fail "umount after the check"
+say "remounted: sha256 of the $FILES files equal"
+
+# --- 6. disconnect, stop ----------------------------------------------------------------------
+timeout 60 nvme disconnect -n "$NQN" >"$RIG_OUT/disconnect.txt" 2>&1 ||
+	fail "nvme disconnect -n $NQN: $(cat "$RIG_OUT/disconnect.txt")"
+[ ! -e "/sys/class/nvme/$CTRL" ] || fail "/sys/class/nvme/$CTRL still there after nvme disconnect"
+say "nvme disconnect: $(head -n1 "$RIG_OUT/disconnect.txt")"
+rc=0
+$FR status --rpc "$RPC" >"$RIG_OUT/status.txt" 2>&1 || rc=$?
+[ $rc -eq 0 ] || fail "ferroraid status exited $rc: $(cat "$RIG_OUT/status.txt")"
+kill -TERM "$SERVE"
+rc=0
+wait "$SERVE" || rc=$?
+SERVE=
+cp "$LOG" "$RIG_OUT/serve.log"
+[ $rc -eq 0 ] || fail "ferroraid serve exited $rc on SIGTERM"
+grep 'array stopped' "$LOG" | grep -q 'clean=true' || fail "ferroraid serve did not stop the array clean"
+dmesg | grep -i 'nvme' >"$RIG_OUT/dmesg-nvme.txt" || true
+# The NQNs are left out: "ferroraid" holds "error".
+if sed 's/NQN "[^"]*"/NQN/' "$RIG_OUT/dmesg-nvme.txt" |
+	grep -iE 'error|fail|timeout|timed out|reset|recovery|incomplete|mismatch|invalid|unsupported|unexpected|abort' \
+		>"$RIG_OUT/dmesg-complaints.txt"; then
+	fail "the kernel complained: $(cat "$RIG_OUT/dmesg-complaints.txt")"
+fi
+say "kernel log: $(wc -l <"$RIG_OUT/dmesg-nvme.txt") nvme lines, no complaint"
+say "done"
