@@ -9,12 +9,20 @@
 #  3. `nvme discover` lists the subsystem; `nvme connect -k 30` gives /dev/nvmeXnY;
 #     `nvme id-ctrl`/`id-ns` show the documented fields (docs/NVMF.md);
 #  4. fio on the block device: JOBS jobs on disjoint JOB_MIB MiB regions, libaio at QD,
-#     O_DIRECT random writes of 4..256 KiB with crc32c verify headers, verified after;
+#     O_DIRECT random writes of 4..256 KiB with crc32c verify headers, verified after; a
+#     third of the way through (in requests, /sys/block/NS/stat) `ferroraid fail` takes
+#     member FAIL_SLOT out: no error reaches the host;
 #  5. mkfs.ext4, mount, FILES files of FILE_MIB MiB, their sha256, umount, caches dropped,
 #     `e2fsck -f -n` clean, mount again, the sums agree, umount;
-#  6. `nvme disconnect -n NQN` (controller gone, no kernel complaint about the shutdown),
-#     `ferroraid status`, SIGTERM (exit 0, array stopped clean); the kernel's nvme lines
-#     must hold no error, reset, timeout or recovery.
+#  6. `nvme disconnect -n NQN` (controller gone); the kernel's nvme lines so far hold no
+#     error, reset, timeout, reconnect or recovery (so also no shutdown complaint: CC.SHN);
+#  7. `nvme connect -g -G` (header and data digests; Linux refuses the connection unless
+#     the target echoes both), the sums again, fio on files (libaio, QD, crc32c verify);
+#  8. the target stopped with the host connected (`ferroraid status` exit 1: degraded;
+#     SIGTERM, exit 0, array clean) and served again on the survivors: the host's reconnect
+#     loop brings the controller back live ("Successfully reconnected"), `e2fsck -f -n`
+#     clean, all sums agree, fio --verify_only passes, reads served degraded; `nvme
+#     disconnect`, SIGTERM (exit 0).
 . /rig/knvmf.env
 RPC=/tmp/fr.rpc
 FR=/usr/bin/ferroraid
@@ -39,6 +47,79 @@ fail() {
 # field FILE NAME: the value of `NAME : value` in nvme-cli's normal output.
 field() { sed -n "s/^$2 *: *//p" "$1" | head -n1 | sed 's/ *$//'; }
 
+# connect LOG [OPTIONS...]: `nvme connect -t tcp -a 127.0.0.1 -s PORT -n NQN -k 30 OPTIONS`;
+# sets CTRL (nvmeX) and NS (nvmeXnY, sized).
+connect() {
+	_log=$1
+	shift
+	CTRL= NS=
+	timeout 180 nvme connect -t tcp -a 127.0.0.1 -s "$PORT" -n "$NQN" -k 30 "$@" >"$_log" 2>&1 ||
+		fail "nvme connect -t tcp -a 127.0.0.1 -s $PORT -n $NQN -k 30 $*: $(cat "$_log")"
+	for c in /sys/class/nvme/nvme*; do
+		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && CTRL=${c##*/}
+	done
+	[ -n "$CTRL" ] || fail "no /sys/class/nvme controller of $NQN after nvme connect: $(cat "$_log")"
+	_i=0
+	while :; do
+		for b in /sys/block/nvme*n*; do
+			case ${b##*/} in *c*) continue ;; esac # a multipath path node, not the disk
+			[ -e "$b" ] && [ "$(cat "$b/size")" != 0 ] && NS=${b##*/}
+		done
+		[ -n "$NS" ] && [ -b "/dev/$NS" ] && break
+		_i=$((_i + 1))
+		[ $_i -le 300 ] || fail "no sized /dev/nvmeXnY 30 s after nvme connect"
+		sleep 0.1
+	done
+}
+
+# disconnect LOG: `nvme disconnect -n NQN`; the controller must be gone.
+disconnect() {
+	timeout 60 nvme disconnect -n "$NQN" >"$1" 2>&1 || fail "nvme disconnect -n $NQN: $(cat "$1")"
+	[ ! -e "/sys/class/nvme/$CTRL" ] || fail "/sys/class/nvme/$CTRL still there after nvme disconnect"
+}
+
+# serve LOG DEVICES...: `ferroraid serve` in the background (pid in SERVE), returns once the
+# target listens.
+serve() {
+	_log=$1
+	shift
+	rm -f "$RPC"
+	NO_COLOR=1 $FR serve --adaptive --nvmf "127.0.0.1:$PORT" --rpc "$RPC" "$@" >"$_log" 2>&1 &
+	SERVE=$!
+	_i=0
+	until grep -q 'NVMe/TCP target listening' "$_log" && [ -S "$RPC" ]; do
+		kill -0 "$SERVE" 2>/dev/null || { SERVE=; fail "ferroraid serve exited: $(cat "$_log")"; }
+		_i=$((_i + 1))
+		[ $_i -le 600 ] || fail "ferroraid serve did not listen within 60 s"
+		sleep 0.1
+	done
+}
+
+# stop LOG STATUS: `ferroraid status` to STATUS (exit 1: degraded), then SIGTERM to the
+# target; it must exit 0 having stopped the array clean.
+stop() {
+	_rc=0
+	$FR status --rpc "$RPC" >"$2" 2>&1 || _rc=$?
+	[ $_rc -eq 1 ] || fail "ferroraid status exited $_rc, not 1 (degraded): $(cat "$2")"
+	kill -TERM "$SERVE"
+	_rc=0
+	wait "$SERVE" || _rc=$?
+	SERVE=
+	cp "$1" "$RIG_OUT/"
+	[ $_rc -eq 0 ] || fail "ferroraid serve exited $_rc on SIGTERM"
+	grep 'array stopped' "$1" | grep -q 'clean=true' || fail "ferroraid serve did not stop the array clean"
+}
+
+# The writes the kernel completed on the namespace (/sys/block/NS/stat, field 5).
+ns_writes() { set -- $(cat "/sys/block/$NS/stat"); echo "$5"; }
+
+# complaints FILE: the kernel's nvme lines holding an error, reset, timeout or recovery, to
+# FILE (false when none). The NQNs are left out: "ferroraid" holds "error".
+complaints() {
+	dmesg | grep -i 'nvme' | sed 's/NQN "[^"]*"/NQN/' |
+		grep -iE 'error|fail|timeout|timed out|reset|recovery|reconnect|incomplete|mismatch|invalid|unsupported|unexpected|abort' >"$1"
+}
+
 ip link set lo up
 ln -sf /proc/mounts /etc/mtab
 mkdir -p "$MNT" /etc/nvme
@@ -60,17 +141,10 @@ DEVS=$(rig_devs_by_serial knvmf- "$MEMBERS") || fail "the member disks knvmf-0..
 $FR create --level "$LEVEL" --chunk "$CHUNK" --name "$NAME" $DEVS >"$RIG_OUT/create.txt" 2>&1 ||
 	fail "ferroraid create: $(cat "$RIG_OUT/create.txt")"
 say "$(tail -n 1 "$RIG_OUT/create.txt")"
-LOG=/tmp/serve.log
-NO_COLOR=1 $FR serve --adaptive --nvmf "127.0.0.1:$PORT" --rpc "$RPC" $DEVS >"$LOG" 2>&1 &
-SERVE=$!
-i=0
-until grep -q 'NVMe/TCP target listening' "$LOG" && [ -S "$RPC" ]; do
-	kill -0 "$SERVE" 2>/dev/null || { SERVE=; fail "ferroraid serve exited: $(cat "$LOG")"; }
-	i=$((i + 1))
-	[ $i -le 600 ] || fail "ferroraid serve did not listen within 60 s"
-	sleep 0.1
-done
-say "ferroraid serve is up on $DEVS: $(grep -o 'nqn=[^ ]*' "$LOG" | head -n1)"
+FAILED=$(echo $DEVS | cut -d' ' -f$((FAIL_SLOT + 1)))
+SURVIVORS=$(echo $DEVS | tr ' ' '\n' | grep -vx "$FAILED" | tr '\n' ' ')
+serve /tmp/serve-1.log $DEVS
+say "ferroraid serve is up on $DEVS: $(grep -o 'nqn=[^ ]*' /tmp/serve-1.log | head -n1)"
 
 # --- 3. discover, connect, identify -----------------------------------------------------------
 timeout 120 nvme discover -t tcp -a 127.0.0.1 -s "$PORT" >"$RIG_OUT/discover.txt" 2>&1 ||
@@ -79,23 +153,7 @@ grep -q "^subnqn: *$NQN\$" "$RIG_OUT/discover.txt" ||
 	fail "nvme discover does not list $NQN: $(cat "$RIG_OUT/discover.txt")"
 say "discovered: $(grep -c '^=====Discovery Log Entry' "$RIG_OUT/discover.txt") entries, trtype $(field "$RIG_OUT/discover.txt" trtype), subnqn $NQN, traddr $(field "$RIG_OUT/discover.txt" traddr), trsvcid $(field "$RIG_OUT/discover.txt" trsvcid)"
 
-timeout 180 nvme connect -t tcp -a 127.0.0.1 -s "$PORT" -n "$NQN" -k 30 >"$RIG_OUT/connect.txt" 2>&1 ||
-	fail "nvme connect -t tcp -a 127.0.0.1 -s $PORT -n $NQN -k 30: $(cat "$RIG_OUT/connect.txt")"
-for c in /sys/class/nvme/nvme*; do
-	[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && CTRL=${c##*/}
-done
-[ -n "$CTRL" ] || fail "no /sys/class/nvme controller of $NQN after nvme connect: $(cat "$RIG_OUT/connect.txt")"
-i=0
-while :; do
-	for b in /sys/block/nvme*n*; do
-		case ${b##*/} in *c*) continue ;; esac # a multipath path node, not the disk
-		[ -e "$b" ] && [ "$(cat "$b/size")" != 0 ] && NS=${b##*/}
-	done
-	[ -n "$NS" ] && [ -b "/dev/$NS" ] && break
-	i=$((i + 1))
-	[ $i -le 300 ] || fail "no sized /dev/nvmeXnY 30 s after nvme connect"
-	sleep 0.1
-done
+connect "$RIG_OUT/connect.txt"
 BYTES=$(($(cat "/sys/block/$NS/size") * 512))
 LBS=$(cat "/sys/block/$NS/queue/logical_block_size")
 say "connected: /dev/$NS ($CTRL, state $(cat /sys/class/nvme/$CTRL/state), transport $(cat /sys/class/nvme/$CTRL/transport), queue_count $(cat /sys/class/nvme/$CTRL/queue_count), sqsize $(cat /sys/class/nvme/$CTRL/sqsize)) $BYTES bytes, logical block $LBS, io_min $(cat /sys/block/$NS/queue/minimum_io_size), io_opt $(cat /sys/block/$NS/queue/optimal_io_size)"
@@ -119,14 +177,36 @@ say "id-ctrl: $(cat "$RIG_OUT/id-ctrl.fields")"
 say "id-ns: $(cat "$RIG_OUT/id-ns.fields")"
 
 # --- 4. fio on the block device ---------------------------------------------------------------
+fio_raw() {
+	fio --name=knvmf --filename="/dev/$NS" --numjobs="$JOBS" --size="${JOB_MIB}M" \
+		--offset_increment="${JOB_MIB}M" --bsrange=4k-256k --rw=randwrite --direct=1 \
+		--ioengine=libaio --iodepth="$QD" --verify=crc32c --verify_fatal=1 --randseed="$SEED" \
+		--group_reporting --eta=never --output="$RIG_OUT/fio.txt"
+}
+before=$(ns_writes)
+fio_raw &
+FIO=$!
+i=0
+# A third of fio's writes (at least 4 KiB each of JOBS x JOB_MIB MiB, at most 256 KiB).
+third=$((JOBS * JOB_MIB * 1024 / 256 / 3))
+while [ $(($(ns_writes) - before)) -lt $third ]; do
+	kill -0 $FIO 2>/dev/null || fail "fio ended before $third of its writes reached $NS: $(cat "$RIG_OUT/fio.txt")"
+	i=$((i + 1))
+	[ $i -le 3000 ] || fail "fio wrote less than $third requests in 300 s"
+	sleep 0.05
+done
+at_fail=$(($(ns_writes) - before))
+$FR fail --rpc "$RPC" "$FAILED" >"$RIG_OUT/fail.txt" 2>&1 || fail "ferroraid fail $FAILED: $(cat "$RIG_OUT/fail.txt")"
+kill -0 $FIO 2>/dev/null || fail "fio was not running any more when the member failed"
+say "ferroraid fail $FAILED (slot $FAIL_SLOT) after $at_fail of fio's writes reached $NS, fio still running"
 rc=0
-fio --name=knvmf --filename="/dev/$NS" --numjobs="$JOBS" --size="${JOB_MIB}M" \
-	--offset_increment="${JOB_MIB}M" --bsrange=4k-256k --rw=randwrite --direct=1 \
-	--ioengine=libaio --iodepth="$QD" --verify=crc32c --verify_fatal=1 --randseed="$SEED" \
-	--group_reporting --eta=never --output="$RIG_OUT/fio.txt" || rc=$?
+wait $FIO || rc=$?
 [ $rc -eq 0 ] || fail "fio (write + verify) exited $rc: $(cat "$RIG_OUT/fio.txt")"
 grep -q 'err= 0' "$RIG_OUT/fio.txt" || fail "fio reported errors: $(cat "$RIG_OUT/fio.txt")"
-say "fio done: $JOBS jobs x $JOB_MIB MiB at QD $QD written and verified on /dev/$NS"
+after=$(($(ns_writes) - before))
+[ $after -gt $at_fail ] || fail "no write reached $NS after the fail ($after, $at_fail at the fail)"
+echo "$at_fail $after" >"$RIG_OUT/writes.txt"
+say "fio done: $JOBS jobs x $JOB_MIB MiB at QD $QD written and verified on /dev/$NS; writes: $at_fail before the fail, $after in all"
 
 # --- 5. a file system -------------------------------------------------------------------------
 mkfs.ext4 -F "/dev/$NS" >"$RIG_OUT/mkfs.txt" 2>&1 || fail "mkfs.ext4 /dev/$NS: $(cat "$RIG_OUT/mkfs.txt")"
@@ -152,27 +232,63 @@ mount -t ext4 "/dev/$NS" "$MNT" || fail "mount /dev/$NS again"
 umount "$MNT" || fail "umount after the check"
 say "remounted: sha256 of the $FILES files equal"
 
-# --- 6. disconnect, stop ----------------------------------------------------------------------
-timeout 60 nvme disconnect -n "$NQN" >"$RIG_OUT/disconnect.txt" 2>&1 ||
-	fail "nvme disconnect -n $NQN: $(cat "$RIG_OUT/disconnect.txt")"
-[ ! -e "/sys/class/nvme/$CTRL" ] || fail "/sys/class/nvme/$CTRL still there after nvme disconnect"
+# --- 6. disconnect: the kernel shuts the controller down (CC.SHN), no complaint so far -------
+disconnect "$RIG_OUT/disconnect.txt"
 say "nvme disconnect: $(head -n1 "$RIG_OUT/disconnect.txt")"
-rc=0
-$FR status --rpc "$RPC" >"$RIG_OUT/status.txt" 2>&1 || rc=$?
-[ $rc -eq 0 ] || fail "ferroraid status exited $rc: $(cat "$RIG_OUT/status.txt")"
-kill -TERM "$SERVE"
-rc=0
-wait "$SERVE" || rc=$?
-SERVE=
-cp "$LOG" "$RIG_OUT/serve.log"
-[ $rc -eq 0 ] || fail "ferroraid serve exited $rc on SIGTERM"
-grep 'array stopped' "$LOG" | grep -q 'clean=true' || fail "ferroraid serve did not stop the array clean"
-dmesg | grep -i 'nvme' >"$RIG_OUT/dmesg-nvme.txt" || true
-# The NQNs are left out: "ferroraid" holds "error".
-if sed 's/NQN "[^"]*"/NQN/' "$RIG_OUT/dmesg-nvme.txt" |
-	grep -iE 'error|fail|timeout|timed out|reset|recovery|incomplete|mismatch|invalid|unsupported|unexpected|abort' \
-		>"$RIG_OUT/dmesg-complaints.txt"; then
-	fail "the kernel complained: $(cat "$RIG_OUT/dmesg-complaints.txt")"
+if complaints "$RIG_OUT/complaints-1.txt"; then
+	fail "the kernel complained: $(cat "$RIG_OUT/complaints-1.txt")"
 fi
-say "kernel log: $(wc -l <"$RIG_OUT/dmesg-nvme.txt") nvme lines, no complaint"
+say "kernel log: $(dmesg | grep -ci nvme) nvme lines, no complaint"
+
+# --- 7. header and data digests: the file system again, fio on files --------------------------
+# -c 2: the host's reconnect loop retries every 2 s (step 8); -l 120: for 120 s.
+connect "$RIG_OUT/connect-digests.txt" -g -G -c 2 -l 120
+mount -t ext4 "/dev/$NS" "$MNT" || fail "mount /dev/$NS (digests)"
+(cd "$MNT" && sha256sum -c /tmp/sums.txt) >"$RIG_OUT/sums-digests.txt" 2>&1 ||
+	fail "the files' sha256 differ over the digest connection: $(cat "$RIG_OUT/sums-digests.txt")"
+fio_files() {
+	fio --name=kdgst --directory="$MNT" --numjobs="$JOBS" --size="${FILE_MIB}M" --bsrange=4k-128k \
+		--rw=randwrite --direct=1 --ioengine=libaio --iodepth="$QD" --verify=crc32c \
+		--verify_fatal=1 --randseed="$SEED" --group_reporting --eta=never "$@"
+}
+rc=0
+fio_files --output="$RIG_OUT/fio-digests.txt" || rc=$?
+[ $rc -eq 0 ] || fail "fio on files (digests) exited $rc: $(cat "$RIG_OUT/fio-digests.txt")"
+grep -q 'err= 0' "$RIG_OUT/fio-digests.txt" || fail "fio (digests) reported errors: $(cat "$RIG_OUT/fio-digests.txt")"
+(cd "$MNT" && sha256sum kdgst*) >/tmp/sums-2.txt
+umount "$MNT" || fail "umount (digests)"
+say "digests: nvme connect -g -G: /dev/$NS ($CTRL, state $(cat /sys/class/nvme/$CTRL/state)), sha256 $(grep -c ': OK$' "$RIG_OUT/sums-digests.txt")/$FILES OK, fio on files exit 0"
+
+# --- 8. the target restarts under the connected host: its reconnect loop -----------------------
+stop /tmp/serve-1.log "$RIG_OUT/status-1.txt"
+say "ferroraid serve stopped (exit 0) with $CTRL connected: $(cat /sys/class/nvme/$CTRL/state)"
+serve /tmp/serve-2.log $SURVIVORS
+i=0
+until [ "$(cat /sys/class/nvme/$CTRL/state 2>/dev/null)" = live ] && dmesg | grep -q 'Successfully reconnected'; do
+	[ -e "/sys/class/nvme/$CTRL" ] || fail "the host gave $CTRL up after the target restarted"
+	i=$((i + 1))
+	[ $i -le 900 ] || fail "$CTRL not live again 90 s after the target restarted: $(cat /sys/class/nvme/$CTRL/state)"
+	sleep 0.1
+done
+say "restart: $CTRL live again, $(dmesg | grep -o 'Successfully reconnected.*' | tail -n1)"
+echo 3 >/proc/sys/vm/drop_caches
+rc=0
+e2fsck -f -n "/dev/$NS" >"$RIG_OUT/e2fsck-2.txt" 2>&1 || rc=$?
+[ $rc -eq 0 ] || fail "e2fsck -f -n /dev/$NS after the restart exited $rc: $(cat "$RIG_OUT/e2fsck-2.txt")"
+mount -t ext4 "/dev/$NS" "$MNT" || fail "mount /dev/$NS after the restart"
+(cd "$MNT" && sha256sum -c /tmp/sums.txt && sha256sum -c /tmp/sums-2.txt) >"$RIG_OUT/sums-restart.txt" 2>&1 ||
+	fail "the files' sha256 differ after the restart: $(cat "$RIG_OUT/sums-restart.txt")"
+rc=0
+fio_files --verify_only --output="$RIG_OUT/fio-restart.txt" || rc=$?
+[ $rc -eq 0 ] || fail "fio --verify_only after the restart exited $rc: $(cat "$RIG_OUT/fio-restart.txt")"
+umount "$MNT" || fail "umount after the restart"
+say "after the restart: e2fsck -f -n clean, sha256 $(grep -c ': OK$' "$RIG_OUT/sums-restart.txt") files OK, fio --verify_only exit 0"
+disconnect "$RIG_OUT/disconnect-2.txt"
+say "nvme disconnect: $(head -n1 "$RIG_OUT/disconnect-2.txt")"
+stop /tmp/serve-2.log "$RIG_OUT/status-2.txt"
+grep -q 'reads: [0-9]* direct, [1-9][0-9]* degraded' "$RIG_OUT/status-2.txt" ||
+	fail "the degraded array served no degraded read: $(cat "$RIG_OUT/status-2.txt")"
+dmesg | grep -i 'nvme' >"$RIG_OUT/dmesg-nvme.txt" || true
+complaints "$RIG_OUT/complaints-2.txt" || true
+say "kernel log of the restart: $(tr '\n' '|' <"$RIG_OUT/complaints-2.txt" | sed 's/\[ *[0-9.]*\] //g')"
 say "done"

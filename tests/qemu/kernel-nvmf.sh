@@ -12,11 +12,15 @@
 # discover -t tcp -a 127.0.0.1 -s 4420` lists the subsystem; `nvme connect ... -n NQN -k 30`
 # gives /dev/nvmeXnY; `nvme id-ctrl`/`id-ns` show subnqn, mdts, nn, sgls, nsze = ncap = the
 # device's size; fio on the block device (libaio, O_DIRECT, 2 jobs at QD 8 on disjoint
-# halves, random writes of 4..256 KiB — in-capsule, R2T and split by MDTS — with crc32c
-# verify headers, verified after writing); mkfs.ext4, mount, files written, sha256, umount,
-# `e2fsck -f -n` clean, mount again and the sums agree, umount; `nvme disconnect -n NQN`
-# (the kernel shuts the controller down with CC.SHN and must not complain); SIGTERM (exit 0,
-# array stopped clean). Here, the guest's record goes to OUTDIR with summary.txt.
+# regions, random writes of 4..256 KiB — in-capsule, R2T and split by MDTS — with crc32c
+# verify headers, verified after writing) with `ferroraid fail` taking a member out a third
+# of the way through; mkfs.ext4, mount, files, sha256, umount, `e2fsck -f -n` clean, mount
+# again and the sums agree; `nvme disconnect -n NQN` with no kernel complaint so far (the
+# shutdown by CC.SHN included); `nvme connect -g -G` (header and data digests), the sums,
+# fio on files; the target stopped (SIGTERM, exit 0, array clean) and served again on the
+# survivors under the connected host, whose reconnect loop brings the controller back:
+# `e2fsck -f -n`, the sums and fio --verify_only agree, reads rebuilt from parity;
+# disconnect, SIGTERM (exit 0). Here, the guest's record goes to OUTDIR with summary.txt.
 #
 # nvme-cli is not installed on the host: its Debian package (with libnvme1 and libdbus-1-3,
 # which the host may lack) is fetched with `apt-get download`, unpacked with `dpkg-deb -x`
@@ -35,9 +39,9 @@ source "$HERE/rig.sh"
 # shellcheck source=tests/qemu/md-host.sh
 source "$HERE/md-host.sh"
 
-MEMBERS=6 MEMBER_MIB=32 LEVEL=6 CHUNK=64K NAME=knvmf PORT=4420
-JOBS=2 QD=8 JOB_MIB=12 FILES=4 FILE_MIB=4 SEED=2022
-PARAMS="$MEMBERS $MEMBER_MIB $LEVEL $CHUNK $NAME $PORT $JOBS $QD $JOB_MIB $FILES $FILE_MIB $SEED"
+MEMBERS=6 MEMBER_MIB=32 LEVEL=6 CHUNK=64K NAME=knvmf PORT=4420 FAIL_SLOT=2
+JOBS=2 QD=8 JOB_MIB=24 FILES=4 FILE_MIB=4 SEED=2022
+PARAMS="$MEMBERS $MEMBER_MIB $LEVEL $CHUNK $NAME $PORT $FAIL_SLOT $JOBS $QD $JOB_MIB $FILES $FILE_MIB $SEED"
 FERRORAID=${FERRORAID:-${CARGO_TARGET_DIR:-$RIG_REPO/target}/release/ferroraid}
 CLIENT_PKGS="nvme-cli libnvme1 libdbus-1-3"
 
@@ -142,7 +146,7 @@ if [[ ! -x $fr_root/usr/bin/ferroraid ]]; then
 fi
 conf=$work/knvmf.env
 printf '%s\n' "MEMBERS=$MEMBERS" "LEVEL=$LEVEL" "CHUNK=$CHUNK" "NAME=$NAME" "PORT=$PORT" \
-	"JOBS=$JOBS" "QD=$QD" "JOB_MIB=$JOB_MIB" "FILES=$FILES" "FILE_MIB=$FILE_MIB" "SEED=$SEED" >"$conf"
+	"FAIL_SLOT=$FAIL_SLOT" "JOBS=$JOBS" "QD=$QD" "JOB_MIB=$JOB_MIB" "FILES=$FILES" "FILE_MIB=$FILE_MIB" "SEED=$SEED" >"$conf"
 # A path that depends only on the content: the initramfs cache is keyed on paths too.
 stable=$RIG_CACHE/kernel-nvmf/knvmf-$(sha256sum <"$conf" | cut -c1-16).env
 [[ -s $stable ]] || { cp "$conf" "$stable.$$" && mv "$stable.$$" "$stable"; }
@@ -165,7 +169,8 @@ guest_s=$((SECONDS - guest_start))
 g=$work/guest
 # What the guest said, to the summary; each line is what the Rust test checks.
 fio_line() { grep -E "^ *$2:" "$1" | head -n1 | sed 's/^ *//'; }
-said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r'; }
+# said PREFIX: the rest of the guest's first console line holding PREFIX.
+said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r' | sed "s|^$1||"; }
 {
 	echo "kernel: $(sed -n 's/^kernel_release=//p' "$g/kernel.txt"); $(grep -o 'fio-[0-9.]*' "$g/versions.txt" | head -n1)"
 	echo "nvme-cli: $(tr '\n' ' ' <"$KNVMF_CLIENT/PACKAGES")"
@@ -176,13 +181,20 @@ said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r'; }
 	echo "connect: $(said 'connected: ')"
 	echo "id-ctrl: $(cat "$g/id-ctrl.fields")"
 	echo "id-ns: $(cat "$g/id-ns.fields")"
-	echo "fio: $JOBS jobs x $JOB_MIB MiB, libaio QD $QD, O_DIRECT random 4-256 KiB writes, crc32c: exit 0; $(fio_line "$g/fio.txt" write); verify $(fio_line "$g/fio.txt" read)"
+	echo "fail: $(said 'ferroraid fail '); $(cat "$g/fail.txt")"
+	read -r at_fail total <"$g/writes.txt"
+	echo "fio: $JOBS jobs x $JOB_MIB MiB, libaio QD $QD, O_DIRECT random 4-256 KiB writes, crc32c: exit 0; $(fio_line "$g/fio.txt" write); verify $(fio_line "$g/fio.txt" read); writes $at_fail before the fail, $total in all"
 	echo "mkfs: $(said 'mkfs.ext4 and mount done: ')"
 	echo "e2fsck: exit 0; $(tail -n 1 "$g/e2fsck.txt")"
 	echo "remount: sha256 $(grep -c ': OK$' "$g/sums-check.txt")/$FILES files OK"
 	echo "disconnect: $(said 'nvme disconnect: ')"
-	echo "stop: serve exit 0; $(grep 'array stopped' "$g/serve.log" | tail -n1 | sed 's/.*array stopped/array stopped/')"
 	echo "kernel-log: $(said 'kernel log: ')"
+	echo "digests: $(said 'digests: '); $(fio_line "$g/fio-digests.txt" write)"
+	echo "stop-1: status exit 1 (degraded); serve exit 0; $(grep 'array stopped' "$g/serve-1.log" | tail -n1 | sed 's/.*array stopped/array stopped/')"
+	echo "restart: $(said 'restart: '); serve-2 $(grep -o 'degraded start: .*' "$g/serve-2.log" | head -n1)"
+	echo "after-restart: $(said 'after the restart: ')"
+	echo "stop-2: status exit 1 (degraded), $(grep -o 'reads: [0-9]* direct, [0-9]* degraded' "$g/status-2.txt"); serve exit 0; $(grep 'array stopped' "$g/serve-2.log" | tail -n1 | sed 's/.*array stopped/array stopped/')"
+	echo "restart-log: $(said 'kernel log of the restart: ')"
 } >"$work/summary.txt"
 cat "$work/summary.txt" >&2
 mkdir -p "$work/result"

@@ -11,8 +11,12 @@
 //! to the device's size); fio on the block device (libaio, O_DIRECT, two jobs at queue depth
 //! 8, random writes of 4..256 KiB with crc32c verify headers, verified after writing);
 //! mkfs.ext4, mount, files, umount, `e2fsck -f -n` clean, the files' sums after a remount;
-//! `nvme disconnect`, and the target stops with exit 0 having stopped the array clean. The
-//! kernel's nvme lines must hold no error, reset, timeout or recovery.
+//! `ferroraid fail` takes a member out a third of the way through fio; `nvme disconnect`
+//! with no kernel complaint so far (error, reset, timeout, recovery; the shutdown by CC.SHN
+//! included). Then `nvme connect -g -G` (header and data digests), the sums and fio on
+//! files; the target stopped (SIGTERM, exit 0, array clean) and started again on the five
+//! survivors under the connected host, whose reconnect loop brings the controller back:
+//! `e2fsck -f -n`, the sums and `fio --verify_only` agree, with reads rebuilt from parity.
 //!
 //! The script fails on any deviation; this test holds its summary to the same facts. The
 //! result is cached in `target/tmp/kernel-nvmf`, keyed on the scripts, the ferroraid binary,
@@ -96,20 +100,60 @@ fn kernel_nvme_tcp_host_discover_connect_fio_ext4_disconnect() {
     has(&summary, "id-ns", &["= ncap x"]);
     let nsze = number_after(line(&summary, "id-ns"), "nsze ").unwrap_or(0);
     assert!(nsze > 0, "id-ns: no namespace size in {summary}");
+    // fio on the block device wrote through a member failure and verified what it wrote.
+    has(&summary, "fail", &["fio still running", "is now degraded"]);
     has(
         &summary,
         "fio",
         &["crc32c: exit 0", "write: IOPS=", "verify read: IOPS="],
     );
+    let fio = line(&summary, "fio");
+    let before = number_after(fio, "; writes ").unwrap_or(0);
+    let all = number_after(fio, " before the fail, ").unwrap_or(0);
+    assert!(
+        before > 0 && all > before,
+        "fio: no writes on both sides of the member failure: {fio:?}"
+    );
     has(&summary, "mkfs", &["/dev/nvme"]);
     has(&summary, "e2fsck", &["exit 0", "files"]);
     has(&summary, "remount", &["sha256 4/4 files OK"]);
     has(&summary, "disconnect", &["disconnected 1 controller"]);
+    // Nothing so far (failure, shutdown by CC.SHN included) made the kernel complain.
+    has(&summary, "kernel-log", &["no complaint"]);
     has(
         &summary,
-        "stop",
-        &["serve exit 0", "array stopped", "clean=true"],
+        "digests",
+        &[
+            "nvme connect -g -G",
+            "state live",
+            "sha256 4/4 OK",
+            "write: IOPS=",
+        ],
     );
-    has(&summary, "kernel-log", &["no complaint"]);
+    // The target restarted under the connected host; its reconnect loop took it back.
+    has(
+        &summary,
+        "restart",
+        &["live again", "Successfully reconnected", "degraded start"],
+    );
+    has(
+        &summary,
+        "after-restart",
+        &[
+            "e2fsck -f -n clean",
+            "sha256 6 files OK",
+            "fio --verify_only exit 0",
+        ],
+    );
+    has(&summary, "restart-log", &["Successfully reconnected"]);
+    for stop in ["stop-1", "stop-2"] {
+        has(
+            &summary,
+            stop,
+            &["serve exit 0", "array stopped", "clean=true"],
+        );
+    }
+    let degraded = number_after(line(&summary, "stop-2"), " direct, ").unwrap_or(0);
+    assert!(degraded > 0, "stop-2: no degraded read served:\n{summary}");
     ferroraid_tests::print_rig_summary("kernel_nvmf", start, &out_dir, &out, &summary);
 }
