@@ -22,7 +22,11 @@
 #     SIGTERM, exit 0, array clean) and served again on the survivors: the host's reconnect
 #     loop brings the controller back live ("Successfully reconnected"), `e2fsck -f -n`
 #     clean, all sums agree, fio --verify_only passes, reads served degraded; `nvme
-#     disconnect`, SIGTERM (exit 0).
+#     disconnect`, SIGTERM (exit 0);
+#  9. the reference: the kernel's nvmet-tcp exports a loop device of the same size on the
+#     same portal (configfs, as blktests does); the same commands pass against it: discover,
+#     connect, id-ctrl (recorded for comparison), fio, mkfs/e2fsck, -g -G and the sums,
+#     disconnect, no kernel complaint.
 . /rig/knvmf.env
 RPC=/tmp/fr.rpc
 FR=/usr/bin/ferroraid
@@ -114,10 +118,18 @@ stop() {
 ns_writes() { set -- $(cat "/sys/block/$NS/stat"); echo "$5"; }
 
 # complaints FILE: the kernel's nvme lines holding an error, reset, timeout or recovery, to
-# FILE (false when none). The NQNs are left out: "ferroraid" holds "error".
+# FILE (false when none). The NQNs and "ferroraid" are left out: "ferroraid" holds "error".
 complaints() {
-	dmesg | grep -i 'nvme' | sed 's/NQN "[^"]*"/NQN/' |
+	dmesg | grep -i 'nvme' | sed 's/NQN "[^"]*"/NQN/; s/ferroraid//g' |
 		grep -iE 'error|fail|timeout|timed out|reset|recovery|reconnect|incomplete|mismatch|invalid|unsupported|unexpected|abort' >"$1"
+}
+
+# fio_line_g FILE: fio's write line.
+fio_line_g() { grep -E '^ *write:' "$1" | head -n1 | sed 's/^ *//; s/,.*//'; }
+
+# ctrl_fields FILE: the fields of `nvme id-ctrl` output FILE the summary shows.
+ctrl_fields() {
+	echo "subnqn $(field "$1" subnqn), mdts $(field "$1" mdts), nn $(field "$1" nn), cntrltype $(field "$1" cntrltype), kas $(field "$1" kas), sgls $(field "$1" sgls), ioccsz $(field "$1" ioccsz), maxcmd $(field "$1" maxcmd), oncs $(field "$1" oncs), vwc $(field "$1" vwc), mn '$(field "$1" mn)'"
 }
 
 ip link set lo up
@@ -166,7 +178,7 @@ I=$RIG_OUT/id-ctrl.txt
 [ "$(field "$I" nn)" = 1 ] || fail "id-ctrl nn '$(field "$I" nn)', not 1"
 [ "$(field "$I" cntrltype)" = 1 ] || fail "id-ctrl cntrltype '$(field "$I" cntrltype)', not 1 (I/O)"
 [ "$(field "$I" kas)" != 0 ] || fail "id-ctrl kas 0"
-echo "subnqn $(field "$I" subnqn), mdts $(field "$I" mdts), nn $(field "$I" nn), cntrltype $(field "$I" cntrltype), kas $(field "$I" kas), sgls $(field "$I" sgls), ioccsz $(field "$I" ioccsz), maxcmd $(field "$I" maxcmd), oncs $(field "$I" oncs), vwc $(field "$I" vwc), mn '$(field "$I" mn)'" >"$RIG_OUT/id-ctrl.fields"
+ctrl_fields "$I" >"$RIG_OUT/id-ctrl.fields"
 I=$RIG_OUT/id-ns.txt
 NSZE=$(($(field "$I" nsze)))
 [ $NSZE -gt 0 ] || fail "id-ns nsze '$(field "$I" nsze)'"
@@ -181,10 +193,10 @@ fio_raw() {
 	fio --name=knvmf --filename="/dev/$NS" --numjobs="$JOBS" --size="${JOB_MIB}M" \
 		--offset_increment="${JOB_MIB}M" --bsrange=4k-256k --rw=randwrite --direct=1 \
 		--ioengine=libaio --iodepth="$QD" --verify=crc32c --verify_fatal=1 --randseed="$SEED" \
-		--group_reporting --eta=never --output="$RIG_OUT/fio.txt"
+		--group_reporting --eta=never "$@"
 }
 before=$(ns_writes)
-fio_raw &
+fio_raw --output="$RIG_OUT/fio.txt" &
 FIO=$!
 i=0
 # A third of fio's writes (at least 4 KiB each of JOBS x JOB_MIB MiB, at most 256 KiB).
@@ -291,4 +303,62 @@ grep -q 'reads: [0-9]* direct, [1-9][0-9]* degraded' "$RIG_OUT/status-2.txt" ||
 dmesg | grep -i 'nvme' >"$RIG_OUT/dmesg-nvme.txt" || true
 complaints "$RIG_OUT/complaints-2.txt" || true
 say "kernel log of the restart: $(tr '\n' '|' <"$RIG_OUT/complaints-2.txt" | sed 's/\[ *[0-9.]*\] //g')"
+
+# --- 9. the reference: the same commands against the kernel's own nvmet-tcp ------------------
+# A loop device on a tmpfs file of the array's size, exported by nvmet through configfs (as
+# blktests does) on the same portal.
+seen=$(dmesg | wc -l)
+modprobe nvmet-tcp || fail "modprobe nvmet-tcp"
+grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs none /sys/kernel/config || fail "mount configfs"
+truncate -s "$BYTES" /tmp/ref.img
+LOOP=$(losetup -f)
+losetup "$LOOP" /tmp/ref.img || fail "losetup $LOOP /tmp/ref.img"
+NQN=nqn.2014-08.org.ferroraid:nvmet-ref
+C=/sys/kernel/config/nvmet
+mkdir "$C/subsystems/$NQN" "$C/subsystems/$NQN/namespaces/1" "$C/ports/1" || fail "nvmet configfs mkdir"
+echo 1 >"$C/subsystems/$NQN/attr_allow_any_host"
+echo -n "$LOOP" >"$C/subsystems/$NQN/namespaces/1/device_path"
+echo 1 >"$C/subsystems/$NQN/namespaces/1/enable" || fail "nvmet: enabling namespace 1 on $LOOP"
+echo tcp >"$C/ports/1/addr_trtype"
+echo ipv4 >"$C/ports/1/addr_adrfam"
+echo 127.0.0.1 >"$C/ports/1/addr_traddr"
+echo "$PORT" >"$C/ports/1/addr_trsvcid"
+ln -s "$C/subsystems/$NQN" "$C/ports/1/subsystems/$NQN" || fail "nvmet: linking the port"
+timeout 120 nvme discover -t tcp -a 127.0.0.1 -s "$PORT" >"$RIG_OUT/discover-nvmet.txt" 2>&1 ||
+	fail "nvme discover (nvmet): $(cat "$RIG_OUT/discover-nvmet.txt")"
+grep -q "^subnqn: *$NQN\$" "$RIG_OUT/discover-nvmet.txt" ||
+	fail "nvme discover does not list $NQN (nvmet): $(cat "$RIG_OUT/discover-nvmet.txt")"
+connect "$RIG_OUT/connect-nvmet.txt"
+nvme id-ctrl "/dev/$CTRL" >"$RIG_OUT/id-ctrl-nvmet.txt" 2>&1 || fail "nvme id-ctrl (nvmet)"
+ctrl_fields "$RIG_OUT/id-ctrl-nvmet.txt" >"$RIG_OUT/id-ctrl-nvmet.fields"
+rc=0
+fio_raw --output="$RIG_OUT/fio-nvmet.txt" || rc=$?
+[ $rc -eq 0 ] && grep -q 'err= 0' "$RIG_OUT/fio-nvmet.txt" || fail "fio (nvmet) exited $rc: $(cat "$RIG_OUT/fio-nvmet.txt")"
+mkfs.ext4 -F "/dev/$NS" >"$RIG_OUT/mkfs-nvmet.txt" 2>&1 || fail "mkfs.ext4 (nvmet)"
+mount -t ext4 "/dev/$NS" "$MNT" || fail "mount (nvmet)"
+i=0
+while [ $i -lt "$FILES" ]; do
+	dd if=/dev/urandom of="$MNT/f$i" bs=1M count="$FILE_MIB" 2>/dev/null || fail "writing $MNT/f$i (nvmet)"
+	i=$((i + 1))
+done
+(cd "$MNT" && sha256sum f*) >/tmp/sums-nvmet.txt
+umount "$MNT" || fail "umount (nvmet)"
+rc=0
+e2fsck -f -n "/dev/$NS" >"$RIG_OUT/e2fsck-nvmet.txt" 2>&1 || rc=$?
+[ $rc -eq 0 ] || fail "e2fsck -f -n (nvmet) exited $rc: $(cat "$RIG_OUT/e2fsck-nvmet.txt")"
+disconnect "$RIG_OUT/disconnect-nvmet.txt"
+connect "$RIG_OUT/connect-nvmet-digests.txt" -g -G
+mount -t ext4 "/dev/$NS" "$MNT" || fail "mount (nvmet, digests)"
+(cd "$MNT" && sha256sum -c /tmp/sums-nvmet.txt) >"$RIG_OUT/sums-nvmet.txt" 2>&1 ||
+	fail "sha256 (nvmet, digests): $(cat "$RIG_OUT/sums-nvmet.txt")"
+umount "$MNT" || fail "umount (nvmet, digests)"
+disconnect "$RIG_OUT/disconnect-nvmet-2.txt"
+dmesg | tail -n +$((seen + 1)) >"$RIG_OUT/dmesg-nvmet.txt"
+if sed 's/NQN "[^"]*"/NQN/; s/ferroraid//g' "$RIG_OUT/dmesg-nvmet.txt" | grep -i nvme |
+	grep -iE 'error|fail|timeout|timed out|reset|recovery|reconnect|incomplete|mismatch|invalid|unsupported|unexpected|abort' \
+		>"$RIG_OUT/complaints-nvmet.txt"; then
+	fail "the kernel complained (nvmet): $(cat "$RIG_OUT/complaints-nvmet.txt")"
+fi
+say "nvmet reference: discover lists $NQN, connect, fio exit 0 ($(fio_line_g "$RIG_OUT/fio-nvmet.txt")), e2fsck -f -n clean, -g -G sums $(grep -c ': OK$' "$RIG_OUT/sums-nvmet.txt")/$FILES OK, disconnect, no complaint"
+say "nvmet id-ctrl: $(cat "$RIG_OUT/id-ctrl-nvmet.fields")"
 say "done"

@@ -20,7 +20,9 @@
 # fio on files; the target stopped (SIGTERM, exit 0, array clean) and served again on the
 # survivors under the connected host, whose reconnect loop brings the controller back:
 # `e2fsck -f -n`, the sums and fio --verify_only agree, reads rebuilt from parity;
-# disconnect, SIGTERM (exit 0). Here, the guest's record goes to OUTDIR with summary.txt.
+# disconnect, SIGTERM (exit 0). Then the reference: the same commands (discover, connect,
+# id-ctrl, fio, mkfs/e2fsck, -g -G, disconnect) against the kernel's nvmet-tcp exporting a
+# loop device on the same portal, with no kernel complaint either. Here, the guest's record goes to OUTDIR with summary.txt.
 #
 # nvme-cli is not installed on the host: its Debian package (with libnvme1 and libdbus-1-3,
 # which the host may lack) is fetched with `apt-get download`, unpacked with `dpkg-deb -x`
@@ -150,7 +152,7 @@ printf '%s\n' "MEMBERS=$MEMBERS" "LEVEL=$LEVEL" "CHUNK=$CHUNK" "NAME=$NAME" "POR
 # A path that depends only on the content: the initramfs cache is keyed on paths too.
 stable=$RIG_CACHE/kernel-nvmf/knvmf-$(sha256sum <"$conf" | cut -c1-16).env
 [[ -s $stable ]] || { cp "$conf" "$stable.$$" && mv "$stable.$$" "$stable"; }
-initrd=$(rig_initramfs --init "$HERE/kernel-nvmf.guest.sh" --modules "nvme-tcp ext4" \
+initrd=$(rig_initramfs --init "$HERE/kernel-nvmf.guest.sh" --modules "nvme-tcp nvmet-tcp loop ext4" \
 	--root "$fr_root" --bin "$fr_root/usr/bin/ferroraid" \
 	--root "$KNVMF_CLIENT" --bin "$KNVMF_CLIENT/usr/sbin/nvme" \
 	--bin "$(command -v fio)" --bin "$(command -v mkfs.ext4)" --bin "$(command -v e2fsck)" \
@@ -195,6 +197,8 @@ said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r' | sed "s|^$1
 	echo "after-restart: $(said 'after the restart: ')"
 	echo "stop-2: status exit 1 (degraded), $(grep -o 'reads: [0-9]* direct, [0-9]* degraded' "$g/status-2.txt"); serve exit 0; $(grep 'array stopped' "$g/serve-2.log" | tail -n1 | sed 's/.*array stopped/array stopped/')"
 	echo "restart-log: $(said 'kernel log of the restart: ')"
+	echo "nvmet: $(said 'nvmet reference: ')"
+	echo "nvmet-id-ctrl: $(said 'nvmet id-ctrl: ')"
 } >"$work/summary.txt"
 cat "$work/summary.txt" >&2
 mkdir -p "$work/result"

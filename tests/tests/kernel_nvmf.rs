@@ -17,6 +17,8 @@
 //! files; the target stopped (SIGTERM, exit 0, array clean) and started again on the five
 //! survivors under the connected host, whose reconnect loop brings the controller back:
 //! `e2fsck -f -n`, the sums and `fio --verify_only` agree, with reads rebuilt from parity.
+//! Last, the reference: the same commands against the kernel's own `nvmet-tcp` exporting a
+//! loop device on the same portal.
 //!
 //! The script fails on any deviation; this test holds its summary to the same facts. The
 //! result is cached in `target/tmp/kernel-nvmf`, keyed on the scripts, the ferroraid binary,
@@ -153,6 +155,19 @@ fn kernel_nvme_tcp_host_discover_connect_fio_ext4_disconnect() {
             &["serve exit 0", "array stopped", "clean=true"],
         );
     }
+    // The reference: the same commands against the kernel's own nvmet-tcp pass too.
+    has(
+        &summary,
+        "nvmet",
+        &[
+            "discover lists nqn.2014-08.org.ferroraid:nvmet-ref",
+            "fio exit 0",
+            "e2fsck -f -n clean",
+            "-g -G sums 4/4 OK",
+            "no complaint",
+        ],
+    );
+    has(&summary, "nvmet-id-ctrl", &["cntrltype 1,"]);
     let degraded = number_after(line(&summary, "stop-2"), " direct, ").unwrap_or(0);
     assert!(degraded > 0, "stop-2: no degraded read served:\n{summary}");
     ferroraid_tests::print_rig_summary("kernel_nvmf", start, &out_dir, &out, &summary);
