@@ -6,7 +6,7 @@
 #   tests/qemu/rig.sh kernel                      fetch + unpack the Debian kernel (cached)
 #   tests/qemu/rig.sh initramfs [OPTIONS]         build an initramfs, print its path (cached)
 #       --init FILE        the caller's guest script (runs as /rig/test.sh; required)
-#       --modules "LIST"   kernel modules or sets (virtio nvme ahci md vfio nbd ext4); deps resolved
+#       --modules "LIST"   kernel modules or sets (virtio nvme ahci md vfio nbd nvme-tcp ext4); deps resolved
 #       --bin PATH         a host binary to copy in with its shared libraries (repeatable)
 #       --root DIR         a tree unpacked from Debian packages (`dpkg-deb -x`; repeatable): a
 #                          --bin inside it goes to its path in the tree, and its libraries
@@ -138,6 +138,9 @@ rig_module_set() {
 	vfio) echo "vfio_pci vfio_iommu_type1" ;;
 	# The kernel's NBD client (nbd-client talks to it over generic netlink or ioctls).
 	nbd) echo "nbd" ;;
+	# The kernel's NVMe/TCP host (pulls nvme-fabrics, nvme-core); its digests ask the crypto
+	# API for crc32c: name a provider.
+	nvme-tcp) echo "crc32c_generic nvme_tcp" ;;
 	# ext4 asks the crypto API for crc32c (metadata_csum, mke2fs's default): name a provider.
 	ext4) echo "crc32c_generic ext4" ;;
 	*) echo "$1" ;;
