@@ -1367,7 +1367,10 @@ fn io_cmd<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: &[u
     {
         let m = &mut conn.cmds[usize::from(c)];
         m.kind = kind;
-        m.offset = slba * bs;
+        // Only Read/Write/Compare/Write Zeroes have an SLBA (checked in range above, so
+        // this cannot overflow); in Flush and DSM CDW10/11 are reserved or NR/attributes
+        // (NVM Command Set 1.0 §3.2.3, §3.3.2) and may hold anything.
+        m.offset = if in_range { slba * bs } else { 0 };
         m.len = if matches!(kind, Kind::Dsm { .. }) {
             xfer as u32
         } else {
