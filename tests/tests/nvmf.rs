@@ -1382,3 +1382,61 @@ fn hostile_host_gets_errors_and_the_target_keeps_serving() {
     let log = srv.log();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[test]
+fn a_host_past_its_sq_size_gets_a_term_req_not_a_hang() {
+    // SQSIZE 1 (two entries). Five writes by R2T at once: the host is past its SQ size;
+    // the target must not wait forever for a context while the H2CData that would free
+    // one sits behind the excess capsule (a fatal PDU Sequence Error, TCP 1.0 §3.6.2.3,
+    // as nvmet ends such a queue).
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "sqfull");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (_adm, cntlid, bs) = admin_queue(&srv, 30_000, 2, false);
+    let mut good = io_queue(&srv, 0, cntlid, 1, false);
+    let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+    ok(
+        &q.connect(2, 1, cntlid, &params(&srv.nqn, 0)).unwrap(),
+        "I/O Connect SQSIZE 1",
+    );
+    let data = pattern(9, 4096);
+    for cid in 0..5u16 {
+        q.submit(
+            rw(
+                io::WRITE,
+                cid,
+                0x100 + 8 * u64::from(cid),
+                (4096 / bs) as u32,
+                false,
+            ),
+            Data::Out {
+                data: &data,
+                in_capsule: false,
+            },
+        )
+        .unwrap();
+    }
+    q.socket()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut responses = 0;
+    let ended = loop {
+        match q.next_event() {
+            Ok(Event::R2t(r)) => q.answer_r2t(&r, &data).unwrap(),
+            Ok(Event::Resp(_)) => {
+                responses += 1;
+                if responses == 5 {
+                    break "all completed";
+                }
+            }
+            Ok(Event::Term { fes, .. }) => {
+                assert_eq!(fes, 2, "FES PDU Sequence Error");
+                break "terminated";
+            }
+            Ok(e) => panic!("unexpected {e:?}"),
+            Err(e) => panic!("no answer after {responses} responses: {e}"),
+        }
+    };
+    assert!(ended == "terminated" || ended == "all completed");
+    still_serves(&mut good, 1, 0, bs, 8);
+}
