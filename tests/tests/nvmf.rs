@@ -1440,3 +1440,56 @@ fn a_host_past_its_sq_size_gets_a_term_req_not_a_hang() {
     assert!(ended == "terminated" || ended == "all completed");
     still_serves(&mut good, 1, 0, bs, 8);
 }
+
+/// The serve process's resident memory, KiB.
+fn rss_kib(srv: &Server) -> u64 {
+    let pid = srv.child.as_ref().unwrap().id();
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn connection_churn_frees_slots_and_buffers() {
+    // Thousands of connections opened and dropped (before ICReq, after it, after Connect):
+    // every slot and its 136 KiB receive buffer must come back, so that as many queues as
+    // the reactor serves (256 by default) can still connect at once.
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "churn");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (_adm, cntlid, bs) = admin_queue(&srv, 30_000, 2, false);
+    let mut good = io_queue(&srv, 0, cntlid, 1, false);
+    let warm = rss_kib(&srv);
+    for i in 0..1500 {
+        match i % 3 {
+            0 => drop(TcpStream::connect(srv.addr(i % 2)).unwrap()),
+            1 => drop(HostQueue::open(srv.addr(i % 2), i % 2 == 0, true).unwrap()),
+            _ => {
+                let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+                let c = q.connect(0, 31, 0xFFFF, &params(&srv.nqn, 0)).unwrap();
+                ok(&c, "churn Connect");
+            }
+        }
+    }
+    // The reactor frees closed connections on its next turns.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut held = Vec::new();
+    for i in 0..250 {
+        let mut q = HostQueue::open(srv.addr(i % 2), false, false)
+            .unwrap_or_else(|e| panic!("connection {i} after the churn: {e}\n{}", srv.log()));
+        let (c, _) = identify(&mut q, 1, 1, 0);
+        assert_eq!((c.sct(), c.sc()), (sct::GENERIC, sc::SEQUENCE));
+        held.push(q);
+    }
+    drop(held);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = rss_kib(&srv);
+    assert!(
+        after < warm + 96 * 1024,
+        "RSS grew from {warm} KiB to {after} KiB over the churn"
+    );
+    still_serves(&mut good, 1, 0, bs, 21);
+}
