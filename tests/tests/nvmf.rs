@@ -850,3 +850,646 @@ fn keep_alive_timeout_ends_the_association() {
         (sct::COMMAND, sc::CONNECT_INVALID_PARAMETERS)
     );
 }
+
+/// A CapsuleCmd as raw bytes, SQE as given (DPTR included), no digests (TCP 1.0
+/// §3.6.2.6: CH 8 bytes, SQE 64, PDO 72 when data follows).
+fn raw_capsule(sqe: &Sqe, data: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; 72];
+    b[0] = 0x04;
+    b[2] = 72;
+    b[3] = if data.is_empty() { 0 } else { 72 };
+    b[4..8].copy_from_slice(&((72 + data.len()) as u32).to_le_bytes());
+    b[8..72].copy_from_slice(&sqe.encode());
+    b.extend_from_slice(data);
+    b
+}
+
+/// The next CapsuleResp (C2HData before it skipped); panics on anything else.
+fn resp(q: &mut HostQueue, what: &str) -> Cqe {
+    loop {
+        match q.next_event() {
+            Ok(Event::Resp(c)) => return c,
+            Ok(Event::C2h { .. }) => {}
+            other => panic!("{what}: expected a response, got {other:?}"),
+        }
+    }
+}
+
+/// A 4 KiB write then read back on `q` at `slba` (the target still serves, data intact).
+fn still_serves(q: &mut HostQueue, cid: u16, slba: u64, bs: u64, seed: u64) {
+    let blocks = (4096 / bs) as u32;
+    let data = pattern(seed, 4096);
+    ok(
+        &q.exec(
+            rw(io::WRITE, cid, slba, blocks, false),
+            Data::Out {
+                data: &data,
+                in_capsule: false,
+            },
+        )
+        .unwrap()
+        .0,
+        "Write after the attack",
+    );
+    let (c, got) = q
+        .exec(rw(io::READ, cid + 1, slba, blocks, false), Data::In(4096))
+        .unwrap();
+    ok(&c, "Read after the attack");
+    assert_eq!(got, data, "data read back after the attack");
+}
+
+#[test]
+fn reserved_dwords_set_do_not_crash_the_target() {
+    // Flush's CDW10/11 and DSM's CDW11 upper bits are not an LBA: garbage there must not
+    // reach the block arithmetic (NVM Command Set 1.0 §3.2.3 Dataset Management: CDW10 NR,
+    // CDW11 attributes; §3.2.? Flush: CDW10–15 reserved).
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "rsvd");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (_admin, cntlid, bs) = admin_queue(&srv, 30_000, 1, false);
+    let mut q = io_queue(&srv, 0, cntlid, 1, false);
+    let flush = Sqe {
+        opcode: io::FLUSH,
+        cid: 1,
+        nsid: 1,
+        cdw10: 0xFFFF_FFFF,
+        cdw11: 0xFFFF_FFFF,
+        ..Sqe::default()
+    };
+    let c = q
+        .exec(flush, Data::None)
+        .unwrap_or_else(|e| panic!("Flush, reserved dwords set: {e}\n{}", srv.log()));
+    ok(&c.0, "Flush, reserved dwords set");
+    // DSM deallocate, NR 0 (one range), every attribute bit set; the range is valid.
+    let mut range = [0u8; 16];
+    range[4..8].copy_from_slice(&8u32.to_le_bytes());
+    range[8..16].copy_from_slice(&64u64.to_le_bytes());
+    let dsm = Sqe {
+        opcode: io::DSM,
+        cid: 2,
+        nsid: 1,
+        cdw10: 0,
+        cdw11: 0xFFFF_FFFF,
+        ..Sqe::default()
+    };
+    let c = q
+        .exec(
+            dsm,
+            Data::Out {
+                data: &range,
+                in_capsule: true,
+            },
+        )
+        .unwrap_or_else(|e| panic!("DSM, attributes all ones: {e}\n{}", srv.log()));
+    ok(&c.0, "DSM, attribute dword all ones");
+    still_serves(&mut q, 3, 128, bs, 11);
+}
+
+/// Expects a C2HTermReq, then the connection closed; returns the FES.
+fn expect_term(q: &mut HostQueue, what: &str) -> u16 {
+    let fes = match q.next_event() {
+        Ok(Event::Term { fes, .. }) => fes,
+        other => panic!("{what}: expected a C2HTermReq, got {other:?}"),
+    };
+    q.socket()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut rest = [0u8; 16];
+    assert_eq!(
+        q.socket().read(&mut rest).unwrap_or(0),
+        0,
+        "{what}: connection not closed after the C2HTermReq"
+    );
+    fes
+}
+
+fn status_of(c: &Cqe) -> (u8, u8) {
+    (c.sct(), c.sc())
+}
+
+#[test]
+fn hostile_host_gets_errors_and_the_target_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "evil");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (mut adm, cntlid, bs) = admin_queue(&srv, 30_000, 16, false);
+    let (c, ns) = identify(&mut adm, 20, 0, 1);
+    ok(&c, "Identify namespace");
+    let nsze = le64(&ns, 0);
+    let mut good = io_queue(&srv, 0, cntlid, 1, false);
+    still_serves(&mut good, 1, 0, bs, 1);
+    let mut evil = io_queue(&srv, 0, cntlid, 2, false);
+
+    // --- Command-level errors: a status, the queue goes on. ---
+    let wz = Sqe {
+        opcode: io::WRITE_ZEROES,
+        ..rw(io::WRITE_ZEROES, 1, nsze - 1, 2, false)
+    };
+    let c = evil.exec(wz, Data::None).unwrap().0;
+    assert_eq!(
+        status_of(&c),
+        (sct::GENERIC, sc::LBA_OUT_OF_RANGE),
+        "WZ past the end"
+    );
+    let c = evil
+        .exec(rw(io::READ, 2, u64::MAX, 1, false), Data::In(bs as u32))
+        .unwrap()
+        .0;
+    assert_eq!(
+        status_of(&c),
+        (sct::GENERIC, sc::LBA_OUT_OF_RANGE),
+        "Read at SLBA 2^64-1"
+    );
+    // DSM NR=255 (256 ranges), the last past the end: nothing deallocated.
+    let keep = pattern(77, 4096);
+    ok(
+        &evil
+            .exec(
+                rw(io::WRITE, 3, 0x100, (4096 / bs) as u32, false),
+                Data::Out {
+                    data: &keep,
+                    in_capsule: true,
+                },
+            )
+            .unwrap()
+            .0,
+        "Write before DSM",
+    );
+    let mut ranges = vec![0u8; 4096];
+    for i in 0..256usize {
+        let (slba, nlb) = if i == 255 {
+            (nsze - 1, 2u32)
+        } else {
+            (0x100u64, 8u32)
+        };
+        ranges[i * 16 + 4..i * 16 + 8].copy_from_slice(&nlb.to_le_bytes());
+        ranges[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
+    }
+    let dsm = Sqe {
+        opcode: io::DSM,
+        cid: 4,
+        nsid: 1,
+        cdw10: 255,
+        cdw11: 1 << 2,
+        ..Sqe::default()
+    };
+    let c = evil
+        .exec(
+            dsm,
+            Data::Out {
+                data: &ranges,
+                in_capsule: false,
+            },
+        )
+        .unwrap()
+        .0;
+    assert_eq!(
+        status_of(&c),
+        (sct::GENERIC, sc::LBA_OUT_OF_RANGE),
+        "DSM past the end"
+    );
+    let (c, got) = evil
+        .exec(
+            rw(io::READ, 5, 0x100, (4096 / bs) as u32, false),
+            Data::In(4096),
+        )
+        .unwrap();
+    ok(&c, "Read after the refused DSM");
+    assert_eq!(got, keep, "a refused DSM deallocated data");
+    // SGL descriptor types NVMe/TCP does not use: SGL Descriptor Type Invalid.
+    for (cid, id) in [(6u16, 0x00u8), (7, 0x40), (8, 0xF0), (9, 0x20)] {
+        let mut sqe = rw(io::READ, cid, 0, 1, false);
+        sqe.flags = 1 << 6;
+        sqe.dptr.sgl_identifier = id;
+        sqe.dptr.length = bs as u32;
+        evil.socket().write_all(&raw_capsule(&sqe, &[])).unwrap();
+        let c = resp(&mut evil, "unsupported SGL");
+        assert_eq!(c.cid, cid);
+        assert_eq!(
+            status_of(&c),
+            (sct::GENERIC, sc::SGL_TYPE_INVALID),
+            "SGL id {id:#x}"
+        );
+    }
+    // PRP data pointer (PSDT 0) on a fabrics queue: Invalid Field.
+    let mut sqe = rw(io::READ, 10, 0, 1, false);
+    sqe.dptr = ferroraid::nvmf::pdu::SglDescriptor::transport(bs as u32);
+    evil.socket().write_all(&raw_capsule(&sqe, &[])).unwrap();
+    assert_eq!(
+        status_of(&resp(&mut evil, "PSDT 0")),
+        (sct::GENERIC, sc::INVALID_FIELD)
+    );
+    // Transport SGL length not the command's: SGL Data Block Length Invalid.
+    let c = evil
+        .exec(rw(io::READ, 11, 0, 2, false), Data::In(bs as u32))
+        .unwrap()
+        .0;
+    assert_eq!(status_of(&c), (sct::GENERIC, sc::SGL_LENGTH_INVALID));
+    // An admin opcode on an I/O queue; a namespace that does not exist.
+    let idf = Sqe {
+        opcode: admin::IDENTIFY,
+        cid: 12,
+        cdw10: 1,
+        ..Sqe::default()
+    };
+    let c = evil.exec(idf, Data::In(4096)).unwrap().0;
+    assert_eq!(status_of(&c), (sct::GENERIC, sc::INVALID_OPCODE));
+    let mut r = rw(io::READ, 13, 0, 1, false);
+    r.nsid = 2;
+    let c = evil.exec(r, Data::In(bs as u32)).unwrap().0;
+    assert_eq!(status_of(&c), (sct::GENERIC, sc::INVALID_NS));
+    // Duplicate CIDs in flight: both complete.
+    evil.submit(rw(io::READ, 50, 0, 1, false), Data::In(bs as u32))
+        .unwrap();
+    evil.submit(rw(io::READ, 50, 8, 1, false), Data::In(bs as u32))
+        .unwrap();
+    for _ in 0..2 {
+        let c = resp(&mut evil, "duplicate CID");
+        assert_eq!(c.cid, 50);
+        ok(&c, "Read with a duplicate CID");
+    }
+    still_serves(&mut evil, 60, 0x200, bs, 2);
+
+    // --- Admin queue. ---
+    let w = Sqe {
+        opcode: io::WRITE,
+        cid: 30,
+        nsid: 1,
+        ..Sqe::default()
+    };
+    let c = adm.exec(w, Data::None).unwrap().0;
+    assert_eq!(
+        status_of(&c),
+        (sct::GENERIC, sc::INVALID_OPCODE),
+        "Write on the admin queue"
+    );
+    for cns in [0x10u8, 0x11, 0x1F, 0xFF] {
+        let (c, _) = identify(&mut adm, 31, cns, 0);
+        assert_eq!(
+            status_of(&c),
+            (sct::GENERIC, sc::INVALID_FIELD),
+            "CNS {cns:#x}"
+        );
+    }
+    // Get Log Page: NUMD 2^32 for a 4 KiB buffer; huge offsets.
+    let glp = Sqe {
+        opcode: admin::GET_LOG_PAGE,
+        cid: 32,
+        nsid: 0xFFFF_FFFF,
+        cdw10: 0x02 | 0xFFFF_0000,
+        cdw11: 0xFFFF,
+        ..Sqe::default()
+    };
+    let c = adm.exec(glp, Data::In(4096)).unwrap().0;
+    assert_ne!(c.status, 0, "Get Log Page NUMD 2^32 into 4 KiB");
+    for off in [4096u64, 1 << 40, u64::MAX - 3] {
+        let (c, data) = get_log(&mut adm, 33, 0x02, 512, off);
+        if c.status == 0 {
+            assert!(data.iter().all(|&b| b == 0), "SMART past its end is zeroes");
+        }
+    }
+    // Keep-Alive with KATO 0: Keep Alive Timeout Invalid; then back to 30 s.
+    let set_kato = |ms: u32, cid: u16| Sqe {
+        opcode: admin::SET_FEATURES,
+        cid,
+        cdw10: u32::from(spec::feature::KEEP_ALIVE_TIMER),
+        cdw11: ms,
+        ..Sqe::default()
+    };
+    ok(&adm.exec(set_kato(0, 34), Data::None).unwrap().0, "KATO 0");
+    let ka = Sqe {
+        opcode: admin::KEEP_ALIVE,
+        cid: 35,
+        ..Sqe::default()
+    };
+    let c = adm.exec(ka, Data::None).unwrap().0;
+    assert_eq!(status_of(&c), (sct::GENERIC, sc::KEEP_ALIVE_INVALID));
+    ok(
+        &adm.exec(set_kato(30_000, 36), Data::None).unwrap().0,
+        "KATO back",
+    );
+    // QID 0 twice on one connection.
+    let c = adm
+        .connect(0, 31, 0xFFFF, &params(&srv.nqn, 30_000))
+        .unwrap();
+    assert_eq!(
+        status_of(&c),
+        (sct::GENERIC, sc::SEQUENCE),
+        "second Connect"
+    );
+
+    // --- Before and around Connect. ---
+    let mut pre = HostQueue::open(srv.addr(0), false, false).unwrap();
+    let (c, _) = identify(&mut pre, 1, 1, 0);
+    assert_eq!(
+        status_of(&c),
+        (sct::GENERIC, sc::SEQUENCE),
+        "Identify before Connect"
+    );
+    let c = pre
+        .exec(rw(io::READ, 2, 0, 1, false), Data::In(bs as u32))
+        .unwrap()
+        .0;
+    assert_eq!(
+        status_of(&c),
+        (sct::GENERIC, sc::SEQUENCE),
+        "Read before Connect"
+    );
+    let c = pre.connect(3, 31, 0x4242, &params(&srv.nqn, 0)).unwrap();
+    assert_eq!(
+        status_of(&c),
+        (sct::COMMAND, sc::CONNECT_INVALID_PARAMETERS),
+        "no CNTLID"
+    );
+    let mut other = params(&srv.nqn, 0);
+    other.hostnqn = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000ff".into();
+    let c = pre.connect(3, 31, cntlid, &other).unwrap();
+    assert_eq!(
+        status_of(&c),
+        (sct::COMMAND, sc::CONNECT_INVALID_PARAMETERS),
+        "other host"
+    );
+    // Property Set CC with every reserved bit: an answer, and the controller still reads.
+    let mut adm2 = HostQueue::open(srv.addr(1), false, false).unwrap();
+    ok(
+        &adm2
+            .connect(0, 31, 0xFFFF, &params(&srv.nqn, 30_000))
+            .unwrap(),
+        "Connect 2",
+    );
+    let _ = adm2.prop_set(spec::prop::CC, 0xFF00_000E);
+    let _ = adm2.prop_get(spec::prop::CSTS).unwrap();
+
+    // --- Fatal transport errors: C2HTermReq, then closed. ---
+    let mut qid = 3u16;
+    let mut fresh = |srv: &Server| {
+        qid += 1;
+        io_queue(srv, 0, cntlid, qid - 1, false)
+    };
+    // In-capsule data above IOCCSZ (4 KiB + 1 on an I/O queue).
+    let mut q = fresh(&srv);
+    let big = vec![0u8; 4096 + 512];
+    let mut sqe = rw(io::WRITE, 1, 0, 1, false);
+    sqe.flags = 1 << 6;
+    sqe.dptr = ferroraid::nvmf::pdu::SglDescriptor::in_capsule(big.len() as u32);
+    q.socket().write_all(&raw_capsule(&sqe, &big)).unwrap();
+    expect_term(&mut q, "in-capsule data above the grant");
+    // PLEN lies: shorter than the header; 2 GiB.
+    for plen in [8u32, 64, 0x7FFF_FFFF, u32::MAX] {
+        let mut q = fresh(&srv);
+        let mut b = raw_capsule(&rw(io::READ, 1, 0, 1, false), &[]);
+        b[4..8].copy_from_slice(&plen.to_le_bytes());
+        q.socket().write_all(&b).unwrap();
+        expect_term(&mut q, &format!("PLEN {plen}"));
+    }
+    // PDO lie: data said to start inside the header.
+    let mut q = fresh(&srv);
+    let mut b = raw_capsule(&rw(io::WRITE, 1, 0, 1, false), &vec![0u8; bs as usize]);
+    b[3] = 16;
+    q.socket().write_all(&b).unwrap();
+    expect_term(&mut q, "PDO 16");
+    // H2CData past the R2T's window, and with a wrong TTAG.
+    for (datao, ttag_delta) in [(4096u32, 0u16), (0, 1), (0, 0x8000)] {
+        let mut q = fresh(&srv);
+        q.submit(
+            rw(io::WRITE, 9, 0x300, (4096 / bs) as u32, false),
+            Data::Out {
+                data: &[0u8; 4096],
+                in_capsule: false,
+            },
+        )
+        .unwrap();
+        let r = match q.next_event().unwrap() {
+            Event::R2t(r) => r,
+            e => panic!("expected an R2T, got {e:?}"),
+        };
+        let mut h = vec![0u8; 24];
+        h[0] = 0x06;
+        h[1] = 1 << 2;
+        h[2] = 24;
+        h[3] = 24;
+        h[4..8].copy_from_slice(&(24u32 + 4096).to_le_bytes());
+        h[8..10].copy_from_slice(&r.cccid.to_le_bytes());
+        h[10..12].copy_from_slice(&r.ttag.wrapping_add(ttag_delta).to_le_bytes());
+        h[12..16].copy_from_slice(&datao.to_le_bytes());
+        h[16..20].copy_from_slice(&4096u32.to_le_bytes());
+        h.extend_from_slice(&[0xAB; 4096]);
+        q.socket().write_all(&h).unwrap();
+        expect_term(&mut q, &format!("H2CData DATAO {datao} TTAG+{ttag_delta}"));
+    }
+    // A wrong header digest on a connection that negotiated them.
+    let mut q = HostQueue::open(srv.addr(0), true, false).unwrap();
+    let mut b = raw_capsule(&rw(io::READ, 1, 0, 1, false), &[]);
+    b[1] = 1; // HDGSTF
+    b[4..8].copy_from_slice(&76u32.to_le_bytes());
+    b.extend_from_slice(&[0xDE, 0xAD, 0xBE, 0xEF]);
+    q.socket().write_all(&b).unwrap();
+    assert_eq!(
+        expect_term(&mut q, "header digest"),
+        3,
+        "FES Header Digest Error"
+    );
+    // Truncated PDUs, then the host goes away.
+    for cut in [1usize, 7, 8, 40, 71] {
+        let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+        let b = raw_capsule(&rw(io::READ, 1, 0, 1, false), &[]);
+        q.socket().write_all(&b[..cut]).unwrap();
+    }
+
+    // --- Closed mid-R2T and mid-C2HData, more times than the reactor has 128 KiB
+    // buffers: none may leak. ---
+    let big_blocks = (131_072 / bs) as u32;
+    let mut qid = 20u16;
+    for i in 0..150 {
+        qid = if qid >= 16 { 3 } else { qid + 1 };
+        let mut q = loop {
+            let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+            let c = q.connect(qid, 127, cntlid, &params(&srv.nqn, 0)).unwrap();
+            if c.status == 0 {
+                break q;
+            }
+            // The previous connection of this QID is still being closed.
+            assert_eq!(status_of(&c), (sct::GENERIC, sc::SEQUENCE));
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        if i % 2 == 0 {
+            q.submit(
+                rw(io::WRITE, 1, 0x400, big_blocks, false),
+                Data::Out {
+                    data: &vec![0u8; 131_072],
+                    in_capsule: false,
+                },
+            )
+            .unwrap();
+            assert!(matches!(q.next_event().unwrap(), Event::R2t(_)));
+            // Half the data, then gone.
+            let mut h = vec![0u8; 24];
+            h[0] = 0x06;
+            h[2] = 24;
+            h[3] = 24;
+            h[4..8].copy_from_slice(&(24u32 + 65536).to_le_bytes());
+            h[8..10].copy_from_slice(&1u16.to_le_bytes());
+            h[16..20].copy_from_slice(&65536u32.to_le_bytes());
+            h.extend_from_slice(&[1u8; 65536]);
+            q.socket().write_all(&h[..24 + 1000]).unwrap();
+        } else {
+            q.submit(rw(io::READ, 1, 0x400, big_blocks, false), Data::In(131_072))
+                .unwrap();
+            let mut some = [0u8; 100];
+            q.socket().read_exact(&mut some).unwrap();
+        }
+    }
+    // 128 KiB transfers still get buffers (all of them at once on 16 queues... one here).
+    let big = pattern(5, 131_072);
+    ok(
+        &good
+            .exec(
+                rw(io::WRITE, 70, 0x800, big_blocks, false),
+                Data::Out {
+                    data: &big,
+                    in_capsule: false,
+                },
+            )
+            .unwrap()
+            .0,
+        "128 KiB write after the drops",
+    );
+    let (c, got) = good
+        .exec(
+            rw(io::READ, 71, 0x800, big_blocks, false),
+            Data::In(131_072),
+        )
+        .unwrap();
+    ok(&c, "128 KiB read after the drops");
+    assert_eq!(got, big);
+    // 64 pool buffers: 64 reads of 128 KiB in flight at once on one queue all complete.
+    for k in 0..80u16 {
+        good.submit(
+            rw(io::READ, 100 + k, 0x800, big_blocks, false),
+            Data::In(131_072),
+        )
+        .unwrap();
+    }
+    let mut done = 0;
+    while done < 80 {
+        if let Event::Resp(c) = good.next_event().unwrap() {
+            ok(&c, "one of 80 reads of 128 KiB");
+            done += 1;
+        }
+    }
+    still_serves(&mut good, 300, 0, bs, 3);
+    still_serves(&mut evil, 302, 0x900, bs, 4);
+    let log = srv.log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn a_host_past_its_sq_size_gets_a_term_req_not_a_hang() {
+    // SQSIZE 1 (two entries). Five writes by R2T at once: the host is past its SQ size;
+    // the target must not wait forever for a context while the H2CData that would free
+    // one sits behind the excess capsule (a fatal PDU Sequence Error, TCP 1.0 §3.6.2.3,
+    // as nvmet ends such a queue).
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "sqfull");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (_adm, cntlid, bs) = admin_queue(&srv, 30_000, 2, false);
+    let mut good = io_queue(&srv, 0, cntlid, 1, false);
+    let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+    ok(
+        &q.connect(2, 1, cntlid, &params(&srv.nqn, 0)).unwrap(),
+        "I/O Connect SQSIZE 1",
+    );
+    let data = pattern(9, 4096);
+    for cid in 0..5u16 {
+        q.submit(
+            rw(
+                io::WRITE,
+                cid,
+                0x100 + 8 * u64::from(cid),
+                (4096 / bs) as u32,
+                false,
+            ),
+            Data::Out {
+                data: &data,
+                in_capsule: false,
+            },
+        )
+        .unwrap();
+    }
+    q.socket()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut responses = 0;
+    let ended = loop {
+        match q.next_event() {
+            Ok(Event::R2t(r)) => q.answer_r2t(&r, &data).unwrap(),
+            Ok(Event::Resp(_)) => {
+                responses += 1;
+                if responses == 5 {
+                    break "all completed";
+                }
+            }
+            Ok(Event::Term { fes, .. }) => {
+                assert_eq!(fes, 2, "FES PDU Sequence Error");
+                break "terminated";
+            }
+            Ok(e) => panic!("unexpected {e:?}"),
+            Err(e) => panic!("no answer after {responses} responses: {e}"),
+        }
+    };
+    assert!(ended == "terminated" || ended == "all completed");
+    still_serves(&mut good, 1, 0, bs, 8);
+}
+
+/// The serve process's resident memory, KiB.
+fn rss_kib(srv: &Server) -> u64 {
+    let pid = srv.child.as_ref().unwrap().id();
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn connection_churn_frees_slots_and_buffers() {
+    // Thousands of connections opened and dropped (before ICReq, after it, after Connect):
+    // every slot and its 136 KiB receive buffer must come back, so that as many queues as
+    // the reactor serves (256 by default) can still connect at once.
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "churn");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (_adm, cntlid, bs) = admin_queue(&srv, 30_000, 2, false);
+    let mut good = io_queue(&srv, 0, cntlid, 1, false);
+    let warm = rss_kib(&srv);
+    for i in 0..1500 {
+        match i % 3 {
+            0 => drop(TcpStream::connect(srv.addr(i % 2)).unwrap()),
+            1 => drop(HostQueue::open(srv.addr(i % 2), i % 2 == 0, true).unwrap()),
+            _ => {
+                let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+                let c = q.connect(0, 31, 0xFFFF, &params(&srv.nqn, 0)).unwrap();
+                ok(&c, "churn Connect");
+            }
+        }
+    }
+    // The reactor frees closed connections on its next turns.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut held = Vec::new();
+    for i in 0..250 {
+        let mut q = HostQueue::open(srv.addr(i % 2), false, false)
+            .unwrap_or_else(|e| panic!("connection {i} after the churn: {e}\n{}", srv.log()));
+        let (c, _) = identify(&mut q, 1, 1, 0);
+        assert_eq!((c.sct(), c.sc()), (sct::GENERIC, sc::SEQUENCE));
+        held.push(q);
+    }
+    drop(held);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = rss_kib(&srv);
+    assert!(
+        after < warm + 96 * 1024,
+        "RSS grew from {warm} KiB to {after} KiB over the churn"
+    );
+    still_serves(&mut good, 1, 0, bs, 21);
+}

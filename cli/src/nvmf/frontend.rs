@@ -738,7 +738,7 @@ fn capsule<C: Channel>(
     digest_ok: bool,
 ) {
     let Some(c) = conn.free.pop() else {
-        // Checked before parsing; a host past its SQ size is only paused.
+        // Checked before parsing; a host past its SQ size gets a C2HTermReq.
         return;
     };
     conn.cmds[usize::from(c)] = Cmd {
@@ -1367,7 +1367,10 @@ fn io_cmd<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: &[u
     {
         let m = &mut conn.cmds[usize::from(c)];
         m.kind = kind;
-        m.offset = slba * bs;
+        // Only Read/Write/Compare/Write Zeroes have an SLBA (checked in range above, so
+        // this cannot overflow); in Flush and DSM CDW10/11 are reserved or NR/attributes
+        // (NVM Command Set 1.0 §3.2.3, §3.3.2) and may hold anything.
+        m.offset = if in_range { slba * bs } else { 0 };
         m.len = if matches!(kind, Kind::Dsm { .. }) {
             xfer as u32
         } else {
@@ -1681,7 +1684,16 @@ fn receive<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, rx: &mut Rx) -> 
             && rx.buf[rx.start] == PduType::CapsuleCmd as u8
             && conn.free.is_empty()
         {
-            // Every context is taken: the host is past its SQ size; wait for responses.
+            // Every context is taken (SQ size + 1 of them): the host is past its SQ size.
+            // Waiting would hang the queue when the data that frees a context (H2CData)
+            // is behind this capsule: a fatal PDU Sequence Error (TCP 1.0 §3.6.2.3; nvmet
+            // ends such a queue too).
+            let e = PduError::PduSequence {
+                fei: 0,
+                reason: "capsule past the SQ size",
+            };
+            fatal(conn, &e, &rx.buf[rx.start..rx.end]);
+            progress = true;
             break;
         }
         match conn.parser.parse(&rx.buf[rx.start..rx.end]) {
