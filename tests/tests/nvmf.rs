@@ -1493,3 +1493,61 @@ fn connection_churn_frees_slots_and_buffers() {
     );
     still_serves(&mut good, 1, 0, bs, 21);
 }
+
+/// A host that sends 128 KiB writes by R2T and never sends their data holds at most a
+/// quarter of its reactor's 64 transfer buffers (16 R2Ts come back, no more); a 128 KiB
+/// read on another queue of the same reactor still completes. Without the per-connection
+/// cap the hostile queue took all 64 and the read waited forever.
+#[test]
+fn a_host_withholding_r2t_data_does_not_starve_other_queues() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "r2thog");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (_adm, cntlid, bs) = admin_queue(&srv, 30_000, 3, false);
+    let mut hog = io_queue(&srv, 0, cntlid, 1, false);
+    let mut good = io_queue(&srv, 0, cntlid, 2, false);
+    let big = 128 * 1024;
+    let data = pattern(21, big);
+    let blocks = (big as u64 / bs) as u32;
+    for cid in 0..70u16 {
+        hog.submit(
+            rw(
+                io::WRITE,
+                cid,
+                u64::from(cid) * u64::from(blocks),
+                blocks,
+                false,
+            ),
+            Data::Out {
+                data: &data,
+                in_capsule: false,
+            },
+        )
+        .unwrap();
+    }
+    // The R2Ts the target sends: one per buffer it gave the hog.
+    hog.socket()
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut r2ts = 0;
+    loop {
+        match hog.next_event() {
+            Ok(Event::R2t(_)) => r2ts += 1,
+            Ok(e) => panic!("unexpected {e:?}"),
+            Err(_) => break,
+        }
+    }
+    assert_eq!(
+        r2ts, 16,
+        "R2Ts (buffers held) for a host that withholds its data"
+    );
+    good.socket()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (c, got) = good
+        .exec(rw(io::READ, 1, 0x4000, blocks, false), Data::In(big as u32))
+        .unwrap_or_else(|e| panic!("a 128 KiB read beside the hog: {e}"));
+    ok(&c, "128 KiB read beside a host withholding R2T data");
+    assert_eq!(got.len(), big);
+    still_serves(&mut good, 2, 0x8000, bs, 22);
+}

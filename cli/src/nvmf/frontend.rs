@@ -11,9 +11,10 @@
 //! A connection's receive buffer is allocated at accept (it holds one whole PDU: an
 //! H2CData of MAXH2CDATA, or a capsule with 8 KiB of in-capsule data); its command
 //! contexts, their 4 KiB buffers and its send queue are allocated at Fabrics Connect (SQ
-//! size + 1 contexts). Transfers above 4 KiB take a buffer from the reactor's pool; a
-//! command that finds none waits in its queue's FIFO while the queue keeps receiving (so
-//! an R2T's data never waits behind a command that waits for a buffer). A context is only
+//! size + 1 contexts). Transfers above 4 KiB take a buffer from the reactor's pool, a
+//! connection at most a quarter of them ([`buffer_cap`]); a command that finds none (or
+//! its connection at the cap) waits in its queue's FIFO while the queue keeps receiving
+//! (so an R2T's data never waits behind a command that waits for a buffer). A context is only
 //! freed once its response is in the socket, and a closed connection's slot only once no
 //! array request refers to it.
 //!
@@ -245,6 +246,20 @@ struct Conn {
     pending: VecDeque<u16>,
     /// Array requests in flight for this connection: its slot stays until 0.
     in_array: u32,
+    /// Pool buffers this connection's commands hold.
+    pool_held: usize,
+    /// The most pool buffers it may hold ([`buffer_cap`]).
+    pool_cap: usize,
+}
+
+/// The most of a reactor's `total` pool buffers one connection may hold: a quarter, at
+/// least two (a Compare needs two). A command past it waits in its queue's FIFO like one
+/// that finds the pool empty. Without a cap, a host that sends write commands and
+/// withholds their data (R2T answered never) holds every buffer of its reactor, and a
+/// large read of any other queue there waits forever; with it, such a host takes a
+/// quarter (test `a_host_withholding_r2t_data_does_not_starve_other_queues`).
+fn buffer_cap(total: usize) -> usize {
+    (total / 4).max(2)
 }
 
 /// The NVMe/TCP front-end of one reactor (see the module docs). Built by
@@ -282,7 +297,7 @@ fn array_status(kind: Kind, e: ArrayError) -> u16 {
 }
 
 impl Conn {
-    fn new(n: NewConn, max_in_capsule: u32) -> Self {
+    fn new(n: NewConn, max_in_capsule: u32, pool_cap: usize) -> Self {
         Self {
             id: n.id,
             peer: n.peer,
@@ -307,7 +322,20 @@ impl Conn {
             wait_buf: VecDeque::with_capacity(1),
             pending: VecDeque::with_capacity(1),
             in_array: 0,
+            pool_held: 0,
+            pool_cap,
         }
+    }
+
+    /// A pool buffer of `len` bytes for this connection: `None` when the pool has none
+    /// or the connection holds its cap.
+    fn take_big(&mut self, pool: &mut BufPool, len: u32) -> Option<BufId> {
+        if self.pool_held >= self.pool_cap {
+            return None;
+        }
+        let id = pool.take(len)?;
+        self.pool_held += 1;
+        Some(id)
     }
 
     /// Sizes the contexts for an SQ of `entries` (at Connect: not the data path).
@@ -461,7 +489,11 @@ impl NvmfFrontend {
             start: 0,
             end: 0,
         };
-        let conn = Conn::new(n, ADMIN_IN_CAPSULE);
+        let conn = Conn::new(
+            n,
+            ADMIN_IN_CAPSULE,
+            buffer_cap(usize::from(self.shared.config.buffers_per_reactor)),
+        );
         self.conns[slot] = Some((conn, rx));
         self.hi = self.hi.max(slot + 1);
         self.active += 1;
@@ -505,6 +537,8 @@ fn release_bufs(conn: &mut Conn, pool: &mut BufPool, c: u16) {
     for b in [&mut cmd.buf, &mut cmd.buf2] {
         if let Buf::Big(id) = *b {
             pool.give(id);
+            debug_assert!(conn.pool_held > 0, "a pool buffer the connection held");
+            conn.pool_held = conn.pool_held.saturating_sub(1);
         }
         *b = Buf::None;
     }
@@ -1055,7 +1089,7 @@ fn admin_buffer(pool: &mut BufPool, conn: &mut Conn, c: u16, len: u32) -> Option
     if len as usize <= SMALL {
         return Some(Buf::Small);
     }
-    match pool.take(len) {
+    match conn.take_big(pool, len) {
         Some(id) => Some(Buf::Big(id)),
         None => {
             conn.cmds[usize::from(c)].state = State::WaitBuf;
@@ -1404,7 +1438,7 @@ fn serve_waiting<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn) -> bool {
         if cmd.buf == Buf::None && !matches!(cmd.kind, Kind::Flush | Kind::WriteZeroes { .. }) {
             if small_ok {
                 conn.cmds[usize::from(c)].buf = Buf::Small;
-            } else if let Some(id) = x.pool.take(len) {
+            } else if let Some(id) = conn.take_big(x.pool, len) {
                 conn.cmds[usize::from(c)].buf = Buf::Big(id);
             } else {
                 got = false;
@@ -1412,7 +1446,7 @@ fn serve_waiting<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn) -> bool {
         }
         // Compare reads the array into a second (pool) buffer.
         if got && cmd.kind == Kind::Compare && conn.cmds[usize::from(c)].buf2 == Buf::None {
-            match x.pool.take(len) {
+            match conn.take_big(x.pool, len) {
                 Some(id) => conn.cmds[usize::from(c)].buf2 = Buf::Big(id),
                 None => got = false,
             }

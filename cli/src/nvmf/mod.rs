@@ -59,8 +59,10 @@ pub struct NvmfConfig {
     /// Connections (queue pairs) one reactor serves at most; more are refused at accept.
     pub max_connections_per_reactor: usize,
     /// Data buffers of [`spec::MAX_TRANSFER`] bytes per reactor, for transfers above
-    /// 4 KiB (smaller ones use the queue's own 4 KiB per-command buffers). A command that
-    /// finds none waits (in order) without stopping its queue's receive path.
+    /// 4 KiB (smaller ones use the queue's own 4 KiB per-command buffers). One connection
+    /// holds at most a quarter of them (at least 2), so a host that withholds the data of
+    /// its writes cannot starve the reactor's other queues. A command that finds none
+    /// waits (in order) without stopping its queue's receive path.
     pub buffers_per_reactor: u16,
     /// Discovery controllers connected with KATO 0 are closed after this long (nvmet's
     /// 120 s rule for non-persistent discovery controllers).
