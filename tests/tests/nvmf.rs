@@ -1551,3 +1551,55 @@ fn a_host_withholding_r2t_data_does_not_starve_other_queues() {
     assert_eq!(got.len(), big);
     still_serves(&mut good, 2, 0x8000, bs, 22);
 }
+
+/// Sockets that never send ICReq fill a reactor's connection table (256): a real host is
+/// then turned away. The target closes each one that has not connected a queue within
+/// the connect timeout (10 s), and the host gets in.
+#[test]
+fn idle_sockets_are_closed_at_the_connect_timeout() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "idle");
+    let srv = Server::start(dir.path(), &a, 1);
+    // Paced, so that the reactor's inbox of new connections never overflows.
+    let mut idle: Vec<std::net::TcpStream> = (0..256)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(3));
+            std::net::TcpStream::connect(srv.addr(0)).unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // All still open (a read would block): they hold the table.
+    for s in &idle {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let e = s
+            .peek(&mut b)
+            .expect_err("an idle socket closed before the timeout");
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+        s.set_nonblocking(false).unwrap();
+    }
+    // The table is full: a host's ICReq gets no answer (the socket is closed).
+    let turned_away = HostQueue::open(srv.addr(0), false, false)
+        .and_then(|mut q| q.connect(0, 31, 0xFFFF, &params(&srv.nqn, 30_000)));
+    assert!(turned_away.is_err(), "a host got in past a full table");
+    // Each idle socket is closed by the target (EOF) within the timeout and a margin.
+    let t = std::time::Instant::now();
+    for s in &mut idle {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut b = [0u8; 1];
+        let n = s.read(&mut b);
+        assert!(
+            matches!(n, Ok(0)) || n.is_err() && t.elapsed() < Duration::from_secs(20),
+            "an idle socket still open after {:?}: {n:?}",
+            t.elapsed()
+        );
+    }
+    assert!(
+        t.elapsed() >= Duration::from_secs(8),
+        "closed before the timeout"
+    );
+    let (mut adm, _cntlid, _bs) = admin_queue(&srv, 30_000, 2, false);
+    let (c, _) = identify(&mut adm, 9, 1, 0);
+    ok(&c, "Identify controller once the idle sockets are gone");
+}

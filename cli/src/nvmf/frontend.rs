@@ -2,7 +2,8 @@
 //! ICReq to close.
 //!
 //! Each loop turn ([`Frontend::poll`]): adopt new connections from the inbox; for each
-//! connection, close it if its controller is gone or its keep-alive expired, retry array
+//! connection, close it if its controller is gone, its keep-alive expired or it has not
+//! connected a queue within the connect timeout, retry array
 //! submissions the reactor refused (`QueueFull`) and commands waiting for a data buffer,
 //! send what is queued (one `writev` gathers several PDUs; a partial send resumes next
 //! turn), then receive and handle PDUs (at most [`PDUS_PER_TURN`]).
@@ -246,6 +247,9 @@ struct Conn {
     pending: VecDeque<u16>,
     /// Array requests in flight for this connection: its slot stays until 0.
     in_array: u32,
+    /// When the reactor adopted it: it must complete Connect within
+    /// [`super::NvmfConfig::connect_timeout`].
+    adopted: Instant,
     /// Pool buffers this connection's commands hold.
     pool_held: usize,
     /// The most pool buffers it may hold ([`buffer_cap`]).
@@ -322,6 +326,7 @@ impl Conn {
             wait_buf: VecDeque::with_capacity(1),
             pending: VecDeque::with_capacity(1),
             in_array: 0,
+            adopted: Instant::now(),
             pool_held: 0,
             pool_cap,
         }
@@ -1853,6 +1858,13 @@ impl Frontend for NvmfFrontend {
                                 close(conn, pool, shared, &why);
                             }
                         }
+                    }
+                } else {
+                    let t = *now.get_or_insert_with(Instant::now);
+                    let limit = shared.config.connect_timeout;
+                    if t.duration_since(conn.adopted) > limit {
+                        let why = format!("no Fabrics Connect within {limit:?} of accept");
+                        close(conn, pool, shared, &why);
                     }
                 }
             }

@@ -67,6 +67,11 @@ pub struct NvmfConfig {
     /// Discovery controllers connected with KATO 0 are closed after this long (nvmet's
     /// 120 s rule for non-persistent discovery controllers).
     pub discovery_idle: Duration,
+    /// A connection that has not completed its Fabrics Connect this long after accept is
+    /// closed, so idle sockets cannot hold the connection table (a host sends ICReq and
+    /// Connect at once; Linux's `nvme connect` well within a second even under QEMU's
+    /// emulation). The same role as NBD's handshake timeout.
+    pub connect_timeout: Duration,
 }
 
 impl Default for NvmfConfig {
@@ -75,6 +80,7 @@ impl Default for NvmfConfig {
             max_connections_per_reactor: 256,
             buffers_per_reactor: 64,
             discovery_idle: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
