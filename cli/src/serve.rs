@@ -126,7 +126,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 /// (same names, `-` written `_`; command-line values win).
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
-    /// TOML configuration file (keys: devices, cores, reactors, mode = "polled" |
+    /// TOML configuration file (keys: devices or [[array]] tables, cores, reactors, mode = "polled" |
     /// "adaptive", nbd = [...], iscsi = [...], nvmf = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
     /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
     /// nbd_idle_timeout_s, nbd_block_status = "on" | "off" (or true | false), tls = "off"
