@@ -189,6 +189,24 @@ struct Tx {
     close_after: bool,
 }
 
+impl Tx {
+    /// A PDU with nothing encoded yet and no data or digest: the caller writes its
+    /// header into `head` and sets `head_len`.
+    fn empty(release: u16, close_after: bool) -> Tx {
+        Tx {
+            head: [0; SHORT_HLEN + 4 + TERM_MAX_DATA],
+            head_len: 0,
+            data_cmd: NONE,
+            data_off: 0,
+            data_len: 0,
+            tail: [0; 4],
+            tail_len: 0,
+            release,
+            close_after,
+        }
+    }
+}
+
 /// Admin-queue state of the controller it belongs to (only its reactor touches it).
 struct Admin {
     cc: u32,
@@ -370,17 +388,7 @@ impl Conn {
     }
 
     fn tx_pdu(&mut self, p: &Pdu<'_>, data: Option<(u16, u32, u32)>, release: u16) {
-        let mut t = Tx {
-            head: [0; SHORT_HLEN + 4 + TERM_MAX_DATA],
-            head_len: 0,
-            data_cmd: NONE,
-            data_off: 0,
-            data_len: 0,
-            tail: [0; 4],
-            tail_len: 0,
-            release,
-            close_after: false,
-        };
+        let mut t = Tx::empty(release, false);
         let dlen = data.map_or(0, |d| d.2 as usize);
         let n = p
             .encode_header(&self.tx_framing, dlen, &mut t.head)
@@ -644,17 +652,7 @@ fn fatal(conn: &mut Conn, e: &PduError, received: &[u8]) {
         conn.tx.pop_back();
     }
     let term = e.term_req(received);
-    let mut t = Tx {
-        head: [0; SHORT_HLEN + 4 + TERM_MAX_DATA],
-        head_len: 0,
-        data_cmd: NONE,
-        data_off: 0,
-        data_len: 0,
-        tail: [0; 4],
-        tail_len: 0,
-        release: NONE,
-        close_after: true,
-    };
+    let mut t = Tx::empty(NONE, true);
     let n = Pdu::C2hTermReq(term)
         .encode(&conn.tx_framing, &mut t.head)
         .expect("a TermReq fits 152 bytes");
@@ -681,17 +679,7 @@ fn handle<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, r: pdu::Received<
             Ok(n) => {
                 conn.parser.set_framing(n.rx);
                 conn.tx_framing = n.tx;
-                let mut t = Tx {
-                    head: [0; SHORT_HLEN + 4 + TERM_MAX_DATA],
-                    head_len: 0,
-                    data_cmd: NONE,
-                    data_off: 0,
-                    data_len: 0,
-                    tail: [0; 4],
-                    tail_len: 0,
-                    release: NONE,
-                    close_after: false,
-                };
+                let mut t = Tx::empty(NONE, false);
                 // ICResp is never digested and goes out whole in one write (its 128
                 // bytes are copied into one header buffer, research note §1.2).
                 let mut ic = [0u8; pdu::IC_LEN];
