@@ -9,38 +9,18 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferroraid::nvmf::host::{ConnectParams, Data, Event, HostQueue};
 use ferroraid::nvmf::pdu::{Cqe, Sqe};
 use ferroraid::nvmf::spec::{self, admin, io, sc, sct};
-use ferroraid_tests::{run_tool, show_output};
+use ferroraid_tests::target::{self as fixture, free_port};
 
 const MIB: u64 = 1 << 20;
-const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding 127.0.0.1:0")
-        .port()
-}
-
-fn ferroraid_cmd<I, S>(args: I) -> Command
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<std::ffi::OsStr>,
-{
-    let mut c = Command::new(ferroraid_tests::ferroraid_bin());
-    c.args(args).env("RUST_LOG", "info").env("NO_COLOR", "1");
-    c
-}
 
 /// A created RAID5 array of three 16 MiB members, 64 KiB chunks.
 struct Array {
@@ -50,20 +30,16 @@ struct Array {
 }
 
 fn create(dir: &Path, name: &str) -> Array {
-    let members: Vec<PathBuf> = (0..3)
-        .map(|i| {
-            let p = dir.join(format!("{name}{i}.img"));
-            fs::File::create(&p)
-                .and_then(|f| f.set_len(16 * MIB))
-                .unwrap();
-            p
-        })
-        .collect();
-    let mut cmd = ferroraid_cmd(["create", "--level", "5", "--chunk", "64K", "--name", name]);
-    cmd.args(&members);
-    let out = run_tool(&mut cmd, dir, TOOL_TIMEOUT);
-    assert!(out.status.success(), "create: {}", show_output(&out));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let members = fixture::member_files(dir, name, 3, 16 * MIB);
+    let (a, text) = fixture::create_with(
+        dir,
+        5,
+        "left-symmetric",
+        name,
+        &members,
+        fixture::CHUNK,
+        &[],
+    );
     let uuid_hex = text
         .split("(UUID ")
         .nth(1)
@@ -71,17 +47,16 @@ fn create(dir: &Path, name: &str) -> Array {
         .unwrap_or_else(|| panic!("no UUID in {text}"))
         .replace(':', "");
     Array {
-        name: name.into(),
-        members,
+        name: a.name,
+        members: a.members,
         uuid_hex,
     }
 }
 
-/// `ferroraid serve --nvmf` on two free ports (two portals).
+/// `ferroraid serve --nvmf` on two free ports (two portals), with an NBD port and a
+/// management socket, on the target fixture's process handling (killed with the test).
 struct Server {
-    child: Option<Child>,
-    rpc: PathBuf,
-    stderr: PathBuf,
+    srv: fixture::Server,
     ports: [u16; 2],
     nqn: String,
 }
@@ -89,33 +64,18 @@ struct Server {
 impl Server {
     fn start(dir: &Path, a: &Array, reactors: usize) -> Server {
         let ports = [free_port(), free_port()];
+        let nbd = free_port();
         let mut args: Vec<OsString> = vec!["serve".into(), "--adaptive".into()];
         args.extend(["--reactors".into(), reactors.to_string().into()]);
-        args.extend(["--nbd".into(), format!("127.0.0.1:{}", free_port()).into()]);
+        args.extend(["--nbd".into(), format!("127.0.0.1:{nbd}").into()]);
         for p in ports {
             args.extend(["--nvmf".into(), format!("127.0.0.1:{p}").into()]);
         }
         args.extend(["--rpc".into(), dir.join("rpc.sock").into_os_string()]);
         args.extend(a.members.iter().map(|m| m.as_os_str().to_owned()));
-        let stderr = dir.join("serve.err");
-        let mut cmd = ferroraid_cmd(&args);
-        // SAFETY: prctl is async-signal-safe; the server dies with the test process.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(dir.join("serve.out")).unwrap())
-            .stderr(fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("starting ferroraid serve");
+        let srv = fixture::Server::spawn(dir, "serve", &args, &a.name, nbd, None);
         let s = Server {
-            child: Some(child),
-            rpc: dir.join("rpc.sock"),
-            stderr,
+            srv,
             ports,
             nqn: format!("nqn.2026-11.org.ferroraid:{}", a.name),
         };
@@ -136,27 +96,14 @@ impl Server {
     }
 
     fn log(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.srv.log()
     }
 
-    /// `ferroraid status --json` over the management socket.
-    fn status(&self, dir: &Path) -> serde_json::Value {
-        let out = run_tool(
-            ferroraid_cmd(["status", "--json", "--rpc"]).arg(&self.rpc),
-            dir,
-            TOOL_TIMEOUT,
-        );
-        assert!(out.status.success(), "status: {}", show_output(&out));
-        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    /// `ferroraid status --json` over the management socket (a healthy array: exit 0).
+    fn status(&self) -> serde_json::Value {
+        let (v, code) = self.srv.status();
+        assert_eq!(code, Some(0), "status: {v}\n{}", self.log());
+        v
     }
 }
 
@@ -613,7 +560,7 @@ fn connect_identify_and_io() {
     assert_eq!((c.sct(), c.sc()), (sct::GENERIC, sc::INVALID_NS));
 
     // status --json shows the controller, its two I/O queues and their counters.
-    let st = srv.status(dir.path());
+    let st = srv.status();
     let ctrls = st["nvmf"]["controllers"]
         .as_array()
         .expect("nvmf controllers");
@@ -1443,7 +1390,7 @@ fn a_host_past_its_sq_size_gets_a_term_req_not_a_hang() {
 
 /// The serve process's resident memory, KiB.
 fn rss_kib(srv: &Server) -> u64 {
-    let pid = srv.child.as_ref().unwrap().id();
+    let pid = srv.srv.pid();
     let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
