@@ -37,53 +37,12 @@ MEMBERS=6 MEMBER_MIB=32 LEVEL=6 CHUNK=64K NAME=knbd PORT=10809 FAIL_SLOT=2
 JOBS=3 FILE_MIB=8 BS_KIB=32 FSYNC=8 SEED=9001
 PARAMS="$MEMBERS $MEMBER_MIB $LEVEL $CHUNK $NAME $PORT $FAIL_SLOT $JOBS $FILE_MIB $BS_KIB $FSYNC $SEED"
 FERRORAID=${FERRORAID:-${CARGO_TARGET_DIR:-$RIG_REPO/target}/release/ferroraid}
-CLIENT_PKGS="nbd-client libnl-3-200 libnl-genl-3-200"
 
-# Sets KNBD_CLIENT to the unpacked nbd-client tree (KNBD_CLIENT/sbin/nbd-client), fetching
-# it on first use: the candidate version of apt's lists, or without them the newest cached.
+# Sets KNBD_CLIENT to the unpacked nbd-client tree (KNBD_CLIENT/sbin/nbd-client), fetching it
+# on first use (md-host.sh, md_host_client_debs).
 knbd_client() {
-	local ver=
-	if command -v apt-cache >/dev/null; then
-		ver=$(apt-cache policy nbd-client 2>/dev/null | sed -n 's/^ *Candidate: \(.*\)$/\1/p' | head -n1 || true)
-		[[ $ver == "(none)" ]] && ver=
-	fi
-	if [[ -z $ver ]]; then
-		local cached
-		cached=$(printf '%s\n' "$RIG_CACHE"/nbd-client/*/.complete | sort -V | tail -n1)
-		[[ -e $cached ]] || rig_die "apt knows no nbd-client package (run 'apt-get update') and none is cached in $RIG_CACHE/nbd-client"
-		KNBD_CLIENT=$(dirname "$cached")
-		return 0
-	fi
-	KNBD_CLIENT=$RIG_CACHE/nbd-client/${ver//:/%3a}
-	[[ -e $KNBD_CLIENT/.complete ]] || rig_locked knbd__fetch_client "$ver" "$KNBD_CLIENT"
-	[[ -x $KNBD_CLIENT/sbin/nbd-client ]] || rig_die "$KNBD_CLIENT has no sbin/nbd-client: remove it and rerun"
-}
-
-knbd__fetch_client() {
-	local ver=$1 dest=$2 log deb pkgs=()
-	[[ -e $dest/.complete ]] && return 0
-	rig_need apt-get dpkg-deb
-	local tmp=$dest.tmp.$$
-	rm -rf "$tmp" && mkdir -p "$tmp/tree"
-	for p in $CLIENT_PKGS; do
-		if [[ $p == nbd-client ]]; then pkgs+=("$p=$ver"); else pkgs+=("$p"); fi
-	done
-	rig_log "downloading ${pkgs[*]}"
-	if ! log=$(cd "$tmp" && apt-get download "${pkgs[@]}" 2>&1); then
-		rm -rf "$tmp"
-		rig_die "apt-get download ${pkgs[*]} failed (stale package lists? try 'apt-get update'):
-$log"
-	fi
-	for deb in "$tmp"/*.deb; do
-		dpkg-deb -x "$deb" "$tmp/tree" || rig_die "unpacking $deb failed"
-		basename "$deb" >>"$tmp/tree/PACKAGES"
-	done
-	rm -f "$tmp"/*.deb
-	rm -rf "$dest"
-	mv "$tmp/tree" "$dest"
-	rmdir "$tmp"
-	touch "$dest/.complete"
-	rig_log "nbd-client $ver cached in $dest"
+	md_host_client_debs nbd-client sbin/nbd-client libnl-3-200 libnl-genl-3-200
+	KNBD_CLIENT=$MD_HOST_CLIENT
 }
 
 if [[ ${1:-} == client ]]; then
@@ -109,35 +68,12 @@ start=$SECONDS
 rig_kernel
 md_host_workspace kernel-nbd
 RIG_PID=
-knbd_cleanup() {
-	if [[ -n $RIG_PID ]] && kill -TERM "$RIG_PID" 2>/dev/null; then
-		wait "$RIG_PID" 2>/dev/null || true
-	fi
-	rm -rf "$socks"
-	if [[ ${KNBD_KEEP:-} != 1 ]]; then
-		rm -rf "$work"
-	elif [[ -d $work ]]; then
-		rig_log "kept $work"
-	fi
-}
-trap knbd_cleanup EXIT
+trap 'md_host_client_cleanup "${KNBD_KEEP:-}"' EXIT
 trap 'exit 130' INT TERM HUP
 rm -rf "$work"
 mkdir -p "$work"
 
-# The binary without its debug information (a fifth of the size), in a tree of its own so
-# that it lands at /usr/bin/ferroraid; keyed on its content, so the initramfs cache holds.
-fr_sum=$(sha256sum <"$FERRORAID" | cut -c1-16)
-fr_root=$RIG_CACHE/kernel-nbd/ferroraid-$fr_sum
-if [[ ! -x $fr_root/usr/bin/ferroraid ]]; then
-	mkdir -p "$fr_root/usr/bin"
-	if command -v objcopy >/dev/null; then
-		objcopy --strip-debug "$FERRORAID" "$fr_root/usr/bin/ferroraid.$$"
-	else
-		cp "$FERRORAID" "$fr_root/usr/bin/ferroraid.$$"
-	fi
-	mv "$fr_root/usr/bin/ferroraid.$$" "$fr_root/usr/bin/ferroraid"
-fi
+md_host_stripped_ferroraid kernel-nbd
 conf=$work/knbd.env
 printf '%s\n' "MEMBERS=$MEMBERS" "LEVEL=$LEVEL" "CHUNK=$CHUNK" "NAME=$NAME" "PORT=$PORT" \
 	"FAIL_SLOT=$FAIL_SLOT" "JOBS=$JOBS" "FILE_MIB=$FILE_MIB" "BS_KIB=$BS_KIB" "FSYNC=$FSYNC" "SEED=$SEED" >"$conf"
@@ -145,7 +81,7 @@ printf '%s\n' "MEMBERS=$MEMBERS" "LEVEL=$LEVEL" "CHUNK=$CHUNK" "NAME=$NAME" "POR
 stable=$RIG_CACHE/kernel-nbd/knbd-$(sha256sum <"$conf" | cut -c1-16).env
 [[ -s $stable ]] || { cp "$conf" "$stable.$$" && mv "$stable.$$" "$stable"; }
 initrd=$(rig_initramfs --init "$HERE/kernel-nbd.guest.sh" --modules "nbd ext4" \
-	--root "$fr_root" --bin "$fr_root/usr/bin/ferroraid" \
+	--root "$FR_ROOT" --bin "$FR_ROOT/usr/bin/ferroraid" \
 	--root "$KNBD_CLIENT" --bin "$KNBD_CLIENT/sbin/nbd-client" \
 	--bin "$(command -v fio)" --bin "$(command -v mkfs.ext4)" --bin "$(command -v e2fsck)" \
 	--file /etc/mke2fs.conf:/etc/mke2fs.conf --file "$stable:/rig/knbd.env")
@@ -168,7 +104,7 @@ reads_line() { grep -o 'reads: [0-9]* direct, [0-9]* degraded' "$1"; }
 {
 	echo "kernel: $(sed -n 's/^kernel_release=//p' "$g/kernel.txt"); $(grep -o 'fio-[0-9.]*' "$g/versions.txt" | head -n1)"
 	echo "nbd-client: $(tr '\n' ' ' <"$KNBD_CLIENT/PACKAGES")"
-	echo "ferroraid: $FERRORAID ($fr_sum); guest ${guest_s}s"
+	echo "ferroraid: $FERRORAID ($FR_SUM); guest ${guest_s}s"
 	echo "array: $(tail -n 1 "$g/create.txt")"
 	echo "connect: $(grep -o 'nbd-client connected: .*' "$work/console.log" | head -n1 | tr -d '\r')"
 	echo "mkfs: $(grep -o 'mkfs.ext4 and mount done: .*' "$work/console.log" | tr -d '\r')"

@@ -45,53 +45,12 @@ MEMBERS=6 MEMBER_MIB=32 LEVEL=6 CHUNK=64K NAME=knvmf PORT=4420 FAIL_SLOT=2
 JOBS=2 QD=8 JOB_MIB=24 FILES=4 FILE_MIB=4 SEED=2022
 PARAMS="$MEMBERS $MEMBER_MIB $LEVEL $CHUNK $NAME $PORT $FAIL_SLOT $JOBS $QD $JOB_MIB $FILES $FILE_MIB $SEED"
 FERRORAID=${FERRORAID:-${CARGO_TARGET_DIR:-$RIG_REPO/target}/release/ferroraid}
-CLIENT_PKGS="nvme-cli libnvme1 libdbus-1-3"
 
 # Sets KNVMF_CLIENT to the unpacked nvme-cli tree (KNVMF_CLIENT/usr/sbin/nvme), fetching it
-# on first use: the candidate version of apt's lists, or without them the newest cached.
+# on first use (md-host.sh, md_host_client_debs).
 knvmf_client() {
-	local ver=
-	if command -v apt-cache >/dev/null; then
-		ver=$(apt-cache policy nvme-cli 2>/dev/null | sed -n 's/^ *Candidate: \(.*\)$/\1/p' | head -n1 || true)
-		[[ $ver == "(none)" ]] && ver=
-	fi
-	if [[ -z $ver ]]; then
-		local cached
-		cached=$(printf '%s\n' "$RIG_CACHE"/nvme-cli/*/.complete | sort -V | tail -n1)
-		[[ -e $cached ]] || rig_die "apt knows no nvme-cli package (run 'apt-get update') and none is cached in $RIG_CACHE/nvme-cli"
-		KNVMF_CLIENT=$(dirname "$cached")
-		return 0
-	fi
-	KNVMF_CLIENT=$RIG_CACHE/nvme-cli/${ver//:/%3a}
-	[[ -e $KNVMF_CLIENT/.complete ]] || rig_locked knvmf__fetch_client "$ver" "$KNVMF_CLIENT"
-	[[ -x $KNVMF_CLIENT/usr/sbin/nvme ]] || rig_die "$KNVMF_CLIENT has no usr/sbin/nvme: remove it and rerun"
-}
-
-knvmf__fetch_client() {
-	local ver=$1 dest=$2 log deb pkgs=()
-	[[ -e $dest/.complete ]] && return 0
-	rig_need apt-get dpkg-deb
-	local tmp=$dest.tmp.$$
-	rm -rf "$tmp" && mkdir -p "$tmp/tree"
-	for p in $CLIENT_PKGS; do
-		if [[ $p == nvme-cli ]]; then pkgs+=("$p=$ver"); else pkgs+=("$p"); fi
-	done
-	rig_log "downloading ${pkgs[*]}"
-	if ! log=$(cd "$tmp" && apt-get download "${pkgs[@]}" 2>&1); then
-		rm -rf "$tmp"
-		rig_die "apt-get download ${pkgs[*]} failed (stale package lists? try 'apt-get update'):
-$log"
-	fi
-	for deb in "$tmp"/*.deb; do
-		dpkg-deb -x "$deb" "$tmp/tree" || rig_die "unpacking $deb failed"
-		basename "$deb" >>"$tmp/tree/PACKAGES"
-	done
-	rm -f "$tmp"/*.deb
-	rm -rf "$dest"
-	mv "$tmp/tree" "$dest"
-	rmdir "$tmp"
-	touch "$dest/.complete"
-	rig_log "nvme-cli $ver cached in $dest"
+	md_host_client_debs nvme-cli usr/sbin/nvme libnvme1 libdbus-1-3
+	KNVMF_CLIENT=$MD_HOST_CLIENT
 }
 
 if [[ ${1:-} == client ]]; then
@@ -117,35 +76,12 @@ start=$SECONDS
 rig_kernel
 md_host_workspace kernel-nvmf
 RIG_PID=
-knvmf_cleanup() {
-	if [[ -n $RIG_PID ]] && kill -TERM "$RIG_PID" 2>/dev/null; then
-		wait "$RIG_PID" 2>/dev/null || true
-	fi
-	rm -rf "$socks"
-	if [[ ${KNVMF_KEEP:-} != 1 ]]; then
-		rm -rf "$work"
-	elif [[ -d $work ]]; then
-		rig_log "kept $work"
-	fi
-}
-trap knvmf_cleanup EXIT
+trap 'md_host_client_cleanup "${KNVMF_KEEP:-}"' EXIT
 trap 'exit 130' INT TERM HUP
 rm -rf "$work"
 mkdir -p "$work"
 
-# The binary without its debug information, in a tree of its own so that it lands at
-# /usr/bin/ferroraid; keyed on its content, so the initramfs cache holds.
-fr_sum=$(sha256sum <"$FERRORAID" | cut -c1-16)
-fr_root=$RIG_CACHE/kernel-nvmf/ferroraid-$fr_sum
-if [[ ! -x $fr_root/usr/bin/ferroraid ]]; then
-	mkdir -p "$fr_root/usr/bin"
-	if command -v objcopy >/dev/null; then
-		objcopy --strip-debug "$FERRORAID" "$fr_root/usr/bin/ferroraid.$$"
-	else
-		cp "$FERRORAID" "$fr_root/usr/bin/ferroraid.$$"
-	fi
-	mv "$fr_root/usr/bin/ferroraid.$$" "$fr_root/usr/bin/ferroraid"
-fi
+md_host_stripped_ferroraid kernel-nvmf
 conf=$work/knvmf.env
 printf '%s\n' "MEMBERS=$MEMBERS" "LEVEL=$LEVEL" "CHUNK=$CHUNK" "NAME=$NAME" "PORT=$PORT" \
 	"FAIL_SLOT=$FAIL_SLOT" "JOBS=$JOBS" "QD=$QD" "JOB_MIB=$JOB_MIB" "FILES=$FILES" "FILE_MIB=$FILE_MIB" "SEED=$SEED" >"$conf"
@@ -153,7 +89,7 @@ printf '%s\n' "MEMBERS=$MEMBERS" "LEVEL=$LEVEL" "CHUNK=$CHUNK" "NAME=$NAME" "POR
 stable=$RIG_CACHE/kernel-nvmf/knvmf-$(sha256sum <"$conf" | cut -c1-16).env
 [[ -s $stable ]] || { cp "$conf" "$stable.$$" && mv "$stable.$$" "$stable"; }
 initrd=$(rig_initramfs --init "$HERE/kernel-nvmf.guest.sh" --modules "nvme-tcp nvmet-tcp loop ext4" \
-	--root "$fr_root" --bin "$fr_root/usr/bin/ferroraid" \
+	--root "$FR_ROOT" --bin "$FR_ROOT/usr/bin/ferroraid" \
 	--root "$KNVMF_CLIENT" --bin "$KNVMF_CLIENT/usr/sbin/nvme" \
 	--bin "$(command -v fio)" --bin "$(command -v mkfs.ext4)" --bin "$(command -v e2fsck)" \
 	--file /etc/mke2fs.conf:/etc/mke2fs.conf --file "$stable:/rig/knvmf.env")
@@ -176,7 +112,7 @@ said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r' | sed "s|^$1
 {
 	echo "kernel: $(sed -n 's/^kernel_release=//p' "$g/kernel.txt"); $(grep -o 'fio-[0-9.]*' "$g/versions.txt" | head -n1)"
 	echo "nvme-cli: $(tr '\n' ' ' <"$KNVMF_CLIENT/PACKAGES")"
-	echo "ferroraid: $FERRORAID ($fr_sum); guest ${guest_s}s"
+	echo "ferroraid: $FERRORAID ($FR_SUM); guest ${guest_s}s"
 	echo "array: $(tail -n 1 "$g/create.txt")"
 	echo "modprobe: $(said 'nvme-tcp loaded: ')"
 	echo "discover: $(said 'discovered: ')"

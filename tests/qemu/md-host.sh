@@ -186,3 +186,85 @@ md_host_guest() {
 		rig_die "$what; its console log: $out.failed-console.log"
 	fi
 }
+
+# md_host_client_debs PKG BIN [DEP...]: sets MD_HOST_CLIENT to a tree with the Debian
+# package PKG (apt's candidate version; without apt's lists, the newest cached) and DEPs
+# unpacked, under $RIG_CACHE/PKG/VERSION with their .deb names in PACKAGES, fetched with
+# `apt-get download` + `dpkg-deb -x` on first use (for `rig.sh initramfs --root`); BIN, a
+# path in the tree, must be executable there. The kernel client tests' host tools.
+md_host_client_debs() {
+	local pkg=$1 bin=$2 ver=
+	shift 2
+	if command -v apt-cache >/dev/null; then
+		ver=$(apt-cache policy "$pkg" 2>/dev/null | sed -n 's/^ *Candidate: \(.*\)$/\1/p' | head -n1 || true)
+		[[ $ver == "(none)" ]] && ver=
+	fi
+	if [[ -z $ver ]]; then
+		local cached
+		cached=$(printf '%s\n' "$RIG_CACHE/$pkg"/*/.complete | sort -V | tail -n1)
+		[[ -e $cached ]] || rig_die "apt knows no $pkg package (run 'apt-get update') and none is cached in $RIG_CACHE/$pkg"
+		MD_HOST_CLIENT=$(dirname "$cached")
+		return 0
+	fi
+	MD_HOST_CLIENT=$RIG_CACHE/$pkg/${ver//:/%3a}
+	[[ -e $MD_HOST_CLIENT/.complete ]] || rig_locked md_host__fetch_debs "$MD_HOST_CLIENT" "$pkg=$ver" "$@"
+	[[ -x $MD_HOST_CLIENT/$bin ]] || rig_die "$MD_HOST_CLIENT has no $bin: remove it and rerun"
+}
+
+# md_host__fetch_debs DEST PKG=VER [DEP...]: downloads and unpacks them into DEST.
+md_host__fetch_debs() {
+	local dest=$1 log deb
+	shift
+	[[ -e $dest/.complete ]] && return 0
+	rig_need apt-get dpkg-deb
+	local tmp=$dest.tmp.$$
+	rm -rf "$tmp" && mkdir -p "$tmp/tree"
+	rig_log "downloading $*"
+	if ! log=$(cd "$tmp" && apt-get download "$@" 2>&1); then
+		rm -rf "$tmp"
+		rig_die "apt-get download $* failed (stale package lists? try 'apt-get update'):
+$log"
+	fi
+	for deb in "$tmp"/*.deb; do
+		dpkg-deb -x "$deb" "$tmp/tree" || rig_die "unpacking $deb failed"
+		basename "$deb" >>"$tmp/tree/PACKAGES"
+	done
+	rm -f "$tmp"/*.deb
+	rm -rf "$dest"
+	mv "$tmp/tree" "$dest"
+	rmdir "$tmp"
+	touch "$dest/.complete"
+	rig_log "$1 cached in $dest"
+}
+
+# md_host_stripped_ferroraid NAME: sets FR_ROOT to a tree holding $FERRORAID without its
+# debug information (a fifth of the size) at usr/bin/ferroraid, under $RIG_CACHE/NAME and
+# keyed on the binary's content (FR_SUM, 16 hex digits of its SHA-256), so that the
+# guest's initramfs cache holds.
+md_host_stripped_ferroraid() {
+	FR_SUM=$(sha256sum <"$FERRORAID" | cut -c1-16)
+	FR_ROOT=$RIG_CACHE/$1/ferroraid-$FR_SUM
+	if [[ ! -x $FR_ROOT/usr/bin/ferroraid ]]; then
+		mkdir -p "$FR_ROOT/usr/bin"
+		if command -v objcopy >/dev/null; then
+			objcopy --strip-debug "$FERRORAID" "$FR_ROOT/usr/bin/ferroraid.$$"
+		else
+			cp "$FERRORAID" "$FR_ROOT/usr/bin/ferroraid.$$"
+		fi
+		mv "$FR_ROOT/usr/bin/ferroraid.$$" "$FR_ROOT/usr/bin/ferroraid"
+	fi
+}
+
+# md_host_client_cleanup KEEP: the kernel client tests' EXIT trap: stops the guest
+# (RIG_PID), removes the socket directory and, unless KEEP is 1, the work directory.
+md_host_client_cleanup() {
+	if [[ -n ${RIG_PID:-} ]] && kill -TERM "$RIG_PID" 2>/dev/null; then
+		wait "$RIG_PID" 2>/dev/null || true
+	fi
+	rm -rf "$socks"
+	if [[ ${1:-} != 1 ]]; then
+		rm -rf "$work"
+	elif [[ -d $work ]]; then
+		rig_log "kept $work"
+	fi
+}
