@@ -588,6 +588,77 @@ pub fn number_after(line: &str, key: &str) -> Option<u64> {
     rest[..end].parse().ok()
 }
 
+/// Asserts every one of `wants` is in the summary line `name` ([`summary_line`]).
+///
+/// # Panics
+/// The line is missing or lacks one of them.
+pub fn summary_has(summary: &str, name: &str, wants: &[&str]) {
+    let l = summary_line(summary, name);
+    for want in wants {
+        assert!(l.contains(want), "{name}: no {want:?} in {l:?}");
+    }
+}
+
+/// What the kernel client scripts (`tests/qemu/kernel-*.sh`) need on the host besides the
+/// rig and their client package: (program, version argument, Debian package).
+pub const KERNEL_CLIENT_TOOLS: [(&str, &str, &str); 4] = [
+    ("qemu-system-x86_64", "--version", "qemu-system-x86"),
+    ("fio", "--version", "fio"),
+    ("mkfs.ext4", "-V", "e2fsprogs"),
+    ("e2fsck", "-V", "e2fsprogs"),
+];
+
+/// What a kernel client script's run left: its output, its summary and when it started.
+pub struct KernelClientRun {
+    pub out: Output,
+    pub summary: String,
+    pub start: Instant,
+}
+
+/// Runs the kernel client script `script` (`tests/qemu/kernel-*.sh`) into `out_dir` with
+/// this build's binary, after checking the host tools ([`KERNEL_CLIENT_TOOLS`]) and
+/// fetching `package` (the Debian client package the script fetches itself: `SCRIPT
+/// client`). `None` (the test is skipped, [`skip_without_rig`]) when either is missing.
+///
+/// # Panics
+/// As [`run_rig_script`] and [`read_rig_summary`]; as [`skip_without_rig`] under
+/// `FERRORAID_REQUIRE_QEMU=1`.
+pub fn run_kernel_client_rig(
+    test: &str,
+    script: &Path,
+    out_dir: &Path,
+    package: &str,
+) -> Option<KernelClientRun> {
+    if let Some(why) = qemu_rig_unavailable(&KERNEL_CLIENT_TOOLS) {
+        skip_without_rig(test, &why);
+        return None;
+    }
+    let client = Command::new("bash")
+        .arg(script)
+        .arg("client")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    if !client.status.success() {
+        skip_without_rig(
+            test,
+            &format!(
+                "Debian's {package} package cannot be fetched (apt-get download): {}",
+                show_output(&client)
+            ),
+        );
+        return None;
+    }
+    let start = Instant::now();
+    let out = run_rig_script(script, out_dir, Some(ferroraid_bin()));
+    let summary = read_rig_summary(out_dir);
+    Some(KernelClientRun {
+        out,
+        summary,
+        start,
+    })
+}
+
 /// What a rig script (`run_rig_script`) said, for the test's output: its stderr, then its
 /// `summary` unless the stderr already holds it (a run prints its summary at the end; a
 /// cached result only says it is current).

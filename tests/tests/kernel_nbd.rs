@@ -19,27 +19,8 @@
 //! prints `SKIPPED kernel_nbd: why` and passes, unless `FERRORAID_REQUIRE_QEMU=1`.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
 
-use ferroraid_tests::{number_after, repo_root, show_output, summary_line as line};
-
-/// What the script needs on the host besides the rig: (program, version argument, Debian
-/// package).
-const TOOLS: [(&str, &str, &str); 4] = [
-    ("qemu-system-x86_64", "--version", "qemu-system-x86"),
-    ("fio", "--version", "fio"),
-    ("mkfs.ext4", "-V", "e2fsprogs"),
-    ("e2fsck", "-V", "e2fsprogs"),
-];
-
-/// Asserts every one of `wants` is in summary line `name`.
-fn has(summary: &str, name: &str, wants: &[&str]) {
-    let l = line(summary, name);
-    for want in wants {
-        assert!(l.contains(want), "{name}: no {want:?} in {l:?}");
-    }
-}
+use ferroraid_tests::{number_after, repo_root, summary_has as has, summary_line as line};
 
 /// `ferroraid status`'s degraded reads in summary line `name` ("reads: N direct, M degraded").
 fn degraded_reads(summary: &str, name: &str) -> u64 {
@@ -51,31 +32,14 @@ fn degraded_reads(summary: &str, name: &str) -> u64 {
 fn kernel_nbd_client_ext4_fio_with_a_member_failed() {
     let script = repo_root().join("tests/qemu/kernel-nbd.sh");
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel-nbd");
-    if let Some(why) = ferroraid_tests::qemu_rig_unavailable(&TOOLS) {
-        ferroraid_tests::skip_without_rig("kernel_nbd", &why);
+    let Some(ferroraid_tests::KernelClientRun {
+        out,
+        summary,
+        start,
+    }) = ferroraid_tests::run_kernel_client_rig("kernel_nbd", &script, &out_dir, "nbd-client")
+    else {
         return;
-    }
-    // nbd-client is not a host tool: the script fetches Debian's package into its cache.
-    let client = Command::new("bash")
-        .arg(&script)
-        .arg("client")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    if !client.status.success() {
-        ferroraid_tests::skip_without_rig(
-            "kernel_nbd",
-            &format!(
-                "Debian's nbd-client package cannot be fetched (apt-get download): {}",
-                show_output(&client)
-            ),
-        );
-        return;
-    }
-    let start = Instant::now();
-    let out =
-        ferroraid_tests::run_rig_script(&script, &out_dir, Some(ferroraid_tests::ferroraid_bin()));
-    let summary = ferroraid_tests::read_rig_summary(&out_dir);
+    };
 
     has(&summary, "connect", &["nbd-client connected: /dev/nbd0 "]);
     has(&summary, "mkfs", &["mkfs.ext4 and mount done: /dev/nbd0"]);

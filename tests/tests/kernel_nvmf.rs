@@ -27,60 +27,24 @@
 //! `SKIPPED kernel_nvmf: why` and passes, unless `FERRORAID_REQUIRE_QEMU=1`.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
 
-use ferroraid_tests::{number_after, repo_root, show_output, summary_line as line};
-
-/// What the script needs on the host besides the rig: (program, version argument, Debian
-/// package).
-const TOOLS: [(&str, &str, &str); 4] = [
-    ("qemu-system-x86_64", "--version", "qemu-system-x86"),
-    ("fio", "--version", "fio"),
-    ("mkfs.ext4", "-V", "e2fsprogs"),
-    ("e2fsck", "-V", "e2fsprogs"),
-];
+use ferroraid_tests::{number_after, repo_root, summary_has as has, summary_line as line};
 
 /// The subsystem NQN of the guest's array (named `knvmf`; docs/NVMF.md, "Identity").
 const NQN: &str = "nqn.2026-11.org.ferroraid:knvmf";
-
-/// Asserts every one of `wants` is in summary line `name`.
-fn has(summary: &str, name: &str, wants: &[&str]) {
-    let l = line(summary, name);
-    for want in wants {
-        assert!(l.contains(want), "{name}: no {want:?} in {l:?}");
-    }
-}
 
 #[test]
 fn kernel_nvme_tcp_host_discover_connect_fio_ext4_disconnect() {
     let script = repo_root().join("tests/qemu/kernel-nvmf.sh");
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel-nvmf");
-    if let Some(why) = ferroraid_tests::qemu_rig_unavailable(&TOOLS) {
-        ferroraid_tests::skip_without_rig("kernel_nvmf", &why);
+    let Some(ferroraid_tests::KernelClientRun {
+        out,
+        summary,
+        start,
+    }) = ferroraid_tests::run_kernel_client_rig("kernel_nvmf", &script, &out_dir, "nvme-cli")
+    else {
         return;
-    }
-    // nvme-cli is not a host tool: the script fetches Debian's package into its cache.
-    let client = Command::new("bash")
-        .arg(&script)
-        .arg("client")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    if !client.status.success() {
-        ferroraid_tests::skip_without_rig(
-            "kernel_nvmf",
-            &format!(
-                "Debian's nvme-cli package cannot be fetched (apt-get download): {}",
-                show_output(&client)
-            ),
-        );
-        return;
-    }
-    let start = Instant::now();
-    let out =
-        ferroraid_tests::run_rig_script(&script, &out_dir, Some(ferroraid_tests::ferroraid_bin()));
-    let summary = ferroraid_tests::read_rig_summary(&out_dir);
+    };
 
     has(
         &summary,
