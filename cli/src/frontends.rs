@@ -26,6 +26,27 @@ pub struct TargetFrontend {
     pub nvmf: Option<NvmfFrontend>,
 }
 
+impl TargetFrontend {
+    /// One `TargetFrontend` per reactor, in reactor order, from each server's front-ends
+    /// (as their builders' `start(reactors)` return them: one per reactor, in reactor
+    /// order). `iscsi` and `nvmf` are empty when that front is not served.
+    pub fn per_reactor(
+        nbd: Vec<NbdFrontend>,
+        iscsi: Vec<IscsiFrontend>,
+        nvmf: Vec<NvmfFrontend>,
+    ) -> Vec<TargetFrontend> {
+        let mut iscsi = iscsi.into_iter();
+        let mut nvmf = nvmf.into_iter();
+        nbd.into_iter()
+            .map(|nbd| TargetFrontend {
+                nbd,
+                iscsi: iscsi.next(),
+                nvmf: nvmf.next(),
+            })
+            .collect()
+    }
+}
+
 impl Frontend for TargetFrontend {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
         let mut progress = self.nbd.poll(io);

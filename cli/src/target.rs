@@ -1191,7 +1191,7 @@ impl Target {
         }
         let (nbd, nbd_frontends) = builder.start(n).context("starting the NBD server")?;
         let role_paths = Arc::new(Mutex::new(paths));
-        let (iscsi, mut iscsi_frontends) = if opts.iscsi.is_empty() {
+        let (iscsi, iscsi_frontends) = if opts.iscsi.is_empty() {
             (None, Vec::new())
         } else {
             let lun = crate::iscsi::lun_info(&name, &geo, assembly.uuid.0, &opts.iscsi_config);
@@ -1216,8 +1216,7 @@ impl Target {
             let (s, f) = b.start(n).context("starting the iSCSI target")?;
             (Some(s), f)
         };
-        iscsi_frontends.reverse();
-        let (nvmf, mut nvmf_frontends) = if opts.nvmf.is_empty() {
+        let (nvmf, nvmf_frontends) = if opts.nvmf.is_empty() {
             (None, Vec::new())
         } else {
             let sub = crate::nvmf::spec::Subsystem::for_array(&name, assembly.uuid.0, &geo);
@@ -1228,15 +1227,7 @@ impl Target {
             let (s, f) = b.start(n).context("starting the NVMe/TCP target")?;
             (Some(s), f)
         };
-        nvmf_frontends.reverse();
-        let frontends: Vec<TargetFrontend> = nbd_frontends
-            .into_iter()
-            .map(|nbd| TargetFrontend {
-                nbd,
-                iscsi: iscsi_frontends.pop(),
-                nvmf: nvmf_frontends.pop(),
-            })
-            .collect();
+        let frontends = TargetFrontend::per_reactor(nbd_frontends, iscsi_frontends, nvmf_frontends);
         // Mark the array active before the first write can reach it — only once the sockets
         // are bound, so a start that fails on its address leaves the array as it was — and
         // record the roles that have no member faulty (as md does for a degraded start): a

@@ -1,16 +1,22 @@
-//! `ferroraid serve`'s NBD front end over an array of `null` members, for front-end
-//! benchmarks (bench/nbd_frontend_bench.py, issue 18).
+//! `ferroraid serve`'s front ends over an array of `null` members, for front-end
+//! benchmarks (bench/nbd_frontend_bench.py, issue 18; bench/fronts_bench.py, issue 22).
 //!
 //! `ferroraid serve` assembles arrays from md superblocks on real devices and has no
 //! `null` member kind, so this binary builds the same pieces the target does — the NBD
-//! server ([`ferroraid::nbd::NbdServer`], optionally over TLS), one reactor per listed
-//! core ([`engine::reactor::Reactors`]) running the NBD front-end, the array with
+//! server ([`ferroraid::nbd::NbdServer`], optionally over TLS), with `--iscsi` the iSCSI
+//! target ([`ferroraid::iscsi::IscsiServer`], serve's iSCSI defaults, target name
+//! `iqn.2026-11.org.ferroraid:NAME`, LUN 0) and with `--nvmf` the NVMe/TCP target
+//! ([`ferroraid::nvmf::NvmfServer`], serve's defaults, one subsystem found through the
+//! discovery log), one reactor per listed core ([`engine::reactor::Reactors`]) running
+//! the same [`ferroraid::frontends::TargetFrontend`] as serve (every front polled every
+//! loop turn), the array with
 //! `ferroraid serve`'s defaults (1024 requests, 64 stripe operations, 4 MiB requests,
 //! default write hold, stripe cache and depth control) — over
 //! [`drivers::null::NullDevice`] members, which complete every request at the next poll
 //! without touching its buffer. What it leaves out: superblocks and their updates, the
-//! bitmap, the PPL, the background pacer, the management socket, iSCSI. The cost measured
-//! through it is the NBD front end's plus the engine's (RAID parity included).
+//! bitmap, the PPL, the background pacer, the management socket, iSCSI persistent
+//! reservations kept across restarts (no reservation store: APTPL is refused). The cost
+//! measured through it is the front end's plus the engine's (RAID parity included).
 //!
 //! Runs until SIGINT or SIGTERM, then shuts the NBD server down and stops the reactors.
 
@@ -25,7 +31,11 @@ use engine::array::ArrayConfig;
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::reactor::{Mode, ReactorConfig, Reactors};
+use ferroraid::frontends::TargetFrontend;
+use ferroraid::iscsi::IscsiServer;
 use ferroraid::nbd::{ExportConfig, NbdServer, TlsConfig, TlsMode};
+use ferroraid::nvmf::spec::Subsystem;
+use ferroraid::nvmf::NvmfServer;
 use ferroraid::target::ServeOptions;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -34,7 +44,8 @@ enum IdleMode {
     Adaptive,
 }
 
-/// Serve a RAID5/6 array of `null` members over NBD (front-end benchmarks).
+/// Serve a RAID5/6 array of `null` members over NBD, and iSCSI and NVMe/TCP when asked
+/// (front-end benchmarks).
 #[derive(Parser, Debug)]
 struct Args {
     /// RAID level: 5 or 6.
@@ -55,6 +66,16 @@ struct Args {
     /// NBD listening address.
     #[arg(long, default_value = "127.0.0.1:10809")]
     nbd: SocketAddr,
+    /// iSCSI listening address (repeatable; none: no iSCSI).
+    #[arg(long)]
+    iscsi: Vec<SocketAddr>,
+    /// NVMe/TCP listening address (repeatable; none: no NVMe/TCP).
+    #[arg(long)]
+    nvmf: Vec<SocketAddr>,
+    /// Array UUID as 32 hex digits (the iSCSI LUN's and the NVMe namespace's identifiers
+    /// derive from it, as serve derives them from the md superblock's).
+    #[arg(long, default_value = "6e756c6c2d736572-76652d6172726179")]
+    uuid: String,
     /// Reactor cores (comma-separated; one reactor each).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     cores: Vec<usize>,
@@ -104,7 +125,11 @@ fn main() -> Result<()> {
 
     // SIGINT/SIGTERM blocked before any thread starts (every thread inherits the mask);
     // the main thread waits for them with sigwait.
+    // SAFETY: sigset_t is a plain bit array; all-zero is a valid value, and sigemptyset
+    // initialises it below before any use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live, initialised sigset_t owned by this frame; a null old-mask
+    // pointer is allowed by pthread_sigmask.
     unsafe {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
@@ -125,9 +150,33 @@ fn main() -> Result<()> {
             TlsConfig::from_pem_files(a.tls, cert, key, None).context("loading TLS credentials")?,
         );
     }
-    let (nbd, frontends) = builder
-        .start(a.cores.len())
-        .context("starting the NBD server")?;
+    let n = a.cores.len();
+    let (nbd, nbd_frontends) = builder.start(n).context("starting the NBD server")?;
+    let uuid = parse_uuid(&a.uuid)?;
+    let (iscsi, iscsi_frontends) = if a.iscsi.is_empty() {
+        (None, Vec::new())
+    } else {
+        let cfg = defaults.iscsi_config.clone();
+        let lun = ferroraid::iscsi::lun_info(&a.name, &geo, uuid, &cfg);
+        let mut b = IscsiServer::builder(lun).config(cfg);
+        for l in &a.iscsi {
+            b = b.listen(*l);
+        }
+        let (s, f) = b.start(n).context("starting the iSCSI target")?;
+        (Some(s), f)
+    };
+    let (nvmf, nvmf_frontends) = if a.nvmf.is_empty() {
+        (None, Vec::new())
+    } else {
+        let sub = Subsystem::for_array(&a.name, uuid, &geo);
+        let mut b = NvmfServer::builder(sub).config(defaults.nvmf_config.clone());
+        for l in &a.nvmf {
+            b = b.listen(*l);
+        }
+        let (s, f) = b.start(n).context("starting the NVMe/TCP target")?;
+        (Some(s), f)
+    };
+    let frontends = TargetFrontend::per_reactor(nbd_frontends, iscsi_frontends, nvmf_frontends);
     let array_cfg = ArrayConfig {
         requests: 1024,
         stripe_ops: defaults.stripe_ops,
@@ -154,12 +203,33 @@ fn main() -> Result<()> {
     )?;
     eprintln!(
         "serving RAID{} over {} null members ({} KiB chunk), export {:?} of {size} bytes on \
-         {} (TLS {}), reactors on cores {:?}, {:?}",
-        a.level, a.members, a.chunk_kib, a.name, a.nbd, a.tls, a.cores, a.mode
+         {} (TLS {}), iSCSI on {:?}, NVMe/TCP on {:?}, reactors on cores {:?}, {:?}",
+        a.level, a.members, a.chunk_kib, a.name, a.nbd, a.tls, a.iscsi, a.nvmf, a.cores, a.mode
     );
     let mut sig = 0;
+    // SAFETY: `set` and `sig` are live locals; SIGINT and SIGTERM are blocked in every
+    // thread (mask set above before any thread started), as sigwait requires.
     unsafe { libc::sigwait(&set, &mut sig) };
     nbd.shutdown();
+    if let Some(s) = iscsi {
+        s.shutdown();
+    }
+    if let Some(s) = nvmf {
+        s.shutdown();
+    }
     reactors.stop().context("stopping the reactors")?;
     Ok(())
+}
+
+/// `--uuid`: 32 hex digits (dashes ignored) into the 16 bytes of an array UUID.
+fn parse_uuid(s: &str) -> Result<[u8; 16]> {
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        bail!("--uuid {s:?}: 32 hex digits expected");
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)?;
+    }
+    Ok(out)
 }
