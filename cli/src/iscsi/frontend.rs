@@ -240,6 +240,11 @@ pub struct IscsiFrontend {
     shared: Arc<Shared>,
     inbox: Arc<ArrayQueue<NewConn>>,
     conns: Vec<Option<Conn>>,
+    /// The slots of `conns` that hold a connection, in adoption order (capacity: every
+    /// slot, allocated once): a turn visits these, not every slot of the table.
+    live: Vec<u16>,
+    /// A slot was freed this turn: `live` drops it after the turn's walk.
+    live_freed: bool,
     sessions: Vec<Option<Session>>,
     active: usize,
     tasks: Vec<Task>,
@@ -251,8 +256,8 @@ pub struct IscsiFrontend {
     turns: u32,
     /// Data-segment bytes this turn may still receive ([`PAYLOAD_BYTES_PER_TURN`]).
     payload_budget: usize,
-    /// The connection slot served first this turn (the one after the last turn's budget
-    /// spender).
+    /// The position in `live` served first this turn (the one after the last turn's
+    /// budget spender).
     first: usize,
     /// The reservation epoch this front end last looked at in its turn.
     pr_turn_epoch: u64,
@@ -311,6 +316,8 @@ impl IscsiFrontend {
             reactor,
             inbox,
             conns: (0..maxc).map(|_| None).collect(),
+            live: Vec::with_capacity(maxc),
+            live_freed: false,
             sessions: (0..maxc).map(|_| None).collect(),
             active: 0,
             tasks: vec![blank; n],
@@ -450,6 +457,8 @@ impl IscsiFrontend {
             local,
         });
         self.active += 1;
+        debug_assert!(self.live.len() < self.live.capacity());
+        self.live.push(slot as u16);
     }
 }
 
@@ -2077,6 +2086,7 @@ impl IscsiFrontend {
         }
         let sidx = conn.session;
         self.conns[ci] = None;
+        self.live_freed = true;
         self.active -= 1;
         let s = self.sessions[sidx].as_mut().expect("session");
         s.conns -= 1;
@@ -2426,11 +2436,19 @@ impl Frontend for IscsiFrontend {
         }
         progress |= self.retry(io);
         self.payload_budget = PAYLOAD_BYTES_PER_TURN;
-        let slots = self.conns.len();
-        let first = self.first % slots.max(1);
+        // Only the occupied slots are visited (a table walk would touch every slot's
+        // cache lines each turn); `live` changes only in `adopt` (above) and in `reap`,
+        // whose freed slots are dropped from it after the walk.
+        let n = self.live.len();
+        let mut at = if n == 0 { 0 } else { self.first % n };
         let mut spent = false;
-        for k in 0..slots {
-            let ci = (first + k) % slots;
+        for _ in 0..n {
+            let li = at;
+            at += 1;
+            if at == n {
+                at = 0;
+            }
+            let ci = usize::from(self.live[li]);
             let Some(conn) = self.conns[ci].as_mut() else {
                 continue;
             };
@@ -2464,7 +2482,7 @@ impl Frontend for IscsiFrontend {
                 if budget_before > 0 && self.payload_budget == 0 && !spent {
                     // This connection spent the turn's budget: it goes last next turn.
                     spent = true;
-                    self.first = (ci + 1) % slots;
+                    self.first = li + 1;
                 }
                 match end {
                     ReadEnd::Paused => {}
@@ -2551,6 +2569,12 @@ impl Frontend for IscsiFrontend {
             }
             progress |= self.reap(ci);
         }
+        if self.live_freed {
+            self.live_freed = false;
+            let conns = &self.conns;
+            self.live.retain(|&ci| conns[usize::from(ci)].is_some());
+        }
+        debug_assert_eq!(self.live.len(), self.active);
         if self.active == 0 && self.pending.is_empty() {
             self.latch_finished();
         }
