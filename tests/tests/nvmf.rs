@@ -1581,7 +1581,6 @@ const ANA_AEN: u32 = 0x000C_0302;
 /// The AER's CID (the Linux host uses 31 too).
 const AER_CID: u16 = 31;
 
-#[allow(dead_code)]
 fn params_as(subnqn: &str, hostnqn: &str, kato_ms: u32) -> ConnectParams {
     ConnectParams {
         subnqn: subnqn.into(),
@@ -1883,4 +1882,62 @@ fn portal_remove_add_and_rpc_errors() {
     assert_eq!(list.portals.len(), 2, "{list:?}");
     assert_eq!(list.portals[1].ana_state, AnaState::NonOptimized);
     drop(busy);
+}
+
+#[test]
+fn allow_list_refuses_unlisted_hosts() {
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000002";
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "allow");
+    let srv = Server::start_on(
+        dir.path(),
+        &a,
+        1,
+        [[127, 0, 0, 1]; 2],
+        &["--nvmf-allow-host", HOSTNQN],
+    );
+    // The listed host connects (admin and I/O queue) and does I/O.
+    let (_admin, cntlid, bs) = admin_queue(&srv, 0, 1, false);
+    let mut io_ok = io_queue(&srv, 1, cntlid, 1, false);
+    try_io(&mut io_ok, 0, bs, 1).expect("I/O of the allowed host");
+    // An unlisted host: Connect Invalid Host (SCT 1, SC 84h, DNR) on the admin queue...
+    let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+    let c = q
+        .connect(0, 31, 0xFFFF, &params_as(&srv.nqn, OTHER, 0))
+        .unwrap();
+    assert_eq!(
+        (c.sct(), c.sc(), c.status & 0x8000 != 0),
+        (sct::COMMAND, sc::CONNECT_INVALID_HOST, true),
+        "admin Connect of an unlisted host"
+    );
+    assert_eq!(c.dw0, (1 << 16) | 512, "IATTR + IPO name HOSTNQN");
+    // ... and on an I/O queue of the allowed host's controller.
+    let mut q = HostQueue::open(srv.addr(1), false, false).unwrap();
+    let c = q
+        .connect(2, 127, cntlid, &params_as(&srv.nqn, OTHER, 0))
+        .unwrap();
+    assert_eq!(
+        (c.sct(), c.sc()),
+        (sct::COMMAND, sc::CONNECT_INVALID_HOST),
+        "I/O Connect of an unlisted host"
+    );
+    // Discovery: any host connects; only the listed one sees the subsystem.
+    for (host, entries) in [(HOSTNQN, 2u64), (OTHER, 0)] {
+        let mut d = HostQueue::open(srv.addr(0), false, false).unwrap();
+        let c = d
+            .connect(0, 31, 0xFFFF, &params_as(spec::DISCOVERY_NQN, host, 0))
+            .unwrap();
+        ok(&c, "discovery Connect");
+        d.enable().unwrap();
+        let (c, log) = get_log(&mut d, 5, spec::log::DISCOVERY, 1024, 0);
+        ok(&c, "discovery log");
+        assert_eq!(le64(&log, 8), entries, "NUMREC for {host}");
+    }
+    try_io(&mut io_ok, 8, bs, 2).expect("the allowed host still served");
+    let log = srv.log();
+    assert_eq!(
+        log.matches("not on the allow-list").count(),
+        1,
+        "the refused host is logged once:\n{log}"
+    );
 }
