@@ -50,7 +50,8 @@
 //!   right header and data digests once negotiated;
 //! - every CapsuleResp's CID, every C2HData's and R2T's CCCID is that of a command the
 //!   connection sent (whole) and that is not yet completed; C2HData and R2T stay inside
-//!   the command's transfer (its SGL length), an R2T asks for at least one byte;
+//!   the transfer (SGL length) of a command in progress with that CID (any of them when
+//!   the host reused a CID), an R2T asks for at least one byte;
 //! - bounded work: at most `TURNS_FIXED + TURNS_PER_BYTE` × input bytes loop turns, plus
 //!   one per byte of H2CData the host sent in answer to R2Ts (it may go a byte per turn);
 //! - no stuck command: with [`Ending::HalfClose`] and no server shutdown, once the
@@ -516,12 +517,25 @@ impl Host {
         moved
     }
 
-    /// The command `cid` refers to (the latest of that CID), or a panic.
-    fn cmd(&mut self, cid: u16, what: &str) -> &mut Rec {
+    /// The commands in progress with CID `cid` (more than one when the host reused it),
+    /// oldest first, or a panic.
+    fn cmds(&mut self, cid: u16, what: &str) -> &mut Vec<Rec> {
         self.outstanding
             .get_mut(&cid)
-            .and_then(|v| v.last_mut())
+            .filter(|v| !v.is_empty())
             .unwrap_or_else(|| panic!("{what} for CID {cid:#x}, not a command in progress"))
+    }
+
+    /// The first command in progress with CID `cid` whose transfer reaches byte `end`,
+    /// or a panic.
+    fn within(&mut self, cid: u16, end: u64, what: &str) -> &mut Rec {
+        let v = self.cmds(cid, what);
+        let longest = v.iter().map(|r| r.len).max().unwrap_or(0);
+        v.iter_mut()
+            .find(|r| end <= u64::from(r.len))
+            .unwrap_or_else(|| {
+                panic!("{what} of CID {cid:#x} up to byte {end}, past its {longest}-byte transfer")
+            })
     }
 
     /// Parses and checks what the target sent.
@@ -583,14 +597,8 @@ impl Host {
                 }
                 Pdu::C2hData { hdr, data } => {
                     o.c2h_data += 1;
-                    let rec = *self.cmd(hdr.cccid, "C2HData");
                     let end = u64::from(hdr.datao) + data.len() as u64;
-                    assert!(
-                        end <= u64::from(rec.len),
-                        "C2HData of CID {:#x} up to byte {end}, past its {}-byte transfer",
-                        hdr.cccid,
-                        rec.len
-                    );
+                    self.within(hdr.cccid, end, "C2HData");
                     if hdr.last && hdr.success {
                         // SUCCESS: no CapsuleResp follows (TCP 1.0 §3.6.2.9).
                         let v = self.outstanding.get_mut(&hdr.cccid).expect("checked");
@@ -604,15 +612,9 @@ impl Host {
                 Pdu::R2t(t) => {
                     o.r2t += 1;
                     let withhold = self.withhold;
-                    let rec = self.cmd(t.cccid, "R2T");
                     assert!(t.r2tl > 0, "an R2T of no bytes");
                     let end = u64::from(t.r2to) + u64::from(t.r2tl);
-                    assert!(
-                        end <= u64::from(rec.len),
-                        "R2T of CID {:#x} up to byte {end}, past its {}-byte transfer",
-                        t.cccid,
-                        rec.len
-                    );
+                    let rec = self.within(t.cccid, end, "R2T");
                     if withhold {
                         rec.withheld = true;
                     } else {
