@@ -28,6 +28,7 @@
 
 pub mod frontend;
 pub mod host;
+pub mod local;
 pub mod pdu;
 pub mod spec;
 
