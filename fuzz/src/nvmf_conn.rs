@@ -676,21 +676,6 @@ impl Host {
     }
 }
 
-/// Ignores `SIGPIPE`, as the Rust runtime does for the `ferroraid` binary (whose `main` is
-/// Rust's). The NVMe/TCP front-end sends with `writev` (not NBD's `sendmsg` with
-/// `MSG_NOSIGNAL`), so a host gone before a send raises `SIGPIPE`, and libFuzzer's
-/// `main` keeps the default action (the fuzzer was killed so, input not saved). Until
-/// the front-end sends with `MSG_NOSIGNAL`, the driver ignores the signal.
-fn ignore_sigpipe() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: installs SIG_IGN, no handler code runs; done once, before any socket.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        }
-    });
-}
-
 /// Piece sizes of the hosts' sends (byte 1 of the input).
 struct Pieces {
     state: u32,
@@ -725,7 +710,6 @@ impl Pieces {
 
 /// Runs the conversation of `input` (see the module docs); panics when a rule breaks.
 pub fn run(input: &[u8]) -> Outcome {
-    ignore_sigpipe();
     let [setup, seed, rest @ ..] = input else {
         return Outcome::default();
     };

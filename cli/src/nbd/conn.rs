@@ -74,7 +74,17 @@ impl Stream {
     }
 }
 
-fn send_vectored(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+/// Sends `bufs` on socket `fd` in one `sendmsg(2)` with `MSG_NOSIGNAL` added to `flags`
+/// (a vanished peer yields `EPIPE`, never `SIGPIPE`), retried on `EINTR`. Returns the bytes
+/// sent; `flags` may add `MSG_DONTWAIT`.
+///
+/// # Errors
+/// The `sendmsg` error (`WouldBlock` when non-blocking and the send buffer is full).
+pub(crate) fn send_vectored(
+    fd: RawFd,
+    bufs: &[IoSlice<'_>],
+    flags: libc::c_int,
+) -> io::Result<usize> {
     // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix; sendmsg only reads

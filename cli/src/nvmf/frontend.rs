@@ -5,7 +5,7 @@
 //! connection, close it if its controller is gone, its keep-alive expired or it has not
 //! connected a queue within the connect timeout, retry array
 //! submissions the reactor refused (`QueueFull`) and commands waiting for a data buffer,
-//! send what is queued (one `writev` gathers several PDUs; a partial send resumes next
+//! send what is queued (one `sendmsg` gathers several PDUs; a partial send resumes next
 //! turn), then receive and handle PDUs (at most [`PDUS_PER_TURN`]).
 //!
 //! # Memory
@@ -23,8 +23,9 @@
 //! Array requests carry [`TAG_BIT`] | slot << 16 | context.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -60,7 +61,7 @@ const SMALL: usize = 4096;
 /// Receive buffer: the largest PDU (an H2CData of MAXH2CDATA with header, digests) and
 /// room to read ahead.
 pub(crate) const RX_BYTES: usize = MAX_TRANSFER as usize + 8192;
-/// Most iovecs one `writev` gathers.
+/// Most iovecs one `sendmsg` gathers.
 const IOV_PER_SEND: usize = 64;
 /// Largest Discard piece, bytes (the request's length is 32 bits).
 const DISCARD_PIECE: u64 = 1 << 30;
@@ -608,7 +609,9 @@ fn send(conn: &mut Conn, pool: &mut BufPool) -> io::Result<bool> {
                     skip = 0;
                 }
             }
-            match sock.write_vectored(&iov) {
+            // sendmsg with MSG_NOSIGNAL rather than writev: a host gone before the send
+            // gives EPIPE here, never a SIGPIPE to a program that embeds the target.
+            match crate::nbd::conn::send_vectored(sock.as_raw_fd(), &iov, libc::MSG_DONTWAIT) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progress),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

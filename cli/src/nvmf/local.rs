@@ -12,7 +12,7 @@
 //! its round robin over reactors (there is one).
 //!
 //! The socket may be one end of a Unix stream socket pair: the front-end only reads,
-//! writes (`writev`) and shuts down its socket, which a connected stream socket of either
+//! writes (`sendmsg`) and shuts down its socket, which a connected stream socket of either
 //! family does alike, so the pair stands in for a TCP connection without ports, without
 //! TIME-WAIT and with deterministic delivery. Its addresses are reported as
 //! [`LocalServer::PEER`] and the portal address.
@@ -31,20 +31,17 @@
 //! assert_eq!(frontend.connections(), 0);
 //! ```
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use crossbeam_queue::ArrayQueue;
-
-use super::spec::Subsystem;
+use super::spec::{AnaState, Subsystem};
 use super::{
-    frontend, Ctrls, NewConn, NvmfConfig, NvmfError, NvmfFrontend, Shared, StatsHandle,
-    DEFAULT_PORT, INBOX_CAPACITY,
+    frontend, NewConn, NvmfConfig, NvmfError, NvmfFrontend, PortalConn, PortalState, Shared,
+    StatsHandle, DEFAULT_PORT,
 };
 
 /// An NVMe/TCP target with one reactor's front-end and no listener or thread (see the
@@ -52,6 +49,8 @@ use super::{
 /// [`LocalServer::shutdown`] and keep turning the reactor until the front-end finishes.
 pub struct LocalServer {
     shared: Arc<Shared>,
+    /// Its one portal ([`LocalServer::PORTAL`]), listed but without a listener.
+    portal: Arc<PortalState>,
 }
 
 impl LocalServer {
@@ -87,21 +86,12 @@ impl LocalServer {
                 "at most 65535 connections per reactor".into(),
             ));
         }
-        let shared = Arc::new(Shared {
-            subsystem,
-            config,
-            listen: vec![Self::PORTAL],
-            shutdown: AtomicBool::new(false),
-            ctrls: Mutex::new(Ctrls {
-                next: 1,
-                by_id: HashMap::new(),
-            }),
-            inboxes: vec![Arc::new(ArrayQueue::new(INBOX_CAPACITY))],
-            held: vec![AtomicUsize::new(0)],
-            next_conn: AtomicU64::new(1),
-        });
+        let shared = Arc::new(Shared::new(subsystem, config, Vec::new(), 1));
+        // The one portal, listed (discovery log, ANA) but with no listener thread.
+        let portal = shared.new_portal_state(Self::PORTAL, AnaState::Optimized);
+        shared.register_portal(Arc::clone(&portal), None);
         let frontend = NvmfFrontend::new(0, Arc::clone(&shared));
-        Ok((Self { shared }, frontend))
+        Ok((Self { shared, portal }, frontend))
     }
 
     /// Hands a connected socket (the target's end; made non-blocking here) to the
@@ -129,6 +119,7 @@ impl LocalServer {
             stream: TcpStream::from(OwnedFd::from(stream)),
             peer: Self::PEER,
             local: Self::PORTAL,
+            portal: PortalConn::new(&self.portal),
             rx: vec![0u8; frontend::RX_BYTES].into_boxed_slice(),
         };
         if self.shared.inboxes[0].push(conn).is_err() {

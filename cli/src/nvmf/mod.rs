@@ -258,6 +258,35 @@ pub(crate) struct Shared {
 const REFUSED_LOG_MAX: usize = 1024;
 
 impl Shared {
+    /// The state of a target for `subsystem` with `reactors` front-ends, no portal yet.
+    pub(crate) fn new(
+        subsystem: Subsystem,
+        config: NvmfConfig,
+        allow_hosts: Vec<String>,
+        reactors: usize,
+    ) -> Self {
+        Shared {
+            subsystem,
+            config,
+            portals: Mutex::new(Vec::new()),
+            ana_chgcnt: AtomicU64::new(0),
+            disc_genctr: AtomicU64::new(0),
+            next_portid: AtomicU16::new(1),
+            allow_hosts,
+            refused_logged: Mutex::new(HashSet::new()),
+            shutdown: AtomicBool::new(false),
+            ctrls: Mutex::new(Ctrls {
+                next: 1,
+                by_id: HashMap::new(),
+            }),
+            inboxes: (0..reactors)
+                .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
+                .collect(),
+            held: (0..reactors).map(|_| AtomicUsize::new(0)).collect(),
+            next_conn: AtomicU64::new(1),
+        }
+    }
+
     pub(crate) fn ctrls(&self) -> MutexGuard<'_, Ctrls> {
         self.ctrls
             .lock()
@@ -368,26 +397,33 @@ impl Shared {
         let bound = l
             .local_addr()
             .map_err(|source| NvmfError::Listen { addr, source })?;
-        let state = Arc::new(PortalState {
-            addr: bound,
-            portid: self.next_portid.fetch_add(1, Ordering::Relaxed),
-            ana: AtomicU8::new(ana.code()),
-            chgcnt: AtomicU64::new(self.ana_chgcnt.load(Ordering::Acquire)),
-            removed: AtomicBool::new(false),
-            conns: AtomicUsize::new(0),
-        });
+        let state = self.new_portal_state(bound, ana);
         let sh = Arc::clone(self);
         let st = Arc::clone(&state);
         let t = std::thread::Builder::new()
             .name("nvmf-listen".into())
             .spawn(move || accept_loop(l, sh, st))
             .map_err(NvmfError::Spawn)?;
-        self.portal_list().push(PortalEntry {
-            state,
-            thread: Some(t),
-        });
-        self.disc_genctr.fetch_add(1, Ordering::AcqRel);
+        self.register_portal(state, Some(t));
         Ok(bound)
+    }
+
+    /// A portal's state at `addr` in state `ana`, with the next port ID, not yet listed.
+    fn new_portal_state(&self, addr: SocketAddr, ana: AnaState) -> Arc<PortalState> {
+        Arc::new(PortalState {
+            addr,
+            portid: self.next_portid.fetch_add(1, Ordering::Relaxed),
+            ana: AtomicU8::new(ana.code()),
+            chgcnt: AtomicU64::new(self.ana_chgcnt.load(Ordering::Acquire)),
+            removed: AtomicBool::new(false),
+            conns: AtomicUsize::new(0),
+        })
+    }
+
+    /// Lists a portal (discovery log, management) with its listener thread, if any.
+    fn register_portal(&self, state: Arc<PortalState>, thread: Option<JoinHandle<()>>) {
+        self.portal_list().push(PortalEntry { state, thread });
+        self.disc_genctr.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Stops every listener (shutdown), joining their threads.
@@ -821,26 +857,12 @@ impl NvmfServerBuilder {
         } else {
             self.listen
         };
-        let shared = Arc::new(Shared {
-            subsystem: self.subsystem,
-            config: self.config,
-            portals: Mutex::new(Vec::new()),
-            ana_chgcnt: AtomicU64::new(0),
-            disc_genctr: AtomicU64::new(0),
-            next_portid: AtomicU16::new(1),
-            allow_hosts: self.allow_hosts,
-            refused_logged: Mutex::new(HashSet::new()),
-            shutdown: AtomicBool::new(false),
-            ctrls: Mutex::new(Ctrls {
-                next: 1,
-                by_id: HashMap::new(),
-            }),
-            inboxes: (0..reactors)
-                .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
-                .collect(),
-            held: (0..reactors).map(|_| AtomicUsize::new(0)).collect(),
-            next_conn: AtomicU64::new(1),
-        });
+        let shared = Arc::new(Shared::new(
+            self.subsystem,
+            self.config,
+            self.allow_hosts,
+            reactors,
+        ));
         let mut addrs = Vec::new();
         for a in listen {
             match shared.add_portal(a, AnaState::Optimized) {
