@@ -11,10 +11,14 @@
 #  3. the sequence (mp_sequence), with fio rounds running on the head node throughout
 #     (JOBS jobs on disjoint JOB_MIB MiB regions, libaio at QD, O_DIRECT random 4..256 KiB
 #     writes with crc32c verify headers and a new seed each round, verified after each
-#     round): portal 127.0.0.2 set inaccessible (the host must learn it from the AEN and
-#     the ANA log: its path's ana_state turns inaccessible), removed (its controller goes
-#     connecting; I/O goes on through 127.0.0.1), added again (inaccessible; the host's
-#     reconnect loop brings the controller back live), set optimized (ana_state optimized);
+#     round): ANA change notices turned off on 127.0.0.2's controller (`nvme set-feature
+#     -f 0x0b -v 0`) and portal 127.0.0.2 set inaccessible: the host can learn it only from
+#     the status of the I/O round-robin sends there (ANA Inaccessible: failover, ANA log),
+#     its path's ana_state turns inaccessible; removed (its controller goes connecting;
+#     I/O goes on through 127.0.0.1); added again inaccessible (the host's reconnect loop
+#     brings the controller back live, reads the ANA log and enables the notices again);
+#     set optimized: no I/O goes to an inaccessible path, so only the ANA change notice
+#     (AEN, then the log) can turn its ana_state optimized;
 #     at each step the controllers' states, the paths' ana_state (sysfs), `nvme
 #     list-subsys /dev/nvmeXnY`, the head node's completed requests since the last step
 #     and the kernel's new nvme lines are recorded; every fio round exits 0 with err=0;
@@ -166,12 +170,17 @@ mp_sequence() {
 	io_goes_on "fio started"
 	step "$B-paths" "$NQN: one head /dev/$NS, $_paths paths, $_ctrls controllers in ${SUBSYS##*/}, iopolicy $(cat "$SUBSYS/iopolicy")"
 
+	# ANA change notices off on the controller of A2 (Asynchronous Event Configuration
+	# 0): the host can learn that A2 went inaccessible only from the status of the I/O the
+	# round-robin policy sends there (ANA Inaccessible: it fails over and reads the log).
+	nvme set-feature "/dev/$C2" --feature-id=0x0b --value=0 >"$RIG_OUT/$B-aec-off.txt" 2>&1 ||
+		fail "$B: nvme set-feature /dev/$C2 -f 0x0b -v 0: $(cat "$RIG_OUT/$B-aec-off.txt")"
 	${B}_set_ana $A2 inaccessible >"$RIG_OUT/$B-set-inaccessible.txt" 2>&1 ||
 		fail "$B: setting $A2 inaccessible: $(cat "$RIG_OUT/$B-set-inaccessible.txt")"
-	wait_until "$A2 inaccessible in sysfs" is $A2 live/inaccessible
+	wait_until "$A2 inaccessible in sysfs (from the I/O status: notices off)" is $A2 live/inaccessible
 	is $A1 live/optimized || fail "$B: $A1 not live/optimized after $A2 went inaccessible: $(paths)"
 	io_goes_on "$A2 inaccessible"
-	step "$B-inaccessible" "$A2 set inaccessible ($(tr -d '\n' <"$RIG_OUT/$B-set-inaccessible.txt"))"
+	step "$B-inaccessible" "ANA notices off on $C2 ($(tr -d '\n' <"$RIG_OUT/$B-aec-off.txt")), $A2 set inaccessible ($(tr -d '\n' <"$RIG_OUT/$B-set-inaccessible.txt"))"
 
 	${B}_remove $A2 >"$RIG_OUT/$B-remove.txt" 2>&1 || fail "$B: removing $A2: $(cat "$RIG_OUT/$B-remove.txt")"
 	wait_until "$A2's controller reconnecting" down $A2
@@ -184,9 +193,11 @@ mp_sequence() {
 	io_goes_on "$A2 added"
 	step "$B-readded" "$A2 added inaccessible ($(tr '\n' ' ' <"$RIG_OUT/$B-add.txt" | sed 's/ $//'))"
 
+	# The reconnect enabled the notices again; no I/O goes to an inaccessible path, so only
+	# the notice (AEN, then the host reads the ANA log) can tell the host.
 	${B}_set_ana $A2 optimized >"$RIG_OUT/$B-set-optimized.txt" 2>&1 ||
 		fail "$B: setting $A2 optimized: $(cat "$RIG_OUT/$B-set-optimized.txt")"
-	wait_until "both paths live and optimized again" both_optimized
+	wait_until "both paths live and optimized again (from the ANA change notice)" both_optimized
 	io_goes_on "$A2 optimized"
 	step "$B-optimized" "$A2 set optimized ($(tr -d '\n' <"$RIG_OUT/$B-set-optimized.txt"))"
 

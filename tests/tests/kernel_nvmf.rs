@@ -186,7 +186,9 @@ fn kernel_nvme_multipath_rides_through_a_portal_going_down_and_back() {
                 "127.0.0.2=live/optimized",
             ],
         );
-        // The AEN made the host read the ANA log: the path's sysfs state and list-subsys.
+        // ANA notices off on that controller: the host learnt the state from the status of
+        // the I/O sent there (ANA Inaccessible, failover) and shows it in sysfs and
+        // list-subsys.
         has(
             &summary,
             &key("inaccessible"),
@@ -209,6 +211,7 @@ fn kernel_nvme_multipath_rides_through_a_portal_going_down_and_back() {
                 "Successfully reconnected",
             ],
         );
+        // Only the ANA change notice (AEN, then the log) can tell the host this one.
         has(
             &summary,
             &key("optimized"),
@@ -232,6 +235,24 @@ fn kernel_nvme_multipath_rides_through_a_portal_going_down_and_back() {
         );
     }
     has(&summary, "fr-paths", &[MP_NQN]);
+    // The target honoured Asynchronous Event Configuration: no notice while it was off, one
+    // once the reconnect enabled it again.
+    has(
+        &summary,
+        "fr-inaccessible",
+        &["is inaccessible (0 controller(s) notified)"],
+    );
+    has(
+        &summary,
+        "fr-removed",
+        &["removed (3 connection(s) closed)"],
+    );
+    has(&summary, "fr-readded", &["added (inaccessible)"]);
+    has(
+        &summary,
+        "fr-optimized",
+        &["is optimized (1 controller(s) notified)"],
+    );
     has(&summary, "stop", &["serve exit 0", "clean=true"]);
     ferroraid_tests::print_rig_summary("kernel_nvmf multipath", start, &out_dir, &out, &summary);
 }
