@@ -76,7 +76,7 @@ wait_until() {
 	_i=0
 	until "$@"; do
 		_i=$((_i + 1))
-		[ $_i -le 450 ] || fail "$B: $_what not within 90 s: $(paths); fio: $(cat /tmp/fio.result 2>/dev/null || echo running)"
+		[ $_i -le 450 ] || fail "$B: $_what not within 90 s: $(paths), $(nodes); fio: $(cat /tmp/fio.result 2>/dev/null || echo running)"
 		sleep 0.2
 	done
 }
@@ -148,27 +148,21 @@ mp_sequence() {
 	connect "$RIG_OUT/$B-connect-2.txt" $A2 -c 1 -l 120
 	C2=$CTRL
 	[ "$C1" != "$C2" ] || fail "$B: one controller $C1 for both portals"
-	_heads=0 _paths=0
-	for b in /sys/block/nvme*n*; do
-		# The head node's device is the nvme-subsystem, a path node's its controller.
-		[ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
-		case ${b##*/} in *c*) _paths=$((_paths + 1)) ;; *) _heads=$((_heads + 1)) ;; esac
-	done
 	SUBSYS=
 	for s in /sys/class/nvme-subsystem/*; do
 		[ "$(cat "$s/subsysnqn")" = "$NQN" ] && SUBSYS=$s
 	done
 	[ -n "$SUBSYS" ] || fail "$B: no /sys/class/nvme-subsystem of $NQN"
 	_ctrls=$(ls -d "$SUBSYS"/nvme[0-9]* 2>/dev/null | grep -cv 'n[0-9]*$' || true)
-	[ "$_heads" = 1 ] && [ "$_paths" = 2 ] ||
-		fail "$B: $_heads namespace block devices and $_paths path nodes, not one with two paths: $(ls /sys/block); $(paths)"
+	# The second controller's namespace scan may still be running when connect returns.
+	wait_until "one namespace block device with two path nodes" one_with_two_paths
 	wait_until "both paths live and optimized" both_optimized
 	echo round-robin >"$SUBSYS/iopolicy" || fail "$B: setting $SUBSYS/iopolicy"
 	rm -f /tmp/fio.stop /tmp/fio.result
 	fio_rounds "$B" &
 	FIO=$!
 	io_goes_on "fio started"
-	step "$B-paths" "$NQN: one head /dev/$NS, $_paths paths, $_ctrls controllers in ${SUBSYS##*/}, iopolicy $(cat "$SUBSYS/iopolicy")"
+	step "$B-paths" "$NQN: one head /dev/$NS, $(nodes), $_ctrls controllers in ${SUBSYS##*/}, iopolicy $(cat "$SUBSYS/iopolicy")"
 
 	# ANA change notices off on the controller of A2 (Asynchronous Event Configuration
 	# 0): the host can learn that A2 went inaccessible only from the status of the I/O the
@@ -207,13 +201,25 @@ mp_sequence() {
 	FIO=
 	[ $_rc -eq 0 ] || fail "$B: fio: $(cat /tmp/fio.result)"
 	_last=$(cat /tmp/fio.result)
-	note "$B-fio" "$JOBS jobs x $JOB_MIB MiB, libaio QD $QD, O_DIRECT random 4-256 KiB writes, crc32c verify: $_last, each exit 0 err=0; $(cat "$RIG_OUT"/fio-$B-*.txt | grep -c 'err= 0') jobs with err= 0, $(cat "$RIG_OUT"/fio-$B-*.txt | grep -E 'err= *[1-9]' | wc -l) with errors"
+	note "$B-fio" "$JOBS jobs x $JOB_MIB MiB, libaio QD $QD, O_DIRECT random 4-256 KiB writes, crc32c verify: $_last, each exit 0 err=0; $(cat "$RIG_OUT"/fio-$B-*.txt | grep -c 'err= 0') reports with err= 0, $(cat "$RIG_OUT"/fio-$B-*.txt | grep -E 'err= *[1-9]' | wc -l) with errors"
 	disconnect "$RIG_OUT/$B-disconnect.txt"
 	dmesg >"$RIG_OUT/$B-dmesg.txt"
 	_bad=$(grep -E 'WARNING:|BUG:|Oops|Call Trace|general protection|hung_task|blocked for more than' "$RIG_OUT/$B-dmesg.txt" | head -n3 | tr '\n' '|')
 	[ -z "$_bad" ] || fail "$B: the kernel logged: $_bad"
 	note "$B-kernel" "no WARNING/BUG/Oops; $(tr -d '\n' <"$RIG_OUT/$B-disconnect.txt"); $(kernel_since $MARK)"
 }
+# nodes: "H heads, P paths": the block devices of NQN, multipath head nodes nvmeXnY and
+# path nodes nvmeXcZnY (a head node's device is the nvme-subsystem, a path node's its
+# controller, both with subsysnqn).
+nodes() {
+	_heads=0 _paths=0
+	for b in /sys/block/nvme*n*; do
+		[ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
+		case ${b##*/} in *c*) _paths=$((_paths + 1)) ;; *) _heads=$((_heads + 1)) ;; esac
+	done
+	echo "$_heads heads, $_paths paths"
+}
+one_with_two_paths() { [ "$(nodes)" = "1 heads, 2 paths" ]; }
 both_optimized() { is $A1 live/optimized && is $A2 live/optimized; }
 
 # ferroraid's portal methods (ferroraid portal ..., docs/NVMF.md).
