@@ -123,6 +123,10 @@ enum Command {
     /// Stop a running target's background process (check, repair, resync, rebuild); a
     /// resync or rebuild resumes from where it stopped when started again.
     StopProcess(mgmt::StopProcessArgs),
+    /// Manage a running target's NVMe/TCP portals (listen addresses of its subsystem):
+    /// list them, set a portal's ANA state (multipath: optimized, non_optimized,
+    /// inaccessible), remove one (closing its connections) or add one.
+    Portal(mgmt::PortalArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -251,6 +255,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Check(args) => mgmt::process(ferroraid::status::ProcessKind::Check, &args),
         Command::Repair(args) => mgmt::process(ferroraid::status::ProcessKind::Repair, &args),
         Command::StopProcess(args) => mgmt::stop_process(&args),
+        Command::Portal(args) => mgmt::portal(&args),
         Command::Grow(args) => mgmt::grow(&args),
     }
 }

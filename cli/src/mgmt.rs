@@ -1,5 +1,5 @@
 //! The management subcommands: `status`, `fail`, `remove`, `add`, `replace`, `check`,
-//! `repair`, `stop-process` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`),
+//! `repair`, `stop-process`, `portal` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`),
 //! `examine` (superblocks, no target needed) and `grow` (a stopped array's superblocks).
 
 use std::io::Write as _;
@@ -10,6 +10,7 @@ use clap::Args;
 use engine::metadata::ConsistencyPolicy;
 use ferroraid::examine::{examine_device, ExamineEntry};
 use ferroraid::grow::{grow_consistency_policy, GrowOptions, RAID6_PPL_NOTICE};
+use ferroraid::nvmf::spec::AnaState;
 use ferroraid::rpc::{default_rpc_path, ClientError, RpcClient};
 use ferroraid::status::{
     MemberReport, MemberState, ProcessKind, ProcessRunState, EXIT_NOT_RUNNING,
@@ -526,6 +527,115 @@ pub fn grow(a: &GrowArgs) -> Result<()> {
             "ferroraid: partial parity log areas written ({size} sectors at offset 8 sectors \
              from the superblock)\n"
         ))?;
+    }
+    Ok(())
+}
+
+/// Options of `ferroraid portal`.
+#[derive(Args, Debug)]
+pub struct PortalArgs {
+    #[command(subcommand)]
+    op: PortalOp,
+    #[arg(long, value_name = "PATH", help = RPC_HELP, global = true)]
+    rpc: Option<PathBuf>,
+    /// Print the JSON-RPC result as JSON (docs/MANAGEMENT.md).
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// What `ferroraid portal` does.
+#[derive(clap::Subcommand, Debug)]
+pub enum PortalOp {
+    /// List the portals: address, ANA state, controllers, connections
+    /// (`nvmf_portal_list`).
+    List,
+    /// Set a portal's ANA state (`nvmf_portal_set_ana`); its controllers get an ANA
+    /// change notice.
+    SetAna {
+        /// The portal, IP:PORT as served.
+        portal: String,
+        /// optimized, non_optimized or inaccessible.
+        #[arg(value_parser = parse_ana_state)]
+        state: AnaState,
+    },
+    /// Stop listening on a portal and close its connections (`nvmf_portal_remove`).
+    Remove {
+        /// The portal, IP:PORT as served.
+        portal: String,
+    },
+    /// Listen on a new portal (`nvmf_portal_add`).
+    Add {
+        /// The address, IP:PORT.
+        portal: String,
+        /// Its ANA state [default: optimized].
+        #[arg(long, value_parser = parse_ana_state)]
+        ana_state: Option<AnaState>,
+    },
+}
+
+fn parse_ana_state(s: &str) -> Result<AnaState, String> {
+    AnaState::from_name(s)
+        .ok_or_else(|| format!("unknown ANA state {s:?}: optimized, non_optimized or inaccessible"))
+}
+
+/// `ferroraid portal list|set-ana|remove|add`: prints the result (a line per portal, or
+/// the JSON-RPC result with `--json`). Exit status 0 done, 1 refused (the RPC error's
+/// message), 4 no target.
+pub fn portal(a: &PortalArgs) -> Result<()> {
+    let mut c = connect(&a.rpc)?;
+    let fail = |verb: &str, e: ClientError| -> anyhow::Error {
+        match e {
+            ClientError::Rpc(e) => anyhow::anyhow!("portal {verb}: {e}"),
+            e => e.into(),
+        }
+    };
+    let (json, text) = match &a.op {
+        PortalOp::List => {
+            let r = c.nvmf_portal_list().map_err(|e| fail("list", e))?;
+            let mut t = String::new();
+            for p in &r.portals {
+                t += &format!(
+                    "{}  {}  controllers {}  connections {}\n",
+                    p.portal, p.ana_state, p.controllers, p.connections
+                );
+            }
+            if r.portals.is_empty() {
+                t += "no NVMe/TCP portal\n";
+            }
+            (serde_json::to_value(&r)?, t)
+        }
+        PortalOp::SetAna { portal, state } => {
+            let r = c
+                .nvmf_portal_set_ana(portal, *state)
+                .map_err(|e| fail("set-ana", e))?;
+            let t = format!(
+                "ferroraid: portal {} is {} ({} controller(s) notified)\n",
+                r.portal, r.ana_state, r.notified
+            );
+            (serde_json::to_value(&r)?, t)
+        }
+        PortalOp::Remove { portal } => {
+            let r = c
+                .nvmf_portal_remove(portal)
+                .map_err(|e| fail("remove", e))?;
+            let t = format!(
+                "ferroraid: portal {} removed ({} connection(s) closed)\n",
+                r.portal, r.closed
+            );
+            (serde_json::to_value(&r)?, t)
+        }
+        PortalOp::Add { portal, ana_state } => {
+            let r = c
+                .nvmf_portal_add(portal, *ana_state)
+                .map_err(|e| fail("add", e))?;
+            let t = format!("ferroraid: portal {} added ({})\n", r.portal, r.ana_state);
+            (serde_json::to_value(&r)?, t)
+        }
+    };
+    if a.json {
+        out(&(serde_json::to_string_pretty(&json)? + "\n"))?;
+    } else {
+        out(&text)?;
     }
     Ok(())
 }

@@ -29,6 +29,10 @@
 //! | `member_remove` | `{"device": "<path or slot number>"}` | the (now empty) slot's [`MemberReport`] |
 //! | `member_add` | `{"device": "<path>"}` | the added device's [`MemberReport`] |
 //! | `member_replace` | `{"old": "<path or slot number>", "new": "<path>"}` | the replacement's [`MemberReport`] (`replacing`) |
+//! | `nvmf_portal_list` | none | [`PortalListReport`] `{"portals": [...]}` |
+//! | `nvmf_portal_set_ana` | `{"portal": "IP:PORT", "ana_state": "optimized" \| "non_optimized" \| "inaccessible"}` | [`PortalSetAnaReport`] |
+//! | `nvmf_portal_remove` | `{"portal": "IP:PORT"}` | [`PortalRemoveReport`] |
+//! | `nvmf_portal_add` | `{"portal": "IP:PORT", "ana_state"?: ...}` | [`PortalAddReport`] |
 //! | `rpc_methods` | none | the method names, sorted |
 //!
 //! `params` may also be given by position (`["/dev/nvme2n1"]`). A device is named by the
@@ -65,6 +69,10 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::nvmf::spec::AnaState;
+use crate::nvmf::{
+    PortalAddReport, PortalError, PortalListReport, PortalRemoveReport, PortalSetAnaReport,
+};
 use crate::status::{MemberReport, ProcessKind, ProcessReport, StatusReport};
 
 /// Longest request line the server reads, in bytes (the `\n` not counted): 1 MiB. A
@@ -135,17 +143,27 @@ pub mod codes {
     /// rebuild may run) or failed; `member_replace` refused for the same reasons, or
     /// because the member is not in service or already being replaced.
     pub const PROCESS_REFUSED: i64 = -32006;
+    /// `nvmf_portal_*`: no NVMe/TCP portal listens on that address.
+    pub const NO_SUCH_PORTAL: i64 = -32007;
+    /// `nvmf_portal_add` of an address that is already a portal.
+    pub const PORTAL_EXISTS: i64 = -32008;
+    /// `nvmf_portal_add`: the address cannot be listened on (in use, not local, ...).
+    pub const PORTAL_BIND_FAILED: i64 = -32009;
     /// The server is at [`super::MAX_CONNECTIONS`]; try again.
     pub const SERVER_BUSY: i64 = -32099;
 }
 
 /// The method names, sorted (the result of `rpc_methods`).
-pub const METHODS: [&str; 8] = [
+pub const METHODS: [&str; 12] = [
     "array_status",
     "member_add",
     "member_fail",
     "member_remove",
     "member_replace",
+    "nvmf_portal_add",
+    "nvmf_portal_list",
+    "nvmf_portal_remove",
+    "nvmf_portal_set_ana",
     "process_start",
     "process_stop",
     "rpc_methods",
@@ -266,6 +284,27 @@ impl RpcError {
         Self::new(codes::NOT_SUPPORTED, format!("not supported: {what}"))
     }
 
+    /// A refused portal operation: [`codes::INVALID_PARAMS`] for a malformed address,
+    /// [`codes::NO_SUCH_PORTAL`], [`codes::PORTAL_EXISTS`], [`codes::PORTAL_BIND_FAILED`];
+    /// the message is the [`PortalError`]'s.
+    pub fn portal(e: &PortalError) -> Self {
+        let code = match e {
+            PortalError::BadAddress(_) => codes::INVALID_PARAMS,
+            PortalError::Unknown(_) => codes::NO_SUCH_PORTAL,
+            PortalError::Exists(_) => codes::PORTAL_EXISTS,
+            PortalError::Bind { .. } | PortalError::Spawn { .. } => codes::PORTAL_BIND_FAILED,
+        };
+        Self::new(code, e.to_string())
+    }
+
+    /// [`codes::NOT_SUPPORTED`]: the target serves no NVMe/TCP (`nvmf_portal_*`).
+    pub fn no_nvmf() -> Self {
+        Self::new(
+            codes::NOT_SUPPORTED,
+            "no NVMe/TCP front is configured (serve --nvmf HOST:PORT)",
+        )
+    }
+
     /// [`codes::PROCESS_REFUSED`]: a background process cannot start; `why` says why.
     pub fn process_refused(why: impl std::fmt::Display) -> Self {
         Self::new(codes::PROCESS_REFUSED, format!("cannot start: {why}"))
@@ -338,6 +377,53 @@ pub trait Handler: Send + Sync {
     /// the next time it starts. Stopping when nothing runs is not an error. Returns the
     /// state after the stop.
     fn process_stop(&self) -> Result<ProcessReport, RpcError>;
+
+    /// The NVMe/TCP portals with their ANA state, controllers and connections
+    /// (`nvmf_portal_list`).
+    ///
+    /// # Errors
+    /// [`RpcError::no_nvmf`] when the target serves no NVMe/TCP (the default).
+    fn nvmf_portal_list(&self) -> Result<PortalListReport, RpcError> {
+        Err(RpcError::no_nvmf())
+    }
+
+    /// Sets a portal's ANA state (`nvmf_portal_set_ana`); controllers of the portal that
+    /// enabled ANA change notices get an Asynchronous Event.
+    ///
+    /// # Errors
+    /// [`RpcError::no_nvmf`]; [`RpcError::portal`] (unknown portal, malformed address).
+    fn nvmf_portal_set_ana(
+        &self,
+        portal: &str,
+        state: AnaState,
+    ) -> Result<PortalSetAnaReport, RpcError> {
+        let _ = (portal, state);
+        Err(RpcError::no_nvmf())
+    }
+
+    /// Stops listening on a portal and closes its connections (`nvmf_portal_remove`).
+    ///
+    /// # Errors
+    /// [`RpcError::no_nvmf`]; [`RpcError::portal`] (unknown portal, malformed address).
+    fn nvmf_portal_remove(&self, portal: &str) -> Result<PortalRemoveReport, RpcError> {
+        let _ = portal;
+        Err(RpcError::no_nvmf())
+    }
+
+    /// Listens on a new portal (`nvmf_portal_add`), in ANA state `state` (default
+    /// optimized).
+    ///
+    /// # Errors
+    /// [`RpcError::no_nvmf`]; [`RpcError::portal`] (already present, cannot bind,
+    /// malformed address).
+    fn nvmf_portal_add(
+        &self,
+        portal: &str,
+        state: Option<AnaState>,
+    ) -> Result<PortalAddReport, RpcError> {
+        let _ = (portal, state);
+        Err(RpcError::no_nvmf())
+    }
 }
 
 /// Answers one request line (a request or a batch) with `handler`: the response to write
@@ -474,6 +560,27 @@ fn dispatch(handler: &dyn Handler, method: &str, params: Option<Value>) -> Resul
         "process_stop" => {
             no_params(method, params)?;
             encode(guarded(method, || handler.process_stop())??)
+        }
+        "nvmf_portal_list" => {
+            no_params(method, params)?;
+            encode(guarded(method, || handler.nvmf_portal_list())??)
+        }
+        "nvmf_portal_set_ana" => {
+            let (portal, state) = portal_params(method, params, true)?;
+            let state = state.expect("required");
+            encode(guarded(method, || {
+                handler.nvmf_portal_set_ana(&portal, state)
+            })??)
+        }
+        "nvmf_portal_remove" => {
+            let (portal, _) = portal_params(method, params, false)?;
+            encode(guarded(method, || handler.nvmf_portal_remove(&portal))??)
+        }
+        "nvmf_portal_add" => {
+            let (portal, state) = portal_params(method, params, false)?;
+            encode(guarded(method, || {
+                handler.nvmf_portal_add(&portal, state)
+            })??)
         }
         "rpc_methods" => {
             no_params(method, params)?;
@@ -644,6 +751,94 @@ fn kind_param(method: &str, params: Option<Value>) -> Result<ProcessKind, RpcErr
             usage()
         ))),
     }
+}
+
+/// The parameters of the `nvmf_portal_*` methods: `{"portal": "IP:PORT", "ana_state":
+/// "..."}` or `["IP:PORT", "..."]`. `ana_state` is required when `need_state`, refused by
+/// `nvmf_portal_remove`, optional for `nvmf_portal_add`.
+fn portal_params(
+    method: &str,
+    params: Option<Value>,
+    need_state: bool,
+) -> Result<(String, Option<AnaState>), RpcError> {
+    let takes_state = method != "nvmf_portal_remove";
+    let usage = || {
+        let st = "\"optimized\" | \"non_optimized\" | \"inaccessible\"";
+        match (takes_state, need_state) {
+            (false, _) => format!("{method} takes {{\"portal\": \"IP:PORT\"}}"),
+            (true, true) => {
+                format!("{method} takes {{\"portal\": \"IP:PORT\", \"ana_state\": {st}}}")
+            }
+            (true, false) => {
+                format!("{method} takes {{\"portal\": \"IP:PORT\", \"ana_state\"?: {st}}}")
+            }
+        }
+    };
+    let (portal, state) = match params {
+        Some(Value::Object(mut m)) => {
+            let p = m.remove("portal");
+            let st = if takes_state {
+                m.remove("ana_state")
+            } else {
+                None
+            };
+            if let Some(k) = m.keys().next() {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown parameter {:?}: {}",
+                    shorten(k),
+                    usage()
+                )));
+            }
+            (p, st)
+        }
+        Some(Value::Array(a)) if a.len() <= 1 + usize::from(takes_state) => {
+            let mut it = a.into_iter();
+            (it.next(), it.next())
+        }
+        None => (None, None),
+        Some(_) => return Err(RpcError::invalid_params(usage())),
+    };
+    let portal = match portal {
+        Some(Value::String(p)) if !p.trim().is_empty() => p,
+        Some(_) => {
+            return Err(RpcError::invalid_params(format!(
+                "portal must be an address string: {}",
+                usage()
+            )))
+        }
+        None => {
+            return Err(RpcError::invalid_params(format!(
+                "missing portal: {}",
+                usage()
+            )))
+        }
+    };
+    let state = match state {
+        None | Some(Value::Null) if need_state => {
+            return Err(RpcError::invalid_params(format!(
+                "missing ana_state: {}",
+                usage()
+            )))
+        }
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => match AnaState::from_name(&s) {
+            Some(st) => Some(st),
+            None => {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown ANA state {:?}: {}",
+                    shorten(&s),
+                    usage()
+                )))
+            }
+        },
+        Some(_) => {
+            return Err(RpcError::invalid_params(format!(
+                "ana_state must be a string: {}",
+                usage()
+            )))
+        }
+    };
+    Ok((portal, state))
 }
 
 /// What [`read_bounded_line`] found.
@@ -1404,6 +1599,54 @@ impl RpcClient {
     /// As [`RpcClient::call`].
     pub fn process_stop(&mut self) -> Result<ProcessReport, ClientError> {
         self.call_as("process_stop", Value::Null)
+    }
+
+    /// `nvmf_portal_list`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`]; a target without NVMe/TCP as [`ClientError::Rpc`].
+    pub fn nvmf_portal_list(&mut self) -> Result<PortalListReport, ClientError> {
+        self.call_as("nvmf_portal_list", Value::Null)
+    }
+
+    /// `nvmf_portal_set_ana` of `portal` to `state`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`]; the server's refusals ([`Handler::nvmf_portal_set_ana`])
+    /// as [`ClientError::Rpc`].
+    pub fn nvmf_portal_set_ana(
+        &mut self,
+        portal: &str,
+        state: AnaState,
+    ) -> Result<PortalSetAnaReport, ClientError> {
+        self.call_as(
+            "nvmf_portal_set_ana",
+            json!({ "portal": portal, "ana_state": state }),
+        )
+    }
+
+    /// `nvmf_portal_remove` of `portal`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::nvmf_portal_set_ana`].
+    pub fn nvmf_portal_remove(&mut self, portal: &str) -> Result<PortalRemoveReport, ClientError> {
+        self.call_as("nvmf_portal_remove", json!({ "portal": portal }))
+    }
+
+    /// `nvmf_portal_add` of `portal`, in `state` (default optimized).
+    ///
+    /// # Errors
+    /// As [`RpcClient::nvmf_portal_set_ana`].
+    pub fn nvmf_portal_add(
+        &mut self,
+        portal: &str,
+        state: Option<AnaState>,
+    ) -> Result<PortalAddReport, ClientError> {
+        let params = match state {
+            Some(st) => json!({ "portal": portal, "ana_state": st }),
+            None => json!({ "portal": portal }),
+        };
+        self.call_as("nvmf_portal_add", params)
     }
 }
 

@@ -127,7 +127,7 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
     /// TOML configuration file (keys: devices or [[array]] tables, cores, reactors, mode = "polled" |
-    /// "adaptive", nbd = [...], iscsi = [...], nvmf = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
+    /// "adaptive", nbd = [...], iscsi = [...], nvmf = [...], nvmf_allow_hosts = [...], rpc, metrics, force, run, io_timeout_ms, max_block,
     /// nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes,
     /// nbd_idle_timeout_s, nbd_block_status = "on" | "off" (or true | false), tls = "off"
     /// | "allow" | "require", tls_cert, tls_key, tls_ca,
@@ -163,6 +163,11 @@ pub struct ServeArgs {
     /// Default: no NVMe/TCP.
     #[arg(long)]
     nvmf: Vec<String>,
+    /// Allow this host NQN to connect to the NVMe/TCP subsystem (repeatable; config key
+    /// `nvmf_allow_hosts`). Without any, every host may connect; with some, other hosts
+    /// get Connect Invalid Host and an empty discovery log (docs/NVMF.md).
+    #[arg(long, value_name = "NQN")]
+    nvmf_allow_host: Vec<String>,
     /// Open the JSON-RPC management socket (mode 0600) at PATH; `--rpc default` puts it
     /// where `ferroraid status` looks by default (/run/ferroraid/ferroraid.sock as root,
     /// else $XDG_RUNTIME_DIR/ferroraid.sock, else ./ferroraid.sock). Without --rpc (and no
@@ -304,6 +309,7 @@ struct ServeFile {
     nbd: Option<Vec<String>>,
     iscsi: Option<Vec<String>>,
     nvmf: Option<Vec<String>>,
+    nvmf_allow_hosts: Option<Vec<String>>,
     /// CHAP secrets of the iSCSI target (only in the file: secrets stay off the command
     /// line, where `ps` would show them).
     iscsi_chap: Option<ChapFile>,
@@ -478,6 +484,18 @@ impl ServeArgs {
             o.nvmf.push(s.parse().with_context(|| {
                 format!("--nvmf {s:?}: expected HOST:PORT (e.g. 127.0.0.1:4420)")
             })?);
+        }
+        o.nvmf_allow_hosts = if self.nvmf_allow_host.is_empty() {
+            file.nvmf_allow_hosts.clone().unwrap_or_default()
+        } else {
+            self.nvmf_allow_host.clone()
+        };
+        for h in &o.nvmf_allow_hosts {
+            anyhow::ensure!(
+                !h.is_empty() && h.len() <= ferroraid::nvmf::spec::NQN_MAX,
+                "--nvmf-allow-host {h:?}: an NQN is 1 to {} bytes",
+                ferroraid::nvmf::spec::NQN_MAX
+            );
         }
         if let Some(c) = &file.iscsi_chap {
             let mutual = match (&c.mutual_user, &c.mutual_secret) {

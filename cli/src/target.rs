@@ -123,6 +123,9 @@ pub struct ServeOptions {
     pub nvmf: Vec<SocketAddr>,
     /// NVMe/TCP tunables.
     pub nvmf_config: crate::nvmf::NvmfConfig,
+    /// Host NQNs allowed to connect to the NVMe/TCP subsystem (empty: any host;
+    /// [`crate::nvmf::NvmfServerBuilder::allow_host`]).
+    pub nvmf_allow_hosts: Vec<String>,
     /// Background pacer of every reactor (`engine::qos::pacer`).
     pub pacer: engine::qos::pacer::PacerKind,
     /// Its floor and ceiling, bytes/s per member (md's `speed_limit_min/max`).
@@ -160,6 +163,7 @@ impl ServeOptions {
             iscsi_config: IscsiConfig::default(),
             nvmf: Vec::new(),
             nvmf_config: crate::nvmf::NvmfConfig::default(),
+            nvmf_allow_hosts: Vec::new(),
             pacer: engine::qos::pacer::PacerKind::default(),
             speed_limits: engine::qos::pacer::SpeedLimits::default(),
         }
@@ -599,6 +603,16 @@ impl TargetHandler {
     }
 }
 
+impl TargetHandler {
+    /// The NVMe/TCP target's handle, or [`RpcError::no_nvmf`].
+    fn nvmf(&self) -> Result<crate::nvmf::StatsHandle, RpcError> {
+        self.shared()?
+            .nvmf_stats
+            .clone()
+            .ok_or_else(RpcError::no_nvmf)
+    }
+}
+
 impl MetricsSource for TargetHandler {
     fn scrape(&self) -> Option<Scrape> {
         let s = self.0.get()?;
@@ -714,6 +728,39 @@ impl Handler for TargetHandler {
 
     fn process_stop(&self) -> Result<ProcessReport, RpcError> {
         self.shared()?.process_stop()
+    }
+
+    fn nvmf_portal_list(&self) -> Result<crate::nvmf::PortalListReport, RpcError> {
+        Ok(self.nvmf()?.portal_list())
+    }
+
+    fn nvmf_portal_set_ana(
+        &self,
+        portal: &str,
+        state: crate::nvmf::spec::AnaState,
+    ) -> Result<crate::nvmf::PortalSetAnaReport, RpcError> {
+        self.nvmf()?
+            .portal_set_ana(portal, state)
+            .map_err(|e| RpcError::portal(&e))
+    }
+
+    fn nvmf_portal_remove(
+        &self,
+        portal: &str,
+    ) -> Result<crate::nvmf::PortalRemoveReport, RpcError> {
+        self.nvmf()?
+            .portal_remove(portal)
+            .map_err(|e| RpcError::portal(&e))
+    }
+
+    fn nvmf_portal_add(
+        &self,
+        portal: &str,
+        state: Option<crate::nvmf::spec::AnaState>,
+    ) -> Result<crate::nvmf::PortalAddReport, RpcError> {
+        self.nvmf()?
+            .portal_add(portal, state)
+            .map_err(|e| RpcError::portal(&e))
     }
 }
 
@@ -1224,6 +1271,9 @@ impl Target {
             let mut b = crate::nvmf::NvmfServer::builder(sub).config(opts.nvmf_config.clone());
             for a in &opts.nvmf {
                 b = b.listen(*a);
+            }
+            for h in &opts.nvmf_allow_hosts {
+                b = b.allow_host(h.clone());
             }
             let (s, f) = b.start(n).context("starting the NVMe/TCP target")?;
             (Some(s), f)

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use ferroraid::nvmf::host::{ConnectParams, Data, Event, HostQueue};
 use ferroraid::nvmf::pdu::{Cqe, Sqe};
-use ferroraid::nvmf::spec::{self, admin, io, sc, sct};
+use ferroraid::nvmf::spec::{self, admin, io, sc, sct, AnaState};
+use ferroraid::rpc::{codes, ClientError, RpcClient};
 use ferroraid_tests::target::{self as fixture, free_port};
 
 const MIB: u64 = 1 << 20;
@@ -58,29 +59,44 @@ fn create(dir: &Path, name: &str) -> Array {
 struct Server {
     srv: fixture::Server,
     ports: [u16; 2],
+    ips: [[u8; 4]; 2],
     nqn: String,
 }
 
 impl Server {
     fn start(dir: &Path, a: &Array, reactors: usize) -> Server {
+        Self::start_on(dir, a, reactors, [[127, 0, 0, 1]; 2], &[])
+    }
+
+    /// Two portals on `ips` (free ports), with `extra` serve arguments.
+    fn start_on(
+        dir: &Path,
+        a: &Array,
+        reactors: usize,
+        ips: [[u8; 4]; 2],
+        extra: &[&str],
+    ) -> Server {
         let ports = [free_port(), free_port()];
         let nbd = free_port();
         let mut args: Vec<OsString> = vec!["serve".into(), "--adaptive".into()];
         args.extend(["--reactors".into(), reactors.to_string().into()]);
         args.extend(["--nbd".into(), format!("127.0.0.1:{nbd}").into()]);
-        for p in ports {
-            args.extend(["--nvmf".into(), format!("127.0.0.1:{p}").into()]);
+        for (ip, p) in ips.iter().zip(ports) {
+            let ip = std::net::Ipv4Addr::from(*ip);
+            args.extend(["--nvmf".into(), format!("{ip}:{p}").into()]);
         }
+        args.extend(extra.iter().map(OsString::from));
         args.extend(["--rpc".into(), dir.join("rpc.sock").into_os_string()]);
         args.extend(a.members.iter().map(|m| m.as_os_str().to_owned()));
         let srv = fixture::Server::spawn(dir, "serve", &args, &a.name, nbd, None);
         let s = Server {
             srv,
             ports,
+            ips,
             nqn: format!("nqn.2026-11.org.ferroraid:{}", a.name),
         };
         let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect(("127.0.0.1", ports[1])).is_err() {
+        while TcpStream::connect(s.addr(1)).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "NVMe/TCP port never opened:\n{}",
@@ -92,7 +108,11 @@ impl Server {
     }
 
     fn addr(&self, i: usize) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.ports[i]))
+        SocketAddr::from((self.ips[i], self.ports[i]))
+    }
+
+    fn rpc(&self) -> RpcClient {
+        RpcClient::connect(self.srv.rpc.as_ref().expect("--rpc")).unwrap()
     }
 
     fn log(&self) -> String {
@@ -1549,4 +1569,375 @@ fn idle_sockets_are_closed_at_the_connect_timeout() {
     let (mut adm, _cntlid, _bs) = admin_queue(&srv, 30_000, 2, false);
     let (c, _) = identify(&mut adm, 9, 1, 0);
     ok(&c, "Identify controller once the idle sockets are gone");
+}
+
+// ---- Multipath (ANA), portal management and the host allow-list (issue 22, Build 1/2) ----
+
+/// The two portals of a multipath server: 127.0.0.1 and 127.0.0.2 (loopback accepts the
+/// whole 127/8).
+const TWO_IPS: [[u8; 4]; 2] = [[127, 0, 0, 1], [127, 0, 0, 2]];
+/// Completion DW0 of an ANA change notice: type 2h, info 03h, log 0Ch.
+const ANA_AEN: u32 = 0x000C_0302;
+/// The AER's CID (the Linux host uses 31 too).
+const AER_CID: u16 = 31;
+
+fn params_as(subnqn: &str, hostnqn: &str, kato_ms: u32) -> ConnectParams {
+    ConnectParams {
+        subnqn: subnqn.into(),
+        hostnqn: hostnqn.into(),
+        hostid: [7; 16],
+        kato_ms,
+    }
+}
+
+/// An enabled admin queue through `portal` with one I/O queue granted, ANA change notices
+/// enabled and an AER outstanding; returns it and its CNTLID.
+fn ana_admin(srv: &Server, portal: usize) -> (HostQueue, u16) {
+    let mut q = HostQueue::open(srv.addr(portal), false, false).unwrap();
+    let c = q.connect(0, 31, 0xFFFF, &params(&srv.nqn, 0)).unwrap();
+    ok(&c, "admin Connect");
+    q.enable().unwrap();
+    let c = q
+        .set_features(3, spec::feature::NUMBER_OF_QUEUES, 0)
+        .unwrap();
+    ok(&c, "Set Features Number of Queues");
+    q.enable_events(4, spec::AEC_ANA_CHANGE).unwrap();
+    q.submit_aer(AER_CID).unwrap();
+    let cntlid = {
+        let (c, id) = identify(&mut q, 5, 1, 0);
+        ok(&c, "Identify controller");
+        le16(&id, 78)
+    };
+    (q, cntlid)
+}
+
+/// The ANA log page (52 bytes, no RGO, RAE as asked): (CHGCNT, group state).
+fn ana_log(q: &mut HostQueue, cid: u16, rae: bool) -> (u64, u8) {
+    let (c, d) = q.get_log_page(cid, spec::log::ANA, 0, rae, 52, 0).unwrap();
+    ok(&c, "Get Log Page ANA");
+    assert_eq!(le16(&d, 8), 1, "NGRPS");
+    assert_eq!(le32(&d, 16), 1, "ANAGRPID");
+    assert_eq!(le32(&d, 20), 1, "NNSID");
+    assert_eq!(le64(&d, 24), le64(&d, 0), "group CHGCNT = header CHGCNT");
+    assert_eq!(le32(&d, 48), 1, "NSID list");
+    (le64(&d, 0), d[32] & 0xF)
+}
+
+/// No event arrives on `q` within `ms` milliseconds.
+fn no_event(q: &mut HostQueue, ms: u64, what: &str) {
+    q.socket()
+        .set_read_timeout(Some(Duration::from_millis(ms)))
+        .unwrap();
+    match q.next_event() {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        other => panic!("{what}: expected no event, got {other:?}"),
+    }
+    q.socket()
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+}
+
+/// The AEN of `q`'s outstanding AER.
+fn aen(q: &mut HostQueue, what: &str) -> Cqe {
+    let c = resp(q, what);
+    assert_eq!(c.cid, AER_CID, "{what}: the AER completes");
+    ok(&c, what);
+    c
+}
+
+/// A 4 KiB write + read on `q`: `Ok` or the write's status (SCT, SC, DNR).
+fn try_io(q: &mut HostQueue, slba: u64, bs: u64, seed: u64) -> Result<(), (u8, u8, bool)> {
+    let blocks = (4096 / bs) as u32;
+    let data = pattern(seed, 4096);
+    let (c, _) = q
+        .exec(
+            rw(io::WRITE, 1, slba, blocks, false),
+            Data::Out {
+                data: &data,
+                in_capsule: true,
+            },
+        )
+        .unwrap();
+    if c.status != 0 {
+        return Err((c.sct(), c.sc(), c.status & 0x8000 != 0));
+    }
+    let (c, got) = q
+        .exec(rw(io::READ, 2, slba, blocks, false), Data::In(4096))
+        .unwrap();
+    if c.status != 0 {
+        return Err((c.sct(), c.sc(), c.status & 0x8000 != 0));
+    }
+    assert_eq!(got, data, "data read back");
+    Ok(())
+}
+
+fn rpc_code(r: Result<impl std::fmt::Debug, ClientError>) -> (i64, String) {
+    match r {
+        Err(ClientError::Rpc(e)) => (e.code, e.message),
+        other => panic!("expected an RPC error, got {other:?}"),
+    }
+}
+
+#[test]
+fn ana_two_portals_identify_log_and_change_notices() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "ana");
+    let srv = Server::start_on(dir.path(), &a, 2, TWO_IPS, &[]);
+    let names = [srv.addr(0).to_string(), srv.addr(1).to_string()];
+    let mut admins = Vec::new();
+    let mut ios = Vec::new();
+    let mut nguids = Vec::new();
+    let mut bs = 0;
+    for p in 0..2 {
+        let (mut q, cntlid) = ana_admin(&srv, p);
+        let (c, id) = identify(&mut q, 6, 1, 0);
+        ok(&c, "Identify controller");
+        assert_eq!(id[76], 0b1011, "CMIC: multi-port, multi-controller, ANA");
+        assert_ne!(le32(&id, 92) & (1 << 11), 0, "OAES bit 11");
+        assert_eq!(id[342], 10, "ANATT");
+        assert_eq!(id[343], 0b0100_0111, "ANACAP");
+        assert_eq!(le32(&id, 344), 1, "ANAGRPMAX");
+        assert_eq!(le32(&id, 348), 1, "NANAGRPID");
+        assert_eq!(le32(&id, 540), 1, "MNAN");
+        assert!(le32(&id, 540) <= le32(&id, 516), "MNAN ≤ NN");
+        assert_eq!(
+            field(&id[768..1024]),
+            srv.nqn,
+            "one subsystem on both portals"
+        );
+        let (c, ns) = identify(&mut q, 7, 0, 1);
+        ok(&c, "Identify namespace");
+        assert_eq!(ns[30] & 1, 1, "NMIC shared");
+        assert_eq!(le32(&ns, 92), 1, "ANAGRPID");
+        nguids.push(ns[104..120].to_vec());
+        bs = 1u64 << ns[130];
+        let (c0, st) = ana_log(&mut q, 8, false);
+        assert_eq!(st, 1, "portal {p} starts optimized");
+        assert_eq!(c0, 0, "no ANA change yet");
+        // RGO: the group without its NSID list.
+        let (c, d) = q.get_log_page(9, spec::log::ANA, 1, false, 48, 0).unwrap();
+        ok(&c, "ANA log with RGO");
+        assert_eq!((le32(&d, 20), d[32]), (0, 1), "RGO: NNSID 0, state");
+        admins.push(q);
+        ios.push(io_queue(&srv, p, cntlid, 1, false));
+    }
+    assert_eq!(nguids[0], nguids[1], "identical NGUID on both paths");
+    for (p, q) in ios.iter_mut().enumerate() {
+        try_io(q, 8 * p as u64, bs, 1).expect("I/O on both optimized paths");
+    }
+    let list = srv.rpc().nvmf_portal_list().unwrap();
+    assert_eq!(list.portals.len(), 2, "{list:?}");
+    for (p, r) in list.portals.iter().enumerate() {
+        assert_eq!(r.portal, names[p]);
+        assert_eq!(r.ana_state, AnaState::Optimized);
+        assert_eq!((r.controllers, r.connections), (1, 2), "{r:?}");
+    }
+
+    // Portal 1 inaccessible: its controller alone is notified; its I/O fails over.
+    let r = srv
+        .rpc()
+        .nvmf_portal_set_ana(&names[1], AnaState::Inaccessible)
+        .unwrap();
+    assert_eq!(
+        (r.ana_state, r.notified),
+        (AnaState::Inaccessible, 1),
+        "{r:?}"
+    );
+    assert_eq!(aen(&mut admins[1], "ANA AEN").dw0, ANA_AEN);
+    no_event(&mut admins[0], 300, "the other portal's controller");
+    assert_eq!(
+        try_io(&mut ios[1], 16, bs, 2),
+        Err((sct::PATH, sc::ANA_INACCESSIBLE, false)),
+        "I/O through the inaccessible portal: SCT 3 / SC 2, DNR clear"
+    );
+    try_io(&mut ios[0], 16, bs, 3).expect("I/O through the other portal");
+    // Read with RAE: the event stays, further notices are masked.
+    let (cnt1, st) = ana_log(&mut admins[1], 10, true);
+    assert_eq!(st, 3, "log shows inaccessible");
+    assert!(cnt1 > 0, "change count advanced");
+    let (cnt0, st0) = ana_log(&mut admins[0], 10, false);
+    assert_eq!((cnt0, st0), (0, 1), "the other portal's log is unchanged");
+    admins[1].submit_aer(AER_CID).unwrap();
+    let r = srv
+        .rpc()
+        .nvmf_portal_set_ana(&names[1], AnaState::NonOptimized)
+        .unwrap();
+    assert_eq!(
+        r.notified, 0,
+        "masked until the log is read without RAE: {r:?}"
+    );
+    no_event(&mut admins[1], 300, "masked notice");
+    try_io(&mut ios[1], 24, bs, 4).expect("non-optimized serves I/O");
+    // Read without RAE: unmasked; the next change is notified.
+    let (cnt2, st) = ana_log(&mut admins[1], 11, false);
+    assert_eq!(st, 2, "log shows non-optimized");
+    assert!(cnt2 > cnt1, "change count advanced again");
+    let r = srv
+        .rpc()
+        .nvmf_portal_set_ana(&names[1], AnaState::Optimized)
+        .unwrap();
+    assert_eq!(r.notified, 1, "{r:?}");
+    assert_eq!(aen(&mut admins[1], "second ANA AEN").dw0, ANA_AEN);
+    let (_, st) = ana_log(&mut admins[1], 12, false);
+    assert_eq!(st, 1);
+    try_io(&mut ios[1], 32, bs, 5).expect("optimized again: I/O works");
+    // The same state again is no change: nobody notified.
+    admins[1].submit_aer(AER_CID).unwrap();
+    let r = srv
+        .rpc()
+        .nvmf_portal_set_ana(&names[1], AnaState::Optimized)
+        .unwrap();
+    assert_eq!(r.notified, 0);
+    no_event(&mut admins[1], 200, "no change, no notice");
+    assert!(srv.log().contains("ANA state changed"), "{}", srv.log());
+}
+
+#[test]
+fn portal_remove_add_and_rpc_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "portals");
+    let srv = Server::start_on(dir.path(), &a, 1, TWO_IPS, &[]);
+    let names = [srv.addr(0).to_string(), srv.addr(1).to_string()];
+    let (mut admin0, id0) = ana_admin(&srv, 0);
+    let (mut admin1, id1) = ana_admin(&srv, 1);
+    let mut io0 = io_queue(&srv, 0, id0, 1, false);
+    let _io1 = io_queue(&srv, 1, id1, 1, false);
+    let (c, ns) = identify(&mut admin0, 6, 0, 1);
+    ok(&c, "Identify namespace");
+    let bs = 1u64 << ns[130];
+    let mut rpc = srv.rpc();
+
+    // Errors change nothing.
+    let unknown = "127.0.0.3:4420";
+    let (code, msg) = rpc_code(rpc.nvmf_portal_set_ana(unknown, AnaState::Inaccessible));
+    assert_eq!(code, codes::NO_SUCH_PORTAL, "{msg}");
+    assert!(msg.contains(unknown), "{msg}");
+    let (code, msg) = rpc_code(rpc.nvmf_portal_remove(unknown));
+    assert_eq!(code, codes::NO_SUCH_PORTAL, "{msg}");
+    let (code, msg) = rpc_code(rpc.call(
+        "nvmf_portal_set_ana",
+        serde_json::json!({"portal": names[1], "ana_state": "sleepy"}),
+    ));
+    assert_eq!(code, codes::INVALID_PARAMS, "{msg}");
+    assert!(
+        msg.contains("sleepy") && msg.contains("inaccessible"),
+        "{msg}"
+    );
+    let (code, msg) = rpc_code(rpc.nvmf_portal_remove("not-an-address"));
+    assert_eq!(code, codes::INVALID_PARAMS, "{msg}");
+    let (code, msg) = rpc_code(rpc.nvmf_portal_add(&names[0], None));
+    assert_eq!(code, codes::PORTAL_EXISTS, "{msg}");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_addr = busy.local_addr().unwrap().to_string();
+    let (code, msg) = rpc_code(rpc.nvmf_portal_add(&busy_addr, None));
+    assert_eq!(code, codes::PORTAL_BIND_FAILED, "{msg}");
+    assert!(msg.contains(&busy_addr), "{msg}");
+    let list = rpc.nvmf_portal_list().unwrap();
+    assert_eq!(list.portals.len(), 2, "errors disturb nothing: {list:?}");
+    try_io(&mut io0, 0, bs, 1).expect("I/O after the refused requests");
+    no_event(&mut admin1, 100, "no notice from refused requests");
+
+    // Remove portal 1: its connections close, new ones are refused, portal 0 serves.
+    let r = rpc.nvmf_portal_remove(&names[1]).unwrap();
+    assert_eq!(
+        (r.portal.as_str(), r.closed),
+        (names[1].as_str(), 2),
+        "{r:?}"
+    );
+    admin1
+        .socket()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    match admin1.next_event() {
+        Err(e) => assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+        Ok(ev) => panic!("the removed portal's admin queue got {ev:?}, not a close"),
+    }
+    let refused = TcpStream::connect_timeout(&srv.addr(1), Duration::from_secs(2));
+    assert!(refused.is_err(), "the removed portal still accepts");
+    let list = rpc.nvmf_portal_list().unwrap();
+    assert_eq!(list.portals.len(), 1, "{list:?}");
+    assert_eq!(list.portals[0].portal, names[0]);
+    try_io(&mut io0, 8, bs, 2).expect("I/O through the remaining portal");
+    let (code, _) = rpc_code(rpc.nvmf_portal_remove(&names[1]));
+    assert_eq!(code, codes::NO_SUCH_PORTAL, "removed twice");
+
+    // Add it back, non-optimized: a host connects again and sees the state.
+    let r = rpc
+        .nvmf_portal_add(&names[1], Some(AnaState::NonOptimized))
+        .unwrap();
+    assert_eq!(
+        (r.portal.as_str(), r.ana_state),
+        (names[1].as_str(), AnaState::NonOptimized)
+    );
+    let (mut admin1, id1) = ana_admin(&srv, 1);
+    let (_, st) = ana_log(&mut admin1, 9, false);
+    assert_eq!(st, 2, "the re-added portal's state");
+    let mut io1 = io_queue(&srv, 1, id1, 1, false);
+    try_io(&mut io1, 16, bs, 3).expect("I/O through the re-added portal");
+    let list = rpc.nvmf_portal_list().unwrap();
+    assert_eq!(list.portals.len(), 2, "{list:?}");
+    assert_eq!(list.portals[1].ana_state, AnaState::NonOptimized);
+    drop(busy);
+}
+
+#[test]
+fn allow_list_refuses_unlisted_hosts() {
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000002";
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "allow");
+    let srv = Server::start_on(
+        dir.path(),
+        &a,
+        1,
+        [[127, 0, 0, 1]; 2],
+        &["--nvmf-allow-host", HOSTNQN],
+    );
+    // The listed host connects (admin and I/O queue) and does I/O.
+    let (_admin, cntlid, bs) = admin_queue(&srv, 0, 1, false);
+    let mut io_ok = io_queue(&srv, 1, cntlid, 1, false);
+    try_io(&mut io_ok, 0, bs, 1).expect("I/O of the allowed host");
+    // An unlisted host: Connect Invalid Host (SCT 1, SC 84h, DNR) on the admin queue...
+    let mut q = HostQueue::open(srv.addr(0), false, false).unwrap();
+    let c = q
+        .connect(0, 31, 0xFFFF, &params_as(&srv.nqn, OTHER, 0))
+        .unwrap();
+    assert_eq!(
+        (c.sct(), c.sc(), c.status & 0x8000 != 0),
+        (sct::COMMAND, sc::CONNECT_INVALID_HOST, true),
+        "admin Connect of an unlisted host"
+    );
+    assert_eq!(c.dw0, (1 << 16) | 512, "IATTR + IPO name HOSTNQN");
+    // ... and on an I/O queue of the allowed host's controller.
+    let mut q = HostQueue::open(srv.addr(1), false, false).unwrap();
+    let c = q
+        .connect(2, 127, cntlid, &params_as(&srv.nqn, OTHER, 0))
+        .unwrap();
+    assert_eq!(
+        (c.sct(), c.sc()),
+        (sct::COMMAND, sc::CONNECT_INVALID_HOST),
+        "I/O Connect of an unlisted host"
+    );
+    // Discovery: any host connects; only the listed one sees the subsystem.
+    for (host, entries) in [(HOSTNQN, 2u64), (OTHER, 0)] {
+        let mut d = HostQueue::open(srv.addr(0), false, false).unwrap();
+        let c = d
+            .connect(0, 31, 0xFFFF, &params_as(spec::DISCOVERY_NQN, host, 0))
+            .unwrap();
+        ok(&c, "discovery Connect");
+        d.enable().unwrap();
+        let (c, log) = get_log(&mut d, 5, spec::log::DISCOVERY, 1024, 0);
+        ok(&c, "discovery log");
+        assert_eq!(le64(&log, 8), entries, "NUMREC for {host}");
+    }
+    try_io(&mut io_ok, 8, bs, 2).expect("the allowed host still served");
+    let log = srv.log();
+    assert_eq!(
+        log.matches("not on the allow-list").count(),
+        1,
+        "the refused host is logged once:\n{log}"
+    );
 }

@@ -42,10 +42,11 @@ use super::pdu::{
     PduParser, PduType, R2t, RecvLimits, Role, SglKind, Sqe, SHORT_HLEN, TERM_MAX_DATA,
 };
 use super::spec::{
-    self, admin, csts, fctype, feature, io as iop, log, prop, sc, sct, CtrlKind, ADMIN_IN_CAPSULE,
-    AER_LIMIT, IDENTIFY_BYTES, IO_IN_CAPSULE, MAX_TRANSFER, MQES,
+    self, admin, csts, fctype, feature, io as iop, log, prop, sc, sct, AnaState, CtrlKind,
+    ADMIN_IN_CAPSULE, AEC_ANA_CHANGE, AEN_ANA_CHANGE, AER_LIMIT, IDENTIFY_BYTES, IO_IN_CAPSULE,
+    MAX_TRANSFER, MQES,
 };
-use super::{Ctrl, NewConn, QueueStats, Shared};
+use super::{Ctrl, NewConn, PortalConn, QueueStats, Shared};
 use crate::nbd::pool::{BufId, BufPool};
 use crate::nbd::BufferClass;
 
@@ -215,8 +216,12 @@ struct Admin {
     kato_ms: u32,
     last_ka: Instant,
     aec: u32,
-    /// Asynchronous Event Requests held (their CIDs).
+    /// Asynchronous Event Requests held (their contexts), oldest first.
     aers: ArrayVec<u16, AER_LIMIT>,
+    /// The portal's ANA change count this controller last accounted for.
+    ana_seen: u64,
+    /// An ANA change notice waits for an AER to carry it.
+    ana_event: bool,
 }
 
 struct Queue {
@@ -250,6 +255,8 @@ struct Conn {
     id: u64,
     peer: SocketAddr,
     local: SocketAddr,
+    /// The portal it was accepted on (closed when the portal is removed).
+    portal: PortalConn,
     sock: Option<TcpStream>,
     life: Life,
     parser: PduParser,
@@ -324,6 +331,7 @@ impl Conn {
             id: n.id,
             peer: n.peer,
             local: n.local,
+            portal: n.portal,
             sock: Some(n.stream),
             life: Life::Init,
             parser: PduParser::new(
@@ -975,6 +983,19 @@ fn connect<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: &[
         connect_invalid(conn, c, true, 256);
         return;
     };
+    if kind == CtrlKind::Io && !x.shared.host_allowed(hostnqn) {
+        // Connect Invalid Host with IATTR/IPO naming HOSTNQN, DNR set (as nvmet's
+        // nvmet_alloc_ctrl; NVMe-oF 1.1 §3.3.1): the host gives up rather than retrying.
+        x.shared.log_refused(hostnqn, conn.peer);
+        conn.respond(
+            c,
+            status(sct::COMMAND, sc::CONNECT_INVALID_HOST),
+            (1 << 16) | 512,
+            0,
+            true,
+        );
+        return;
+    }
     if sqsize == 0 || sqsize > MQES {
         // SQSIZE is in CDW11, byte 44 of the SQE.
         connect_invalid(conn, c, false, 44);
@@ -986,7 +1007,9 @@ fn connect<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: &[
             connect_invalid(conn, c, true, 16);
             return;
         }
-        let Some(ctrl) = x.shared.new_ctrl(kind, hostnqn.to_string(), hostid) else {
+        let portal = Arc::clone(&conn.portal.0);
+        let ana_seen = portal.chgcnt.load(Ordering::Acquire);
+        let Some(ctrl) = x.shared.new_ctrl(kind, hostnqn.to_string(), hostid, portal) else {
             conn.respond(c, status(sct::COMMAND, 0x81), 0, 0, true);
             return;
         };
@@ -1018,6 +1041,8 @@ fn connect<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: &[
                 last_ka: Instant::now(),
                 aec: 0,
                 aers: ArrayVec::new(),
+                ana_seen,
+                ana_event: false,
             }),
         });
         conn.respond(c, OK, u32::from(cntlid), 0, false);
@@ -1109,12 +1134,13 @@ fn admin_cmd<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: 
             }
         }
         admin::AER => {
-            if a.aers.try_push(sqe.cid).is_err() {
+            if a.aers.try_push(c).is_err() {
                 conn.respond(c, status(sct::COMMAND, sc::AER_LIMIT_EXCEEDED), 0, 0, true);
             } else {
-                // Held: no event is ever raised yet (no namespace changes); the context
-                // stays taken until the connection ends.
+                // Held until an event (an ANA change notice may be waiting for it) or
+                // the connection's end.
                 conn.cmds[usize::from(c)].state = State::Held;
+                ana_notice(conn);
             }
         }
         admin::ABORT => conn.respond(c, OK, 1, 0, false),
@@ -1139,6 +1165,7 @@ fn admin_cmd<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: 
                 }
                 feature::ASYNC_EVENT_CONFIG => {
                     a.aec = sqe.cdw11;
+                    ctrl.aec.store(sqe.cdw11, Ordering::Release);
                     conn.respond(c, OK, 0, 0, false);
                 }
                 feature::KEEP_ALIVE_TIMER => {
@@ -1220,6 +1247,7 @@ fn admin_data<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16) {
     let local = conn.local;
     let out = &mut buf_mut(&mut conn.small, x.pool, cmd.buf, c)[..len as usize];
     let mut tmp = [0u8; IDENTIFY_BYTES];
+    let mut ana_log_read = false;
     let result: Result<(), u16> = if sqe.opcode == admin::IDENTIFY {
         let cns = (sqe.cdw10 & 0xFF) as u8;
         let r = match (cns, ctrl.kind) {
@@ -1265,7 +1293,13 @@ fn admin_data<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16) {
         } else {
             match (lid, ctrl.kind) {
                 (log::DISCOVERY, CtrlKind::Discovery) => {
-                    let portals = x.shared.portals(local);
+                    // The subsystem is listed only to hosts allowed to connect to it
+                    // (nvmet's discovery_log_entries + nvmet_host_allowed).
+                    let portals = if x.shared.host_allowed(&ctrl.hostnqn) {
+                        x.shared.portals(local)
+                    } else {
+                        Vec::new()
+                    };
                     let total = (spec::DISC_ENTRY_BYTES * (1 + portals.len())) as u64;
                     if lpo >= total {
                         Err(status(sct::GENERIC, sc::INVALID_FIELD))
@@ -1275,6 +1309,23 @@ fn admin_data<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16) {
                     }
                 }
                 (log::ERROR | log::FW_SLOT | log::CHANGED_NS, CtrlKind::Io) => Ok(()),
+                (log::ANA, CtrlKind::Io) => {
+                    // LSP (CDW10 11:8) bit 0 RGO; RAE (CDW10 bit 15): keep the event.
+                    let rgo = (sqe.cdw10 >> 8) & spec::ANA_LSP_RGO != 0;
+                    let rae = sqe.cdw10 & (1 << 15) != 0;
+                    if lpo >= spec::ana_log_len(rgo) as u64 {
+                        Err(status(sct::GENERIC, sc::INVALID_FIELD))
+                    } else {
+                        let p = &ctrl.portal;
+                        // The count first (Acquire), then the state it goes with.
+                        let chgcnt = p.chgcnt.load(Ordering::Acquire);
+                        spec::ana_log(chgcnt, p.ana(), rgo, lpo, out);
+                        if !rae {
+                            ana_log_read = true;
+                        }
+                        Ok(())
+                    }
+                }
                 (log::SMART, CtrlKind::Io) => {
                     if lpo == 0 {
                         let mut page = [0u8; 512];
@@ -1288,12 +1339,54 @@ fn admin_data<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16) {
             }
         }
     };
+    if ana_log_read {
+        // Reading log 0Ch without RAE clears the ANA change event (Base 2.0 §5.2): the
+        // next change is notified again; a notice not yet carried is moot.
+        ctrl.ana_masked.store(false, Ordering::Release);
+        if let Some(a) = conn.q.as_mut().and_then(|q| q.admin.as_mut()) {
+            a.ana_event = false;
+        }
+    }
     match result {
         Ok(()) => conn.respond_data_any(x.pool, c, len),
         Err(st) => {
             release_bufs(conn, x.pool, c);
             conn.respond(c, st, 0, 0, true);
         }
+    }
+}
+
+/// Raises and delivers ANA change notices of an I/O controller's admin queue: a change
+/// of its portal's ANA change count since it last looked becomes an event when the host
+/// enabled the notice (AEC bit 11) and no earlier one is unacknowledged (masked until
+/// log 0Ch is read without RAE); an event completes the oldest AER held with DW0
+/// [`AEN_ANA_CHANGE`], or waits for the next AER. One atomic load when nothing changed.
+fn ana_notice(conn: &mut Conn) {
+    let Some(q) = conn.q.as_mut() else {
+        return;
+    };
+    let Some(a) = q.admin.as_mut() else {
+        return;
+    };
+    if q.ctrl.kind != CtrlKind::Io {
+        return;
+    }
+    let cc = q.ctrl.portal.chgcnt.load(Ordering::Acquire);
+    if cc != a.ana_seen {
+        a.ana_seen = cc;
+        if a.aec & AEC_ANA_CHANGE != 0 && !q.ctrl.ana_masked.swap(true, Ordering::AcqRel) {
+            a.ana_event = true;
+        }
+    }
+    if a.ana_event && !a.aers.is_empty() {
+        a.ana_event = false;
+        let c = a.aers.remove(0);
+        debug!(
+            conn = conn.id,
+            cntlid = q.ctrl.cntlid,
+            "ANA change notice sent"
+        );
+        conn.respond(c, OK, AEN_ANA_CHANGE, 0, false);
     }
 }
 
@@ -1337,6 +1430,20 @@ fn io_cmd<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: &[u
     let ns_ok = sqe.nsid == 1 || (opcode == iop::FLUSH && sqe.nsid == 0xFFFF_FFFF);
     if !ns_ok {
         bad(conn, status(sct::GENERIC, sc::INVALID_NS));
+        return;
+    }
+    // The path's ANA state (one atomic load): through an inaccessible portal, Asymmetric
+    // Access Inaccessible without DNR, so the host fails over to another path (Base 2.0
+    // §8.1.3; nvmet_check_ana_state). Non-optimized serves I/O normally.
+    if conn
+        .q
+        .as_ref()
+        .is_some_and(|q| q.ctrl.portal.ana.load(Ordering::Acquire) == AnaState::Inaccessible.code())
+    {
+        bad(
+            conn,
+            Cqe::status_word(sct::PATH, sc::ANA_INACCESSIBLE, false),
+        );
         return;
     }
     let slba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);
@@ -1829,6 +1936,8 @@ impl Frontend for NvmfFrontend {
             if conn.life != Life::Closed {
                 if expired {
                     close(conn, pool, shared, &"shutdown grace period expired");
+                } else if conn.portal.0.removed.load(Ordering::Acquire) {
+                    close(conn, pool, shared, &"its portal was removed");
                 } else if let Some(q) = &conn.q {
                     if q.ctrl.dead.load(Ordering::Acquire) {
                         close(conn, pool, shared, &"controller association ended");
@@ -1872,6 +1981,7 @@ impl Frontend for NvmfFrontend {
                     progress = true;
                 }
                 progress |= serve_waiting(&mut x, conn);
+                ana_notice(conn);
                 let mut moved = match send(conn, x.pool) {
                     Ok(p) => p,
                     Err(e) => {

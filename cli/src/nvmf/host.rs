@@ -12,7 +12,7 @@ use super::pdu::{
     check_icresp, Cqe, Framing, H2cDataHdr, IcReq, Parse, Pdu, PduParser, R2t, RecvLimits, Role,
     SglDescriptor, Sqe, PSDT_SGL,
 };
-use super::spec::{admin, fctype, prop, MAX_TRANSFER};
+use super::spec::{admin, fctype, feature, prop, MAX_TRANSFER};
 
 /// What the host sends with a command.
 #[derive(Debug, Clone, Copy)]
@@ -442,5 +442,79 @@ impl HostQueue {
             std::thread::sleep(Duration::from_millis(10));
         }
         Err(err("CSTS.RDY never set"))
+    }
+
+    /// Get Log Page of log `lid` (Base 2.0 §5.16): `len` bytes (a multiple of 4) from byte
+    /// `offset`, with LSP `lsp` (CDW10 11:8) and RAE (CDW10 bit 15). Returns the CQE and
+    /// the data.
+    ///
+    /// # Errors
+    /// As [`HostQueue::exec`].
+    pub fn get_log_page(
+        &mut self,
+        cid: u16,
+        lid: u8,
+        lsp: u8,
+        rae: bool,
+        len: u32,
+        offset: u64,
+    ) -> io::Result<(Cqe, Vec<u8>)> {
+        let numd = (len / 4).max(1) - 1;
+        let sqe = Sqe {
+            opcode: admin::GET_LOG_PAGE,
+            cid,
+            nsid: 0xFFFF_FFFF,
+            cdw10: u32::from(lid)
+                | (u32::from(lsp & 0xF) << 8)
+                | (u32::from(rae) << 15)
+                | ((numd & 0xFFFF) << 16),
+            cdw11: numd >> 16,
+            cdw12: offset as u32,
+            cdw13: (offset >> 32) as u32,
+            ..Sqe::default()
+        };
+        self.exec(sqe, Data::In(len))
+    }
+
+    /// Set Features `fid` with CDW11 `value` (e.g. Asynchronous Event Configuration 0Bh,
+    /// bit 11 for ANA change notices). Returns the CQE.
+    ///
+    /// # Errors
+    /// As [`HostQueue::exec`].
+    pub fn set_features(&mut self, cid: u16, fid: u8, value: u32) -> io::Result<Cqe> {
+        let sqe = Sqe {
+            opcode: admin::SET_FEATURES,
+            cid,
+            cdw10: u32::from(fid),
+            cdw11: value,
+            ..Sqe::default()
+        };
+        Ok(self.exec(sqe, Data::None)?.0)
+    }
+
+    /// Enables the asynchronous events of `mask` (Set Features 0Bh).
+    ///
+    /// # Errors
+    /// As [`HostQueue::set_features`]; a failed status.
+    pub fn enable_events(&mut self, cid: u16, mask: u32) -> io::Result<()> {
+        let c = self.set_features(cid, feature::ASYNC_EVENT_CONFIG, mask)?;
+        if c.status != 0 {
+            return Err(err(format!("Set Features AEC: status {:#x}", c.status)));
+        }
+        Ok(())
+    }
+
+    /// Submits an Asynchronous Event Request with CID `cid` (it completes when the
+    /// controller has an event: read it with [`HostQueue::next_event`]).
+    ///
+    /// # Errors
+    /// Socket errors.
+    pub fn submit_aer(&mut self, cid: u16) -> io::Result<()> {
+        let sqe = Sqe {
+            opcode: admin::AER,
+            cid,
+            ..Sqe::default()
+        };
+        self.submit(sqe, Data::None)
     }
 }

@@ -31,20 +31,23 @@ pub mod host;
 pub mod pdu;
 pub mod spec;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
 
 pub use frontend::NvmfFrontend;
-use spec::{CtrlKind, IoCounters, Portal, Subsystem};
+use spec::{AnaState, CtrlKind, IoCounters, Portal, Subsystem};
 
 /// The IANA port for NVMe/TCP I/O controllers (TCP 1.0 §3.1.2).
 pub const DEFAULT_PORT: u16 = 4420;
@@ -136,6 +139,15 @@ pub(crate) struct Ctrl {
     pub(crate) io_queues: AtomicU16,
     /// Connected I/O queues, by QID, with their counters.
     pub(crate) queues: Mutex<HashMap<u16, Arc<QueueStats>>>,
+    /// The portal the admin queue's Connect came in through: its ANA state is the one
+    /// this controller reports and enforces (contract: ANA state per portal).
+    pub(crate) portal: Arc<PortalState>,
+    /// Asynchronous Event Configuration (Set Features 0Bh CDW11), written by the admin
+    /// queue's reactor; read by `nvmf_portal_set_ana` to count the controllers notified.
+    pub(crate) aec: AtomicU32,
+    /// An ANA change notice was sent (or is queued) and the host has not yet read log
+    /// 0Ch without RAE: further ANA notices are masked (Base 2.0 §5.2).
+    pub(crate) ana_masked: AtomicBool,
 }
 
 impl Ctrl {
@@ -164,13 +176,72 @@ pub(crate) struct Ctrls {
     by_id: HashMap<u16, Arc<Ctrl>>,
 }
 
+/// One portal (a listen address) of the subsystem: its ANA state and what the reactors
+/// need to know of it. The state is read once per I/O command (an atomic load, never a
+/// lock); the management plane writes it.
+pub(crate) struct PortalState {
+    /// The bound address (the portal's name is its `Display`).
+    pub(crate) addr: SocketAddr,
+    /// Port ID in the discovery log (assigned at add, never reused).
+    pub(crate) portid: u16,
+    /// [`AnaState`] as its log-page code.
+    pub(crate) ana: AtomicU8,
+    /// ANA change count of this portal (Base 2.0 §5.16.1.13): the subsystem-wide count
+    /// of ANA changes at this portal's last change (or creation), so it never goes back,
+    /// even for a portal removed and added again.
+    pub(crate) chgcnt: AtomicU64,
+    /// Removed over JSON-RPC: its listener stops, and every connection accepted on it
+    /// closes on its reactor's next turn.
+    pub(crate) removed: AtomicBool,
+    /// Connections accepted on it and not yet freed (see [`PortalConn`]).
+    pub(crate) conns: AtomicUsize,
+}
+
+impl PortalState {
+    /// The ANA state now.
+    pub(crate) fn ana(&self) -> AnaState {
+        AnaState::from_code(self.ana.load(Ordering::Acquire)).unwrap_or(AnaState::Inaccessible)
+    }
+}
+
+/// A connection's hold on its portal: counts in [`PortalState::conns`] until dropped
+/// (with the connection's slot, or with a connection never adopted).
+pub(crate) struct PortalConn(pub(crate) Arc<PortalState>);
+
+impl PortalConn {
+    fn new(p: &Arc<PortalState>) -> Self {
+        p.conns.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(p))
+    }
+}
+
+impl Drop for PortalConn {
+    fn drop(&mut self) {
+        self.0.conns.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A listening portal: its state and its listener thread.
+struct PortalEntry {
+    state: Arc<PortalState>,
+    thread: Option<JoinHandle<()>>,
+}
+
 /// State shared by the listeners and the front-ends.
 pub(crate) struct Shared {
     pub(crate) subsystem: Subsystem,
     pub(crate) config: NvmfConfig,
-    /// The bound listen addresses (discovery log portals; wildcards are replaced by the
-    /// address the host reached).
-    pub(crate) listen: Vec<SocketAddr>,
+    /// The portals listening now, in the order they were added (discovery log entries;
+    /// wildcards are replaced by the address the host reached). Locked by the management
+    /// plane, listener start/stop and discovery log reads, never per I/O.
+    portals: Mutex<Vec<PortalEntry>>,
+    /// Subsystem-wide ANA change counter ([`PortalState::chgcnt`]).
+    ana_chgcnt: AtomicU64,
+    next_portid: AtomicU16,
+    /// Host NQNs allowed to connect to the subsystem (empty: any host).
+    pub(crate) allow_hosts: Vec<String>,
+    /// Host NQNs whose refused Connect was logged (each is logged once).
+    refused_logged: Mutex<HashSet<String>>,
     pub(crate) shutdown: AtomicBool,
     pub(crate) ctrls: Mutex<Ctrls>,
     pub(crate) inboxes: Vec<Arc<ArrayQueue<NewConn>>>,
@@ -179,11 +250,42 @@ pub(crate) struct Shared {
     pub(crate) next_conn: AtomicU64,
 }
 
+/// Host NQNs remembered as "refusal logged" at most (beyond it, refusals are logged
+/// every time rather than the set growing without bound).
+const REFUSED_LOG_MAX: usize = 1024;
+
 impl Shared {
     pub(crate) fn ctrls(&self) -> MutexGuard<'_, Ctrls> {
         self.ctrls
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn portal_list(&self) -> MutexGuard<'_, Vec<PortalEntry>> {
+        self.portals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `hostnqn` may connect to the subsystem (the allow-list; empty: any host).
+    pub(crate) fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.allow_hosts.is_empty() || self.allow_hosts.iter().any(|h| h == hostnqn)
+    }
+
+    /// Logs a refused Connect of `hostnqn`, once per host NQN.
+    pub(crate) fn log_refused(&self, hostnqn: &str, peer: SocketAddr) {
+        let mut g = self
+            .refused_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if g.contains(hostnqn) {
+            return;
+        }
+        if g.len() < REFUSED_LOG_MAX {
+            g.insert(hostnqn.to_string());
+        }
+        warn!(%peer, hostnqn,
+            "NVMe/TCP Connect refused: host not on the allow-list (logged once per host)");
     }
 
     /// Creates a controller for a new association; `None` when every CNTLID (1..=FFEFh,
@@ -193,6 +295,7 @@ impl Shared {
         kind: CtrlKind,
         hostnqn: String,
         hostid: [u8; 16],
+        portal: Arc<PortalState>,
     ) -> Option<Arc<Ctrl>> {
         let mut g = self.ctrls();
         for _ in 0..0xFFEF {
@@ -208,6 +311,9 @@ impl Shared {
                     dead: AtomicBool::new(false),
                     io_queues: AtomicU16::new(0),
                     queues: Mutex::new(HashMap::new()),
+                    portal,
+                    aec: AtomicU32::new(0),
+                    ana_masked: AtomicBool::new(false),
                 });
                 v.insert(Arc::clone(&c));
                 return Some(c);
@@ -229,10 +335,10 @@ impl Shared {
 
     /// The discovery log portals as seen from a host connected to `local`.
     pub(crate) fn portals(&self, local: SocketAddr) -> Vec<Portal> {
-        self.listen
+        self.portal_list()
             .iter()
-            .enumerate()
-            .map(|(i, a)| {
+            .map(|e| {
+                let a = e.state.addr;
                 let ip = if a.ip().is_unspecified() {
                     local.ip()
                 } else {
@@ -242,10 +348,54 @@ impl Shared {
                     traddr: ip.to_string(),
                     trsvcid: a.port(),
                     ipv6: ip.is_ipv6(),
-                    portid: (i + 1) as u16,
+                    portid: e.state.portid,
                 }
             })
             .collect()
+    }
+
+    /// Binds `addr` and starts its listener thread, as a portal in state `ana`; returns
+    /// the bound address (the real port when 0 was asked).
+    fn add_portal(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        ana: AnaState,
+    ) -> Result<SocketAddr, NvmfError> {
+        let l = TcpListener::bind(addr).map_err(|source| NvmfError::Listen { addr, source })?;
+        let bound = l
+            .local_addr()
+            .map_err(|source| NvmfError::Listen { addr, source })?;
+        let state = Arc::new(PortalState {
+            addr: bound,
+            portid: self.next_portid.fetch_add(1, Ordering::Relaxed),
+            ana: AtomicU8::new(ana.code()),
+            chgcnt: AtomicU64::new(self.ana_chgcnt.load(Ordering::Acquire)),
+            removed: AtomicBool::new(false),
+            conns: AtomicUsize::new(0),
+        });
+        let sh = Arc::clone(self);
+        let st = Arc::clone(&state);
+        let t = std::thread::Builder::new()
+            .name("nvmf-listen".into())
+            .spawn(move || accept_loop(l, sh, st))
+            .map_err(NvmfError::Spawn)?;
+        self.portal_list().push(PortalEntry {
+            state,
+            thread: Some(t),
+        });
+        Ok(bound)
+    }
+
+    /// Stops every listener (shutdown), joining their threads.
+    fn stop_listeners(&self) {
+        let threads: Vec<JoinHandle<()>> = self
+            .portal_list()
+            .iter_mut()
+            .filter_map(|e| e.thread.take())
+            .collect();
+        for t in threads {
+            let _ = t.join();
+        }
     }
 }
 
@@ -255,18 +405,20 @@ pub(crate) struct NewConn {
     pub(crate) stream: TcpStream,
     pub(crate) peer: SocketAddr,
     pub(crate) local: SocketAddr,
+    /// The portal it was accepted on.
+    pub(crate) portal: PortalConn,
     /// The connection's receive buffer ([`frontend::RX_BYTES`]), allocated here so the
     /// reactor does not.
     pub(crate) rx: Box<[u8]>,
 }
 
-fn accept_loop(l: TcpListener, shared: Arc<Shared>) {
+fn accept_loop(l: TcpListener, shared: Arc<Shared>, portal: Arc<PortalState>) {
     if let Err(e) = l.set_nonblocking(true) {
         warn!("NVMe/TCP listener: {e}");
         return;
     }
     let mut next_reactor = 0usize;
-    while !shared.shutdown.load(Ordering::Acquire) {
+    while !shared.shutdown.load(Ordering::Acquire) && !portal.removed.load(Ordering::Acquire) {
         match l.accept() {
             Ok((s, peer)) => {
                 let local = s.local_addr().unwrap_or(peer);
@@ -292,6 +444,7 @@ fn accept_loop(l: TcpListener, shared: Arc<Shared>) {
                         stream: s,
                         peer,
                         local,
+                        portal: PortalConn::new(&portal),
                         rx: vec![0u8; frontend::RX_BYTES].into_boxed_slice(),
                     })
                     .is_err()
@@ -311,12 +464,262 @@ fn accept_loop(l: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// Reads the target's controllers and queue counters from anywhere (the management
-/// socket): the registry lock only, never a reactor.
+/// One portal as `nvmf_portal_list` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortalReport {
+    /// The portal's name: its bound address (`127.0.0.1:4420`).
+    pub portal: String,
+    /// Its ANA state.
+    pub ana_state: AnaState,
+    /// I/O controllers whose association (admin queue Connect) came in through it.
+    pub controllers: usize,
+    /// TCP connections (queue pairs of any kind) accepted on it and still open.
+    pub connections: usize,
+}
+
+/// The result of `nvmf_portal_list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortalListReport {
+    /// The portals, in the order they were added.
+    pub portals: Vec<PortalReport>,
+}
+
+/// The result of `nvmf_portal_set_ana`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortalSetAnaReport {
+    /// The portal.
+    pub portal: String,
+    /// Its ANA state now.
+    pub ana_state: AnaState,
+    /// I/O controllers of the portal that were sent (or will be sent, at their next
+    /// Asynchronous Event Request) an ANA change notice: those that enabled the notice
+    /// (Set Features 0Bh bit 11) and had no earlier one unacknowledged. 0 when the state
+    /// did not change.
+    pub notified: usize,
+}
+
+/// The result of `nvmf_portal_remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortalRemoveReport {
+    /// The portal.
+    pub portal: String,
+    /// Connections of the portal that were closed.
+    pub closed: usize,
+}
+
+/// The result of `nvmf_portal_add`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortalAddReport {
+    /// The portal (the bound address).
+    pub portal: String,
+    /// Its ANA state.
+    pub ana_state: AnaState,
+}
+
+/// Why a portal operation was refused.
+#[derive(Debug, Error)]
+pub enum PortalError {
+    /// The portal is not an `IP:PORT` address.
+    #[error("portal {0:?} is not an address IP:PORT (e.g. 127.0.0.1:4420)")]
+    BadAddress(String),
+    /// No portal listens on that address.
+    #[error("no NVMe/TCP portal {0}")]
+    Unknown(String),
+    /// `portal_add` of an address already listening.
+    #[error("NVMe/TCP portal {0} is already present")]
+    Exists(String),
+    /// `portal_add` could not bind the address.
+    #[error("cannot listen on {portal}: {source}")]
+    Bind {
+        /// The address.
+        portal: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The listener thread could not start.
+    #[error("starting the listener of {portal}: {source}")]
+    Spawn {
+        /// The address.
+        portal: String,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// How long `portal_remove` waits for the reactors to close the portal's connections.
+const REMOVE_WAIT: Duration = Duration::from_secs(5);
+
+fn parse_portal(portal: &str) -> Result<SocketAddr, PortalError> {
+    portal
+        .trim()
+        .parse()
+        .map_err(|_| PortalError::BadAddress(portal.to_string()))
+}
+
+/// Reads the target's controllers and queue counters, and manages its portals, from
+/// anywhere (the management socket): the registry and portal-list locks only, never a
+/// reactor.
 #[derive(Clone)]
 pub struct StatsHandle(Arc<Shared>);
 
 impl StatsHandle {
+    fn find(&self, portal: &str) -> Result<Arc<PortalState>, PortalError> {
+        let addr = parse_portal(portal)?;
+        self.0
+            .portal_list()
+            .iter()
+            .find(|e| e.state.addr == addr)
+            .map(|e| Arc::clone(&e.state))
+            .ok_or_else(|| PortalError::Unknown(addr.to_string()))
+    }
+
+    /// I/O controllers whose association came in through `p`.
+    fn ctrls_of(&self, p: &Arc<PortalState>) -> Vec<Arc<Ctrl>> {
+        self.0
+            .ctrls()
+            .by_id
+            .values()
+            .filter(|c| c.kind == CtrlKind::Io && Arc::ptr_eq(&c.portal, p))
+            .cloned()
+            .collect()
+    }
+
+    /// The portals now (`nvmf_portal_list`).
+    pub fn portal_list(&self) -> PortalListReport {
+        let states: Vec<Arc<PortalState>> = self
+            .0
+            .portal_list()
+            .iter()
+            .map(|e| Arc::clone(&e.state))
+            .collect();
+        PortalListReport {
+            portals: states
+                .iter()
+                .map(|p| PortalReport {
+                    portal: p.addr.to_string(),
+                    ana_state: p.ana(),
+                    controllers: self.ctrls_of(p).len(),
+                    connections: p.conns.load(Ordering::Acquire),
+                })
+                .collect(),
+        }
+    }
+
+    /// Sets the ANA state of a portal (`nvmf_portal_set_ana`). On a change, every I/O
+    /// controller of the portal with ANA change notices enabled gets one Asynchronous
+    /// Event (type 2h notice, info 03h, log 0Ch) on its reactor's next turn, or at its
+    /// next AER if none is outstanding; I/O through the portal in state inaccessible
+    /// completes with SCT 3h / SC 02h from then on.
+    ///
+    /// # Errors
+    /// [`PortalError::BadAddress`], [`PortalError::Unknown`].
+    pub fn portal_set_ana(
+        &self,
+        portal: &str,
+        state: AnaState,
+    ) -> Result<PortalSetAnaReport, PortalError> {
+        let p = self.find(portal)?;
+        let old = p.ana.swap(state.code(), Ordering::AcqRel);
+        let mut notified = 0;
+        if old != state.code() {
+            // Counted before the change is published: once it is, a reactor may already
+            // have sent the notice and masked the next one.
+            notified = self
+                .ctrls_of(&p)
+                .iter()
+                .filter(|c| {
+                    !c.dead.load(Ordering::Acquire)
+                        && c.aec.load(Ordering::Acquire) & spec::AEC_ANA_CHANGE != 0
+                        && !c.ana_masked.load(Ordering::Acquire)
+                })
+                .count();
+            // The state first (above), then the count the reactors watch (Release): a
+            // reactor that sees the new count reads the new state.
+            let n = self.0.ana_chgcnt.fetch_add(1, Ordering::AcqRel) + 1;
+            p.chgcnt.store(n, Ordering::Release);
+            info!(portal = %p.addr, from = ?AnaState::from_code(old), to = ?state, notified,
+                "NVMe/TCP portal ANA state changed");
+        }
+        Ok(PortalSetAnaReport {
+            portal: p.addr.to_string(),
+            ana_state: state,
+            notified,
+        })
+    }
+
+    /// Removes a portal (`nvmf_portal_remove`): its listener stops (new connections are
+    /// refused), and every connection accepted on it is closed (their controllers end);
+    /// waits up to 5 s for the reactors to close them.
+    ///
+    /// # Errors
+    /// [`PortalError::BadAddress`], [`PortalError::Unknown`].
+    pub fn portal_remove(&self, portal: &str) -> Result<PortalRemoveReport, PortalError> {
+        let addr = parse_portal(portal)?;
+        let entry = {
+            let mut g = self.0.portal_list();
+            let i = g
+                .iter()
+                .position(|e| e.state.addr == addr)
+                .ok_or_else(|| PortalError::Unknown(addr.to_string()))?;
+            g.remove(i)
+        };
+        // Counted before the reactors see the flag (they close at once); the listener
+        // may still accept one more before it stops, which is then closed too.
+        let before = entry.state.conns.load(Ordering::Acquire);
+        entry.state.removed.store(true, Ordering::Release);
+        if let Some(t) = entry.thread {
+            let _ = t.join();
+        }
+        let closed = before.max(entry.state.conns.load(Ordering::Acquire));
+        let deadline = std::time::Instant::now() + REMOVE_WAIT;
+        while entry.state.conns.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        info!(portal = %addr, closed, "NVMe/TCP portal removed");
+        Ok(PortalRemoveReport {
+            portal: addr.to_string(),
+            closed,
+        })
+    }
+
+    /// Adds a portal (`nvmf_portal_add`): listens on `portal` in ANA state `state`
+    /// (default optimized).
+    ///
+    /// # Errors
+    /// [`PortalError::BadAddress`], [`PortalError::Exists`], [`PortalError::Bind`],
+    /// [`PortalError::Spawn`].
+    pub fn portal_add(
+        &self,
+        portal: &str,
+        state: Option<AnaState>,
+    ) -> Result<PortalAddReport, PortalError> {
+        let addr = parse_portal(portal)?;
+        if self.0.portal_list().iter().any(|e| e.state.addr == addr) {
+            return Err(PortalError::Exists(addr.to_string()));
+        }
+        let state = state.unwrap_or(AnaState::Optimized);
+        let bound = self.0.add_portal(addr, state).map_err(|e| match e {
+            NvmfError::Spawn(source) => PortalError::Spawn {
+                portal: addr.to_string(),
+                source,
+            },
+            NvmfError::Listen { source, .. } => PortalError::Bind {
+                portal: addr.to_string(),
+                source,
+            },
+            NvmfError::Config(m) => PortalError::Bind {
+                portal: addr.to_string(),
+                source: io::Error::other(m),
+            },
+        })?;
+        info!(portal = %bound, ?state, "NVMe/TCP portal added");
+        Ok(PortalAddReport {
+            portal: bound.to_string(),
+            ana_state: state,
+        })
+    }
+
     /// The controllers now, by CNTLID, each with its I/O queues by QID.
     pub fn report(&self) -> crate::status::NvmfReport {
         let ctrls: Vec<Arc<Ctrl>> = self.0.ctrls().by_id.values().cloned().collect();
@@ -357,6 +760,7 @@ pub struct NvmfServerBuilder {
     subsystem: Subsystem,
     config: NvmfConfig,
     listen: Vec<SocketAddr>,
+    allow_hosts: Vec<String>,
 }
 
 impl NvmfServerBuilder {
@@ -369,6 +773,16 @@ impl NvmfServerBuilder {
     /// Replaces the tunables.
     pub fn config(mut self, config: NvmfConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Allows `hostnqn` to connect to the subsystem (repeatable). With no host allowed
+    /// explicitly, any host may connect; with some, a Connect (admin or I/O queue) from
+    /// any other host fails with Connect Invalid Host (SCT 1h, SC 84h; NVMe-oF 1.1
+    /// §3.3.1) and the discovery log page lists the subsystem only to allowed hosts
+    /// (discovery controllers themselves accept any host, as Linux nvmet's do).
+    pub fn allow_host(mut self, hostnqn: impl Into<String>) -> Self {
+        self.allow_hosts.push(hostnqn.into());
         self
     }
 
@@ -389,21 +803,27 @@ impl NvmfServerBuilder {
                 "at most 65535 connections per reactor".into(),
             ));
         }
+        for h in &self.allow_hosts {
+            if h.is_empty() || h.len() > spec::NQN_MAX {
+                return Err(NvmfError::Config(format!(
+                    "allowed host NQN {h:?}: must be 1 to {} bytes",
+                    spec::NQN_MAX
+                )));
+            }
+        }
         let listen = if self.listen.is_empty() {
             vec![SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))]
         } else {
             self.listen
         };
-        let mut bound = Vec::new();
-        for a in listen {
-            let l = TcpListener::bind(a).map_err(|source| NvmfError::Listen { addr: a, source })?;
-            bound.push(l);
-        }
-        let addrs: Vec<SocketAddr> = bound.iter().filter_map(|l| l.local_addr().ok()).collect();
         let shared = Arc::new(Shared {
             subsystem: self.subsystem,
             config: self.config,
-            listen: addrs.clone(),
+            portals: Mutex::new(Vec::new()),
+            ana_chgcnt: AtomicU64::new(0),
+            next_portid: AtomicU16::new(1),
+            allow_hosts: self.allow_hosts,
+            refused_logged: Mutex::new(HashSet::new()),
             shutdown: AtomicBool::new(false),
             ctrls: Mutex::new(Ctrls {
                 next: 1,
@@ -415,20 +835,14 @@ impl NvmfServerBuilder {
             held: (0..reactors).map(|_| AtomicUsize::new(0)).collect(),
             next_conn: AtomicU64::new(1),
         });
-        let mut threads = Vec::new();
-        for l in bound {
-            let sh = Arc::clone(&shared);
-            match std::thread::Builder::new()
-                .name("nvmf-listen".into())
-                .spawn(move || accept_loop(l, sh))
-            {
-                Ok(t) => threads.push(t),
+        let mut addrs = Vec::new();
+        for a in listen {
+            match shared.add_portal(a, AnaState::Optimized) {
+                Ok(b) => addrs.push(b),
                 Err(e) => {
                     shared.shutdown.store(true, Ordering::Release);
-                    for t in threads {
-                        let _ = t.join();
-                    }
-                    return Err(NvmfError::Spawn(e));
+                    shared.stop_listeners();
+                    return Err(e);
                 }
             }
         }
@@ -436,14 +850,7 @@ impl NvmfServerBuilder {
         let frontends = (0..reactors)
             .map(|i| NvmfFrontend::new(i, Arc::clone(&shared)))
             .collect();
-        Ok((
-            NvmfServer {
-                shared,
-                threads,
-                addrs,
-            },
-            frontends,
-        ))
+        Ok((NvmfServer { shared, addrs }, frontends))
     }
 }
 
@@ -452,7 +859,6 @@ impl NvmfServerBuilder {
 /// their connections are done.
 pub struct NvmfServer {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
     addrs: Vec<SocketAddr>,
 }
 
@@ -464,10 +870,12 @@ impl NvmfServer {
             subsystem,
             config: NvmfConfig::default(),
             listen: Vec::new(),
+            allow_hosts: Vec::new(),
         }
     }
 
-    /// The bound addresses (real ports when 0 was asked).
+    /// The addresses bound at start (real ports when 0 was asked; portals added or
+    /// removed later are in [`StatsHandle::portal_list`]).
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs
     }
@@ -490,9 +898,7 @@ impl NvmfServer {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        self.shared.stop_listeners();
     }
 }
 

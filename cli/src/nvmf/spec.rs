@@ -50,6 +50,8 @@ pub mod sct {
     pub const COMMAND: u8 = 1;
     /// Media and Data Integrity Errors.
     pub const MEDIA: u8 = 2;
+    /// Path Related Status (Base 2.0 Fig. 97).
+    pub const PATH: u8 = 3;
 }
 
 /// Generic command status codes (Base Fig. 94).
@@ -92,6 +94,11 @@ pub mod sc {
     pub const CONNECT_INCOMPATIBLE_FORMAT: u8 = 0x80;
     /// Command specific (Fabrics): Connect Invalid Parameters.
     pub const CONNECT_INVALID_PARAMETERS: u8 = 0x82;
+    /// Command specific (Fabrics): Connect Invalid Host (NVMe-oF 1.1 §3.3.1, Fig. 21;
+    /// Base 2.0 Fig. 379): the host is not allowed to connect to the subsystem.
+    pub const CONNECT_INVALID_HOST: u8 = 0x84;
+    /// Path related (SCT 3h): Asymmetric Access Inaccessible (Base 2.0 Fig. 97).
+    pub const ANA_INACCESSIBLE: u8 = 0x02;
     /// Media: Write Fault (Base Fig. 96).
     pub const WRITE_FAULT: u8 = 0x80;
     /// Media: Unrecovered Read Error.
@@ -172,8 +179,115 @@ pub mod log {
     pub const FW_SLOT: u8 = 0x03;
     /// Changed Namespace List.
     pub const CHANGED_NS: u8 = 0x04;
+    /// Asymmetric Namespace Access (Base 2.0 §5.16.1.13).
+    pub const ANA: u8 = 0x0C;
     /// Discovery (discovery controllers only).
     pub const DISCOVERY: u8 = 0x70;
+}
+
+/// Asynchronous Event Configuration (Set Features 0Bh, Base 2.0 §5.27.1.8, Fig. 315)
+/// bit 11: Asymmetric Namespace Access Change Notices enabled.
+pub const AEC_ANA_CHANGE: u32 = 1 << 11;
+/// Completion DW0 of an Asynchronous Event Request for an ANA change (Base 2.0 §5.2,
+/// Fig. 146/148): event type 2h (Notice) in bits 2:0, information 03h (ANA Change) in
+/// bits 15:8, log page 0Ch in bits 23:16.
+pub const AEN_ANA_CHANGE: u32 = 0x2 | (0x03 << 8) | ((log::ANA as u32) << 16);
+/// ANA Transition Time (Identify ANATT), seconds: the host arms a 2 × ANATT timer while a
+/// group is in the change state (never reported by this target).
+pub const ANATT_SECONDS: u8 = 10;
+/// The one ANA group (ID) and the namespace in it.
+pub const ANA_GROUP: u32 = 1;
+/// Get Log Page LSP bit 0 for log 0Ch: Return Groups Only (no NSID lists).
+pub const ANA_LSP_RGO: u32 = 1;
+
+/// The ANA state of a path (Base 2.0 §8.1.3; codes of the ANA log, Fig. 220).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnaState {
+    /// ANA Optimized (01h): the preferred path.
+    Optimized,
+    /// ANA Non-Optimized (02h): serves I/O; used when no optimized path is left.
+    NonOptimized,
+    /// ANA Inaccessible (03h): I/O completes with SCT 3h / SC 02h; the host fails over.
+    Inaccessible,
+}
+
+impl AnaState {
+    /// The state's code in the ANA log.
+    pub fn code(self) -> u8 {
+        match self {
+            AnaState::Optimized => 0x01,
+            AnaState::NonOptimized => 0x02,
+            AnaState::Inaccessible => 0x03,
+        }
+    }
+
+    /// The state of a log code (`None` for codes this target never uses).
+    pub fn from_code(c: u8) -> Option<Self> {
+        match c {
+            0x01 => Some(AnaState::Optimized),
+            0x02 => Some(AnaState::NonOptimized),
+            0x03 => Some(AnaState::Inaccessible),
+            _ => None,
+        }
+    }
+
+    /// The name used by JSON-RPC and the CLI (`optimized`, `non_optimized`,
+    /// `inaccessible`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AnaState::Optimized => "optimized",
+            AnaState::NonOptimized => "non_optimized",
+            AnaState::Inaccessible => "inaccessible",
+        }
+    }
+
+    /// The state named `s` (as [`AnaState::name`]; `-` may stand for `_`).
+    pub fn from_name(s: &str) -> Option<Self> {
+        match s.replace('-', "_").as_str() {
+            "optimized" => Some(AnaState::Optimized),
+            "non_optimized" => Some(AnaState::NonOptimized),
+            "inaccessible" => Some(AnaState::Inaccessible),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for AnaState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Bytes of the ANA log page (Base 2.0 §5.16.1.13, Fig. 218/219): the 16-byte header,
+/// one 32-byte group descriptor, and its NSID list (one NSID) unless `rgo`.
+pub fn ana_log_len(rgo: bool) -> usize {
+    16 + 32 + if rgo { 0 } else { 4 }
+}
+
+/// Writes bytes `[offset, offset + out.len())` of the ANA log page into `out` (bytes past
+/// the end read as zero): header CHGCNT (0..8) = `chgcnt`, NGRPS (8..10) = 1; descriptor
+/// at 16: ANAGRPID (0..4) = 1, NNSID (4..8) = 1 (0 with `rgo`), CHGCNT (8..16) = `chgcnt`,
+/// ANA state (16, bits 3:0) = `state`, NSID list at 32: \[1\] unless `rgo`.
+pub fn ana_log(chgcnt: u64, state: AnaState, rgo: bool, offset: u64, out: &mut [u8]) {
+    out.fill(0);
+    let mut page = [0u8; 16 + 32 + 4];
+    put64(&mut page, 0, chgcnt);
+    put16(&mut page, 8, 1);
+    put32(&mut page, 16, ANA_GROUP);
+    put32(&mut page, 20, u32::from(!rgo));
+    put64(&mut page, 24, chgcnt);
+    page[32] = state.code();
+    if !rgo {
+        put32(&mut page, 48, 1);
+    }
+    let len = ana_log_len(rgo) as u64;
+    if offset >= len {
+        return;
+    }
+    let src = &page[offset as usize..len as usize];
+    let n = src.len().min(out.len());
+    out[..n].copy_from_slice(&src[..n]);
 }
 
 /// Property offsets (Base §3.1.3, Fig. 33).
@@ -351,17 +465,23 @@ pub fn identify_controller(s: &Subsystem, kind: CtrlKind, cntlid: u16, out: &mut
     out[4..24].copy_from_slice(&s.serial);
     out[24..64].copy_from_slice(&s.model);
     out[64..72].copy_from_slice(&s.firmware);
-    // CMIC bit1: the subsystem may have several controllers (one per host association).
-    out[76] = 0b10;
+    // CMIC (Base Fig. 275): bit1, the subsystem may have several controllers (one per
+    // host association); for the I/O controller also bit0, several ports (portals), and
+    // bit3, ANA reporting (research note §3.2: what native multipath needs).
+    out[76] = match kind {
+        CtrlKind::Io => 0b1011,
+        CtrlKind::Discovery => 0b10,
+    };
     out[77] = MDTS;
     put16(out, 78, cntlid);
     put32(out, 80, VERSION);
-    // OAES: bit 8 Namespace Attribute Notices (changed-NS list), bit 31 for discovery.
+    // OAES: bit 8 Namespace Attribute Notices (changed-NS list), bit 11 ANA Change
+    // Notices; bit 31 (discovery log change) for discovery.
     put32(
         out,
         92,
         match kind {
-            CtrlKind::Io => 1 << 8,
+            CtrlKind::Io => (1 << 8) | AEC_ANA_CHANGE,
             CtrlKind::Discovery => 1 << 31,
         },
     );
@@ -379,6 +499,15 @@ pub fn identify_controller(s: &Subsystem, kind: CtrlKind, cntlid: u16, out: &mut
     out[261] = 1 << 2;
     // ELPE 0: one error log entry.
     put16(out, 320, KAS);
+    if kind == CtrlKind::Io {
+        // ANATT; ANACAP bits 0-2 (optimized, non-optimized, inaccessible states) and bit 6
+        // (ANAGRPID does not change while the namespace is attached); ANAGRPMAX and
+        // NANAGRPID 1 (one group).
+        out[342] = ANATT_SECONDS;
+        out[343] = 0b0100_0111;
+        put32(out, 344, ANA_GROUP);
+        put32(out, 348, ANA_GROUP);
+    }
     out[512] = 0x66;
     out[513] = 0x44;
     put16(out, 514, MQES + 1);
@@ -388,6 +517,9 @@ pub fn identify_controller(s: &Subsystem, kind: CtrlKind, cntlid: u16, out: &mut
         put16(out, 520, 0b1101);
         // VWC bit0: a volatile write cache (the members'): Flush and FUA matter.
         out[525] = 1;
+        // MNAN: 1 (≠ 0 and ≤ NN, which Linux 6.1 requires with CMIC bit3; it sizes the
+        // ANA log from it).
+        put32(out, 540, 1);
     }
     // SGLS bit0: SGLs supported (no alignment); bit 20: in-capsule data (Offset SGLs).
     put32(out, 536, 1 | (1 << 20));
@@ -415,12 +547,16 @@ pub fn identify_namespace(s: &Subsystem, out: &mut [u8]) {
     out[24] = 1 << 4;
     // NLBAF 0 (one format), FLBAS 0. DLFEAT 0: deallocated blocks read unspecified —
     // the array only deallocates whole stripes (ArrayOp::Discard).
+    // NMIC bit0: the namespace may be reached through several controllers (shared;
+    // multipath requires it).
+    out[30] = 1;
     put16(out, 46, s.noiob);
     put16(out, 64, s.npwg); // NPWG
     put16(out, 66, s.npwg); // NPWA
     put16(out, 68, s.npwg); // NPDG
     put16(out, 70, s.npwg); // NPDA
     put16(out, 72, s.nows); // NOWS
+    put32(out, 92, ANA_GROUP); // ANAGRPID
     out[104..120].copy_from_slice(&s.uuid); // NGUID
                                             // LBAF0: MS 0, LBADS = log2(block size), RP 0.
     out[128 + 2] = s.block_bytes.trailing_zeros() as u8;
