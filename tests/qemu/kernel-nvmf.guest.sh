@@ -10,7 +10,7 @@
 #     `nvme id-ctrl`/`id-ns` show the documented fields (docs/NVMF.md);
 #  4. fio on the block device: JOBS jobs on disjoint JOB_MIB MiB regions, libaio at QD,
 #     O_DIRECT random writes of 4..256 KiB with crc32c verify headers, verified after; a
-#     third of the way through (in requests, /sys/block/NS/stat) `ferroraid fail` takes
+#     third of the way through (in requests, ns_writes: /sys/block/*/stat) `ferroraid fail` takes
 #     member FAIL_SLOT out: no error reaches the host;
 #  5. mkfs.ext4, mount, FILES files of FILE_MIB MiB, their sha256, umount, caches dropped,
 #     `e2fsck -f -n` clean, mount again, the sums agree, umount;

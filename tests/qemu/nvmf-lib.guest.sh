@@ -108,8 +108,20 @@ stop() {
 	grep 'array stopped' "$1" | grep -q 'clean=true' || fail "ferroraid serve did not stop the array clean"
 }
 
-# The writes the kernel completed on the namespace (/sys/block/NS/stat, field 5).
-ns_writes() { set -- $(cat "/sys/block/$NS/stat"); echo "$5"; }
+# The writes the kernel completed on the namespace (field 5 of /sys/block/DISK/stat): with
+# native multipath (a target with CMIC/NMIC set, as ferroraid's and nvmet are) the sum over
+# its path nodes nvmeXcZnY, since the 6.1 head node accounts nothing (its bios bypass the
+# request accounting); else NS's own.
+ns_writes() {
+	_w=0 _n=0
+	for _p in /sys/block/nvme*c*n*; do
+		[ "$(cat "$_p/device/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
+		set -- $(cat "$_p/stat")
+		_w=$((_w + $5)) _n=$((_n + 1))
+	done
+	[ $_n -gt 0 ] || { set -- $(cat "/sys/block/$NS/stat") && _w=$5; }
+	echo "$_w"
+}
 
 # The kernel's nvme lines holding an error, reset, timeout or recovery (a grep -E pattern).
 COMPLAINT='error|fail|timeout|timed out|reset|recovery|reconnect|incomplete|mismatch|invalid|unsupported|unexpected|abort'
