@@ -162,7 +162,7 @@ mp_sequence() {
 	fio_rounds "$B" &
 	FIO=$!
 	io_goes_on "fio started"
-	step "$B-paths" "$NQN: one head /dev/$NS, $(nodes), $_ctrls controllers in ${SUBSYS##*/}, iopolicy $(cat "$SUBSYS/iopolicy")"
+	step "$B-paths" "$NQN: /dev/$NS, $(nodes), $_ctrls controllers in ${SUBSYS##*/}, iopolicy $(cat "$SUBSYS/iopolicy")"
 
 	# ANA change notices off on the controller of A2 (Asynchronous Event Configuration
 	# 0): the host can learn that A2 went inaccessible only from the status of the I/O the

@@ -179,8 +179,8 @@ fn kernel_nvme_multipath_rides_through_a_portal_going_down_and_back() {
             &summary,
             &key("paths"),
             &[
-                "one head /dev/nvme",
-                "2 paths, 2 controllers",
+                ": /dev/nvme",
+                " 1 heads, 2 paths, 2 controllers",
                 "iopolicy round-robin",
                 one,
                 "127.0.0.2=live/optimized",
