@@ -1304,7 +1304,8 @@ fn admin_data<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16) {
                     if lpo >= total {
                         Err(status(sct::GENERIC, sc::INVALID_FIELD))
                     } else {
-                        spec::discovery_log(1, &s.nqn, &portals, lpo, out);
+                        let genctr = x.shared.disc_genctr.load(Ordering::Acquire);
+                        spec::discovery_log(genctr, &s.nqn, &portals, lpo, out);
                         Ok(())
                     }
                 }

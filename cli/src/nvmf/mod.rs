@@ -237,6 +237,8 @@ pub(crate) struct Shared {
     portals: Mutex<Vec<PortalEntry>>,
     /// Subsystem-wide ANA change counter ([`PortalState::chgcnt`]).
     ana_chgcnt: AtomicU64,
+    /// Discovery log GENCTR: bumped at every portal added or removed.
+    pub(crate) disc_genctr: AtomicU64,
     next_portid: AtomicU16,
     /// Host NQNs allowed to connect to the subsystem (empty: any host).
     pub(crate) allow_hosts: Vec<String>,
@@ -383,6 +385,7 @@ impl Shared {
             state,
             thread: Some(t),
         });
+        self.disc_genctr.fetch_add(1, Ordering::AcqRel);
         Ok(bound)
     }
 
@@ -663,6 +666,7 @@ impl StatsHandle {
                 .ok_or_else(|| PortalError::Unknown(addr.to_string()))?;
             g.remove(i)
         };
+        self.0.disc_genctr.fetch_add(1, Ordering::AcqRel);
         // Counted before the reactors see the flag (they close at once); the listener
         // may still accept one more before it stops, which is then closed too.
         let before = entry.state.conns.load(Ordering::Acquire);
@@ -821,6 +825,7 @@ impl NvmfServerBuilder {
             config: self.config,
             portals: Mutex::new(Vec::new()),
             ana_chgcnt: AtomicU64::new(0),
+            disc_genctr: AtomicU64::new(0),
             next_portid: AtomicU16::new(1),
             allow_hosts: self.allow_hosts,
             refused_logged: Mutex::new(HashSet::new()),
