@@ -7,7 +7,9 @@
 #     kmp-0..), `serve --adaptive --nvmf 127.0.0.1:PORT --nvmf 127.0.0.2:PORT --rpc`;
 #  2. `nvme connect -k 30 -c 1 -l 120` to both portals: one head namespace /dev/nvmeXnY,
 #     two controllers of the subsystem, one path node nvmeXcZnY each, both live and ANA
-#     optimized; the subsystem's iopolicy set to round-robin, so that both paths carry I/O;
+#     optimized; `nvme id-ctrl`/`id-ns` recorded (CMIC, OAES, ANATT, ANACAP, ANAGRPMAX,
+#     NANAGRPID, MNAN; NMIC, ANAGRPID); the subsystem's iopolicy set to round-robin, so
+#     that both paths carry I/O;
 #  3. the sequence (mp_sequence), with fio rounds running on the head node throughout
 #     (JOBS jobs on disjoint JOB_MIB MiB regions, libaio at QD, O_DIRECT random 4..256 KiB
 #     writes with crc32c verify headers and a new seed each round, verified after each
@@ -156,6 +158,12 @@ mp_sequence() {
 	_ctrls=$(ls -d "$SUBSYS"/nvme[0-9]* 2>/dev/null | grep -cv 'n[0-9]*$' || true)
 	# The second controller's namespace scan may still be running when connect returns.
 	wait_until "one namespace block device with two path nodes" one_with_two_paths
+	# The Identify fields native multipath rests on (Base 2.0 §5.17.2.1, §8.1).
+	nvme id-ctrl "/dev/$C2" >"$RIG_OUT/$B-id-ctrl.txt" 2>&1 || fail "$B: nvme id-ctrl /dev/$C2: $(cat "$RIG_OUT/$B-id-ctrl.txt")"
+	nvme id-ns "/dev/$NS" >"$RIG_OUT/$B-id-ns.txt" 2>&1 || fail "$B: nvme id-ns /dev/$NS: $(cat "$RIG_OUT/$B-id-ns.txt")"
+	_f=
+	for _n in cmic oaes anatt anacap anagrpmax nanagrpid mnan; do _f="$_f$_n $(field "$RIG_OUT/$B-id-ctrl.txt" $_n), "; done
+	note "$B-identify" "id-ctrl /dev/$C2: ${_f}id-ns /dev/$NS: nmic $(field "$RIG_OUT/$B-id-ns.txt" nmic), anagrpid $(field "$RIG_OUT/$B-id-ns.txt" anagrpid)"
 	wait_until "both paths live and optimized" both_optimized
 	echo round-robin >"$SUBSYS/iopolicy" || fail "$B: setting $SUBSYS/iopolicy"
 	rm -f /tmp/fio.stop /tmp/fio.result

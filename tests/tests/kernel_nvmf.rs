@@ -235,6 +235,27 @@ fn kernel_nvme_multipath_rides_through_a_portal_going_down_and_back() {
         );
     }
     has(&summary, "fr-paths", &[MP_NQN]);
+    // What the host's multipath rests on (docs/NVMF.md): CMIC multi-port, multi-controller
+    // and ANA; OAES with ANA change notices; ANATT 10 s; ANACAP optimized, non-optimized,
+    // inaccessible + ANAGRPID fixed (71); one group; MNAN 1; the namespace shared, group 1.
+    for b in ["nvmet", "fr"] {
+        has(
+            &summary,
+            &format!("{b}-identify"),
+            &[
+                "cmic 0xb,",
+                "oaes 0x900,",
+                "anatt 10,",
+                "nmic 0x1,",
+                "anagrpid 1",
+            ],
+        );
+    }
+    has(
+        &summary,
+        "fr-identify",
+        &["anacap 71,", "anagrpmax 1,", "nanagrpid 1,", "mnan 1,"],
+    );
     // The target honoured Asynchronous Event Configuration: no notice while it was off, one
     // once the reconnect enabled it again.
     has(
