@@ -10,7 +10,7 @@
 #     `nvme id-ctrl`/`id-ns` show the documented fields (docs/NVMF.md);
 #  4. fio on the block device: JOBS jobs on disjoint JOB_MIB MiB regions, libaio at QD,
 #     O_DIRECT random writes of 4..256 KiB with crc32c verify headers, verified after; a
-#     third of the way through (in requests, /sys/block/NS/stat) `ferroraid fail` takes
+#     third of the way through (in requests, ns_writes: /sys/block/*/stat) `ferroraid fail` takes
 #     member FAIL_SLOT out: no error reaches the host;
 #  5. mkfs.ext4, mount, FILES files of FILE_MIB MiB, their sha256, umount, caches dropped,
 #     `e2fsck -f -n` clean, mount again, the sums agree, umount;
@@ -32,97 +32,9 @@ RPC=/tmp/fr.rpc
 FR=/usr/bin/ferroraid
 MNT=/mnt/fs
 NQN="nqn.2026-11.org.ferroraid:$NAME"
-SERVE=
-CTRL=
-NS=
-
-t() { cut -d' ' -f1 /proc/uptime; }
-say() { echo "knvmf [$(t)s]: $*"; }
-fail() {
-	echo "knvmf: FAIL: $*"
-	for f in /tmp/serve*.log; do
-		[ -f "$f" ] && { echo "--- last lines of $f"; tail -n 40 "$f"; }
-	done
-	echo "--- kernel log"
-	dmesg | tail -n 60
-	[ -z "$SERVE" ] || kill -TERM "$SERVE" 2>/dev/null || true
-	exit 1
-}
-# field FILE NAME: the value of `NAME : value` in nvme-cli's normal output.
-field() { sed -n "s/^$2 *: *//p" "$1" | head -n1 | sed 's/ *$//'; }
-
-# connect LOG [OPTIONS...]: `nvme connect -t tcp -a 127.0.0.1 -s PORT -n NQN -k 30 OPTIONS`;
-# sets CTRL (nvmeX) and NS (nvmeXnY, sized).
-connect() {
-	_log=$1
-	shift
-	CTRL= NS=
-	timeout 180 nvme connect -t tcp -a 127.0.0.1 -s "$PORT" -n "$NQN" -k 30 "$@" >"$_log" 2>&1 ||
-		fail "nvme connect -t tcp -a 127.0.0.1 -s $PORT -n $NQN -k 30 $*: $(cat "$_log")"
-	for c in /sys/class/nvme/nvme*; do
-		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && CTRL=${c##*/}
-	done
-	[ -n "$CTRL" ] || fail "no /sys/class/nvme controller of $NQN after nvme connect: $(cat "$_log")"
-	_i=0
-	while :; do
-		for b in /sys/block/nvme*n*; do
-			case ${b##*/} in *c*) continue ;; esac # a multipath path node, not the disk
-			[ -e "$b" ] && [ "$(cat "$b/size")" != 0 ] && NS=${b##*/}
-		done
-		[ -n "$NS" ] && [ -b "/dev/$NS" ] && break
-		_i=$((_i + 1))
-		[ $_i -le 300 ] || fail "no sized /dev/nvmeXnY 30 s after nvme connect"
-		sleep 0.1
-	done
-}
-
-# disconnect LOG: `nvme disconnect -n NQN`; the controller must be gone.
-disconnect() {
-	timeout 60 nvme disconnect -n "$NQN" >"$1" 2>&1 || fail "nvme disconnect -n $NQN: $(cat "$1")"
-	[ ! -e "/sys/class/nvme/$CTRL" ] || fail "/sys/class/nvme/$CTRL still there after nvme disconnect"
-}
-
-# serve LOG DEVICES...: `ferroraid serve` in the background (pid in SERVE), returns once the
-# target listens.
-serve() {
-	_log=$1
-	shift
-	rm -f "$RPC"
-	NO_COLOR=1 $FR serve --adaptive --nvmf "127.0.0.1:$PORT" --rpc "$RPC" "$@" >"$_log" 2>&1 &
-	SERVE=$!
-	_i=0
-	until grep -q 'NVMe/TCP target listening' "$_log" && [ -S "$RPC" ]; do
-		kill -0 "$SERVE" 2>/dev/null || { SERVE=; fail "ferroraid serve exited: $(cat "$_log")"; }
-		_i=$((_i + 1))
-		[ $_i -le 600 ] || fail "ferroraid serve did not listen within 60 s"
-		sleep 0.1
-	done
-}
-
-# stop LOG STATUS: `ferroraid status` to STATUS (exit 1: degraded), then SIGTERM to the
-# target; it must exit 0 having stopped the array clean.
-stop() {
-	_rc=0
-	$FR status --rpc "$RPC" >"$2" 2>&1 || _rc=$?
-	[ $_rc -eq 1 ] || fail "ferroraid status exited $_rc, not 1 (degraded): $(cat "$2")"
-	kill -TERM "$SERVE"
-	_rc=0
-	wait "$SERVE" || _rc=$?
-	SERVE=
-	cp "$1" "$RIG_OUT/"
-	[ $_rc -eq 0 ] || fail "ferroraid serve exited $_rc on SIGTERM"
-	grep 'array stopped' "$1" | grep -q 'clean=true' || fail "ferroraid serve did not stop the array clean"
-}
-
-# The writes the kernel completed on the namespace (/sys/block/NS/stat, field 5).
-ns_writes() { set -- $(cat "/sys/block/$NS/stat"); echo "$5"; }
-
-# complaints FILE: the kernel's nvme lines holding an error, reset, timeout or recovery, to
-# FILE (false when none). The NQNs and "ferroraid" are left out: "ferroraid" holds "error".
-complaints() {
-	dmesg | grep -i 'nvme' | sed 's/NQN "[^"]*"/NQN/; s/ferroraid//g' |
-		grep -iE 'error|fail|timeout|timed out|reset|recovery|reconnect|incomplete|mismatch|invalid|unsupported|unexpected|abort' >"$1"
-}
+TAG=knvmf
+# shellcheck source=tests/qemu/nvmf-lib.guest.sh
+. /rig/nvmf-lib.sh
 
 # fio_line_g FILE: fio's write line.
 fio_line_g() { grep -E '^ *write:' "$1" | head -n1 | sed 's/^ *//; s/,.*//'; }
@@ -132,20 +44,14 @@ ctrl_fields() {
 	echo "subnqn $(field "$1" subnqn), mdts $(field "$1" mdts), nn $(field "$1" nn), cntrltype $(field "$1" cntrltype), kas $(field "$1" kas), sgls $(field "$1" sgls), ioccsz $(field "$1" ioccsz), maxcmd $(field "$1" maxcmd), oncs $(field "$1" oncs), vwc $(field "$1" vwc), mn '$(field "$1" mn)'"
 }
 
-ip link set lo up
 ln -sf /proc/mounts /etc/mtab
-mkdir -p "$MNT" /etc/nvme
+mkdir -p "$MNT"
 cp /rig/kernel "$RIG_OUT/kernel.txt"
 echo "$(fio --version); $(mkfs.ext4 -V 2>&1 | head -n1); $(nvme version | tr '\n' ' ')" >"$RIG_OUT/versions.txt"
 say "kernel $(uname -r); $(grep -c ^processor /proc/cpuinfo) cpu; $(cat "$RIG_OUT/versions.txt")"
 
 # --- 1. the kernel's NVMe/TCP host ------------------------------------------------------------
-modprobe nvme-tcp || fail "modprobe nvme-tcp"
-[ -c /dev/nvme-fabrics ] || fail "no /dev/nvme-fabrics after modprobe nvme-tcp"
-# What Debian's nvme-cli postinst would have written (nvme-cli generates them otherwise).
-HOSTID=$(cat /proc/sys/kernel/random/uuid)
-echo "nqn.2014-08.org.nvmexpress:uuid:$HOSTID" >/etc/nvme/hostnqn
-echo "$HOSTID" >/etc/nvme/hostid
+nvmf_host_init
 say "nvme-tcp loaded: $(grep -o '^nvme[a-z_]*' /proc/modules | sort | tr '\n' ' ')/dev/nvme-fabrics present"
 
 # --- 2. the array and the target --------------------------------------------------------------
@@ -155,7 +61,7 @@ $FR create --level "$LEVEL" --chunk "$CHUNK" --name "$NAME" $DEVS >"$RIG_OUT/cre
 say "$(tail -n 1 "$RIG_OUT/create.txt")"
 FAILED=$(echo $DEVS | cut -d' ' -f$((FAIL_SLOT + 1)))
 SURVIVORS=$(echo $DEVS | tr ' ' '\n' | grep -vx "$FAILED" | tr '\n' ' ')
-serve /tmp/serve-1.log $DEVS
+serve /tmp/serve-1.log --nvmf "127.0.0.1:$PORT" $DEVS
 say "ferroraid serve is up on $DEVS: $(grep -o 'nqn=[^ ]*' /tmp/serve-1.log | head -n1)"
 
 # --- 3. discover, connect, identify -----------------------------------------------------------
@@ -165,7 +71,7 @@ grep -q "^subnqn: *$NQN\$" "$RIG_OUT/discover.txt" ||
 	fail "nvme discover does not list $NQN: $(cat "$RIG_OUT/discover.txt")"
 say "discovered: $(grep -c '^=====Discovery Log Entry' "$RIG_OUT/discover.txt") entries, trtype $(field "$RIG_OUT/discover.txt" trtype), subnqn $NQN, traddr $(field "$RIG_OUT/discover.txt" traddr), trsvcid $(field "$RIG_OUT/discover.txt" trsvcid)"
 
-connect "$RIG_OUT/connect.txt"
+connect "$RIG_OUT/connect.txt" 127.0.0.1
 BYTES=$(($(cat "/sys/block/$NS/size") * 512))
 LBS=$(cat "/sys/block/$NS/queue/logical_block_size")
 say "connected: /dev/$NS ($CTRL, state $(cat /sys/class/nvme/$CTRL/state), transport $(cat /sys/class/nvme/$CTRL/transport), queue_count $(cat /sys/class/nvme/$CTRL/queue_count), sqsize $(cat /sys/class/nvme/$CTRL/sqsize)) $BYTES bytes, logical block $LBS, io_min $(cat /sys/block/$NS/queue/minimum_io_size), io_opt $(cat /sys/block/$NS/queue/optimal_io_size)"
@@ -254,7 +160,7 @@ say "kernel log: $(dmesg | grep -ci nvme) nvme lines, no complaint"
 
 # --- 7. header and data digests: the file system again, fio on files --------------------------
 # -c 2: the host's reconnect loop retries every 2 s (step 8); -l 120: for 120 s.
-connect "$RIG_OUT/connect-digests.txt" -g -G -c 2 -l 120
+connect "$RIG_OUT/connect-digests.txt" 127.0.0.1 -g -G -c 2 -l 120
 mount -t ext4 "/dev/$NS" "$MNT" || fail "mount /dev/$NS (digests)"
 (cd "$MNT" && sha256sum -c /tmp/sums.txt) >"$RIG_OUT/sums-digests.txt" 2>&1 ||
 	fail "the files' sha256 differ over the digest connection: $(cat "$RIG_OUT/sums-digests.txt")"
@@ -272,9 +178,9 @@ umount "$MNT" || fail "umount (digests)"
 say "digests: nvme connect -g -G: /dev/$NS ($CTRL, state $(cat /sys/class/nvme/$CTRL/state)), sha256 $(grep -c ': OK$' "$RIG_OUT/sums-digests.txt")/$FILES OK, fio on files exit 0"
 
 # --- 8. the target restarts under the connected host: its reconnect loop -----------------------
-stop /tmp/serve-1.log "$RIG_OUT/status-1.txt"
+stop /tmp/serve-1.log "$RIG_OUT/status-1.txt" 1
 say "ferroraid serve stopped (exit 0) with $CTRL connected: $(cat /sys/class/nvme/$CTRL/state)"
-serve /tmp/serve-2.log $SURVIVORS
+serve /tmp/serve-2.log --nvmf "127.0.0.1:$PORT" $SURVIVORS
 i=0
 until [ "$(cat /sys/class/nvme/$CTRL/state 2>/dev/null)" = live ] && dmesg | grep -q 'Successfully reconnected'; do
 	[ -e "/sys/class/nvme/$CTRL" ] || fail "the host gave $CTRL up after the target restarted"
@@ -297,7 +203,7 @@ umount "$MNT" || fail "umount after the restart"
 say "after the restart: e2fsck -f -n clean, sha256 $(grep -c ': OK$' "$RIG_OUT/sums-restart.txt") files OK, fio --verify_only exit 0"
 disconnect "$RIG_OUT/disconnect-2.txt"
 say "nvme disconnect: $(head -n1 "$RIG_OUT/disconnect-2.txt")"
-stop /tmp/serve-2.log "$RIG_OUT/status-2.txt"
+stop /tmp/serve-2.log "$RIG_OUT/status-2.txt" 1
 grep -q 'reads: [0-9]* direct, [1-9][0-9]* degraded' "$RIG_OUT/status-2.txt" ||
 	fail "the degraded array served no degraded read: $(cat "$RIG_OUT/status-2.txt")"
 dmesg | grep -i 'nvme' >"$RIG_OUT/dmesg-nvme.txt" || true
@@ -328,7 +234,7 @@ timeout 120 nvme discover -t tcp -a 127.0.0.1 -s "$PORT" >"$RIG_OUT/discover-nvm
 	fail "nvme discover (nvmet): $(cat "$RIG_OUT/discover-nvmet.txt")"
 grep -q "^subnqn: *$NQN\$" "$RIG_OUT/discover-nvmet.txt" ||
 	fail "nvme discover does not list $NQN (nvmet): $(cat "$RIG_OUT/discover-nvmet.txt")"
-connect "$RIG_OUT/connect-nvmet.txt"
+connect "$RIG_OUT/connect-nvmet.txt" 127.0.0.1
 nvme id-ctrl "/dev/$CTRL" >"$RIG_OUT/id-ctrl-nvmet.txt" 2>&1 || fail "nvme id-ctrl (nvmet)"
 ctrl_fields "$RIG_OUT/id-ctrl-nvmet.txt" >"$RIG_OUT/id-ctrl-nvmet.fields"
 rc=0
@@ -347,7 +253,7 @@ rc=0
 e2fsck -f -n "/dev/$NS" >"$RIG_OUT/e2fsck-nvmet.txt" 2>&1 || rc=$?
 [ $rc -eq 0 ] || fail "e2fsck -f -n (nvmet) exited $rc: $(cat "$RIG_OUT/e2fsck-nvmet.txt")"
 disconnect "$RIG_OUT/disconnect-nvmet.txt"
-connect "$RIG_OUT/connect-nvmet-digests.txt" -g -G
+connect "$RIG_OUT/connect-nvmet-digests.txt" 127.0.0.1 -g -G
 mount -t ext4 "/dev/$NS" "$MNT" || fail "mount (nvmet, digests)"
 (cd "$MNT" && sha256sum -c /tmp/sums-nvmet.txt) >"$RIG_OUT/sums-nvmet.txt" 2>&1 ||
 	fail "sha256 (nvmet, digests): $(cat "$RIG_OUT/sums-nvmet.txt")"
@@ -355,8 +261,7 @@ umount "$MNT" || fail "umount (nvmet, digests)"
 disconnect "$RIG_OUT/disconnect-nvmet-2.txt"
 dmesg | tail -n +$((seen + 1)) >"$RIG_OUT/dmesg-nvmet.txt"
 if sed 's/NQN "[^"]*"/NQN/; s/ferroraid//g' "$RIG_OUT/dmesg-nvmet.txt" | grep -i nvme |
-	grep -iE 'error|fail|timeout|timed out|reset|recovery|reconnect|incomplete|mismatch|invalid|unsupported|unexpected|abort' \
-		>"$RIG_OUT/complaints-nvmet.txt"; then
+	grep -iE "$COMPLAINT" >"$RIG_OUT/complaints-nvmet.txt"; then
 	fail "the kernel complained (nvmet): $(cat "$RIG_OUT/complaints-nvmet.txt")"
 fi
 say "nvmet reference: discover lists $NQN, connect, fio exit 0 ($(fio_line_g "$RIG_OUT/fio-nvmet.txt")), e2fsck -f -n clean, -g -G sums $(grep -c ': OK$' "$RIG_OUT/sums-nvmet.txt")/$FILES OK, disconnect, no complaint"

@@ -41,9 +41,19 @@ source "$HERE/rig.sh"
 # shellcheck source=tests/qemu/md-host.sh
 source "$HERE/md-host.sh"
 
-MEMBERS=6 MEMBER_MIB=32 LEVEL=6 CHUNK=64K NAME=knvmf PORT=4420 FAIL_SLOT=2
-JOBS=2 QD=8 JOB_MIB=24 FILES=4 FILE_MIB=4 SEED=2022
-PARAMS="$MEMBERS $MEMBER_MIB $LEVEL $CHUNK $NAME $PORT $FAIL_SLOT $JOBS $QD $JOB_MIB $FILES $FILE_MIB $SEED"
+# KNVMF_MULTIPATH=1 (kernel-nvmf-mp.sh): the multipath test, kernel-nvmf-mp.guest.sh, instead.
+if [[ ${KNVMF_MULTIPATH:-} == 1 ]]; then
+	TEST=kernel-nvmf-mp SERIAL=kmp
+	MEMBERS=5 MEMBER_MIB=32 LEVEL=6 CHUNK=64K NAME=kmp PORT=4420
+	JOBS=2 QD=8 JOB_MIB=8 SEED=2057
+	VARS="MEMBERS LEVEL CHUNK NAME PORT JOBS QD JOB_MIB SEED"
+else
+	TEST=kernel-nvmf SERIAL=knvmf
+	MEMBERS=6 MEMBER_MIB=32 LEVEL=6 CHUNK=64K NAME=knvmf PORT=4420 FAIL_SLOT=2
+	JOBS=2 QD=8 JOB_MIB=24 FILES=4 FILE_MIB=4 SEED=2022
+	VARS="MEMBERS LEVEL CHUNK NAME PORT FAIL_SLOT JOBS QD JOB_MIB FILES FILE_MIB SEED"
+fi
+PARAMS="$MEMBER_MIB $(for v in $VARS; do printf '%s=%s ' "$v" "${!v}"; done)"
 FERRORAID=${FERRORAID:-${CARGO_TARGET_DIR:-$RIG_REPO/target}/release/ferroraid}
 
 # Sets KNVMF_CLIENT to the unpacked nvme-cli tree (KNVMF_CLIENT/usr/sbin/nvme), fetching it
@@ -61,7 +71,7 @@ fi
 
 knvmf_key() {
 	{
-		cat "$HERE/rig.sh" "$HERE/md-host.sh" "$HERE/kernel-nvmf.sh" "$HERE/kernel-nvmf.guest.sh"
+		cat "$HERE/rig.sh" "$HERE/md-host.sh" "$HERE/kernel-nvmf.sh" "$HERE/$TEST.guest.sh" "$HERE/nvmf-lib.guest.sh"
 		sha256sum <"$FERRORAID"
 		for b in "$(command -v fio)" "$(command -v mkfs.ext4)" "$(command -v e2fsck)"; do sha256sum <"$b"; done
 		cat "$KNVMF_CLIENT/PACKAGES"
@@ -70,11 +80,11 @@ knvmf_key() {
 }
 rig_need fio mkfs.ext4 e2fsck
 knvmf_client
-MD_HOST_TOOLS="sha256sum" md_host_outdir kernel-nvmf knvmf_key "$@"
+MD_HOST_TOOLS="sha256sum" md_host_outdir "$TEST" knvmf_key "$@"
 
 start=$SECONDS
 rig_kernel
-md_host_workspace kernel-nvmf
+md_host_workspace "$TEST"
 RIG_PID=
 trap 'md_host_client_cleanup "${KNVMF_KEEP:-}"' EXIT
 trap 'exit 130' INT TERM HUP
@@ -83,36 +93,39 @@ mkdir -p "$work"
 
 md_host_stripped_ferroraid kernel-nvmf
 conf=$work/knvmf.env
-printf '%s\n' "MEMBERS=$MEMBERS" "LEVEL=$LEVEL" "CHUNK=$CHUNK" "NAME=$NAME" "PORT=$PORT" \
-	"FAIL_SLOT=$FAIL_SLOT" "JOBS=$JOBS" "QD=$QD" "JOB_MIB=$JOB_MIB" "FILES=$FILES" "FILE_MIB=$FILE_MIB" "SEED=$SEED" >"$conf"
+for v in $VARS; do printf '%s=%s\n' "$v" "${!v}"; done >"$conf"
 # A path that depends only on the content: the initramfs cache is keyed on paths too.
 stable=$RIG_CACHE/kernel-nvmf/knvmf-$(sha256sum <"$conf" | cut -c1-16).env
 [[ -s $stable ]] || { cp "$conf" "$stable.$$" && mv "$stable.$$" "$stable"; }
-initrd=$(rig_initramfs --init "$HERE/kernel-nvmf.guest.sh" --modules "nvme-tcp nvmet-tcp loop ext4" \
+initrd=$(rig_initramfs --init "$HERE/$TEST.guest.sh" --modules "nvme-tcp nvmet-tcp loop ext4" \
 	--root "$FR_ROOT" --bin "$FR_ROOT/usr/bin/ferroraid" \
 	--root "$KNVMF_CLIENT" --bin "$KNVMF_CLIENT/usr/sbin/nvme" \
 	--bin "$(command -v fio)" --bin "$(command -v mkfs.ext4)" --bin "$(command -v e2fsck)" \
-	--file /etc/mke2fs.conf:/etc/mke2fs.conf --file "$stable:/rig/knvmf.env")
+	--file /etc/mke2fs.conf:/etc/mke2fs.conf --file "$stable:/rig/knvmf.env" \
+	--file "$HERE/nvmf-lib.guest.sh:/rig/nvmf-lib.sh")
 
 disks=()
 for ((i = 0; i < MEMBERS; i++)); do
 	truncate -s "${MEMBER_MIB}M" "$work/d$i.img"
-	disks+=(--disk "virtio:$work/d$i.img:knvmf-$i")
+	disks+=(--disk "virtio:$work/d$i.img:$SERIAL-$i")
 done
 guest_start=$SECONDS
-md_host_guest "$work/console.log" "the kernel-nvmf guest failed" \
+md_host_guest "$work/console.log" "the $TEST guest failed" \
 	--initrd "$initrd" --timeout "${KNVMF_TIMEOUT:-600}" --mem 1G --smp 2 \
 	--out-disk "$work/out.img" --out-dir "$work/guest" "${disks[@]}"
 guest_s=$((SECONDS - guest_start))
 g=$work/guest
 # What the guest said, to the summary; each line is what the Rust test checks.
-fio_line() { grep -E "^ *$2:" "$1" | head -n1 | sed 's/^ *//'; }
-# said PREFIX: the rest of the guest's first console line holding PREFIX.
-said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r' | sed "s|^$1||"; }
-{
+summary_head() {
 	echo "kernel: $(sed -n 's/^kernel_release=//p' "$g/kernel.txt"); $(grep -o 'fio-[0-9.]*' "$g/versions.txt" | head -n1)"
 	echo "nvme-cli: $(tr '\n' ' ' <"$KNVMF_CLIENT/PACKAGES")"
 	echo "ferroraid: $FERRORAID ($FR_SUM); guest ${guest_s}s"
+}
+fio_line() { grep -E "^ *$2:" "$1" | head -n1 | sed 's/^ *//'; }
+# said PREFIX: the rest of the guest's first console line holding PREFIX.
+said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r' | sed "s|^$1||"; }
+knvmf_summary() {
+	summary_head
 	echo "array: $(tail -n 1 "$g/create.txt")"
 	echo "modprobe: $(said 'nvme-tcp loaded: ')"
 	echo "discover: $(said 'discovered: ')"
@@ -135,7 +148,13 @@ said() { grep -o "$1.*" "$work/console.log" | head -n1 | tr -d '\r' | sed "s|^$1
 	echo "restart-log: $(said 'kernel log of the restart: ')"
 	echo "nvmet: $(said 'nvmet reference: ')"
 	echo "nvmet-id-ctrl: $(said 'nvmet id-ctrl: ')"
-} >"$work/summary.txt"
+}
+if [[ $TEST == kernel-nvmf-mp ]]; then
+	# The multipath guest writes its summary lines itself.
+	{ summary_head && cat "$g/summary-guest.txt"; } >"$work/summary.txt"
+else
+	knvmf_summary >"$work/summary.txt"
+fi
 cat "$work/summary.txt" >&2
 mkdir -p "$work/result"
 cp -r "$g/." "$work/result/"
@@ -143,4 +162,4 @@ cp "$work/summary.txt" "$work/console.log" "$work/result/"
 echo "$key" >"$work/result/.complete"
 rm -rf "$out"
 mv "$work/result" "$out"
-rig_log "kernel-nvmf: ok in $((SECONDS - start))s (guest ${guest_s}s); results in $out"
+rig_log "$TEST: ok in $((SECONDS - start))s (guest ${guest_s}s); results in $out"

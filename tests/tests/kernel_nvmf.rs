@@ -136,3 +136,144 @@ fn kernel_nvme_tcp_host_discover_connect_fio_ext4_disconnect() {
     assert!(degraded > 0, "stop-2: no degraded read served:\n{summary}");
     ferroraid_tests::print_rig_summary("kernel_nvmf", start, &out_dir, &out, &summary);
 }
+
+/// The subsystem NQN of the multipath guest's array (named `kmp`).
+const MP_NQN: &str = "nqn.2026-11.org.ferroraid:kmp";
+
+/// Issue 22, Build 2 / Done when: "fio verify runs through a portal going down and back with
+/// zero errors; `nvme list-subsys` shows the ANA states changing". `tests/qemu/kernel-nvmf-mp.sh`
+/// (kernel-nvmf.sh's rig, `kernel-nvmf-mp.guest.sh` in the guest) serves one array on
+/// 127.0.0.1:4420 and 127.0.0.2:4420 and connects the kernel's host to both: one multipath
+/// head node with two paths, round-robin; under fio rounds (crc32c verify) the second portal
+/// is set inaccessible, removed, added back (inaccessible) and set optimized with `ferroraid
+/// portal ...`; at each step the guest records the controllers' states and the paths'
+/// `ana_state` (sysfs), `nvme list-subsys`, the requests completed since the last step and the
+/// kernel's new lines. The same sequence against the kernel's nvmet-tcp (ports on
+/// 127.0.0.1:4421 and 127.0.0.2:4421, `ana_groups/1/ana_state`) runs first as the reference;
+/// this test holds both to the same facts. Cached in `target/tmp/kernel-nvmf-mp`; skips
+/// like the test above.
+#[test]
+fn kernel_nvme_multipath_rides_through_a_portal_going_down_and_back() {
+    let script = repo_root().join("tests/qemu/kernel-nvmf-mp.sh");
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel-nvmf-mp");
+    let Some(ferroraid_tests::KernelClientRun {
+        out,
+        summary,
+        start,
+    }) = ferroraid_tests::run_kernel_client_rig(
+        "kernel_nvmf multipath",
+        &script,
+        &out_dir,
+        "nvme-cli",
+    )
+    else {
+        return;
+    };
+    has(&summary, "multipath", &["nvme_core multipath=Y"]);
+    has(&summary, "portals", &["127.0.0.1:4420", "127.0.0.2:4420"]);
+    let one = "127.0.0.1=live/optimized";
+    for b in ["nvmet", "fr"] {
+        let key = |step: &str| format!("{b}-{step}");
+        // One namespace node, two paths (one per portal), both optimized, I/O going on.
+        has(
+            &summary,
+            &key("paths"),
+            &[
+                ": /dev/nvme",
+                " 1 heads, 2 paths, 2 controllers",
+                "iopolicy round-robin",
+                one,
+                "127.0.0.2=live/optimized",
+            ],
+        );
+        // ANA notices off on that controller: the host learnt the state from the status of
+        // the I/O sent there (ANA Inaccessible, failover) and shows it in sysfs and
+        // list-subsys.
+        has(
+            &summary,
+            &key("inaccessible"),
+            &[one, "127.0.0.2=live/inaccessible", "trsvcid=442"],
+        );
+        assert!(
+            line(&summary, &key("inaccessible")).contains(" inaccessible |")
+                || line(&summary, &key("inaccessible")).contains(" inaccessible;"),
+            "{b}-inaccessible: list-subsys shows no inaccessible path:\n{summary}"
+        );
+        // Removed: its controller reconnects in a loop while I/O goes on through the other.
+        has(&summary, &key("removed"), &[one, "127.0.0.2=connecting/"]);
+        // Added back: the host's reconnect loop brings the controller back.
+        has(
+            &summary,
+            &key("readded"),
+            &[
+                one,
+                "127.0.0.2=live/inaccessible",
+                "Successfully reconnected",
+            ],
+        );
+        // Only the ANA change notice (AEN, then the log) can tell the host this one.
+        has(
+            &summary,
+            &key("optimized"),
+            &[one, "127.0.0.2=live/optimized"],
+        );
+        for step in ["paths", "inaccessible", "removed", "readded", "optimized"] {
+            let l = line(&summary, &key(step));
+            let ios = number_after(l, "I/O: ").unwrap_or(0);
+            assert!(ios >= 64, "{b}-{step}: no I/O going on ({ios}): {l:?}");
+        }
+        // fio's rounds ran through it all: exit 0, no errors, verify passed.
+        has(
+            &summary,
+            &key("fio"),
+            &["crc32c verify", "each exit 0 err=0", " 0 with errors"],
+        );
+        has(
+            &summary,
+            &key("kernel"),
+            &["no WARNING/BUG/Oops", "disconnected 2 controller"],
+        );
+    }
+    has(&summary, "fr-paths", &[MP_NQN]);
+    // What the host's multipath rests on (docs/NVMF.md): CMIC multi-port, multi-controller
+    // and ANA; OAES with ANA change notices; ANATT 10 s; ANACAP optimized, non-optimized,
+    // inaccessible + ANAGRPID fixed (71); one group; MNAN 1; the namespace shared, group 1.
+    for b in ["nvmet", "fr"] {
+        has(
+            &summary,
+            &format!("{b}-identify"),
+            &[
+                "cmic 0xb,",
+                "oaes 0x900,",
+                "anatt 10,",
+                "nmic 0x1,",
+                "anagrpid 1",
+            ],
+        );
+    }
+    has(
+        &summary,
+        "fr-identify",
+        &["anacap 71,", "anagrpmax 1,", "nanagrpid 1,", "mnan 1,"],
+    );
+    // The target honoured Asynchronous Event Configuration: no notice while it was off, one
+    // once the reconnect enabled it again.
+    has(
+        &summary,
+        "fr-inaccessible",
+        &["is inaccessible (0 controller(s) notified)"],
+    );
+    has(
+        &summary,
+        "fr-removed",
+        &["removed (3 connection(s) closed)"],
+    );
+    has(&summary, "fr-readded", &["added (inaccessible)"]);
+    has(
+        &summary,
+        "fr-optimized",
+        &["is optimized (1 controller(s) notified)"],
+    );
+    has(&summary, "stop", &["serve exit 0", "clean=true"]);
+    ferroraid_tests::print_rig_summary("kernel_nvmf multipath", start, &out_dir, &out, &summary);
+}
