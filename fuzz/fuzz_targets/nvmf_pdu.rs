@@ -15,8 +15,8 @@
 #![no_main]
 
 use ferroraid::nvmf::pdu::{
-    check_icresp, negotiate, Framing, H2cExpect, IcPolicy, IcReq, IcResp, Parse, Pdu,
-    PduError, PduParser, R2t, RecvLimits, Role,
+    check_icresp, negotiate, Framing, H2cExpect, IcPolicy, IcReq, IcResp, Parse, Pdu, PduError,
+    PduParser, R2t, RecvLimits, Role,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -38,7 +38,8 @@ fn parser(s: &Setup) -> PduParser {
                 ..IcResp::default()
             }),
         };
-        pdu.encode(&Framing::default(), &mut ic).expect("IC PDU fits");
+        pdu.encode(&Framing::default(), &mut ic)
+            .expect("IC PDU fits");
         assert!(matches!(p.parse(&ic), Ok(Parse::Pdu(_))));
         p.set_framing(s.framing);
     }
@@ -75,7 +76,11 @@ fn run(s: &Setup, stream: &[u8], mut next_chunk: impl FnMut() -> usize) -> Vec<O
                 assert!(fed >= need_until, "PDU before the bytes said to be needed");
                 assert!(r.len >= 8 && r.len <= buf.len());
                 check_pdu(s, &before, &r.pdu, r.len);
-                out.push(Outcome::Pdu(format!("{:?}", r.pdu), r.len, r.data_digest_ok));
+                out.push(Outcome::Pdu(
+                    format!("{:?}", r.pdu),
+                    r.len,
+                    r.data_digest_ok,
+                ));
                 if matches!(r.pdu, Pdu::IcReq(_) | Pdu::IcResp(_)) && !s.started {
                     p.set_framing(s.framing);
                 }
@@ -83,7 +88,10 @@ fn run(s: &Setup, stream: &[u8], mut next_chunk: impl FnMut() -> usize) -> Vec<O
                 fed = fed.max(start);
             }
             Err(e) => {
-                assert!(fed >= need_until, "error before the bytes said to be needed");
+                assert!(
+                    fed >= need_until,
+                    "error before the bytes said to be needed"
+                );
                 check_error(s, &e, buf);
                 out.push(Outcome::Error(e));
                 return out;
@@ -140,7 +148,9 @@ fn check_error(s: &Setup, e: &PduError, buf: &[u8]) {
         Role::Host => (Pdu::H2cTermReq(t), Role::Controller),
     };
     let mut out = [0u8; 152];
-    let n = pdu.encode(&s.framing, &mut out).expect("a TermReq fits 152 bytes");
+    let n = pdu
+        .encode(&s.framing, &mut out)
+        .expect("a TermReq fits 152 bytes");
     let mut p = PduParser::new(other, s.limits);
     match p.parse(&out[..n]) {
         Ok(Parse::Pdu(r)) => assert_eq!(r.pdu, pdu),
@@ -154,7 +164,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let cfg = data[0];
     let setup = Setup {
-        role: if cfg & 4 != 0 { Role::Host } else { Role::Controller },
+        role: if cfg & 4 != 0 {
+            Role::Host
+        } else {
+            Role::Controller
+        },
         framing: Framing {
             hdgst: cfg & 1 != 0,
             ddgst: cfg & 2 != 0,

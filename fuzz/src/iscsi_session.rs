@@ -50,13 +50,14 @@
 //!   and no session stays registered;
 //! - then a server shutdown finishes the front-end.
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::io::{ErrorKind, Read};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use drivers::mem::MemDevice;
 use engine::array::ArrayConfig;
-use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+use engine::geometry::Level;
 use engine::parity::Parity;
 use engine::reactor::{run_local, Frontend};
 use ferroraid::iscsi::local::{LocalLogin, LocalServer, LoginState};
@@ -204,27 +205,6 @@ pub fn actions(mut b: &[u8]) -> Vec<Action<'_>> {
         });
     }
     v
-}
-
-/// Sends without blocking and without `SIGPIPE` (the fuzzer's process does not ignore
-/// it). `None`: the target has closed.
-fn send(s: &UnixStream, b: &[u8]) -> Option<usize> {
-    // SAFETY: `b` is a valid slice for the call; the descriptor is open (owned by `s`).
-    let n = unsafe {
-        libc::send(
-            s.as_raw_fd(),
-            b.as_ptr().cast(),
-            b.len(),
-            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-        )
-    };
-    if n >= 0 {
-        return Some(n as usize);
-    }
-    match std::io::Error::last_os_error().kind() {
-        ErrorKind::WouldBlock | ErrorKind::Interrupted => Some(0),
-        _ => None,
-    }
 }
 
 /// A parser of what the target sends on one connection.
@@ -388,7 +368,7 @@ impl Client {
         let mut moved = false;
         if self.sent < self.queue.len() {
             let end = self.queue.len().min(self.sent.saturating_add(self.piece));
-            match send(s, &self.queue[self.sent..end]) {
+            match harness::send(s, &self.queue[self.sent..end]) {
                 Some(n) => {
                     self.sent += n;
                     moved |= n > 0;
@@ -439,11 +419,7 @@ pub fn run(input: &[u8]) -> Outcome {
         2 => (Level::Raid5, 3, 4096),
         _ => (Level::Raid6, 5, 512),
     };
-    let g = Geometry::new(level, Layout::LeftSymmetric, members, CHUNK, block).expect("geometry");
-    let geo = ArrayGeometry::new(g, STRIPES).expect("array geometry");
-    let devices: Vec<MemDevice> = (0..members)
-        .map(|i| MemDevice::new(&format!("m{i}"), STRIPES * CHUNK, block, 32).expect("mem"))
-        .collect();
+    let (geo, devices) = harness::mem_array(level, members, CHUNK, block, STRIPES);
     let chap = match setup.chap {
         0 => None,
         k => Some(ChapConfig {

@@ -74,13 +74,15 @@
 //!   connection slot is left taken.
 //!
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use drivers::mem::MemDevice;
 use engine::array::ArrayConfig;
-use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+use engine::geometry::Level;
 use engine::parity::Parity;
 use engine::reactor::{run_local, Frontend};
 use ferroraid::nbd::local::{HandshakeState, LocalServer};
@@ -175,27 +177,6 @@ impl Pieces {
     }
 }
 
-/// Sends without blocking and without `SIGPIPE` (the fuzzer's process does not ignore
-/// it). `None`: the server has closed.
-fn send(s: &UnixStream, b: &[u8]) -> Option<usize> {
-    // SAFETY: `b` is a valid slice for the call; the descriptor is open (owned by `s`).
-    let n = unsafe {
-        libc::send(
-            s.as_raw_fd(),
-            b.as_ptr().cast(),
-            b.len(),
-            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-        )
-    };
-    if n >= 0 {
-        return Some(n as usize);
-    }
-    match std::io::Error::last_os_error().kind() {
-        ErrorKind::WouldBlock | ErrorKind::Interrupted => Some(0),
-        _ => None,
-    }
-}
-
 /// The smallest send buffer the kernel allows on `s`.
 fn shrink_send_buffer(s: &UnixStream) {
     let v: libc::c_int = 1;
@@ -229,11 +210,7 @@ pub fn run(input: &[u8]) -> Outcome {
         2 => (Level::Raid5, 3, 4096, true),
         _ => (Level::Raid5, 3, 512, false),
     };
-    let g = Geometry::new(level, Layout::LeftSymmetric, members, CHUNK, block).expect("geometry");
-    let geo = ArrayGeometry::new(g, STRIPES).expect("array geometry");
-    let devices: Vec<MemDevice> = (0..members)
-        .map(|i| MemDevice::new(&format!("m{i}"), STRIPES * CHUNK, block, 32).expect("mem"))
-        .collect();
+    let (geo, devices) = harness::mem_array(level, members, CHUNK, block, STRIPES);
     let mut export = ExportConfig::for_array("fuzz", &geo, 64 << 10);
     export.trim = ops;
     export.write_zeroes = ops;
@@ -334,7 +311,7 @@ pub fn run(input: &[u8]) -> Outcome {
                                 if piece_left == 0 {
                                     piece_left = pieces.next().min(limit - delivered);
                                 }
-                                match send(c, &stream[delivered..delivered + piece_left]) {
+                                match harness::send(c, &stream[delivered..delivered + piece_left]) {
                                     Some(n) => {
                                         delivered += n;
                                         piece_left -= n;
@@ -362,7 +339,7 @@ pub fn run(input: &[u8]) -> Outcome {
                                         piece_left = pieces.next();
                                     }
                                     piece_left = piece_left.min(left);
-                                    match send(c, &t.out[t.out_at..t.out_at + piece_left]) {
+                                    match harness::send(c, &t.out[t.out_at..t.out_at + piece_left]) {
                                         Some(n) => {
                                             t.out_at += n;
                                             piece_left -= n;

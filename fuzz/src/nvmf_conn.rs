@@ -69,15 +69,16 @@
 //!   flight and no controller is registered; then a server shutdown finishes the
 //!   front-end.
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use drivers::mem::MemDevice;
 use engine::array::ArrayConfig;
-use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
+use engine::geometry::Level;
 use engine::parity::Parity;
 use engine::reactor::{run_local, Frontend};
 use ferroraid::nvmf::local::LocalServer;
@@ -239,27 +240,6 @@ pub fn actions(mut b: &[u8]) -> Vec<Action<'_>> {
         });
     }
     v
-}
-
-/// Sends without blocking and without `SIGPIPE` (the fuzzer's process does not ignore
-/// it). `None`: the target has closed.
-fn send(s: &UnixStream, b: &[u8]) -> Option<usize> {
-    // SAFETY: `b` is a valid slice for the call; the descriptor is open (owned by `s`).
-    let n = unsafe {
-        libc::send(
-            s.as_raw_fd(),
-            b.as_ptr().cast(),
-            b.len(),
-            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-        )
-    };
-    if n >= 0 {
-        return Some(n as usize);
-    }
-    match std::io::Error::last_os_error().kind() {
-        ErrorKind::WouldBlock | ErrorKind::Interrupted => Some(0),
-        _ => None,
-    }
 }
 
 /// A command the host sent, as the checker sees it.
@@ -457,7 +437,7 @@ impl Host {
                     break;
                 };
             let n = buf.len().min(pieces.next());
-            let Some(k) = send(&s, &buf[..n]) else {
+            let Some(k) = harness::send(&s, &buf[..n]) else {
                 // The target closed: nothing more goes out.
                 self.sent = self.stream.len();
                 self.answers.clear();
@@ -720,11 +700,7 @@ pub fn run(input: &[u8]) -> Outcome {
     } else {
         (Level::Raid5, 3, 512)
     };
-    let g = Geometry::new(level, Layout::LeftSymmetric, members, CHUNK, block).expect("geometry");
-    let geo = ArrayGeometry::new(g, STRIPES).expect("array geometry");
-    let devices: Vec<MemDevice> = (0..members)
-        .map(|i| MemDevice::new(&format!("m{i}"), STRIPES * CHUNK, block, 32).expect("mem"))
-        .collect();
+    let (geo, devices) = harness::mem_array(level, members, CHUNK, block, STRIPES);
     let buffers: u16 = if setup.small_buffers { 2 } else { 8 };
     let config = NvmfConfig {
         max_connections_per_reactor: MAX_CONNS,

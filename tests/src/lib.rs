@@ -937,6 +937,41 @@ pub mod alloc_count {
     }
 }
 
+/// The fuzz inputs kept in `fuzz/DIR` (a target's `seeds/T` or `regressions/T`), as
+/// (file name, bytes), sorted by name; none when the folder does not exist. For the seed
+/// replay tests of the conversation fuzz targets.
+///
+/// # Panics
+/// A file of the folder cannot be read.
+pub fn fuzz_inputs(dir: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = repo_root().join("fuzz").join(dir);
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<_> = rd
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p.file_name().unwrap().to_string_lossy().into_owned(), b)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The input named `name` in `fuzz/DIR` ([`fuzz_inputs`]).
+///
+/// # Panics
+/// There is no such input.
+pub fn fuzz_seed(dir: &str, name: &str) -> Vec<u8> {
+    fuzz_inputs(dir)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("fuzz input {dir}/{name} missing"))
+        .1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

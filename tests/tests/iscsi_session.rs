@@ -8,39 +8,16 @@
 #[allow(dead_code)]
 mod session;
 
-use std::path::{Path, PathBuf};
-
-fn inputs(dir: &str) -> Vec<(String, Vec<u8>)> {
-    let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz")
-        .join(dir);
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<_> = rd
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let b = std::fs::read(&p).expect("read input");
-            (p.file_name().unwrap().to_string_lossy().into_owned(), b)
-        })
-        .collect();
-    v.sort();
-    v
-}
+use ferroraid_tests::{fuzz_inputs, fuzz_seed};
 
 fn seed(name: &str) -> Vec<u8> {
-    inputs("seeds/iscsi_session")
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("seed {name} missing"))
-        .1
+    fuzz_seed("seeds/iscsi_session", name)
 }
 
 /// Each seed is a whole session that gets as deep as it was written to.
 #[test]
 fn seeds_reach_their_phase() {
-    let seeds = inputs("seeds/iscsi_session");
+    let seeds = fuzz_inputs("seeds/iscsi_session");
     assert!(seeds.len() >= 12, "seeds missing: {}", seeds.len());
     for (name, input) in seeds {
         let o = session::run(&input);
@@ -103,7 +80,7 @@ fn an_initiator_may_vanish_at_any_byte() {
 /// The inputs kept from fuzzing runs keep the rules.
 #[test]
 fn regressions_keep_the_rules() {
-    for (name, input) in inputs("regressions/iscsi_session") {
+    for (name, input) in fuzz_inputs("regressions/iscsi_session") {
         println!("{name}");
         session::run(&input);
     }

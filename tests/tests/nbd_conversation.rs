@@ -8,35 +8,15 @@
 #[allow(dead_code)]
 mod conversation;
 
-use std::path::{Path, PathBuf};
-
-fn inputs(dir: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz")
-        .join(dir);
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<_> = rd
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let b = std::fs::read(&p).expect("read input");
-            (p, b)
-        })
-        .collect();
-    v.sort();
-    v
-}
+use ferroraid_tests::fuzz_inputs;
 
 /// Each seed is a whole conversation: it reaches what it was written for, and every
 /// rule holds whatever the pieces.
 #[test]
 fn seeds_are_whole_conversations() {
-    let seeds = inputs("seeds/nbd_conn");
+    let seeds = fuzz_inputs("seeds/nbd_conn");
     assert!(seeds.len() >= 8, "seeds missing: {}", seeds.len());
-    for (path, input) in seeds {
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    for (name, input) in seeds {
         let o = conversation::run(&input);
         println!("{name}: {o:?}");
         assert!(!o.ambiguous, "{name}: seeds use unique handles");
@@ -84,9 +64,9 @@ fn seeds_are_whole_conversations() {
 /// in the clear and inside TLS.
 #[test]
 fn a_client_may_vanish_at_any_byte() {
-    let seeds = inputs("seeds/nbd_conn");
+    let seeds = fuzz_inputs("seeds/nbd_conn");
     for (seed, step) in [("structured-go", 7), ("tls-require-refused-first", 13)] {
-        let (_, input) = seeds.iter().find(|(p, _)| p.ends_with(seed)).expect("seed");
+        let (_, input) = seeds.iter().find(|(n, _)| n == seed).expect("seed");
         for end in (conversation::HEADER_BYTES..input.len()).step_by(step) {
             for drop_client in [0u8, 0x20] {
                 let mut cut = input[..end].to_vec();
@@ -102,10 +82,10 @@ fn a_client_may_vanish_at_any_byte() {
 /// client certificates: the server ends what it cannot read, and nothing else breaks.
 #[test]
 fn tls_settings_keep_the_rules() {
-    let seeds = inputs("seeds/nbd_conn");
+    let seeds = fuzz_inputs("seeds/nbd_conn");
     let (_, input) = seeds
         .iter()
-        .find(|(p, _)| p.ends_with("tls-go"))
+        .find(|(n, _)| n == "tls-go")
         .expect("tls-go seed");
     for tls in 0..=255u8 {
         let mut v = input.clone();
@@ -125,7 +105,7 @@ fn tls_settings_keep_the_rules() {
 /// Inputs kept from fuzzing runs.
 #[test]
 fn regressions_keep_the_rules() {
-    for (path, input) in inputs("regressions/nbd_conn") {
-        println!("{}: {:?}", path.display(), conversation::run(&input));
+    for (name, input) in fuzz_inputs("regressions/nbd_conn") {
+        println!("{name}: {:?}", conversation::run(&input));
     }
 }

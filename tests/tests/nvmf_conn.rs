@@ -8,39 +8,16 @@
 #[allow(dead_code)]
 mod conn;
 
-use std::path::{Path, PathBuf};
-
-fn inputs(dir: &str) -> Vec<(String, Vec<u8>)> {
-    let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz")
-        .join(dir);
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<_> = rd
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let b = std::fs::read(&p).expect("read input");
-            (p.file_name().unwrap().to_string_lossy().into_owned(), b)
-        })
-        .collect();
-    v.sort();
-    v
-}
+use ferroraid_tests::{fuzz_inputs, fuzz_seed};
 
 fn seed(name: &str) -> Vec<u8> {
-    inputs("seeds/nvmf_conn")
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("seed {name} missing"))
-        .1
+    fuzz_seed("seeds/nvmf_conn", name)
 }
 
 /// Each seed is a whole conversation that gets as far as it was written to.
 #[test]
 fn seeds_reach_their_commands() {
-    let seeds = inputs("seeds/nvmf_conn");
+    let seeds = fuzz_inputs("seeds/nvmf_conn");
     assert!(seeds.len() >= 10, "seeds missing: {}", seeds.len());
     for (name, input) in seeds {
         let o = conn::run(&input);
@@ -115,7 +92,7 @@ fn seeds_reach_their_commands() {
 /// rules.
 #[test]
 fn pieces_keep_the_rules() {
-    for (name, mut input) in inputs("seeds/nvmf_conn") {
+    for (name, mut input) in fuzz_inputs("seeds/nvmf_conn") {
         for s in [1u8, 5, 13, 200] {
             input[1] = s;
             let o = conn::run(&input);
@@ -139,7 +116,7 @@ fn a_host_may_vanish_at_any_byte() {
 /// The inputs kept from fuzzing runs keep the rules.
 #[test]
 fn regressions_keep_the_rules() {
-    for (name, input) in inputs("regressions/nvmf_conn") {
+    for (name, input) in fuzz_inputs("regressions/nvmf_conn") {
         println!("{name}");
         conn::run(&input);
     }
