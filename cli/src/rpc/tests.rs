@@ -406,6 +406,61 @@ fn protocol_errors() {
             codes::INVALID_PARAMS,
             "contains NUL",
         ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_list","params":{"x":1},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "nvmf_portal_list takes no parameters",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","id":1}"#,
+            codes::INVALID_PARAMS,
+            "missing portal",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","params":{"portal":"127.0.0.1:4420"},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "missing ana_state",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","params":["127.0.0.1:4420",null],"id":1}"#,
+            codes::INVALID_PARAMS,
+            "missing ana_state",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","params":{"portal":"127.0.0.1:4420","ana_state":"bogus"},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "unknown ANA state \"bogus\"",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","params":{"portal":5,"ana_state":"optimized"},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "portal must be an address string",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","params":{"portal":" ","ana_state":"optimized"},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "portal must be an address string",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_remove","params":{"portal":"127.0.0.1:4420","ana_state":"optimized"},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "unknown parameter \"ana_state\": nvmf_portal_remove takes {\"portal\": \"IP:PORT\"}",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_remove","params":["127.0.0.1:4420","optimized"],"id":1}"#,
+            codes::INVALID_PARAMS,
+            "nvmf_portal_remove takes",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_add","params":["127.0.0.1:4420","optimized","x"],"id":1}"#,
+            codes::INVALID_PARAMS,
+            "nvmf_portal_add takes",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"nvmf_portal_add","params":"127.0.0.1:4420","id":1}"#,
+            codes::INVALID_REQUEST,
+            "\"params\" must be an object or an array",
+        ),
     ];
     for &(line, code, want) in cases {
         let v = req(&*m, line);
@@ -513,6 +568,8 @@ fn never_panics_on_garbage() {
     let valid: &[&[u8]] = &[
         br#"{"jsonrpc":"2.0","method":"member_fail","params":{"device":"/dev/m1"},"id":1}"#,
         br#"[{"jsonrpc":"2.0","method":"array_status","id":"x"},{"jsonrpc":"2.0","method":"member_add","params":["/dev/q"]}]"#,
+        br#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","params":{"portal":"127.0.0.2:4420","ana_state":"inaccessible"},"id":2}"#,
+        br#"[{"jsonrpc":"2.0","method":"nvmf_portal_add","params":["127.0.0.2:4420","non_optimized"],"id":3},{"jsonrpc":"2.0","method":"nvmf_portal_remove","params":{"portal":"[::1]:4420"},"id":4}]"#,
     ];
     // A small xorshift: deterministic mutations of valid requests, and random bytes.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
