@@ -8,17 +8,18 @@
 //! `qemu-utils` and `fio`. A missing tool skips its test with a printed reason, unless
 //! `FERRORAID_REQUIRE_TOOLS=1` (CI). Every server is killed when its test ends.
 
-use std::ffi::OsString;
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ferroraid::iscsi::pdu::{self, op, Bhs, Framing, Header};
 use ferroraid::iscsi::text;
+use ferroraid_tests::target::{
+    create_with, ferroraid_cmd, free_port, member_files, Array, Server, CHUNK,
+};
 use ferroraid_tests::{required, run_tool, show_output, tool};
 
 const MIB: u64 = 1 << 20;
@@ -170,171 +171,30 @@ fn cu_statuses_count_each_test_by_its_own_status() {
     }
 }
 
-fn ferroraid_cmd<I, S>(args: I) -> Command
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<std::ffi::OsStr>,
-{
-    let mut c = Command::new(ferroraid_tests::ferroraid_bin());
-    c.args(args).env("RUST_LOG", "info").env("NO_COLOR", "1");
-    c
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding 127.0.0.1:0")
-        .port()
-}
-
 /// The tools a test needs, or `None` (skipped, said on stderr) when one is missing and
 /// `FERRORAID_REQUIRE_TOOLS` is not 1.
 fn tools(names: &[&str]) -> Option<Vec<PathBuf>> {
     names.iter().map(|n| tool(n)).collect()
 }
 
-/// A created array: member files, name, UUID (hex, no separators), capacity in bytes.
-struct Array {
-    name: String,
-    members: Vec<PathBuf>,
-    uuid_hex: String,
-    size: u64,
+/// A RAID6 `name` (64 KiB chunks, left-symmetric) over `members` new member files of
+/// `member_bytes` bytes each in `dir`: the array and `ferroraid create`'s output.
+fn create_out(dir: &Path, name: &str, members: usize, member_bytes: u64) -> (Array, String) {
+    let files = member_files(dir, name, members, member_bytes);
+    create_with(dir, 6, "left-symmetric", name, &files, CHUNK, &[])
 }
 
 fn create(dir: &Path, name: &str, members: usize, member_bytes: u64) -> Array {
-    let paths: Vec<PathBuf> = (0..members)
-        .map(|i| {
-            let p = dir.join(format!("{name}{i}.img"));
-            fs::File::create(&p)
-                .and_then(|f| f.set_len(member_bytes))
-                .unwrap();
-            p
-        })
-        .collect();
-    let mut cmd = ferroraid_cmd(["create", "--level", "6", "--chunk", "64K", "--name", name]);
-    cmd.args(&paths);
-    let out = run_tool(&mut cmd, dir, TOOL_TIMEOUT);
-    assert!(out.status.success(), "create: {}", show_output(&out));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    // created raid6 left-symmetric array "x" (UUID a:b:c:d): 6 members, ..., N bytes, ...
-    let uuid_hex = text
-        .split("(UUID ")
-        .nth(1)
-        .and_then(|r| r.split(')').next())
-        .unwrap_or_else(|| panic!("no UUID in {text}"))
-        .replace(':', "");
-    let size = text
-        .split(", ")
-        .find_map(|p| p.strip_suffix(" bytes")?.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no capacity in {text}"));
-    Array {
-        name: name.to_string(),
-        members: paths,
-        uuid_hex,
-        size,
-    }
+    create_out(dir, name, members, member_bytes).0
 }
 
-/// A `ferroraid serve` process with NBD and iSCSI on free ports.
-struct Server {
-    child: Option<Child>,
-    stderr: PathBuf,
-    iscsi_port: u16,
-    nbd_port: u16,
-    target: String,
-}
-
-impl Server {
-    fn start(dir: &Path, label: &str, a: &Array, extra: &[&str]) -> Server {
-        let (iscsi_port, nbd_port) = (free_port(), free_port());
-        let mut args: Vec<OsString> = vec!["serve".into(), "--adaptive".into()];
-        args.extend(["--nbd".into(), format!("127.0.0.1:{nbd_port}").into()]);
-        args.extend(["--iscsi".into(), format!("127.0.0.1:{iscsi_port}").into()]);
-        args.extend(extra.iter().map(OsString::from));
-        args.extend(a.members.iter().map(|m| m.as_os_str().to_owned()));
-        let stderr = dir.join(format!("{label}.err"));
-        let mut cmd = ferroraid_cmd(&args);
-        // SAFETY: prctl is async-signal-safe; the server dies with the test process.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(dir.join(format!("{label}.out"))).unwrap())
-            .stderr(fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("starting ferroraid serve");
-        let mut s = Server {
-            child: Some(child),
-            stderr,
-            iscsi_port,
-            nbd_port,
-            target: format!("iqn.2026-11.org.ferroraid:{}", a.name),
-        };
-        let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect(("127.0.0.1", iscsi_port)).is_err() {
-            assert!(s.alive(), "ferroraid serve exited:\n{}", s.log());
-            assert!(
-                Instant::now() < deadline,
-                "iSCSI port never opened:\n{}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        s
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
-    }
-
-    fn url(&self) -> String {
-        format!("iscsi://127.0.0.1:{}/{}/0", self.iscsi_port, self.target)
-    }
-
-    fn portal(&self) -> String {
-        format!("iscsi://127.0.0.1:{}", self.iscsi_port)
-    }
-
-    /// SIGTERM, then the exit status must be success (a clean drain and stop).
-    fn stop(&mut self) {
-        let mut c = self.child.take().expect("running");
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                assert!(st.success(), "serve exited with {st}:\n{}", self.log());
-                return;
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("serve did not stop:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-            if std::thread::panicking() {
-                eprintln!("--- ferroraid serve log ---\n{}", self.log());
-            }
-        }
-    }
+/// `ferroraid serve` of `a` with NBD and iSCSI on free 127.0.0.1 ports and `extra`
+/// arguments (logs in `dir/LABEL.{out,err}`), answering on both.
+fn serve(dir: &Path, label: &str, a: &Array, extra: &[&str]) -> Server {
+    let iscsi = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["--iscsi", iscsi.as_str()];
+    args.extend_from_slice(extra);
+    Server::serve(dir, label, &a.name, &a.members, &args)
 }
 
 fn ok(out: Output, what: &str, srv: &Server) -> String {
@@ -362,10 +222,10 @@ fn compliance_suite_passes_176_with_no_failure_and_only_explained_skips() {
     let d = tmp.path();
     // RAID6, 4 members of 129 MiB: 256 MiB of LUN.
     let a = create(d, "cu", 4, 129 * MIB);
-    let mut srv = Server::start(d, "cu", &a, &["--reactors", "2"]);
+    let mut srv = serve(d, "cu", &a, &["--reactors", "2"]);
     let started = Instant::now();
     let out = run_tool(
-        Command::new(&t[0]).args(["-d", "-t", "ALL", &srv.url()]),
+        Command::new(&t[0]).args(["-d", "-t", "ALL", &srv.iscsi_url()]),
         d,
         SUITE_TIMEOUT,
     );
@@ -431,14 +291,14 @@ fn compliance_suite_passes_176_with_no_failure_and_only_explained_skips() {
         passed.len()
     );
     assert!(
-        srv.alive(),
+        srv.try_wait().is_none(),
         "the target died under the suite:\n{}",
         srv.log()
     );
     assert!(!srv.log().contains("panicked"), "{}", srv.log());
     // Still serving.
     ok(
-        run_tool(Command::new(&t[1]).arg(srv.url()), d, TOOL_TIMEOUT),
+        run_tool(Command::new(&t[1]).arg(srv.iscsi_url()), d, TOOL_TIMEOUT),
         "iscsi-inq after the suite",
         &srv,
     );
@@ -456,11 +316,11 @@ fn reservation_suites_all_pass() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let a = create(d, "pr", 4, 129 * MIB);
-    let mut srv = Server::start(d, "pr", &a, &["--reactors", "2"]);
+    let mut srv = serve(d, "pr", &a, &["--reactors", "2"]);
     let suites = "ALL.PrinReadKeys,ALL.ProutReserve,ALL.ProutRegister,ALL.ProutClear,\
 ALL.ProutPreempt,ALL.PrinReportCapabilities,ALL.PrinServiceactionRange,ALL.Reserve6";
     let out = run_tool(
-        Command::new(&t[0]).args(["-d", "-t", suites, &srv.url()]),
+        Command::new(&t[0]).args(["-d", "-t", suites, &srv.iscsi_url()]),
         d,
         SUITE_TIMEOUT,
     );
@@ -487,10 +347,10 @@ fn extended_copy_and_receive_copy_results_suites_pass() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let a = create(d, "xc", 4, 129 * MIB);
-    let mut srv = Server::start(d, "xc", &a, &["--reactors", "2"]);
+    let mut srv = serve(d, "xc", &a, &["--reactors", "2"]);
     for (suite, tests) in [("ALL.ExtendedCopy", 6), ("ALL.ReceiveCopyResults", 2)] {
         let out = run_tool(
-            Command::new(&t[0]).args(["-d", "-V", "-t", suite, &srv.url()]),
+            Command::new(&t[0]).args(["-d", "-V", "-t", suite, &srv.iscsi_url()]),
             d,
             SUITE_TIMEOUT,
         );
@@ -521,22 +381,30 @@ fn iscsi_ls_inq_and_readcapacity16_report_the_array() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let a = create(d, "inq", 6, 17 * MIB);
-    let mut srv = Server::start(d, "inq", &a, &[]);
+    let (a, created) = create_out(d, "inq", 6, 17 * MIB);
+    // "created raid6 ... array "inq" (UUID a:b:c:d): ...": the UUID in hex, no separators.
+    let uuid_hex = created
+        .split("(UUID ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no UUID in {created}"))
+        .replace(':', "");
+    let mut srv = serve(d, "inq", &a, &[]);
     let ls = ok(
-        run_tool(Command::new(&t[0]).arg(srv.portal()), d, TOOL_TIMEOUT),
+        run_tool(Command::new(&t[0]).arg(srv.iscsi_portal()), d, TOOL_TIMEOUT),
         "iscsi-ls",
         &srv,
     );
     assert!(
         ls.contains(&format!(
             "Target:{} Portal:127.0.0.1:{},1",
-            srv.target, srv.iscsi_port
+            srv.iscsi_target(),
+            srv.iscsi_port.expect("iSCSI")
         )),
         "{ls}"
     );
     let inq = ok(
-        run_tool(Command::new(&t[1]).arg(srv.url()), d, TOOL_TIMEOUT),
+        run_tool(Command::new(&t[1]).arg(srv.iscsi_url()), d, TOOL_TIMEOUT),
         "iscsi-inq",
         &srv,
     );
@@ -551,22 +419,18 @@ fn iscsi_ls_inq_and_readcapacity16_report_the_array() {
     // Unit serial number: the array UUID.
     let serial = ok(
         run_tool(
-            Command::new(&t[1]).args(["-e", "1", "-c", "128", &srv.url()]),
+            Command::new(&t[1]).args(["-e", "1", "-c", "128", &srv.iscsi_url()]),
             d,
             TOOL_TIMEOUT,
         ),
         "iscsi-inq VPD 0x80",
         &srv,
     );
-    assert!(
-        serial.contains(&a.uuid_hex),
-        "{} not in\n{serial}",
-        a.uuid_hex
-    );
+    assert!(serial.contains(&uuid_hex), "{} not in\n{serial}", uuid_hex);
     // Device identification: an NAA designator.
     let ident = ok(
         run_tool(
-            Command::new(&t[1]).args(["-e", "1", "-c", "131", &srv.url()]),
+            Command::new(&t[1]).args(["-e", "1", "-c", "131", &srv.iscsi_url()]),
             d,
             TOOL_TIMEOUT,
         ),
@@ -575,7 +439,7 @@ fn iscsi_ls_inq_and_readcapacity16_report_the_array() {
     );
     assert!(ident.contains("NAA"), "{ident}");
     let cap = ok(
-        run_tool(Command::new(&t[2]).arg(srv.url()), d, TOOL_TIMEOUT),
+        run_tool(Command::new(&t[2]).arg(srv.iscsi_url()), d, TOOL_TIMEOUT),
         "iscsi-readcapacity16",
         &srv,
     );
@@ -598,7 +462,7 @@ fn iscsi_ls_inq_and_readcapacity16_report_the_array() {
 fn qemu_iscsi(srv: &Server, d: &Path) -> Option<PathBuf> {
     let q = tool("qemu-io")?;
     let out = run_tool(
-        Command::new(&q).args(["-f", "raw", "-c", "read 0 512", &srv.url()]),
+        Command::new(&q).args(["-f", "raw", "-c", "read 0 512", &srv.iscsi_url()]),
         d,
         TOOL_TIMEOUT,
     );
@@ -624,7 +488,7 @@ fn qemu_io_writes_and_verifies_patterns_over_iscsi() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let a = create(d, "qio", 6, 17 * MIB);
-    let mut srv = Server::start(d, "qio", &a, &["--reactors", "2"]);
+    let mut srv = serve(d, "qio", &a, &["--reactors", "2"]);
     let Some(q) = qemu_iscsi(&srv, d) else {
         return;
     };
@@ -639,7 +503,7 @@ fn qemu_io_writes_and_verifies_patterns_over_iscsi() {
         let cmd = format!("write -P {pat} {off} {len}");
         ok(
             run_tool(
-                Command::new(&q).args(["-f", "raw", "-c", &cmd, &srv.url()]),
+                Command::new(&q).args(["-f", "raw", "-c", &cmd, &srv.iscsi_url()]),
                 d,
                 TOOL_TIMEOUT,
             ),
@@ -686,11 +550,8 @@ fn qemu_io_writes_and_verifies_patterns_over_iscsi() {
             }
         }
     };
-    check(srv.url(), "iSCSI");
-    check(
-        format!("nbd://127.0.0.1:{}/{}", srv.nbd_port, a.name),
-        "NBD",
-    );
+    check(srv.iscsi_url(), "iSCSI");
+    check(format!("nbd://127.0.0.1:{}/{}", srv.port, a.name), "NBD");
     srv.stop();
 }
 
@@ -724,7 +585,7 @@ fn fio_random_writes_verify_over_iscsi_while_a_member_fails() {
     let a = create(d, "fio", 6, 17 * MIB);
     let rpc = d.join("rpc.sock");
     let rpc_arg = rpc.display().to_string();
-    let mut srv = Server::start(d, "fio", &a, &["--rpc", &rpc_arg, "--reactors", "2"]);
+    let mut srv = serve(d, "fio", &a, &["--rpc", &rpc_arg, "--reactors", "2"]);
     if qemu_iscsi(&srv, d).is_none() {
         return;
     }
@@ -733,7 +594,7 @@ fn fio_random_writes_verify_over_iscsi_while_a_member_fails() {
         // Persistent, several clients: fio connects more than once.
         .args(["-f", "raw", "--cache=none", "-t", "-e", "8", "-k"])
         .arg(&sock)
-        .arg(srv.url())
+        .arg(srv.iscsi_url())
         .stdout(Stdio::null())
         .stderr(fs::File::create(d.join("qemu-nbd.err")).unwrap())
         .spawn()
@@ -829,11 +690,12 @@ fn chap_one_way_and_mutual_and_wrong_secrets_refused() {
     )
     .unwrap();
     let cfg_arg = cfg.display().to_string();
-    let mut srv = Server::start(d, "chap", &a, &["--config", &cfg_arg]);
+    let mut srv = serve(d, "chap", &a, &["--config", &cfg_arg]);
     let url_with = |cred: &str, query: &str| {
         format!(
             "iscsi://{cred}@127.0.0.1:{}/{}/0{query}",
-            srv.iscsi_port, srv.target
+            srv.iscsi_port.expect("iSCSI"),
+            srv.iscsi_target()
         )
     };
     let inq = |url: String| run_tool(Command::new(&t[0]).arg(url), d, TOOL_TIMEOUT);
@@ -864,7 +726,7 @@ fn chap_one_way_and_mutual_and_wrong_secrets_refused() {
             show_output(&out)
         );
     }
-    let out = inq(srv.url());
+    let out = inq(srv.iscsi_url());
     assert!(
         !out.status.success(),
         "no CHAP accepted: {}",
@@ -1100,9 +962,9 @@ fn malformed_pdus_get_rejects_or_a_clean_drop() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let a = create(d, "raw", 4, 9 * MIB);
-    let mut srv = Server::start(d, "raw", &a, &[]);
-    let port = srv.iscsi_port;
-    let target = srv.target.clone();
+    let mut srv = serve(d, "raw", &a, &[]);
+    let port = srv.iscsi_port.expect("iSCSI");
+    let target = srv.iscsi_target();
 
     // An unknown opcode: Reject "command not supported", the connection goes on.
     let mut r = Raw::login(port, &target, false);
@@ -1174,7 +1036,7 @@ fn malformed_pdus_get_rejects_or_a_clean_drop() {
     // The target is unharmed: a new session works and the server stops cleanly.
     let mut r = Raw::login(port, &target, false);
     r.ping();
-    assert!(srv.alive());
+    assert!(srv.try_wait().is_none());
     assert!(!srv.log().contains("panicked"), "{}", srv.log());
     srv.stop();
 }
@@ -2171,8 +2033,8 @@ mod in_process {
         let mut arr = create(d, "aptpl", 4, 9 * MIB);
         let login = |srv: &Server, initiator: &'static str, low: u8| {
             Raw::login_with(
-                srv.iscsi_port,
-                &srv.target,
+                srv.iscsi_port.expect("iSCSI"),
+                &srv.iscsi_target(),
                 LoginOpts {
                     initiator,
                     isid: [0x80, 0, 0, 0, 0, low],
@@ -2180,7 +2042,7 @@ mod in_process {
                 },
             )
         };
-        let mut srv = Server::start(d, "aptpl1", &arr, &["--reactors", "2"]);
+        let mut srv = serve(d, "aptpl1", &arr, &["--reactors", "2"]);
         let mut a = login(&srv, A, 1);
         assert_eq!(prout(&mut a, 0, 0, 0, 0xa1, true).0, GOOD, "REGISTER");
         assert_eq!(prout(&mut a, 1, 1, 0xa1, 0, true).0, GOOD, "RESERVE WE");
@@ -2191,7 +2053,7 @@ mod in_process {
             assert_eq!(&head[..8], b"FRRSV\0\x01\0", "record on {}", m.display());
         }
         arr.members.reverse();
-        let mut srv = Server::start(d, "aptpl2", &arr, &["--reactors", "2"]);
+        let mut srv = serve(d, "aptpl2", &arr, &["--reactors", "2"]);
         let mut a = login(&srv, A, 1);
         let mut b = login(&srv, B, 2);
         assert_eq!(read_reservation(&mut b), Some((0xa1, 1)));
@@ -2202,7 +2064,7 @@ mod in_process {
         assert_eq!(prout(&mut a, 0, 0, 0xa1, 0, true).0, GOOD, "unregister");
         drop((a, b));
         srv.stop();
-        let mut srv = Server::start(d, "aptpl3", &arr, &[]);
+        let mut srv = serve(d, "aptpl3", &arr, &[]);
         let mut b = login(&srv, B, 2);
         assert_eq!(read_reservation(&mut b), None);
         assert_eq!(write1(&mut b, 4).0, GOOD);
