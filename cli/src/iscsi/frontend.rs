@@ -1819,6 +1819,9 @@ impl IscsiFrontend {
         dlen: usize,
         io: &mut Io<'_, C>,
     ) -> Handled {
+        // A PREEMPT AND ABORT or reset done on another reactor since this turn began ends
+        // its tasks before their data is taken (the task looked up below is then gone).
+        self.pr_catch_up();
         let ttt = bhs.u32_at(20);
         let solicited = ttt != pdu::RESERVED_TAG;
         let found = if solicited {
@@ -2350,6 +2353,35 @@ impl IscsiFrontend {
         n > 0
     }
 
+    /// Acts on reservation changes and resets made on other reactors since this front end
+    /// last looked (one atomic load when there are none): tasks of a nexus that a PREEMPT
+    /// AND ABORT removed end without status (SPC-4 §5.13.11.5), and so does every task after
+    /// a LOGICAL UNIT RESET / TARGET WARM RESET (SAM-5 §6.3, TAS = 0). Run at the start of
+    /// every turn and before any solicited or unsolicited data is taken: the initiator
+    /// that sent the PREEMPT AND ABORT may have its GOOD status, and the preempted
+    /// initiator's late Data-Out, before this reactor's next turn. Returns whether a task
+    /// was aborted.
+    fn pr_catch_up(&mut self) -> bool {
+        let epoch = self.shared.pr_epoch.load(Ordering::Acquire);
+        if epoch == self.pr_turn_epoch {
+            return false;
+        }
+        self.pr_turn_epoch = epoch;
+        let mut aborted = self.pr_preempt_aborts();
+        let resets = self.shared.lun_resets.load(Ordering::Acquire);
+        if resets != self.lun_resets_seen {
+            self.lun_resets_seen = resets;
+            let n = self.abort_where(|_, _| true, 0);
+            info!(
+                reactor = self.reactor,
+                aborted = n,
+                "logical unit reset on another reactor: tasks aborted"
+            );
+            aborted = true;
+        }
+        aborted
+    }
+
     /// LOGICAL UNIT RESET / TARGET RESET from session `sidx` (SPC-4 §5.13.1, SAM-5 §6.3).
     fn pr_reset(&mut self, sidx: usize) {
         let s = self.sessions[sidx].as_ref().expect("session");
@@ -2393,24 +2425,7 @@ impl Frontend for IscsiFrontend {
         }
         // One atomic load per turn: a reservation change (another reactor's PREEMPT AND
         // ABORT) is looked at here rather than at its victims' next commands.
-        let epoch = self.shared.pr_epoch.load(Ordering::Acquire);
-        if epoch != self.pr_turn_epoch {
-            self.pr_turn_epoch = epoch;
-            progress |= self.pr_preempt_aborts();
-            // A LOGICAL UNIT RESET / TARGET WARM RESET on another reactor: every task of
-            // the logical unit here ends too, without status (SAM-5 §6.3, TAS = 0).
-            let resets = self.shared.lun_resets.load(Ordering::Acquire);
-            if resets != self.lun_resets_seen {
-                self.lun_resets_seen = resets;
-                let n = self.abort_where(|_, _| true, 0);
-                info!(
-                    reactor = self.reactor,
-                    aborted = n,
-                    "logical unit reset on another reactor: tasks aborted"
-                );
-                progress = true;
-            }
-        }
+        progress |= self.pr_catch_up();
         self.turns = self.turns.wrapping_add(1);
         let clock = self.turns.is_multiple_of(CLOCK_EVERY) && self.active > 0;
         let now = if clock { Some(Instant::now()) } else { None };
