@@ -2,6 +2,9 @@
 //! `nvmf_conn.rs`) share: the client's non-blocking send and the in-memory array they
 //! serve. Each driver includes this file as its own `harness` module (`#[path]`), in the
 //! fuzz targets and in the seed replay tests alike.
+// Each driver uses what it needs of this file (the NBD driver has no length-prefixed
+// actions).
+#![allow(dead_code)]
 
 use std::io::ErrorKind;
 use std::os::fd::AsRawFd;
@@ -51,4 +54,34 @@ pub fn mem_array(
         .map(|i| MemDevice::new(&format!("m{i}"), stripes * chunk, block, 32).expect("mem"))
         .collect();
     (geo, devices)
+}
+
+/// Splits a length-prefixed piece off the front of an action stream: a big-endian `u16`
+/// length (0 when fewer than 2 bytes are left), then that many bytes (fewer at the end of
+/// the input). Returns the piece; `b` keeps the rest.
+pub fn take_prefixed<'a>(b: &mut &'a [u8]) -> &'a [u8] {
+    let n = match *b {
+        [h, l, ..] => usize::from(u16::from_be_bytes([*h, *l])),
+        _ => 0,
+    };
+    let rest = b.get(2..).unwrap_or_default();
+    let (d, rest) = rest.split_at(n.min(rest.len()));
+    *b = rest;
+    d
+}
+
+/// Runs loop turns (`turn` returns whether anything moved) until two turns in a row move
+/// nothing, or `max` turns have run.
+pub fn turn_until_quiet(max: u32, mut turn: impl FnMut() -> bool) {
+    let mut quiet = 0;
+    for _ in 0..max {
+        if turn() {
+            quiet = 0;
+        } else {
+            quiet += 1;
+            if quiet == 2 {
+                break;
+            }
+        }
+    }
 }

@@ -220,14 +220,7 @@ pub fn actions(mut b: &[u8]) -> Vec<Action<'_>> {
         b = rest;
         v.push(match op & 7 {
             0 => {
-                let n = match b {
-                    [h, l, ..] => usize::from(u16::from_be_bytes([*h, *l])),
-                    _ => 0,
-                };
-                b = b.get(2..).unwrap_or_default();
-                let n = n.min(b.len());
-                let (d, rest) = b.split_at(n);
-                b = rest;
+                let d = harness::take_prefixed(&mut b);
                 Action::Send(d)
             }
             1 => Action::Wait,
@@ -762,17 +755,7 @@ pub fn run(input: &[u8]) -> Outcome {
                         turn(&mut hosts, r, &mut o);
                     }
                     Action::Wait => {
-                        let mut quiet = 0;
-                        for _ in 0..WAIT_TURNS {
-                            if turn(&mut hosts, r, &mut o) {
-                                quiet = 0;
-                            } else {
-                                quiet += 1;
-                                if quiet == 2 {
-                                    break;
-                                }
-                            }
-                        }
+                        harness::turn_until_quiet(WAIT_TURNS, || turn(&mut hosts, r, &mut o));
                     }
                     Action::Connect => {
                         if hosts.len() < MAX_CONNS {
@@ -882,17 +865,7 @@ pub fn run(input: &[u8]) -> Outcome {
                 }
             }
             // Let the ending play out, then every host goes away.
-            let mut quiet = 0;
-            for _ in 0..WAIT_TURNS {
-                if turn(&mut hosts, r, &mut o) {
-                    quiet = 0;
-                } else {
-                    quiet += 1;
-                    if quiet == 2 {
-                        break;
-                    }
-                }
-            }
+            harness::turn_until_quiet(WAIT_TURNS, || turn(&mut hosts, r, &mut o));
             for h in hosts.iter_mut() {
                 h.sock = None;
             }
