@@ -989,10 +989,9 @@ struct Shared {
     /// (written by that reactor alone, each on its own cache line: no line bounces between
     /// cores on every request).
     in_flight: Box<[CachePadded<AtomicUsize>]>,
-    /// Each reactor's thread, for unparking (set when the thread starts).
-    threads: Vec<OnceLock<Thread>>,
-    /// Whether each reactor is (about to be) parked.
-    parked: Vec<AtomicBool>,
+    /// The reactor threads hosting this array's shards (shared with every other array
+    /// on the same [`ReactorSet`]): for unparking.
+    host: Arc<HostShared>,
     /// Each reactor's control ring.
     control: Vec<ArrayQueue<Control>>,
     /// What each reactor last published.
@@ -1051,15 +1050,7 @@ impl Shared {
 
     /// Wakes reactor `to` if it is parked (adaptive mode), after work was queued for it.
     fn wake(&self, to: usize) {
-        // Dekker with the parking side (it stores its flag, then looks at its rings): our
-        // queueing store must be visible before we read the flag. A ring push is a plain
-        // release store, which a later load may pass; the fence forbids that.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.parked[to].load(Ordering::SeqCst) {
-            if let Some(t) = self.threads[to].get() {
-                t.unpark();
-            }
-        }
+        self.host.wake(to);
     }
 }
 
@@ -1068,13 +1059,14 @@ impl Shared {
     /// `data_offset` bytes on members of type `device_type`; `resumed`: a replace is
     /// resumed at start ([`RESUMED_REPLACE_SERIAL`]).
     fn new(
-        n: usize,
+        host: Arc<HostShared>,
         geo: ArrayGeometry,
         data_offset: u64,
         device_type: std::any::TypeId,
         resumed: bool,
         zero_map: Arc<ZeroMap>,
     ) -> Self {
+        let n = host.reactors();
         Shared {
             zero_map,
             stop: AtomicBool::new(false),
@@ -1082,8 +1074,7 @@ impl Shared {
             in_flight: (0..n)
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
-            threads: (0..n).map(|_| OnceLock::new()).collect(),
-            parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            host,
             control: (0..n).map(|_| ArrayQueue::new(CONTROL_CAPACITY)).collect(),
             published: (0..n)
                 .map(|_| {
@@ -1146,10 +1137,16 @@ pub struct ResumeReplace {
 /// The serial of a replace resumed at start ([`Extras::replace`]); later ones count up.
 pub const RESUMED_REPLACE_SERIAL: u64 = 1;
 
-/// Running reactors; [`Reactors::stop`] joins them and returns their front-ends.
+/// Running reactors of one array; [`Reactors::stop`] stops its shards and returns their
+/// front-ends. The shards run on the threads of a [`ReactorSet`]: one of its own
+/// ([`Reactors::start`]) or one shared with other arrays ([`Reactors::start_on`]).
 pub struct Reactors<F: Frontend> {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<Result<F, ReactorError>>>,
+    /// Each shard's front-end (or setup error) when it stops, tagged with its reactor.
+    results: Mutex<std::sync::mpsc::Receiver<(usize, Result<F, ReactorError>)>>,
+    /// The set these reactors started for themselves ([`Reactors::start`]): shut down with
+    /// them. `None` on a shared set.
+    own: Option<ReactorSet>,
 }
 
 impl<F: Frontend> Reactors<F> {
@@ -1246,7 +1243,8 @@ impl<F: Frontend> Reactors<F> {
     }
 
     /// [`Reactors::start`] with every option: a pacer per reactor and a write-intent
-    /// bitmap ([`Extras`]).
+    /// bitmap ([`Extras`]). The reactors are a [`ReactorSet`] of their own on
+    /// `cfg.cores` in `cfg.mode`, shut down by [`Reactors::stop`].
     ///
     /// # Errors
     /// As [`Reactors::start`].
@@ -1263,14 +1261,6 @@ impl<F: Frontend> Reactors<F> {
         D: BlockDevice + Send + Sync + 'static,
         P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
     {
-        let Extras {
-            pacer,
-            bitmap,
-            ppl,
-            replace,
-        } = extras;
-        let replace = replace.map(Arc::new);
-        let pacer = Arc::new(pacer);
         let n = cfg.cores.len();
         if n == 0 || frontends.len() != n || n > usize::from(u16::MAX) {
             return Err(ReactorError::Config(format!(
@@ -1279,9 +1269,75 @@ impl<F: Frontend> Reactors<F> {
                 frontends.len()
             )));
         }
+        let set = ReactorSet::start(&cfg.cores, cfg.mode)?;
+        let mut r = Self::start_on(
+            &set, devices, geo, parity, array_cfg, &cfg, frontends, extras,
+        )?;
+        r.own = Some(set);
+        Ok(r)
+    }
+
+    /// Starts the array's shards on the reactors of `set`, which may already serve other
+    /// arrays: one shard per reactor of the set, each with its own channel to every device
+    /// in `devices` (member order), front-end `frontends[reactor]`, and what `extras`
+    /// adds. The other arrays' I/O goes on meanwhile (each reactor builds the shard —
+    /// opens its channels, allocates its buffers — between two turns of its loop).
+    /// `cfg.cores` and `cfg.mode` are not used (the set's are); `cfg.requests` and
+    /// `cfg.foreign_reads` are this array's.
+    ///
+    /// Two arrays on one set must not share a member device: the pacer and the depth
+    /// controller are per shard and member, so two arrays on one device would each
+    /// believe they have it alone (the caller refuses that: member devices are locked
+    /// per array).
+    ///
+    /// # Errors
+    /// [`ReactorError::Config`] when `frontends` does not give one front-end per reactor
+    /// of the set, or the set is shutting down. Channel or shard construction errors
+    /// surface from [`Reactors::stop`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_on<D, P>(
+        set: &ReactorSet,
+        devices: Arc<Vec<D>>,
+        geo: ArrayGeometry,
+        parity: Parity,
+        array_cfg: ArrayConfig,
+        cfg: &ReactorConfig,
+        frontends: Vec<F>,
+        extras: Extras<P>,
+    ) -> Result<Self, ReactorError>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+        P: Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static,
+    {
+        let Extras {
+            pacer,
+            bitmap,
+            ppl,
+            replace,
+        } = extras;
+        let replace = replace.map(Arc::new);
+        let pacer = Arc::new(pacer);
+        let n = set.reactors();
+        if frontends.len() != n {
+            return Err(ReactorError::Config(format!(
+                "{} front-ends for a set of {n} reactors: need one front-end per reactor",
+                frontends.len()
+            )));
+        }
+        if cfg.requests == 0 || cfg.requests > u32::MAX as usize {
+            return Err(ReactorError::Config(format!(
+                "{} requests in flight: need 1..=2^32-1",
+                cfg.requests
+            )));
+        }
+        if set.host.stop.load(Ordering::Acquire) {
+            return Err(ReactorError::Config(
+                "the reactor set is shutting down".into(),
+            ));
+        }
         let mut links = Links::mesh(n).into_iter();
         let shared = Arc::new(Shared::new(
-            n,
+            Arc::clone(&set.host),
             geo,
             array_cfg.data_offset_bytes,
             std::any::TypeId::of::<D>(),
@@ -1297,28 +1353,23 @@ impl<F: Frontend> Reactors<F> {
                 geo.geometry().members(),
             )
         });
-        let mut threads = Vec::with_capacity(n);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let requests = cfg.requests;
+        let foreign_reads = gate.is_some();
         for (me, fe) in frontends.into_iter().enumerate() {
             let devices = Arc::clone(&devices);
             let pacer = Arc::clone(&pacer);
             let my_links = links.next().expect("one link set per reactor");
             let shared = Arc::clone(&shared);
-            let core = cfg.cores[me];
-            let mode = cfg.mode;
-            let requests = cfg.requests;
             let bitmap = bitmap.clone();
             let ppl = ppl.clone();
             let gate = gate.clone();
             let replace = replace.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("reactor-{me}"))
-                .spawn(move || {
-                    let _ = shared.threads[me].set(std::thread::current());
-                    if let Some(c) = core {
-                        core_affinity::set_for_current(core_affinity::CoreId { id: c });
-                    }
-                    // Channels are opened here, on the reactor's own thread: no queue pair is
-                    // ever touched by another thread.
+            let tx = tx.clone();
+            let build: Adopt = Box::new(move || {
+                // Channels are opened here, on the reactor's own thread: no queue pair is
+                // ever touched by another thread.
+                let built = (|| {
                     let mut chans = Vec::with_capacity(devices.len());
                     for d in devices.iter() {
                         chans.push(d.open_channel().map_err(|source| ReactorError::Device {
@@ -1344,24 +1395,38 @@ impl<F: Frontend> Reactors<F> {
                     if let Some(g) = &gate {
                         array.set_gate(Some(Arc::clone(g)));
                     }
-                    Ok(run::<F, D>(
+                    Ok(array)
+                })();
+                match built {
+                    Ok(array) => Some(HostedShard::<F, D>::boxed(
                         me,
                         n,
                         geo,
                         array,
                         my_links,
-                        &shared,
-                        mode,
+                        shared,
                         requests,
-                        gate.is_some(),
+                        foreign_reads,
                         fe,
                         replace.as_deref(),
-                    ))
-                })
-                .map_err(ReactorError::Spawn)?;
-            threads.push(t);
+                        tx,
+                    )),
+                    Err(e) => {
+                        // The shard never runs: count its front-end finished (it never
+                        // submits) so the other shards can stop, and report why.
+                        shared.finished.fetch_add(1, Ordering::AcqRel);
+                        let _ = tx.send((me, Err(e)));
+                        None
+                    }
+                }
+            });
+            set.host.adopt(me, build);
         }
-        Ok(Self { shared, threads })
+        Ok(Self {
+            shared,
+            results: Mutex::new(rx),
+            own: None,
+        })
     }
 
     /// A handle for management while the reactors run.
@@ -1371,24 +1436,366 @@ impl<F: Frontend> Reactors<F> {
         }
     }
 
-    /// Asks every reactor to stop once its front-end is finished and nothing is in flight,
-    /// joins them, and returns the front-ends in reactor order.
+    /// Asks every shard to stop once its front-end is finished and nothing is in flight,
+    /// waits for each, and returns the front-ends in reactor order. Other arrays on the
+    /// same set go on; a set of the array's own is shut down.
     ///
     /// # Errors
     /// The first reactor's setup error, if any.
     ///
     /// # Panics
-    /// If a reactor thread panicked (a bug; the panic is propagated).
+    /// If a reactor thread panicked (a bug; the panic is propagated when the set is the
+    /// array's own, otherwise reported as a panic here).
     pub fn stop(self) -> Result<Vec<F>, ReactorError> {
         self.shared.stop.store(true, Ordering::Release);
-        let mut out = Vec::with_capacity(self.threads.len());
-        for t in self.threads {
-            match t.join() {
-                Ok(r) => out.push(r?),
-                Err(p) => std::panic::resume_unwind(p),
+        let n = self.shared.in_flight.len();
+        for to in 0..n {
+            self.shared.wake(to);
+        }
+        let mut out: Vec<Option<Result<F, ReactorError>>> = (0..n).map(|_| None).collect();
+        {
+            let rx = self
+                .results
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for _ in 0..n {
+                match rx.recv() {
+                    Ok((me, r)) => out[me] = Some(r),
+                    Err(_) => break,
+                }
             }
         }
-        Ok(out)
+        if let Some(set) = self.own {
+            // Joins the threads: a panicked reactor's panic is resumed here.
+            set.shutdown();
+        }
+        let mut fronts = Vec::with_capacity(n);
+        let mut first_err = None;
+        for (me, r) in out.into_iter().enumerate() {
+            match r {
+                Some(Ok(f)) => fronts.push(f),
+                Some(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                None => panic!("reactor {me} ended without stopping its shard (it panicked)"),
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(fronts),
+        }
+    }
+}
+
+/// What a reactor thread is asked to host: run on the thread, it builds the shard (or
+/// reports why it could not and returns `None`).
+type Adopt = Box<dyn FnOnce() -> Option<Box<dyn Hosted>> + Send>;
+
+/// Capacity of each reactor's queue of shards to adopt (arrays starting at once).
+const ADOPT_CAPACITY: usize = 64;
+
+/// A set of reactor threads, one per core, that any number of arrays run their shards on
+/// ([`Reactors::start_on`]): an appliance pins its reactors once and starts and stops
+/// arrays on them while the others serve. Each thread's loop turns every shard it hosts,
+/// one turn each in order, and rests only when none made progress.
+pub struct ReactorSet {
+    host: Arc<HostShared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ReactorSet {
+    /// Starts one reactor thread per entry of `cores` (`None`: not pinned), idling as
+    /// `mode` says. The threads host nothing until an array starts on them.
+    ///
+    /// # Errors
+    /// [`ReactorError::Config`] for no core or more than 65535;
+    /// [`ReactorError::Spawn`] when a thread cannot start (the ones started are stopped).
+    pub fn start(cores: &[Option<usize>], mode: Mode) -> Result<Self, ReactorError> {
+        let n = cores.len();
+        if n == 0 || n > usize::from(u16::MAX) {
+            return Err(ReactorError::Config(format!(
+                "{n} reactors: need 1..=65535"
+            )));
+        }
+        let host = Arc::new(HostShared::new(n, mode));
+        let mut set = ReactorSet {
+            host,
+            threads: Vec::with_capacity(n),
+        };
+        for (me, &core) in cores.iter().enumerate() {
+            let host = Arc::clone(&set.host);
+            let t = std::thread::Builder::new()
+                .name(format!("reactor-{me}"))
+                .spawn(move || {
+                    let _ = host.threads[me].set(std::thread::current());
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+                    }
+                    host_loop(me, &host);
+                })
+                .map_err(ReactorError::Spawn)?;
+            set.threads.push(t);
+        }
+        Ok(set)
+    }
+
+    /// Reactors (threads) in the set.
+    pub fn reactors(&self) -> usize {
+        self.host.reactors()
+    }
+
+    /// Array shards each reactor hosts now, in reactor order.
+    pub fn hosted(&self) -> Vec<usize> {
+        self.host
+            .hosted
+            .iter()
+            .map(|h| h.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Stops the threads once every array on them has stopped ([`Reactors::stop`]; this
+    /// waits for that) and joins them.
+    ///
+    /// # Panics
+    /// If a reactor thread panicked (a bug; the panic is propagated).
+    pub fn shutdown(mut self) {
+        if let Some(p) = self.stop_threads() {
+            std::panic::resume_unwind(p);
+        }
+    }
+
+    fn stop_threads(&mut self) -> Option<Box<dyn Any + Send>> {
+        self.host.stop.store(true, Ordering::Release);
+        for to in 0..self.host.reactors() {
+            self.host.unpark(to);
+        }
+        let mut panic = None;
+        for t in self.threads.drain(..) {
+            if let Err(p) = t.join() {
+                panic.get_or_insert(p);
+            }
+        }
+        panic
+    }
+}
+
+impl Drop for ReactorSet {
+    fn drop(&mut self) {
+        // A panic is already on its way out of `shutdown`; dropping without it leaves the
+        // threads' panic unreported only when the set is dropped during another unwind.
+        let _ = self.stop_threads();
+    }
+}
+
+/// The state a set's reactor threads share with the arrays on them.
+struct HostShared {
+    /// Each reactor's thread, for unparking (set when the thread starts).
+    threads: Vec<OnceLock<Thread>>,
+    /// Whether each reactor is (about to be) parked.
+    parked: Vec<AtomicBool>,
+    /// Shards waiting to be adopted, per reactor.
+    adopting: Vec<ArrayQueue<Adopt>>,
+    /// Shards each reactor hosts (written by that reactor).
+    hosted: Vec<AtomicUsize>,
+    /// The set is shutting down: a reactor with no shard left ends.
+    stop: AtomicBool,
+    mode: Mode,
+}
+
+impl HostShared {
+    fn new(n: usize, mode: Mode) -> Self {
+        HostShared {
+            threads: (0..n).map(|_| OnceLock::new()).collect(),
+            parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            adopting: (0..n).map(|_| ArrayQueue::new(ADOPT_CAPACITY)).collect(),
+            hosted: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            stop: AtomicBool::new(false),
+            mode,
+        }
+    }
+
+    fn reactors(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Wakes reactor `to` if it is parked (adaptive mode), after work was queued for it.
+    fn wake(&self, to: usize) {
+        // Dekker with the parking side (it stores its flag, then looks at its rings): our
+        // queueing store must be visible before we read the flag. A ring push is a plain
+        // release store, which a later load may pass; the fence forbids that.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.parked[to].load(Ordering::SeqCst) {
+            self.unpark(to);
+        }
+    }
+
+    fn unpark(&self, to: usize) {
+        if let Some(t) = self.threads[to].get() {
+            t.unpark();
+        }
+    }
+
+    /// Queues a shard for reactor `to` to build and host (waiting out a full queue: array
+    /// starts are rare and reactors empty it every turn), and wakes it.
+    fn adopt(&self, to: usize, mut a: Adopt) {
+        while let Err(back) = self.adopting[to].push(a) {
+            a = back;
+            self.unpark(to);
+            std::thread::yield_now();
+        }
+        self.unpark(to);
+    }
+}
+
+/// One shard a reactor thread hosts, type-erased over its front-end and device types.
+trait Hosted {
+    /// One turn of the shard's loop ([`Reactor::turn`]). Whether it made progress.
+    fn turn(&mut self) -> bool;
+    /// Whether the shard has stopped for good ([`Reactor::stopping`]).
+    fn stopping(&mut self) -> bool;
+    /// Whether nothing waits in the shard's inbound rings (the last look before a park).
+    fn inbox_empty(&self) -> bool;
+    /// Hands the stopped shard's front-end to [`Reactors::stop`].
+    fn finish(self: Box<Self>);
+}
+
+/// A shard hosted by a reactor thread: its loop state, and the array state it borrows.
+struct HostedShard<F: Frontend, D: BlockDevice + Send + Sync + 'static> {
+    /// Declared before `shared`, so dropped before it: the borrow never outlives the
+    /// allocation it points into.
+    r: Reactor<'static, F, D>,
+    /// Keeps the array's state (which `r` borrows) alive and at one address.
+    shared: Arc<Shared>,
+    tx: std::sync::mpsc::Sender<(usize, Result<F, ReactorError>)>,
+}
+
+impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> HostedShard<F, D> {
+    #[allow(clippy::too_many_arguments)]
+    fn boxed(
+        me: usize,
+        reactors: usize,
+        geo: ArrayGeometry,
+        array: Array<D::Channel>,
+        links: Links,
+        shared: Arc<Shared>,
+        requests: usize,
+        foreign_reads: bool,
+        fe: F,
+        replace: Option<&ResumeReplace>,
+        tx: std::sync::mpsc::Sender<(usize, Result<F, ReactorError>)>,
+    ) -> Box<dyn Hosted> {
+        // SAFETY: `Arc::as_ptr` points at the `Shared` inside the Arc's heap allocation,
+        // which does not move and lives as long as any clone of the Arc. The struct built
+        // below keeps a clone in `shared` for as long as `r` (the only holder of this
+        // reference) exists: `r` is declared first, so it is dropped first, and `finish`
+        // drops `r`'s remains before the Arc. The reference is never handed out.
+        let sref: &'static Shared = unsafe { &*Arc::as_ptr(&shared) };
+        let r = Reactor::<F, D>::new(
+            me,
+            reactors,
+            geo,
+            array,
+            links,
+            sref,
+            requests,
+            foreign_reads,
+            fe,
+            replace,
+        );
+        Box::new(HostedShard { r, shared, tx })
+    }
+}
+
+impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> Hosted for HostedShard<F, D> {
+    fn turn(&mut self) -> bool {
+        self.r.turn()
+    }
+
+    fn stopping(&mut self) -> bool {
+        self.r.stopping()
+    }
+
+    fn inbox_empty(&self) -> bool {
+        self.r
+            .links
+            .inbox
+            .iter()
+            .flatten()
+            .all(rtrb::Consumer::is_empty)
+    }
+
+    fn finish(self: Box<Self>) {
+        let HostedShard { r, shared, tx } = *self;
+        let me = r.me;
+        let Reactor { fe, .. } = r;
+        // `r`'s other fields are gone here; the Arc may go now.
+        drop(shared);
+        let _ = tx.send((me, Ok(fe)));
+    }
+}
+
+/// A reactor thread's loop: adopts new shards, turns every hosted shard, hands stopped
+/// ones back, rests when nothing moved, and ends when the set shuts down with no shard
+/// left.
+fn host_loop(me: usize, host: &HostShared) {
+    let mut shards: Vec<Box<dyn Hosted>> = Vec::new();
+    let mut idle: u32 = 0;
+    let mut nap = Duration::from_micros(1);
+    loop {
+        let mut progress = false;
+        while let Some(build) = host.adopting[me].pop() {
+            progress = true;
+            if let Some(s) = build() {
+                shards.push(s);
+                host.hosted[me].store(shards.len(), Ordering::Release);
+            }
+        }
+        let mut i = 0;
+        while i < shards.len() {
+            progress |= shards[i].turn();
+            if shards[i].stopping() {
+                shards.swap_remove(i).finish();
+                host.hosted[me].store(shards.len(), Ordering::Release);
+                progress = true;
+            } else {
+                i += 1;
+            }
+        }
+        if shards.is_empty() {
+            if host.stop.load(Ordering::Acquire) && host.adopting[me].is_empty() {
+                return;
+            }
+            // Nothing to turn until a shard arrives (its sender unparks us) or the set
+            // stops: sleep whatever the mode.
+            host.parked[me].store(true, Ordering::SeqCst);
+            if host.adopting[me].is_empty() && !host.stop.load(Ordering::Acquire) {
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+            host.parked[me].store(false, Ordering::SeqCst);
+            continue;
+        }
+        // The end of a turn: spins, or parks when idle long enough (adaptive mode).
+        if progress {
+            idle = 0;
+            nap = Duration::from_micros(1);
+        } else {
+            idle = idle.saturating_add(1);
+            match host.mode {
+                Mode::Polled => std::hint::spin_loop(),
+                Mode::Adaptive if idle < ADAPTIVE_SPINS => std::hint::spin_loop(),
+                Mode::Adaptive => {
+                    // Announce the park before the last look at the rings: a sender that
+                    // pushes after that look sees the flag and unparks us (an unpark
+                    // before the park makes it return at once).
+                    host.parked[me].store(true, Ordering::SeqCst);
+                    if host.adopting[me].is_empty() && shards.iter().all(|s| s.inbox_empty()) {
+                        std::thread::park_timeout(nap);
+                    }
+                    host.parked[me].store(false, Ordering::SeqCst);
+                    nap = (nap * 2).min(ADAPTIVE_MAX_SLEEP);
+                }
+            }
+        }
     }
 }
 
@@ -1452,7 +1859,7 @@ where
         )));
     }
     let shared = Shared::new(
-        1,
+        Arc::new(HostShared::new(1, Mode::Polled)),
         geo,
         array_cfg.data_offset_bytes,
         std::any::TypeId::of::<D>(),
@@ -1475,19 +1882,7 @@ where
         .next()
         .expect("one reactor's links");
     let mut local = LocalReactor {
-        r: Reactor::<F, D>::new(
-            0,
-            1,
-            geo,
-            array,
-            links,
-            &shared,
-            Mode::Polled,
-            requests,
-            false,
-            fe,
-            None,
-        ),
+        r: Reactor::<F, D>::new(0, 1, geo, array, links, &shared, requests, false, fe, None),
     };
     let out = body(&mut local);
     Ok((out, local.r.fe))
@@ -1501,7 +1896,6 @@ struct Reactor<'a, F, D: BlockDevice> {
     array: Array<D::Channel>,
     links: Links,
     shared: &'a Shared,
-    mode: Mode,
     foreign_reads: bool,
     fe: F,
     parents: Vec<Option<Parent>>,
@@ -1510,8 +1904,6 @@ struct Reactor<'a, F, D: BlockDevice> {
     outbox: Outbox,
     done: VecDeque<ArrayCompletion>,
     comps: Vec<ArrayCompletion>,
-    idle: u32,
-    nap: Duration,
     counted_finished: bool,
     epoch: Instant,
     // Members whose failure this reactor has told the others about.
@@ -1544,42 +1936,6 @@ struct Reactor<'a, F, D: BlockDevice> {
     last_progress: bool,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run<F: Frontend, D: BlockDevice + Send + Sync + 'static>(
-    me: usize,
-    reactors: usize,
-    geo: ArrayGeometry,
-    array: Array<D::Channel>,
-    links: Links,
-    shared: &Shared,
-    mode: Mode,
-    requests: usize,
-    foreign_reads: bool,
-    fe: F,
-    replace: Option<&ResumeReplace>,
-) -> F {
-    let mut r = Reactor::<F, D>::new(
-        me,
-        reactors,
-        geo,
-        array,
-        links,
-        shared,
-        mode,
-        requests,
-        foreign_reads,
-        fe,
-        replace,
-    );
-    loop {
-        let progress = r.turn();
-        if r.stopping() {
-            return r.fe;
-        }
-        r.rest(progress);
-    }
-}
-
 impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> {
     /// The reactor's state before its first turn; a replace in progress is resumed.
     #[allow(clippy::too_many_arguments)]
@@ -1590,7 +1946,6 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         mut array: Array<D::Channel>,
         links: Links,
         shared: &'a Shared,
-        mode: Mode,
         requests: usize,
         foreign_reads: bool,
         fe: F,
@@ -1641,7 +1996,6 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             array,
             links,
             shared,
-            mode,
             foreign_reads,
             fe,
             parents,
@@ -1650,8 +2004,6 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             outbox,
             done,
             comps,
-            idle: 0,
-            nap: Duration::from_micros(1),
             counted_finished: false,
             epoch,
             announced: vec![false; usize::from(members)],
@@ -2071,7 +2423,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         let progress = self.outbox.flush(&mut self.links);
         // Only a parked reactor needs waking (adaptive mode): one look per receiver.
         for (to, sent) in self.links.sent.iter_mut().enumerate() {
-            if std::mem::take(sent) && self.mode == Mode::Adaptive {
+            if std::mem::take(sent) && self.shared.host.mode == Mode::Adaptive {
                 self.shared.wake(to);
             }
         }
@@ -2119,38 +2471,6 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             return true;
         }
         false
-    }
-
-    /// The end of a turn: spins, or parks when idle long enough (adaptive mode).
-    fn rest(&mut self, progress: bool) {
-        let (shared, me) = (self.shared, self.me);
-        if progress {
-            self.idle = 0;
-            self.nap = Duration::from_micros(1);
-        } else {
-            self.idle = self.idle.saturating_add(1);
-            match self.mode {
-                Mode::Polled => std::hint::spin_loop(),
-                Mode::Adaptive if self.idle < ADAPTIVE_SPINS => std::hint::spin_loop(),
-                Mode::Adaptive => {
-                    // Announce the park before the last look at the ring: a sender that
-                    // pushes after that look sees the flag and unparks us (an unpark before
-                    // the park makes it return at once).
-                    shared.parked[me].store(true, Ordering::SeqCst);
-                    if self
-                        .links
-                        .inbox
-                        .iter()
-                        .flatten()
-                        .all(rtrb::Consumer::is_empty)
-                    {
-                        std::thread::park_timeout(self.nap);
-                    }
-                    shared.parked[me].store(false, Ordering::SeqCst);
-                    self.nap = (self.nap * 2).min(ADAPTIVE_MAX_SLEEP);
-                }
-            }
-        }
     }
 }
 

@@ -12,7 +12,7 @@ use engine::buf::AlignedBuf;
 use engine::device::{Channel, IoBuf};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
-use engine::reactor::{Frontend, Io, Mode, ReactorConfig, Reactors};
+use engine::reactor::{Extras, Frontend, Io, Mode, ReactorConfig, ReactorSet, Reactors};
 use ferroraid_tests::{Oracle, Rng};
 
 const CHUNK: u64 = 4096;
@@ -110,6 +110,19 @@ fn start_checkers(
     ops: u32,
     seed: u64,
 ) -> (Reactors<Checker>, Arc<Vec<MemDevice>>, ArrayGeometry) {
+    start_checkers_on(None, reactors, ops, seed).unwrap()
+}
+
+/// A started array: its reactors, members and geometry.
+type Started = (Reactors<Checker>, Arc<Vec<MemDevice>>, ArrayGeometry);
+
+/// [`start_checkers`] on the reactors of `set` (`None`: reactors of the array's own).
+fn start_checkers_on(
+    set: Option<&ReactorSet>,
+    reactors: usize,
+    ops: u32,
+    seed: u64,
+) -> Result<Started, engine::reactor::ReactorError> {
     let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
     let geo = ArrayGeometry::new(g, STRIPES).unwrap();
     let devices: Arc<Vec<MemDevice>> = Arc::new(
@@ -135,25 +148,127 @@ fn start_checkers(
         requests: 16,
         foreign_reads: true,
     };
-    let running = Reactors::start_with_pacers(
-        Arc::clone(&devices),
-        geo,
-        Parity::new(),
-        ArrayConfig::default(),
-        cfg,
-        frontends,
-        |_| Box::new(CountingPacer),
-    )
-    .unwrap();
-    (running, devices, geo)
+    let extras = Extras {
+        pacer: |_| Box::new(CountingPacer) as Box<dyn engine::qos::Pacer>,
+        bitmap: None,
+        ppl: None,
+        replace: None,
+    };
+    let running = match set {
+        Some(set) => Reactors::start_on(
+            set,
+            Arc::clone(&devices),
+            geo,
+            Parity::new(),
+            ArrayConfig::default(),
+            &cfg,
+            frontends,
+            extras,
+        ),
+        None => Reactors::start_with(
+            Arc::clone(&devices),
+            geo,
+            Parity::new(),
+            ArrayConfig::default(),
+            cfg,
+            frontends,
+            extras,
+        ),
+    }?;
+    Ok((running, devices, geo))
+}
+
+/// Checks a stopped array's front-ends saw no error and its members (via the oracle) hold
+/// parity that verifies and the data the front-ends wrote.
+fn check_stopped(what: &str, done: &[Checker], devices: &[MemDevice]) {
+    let mut logical = Vec::new();
+    for f in done {
+        assert!(
+            f.errors.is_empty(),
+            "{what}: {:?}",
+            &f.errors[..f.errors.len().min(5)]
+        );
+        assert!(f.finished());
+        logical.extend_from_slice(&f.reference);
+    }
+    let images: Vec<Vec<u8>> = devices.iter().map(|d| d.contents()).collect();
+    if let Some(extracted) = oracle_extract_raid6_4k(what, &images) {
+        assert!(
+            extracted[..logical.len()] == logical[..],
+            "{what}: logical image differs"
+        );
+    }
+}
+
+/// Waits (up to 30 s) until `cond` holds.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Several arrays on one set of reactor threads (issue 21): each array has a shard on
+/// every reactor; one array stops (its shards drain and leave) while another keeps
+/// serving, a third starts on the same threads meanwhile, and every array's data and
+/// parity are right.
+#[test]
+fn arrays_share_a_reactor_set_and_start_and_stop_independently() {
+    let set = ReactorSet::start(&[None, None], Mode::Adaptive).unwrap();
+    assert_eq!(set.reactors(), 2);
+    // A runs long; B short.
+    let (a, a_devs, _) = start_checkers_on(Some(&set), 2, 40_000, 901).unwrap();
+    let (b, b_devs, _) = start_checkers_on(Some(&set), 2, 1_500, 902).unwrap();
+    let (ha, hb) = (a.handle(), b.handle());
+    wait_for("both arrays hosted on both reactors", || {
+        set.hosted() == [2, 2]
+    });
+    let done_b = b.stop().unwrap();
+    check_stopped("array B", &done_b, &b_devs);
+    wait_for("B's shards gone", || set.hosted() == [1, 1]);
+    // Member requests sent, every member of the array.
+    let served = |h: &engine::reactor::ReactorHandle| -> u64 {
+        h.snapshot()
+            .members
+            .iter()
+            .map(|m| m.counters.reads + m.counters.writes)
+            .sum()
+    };
+    assert!(served(&hb) > 0);
+    // A goes on after B left: its member request counts keep moving.
+    let before = served(&ha);
+    wait_for("A still serving after B stopped", || served(&ha) > before);
+    // C starts on the same threads while A runs.
+    let (c, c_devs, _) = start_checkers_on(Some(&set), 2, 1_500, 903).unwrap();
+    wait_for("C hosted beside A", || set.hosted() == [2, 2]);
+    let done_c = c.stop().unwrap();
+    check_stopped("array C", &done_c, &c_devs);
+    let done_a = a.stop().unwrap();
+    check_stopped("array A", &done_a, &a_devs);
+    assert_eq!(set.hosted(), [0, 0]);
+    set.shutdown();
+}
+
+/// A set refuses front-ends that do not match its reactors, and a configuration without
+/// reactors.
+#[test]
+fn reactor_set_refuses_mismatched_front_ends() {
+    assert!(ReactorSet::start(&[], Mode::Adaptive).is_err());
+    let set = ReactorSet::start(&[None, None], Mode::Adaptive).unwrap();
+    let err = start_checkers_on(Some(&set), 3, 10, 1)
+        .err()
+        .expect("three front-ends on two reactors were accepted");
+    assert!(err.to_string().contains("3 front-ends"), "{err}");
+    assert_eq!(set.hosted(), [0, 0]);
+    set.shutdown();
 }
 
 #[test]
 fn reactors_route_pieces_and_keep_data_and_parity_right() {
     for reactors in [1usize, 2, 3] {
         let t0 = std::time::Instant::now();
-        let (running, devices, geo) = start_checkers(reactors, 1500, 77);
-        let cap = geo.capacity_bytes();
+        let (running, devices, _geo) = start_checkers(reactors, 1500, 77);
         let h = running.handle();
         let done = running.stop().unwrap();
         let wall_ns = t0.elapsed().as_nanos() as u64;
@@ -182,27 +297,11 @@ fn reactors_route_pieces_and_keep_data_and_parity_right() {
             "{reactors} reactors: {} direct reads, {} foreign, {} moved to the owner, {} writes waited for foreign reads",
             st.direct_reads, st.foreign_reads, st.moved_reads, st.gate_waits
         );
-        let mut logical = Vec::with_capacity(cap as usize);
-        for f in &done {
-            assert!(
-                f.errors.is_empty(),
-                "{reactors} reactors: {:?}",
-                &f.errors[..f.errors.len().min(5)]
-            );
-            assert!(f.finished());
-            logical.extend_from_slice(&f.reference);
-        }
-        // The oracle checks parity and extracts the logical image.
-        let images: Vec<Vec<u8>> = devices.iter().map(|d| d.contents()).collect();
-        if let Some(extracted) = oracle_extract_raid6_4k(
-            "reactors_route_pieces_and_keep_data_and_parity_right",
-            &images,
-        ) {
-            assert!(
-                extracted[..logical.len()] == logical[..],
-                "{reactors} reactors: logical image differs"
-            );
-        }
+        check_stopped(
+            &format!("reactors_route_pieces_and_keep_data_and_parity_right, {reactors} reactors"),
+            &done,
+            &devices,
+        );
     }
 }
 
