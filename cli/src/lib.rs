@@ -22,6 +22,7 @@ pub mod grow;
 pub mod iscsi;
 pub mod metrics;
 pub mod nbd;
+pub mod node;
 pub mod notify;
 pub mod nvmf;
 pub mod rpc;

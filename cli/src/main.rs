@@ -127,6 +127,16 @@ enum Command {
     /// list them, set a portal's ANA state (multipath: optimized, non_optimized,
     /// inaccessible), remove one (closing its connections) or add one.
     Portal(mgmt::PortalArgs),
+    /// Assemble and start an array on a running target (beside the arrays it serves),
+    /// from its member devices in any order, exported as --nbd/--iscsi/--nvmf say.
+    /// Exit status: 0 started, 1 refused (the reason on stderr), 4 no target running.
+    Start(mgmt::StartArgs),
+    /// Stop one array of a running target: its exports drain, its members are flushed and
+    /// it is marked clean; the other arrays serve on. Exit status: 0 stopped, 1 refused or
+    /// failed, 4 no target running.
+    Stop(mgmt::StopArgs),
+    /// List the arrays a running target serves (name, level, state, members, exports).
+    List(mgmt::ListArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -256,6 +266,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Repair(args) => mgmt::process(ferroraid::status::ProcessKind::Repair, &args),
         Command::StopProcess(args) => mgmt::stop_process(&args),
         Command::Portal(args) => mgmt::portal(&args),
+        Command::Start(args) => mgmt::start(&args),
+        Command::Stop(args) => mgmt::stop(&args),
+        Command::List(args) => mgmt::list(&args),
         Command::Grow(args) => mgmt::grow(&args),
     }
 }

@@ -11,7 +11,9 @@ use engine::metadata::ConsistencyPolicy;
 use ferroraid::examine::{examine_device, ExamineEntry};
 use ferroraid::grow::{grow_consistency_policy, GrowOptions, RAID6_PPL_NOTICE};
 use ferroraid::nvmf::spec::AnaState;
-use ferroraid::rpc::{default_rpc_path, ClientError, RpcClient};
+use ferroraid::rpc::{
+    default_rpc_path, ArrayCreateParams, ArrayStartParams, ClientError, ExportParams, RpcClient,
+};
 use ferroraid::status::{
     MemberReport, MemberState, ProcessKind, ProcessRunState, EXIT_NOT_RUNNING,
 };
@@ -41,6 +43,9 @@ impl std::error::Error for Exit {}
 pub struct StatusArgs {
     #[arg(long, value_name = "PATH", help = RPC_HELP)]
     rpc: Option<PathBuf>,
+    /// The array, by name, when the target serves several (default: its only array).
+    #[arg(long, value_name = "NAME")]
+    array: Option<String>,
     /// Print the report as JSON (stable field names, units in the names; see
     /// docs/MANAGEMENT.md).
     #[arg(long)]
@@ -55,6 +60,9 @@ pub struct MemberArgs {
     device: String,
     #[arg(long, value_name = "PATH", help = RPC_HELP)]
     rpc: Option<PathBuf>,
+    /// The array, by name, when the target serves several (default: its only array).
+    #[arg(long, value_name = "NAME")]
+    array: Option<String>,
 }
 
 /// Options of `ferroraid check|repair`.
@@ -65,6 +73,9 @@ pub struct ProcessArgs {
     no_wait: bool,
     #[arg(long, value_name = "PATH", help = RPC_HELP)]
     rpc: Option<PathBuf>,
+    /// The array, by name, when the target serves several (default: its only array).
+    #[arg(long, value_name = "NAME")]
+    array: Option<String>,
 }
 
 /// Options of `ferroraid replace`.
@@ -81,6 +92,9 @@ pub struct ReplaceArgs {
     no_wait: bool,
     #[arg(long, value_name = "PATH", help = RPC_HELP)]
     rpc: Option<PathBuf>,
+    /// The array, by name, when the target serves several (default: its only array).
+    #[arg(long, value_name = "NAME")]
+    array: Option<String>,
 }
 
 /// Options of `ferroraid stop-process`.
@@ -88,6 +102,9 @@ pub struct ReplaceArgs {
 pub struct StopProcessArgs {
     #[arg(long, value_name = "PATH", help = RPC_HELP)]
     rpc: Option<PathBuf>,
+    /// The array, by name, when the target serves several (default: its only array).
+    #[arg(long, value_name = "NAME")]
+    array: Option<String>,
 }
 
 /// Options of `ferroraid examine`.
@@ -152,18 +169,20 @@ fn out(text: &str) -> std::io::Result<()> {
 }
 
 /// Connects, or says on one line why not and ends with [`EXIT_NOT_RUNNING`].
-fn connect(rpc: &Option<PathBuf>) -> Result<RpcClient> {
+fn connect(rpc: &Option<PathBuf>, array: &Option<String>) -> Result<RpcClient> {
     let path = rpc.clone().unwrap_or_else(default_rpc_path);
-    RpcClient::connect(&path).map_err(|e| {
+    let mut c = RpcClient::connect(&path).map_err(|e| {
         eprintln!("ferroraid: {e}");
-        Exit(EXIT_NOT_RUNNING).into()
-    })
+        anyhow::Error::from(Exit(EXIT_NOT_RUNNING))
+    })?;
+    c.set_array(array.clone());
+    Ok(c)
 }
 
 /// `ferroraid status`: exit status 0 healthy, 1 degraded or rebuilding, 2 failed, 4 no
 /// target (or its status unreadable), with one line on stderr saying why.
 pub fn status(a: &StatusArgs) -> Result<()> {
-    let mut c = connect(&a.rpc)?;
+    let mut c = connect(&a.rpc, &a.array)?;
     let report = match c.status() {
         Ok(r) => r,
         Err(e) => {
@@ -185,7 +204,7 @@ pub fn status(a: &StatusArgs) -> Result<()> {
 /// `ferroraid fail|remove|add DEV`: prints what happened and the array's state after.
 /// Exit status 0 done, 1 refused (the message names the device), 4 no target.
 pub fn member(op: MemberOp, a: &MemberArgs) -> Result<()> {
-    let mut c = connect(&a.rpc)?;
+    let mut c = connect(&a.rpc, &a.array)?;
     let dev = a.device.as_str();
     let result = match op {
         MemberOp::Fail => c.member_fail(dev),
@@ -234,7 +253,7 @@ const PROGRESS_POLL: std::time::Duration = std::time::Duration::from_millis(200)
 /// (another process runs, the array is degraded) or the target went away, 4 no target. A
 /// process that ends early (a member failed under it) is logged by the target.
 pub fn process(kind: ProcessKind, a: &ProcessArgs) -> Result<()> {
-    let mut c = connect(&a.rpc)?;
+    let mut c = connect(&a.rpc, &a.array)?;
     let started = match c.process_start(kind) {
         Ok(p) => p,
         Err(ClientError::Rpc(e)) => anyhow::bail!("{kind}: {e}"),
@@ -307,7 +326,7 @@ pub fn process(kind: ProcessKind, a: &ProcessArgs) -> Result<()> {
 /// Exit status 0 done, 1 refused or failed (the message says why: the new device failed,
 /// the array failed, ...), 4 no target.
 pub fn replace(a: &ReplaceArgs) -> Result<()> {
-    let mut c = connect(&a.rpc)?;
+    let mut c = connect(&a.rpc, &a.array)?;
     let m = match c.member_replace(&a.old, &a.new) {
         Ok(m) => m,
         Err(ClientError::Rpc(e)) => anyhow::bail!("replace {} with {}: {e}", a.old, a.new),
@@ -405,7 +424,7 @@ pub fn replace(a: &ReplaceArgs) -> Result<()> {
 
 /// `ferroraid stop-process`: stops what runs and says what it was.
 pub fn stop_process(a: &StopProcessArgs) -> Result<()> {
-    let mut c = connect(&a.rpc)?;
+    let mut c = connect(&a.rpc, &a.array)?;
     let before = c.status().map(|r| r.process.kind).ok();
     match c.process_stop() {
         Ok(_) => {
@@ -538,6 +557,9 @@ pub struct PortalArgs {
     op: PortalOp,
     #[arg(long, value_name = "PATH", help = RPC_HELP, global = true)]
     rpc: Option<PathBuf>,
+    /// The array, by name, when the target serves several (default: its only array).
+    #[arg(long, value_name = "NAME", global = true)]
+    array: Option<String>,
     /// Print the JSON-RPC result as JSON (docs/MANAGEMENT.md).
     #[arg(long, global = true)]
     json: bool,
@@ -582,7 +604,7 @@ fn parse_ana_state(s: &str) -> Result<AnaState, String> {
 /// the JSON-RPC result with `--json`). Exit status 0 done, 1 refused (the RPC error's
 /// message), 4 no target.
 pub fn portal(a: &PortalArgs) -> Result<()> {
-    let mut c = connect(&a.rpc)?;
+    let mut c = connect(&a.rpc, &a.array)?;
     let fail = |verb: &str, e: ClientError| -> anyhow::Error {
         match e {
             ClientError::Rpc(e) => anyhow::anyhow!("portal {verb}: {e}"),
@@ -636,6 +658,220 @@ pub fn portal(a: &PortalArgs) -> Result<()> {
         out(&(serde_json::to_string_pretty(&json)? + "\n"))?;
     } else {
         out(&text)?;
+    }
+    Ok(())
+}
+
+/// Where `ferroraid start` and `create --rpc` export an array.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ExportFlags {
+    /// NBD listen address: HOST:PORT or unix:PATH (repeatable).
+    #[arg(long, value_name = "ADDR")]
+    nbd: Vec<String>,
+    /// iSCSI portal HOST:PORT (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    iscsi: Vec<std::net::SocketAddr>,
+    /// NVMe/TCP portal HOST:PORT (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    nvmf: Vec<std::net::SocketAddr>,
+}
+
+impl ExportFlags {
+    /// Whether no export was asked for.
+    pub fn is_empty(&self) -> bool {
+        self.nbd.is_empty() && self.iscsi.is_empty() && self.nvmf.is_empty()
+    }
+
+    /// As the JSON-RPC parameters.
+    ///
+    /// # Errors
+    /// An NBD address that is neither `HOST:PORT` nor `unix:PATH`.
+    pub fn params(&self) -> Result<ExportParams> {
+        let mut p = ExportParams {
+            iscsi: self.iscsi.clone(),
+            nvmf: self.nvmf.clone(),
+            ..ExportParams::default()
+        };
+        for a in &self.nbd {
+            match a.strip_prefix("unix:") {
+                Some(path) => p.nbd_unix.push(PathBuf::from(path)),
+                None => p.nbd.push(a.parse().map_err(|e| {
+                    anyhow::anyhow!("--nbd {a:?}: expected HOST:PORT or unix:PATH ({e})")
+                })?),
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// Options of `ferroraid start`.
+#[derive(Args, Debug)]
+pub struct StartArgs {
+    /// Member devices in any order (their superblocks say the roles).
+    #[arg(value_name = "DEV", required = true)]
+    devices: Vec<PathBuf>,
+    /// Start although members are missing or out of date (mdadm --force).
+    #[arg(long)]
+    force: bool,
+    /// Start although members the array counts as active are missing (mdadm --run).
+    #[arg(long)]
+    run: bool,
+    #[command(flatten)]
+    exports: ExportFlags,
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+    /// Print the array's status as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `ferroraid stop`.
+#[derive(Args, Debug)]
+pub struct StopArgs {
+    /// The array's name.
+    #[arg(value_name = "NAME")]
+    name: String,
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `ferroraid list`.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[arg(long, value_name = "PATH", help = RPC_HELP)]
+    rpc: Option<PathBuf>,
+    /// Print every array's status as JSON (a list).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Exit status of `start`/`stop`/`create --rpc` refused by the target.
+pub const EXIT_REFUSED: u8 = 1;
+
+/// Prints a refusal on one line and ends with [`EXIT_REFUSED`] (or [`EXIT_NOT_RUNNING`]
+/// when the target went away).
+fn refused(what: &str, e: ClientError) -> anyhow::Error {
+    match e {
+        ClientError::Rpc(e) => {
+            eprintln!("ferroraid: {what}: {e}");
+            Exit(EXIT_REFUSED).into()
+        }
+        e => {
+            eprintln!("ferroraid: {what}: {e}");
+            Exit(EXIT_NOT_RUNNING).into()
+        }
+    }
+}
+
+/// `ferroraid start DEV...`: assembles and starts an array on a running target (the
+/// `array_start` method). Exit status 0 started, 1 refused (the reason on stderr), 4 no
+/// target.
+pub fn start(a: &StartArgs) -> Result<()> {
+    let mut c = connect(&a.rpc, &None)?;
+    let p = ArrayStartParams {
+        devices: a.devices.clone(),
+        force: a.force,
+        run: a.run,
+        exports: a.exports.params()?,
+    };
+    let r = c.array_start(&p).map_err(|e| refused("start", e))?;
+    if a.json {
+        out(&(serde_json::to_string_pretty(&r)? + "\n"))?;
+    } else {
+        out(&format!(
+            "ferroraid: started array {} ({}, {}){}\n",
+            r.array.name,
+            r.array.state,
+            r.array.array_uuid,
+            r.exports
+                .iter()
+                .map(|e| format!("; {} {} {}", e.protocol, e.address, e.name))
+                .collect::<String>()
+        ))?;
+    }
+    Ok(())
+}
+
+/// `ferroraid stop NAME`: stops one array of a running target (`array_stop`); the others
+/// serve on. Exit status 0 stopped, 1 refused or the stop failed, 4 no target.
+pub fn stop(a: &StopArgs) -> Result<()> {
+    let mut c = connect(&a.rpc, &None)?;
+    let r = c.array_stop(&a.name).map_err(|e| refused("stop", e))?;
+    if a.json {
+        out(&(serde_json::to_string_pretty(&r)? + "\n"))?;
+    } else {
+        out(&format!(
+            "ferroraid: stopped array {}{}\n",
+            r.array,
+            if r.clean {
+                " (clean)"
+            } else {
+                " (a resync is owed: it resumes at the next start)"
+            }
+        ))?;
+    }
+    Ok(())
+}
+
+/// `ferroraid list`: the arrays a running target serves, one line each (name, level,
+/// state, members, exports). Exit status 0, 4 no target.
+pub fn list(a: &ListArgs) -> Result<()> {
+    let mut c = connect(&a.rpc, &None)?;
+    let all = c.array_list().map_err(|e| refused("list", e))?;
+    if a.json {
+        out(&(serde_json::to_string_pretty(&all)? + "\n"))?;
+        return Ok(());
+    }
+    let mut text = String::new();
+    for r in &all {
+        let online = r
+            .members
+            .iter()
+            .filter(|m| m.state == ferroraid::status::MemberState::Active)
+            .count();
+        text += &format!(
+            "{} raid{} {} {}/{} members{}\n",
+            r.array.name,
+            r.array.level,
+            r.array.state,
+            online,
+            r.array.raid_devices,
+            r.exports
+                .iter()
+                .map(|e| format!(" {}={}", e.protocol, e.address))
+                .collect::<String>()
+        );
+    }
+    if all.is_empty() {
+        text += "no array is running\n";
+    }
+    out(&text)?;
+    Ok(())
+}
+
+/// `ferroraid create --rpc`: creates the array through a running target
+/// (`array_create`), which starts it unless `p.start` is false. Exit status 0 created, 1
+/// refused (the reason on stderr), 4 no target.
+pub fn create_rpc(rpc: &std::path::Path, p: &ArrayCreateParams, json: bool) -> Result<()> {
+    let mut c = connect(&Some(rpc.to_path_buf()), &None)?;
+    let r = c.array_create(p).map_err(|e| refused("create", e))?;
+    if json {
+        out(&(serde_json::to_string_pretty(&r)? + "\n"))?;
+    } else {
+        out(&format!(
+            "ferroraid: created array {:?} (UUID {}): {} bytes, data offset {} bytes{}\n",
+            r.array,
+            r.uuid,
+            r.size_bytes,
+            r.data_offset_bytes,
+            match &r.status {
+                Some(s) => format!("; started ({})", s.array.state),
+                None => "; not started".into(),
+            }
+        ))?;
     }
     Ok(())
 }

@@ -149,13 +149,32 @@ pub mod codes {
     pub const PORTAL_EXISTS: i64 = -32008;
     /// `nvmf_portal_add`: the address cannot be listened on (in use, not local, ...).
     pub const PORTAL_BIND_FAILED: i64 = -32009;
+    /// No running array has that name (`array` parameter, `array_stop`).
+    pub const NO_SUCH_ARRAY: i64 = -32020;
+    /// The process serves several arrays (or none) and the method needs one: name it
+    /// with the `array` parameter.
+    pub const ARRAY_NOT_NAMED: i64 = -32021;
+    /// `array_start`/`array_create`: an array of that name is already running.
+    pub const ARRAY_NAME_IN_USE: i64 = -32022;
+    /// `array_start`: the array cannot be assembled or started (the message says why:
+    /// a device that cannot be opened or claimed, a superblock refused, a socket in use).
+    pub const ARRAY_START_FAILED: i64 = -32023;
+    /// `array_create`: the members cannot be written (the message says why).
+    pub const ARRAY_CREATE_FAILED: i64 = -32024;
+    /// `array_stop`: the array stopped, but a flush or the final superblock write failed
+    /// (the message says which; the array may need a resync at its next start).
+    pub const ARRAY_STOP_FAILED: i64 = -32025;
     /// The server is at [`super::MAX_CONNECTIONS`]; try again.
     pub const SERVER_BUSY: i64 = -32099;
 }
 
 /// The method names, sorted (the result of `rpc_methods`).
-pub const METHODS: [&str; 12] = [
+pub const METHODS: [&str; 16] = [
+    "array_create",
+    "array_list",
+    "array_start",
     "array_status",
+    "array_stop",
     "member_add",
     "member_fail",
     "member_remove",
@@ -305,6 +324,39 @@ impl RpcError {
         )
     }
 
+    /// [`codes::NO_SUCH_ARRAY`] for `name`.
+    pub fn no_such_array(name: &str, running: &[String]) -> Self {
+        let mut e = Self::new(
+            codes::NO_SUCH_ARRAY,
+            format!(
+                "no running array is named {:?} (running: {})",
+                shorten(name),
+                if running.is_empty() {
+                    "none".to_string()
+                } else {
+                    running.join(", ")
+                }
+            ),
+        );
+        e.data = Some(json!({ "array": name }));
+        e
+    }
+
+    /// [`codes::ARRAY_NOT_NAMED`]: the method needs one array and the process serves
+    /// `running` (none, or several).
+    pub fn array_not_named(method: &str, running: &[String]) -> Self {
+        let message = if running.is_empty() {
+            format!("{method}: no array is running (start one with array_start)")
+        } else {
+            format!(
+                "{method}: this process serves {} arrays ({}): name one with {{\"array\": NAME}}",
+                running.len(),
+                running.join(", ")
+            )
+        };
+        Self::new(codes::ARRAY_NOT_NAMED, message)
+    }
+
     /// [`codes::PROCESS_REFUSED`]: a background process cannot start; `why` says why.
     pub fn process_refused(why: impl std::fmt::Display) -> Self {
         Self::new(codes::PROCESS_REFUSED, format!("cannot start: {why}"))
@@ -424,6 +476,180 @@ pub trait Handler: Send + Sync {
         let _ = (portal, state);
         Err(RpcError::no_nvmf())
     }
+
+    /// `array_status` of the one array this handler answers for. A target of one array
+    /// answers its status; a process serving several answers only when the request names
+    /// one (`{"array": NAME}`, [`Handler::route`]).
+    ///
+    /// # Errors
+    /// [`RpcError::array_not_named`] when the process serves no array or several.
+    fn status_checked(&self) -> Result<StatusReport, RpcError> {
+        Ok(self.status())
+    }
+
+    /// Runs `f` with the handler of the array named `array` (a request's `array`
+    /// parameter): every per-array method (`array_status`, `member_*`, `process_*`,
+    /// `nvmf_portal_*`) goes through it when the request names an array. `None` (the
+    /// default): the handler serves one array, and the request is answered by it when the
+    /// name is that array's, refused with [`RpcError::no_such_array`] otherwise.
+    ///
+    /// # Errors
+    /// [`RpcError::no_such_array`]; whatever `f` returns.
+    fn route(
+        &self,
+        array: &str,
+        f: &mut dyn FnMut(&dyn Handler) -> Result<Value, RpcError>,
+    ) -> Option<Result<Value, RpcError>> {
+        let _ = (array, f);
+        None
+    }
+
+    /// Every running array's status, by name (`array_list`).
+    ///
+    /// # Errors
+    /// As [`Handler::status_checked`] for a single-array target.
+    fn array_list(&self) -> Result<Vec<StatusReport>, RpcError> {
+        Ok(vec![self.status_checked()?])
+    }
+
+    /// Assembles and starts an array on this process's reactors (`array_start`, mdadm
+    /// `--assemble`'s rules as `ferroraid serve` has them) with the exports asked for.
+    /// Returns its status.
+    ///
+    /// # Errors
+    /// [`RpcError::not_supported`] on a single-array target; [`codes::ARRAY_NAME_IN_USE`],
+    /// [`codes::ARRAY_START_FAILED`] (with the reason).
+    fn array_start(&self, params: ArrayStartParams) -> Result<StatusReport, RpcError> {
+        let _ = params;
+        Err(RpcError::not_supported("array_start"))
+    }
+
+    /// Stops an array (`array_stop`): its exports stop taking connections, requests in
+    /// flight finish, its shards leave the reactors, members are flushed and it is marked
+    /// clean. The other arrays serve on.
+    ///
+    /// # Errors
+    /// [`RpcError::not_supported`] on a single-array target; [`RpcError::no_such_array`];
+    /// [`codes::ARRAY_STOP_FAILED`].
+    fn array_stop(&self, array: &str) -> Result<ArrayStopReport, RpcError> {
+        let _ = array;
+        Err(RpcError::not_supported("array_stop"))
+    }
+
+    /// Creates an array on new members (`array_create`, mdadm `--create`'s rules as
+    /// `ferroraid create` has them: superblocks, zeroed data areas) and, unless
+    /// `start: false`, starts it (as `array_start`).
+    ///
+    /// # Errors
+    /// [`RpcError::not_supported`] on a single-array target; [`RpcError::invalid_params`]
+    /// for a bad geometry; [`codes::ARRAY_CREATE_FAILED`]; as [`Handler::array_start`].
+    fn array_create(&self, params: ArrayCreateParams) -> Result<ArrayCreateReport, RpcError> {
+        let _ = params;
+        Err(RpcError::not_supported("array_create"))
+    }
+}
+
+/// Exports of an array started over JSON-RPC (`array_start`, `array_create`): where each
+/// front listens. Empty lists: not exported over that protocol.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportParams {
+    /// NBD TCP addresses (`host:port`).
+    #[serde(default)]
+    pub nbd: Vec<std::net::SocketAddr>,
+    /// NBD Unix socket paths.
+    #[serde(default)]
+    pub nbd_unix: Vec<PathBuf>,
+    /// iSCSI portals (`host:port`); the target is `iqn.2026-11.org.ferroraid:<name>`.
+    #[serde(default)]
+    pub iscsi: Vec<std::net::SocketAddr>,
+    /// NVMe/TCP portals (`host:port`); the subsystem is `nqn.2026-11.org.ferroraid:<name>`.
+    #[serde(default)]
+    pub nvmf: Vec<std::net::SocketAddr>,
+}
+
+/// `array_start`'s parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArrayStartParams {
+    /// Member devices, any order (their superblocks say the roles).
+    pub devices: Vec<PathBuf>,
+    /// Start although members are missing or out of date (mdadm `--force`).
+    #[serde(default)]
+    pub force: bool,
+    /// Start although members the array counts as active are missing (mdadm `--run`).
+    #[serde(default)]
+    pub run: bool,
+    /// Where to export it.
+    #[serde(default, flatten)]
+    pub exports: ExportParams,
+}
+
+/// `array_create`'s parameters (`ferroraid create`'s options).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArrayCreateParams {
+    /// Array name (`set_name`, at most 31 bytes).
+    pub name: String,
+    /// RAID level: 5 or 6.
+    pub level: u8,
+    /// Member devices in role order.
+    pub devices: Vec<PathBuf>,
+    /// Chunk size, bytes (a power of two, 4 KiB..16 MiB; default 64 KiB).
+    #[serde(default)]
+    pub chunk_bytes: Option<u64>,
+    /// md layout name (default `left-symmetric`).
+    #[serde(default)]
+    pub layout: Option<String>,
+    /// Declare the members consistent instead of zeroing them (md's `--assume-clean`).
+    #[serde(default)]
+    pub assume_clean: bool,
+    /// Overwrite devices that carry an md superblock.
+    #[serde(default)]
+    pub force: bool,
+    /// `internal` or `none` (default: mdadm's rule).
+    #[serde(default)]
+    pub bitmap: Option<String>,
+    /// Bytes of each member one bitmap bit covers (default: mdadm's).
+    #[serde(default)]
+    pub bitmap_chunk_bytes: Option<u64>,
+    /// `resync`, `bitmap` or `ppl` (default: as `bitmap` decides).
+    #[serde(default)]
+    pub consistency_policy: Option<String>,
+    /// Start the array once created (default true).
+    #[serde(default = "yes")]
+    pub start: bool,
+    /// Where to export it when started.
+    #[serde(default, flatten)]
+    pub exports: ExportParams,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `array_stop`'s result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayStopReport {
+    /// The array stopped.
+    pub array: String,
+    /// It was marked clean (no resync owed at its next start).
+    pub clean: bool,
+}
+
+/// `array_create`'s result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArrayCreateReport {
+    /// The array's name.
+    pub array: String,
+    /// Its UUID, md's colon form.
+    pub uuid: String,
+    /// Usable size, bytes.
+    pub size_bytes: u64,
+    /// Start of the data area on each member, bytes.
+    pub data_offset_bytes: u64,
+    /// Its status when started (`start: true`), else `null`.
+    pub status: Option<StatusReport>,
 }
 
 /// Answers one request line (a request or a batch) with `handler`: the response to write
@@ -531,11 +757,87 @@ fn handle_one(handler: &dyn Handler, v: Value) -> Option<Value> {
     })
 }
 
-fn dispatch(handler: &dyn Handler, method: &str, params: Option<Value>) -> Result<Value, RpcError> {
+/// The methods of the process rather than of one array: never routed by `array`.
+const PROCESS_METHODS: [&str; 5] = [
+    "array_create",
+    "array_list",
+    "array_start",
+    "array_stop",
+    "rpc_methods",
+];
+
+fn dispatch(
+    handler: &dyn Handler,
+    method: &str,
+    mut params: Option<Value>,
+) -> Result<Value, RpcError> {
+    // A per-array method naming its array goes to that array's handler.
+    if !PROCESS_METHODS.contains(&method) {
+        if let Some(Value::Object(m)) = &mut params {
+            if let Some(a) = m.remove("array") {
+                let Value::String(name) = a else {
+                    return Err(RpcError::invalid_params(format!(
+                        "{method}: \"array\" must be an array name (a string)"
+                    )));
+                };
+                let mut params = Some(params.take().expect("an object"));
+                let routed = handler.route(&name, &mut |h| dispatch_one(h, method, params.take()));
+                return match routed {
+                    Some(r) => r,
+                    None => {
+                        let own = handler.status_checked()?.array.name;
+                        if crate::scan::name_matches(&name, &own) {
+                            dispatch_one(handler, method, params.take())
+                        } else {
+                            Err(RpcError::no_such_array(&name, &[own]))
+                        }
+                    }
+                };
+            }
+        }
+    }
+    dispatch_one(handler, method, params)
+}
+
+fn dispatch_one(
+    handler: &dyn Handler,
+    method: &str,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     match method {
         "array_status" => {
             no_params(method, params)?;
-            encode(guarded(method, || handler.status())?)
+            encode(guarded(method, || handler.status_checked())??)
+        }
+        "array_list" => {
+            no_params(method, params)?;
+            encode(guarded(method, || handler.array_list())??)
+        }
+        "array_start" => {
+            let p: ArrayStartParams = struct_params(method, params)?;
+            if p.devices.is_empty() {
+                return Err(RpcError::invalid_params(
+                    "array_start: devices is empty: name the member devices",
+                ));
+            }
+            encode(guarded(method, || handler.array_start(p))??)
+        }
+        "array_create" => {
+            let p: ArrayCreateParams = struct_params(method, params)?;
+            encode(guarded(method, || handler.array_create(p))??)
+        }
+        "array_stop" => {
+            let usage = || "array_stop takes {\"array\": NAME}".to_string();
+            let name = match single_param(params, "array", &usage)? {
+                Some(Value::String(n)) => n,
+                _ => {
+                    return Err(RpcError::invalid_params(format!(
+                        "missing or non-string array: {}",
+                        usage()
+                    )))
+                }
+            };
+            encode(guarded(method, || handler.array_stop(&name))??)
         }
         "member_fail" => {
             let d = device_param(method, params)?;
@@ -606,6 +908,38 @@ fn guarded<T>(method: &str, f: impl FnOnce() -> T) -> Result<T, RpcError> {
 fn encode<T: Serialize>(v: T) -> Result<Value, RpcError> {
     serde_json::to_value(v)
         .map_err(|e| RpcError::internal(format!("cannot encode the result: {e}")))
+}
+
+/// What a handler built before its target is up (the management socket is bound first)
+/// waits for: the target's state once set, waiting up to 30 s.
+///
+/// # Errors
+/// [`RpcError::internal`] ("still starting") after 30 s.
+pub(crate) fn wait_started<T>(cell: &std::sync::OnceLock<T>) -> Result<&T, RpcError> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = cell.get() {
+            return Ok(s);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(RpcError::internal("the target is still starting"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A method's parameters as one named-parameter object (`T`, unknown keys refused).
+fn struct_params<T: serde::de::DeserializeOwned>(
+    method: &str,
+    params: Option<Value>,
+) -> Result<T, RpcError> {
+    match params {
+        Some(v @ Value::Object(_)) => serde_json::from_value(v)
+            .map_err(|e| RpcError::invalid_params(format!("{method}: {e}"))),
+        _ => Err(RpcError::invalid_params(format!(
+            "{method} takes named parameters (an object); see docs/MANAGEMENT.md"
+        ))),
+    }
 }
 
 fn no_params(method: &str, params: Option<Value>) -> Result<(), RpcError> {
@@ -1354,9 +1688,18 @@ pub struct RpcClient {
     writer: UnixStream,
     timeout: Duration,
     next_id: u64,
+    /// The array per-array methods name (`None`: the process's only array).
+    array: Option<String>,
 }
 
 impl RpcClient {
+    /// Names the array every later per-array request is for (the `array` parameter;
+    /// `None`: the process's only array). Process methods (`array_*` but
+    /// `array_status`, `rpc_methods`) are never given it.
+    pub fn set_array(&mut self, array: Option<String>) {
+        self.array = array;
+    }
+
     /// Connects with [`DEFAULT_CLIENT_TIMEOUT`].
     ///
     /// # Errors
@@ -1418,6 +1761,7 @@ impl RpcClient {
             writer,
             timeout,
             next_id: 0,
+            array: None,
         })
     }
 
@@ -1471,7 +1815,18 @@ impl RpcClient {
     /// [`ClientError::Io`] (including a connection closed without an answer),
     /// [`ClientError::Protocol`] for an answer that is not a JSON-RPC 2.0 response to
     /// this request.
-    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
+    pub fn call(&mut self, method: &str, mut params: Value) -> Result<Value, ClientError> {
+        if let Some(a) = &self.array {
+            if !PROCESS_METHODS.contains(&method) {
+                match &mut params {
+                    Value::Null => params = json!({ "array": a }),
+                    Value::Object(m) => {
+                        m.insert("array".into(), json!(a));
+                    }
+                    _ => {}
+                }
+            }
+        }
         self.next_id += 1;
         let id = self.next_id;
         let mut req = json!({ "jsonrpc": "2.0", "method": method, "id": id });
@@ -1548,6 +1903,43 @@ impl RpcClient {
     /// As [`RpcClient::call`].
     pub fn status(&mut self) -> Result<StatusReport, ClientError> {
         self.call_as("array_status", Value::Null)
+    }
+
+    /// `array_list`: every running array's status.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn array_list(&mut self) -> Result<Vec<StatusReport>, ClientError> {
+        self.call_as("array_list", Value::Null)
+    }
+
+    /// `array_start`: assembles and starts an array; its status.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn array_start(&mut self, p: &ArrayStartParams) -> Result<StatusReport, ClientError> {
+        let params = serde_json::to_value(p).map_err(|e| self.protocol(e.to_string()))?;
+        self.call_as("array_start", params)
+    }
+
+    /// `array_stop`: stops the array `name`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn array_stop(&mut self, name: &str) -> Result<ArrayStopReport, ClientError> {
+        self.call_as("array_stop", json!({ "array": name }))
+    }
+
+    /// `array_create`: creates (and unless told otherwise starts) an array.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn array_create(
+        &mut self,
+        p: &ArrayCreateParams,
+    ) -> Result<ArrayCreateReport, ClientError> {
+        let params = serde_json::to_value(p).map_err(|e| self.protocol(e.to_string()))?;
+        self.call_as("array_create", params)
     }
 
     /// `member_fail` of `device` (a path or slot number).

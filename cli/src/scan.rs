@@ -162,6 +162,12 @@ pub struct ArrayTable {
     pub devices: Option<Vec<PathBuf>>,
     /// Globs whose matches are scanned for this array's members (any order).
     pub scan: Option<Vec<String>>,
+    /// NBD listen addresses of this array: `HOST:PORT` or `unix:PATH` (serve's `--nbd`).
+    pub nbd: Option<Vec<String>>,
+    /// iSCSI portals of this array, `HOST:PORT`.
+    pub iscsi: Option<Vec<String>>,
+    /// NVMe/TCP portals of this array, `HOST:PORT`.
+    pub nvmf: Option<Vec<String>>,
 }
 
 impl ArrayTable {
@@ -226,6 +232,39 @@ impl ArrayTable {
         }
     }
 
+    /// Whether the table names any export of its own.
+    pub fn has_exports(&self) -> bool {
+        self.nbd.is_some() || self.iscsi.is_some() || self.nvmf.is_some()
+    }
+
+    /// Adds the table's exports to `o` (`nbd` to `nbd_tcp`/`nbd_unix`, `iscsi`, `nvmf`).
+    ///
+    /// # Errors
+    /// An address that is not `HOST:PORT` (or `unix:PATH` for NBD), naming the table.
+    pub fn exports_into(&self, o: &mut crate::target::ServeOptions) -> Result<()> {
+        let addr = |what: &str, s: &str| -> Result<std::net::SocketAddr> {
+            s.parse().map_err(|e| {
+                anyhow::anyhow!(
+                    "[[array]] {}: {what} {s:?}: expected HOST:PORT ({e})",
+                    self.label()
+                )
+            })
+        };
+        for s in self.nbd.iter().flatten() {
+            match s.strip_prefix("unix:") {
+                Some(p) => o.nbd_unix.push(PathBuf::from(p)),
+                None => o.nbd_tcp.push(addr("nbd", s)?),
+            }
+        }
+        for s in self.iscsi.iter().flatten() {
+            o.iscsi.push(addr("iscsi", s)?);
+        }
+        for s in self.nvmf.iter().flatten() {
+            o.nvmf.push(addr("nvmf", s)?);
+        }
+        Ok(())
+    }
+
     fn label(&self) -> String {
         match (&self.name, &self.uuid) {
             (_, Some(u)) => format!("uuid {u}"),
@@ -249,7 +288,7 @@ fn same_uuid(a: &str, b: &str) -> bool {
 
 /// Whether `want` names the array `set_name`: equal, or equal to its part after mdadm's
 /// `homehost:` prefix.
-fn name_matches(want: &str, set_name: &str) -> bool {
+pub fn name_matches(want: &str, set_name: &str) -> bool {
     want == set_name || set_name.split_once(':').is_some_and(|(_, n)| n == want)
 }
 

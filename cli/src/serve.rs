@@ -15,6 +15,7 @@ use engine::geometry::{Geometry, Layout, Level};
 use engine::metadata::BitmapChoice;
 use engine::reactor::Mode;
 use ferroraid::create::{create, CreateOptions};
+use ferroraid::node::Node;
 use ferroraid::notify::NotifyState;
 use ferroraid::target::{ServeOptions, Target};
 use serde::Deserialize;
@@ -58,6 +59,20 @@ pub struct CreateArgs {
     /// --bitmap decides.
     #[arg(long, value_parser = clap::value_parser!(engine::metadata::ConsistencyPolicy))]
     consistency_policy: Option<engine::metadata::ConsistencyPolicy>,
+    /// Create through a running target's management socket (`array_create`) and start
+    /// the array there (exit status 0 created, 1 refused, 4 no target). Without it the
+    /// members are written here and nothing is started.
+    #[arg(long, value_name = "PATH")]
+    rpc: Option<PathBuf>,
+    /// With --rpc: create without starting.
+    #[arg(long, requires = "rpc")]
+    no_start: bool,
+    /// With --rpc: where the started array is exported.
+    #[command(flatten)]
+    exports: crate::mgmt::ExportFlags,
+    /// With --rpc: print the result as JSON.
+    #[arg(long, requires = "rpc")]
+    json: bool,
     /// Member devices in role order: files, block devices, NVMe generic devices
     /// (`/dev/ngXnY`, io_uring passthrough) or NVMe controllers bound to vfio-pci
     /// (`vfio:DDDD:BB:DD.F`).
@@ -78,6 +93,29 @@ fn parse_bitmap_choice(s: &str) -> Result<BitmapChoice, String> {
 
 /// Runs `ferroraid create`.
 pub fn run_create(a: &CreateArgs) -> Result<()> {
+    if let Some(rpc) = &a.rpc {
+        let p = ferroraid::rpc::ArrayCreateParams {
+            name: a.name.clone(),
+            level: a.level.md_level() as u8,
+            devices: a.devices.clone(),
+            chunk_bytes: Some(a.chunk),
+            layout: Some(a.layout.name().to_string()),
+            assume_clean: a.assume_clean,
+            force: a.force,
+            bitmap: a.bitmap.map(|b| match b {
+                BitmapChoice::Internal => "internal".to_string(),
+                _ => "none".to_string(),
+            }),
+            bitmap_chunk_bytes: a.bitmap_chunk,
+            consistency_policy: a.consistency_policy.map(|c| c.to_string()),
+            start: !a.no_start,
+            exports: a.exports.params()?,
+        };
+        return crate::mgmt::create_rpc(rpc, &p, a.json);
+    }
+    if !(a.exports.is_empty()) {
+        bail!("--nbd, --iscsi and --nvmf need --rpc (a running target to start the array on)");
+    }
     let n = u16::try_from(a.devices.len()).context("too many devices")?;
     let geometry = Geometry::new(a.level, a.layout, n, a.chunk, 512)?;
     let bitmap = match (a.bitmap, a.bitmap_chunk) {
@@ -402,8 +440,68 @@ fn listen_spec(s: &str, o: &mut ServeOptions) -> Result<()> {
 }
 
 impl ServeArgs {
-    /// The options, from the file first, then the command line over it.
+    /// The options, from the file first, then the command line over it (one array: a
+    /// config of several `[[array]]` tables is [`ServeArgs::node_options`]' business).
+    #[cfg(test)]
     fn options(&self) -> Result<ServeOptions> {
+        let (o, tables) = self.options_and_tables()?;
+        if !tables.is_empty() {
+            bail!(
+                "the config has {} [[array]] tables: serve them with node_options",
+                tables.len()
+            );
+        }
+        Ok(o)
+    }
+
+    /// The node `serve` runs: every array of the command line or the config, on one set
+    /// of reactors. Several `[[array]]` tables each name their own exports (`nbd`,
+    /// `iscsi`, `nvmf` keys of the table; two arrays cannot share a listening address);
+    /// the top-level `nbd`/`iscsi`/`nvmf` then apply to none.
+    ///
+    /// # Errors
+    /// As [`ServeArgs::options`]; a table that cannot be resolved (scan finds no such
+    /// array) or whose exports do not parse; several tables with top-level exports.
+    pub fn node_options(&self) -> Result<ferroraid::node::NodeOptions> {
+        let (o, tables) = self.options_and_tables()?;
+        if tables.is_empty() {
+            let arrays = if o.devices.is_empty() {
+                Vec::new()
+            } else {
+                vec![o.clone()]
+            };
+            return Ok(ferroraid::node::NodeOptions {
+                defaults: o,
+                arrays,
+            });
+        }
+        if !(o.nbd_tcp.is_empty()
+            && o.nbd_unix.is_empty()
+            && o.iscsi.is_empty()
+            && o.nvmf.is_empty())
+        {
+            bail!(
+                "the config has {} [[array]] tables and top-level exports (nbd, iscsi, nvmf): \
+                 give each table its own exports instead",
+                tables.len()
+            );
+        }
+        let mut arrays = Vec::with_capacity(tables.len());
+        for t in &tables {
+            let mut a = o.clone();
+            a.devices = t.resolve()?;
+            t.exports_into(&mut a)?;
+            arrays.push(a);
+        }
+        Ok(ferroraid::node::NodeOptions {
+            defaults: o,
+            arrays,
+        })
+    }
+
+    /// The options (devices from the command line, the top level of the config, or its
+    /// one `[[array]]` table) and the config's `[[array]]` tables when it has several.
+    fn options_and_tables(&self) -> Result<(ServeOptions, Vec<ferroraid::scan::ArrayTable>)> {
         let file: ServeFile = match &self.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
@@ -412,28 +510,37 @@ impl ServeArgs {
             }
             None => ServeFile::default(),
         };
+        let mut tables = Vec::new();
+        let mut one_table = None;
         let devices = if !self.devices.is_empty() {
+            if file.array.as_ref().is_some_and(|t| !t.is_empty()) {
+                bail!("devices on the command line and [[array]] tables in the config: keep one");
+            }
             self.devices.clone()
-        } else if let Some(tables) = &file.array {
+        } else if let Some(t) = &file.array {
             if file.devices.is_some() {
                 bail!("the config names devices both at the top and in [[array]]: keep one");
             }
-            match tables.as_slice() {
-                [t] => t.resolve()?,
+            match t.as_slice() {
+                [t] => {
+                    one_table = Some(t.clone());
+                    t.resolve()?
+                }
                 [] => Vec::new(),
-                _ => bail!(
-                    "the config has {} [[array]] tables: one `serve` process serves one \
-                     array for now; give each array its own config file and process",
-                    tables.len()
-                ),
+                _ => {
+                    tables = t.clone();
+                    Vec::new()
+                }
             }
         } else {
             file.devices.clone().unwrap_or_default()
         };
-        if devices.is_empty() {
+        let rpc_given = self.rpc.is_some() || file.rpc.is_some();
+        if devices.is_empty() && tables.is_empty() && !rpc_given {
             bail!(
                 "no member devices: name them on the command line, or in --config as \
-                 `devices` or an [[array]] table"
+                 `devices` or [[array]] tables (or give --rpc to start arrays later with \
+                 `ferroraid start`)"
             );
         }
         let mut o = ServeOptions::new(devices);
@@ -639,7 +746,16 @@ impl ServeArgs {
                 format!("--metrics {m:?}: expected HOST:PORT (e.g. 127.0.0.1:9750)")
             })?);
         }
-        Ok(o)
+        if let Some(t) = &one_table {
+            if t.has_exports() {
+                o.nbd_tcp.clear();
+                o.nbd_unix.clear();
+                o.iscsi.clear();
+                o.nvmf.clear();
+                t.exports_into(&mut o)?;
+            }
+        }
+        Ok((o, tables))
     }
 }
 
@@ -654,17 +770,22 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
-/// Runs `ferroraid serve` until SIGINT/SIGTERM. Under a service manager that set
-/// `NOTIFY_SOCKET` (systemd's `Type=notify`), says `READY=1` once [`Target::start`] has
-/// returned — the array assembled, every export, the management socket and the metrics
-/// endpoint listening — and `STOPPING=1` when the stop begins; a start that fails says why
-/// in `STATUS=` (the unit then fails on the exit status).
+/// Runs `ferroraid serve` until SIGINT/SIGTERM: every array of the command line or the
+/// config on one set of reactors ([`ferroraid::node::Node`]). SIGHUP re-reads the config
+/// and starts the arrays it names that are not running; an array running but no longer
+/// in the config keeps running (logged: `ferroraid stop NAME` stops it). Under a service
+/// manager that set `NOTIFY_SOCKET` (systemd's `Type=notify`), says `READY=1` once every
+/// configured array is up — assembled, exported, with the management socket and the
+/// metrics endpoint listening — and `STOPPING=1` when the stop begins; a start that fails
+/// says why in `STATUS=` (the unit then fails on the exit status).
 pub fn run_serve(a: &ServeArgs) -> Result<()> {
-    let opts = a.options()?;
+    let opts = a.node_options()?;
     let stop = stop_flag()?;
+    let reload = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload))?;
     let notifier = ferroraid::notify::Notifier::from_env();
-    let target = match Target::start(&opts) {
-        Ok(t) => t,
+    let node = match Node::start(&opts) {
+        Ok(n) => n,
         Err(e) => {
             let why = ferroraid::notify::status_line(&format!("start failed: {e:#}"));
             notify(notifier.as_ref(), &[NotifyState::Status(&why)]);
@@ -672,13 +793,97 @@ pub fn run_serve(a: &ServeArgs) -> Result<()> {
         }
     };
     if let Some(n) = &notifier {
-        let status = serving_status(&target);
+        let status = node_status(&node);
         match n.notify(&[NotifyState::Ready, NotifyState::Status(&status)]) {
             Ok(()) => tracing::info!("told the service manager: ready"),
             Err(e) => tracing::warn!("cannot notify the service manager (READY=1): {e}"),
         }
     }
-    serve_until(target, &stop, false, notifier.as_ref())
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(50));
+        if reload.swap(false, Ordering::AcqRel) {
+            notify(notifier.as_ref(), &[NotifyState::Reloading]);
+            reload_config(a, &node);
+            let status = node_status(&node);
+            notify(
+                notifier.as_ref(),
+                &[NotifyState::Ready, NotifyState::Status(&status)],
+            );
+        }
+    }
+    tracing::info!("stopping: draining requests, flushing members, marking the arrays clean");
+    notify(
+        notifier.as_ref(),
+        &[
+            NotifyState::Stopping,
+            NotifyState::Status(
+                "stopping: draining requests, flushing members, marking the arrays clean",
+            ),
+        ],
+    );
+    node.stop()
+}
+
+/// SIGHUP: re-reads the config and starts every array it names that is not running (an
+/// array is running when one of its devices is a member of a running array). Never stops
+/// an array: one no longer in the config is logged. Errors are logged, never fatal (the
+/// running arrays serve on).
+fn reload_config(a: &ServeArgs, node: &Node) {
+    tracing::info!("SIGHUP: reloading the configuration");
+    let opts = match a.node_options() {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("reload: the configuration is not usable, nothing changed: {e:#}");
+            return;
+        }
+    };
+    let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut running: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    node.for_each_array(|t| {
+        running.push((
+            t.name().to_string(),
+            t.member_paths()
+                .into_iter()
+                .flatten()
+                .map(|p: PathBuf| canon(&p))
+                .collect(),
+        ));
+    });
+    let mut wanted = vec![false; running.len()];
+    for o in &opts.arrays {
+        let devs: Vec<PathBuf> = o.devices.iter().map(|p| canon(p)).collect();
+        if let Some(i) = running
+            .iter()
+            .position(|(_, paths)| devs.iter().any(|d| paths.contains(d)))
+        {
+            wanted[i] = true;
+            continue;
+        }
+        match node.start_array(o) {
+            Ok(name) => tracing::info!(array = %name, "reload: array started"),
+            Err(e) => tracing::error!(devices = ?o.devices, "reload: cannot start an array: {e:#}"),
+        }
+    }
+    for ((name, _), w) in running.iter().zip(wanted) {
+        if !w {
+            tracing::warn!(
+                array = %name,
+                "reload: the array is no longer in the configuration; it keeps running \
+                 (`ferroraid stop {name}` stops it)"
+            );
+        }
+    }
+}
+
+/// The one-line `STATUS=` of a running node (what `systemctl status` shows): each array
+/// with its members online, and where it is exported.
+fn node_status(node: &Node) -> String {
+    let mut parts = Vec::new();
+    node.for_each_array(|t| parts.push(array_status(t)));
+    if parts.is_empty() {
+        return "serving no array (start one with `ferroraid start`)".into();
+    }
+    ferroraid::notify::status_line(&parts.join("; "))
 }
 
 /// Sends `state` to the service manager, if there is one; a failure is logged, never
@@ -691,9 +896,8 @@ fn notify(n: Option<&ferroraid::notify::Notifier>, state: &[NotifyState]) {
     }
 }
 
-/// The one-line `STATUS=` of a running target (what `systemctl status` shows): the array,
-/// its members, and where it is exported.
-fn serving_status(t: &Target) -> String {
+/// One array's part of the status line: name, members online, exports.
+fn array_status(t: &Target) -> String {
     let snap = t.handle().snapshot();
     let online = snap
         .members
@@ -711,12 +915,12 @@ fn serving_status(t: &Target) -> String {
             .map(|p| format!("nbd unix:{}", p.display())),
     );
     exports.extend(t.iscsi_addrs().iter().map(|a| format!("iscsi {a}")));
-    ferroraid::notify::status_line(&format!(
+    format!(
         "serving array \"{}\": {online}/{} members online; {}",
         t.name(),
         snap.members.len(),
         exports.join(", ")
-    ))
+    )
 }
 
 /// Serves until `stop` is set, then stops cleanly; with `live`, a status line every

@@ -36,7 +36,7 @@ use engine::metadata::{
     Resync, Superblock, Update, MAX_SECTOR,
 };
 use engine::parity::Parity;
-use engine::reactor::{Extras, Mode, ReactorConfig, ReactorHandle, Reactors};
+use engine::reactor::{Extras, Mode, ReactorConfig, ReactorHandle, ReactorSet, Reactors};
 use tracing::{info, warn};
 
 use crate::frontends::TargetFrontend;
@@ -590,16 +590,7 @@ struct TargetHandler(OnceLock<Arc<Shared>>);
 
 impl TargetHandler {
     fn shared(&self) -> Result<&Arc<Shared>, RpcError> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = self.0.get() {
-                return Ok(s);
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(RpcError::internal("the target is still starting"));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::rpc::wait_started(&self.0)
     }
 }
 
@@ -788,6 +779,16 @@ impl Target {
     /// without `force`...); members with different data offsets; no usable cores; a socket
     /// that cannot be bound; a failed superblock write.
     pub fn start(opts: &ServeOptions) -> Result<Target> {
+        Self::start_on(opts, None)
+    }
+
+    /// [`Target::start`] on the reactors of `set` when given (shared with the other
+    /// arrays of the process, `crate::node`; `opts.cores`, `opts.reactors` and
+    /// `opts.mode` are then the set's business, not read), else on reactors of its own.
+    ///
+    /// # Errors
+    /// As [`Target::start`].
+    pub fn start_on(opts: &ServeOptions, set: Option<&ReactorSet>) -> Result<Target> {
         ensure!(!opts.devices.is_empty(), "no member devices given");
         match crate::nbd::raise_open_files_limit() {
             Ok(n) => info!(limit = n, "open files limit (RLIMIT_NOFILE soft = hard)"),
@@ -1196,31 +1197,9 @@ impl Target {
                 &mut assembly.resync_needed,
             )?),
         };
-        let cores: Vec<Option<usize>> = if opts.cores.is_empty() {
-            let node = opts
-                .devices
-                .first()
-                .and_then(|p| drivers::topology::device_numa_node(p));
-            match drivers::topology::choose_cores(opts.reactors.max(1), node) {
-                Ok(choice) => {
-                    let near = match node {
-                        Some(n) => format!("NUMA node {n} first"),
-                        None => "the members' NUMA node unknown".to_string(),
-                    };
-                    info!(
-                        "reactor cores {:?} chosen by {} topology (one hardware thread per physical core, {near})",
-                        choice.cores, choice.method
-                    );
-                    choice.cores.into_iter().map(Some).collect()
-                }
-                Err(e) => {
-                    warn!("{e}; running {} unpinned reactors", opts.reactors.max(1));
-                    vec![None; opts.reactors.max(1)]
-                }
-            }
-        } else {
-            info!("reactor cores {:?} as given (--cores)", opts.cores);
-            opts.cores.iter().copied().map(Some).collect()
+        let cores: Vec<Option<usize>> = match set {
+            Some(set) => set.cores().to_vec(),
+            None => reactor_cores(opts),
         };
         let n = cores.len();
 
@@ -1392,24 +1371,38 @@ impl Target {
         };
         let (pacer, limits) = (opts.pacer, opts.speed_limits);
         let members = geo.geometry().members();
-        let started = Reactors::start_with(
-            Arc::new(devices),
-            geo,
-            Parity::new(),
-            array_cfg,
-            rcfg,
-            frontends,
-            Extras {
-                pacer: move |_| pacer.build(limits, members),
-                bitmap: intent.clone(),
-                ppl,
-                replace: resumed.as_ref().map(|r| engine::reactor::ResumeReplace {
-                    member: r.role,
-                    device: Arc::clone(&r.device) as Arc<dyn std::any::Any + Send + Sync>,
-                    resume_stripe: r.stripe,
-                }),
-            },
-        );
+        let extras = Extras {
+            pacer: move |_| pacer.build(limits, members),
+            bitmap: intent.clone(),
+            ppl,
+            replace: resumed.as_ref().map(|r| engine::reactor::ResumeReplace {
+                member: r.role,
+                device: Arc::clone(&r.device) as Arc<dyn std::any::Any + Send + Sync>,
+                resume_stripe: r.stripe,
+            }),
+        };
+        let devices = Arc::new(devices);
+        let started = match set {
+            Some(set) => Reactors::start_on(
+                set,
+                devices,
+                geo,
+                Parity::new(),
+                array_cfg,
+                &rcfg,
+                frontends,
+                extras,
+            ),
+            None => Reactors::start_with(
+                devices,
+                geo,
+                Parity::new(),
+                array_cfg,
+                rcfg,
+                frontends,
+                extras,
+            ),
+        };
         if let (Ok(_), Some(r)) = (&started, &resumed) {
             let m = &meta.members[r.idx];
             let chunk_sectors = u64::from(g.chunk_sectors());
@@ -1526,6 +1519,17 @@ impl Target {
         self.intent.as_ref()
     }
 
+    /// A JSON-RPC handler for this array (what the management socket of a process
+    /// serving several arrays routes a request naming it to, `crate::node`).
+    pub fn handler(&self) -> Arc<dyn Handler> {
+        Arc::new(TargetHandler(OnceLock::from(Arc::clone(&self.shared))))
+    }
+
+    /// The array's figures for the metrics endpoint now.
+    pub fn scrape(&self) -> Option<Scrape> {
+        TargetHandler(OnceLock::from(Arc::clone(&self.shared))).scrape()
+    }
+
     /// The array's (short) name: the NBD export name.
     pub fn name(&self) -> &str {
         &self.shared.name
@@ -1599,7 +1603,16 @@ impl Target {
     ///
     /// # Errors
     /// A reactor setup error surfacing at stop, a flush or superblock write that failed.
-    pub fn stop(mut self) -> Result<()> {
+    pub fn stop(self) -> Result<()> {
+        self.stop_clean().map(drop)
+    }
+
+    /// [`Target::stop`], saying whether the array was marked clean (`false`: a resync or
+    /// rebuild was owed at the stop and resumes at the next start).
+    ///
+    /// # Errors
+    /// As [`Target::stop`].
+    pub fn stop_clean(mut self) -> Result<bool> {
         if let Some(mut rpc) = self.rpc.take() {
             rpc.shutdown();
         }
@@ -1654,7 +1667,39 @@ impl Target {
             clean = resync == Resync::Clean,
             "array stopped"
         );
-        Ok(())
+        Ok(resync == Resync::Clean)
+    }
+}
+
+/// The reactors' cores for `opts`: `opts.cores` as given, else `opts.reactors` cores
+/// chosen by `drivers::topology::choose_cores` near the first member's NUMA node
+/// (unpinned when the topology cannot be read).
+pub fn reactor_cores(opts: &ServeOptions) -> Vec<Option<usize>> {
+    if opts.cores.is_empty() {
+        let node = opts
+            .devices
+            .first()
+            .and_then(|p| drivers::topology::device_numa_node(p));
+        match drivers::topology::choose_cores(opts.reactors.max(1), node) {
+            Ok(choice) => {
+                let near = match node {
+                    Some(n) => format!("NUMA node {n} first"),
+                    None => "the members' NUMA node unknown".to_string(),
+                };
+                info!(
+                    "reactor cores {:?} chosen by {} topology (one hardware thread per physical core, {near})",
+                    choice.cores, choice.method
+                );
+                choice.cores.into_iter().map(Some).collect()
+            }
+            Err(e) => {
+                warn!("{e}; running {} unpinned reactors", opts.reactors.max(1));
+                vec![None; opts.reactors.max(1)]
+            }
+        }
+    } else {
+        info!("reactor cores {:?} as given (--cores)", opts.cores);
+        opts.cores.iter().copied().map(Some).collect()
     }
 }
 

@@ -1501,6 +1501,7 @@ const ADOPT_CAPACITY: usize = 64;
 pub struct ReactorSet {
     host: Arc<HostShared>,
     threads: Vec<JoinHandle<()>>,
+    cores: Vec<Option<usize>>,
 }
 
 impl ReactorSet {
@@ -1521,6 +1522,7 @@ impl ReactorSet {
         let mut set = ReactorSet {
             host,
             threads: Vec::with_capacity(n),
+            cores: cores.to_vec(),
         };
         for (me, &core) in cores.iter().enumerate() {
             let host = Arc::clone(&set.host);
@@ -1542,6 +1544,11 @@ impl ReactorSet {
     /// Reactors (threads) in the set.
     pub fn reactors(&self) -> usize {
         self.host.reactors()
+    }
+
+    /// Each reactor's core, in reactor order (`None`: not pinned).
+    pub fn cores(&self) -> &[Option<usize>] {
+        &self.cores
     }
 
     /// Array shards each reactor hosts now, in reactor order.

@@ -324,7 +324,7 @@ fn protocol_errors() {
         (
             r#"{"jsonrpc":"2.0","method":"status","id":1}"#,
             codes::METHOD_NOT_FOUND,
-            "method not found: \"status\" (methods: array_status",
+            "method not found: \"status\" (methods: array_create, array_list, array_start, array_status",
         ),
         (
             r#"{"jsonrpc":"2.0","method":"","id":1}"#,
@@ -488,7 +488,7 @@ fn protocol_errors() {
         &json!({"jsonrpc":"2.0","method":long,"id":1}).to_string(),
     );
     assert_eq!(err_code(&v), codes::METHOD_NOT_FOUND);
-    assert!(err_msg(&v).len() < 300, "{v}");
+    assert!(err_msg(&v).len() < 400, "{v}");
     let long_dev = "/".repeat(MAX_DEVICE_BYTES + 1);
     let v = req(
         &*m,
@@ -562,6 +562,109 @@ fn a_panicking_handler_is_an_internal_error() {
     assert_eq!(v["id"], 9);
 }
 
+/// The `array` parameter: a single-array target answers for its own name (md's
+/// `host:name` or the short name) and refuses another with NO_SUCH_ARRAY; a non-string
+/// name is refused; the process methods of a multi-array node are not supported by a
+/// single-array target, and their parameters are checked first.
+#[test]
+fn array_parameter_and_array_methods() {
+    let m = Mock::new();
+    for name in ["data", "host:data"] {
+        let v = req(
+            &*m,
+            &format!(
+                r#"{{"jsonrpc":"2.0","method":"array_status","params":{{"array":"{name}"}},"id":1}}"#
+            ),
+        );
+        assert_eq!(v["result"]["array"]["name"], "host:data", "{v}");
+    }
+    let v = req(
+        &*m,
+        r#"{"jsonrpc":"2.0","method":"member_fail","params":{"device":"1","array":"other"},"id":1}"#,
+    );
+    assert_eq!(err_code(&v), codes::NO_SUCH_ARRAY, "{v}");
+    assert!(
+        err_msg(&v).contains("\"other\" (running: host:data)"),
+        "{v}"
+    );
+    assert_eq!(v["error"]["data"]["array"], "other");
+    // Nothing was failed by the refused request.
+    assert!(m
+        .status()
+        .members
+        .iter()
+        .all(|x| x.state == MemberState::Active));
+    let cases: &[(&str, i64, &str)] = &[
+        (
+            r#"{"jsonrpc":"2.0","method":"array_status","params":{"array":7},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "\"array\" must be an array name",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_list","params":{"x":1},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "array_list takes no parameters",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_start","params":["/dev/a"],"id":1}"#,
+            codes::INVALID_PARAMS,
+            "array_start takes named parameters",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_start","params":{"devices":[]},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "devices is empty",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_start","params":{"devices":["/a"],"nbd":["nowhere"]},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "array_start: invalid socket address",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_start","params":{"devices":["/a"],"colour":"red"},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "unknown field `colour`",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_start","params":{"devices":["/a"]},"id":1}"#,
+            codes::NOT_SUPPORTED,
+            "not supported: array_start",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_stop","params":{},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "array_stop takes {\"array\": NAME}",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_stop","params":{"array":"data","now":true},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "unknown parameter \"now\"",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_stop","params":["data"],"id":1}"#,
+            codes::NOT_SUPPORTED,
+            "not supported: array_stop",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_create","params":{"name":"x","devices":["/a"]},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "missing field `level`",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_create","params":{"name":"x","level":6,"devices":["/a"]},"id":1}"#,
+            codes::NOT_SUPPORTED,
+            "not supported: array_create",
+        ),
+    ];
+    for &(line, code, want) in cases {
+        let v = req(&*m, line);
+        assert_eq!(err_code(&v), code, "{line}: {v}");
+        assert!(err_msg(&v).contains(want), "{line}: {v}");
+    }
+    let v = req(&*m, r#"{"jsonrpc":"2.0","method":"array_list","id":1}"#);
+    assert_eq!(v["result"][0]["array"]["name"], "host:data", "{v}");
+}
+
 #[test]
 fn never_panics_on_garbage() {
     let m = Mock::new();
@@ -570,6 +673,10 @@ fn never_panics_on_garbage() {
         br#"[{"jsonrpc":"2.0","method":"array_status","id":"x"},{"jsonrpc":"2.0","method":"member_add","params":["/dev/q"]}]"#,
         br#"{"jsonrpc":"2.0","method":"nvmf_portal_set_ana","params":{"portal":"127.0.0.2:4420","ana_state":"inaccessible"},"id":2}"#,
         br#"[{"jsonrpc":"2.0","method":"nvmf_portal_add","params":["127.0.0.2:4420","non_optimized"],"id":3},{"jsonrpc":"2.0","method":"nvmf_portal_remove","params":{"portal":"[::1]:4420"},"id":4}]"#,
+        br#"{"jsonrpc":"2.0","method":"member_fail","params":{"device":"1","array":"data"},"id":5}"#,
+        br#"{"jsonrpc":"2.0","method":"array_start","params":{"devices":["/dev/a","/dev/b"],"force":true,"nbd":["127.0.0.1:10809"]},"id":6}"#,
+        br#"[{"jsonrpc":"2.0","method":"array_stop","params":{"array":"data"},"id":7},{"jsonrpc":"2.0","method":"array_list","id":8}]"#,
+        br#"{"jsonrpc":"2.0","method":"array_create","params":{"name":"x","level":6,"devices":["/a","/b","/c","/d"],"chunk_bytes":65536},"id":9}"#,
     ];
     // A small xorshift: deterministic mutations of valid requests, and random bytes.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;

@@ -1,0 +1,536 @@
+//! One appliance process, many arrays (issue 21): a [`Node`] pins one set of reactor
+//! threads ([`engine::reactor::ReactorSet`]) and serves any number of arrays on them,
+//! each a [`Target`] with its own members, superblock bookkeeping and exports, started
+//! and stopped while the others serve (`array_start`, `array_stop`, `array_create` over
+//! JSON-RPC, docs/MANAGEMENT.md). Every array has a shard on every reactor; member
+//! devices are claimed per array (`flock`), so two arrays never share a device — and
+//! therefore never share a pacer or a depth controller, which are per shard and member.
+//!
+//! The management socket and the metrics endpoint are the node's: a request naming an
+//! array (`{"array": NAME}`) goes to that array; one that names none goes to the only
+//! array when there is exactly one (a process of one array answers as a single-array
+//! target always did), and is refused with [`codes::ARRAY_NOT_NAMED`] otherwise.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use anyhow::{Context, Result};
+use engine::geometry::{Geometry, Layout, Level};
+use engine::metadata::{BitmapChoice, ConsistencyPolicy};
+use engine::reactor::ReactorSet;
+use serde_json::Value;
+use tracing::{info, warn};
+
+use crate::metrics::{MetricsServer, MetricsSource, Scrape};
+use crate::nvmf::spec::AnaState;
+use crate::nvmf::{PortalAddReport, PortalListReport, PortalRemoveReport, PortalSetAnaReport};
+use crate::rpc::{
+    codes, ArrayCreateParams, ArrayCreateReport, ArrayStartParams, ArrayStopReport, ExportParams,
+    Handler, RpcError, RpcServer,
+};
+use crate::status::{MemberReport, ProcessKind, ProcessReport, StatusReport};
+use crate::target::{reactor_cores, ServeOptions, Target};
+
+/// What a [`Node`] runs.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// Every array's options but its devices and exports (queue depth, timeouts, stripe
+    /// cache, pacer, depth control, NBD/iSCSI/NVMe-oF tunables), and the reactors'
+    /// layout (`cores`, `reactors`, `mode`). Its `devices` only guide the choice of cores
+    /// (their NUMA node); its `rpc` and `metrics` are the node's.
+    pub defaults: ServeOptions,
+    /// The arrays to start at once, each with its devices and exports (the rest as
+    /// `defaults`). Empty: an appliance that starts arrays over JSON-RPC later (needs
+    /// `defaults.rpc`).
+    pub arrays: Vec<ServeOptions>,
+}
+
+/// A running node: the reactors, the arrays on them, the management socket and the
+/// metrics endpoint.
+pub struct Node {
+    inner: Arc<Inner>,
+    rpc: Option<RpcServer>,
+    metrics: Option<MetricsServer>,
+}
+
+struct Inner {
+    set: ReactorSet,
+    defaults: ServeOptions,
+    /// The running arrays by short name ([`Target::name`]).
+    arrays: Mutex<BTreeMap<String, Target>>,
+    /// Serializes array starts and stops (they claim devices and names); requests to
+    /// running arrays do not wait for it.
+    lifecycle: Mutex<()>,
+}
+
+/// The node's JSON-RPC handler and metrics source (set once the node is up; requests
+/// before that wait up to 30 s).
+struct NodeHandler(OnceLock<Arc<Inner>>);
+
+impl Node {
+    /// Starts the reactors, the management socket and the metrics endpoint, then every
+    /// array of `opts.arrays` in order. A failure stops what was started (arrays already
+    /// up are stopped cleanly) and is returned.
+    ///
+    /// # Errors
+    /// The management socket or metrics address cannot be bound (before any device is
+    /// touched); no reactor thread can start; an array cannot start (as
+    /// [`Target::start`]); two arrays with one name.
+    pub fn start(opts: &NodeOptions) -> Result<Node> {
+        anyhow::ensure!(
+            !opts.arrays.is_empty() || opts.defaults.rpc.is_some(),
+            "no array to serve and no management socket to start one through: name \
+             member devices, [[array]] tables, or --rpc"
+        );
+        match crate::nbd::raise_open_files_limit() {
+            Ok(n) => info!(limit = n, "open files limit (RLIMIT_NOFILE soft = hard)"),
+            Err(e) => warn!("cannot raise the open files limit: {e}"),
+        }
+        let handler = Arc::new(NodeHandler(OnceLock::new()));
+        let rpc = match &opts.defaults.rpc {
+            Some(path) => Some(
+                RpcServer::bind(path, Arc::clone(&handler) as Arc<dyn Handler>)
+                    .with_context(|| format!("opening the management socket {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let metrics = match opts.defaults.metrics {
+            Some(addr) => {
+                let m = MetricsServer::bind(addr, Arc::clone(&handler) as Arc<dyn MetricsSource>)?;
+                info!(address = %m.local_addr(), "metrics endpoint listening (GET /metrics)");
+                Some(m)
+            }
+            None => None,
+        };
+        let mut layout = opts.defaults.clone();
+        if layout.devices.is_empty() {
+            if let Some(first) = opts.arrays.first() {
+                layout.devices = first.devices.clone();
+            }
+        }
+        let set = ReactorSet::start(&reactor_cores(&layout), opts.defaults.mode)
+            .context("starting the reactors")?;
+        info!(reactors = set.reactors(), cores = ?set.cores(), "reactors running");
+        let mut defaults = opts.defaults.clone();
+        defaults.devices.clear();
+        defaults.rpc = None;
+        defaults.metrics = None;
+        let inner = Arc::new(Inner {
+            set,
+            defaults,
+            arrays: Mutex::new(BTreeMap::new()),
+            lifecycle: Mutex::new(()),
+        });
+        let mut node = Node {
+            inner,
+            rpc: None,
+            metrics,
+        };
+        for a in &opts.arrays {
+            if let Err(e) = node.inner.start_array(a) {
+                let _ = node.stop_inner();
+                return Err(e);
+            }
+        }
+        if let Some(path) = &opts.defaults.rpc {
+            info!(socket = %path.display(), "JSON-RPC management socket listening");
+        }
+        let _ = handler.0.set(Arc::clone(&node.inner));
+        node.rpc = rpc;
+        Ok(node)
+    }
+
+    /// Starts one more array (its devices and exports in `opts`; its other options are
+    /// taken as given). Returns its name.
+    ///
+    /// # Errors
+    /// As [`Target::start`]; an array of that name already runs.
+    pub fn start_array(&self, opts: &ServeOptions) -> Result<String> {
+        self.inner.start_array(opts)
+    }
+
+    /// Stops the array `name` (drain, flush, mark clean) while the others serve.
+    /// Returns whether it was left clean.
+    ///
+    /// # Errors
+    /// No such array; the stop's own errors ([`Target::stop`]).
+    pub fn stop_array(&self, name: &str) -> Result<bool> {
+        self.inner.stop_array(name)
+    }
+
+    /// The running arrays' names, sorted.
+    pub fn array_names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+
+    /// Runs `f` with the running array `name`, if there is one.
+    pub fn with_array<R>(&self, name: &str, f: impl FnOnce(&Target) -> R) -> Option<R> {
+        self.inner.lock().get(name).map(f)
+    }
+
+    /// Runs `f` with every running array, in name order.
+    pub fn for_each_array(&self, mut f: impl FnMut(&Target)) {
+        for t in self.inner.lock().values() {
+            f(t);
+        }
+    }
+
+    /// The reactors' cores, in reactor order (`None`: not pinned).
+    pub fn cores(&self) -> Vec<Option<usize>> {
+        self.inner.set.cores().to_vec()
+    }
+
+    /// The options an array started with [`Node::start_array`] gets beside its devices
+    /// and exports.
+    pub fn defaults(&self) -> &ServeOptions {
+        &self.inner.defaults
+    }
+
+    /// Stops serving: the management socket and metrics endpoint close, every array is
+    /// stopped (drained, flushed, marked clean), then the reactors.
+    ///
+    /// # Errors
+    /// The first array stop that failed (the others are still stopped).
+    pub fn stop(mut self) -> Result<()> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<()> {
+        if let Some(mut rpc) = self.rpc.take() {
+            rpc.shutdown();
+        }
+        if let Some(mut m) = self.metrics.take() {
+            m.shutdown();
+        }
+        let mut first_err = None;
+        for name in self.inner.names() {
+            if let Err(e) = self.inner.stop_array(&name) {
+                warn!(array = %name, "stopping: {e:#}");
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Target>> {
+        self.arrays
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    fn start_array(&self, opts: &ServeOptions) -> Result<String> {
+        let _serial = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut o = opts.clone();
+        o.rpc = None;
+        o.metrics = None;
+        let t = Target::start_on(&o, Some(&self.set))?;
+        let name = t.name().to_string();
+        if self.lock().contains_key(&name) {
+            // Its devices differ (they were claimed): a second array of the same name,
+            // which the exports (NBD name, IQN, NQN) and the `array` parameter could not
+            // tell apart.
+            let stopped = t.stop();
+            anyhow::bail!(
+                "an array named {name:?} is already running: a second one cannot be \
+                 told apart (it was stopped again{})",
+                match stopped {
+                    Ok(()) => String::new(),
+                    Err(e) => format!(", with an error: {e:#}"),
+                }
+            );
+        }
+        info!(array = %name, "array started");
+        self.lock().insert(name.clone(), t);
+        Ok(name)
+    }
+
+    fn stop_array(&self, name: &str) -> Result<bool> {
+        let _serial = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let t = self
+            .lock()
+            .remove(name)
+            .with_context(|| format!("no running array is named {name:?}"))?;
+        let clean = t.stop_clean()?;
+        info!(array = %name, clean, "array stopped");
+        Ok(clean)
+    }
+
+    /// The one array a request that names none is for.
+    fn only(&self, method: &str) -> Result<Arc<dyn Handler>, RpcError> {
+        let arrays = self.lock();
+        match arrays.values().next() {
+            Some(t) if arrays.len() == 1 => Ok(t.handler()),
+            _ => Err(RpcError::array_not_named(
+                method,
+                &arrays.keys().cloned().collect::<Vec<_>>(),
+            )),
+        }
+    }
+
+    /// The options of an array started over JSON-RPC.
+    fn array_options(&self, devices: Vec<PathBuf>, e: &ExportParams) -> ServeOptions {
+        let mut o = self.defaults.clone();
+        o.devices = devices;
+        o.nbd_tcp = e.nbd.clone();
+        o.nbd_unix = e.nbd_unix.clone();
+        o.iscsi = e.iscsi.clone();
+        o.nvmf = e.nvmf.clone();
+        o
+    }
+
+    fn status_of(&self, name: &str) -> Result<StatusReport, RpcError> {
+        self.lock()
+            .get(name)
+            .map(Target::status)
+            .ok_or_else(|| RpcError::no_such_array(name, &self.names()))
+    }
+}
+
+impl NodeHandler {
+    fn inner(&self) -> Result<&Arc<Inner>, RpcError> {
+        crate::rpc::wait_started(&self.0)
+    }
+
+    fn only(&self, method: &str) -> Result<Arc<dyn Handler>, RpcError> {
+        self.inner()?.only(method)
+    }
+}
+
+impl MetricsSource for NodeHandler {
+    fn scrape(&self) -> Option<Scrape> {
+        let inner = self.0.get()?;
+        let arrays = inner.lock();
+        // One array's figures per scrape until the endpoint renders several.
+        arrays.values().next().and_then(Target::scrape)
+    }
+}
+
+impl Handler for NodeHandler {
+    fn status(&self) -> StatusReport {
+        match self.status_checked() {
+            Ok(s) => s,
+            // A handler panic is answered as a JSON-RPC internal error.
+            Err(e) => panic!("{}", e.message),
+        }
+    }
+
+    fn status_checked(&self) -> Result<StatusReport, RpcError> {
+        self.only("array_status")?.status_checked()
+    }
+
+    fn member_fail(&self, sel: &str) -> Result<MemberReport, RpcError> {
+        self.only("member_fail")?.member_fail(sel)
+    }
+
+    fn member_remove(&self, sel: &str) -> Result<MemberReport, RpcError> {
+        self.only("member_remove")?.member_remove(sel)
+    }
+
+    fn member_add(&self, path: &str) -> Result<MemberReport, RpcError> {
+        self.only("member_add")?.member_add(path)
+    }
+
+    fn member_replace(&self, old: &str, new: &str) -> Result<MemberReport, RpcError> {
+        self.only("member_replace")?.member_replace(old, new)
+    }
+
+    fn process_start(&self, kind: ProcessKind) -> Result<ProcessReport, RpcError> {
+        self.only("process_start")?.process_start(kind)
+    }
+
+    fn process_stop(&self) -> Result<ProcessReport, RpcError> {
+        self.only("process_stop")?.process_stop()
+    }
+
+    fn nvmf_portal_list(&self) -> Result<PortalListReport, RpcError> {
+        self.only("nvmf_portal_list")?.nvmf_portal_list()
+    }
+
+    fn nvmf_portal_set_ana(
+        &self,
+        portal: &str,
+        state: AnaState,
+    ) -> Result<PortalSetAnaReport, RpcError> {
+        self.only("nvmf_portal_set_ana")?
+            .nvmf_portal_set_ana(portal, state)
+    }
+
+    fn nvmf_portal_remove(&self, portal: &str) -> Result<PortalRemoveReport, RpcError> {
+        self.only("nvmf_portal_remove")?.nvmf_portal_remove(portal)
+    }
+
+    fn nvmf_portal_add(
+        &self,
+        portal: &str,
+        state: Option<AnaState>,
+    ) -> Result<PortalAddReport, RpcError> {
+        self.only("nvmf_portal_add")?.nvmf_portal_add(portal, state)
+    }
+
+    fn route(
+        &self,
+        array: &str,
+        f: &mut dyn FnMut(&dyn Handler) -> Result<Value, RpcError>,
+    ) -> Option<Result<Value, RpcError>> {
+        let inner = match self.inner() {
+            Ok(i) => i,
+            Err(e) => return Some(Err(e)),
+        };
+        let found = {
+            let arrays = inner.lock();
+            arrays
+                .iter()
+                .find(|(name, _)| crate::scan::name_matches(array, name))
+                .map(|(_, t)| t.handler())
+        };
+        Some(match found {
+            Some(h) => f(&*h),
+            None => Err(RpcError::no_such_array(array, &inner.names())),
+        })
+    }
+
+    fn array_list(&self) -> Result<Vec<StatusReport>, RpcError> {
+        Ok(self.inner()?.lock().values().map(Target::status).collect())
+    }
+
+    fn array_start(&self, p: ArrayStartParams) -> Result<StatusReport, RpcError> {
+        let inner = self.inner()?;
+        let o = inner.array_options(p.devices, &p.exports);
+        let o = ServeOptions {
+            force: p.force,
+            run: p.run,
+            ..o
+        };
+        let name = inner.start_array(&o).map_err(start_error)?;
+        inner.status_of(&name)
+    }
+
+    fn array_stop(&self, array: &str) -> Result<ArrayStopReport, RpcError> {
+        let inner = self.inner()?;
+        let name = {
+            let arrays = inner.lock();
+            arrays
+                .keys()
+                .find(|name| crate::scan::name_matches(array, name))
+                .cloned()
+        };
+        let Some(name) = name else {
+            return Err(RpcError::no_such_array(array, &inner.names()));
+        };
+        match inner.stop_array(&name) {
+            Ok(clean) => Ok(ArrayStopReport { array: name, clean }),
+            Err(e) => Err(RpcError::new(
+                codes::ARRAY_STOP_FAILED,
+                format!("array {name:?} stopped with an error: {e:#}"),
+            )),
+        }
+    }
+
+    fn array_create(&self, p: ArrayCreateParams) -> Result<ArrayCreateReport, RpcError> {
+        let inner = self.inner()?;
+        let level = match p.level {
+            5 => Level::Raid5,
+            6 => Level::Raid6,
+            l => {
+                return Err(RpcError::invalid_params(format!(
+                    "array_create: level {l}: 5 or 6"
+                )))
+            }
+        };
+        let layout: Layout = match &p.layout {
+            None => Layout::LeftSymmetric,
+            Some(l) => l
+                .parse()
+                .map_err(|e| RpcError::invalid_params(format!("array_create: layout: {e}")))?,
+        };
+        let n = u16::try_from(p.devices.len())
+            .map_err(|_| RpcError::invalid_params("array_create: too many devices"))?;
+        let geometry = Geometry::new(level, layout, n, p.chunk_bytes.unwrap_or(64 << 10), 512)
+            .map_err(|e| RpcError::invalid_params(format!("array_create: {e}")))?;
+        let bitmap = match p.bitmap.as_deref() {
+            None if p.bitmap_chunk_bytes.is_some() => BitmapChoice::Internal,
+            None => BitmapChoice::default(),
+            Some("internal") => BitmapChoice::Internal,
+            Some("none") => BitmapChoice::None,
+            Some(b) => {
+                return Err(RpcError::invalid_params(format!(
+                    "array_create: bitmap {b:?}: \"internal\" or \"none\""
+                )))
+            }
+        };
+        let consistency_policy: Option<ConsistencyPolicy> = match p.consistency_policy.as_deref() {
+            None => None,
+            Some(c) => Some(c.parse().map_err(|e| {
+                RpcError::invalid_params(format!("array_create: consistency_policy: {e}"))
+            })?),
+        };
+        if inner
+            .lock()
+            .keys()
+            .any(|n| crate::scan::name_matches(&p.name, n))
+        {
+            return Err(RpcError::new(
+                codes::ARRAY_NAME_IN_USE,
+                format!("an array named {:?} is already running", p.name),
+            ));
+        }
+        let created = crate::create::create(&crate::create::CreateOptions {
+            geometry,
+            name: p.name.clone(),
+            devices: p.devices.clone(),
+            assume_clean: p.assume_clean,
+            force: p.force,
+            progress: false,
+            bitmap,
+            bitmap_chunk_bytes: p.bitmap_chunk_bytes,
+            consistency_policy,
+        })
+        .map_err(|e| {
+            RpcError::new(
+                codes::ARRAY_CREATE_FAILED,
+                format!("array_create {:?}: {e:#}", p.name),
+            )
+        })?;
+        let status = if p.start {
+            let o = inner.array_options(p.devices, &p.exports);
+            let name = inner.start_array(&o).map_err(start_error)?;
+            Some(inner.status_of(&name)?)
+        } else {
+            None
+        };
+        Ok(ArrayCreateReport {
+            array: p.name,
+            uuid: created.uuid.to_string(),
+            size_bytes: created.size_bytes,
+            data_offset_bytes: created.data_offset_bytes,
+            status,
+        })
+    }
+}
+
+/// An array start's failure as a JSON-RPC error: a name in use, or anything else with
+/// its reason.
+fn start_error(e: anyhow::Error) -> RpcError {
+    let msg = format!("{e:#}");
+    if msg.contains("is already running") {
+        RpcError::new(codes::ARRAY_NAME_IN_USE, msg)
+    } else {
+        RpcError::new(codes::ARRAY_START_FAILED, format!("array_start: {msg}"))
+    }
+}
