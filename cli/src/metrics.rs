@@ -1,15 +1,18 @@
 //! The metrics endpoint (`serve --metrics HOST:PORT`): Prometheus text (exposition format
 //! 0.0.4) or OpenMetrics 1.0 text, chosen by the scraper's `Accept` header, served on
-//! `GET /metrics` by a management thread of its own — never by a reactor. A scrape takes
-//! the reactors' last published statistics ([`engine::reactor::ReactorHandle::snapshot`],
-//! at most `PUBLISH_INTERVAL` old) and the same [`StatusReport`] `ferroraid status` shows;
-//! encoding is the `prometheus-client` crate's, HTTP the `tiny_http` crate's.
+//! `GET /metrics` by a management thread of its own — never by a reactor. One endpoint
+//! covers every array the process serves: each family once, with every array's samples
+//! (see [`render`]). A scrape takes, per array, the reactors' last published statistics
+//! ([`engine::reactor::ReactorHandle::snapshot`], at most `PUBLISH_INTERVAL` old) and the
+//! same [`StatusReport`] `ferroraid status` shows; encoding is the `prometheus-client`
+//! crate's, HTTP the `tiny_http` crate's.
 //!
 //! Names follow the Prometheus conventions (`ferroraid_` prefix, base units, counters end
 //! in `_total`, `_bytes`/`_seconds` units). Every metric of the array carries the label
 //! `array` (its name); member metrics add `slot` (the role, 0-based) and `device` (the
 //! path, empty for a missing slot); reactor metrics add `reactor` and `core` (empty when
-//! not pinned). The catalogue with meanings is in docs/MANAGEMENT.md ("Metrics").
+//! not pinned) and are the loop counters of that array's shard on that reactor. The
+//! catalogue with meanings is in docs/MANAGEMENT.md ("Metrics").
 //!
 //! Latency histograms are the engine's HDR histograms (ns, 2 significant digits) put into
 //! fixed buckets ([`LATENCY_BUCKETS_S`]); their `_sum` uses each recorded value's HDR
@@ -24,7 +27,7 @@ use engine::reactor::{ArraySnapshot, ReactorLoad};
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::status::{ArrayState, MemberState, ProcessKind, ProcessRunState, StatusReport};
 
@@ -43,25 +46,32 @@ pub struct Scrape {
     pub status: StatusReport,
     /// The reactors' merged statistics the report was made from.
     pub snapshot: ArraySnapshot,
-    /// Each reactor's loop counters, in reactor order.
+    /// Each reactor's loop counters for this array's shard, in reactor order.
     pub reactor_loads: Vec<ReactorLoad>,
 }
 
-/// Where a scrape comes from (the running target).
+/// Where a scrape comes from: the running target, one process that may serve several
+/// arrays.
 pub trait MetricsSource: Send + Sync + 'static {
-    /// The current figures; `None` while the array is still being assembled (the scrape
-    /// is then answered 503).
-    fn scrape(&self) -> Option<Scrape>;
+    /// The current figures, one [`Scrape`] per array the process serves now (any order;
+    /// array names distinct — a repeated name is left out of the rendering). An empty
+    /// list is a process serving no array yet and is answered 200 with no samples;
+    /// `None` means the process is still starting (the scrape is then answered 503).
+    fn scrape(&self) -> Option<Vec<Scrape>>;
 }
 
 /// The content type of OpenMetrics 1.0 text.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Renders a scrape: OpenMetrics 1.0 text (ends with `# EOF`) when `openmetrics`, else the
-/// Prometheus text exposition format 0.0.4.
-pub fn render(scrape: Scrape, openmetrics: bool) -> String {
+/// Renders the scrapes of every array a process serves: OpenMetrics 1.0 text (ends with
+/// `# EOF`) when `openmetrics`, else the Prometheus text exposition format 0.0.4. Each
+/// metric family appears once, with the samples of every array (told apart by the
+/// `array` label); a family no array has (the bitmap's without a bitmap, NBD's without an
+/// NBD export) is left out. No scrapes render no families: an empty 0.0.4 text, or only
+/// `# EOF`.
+pub fn render(scrapes: &[Scrape], openmetrics: bool) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(ScrapeCollector(scrape)));
+    registry.register_collector(Box::new(GatheredCollector(gather(scrapes))));
     let mut out = String::with_capacity(32 << 10);
     let encoded = if openmetrics {
         prometheus_client::encoding::text::encode(&mut out, &registry)
@@ -166,11 +176,11 @@ fn answer(request: tiny_http::Request, source: &dyn MetricsSource) {
     let openmetrics = request.headers().iter().any(|h| {
         h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text")
     });
-    let Some(scrape) = source.scrape() else {
-        let r = Response::from_string("the array is still starting\n").with_status_code(503);
+    let Some(scrapes) = source.scrape() else {
+        let r = Response::from_string("the target is still starting\n").with_status_code(503);
         return respond(request, r);
     };
-    let body = render(scrape, openmetrics);
+    let body = render(&scrapes, openmetrics);
     let content_type = if openmetrics {
         OPENMETRICS_CONTENT_TYPE
     } else {
@@ -182,26 +192,46 @@ fn answer(request: tiny_http::Request, source: &dyn MetricsSource) {
     );
 }
 
-/// One scrape as a `prometheus-client` collector.
-struct ScrapeCollector(Scrape);
-
-impl fmt::Debug for ScrapeCollector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ScrapeCollector")
-            .field("array", &self.0.status.array.name)
-            .finish_non_exhaustive()
-    }
-}
-
 type Labels = Vec<(&'static str, String)>;
 
-/// Writes metric families through one descriptor encoder.
-struct Families<'a> {
-    enc: DescriptorEncoder<'a>,
-    array: String,
+/// The samples of one family, every array's.
+#[derive(Debug)]
+enum Samples {
+    /// Counter or gauge samples: labels and value.
+    Scalars(Vec<(Labels, f64)>),
+    /// Histogram samples (seconds): labels and [`buckets_of`]'s `(sum, count, buckets)`.
+    Histograms(Vec<(Labels, HistogramRow)>),
 }
 
-impl Families<'_> {
+/// `(sum seconds, count, per-bucket counts)`, as [`buckets_of`] returns it.
+type HistogramRow = (f64, u64, Vec<(f64, u64)>);
+
+/// One metric family: its descriptor and the samples of every array that has it.
+#[derive(Debug)]
+struct Family {
+    name: String,
+    help: String,
+    unit: Option<Unit>,
+    ty: MetricType,
+    samples: Samples,
+}
+
+/// The metric families of a scrape, gathered over every array before anything is
+/// encoded: the encoders below run once per array and append that array's samples to
+/// the family of the same name, so each family is written once with every array's
+/// samples (the text formats forbid a family twice: Prometheus 0.0.4 and OpenMetrics 1.0
+/// both, and `promtool check metrics` rejects it). Families keep the order in which they
+/// were first declared.
+#[derive(Debug, Default)]
+struct Families {
+    /// The name of the array whose samples are being added (the `array` label).
+    array: String,
+    families: Vec<Family>,
+    /// Family name → index into `families`.
+    index: std::collections::HashMap<String, usize>,
+}
+
+impl Families {
     fn array_labels(&self) -> Labels {
         vec![("array", self.array.clone())]
     }
@@ -212,7 +242,41 @@ impl Families<'_> {
         l
     }
 
-    /// A counter or gauge family: one sample per row.
+    /// The family `name`, declared now if no array declared it yet.
+    fn family(
+        &mut self,
+        ty: MetricType,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+    ) -> &mut Samples {
+        let i = match self.index.get(name) {
+            Some(&i) => i,
+            None => {
+                let samples = match ty {
+                    MetricType::Histogram => Samples::Histograms(Vec::new()),
+                    _ => Samples::Scalars(Vec::new()),
+                };
+                self.families.push(Family {
+                    name: name.to_string(),
+                    help: help.to_string(),
+                    unit,
+                    ty,
+                    samples,
+                });
+                self.index.insert(name.to_string(), self.families.len() - 1);
+                self.families.len() - 1
+            }
+        };
+        let family = &mut self.families[i];
+        debug_assert!(
+            family.ty == ty && family.help == help,
+            "{name} declared twice differently"
+        );
+        &mut family.samples
+    }
+
+    /// Counter or gauge samples of this array: one per row.
     fn scalars(
         &mut self,
         ty: MetricType,
@@ -220,54 +284,46 @@ impl Families<'_> {
         help: &str,
         unit: Option<Unit>,
         rows: &[(Labels, f64)],
-    ) -> fmt::Result {
+    ) {
         debug_assert!(matches!(ty, MetricType::Counter | MetricType::Gauge));
-        let mut m = self.enc.encode_descriptor(name, help, unit.as_ref(), ty)?;
-        for (labels, v) in rows {
-            let mut e = m.encode_family(labels)?;
-            match ty {
-                MetricType::Counter => e.encode_counter::<NoLabelSet, f64, f64>(v, None)?,
-                _ => e.encode_gauge(v)?,
-            }
+        match self.family(ty, name, help, unit) {
+            Samples::Scalars(s) => s.extend(rows.iter().cloned()),
+            Samples::Histograms(_) => debug_assert!(false, "{name} is a histogram"),
         }
-        Ok(())
     }
 
-    /// One array-labelled counter.
-    fn array_counter(&mut self, name: &str, help: &str, unit: Option<Unit>, v: f64) -> fmt::Result {
+    /// This array's sample of an array-labelled counter.
+    fn array_counter(&mut self, name: &str, help: &str, unit: Option<Unit>, v: f64) {
         let l = self.array_labels();
-        self.scalars(MetricType::Counter, name, help, unit, &[(l, v)])
+        self.scalars(MetricType::Counter, name, help, unit, &[(l, v)]);
     }
 
-    /// One array-labelled gauge.
-    fn array_gauge(&mut self, name: &str, help: &str, unit: Option<Unit>, v: f64) -> fmt::Result {
+    /// This array's sample of an array-labelled gauge.
+    fn array_gauge(&mut self, name: &str, help: &str, unit: Option<Unit>, v: f64) {
         let l = self.array_labels();
-        self.scalars(MetricType::Gauge, name, help, unit, &[(l, v)])
+        self.scalars(MetricType::Gauge, name, help, unit, &[(l, v)]);
     }
 
-    /// Histograms (seconds) from HDR histograms recorded in ns.
+    /// Histogram samples (seconds) of this array from HDR histograms recorded in ns.
     fn histograms(
         &mut self,
         name: &str,
         help: &str,
         rows: &[(Labels, &hdrhistogram::Histogram<u64>)],
-    ) -> fmt::Result {
-        let mut m =
-            self.enc
-                .encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
-        for (labels, h) in rows {
-            let (sum, count, buckets) = buckets_of(h);
-            m.encode_family(labels)?
-                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+    ) {
+        match self.family(MetricType::Histogram, name, help, Some(Unit::Seconds)) {
+            Samples::Histograms(s) => {
+                s.extend(rows.iter().map(|(l, h)| (l.clone(), buckets_of(h))));
+            }
+            Samples::Scalars(_) => debug_assert!(false, "{name} is not a histogram"),
         }
-        Ok(())
     }
 }
 
 /// `(sum seconds, count, per-bucket counts)` of an HDR histogram recorded in ns, in the
 /// buckets of [`LATENCY_BUCKETS_S`] and `+Inf` (counts per bucket, not cumulative: the
 /// encoder accumulates).
-fn buckets_of(h: &hdrhistogram::Histogram<u64>) -> (f64, u64, Vec<(f64, u64)>) {
+fn buckets_of(h: &hdrhistogram::Histogram<u64>) -> HistogramRow {
     let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_S
         .iter()
         .map(|&b| (b, 0))
@@ -289,19 +345,61 @@ fn buckets_of(h: &hdrhistogram::Histogram<u64>) -> (f64, u64, Vec<(f64, u64)>) {
     (sum, count, buckets)
 }
 
-impl prometheus_client::collector::Collector for ScrapeCollector {
-    fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
-        let mut f = Families {
-            enc,
-            array: self.0.status.array.name.clone(),
-        };
-        encode_array(&mut f, &self.0)?;
-        encode_members(&mut f, &self.0)?;
-        encode_reactors(&mut f, &self.0)
+/// The families of every array's scrape (see [`Families`]); arrays whose name an earlier
+/// scrape already used are left out with a warning (their series would repeat the
+/// earlier array's, which makes the whole exposition invalid).
+fn gather(scrapes: &[Scrape]) -> Vec<Family> {
+    let mut f = Families::default();
+    let mut seen = std::collections::HashSet::new();
+    for s in scrapes {
+        let name = &s.status.array.name;
+        if !seen.insert(name.as_str()) {
+            warn!("metrics: a second array named {name:?} is left out of the scrape");
+            continue;
+        }
+        f.array.clone_from(name);
+        encode_array(&mut f, s);
+        encode_members(&mut f, s);
+        encode_reactors(&mut f, s);
+    }
+    f.families
+}
+
+/// Gathered families as a `prometheus-client` collector: each family's descriptor once,
+/// then its samples.
+#[derive(Debug)]
+struct GatheredCollector(Vec<Family>);
+
+impl prometheus_client::collector::Collector for GatheredCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        for family in &self.0 {
+            let mut m =
+                enc.encode_descriptor(&family.name, &family.help, family.unit.as_ref(), family.ty)?;
+            match &family.samples {
+                Samples::Scalars(rows) => {
+                    for (labels, v) in rows {
+                        let mut e = m.encode_family(labels)?;
+                        match family.ty {
+                            MetricType::Counter => {
+                                e.encode_counter::<NoLabelSet, f64, f64>(v, None)?;
+                            }
+                            _ => e.encode_gauge(v)?,
+                        }
+                    }
+                }
+                Samples::Histograms(rows) => {
+                    for (labels, (sum, count, buckets)) in rows {
+                        m.encode_family(labels)?
+                            .encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
-fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
+fn encode_array(f: &mut Families, s: &Scrape) {
     let st = &s.status;
     let a = &st.array;
     let info = f.with(&[
@@ -316,7 +414,7 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         "The array's identity (always 1): md UUID, level, layout, consistency policy.",
         None,
         &[(info, 1.0)],
-    )?;
+    );
     let states: Vec<(Labels, f64)> = [
         ArrayState::Clean,
         ArrayState::Active,
@@ -337,25 +435,25 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         "1 for the array's current state (clean, active, degraded, failed), 0 for the others.",
         None,
         &states,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_size",
         "Capacity exported to clients.",
         Some(Unit::Bytes),
         a.size_bytes as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_chunk_size",
         "Chunk size.",
         Some(Unit::Bytes),
         a.chunk_bytes as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_raid_devices",
         "Members of the complete array (md's raid_disks).",
         None,
         f64::from(a.raid_devices),
-    )?;
+    );
     let working = st
         .members
         .iter()
@@ -366,19 +464,19 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         "Members active now.",
         None,
         working as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_superblock_events",
         "The superblock generation (md's events).",
         None,
         a.events as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_requests_in_flight",
         "Array requests accepted and not yet completed, all reactors.",
         None,
         st.requests_in_flight as f64,
-    )?;
+    );
     let x = &st.stats;
     let reads: Vec<(Labels, f64)> = [("direct", x.direct_reads), ("degraded", x.degraded_reads)]
         .iter()
@@ -390,7 +488,7 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         "Stripe reads by path: direct (from the members) or degraded (rebuilt from parity).",
         None,
         &reads,
-    )?;
+    );
     let writes: Vec<(Labels, f64)> = [
         ("full_stripe", x.full_stripe_writes),
         ("rmw", x.rmw_writes),
@@ -407,7 +505,7 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
          (read-modify-write), rcw (reconstruct-write), degraded.",
         None,
         &writes,
-    )?;
+    );
     let counters: [(&str, &str, Option<Unit>, f64); 18] = [
         ("ferroraid_array_member_failures", "Members failed by I/O errors, timeouts or disappearance.", None, x.member_failures as f64),
         ("ferroraid_array_medium_errors", "Unrecovered read errors absorbed by rebuilding the range from redundancy.", None, x.medium_errors as f64),
@@ -429,38 +527,38 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         ("ferroraid_array_ppl_written", "Bytes of Partial Parity Log records.", Some(Unit::Bytes), x.ppl_bytes as f64),
     ];
     for (name, help, unit, v) in counters {
-        f.array_counter(name, help, unit, v)?;
+        f.array_counter(name, help, unit, v);
     }
     f.array_gauge(
         "ferroraid_array_bulk_share_ops",
         "Stripe operations bulk writes may hold now, all reactors (the adaptive bulk share).",
         None,
         x.bulk_share_ops as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_bulk_share_pool",
         "The stripe operations of all reactors: the pool the bulk share is of.",
         None,
         x.bulk_share_pool as f64,
-    )?;
+    );
     f.array_counter(
         "ferroraid_array_bulk_share_cuts",
         "Cuts of the bulk share (small reads slower inside the target than allowed).",
         None,
         x.bulk_share_cuts as f64,
-    )?;
+    );
     f.array_counter(
         "ferroraid_array_bulk_share_raises",
         "Raises of the bulk share (probes, returns towards the whole pool).",
         None,
         x.bulk_share_raises as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_zero_stripes",
         "Stripes the target knows to read as zeroes now (reported as holes by block status).",
         None,
         st.stats.zero_stripes as f64,
-    )?;
+    );
     use engine::array::RequestClass as C;
     let waits: Vec<(Labels, &hdrhistogram::Histogram<u64>)> = [
         ("small_read", C::SmallRead),
@@ -479,21 +577,21 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         "ferroraid_array_queue_wait",
         "Time requests waited inside the array before their first member request, by class.",
         &waits,
-    )?;
-    encode_process(f, st)?;
+    );
+    encode_process(f, st);
     if let Some(b) = &st.bitmap {
         f.array_gauge(
             "ferroraid_array_bitmap_regions",
             "Regions (bits) of the write-intent bitmap.",
             None,
             b.regions as f64,
-        )?;
+        );
         f.array_gauge(
             "ferroraid_array_bitmap_dirty_regions",
             "Bits set on disk: regions a crash would resync or a re-added member rebuild.",
             None,
             b.dirty_regions as f64,
-        )?;
+        );
     }
     if let Some(n) = &st.nbd {
         f.array_gauge(
@@ -501,36 +599,35 @@ fn encode_array(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
             "NBD connections holding a slot now.",
             None,
             n.connections as f64,
-        )?;
+        );
         f.array_gauge(
             "ferroraid_nbd_max_connections",
             "The NBD export's connection limit.",
             None,
             n.max_connections as f64,
-        )?;
+        );
         f.array_gauge(
             "ferroraid_nbd_handshakes",
             "NBD handshakes in progress now.",
             None,
             n.handshakes as f64,
-        )?;
+        );
         f.array_counter(
             "ferroraid_nbd_refused",
             "NBD clients refused because the connection limit was reached.",
             None,
             n.refused as f64,
-        )?;
+        );
         f.array_counter(
             "ferroraid_nbd_handshake_timeouts",
             "NBD handshakes closed by the handshake timeout.",
             None,
             n.handshake_timeouts as f64,
-        )?;
+        );
     }
-    Ok(())
 }
 
-fn encode_process(f: &mut Families<'_>, st: &StatusReport) -> fmt::Result {
+fn encode_process(f: &mut Families, st: &StatusReport) {
     let p = &st.process;
     let kinds = [
         ProcessKind::Resync,
@@ -554,40 +651,40 @@ fn encode_process(f: &mut Families<'_>, st: &StatusReport) -> fmt::Result {
         "1 for the background process running now (resync, rebuild, check, repair, replace).",
         None,
         &running,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_process_failed",
         "1 when the last background process ended on an error (see `ferroraid status`).",
         None,
         f64::from(u8::from(p.state == ProcessRunState::Failed)),
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_process_position",
         "How far the running process has come, bytes of array capacity.",
         Some(Unit::Bytes),
         p.position_bytes as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_process_size",
         "How far the running process goes, bytes of array capacity.",
         Some(Unit::Bytes),
         p.size_bytes as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_process_rate_bytes_per_second",
         "The running process's speed, bytes of array capacity per second (as paced).",
         None,
         p.rate_bytes_per_s as f64,
-    )?;
+    );
     f.array_gauge(
         "ferroraid_array_mismatch_sectors",
         "Sectors (512 bytes) the last check or repair found inconsistent (md's mismatch_cnt).",
         None,
         p.mismatch_cnt as f64,
-    )
+    );
 }
 
-fn encode_members(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
+fn encode_members(f: &mut Families, s: &Scrape) {
     let st = &s.status;
     // Slots only (spares have no I/O); a replacement is labelled with its slot and
     // `replacing`.
@@ -629,7 +726,7 @@ fn encode_members(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
          replacing), 0 for the others.",
         None,
         &states,
-    )?;
+    );
     type Pick = fn(&crate::status::MemberReport) -> f64;
     let counters: [(&str, &str, Option<Unit>, Pick); 6] = [
         (
@@ -671,7 +768,7 @@ fn encode_members(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
     ];
     for (name, help, unit, pick) in counters {
         let r: Vec<(Labels, f64)> = rows.iter().map(|(l, m)| (l.clone(), pick(m))).collect();
-        f.scalars(MetricType::Counter, name, help, unit, &r)?;
+        f.scalars(MetricType::Counter, name, help, unit, &r);
     }
     let depth: Vec<(Labels, f64)> = rows
         .iter()
@@ -684,7 +781,7 @@ fn encode_members(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
          all reactors.",
         None,
         &depth,
-    )?;
+    );
     let target: Vec<(Labels, f64)> = rows
         .iter()
         .map(|(l, m)| (l.clone(), m.qos.target_latency_us / 1e6))
@@ -695,7 +792,7 @@ fn encode_members(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         "The depth controller's read-latency target.",
         Some(Unit::Seconds),
         &target,
-    )?;
+    );
     // Latency: the slot's device as every reactor measured it (a replacement's own
     // histogram is the snapshot's replacement entry).
     let mut hist: Vec<(Labels, &hdrhistogram::Histogram<u64>)> = Vec::new();
@@ -717,10 +814,10 @@ fn encode_members(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
         "ferroraid_member_latency",
         "Completion latency of the requests sent to the member.",
         &hist,
-    )
+    );
 }
 
-fn encode_reactors(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
+fn encode_reactors(f: &mut Families, s: &Scrape) {
     let cores = &s.status.reactors.cores;
     let labels: Vec<Labels> = (0..s.reactor_loads.len())
         .map(|i| {
@@ -776,9 +873,8 @@ fn encode_reactors(f: &mut Families<'_>, s: &Scrape) -> fmt::Result {
             .zip(&s.reactor_loads)
             .map(|(l, x)| (l.clone(), pick(x)))
             .collect();
-        f.scalars(MetricType::Counter, name, help, unit, &r)?;
+        f.scalars(MetricType::Counter, name, help, unit, &r);
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -855,7 +951,7 @@ mod tests {
 
     #[test]
     fn prometheus_text_names_counters_gauges_and_histograms_by_convention() {
-        let t = render(scrape(), false);
+        let t = render(&[scrape()], false);
         assert!(!t.contains("# EOF"), "0.0.4 text has no EOF marker");
         let a = r#"array="host:data""#;
         assert_eq!(
@@ -957,7 +1053,7 @@ mod tests {
 
     #[test]
     fn openmetrics_text_ends_with_eof_and_keeps_the_families() {
-        let t = render(scrape(), true);
+        let t = render(&[scrape()], true);
         assert!(t.ends_with("# EOF\n"), "{t}");
         assert!(t.contains("# TYPE ferroraid_member_latency_seconds histogram\n"));
         assert!(t.contains("# UNIT ferroraid_member_latency_seconds seconds\n"));
@@ -965,5 +1061,166 @@ mod tests {
             t.contains("# TYPE ferroraid_array_stripe_writes counter\n"),
             "{t}"
         );
+    }
+
+    /// A second array for the multi-array tests: RAID5 `host:logs`, no NBD export but a
+    /// bitmap with 9 dirty regions, 11 full-stripe writes, reactor 1 busy 2 s.
+    fn other_scrape() -> Scrape {
+        let mut s = scrape();
+        s.status.array.name = "host:logs".into();
+        s.status.array.level = 5;
+        s.status.array.array_uuid = "0badc0de:00000000:00000000:00000001".into();
+        s.status.nbd = None;
+        s.status.bitmap = Some(crate::status::BitmapReport {
+            chunk_bytes: 64 << 20,
+            regions: 100,
+            dirty_regions: 9,
+            events_cleared: 3,
+            clearing: true,
+        });
+        s.status.stats.full_stripe_writes = 11;
+        s.reactor_loads[1].busy_ns = 2_000_000_000;
+        s
+    }
+
+    /// The text's families in order, each with its sample lines, checked for what the
+    /// exposition formats require of families: every sample line belongs to the family
+    /// whose `# TYPE` came last (the name, or the name plus a suffix its type allows),
+    /// and no family is declared twice. Panics naming the offence.
+    fn families_of(text: &str) -> Vec<(String, Vec<String>)> {
+        let mut out: Vec<(String, String, Vec<String>)> = Vec::new();
+        for l in text.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let (name, ty) = rest.split_once(' ').expect("TYPE name type");
+                assert!(
+                    out.iter().all(|(n, _, _)| n != name),
+                    "family {name} declared twice:\n{text}"
+                );
+                out.push((name.to_string(), ty.to_string(), Vec::new()));
+            } else if l.starts_with('#') || l.is_empty() {
+                continue;
+            } else {
+                let (name, ty, samples) = out.last_mut().expect("a sample before any TYPE");
+                let metric = l.split(['{', ' ']).next().unwrap_or("");
+                let suffixes: &[&str] = match ty.as_str() {
+                    "counter" => &["", "_total", "_created"],
+                    "histogram" => &["_bucket", "_sum", "_count", "_created"],
+                    _ => &[""],
+                };
+                assert!(
+                    suffixes.iter().any(|x| metric == format!("{name}{x}")),
+                    "sample {l:?} outside its family ({name} {ty})"
+                );
+                samples.push(l.to_string());
+            }
+        }
+        out.into_iter().map(|(n, _, s)| (n, s)).collect()
+    }
+
+    #[test]
+    fn two_arrays_render_each_family_once_with_both_arrays_samples() {
+        for openmetrics in [false, true] {
+            let t = render(&[scrape(), other_scrape()], openmetrics);
+            let families = families_of(&t);
+            assert!(families.len() > 40, "{} families", families.len());
+            let data = r#"array="host:data""#;
+            let logs = r#"array="host:logs""#;
+            for (name, samples) in &families {
+                let has = |a: &str| samples.iter().any(|l| l.contains(a));
+                match name.as_str() {
+                    // Only host:data has an NBD export, only host:logs a bitmap.
+                    n if n.starts_with("ferroraid_nbd_") => {
+                        assert!(has(data) && !has(logs), "{name}: {samples:?}");
+                    }
+                    n if n.starts_with("ferroraid_array_bitmap_") => {
+                        assert!(has(logs) && !has(data), "{name}: {samples:?}");
+                    }
+                    _ => assert!(has(data) && has(logs), "{name}: {samples:?}"),
+                }
+            }
+            for (a, level, writes) in [(data, "raid6", 7.0), (logs, "raid5", 11.0)] {
+                assert!(
+                    t.lines().any(|l| l.starts_with("ferroraid_array_info{")
+                        && l.contains(a)
+                        && l.contains(&format!(r#"level="{level}""#))),
+                    "{t}"
+                );
+                let series =
+                    format!(r#"ferroraid_array_stripe_writes_total{{{a},path="full_stripe"}}"#);
+                assert_eq!(value(&t, &series), Some(writes), "{series}\n{t}");
+            }
+            let busy = |a: &str| {
+                value(
+                    &t,
+                    &format!(r#"ferroraid_reactor_busy_seconds_total{{{a},reactor="1",core=""}}"#),
+                )
+            };
+            assert_eq!(busy(data), Some(0.0), "{t}");
+            assert_eq!(busy(logs), Some(2.0), "{t}");
+            // No series twice.
+            let mut seen = std::collections::HashSet::new();
+            for l in t.lines().filter(|l| !l.starts_with('#')) {
+                let series = l.rsplit_once(' ').expect("a value").0;
+                assert!(seen.insert(series.to_string()), "{series} twice");
+            }
+            assert_eq!(t.ends_with("# EOF\n"), openmetrics);
+        }
+    }
+
+    #[test]
+    fn a_repeated_array_name_is_left_out_rather_than_repeating_series() {
+        let t = render(&[scrape(), scrape()], false);
+        assert_eq!(t, render(&[scrape()], false));
+    }
+
+    #[test]
+    fn zero_arrays_render_no_families() {
+        assert_eq!(render(&[], false), "");
+        assert_eq!(render(&[], true), "# EOF\n");
+    }
+
+    /// `promtool check metrics` (when installed; `FERRORAID_REQUIRE_TOOLS=1` makes a
+    /// missing promtool a failure) accepts a two-array rendering and an empty one.
+    #[test]
+    fn promtool_accepts_two_arrays_and_none() {
+        let found = std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("promtool"))
+                .find(|p| p.is_file())
+        });
+        let Some(promtool) = found else {
+            assert!(
+                std::env::var("FERRORAID_REQUIRE_TOOLS").as_deref() != Ok("1"),
+                "promtool is not installed and FERRORAID_REQUIRE_TOOLS=1"
+            );
+            eprintln!("SKIPPED: promtool is not installed (set FERRORAID_REQUIRE_TOOLS=1 to fail instead)");
+            return;
+        };
+        let check = |text: &str| {
+            use std::io::Write;
+            use std::process::{Command, Stdio};
+            let mut child = Command::new(&promtool)
+                .args(["check", "metrics"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting promtool");
+            child
+                .stdin
+                .take()
+                .expect("piped stdin")
+                .write_all(text.as_bytes())
+                .expect("writing to promtool");
+            let out = child.wait_with_output().expect("waiting for promtool");
+            assert!(
+                out.status.success(),
+                "promtool check metrics rejected the text: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        check(&render(&[scrape(), other_scrape()], false));
+        check(&render(&[], false));
     }
 }

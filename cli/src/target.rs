@@ -605,14 +605,15 @@ impl TargetHandler {
 }
 
 impl MetricsSource for TargetHandler {
-    fn scrape(&self) -> Option<Scrape> {
+    /// The one array this target serves, once assembled.
+    fn scrape(&self) -> Option<Vec<Scrape>> {
         let s = self.0.get()?;
         let snapshot = s.handle.snapshot();
-        Some(Scrape {
+        Some(vec![Scrape {
             status: s.status_of(&snapshot),
             snapshot,
             reactor_loads: s.handle.reactor_loads(),
-        })
+        }])
     }
 }
 
