@@ -313,11 +313,10 @@ impl NodeHandler {
 }
 
 impl MetricsSource for NodeHandler {
-    fn scrape(&self) -> Option<Scrape> {
+    fn scrape(&self) -> Option<Vec<Scrape>> {
         let inner = self.0.get()?;
         let arrays = inner.lock();
-        // One array's figures per scrape until the endpoint renders several.
-        arrays.values().next().and_then(Target::scrape)
+        Some(arrays.values().filter_map(Target::scrape).collect())
     }
 }
 

@@ -1528,7 +1528,9 @@ impl Target {
 
     /// The array's figures for the metrics endpoint now.
     pub fn scrape(&self) -> Option<Scrape> {
-        TargetHandler(OnceLock::from(Arc::clone(&self.shared))).scrape()
+        TargetHandler(OnceLock::from(Arc::clone(&self.shared)))
+            .scrape()
+            .and_then(|mut v| v.pop())
     }
 
     /// The array's (short) name: the NBD export name.

@@ -1583,15 +1583,73 @@ fn examine_scan_tables_round_trip_into_serve_config() {
         srv.stop();
     }
 
+    // Both tables in one config, each with its own export: one process assembles and
+    // serves both arrays (mdadm's `--assemble --scan` over the whole mdadm.conf).
+    let (pa, pb) = (free_port(), free_port());
+    let mut both = String::from("mode = \"adaptive\"\nreactors = 2\n");
+    for chunk in text.split("[[array]]").skip(1) {
+        let port = if chunk.contains("name = \"scan-a\"") {
+            pa
+        } else {
+            pb
+        };
+        both += &format!("[[array]]\nnbd = [\"127.0.0.1:{port}\"]{chunk}");
+    }
+    let cfg = d.join("both.toml");
+    fs::write(&cfg, &both).unwrap();
+    let rpc = d.join("both.sock");
+    let args: Vec<OsString> = vec![
+        "serve".into(),
+        "--config".into(),
+        cfg.into(),
+        "--rpc".into(),
+        rpc.clone().into(),
+    ];
+    let mut srv = Server::spawn(d, "both", &args, &a.name, pa, Some(rpc.clone()));
+    let list = ferroraid_cmd(["list", "--json", "--rpc"])
+        .arg(&rpc)
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{}", show_output(&list));
+    let listed: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["array"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{listed}");
+    assert!(
+        names.iter().any(|n| n.ends_with("scan-a")) && names.iter().any(|n| n.ends_with("scan-b"))
+    );
+    if let Some(nbdinfo) = tool("nbdinfo") {
+        for (arr, port) in [(&a, pa), (&b, pb)] {
+            let info = srv.client_ok(
+                Command::new(&nbdinfo).arg(format!("nbd://127.0.0.1:{port}/{}", arr.name)),
+                d,
+            );
+            assert!(
+                info.contains(&format!("export-size: {}", arr.size)),
+                "{info}"
+            );
+        }
+    }
+    srv.stop();
+
     // Nothing there: exit 1 and why.
     let none = ferroraid_cmd(["examine", "--scan", &format!("{}/none-*", d.display())])
         .output()
         .unwrap();
     assert_eq!(none.status.code(), Some(1), "{}", show_output(&none));
     assert!(String::from_utf8_lossy(&none.stderr).contains("no array found"));
-    // Two tables: one array per process, said so; a UUID no device has: what was found.
+    // Two tables and a top-level export (whose array would it be?); a UUID no device
+    // has: what was found.
     for (what, extra, reason) in [
-        ("two tables", text.clone(), "serves one array"),
+        (
+            "two tables",
+            text.clone(),
+            "give each table its own exports",
+        ),
         (
             "unknown uuid",
             format!(
