@@ -127,6 +127,10 @@ enum Command {
     /// list them, set a portal's ANA state (multipath: optimized, non_optimized,
     /// inaccessible), remove one (closing its connections) or add one.
     Portal(mgmt::PortalArgs),
+    /// Manage a running target's exports: list them, export the array over NBD, iSCSI or
+    /// NVMe/TCP while it serves (`add nbd --listen 0.0.0.0:10810`), or stop exporting over
+    /// a protocol (`remove nbd`: its connections finish their requests and close).
+    Export(mgmt::ExportArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -256,6 +260,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Repair(args) => mgmt::process(ferroraid::status::ProcessKind::Repair, &args),
         Command::StopProcess(args) => mgmt::stop_process(&args),
         Command::Portal(args) => mgmt::portal(&args),
+        Command::Export(args) => mgmt::export(&args),
         Command::Grow(args) => mgmt::grow(&args),
     }
 }
