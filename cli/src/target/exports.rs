@@ -255,6 +255,22 @@ pub(super) fn initial_specs(opts: &ServeOptions) -> Vec<ExportSpec> {
     out
 }
 
+/// Logs one listening export as `serve` always has (the tests and operators look for
+/// these lines).
+fn log_listening(r: &ExportReport) {
+    match r.protocol {
+        ExportProtocol::Nbd => {
+            info!(address = %r.address, export = %r.name, "NBD export listening")
+        }
+        ExportProtocol::Iscsi => {
+            info!(address = %r.address, target = %r.name, "iSCSI target listening")
+        }
+        ExportProtocol::Nvmf => {
+            info!(address = %r.address, nqn = %r.name, "NVMe/TCP target listening")
+        }
+    }
+}
+
 /// The live exports of the array.
 pub(super) struct Exports {
     pub(super) ctx: ExportContext,
@@ -280,7 +296,7 @@ impl Exports {
         };
         for s in servers {
             for r in s.reports() {
-                info!(protocol = %r.protocol, address = %r.address, name = %r.name, "export listening");
+                log_listening(&r);
             }
             e.put(s);
         }
@@ -382,8 +398,9 @@ impl Shared {
         }
         let reports = server.reports();
         for r in &reports {
-            info!(protocol = %r.protocol, address = %r.address, name = %r.name, "export added: listening");
+            log_listening(r);
         }
+        info!(protocol = %p, "export added");
         e.put(server);
         Ok(reports)
     }
