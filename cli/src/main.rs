@@ -137,6 +137,10 @@ enum Command {
     Stop(mgmt::StopArgs),
     /// List the arrays a running target serves (name, level, state, members, exports).
     List(mgmt::ListArgs),
+    /// Manage a running target's exports: list them, export the array over NBD, iSCSI or
+    /// NVMe/TCP while it serves (`add nbd --listen 0.0.0.0:10810`), or stop exporting over
+    /// a protocol (`remove nbd`: its connections finish their requests and close).
+    Export(mgmt::ExportArgs),
 }
 
 /// The stripe shape options shared by several commands.
@@ -269,6 +273,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Start(args) => mgmt::start(&args),
         Command::Stop(args) => mgmt::stop(&args),
         Command::List(args) => mgmt::list(&args),
+        Command::Export(args) => mgmt::export(&args),
         Command::Grow(args) => mgmt::grow(&args),
     }
 }

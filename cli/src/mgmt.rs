@@ -1,5 +1,5 @@
 //! The management subcommands: `status`, `fail`, `remove`, `add`, `replace`, `check`,
-//! `repair`, `stop-process`, `portal` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`),
+//! `repair`, `stop-process`, `portal`, `export` (clients of a running target's JSON-RPC socket, `ferroraid::rpc`),
 //! `examine` (superblocks, no target needed) and `grow` (a stopped array's superblocks).
 
 use std::io::Write as _;
@@ -15,7 +15,8 @@ use ferroraid::rpc::{
     default_rpc_path, ArrayCreateParams, ArrayStartParams, ClientError, ExportParams, RpcClient,
 };
 use ferroraid::status::{
-    MemberReport, MemberState, ProcessKind, ProcessRunState, EXIT_NOT_RUNNING,
+    ExportProtocol, ExportReport, MemberReport, MemberState, ProcessKind, ProcessRunState,
+    EXIT_NOT_RUNNING,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal as _;
@@ -872,6 +873,115 @@ pub fn create_rpc(rpc: &std::path::Path, p: &ArrayCreateParams, json: bool) -> R
                 None => "; not started".into(),
             }
         ))?;
+    }
+    Ok(())
+}
+
+/// Options of `ferroraid export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    #[command(subcommand)]
+    op: ExportOp,
+    #[arg(long, value_name = "PATH", help = RPC_HELP, global = true)]
+    rpc: Option<PathBuf>,
+    /// The array, by name, when the target serves several (default: its only array).
+    #[arg(long, value_name = "NAME", global = true)]
+    array: Option<String>,
+    /// Print the JSON-RPC result as JSON (docs/MANAGEMENT.md).
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// What `ferroraid export` does.
+#[derive(clap::Subcommand, Debug)]
+pub enum ExportOp {
+    /// List the live exports: protocol, address, name (`export_list`).
+    List,
+    /// Export the array over a protocol while it serves (`export_add`).
+    Add {
+        /// nbd, iscsi or nvmf.
+        #[arg(value_parser = parse_protocol)]
+        protocol: ExportProtocol,
+        /// Listen address, IP:PORT, or unix:PATH for NBD (repeatable; at least one).
+        #[arg(long = "listen", value_name = "ADDR", required = true)]
+        listen: Vec<String>,
+        /// The NBD export name [default: the array name].
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Stop exporting over a protocol (`export_remove`): its listeners stop, its
+    /// connections finish the requests they accepted, reply and close.
+    Remove {
+        /// nbd, iscsi or nvmf.
+        #[arg(value_parser = parse_protocol)]
+        protocol: ExportProtocol,
+    },
+}
+
+fn parse_protocol(s: &str) -> Result<ExportProtocol, String> {
+    match s {
+        "nbd" => Ok(ExportProtocol::Nbd),
+        "iscsi" => Ok(ExportProtocol::Iscsi),
+        "nvmf" => Ok(ExportProtocol::Nvmf),
+        _ => Err(format!("unknown protocol {s:?}: nbd, iscsi or nvmf")),
+    }
+}
+
+/// One line per export: `protocol  address  name`.
+fn export_lines(exports: &[ExportReport]) -> String {
+    exports
+        .iter()
+        .map(|e| format!("{:<6} {}  {}\n", e.protocol, e.address, e.name))
+        .collect()
+}
+
+/// `ferroraid export list|add|remove`: prints the result (a line per export, or the
+/// JSON-RPC result with `--json`). Exit status 0 done, 1 refused (the RPC error's
+/// message), 4 no target.
+pub fn export(a: &ExportArgs) -> Result<()> {
+    let mut c = connect(&a.rpc, &a.array)?;
+    let fail = |verb: &str, e: ClientError| -> anyhow::Error {
+        match e {
+            ClientError::Rpc(e) => anyhow::anyhow!("export {verb}: {e}"),
+            e => e.into(),
+        }
+    };
+    let (json, text) = match &a.op {
+        ExportOp::List => {
+            let r = c.export_list().map_err(|e| fail("list", e))?;
+            let mut t = export_lines(&r);
+            if r.is_empty() {
+                t += "no export\n";
+            }
+            (serde_json::to_value(&r)?, t)
+        }
+        ExportOp::Add {
+            protocol,
+            listen,
+            name,
+        } => {
+            let r = c
+                .export_add(*protocol, listen, name.as_deref())
+                .map_err(|e| fail("add", e))?;
+            let t = format!("ferroraid: {protocol} export added\n{}", export_lines(&r));
+            (serde_json::to_value(&r)?, t)
+        }
+        ExportOp::Remove { protocol } => {
+            let r = c.export_remove(*protocol).map_err(|e| fail("remove", e))?;
+            let t = if r.drained {
+                format!("ferroraid: {protocol} export removed (connections drained and closed)\n")
+            } else {
+                format!(
+                    "ferroraid: {protocol} export removed; its connections are still draining\n"
+                )
+            };
+            (serde_json::to_value(&r)?, t)
+        }
+    };
+    if a.json {
+        out(&(serde_json::to_string_pretty(&json)? + "\n"))?;
+    } else {
+        out(&text)?;
     }
     Ok(())
 }

@@ -22,6 +22,7 @@ use engine::reactor::ReactorSet;
 use serde_json::Value;
 use tracing::{info, warn};
 
+use crate::frontends::ExportSpec;
 use crate::metrics::{MetricsServer, MetricsSource, Scrape};
 use crate::nvmf::spec::AnaState;
 use crate::nvmf::{PortalAddReport, PortalListReport, PortalRemoveReport, PortalSetAnaReport};
@@ -29,7 +30,10 @@ use crate::rpc::{
     codes, ArrayCreateParams, ArrayCreateReport, ArrayStartParams, ArrayStopReport, ExportParams,
     Handler, RpcError, RpcServer,
 };
-use crate::status::{MemberReport, ProcessKind, ProcessReport, StatusReport};
+use crate::status::{
+    ExportProtocol, ExportRemoveReport, ExportReport, MemberReport, ProcessKind, ProcessReport,
+    StatusReport,
+};
 use crate::target::{reactor_cores, ServeOptions, Target};
 
 /// What a [`Node`] runs.
@@ -289,6 +293,9 @@ impl Inner {
         o.devices = devices;
         o.nbd_tcp = e.nbd.clone();
         o.nbd_unix = e.nbd_unix.clone();
+        // No NBD address asked for: no NBD export (not the single-array default port,
+        // which the first array of the process may hold).
+        o.nbd = !(e.nbd.is_empty() && e.nbd_unix.is_empty());
         o.iscsi = e.iscsi.clone();
         o.nvmf = e.nvmf.clone();
         o
@@ -380,6 +387,18 @@ impl Handler for NodeHandler {
         state: Option<AnaState>,
     ) -> Result<PortalAddReport, RpcError> {
         self.only("nvmf_portal_add")?.nvmf_portal_add(portal, state)
+    }
+
+    fn export_add(&self, spec: &ExportSpec) -> Result<Vec<ExportReport>, RpcError> {
+        self.only("export_add")?.export_add(spec)
+    }
+
+    fn export_remove(&self, protocol: ExportProtocol) -> Result<ExportRemoveReport, RpcError> {
+        self.only("export_remove")?.export_remove(protocol)
+    }
+
+    fn export_list(&self) -> Result<Vec<ExportReport>, RpcError> {
+        self.only("export_list")?.export_list()
     }
 
     fn route(

@@ -69,11 +69,16 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::frontends::ExportSpec;
 use crate::nvmf::spec::AnaState;
 use crate::nvmf::{
     PortalAddReport, PortalError, PortalListReport, PortalRemoveReport, PortalSetAnaReport,
 };
-use crate::status::{MemberReport, ProcessKind, ProcessReport, StatusReport};
+use crate::status::{
+    ExportProtocol, ExportRemoveReport, ExportReport, MemberReport, ProcessKind, ProcessReport,
+    StatusReport,
+};
+use crate::target::ExportError;
 
 /// Longest request line the server reads, in bytes (the `\n` not counted): 1 MiB. A
 /// management request is a few hundred bytes; the bound keeps a misbehaving client from
@@ -147,7 +152,8 @@ pub mod codes {
     pub const NO_SUCH_PORTAL: i64 = -32007;
     /// `nvmf_portal_add` of an address that is already a portal.
     pub const PORTAL_EXISTS: i64 = -32008;
-    /// `nvmf_portal_add`: the address cannot be listened on (in use, not local, ...).
+    /// `nvmf_portal_add`, `export_add`: the address cannot be listened on (in use, not
+    /// local, ...).
     pub const PORTAL_BIND_FAILED: i64 = -32009;
     /// No running array has that name (`array` parameter, `array_stop`).
     pub const NO_SUCH_ARRAY: i64 = -32020;
@@ -164,17 +170,25 @@ pub mod codes {
     /// `array_stop`: the array stopped, but a flush or the final superblock write failed
     /// (the message says which; the array may need a resync at its next start).
     pub const ARRAY_STOP_FAILED: i64 = -32025;
+    /// `export_add` of a protocol already exported (one server per protocol per array),
+    /// or whose previous export still drains its connections.
+    pub const EXPORT_EXISTS: i64 = -32010;
+    /// `export_remove` of a protocol that is not exported.
+    pub const NOT_EXPORTED: i64 = -32011;
     /// The server is at [`super::MAX_CONNECTIONS`]; try again.
     pub const SERVER_BUSY: i64 = -32099;
 }
 
 /// The method names, sorted (the result of `rpc_methods`).
-pub const METHODS: [&str; 16] = [
+pub const METHODS: [&str; 19] = [
     "array_create",
     "array_list",
     "array_start",
     "array_status",
     "array_stop",
+    "export_add",
+    "export_list",
+    "export_remove",
     "member_add",
     "member_fail",
     "member_remove",
@@ -357,6 +371,21 @@ impl RpcError {
         Self::new(codes::ARRAY_NOT_NAMED, message)
     }
 
+    /// A refused export change: [`codes::EXPORT_EXISTS`] (already exported, or the
+    /// previous export still drains), [`codes::NOT_EXPORTED`], [`codes::INVALID_PARAMS`]
+    /// (a bad spec), [`codes::PORTAL_BIND_FAILED`] (cannot listen),
+    /// [`codes::INTERNAL_ERROR`] (the target is stopping); the message is the error's.
+    pub fn export(e: &ExportError) -> Self {
+        let code = match e {
+            ExportError::Exists(_) | ExportError::Draining(_) => codes::EXPORT_EXISTS,
+            ExportError::NotExported(_) => codes::NOT_EXPORTED,
+            ExportError::BadSpec(_) => codes::INVALID_PARAMS,
+            ExportError::Start { .. } => codes::PORTAL_BIND_FAILED,
+            ExportError::Stopping => codes::INTERNAL_ERROR,
+        };
+        Self::new(code, e.to_string())
+    }
+
     /// [`codes::PROCESS_REFUSED`]: a background process cannot start; `why` says why.
     pub fn process_refused(why: impl std::fmt::Display) -> Self {
         Self::new(codes::PROCESS_REFUSED, format!("cannot start: {why}"))
@@ -475,6 +504,38 @@ pub trait Handler: Send + Sync {
     ) -> Result<PortalAddReport, RpcError> {
         let _ = (portal, state);
         Err(RpcError::no_nvmf())
+    }
+
+    /// Starts an export of the array while it serves (`export_add`): the protocol's
+    /// server listening on `spec`'s addresses, its front-ends handed to the running
+    /// reactors. Returns the new export's addresses (bound ports) and name.
+    ///
+    /// # Errors
+    /// [`RpcError::export`]: already exported or still draining, a bad spec, cannot
+    /// listen, the target stopping. The default refuses with [`codes::NOT_SUPPORTED`].
+    fn export_add(&self, spec: &ExportSpec) -> Result<Vec<ExportReport>, RpcError> {
+        let _ = spec;
+        Err(RpcError::not_supported("export_add"))
+    }
+
+    /// Removes the export of `protocol` (`export_remove`): its listeners stop, its
+    /// connections finish the requests they accepted, reply and close.
+    ///
+    /// # Errors
+    /// [`RpcError::export`]: not exported, the target stopping. The default refuses with
+    /// [`codes::NOT_SUPPORTED`].
+    fn export_remove(&self, protocol: ExportProtocol) -> Result<ExportRemoveReport, RpcError> {
+        let _ = protocol;
+        Err(RpcError::not_supported("export_remove"))
+    }
+
+    /// The live exports (`export_list`): every listen address of every protocol with its
+    /// export name, as [`StatusReport::exports`] has them.
+    ///
+    /// # Errors
+    /// None by default (the status report's list).
+    fn export_list(&self) -> Result<Vec<ExportReport>, RpcError> {
+        Ok(self.status().exports)
     }
 
     /// `array_status` of the one array this handler answers for. A target of one array
@@ -884,6 +945,18 @@ fn dispatch_one(
                 handler.nvmf_portal_add(&portal, state)
             })??)
         }
+        "export_add" => {
+            let spec = export_add_params(method, params)?;
+            encode(guarded(method, || handler.export_add(&spec))??)
+        }
+        "export_remove" => {
+            let p = export_remove_params(method, params)?;
+            encode(guarded(method, || handler.export_remove(p))??)
+        }
+        "export_list" => {
+            no_params(method, params)?;
+            encode(guarded(method, || handler.export_list())??)
+        }
         "rpc_methods" => {
             no_params(method, params)?;
             Ok(json!(METHODS))
@@ -1173,6 +1246,140 @@ fn portal_params(
         }
     };
     Ok((portal, state))
+}
+
+/// Longest `listen` list of `export_add`.
+const MAX_LISTEN: usize = 64;
+
+/// A `protocol` value: `"nbd"`, `"iscsi"` or `"nvmf"`.
+fn protocol_value(
+    v: Option<Value>,
+    usage: &dyn Fn() -> String,
+) -> Result<ExportProtocol, RpcError> {
+    match v {
+        Some(Value::String(s)) => match s.as_str() {
+            "nbd" => Ok(ExportProtocol::Nbd),
+            "iscsi" => Ok(ExportProtocol::Iscsi),
+            "nvmf" => Ok(ExportProtocol::Nvmf),
+            _ => Err(RpcError::invalid_params(format!(
+                "unknown protocol {:?}: {}",
+                shorten(&s),
+                usage()
+            ))),
+        },
+        None | Some(Value::Null) => Err(RpcError::invalid_params(format!(
+            "missing protocol: {}",
+            usage()
+        ))),
+        Some(_) => Err(RpcError::invalid_params(format!(
+            "protocol must be a string: {}",
+            usage()
+        ))),
+    }
+}
+
+/// The parameters of `export_add`: `{"protocol": P, "listen": [ADDR, ...], "name"?: N}`
+/// or `[P, [ADDR, ...], N?]`; each address `IP:PORT`, or `unix:PATH` for NBD; `name`
+/// (NBD only) a non-empty string.
+fn export_add_params(method: &str, params: Option<Value>) -> Result<ExportSpec, RpcError> {
+    let usage = || {
+        format!(
+            "{method} takes {{\"protocol\": \"nbd\" | \"iscsi\" | \"nvmf\", \"listen\": \
+             [\"IP:PORT\" | \"unix:PATH\", ...], \"name\"?: \"<NBD export name>\"}}"
+        )
+    };
+    let (protocol, listen, name) = match params {
+        Some(Value::Object(mut m)) => {
+            let (p, l, n) = (m.remove("protocol"), m.remove("listen"), m.remove("name"));
+            if let Some(k) = m.keys().next() {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown parameter {:?}: {}",
+                    shorten(k),
+                    usage()
+                )));
+            }
+            (p, l, n)
+        }
+        Some(Value::Array(a)) if a.len() <= 3 => {
+            let mut it = a.into_iter();
+            (it.next(), it.next(), it.next())
+        }
+        None => (None, None, None),
+        Some(_) => return Err(RpcError::invalid_params(usage())),
+    };
+    let protocol = protocol_value(protocol, &usage)?;
+    let mut spec = ExportSpec {
+        protocol,
+        tcp: Vec::new(),
+        unix: Vec::new(),
+        name: None,
+    };
+    let listen = match listen {
+        Some(Value::Array(l)) if l.is_empty() => {
+            return Err(RpcError::invalid_params(format!(
+                "listen is empty: {}",
+                usage()
+            )))
+        }
+        Some(Value::Array(l)) if l.len() > MAX_LISTEN => {
+            return Err(RpcError::invalid_params(format!(
+                "listen has {} addresses: at most {MAX_LISTEN}",
+                l.len()
+            )))
+        }
+        Some(Value::Array(l)) => l,
+        None | Some(Value::Null) => {
+            return Err(RpcError::invalid_params(format!(
+                "missing listen: {}",
+                usage()
+            )))
+        }
+        Some(_) => {
+            return Err(RpcError::invalid_params(format!(
+                "listen must be an array of address strings: {}",
+                usage()
+            )))
+        }
+    };
+    for a in listen {
+        let Value::String(a) = a else {
+            return Err(RpcError::invalid_params(format!(
+                "listen must be an array of address strings: {}",
+                usage()
+            )));
+        };
+        if a.len() > MAX_DEVICE_BYTES {
+            return Err(RpcError::invalid_params(format!(
+                "listen address longer than {MAX_DEVICE_BYTES} bytes"
+            )));
+        }
+        spec.push_listen(&a)
+            .map_err(|e| RpcError::invalid_params(format!("{e}: {}", usage())))?;
+    }
+    spec.name = match name {
+        None | Some(Value::Null) => None,
+        Some(Value::String(n)) => Some(n),
+        Some(_) => {
+            return Err(RpcError::invalid_params(format!(
+                "name must be a string: {}",
+                usage()
+            )))
+        }
+    };
+    spec.validate()
+        .map_err(|e| RpcError::invalid_params(format!("{e}: {}", usage())))?;
+    Ok(spec)
+}
+
+/// The parameter of `export_remove`: `{"protocol": P}` or `[P]`.
+fn export_remove_params(method: &str, params: Option<Value>) -> Result<ExportProtocol, RpcError> {
+    let usage = || format!("{method} takes {{\"protocol\": \"nbd\" | \"iscsi\" | \"nvmf\"}}");
+    match params {
+        None | Some(Value::Object(_)) => {}
+        Some(Value::Array(ref a)) if a.len() == 1 => {}
+        Some(_) => return Err(RpcError::invalid_params(usage())),
+    }
+    protocol_value(single_param(params, "protocol", &usage)?, &usage)
 }
 
 /// What [`read_bounded_line`] found.
@@ -2039,6 +2246,44 @@ impl RpcClient {
             None => json!({ "portal": portal }),
         };
         self.call_as("nvmf_portal_add", params)
+    }
+
+    /// `export_add` of `protocol` on `listen` (each `IP:PORT`, or `unix:PATH` for NBD),
+    /// NBD export name `name` (default the array name).
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`]; the server's refusals ([`Handler::export_add`]) as
+    /// [`ClientError::Rpc`].
+    pub fn export_add(
+        &mut self,
+        protocol: ExportProtocol,
+        listen: &[String],
+        name: Option<&str>,
+    ) -> Result<Vec<ExportReport>, ClientError> {
+        let params = match name {
+            Some(n) => json!({ "protocol": protocol, "listen": listen, "name": n }),
+            None => json!({ "protocol": protocol, "listen": listen }),
+        };
+        self.call_as("export_add", params)
+    }
+
+    /// `export_remove` of `protocol`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::export_add`].
+    pub fn export_remove(
+        &mut self,
+        protocol: ExportProtocol,
+    ) -> Result<ExportRemoveReport, ClientError> {
+        self.call_as("export_remove", json!({ "protocol": protocol }))
+    }
+
+    /// `export_list`.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn export_list(&mut self) -> Result<Vec<ExportReport>, ClientError> {
+        self.call_as("export_list", Value::Null)
     }
 }
 

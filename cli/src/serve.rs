@@ -188,7 +188,8 @@ pub struct ServeArgs {
     /// Sleep when idle (shared machines, tests).
     #[arg(long)]
     adaptive: bool,
-    /// NBD listen address: HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809).
+    /// NBD listen address: HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809);
+    /// `none`: no NBD export until `ferroraid export add nbd`.
     #[arg(long)]
     nbd: Vec<String>,
     /// iSCSI listen address HOST:PORT (repeatable; e.g. 127.0.0.1:3260). Serves the target
@@ -491,6 +492,9 @@ impl ServeArgs {
             let mut a = o.clone();
             a.devices = t.resolve()?;
             t.exports_into(&mut a)?;
+            // A table without NBD addresses is not exported over NBD (the default port
+            // would be every table's).
+            a.nbd = !(a.nbd_tcp.is_empty() && a.nbd_unix.is_empty());
             arrays.push(a);
         }
         Ok(ferroraid::node::NodeOptions {
@@ -569,8 +573,15 @@ impl ServeArgs {
         } else {
             self.nbd.clone()
         };
-        for s in &nbd {
-            listen_spec(s, &mut o)?;
+        if nbd.iter().any(|s| s == "none") {
+            if nbd.len() > 1 {
+                bail!("--nbd none: no other NBD address can be given with it");
+            }
+            o.nbd = false;
+        } else {
+            for s in &nbd {
+                listen_spec(s, &mut o)?;
+            }
         }
         let iscsi = if self.iscsi.is_empty() {
             file.iscsi.clone().unwrap_or_default()

@@ -741,6 +741,18 @@ pub struct ExportReport {
     pub name: String,
 }
 
+/// What `Target::export_remove` (`export_remove`) did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportRemoveReport {
+    /// The protocol removed.
+    pub protocol: ExportProtocol,
+    /// Its listen addresses and names as they were.
+    pub exports: Vec<ExportReport>,
+    /// Every connection finished and closed before the answer (false: still draining
+    /// after `crate::target::DRAIN_WAIT`; the protocol can be added again once it has).
+    pub drained: bool,
+}
+
 /// An export protocol. Serialized lower-case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

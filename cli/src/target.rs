@@ -39,17 +39,21 @@ use engine::parity::Parity;
 use engine::reactor::{Extras, Mode, ReactorConfig, ReactorHandle, ReactorSet, Reactors};
 use tracing::{info, warn};
 
-use crate::frontends::TargetFrontend;
-use crate::iscsi::{IscsiConfig, IscsiServer};
+use crate::frontends::{Attacher, ExportSpec, TargetFrontend};
+use crate::iscsi::IscsiConfig;
 use crate::metrics::{MetricsServer, MetricsSource, Scrape};
-use crate::nbd::{ExportConfig, NbdServer, DEFAULT_MAX_BLOCK_BYTES};
+use crate::nbd::DEFAULT_MAX_BLOCK_BYTES;
 use crate::rpc::{Handler, RpcError, RpcServer};
 use crate::status::{
-    ArrayInfo, ArrayState, ExportProtocol, ExportReport, MemberReport, ProcessKind, ProcessReport,
-    QueueWaitReport, ReactorLoadReport, ReactorsReport, StatsReport, StatusReport,
+    ArrayInfo, ArrayState, ExportProtocol, ExportRemoveReport, ExportReport, MemberReport,
+    ProcessKind, ProcessReport, QueueWaitReport, ReactorLoadReport, ReactorsReport, StatsReport,
+    StatusReport,
 };
 
+mod exports;
 mod lifecycle;
+
+pub use exports::{ExportError, DRAIN_WAIT};
 
 /// How often the monitor looks for newly failed members, to record them on disk.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(50);
@@ -72,6 +76,10 @@ pub struct ServeOptions {
     pub reactors: usize,
     /// Idle behaviour of the reactors.
     pub mode: Mode,
+    /// Serve NBD from the start: on `nbd_tcp` and `nbd_unix`, or on 127.0.0.1:10809 when
+    /// both are empty. `false` (`serve --nbd none`): no NBD export until
+    /// [`Target::export_add`].
+    pub nbd: bool,
     /// NBD listening TCP addresses.
     pub nbd_tcp: Vec<SocketAddr>,
     /// NBD listening Unix socket paths.
@@ -143,6 +151,7 @@ impl ServeOptions {
             cores: Vec::new(),
             reactors: 1,
             mode: Mode::Polled,
+            nbd: true,
             nbd_tcp: Vec::new(),
             nbd_unix: Vec::new(),
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
@@ -418,15 +427,21 @@ struct Shared {
     handle: ReactorHandle,
     cores: Vec<Option<usize>>,
     mode: Mode,
-    exports: Vec<ExportReport>,
-    /// The NBD server's connection counters.
-    nbd_stats: crate::nbd::StatsHandle,
-    nvmf_stats: Option<crate::nvmf::StatsHandle>,
+    /// The live servers and the reactors' front-end inboxes.
+    exports: Mutex<exports::Exports>,
     /// Roles whose (faulty) device the operator removed.
     removed: Mutex<Vec<u16>>,
 }
 
 impl Shared {
+    /// The live exports (lock held briefly: never while taking another of the target's
+    /// locks).
+    fn exports(&self) -> std::sync::MutexGuard<'_, exports::Exports> {
+        self.exports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Fails the member in `role` and records it faulty on the survivors' superblocks.
     fn fail_role(&self, role: u16) -> Result<()> {
         self.handle.fail_member(role)?;
@@ -514,6 +529,15 @@ impl Shared {
 
     /// The status report of one snapshot of the reactors' statistics.
     fn status_of(&self, snap: &engine::reactor::ArraySnapshot) -> StatusReport {
+        // The exports' figures first, and their lock let go before any other is taken.
+        let (export_reports, nbd_stats, nvmf_report) = {
+            let e = self.exports();
+            (
+                e.reports(),
+                e.nbd.as_ref().map(|n| n.stats().into()),
+                e.nvmf.as_ref().map(|t| t.stats_handle().report()),
+            )
+        };
         let g = self.geo.geometry();
         let working = snap
             .members
@@ -570,15 +594,12 @@ impl Shared {
                 ..StatsReport::from(&snap.stats)
             },
             requests_in_flight: snap.requests_in_flight as u64,
-            exports: self.exports.clone(),
+            exports: export_reports,
             process: self.process_report(),
             bitmap: self.bitmap_report(),
             queue_wait_us: QueueWaitReport::from_histograms_ns(&snap.queue_wait),
-            nbd: Some(self.nbd_stats.get().into()),
-            nvmf: self
-                .nvmf_stats
-                .as_ref()
-                .map(crate::nvmf::StatsHandle::report),
+            nbd: nbd_stats,
+            nvmf: nvmf_report,
         }
     }
 }
@@ -598,8 +619,10 @@ impl TargetHandler {
     /// The NVMe/TCP target's handle, or [`RpcError::no_nvmf`].
     fn nvmf(&self) -> Result<crate::nvmf::StatsHandle, RpcError> {
         self.shared()?
-            .nvmf_stats
-            .clone()
+            .exports()
+            .nvmf
+            .as_ref()
+            .map(crate::nvmf::NvmfServer::stats_handle)
             .ok_or_else(RpcError::no_nvmf)
     }
 }
@@ -745,6 +768,22 @@ impl Handler for TargetHandler {
             .map_err(|e| RpcError::portal(&e))
     }
 
+    fn export_add(&self, spec: &ExportSpec) -> Result<Vec<ExportReport>, RpcError> {
+        self.shared()?
+            .export_add(spec)
+            .map_err(|e| RpcError::export(&e))
+    }
+
+    fn export_remove(&self, protocol: ExportProtocol) -> Result<ExportRemoveReport, RpcError> {
+        self.shared()?
+            .export_remove(protocol)
+            .map_err(|e| RpcError::export(&e))
+    }
+
+    fn export_list(&self) -> Result<Vec<ExportReport>, RpcError> {
+        Ok(self.shared()?.exports().reports())
+    }
+
     fn nvmf_portal_add(
         &self,
         portal: &str,
@@ -759,9 +798,6 @@ impl Handler for TargetHandler {
 /// A running array.
 pub struct Target {
     shared: Arc<Shared>,
-    nbd: Option<NbdServer>,
-    iscsi: Option<IscsiServer>,
-    nvmf: Option<crate::nvmf::NvmfServer>,
     reactors: Option<Reactors<TargetFrontend>>,
     rpc: Option<RpcServer>,
     metrics: Option<MetricsServer>,
@@ -1204,60 +1240,25 @@ impl Target {
         };
         let n = cores.len();
 
-        let mut export = ExportConfig::for_array(name.clone(), &geo, opts.max_block_bytes);
-        export.block_status = opts.nbd_block_status;
-        let mut builder = NbdServer::builder(export).config(opts.nbd_config.clone());
-        if let Some(t) = &opts.nbd_tls {
-            builder = builder.tls(t.clone());
-        }
-        for a in &opts.nbd_tcp {
-            builder = builder.listen_tcp(*a);
-        }
-        for p in &opts.nbd_unix {
-            builder = builder.listen_unix(p);
-        }
-        let (nbd, nbd_frontends) = builder.start(n).context("starting the NBD server")?;
         let role_paths = Arc::new(Mutex::new(paths));
-        let (iscsi, iscsi_frontends) = if opts.iscsi.is_empty() {
-            (None, Vec::new())
-        } else {
-            let lun = crate::iscsi::lun_info(&name, &geo, assembly.uuid.0, &opts.iscsi_config);
-            let mut b = IscsiServer::builder(lun).config(opts.iscsi_config.clone());
-            let members = Arc::clone(&role_paths);
-            let store = crate::iscsi::member_store::MemberStore::new(
-                assembly.uuid,
-                Box::new(move || {
-                    members
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .iter()
-                        .flatten()
-                        .cloned()
-                        .collect()
-                }),
-            );
-            b = b.reservation_store(Arc::new(store));
-            for a in &opts.iscsi {
-                b = b.listen(*a);
-            }
-            let (s, f) = b.start(n).context("starting the iSCSI target")?;
-            (Some(s), f)
+        // Every export `opts` asks for, built as `export_add` builds one.
+        let export_ctx = exports::ExportContext {
+            name: name.clone(),
+            geo,
+            uuid: assembly.uuid,
+            paths: Arc::clone(&role_paths),
+            opts: opts.clone(),
+            reactors: n,
         };
-        let (nvmf, nvmf_frontends) = if opts.nvmf.is_empty() {
-            (None, Vec::new())
-        } else {
-            let sub = crate::nvmf::spec::Subsystem::for_array(&name, assembly.uuid.0, &geo);
-            let mut b = crate::nvmf::NvmfServer::builder(sub).config(opts.nvmf_config.clone());
-            for a in &opts.nvmf {
-                b = b.listen(*a);
-            }
-            for h in &opts.nvmf_allow_hosts {
-                b = b.allow_host(h.clone());
-            }
-            let (s, f) = b.start(n).context("starting the NVMe/TCP target")?;
-            (Some(s), f)
-        };
-        let frontends = TargetFrontend::per_reactor(nbd_frontends, iscsi_frontends, nvmf_frontends);
+        let mut servers = Vec::new();
+        let mut initial = Vec::new();
+        for spec in exports::initial_specs(opts) {
+            let (s, f) = exports::start_server(&export_ctx, &spec)?;
+            servers.push(s);
+            initial.push(f);
+        }
+        let (attacher, frontends) =
+            Attacher::new(n, initial).context("attaching the front-ends")?;
         // Mark the array active before the first write can reach it — only once the sockets
         // are bound, so a start that fails on its address leaves the array as it was — and
         // record the roles that have no member faulty (as md does for a degraded start): a
@@ -1427,44 +1428,7 @@ impl Target {
         }
         let reactors = started.context("starting the reactors")?;
         let handle = reactors.handle();
-        let mut exports = Vec::new();
-        for a in nbd.tcp_addrs() {
-            info!(address = %a, export = %name, "NBD export listening");
-            exports.push(ExportReport {
-                protocol: ExportProtocol::Nbd,
-                address: a.to_string(),
-                name: name.clone(),
-            });
-        }
-        for p in nbd.unix_paths() {
-            info!(socket = %p.display(), export = %name, "NBD export listening");
-            exports.push(ExportReport {
-                protocol: ExportProtocol::Nbd,
-                address: p.display().to_string(),
-                name: name.clone(),
-            });
-        }
         let resync_pending = AtomicBool::new(assembly.resync_needed);
-        if let Some(i) = &iscsi {
-            for a in i.addrs() {
-                info!(address = %a, target = %i.target_name(), "iSCSI target listening");
-                exports.push(ExportReport {
-                    protocol: ExportProtocol::Iscsi,
-                    address: a.to_string(),
-                    name: i.target_name().to_string(),
-                });
-            }
-        }
-        if let Some(t) = &nvmf {
-            for a in t.addrs() {
-                info!(address = %a, nqn = %t.nqn(), "NVMe/TCP target listening");
-                exports.push(ExportReport {
-                    protocol: ExportProtocol::Nvmf,
-                    address: a.to_string(),
-                    name: t.nqn().to_string(),
-                });
-            }
-        }
         let shared = Arc::new(Shared {
             name,
             geo,
@@ -1479,9 +1443,7 @@ impl Target {
             handle,
             cores,
             mode: opts.mode,
-            exports,
-            nbd_stats: nbd.stats_handle(),
-            nvmf_stats: nvmf.as_ref().map(crate::nvmf::NvmfServer::stats_handle),
+            exports: Mutex::new(exports::Exports::new(export_ctx, attacher, servers)),
             removed: Mutex::new(Vec::new()),
         });
         let stop_monitor = Arc::new(AtomicBool::new(false));
@@ -1495,9 +1457,6 @@ impl Target {
         let mut target = Target {
             intent: intent.clone(),
             shared: Arc::clone(&shared),
-            nbd: Some(nbd),
-            iscsi,
-            nvmf,
             reactors: Some(reactors),
             rpc: None,
             metrics,
@@ -1558,28 +1517,65 @@ impl Target {
         &self.shared.handle
     }
 
-    /// NBD TCP addresses actually bound.
+    /// NBD TCP addresses actually bound (empty: NBD not exported now).
     pub fn nbd_tcp_addrs(&self) -> Vec<SocketAddr> {
-        self.nbd
+        let e = self.shared.exports();
+        e.nbd
             .as_ref()
             .map(|n| n.tcp_addrs().to_vec())
             .unwrap_or_default()
     }
 
-    /// iSCSI addresses actually bound.
+    /// iSCSI addresses actually bound (empty: iSCSI not exported now).
     pub fn iscsi_addrs(&self) -> Vec<SocketAddr> {
-        self.iscsi
+        let e = self.shared.exports();
+        e.iscsi
             .as_ref()
             .map(|i| i.addrs().to_vec())
             .unwrap_or_default()
     }
 
-    /// NBD Unix socket paths.
+    /// NBD Unix socket paths (empty: NBD not exported now).
     pub fn nbd_unix_paths(&self) -> Vec<PathBuf> {
-        self.nbd
+        let e = self.shared.exports();
+        e.nbd
             .as_ref()
             .map(|n| n.unix_paths().to_vec())
             .unwrap_or_default()
+    }
+
+    /// Starts an export while the array serves: the server is built as [`Target::start`]
+    /// builds it from [`ServeOptions`] (same settings), its listeners bound, and its
+    /// per-reactor front-ends handed to the running reactors, which serve it from their
+    /// next turn. Returns its listen addresses (bound ports) and name. Callable from any
+    /// thread while serving.
+    ///
+    /// # Errors
+    /// [`ExportError::BadSpec`] (no address, a duplicate, a name for iSCSI/NVMe/TCP);
+    /// [`ExportError::Exists`] when the protocol is exported (one server per protocol per
+    /// array); [`ExportError::Draining`] while its previous server still drains;
+    /// [`ExportError::Start`] (cannot bind); [`ExportError::Stopping`].
+    pub fn export_add(&self, spec: &ExportSpec) -> Result<Vec<ExportReport>, ExportError> {
+        self.shared.export_add(spec)
+    }
+
+    /// Removes the export of `protocol`: its listeners stop (the ports refuse), every
+    /// connection finishes the requests it accepted, sends their replies and closes; waits
+    /// up to [`exports::DRAIN_WAIT`] (5 s) for the reactors to let the front-ends go,
+    /// after which the protocol can be added again. Callable from any thread.
+    ///
+    /// # Errors
+    /// [`ExportError::NotExported`]; [`ExportError::Stopping`].
+    pub fn export_remove(
+        &self,
+        protocol: ExportProtocol,
+    ) -> Result<ExportRemoveReport, ExportError> {
+        self.shared.export_remove(protocol)
+    }
+
+    /// The live exports: every listen address of every protocol, with its export name.
+    pub fn exports(&self) -> Vec<ExportReport> {
+        self.shared.exports().reports()
     }
 
     /// The status report (what `ferroraid status` shows).
@@ -1622,17 +1618,10 @@ impl Target {
         if let Some(mut m) = self.metrics.take() {
             m.shutdown();
         }
-        if let Some(nbd) = self.nbd.take() {
-            nbd.shutdown();
-        }
+        // Every live export: listeners stop, connections drain; no export is added after.
+        self.shared.exports().shut_all();
         // Where a rebuild or resync got to, before the reactors go.
         let resync_owed = self.shared.checkpoint_at_stop();
-        if let Some(i) = self.iscsi.take() {
-            i.shutdown();
-        }
-        if let Some(t) = self.nvmf.take() {
-            t.shutdown();
-        }
         if let Some(r) = self.reactors.take() {
             r.stop().context("stopping the reactors")?;
         }

@@ -21,6 +21,13 @@ pub(crate) struct Mock {
 }
 
 impl Mock {
+    /// The live exports (the report's list).
+    fn exports(&self) -> Vec<ExportReport> {
+        self.lock().exports.clone()
+    }
+}
+
+impl Mock {
     pub(crate) fn new() -> Arc<Mock> {
         let members = (0..6u16)
             .map(|s| MemberReport::idle(Some(s), Some(format!("/dev/m{s}")), MemberState::Active))
@@ -84,6 +91,45 @@ impl Mock {
 }
 
 impl Handler for Mock {
+    fn export_add(&self, spec: &ExportSpec) -> Result<Vec<ExportReport>, RpcError> {
+        // The dispatcher checked the spec: a bad one reaching here is a bug (the panic
+        // becomes an internal error, which the garbage test refuses).
+        assert!(spec.validate().is_ok(), "unchecked spec {spec:?}");
+        let mut r = self.lock();
+        if r.exports.iter().any(|e| e.protocol == spec.protocol) {
+            return Err(RpcError::export(&ExportError::Exists(spec.protocol)));
+        }
+        let name = spec.name.clone().unwrap_or_else(|| r.array.name.clone());
+        let added: Vec<ExportReport> = spec
+            .tcp
+            .iter()
+            .map(ToString::to_string)
+            .chain(spec.unix.iter().map(|p| p.display().to_string()))
+            .map(|address| ExportReport {
+                protocol: spec.protocol,
+                address,
+                name: name.clone(),
+            })
+            .collect();
+        r.exports.extend(added.iter().cloned());
+        Ok(added)
+    }
+
+    fn export_remove(&self, protocol: ExportProtocol) -> Result<ExportRemoveReport, RpcError> {
+        let mut r = self.lock();
+        let (gone, kept) = r.exports.drain(..).partition(|e| e.protocol == protocol);
+        r.exports = kept;
+        let gone: Vec<ExportReport> = gone;
+        if gone.is_empty() {
+            return Err(RpcError::export(&ExportError::NotExported(protocol)));
+        }
+        Ok(ExportRemoveReport {
+            protocol,
+            exports: gone,
+            drained: true,
+        })
+    }
+
     fn status(&self) -> StatusReport {
         self.lock().clone()
     }
@@ -488,7 +534,8 @@ fn protocol_errors() {
         &json!({"jsonrpc":"2.0","method":long,"id":1}).to_string(),
     );
     assert_eq!(err_code(&v), codes::METHOD_NOT_FOUND);
-    assert!(err_msg(&v).len() < 400, "{v}");
+    // The name quoted short; the message also lists the methods.
+    assert!(err_msg(&v).len() < 200 + METHODS.join(", ").len(), "{v}");
     let long_dev = "/".repeat(MAX_DEVICE_BYTES + 1);
     let v = req(
         &*m,
@@ -677,6 +724,9 @@ fn never_panics_on_garbage() {
         br#"{"jsonrpc":"2.0","method":"array_start","params":{"devices":["/dev/a","/dev/b"],"force":true,"nbd":["127.0.0.1:10809"]},"id":6}"#,
         br#"[{"jsonrpc":"2.0","method":"array_stop","params":{"array":"data"},"id":7},{"jsonrpc":"2.0","method":"array_list","id":8}]"#,
         br#"{"jsonrpc":"2.0","method":"array_create","params":{"name":"x","level":6,"devices":["/a","/b","/c","/d"],"chunk_bytes":65536},"id":9}"#,
+        br#"{"jsonrpc":"2.0","method":"export_add","params":{"protocol":"nbd","listen":["127.0.0.1:10810","unix:/tmp/s"],"name":"x"},"id":5}"#,
+        br#"[{"jsonrpc":"2.0","method":"export_add","params":["iscsi",["[::1]:3260"]],"id":6},{"jsonrpc":"2.0","method":"export_remove","params":{"protocol":"iscsi"},"id":7}]"#,
+        br#"[{"jsonrpc":"2.0","method":"export_remove","params":["nbd"],"id":8},{"jsonrpc":"2.0","method":"export_list","id":9}]"#,
     ];
     // A small xorshift: deterministic mutations of valid requests, and random bytes.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -707,8 +757,199 @@ fn never_panics_on_garbage() {
         }
         if let Some(v) = handle_request(&*m, &b) {
             assert!(v.is_object() || v.is_array(), "{v}");
+            // No mutation gets past the parameter checks to the handler unchecked.
+            let answers = match &v {
+                Value::Array(a) => a.clone(),
+                one => vec![one.clone()],
+            };
+            for a in answers {
+                assert_ne!(
+                    a["error"]["code"],
+                    json!(codes::INTERNAL_ERROR),
+                    "{}: {a}",
+                    String::from_utf8_lossy(&b)
+                );
+            }
         }
     }
+}
+
+#[test]
+fn export_methods() {
+    let m = Mock::new();
+    let call = |line: &str| req(&*m, line);
+    let v = call(r#"{"jsonrpc":"2.0","method":"export_list","id":1}"#);
+    assert_eq!(v["result"], json!([]), "{v}");
+    let v = call(
+        r#"{"jsonrpc":"2.0","method":"export_add","params":{"protocol":"nbd","listen":["127.0.0.1:10810","unix:/run/x.sock"]},"id":1}"#,
+    );
+    assert_eq!(
+        v["result"],
+        json!([
+            {"protocol":"nbd","address":"127.0.0.1:10810","name":"host:data"},
+            {"protocol":"nbd","address":"/run/x.sock","name":"host:data"}
+        ]),
+        "{v}"
+    );
+    // Positional, with a name.
+    let v = call(
+        r#"{"jsonrpc":"2.0","method":"export_add","params":["nvmf",["127.0.0.1:4420"]],"id":1}"#,
+    );
+    assert_eq!(v["result"][0]["protocol"], "nvmf", "{v}");
+    assert_eq!(m.exports().len(), 3);
+    // One server per protocol.
+    let v = call(
+        r#"{"jsonrpc":"2.0","method":"export_add","params":{"protocol":"nbd","listen":["127.0.0.1:10811"]},"id":1}"#,
+    );
+    assert_eq!(err_code(&v), codes::EXPORT_EXISTS, "{v}");
+    assert_eq!(err_msg(&v), "nbd is already exported (remove it first)");
+    let v = call(r#"{"jsonrpc":"2.0","method":"export_list","params":[],"id":1}"#);
+    assert_eq!(v["result"].as_array().map(Vec::len), Some(3), "{v}");
+    let v =
+        call(r#"{"jsonrpc":"2.0","method":"export_remove","params":{"protocol":"nbd"},"id":1}"#);
+    assert_eq!(v["result"]["protocol"], "nbd", "{v}");
+    assert_eq!(v["result"]["drained"], true, "{v}");
+    assert_eq!(
+        v["result"]["exports"].as_array().map(Vec::len),
+        Some(2),
+        "{v}"
+    );
+    let v = call(r#"{"jsonrpc":"2.0","method":"export_remove","params":["nbd"],"id":1}"#);
+    assert_eq!(err_code(&v), codes::NOT_EXPORTED, "{v}");
+    assert_eq!(err_msg(&v), "nbd is not exported");
+    // Added again once removed.
+    let v = call(
+        r#"{"jsonrpc":"2.0","method":"export_add","params":{"protocol":"nbd","listen":["127.0.0.1:10810"],"name":"other"},"id":1}"#,
+    );
+    assert_eq!(v["result"][0]["name"], "other", "{v}");
+    // A handler without exports refuses them as not supported.
+    struct Bare;
+    impl Handler for Bare {
+        fn status(&self) -> StatusReport {
+            Mock::new().status()
+        }
+        fn member_fail(&self, _: &str) -> Result<MemberReport, RpcError> {
+            unreachable!()
+        }
+        fn member_remove(&self, _: &str) -> Result<MemberReport, RpcError> {
+            unreachable!()
+        }
+        fn member_add(&self, _: &str) -> Result<MemberReport, RpcError> {
+            unreachable!()
+        }
+        fn process_start(&self, _: ProcessKind) -> Result<ProcessReport, RpcError> {
+            unreachable!()
+        }
+        fn process_stop(&self) -> Result<ProcessReport, RpcError> {
+            unreachable!()
+        }
+    }
+    let v = req(
+        &Bare,
+        r#"{"jsonrpc":"2.0","method":"export_remove","params":["iscsi"],"id":1}"#,
+    );
+    assert_eq!(err_code(&v), codes::NOT_SUPPORTED, "{v}");
+    let v = req(&Bare, r#"{"jsonrpc":"2.0","method":"export_list","id":1}"#);
+    assert_eq!(v["result"], json!([]), "{v}");
+}
+
+#[test]
+fn export_params_errors() {
+    let m = Mock::new();
+    let add = |p: &str| format!(r#"{{"jsonrpc":"2.0","method":"export_add","params":{p},"id":1}}"#);
+    let remove =
+        |p: &str| format!(r#"{{"jsonrpc":"2.0","method":"export_remove","params":{p},"id":1}}"#);
+    let cases: Vec<(String, &str)> = vec![
+        (
+            r#"{"jsonrpc":"2.0","method":"export_add","id":1}"#.into(),
+            "missing protocol: export_add takes {\"protocol\"",
+        ),
+        (add(r#"{"listen":["127.0.0.1:1"]}"#), "missing protocol"),
+        (add(r#"{"protocol":"nbd"}"#), "missing listen"),
+        (add(r#"{"protocol":"nbd","listen":null}"#), "missing listen"),
+        (add(r#"{"protocol":"nbd","listen":[]}"#), "listen is empty"),
+        (
+            add(r#"{"protocol":"nbd","listen":"127.0.0.1:1"}"#),
+            "listen must be an array",
+        ),
+        (
+            add(r#"{"protocol":"nbd","listen":[5]}"#),
+            "listen must be an array",
+        ),
+        (
+            add(r#"{"protocol":"fcoe","listen":["127.0.0.1:1"]}"#),
+            "unknown protocol \"fcoe\"",
+        ),
+        (
+            add(r#"{"protocol":7,"listen":["127.0.0.1:1"]}"#),
+            "protocol must be a string",
+        ),
+        (
+            add(r#"{"protocol":"NBD","listen":["127.0.0.1:1"]}"#),
+            "unknown protocol \"NBD\"",
+        ),
+        (
+            add(r#"{"protocol":"nbd","listen":["localhost:10809"]}"#),
+            "listen \"localhost:10809\": expected IP:PORT (e.g. 127.0.0.1:10809) or unix:PATH",
+        ),
+        (
+            add(r#"{"protocol":"nbd","listen":["unix:"]}"#),
+            "unix: needs a socket path",
+        ),
+        (
+            add(r#"{"protocol":"iscsi","listen":["unix:/x"]}"#),
+            "iscsi listens on TCP only",
+        ),
+        (
+            add(r#"{"protocol":"nvmf","listen":["127.0.0.1:4420"],"name":"x"}"#),
+            "name applies to NBD only",
+        ),
+        (
+            add(r#"{"protocol":"nbd","listen":["127.0.0.1:1"],"name":""}"#),
+            "name must be 1 to 4096 bytes",
+        ),
+        (
+            add(r#"{"protocol":"nbd","listen":["127.0.0.1:1"],"name":3}"#),
+            "name must be a string",
+        ),
+        (
+            add(r#"{"protocol":"nbd","listen":["127.0.0.1:1","127.0.0.1:1"]}"#),
+            "listen address 127.0.0.1:1 given twice",
+        ),
+        (
+            add(r#"["nbd",["127.0.0.1:1"],"x","y"]"#),
+            "export_add takes",
+        ),
+        (remove("{}"), "missing protocol: export_remove takes"),
+        (
+            remove(r#"{"protocol":"nbd","listen":[]}"#),
+            "unknown parameter \"listen\"",
+        ),
+        (remove(r#"["nbd","iscsi"]"#), "export_remove takes"),
+        (remove("[]"), "export_remove takes"),
+        (remove(r#"{"protocol":"tcp"}"#), "unknown protocol \"tcp\""),
+        (remove(r#"{"protocol":null}"#), "missing protocol"),
+        (
+            r#"{"jsonrpc":"2.0","method":"export_list","params":{"protocol":"nbd"},"id":1}"#.into(),
+            "export_list takes no parameters",
+        ),
+    ];
+    for (line, want) in &cases {
+        let v = req(&*m, line);
+        assert_eq!(err_code(&v), codes::INVALID_PARAMS, "{line}: {v}");
+        assert!(err_msg(&v).contains(want), "{line}: {v} (want {want:?})");
+    }
+    // A listen list over the limit.
+    let many: Vec<String> = (0..65).map(|i| format!("127.0.0.1:{}", 1000 + i)).collect();
+    let v = req(
+        &*m,
+        &json!({"jsonrpc":"2.0","method":"export_add","params":{"protocol":"nbd","listen":many},"id":1})
+            .to_string(),
+    );
+    assert_eq!(err_code(&v), codes::INVALID_PARAMS, "{v}");
+    assert!(err_msg(&v).contains("at most 64"), "{v}");
+    // Nothing was exported by any of them.
+    assert!(m.exports().is_empty());
 }
 
 #[test]
