@@ -15,8 +15,19 @@
 //! once with sequential 4 KiB writes, untimed, then written again and again, timed).
 //! Figures: IOPS, GB/s (10^9 bytes/s), reactor CPU time per I/O (µs, thread CPU clock),
 //! member I/O requests per array request, and stripe writes per write pass (batching).
+//!
+//! `--arrays N` (N > 1): many arrays on one reactor set (`engine::reactor::ReactorSet`,
+//! `Reactors::start_on`). Each repetition runs, per reactor count, one array and then N
+//! arrays of the same shape side by side on one set of that many reactors, each array on
+//! members of its own and with load generators of its own (one per reactor at `--qd`: the
+//! same load per array as alone); it prints per-array IOPS and GB/s, their sum, the
+//! reactors' CPU µs per I/O over all arrays, and the ratios N arrays ÷ 1 array (per array
+//! and total, paired within a repetition) beside the ideal on saturated reactors (1/N per
+//! array, 1.00 in total). Example: `--device null --level 5 --workload randread,randwrite
+//! --reactors 2 --arrays 2 --repeat 5`.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +41,7 @@ use engine::device::{BlockDevice, Channel, Completion, IoBuf, Op, Request};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::qos::{Pacer, Unpaced};
-use engine::reactor::{Extras, Frontend, Io, Mode, ReactorConfig, Reactors};
+use engine::reactor::{Extras, Frontend, Io, Mode, ReactorConfig, ReactorSet, Reactors};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -164,6 +175,15 @@ struct Args {
     /// Directory for `--device file` members (created and removed per measurement).
     #[arg(long, default_value = "/var/tmp")]
     dir: std::path::PathBuf,
+    /// Arrays side by side on one reactor set (`ReactorSet`, `Reactors::start_on`): with
+    /// N > 1, every configuration runs N arrays of the same shape, each on members of its
+    /// own and with load generators of its own (one per reactor, `--qd` each: every array
+    /// gets the load one array gets alone), all on one set of `--reactors` threads for the
+    /// same `--seconds`; each repetition runs 1 array and then the N arrays on a set of
+    /// that size, and the tables give per-array and total IOPS, and the ratios N ÷ 1
+    /// paired within a repetition. (The raw member references are not run in this mode.)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    arrays: u32,
 }
 
 /// Thread CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
@@ -246,6 +266,10 @@ struct LoadGen {
     start: Option<(Instant, u64)>,
     tally: Tally,
     stopping: bool,
+    /// Side by side runs (`--arrays`): submit nothing until the flag is set, so that every
+    /// array's generators start together once all arrays' shards are up; `None` (one
+    /// array, and after the flag was seen): start at the first poll.
+    go: Option<Arc<AtomicBool>>,
 }
 
 impl LoadGen {
@@ -310,6 +334,12 @@ impl LoadGen {
 
 impl Frontend for LoadGen {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        if let Some(go) = &self.go {
+            if !go.load(Ordering::Acquire) {
+                return false;
+            }
+            self.go = None;
+        }
         if self.warming {
             // `rewrite`: write the region once, untimed; the timed run starts when every
             // write of it is back.
@@ -439,17 +469,15 @@ fn raw_load<D: BlockDevice>(
     t
 }
 
-fn run_array<D>(
-    devices: Arc<Vec<D>>,
+/// One load generator per reactor for an array of `geo` (`--qd` requests in flight each,
+/// or the workload's own depth), seeded per reactor; `go` as [`LoadGen::go`].
+fn load_gens(
     geo: ArrayGeometry,
     workload: Workload,
     reactors: usize,
-    policy: Policy,
     args: &Args,
-) -> Result<Tally>
-where
-    D: BlockDevice + Send + Sync + 'static,
-{
+    go: Option<&Arc<AtomicBool>>,
+) -> Result<Vec<LoadGen>> {
     let g = geo.geometry();
     let bs = workload.block_bytes(g.stripe_data_bytes());
     let qd = workload.depth(args.qd);
@@ -460,10 +488,9 @@ where
             geo.stripes()
         );
     }
-    let cores: Vec<Option<usize>> = (0..reactors).map(|i| Some(i % num_cpus())).collect();
     let share = cap / reactors as u64 / g.stripe_data_bytes() * g.stripe_data_bytes();
     let rewrite_len = (args.rewrite_mib << 20).min(share) / bs * bs;
-    let gens: Vec<LoadGen> = (0..reactors)
+    Ok((0..reactors)
         .map(|i| LoadGen {
             workload,
             bs,
@@ -483,9 +510,15 @@ where
             start: None,
             tally: Tally::default(),
             stopping: false,
+            go: go.cloned(),
         })
-        .collect();
-    let array_cfg = ArrayConfig {
+        .collect())
+}
+
+/// The array configuration every run uses: tables sized for `--qd`, member 0 failed for
+/// `degraded-randread`.
+fn array_config(workload: Workload, args: &Args) -> ArrayConfig {
+    ArrayConfig {
         requests: args.qd * 2,
         stripe_ops: args.qd * 2,
         data_offset_bytes: DATA_OFFSET,
@@ -498,34 +531,61 @@ where
             None,
         ],
         ..ArrayConfig::default()
-    };
-    let cfg = ReactorConfig {
-        cores,
+    }
+}
+
+/// `reactors` polled reactors pinned to cores 0, 1, … (modulo the cores available).
+fn reactor_config(reactors: usize, args: &Args) -> ReactorConfig {
+    ReactorConfig {
+        cores: (0..reactors).map(|i| Some(i % num_cpus())).collect(),
         mode: Mode::Polled,
         requests: args.qd * 2,
         foreign_reads: !args.no_foreign_reads,
-    };
+    }
+}
+
+/// What [`Reactors::start_with`] adds for `policy`: no pacing, no bitmap, and for `ppl` a
+/// Partial Parity Log of the array's own.
+fn extras_for(
+    policy: Policy,
+    geo: ArrayGeometry,
+) -> Extras<impl Fn(usize) -> Box<dyn Pacer> + Send + Sync + 'static> {
     let ppl = (policy == Policy::Ppl).then(|| {
         Arc::new(engine::ppl::PplShared::new(
-            usize::from(g.members()),
+            usize::from(geo.geometry().members()),
             PPL_AREA_OFFSET,
             PPL_AREA_BYTES,
             0x5eed,
         ))
     });
+    Extras {
+        pacer: |_| Box::new(Unpaced) as Box<dyn Pacer>,
+        bitmap: None,
+        ppl,
+        replace: None,
+    }
+}
+
+fn run_array<D>(
+    devices: Arc<Vec<D>>,
+    geo: ArrayGeometry,
+    workload: Workload,
+    reactors: usize,
+    policy: Policy,
+    args: &Args,
+) -> Result<Tally>
+where
+    D: BlockDevice + Send + Sync + 'static,
+{
+    let gens = load_gens(geo, workload, reactors, args, None)?;
     let running = Reactors::start_with(
         devices,
         geo,
         Parity::new(),
-        array_cfg,
-        cfg,
+        array_config(workload, args),
+        reactor_config(reactors, args),
         gens,
-        Extras {
-            pacer: |_| Box::new(Unpaced) as Box<dyn Pacer>,
-            bitmap: None,
-            ppl,
-            replace: None,
-        },
+        extras_for(policy, geo),
     )
     .context("starting reactors")?;
     let handle = running.handle();
@@ -624,6 +684,26 @@ fn show(mut v: Vec<f64>, digits: usize, scale: f64, unit: &str) -> String {
     }
 }
 
+/// `n` sparse member files of `member` bytes, `DIR/PREFIX{i}.img`, created and opened
+/// through io_uring with O_DIRECT (queue depth 256).
+fn file_members(
+    dir: &std::path::Path,
+    prefix: &str,
+    n: u16,
+    member: u64,
+) -> Result<Vec<drivers::any::AnyDevice>> {
+    let cfg = drivers::any::MemberConfig::with_queue_depth(256);
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("{prefix}{i}.img"));
+            std::fs::File::create(&p)
+                .and_then(|f| f.set_len(member))
+                .with_context(|| format!("creating {}", p.display()))?;
+            drivers::any::open_member(&p, &cfg).with_context(|| format!("opening {}", p.display()))
+        })
+        .collect()
+}
+
 /// Runs one configuration: the array, then the same load on one raw member and spread
 /// over all members, on fresh devices.
 #[allow(clippy::too_many_arguments)]
@@ -685,18 +765,7 @@ fn measure(
                 .prefix("array-bench-")
                 .tempdir_in(&args.dir)
                 .with_context(|| format!("a directory in {}", args.dir.display()))?;
-            let cfg = drivers::any::MemberConfig::with_queue_depth(256);
-            let devs = (0..n)
-                .map(|i| {
-                    let p = dir.path().join(format!("m{i}.img"));
-                    std::fs::File::create(&p)
-                        .and_then(|f| f.set_len(member))
-                        .with_context(|| format!("creating {}", p.display()))?;
-                    drivers::any::open_member(&p, &cfg)
-                        .with_context(|| format!("opening {}", p.display()))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            run_all(devs, geo, load, args)?
+            run_all(file_members(dir.path(), "m", n, member)?, geo, load, args)?
         }
     };
     let secs = t.wall.as_secs_f64();
@@ -711,16 +780,323 @@ fn measure(
     })
 }
 
+/// What one array of a side-by-side run (`--arrays`) did.
+#[derive(Clone, Copy, Debug)]
+struct ArrayFigures {
+    iops: f64,
+    /// 10^9 bytes per second.
+    gb_per_s: f64,
+}
+
+/// One side-by-side run of arrays on one reactor set.
+#[derive(Clone, Debug)]
+struct SetSample {
+    /// Each array's figures, in start order.
+    arrays: Vec<ArrayFigures>,
+    /// The reactor threads' CPU time over the run (per thread, from the first of its
+    /// generators' start to the last one's end; thread CPU clock) ÷ all arrays' requests,
+    /// µs. Not per array: a reactor's CPU clock counts every shard it turns.
+    cpu_us_per_io: f64,
+}
+
+impl SetSample {
+    fn total_iops(&self) -> f64 {
+        self.arrays.iter().map(|a| a.iops).sum()
+    }
+
+    fn total_gb_per_s(&self) -> f64 {
+        self.arrays.iter().map(|a| a.gb_per_s).sum()
+    }
+}
+
+/// Runs one array per entry of `arrays` (each that array's members, member order), all of
+/// shape `geo`, side by side on one [`ReactorSet`] of `reactors` polled threads pinned as
+/// [`reactor_config`]: each array with its own load generators (one per reactor,
+/// [`load_gens`]) and its own PPL for `ppl`. The generators wait until every reactor hosts
+/// every array's shard, then all start together and run `--seconds`.
+fn run_set<D>(
+    arrays: Vec<Arc<Vec<D>>>,
+    geo: ArrayGeometry,
+    workload: Workload,
+    reactors: usize,
+    policy: Policy,
+    args: &Args,
+) -> Result<SetSample>
+where
+    D: BlockDevice + Send + Sync + 'static,
+{
+    let cfg = reactor_config(reactors, args);
+    let set = ReactorSet::start(&cfg.cores, cfg.mode).context("starting the reactor set")?;
+    let go = Arc::new(AtomicBool::new(false));
+    let mut running = Vec::with_capacity(arrays.len());
+    let mut first_err: Option<anyhow::Error> = None;
+    for (k, devices) in arrays.into_iter().enumerate() {
+        let started = load_gens(geo, workload, reactors, args, Some(&go)).and_then(|gens| {
+            Reactors::start_on(
+                &set,
+                devices,
+                geo,
+                Parity::new(),
+                array_config(workload, args),
+                &cfg,
+                gens,
+                extras_for(policy, geo),
+            )
+            .with_context(|| format!("starting array {}", k + 1))
+        });
+        match started {
+            Ok(r) => running.push(r),
+            Err(e) => {
+                first_err = Some(e);
+                break;
+            }
+        }
+    }
+    // Each reactor builds its shards between turns; a shard that cannot be built never
+    // counts, and its array's stop says why (hence the deadline).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while first_err.is_none()
+        && set.hosted().iter().any(|&h| h < running.len())
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    go.store(true, Ordering::Release);
+    let mut figures = Vec::with_capacity(running.len());
+    // Per reactor: the earliest generator start and the latest end on its CPU clock.
+    let mut spans: Vec<Option<(u64, u64)>> = vec![None; reactors];
+    let mut ios_all = 0u64;
+    // Every array is stopped, even after an error: the set shuts down only once none is
+    // left on it.
+    for (k, r) in running.into_iter().enumerate() {
+        match r.stop() {
+            Ok(gens) => {
+                let (mut ios, mut bytes, mut errors, mut wall) = (0u64, 0u64, 0u64, Duration::ZERO);
+                for (i, g) in gens.iter().enumerate() {
+                    ios += g.tally.ios;
+                    bytes += g.tally.bytes;
+                    errors += g.tally.errors;
+                    wall = wall.max(g.tally.wall);
+                    if let Some((_, c0)) = g.start {
+                        let c1 = c0 + g.tally.cpu_ns;
+                        spans[i] = Some(spans[i].map_or((c0, c1), |(a, b)| (a.min(c0), b.max(c1))));
+                    }
+                }
+                if errors > 0 {
+                    first_err.get_or_insert_with(|| {
+                        anyhow::anyhow!("array {}: {errors} requests failed", k + 1)
+                    });
+                }
+                let secs = wall.as_secs_f64().max(f64::MIN_POSITIVE);
+                ios_all += ios;
+                figures.push(ArrayFigures {
+                    iops: ios as f64 / secs,
+                    gb_per_s: bytes as f64 / secs / 1e9,
+                });
+            }
+            Err(e) => {
+                first_err.get_or_insert_with(|| {
+                    anyhow::Error::new(e).context(format!("array {}", k + 1))
+                });
+            }
+        }
+    }
+    set.shutdown();
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let cpu_ns: u64 = spans.iter().flatten().map(|&(a, b)| b - a).sum();
+    Ok(SetSample {
+        arrays: figures,
+        cpu_us_per_io: cpu_ns as f64 / 1e3 / ios_all.max(1) as f64,
+    })
+}
+
+/// [`run_set`] of `count` arrays of `n` fresh `kind` members of `member` data bytes each.
+#[allow(clippy::too_many_arguments)]
+fn measure_set(
+    kind: DeviceKind,
+    n: u16,
+    member: u64,
+    geo: ArrayGeometry,
+    w: Workload,
+    r: usize,
+    count: usize,
+    policy: Policy,
+    args: &Args,
+) -> Result<SetSample> {
+    let member = DATA_OFFSET + member;
+    match kind {
+        DeviceKind::Null => {
+            let arrays = (0..count)
+                .map(|a| {
+                    (0..n)
+                        .map(|i| NullDevice::new(&format!("a{a}-null{i}"), member, 512, 1024))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(Arc::new)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            run_set(arrays, geo, w, r, policy, args)
+        }
+        DeviceKind::Mem => {
+            let arrays = (0..count)
+                .map(|a| {
+                    (0..n)
+                        .map(|i| MemDevice::new(&format!("a{a}-mem{i}"), member, 512, 1024))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(Arc::new)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            run_set(arrays, geo, w, r, policy, args)
+        }
+        DeviceKind::File => {
+            let dir = tempfile::Builder::new()
+                .prefix("array-bench-")
+                .tempdir_in(&args.dir)
+                .with_context(|| format!("a directory in {}", args.dir.display()))?;
+            let arrays = (0..count)
+                .map(|a| file_members(dir.path(), &format!("a{a}-m"), n, member).map(Arc::new))
+                .collect::<Result<Vec<_>>>()?;
+            run_set(arrays, geo, w, r, policy, args)
+        }
+    }
+}
+
+/// `--arrays N` (N > 1): for every device, level, workload and policy, each repetition
+/// runs, per reactor count, 1 array and then N arrays on a reactor set of that size;
+/// prints per-array and total figures, then the ratios N arrays ÷ 1 array paired within a
+/// repetition, beside what they would be if the reactors were the only limit.
+fn side_by_side(args: &Args) -> Result<()> {
+    let count = args.arrays as usize;
+    let chunk = args.chunk_kib * 1024;
+    let member = args.member_mib << 20;
+    println!(
+        "| device | level | workload | reactors | arrays | array | IOPS | GB/s | CPU µs/IO (all arrays) |"
+    );
+    println!("|---|---|---|---:|---:|---|---:|---:|---:|");
+    let mut ratios: Vec<String> = Vec::new();
+    for &kind in &args.device {
+        for &level in &args.level {
+            let (lvl, n) = match level {
+                5 => (Level::Raid5, 5u16),
+                6 => (Level::Raid6, 6u16),
+                other => bail!("--level {other}: expected 5 or 6"),
+            };
+            let g = Geometry::new(lvl, Layout::LeftSymmetric, n, chunk, 512)?;
+            let geo = g.with_members(&vec![member; usize::from(n)], 0)?;
+            for &w in &args.workload {
+                for &policy in &args.consistency {
+                    // samples[rep][i]: (1 array, N arrays) on args.reactors[i] reactors.
+                    let mut samples: Vec<Vec<(SetSample, SetSample)>> = Vec::new();
+                    for _ in 0..args.repeat {
+                        let mut rep = Vec::new();
+                        for &r in &args.reactors {
+                            let one = measure_set(kind, n, member, geo, w, r, 1, policy, args)?;
+                            let many =
+                                measure_set(kind, n, member, geo, w, r, count, policy, args)?;
+                            rep.push((one, many));
+                        }
+                        samples.push(rep);
+                    }
+                    let col = |f: &dyn Fn(&(SetSample, SetSample)) -> f64, i: usize| -> Vec<f64> {
+                        samples.iter().map(|rep| f(&rep[i])).collect()
+                    };
+                    let label = policy.label();
+                    for (i, &r) in args.reactors.iter().enumerate() {
+                        println!(
+                            "| {kind:?} | raid{level} | {w:?}{label} | {r} | 1 | 1 | {} | {} | {} |",
+                            show(col(&|s| s.0.arrays[0].iops, i), 0, 1.0, ""),
+                            show(col(&|s| s.0.arrays[0].gb_per_s, i), 2, 1.0, ""),
+                            show(col(&|s| s.0.cpu_us_per_io, i), 2, 1.0, ""),
+                        );
+                        for k in 0..count {
+                            println!(
+                                "| {kind:?} | raid{level} | {w:?}{label} | {r} | {count} | {} | {} | {} | |",
+                                k + 1,
+                                show(col(&|s| s.1.arrays[k].iops, i), 0, 1.0, ""),
+                                show(col(&|s| s.1.arrays[k].gb_per_s, i), 2, 1.0, ""),
+                            );
+                        }
+                        println!(
+                            "| {kind:?} | raid{level} | {w:?}{label} | {r} | {count} | sum | {} | {} | {} |",
+                            show(col(&|s| s.1.total_iops(), i), 0, 1.0, ""),
+                            show(col(&|s| s.1.total_gb_per_s(), i), 2, 1.0, ""),
+                            show(col(&|s| s.1.cpu_us_per_io, i), 2, 1.0, ""),
+                        );
+                        let per_array: Vec<String> = (0..count)
+                            .map(|k| {
+                                show(
+                                    col(&|s| s.1.arrays[k].iops / s.0.arrays[0].iops, i),
+                                    2,
+                                    1.0,
+                                    "×",
+                                )
+                            })
+                            .collect();
+                        ratios.push(format!(
+                            "| {kind:?} | raid{level} | {w:?}{label} | {r} | {count} | {} | {} | {} | {} | {:.2}× / 1.00× |",
+                            per_array.join("; "),
+                            show(
+                                col(
+                                    &|s| {
+                                        s.1.arrays.iter().map(|a| a.iops).fold(f64::MAX, f64::min)
+                                            / s.1.arrays.iter().map(|a| a.iops).fold(0.0, f64::max)
+                                    },
+                                    i
+                                ),
+                                2,
+                                1.0,
+                                ""
+                            ),
+                            show(col(&|s| s.1.total_iops() / s.0.arrays[0].iops, i), 2, 1.0, "×"),
+                            show(col(&|s| s.1.cpu_us_per_io / s.0.cpu_us_per_io, i), 2, 1.0, "×"),
+                            1.0 / count as f64,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "\n| device | level | workload | reactors | arrays | per-array IOPS ÷ 1-array IOPS (array 1; 2; …) \
+         | slowest ÷ fastest array | total IOPS ÷ 1-array IOPS | CPU µs/IO ÷ 1-array | ideal on saturated reactors (per array / total) |"
+    );
+    println!("|---|---|---|---:|---:|---|---:|---:|---:|---:|");
+    for row in ratios {
+        println!("{row}");
+    }
+    println!(
+        "\n- Ideal: when the reactors' CPU is the limit (null members always; the load \
+         generators run on the reactors, bdevperf-style, so their cost is the reactors' too), \
+         {count} arrays on the same reactors share their time: each array gets ≈ 1/{count} of \
+         what one array alone gets (per-array ratio ≈ {:.2}×) and the total stays ≈ 1.00×; \
+         a total below 1.00× (and CPU µs/IO above 1.00×) is what hosting {count} shards per \
+         reactor costs. When the members are the limit instead, per-array ratios up to 1.00× \
+         are possible.",
+        1.0 / count as f64
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let chunk = args.chunk_kib * 1024;
     let member = args.member_mib << 20;
     println!("# ferroraid array benchmark (bdevperf-style)\n");
     println!(
-        "- CPU: {} ({} cores available); reactors polled, pinned; qd {} per reactor; {} s per run; chunk {} KiB; members {} MiB{}{}\n",
+        "- CPU: {} ({} cores available); reactors polled, pinned; qd {} per reactor{}; {} s per run; chunk {} KiB; members {} MiB{}{}\n",
         bench::cpu_model(),
         num_cpus(),
         args.qd,
+        if args.arrays > 1 {
+            format!(
+                " and array; --arrays {}: each run is 1 array, then {} arrays side by side on \
+                 one reactor set of the same size, each on members of its own",
+                args.arrays, args.arrays
+            )
+        } else {
+            String::new()
+        },
         args.seconds,
         args.chunk_kib,
         args.member_mib,
@@ -751,6 +1127,14 @@ fn main() -> Result<()> {
         "- cache-line round trip between cores 0 and 1 (the reactors' cores) at the start: {}\n",
         round_trip()
     );
+    if args.arrays > 1 {
+        side_by_side(&args)?;
+        println!(
+            "\n- cache-line round trip between cores 0 and 1 at the end: {}",
+            round_trip()
+        );
+        return Ok(());
+    }
     println!(
         "| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw \
          | raw spread over all members | array ÷ spread | member I/O per request | writes per pass |"
