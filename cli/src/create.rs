@@ -30,6 +30,8 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -38,6 +40,17 @@ use engine::geometry::Geometry;
 use engine::metadata::{BitmapChoice, ConsistencyPolicy, MdTime, NewArray, Superblock, Uuid};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing::info;
+
+/// The zeroing of a create in progress, readable from another thread: bytes zeroed so
+/// far over every member, of the total (0 until the create knows it; `assume_clean`
+/// zeroes nothing and leaves both 0).
+#[derive(Debug, Default)]
+pub struct ZeroProgress {
+    /// Bytes of the members' data areas zeroed so far.
+    pub done_bytes: AtomicU64,
+    /// Bytes to zero in all (the data area of every member).
+    pub total_bytes: AtomicU64,
+}
 
 /// What to create.
 #[derive(Clone, Debug)]
@@ -54,6 +67,9 @@ pub struct CreateOptions {
     pub force: bool,
     /// Show a progress bar (a terminal); otherwise progress goes to the log.
     pub progress: bool,
+    /// Where the zeroing's progress is published for another thread to read (the
+    /// `array_create_progress` method of a running target), if anywhere.
+    pub zero_progress: Option<Arc<ZeroProgress>>,
     /// Internal write-intent bitmap: mdadm's default rule, internal, or none.
     pub bitmap: BitmapChoice,
     /// Bitmap chunk (bytes of each member per bit), or `None` for mdadm's default.
@@ -279,6 +295,14 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
     }
     if !o.assume_clean {
         let total = data_bytes * o.devices.len() as u64;
+        if let Some(z) = &o.zero_progress {
+            z.total_bytes.store(total, Ordering::Relaxed);
+        }
+        let publish = |done: u64| {
+            if let Some(z) = &o.zero_progress {
+                z.done_bytes.store(done, Ordering::Relaxed);
+            }
+        };
         let bar = if o.progress {
             ProgressBar::new(total).with_style(
                 ProgressStyle::with_template(
@@ -297,6 +321,7 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
                     .with_context(|| format!("zeroing the data area of {}", p.display()))?;
                 done += data_bytes;
                 bar.set_position(done);
+                publish(done);
                 continue;
             }
             let f = File::options()
@@ -312,6 +337,7 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
                 at += n;
                 done += n;
                 bar.set_position(done);
+                publish(done);
                 if !o.progress && at.is_multiple_of(16 * STEP) {
                     info!(device = %p.display(), done_bytes = at, total_bytes = data_bytes, "zeroing");
                 }

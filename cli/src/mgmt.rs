@@ -857,8 +857,23 @@ pub fn list(a: &ListArgs) -> Result<()> {
 /// (`array_create`), which starts it unless `p.start` is false. Exit status 0 created, 1
 /// refused (the reason on stderr), 4 no target.
 pub fn create_rpc(rpc: &std::path::Path, p: &ArrayCreateParams, json: bool) -> Result<()> {
-    let mut c = connect(&Some(rpc.to_path_buf()), &None)?;
-    let r = c.array_create(p).map_err(|e| refused("create", e))?;
+    // Zeroing large members takes long: the call waits as long as it takes, and a second
+    // connection follows its progress (`array_create_progress`) for the bar.
+    let mut c = RpcClient::connect_timeout(rpc, CREATE_TIMEOUT).map_err(|e| {
+        eprintln!("ferroraid: {e}");
+        anyhow::Error::from(Exit(EXIT_NOT_RUNNING))
+    })?;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = std::io::stderr().is_terminal().then(|| {
+        let (path, name, done) = (rpc.to_path_buf(), p.name.clone(), done.clone());
+        std::thread::spawn(move || follow_create(&path, &name, &done))
+    });
+    let result = c.array_create(p);
+    done.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
+    let r = result.map_err(|e| refused("create", e))?;
     if json {
         out(&(serde_json::to_string_pretty(&r)? + "\n"))?;
     } else {
@@ -984,4 +999,30 @@ pub fn export(a: &ExportArgs) -> Result<()> {
         out(&text)?;
     }
     Ok(())
+}
+
+/// Longest wait for `array_create` (zeroing every member's data area).
+const CREATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Draws the zeroing progress of the create of `name` on stderr until `done`.
+fn follow_create(path: &std::path::Path, name: &str, done: &std::sync::atomic::AtomicBool) {
+    let Ok(mut w) = RpcClient::connect(path) else {
+        return;
+    };
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template(
+            "zeroing members {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template"),
+    );
+    while !done.load(std::sync::atomic::Ordering::Acquire) {
+        if let Ok(jobs) = w.array_create_progress() {
+            if let Some(j) = jobs.iter().find(|j| j.array == name) {
+                bar.set_length(j.total_bytes);
+                bar.set_position(j.zeroed_bytes);
+            }
+        }
+        std::thread::sleep(PROGRESS_POLL);
+    }
+    bar.finish_and_clear();
 }

@@ -13,7 +13,9 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use engine::geometry::{Geometry, Layout, Level};
@@ -22,13 +24,14 @@ use engine::reactor::ReactorSet;
 use serde_json::Value;
 use tracing::{info, warn};
 
+use crate::create::ZeroProgress;
 use crate::frontends::ExportSpec;
 use crate::metrics::{MetricsServer, MetricsSource, Scrape};
 use crate::nvmf::spec::AnaState;
 use crate::nvmf::{PortalAddReport, PortalListReport, PortalRemoveReport, PortalSetAnaReport};
 use crate::rpc::{
-    codes, ArrayCreateParams, ArrayCreateReport, ArrayStartParams, ArrayStopReport, ExportParams,
-    Handler, RpcError, RpcServer,
+    codes, ArrayCreateParams, ArrayCreateReport, ArrayStartParams, ArrayStopReport,
+    CreateProgressReport, ExportParams, Handler, RpcError, RpcServer,
 };
 use crate::status::{
     ExportProtocol, ExportRemoveReport, ExportReport, MemberReport, ProcessKind, ProcessReport,
@@ -66,6 +69,16 @@ struct Inner {
     /// Serializes array starts and stops (they claim devices and names); requests to
     /// running arrays do not wait for it.
     lifecycle: Mutex<()>,
+    /// `array_create`s in progress, and the last one of each name.
+    creates: Mutex<BTreeMap<String, CreateJob>>,
+}
+
+/// One `array_create` ([`Handler::array_create_progress`]).
+struct CreateJob {
+    progress: Arc<ZeroProgress>,
+    state: &'static str,
+    error: Option<String>,
+    began: Instant,
 }
 
 /// The node's JSON-RPC handler and metrics source (set once the node is up; requests
@@ -125,6 +138,7 @@ impl Node {
             defaults,
             arrays: Mutex::new(BTreeMap::new()),
             lifecycle: Mutex::new(()),
+            creates: Mutex::new(BTreeMap::new()),
         });
         let mut node = Node {
             inner,
@@ -222,6 +236,20 @@ impl Node {
 }
 
 impl Inner {
+    fn creates(&self) -> MutexGuard<'_, BTreeMap<String, CreateJob>> {
+        self.creates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Moves the create of `name` to `state` (with `error` when it failed).
+    fn create_state(&self, name: &str, state: &'static str, error: Option<String>) {
+        if let Some(j) = self.creates().get_mut(name) {
+            j.state = state;
+            j.error = error;
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Target>> {
         self.arrays
             .lock()
@@ -401,6 +429,22 @@ impl Handler for NodeHandler {
         self.only("export_list")?.export_list()
     }
 
+    fn array_create_progress(&self) -> Result<Vec<CreateProgressReport>, RpcError> {
+        let inner = self.inner()?;
+        let jobs = inner.creates();
+        Ok(jobs
+            .iter()
+            .map(|(name, j)| CreateProgressReport {
+                array: name.clone(),
+                state: j.state.to_string(),
+                zeroed_bytes: j.progress.done_bytes.load(Ordering::Relaxed),
+                total_bytes: j.progress.total_bytes.load(Ordering::Relaxed),
+                elapsed_s: j.began.elapsed().as_secs_f64(),
+                error: j.error.clone(),
+            })
+            .collect())
+    }
+
     fn route(
         &self,
         array: &str,
@@ -508,6 +552,28 @@ impl Handler for NodeHandler {
                 format!("an array named {:?} is already running", p.name),
             ));
         }
+        let progress = Arc::new(ZeroProgress::default());
+        {
+            let mut jobs = inner.creates();
+            if jobs
+                .get(&p.name)
+                .is_some_and(|j| j.state == "zeroing" || j.state == "starting")
+            {
+                return Err(RpcError::new(
+                    codes::ARRAY_NAME_IN_USE,
+                    format!("an array named {:?} is being created already", p.name),
+                ));
+            }
+            jobs.insert(
+                p.name.clone(),
+                CreateJob {
+                    progress: Arc::clone(&progress),
+                    state: "zeroing",
+                    error: None,
+                    began: Instant::now(),
+                },
+            );
+        }
         let created = crate::create::create(&crate::create::CreateOptions {
             geometry,
             name: p.name.clone(),
@@ -515,23 +581,34 @@ impl Handler for NodeHandler {
             assume_clean: p.assume_clean,
             force: p.force,
             progress: false,
+            zero_progress: Some(progress),
             bitmap,
             bitmap_chunk_bytes: p.bitmap_chunk_bytes,
             consistency_policy,
         })
         .map_err(|e| {
-            RpcError::new(
-                codes::ARRAY_CREATE_FAILED,
-                format!("array_create {:?}: {e:#}", p.name),
-            )
+            let msg = format!("array_create {:?}: {e:#}", p.name);
+            inner.create_state(&p.name, "failed", Some(msg.clone()));
+            RpcError::new(codes::ARRAY_CREATE_FAILED, msg)
         })?;
         let status = if p.start {
+            inner.create_state(&p.name, "starting", None);
             let o = inner.array_options(p.devices, &p.exports);
-            let name = inner.start_array(&o).map_err(start_error)?;
-            Some(inner.status_of(&name)?)
+            let started = inner
+                .start_array(&o)
+                .map_err(start_error)
+                .and_then(|name| inner.status_of(&name));
+            match started {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    inner.create_state(&p.name, "failed", Some(e.message.clone()));
+                    return Err(e);
+                }
+            }
         } else {
             None
         };
+        inner.create_state(&p.name, "done", None);
         Ok(ArrayCreateReport {
             array: p.name,
             uuid: created.uuid.to_string(),

@@ -180,8 +180,9 @@ pub mod codes {
 }
 
 /// The method names, sorted (the result of `rpc_methods`).
-pub const METHODS: [&str; 19] = [
+pub const METHODS: [&str; 20] = [
     "array_create",
+    "array_create_progress",
     "array_list",
     "array_start",
     "array_status",
@@ -608,6 +609,36 @@ pub trait Handler: Send + Sync {
         let _ = params;
         Err(RpcError::not_supported("array_create"))
     }
+
+    /// The creates in progress (and the last one of each name), with the bytes zeroed so
+    /// far (`array_create_progress`): the progress handle of a long `array_create`,
+    /// polled from another connection while it runs.
+    ///
+    /// # Errors
+    /// [`RpcError::not_supported`] on a single-array target.
+    fn array_create_progress(&self) -> Result<Vec<CreateProgressReport>, RpcError> {
+        Err(RpcError::not_supported("array_create_progress"))
+    }
+}
+
+/// One `array_create` of a running target and how far it got
+/// (`array_create_progress`): kept after it ends until the next create of that name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CreateProgressReport {
+    /// The array's name.
+    pub array: String,
+    /// `zeroing` (the members' data areas), `starting` (created, being assembled and
+    /// started), `done`, or `failed` (see `error`).
+    pub state: String,
+    /// Bytes of the members' data areas zeroed so far (every member together).
+    pub zeroed_bytes: u64,
+    /// Bytes to zero in all (0 with `assume_clean`, or before the create knows).
+    pub total_bytes: u64,
+    /// Seconds since the create began.
+    pub elapsed_s: f64,
+    /// Why it failed, when `state` is `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Exports of an array started over JSON-RPC (`array_start`, `array_create`): where each
@@ -819,8 +850,9 @@ fn handle_one(handler: &dyn Handler, v: Value) -> Option<Value> {
 }
 
 /// The methods of the process rather than of one array: never routed by `array`.
-const PROCESS_METHODS: [&str; 5] = [
+const PROCESS_METHODS: [&str; 6] = [
     "array_create",
+    "array_create_progress",
     "array_list",
     "array_start",
     "array_stop",
@@ -886,6 +918,10 @@ fn dispatch_one(
         "array_create" => {
             let p: ArrayCreateParams = struct_params(method, params)?;
             encode(guarded(method, || handler.array_create(p))??)
+        }
+        "array_create_progress" => {
+            no_params(method, params)?;
+            encode(guarded(method, || handler.array_create_progress())??)
         }
         "array_stop" => {
             let usage = || "array_stop takes {\"array\": NAME}".to_string();
@@ -2135,6 +2171,14 @@ impl RpcClient {
     /// As [`RpcClient::call`].
     pub fn array_stop(&mut self, name: &str) -> Result<ArrayStopReport, ClientError> {
         self.call_as("array_stop", json!({ "array": name }))
+    }
+
+    /// `array_create_progress`: the creates in progress.
+    ///
+    /// # Errors
+    /// As [`RpcClient::call`].
+    pub fn array_create_progress(&mut self) -> Result<Vec<CreateProgressReport>, ClientError> {
+        self.call_as("array_create_progress", Value::Null)
     }
 
     /// `array_create`: creates (and unless told otherwise starts) an array.

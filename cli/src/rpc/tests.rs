@@ -370,7 +370,7 @@ fn protocol_errors() {
         (
             r#"{"jsonrpc":"2.0","method":"status","id":1}"#,
             codes::METHOD_NOT_FOUND,
-            "method not found: \"status\" (methods: array_create, array_list, array_start, array_status",
+            "method not found: \"status\" (methods: array_create, ",
         ),
         (
             r#"{"jsonrpc":"2.0","method":"","id":1}"#,
@@ -701,6 +701,16 @@ fn array_parameter_and_array_methods() {
             r#"{"jsonrpc":"2.0","method":"array_create","params":{"name":"x","level":6,"devices":["/a"]},"id":1}"#,
             codes::NOT_SUPPORTED,
             "not supported: array_create",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_create_progress","params":{"array":"x"},"id":1}"#,
+            codes::INVALID_PARAMS,
+            "array_create_progress takes no parameters",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"array_create_progress","id":1}"#,
+            codes::NOT_SUPPORTED,
+            "not supported: array_create_progress",
         ),
     ];
     for &(line, code, want) in cases {
