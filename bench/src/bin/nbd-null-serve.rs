@@ -31,7 +31,7 @@ use engine::array::ArrayConfig;
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::reactor::{Mode, ReactorConfig, Reactors};
-use ferroraid::frontends::TargetFrontend;
+use ferroraid::frontends::{Attach, Attacher};
 use ferroraid::iscsi::IscsiServer;
 use ferroraid::nbd::{ExportConfig, NbdServer, TlsConfig, TlsMode};
 use ferroraid::nvmf::spec::Subsystem;
@@ -176,7 +176,17 @@ fn main() -> Result<()> {
         let (s, f) = b.start(n).context("starting the NVMe/TCP target")?;
         (Some(s), f)
     };
-    let frontends = TargetFrontend::per_reactor(nbd_frontends, iscsi_frontends, nvmf_frontends);
+    // Every front the server was started with, attached from the first turn; closed at
+    // the end so the reactors can stop once the servers have drained.
+    let mut initial: Vec<Vec<Attach>> = vec![nbd_frontends.into_iter().map(Attach::Nbd).collect()];
+    if !iscsi_frontends.is_empty() {
+        initial.push(iscsi_frontends.into_iter().map(Attach::Iscsi).collect());
+    }
+    if !nvmf_frontends.is_empty() {
+        initial.push(nvmf_frontends.into_iter().map(Attach::Nvmf).collect());
+    }
+    let (attacher, frontends) =
+        Attacher::new(n, initial).map_err(|e| anyhow::anyhow!("front-ends: {e}"))?;
     let array_cfg = ArrayConfig {
         requests: 1024,
         stripe_ops: defaults.stripe_ops,
@@ -217,6 +227,7 @@ fn main() -> Result<()> {
     if let Some(s) = nvmf {
         s.shutdown();
     }
+    attacher.close();
     reactors.stop().context("stopping the reactors")?;
     Ok(())
 }
