@@ -629,3 +629,124 @@ fn start_error(e: anyhow::Error) -> RpcError {
         RpcError::new(codes::ARRAY_START_FAILED, format!("array_start: {msg}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::handle_request;
+
+    /// A node serving one RAID5 over four member files in `dir`, no export, adaptive
+    /// reactors; its handler.
+    fn node_with_one_array(dir: &std::path::Path) -> (Node, Arc<NodeHandler>) {
+        let devices: Vec<PathBuf> = (0..4)
+            .map(|i| {
+                let p = dir.join(format!("m{i}.img"));
+                std::fs::File::create(&p)
+                    .and_then(|f| f.set_len(16 << 20))
+                    .unwrap();
+                p
+            })
+            .collect();
+        crate::create::create(&crate::create::CreateOptions {
+            geometry: Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 64 << 10, 512).unwrap(),
+            name: "alpha".into(),
+            devices: devices.clone(),
+            assume_clean: false,
+            force: false,
+            progress: false,
+            zero_progress: None,
+            bitmap: BitmapChoice::None,
+            bitmap_chunk_bytes: None,
+            consistency_policy: None,
+        })
+        .unwrap();
+        let mut defaults = ServeOptions::new(Vec::new());
+        defaults.mode = engine::reactor::Mode::Adaptive;
+        defaults.reactors = 2;
+        let mut a = defaults.clone();
+        a.devices = devices;
+        a.nbd = false;
+        let node = Node::start(&NodeOptions {
+            defaults,
+            arrays: vec![a],
+        })
+        .unwrap();
+        let h = Arc::new(NodeHandler(OnceLock::from(Arc::clone(&node.inner))));
+        (node, h)
+    }
+
+    /// Mutated and random requests for the process methods (`array_start`, `array_stop`,
+    /// `array_create`, `array_list`, `array_create_progress`) and routed per-array methods
+    /// against a running node: every answer is a JSON-RPC response, none an internal
+    /// error, and the running array is untouched (still listed, still clean of failures).
+    #[test]
+    fn garbage_requests_leave_the_running_array_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let d = dir.path().display();
+        let valid: Vec<String> = vec![
+            format!(r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":["{d}/m0.img","{d}/m1.img"],"force":true,"nbd":["127.0.0.1:1"]}},"id":1}}"#),
+            r#"{"jsonrpc":"2.0","method":"array_stop","params":{"array":"zz-nope"},"id":2}"#.into(),
+            r#"{"jsonrpc":"2.0","method":"array_create","params":{"name":"zz-new","level":5,"devices":["/nonexistent/q0","/nonexistent/q1","/nonexistent/q2"],"chunk_bytes":65536},"id":3}"#.into(),
+            r#"[{"jsonrpc":"2.0","method":"array_list","id":4},{"jsonrpc":"2.0","method":"array_create_progress","id":5}]"#.into(),
+            r#"{"jsonrpc":"2.0","method":"process_stop","params":{"array":"zz-nope"},"id":6}"#.into(),
+            r#"{"jsonrpc":"2.0","method":"array_status","params":{"array":"alpha"},"id":7}"#.into(),
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..3000 {
+            let mut b = valid[i % valid.len()].clone().into_bytes();
+            if i >= valid.len() {
+                for _ in 0..1 + next() % 4 {
+                    let at = (next() % b.len() as u64) as usize;
+                    match next() % 3 {
+                        0 => b[at] = next() as u8,
+                        1 => {
+                            b.remove(at);
+                        }
+                        _ => b.insert(at, b"{}[]\",:0\\"[(next() % 9) as usize]),
+                    }
+                }
+            }
+            if let Some(v) = handle_request(&*h, &b) {
+                assert!(v.is_object() || v.is_array(), "{v}");
+                let answers = match &v {
+                    Value::Array(a) => a.clone(),
+                    v => vec![v.clone()],
+                };
+                for a in answers {
+                    assert_ne!(
+                        a["error"]["code"],
+                        codes::INTERNAL_ERROR,
+                        "{}: {a}",
+                        String::from_utf8_lossy(&b)
+                    );
+                }
+            }
+        }
+        // The unmutated requests: each refused with its own clear error.
+        let first = |line: &str| handle_request(&*h, line.as_bytes()).unwrap();
+        let v = first(&valid[0]);
+        assert_eq!(v["error"]["code"], codes::ARRAY_START_FAILED, "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("in use"),
+            "{v}"
+        );
+        let v = first(&valid[1]);
+        assert_eq!(v["error"]["code"], codes::NO_SUCH_ARRAY, "{v}");
+        let v = first(&valid[2]);
+        assert_eq!(v["error"]["code"], codes::ARRAY_CREATE_FAILED, "{v}");
+        assert_eq!(node.array_names(), ["alpha"]);
+        let st = node.with_array("alpha", Target::status).unwrap();
+        assert!(st
+            .members
+            .iter()
+            .all(|m| m.state == crate::status::MemberState::Active));
+        node.stop().unwrap();
+    }
+}
