@@ -692,43 +692,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"process_stop","params":{"array":"zz-nope"},"id":6}"#.into(),
             r#"{"jsonrpc":"2.0","method":"array_status","params":{"array":"alpha"},"id":7}"#.into(),
         ];
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        for i in 0..3000 {
-            let mut b = valid[i % valid.len()].clone().into_bytes();
-            if i >= valid.len() {
-                for _ in 0..1 + next() % 4 {
-                    let at = (next() % b.len() as u64) as usize;
-                    match next() % 3 {
-                        0 => b[at] = next() as u8,
-                        1 => {
-                            b.remove(at);
-                        }
-                        _ => b.insert(at, b"{}[]\",:0\\"[(next() % 9) as usize]),
-                    }
-                }
-            }
-            if let Some(v) = handle_request(&*h, &b) {
-                assert!(v.is_object() || v.is_array(), "{v}");
-                let answers = match &v {
-                    Value::Array(a) => a.clone(),
-                    v => vec![v.clone()],
-                };
-                for a in answers {
-                    assert_ne!(
-                        a["error"]["code"],
-                        codes::INTERNAL_ERROR,
-                        "{}: {a}",
-                        String::from_utf8_lossy(&b)
-                    );
-                }
-            }
-        }
+        let lines: Vec<&[u8]> = valid.iter().map(|l| l.as_bytes()).collect();
+        crate::rpc::tests::feed_garbage(&*h, &lines, 3000, 0x2545_f491_4f6c_dd1d);
         // The unmutated requests: each refused with its own clear error.
         let first = |line: &str| handle_request(&*h, line.as_bytes()).unwrap();
         let v = first(&valid[0]);

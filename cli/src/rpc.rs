@@ -2332,4 +2332,4 @@ impl RpcClient {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

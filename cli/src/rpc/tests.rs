@@ -738,15 +738,23 @@ fn never_panics_on_garbage() {
         br#"[{"jsonrpc":"2.0","method":"export_add","params":["iscsi",["[::1]:3260"]],"id":6},{"jsonrpc":"2.0","method":"export_remove","params":{"protocol":"iscsi"},"id":7}]"#,
         br#"[{"jsonrpc":"2.0","method":"export_remove","params":["nbd"],"id":8},{"jsonrpc":"2.0","method":"export_list","id":9}]"#,
     ];
-    // A small xorshift: deterministic mutations of valid requests, and random bytes.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    feed_garbage(&*m, valid, 20_000, 0x9e37_79b9_7f4a_7c15);
+}
+
+/// Feeds `h` `rounds` requests: every fourth random bytes, the others `valid` in turn with
+/// one to four byte mutations (replaced, removed, or a JSON punctuation inserted), from a
+/// xorshift seeded with `seed` (deterministic). Every answer must be a JSON-RPC response
+/// and none an internal error: no mutation gets past the parameter checks to a handler
+/// unchecked.
+pub(crate) fn feed_garbage(h: &dyn Handler, valid: &[&[u8]], rounds: usize, seed: u64) {
+    let mut x = seed;
     let mut next = move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         x
     };
-    for i in 0..20_000 {
+    for i in 0..rounds {
         let mut b: Vec<u8> = if i % 4 == 0 {
             (0..next() % 200).map(|_| next() as u8).collect()
         } else {
@@ -765,9 +773,8 @@ fn never_panics_on_garbage() {
                 _ => b.insert(at, b"{}[]\",:0\\"[(next() % 9) as usize]),
             }
         }
-        if let Some(v) = handle_request(&*m, &b) {
+        if let Some(v) = handle_request(h, &b) {
             assert!(v.is_object() || v.is_array(), "{v}");
-            // No mutation gets past the parameter checks to the handler unchecked.
             let answers = match &v {
                 Value::Array(a) => a.clone(),
                 one => vec![one.clone()],
