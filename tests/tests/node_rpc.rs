@@ -213,3 +213,86 @@ fn an_empty_appliance_creates_lists_stops_and_starts_arrays() {
         );
     }
 }
+
+/// SIGHUP re-reads the config (issue 21): a table added since the start is assembled and
+/// served; a table removed leaves its array running (logged, never stopped silently); a
+/// config that no longer parses changes nothing.
+#[test]
+fn sighup_starts_new_tables_and_never_stops_an_array() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = member_files(d, "a", 4, 24 << 20);
+    let b = member_files(d, "b", 4, 24 << 20);
+    let arr_a = ferroraid_tests::target::create(d, 5, "left-symmetric", "alpha", &a);
+    let arr_b = ferroraid_tests::target::create(d, 6, "left-symmetric", "beta", &b);
+    let (pa, pb) = (free_port(), free_port());
+    let rpc = d.join("node.sock");
+    let cfg = d.join("node.toml");
+    let head = format!(
+        "mode = \"adaptive\"\nrpc = {:?}\n",
+        rpc.display().to_string()
+    );
+    let table = |name: &str, prefix: &str, port: u16| {
+        format!(
+            "[[array]]\nname = {name:?}\nscan = [{:?}]\nnbd = [\"127.0.0.1:{port}\"]\n",
+            format!("{}/{prefix}*.img", d.display())
+        )
+    };
+    std::fs::write(&cfg, format!("{head}{}", table("alpha", "a", pa))).unwrap();
+    let args: Vec<OsString> = vec!["serve".into(), "--config".into(), cfg.clone().into()];
+    let mut srv = Server::spawn(d, "hup", &args, &arr_a.name, pa, Some(rpc.clone()));
+    let names = |rpc: &Path| -> Vec<String> {
+        json(&run(&["list", "--json"], rpc))
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["array"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&rpc), ["alpha"]);
+    let wait_names = |want: &[&str]| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = names(&rpc);
+            if got == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "wanted {want:?}, have {got:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // A second table: started by the reload.
+    std::fs::write(
+        &cfg,
+        format!(
+            "{head}{}{}",
+            table("alpha", "a", pa),
+            table("beta", "b", pb)
+        ),
+    )
+    .unwrap();
+    srv.signal(libc::SIGHUP);
+    wait_names(&["alpha", "beta"]);
+    if let Some(nbdinfo) = tool("nbdinfo") {
+        let info = srv.client_ok(
+            std::process::Command::new(&nbdinfo)
+                .arg(format!("nbd://127.0.0.1:{pb}/{}", arr_b.name)),
+            d,
+        );
+        assert!(
+            info.contains(&format!("export-size: {}", arr_b.size)),
+            "{info}"
+        );
+    }
+    // alpha's table gone: alpha keeps running, and the log says so.
+    std::fs::write(&cfg, format!("{head}{}", table("beta", "b", pb))).unwrap();
+    srv.signal(libc::SIGHUP);
+    srv.wait_log("no longer in the configuration");
+    assert_eq!(names(&rpc), ["alpha", "beta"]);
+    // A config that does not parse: nothing changes, the process serves on.
+    std::fs::write(&cfg, "this is = = not toml").unwrap();
+    srv.signal(libc::SIGHUP);
+    srv.wait_log("the configuration is not usable, nothing changed");
+    assert_eq!(names(&rpc), ["alpha", "beta"]);
+    srv.stop();
+}
