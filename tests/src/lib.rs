@@ -972,6 +972,37 @@ pub fn fuzz_seed(dir: &str, name: &str) -> Vec<u8> {
         .1
 }
 
+/// Runs `promtool check metrics` (Debian's `prometheus` package, as Prometheus itself
+/// lints an exposition) on `text`: `Some(lines checked)` when it accepts it, `None` when
+/// promtool is not installed (a failure under `FERRORAID_REQUIRE_TOOLS=1`, [`tool`]).
+///
+/// # Panics
+/// When promtool rejects the text (its complaint in the message).
+pub fn promtool_check(text: &str) -> Option<usize> {
+    use std::io::Write as _;
+    let promtool = tool("promtool")?;
+    let mut child = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool");
+    // promtool may stop reading at the first fault: its verdict below says which.
+    let _ = child
+        .stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(text.as_bytes());
+    let out = child.wait_with_output().expect("waiting for promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}",
+        show_output(&out)
+    );
+    Some(text.lines().count())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

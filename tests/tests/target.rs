@@ -2591,30 +2591,8 @@ fn metrics_endpoint_counts_what_fio_did_and_promtool_accepts_it() {
         4.0,
         "{before}"
     );
-    if let Some(promtool) = tool("promtool") {
-        let mut child = Command::new(&promtool)
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(before.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "promtool check metrics: {}",
-            show_output(&out)
-        );
-        eprintln!(
-            "promtool check metrics: accepted ({} lines)",
-            before.lines().count()
-        );
+    if let Some(lines) = ferroraid_tests::promtool_check(&before) {
+        eprintln!("promtool check metrics: accepted ({lines} lines)");
     }
     let (code, om) = http(
         port,
