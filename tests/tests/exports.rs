@@ -75,6 +75,9 @@ for i, c in enumerate(cookies):
         failed += 1
 print("ok", " ".join(map(str, ok)), flush=True)
 print("failed", failed, "pending", pending, flush=True)
+# Every write may have completed before the removal began: probe the connection only
+# once the test says the removal returned.
+sys.stdin.readline()
 try:
     h.pread(512, 0)
     print("still open", flush=True)
@@ -145,7 +148,7 @@ fn remove_drains_and_readd_serves() {
     // Writes in flight, then the export removed under them.
     let mut client = Command::new(&python)
         .args(["-c", CLIENT, &srv.uri(), &n.to_string(), &size.to_string()])
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -156,6 +159,12 @@ fn remove_drains_and_readd_serves() {
     let removed = json(&mgmt(srv, &["export", "remove", "nbd", "--json"], 0));
     assert_eq!(removed["protocol"], "nbd", "{removed}");
     assert_eq!(removed["drained"], true, "{removed}\n{}", srv.logs());
+    // The removal returned: the client may now look whether its connection is closed.
+    {
+        use std::io::Write as _;
+        let mut go = client.stdin.take().expect("piped");
+        go.write_all(b"removed\n").expect("telling the client");
+    }
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let status = ferroraid_tests::target::wait_child(&mut client, TOOL_TIMEOUT);
     let mut err = String::new();
