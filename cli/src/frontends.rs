@@ -252,15 +252,22 @@ impl Attacher {
                 }
             })
             .collect();
+        // `posted` counts exports (one server's front-ends on every reactor count once),
+        // as `attach` does; each reactor counts the front-ends it released.
         for v in initial {
+            let Some(p) = v.first().map(Attach::protocol) else {
+                continue;
+            };
+            let mut refused = false;
             for (f, a) in fronts.iter_mut().zip(v) {
-                attacher.posted[slot_index(a.protocol())] += 1;
                 if let Some(old) = f.install(a) {
                     // Two front-ends of one protocol at start: the second is refused.
-                    let p = old.protocol();
-                    warn!(protocol = %p, "a second front-end of the protocol at start: dropped");
-                    attacher.posted[slot_index(p)] -= 1;
+                    warn!(protocol = %old.protocol(), "a second front-end of the protocol at start: dropped");
+                    refused = true;
                 }
+            }
+            if !refused {
+                attacher.posted[slot_index(p)] += 1;
             }
         }
         Ok((attacher, fronts))
@@ -473,5 +480,36 @@ mod tests {
         a.close();
         assert!(fronts.iter().all(TargetFrontend::finished));
         assert!(matches!(a.attach(Vec::new()), Err(AttachError::Closed)));
+    }
+
+    /// An export present at start counts once, whatever the reactors (a count per
+    /// reactor left it "still draining" for good once removed, with 2+ reactors).
+    #[test]
+    fn an_export_at_start_counts_once_on_several_reactors() {
+        let g = engine::geometry::Geometry::new(
+            engine::geometry::Level::Raid5,
+            engine::geometry::Layout::LeftSymmetric,
+            4,
+            64 << 10,
+            512,
+        )
+        .unwrap();
+        let geo = engine::geometry::ArrayGeometry::new(g, 16).unwrap();
+        let export = crate::nbd::ExportConfig::for_array("t", &geo, 1 << 20);
+        let (server, nbd) = crate::nbd::NbdServer::builder(export)
+            .listen_tcp("127.0.0.1:0".parse().unwrap())
+            .start(3)
+            .unwrap();
+        let (a, fronts) =
+            Attacher::new(3, vec![nbd.into_iter().map(Attach::Nbd).collect()]).unwrap();
+        assert_eq!(fronts.len(), 3);
+        assert_eq!(a.posted[slot_index(ExportProtocol::Nbd)], 1);
+        assert!(a.occupied(ExportProtocol::Nbd));
+        // Each reactor releasing its front-end frees the protocol.
+        for port in &a.ports {
+            port.released[slot_index(ExportProtocol::Nbd)].fetch_add(1, Ordering::AcqRel);
+        }
+        assert!(!a.occupied(ExportProtocol::Nbd));
+        server.shutdown();
     }
 }

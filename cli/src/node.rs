@@ -303,6 +303,20 @@ impl Inner {
         Ok(clean)
     }
 
+    /// The running array `want` names: its short name ([`Target::name`], the key)
+    /// exactly, else md's full `set_name` (`host:name`) exactly. Never a partial match: a
+    /// short name may itself hold a `:`.
+    fn resolve(&self, want: &str) -> Option<String> {
+        let arrays = self.lock();
+        if arrays.contains_key(want) {
+            return Some(want.to_string());
+        }
+        arrays
+            .iter()
+            .find(|(_, t)| t.assembly().name == want)
+            .map(|(k, _)| k.clone())
+    }
+
     /// The one array a request that names none is for.
     fn only(&self, method: &str) -> Result<Arc<dyn Handler>, RpcError> {
         let arrays = self.lock();
@@ -454,13 +468,9 @@ impl Handler for NodeHandler {
             Ok(i) => i,
             Err(e) => return Some(Err(e)),
         };
-        let found = {
-            let arrays = inner.lock();
-            arrays
-                .iter()
-                .find(|(name, _)| crate::scan::name_matches(array, name))
-                .map(|(_, t)| t.handler())
-        };
+        let found = inner
+            .resolve(array)
+            .and_then(|name| inner.lock().get(&name).map(Target::handler));
         Some(match found {
             Some(h) => f(&*h),
             None => Err(RpcError::no_such_array(array, &inner.names())),
@@ -485,13 +495,7 @@ impl Handler for NodeHandler {
 
     fn array_stop(&self, array: &str) -> Result<ArrayStopReport, RpcError> {
         let inner = self.inner()?;
-        let name = {
-            let arrays = inner.lock();
-            arrays
-                .keys()
-                .find(|name| crate::scan::name_matches(array, name))
-                .cloned()
-        };
+        let name = inner.resolve(array);
         let Some(name) = name else {
             return Err(RpcError::no_such_array(array, &inner.names()));
         };
@@ -542,11 +546,16 @@ impl Handler for NodeHandler {
                 RpcError::invalid_params(format!("array_create: consistency_policy: {e}"))
             })?),
         };
-        if inner
-            .lock()
-            .keys()
-            .any(|n| crate::scan::name_matches(&p.name, n))
-        {
+        // The name the array will run under (md's rule: the part after `host:`).
+        let short = p.name.split_once(':').map_or(p.name.as_str(), |(_, s)| s);
+        if short.is_empty() {
+            return Err(RpcError::invalid_params(format!(
+                "array_create: name {:?} has an empty array name (after `host:`)",
+                p.name
+            )));
+        }
+        let running = inner.lock().contains_key(short);
+        if running || inner.resolve(&p.name).is_some() {
             return Err(RpcError::new(
                 codes::ARRAY_NAME_IN_USE,
                 format!("an array named {:?} is already running", p.name),
@@ -673,6 +682,67 @@ mod tests {
         .unwrap();
         let h = Arc::new(NodeHandler(OnceLock::from(Arc::clone(&node.inner))));
         (node, h)
+    }
+
+    /// Routing by name is exact: a short name holding a `:` (`q:b:c` runs as `b:c`) never
+    /// answers for another array's name (`c`), and md's full `host:name` works too; a
+    /// create whose name would run under a running array's name is refused before it
+    /// writes anything, and an empty name after `host:` is refused.
+    #[test]
+    fn names_route_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let files = |prefix: &str| -> Vec<String> {
+            (0..3)
+                .map(|i| {
+                    let p = dir.path().join(format!("{prefix}{i}.img"));
+                    std::fs::File::create(&p)
+                        .and_then(|f| f.set_len(16 << 20))
+                        .unwrap();
+                    p.display().to_string()
+                })
+                .collect()
+        };
+        let call = |line: String| handle_request(&*h, line.as_bytes()).unwrap();
+        let create = |name: &str, devs: &[String]| {
+            call(format!(
+                r#"{{"jsonrpc":"2.0","method":"array_create","params":{{"name":{name:?},"level":5,"devices":{devs:?}}},"id":1}}"#
+            ))
+        };
+        let c = files("c");
+        let v = create("c", &c);
+        assert_eq!(v["result"]["array"], "c", "{v}");
+        let v = create("q:b:c", &files("e"));
+        assert_eq!(v["result"]["status"]["array"]["name"], "b:c", "{v}");
+        assert_eq!(node.array_names(), ["alpha", "b:c", "c"]);
+        let status_of = |want: &str| {
+            call(format!(
+                r#"{{"jsonrpc":"2.0","method":"array_status","params":{{"array":{want:?}}},"id":1}}"#
+            ))
+        };
+        let uuid = |v: serde_json::Value| v["result"]["array"]["array_uuid"].clone();
+        let c_uuid = uuid(status_of("c"));
+        let bc_uuid = uuid(status_of("b:c"));
+        assert_ne!(c_uuid, bc_uuid);
+        assert_eq!(uuid(status_of("q:b:c")), bc_uuid);
+        assert_eq!(status_of("b")["error"]["code"], codes::NO_SUCH_ARRAY);
+        // Would run as `c`: refused, and c's members untouched (its devices were not
+        // even opened: the refusal comes first).
+        let fresh = files("f");
+        let v = create("other:c", &fresh);
+        assert_eq!(v["error"]["code"], codes::ARRAY_NAME_IN_USE, "{v}");
+        assert!(matches!(
+            crate::examine::examine_device(std::path::Path::new(&fresh[0])),
+            crate::examine::ExamineEntry::Failure(_)
+        ));
+        let v = create("h:", &fresh);
+        assert_eq!(v["error"]["code"], codes::INVALID_PARAMS, "{v}");
+        // Stopping `c` stops c, not b:c.
+        let v =
+            call(r#"{"jsonrpc":"2.0","method":"array_stop","params":{"array":"c"},"id":1}"#.into());
+        assert_eq!(v["result"]["array"], "c", "{v}");
+        assert_eq!(node.array_names(), ["alpha", "b:c"]);
+        node.stop().unwrap();
     }
 
     /// Mutated and random requests for the process methods (`array_start`, `array_stop`,

@@ -836,11 +836,16 @@ pub fn run_serve(a: &ServeArgs) -> Result<()> {
     node.stop()
 }
 
-/// SIGHUP: re-reads the config and starts every array it names that is not running (an
+/// SIGHUP: re-reads the config (without `--config`: nothing to do) and starts every
+/// array it names that is not running (an
 /// array is running when one of its devices is a member of a running array). Never stops
 /// an array: one no longer in the config is logged. Errors are logged, never fatal (the
 /// running arrays serve on).
 fn reload_config(a: &ServeArgs, node: &Node) {
+    if a.config.is_none() {
+        tracing::info!("SIGHUP: serve runs without --config: nothing to reload");
+        return;
+    }
     tracing::info!("SIGHUP: reloading the configuration");
     let opts = match a.node_options() {
         Ok(o) => o,

@@ -419,7 +419,7 @@ struct Shared {
     /// Exclusive `flock`s on every device in the array (canonical path, lock; `None` for
     /// devices with no file to lock, vfio controllers), held while the target runs; a
     /// device leaving the array is released.
-    locks: Mutex<Vec<(PathBuf, Option<File>)>>,
+    locks: Mutex<Vec<(PathBuf, Option<Claim>)>>,
     /// The array needs a resync that has not finished yet (unclean shutdown).
     resync_pending: AtomicBool,
     /// When rebuild progress was last written to the superblocks.
@@ -1765,33 +1765,84 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
     }
 }
 
+/// What holds a member device for one array while it is served ([`claim`]): every file
+/// kept open with its lock; dropped, they are released.
+#[derive(Debug)]
+pub struct Claim {
+    _held: Vec<File>,
+}
+
 /// Takes an exclusive advisory lock (`flock(LOCK_EX | LOCK_NB)`) on a member device, held as
-/// long as the returned file is open: a second `ferroraid serve` (or `create`) on the same
-/// device is refused instead of corrupting it.
+/// long as the returned [`Claim`] lives: a second array (in this process or another
+/// `ferroraid`, or a `create`) on the same device is refused instead of corrupting it. A
+/// block device is also opened `O_EXCL` (the kernel's claim: refused while it, a partition
+/// or its whole disk is mounted or claimed, as md's members are), and a loop device's
+/// backing file is locked too (the file may be another array's member).
 ///
 /// # Errors
-/// The device cannot be opened, or another process holds the lock.
+/// The device cannot be opened, another array or process holds a lock on it or its
+/// backing file, or the kernel refuses the exclusive open (`EBUSY`).
 ///
 /// A vfio member (`vfio:BDF`) has no file to lock: VFIO itself lets one process at a time
 /// open its IOMMU group, so a second target is refused when it opens the device; `None`.
-pub fn claim(path: &Path) -> Result<Option<File>> {
+pub fn claim(path: &Path) -> Result<Option<Claim>> {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
     if drivers::any::is_vfio_spec(path) {
         return Ok(None);
     }
-    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock takes a file descriptor we own and plain flags.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            bail!(
-                "{} is in use by another ferroraid process (it holds the device's lock)",
-                path.display()
-            );
+    let lock = |p: &Path, what: &str| -> Result<File> {
+        let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+        // SAFETY: flock takes a file descriptor we own and plain flags.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                bail!(
+                    "{} is in use{what}: another array or ferroraid process holds its lock",
+                    path.display()
+                );
+            }
+            return Err(e).with_context(|| format!("locking {}", p.display()));
         }
-        return Err(e).with_context(|| format!("locking {}", path.display()));
+        Ok(f)
+    };
+    let mut held = vec![lock(path, "")?];
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.file_type().is_block_device() {
+        // The kernel's own exclusive claim (what md and mkfs take): refused while the
+        // device, a partition of it or its whole disk is mounted or claimed — aliases a
+        // lock on the path cannot see.
+        let excl = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(path)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    anyhow::anyhow!(
+                        "{} is in use: the kernel says it (or a partition or whole disk of it) \
+                         is mounted or held exclusively",
+                        path.display()
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("opening {} exclusively", path.display()))
+                }
+            })?;
+        held.push(excl);
+        // A loop device serves a file: that file may be another array's member.
+        let rdev = meta.rdev();
+        let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+        let backing = format!("/sys/dev/block/{major}:{minor}/loop/backing_file");
+        if let Ok(b) = std::fs::read_to_string(&backing) {
+            let file = PathBuf::from(b.trim_end());
+            if file.exists() {
+                held.push(lock(
+                    &file,
+                    &format!(" (its backing file {})", file.display()),
+                )?);
+            }
+        }
     }
-    Ok(Some(f))
+    Ok(Some(Claim { _held: held }))
 }
 
 /// Makes everything written to `path` durable (`fdatasync`).

@@ -1588,8 +1588,18 @@ impl ReactorSet {
 
 impl Drop for ReactorSet {
     fn drop(&mut self) {
-        // A panic is already on its way out of `shutdown`; dropping without it leaves the
-        // threads' panic unreported only when the set is dropped during another unwind.
+        if self.threads.is_empty() {
+            return;
+        }
+        if self.hosted().iter().any(|&n| n > 0) {
+            // Arrays still run on the threads (their owner was dropped without stopping
+            // them: an unwinding test, a failed start): joining would wait for stops
+            // that never come. The threads end with the process.
+            self.host.stop.store(true, Ordering::Release);
+            tracing::warn!("reactor set dropped while arrays still run on it: not joined");
+            return;
+        }
+        // A thread's panic is reported by `shutdown`; a plain drop only stops them.
         let _ = self.stop_threads();
     }
 }
@@ -1734,8 +1744,12 @@ impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> Hosted for HostedShard
     fn finish(self: Box<Self>) {
         let HostedShard { r, shared, tx } = *self;
         let me = r.me;
-        let Reactor { fe, .. } = r;
-        // `r`'s other fields are gone here; the Arc may go now.
+        // Everything of the shard but its front-end — the array, its channels (queue
+        // pairs, a vfio device's files) — is dropped inside `into_frontend`, before the
+        // stop is reported: whoever waits in `Reactors::stop` may reopen the devices at
+        // once (a flush, a vfio group that admits one opener).
+        let fe = r.into_frontend();
+        // The borrow of `shared` went with the shard; the Arc may go now.
         drop(shared);
         let _ = tx.send((me, Ok(fe)));
     }
@@ -2029,6 +2043,13 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             turn_started_ns: 0,
             last_progress: true,
         }
+    }
+
+    /// The front-end; the rest of the shard (array, channels, rings) is dropped before
+    /// this returns.
+    fn into_frontend(self) -> F {
+        let Reactor { fe, .. } = self;
+        fe
     }
 
     /// One turn of the loop, without the rest at its end: the clock, management commands,

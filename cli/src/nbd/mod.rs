@@ -734,7 +734,21 @@ pub fn raise_open_files_limit() -> std::io::Result<u64> {
 fn bind_unix(p: &Path) -> std::io::Result<UnixListener> {
     if let Ok(m) = std::fs::symlink_metadata(p) {
         if m.file_type().is_socket() {
-            std::fs::remove_file(p)?;
+            // Only a stale socket (nobody accepts on it: a server that died) is replaced;
+            // a live one — another export, the management socket, another program — is
+            // refused, never taken over.
+            match std::os::unix::net::UnixStream::connect(p) {
+                Ok(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        "a server is listening on this socket",
+                    ))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(p)?;
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     UnixListener::bind(p)
@@ -848,6 +862,23 @@ impl Drop for NbdServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stale socket file is replaced; a live one (another export, the management
+    /// socket) is refused and keeps serving.
+    #[test]
+    fn unix_listen_replaces_only_a_stale_socket() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.nbd");
+        let live = UnixListener::bind(&p).unwrap();
+        let e = bind_unix(&p).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        assert!(std::os::unix::net::UnixStream::connect(&p).is_ok());
+        drop(live);
+        // The file stays behind, nobody listening: stale.
+        assert!(p.exists());
+        let _l = bind_unix(&p).unwrap();
+        assert!(std::os::unix::net::UnixStream::connect(&p).is_ok());
+    }
     use engine::geometry::{Geometry, Layout, Level};
 
     fn export(level: Level, members: u16, chunk: u64, max: u32) -> ExportConfig {

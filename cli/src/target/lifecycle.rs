@@ -98,7 +98,7 @@ pub(super) struct ProcessBook {
 struct NewDevice {
     path: PathBuf,
     canon: PathBuf,
-    lock: Option<File>,
+    lock: Option<super::Claim>,
     dev: AnyDevice,
     info: engine::device::DeviceInfo,
     /// Its superblock, if it has one of this array.
