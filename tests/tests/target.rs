@@ -1201,14 +1201,20 @@ fn a_start_that_fails_on_its_address_leaves_the_array_clean() {
     .chain(a.members.iter().rev().map(|m| m.as_os_str().to_owned()))
     .collect();
     let err = refused(d, "devices in use", &args);
-    assert!(err.contains("in use by another ferroraid process"), "{err}");
+    assert!(
+        err.contains("in use: another array or ferroraid process holds its lock"),
+        "{err}"
+    );
     let args: Vec<OsString> = ["create", "--level", "6", "--force"]
         .iter()
         .map(OsString::from)
         .chain(a.members.iter().map(|m| m.as_os_str().to_owned()))
         .collect();
     let err = refused(d, "create on devices in use", &args);
-    assert!(err.contains("in use by another ferroraid process"), "{err}");
+    assert!(
+        err.contains("in use: another array or ferroraid process holds its lock"),
+        "{err}"
+    );
     assert!(
         srv.greets(),
         "the first target stopped serving:\n{}",
