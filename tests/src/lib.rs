@@ -1003,6 +1003,30 @@ pub fn promtool_check(text: &str) -> Option<usize> {
     Some(text.lines().count())
 }
 
+/// A python3 with the libnbd bindings (`import nbd`), or `None` (said why; a failure
+/// under `FERRORAID_REQUIRE_TOOLS=1`). Debian's python3-libnbd is for the system
+/// interpreter, which a pyenv `python3` may shadow.
+pub fn python_nbd() -> Option<PathBuf> {
+    for p in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(p)
+            .args(["-c", "import nbd"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(PathBuf::from(p));
+        }
+    }
+    assert!(
+        !required("FERRORAID_REQUIRE_TOOLS"),
+        "no python3 with the libnbd bindings (python3-libnbd) and FERRORAID_REQUIRE_TOOLS=1"
+    );
+    eprintln!("SKIPPED: no python3 with the libnbd bindings (apt-get install python3-libnbd)");
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

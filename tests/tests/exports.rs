@@ -17,33 +17,11 @@ use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use ferroraid_tests::target::{assert_same, free_port, Server, TargetFixture, MIB, TOOL_TIMEOUT};
-use ferroraid_tests::{required, run_tool, show_output, tool};
-
-/// A python3 with the libnbd bindings (`import nbd`), or `None` (said why).
-fn python_nbd() -> Option<PathBuf> {
-    for p in ["/usr/bin/python3", "python3"] {
-        let ok = Command::new(p)
-            .args(["-c", "import nbd"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Some(PathBuf::from(p));
-        }
-    }
-    assert!(
-        !required("FERRORAID_REQUIRE_TOOLS"),
-        "no python3 with the libnbd bindings (python3-libnbd) and FERRORAID_REQUIRE_TOOLS=1"
-    );
-    eprintln!("SKIPPED: no python3 with the libnbd bindings (apt-get install python3-libnbd)");
-    None
-}
+use ferroraid_tests::{run_tool, show_output, tool};
 
 /// Writes `N` regions of `SIZE` bytes (write `i` at `i * SIZE`, every byte `pattern(i)`)
 /// without waiting, says "submitted", then collects the replies until none is in flight
@@ -111,7 +89,9 @@ fn read_all(srv: &Server, nbdcopy: &Path, uri: &str, dir: &Path) -> Vec<u8> {
 
 #[test]
 fn remove_drains_and_readd_serves() {
-    let Some(python) = python_nbd() else { return };
+    let Some(python) = ferroraid_tests::python_nbd() else {
+        return;
+    };
     let (Some(nbdinfo), Some(qemu_io)) = (tool("nbdinfo"), tool("qemu-io")) else {
         return;
     };

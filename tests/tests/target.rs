@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use ferroraid_tests::target::*;
 use ferroraid_tests::{
-    attach_loop, ensure_md_fixtures, mdadm, required, run_tool, seed_of, show_output, tool,
+    attach_loop, ensure_md_fixtures, mdadm, run_tool, seed_of, show_output, tool,
 };
 
 #[test]
@@ -374,29 +374,6 @@ fn loop_devices_round_trip() {
 // 3. kill -9 during writes.
 // ---------------------------------------------------------------------------------------
 
-/// A python3 with the libnbd bindings (`import nbd`), or `None` (said why). Debian's
-/// python3-libnbd is for the system interpreter, which a pyenv `python3` may shadow.
-fn python_nbd() -> Option<PathBuf> {
-    for p in ["/usr/bin/python3", "python3"] {
-        let ok = Command::new(p)
-            .args(["-c", "import nbd"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Some(PathBuf::from(p));
-        }
-    }
-    assert!(
-        !required("FERRORAID_REQUIRE_TOOLS"),
-        "no python3 with the libnbd bindings (python3-libnbd) and FERRORAID_REQUIRE_TOOLS=1"
-    );
-    eprintln!("SKIPPED: no python3 with the libnbd bindings (apt-get install python3-libnbd)");
-    None
-}
-
 /// The writer and the checker of the kill -9 test (python3-libnbd).
 ///
 /// `write URI ACKS`: region A (8 MiB at 0) in 256 KiB writes, one flush, then "A" in ACKS;
@@ -520,7 +497,7 @@ fn write_until_wrapped_then_kill(
 /// A temporary directory holding [`KILL_SCRIPT`], and the python3 to run it with; `None`
 /// (said why) without python3-libnbd.
 fn kill_setup() -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
-    let python = python_nbd()?;
+    let python = ferroraid_tests::python_nbd()?;
     let tmp = tempfile::tempdir().unwrap();
     let script = tmp.path().join("writer.py");
     fs::write(&script, KILL_SCRIPT).unwrap();
