@@ -47,6 +47,7 @@
 pub mod array;
 pub mod bitmap;
 pub mod buf;
+pub mod checksum;
 pub mod device;
 pub mod geometry;
 pub mod metadata;

@@ -176,7 +176,7 @@ pub fn pad4(n: usize) -> usize {
 
 /// CRC32C (Castagnoli) of `b`, as iSCSI digests use it.
 pub fn crc32c(b: &[u8]) -> u32 {
-    crc32c::crc32c(b)
+    engine::checksum::crc32c(b)
 }
 
 /// A received PDU split into its parts (borrowed from the receive buffer).

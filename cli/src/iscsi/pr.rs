@@ -1037,7 +1037,7 @@ impl PrState {
             b.extend_from_slice(name);
         }
         b.push(self.resv.as_ref().map_or(0, |r| r.kind.code()));
-        let crc = crc32c::crc32c(&b);
+        let crc = engine::checksum::crc32c(&b);
         b.extend_from_slice(&crc.to_be_bytes());
         b
     }
@@ -1052,7 +1052,7 @@ impl PrState {
             return Err(DecodeError::Corrupt("no FRPR record"));
         }
         let (body, crc) = b.split_at(b.len() - 4);
-        if crc32c::crc32c(body) != be32(crc) {
+        if engine::checksum::crc32c(body) != be32(crc) {
             return Err(DecodeError::Corrupt("checksum mismatch"));
         }
         if body[4] != 1 {

@@ -68,13 +68,13 @@ pub const SGL_ID_TRANSPORT_DATA_BLOCK: u8 = 0x5A;
 /// CRC32C of `bytes` as NVMe/TCP digests use it (seed ~0, final complement: the standard
 /// CRC-32C; TCP 1.0 §3.3.1.1).
 pub fn digest(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    engine::checksum::crc32c(bytes)
 }
 
 /// Continue a CRC32C over data that lies in several pieces: `digest_append(digest(a), b)
 /// == digest(a ++ b)`. For data digests over scattered buffers.
 pub fn digest_append(crc: u32, bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc, bytes)
+    engine::checksum::crc32c_append(crc, bytes)
 }
 
 fn le16(b: &[u8], at: usize) -> u16 {

@@ -86,7 +86,7 @@ const _: () = assert!(MULTIPLE_PPL_MIN_SECTORS == 528);
 /// `crc32c_le` is the raw, un-inverted CRC, so the stored value is exactly the standard
 /// CRC-32C, with no further inversion.
 pub fn signature(set_uuid: &Uuid) -> u32 {
-    crc32c::crc32c(set_uuid.as_bytes())
+    crate::checksum::crc32c(set_uuid.as_bytes())
 }
 
 /// The checksum an entry stores for its partial parity: the standard CRC-32C of the
@@ -94,20 +94,17 @@ pub fn signature(set_uuid: &Uuid) -> u32 {
 /// `crc32c_le` page by page, `ppl_submit_iounit` inverts; `ppl_recover` checks it the
 /// same way). Empty partial parity (a full-stripe entry) gives 0.
 pub fn pp_checksum(pp: &[u8]) -> u32 {
-    // The `crc-fast` crate folds with carry-less multiplies (VPCLMULQDQ/AVX-512 where the
-    // CPU has them): partial parity is up to a stripe's chunk per row, and its checksum
-    // was 8 % of a PPL write's reactor time with the SSE4.2 `crc32c` crate. Same CRC
-    // (CRC-32/ISCSI = CRC-32C); the header's stays on `crc32c`, which appends.
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, pp) as u32
+    crate::checksum::crc32c(pp)
 }
 
 /// The header checksum of a 4096-byte header block: the standard CRC-32C of the block
 /// with its `checksum` field (bytes 0x214..0x218) taken as zero
 /// (`ppl_submit_iounit`, `ppl_load_distributed`, `write_init_ppl1`).
 pub fn header_checksum(block: &[u8; PPL_HEADER_SIZE]) -> u32 {
-    let crc = crc32c::crc32c(&block[..OFF_CHECKSUM]);
-    let crc = crc32c::crc32c_append(crc, &[0; 4]);
-    crc32c::crc32c_append(crc, &block[OFF_CHECKSUM + 4..])
+    use crate::checksum::{crc32c, crc32c_append};
+    let crc = crc32c(&block[..OFF_CHECKSUM]);
+    let crc = crc32c_append(crc, &[0; 4]);
+    crc32c_append(crc, &block[OFF_CHECKSUM + 4..])
 }
 
 /// One `struct ppl_header_entry` (24 bytes, little-endian, `md_p.h`): one or more

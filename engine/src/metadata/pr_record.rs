@@ -91,7 +91,7 @@ pub enum PrRecordError {
 fn crc_of(area: &[u8; PR_RECORD_BYTES]) -> u32 {
     let mut copy = *area;
     copy[12..16].fill(0);
-    crc32c::crc32c(&copy)
+    crate::checksum::crc32c(&copy)
 }
 
 /// The 4 KiB area holding `payload` as generation `generation` of array `uuid`.
