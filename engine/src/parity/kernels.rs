@@ -245,6 +245,63 @@ pub unsafe fn update<I: Isa, const Q: bool>(
     }
 }
 
+/// `q_out = q_in ⊕ Σ g^slot·D` over `srcs` (`(slot, D)` pairs), `len` bytes, in one
+/// pass (`STREAM`: non-temporal stores, fenced): the Q syndrome of a stripe's other
+/// chunks when `q_in` is the stripe's Q and `srcs` its modified chunks (ferroraid's
+/// partial Q, docs/FORMAT.md).
+///
+/// # Safety
+/// See the module docs; `q_in` and `q_out` are the same buffer or do not overlap.
+#[inline(always)]
+pub unsafe fn fold_q<I: Isa, const STREAM: bool>(
+    srcs: &[(u8, *const u8)],
+    q_in: *const u8,
+    q_out: *mut u8,
+    len: usize,
+) {
+    // SAFETY: forwarded caller contract; offsets stay below len.
+    unsafe {
+        let mut off = 0;
+        while off + UNROLL * UNIT <= len {
+            fold_q_step::<I, UNROLL, STREAM>(srcs, q_in, q_out, off);
+            off += UNROLL * UNIT;
+        }
+        while off < len {
+            fold_q_step::<I, 1, STREAM>(srcs, q_in, q_out, off);
+            off += UNIT;
+        }
+        if STREAM {
+            I::fence();
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn fold_q_step<I: Isa, const N: usize, const STREAM: bool>(
+    srcs: &[(u8, *const u8)],
+    q_in: *const u8,
+    q_out: *mut u8,
+    off: usize,
+) {
+    // SAFETY: forwarded caller contract; every unit is loaded before it is stored, so an
+    // in-place call (`q_in == q_out`) reads the old contents.
+    unsafe {
+        let mut q = [I::zero(); N];
+        for (u, qu) in q.iter_mut().enumerate() {
+            *qu = I::load(q_in.add(off + u * UNIT));
+        }
+        for &(slot, d) in srcs {
+            let coef = I::prep(gf::pow_g(u32::from(slot)));
+            for (u, qu) in q.iter_mut().enumerate() {
+                *qu = I::xor(*qu, I::mul(coef, I::load(d.add(off + u * UNIT))));
+            }
+        }
+        for (u, qu) in q.iter().enumerate() {
+            I::store::<STREAM>(q_out.add(off + u * UNIT), *qu);
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn update_step<I: Isa, const N: usize, const Q: bool>(
     deltas: &[Delta<'_>],

@@ -206,6 +206,12 @@ macro_rules! entries {
                 // SAFETY: caller (Parity) checked buffers and the CPU feature.
                 unsafe { kernels::update::<$isa, Q>(deltas, p, q, len) }
             }
+
+            $(#[$attr])*
+            pub unsafe fn fold_q<const S: bool>(srcs: &[(u8, *const u8)], q_in: *const u8, q_out: *mut u8, len: usize) {
+                // SAFETY: caller (Parity) checked buffers and the CPU feature.
+                unsafe { kernels::fold_q::<$isa, S>(srcs, q_in, q_out, len) }
+            }
         }
     };
 }
@@ -377,7 +383,11 @@ impl Parity {
             data.len() <= MAX_DATA_CHUNKS,
             "a stripe has at most {MAX_DATA_CHUNKS} data chunks"
         );
-        let ptrs: ArrayVec<*const u8, MAX_SOURCES> = data.iter().map(|d| d.as_ptr()).collect();
+        // Filled in place: `collect` builds the 2 KiB `ArrayVec` and then moves it.
+        let mut ptrs: ArrayVec<*const u8, MAX_SOURCES> = ArrayVec::new();
+        for d in data {
+            ptrs.push(d.as_ptr());
+        }
         check(
             len,
             data.iter().map(|d| d.as_ptr()),
@@ -428,6 +438,40 @@ impl Parity {
             self,
             update::<true>(deltas, p.as_mut_ptr(), q.as_mut_ptr(), p.len())
         )
+    }
+
+    /// Partial Q: `q_out = q_in ⊕ Σ g^slot·D` over `data` (`(slot, D)` pairs), in one
+    /// pass, with the store policy of [`Parity::streaming`] (PPL turns it off: the result
+    /// is checksummed next). With `q_in`
+    /// a stripe's Q and `data` some of its data chunks, `q_out` is the Q syndrome of the
+    /// other chunks — ferroraid's RAID6 PPL partial Q (docs/FORMAT.md). All buffers the
+    /// same length, [`ALIGN`]-aligned; `data` may be empty (a copy).
+    ///
+    /// # Panics
+    /// On a slot beyond 254, more than [`MAX_DATA_CHUNKS`] entries, or a length or
+    /// alignment the kernels cannot take.
+    pub fn fold_q(&self, data: &[(u8, &[u8])], q_in: &[u8], q_out: &mut [u8]) {
+        let len = q_out.len();
+        assert!(
+            data.len() <= MAX_DATA_CHUNKS,
+            "a stripe has at most {MAX_DATA_CHUNKS} data chunks"
+        );
+        check(len, [q_in.as_ptr(), q_out.as_ptr()], [q_in.len()]);
+        let mut srcs: ArrayVec<(u8, *const u8), MAX_DATA_CHUNKS> = ArrayVec::new();
+        for &(slot, d) in data {
+            assert!(
+                usize::from(slot) < MAX_DATA_CHUNKS,
+                "slot {slot} beyond 254"
+            );
+            check(len, [d.as_ptr()], [d.len()]);
+            srcs.push((slot, d.as_ptr()));
+        }
+        let (q_in, q_out) = (q_in.as_ptr(), q_out.as_mut_ptr());
+        if self.streaming {
+            dispatch!(self, fold_q::<true>(&srcs, q_in, q_out, len))
+        } else {
+            dispatch!(self, fold_q::<false>(&srcs, q_in, q_out, len))
+        }
     }
 
     fn check_deltas(&self, deltas: &[Delta<'_>], len: usize) {

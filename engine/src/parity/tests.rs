@@ -276,6 +276,34 @@ proptest! {
         }
     }
 
+    /// Partial Q (`fold_q` of a stripe's Q and some of its chunks) is the Q syndrome, by
+    /// the definition, of the stripe with those chunks zeroed, for every kernel and both
+    /// store policies.
+    #[test]
+    fn fold_q_is_the_syndrome_of_the_other_chunks(
+        nd in 2usize..=20,
+        units in 1usize..=40,
+        seed in any::<u64>(),
+        folded in proptest::collection::btree_set(0usize..20, 0..6),
+    ) {
+        let len = units * ALIGN;
+        let data = chunks(nd, len, seed);
+        let folded: Vec<usize> = folded.into_iter().filter(|&c| c < nd).collect();
+        let (_, q) = definition(&refs(&data));
+        let mut rest = data.clone();
+        for &c in &folded {
+            rest[c].fill(0);
+        }
+        let (_, want) = definition(&refs(&rest));
+        for par in kernels() {
+            let srcs: Vec<(u8, &[u8])> = folded.iter().map(|&c| (c as u8, &data[c][..])).collect();
+            let q_in = AlignedBuf::from_slice(&q);
+            let mut out = AlignedBuf::zeroed(len);
+            par.fold_q(&srcs, &q_in, &mut out);
+            prop_assert!(out[..] == want[..], "{} partial Q", par.kernel());
+        }
+    }
+
     /// Every one- and two-erasure case of RAID6 and every one-erasure case of RAID5
     /// restores the exact bytes, for every kernel.
     #[test]
