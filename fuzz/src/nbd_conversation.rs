@@ -446,6 +446,9 @@ pub fn run(input: &[u8]) -> Outcome {
                 && check.phase == Phase::Transmission
                 && matches!(check.stop, Some(Stop::End | Stop::Disc));
             check.at_close(clean);
+            // The client saw the end of stream and closes its socket, as real clients do: a
+            // server that ended its side gracefully lingers until then.
+            drop(client.take());
             // Shut down: the front-end drains and gives everything back.
             server.shutdown();
             let mut n = 0u64;

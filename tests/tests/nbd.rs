@@ -1591,6 +1591,102 @@ fn clients_vanishing_mid_payload_or_with_reads_in_flight() {
 }
 
 #[test]
+fn a_drain_ends_with_every_reply_then_the_end_of_stream_not_a_reset() {
+    // A client streams 256 writes of 256 KiB (64 MiB over the first 16 MiB, far more
+    // than the socket buffers hold) as fast as the server takes them, and the server is
+    // shut down after the first reply: it stops reading requests, answers those it
+    // accepted, and ends the connection with the client's bytes still unread. The client
+    // must read every one of those replies and then the end of stream. Closing a socket
+    // with unread bytes resets the connection (RFC 1122 4.2.2.13), which shows the client
+    // ECONNRESET and can lose replies still queued: the server shuts its side down and
+    // discards what still comes until the client closes.
+    const N: u64 = 256;
+    const LEN: u32 = 256 << 10;
+    const REGIONS: u64 = 64;
+    let mut t = Target::start(1, 4096);
+    let mut c = Raw::go(t.port, false);
+    let mut tx = c.s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let payload = vec![0x5au8; LEN as usize];
+        let mut sent = 0u64;
+        for handle in 0..N {
+            let r = Request {
+                flags: 0,
+                command: proto::CMD_WRITE,
+                handle,
+                offset: (handle % REGIONS) * u64::from(LEN),
+                length: LEN,
+            };
+            if tx.write_all(&proto::encode_request(&r)).is_err() || tx.write_all(&payload).is_err()
+            {
+                break;
+            }
+            sent += 1;
+        }
+        // Everything sent (or the server stopped taking bytes): the client's side ends.
+        let _ = tx.shutdown(std::net::Shutdown::Write);
+        sent
+    });
+    let mut first = [0u8; 16];
+    c.s.read_exact(&mut first).unwrap();
+    t.server.as_ref().unwrap().shutdown_handle().request();
+    let mut rest = Vec::new();
+    let end = c.s.read_to_end(&mut rest);
+    let sent = sender.join().unwrap();
+    assert!(
+        end.is_ok(),
+        "the connection was reset instead of ended after {} replies: {end:?}",
+        1 + rest.len() / 16
+    );
+    assert_eq!(
+        rest.len() % 16,
+        0,
+        "a reply cut short: {} bytes",
+        rest.len()
+    );
+    // The server took (and threw away) what the client still sent until the client ended
+    // its side, rather than resetting the connection under it.
+    assert_eq!(sent, N, "the client could not send all its writes");
+    let mut handles = Vec::new();
+    for r in std::iter::once(&first[..]).chain(rest.chunks(16)) {
+        let (h, _) = proto::parse_reply_header(r).unwrap();
+        let proto::ReplyHeader::Simple { error, handle } = h else {
+            panic!("a structured reply without structured replies negotiated")
+        };
+        assert_eq!(error, 0, "write {handle} failed");
+        handles.push(handle);
+    }
+    // One reply per accepted write, none twice, none for a write never sent.
+    let answered = handles.len() as u64;
+    handles.sort_unstable();
+    handles.dedup();
+    assert_eq!(handles.len() as u64, answered, "a reply sent twice");
+    assert!(
+        handles.iter().all(|&h| h < sent),
+        "{handles:?} of {sent} sent"
+    );
+    assert!(
+        answered < N,
+        "the drain accepted every write: nothing was cut"
+    );
+    eprintln!("{sent} writes sent, {answered} answered before the end of stream");
+    t.stop();
+    // A region reads as the payload when an answered write covered it and as zeros when
+    // none did: the writes the drain did not accept never happened.
+    if let Some(img) = t.logical_image_via_oracle("a_drain_ends_with_every_reply") {
+        for r in 0..REGIONS {
+            let region = &img[(r * u64::from(LEN)) as usize..][..LEN as usize];
+            let written = handles.iter().any(|&h| h % REGIONS == r);
+            let want = if written { 0x5a } else { 0 };
+            assert!(
+                region.iter().all(|&b| b == want),
+                "region {r}: written by an answered write: {written}, but not all {want:#x}"
+            );
+        }
+    }
+}
+
+#[test]
 fn stalled_clients_are_cut_and_their_buffers_serve_others() {
     // One reactor, six 1 MiB buffers. A client sends 1 MiB reads and never reads the
     // replies, and another sends half of a 1 MiB write payload and stops: between them they

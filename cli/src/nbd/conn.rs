@@ -339,6 +339,12 @@ pub(crate) enum Life {
     /// No new requests (client sent `NBD_CMD_DISC`, closed its side, or the server is
     /// shutting down): finish what was accepted, send the replies, close.
     Draining,
+    /// Every reply sent and our side shut down (`shutdown(SHUT_WR)`, after a TLS
+    /// `close_notify`): the socket stays open only to discard what the client still sends,
+    /// until it closes its side or [`LINGER`] passes. Closing a socket with unread bytes
+    /// makes the kernel reset the connection (RFC 1122 section 4.2.2.13), and a reset
+    /// throws away the replies still in our send queue and the client's receive queue.
+    Lingering,
     /// Socket closed. The slot stays taken until no request context refers to it (the
     /// array may still be using one of its buffers).
     Closed,
@@ -396,6 +402,9 @@ pub(crate) struct Conn {
     /// Since when the connection has had nothing in flight and its client sent nothing
     /// (kept only when an idle timeout is configured).
     pub(crate) idle_since: Option<std::time::Instant>,
+    /// When a [`Life::Lingering`] connection is closed whether or not its client closed
+    /// its side.
+    pub(crate) linger_until: Option<std::time::Instant>,
     /// Its place in the export's connection limit and its reactor's table, given back when
     /// the connection is dropped.
     pub(crate) _slot: super::Slot,
@@ -444,6 +453,7 @@ impl Conn {
             bytes_written: 0,
             stalled_since: None,
             idle_since: None,
+            linger_until: None,
             _slot: slot,
         }
     }
@@ -518,6 +528,53 @@ impl Conn {
             tls::close(t, s);
         }
         self.stream = None;
+    }
+}
+
+/// How long a connection that was ended gracefully waits for its client to close its side
+/// ([`Life::Lingering`]) before its socket is closed regardless.
+pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Receive buffers' worth of bytes a lingering connection discards per reactor turn.
+const LINGER_READS_PER_TURN: usize = 8;
+
+impl Conn {
+    /// Ends our side of the connection gracefully: a TLS session's `close_notify` (best
+    /// effort), then `shutdown(SHUT_WR)`, so the client reads every reply already sent and
+    /// then the end of stream. Returns `false` when the socket is gone or refused the
+    /// shutdown (the caller closes it at once).
+    pub(crate) fn shutdown_send(&mut self) -> bool {
+        let Some(s) = self.stream.as_ref() else {
+            return false;
+        };
+        if let Some(t) = self.tls.as_deref_mut() {
+            tls::close(t, s);
+        }
+        let r = match s {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+        };
+        r.is_ok()
+    }
+
+    /// Reads and throws away what a [`Life::Lingering`] connection's client still sends
+    /// (raw bytes: the TLS session has ended). Returns `true` once the client closed its
+    /// side or the socket failed, `false` while it may send more (at most
+    /// [`LINGER_READS_PER_TURN`] receive buffers are read per call, so a client that keeps
+    /// sending cannot hold the reactor).
+    pub(crate) fn discard_input(&mut self) -> bool {
+        let Some(s) = self.stream.as_mut() else {
+            return true;
+        };
+        for _ in 0..LINGER_READS_PER_TURN {
+            match read_retrying(s, &mut self.rbuf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+        false
     }
 }
 

@@ -41,7 +41,7 @@ use engine::device::{Channel, IoBuf};
 use engine::reactor::{Frontend, Io};
 use tracing::{debug, info, warn};
 
-use super::conn::{Conn, Life, Reply, Rx, NO_CTX, RBUF_BYTES, STATUS_CTX};
+use super::conn::{Conn, Life, Reply, Rx, LINGER, NO_CTX, RBUF_BYTES, STATUS_CTX};
 use super::pool::{BufId, BufPool};
 use super::proto::{self, Verdict};
 use super::Shared;
@@ -231,7 +231,7 @@ impl Core {
         while let Some(&c) = self.pending.front() {
             let ci = usize::from(self.ctxs[usize::from(c)].conn);
             let conn = conns[ci].as_mut().expect("a context's connection stays");
-            if conn.life == Life::Closed {
+            if matches!(conn.life, Life::Closed | Life::Lingering) {
                 // Nobody to answer, never reached the array: release now.
                 self.pending.pop_front();
                 self.release(c, conn);
@@ -262,7 +262,7 @@ impl Core {
         let conn = conns[usize::from(ctx.conn)]
             .as_mut()
             .expect("a context's connection stays");
-        if conn.life == Life::Closed {
+        if matches!(conn.life, Life::Closed | Life::Lingering) {
             self.release(c, conn);
             return;
         }
@@ -508,8 +508,53 @@ fn kill(conn: &mut Conn, core: &mut Core, why: &dyn std::fmt::Display) {
 }
 
 fn close(conn: &mut Conn, core: &mut Core) {
+    let lingered = conn.life == Life::Lingering;
     conn.close_socket();
     conn.life = Life::Closed;
+    conn.linger_until = None;
+    if !lingered {
+        release_all(conn, core);
+    }
+    info!(
+        conn = conn.id,
+        requests = conn.requests,
+        bytes_read = conn.bytes_read,
+        bytes_written = conn.bytes_written,
+        "connection closed"
+    );
+}
+
+/// Ends a connection with every accepted request answered: our side is shut down so the
+/// client reads all replies and then the end of stream, and the socket lingers
+/// ([`Life::Lingering`]) until the client closes its side or [`LINGER`] passes.
+/// Closing at once with the client's unread bytes (requests sent after the drain began,
+/// a write payload) would reset the connection and could lose replies already sent.
+fn end_gracefully(conn: &mut Conn, core: &mut Core, now: Instant) {
+    debug_assert_eq!(conn.outstanding, 0, "ended with requests unanswered");
+    if !conn.shutdown_send() {
+        close(conn, core);
+        return;
+    }
+    release_all(conn, core);
+    conn.life = Life::Lingering;
+    conn.linger_until = Some(now + LINGER);
+}
+
+/// A lingering connection's turn: discards what its client sends and closes the socket
+/// once the client closed its side or the linger time passed (a drain grace period that
+/// expires cuts it sooner). Returns whether the connection closed.
+fn linger(conn: &mut Conn, core: &mut Core) -> bool {
+    debug_assert_eq!(conn.life, Life::Lingering);
+    let done = conn.discard_input() || conn.linger_until.is_none_or(|t| Instant::now() >= t);
+    if done {
+        close(conn, core);
+    }
+    done
+}
+
+/// Gives back what a connection that stops serving holds (a partial write payload's
+/// context, queued replies' data).
+fn release_all(conn: &mut Conn, core: &mut Core) {
     // A context receiving a payload is not in the array (one in `Rx::Piece` is: its
     // completion releases it).
     if let Rx::Payload { ctx, .. } = conn.rx {
@@ -525,13 +570,6 @@ fn close(conn: &mut Conn, core: &mut Core) {
     conn.status_busy = false;
     conn.outstanding = 0;
     conn.tx_sent = 0;
-    info!(
-        conn = conn.id,
-        requests = conn.requests,
-        bytes_read = conn.bytes_read,
-        bytes_written = conn.bytes_written,
-        "connection closed"
-    );
 }
 
 /// Sends as many queued replies as the socket takes. Returns whether anything was sent.
@@ -977,6 +1015,11 @@ impl Frontend for NbdFrontend {
             if expired && conn.life != Life::Closed {
                 kill(conn, &mut self.core, &"shutdown grace period expired");
             }
+            if conn.life == Life::Lingering {
+                progress |= linger(conn, &mut self.core);
+                progress |= self.drop_if_done(ci);
+                continue;
+            }
             // Whether this connection's client moved any bytes this turn.
             let mut moved = false;
             if conn.life != Life::Closed {
@@ -1072,7 +1115,7 @@ impl Frontend for NbdFrontend {
                                 .fetch_add(1, Ordering::Relaxed);
                             info!(conn = conn.id, peer = %conn.peer,
                                 "closing: idle for {idle_timeout:?} (idle timeout)");
-                            close(conn, &mut self.core);
+                            end_gracefully(conn, &mut self.core, now);
                             progress = true;
                         }
                         Some(_) => {}
@@ -1084,15 +1127,10 @@ impl Frontend for NbdFrontend {
                 && matches!(conn.rx, Rx::Header)
                 && !conn.tls_pending()
             {
-                close(conn, &mut self.core);
+                end_gracefully(conn, &mut self.core, Instant::now());
                 progress = true;
             }
-            if conn.life == Life::Closed && conn.ctx_held == 0 {
-                // Dropping the connection gives its slot back to the handshake thread.
-                self.conns[ci] = None;
-                self.active -= 1;
-                progress = true;
-            }
+            progress |= self.drop_if_done(ci);
         }
         while self.hi > 0 && self.conns[self.hi - 1].is_none() {
             self.hi -= 1;
@@ -1135,6 +1173,20 @@ impl Frontend for NbdFrontend {
 }
 
 impl NbdFrontend {
+    /// Drops the connection in slot `ci` once its socket is closed and no request context
+    /// refers to it, which gives its slot back to the handshake thread. Returns whether it
+    /// was dropped.
+    fn drop_if_done(&mut self, ci: usize) -> bool {
+        let done = self.conns[ci]
+            .as_ref()
+            .is_some_and(|c| c.life == Life::Closed && c.ctx_held == 0);
+        if done {
+            self.conns[ci] = None;
+            self.active -= 1;
+        }
+        done
+    }
+
     /// Once shut down with nothing left, the front-end is finished for good: connections
     /// that still arrive are closed on adoption.
     fn latch_finished(&mut self) {
