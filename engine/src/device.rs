@@ -356,7 +356,17 @@ pub fn validate(info: &DeviceInfo, req: &Request) -> Result<(), SubmitError> {
     if req.len_bytes == 0 {
         return Err(SubmitError::Invalid("zero-length request"));
     }
-    if !req.offset_bytes.is_multiple_of(block) || !u64::from(req.len_bytes).is_multiple_of(block) {
+    // Block sizes are powers of two in practice (NVMe LBADS is a log2, SATA logical
+    // sectors are 512 or 4096): test alignment with a mask, not a 64-bit division (tens of
+    // cycles, a fifth of a null member's whole submit path).
+    let misaligned = |x: u64| {
+        if block.is_power_of_two() {
+            x & (block - 1) != 0
+        } else {
+            !x.is_multiple_of(block)
+        }
+    };
+    if misaligned(req.offset_bytes) || misaligned(u64::from(req.len_bytes)) {
         return Err(SubmitError::Invalid(
             "offset or length not a multiple of the block size",
         ));
@@ -448,6 +458,33 @@ mod tests {
             match validate(&i, &r) {
                 Err(SubmitError::Invalid(m)) => assert!(m.contains(why), "{m} vs {why}"),
                 other => panic!("{r:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// The alignment test is a mask for power-of-two blocks and a remainder otherwise:
+    /// both accept exactly the multiples of the block size (520-byte sectors carry
+    /// protection information on some SAS drives).
+    #[test]
+    fn alignment_is_exact_for_every_block_size() {
+        for block in [512u32, 4096, 520, 4160] {
+            let i = DeviceInfo {
+                block_bytes: block,
+                capacity_bytes: u64::from(block) * 1024,
+                max_transfer_bytes: block * 16,
+                ..info()
+            };
+            let b = u64::from(block);
+            for off in [0, 1, b - 1, b, b + 1, 2 * b, 3 * b - 8, 7 * b] {
+                for len in [b, b + 8, 2 * b, 2 * b - 512] {
+                    let ok = off % b == 0 && len % b == 0;
+                    let r = req(Op::WriteZeroes, off, len as u32, 0);
+                    assert_eq!(
+                        validate(&i, &r).is_ok(),
+                        ok,
+                        "block {block}, offset {off}, length {len}"
+                    );
+                }
             }
         }
     }
