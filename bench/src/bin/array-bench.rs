@@ -42,8 +42,8 @@ use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::qos::{Pacer, Unpaced};
 use engine::reactor::{Extras, Frontend, Io, Mode, ReactorConfig, ReactorSet, Reactors};
+use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum DeviceKind {
@@ -247,7 +247,9 @@ impl OwnStripes {
 struct LoadGen {
     workload: Workload,
     bs: u64,
-    cap: u64,
+    /// Blocks of `bs` bytes in the array (random workloads draw one; divided once here, not
+    /// per request).
+    blocks: u64,
     /// Region of the array this generator covers (sequential writes: disjoint per reactor).
     region: (u64, u64),
     next_seq: u64,
@@ -261,7 +263,9 @@ struct LoadGen {
     own: Option<OwnStripes>,
     bufs: Vec<AlignedBuf>,
     free: Vec<usize>,
-    rng: ChaCha8Rng,
+    /// Offsets of random workloads: a cheap generator (xoshiro256++, as bdevperf uses
+    /// `rand_r`), so the generator's cost does not hide the array's.
+    rng: SmallRng,
     duration: Duration,
     start: Option<(Instant, u64)>,
     tally: Tally,
@@ -297,7 +301,7 @@ impl LoadGen {
                         let stripe = own.offset(self.rng.gen_range(0..own.count));
                         stripe + self.rng.gen_range(0..own.stripe_bytes / self.bs) * self.bs
                     }
-                    None => self.rng.gen_range(0..self.cap / self.bs) * self.bs,
+                    None => self.rng.gen_range(0..self.blocks) * self.bs,
                 };
                 let op = if w == Workload::Randwrite {
                     ArrayOp::Write { fua: false }
@@ -416,8 +420,9 @@ fn raw_load<D: BlockDevice>(
     let cap = devs[0].info().capacity_bytes;
     let mut bufs: Vec<AlignedBuf> = (0..qd).map(|_| AlignedBuf::zeroed(bs as usize)).collect();
     let mut free: Vec<usize> = (0..qd).collect();
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut rng = SmallRng::seed_from_u64(7);
     let mut seq = 0u64;
+    let blocks = cap / bs;
     let mut next = 0usize;
     let mut comps = vec![Completion::EMPTY; 64];
     let mut t = Tally::default();
@@ -425,10 +430,10 @@ fn raw_load<D: BlockDevice>(
     while t0.elapsed() < duration {
         while let Some(slot) = free.pop() {
             let off = if workload.sequential() {
-                seq = (seq + bs) % (cap / bs * bs);
+                seq = (seq + bs) % (blocks * bs);
                 seq
             } else {
-                rng.gen_range(0..cap / bs) * bs
+                rng.gen_range(0..blocks) * bs
             };
             let op = match workload {
                 Workload::Randread | Workload::DegradedRandread => Op::Read,
@@ -494,7 +499,7 @@ fn load_gens(
         .map(|i| LoadGen {
             workload,
             bs,
-            cap,
+            blocks: cap / bs,
             region: (i as u64 * share, (i as u64 + 1) * share),
             next_seq: 0,
             rewrite_len,
@@ -505,7 +510,7 @@ fn load_gens(
                 .then(|| OwnStripes::new(i, reactors, g.stripe_data_bytes(), geo.stripes())),
             bufs: (0..qd).map(|_| AlignedBuf::zeroed(bs as usize)).collect(),
             free: (0..qd).collect(),
-            rng: ChaCha8Rng::seed_from_u64(100 + i as u64),
+            rng: SmallRng::seed_from_u64(100 + i as u64),
             duration: Duration::from_secs_f64(args.seconds),
             start: None,
             tally: Tally::default(),
@@ -629,10 +634,17 @@ fn raw_parallel<D: BlockDevice + Sync>(
     let tallies: Vec<Tally> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|i| {
-                s.spawn(move || {
-                    core_affinity::set_for_current(core_affinity::CoreId { id: i % num_cpus() });
-                    raw_load(dev, workload, bs, qd, duration)
-                })
+                // Named apart from the reactors, so `perf report --comm reactor-N` holds
+                // only the array's samples.
+                std::thread::Builder::new()
+                    .name(format!("raw-{i}"))
+                    .spawn_scoped(s, move || {
+                        core_affinity::set_for_current(core_affinity::CoreId {
+                            id: i % num_cpus(),
+                        });
+                        raw_load(dev, workload, bs, qd, duration)
+                    })
+                    .expect("spawning a raw-load thread")
             })
             .collect();
         hs.into_iter()
