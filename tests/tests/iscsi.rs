@@ -1142,9 +1142,12 @@ mod in_process {
             }
         }
 
-        /// Shuts down (bounded) and checks every front-end got its buffers back.
+        /// Shuts down (bounded; the server may have been shut down already) and checks
+        /// every front-end got its buffers back.
         fn stop(&mut self) {
-            self.server.take().expect("running").shutdown();
+            if let Some(s) = self.server.take() {
+                s.shutdown();
+            }
             let reactors = self.reactors.take().expect("running");
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
@@ -1859,6 +1862,105 @@ mod in_process {
             current = winner;
         }
         drop((a, b));
+        t.stop();
+    }
+
+    /// A shutdown under an initiator that streams writes ends its connection gracefully.
+    /// The initiator sends 1024 WRITE(10)s of 64 KiB immediate data (64 MiB over the
+    /// first 16 MiB, far more than the socket buffers hold) as fast as the target takes
+    /// them, and the target is shut down after the first response: it answers the tasks
+    /// it had, drops the commands that come after, and ends the connection with the
+    /// initiator's bytes still unread. The initiator must read every response and then the
+    /// end of stream, and must be able to send all it had: closing a socket with unread
+    /// bytes resets the connection (RFC 1122 4.2.2.13), which shows the initiator
+    /// ECONNRESET and can lose responses still queued, so the target shuts its side down
+    /// and discards what still comes until the initiator closes.
+    #[test]
+    fn a_drain_ends_with_every_response_then_the_end_of_stream_not_a_reset() {
+        const N: u32 = 1024;
+        const LEN: u32 = 64 << 10;
+        const REGIONS: u32 = 256;
+        const ITT0: u32 = 1000;
+        let mut t = Target::start(1, 16);
+        let mut r = Raw::login(t.port, &t.name, false);
+        let sn = r.ping().u32_at(28);
+        let mut tx = r.s.try_clone().unwrap();
+        let f = r.f;
+        let sender = std::thread::spawn(move || {
+            let payload = vec![0x5au8; LEN as usize];
+            let mut buf = vec![0u8; pdu::pdu_bytes(LEN as usize, &f)];
+            let mut sent = 0u32;
+            for i in 0..N {
+                let mut cdb = [0u8; 16];
+                cdb[0] = 0x2a;
+                cdb[2..6].copy_from_slice(&((i % REGIONS) * (LEN / 512)).to_be_bytes());
+                cdb[7..9].copy_from_slice(&((LEN / 512) as u16).to_be_bytes());
+                let h = Header::new(op::SCSI_CMD, 0x80 | 0x20, LEN, ITT0 + i)
+                    .u32(20, LEN)
+                    .u32(24, sn.wrapping_add(i))
+                    .bytes(32, &cdb);
+                let n = pdu::write_pdu(&mut buf, &h, &payload, &f);
+                if tx.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            // Everything sent (or the target stopped taking bytes): our side ends.
+            let _ = tx.shutdown(std::net::Shutdown::Write);
+            sent
+        });
+        let mut first = [0u8; 48];
+        r.s.read_exact(&mut first).unwrap();
+        t.server.take().expect("running").shutdown();
+        r.s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut rest = Vec::new();
+        let end = r.s.read_to_end(&mut rest);
+        let sent = sender.join().unwrap();
+        let mut all = first.to_vec();
+        all.extend_from_slice(&rest);
+        let mut answered = Vec::new();
+        let mut at = 0;
+        while at + 48 <= all.len() {
+            let b = Bhs::parse(&all[at..at + 48]).unwrap();
+            assert_eq!(
+                b.opcode(),
+                op::SCSI_RESP,
+                "PDU {} is no SCSI Response",
+                answered.len()
+            );
+            // GOOD, or TASK SET FULL when no buffer was free.
+            assert!(
+                matches!(b.raw[3], 0 | 0x28),
+                "write {} ended with status {:#x}",
+                b.itt() - ITT0,
+                b.raw[3]
+            );
+            answered.push(b.itt() - ITT0);
+            at += b.wire_bytes(false, false);
+        }
+        assert!(
+            end.is_ok(),
+            "the connection was reset instead of ended after {} responses: {end:?}",
+            answered.len()
+        );
+        assert_eq!(at, all.len(), "a response cut short");
+        // The target took (and threw away) what the initiator still sent until it ended
+        // its side, rather than resetting the connection under it.
+        assert_eq!(sent, N, "the initiator could not send all its writes");
+        // One response per accepted write, none twice, none for a write never sent.
+        let n = answered.len();
+        answered.sort_unstable();
+        answered.dedup();
+        assert_eq!(answered.len(), n, "a response sent twice");
+        assert!(
+            answered.iter().all(|&i| i < sent),
+            "{answered:?} of {sent} sent"
+        );
+        assert!(
+            (n as u32) < N,
+            "the drain accepted every write: nothing was cut"
+        );
+        eprintln!("{sent} writes sent, {n} answered before the end of stream");
         t.stop();
     }
 

@@ -865,6 +865,138 @@ fn still_serves(q: &mut HostQueue, cid: u16, slba: u64, bs: u64, seed: u64) {
     assert_eq!(got, data, "data read back after the attack");
 }
 
+/// Removing the export under a host that streams writes ends its I/O queue gracefully.
+/// The host keeps its queue full of 4 KiB in-capsule writes (as fast as responses free
+/// its slots) and the export is removed after the first response: the target stops
+/// receiving, answers the commands it had and ends the connection with the host's bytes
+/// still unread (the commands each response let the host send). The host must read every
+/// response and then the end of stream, and must be able to send all it had: the rest
+/// of its 16384 writes (64 MiB over the first 4 MiB, far more than the socket buffers
+/// hold), sent after the end of stream as by a host whose submitting thread has not yet
+/// seen it. A target that closes instead resets the connection under them (EPIPE; with
+/// bytes unread at the close, RFC 1122 4.2.2.13, a reset that can also lose responses
+/// still queued), so the target shuts its side down and discards what still comes until
+/// the host closes.
+#[test]
+fn an_export_removal_ends_with_every_response_then_the_end_of_stream_not_a_reset() {
+    const N: u32 = 16384;
+    const LEN: usize = 4096;
+    const REGIONS: u32 = 1024;
+    // Commands outstanding at most: the queue's 128 entries (SQ size 127, 0's based), less
+    // one.
+    const DEPTH: u32 = 127;
+    const RESP: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let a = create(dir.path(), "linger");
+    let srv = Server::start(dir.path(), &a, 1);
+    let (admin_q, cntlid, bs) = admin_queue(&srv, 0, 1, false);
+    let mut q = io_queue(&srv, 0, cntlid, 1, false);
+    let mut rx = q.socket().try_clone().unwrap();
+    let mut tx = q.socket().try_clone().unwrap();
+    let (credit, credits_in) = std::sync::mpsc::channel::<u32>();
+    let sender = std::thread::spawn(move || {
+        let data = vec![0x5au8; LEN];
+        let blocks = (LEN as u64 / bs) as u32;
+        let mut left = DEPTH;
+        let mut sent = 0u32;
+        while sent < N {
+            if left == 0 {
+                match credits_in.recv() {
+                    Ok(k) => left += k,
+                    // The reader hung up: the target ended, the rest goes out unlimited.
+                    Err(_) => left = N,
+                }
+                continue;
+            }
+            let mut sqe = rw(
+                io::WRITE,
+                sent as u16,
+                u64::from(sent % REGIONS) * u64::from(blocks),
+                blocks,
+                false,
+            );
+            sqe.flags = ferroraid::nvmf::pdu::PSDT_SGL << 6;
+            sqe.dptr = ferroraid::nvmf::pdu::SglDescriptor::in_capsule(LEN as u32);
+            if let Err(e) = tx.write_all(&raw_capsule(&sqe, &data)) {
+                let _ = tx.shutdown(std::net::Shutdown::Write);
+                return (sent, Some(e));
+            }
+            sent += 1;
+            left -= 1;
+        }
+        // Everything sent: our side ends.
+        let _ = tx.shutdown(std::net::Shutdown::Write);
+        (sent, None)
+    });
+    let mut all = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut remover = None;
+    let end = loop {
+        let before = all.len() / RESP;
+        match rx.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(k) => all.extend_from_slice(&buf[..k]),
+            Err(e) => break Err(e),
+        }
+        let now = all.len() / RESP;
+        let _ = credit.send((now - before) as u32);
+        if now > 0 && remover.is_none() {
+            let path = srv.srv.rpc.clone().expect("--rpc");
+            remover = Some(std::thread::spawn(move || {
+                RpcClient::connect(path)
+                    .unwrap()
+                    .call("export_remove", serde_json::json!({"protocol": "nvmf"}))
+            }));
+        }
+    };
+    // The host saw the end: its admin queue goes, and its writer sends the rest.
+    drop(admin_q);
+    drop(credit);
+    let (sent, write_error) = sender.join().unwrap();
+    let removed = remover.expect("a first response").join().unwrap().unwrap();
+    let answered = all.len() / RESP;
+    assert!(
+        end.is_ok(),
+        "the connection was reset instead of ended after {answered} responses: {end:?}"
+    );
+    assert_eq!(
+        all.len() % RESP,
+        0,
+        "a response cut short: {} bytes",
+        all.len()
+    );
+    // The target took (and threw away) what the host still sent until it ended its side,
+    // rather than resetting the connection under it.
+    assert!(
+        write_error.is_none() && sent == N,
+        "the host could not send all it had: {write_error:?} after {sent}\n{}",
+        srv.log()
+    );
+    let mut cids = Vec::new();
+    for r in all.chunks(RESP) {
+        assert_eq!(
+            (r[0], r[2], r[4]),
+            (0x05, 24, 24),
+            "not a CapsuleResp: {r:?}"
+        );
+        let c = Cqe::decode(r[8..].try_into().unwrap());
+        ok(&c, "write");
+        cids.push(u32::from(c.cid));
+    }
+    // One response per accepted write, none twice, none for a write never sent.
+    cids.sort_unstable();
+    cids.dedup();
+    assert_eq!(cids.len(), answered, "a response sent twice");
+    assert!(cids.iter().all(|&c| c < sent), "{cids:?} of {sent} sent");
+    assert!(
+        (answered as u32) < N,
+        "the drain answered every write: nothing was cut"
+    );
+    assert_eq!(removed["drained"], true, "{removed}\n{}", srv.log());
+    eprintln!("{sent} writes sent, {answered} answered before the end of stream");
+    assert!(!srv.log().contains("panicked"), "{}", srv.log());
+}
+
 #[test]
 fn reserved_dwords_set_do_not_crash_the_target() {
     // Flush's CDW10/11 and DSM's CDW11 upper bits are not an LBA: garbage there must not

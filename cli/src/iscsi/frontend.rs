@@ -28,6 +28,14 @@
 //! CRC ERROR, once its current data sequence is over — the connection stays up. An unknown
 //! opcode gets Reject "command not supported". A non-immediate command outside the CmdSN
 //! window is silently ignored, as §4.2.2.1 requires.
+//!
+//! # Ending a connection
+//! A connection ended gracefully (a logout, or a shutdown once its tasks are answered)
+//! shuts down its sending side once every reply is sent, then lingers: it discards what
+//! the initiator still sends until the initiator closes its side (at most [`LINGER`]), so
+//! the initiator reads every reply and then the end of stream, never a reset. Errors (a
+//! digest or framing error, a stall, an unanswered NOP-In), a reinstated session and an
+//! expired drain grace period close at once.
 
 use std::collections::VecDeque;
 use std::io;
@@ -48,7 +56,7 @@ use super::pr::{Nexus, Outcome, Verdict, View};
 use super::scsi::{self, status, Plan, Sense};
 use super::xcopy::{self, CopyResult, CopyState, ListIdUsage};
 use super::{text, Shared};
-use crate::nbd::conn::Stream;
+use crate::nbd::conn::{discard_unread, Discarded, Stream, LINGER};
 use crate::nbd::pool::{BufId, BufPool};
 
 /// CmdSNs a session may have beyond ExpCmdSN (MaxCmdSN = ExpCmdSN + CMD_WINDOW − 1).
@@ -175,8 +183,16 @@ const NO_BUF: BufId = BufId::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Life {
     Open,
-    /// Logged out or shutting down: no new commands; close when replies are sent.
+    /// Logged out or shutting down: no new commands; ends (as [`Life::Lingering`]) when
+    /// replies are sent.
     Draining,
+    /// Every reply sent and our side shut down (`shutdown(SHUT_WR)`): the socket stays
+    /// open only to discard what the initiator still sends, until it closes its side or
+    /// [`LINGER`] passes (a reinstated or revoked session, or an expired drain grace
+    /// period, cuts it sooner). Closing a socket with unread bytes makes the kernel reset
+    /// the connection (RFC 1122 section 4.2.2.13), and a reset throws away the replies
+    /// still in our send queue and the initiator's receive queue.
+    Lingering,
     Closed,
 }
 
@@ -207,6 +223,9 @@ struct Conn {
     nop_sent: Option<Instant>,
     next_ttt: u32,
     local: String,
+    /// When a [`Life::Lingering`] connection is closed whether or not its initiator closed
+    /// its side.
+    linger_until: Option<Instant>,
 }
 
 struct Session {
@@ -455,6 +474,7 @@ impl IscsiFrontend {
             nop_sent: None,
             next_ttt: 1,
             local,
+            linger_until: None,
         });
         self.active += 1;
         debug_assert!(self.live.len() < self.live.capacity());
@@ -2073,11 +2093,55 @@ impl IscsiFrontend {
         }
         conn.stream = None;
         conn.life = Life::Closed;
+        conn.linger_until = None;
         // Its tasks are terminated (ERL 0); replies queued for it are dropped.
         while let Some(t) = conn.out.pop_front() {
             self.tasks[usize::from(t)].queued_out = false;
         }
         self.abort_where(|t, c| usize::from(t.conn) == c, ci);
+    }
+
+    /// Ends connection `ci`, every task of which was answered (drained, logged out):
+    /// our side is shut down so the initiator reads every reply and then the end of
+    /// stream, and the socket lingers ([`Life::Lingering`]) until the initiator closes its
+    /// side or [`LINGER`] passes. Closing at once with the initiator's unread bytes
+    /// (commands sent after the drain began, their immediate data) would reset the
+    /// connection and could lose replies already sent.
+    fn end_gracefully(&mut self, ci: usize) {
+        let conn = self.conns[ci].as_mut().expect("present");
+        debug_assert!(conn.tasks == 0 && conn.out.is_empty() && conn.tstart == conn.tend);
+        if !conn
+            .stream
+            .as_ref()
+            .is_some_and(|s| s.shutdown_write().is_ok())
+        {
+            self.close(ci, "");
+            return;
+        }
+        debug!(conn = conn.id, "every reply sent: our side shut down");
+        conn.life = Life::Lingering;
+        conn.linger_until = Some(Instant::now() + LINGER);
+    }
+
+    /// A lingering connection's turn: discards what its initiator sends and closes the
+    /// socket once the initiator closed its side, [`LINGER`] passed, or `cut` (a drain
+    /// grace period expired, the session was reinstated or revoked). Returns whether
+    /// anything moved (bytes discarded, the socket closed).
+    fn linger(&mut self, ci: usize, cut: bool) -> bool {
+        let conn = self.conns[ci].as_mut().expect("present");
+        debug_assert_eq!(conn.life, Life::Lingering);
+        let seen = match conn.stream.as_mut() {
+            Some(s) if !cut => discard_unread(s, &mut conn.rbuf),
+            _ => Discarded::Ended,
+        };
+        let done = match seen {
+            Discarded::Ended => true,
+            Discarded::Bytes(_) => conn.linger_until.is_none_or(|t| Instant::now() >= t),
+        };
+        if done {
+            self.close(ci, "");
+        }
+        done || seen != Discarded::Bytes(0)
     }
 
     /// Frees a closed connection's slot once no task refers to it, and its session with
@@ -2467,6 +2531,13 @@ impl Frontend for IscsiFrontend {
             let Some(conn) = self.conns[ci].as_mut() else {
                 continue;
             };
+            if conn.life == Life::Lingering {
+                let s = self.sessions[conn.session].as_ref().expect("session");
+                let cut = expired || s.revoked.load(Ordering::Acquire);
+                progress |= self.linger(ci, cut);
+                progress |= self.reap(ci);
+                continue;
+            }
             if conn.life != Life::Closed {
                 let s = self.sessions[conn.session].as_ref().expect("session");
                 if s.revoked.load(Ordering::Acquire) {
@@ -2579,7 +2650,7 @@ impl Frontend for IscsiFrontend {
             }
             let conn = self.conns[ci].as_mut().expect("present");
             if conn.life == Life::Draining && conn.tasks == 0 && conn.tstart == conn.tend {
-                self.close(ci, "");
+                self.end_gracefully(ci);
                 progress = true;
             }
             progress |= self.reap(ci);

@@ -34,6 +34,19 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
+    /// Shuts down the sending side (`shutdown(SHUT_WR)`): the peer reads every byte
+    /// already sent, then the end of stream, while this side can still read what it
+    /// sends. How the NBD and iSCSI front-ends end a connection gracefully.
+    ///
+    /// # Errors
+    /// The `shutdown` call's (`ENOTCONN` once the peer reset the connection).
+    pub(crate) fn shutdown_write(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+        }
+    }
+
     pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_nonblocking(on),
@@ -532,7 +545,8 @@ impl Conn {
 }
 
 /// How long a connection that was ended gracefully waits for its client to close its side
-/// ([`Life::Lingering`]) before its socket is closed regardless.
+/// ([`Life::Lingering`]; the iSCSI and NVMe/TCP front-ends' lingering states too) before
+/// its socket is closed regardless.
 pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Receive buffers' worth of bytes a lingering connection discards per reactor turn.
@@ -550,11 +564,7 @@ impl Conn {
         if let Some(t) = self.tls.as_deref_mut() {
             tls::close(t, s);
         }
-        let r = match s {
-            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
-            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
-        };
-        r.is_ok()
+        s.shutdown_write().is_ok()
     }
 
     /// Reads and throws away what a [`Life::Lingering`] connection's client still sends
@@ -563,19 +573,46 @@ impl Conn {
     /// [`LINGER_READS_PER_TURN`] receive buffers are read per call, so a client that keeps
     /// sending cannot hold the reactor).
     pub(crate) fn discard_input(&mut self) -> bool {
-        let Some(s) = self.stream.as_mut() else {
-            return true;
-        };
-        for _ in 0..LINGER_READS_PER_TURN {
-            match read_retrying(s, &mut self.rbuf) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(_) => return true,
-            }
-        }
-        false
+        self.stream
+            .as_mut()
+            .is_none_or(|s| discard_unread(s, &mut self.rbuf) == Discarded::Ended)
     }
+}
+
+/// What one [`discard_unread`] call saw of a lingering connection's client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Discarded {
+    /// The client closed its side (end of stream), or the socket failed: nothing more can
+    /// come, and closing the socket now resets nothing.
+    Ended,
+    /// This many bytes were read and thrown away (0: none were waiting); the client may
+    /// still send more.
+    Bytes(usize),
+}
+
+/// Reads and throws away, into `buf`, what the client of a connection ended gracefully
+/// still sends (any protocol: its requests are no longer served), on a non-blocking
+/// socket: at most [`LINGER_READS_PER_TURN`] reads of `buf.len()` bytes per call, so a
+/// client that keeps sending cannot hold the reactor. Used by the NBD, iSCSI and NVMe/TCP
+/// front-ends while a connection lingers before its close (RFC 1122 section 4.2.2.13:
+/// closing with bytes unread resets the connection). A read error other than
+/// `WouldBlock` (`EINTR` is retried) counts as [`Discarded::Ended`].
+pub(crate) fn discard_unread(r: &mut impl Read, buf: &mut [u8]) -> Discarded {
+    let mut n = 0;
+    let mut reads = 0;
+    while reads < LINGER_READS_PER_TURN {
+        match r.read(buf) {
+            Ok(0) => return Discarded::Ended,
+            Ok(k) => {
+                n += k;
+                reads += 1;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => return Discarded::Ended,
+        }
+    }
+    Discarded::Bytes(n)
 }
 
 /// [`Conn::recv`] on a connection's socket and TLS session.

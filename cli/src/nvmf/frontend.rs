@@ -8,6 +8,14 @@
 //! send what is queued (one `sendmsg` gathers several PDUs; a partial send resumes next
 //! turn), then receive and handle PDUs (at most [`PDUS_PER_TURN`]).
 //!
+//! # Ending a connection
+//! A connection ended gracefully (a Fabrics Disconnect, or a shutdown with every command
+//! answered) shuts down its sending side once every PDU is sent, then lingers: it discards
+//! what the host still sends until the host closes its side (at most [`LINGER`]), so the
+//! host reads every response and then the end of stream, never a reset. A fatal transport
+//! error (C2HTermReq), a keep-alive or connect timeout, a removed portal or an ended
+//! association close at once.
+//!
 //! # Memory
 //! A connection's receive buffer is allocated at accept (it holds one whole PDU: an
 //! H2CData of MAXH2CDATA, or a capsule with 8 KiB of in-capsule data); its command
@@ -48,6 +56,7 @@ use super::spec::{
     MAX_TRANSFER, MQES,
 };
 use super::{Ctrl, NewConn, PortalConn, QueueStats, Shared};
+use crate::nbd::conn::{discard_unread, Discarded, LINGER};
 use crate::nbd::pool::{BufId, BufPool};
 use crate::nbd::BufferClass;
 
@@ -243,6 +252,14 @@ enum Life {
     /// No more receiving: close once the send queue is empty (after a TermReq, a
     /// Disconnect, or at shutdown once the commands are done).
     Closing,
+    /// Ended gracefully (a Disconnect, or shutdown with every command answered): every
+    /// PDU sent and our side shut down (`shutdown(SHUT_WR)`); the socket stays open only
+    /// to discard what the host still sends, until it closes its side or [`LINGER`]
+    /// passes (an expired drain grace period or the portal's removal cuts it sooner).
+    /// Closing a socket with unread bytes makes the kernel reset the connection (RFC 1122
+    /// section 4.2.2.13), which throws away the responses still in our send queue and the
+    /// host's receive queue. A connection ended by a C2HTermReq closes at once.
+    Lingering,
     Closed,
 }
 
@@ -280,6 +297,9 @@ struct Conn {
     pool_held: usize,
     /// The most pool buffers it may hold ([`buffer_cap`]).
     pool_cap: usize,
+    /// When a [`Life::Lingering`] connection is closed whether or not its host closed its
+    /// side.
+    linger_until: Option<Instant>,
 }
 
 /// The most of a reactor's `total` pool buffers one connection may hold: a quarter, at
@@ -356,6 +376,7 @@ impl Conn {
             adopted: Instant::now(),
             pool_held: 0,
             pool_cap,
+            linger_until: None,
         }
     }
 
@@ -531,7 +552,83 @@ fn close(conn: &mut Conn, pool: &mut BufPool, shared: &Shared, why: &dyn std::fm
     if let Some(s) = conn.sock.take() {
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
+    let lingered = conn.life == Life::Lingering;
     conn.life = Life::Closed;
+    conn.linger_until = None;
+    if !lingered {
+        release(conn, pool, shared);
+    }
+}
+
+/// Ends a connection whose every command was answered (a Disconnect, or shutdown):
+/// our side is shut down so the host reads every response and then the end of stream,
+/// what the connection holds is given back (its controller association ends with its
+/// admin queue), and the socket lingers ([`Life::Lingering`]) until the host closes its
+/// side or [`LINGER`] passes. Closing at once with the host's unread bytes (commands sent
+/// after the drain began, their data) would reset the connection and could lose responses
+/// already sent.
+fn end_gracefully(conn: &mut Conn, pool: &mut BufPool, shared: &Shared, now: Instant) {
+    debug_assert!(
+        conn.tx.is_empty() && !busy(conn),
+        "ended with commands unanswered"
+    );
+    let shut = conn
+        .sock
+        .as_ref()
+        .is_some_and(|s| s.shutdown(std::net::Shutdown::Write).is_ok());
+    if !shut {
+        close(conn, pool, shared, &"closing");
+        return;
+    }
+    debug!(conn = conn.id, "every response sent: our side shut down");
+    release(conn, pool, shared);
+    conn.life = Life::Lingering;
+    conn.linger_until = Some(now + LINGER);
+}
+
+/// A lingering connection's turn: discards what its host sends (into its receive buffer)
+/// and closes the socket once the host closed its side, [`LINGER`] passed, the portal was
+/// removed or `expired` (the drain grace period). Returns whether anything moved (bytes
+/// discarded, the socket closed).
+fn linger(
+    conn: &mut Conn,
+    rx: &mut Rx,
+    pool: &mut BufPool,
+    shared: &Shared,
+    expired: bool,
+) -> bool {
+    debug_assert_eq!(conn.life, Life::Lingering);
+    let mut seen = Discarded::Bytes(0);
+    let why = if expired {
+        Some("shutdown grace period expired")
+    } else if conn.portal.0.removed.load(Ordering::Acquire) {
+        Some("its portal was removed")
+    } else {
+        seen = conn
+            .sock
+            .as_mut()
+            .map_or(Discarded::Ended, |s| discard_unread(s, &mut rx.buf));
+        match seen {
+            Discarded::Ended => Some("host closed its side"),
+            Discarded::Bytes(_) if conn.linger_until.is_none_or(|t| Instant::now() >= t) => {
+                Some("host did not close its side in time")
+            }
+            Discarded::Bytes(_) => None,
+        }
+    };
+    match why {
+        Some(why) => {
+            close(conn, pool, shared, &why);
+            true
+        }
+        None => seen != Discarded::Bytes(0),
+    }
+}
+
+/// Gives back what a connection that stops serving holds: its queued PDUs, the contexts
+/// not in the array (with their buffers), and its queue's place in its controller (the
+/// association ends with its admin queue).
+fn release(conn: &mut Conn, pool: &mut BufPool, shared: &Shared) {
     conn.tx.clear();
     conn.tx_sent = 0;
     conn.wait_buf.clear();
@@ -1738,7 +1835,7 @@ fn submit_one<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16) -> bo
 /// The array finished a request of context `c`.
 fn on_complete(conn: &mut Conn, pool: &mut BufPool, c: u16, result: Result<(), ArrayError>) {
     conn.in_array -= 1;
-    if conn.life == Life::Closed {
+    if matches!(conn.life, Life::Closed | Life::Lingering) {
         free_cmd(conn, pool, c);
         return;
     }
@@ -1924,6 +2021,7 @@ impl Frontend for NvmfFrontend {
                 Some(d) => expired = now >= d,
             }
         }
+        let draining = self.drain_deadline.is_some();
         let Self {
             conns,
             pool,
@@ -1937,13 +2035,24 @@ impl Frontend for NvmfFrontend {
             let Some((conn, rx)) = entry.as_mut() else {
                 continue;
             };
-            if conn.life != Life::Closed {
+            if conn.life == Life::Lingering {
+                progress |= linger(conn, rx, pool, shared, expired);
+            } else if conn.life != Life::Closed {
                 if expired {
                     close(conn, pool, shared, &"shutdown grace period expired");
                 } else if conn.portal.0.removed.load(Ordering::Acquire) {
                     close(conn, pool, shared, &"its portal was removed");
                 } else if let Some(q) = &conn.q {
-                    if q.ctrl.dead.load(Ordering::Acquire) {
+                    // At shutdown (export removal) a draining queue still answers what it
+                    // took when its admin queue drained first and ended the association
+                    // (the drain grace period bounds it), unless a command waits for data
+                    // that a queue no longer receiving never gets.
+                    let drains = || {
+                        conn.life == Life::Closing
+                            && draining
+                            && !conn.cmds.iter().any(|m| m.state == State::WaitData)
+                    };
+                    if q.ctrl.dead.load(Ordering::Acquire) && !drains() {
                         close(conn, pool, shared, &"controller association ended");
                     } else if let Some(a) = &q.admin {
                         if a.kato_ms > 0 {
@@ -1969,7 +2078,7 @@ impl Frontend for NvmfFrontend {
                     }
                 }
             }
-            if conn.life != Life::Closed {
+            if !matches!(conn.life, Life::Closed | Life::Lingering) {
                 let mut x = Ctx {
                     shared,
                     pool,
@@ -2003,7 +2112,8 @@ impl Frontend for NvmfFrontend {
                     }
                 }
                 if conn.life == Life::Closing && conn.tx.is_empty() && !busy(conn) {
-                    close(conn, x.pool, x.shared, &"closing");
+                    let t = *now.get_or_insert_with(Instant::now);
+                    end_gracefully(conn, x.pool, x.shared, t);
                     moved = true;
                 }
                 progress |= moved;
