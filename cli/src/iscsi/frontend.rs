@@ -2110,11 +2110,11 @@ impl IscsiFrontend {
     fn end_gracefully(&mut self, ci: usize) {
         let conn = self.conns[ci].as_mut().expect("present");
         debug_assert!(conn.tasks == 0 && conn.out.is_empty() && conn.tstart == conn.tend);
-        if !conn
+        let shut = conn
             .stream
             .as_ref()
-            .is_some_and(|s| s.shutdown_write().is_ok())
-        {
+            .is_some_and(|s| s.shutdown_write().is_ok());
+        if !shut {
             self.close(ci, "");
             return;
         }
