@@ -534,6 +534,12 @@ fn wrap(x: u16, n: u16) -> u16 {
     }
 }
 
+/// `x % n` for `x < 3n`: two conditional subtractions.
+fn wrap3(x: u16, n: u16) -> u16 {
+    debug_assert!(u32::from(x) < 3 * u32::from(n));
+    wrap(if x >= n { x - n } else { x }, n)
+}
+
 impl StripeLayout {
     /// The stripe number.
     pub fn stripe(&self) -> u64 {
@@ -611,9 +617,11 @@ impl StripeLayout {
         let n = self.members;
         let p = self.p;
         match (self.q, self.layout) {
-            (None, Layout::LeftSymmetric | Layout::RightSymmetric) => (member + n - p - 1) % n,
+            // member, p < n: the sums stay below 2n (RAID5) and 3n (RAID6), so conditional
+            // subtractions are the remainders (no division on the degraded-read path).
+            (None, Layout::LeftSymmetric | Layout::RightSymmetric) => wrap(member + n - p - 1, n),
             (Some(_), Layout::LeftSymmetric | Layout::RightSymmetric) => {
-                (member + 2 * n - p - 2) % n
+                wrap3(member + 2 * n - p - 2, n)
             }
             (None, _) => {
                 if member > p {
@@ -647,7 +655,7 @@ impl StripeLayout {
         match self.q {
             // md walks members from just after Q, skipping P and Q; Q follows P, so the
             // walk starts at P+2 and P, Q are its last two steps.
-            Some(_) => (member + 2 * self.members - self.p - 2) % self.members,
+            Some(_) => wrap3(member + 2 * self.members - self.p - 2, self.members),
             // RAID5 has no Q; report the data index.
             None => self.data_index_of(member),
         }
