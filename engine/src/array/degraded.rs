@@ -16,7 +16,23 @@ impl<C: Channel> Array<C> {
     pub(super) fn start_degraded(&mut self, s: u32, phase: Phase) {
         let g = *self.geo.geometry();
         let st = self.geo.stripe(self.sops[s as usize].stripe);
-        let lost = (0..g.members()).filter(|&m| self.missing(s, m)).count();
+        // One pass over the members: which are missing, and what they hold here.
+        let (mut lost, mut lost_data, mut p_lost) = (0usize, 0usize, false);
+        let mut lost_members: ArrayVec<u16, 2> = ArrayVec::new();
+        for m in 0..g.members() {
+            if !self.missing(s, m) {
+                continue;
+            }
+            lost += 1;
+            if !lost_members.is_full() {
+                lost_members.push(m);
+            }
+            match st.role(m) {
+                Role::P => p_lost = true,
+                Role::Q => {}
+                Role::Data { .. } => lost_data += 1,
+            }
+        }
         if lost > usize::from(g.parity_chunks()) {
             let stripe = st.stripe();
             return self.finish_sop(s, Err(ArrayError::Unrecoverable { stripe }));
@@ -24,31 +40,21 @@ impl<C: Channel> Array<C> {
         // Read only the parity the rebuild needs: P for one lost data chunk, Q as well for
         // two (or for one when P is lost too); none when only parity is lost (a degraded
         // write regenerates P/Q from the data anyway).
-        let lost_data = (0..g.data_chunks())
-            .filter(|&k| self.missing(s, st.data_member(k)))
-            .count();
-        let p_lost = self.missing(s, st.p_member());
         let need_p = lost_data > 0;
         let need_q = lost_data == 2 || (lost_data == 1 && p_lost);
         let range = self.footprint(s).parity_range();
-        let mut lost_members: ArrayVec<u16, 2> = ArrayVec::new();
-        for m in 0..g.members() {
-            if self.missing(s, m) {
-                lost_members.push(m); // at most the redundancy (checked above)
-            }
-        }
         let sop = &mut self.sops[s as usize];
         sop.phase = phase;
         sop.range = range;
         sop.io_error = false;
-        sop.lost = lost_members;
+        sop.lost = lost_members.clone();
         for m in 0..g.members() {
             let needed = match st.role(m) {
                 Role::P => need_p,
                 Role::Q => need_q,
                 Role::Data { .. } => true,
             };
-            if needed && !self.missing(s, m) {
+            if needed && !lost_members.contains(&m) {
                 let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                 self.io(s, m, Op::Read, range.start, range.len(), ptr);
             }
@@ -61,6 +67,13 @@ impl<C: Channel> Array<C> {
     /// Rebuilds the failed members' chunks over the parity range from the survivors in the
     /// operation's buffers.
     pub(super) fn rebuild_in_buffers(&mut self, s: u32) -> Result<(), ArrayError> {
+        self.rebuild_into(s, None)
+    }
+
+    /// [`Self::rebuild_in_buffers`], except that lost data slot `slot` of `into` is
+    /// rebuilt into the caller's buffer at `ptr` (the parity range's length, 64-byte
+    /// aligned) instead of the operation's own buffer, which is left as it was.
+    fn rebuild_into(&mut self, s: u32, into: Option<(u16, *mut u8)>) -> Result<(), ArrayError> {
         let g = *self.geo.geometry();
         let sop = &mut self.sops[s as usize];
         let st = self.geo.stripe(sop.stripe);
@@ -78,6 +91,17 @@ impl<C: Channel> Array<C> {
         }
         let mut data = ArrayVec::new();
         let (p, q) = views(&mut sop.bufs, &st, g.data_chunks(), g.level(), r, &mut data);
+        if let Some((slot, ptr)) = into {
+            debug_assert!(lost.contains(&ChunkId::Data(slot as u8)));
+            debug_assert!((ptr as usize).is_multiple_of(crate::parity::ALIGN));
+            // SAFETY: ptr addresses the caller's buffer for exactly the parity range of
+            // data slot `slot` (`finish_degraded_read`: a read of that one chunk, the parity
+            // range being its range), lent until the request completes and used by this
+            // operation alone; it does not overlap the operation's own buffers (the
+            // reconstruction's inputs). The slice lives only for this call.
+            data[usize::from(slot)] =
+                unsafe { std::slice::from_raw_parts_mut(ptr, r.len() as usize) };
+        }
         // Rebuilt data is read again at once (copied to the caller, or fed to the new parity):
         // ordinary stores keep it in cache.
         self.parity
@@ -93,13 +117,32 @@ impl<C: Channel> Array<C> {
             return self.move_sop(s);
         }
         self.stats.degraded_reads += 1;
-        if let Err(e) = self.rebuild_in_buffers(s) {
-            return self.finish_sop(s, Err(e));
-        }
         let g = *self.geo.geometry();
         let st = self.geo.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
         let c = u64::from(g.chunk_bytes());
+        // A read of one chunk, lost, with nothing to repair (the common degraded read):
+        // its range is the parity range, so the lost data is rebuilt straight into the
+        // caller's buffer and nothing is copied (raid5f likewise XORs into the request's
+        // buffers). A read touching survivors, or with ranges to rewrite, is rebuilt in
+        // the operation's buffers and copied out.
+        if w.touched() == 1 && self.sops[s as usize].bad.is_empty() {
+            let (k, r) = w.chunks().next().expect("one chunk touched");
+            let m = st.data_member(k);
+            if self.sops[s as usize].lost.contains(&m) {
+                debug_assert_eq!(r, self.sops[s as usize].range);
+                let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+                let slot = match st.role(m) {
+                    Role::Data { slot, .. } => slot,
+                    _ => unreachable!("data index {k} is a data chunk"),
+                };
+                let status = self.rebuild_into(s, Some((slot, dst)));
+                return self.finish_sop(s, status);
+            }
+        }
+        if let Err(e) = self.rebuild_in_buffers(s) {
+            return self.finish_sop(s, Err(e));
+        }
         for k in 0..g.data_chunks() {
             if let Some(r) = w.written(k) {
                 let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
