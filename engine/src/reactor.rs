@@ -943,13 +943,19 @@ impl<C: Channel> Io<'_, C> {
             tag: piece_tag(self.me, p),
             ..r
         };
-        if r.op == ArrayOp::Flush {
+        // Validated once, here: the shards take the pieces unchecked
+        // (`Array::submit_piece`).
+        if let Err(e) = self.array.validate(&r) {
+            parent.error = Some(e);
+        } else if r.op == ArrayOp::Flush {
             for owner in 0..self.reactors {
                 self.route(owner, tagged);
                 parent.remaining += 1;
             }
-        } else if let Err(e) = self.array.validate(&r) {
-            parent.error = Some(e);
+        } else if self.reactors == 1 {
+            // One shard owns every stripe: the request is its one piece.
+            self.route(0, tagged);
+            parent.remaining = 1;
         } else {
             for piece in split(tagged, self.geo, self.reactors) {
                 self.route(piece.owner, piece.request);
@@ -2301,7 +2307,9 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         let (me, reactors) = (self.me, self.reactors);
         // 3. Local pieces into the shard, in order.
         while let Some(r) = self.local.front().copied() {
-            if self.array.submit(r).is_err() {
+            // Every piece here is a sub-range of a request some reactor's `Io::submit`
+            // validated (pieces from other reactors, and foreign reads handed back).
+            if self.array.submit_piece(r).is_err() {
                 break;
             }
             self.local.pop_front();

@@ -1555,10 +1555,29 @@ impl<C: Channel> Array<C> {
     /// # Errors
     /// [`ArrayError::QueueFull`] when the request pool is exhausted: poll, then retry.
     pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        let invalid = self.validate(&r).err();
+        self.accept(r, invalid)
+    }
+
+    /// [`Self::submit`] for a piece of a request the caller has already validated with
+    /// [`Self::validate`] (a reactor's pieces: each a sub-range of a validated request, in
+    /// its buffer): the checks are not run a second time on the per-request path. Whether
+    /// this shard may serve the piece is still checked.
+    ///
+    /// # Errors
+    /// [`ArrayError::QueueFull`] when the request pool is exhausted: poll, then retry.
+    pub(crate) fn submit_piece(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        debug_assert_eq!(self.validate(&r), Ok(()), "a piece of a validated request");
+        self.accept(r, None)
+    }
+
+    /// Takes request `r` into the pool; `invalid`: what [`Self::validate`] found wrong
+    /// with it (it then completes at once with that error).
+    fn accept(&mut self, r: ArrayRequest, invalid: Option<ArrayError>) -> Result<(), ArrayError> {
         let Some(idx) = self.free_reqs.pop() else {
             return Err(ArrayError::QueueFull);
         };
-        let mut invalid = self.validate(&r).err();
+        let mut invalid = invalid;
         if invalid.is_none() && r.op != ArrayOp::Flush && !self.may_serve(&r) {
             invalid = Some(ArrayError::Invalid(
                 "a request for a stripe another reactor owns must be a read within one stripe",
