@@ -24,7 +24,7 @@
 # ferroraid: --workload degraded-randread, member 0 failed); full-stripe writes (256 KiB) at
 # QD8 and QD32 (SPDK: -w randwrite of stripe-aligned 256 KiB; ferroraid: seqwrite, one stripe
 # per request). SPDK: bdevperf -m 0x1 (reactor on CPU 0); ferroraid: array-bench --reactors 1
-# (its reactor pins itself to CPU 0) under taskset -c 0. Both load generators run on their
+# under taskset -c 0 (its reactor pins itself to the first allowed CPU). Both load generators run on their
 # reactor, so each side is one core in all.
 #
 # "added ns per I/O" = 1e9/raid_iops - 1e9/raw_iops, paired within a round, then the median:

@@ -539,10 +539,10 @@ fn array_config(workload: Workload, args: &Args) -> ArrayConfig {
     }
 }
 
-/// `reactors` polled reactors pinned to cores 0, 1, … (modulo the cores available).
+/// `reactors` polled reactors pinned to the allowed CPUs in turn ([`cpu`]).
 fn reactor_config(reactors: usize, args: &Args) -> ReactorConfig {
     ReactorConfig {
-        cores: (0..reactors).map(|i| Some(i % num_cpus())).collect(),
+        cores: (0..reactors).map(|i| Some(cpu(i))).collect(),
         mode: Mode::Polled,
         requests: args.qd * 2,
         foreign_reads: !args.no_foreign_reads,
@@ -619,8 +619,37 @@ where
     Ok(t)
 }
 
+/// The CPUs this process may run on (its affinity mask, as `taskset` sets it), ascending:
+/// reactors and raw-load threads are pinned to them in turn, so `taskset -c 1 array-bench`
+/// runs on CPU 1 (pinning to `0..n` ignored the mask and escaped it).
+fn allowed_cpus() -> &'static [usize] {
+    static CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(|| {
+        let mut ids: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        ids.sort_unstable();
+        if ids.is_empty() {
+            // The mask could not be read: every CPU the system reports.
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            ids = (0..n).collect();
+        }
+        ids
+    })
+}
+
+/// CPUs this process may run on.
 fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    allowed_cpus().len()
+}
+
+/// The CPU for thread `i` of a run (reactor or raw-load thread `i`): the allowed CPUs in
+/// turn.
+fn cpu(i: usize) -> usize {
+    let cpus = allowed_cpus();
+    cpus[i % cpus.len()]
 }
 
 fn raw_parallel<D: BlockDevice + Sync>(
@@ -639,9 +668,7 @@ fn raw_parallel<D: BlockDevice + Sync>(
                 std::thread::Builder::new()
                     .name(format!("raw-{i}"))
                     .spawn_scoped(s, move || {
-                        core_affinity::set_for_current(core_affinity::CoreId {
-                            id: i % num_cpus(),
-                        });
+                        core_affinity::set_for_current(core_affinity::CoreId { id: cpu(i) });
                         raw_load(dev, workload, bs, qd, duration)
                     })
                     .expect("spawning a raw-load thread")
@@ -1130,7 +1157,7 @@ fn main() -> Result<()> {
         if num_cpus() < 2 {
             return "one core only".to_string();
         }
-        match bench::core_round_trip_ns(0, 1, 200_000) {
+        match bench::core_round_trip_ns(cpu(0), cpu(1), 200_000) {
             Some(ns) => format!("{ns:.0} ns"),
             None => "not measured (cores cannot be pinned)".to_string(),
         }
