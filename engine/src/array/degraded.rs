@@ -132,11 +132,7 @@ impl<C: Channel> Array<C> {
             if self.sops[s as usize].lost.contains(&m) {
                 debug_assert_eq!(r, self.sops[s as usize].range);
                 let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
-                let slot = match st.role(m) {
-                    Role::Data { slot, .. } => slot,
-                    _ => unreachable!("data index {k} is a data chunk"),
-                };
-                let status = self.rebuild_into(s, Some((slot, dst)));
+                let status = self.rebuild_into(s, Some((st.q_slot(k), dst)));
                 return self.finish_sop(s, status);
             }
         }

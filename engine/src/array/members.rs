@@ -116,6 +116,14 @@ impl<C: Channel> Array<C> {
         !self.is_failed(member) && self.members[usize::from(member)].ch.info().volatile_cache
     }
 
+    /// Whether no member can be missing for operation `s` ([`Self::missing`] is false for
+    /// every member), known without asking each: none is failed or being rebuilt (both
+    /// count in `failed_members`) and the operation met no unrecovered read error. `false`
+    /// says only that some member may be missing.
+    pub(super) fn none_missing(&self, s: u32) -> bool {
+        self.failed_members == 0 && self.sops[s as usize].bad.is_empty()
+    }
+
     /// Whether operation `s` must do without `member`: failed, being rebuilt and not yet
     /// rebuilt at the operation's stripe, or it returned an unrecovered read error to
     /// this operation.

@@ -103,8 +103,7 @@ impl<C: Channel> Array<C> {
     /// Whether any member of operation `s`'s stripe is missing for it (failed, not yet
     /// rebuilt there, or an unrecovered read error in this operation).
     fn stripe_degraded(&self, s: u32) -> bool {
-        // Members being rebuilt count as failed in `failed_members`.
-        if self.failed_members == 0 && self.sops[s as usize].bad.is_empty() {
+        if self.none_missing(s) {
             return false;
         }
         (0..self.geo.geometry().members()).any(|m| self.missing(s, m))

@@ -14,11 +14,8 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let st = self.geo.stripe(self.sops[s as usize].stripe);
         let w = self.footprint(s);
-        // No member failed or being rebuilt (both count in `failed_members`) and no
-        // latent error found by this operation: nothing is missing, without asking each
-        // chunk's member.
-        let healthy = (self.failed_members == 0 && self.sops[s as usize].bad.is_empty())
-            || w.chunks().all(|(k, _)| !self.missing(s, st.data_member(k)));
+        let healthy =
+            self.none_missing(s) || w.chunks().all(|(k, _)| !self.missing(s, st.data_member(k)));
         if !healthy {
             return self.start_degraded(s, Phase::DegradedRead);
         }
