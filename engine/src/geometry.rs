@@ -426,6 +426,7 @@ impl Geometry {
     }
 
     /// Where P, Q and each data chunk of stripe `stripe` live.
+    #[inline]
     pub fn stripe(&self, stripe: u64) -> StripeLayout {
         self.stripe_rotated(stripe, (stripe % u64::from(self.members)) as u16)
     }
@@ -562,6 +563,7 @@ impl StripeLayout {
     ///
     /// # Panics
     /// If `index >= data_chunks` (a programmer error).
+    #[inline]
     pub fn data_member(&self, index: u16) -> u16 {
         assert!(index < self.data_chunks, "data index {index} out of range");
         let n = self.members;
@@ -708,6 +710,7 @@ impl ArrayGeometry {
     }
 
     /// Where stripe `stripe`'s chunks live: [`Geometry::stripe`] without a division.
+    #[inline]
     pub fn stripe(&self, stripe: u64) -> StripeLayout {
         self.geometry
             .stripe_rotated(stripe, (stripe % self.members_div) as u16)

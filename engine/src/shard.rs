@@ -673,7 +673,7 @@ impl<C: Channel> ShardedArray<C> {
                 Err(e) => parent.error = Some(e),
                 Ok(()) => {
                     for piece in split(tagged, self.shards[0].geometry(), n) {
-                        let to = if self.foreign_reads && r.op == ArrayOp::Read {
+                        let to = if self.foreign_reads && r.op.is_read() {
                             p as usize % n
                         } else {
                             piece.owner

@@ -77,6 +77,7 @@ impl StripeWrite {
     ///
     /// # Panics
     /// If the range is empty or exceeds the stripe (a caller bug).
+    #[inline]
     pub fn from_range(data_chunks: u16, chunk_bytes: u32, start: u64, end: u64) -> Self {
         let c = u64::from(chunk_bytes);
         assert!(

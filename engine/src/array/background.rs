@@ -280,9 +280,11 @@ impl<C: Channel> Array<C> {
             let s = self.bg_sops.pop().expect("checked above");
             let slot = self.bg_free.pop().expect("one per background operation");
             p.in_flight.push(stripe);
+            let layout = self.geo.stripe(stripe);
             let sop = &mut self.sops[s as usize];
             sop.req = u32::MAX;
             sop.stripe = stripe;
+            sop.layout = layout;
             sop.start = 0;
             sop.end = 0;
             sop.buf_off = 0;
@@ -403,7 +405,7 @@ impl<C: Channel> Array<C> {
         if kind == ProcessKind::Replace {
             return self.replace_compute(s);
         }
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let chunk = g.chunk_bytes();
         self.sops[s as usize].phase = Phase::BgWrite;
         self.sops[s as usize].io_error = false;
@@ -490,7 +492,7 @@ impl<C: Channel> Array<C> {
     /// slice of each parity chunk that mismatches.
     fn scrub(&mut self, s: u32, kind: ProcessKind) {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let chunk = g.chunk_bytes() as usize;
         let page = (MD_STRIPE_PAGE_BYTES as usize).min(chunk);
         let slot = usize::from(self.sops[s as usize].bg_slot);

@@ -15,7 +15,7 @@ impl<C: Channel> Array<C> {
     /// its chunk buffers, for a degraded read or write.
     pub(super) fn start_degraded(&mut self, s: u32, phase: Phase) {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         // One pass over the members: which are missing, and what they hold here.
         let (mut lost, mut lost_data, mut p_lost) = (0usize, 0usize, false);
         let mut lost_members: ArrayVec<u16, 2> = ArrayVec::new();
@@ -75,8 +75,8 @@ impl<C: Channel> Array<C> {
     /// aligned) instead of the operation's own buffer, which is left as it was.
     fn rebuild_into(&mut self, s: u32, into: Option<(u16, *mut u8)>) -> Result<(), ArrayError> {
         let g = *self.geo.geometry();
+        let st = self.layout(s);
         let sop = &mut self.sops[s as usize];
-        let st = self.geo.stripe(sop.stripe);
         let r = sop.range;
         let mut lost: ArrayVec<ChunkId, 2> = ArrayVec::new();
         for &m in &sop.lost {
@@ -118,7 +118,7 @@ impl<C: Channel> Array<C> {
         }
         self.stats.degraded_reads += 1;
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
         let c = u64::from(g.chunk_bytes());
         // A read of one chunk, lost, with nothing to repair (the common degraded read):

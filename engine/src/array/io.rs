@@ -4,7 +4,7 @@
 use crate::device::{Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
 use crate::qos::IoClass;
 
-use super::{Array, ArrayOp, Phase, MEMBER_BITS, NO_ENTRY};
+use super::{Array, Phase, MEMBER_BITS, NO_ENTRY};
 
 impl<C: Channel> Array<C> {
     // ---- member I/O --------------------------------------------------------------------
@@ -94,6 +94,7 @@ impl<C: Channel> Array<C> {
 
     /// A member request completed; `device_ns`: its time in the device (hand-over to the
     /// channel → reaped), when it went through the member queue.
+    #[inline]
     fn member_done(&mut self, c: Completion, device_ns: Option<u64>) {
         let s = (c.tag >> MEMBER_BITS) as u32;
         let id = (c.tag & ((1 << MEMBER_BITS) - 1)) as u16;
@@ -220,7 +221,7 @@ impl<C: Channel> Array<C> {
             return IoClass::Background;
         }
         let req = self.reqs[sop.req as usize].as_ref().expect("live request");
-        if req.op == ArrayOp::Read {
+        if req.op.is_read() {
             IoClass::ForegroundRead
         } else {
             IoClass::ForegroundWrite
@@ -231,6 +232,7 @@ impl<C: Channel> Array<C> {
     /// member's chunk in the operation's stripe, to/from `ptr`.
     /// A write to the member being replaced goes to its replacement as well (md writes a
     /// slot's `rdev` and `replacement` alike).
+    #[inline]
     pub(super) fn io(
         &mut self,
         s: u32,
@@ -318,6 +320,7 @@ impl<C: Channel> Array<C> {
 
     /// Queues `req` in the member's queue of `class` and dispatches what the channel and
     /// the depth controller admit.
+    #[inline]
     pub(super) fn send(&mut self, member: u16, class: IoClass, req: Request) {
         let now = self.now;
         let m = &mut self.members[usize::from(member)];
@@ -375,6 +378,7 @@ impl<C: Channel> Array<C> {
 
     /// Accounts one member request of operation `s` about to be sent: `op` over `len`
     /// bytes.
+    #[inline]
     fn count_issue(&mut self, s: u32, member: u16, op: Op, len: u32) {
         if self.sops[s as usize].outstanding == 0 {
             let sop = &self.sops[s as usize];

@@ -34,6 +34,7 @@ impl StripeLocks {
 
     /// Whether an operation on `stripe` must wait: for a write (`exclusive`), any hold on
     /// the stripe; for a read, an exclusive one.
+    #[inline]
     pub(crate) fn conflicts(&self, stripe: u64, exclusive: bool) -> bool {
         if !exclusive && self.exclusive == 0 {
             return false;
@@ -59,6 +60,7 @@ impl StripeLocks {
     ///
     /// # Panics
     /// If `op` already holds a stripe or is out of range (an engine bug).
+    #[inline]
     pub(crate) fn take(&mut self, stripe: u64, op: u32, exclusive: bool) {
         assert_eq!(self.at[op as usize], NONE, "operation {op} holds a stripe");
         debug_assert!(
@@ -71,6 +73,7 @@ impl StripeLocks {
     }
 
     /// Operation `op` lets go of its stripe, if it holds one.
+    #[inline]
     pub(crate) fn release(&mut self, op: u32) {
         let i = std::mem::replace(&mut self.at[op as usize], NONE);
         if i == NONE {

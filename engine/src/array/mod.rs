@@ -85,7 +85,7 @@ use thiserror::Error;
 use crate::bitmap::{BitmapOwner, BitmapWrite, WriteIntent};
 use crate::buf::AlignedBuf;
 use crate::device::{Channel, Completion, IoBuf, IoError};
-use crate::geometry::{ArrayGeometry, MAX_RAID6_MEMBERS};
+use crate::geometry::{ArrayGeometry, StripeLayout, MAX_RAID6_MEMBERS};
 use crate::parity::Parity;
 use crate::process::{ProcessKind, ProcessState, ShardWalk, MAX_BACKGROUND_OPS};
 use crate::qos::dispatch::MemberQueue;
@@ -95,7 +95,7 @@ use crate::qos::Admission;
 use crate::qos::{DepthConfig, IoClass, QosState};
 use crate::qos::{Pacer, Unpaced};
 use crate::shard::{owner, StripeGate};
-use crate::stripe::{ChunkRange, WriteMode};
+use crate::stripe::{ChunkRange, StripeWrite, WriteMode};
 use crate::zero_map::ZeroMap;
 use cache::StripeCache;
 use locks::StripeLocks;
@@ -153,6 +153,7 @@ pub enum ArrayOp {
 impl ArrayOp {
     /// Whether the request moves data through its buffer (read, write, compare-and-write,
     /// OR-write).
+    #[inline]
     pub fn has_buffer(self) -> bool {
         matches!(
             self,
@@ -163,8 +164,21 @@ impl ArrayOp {
         )
     }
 
+    /// Whether the request is a read.
+    #[inline]
+    pub fn is_read(self) -> bool {
+        matches!(self, ArrayOp::Read)
+    }
+
+    /// Whether the request is a flush.
+    #[inline]
+    pub fn is_flush(self) -> bool {
+        matches!(self, ArrayOp::Flush)
+    }
+
     /// Whether the request changes the array's contents (write, write-zeroes, discard,
     /// compare-and-write, OR-write).
+    #[inline]
     pub fn is_write(self) -> bool {
         matches!(
             self,
@@ -496,7 +510,7 @@ impl RequestClass {
     /// The class of a request of `op` over `len_bytes` bytes; `sequential`: it starts
     /// where one of the shard's recent write requests ended.
     pub fn of(op: ArrayOp, len_bytes: u64, sequential: bool) -> Self {
-        if op == ArrayOp::Read && len_bytes <= BULK_MIN_BYTES {
+        if op.is_read() && len_bytes <= BULK_MIN_BYTES {
             Self::SmallRead
         } else if op.is_write() && (len_bytes >= BULK_MIN_BYTES || sequential) {
             Self::BulkWrite
@@ -849,6 +863,12 @@ enum Phase {
 struct Sop {
     req: u32,
     stripe: u64,
+    /// The member roles of `stripe` (`ArrayGeometry::stripe`), set with it: the per-request
+    /// path reads them several times per operation.
+    layout: StripeLayout,
+    /// The footprint of `start..end` in the stripe ([`StripeWrite::from_range`]), set with
+    /// them (client operations; a background operation has no range).
+    fp: StripeWrite,
     /// Range within the stripe's logical data, bytes.
     start: u64,
     end: u64,
@@ -1240,6 +1260,8 @@ impl<C: Channel> Array<C> {
                 .map(|_| Sop {
                     req: 0,
                     stripe: 0,
+                    layout: geo.stripe(0),
+                    fp: StripeWrite::from_range(g.data_chunks(), g.chunk_bytes(), 0, 1),
                     start: 0,
                     end: 0,
                     buf_off: 0,
@@ -1578,12 +1600,12 @@ impl<C: Channel> Array<C> {
             return Err(ArrayError::QueueFull);
         };
         let mut invalid = invalid;
-        if invalid.is_none() && r.op != ArrayOp::Flush && !self.may_serve(&r) {
+        if invalid.is_none() && !r.op.is_flush() && !self.may_serve(&r) {
             invalid = Some(ArrayError::Invalid(
                 "a request for a stripe another reactor owns must be a read within one stripe",
             ));
         }
-        let paced = invalid.is_none() && r.op != ArrayOp::Flush;
+        let paced = invalid.is_none() && !r.op.is_flush();
         let sequential = r.op.is_write() && self.recent_write_ends.contains(&r.offset_bytes);
         let class = RequestClass::of(r.op, u64::from(r.len_bytes), sequential);
         if paced {
@@ -1619,7 +1641,7 @@ impl<C: Channel> Array<C> {
         }
         if invalid.is_some() {
             self.finish_req(idx);
-        } else if r.op == ArrayOp::Flush {
+        } else if r.op.is_flush() {
             self.start_flush(idx);
         } else {
             if r.op.is_write() {
@@ -1642,7 +1664,7 @@ impl<C: Channel> Array<C> {
             return true;
         }
         let single = within + u64::from(r.len_bytes) <= self.geo.geometry().stripe_data_bytes();
-        r.op == ArrayOp::Read && single && self.gate.is_some()
+        r.op.is_read() && single && self.gate.is_some()
     }
 
     /// Checks a request against the array: buffer length and alignment, block alignment,
@@ -1651,7 +1673,7 @@ impl<C: Channel> Array<C> {
     /// # Errors
     /// [`ArrayError::Invalid`] naming the problem.
     pub fn validate(&self, r: &ArrayRequest) -> Result<(), ArrayError> {
-        if r.op == ArrayOp::Flush {
+        if r.op.is_flush() {
             return if r.len_bytes == 0 {
                 Ok(())
             } else {

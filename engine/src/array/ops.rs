@@ -30,7 +30,7 @@ impl<C: Channel> Array<C> {
                 break;
             };
             let req = self.reqs[ri as usize].as_ref().expect("backlogged request");
-            if req.op == ArrayOp::Flush {
+            if req.op.is_flush() {
                 // A flush covers what completed before it: it may pass queued writes.
                 remove_at(&mut self.backlog, i);
                 self.start_flush(ri);
@@ -68,11 +68,16 @@ impl<C: Channel> Array<C> {
             if bulk {
                 self.turn_bulk_bytes += end - start;
             }
+            let layout = self.geo.stripe(stripe);
+            let g = self.geo.geometry();
+            let fp = StripeWrite::from_range(g.data_chunks(), g.chunk_bytes(), start, end);
             let sop = &mut self.sops[s as usize];
             sop.req = ri;
             sop.stripe = stripe;
+            sop.layout = layout;
             sop.start = start;
             sop.end = end;
+            sop.fp = fp;
             sop.buf_off = buf_off;
             sop.phase = Phase::Queued;
             sop.outstanding = 0;
@@ -91,7 +96,7 @@ impl<C: Channel> Array<C> {
                 }
             }
             any = true;
-            let read = self.reqs[ri as usize].as_ref().expect("live").op == ArrayOp::Read;
+            let read = self.reqs[ri as usize].as_ref().expect("live").op.is_read();
             if read && self.waiting.is_empty() && !self.locked.conflicts(stripe, false) {
                 self.locked.take(stripe, s, false);
                 self.start_sop(s);
@@ -130,7 +135,7 @@ impl<C: Channel> Array<C> {
         let (a, b) = (r.offset + r.split, r.offset + r.len);
         self.backlog.iter().take(i).any(|&e| {
             let e = self.reqs[e as usize].as_ref().expect("backlogged");
-            e.op != ArrayOp::Flush && e.offset + e.split < b && a < e.offset + e.len
+            !e.op.is_flush() && e.offset + e.split < b && a < e.offset + e.len
         })
     }
 
@@ -196,6 +201,7 @@ impl<C: Channel> Array<C> {
         started
     }
 
+    #[inline]
     fn start_sop(&mut self, s: u32) {
         if self.sops[s as usize].bg.is_some() {
             if self.array_failed() {
@@ -262,6 +268,7 @@ impl<C: Channel> Array<C> {
     }
 
     /// Releases what operation `s` holds in the stripe gate.
+    #[inline]
     fn release_gate(&mut self, s: u32) {
         let sop = &mut self.sops[s as usize];
         let hold = std::mem::replace(&mut sop.gate, GateHold::None);
@@ -315,6 +322,7 @@ impl<C: Channel> Array<C> {
     }
 
     /// Starts operation `s`'s first phase (its stripe is held, its bits durable).
+    #[inline]
     pub(super) fn dispatch_sop(&mut self, s: u32) {
         let req = self.reqs[self.sops[s as usize].req as usize]
             .as_ref()
@@ -337,6 +345,7 @@ impl<C: Channel> Array<C> {
         }
     }
 
+    #[inline]
     pub(super) fn finish_sop(&mut self, s: u32, status: Result<(), ArrayError>) {
         let regions = std::mem::replace(&mut self.sops[s as usize].regions, 0..0);
         if !regions.is_empty() {
@@ -365,6 +374,7 @@ impl<C: Channel> Array<C> {
         }
     }
 
+    #[inline]
     pub(super) fn finish_req(&mut self, ri: u32) {
         let req = self.reqs[ri as usize].take().expect("live request");
         if req.op.is_write() {
@@ -385,7 +395,7 @@ impl<C: Channel> Array<C> {
                 self.now,
                 self.now.saturating_sub(req.submit_ns),
                 req.len,
-                req.op == ArrayOp::Read,
+                req.op.is_read(),
             );
         }
         self.done.push_back(ArrayCompletion {
@@ -453,10 +463,27 @@ impl<C: Channel> Array<C> {
             .wrapping_add((data + sop.buf_off + x - sop.start) as usize)
     }
 
+    /// The footprint of client operation `s` in its stripe (set with its range).
     pub(super) fn footprint(&self, s: u32) -> StripeWrite {
-        let g = self.geo.geometry();
         let sop = &self.sops[s as usize];
-        StripeWrite::from_range(g.data_chunks(), g.chunk_bytes(), sop.start, sop.end)
+        debug_assert!(sop.bg.is_none(), "a background operation has no footprint");
+        debug_assert_eq!(
+            sop.fp,
+            StripeWrite::from_range(
+                self.geo.geometry().data_chunks(),
+                self.geo.geometry().chunk_bytes(),
+                sop.start,
+                sop.end
+            )
+        );
+        sop.fp
+    }
+
+    /// The member roles of operation `s`'s stripe (set with the stripe).
+    pub(super) fn layout(&self, s: u32) -> crate::geometry::StripeLayout {
+        let sop = &self.sops[s as usize];
+        debug_assert_eq!(sop.layout, self.geo.stripe(sop.stripe));
+        sop.layout
     }
 }
 

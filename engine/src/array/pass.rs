@@ -179,7 +179,7 @@ impl<C: Channel> Array<C> {
     /// Adds operation `f`'s footprint to the dirty blocks of the pass led by `lead`.
     fn add_to_pass(&mut self, lead: u32, f: u32) {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[lead as usize].stripe);
+        let st = self.layout(lead);
         let unit = g.block_bytes();
         let w = self.footprint(f);
         let (start, end) = (self.sops[f as usize].start, self.sops[f as usize].end);
@@ -238,7 +238,7 @@ impl<C: Channel> Array<C> {
     /// blocks to read per member and returns the mode and how many blocks it reads.
     pub(super) fn plan_pass(&mut self, s: u32) -> (WriteMode, u32) {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let nd = g.data_chunks();
         let sop = &mut self.sops[s as usize];
         let ent = self.cache.entry(sop.pass_entry);
@@ -298,7 +298,7 @@ impl<C: Channel> Array<C> {
     /// Blocks the pass led by `s` would read in `mode` with nothing cached.
     fn uncached_reads(&self, s: u32, mode: WriteMode) -> u32 {
         let g = self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let sop = &self.sops[s as usize];
         let rows = sop.rows.count();
         match mode {
@@ -427,7 +427,7 @@ impl<C: Channel> Array<C> {
     /// blocks of the stripe neither written by the pass nor cached.
     fn clients_could_fill(&self, s: u32) -> bool {
         let g = self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let sop = &self.sops[s as usize];
         let ent = self.cache.entry(sop.pass_entry);
         let (mut written, mut missing) = (0u64, 0u64);
@@ -549,7 +549,7 @@ impl<C: Channel> Array<C> {
     /// cached the rest of the stripe's writes read nothing). Returns the blocks to read.
     fn prefetch_stripe(&mut self, s: u32) -> u32 {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         // Where the stream's front is: the end of the pass's furthest write (stripe data
         // bytes). The stream overwrites the rest of that chunk before it needs its old
         // data for another chunk's parity, so those blocks are not read (unless a row the
@@ -634,7 +634,7 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let c = u64::from(g.chunk_bytes());
         let unit = g.block_bytes();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let Some((first, _)) = self.sops[s as usize].rows.run_from(0) else {
             return;
         };
@@ -672,7 +672,7 @@ impl<C: Channel> Array<C> {
     fn overlay(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let c = u64::from(g.chunk_bytes());
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let e = self.sops[s as usize].pass_entry;
         let mut f = s;
         while f != NONE {
@@ -701,7 +701,7 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let unit = g.block_bytes();
         let nd = g.data_chunks();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let e = self.sops[s as usize].pass_entry;
         let members = self.slots();
         // Pointers to the entry's member buffers: P/Q are written while data is read, and
@@ -863,7 +863,7 @@ impl<C: Channel> Array<C> {
     pub(super) fn issue_pass_writes(&mut self, s: u32, mode: WriteMode) {
         let g = *self.geo.geometry();
         let unit = g.block_bytes();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let e = self.sops[s as usize].pass_entry;
         let fua = self.sops[s as usize].pass_fua;
         let sop = &mut self.sops[s as usize];
@@ -932,7 +932,7 @@ impl<C: Channel> Array<C> {
     /// every write succeeded and nothing invalidated the cache meanwhile), and completes
     /// every operation of the pass with its status.
     pub(super) fn pass_written(&mut self, s: u32) {
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let (status, lost) = self.write_done(s);
         let e = std::mem::replace(&mut self.sops[s as usize].pass_entry, NONE);
         let ok = !self.sops[s as usize].io_error && lost == 0 && self.cache.current(e);

@@ -183,7 +183,7 @@ impl<C: Channel> Array<C> {
         if self.ppl.is_none() {
             return false;
         }
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         // md logs only while the parity device is in sync; RAID6 logs on each parity
         // member in service, lower member first.
         let mut logs = [NO_LOG; 2];
@@ -463,7 +463,7 @@ impl<C: Channel> Array<C> {
     /// for modified chunks `first..first + n`: `P_new ⊕ ⊕ D_k,new`, into `dst`.
     fn partial_parity(&self, s: u32, row_start: u32, first: u16, n: u16, dst: &mut [u8]) {
         let len = dst.len();
-        let pm = self.geo.stripe(self.sops[s as usize].stripe).p_member();
+        let pm = self.layout(s).p_member();
         let mut mods = ArrayVec::new();
         let par = self.new_rows(s, row_start, first, n, pm, len, &mut mods);
         let mut data: ArrayVec<&[u8], { MAX_DATA_CHUNKS + 1 }> = ArrayVec::new();

@@ -12,7 +12,7 @@ impl<C: Channel> Array<C> {
 
     pub(super) fn start_read(&mut self, s: u32) {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
         let healthy =
             self.none_missing(s) || w.chunks().all(|(k, _)| !self.missing(s, st.data_member(k)));
@@ -74,7 +74,7 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let unit = g.block_bytes();
         let c = u64::from(g.chunk_bytes());
-        let st = self.geo.stripe(stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
         let entry = self.cache.entry(pass.pass_entry);
         for (k, r) in w.chunks() {

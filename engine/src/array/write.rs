@@ -125,7 +125,7 @@ impl<C: Channel> Array<C> {
     pub(super) fn start_combine(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let stripe = self.sops[s as usize].stripe;
-        let st = self.geo.stripe(stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
         let range = w.parity_range();
         self.sops[s as usize].range = range;
@@ -175,7 +175,7 @@ impl<C: Channel> Array<C> {
         let g = *self.geo.geometry();
         let unit = g.block_bytes();
         let stripe = self.sops[s as usize].stripe;
-        let st = self.geo.stripe(stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
         let base = self.sops[s as usize].range.start;
         let (e, _) = self.cache.pin(stripe);
@@ -198,7 +198,7 @@ impl<C: Channel> Array<C> {
     pub(super) fn combine(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let c = u64::from(g.chunk_bytes());
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
         let (req_op, req_buf) = {
             let r = self.reqs[self.sops[s as usize].req as usize]
@@ -257,9 +257,14 @@ impl<C: Channel> Array<C> {
     /// runs as a pass, [`super::pass`]), and write-zeroes falling back to data writes.
     pub(super) fn start_write_single(&mut self, s: u32) {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
-        let plan = plan_write(&w, &st, |m| self.missing(s, m));
+        // Nothing missing: the planner's per-member test compiles away.
+        let plan = if self.none_missing(s) {
+            plan_write(&w, &st, |_| false)
+        } else {
+            plan_write(&w, &st, |m| self.missing(s, m))
+        };
         let r = plan.range;
         let sop = &mut self.sops[s as usize];
         (sop.ppl_lo, sop.ppl_hi) = (sop.start, sop.end);
@@ -300,7 +305,7 @@ impl<C: Channel> Array<C> {
     /// the caller's data, then issues the data and parity writes.
     pub(super) fn write_out(&mut self, s: u32, mode: WriteMode) {
         let g = *self.geo.geometry();
-        let st = self.geo.stripe(self.sops[s as usize].stripe);
+        let st = self.layout(s);
         let w = self.footprint(s);
         let r = self.sops[s as usize].range;
         let c = u64::from(g.chunk_bytes());
@@ -372,6 +377,13 @@ impl<C: Channel> Array<C> {
                         }
                     }
                 }
+                // The touched chunks' members and Q slots, found from the footprint (one
+                // chunk for most RMW writes) rather than by asking every member its role.
+                let mut touched: ArrayVec<(usize, u16, u16), MAX_DATA_CHUNKS> = ArrayVec::new();
+                for (k, _) in w.chunks() {
+                    touched.push((usize::from(st.data_member(k)), k, st.q_slot(k)));
+                }
+                let (pm, qm) = (usize::from(st.p_member()), st.q_member().map(usize::from));
                 let sop = &mut self.sops[s as usize];
                 let zero = &self.zero[ri..rl];
                 let mut deltas: ArrayVec<crate::parity::Delta<'_>, MAX_DATA_CHUNKS> =
@@ -379,10 +391,17 @@ impl<C: Channel> Array<C> {
                 let mut p_buf: Option<&mut [u8]> = None;
                 let mut q_buf: Option<&mut [u8]> = None;
                 for (m, b) in sop.bufs.iter_mut().enumerate() {
-                    match st.role(m as u16) {
-                        Role::P => p_buf = Some(&mut b[ri..rl]),
-                        Role::Q => q_buf = Some(&mut b[ri..rl]),
-                        Role::Data { index, slot } => match direct[usize::from(index)] {
+                    if m == pm {
+                        p_buf = Some(&mut b[ri..rl]);
+                    } else if Some(m) == qm {
+                        q_buf = Some(&mut b[ri..rl]);
+                    } else if let Some(&(_, index, slot)) = touched.iter().find(|t| t.0 == m) {
+                        debug_assert_eq!(
+                            st.role(m as u16),
+                            Role::Data { index, slot },
+                            "footprint member"
+                        );
+                        match direct[usize::from(index)] {
                             Some(src) => deltas.push(crate::parity::Delta {
                                 slot: slot as u8,
                                 old: &b[ri..rl],
@@ -390,15 +409,12 @@ impl<C: Channel> Array<C> {
                                 // R: rl − ri bytes (lent for the request's life).
                                 new: unsafe { std::slice::from_raw_parts(src, rl - ri) },
                             }),
-                            None if w.written(index).is_some() => {
-                                deltas.push(crate::parity::Delta {
-                                    slot: slot as u8,
-                                    old: zero,
-                                    new: &b[ri..rl],
-                                });
-                            }
-                            None => {}
-                        },
+                            None => deltas.push(crate::parity::Delta {
+                                slot: slot as u8,
+                                old: zero,
+                                new: &b[ri..rl],
+                            }),
+                        }
                     }
                 }
                 let p = p_buf.expect("stripe has P");
@@ -442,10 +458,7 @@ impl<C: Channel> Array<C> {
     /// data chunks from the caller's buffer, then P/Q over the parity range.
     pub(super) fn issue_single_writes(&mut self, s: u32, mode: WriteMode) {
         let (fua, w) = (self.sop_fua(s), self.footprint(s));
-        let (st, r) = {
-            let sop = &self.sops[s as usize];
-            (self.geo.stripe(sop.stripe), sop.range)
-        };
+        let (st, r) = (self.layout(s), self.sops[s as usize].range);
         let c = u64::from(self.geo.geometry().chunk_bytes());
         let client =
             |this: &Self, k: u16, from: u32| this.client_ptr(s, u64::from(k) * c + u64::from(from));

@@ -255,6 +255,7 @@ impl DepthController {
     /// unlimited (`u32::MAX`) for reads and flushes; for foreground writes the write-class
     /// depth; for background half of it (at least 1). The caller also keeps
     /// foreground writes + background within [`DepthController::depth_limit`].
+    #[inline]
     pub fn limit(&self, class: IoClass) -> u32 {
         match (self.cfg.policy, class) {
             (DepthPolicy::Off, _) | (_, IoClass::ForegroundRead | IoClass::Flush) => u32::MAX,
@@ -285,6 +286,7 @@ impl DepthController {
     }
 
     /// A request of `class` was handed to the device at `now_ns`.
+    #[inline]
     pub fn on_dispatch(&mut self, now_ns: u64, class: IoClass) {
         if class == IoClass::ForegroundRead {
             if self.reads_in_flight == 0 {
@@ -308,6 +310,7 @@ impl DepthController {
 
     /// A request of `class` completed after `latency_ns` in the device; `quiet`: it was
     /// a read that found no write-class request in the device when dispatched.
+    #[inline]
     pub fn on_complete(&mut self, now_ns: u64, class: IoClass, latency_ns: u64, quiet: bool) {
         let lat = latency_ns.max(1);
         match class {

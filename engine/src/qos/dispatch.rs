@@ -208,6 +208,7 @@ impl MemberQueue {
         out
     }
 
+    #[inline]
     fn dispatched(&mut self, class: IoClass, req: &Request, now_ns: u64) {
         let i = class.index();
         self.passed[i] = 0;
@@ -243,6 +244,7 @@ impl MemberQueue {
     /// A request with `tag` came back from the device at `now_ns` (any status): updates
     /// the in-device counts and feeds its latency to the controller. Unknown tags (a
     /// back-end bug the engine counts separately) are ignored.
+    #[inline]
     pub fn completed(&mut self, tag: u64, now_ns: u64) -> Option<u64> {
         let slot = (tag >> self.slot_shift) as usize;
         let s = self.sent.get_mut(slot)?;
