@@ -41,8 +41,8 @@ use thiserror::Error;
 
 use crate::array::{
     device_fits, new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig,
-    ArrayError, ArrayOp, ArrayRequest, ArrayStats, MemberCounters, MemberState, ReplaceInfo,
-    ReplaceState, RequestClass,
+    ArrayError, ArrayRequest, ArrayStats, MemberCounters, MemberState, ReplaceInfo, ReplaceState,
+    RequestClass,
 };
 use crate::bitmap::WriteIntent;
 use crate::device::{BlockDevice, Channel, DeviceError, IoError};
@@ -929,6 +929,9 @@ impl<C: Channel> Io<'_, C> {
     /// [`ArrayError::QueueFull`] when this reactor's parent table is full (wait for
     /// completions); malformed requests complete with [`ArrayError::Invalid`].
     pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        if self.reactors == 1 {
+            return self.submit_whole(r);
+        }
         let Some(p) = self.free.pop() else {
             return Err(ArrayError::QueueFull);
         };
@@ -947,15 +950,11 @@ impl<C: Channel> Io<'_, C> {
         // (`Array::submit_piece`).
         if let Err(e) = self.array.validate(&r) {
             parent.error = Some(e);
-        } else if r.op == ArrayOp::Flush {
+        } else if r.op.is_flush() {
             for owner in 0..self.reactors {
                 self.route(owner, tagged);
                 parent.remaining += 1;
             }
-        } else if self.reactors == 1 {
-            // One shard owns every stripe: the request is its one piece.
-            self.route(0, tagged);
-            parent.remaining = 1;
         } else {
             for piece in split(tagged, self.geo, self.reactors) {
                 self.route(piece.owner, piece.request);
@@ -975,8 +974,31 @@ impl<C: Channel> Io<'_, C> {
         Ok(())
     }
 
+    /// [`Self::submit`] with one reactor: its shard owns every stripe, so the request is
+    /// its own one piece and goes to the shard under the caller's tag — no parent entry to
+    /// fill and account on completion ([`Reactor::drive_array`] hands the shard's
+    /// completions straight to the front-end). The parent table's size still bounds the
+    /// requests in flight.
+    fn submit_whole(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        debug_assert_eq!(self.reactors, 1);
+        // Only this reactor writes its count (`count_in_flight`).
+        if self.in_flight.load(Ordering::Relaxed) >= self.parents.len() {
+            return Err(ArrayError::QueueFull);
+        }
+        count_in_flight(self.in_flight, 1);
+        // Validated once, here: the shard takes it unchecked (`Array::submit_piece`).
+        match self.array.validate(&r) {
+            Ok(()) => self.local.push_back(r),
+            Err(e) => self.done.push_back(ArrayCompletion {
+                tag: r.tag,
+                status: Err(e),
+            }),
+        }
+        Ok(())
+    }
+
     fn route(&mut self, owner: usize, r: ArrayRequest) {
-        if owner == self.me || (self.foreign_reads && r.op == ArrayOp::Read) {
+        if owner == self.me || (self.foreign_reads && r.op.is_read()) {
             self.local.push_back(r);
         } else {
             self.outbox.push(owner, Msg::Piece(r));
@@ -2335,16 +2357,21 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         }
         loop {
             let k = self.array.poll(&mut self.comps);
-            for &c in &self.comps[..k] {
-                let (origin, p) = split_tag(c.tag);
-                let back = ArrayCompletion {
-                    tag: u64::from(p),
-                    status: c.status,
-                };
-                if origin == me {
-                    account(&mut self.parents, &mut self.free, &mut self.done, back);
-                } else {
-                    self.outbox.push(origin, Msg::Done(back));
+            if reactors == 1 {
+                // Whole requests under their callers' tags (`Io::submit_whole`).
+                self.done.extend(&self.comps[..k]);
+            } else {
+                for &c in &self.comps[..k] {
+                    let (origin, p) = split_tag(c.tag);
+                    let back = ArrayCompletion {
+                        tag: u64::from(p),
+                        status: c.status,
+                    };
+                    if origin == me {
+                        account(&mut self.parents, &mut self.free, &mut self.done, back);
+                    } else {
+                        self.outbox.push(origin, Msg::Done(back));
+                    }
                 }
             }
             progress |= k > 0;

@@ -673,3 +673,133 @@ fn foreign_reads_race_owner_writes_on_shared_stripes() {
     // over the seeds some do.
     assert!(moved > 0, "no foreign read was handed to its owner");
 }
+
+/// Submits, on each poll, as many 512-byte reads as the reactor accepts (after one
+/// malformed request on the first poll), recording what `Io::submit` answered.
+struct Bounded {
+    bufs: Vec<AlignedBuf>,
+    next_tag: u64,
+    to_send: u64,
+    accepted: Vec<u64>,
+    refused_at: Vec<u64>,
+    completions: Vec<ArrayCompletion>,
+    polls: u32,
+}
+
+impl Frontend for Bounded {
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        self.polls += 1;
+        let mut any = false;
+        if self.polls == 1 {
+            // Malformed (zero length): completes at once with `Invalid`, yet holds its
+            // place in flight until delivered.
+            let r = ArrayRequest {
+                tag: 7,
+                op: ArrayOp::Read,
+                offset_bytes: 0,
+                len_bytes: 0,
+                buf: IoBuf::NONE,
+            };
+            assert_eq!(io.submit(r), Ok(()));
+            self.accepted.push(7);
+            any = true;
+        }
+        while self.next_tag < 100 + self.to_send {
+            let tag = self.next_tag;
+            let b = &mut self.bufs[(tag - 100) as usize];
+            // SAFETY: buffer `tag - 100` belongs to this front-end and is used by this
+            // request alone, untouched until the test ends.
+            let buf = unsafe { IoBuf::from_raw(NonNull::new(b.as_mut_ptr()).unwrap(), 512, None) };
+            let r = ArrayRequest {
+                tag,
+                op: ArrayOp::Read,
+                offset_bytes: (tag - 100) * 4096,
+                len_bytes: 512,
+                buf,
+            };
+            match io.submit(r) {
+                Ok(()) => {
+                    self.accepted.push(tag);
+                    self.next_tag += 1;
+                    any = true;
+                }
+                Err(e) => {
+                    assert_eq!(e, engine::array::ArrayError::QueueFull);
+                    self.refused_at.push(tag);
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    fn complete(&mut self, c: ArrayCompletion) {
+        self.completions.push(c);
+    }
+
+    fn finished(&self) -> bool {
+        self.completions.len() as u64 == self.to_send + 1
+    }
+}
+
+/// With one reactor a request goes to the shard under its caller's tag, with no parent
+/// entry (`Io::submit_whole`): the reactor's `requests` still bounds what is in flight
+/// (a malformed request included, until its completion is delivered), `QueueFull` beyond
+/// it, room again once completions are delivered, and every completion carries the tag
+/// its caller gave.
+#[test]
+fn one_reactor_bounds_requests_in_flight_and_answers_under_the_callers_tags() {
+    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 5, CHUNK, 512).unwrap();
+    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+    let devices: Vec<MemDevice> = (0..5)
+        .map(|i| MemDevice::new(&format!("mem{i}"), STRIPES * CHUNK, 512, 64).unwrap())
+        .collect();
+    let fe = Bounded {
+        bufs: (0..10).map(|_| AlignedBuf::zeroed(512)).collect(),
+        next_tag: 100,
+        to_send: 10,
+        accepted: Vec::new(),
+        refused_at: Vec::new(),
+        completions: Vec::new(),
+        polls: 0,
+    };
+    let cfg = ArrayConfig {
+        io_timeout_ns: 0,
+        write_hold_ns: 0,
+        ..ArrayConfig::default()
+    };
+    let ((), fe) = engine::reactor::run_local(&devices, geo, Parity::new(), cfg, 4, fe, |r| {
+        for _ in 0..10_000 {
+            r.turn();
+            if r.frontend().finished() {
+                break;
+            }
+        }
+        assert_eq!(r.in_flight(), 0, "every completion delivered");
+    })
+    .unwrap();
+    // First poll: the malformed request and three reads fill the four places; the fourth
+    // read is refused.
+    assert_eq!(
+        fe.refused_at.first(),
+        Some(&103),
+        "refusals: {:?}",
+        fe.refused_at
+    );
+    assert_eq!(fe.accepted.len(), 11, "accepted: {:?}", fe.accepted);
+    let mut tags: Vec<u64> = fe.completions.iter().map(|c| c.tag).collect();
+    tags.sort_unstable();
+    let mut want: Vec<u64> = (100..110).collect();
+    want.insert(0, 7);
+    assert_eq!(tags, want, "completions under the callers' tags");
+    for c in &fe.completions {
+        if c.tag == 7 {
+            assert!(matches!(
+                c.status,
+                Err(engine::array::ArrayError::Invalid(_))
+            ));
+        } else {
+            assert_eq!(c.status, Ok(()), "read {}", c.tag);
+        }
+    }
+}
