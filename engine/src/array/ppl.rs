@@ -294,7 +294,7 @@ impl<C: Channel> Array<C> {
             log.queue.pop_front();
             log.record.push(s);
             log.stripes.push(sop.stripe);
-            let st = self.geo.stripe(sop.stripe);
+            let st = sop.layout;
             // This log is the stripe's P member's, or (RAID6) its Q member's.
             let q_log = usize::from(st.p_member()) != l;
             debug_assert!(!q_log || st.q_member() == Some(l as u16));
@@ -428,7 +428,7 @@ impl<C: Channel> Array<C> {
         debug_assert!(data.is_empty());
         let c = u64::from(self.geo.geometry().chunk_bytes());
         let sop = &self.sops[s as usize];
-        let st = self.geo.stripe(sop.stripe);
+        let st = sop.layout;
         if sop.phase == Phase::PplWait(Logged::Pass) {
             let ent = self.cache.entry(sop.pass_entry);
             let par = ent.bufs[usize::from(parity)]
