@@ -79,9 +79,11 @@ ORACLE=${FERRORAID_ORACLE:-$REPO/../shared/oracle/raidref.py}
 echo "guest: building guest_check (release)"
 cargo build --release --quiet -p ferroraid-tests --bin guest_check
 BIN=$CARGO_TARGET_DIR/release/guest_check
-# The ferroraid binary itself (debug: the build `cargo test` makes anyway).
+# The ferroraid binary itself, in the profile `cargo test` builds it (`test`: opt-level 2,
+# debug assertions on; tests/src/lib.rs ferroraid_bin): after `cargo test` only the binary
+# links, where the dev profile would compile every dependency again at opt-level 0.
 echo "guest: building ferroraid"
-cargo build --quiet -p ferroraid
+cargo build --quiet --profile test -p ferroraid --bin ferroraid
 FR=$CARGO_TARGET_DIR/debug/ferroraid
 
 rig_kernel
