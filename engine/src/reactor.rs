@@ -54,7 +54,7 @@ use crate::process::{
 };
 use crate::qos::QosState;
 use crate::qos::{Pacer, Unpaced};
-use crate::shard::{merge_state, owner, split, StripeGate};
+use crate::shard::{merge_state, one_piece, owner, split, StripeGate};
 use crate::zero_map::ZeroMap;
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
@@ -955,6 +955,11 @@ impl<C: Channel> Io<'_, C> {
                 self.route(owner, tagged);
                 parent.remaining += 1;
             }
+        } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
+            // Inside one stripe (most small requests): its one piece, without the
+            // iterator.
+            self.route(piece.owner, piece.request);
+            parent.remaining = 1;
         } else {
             for piece in split(tagged, self.geo, self.reactors) {
                 self.route(piece.owner, piece.request);

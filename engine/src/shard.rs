@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::array::{
@@ -69,41 +69,67 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
             stop = (stop + stripe_bytes).min(end);
             next += 1;
         }
-        let at = (pos - r.offset_bytes) as usize;
-        let len = (stop - pos) as u32;
-        let buf = if matches!(r.op, ArrayOp::CompareAndWrite { .. }) {
-            // Lies inside one stripe (validated), so this is the only piece: it carries
-            // the whole buffer, verify data and write data.
-            r.buf
-        } else if r.op.has_buffer() {
-            // SAFETY: the piece is a sub-range (at..at+len) of the parent's lent buffer; the
-            // pieces of one request are disjoint, and the parent completes only after every
-            // piece has, so the caller's promise (valid and untouched until completion)
-            // covers each.
-            unsafe {
-                IoBuf::from_raw(
-                    NonNull::new(r.buf.as_ptr().wrapping_add(at)).expect("non-null"),
-                    len,
-                    r.buf.region(),
-                )
-            }
-        } else {
-            // Write-zeroes and discard carry no buffer; the range is the request's.
-            IoBuf::NONE
-        };
-        let piece = Piece {
-            owner: who,
-            request: ArrayRequest {
-                tag: r.tag,
-                op: r.op,
-                offset_bytes: pos,
-                len_bytes: len,
-                buf,
-            },
-        };
+        let piece = piece_of(&r, who, pos, stop);
         pos = stop;
         Some(piece)
     })
+}
+
+/// What [`split`] yields for `r` when it lies inside one stripe (most small requests): its
+/// one piece, computed without the iterator; `None` when `r` spans stripes (then use
+/// [`split`]). `r` must be validated against `geo` (non-empty, inside the array), as for
+/// [`split`].
+#[inline]
+pub fn one_piece(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> Option<Piece> {
+    let (stripe, within) = geo.stripe_of(r.offset_bytes);
+    let end = within + u64::from(r.len_bytes);
+    (end <= geo.geometry().stripe_data_bytes()).then(|| {
+        piece_of(
+            &r,
+            owner(stripe, reactors),
+            r.offset_bytes,
+            r.offset_bytes + u64::from(r.len_bytes),
+        )
+    })
+}
+
+/// The piece of `r` over array bytes `pos..stop` (inside `r`'s range), for `who`.
+#[inline]
+fn piece_of(r: &ArrayRequest, who: usize, pos: u64, stop: u64) -> Piece {
+    debug_assert!(r.offset_bytes <= pos && pos < stop);
+    debug_assert!(stop <= r.offset_bytes + u64::from(r.len_bytes));
+    let at = (pos - r.offset_bytes) as usize;
+    let len = (stop - pos) as u32;
+    let buf = if matches!(r.op, ArrayOp::CompareAndWrite { .. }) {
+        // Lies inside one stripe (validated), so this is the only piece: it carries
+        // the whole buffer, verify data and write data.
+        r.buf
+    } else if r.op.has_buffer() {
+        // SAFETY: the piece is a sub-range (at..at+len) of the parent's lent buffer; the
+        // pieces of one request are disjoint, and the parent completes only after every
+        // piece has, so the caller's promise (valid and untouched until completion)
+        // covers each.
+        unsafe {
+            IoBuf::from_raw(
+                NonNull::new(r.buf.as_ptr().wrapping_add(at)).expect("non-null"),
+                len,
+                r.buf.region(),
+            )
+        }
+    } else {
+        // Write-zeroes and discard carry no buffer; the range is the request's.
+        IoBuf::NONE
+    };
+    Piece {
+        owner: who,
+        request: ArrayRequest {
+            tag: r.tag,
+            op: r.op,
+            offset_bytes: pos,
+            len_bytes: len,
+            buf,
+        },
+    }
 }
 
 /// Lets a reactor serve a read of a stripe another reactor owns by itself (a *foreign
@@ -134,14 +160,18 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
 /// write's `end_write` sees the flag (release/acquire through the slot word).
 ///
 /// Cost on the hot path: one uncontended atomic add at the start and one at the end of a
-/// foreign read plus one load per member; one add of each per owner write (only with more
-/// than one reactor).
+/// foreign read plus one load per 64 members (the failure bits); one add of each per owner
+/// write (only with more than one reactor).
 pub struct StripeGate {
     slots: Box<[AtomicU32]>,
     /// `slots.len() / SLOTS_PER_LINE`.
     lines: u64,
-    /// Per member: some shard failed it (cleared when the slot gets a new device).
-    failed: Box<[AtomicBool]>,
+    /// Bit `m % 64` of word `m / 64`: some shard failed member `m` (cleared when the slot
+    /// gets a new device). One word covers arrays of up to 64 members, so a foreign read's
+    /// check ([`StripeGate::lagging`]) is one load while no member is failed.
+    failed: Box<[AtomicU64]>,
+    /// Members of the array (bits past it are never set).
+    members: u16,
 }
 
 /// One writer in a slot word.
@@ -170,22 +200,26 @@ impl StripeGate {
             slots: (0..n).map(|_| AtomicU32::new(0)).collect(),
             // Both powers of two: so is `lines`.
             lines: n as u64 / SLOTS_PER_LINE,
-            failed: (0..members).map(|_| AtomicBool::new(false)).collect(),
+            failed: (0..usize::from(members).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            members,
         })
     }
 
     /// A shard failed `member` (before it writes any stripe without it).
     pub fn note_failed(&self, member: u16) {
-        if let Some(f) = self.failed.get(usize::from(member)) {
-            f.store(true, Ordering::Release);
+        if member < self.members {
+            self.failed[usize::from(member) / 64].fetch_or(1 << (member % 64), Ordering::Release);
         }
     }
 
     /// `member`'s slot has a new device (being rebuilt: foreign reads go to the owner
     /// until it is online everywhere).
     pub fn note_replaced(&self, member: u16) {
-        if let Some(f) = self.failed.get(usize::from(member)) {
-            f.store(false, Ordering::Release);
+        if member < self.members {
+            self.failed[usize::from(member) / 64]
+                .fetch_and(!(1 << (member % 64)), Ordering::Release);
         }
     }
 
@@ -193,10 +227,17 @@ impl StripeGate {
     /// not: its view lags, and a foreign read must go to the owner. Call after a
     /// successful [`StripeGate::try_read`].
     pub fn lagging(&self, mut failed_here: impl FnMut(u16) -> bool) -> bool {
-        self.failed
-            .iter()
-            .enumerate()
-            .any(|(m, f)| f.load(Ordering::Acquire) && !failed_here(m as u16))
+        for (i, w) in self.failed.iter().enumerate() {
+            let mut bits = w.load(Ordering::Acquire);
+            while bits != 0 {
+                let m = (i * 64) as u16 + bits.trailing_zeros() as u16;
+                if !failed_here(m) {
+                    return true;
+                }
+                bits &= bits - 1;
+            }
+        }
+        false
     }
 
     /// The slot of `stripe`: consecutive stripes (which alternate owners) on different
@@ -672,14 +713,22 @@ impl<C: Channel> ShardedArray<C> {
             _ => match self.shards[0].validate(&r) {
                 Err(e) => parent.error = Some(e),
                 Ok(()) => {
-                    for piece in split(tagged, self.shards[0].geometry(), n) {
-                        let to = if self.foreign_reads && r.op.is_read() {
+                    let here = self.foreign_reads && r.op.is_read();
+                    let to = |piece: &Piece| {
+                        if here {
                             p as usize % n
                         } else {
                             piece.owner
-                        };
-                        self.push(to, piece.request);
-                        parent.remaining += 1;
+                        }
+                    };
+                    if let Some(piece) = one_piece(tagged, self.shards[0].geometry(), n) {
+                        self.push(to(&piece), piece.request);
+                        parent.remaining = 1;
+                    } else {
+                        for piece in split(tagged, self.shards[0].geometry(), n) {
+                            self.push(to(&piece), piece.request);
+                            parent.remaining += 1;
+                        }
                     }
                 }
             },
@@ -836,10 +885,92 @@ mod tests {
     }
 
     #[test]
-    fn pieces_follow_stripe_owners() {
+    fn lagging_covers_members_past_the_first_word() {
+        // RAID6 over 257 members (255 data chunks): five words of failure bits.
+        let g = StripeGate::new(0, 64, 257);
+        g.note_failed(256);
+        g.note_failed(64);
+        assert!(g.lagging(|m| m == 64), "member 256 missed");
+        assert!(g.lagging(|m| m == 256), "member 64 missed");
+        assert!(!g.lagging(|m| m == 64 || m == 256));
+        g.note_replaced(64);
+        assert!(!g.lagging(|m| m == 256));
+        // Out of range: ignored, as before.
+        g.note_failed(300);
+        assert!(!g.lagging(|m| m == 256));
+    }
+
+    /// RAID5 over four members, 4 KiB chunks, ten stripes; and its stripe's data bytes.
+    fn ten_stripes() -> (ArrayGeometry, u64) {
         let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 4096, 512).unwrap();
-        let geo = ArrayGeometry::new(g, 10).unwrap();
-        let stripe = g.stripe_data_bytes();
+        (ArrayGeometry::new(g, 10).unwrap(), g.stripe_data_bytes())
+    }
+
+    #[test]
+    fn one_piece_is_what_split_yields_for_a_request_inside_one_stripe() {
+        let (geo, stripe) = ten_stripes();
+        let mut buf = vec![0u8; 2 * stripe as usize];
+        for (op, len) in [
+            (ArrayOp::Read, 4096),
+            (ArrayOp::Write { fua: false }, 8192),
+            (ArrayOp::WriteZeroes { fua: true }, 512),
+            (ArrayOp::Discard, stripe as u32),
+        ] {
+            for offset in [0, stripe - u64::from(len), 3 * stripe + 512, 9 * stripe] {
+                // SAFETY: never submitted; only split.
+                let io = unsafe { IoBuf::from_slice(&mut buf[..len as usize]) };
+                let r = ArrayRequest {
+                    tag: 7,
+                    op,
+                    offset_bytes: offset,
+                    len_bytes: len,
+                    buf: if op.has_buffer() { io } else { IoBuf::NONE },
+                };
+                for reactors in [1, 2, 3] {
+                    let all: Vec<Piece> = split(r, &geo, reactors).collect();
+                    let one = one_piece(r, &geo, reactors);
+                    let fits = offset % stripe + u64::from(len) <= stripe;
+                    assert_eq!(one.is_some(), fits, "{op:?} at {offset}");
+                    if let Some(p) = one {
+                        assert_eq!(all.len(), 1);
+                        assert_eq!(p.owner, all[0].owner);
+                        let (a, b) = (p.request, all[0].request);
+                        assert_eq!(
+                            (
+                                a.tag,
+                                a.offset_bytes,
+                                a.len_bytes,
+                                a.buf.as_ptr(),
+                                a.buf.len()
+                            ),
+                            (
+                                b.tag,
+                                b.offset_bytes,
+                                b.len_bytes,
+                                b.buf.as_ptr(),
+                                b.buf.len()
+                            )
+                        );
+                    }
+                }
+            }
+        }
+        // Across a stripe boundary: no one piece.
+        let r = ArrayRequest {
+            tag: 7,
+            op: ArrayOp::Read,
+            offset_bytes: stripe - 512,
+            len_bytes: 1024,
+            // SAFETY: never submitted; only split.
+            buf: unsafe { IoBuf::from_slice(&mut buf[..1024]) },
+        };
+        assert!(one_piece(r, &geo, 2).is_none());
+        assert_eq!(split(r, &geo, 2).count(), 2);
+    }
+
+    #[test]
+    fn pieces_follow_stripe_owners() {
+        let (geo, stripe) = ten_stripes();
         let mut buf = vec![0u8; 3 * stripe as usize];
         // SAFETY: never submitted; only split.
         let io = unsafe { IoBuf::from_slice(&mut buf) };
