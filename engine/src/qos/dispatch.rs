@@ -55,6 +55,9 @@ pub struct Pumped {
 /// see the module docs.
 pub struct MemberQueue {
     queues: [VecDeque<Request>; 4],
+    /// Requests in `queues`, all classes (the data path's common check, "does anything
+    /// wait?", is one compare instead of a look at every class queue).
+    waiting: usize,
     in_device: [u32; 4],
     passed: [u32; 4],
     sent: Vec<Sent>,
@@ -75,6 +78,7 @@ impl MemberQueue {
     ) -> Self {
         Self {
             queues: std::array::from_fn(|_| VecDeque::with_capacity(capacity)),
+            waiting: 0,
             in_device: [0; 4],
             passed: [0; 4],
             sent: vec![Sent::default(); slots],
@@ -86,6 +90,7 @@ impl MemberQueue {
     /// Queues `req` behind earlier requests of its class.
     pub fn enqueue(&mut self, class: IoClass, req: Request) {
         self.queues[class.index()].push_back(req);
+        self.waiting += 1;
     }
 
     /// Queues `req` in its class and dispatches what `ch` and the limits admit, like
@@ -102,7 +107,7 @@ impl MemberQueue {
         mut refused: impl FnMut(Request, SubmitError),
     ) -> Pumped {
         let i = class.index();
-        let idle = self.queues.iter().all(VecDeque::is_empty);
+        let idle = self.waiting == 0;
         let within = self.in_device[i] < self.ctl.limit(class)
             && (!class.is_write_class() || self.write_class_in_device() < self.ctl.depth_limit());
         if !(idle && within) {
@@ -115,7 +120,7 @@ impl MemberQueue {
                 Pumped { submitted: 1 }
             }
             Err(SubmitError::QueueFull) if ch.in_flight() > 0 => {
-                self.queues[i].push_back(req);
+                self.enqueue(class, req);
                 Pumped::default()
             }
             Err(SubmitError::QueueFull) => {
@@ -131,7 +136,11 @@ impl MemberQueue {
 
     /// Requests waiting in the queues (all classes).
     pub fn queued(&self) -> usize {
-        self.queues.iter().map(VecDeque::len).sum()
+        debug_assert_eq!(
+            self.waiting,
+            self.queues.iter().map(VecDeque::len).sum::<usize>()
+        );
+        self.waiting
     }
 
     /// Requests of `class` in the device.
@@ -184,7 +193,7 @@ impl MemberQueue {
         let mut out = Pumped::default();
         // The common case on every executor turn: nothing waits (one look per class queue, no
         // class walk).
-        if self.queues.iter().all(VecDeque::is_empty) {
+        if self.waiting == 0 {
             return out;
         }
         while let Some(class) = self.pick() {
@@ -192,6 +201,7 @@ impl MemberQueue {
             let req = self.queues[i]
                 .pop_front()
                 .expect("admissible class has a request");
+            self.waiting -= 1;
             match ch.submit(req) {
                 Ok(()) => {
                     out.submitted += 1;
@@ -199,6 +209,7 @@ impl MemberQueue {
                 }
                 Err(SubmitError::QueueFull) if ch.in_flight() > 0 => {
                     self.queues[i].push_front(req);
+                    self.waiting += 1;
                     break;
                 }
                 Err(SubmitError::QueueFull) => refused(req, SubmitError::Gone),
@@ -212,15 +223,20 @@ impl MemberQueue {
     fn dispatched(&mut self, class: IoClass, req: &Request, now_ns: u64) {
         let i = class.index();
         self.passed[i] = 0;
-        for c in IoClass::ALL.into_iter().skip(i + 1) {
-            if !self.queues[c.index()].is_empty() {
-                self.passed[c.index()] += 1;
+        let quiet = if self.waiting == 0 {
+            // Nothing waits (the common case): no class was passed over.
+            class == IoClass::ForegroundRead && self.write_class_in_device() == 0
+        } else {
+            for c in IoClass::ALL.into_iter().skip(i + 1) {
+                if !self.queues[c.index()].is_empty() {
+                    self.passed[c.index()] += 1;
+                }
             }
-        }
-        let quiet = class == IoClass::ForegroundRead
-            && self.write_class_in_device() == 0
-            && self.queues[IoClass::ForegroundWrite.index()].is_empty()
-            && self.queues[IoClass::Background.index()].is_empty();
+            class == IoClass::ForegroundRead
+                && self.write_class_in_device() == 0
+                && self.queues[IoClass::ForegroundWrite.index()].is_empty()
+                && self.queues[IoClass::Background.index()].is_empty()
+        };
         self.in_device[i] += 1;
         let slot = (req.tag >> self.slot_shift) as usize;
         if let Some(s) = self.sent.get_mut(slot) {
@@ -272,6 +288,7 @@ impl MemberQueue {
             q.retain(|r| r.tag != tag);
             n += before - q.len();
         }
+        self.waiting -= n;
         n
     }
 
