@@ -3,10 +3,10 @@
 
 On a shared VM the wall-clock figures of array-bench move by 5-20 % between runs, more than
 most changes to the per-request path are worth. Instruction counts do not move: this runs
-one array-bench configuration (1 reactor, 1 s) under callgrind, counts only what executes
-inside the reactor's loop turn (`--toggle-collect` on `Reactor::turn`; the pre-reactor-set
-engine's `reactor::run` with `--root run`), and divides by the requests the array finished
-(calls of `finish_req`).
+one array-bench configuration (1 reactor unless --reactors, 1 s) under callgrind, counts
+only what executes inside the reactor's loop turn (`--toggle-collect` on `Reactor::turn`;
+the pre-reactor-set engine's `reactor::run` with `--root run`), and divides by the requests
+the array finished (calls of `finish_req`).
 
 Work driven by the clock rather than by requests is left out: under valgrind the run is
 ~50x slower, so per-window work (depth-controller and bulk-share windows, publishing
@@ -14,7 +14,11 @@ figures, histogram resets) would be charged ~50x too often per request. Those ca
 matched by name (EXCLUDE below) and their inclusive cost is subtracted.
 
     bench/instructions_per_request.py ARRAY_BENCH [--workload randread] [--level 5]
-        [--device null] [--top N]
+        [--device null] [--reactors 1] [--top N]
+
+With --reactors 2 (or more) the reactors' threads all run on CPU 0 under valgrind, one at a
+time; the count is then what a request costs with its cross-reactor path (pieces, parent
+entries, foreign reads, messages to the owner and back), beside the one-reactor figure.
 
 Prints "instructions/request=X requests=N" and, with --top, the N functions with the most
 instructions of their own per request. Needs valgrind (apt-get install valgrind); never
@@ -95,6 +99,7 @@ def main():
     ap.add_argument("--workload", default="randread")
     ap.add_argument("--level", default="5")
     ap.add_argument("--device", default="null")
+    ap.add_argument("--reactors", default="1")
     ap.add_argument("--root", default="engine::reactor::Reactor*::turn",
                     help="function whose inclusive instructions count (callgrind pattern)")
     ap.add_argument("--top", type=int, default=0)
@@ -105,7 +110,7 @@ def main():
         # threads spinning on one line, which valgrind's serialised threads make endless).
         cmd = ["taskset", "-c", "0", "valgrind", "--tool=callgrind",
                f"--toggle-collect={a.root}", f"--callgrind-out-file={out}",
-               a.array_bench, "--device", a.device, "--level", a.level, "--reactors", "1",
+               a.array_bench, "--device", a.device, "--level", a.level, "--reactors", a.reactors,
                "--workload", a.workload, "--seconds", "1", "--member-mib", "64"]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0 or not os.path.exists(out):
@@ -114,7 +119,7 @@ def main():
     if requests == 0:
         sys.exit(f"no request finished inside {a.root} (wrong --root for this binary?)")
     print(f"instructions/request={(total - excluded) / requests:.1f} requests={requests} "
-          f"({a.workload}, RAID{a.level}, {a.device})")
+          f"({a.workload}, RAID{a.level}, {a.device}, {a.reactors} reactor(s))")
     for name, cost in by_name.most_common(a.top):
         if EXCLUDE.search(name):
             continue
