@@ -191,7 +191,7 @@ impl MemberQueue {
         mut refused: impl FnMut(Request, SubmitError),
     ) -> Pumped {
         let mut out = Pumped::default();
-        // The common case on every executor turn: nothing waits (one look per class queue, no
+        // The common case on every executor turn: nothing waits (one look at the count, no
         // class walk).
         if self.waiting == 0 {
             return out;
