@@ -42,7 +42,12 @@ impl<C: Channel> Array<C> {
         // write regenerates P/Q from the data anyway).
         let need_p = lost_data > 0;
         let need_q = lost_data == 2 || (lost_data == 1 && p_lost);
-        let range = self.footprint(s).parity_range();
+        let w = self.footprint(s);
+        let range = if phase == Phase::DegradedRead {
+            degraded_read_range(&w, &st, &lost_members)
+        } else {
+            w.parity_range()
+        };
         let sop = &mut self.sops[s as usize];
         sop.phase = phase;
         sop.range = range;
@@ -57,6 +62,18 @@ impl<C: Channel> Array<C> {
             if needed && !lost_members.contains(&m) {
                 let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                 self.io(s, m, Op::Read, range.start, range.len(), ptr);
+            }
+        }
+        if phase == Phase::DegradedRead {
+            // What the read wants of surviving chunks outside the rebuilt range goes
+            // straight into the caller's buffer (`finish_degraded_read` copies the rest).
+            let c = u64::from(g.chunk_bytes());
+            for (k, r) in w.chunks() {
+                let m = st.data_member(k);
+                if !lost_members.contains(&m) && !range.contains(&r) {
+                    let ptr = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+                    self.io(s, m, Op::Read, r.start, r.len(), ptr);
+                }
             }
         }
         if self.sops[s as usize].outstanding == 0 {
@@ -125,7 +142,8 @@ impl<C: Channel> Array<C> {
         // its range is the parity range, so the lost data is rebuilt straight into the
         // caller's buffer and nothing is copied (raid5f likewise XORs into the request's
         // buffers). A read touching survivors, or with ranges to rewrite, is rebuilt in
-        // the operation's buffers and copied out.
+        // the operation's buffers over the rebuilt range (`degraded_read_range`) and
+        // copied out; survivors' ranges outside it were read into the caller's buffer.
         if w.touched() == 1 && self.sops[s as usize].bad.is_empty() {
             let (k, r) = w.chunks().next().expect("one chunk touched");
             let m = st.data_member(k);
@@ -139,16 +157,21 @@ impl<C: Channel> Array<C> {
         if let Err(e) = self.rebuild_in_buffers(s) {
             return self.finish_sop(s, Err(e));
         }
-        for k in 0..g.data_chunks() {
-            if let Some(r) = w.written(k) {
-                let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
-                let base = self.sops[s as usize].range.start;
-                let src = &self.sops[s as usize].bufs[usize::from(st.data_member(k))]
-                    [(r.start - base) as usize..(r.end - base) as usize];
-                // SAFETY: dst is the caller's buffer range for these bytes (lent until the
-                // request completes, used by this operation alone); src is our own buffer.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        let range = self.sops[s as usize].range;
+        for (k, r) in w.chunks() {
+            let m = st.data_member(k);
+            if !range.contains(&r) {
+                // A survivor's range read straight into the caller's buffer
+                // (`start_degraded`); lost chunks' ranges are inside the rebuilt range.
+                debug_assert!(!self.sops[s as usize].lost.contains(&m));
+                continue;
             }
+            let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
+            let src = &self.sops[s as usize].bufs[usize::from(m)]
+                [(r.start - range.start) as usize..(r.end - range.start) as usize];
+            // SAFETY: dst is the caller's buffer range for these bytes (lent until the
+            // request completes, used by this operation alone); src is our own buffer.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
         }
         // Rewrite what the members with unrecovered read errors could not return: the
         // device remaps the sectors, and the member stays in service.
@@ -171,6 +194,33 @@ impl<C: Channel> Array<C> {
             self.ready.push_back(s);
         }
     }
+}
+
+/// The chunk range a degraded read reads from every survivor and rebuilds: the hull of
+/// what the read wants of its lost data chunks (`lost`: the stripe's missing members, at
+/// most two), so that a read crossing chunk boundaries reads the survivors only where the
+/// lost data lies (md's reconstruct-read likewise reads the survivors over the lost
+/// sectors only); the whole parity range when the read wants nothing of a lost chunk (a
+/// member returned an error for a chunk it does not hold — never on the read path, kept
+/// as the safe choice).
+fn degraded_read_range(
+    w: &crate::stripe::StripeWrite,
+    st: &crate::geometry::StripeLayout,
+    lost: &[u16],
+) -> ChunkRange {
+    let mut hull: Option<ChunkRange> = None;
+    for (k, r) in w.chunks() {
+        if lost.contains(&st.data_member(k)) {
+            hull = Some(match hull {
+                None => r,
+                Some(h) => ChunkRange {
+                    start: h.start.min(r.start),
+                    end: h.end.max(r.end),
+                },
+            });
+        }
+    }
+    hull.unwrap_or_else(|| w.parity_range())
 }
 
 /// Splits one operation's member buffers into slot-ordered data views (pushed onto
