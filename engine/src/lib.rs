@@ -37,6 +37,8 @@
 //! - [`zero_map`]: which stripes read as zeroes (one bit per stripe, shared lock-free by
 //!   the shards), for block status: from the members' allocation at start, set by
 //!   whole-stripe zeroing, cleared by writes.
+//! - [`latency`]: latency histograms for the per-request path (an HDR histogram behind
+//!   a run-length front: the equal latencies of one loop turn cost an increment).
 //! - [`sim`]: the engine's test world — a virtual clock and simulated devices with latency
 //!   profiles (NVMe, cached SATA SSD with an unbounded or bounded write cache, 7200 rpm
 //!   disk), seeded fault injection, and closed-loop client jobs in virtual time.
@@ -50,6 +52,7 @@ pub mod buf;
 pub mod checksum;
 pub mod device;
 pub mod geometry;
+pub mod latency;
 pub mod metadata;
 pub mod parity;
 pub mod ppl;

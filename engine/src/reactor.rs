@@ -992,7 +992,15 @@ impl<C: Channel> Io<'_, C> {
         }
         count_in_flight(self.in_flight, 1);
         // Validated once, here: the shard takes it unchecked (`Array::submit_piece`).
+        // Straight into the shard when nothing submitted earlier still waits for room
+        // there (`drive_array` takes `local` in order); `submit_piece` only accepts it,
+        // the shard runs it in this turn's `process` as it would from `local`.
         match self.array.validate(&r) {
+            Ok(()) if self.local.is_empty() => {
+                if self.array.submit_piece(r).is_err() {
+                    self.local.push_back(r);
+                }
+            }
             Ok(()) => self.local.push_back(r),
             Err(e) => self.done.push_back(ArrayCompletion {
                 tag: r.tag,
@@ -2554,15 +2562,13 @@ fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     p.replace = array.replacement();
     if let Some((c, h)) = array.replacement_io() {
         p.replace_counters = c;
-        p.replace_latency.reset();
-        let _ = p.replace_latency.add(h);
+        h.fill(&mut p.replace_latency);
     }
     for (i, (m, state)) in p.members.iter_mut().zip(array.member_states()).enumerate() {
         m.state = state;
         m.counters = array.member_counters(i as u16);
         m.qos = array.member_qos(i as u16);
-        m.latency.reset();
-        let _ = m.latency.add(array.member_latency(i as u16));
+        array.member_latency(i as u16).fill(&mut m.latency);
     }
 }
 

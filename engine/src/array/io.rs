@@ -128,7 +128,7 @@ impl<C: Channel> Array<C> {
             let m = &mut self.members[usize::from(member)];
             // Saturates at the histogram's top (one hour); never allocates.
             m.latency
-                .saturating_record(self.now.saturating_sub(sop.issued_ns).max(1));
+                .record(self.now.saturating_sub(sop.issued_ns).max(1));
             m.counters.errors += u64::from(c.status.is_err());
             if matches!(sop.phase, Phase::Flushing | Phase::ZeroFlush) {
                 m.flushing = m.flushing.saturating_sub(1);

@@ -743,7 +743,7 @@ struct Member<C> {
     flushing: u16,
     /// Completion latency of this shard's requests to the member, ns, measured from the
     /// start of the issuing phase to the loop turn that reaped it.
-    latency: hdrhistogram::Histogram<u64>,
+    latency: crate::latency::LatencyHistogram,
     /// While [`MemberState::Rebuilding`]: this shard's stripes below it are rebuilt (the
     /// member is read there); above it the member counts as missing.
     recovery_stripe: u64,
@@ -780,7 +780,7 @@ impl<C: Channel> Member<C> {
             counters: MemberCounters::default(),
             unflushed: true,
             flushing: 0,
-            latency: new_latency_histogram(),
+            latency: crate::latency::LatencyHistogram::new(),
             recovery_stripe: 0,
             bitmap_recovery: false,
             id,
@@ -1462,11 +1462,12 @@ impl<C: Channel> Array<C> {
         self.bulk_share.state()
     }
 
-    /// Completion latency of this shard's requests to member `m`, ns.
+    /// Completion latency of this shard's requests to member `m`, ns
+    /// ([`crate::latency::LatencyHistogram::fill`] copies it into a plain histogram).
     ///
     /// # Panics
     /// If `m` is not a member index.
-    pub fn member_latency(&self, m: u16) -> &hdrhistogram::Histogram<u64> {
+    pub fn member_latency(&self, m: u16) -> &crate::latency::LatencyHistogram {
         &self.members[usize::from(m)].latency
     }
 
@@ -1478,7 +1479,7 @@ impl<C: Channel> Array<C> {
 
     /// What this shard sent to the live replacement device, with its latency histogram
     /// (ns); `None` without a live replacement.
-    pub fn replacement_io(&self) -> Option<(MemberCounters, &hdrhistogram::Histogram<u64>)> {
+    pub fn replacement_io(&self) -> Option<(MemberCounters, &crate::latency::LatencyHistogram)> {
         let e = self.replacement_entry()?;
         let m = &self.members[usize::from(e)];
         Some((m.counters, &m.latency))

@@ -31,8 +31,8 @@
 //! Everything is preallocated: the window histograms are fixed-size HDR histograms (ns,
 //! 2 significant digits) reset in place; nothing allocates per I/O or per window.
 
+use crate::latency::LatencyHistogram;
 use arrayvec::ArrayVec;
-use hdrhistogram::Histogram;
 
 use super::law::ProbeLaw;
 use super::IoClass;
@@ -154,11 +154,6 @@ const WBT_UNKNOWN_BUMP: u32 = 5;
 const WBT_LAT_NONROT_NS: u64 = 2_000_000;
 const WBT_LAT_ROT_NS: u64 = 75_000_000;
 
-fn window_histogram() -> Histogram<u64> {
-    // 1 ns .. 1 hour, 2 significant digits: fixed size, recording never allocates.
-    Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
-}
-
 /// One member's depth controller (one per shard); see the module docs.
 pub struct DepthController {
     cfg: DepthConfig,
@@ -171,7 +166,7 @@ pub struct DepthController {
     target_ns: u64,
     window_start: u64,
     window_len: u64,
-    reads: Histogram<u64>,
+    reads: LatencyHistogram,
     writes: u64,
     /// Latencies of reads that found the device quiet since the last calibration, ns (a
     /// plain list: 64 samples need no histogram, and clearing a 1 ns–1 h histogram after
@@ -227,7 +222,7 @@ impl DepthController {
             } else {
                 WINDOW_NS
             },
-            reads: window_histogram(),
+            reads: LatencyHistogram::new(),
             writes: 0,
             quiet: ArrayVec::new(),
             reads_in_flight: 0,
@@ -317,7 +312,7 @@ impl DepthController {
             IoClass::ForegroundRead => {
                 self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
                 self.read_since = now_ns;
-                self.reads.saturating_record(lat);
+                self.reads.record(lat);
                 self.best_read_ns = self.best_read_ns.min(lat);
                 if quiet && self.cfg.target_latency_ns.is_none() {
                     self.quiet.push(lat);
@@ -409,9 +404,9 @@ impl DepthController {
             (0.0, 0.0, 0.0)
         } else {
             (
-                us(self.reads.value_at_quantile(0.5)),
-                us(self.reads.value_at_quantile(0.99)),
-                us(self.reads.min()),
+                us(self.reads.histogram().value_at_quantile(0.5)),
+                us(self.reads.histogram().value_at_quantile(0.99)),
+                us(self.reads.histogram().min()),
             )
         };
         self.last.read_p50_us = p50;
@@ -460,8 +455,8 @@ impl DepthController {
         if target == 0 {
             return;
         }
-        let min = self.reads.min();
-        let p99 = self.reads.value_at_quantile(0.99);
+        let min = self.reads.histogram().min();
+        let p99 = self.reads.histogram().value_at_quantile(0.99);
         if std::mem::take(&mut self.grace) {
             return;
         }
@@ -498,7 +493,7 @@ impl DepthController {
             || (sync_lat > target && self.reads.is_empty())
             || (!self.reads.is_empty()
                 && self.writes >= WBT_MIN_WRITE_SAMPLES
-                && self.reads.min() > target);
+                && self.reads.histogram().min() > target);
         let valid = !self.reads.is_empty() && self.writes >= WBT_MIN_WRITE_SAMPLES;
         if exceeded {
             self.wbt_scale_down(now_ns, true);

@@ -38,7 +38,7 @@
 //!
 //! Nothing allocates after construction (a fixed-size HDR histogram, reset in place).
 
-use hdrhistogram::Histogram;
+use crate::latency::LatencyHistogram;
 
 use super::law::{slow_allowance, ProbeLaw};
 
@@ -116,7 +116,7 @@ pub struct BulkShare {
     cap: u32,
     now: u64,
     window_start: u64,
-    window: Histogram<u64>,
+    window: LatencyHistogram,
     /// Bulk work was in flight at some tick of the window.
     bulk_busy: bool,
     /// The window after an immediate action: no verdict.
@@ -155,7 +155,7 @@ impl BulkShare {
             cap: pool,
             now: 0,
             window_start: 0,
-            window: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds"),
+            window: LatencyHistogram::new(),
             bulk_busy: false,
             grace: false,
             measuring: false,
@@ -213,13 +213,21 @@ impl BulkShare {
     /// A small read was accepted at `now_ns`.
     #[inline]
     pub fn small_read_submitted(&mut self, now_ns: u64) {
-        if self.reads_in_flight == 0 {
+        let first = self.reads_in_flight == 0;
+        if first {
             self.read_since = now_ns;
         }
         self.reads_in_flight += 1;
         self.last_read_ns = Some(now_ns);
         self.now = self.now.max(now_ns);
-        self.update_cap();
+        // Reads already in flight: the cap was computed with reads present (at the
+        // submission that made them present, or since by `tick`/`apply`, which recompute
+        // it on every change of the law, the fixed share or the measuring state), and one
+        // more read changes none of its inputs.
+        if first {
+            self.update_cap();
+        }
+        debug_assert_eq!(self.cap, self.cap_now());
     }
 
     /// A small read accepted at `submit_ns` completed at `now_ns`, `device_ns` of that in
@@ -241,7 +249,7 @@ impl BulkShare {
             .saturating_sub(submit_ns)
             .saturating_sub(device_ns)
             .max(1);
-        self.window.saturating_record(lat);
+        self.window.record(lat);
         let a = self.allowed_ns();
         if a == 0 || self.measuring || self.grace || submit_ns < self.last_change_ns {
             return;
@@ -288,12 +296,11 @@ impl BulkShare {
         let measured = std::mem::take(&mut self.measuring);
         let grace = std::mem::take(&mut self.grace);
         if n >= WINDOW_READS {
-            let median = self.window.value_at_quantile(0.5);
+            let w = self.window.histogram();
+            let median = w.value_at_quantile(0.5);
             if median < self.best_cur.median_ns {
-                let over = self.window.count_between(
-                    self.window.highest_equivalent(median.saturating_mul(2)) + 1,
-                    u64::MAX,
-                );
+                let over =
+                    w.count_between(w.highest_equivalent(median.saturating_mul(2)) + 1, u64::MAX);
                 let noise = if n >= NOISE_READS {
                     (over as f64 + 1.0) / (n as f64 + 2.0)
                 } else {
@@ -331,16 +338,15 @@ impl BulkShare {
                     self.apply(now, |l| l.miss(waited / a));
                 }
             } else {
-                let slow = self
-                    .window
-                    .count_between(self.window.highest_equivalent(a) + 1, u64::MAX);
+                let w = self.window.histogram();
+                let slow = w.count_between(w.highest_equivalent(a) + 1, u64::MAX);
                 let best = if self.best_cur.median_ns <= self.best_prev.median_ns {
                     self.best_cur
                 } else {
                     self.best_prev
                 };
                 if slow as f64 > slow_allowance(n, best.noise, TAIL_SHARE, NOISE_SIGMAS) {
-                    let p99 = self.window.value_at_quantile(0.99);
+                    let p99 = self.window.histogram().value_at_quantile(0.99);
                     self.apply(now, |l| l.miss(p99 / a));
                 } else {
                     self.apply(now, ProbeLaw::met);
@@ -379,7 +385,15 @@ impl BulkShare {
     }
 
     fn update_cap(&mut self) {
-        self.cap = if let Some(f) = self.fixed {
+        self.cap = self.cap_now();
+    }
+
+    /// The cap the current state gives: the fixed share; the law's floor while
+    /// measuring; else the law's value, kept below the whole pool (and at least the
+    /// floor) while small reads are present (in flight, or one accepted within the last
+    /// window).
+    fn cap_now(&self) -> u32 {
+        if let Some(f) = self.fixed {
             f
         } else if self.measuring {
             self.law.floor()
@@ -394,7 +408,7 @@ impl BulkShare {
             } else {
                 v
             }
-        };
+        }
     }
 }
 
