@@ -97,6 +97,12 @@ impl LatencyHistogram {
     /// allocates with such an `out`.
     pub fn fill(&self, out: &mut Histogram<u64>) {
         out.reset();
+        self.add_to(out);
+    }
+
+    /// Adds the values recorded here since the last reset to `out` (bounds as for
+    /// [`Self::fill`]; never allocates).
+    pub fn add_to(&self, out: &mut Histogram<u64>) {
         // Same or wider bounds: cannot fail or allocate.
         let _ = out.add(&self.hist);
         if self.run_count > 0 {
@@ -139,6 +145,8 @@ mod tests {
                 if read {
                     ours.fill(&mut out);
                     prop_assert_eq!(&out, &plain);
+                    ours.add_to(&mut out);
+                    prop_assert_eq!(out.len(), 2 * plain.len());
                     prop_assert_eq!(ours.histogram(), &plain);
                 }
             }

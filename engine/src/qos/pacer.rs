@@ -16,6 +16,8 @@
 
 use hdrhistogram::Histogram;
 
+use crate::latency::LatencyHistogram;
+
 use super::{Admission, Pacer};
 
 /// md's default `speed_limit_min`: 1000 KiB/s per member (drivers/md/md.c
@@ -473,14 +475,14 @@ pub struct FerroraidPacer {
     /// Last time background had something in flight, ns.
     bg_busy_ns: u64,
     window_start: u64,
-    window: Histogram<u64>,
+    window: LatencyHistogram,
     /// Requests of the window slower than `allowed_ns`; the last window's sample count.
     window_over: u64,
     last_window_samples: u64,
     /// Quiet requests: the current and the previous epoch, and both merged (the
     /// reference; kept to avoid allocating when it is recomputed).
-    quiet_cur: Histogram<u64>,
-    quiet_prev: Histogram<u64>,
+    quiet_cur: LatencyHistogram,
+    quiet_prev: LatencyHistogram,
     reference: Histogram<u64>,
     /// Quiet requests since the reference was last recomputed.
     quiet_new: u64,
@@ -541,11 +543,11 @@ impl FerroraidPacer {
             bg_in_flight: 0,
             bg_busy_ns: 0,
             window_start: 0,
-            window: h(),
+            window: LatencyHistogram::new(),
             window_over: 0,
             last_window_samples: 0,
-            quiet_cur: h(),
-            quiet_prev: h(),
+            quiet_cur: LatencyHistogram::new(),
+            quiet_prev: LatencyHistogram::new(),
             reference: h(),
             quiet_new: 0,
             baseline_ns: 0,
@@ -675,7 +677,7 @@ impl FerroraidPacer {
 
     /// Records a quiet request (no background in flight at any time during it).
     fn quiet_sample(&mut self, now: u64, lat: u64) {
-        self.quiet_cur.saturating_record(lat);
+        self.quiet_cur.record(lat);
         self.quiet_new += 1;
         if self.quiet_cur.len() >= REFERENCE_EPOCH {
             std::mem::swap(&mut self.quiet_cur, &mut self.quiet_prev);
@@ -692,8 +694,8 @@ impl FerroraidPacer {
     fn update_reference(&mut self, now: u64) {
         self.reference.reset();
         // Same bounds: adding never fails (nor allocates).
-        let _ = self.reference.add(&self.quiet_prev);
-        let _ = self.reference.add(&self.quiet_cur);
+        self.quiet_prev.add_to(&mut self.reference);
+        self.quiet_cur.add_to(&mut self.reference);
         let r = &self.reference;
         let n = r.len();
         if n == 0 {
@@ -766,7 +768,7 @@ impl FerroraidPacer {
             // The body of the latency too: the window's median within tolerance of the
             // quiet median. The p99 test alone protects nothing on a host whose stalls
             // are more than 1 % of requests (its quiet p99 is a stall).
-            let median = self.window.value_at_quantile(0.5);
+            let median = self.window.histogram().value_at_quantile(0.5);
             if self.window_over as f64 <= allowance && median <= self.allowed_median_ns {
                 verdict = WindowVerdict::Met;
                 if std::mem::take(&mut self.probing) {
@@ -823,7 +825,11 @@ impl FerroraidPacer {
                 // is: the overshoot overstates the excess).
                 let k = (allowance.floor() as u64 + 1).min(n);
                 let q = ((n - k) as f64 + 0.5) / n as f64;
-                let over = self.window.value_at_quantile(q).max(self.allowed_ns + 1);
+                let over = self
+                    .window
+                    .histogram()
+                    .value_at_quantile(q)
+                    .max(self.allowed_ns + 1);
                 let f = (self.allowed_ns as f64 / over as f64)
                     .min(self.allowed_median_ns as f64 / median as f64)
                     .max(MAX_CUT);
@@ -839,7 +845,7 @@ impl FerroraidPacer {
                 );
             }
         }
-        let w = &self.window;
+        let w = self.window.histogram();
         self.last_window = PacerWindow {
             end_ns: now,
             samples: n,
@@ -904,7 +910,7 @@ impl Pacer for FerroraidPacer {
         self.fg_in_flight = self.fg_in_flight.saturating_sub(1);
         self.fg_last_ns = now_ns;
         let lat = latency_ns.max(1);
-        self.window.saturating_record(lat);
+        self.window.record(lat);
         // Quiet: no background in flight at any time during this request.
         let quiet = self.bg_in_flight == 0 && self.bg_busy_ns <= now_ns.saturating_sub(lat);
         if self.baseline_ns > 0 && lat > self.allowed_ns {
