@@ -11,8 +11,15 @@ use crate::stripe::ChunkRange;
 use super::{Array, ArrayError, Phase};
 
 impl<C: Channel> Array<C> {
-    /// Reads every surviving member of the stripe over the operation's parity range into
-    /// its chunk buffers, for a degraded read or write.
+    /// Reads the surviving members of the stripe that the rebuild needs into the
+    /// operation's chunk buffers, over the operation's range (`sop.range`, set here): for a
+    /// degraded write (or compare-and-write) its parity range; for a degraded read
+    /// ([`Phase::DegradedRead`]) the hull of what it wants of its lost chunks
+    /// ([`degraded_read_range`]), with what it wants of surviving chunks outside that
+    /// hull read straight into the caller's buffer. A degraded read started again (a
+    /// member erred) keeps at least the range of its earlier rounds: the members that
+    /// returned unrecovered read errors in them are rewritten over this range
+    /// ([`Phase::Repair`]), which must cover what they were read over.
     pub(super) fn start_degraded(&mut self, s: u32, phase: Phase) {
         let g = *self.geo.geometry();
         let st = self.layout(s);
@@ -44,7 +51,19 @@ impl<C: Channel> Array<C> {
         let need_q = lost_data == 2 || (lost_data == 1 && p_lost);
         let w = self.footprint(s);
         let range = if phase == Phase::DegradedRead {
-            degraded_read_range(&w, &st, &lost_members)
+            let r = degraded_read_range(&w, &st, &lost_members);
+            let sop = &self.sops[s as usize];
+            if sop.phase == Phase::DegradedRead {
+                // Another round of this read: its lost set may have shrunk (a member being
+                // rebuilt passed the stripe), but members marked bad in earlier rounds
+                // were read over the earlier range, and their repair must cover it.
+                ChunkRange {
+                    start: r.start.min(sop.range.start),
+                    end: r.end.max(sop.range.end),
+                }
+            } else {
+                r
+            }
         } else {
             w.parity_range()
         };
@@ -81,8 +100,8 @@ impl<C: Channel> Array<C> {
         }
     }
 
-    /// Rebuilds the failed members' chunks over the parity range from the survivors in the
-    /// operation's buffers.
+    /// Rebuilds the failed members' chunks over the operation's range (`sop.range`: the
+    /// parity range, or a degraded read's hull) from the survivors in its buffers.
     pub(super) fn rebuild_in_buffers(&mut self, s: u32) -> Result<(), ArrayError> {
         self.rebuild_into(s, None)
     }
@@ -199,10 +218,11 @@ impl<C: Channel> Array<C> {
 /// The chunk range a degraded read reads from every survivor and rebuilds: the hull of
 /// what the read wants of its lost data chunks (`lost`: the stripe's missing members, at
 /// most two), so that a read crossing chunk boundaries reads the survivors only where the
-/// lost data lies (md's reconstruct-read likewise reads the survivors over the lost
-/// sectors only); the whole parity range when the read wants nothing of a lost chunk (a
-/// member returned an error for a chunk it does not hold — never on the read path, kept
-/// as the safe choice).
+/// lost data lies (md's `stripe_head` works in 4 KiB pages and likewise reads only the
+/// survivors' pages under the lost sectors); the read's whole parity range when it wants
+/// nothing of a lost chunk (a retry whose only missing members hold chunks the read does
+/// not touch, or parity: a device leaving at a replacement's swap, an untouched member
+/// that returned an unrecovered read error).
 fn degraded_read_range(
     w: &crate::stripe::StripeWrite,
     st: &crate::geometry::StripeLayout,
@@ -225,7 +245,7 @@ fn degraded_read_range(
 
 /// Splits one operation's member buffers into slot-ordered data views (pushed onto
 /// `data`, which the caller owns: returning a 255-entry `ArrayVec` by value would copy all
-/// of it), and returns P and Q, each over the parity range `r` (which sits at the front of
+/// of it), and returns P and Q, each over the operation's range `r` (which sits at the front of
 /// every buffer).
 fn views<'a>(
     bufs: &'a mut [AlignedBuf],
