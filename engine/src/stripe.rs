@@ -54,6 +54,14 @@ impl ChunkRange {
     pub fn contains(&self, other: &ChunkRange) -> bool {
         self.start <= other.start && other.end <= self.end
     }
+
+    /// The smallest range containing both `self` and `other`.
+    pub fn hull(&self, other: &ChunkRange) -> ChunkRange {
+        ChunkRange {
+            start: self.start.min(other.start),
+            end: self.end.max(other.end),
+        }
+    }
 }
 
 /// What a write does to the data chunks of one stripe. A contiguous range touches a run of

@@ -57,10 +57,7 @@ impl<C: Channel> Array<C> {
                 // Another round of this read: its lost set may have shrunk (a member being
                 // rebuilt passed the stripe), but members marked bad in earlier rounds
                 // were read over the earlier range, and their repair must cover it.
-                ChunkRange {
-                    start: r.start.min(sop.range.start),
-                    end: r.end.max(sop.range.end),
-                }
+                r.hull(&sop.range)
             } else {
                 r
             }
@@ -228,19 +225,11 @@ fn degraded_read_range(
     st: &crate::geometry::StripeLayout,
     lost: &[u16],
 ) -> ChunkRange {
-    let mut hull: Option<ChunkRange> = None;
-    for (k, r) in w.chunks() {
-        if lost.contains(&st.data_member(k)) {
-            hull = Some(match hull {
-                None => r,
-                Some(h) => ChunkRange {
-                    start: h.start.min(r.start),
-                    end: h.end.max(r.end),
-                },
-            });
-        }
-    }
-    hull.unwrap_or_else(|| w.parity_range())
+    w.chunks()
+        .filter(|&(k, _)| lost.contains(&st.data_member(k)))
+        .map(|(_, r)| r)
+        .reduce(|h, r| h.hull(&r))
+        .unwrap_or_else(|| w.parity_range())
 }
 
 /// Splits one operation's member buffers into slot-ordered data views (pushed onto

@@ -403,10 +403,11 @@ impl DepthController {
         let (p50, p99, min) = if self.reads.is_empty() {
             (0.0, 0.0, 0.0)
         } else {
+            let h = self.reads.histogram();
             (
-                us(self.reads.histogram().value_at_quantile(0.5)),
-                us(self.reads.histogram().value_at_quantile(0.99)),
-                us(self.reads.histogram().min()),
+                us(h.value_at_quantile(0.5)),
+                us(h.value_at_quantile(0.99)),
+                us(h.min()),
             )
         };
         self.last.read_p50_us = p50;
@@ -455,8 +456,8 @@ impl DepthController {
         if target == 0 {
             return;
         }
-        let min = self.reads.histogram().min();
-        let p99 = self.reads.histogram().value_at_quantile(0.99);
+        let h = self.reads.histogram();
+        let (min, p99) = (h.min(), h.value_at_quantile(0.99));
         if std::mem::take(&mut self.grace) {
             return;
         }

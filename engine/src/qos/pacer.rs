@@ -528,7 +528,6 @@ pub struct FerroraidPacer {
 impl FerroraidPacer {
     /// A pacer with `cfg`.
     pub fn new(cfg: FerroraidPacerConfig) -> Self {
-        let h = || Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds");
         let rate = cfg.limits.speed_min.max(1);
         Self {
             cfg,
@@ -548,7 +547,7 @@ impl FerroraidPacer {
             last_window_samples: 0,
             quiet_cur: LatencyHistogram::new(),
             quiet_prev: LatencyHistogram::new(),
-            reference: h(),
+            reference: crate::array::new_latency_histogram(),
             quiet_new: 0,
             baseline_ns: 0,
             allowed_ns: 0,
