@@ -489,6 +489,12 @@ fn encode_array(f: &mut Families, s: &Scrape) {
         None,
         &reads,
     );
+    f.array_counter(
+        "ferroraid_array_fast_reads",
+        "Direct reads issued at submission as one member read, without a stripe operation.",
+        None,
+        x.fast_reads as f64,
+    );
     let writes: Vec<(Labels, f64)> = [
         ("full_stripe", x.full_stripe_writes),
         ("rmw", x.rmw_writes),

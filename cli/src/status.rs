@@ -601,8 +601,12 @@ impl fmt::Display for ReactorMode {
 /// All counts since the target started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsReport {
-    /// Stripe reads served straight from the members.
+    /// Stripe reads served straight from the members (fast-path reads included).
     pub direct_reads: u64,
+    /// Reads issued at submission as one member read, without a stripe operation (the
+    /// engine's fast path: inside one chunk, healthy array, nothing queued ahead).
+    #[serde(default)]
+    pub fast_reads: u64,
     /// Stripe reads that rebuilt data from parity.
     pub degraded_reads: u64,
     /// Full-stripe writes (no reads).
@@ -695,6 +699,7 @@ impl From<&ArrayStats> for StatsReport {
     fn from(s: &ArrayStats) -> Self {
         StatsReport {
             direct_reads: s.direct_reads,
+            fast_reads: s.fast_reads,
             degraded_reads: s.degraded_reads,
             full_stripe_writes: s.full_stripe_writes,
             rmw_writes: s.rmw_writes,
@@ -1139,8 +1144,9 @@ impl fmt::Display for StatusReport {
         writeln!(f)?;
         writeln!(
             f,
-            "  reads: {} direct, {} degraded · writes: {} full-stripe, {} rmw, {} rcw, {} degraded",
+            "  reads: {} direct ({} fast path), {} degraded · writes: {} full-stripe, {} rmw, {} rcw, {} degraded",
             s.direct_reads,
+            s.fast_reads,
             s.degraded_reads,
             s.full_stripe_writes,
             s.rmw_writes,
@@ -1423,7 +1429,7 @@ pub(crate) mod tests {
             keys(&v["stats"]),
             "batched_writes,bulk_share_cuts,bulk_share_ops,bulk_share_pool,bulk_share_raises,\
              cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
-             direct_reads,discarded_stripes,discards_skipped,expired_holds,full_stripe_writes,\
+             direct_reads,discarded_stripes,discards_skipped,expired_holds,fast_reads,full_stripe_writes,\
              held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
              pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\

@@ -85,7 +85,7 @@ impl<C: Channel> Array<C> {
     }
 
     /// The entry of the device with tag id `id`, if one holds it.
-    fn entry_of_id(&self, id: u16) -> Option<u16> {
+    pub(super) fn entry_of_id(&self, id: u16) -> Option<u16> {
         self.entry_of
             .get(usize::from(id))
             .copied()
@@ -107,6 +107,9 @@ impl<C: Channel> Array<C> {
         }
         if let Some(l) = self.ppl_log_of(s) {
             return self.ppl_io_done(l, member, c.status);
+        }
+        if let Some(ri) = self.fast_req_of(s) {
+            return self.fast_read_done(s, ri, member, id, c.status, device_ns);
         }
         let known = (s as usize) < self.sops.len() && self.sops[s as usize].outstanding > 0;
         if !known {
@@ -441,7 +444,7 @@ impl<C: Channel> Array<C> {
                 self.time_out(s, member);
             }
         }
-        any | self.ppl_timeouts()
+        any | self.fast_read_timeouts() | self.ppl_timeouts()
     }
 
     /// Operation `s`'s requests to `member` ran past the command timeout: the member is

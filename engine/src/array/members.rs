@@ -217,6 +217,11 @@ impl<C: Channel> Array<C> {
         self.members[usize::from(entry)].queue.queued() > 0
             || self.sops.iter().any(|s| s.per_member[id] > 0)
             || self
+                .reqs
+                .iter()
+                .flatten()
+                .any(|r| usize::from(r.direct) == id)
+            || self
                 .synthetic
                 .iter()
                 .any(|c| (c.tag & ((1 << MEMBER_BITS) - 1)) as usize == id)
@@ -463,7 +468,8 @@ impl<C: Channel> Array<C> {
             .position(|&e| e == NO_ENTRY)
             .expect("one id is free while no extra device exists");
         let chunk = self.geo.geometry().chunk_bytes() as usize;
-        let dev = Member::new(ch, id as u16, &self.cfg, self.sops.len(), chunk);
+        let tag_ops = super::tag_ops(self.sops.len(), self.slots(), self.reqs.len());
+        let dev = Member::new(ch, id as u16, &self.cfg, self.sops.len(), tag_ops, chunk);
         let entry = self.slots() as u16;
         // The last process (a previous replace, finished and swapped in, among others) is
         // over (checked above); it must not stand for this one: a finished replace process

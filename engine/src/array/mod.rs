@@ -317,8 +317,12 @@ impl MemberState {
 /// strategies ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ArrayStats {
-    /// Stripe reads served straight from the members.
+    /// Stripe reads served straight from the members (fast-path reads included).
     pub direct_reads: u64,
+    /// Reads issued at submission as one member read, without a stripe operation
+    /// ([`Array::submit`]'s fast path: a read inside one chunk of a healthy array, with
+    /// nothing queued ahead of it and no write holding its stripe).
+    pub fast_reads: u64,
     /// Stripe reads that rebuilt data from parity.
     pub degraded_reads: u64,
     /// Stripe writes by strategy.
@@ -628,6 +632,7 @@ impl ArrayStats {
     /// Adds `o` into `self` (merging shards).
     pub fn add(&mut self, o: &ArrayStats) {
         self.direct_reads += o.direct_reads;
+        self.fast_reads += o.fast_reads;
         self.degraded_reads += o.degraded_reads;
         self.full_stripe_writes += o.full_stripe_writes;
         self.rmw_writes += o.rmw_writes;
@@ -694,6 +699,16 @@ const MEMBER_BITS: u32 = 16;
 const _: () = assert!((MAX_RAID6_MEMBERS as u64 + 1) < (1 << MEMBER_BITS));
 /// `entry_of` value of a device id no entry holds.
 const NO_ENTRY: u16 = u16::MAX;
+/// [`ReqCtx::direct`] of a request that is not a fast-path read in flight.
+const NO_DIRECT: u16 = u16::MAX;
+
+/// The operation indices member tags carry, for `total_sops` stripe operations, `slots`
+/// members and `requests` requests: the stripe operations (`0..total_sops`), the bitmap
+/// owner's batch (`total_sops`), one Partial Parity Log per member (the next `slots`), and
+/// one fast-path read per request (the last `requests`).
+fn tag_ops(total_sops: usize, slots: usize, requests: usize) -> usize {
+    total_sops + 1 + slots + requests
+}
 
 /// Where a member's replacement stands on one shard ([`Array::replacement`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -758,8 +773,16 @@ struct Member<C> {
 
 impl<C: Channel> Member<C> {
     /// A device entry for `ch`, online, with tag id `id` and queues sized for
-    /// `total_sops` stripe operations of `chunk`-byte chunks.
-    fn new(ch: C, id: u16, cfg: &ArrayConfig, total_sops: usize, chunk: usize) -> Self {
+    /// `total_sops` stripe operations of `chunk`-byte chunks and `tag_ops` operation
+    /// indices in tags ([`tag_ops`]).
+    fn new(
+        ch: C,
+        id: u16,
+        cfg: &ArrayConfig,
+        total_sops: usize,
+        tag_ops: usize,
+        chunk: usize,
+    ) -> Self {
         let i = ch.info();
         let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
         let queue_depth = i.queue_depth;
@@ -768,12 +791,12 @@ impl<C: Channel> Member<C> {
             state: MemberState::Online,
             // A chunk split at the largest transfer: room for every piece of every
             // operation (foreground, background, the bitmap owner's batch), in any one
-            // class.
+            // class, and for every request's fast-path read and every log's record.
             queue: MemberQueue::new(
                 cfg.depth,
                 queue_depth,
-                (total_sops + 1) * (chunk / max_transfer as usize + 1),
-                total_sops + 1,
+                (total_sops + 1) * (chunk / max_transfer as usize + 1) + tag_ops,
+                tag_ops,
                 MEMBER_BITS,
             ),
             max_transfer,
@@ -815,6 +838,17 @@ struct ReqCtx {
     /// It waited for an earlier request's data (overlap in the backlog, or its stripe
     /// held): its latency is not the bulk share's signal ([`crate::qos::share`]).
     ordered: bool,
+    /// The device id of its one member read while it is a fast-path read in flight
+    /// (`read.rs`, [`Array::submit`]); [`NO_DIRECT`] otherwise.
+    direct: u16,
+    /// When that member read was issued (or last timed out), ns (array clock).
+    direct_ns: u64,
+    /// That member read is of a stripe another shard owns and holds the stripe gate.
+    fast_foreign: bool,
+    /// A member (slot) that returned an unrecovered read error to its fast-path read: the
+    /// stripe operation that runs it again does without it and rewrites the range
+    /// ([`NO_ENTRY`]: none).
+    retry_bad: u16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1035,6 +1069,10 @@ pub struct Array<C: Channel> {
     ready: VecDeque<u32>,
     /// Requests not yet fully split (waiting for free stripe operations), in order.
     backlog: VecDeque<u32>,
+    /// Requests in `backlog` that are not reads (writes of any kind, flushes): while there
+    /// are none, a fast-path read overtakes nothing it must not (reads need no order among
+    /// themselves; `read.rs`).
+    backlog_writes: u32,
     done: VecDeque<ArrayCompletion>,
     /// Member completions synthesised for requests a channel refused for good.
     synthetic: VecDeque<Completion>,
@@ -1240,6 +1278,7 @@ impl<C: Channel> Array<C> {
         // Foreground stripe operations, then the background pool: background work never
         // takes a foreground slot.
         let total_sops = cfg.stripe_ops + cfg.background_ops;
+        let tag_ops = tag_ops(total_sops, n, cfg.requests);
         // Blocks of a chunk: the stripe cache's and the passes' unit.
         let blocks = g.chunk_bytes() / g.block_bytes();
         let mut array = Self {
@@ -1250,7 +1289,7 @@ impl<C: Channel> Array<C> {
                 // Room for a replacement beside the members, reserved now.
                 let mut v = Vec::with_capacity(n + 1);
                 for (id, ch) in channels.into_iter().enumerate() {
-                    v.push(Member::new(ch, id as u16, &cfg, total_sops, chunk));
+                    v.push(Member::new(ch, id as u16, &cfg, total_sops, tag_ops, chunk));
                 }
                 v
             },
@@ -1302,13 +1341,15 @@ impl<C: Channel> Array<C> {
                 })
                 .collect(),
             free_sops: (0..cfg.stripe_ops as u32).rev().collect(),
-            locked: StripeLocks::new(total_sops),
+            // Every operation index a hold may carry: stripe operations and fast-path reads.
+            locked: StripeLocks::new(tag_ops),
             held: Vec::with_capacity(total_sops),
             waiting: VecDeque::with_capacity(total_sops),
             ready: VecDeque::with_capacity(total_sops),
             backlog: VecDeque::with_capacity(cfg.requests),
+            backlog_writes: 0,
             done: VecDeque::with_capacity(cfg.requests),
-            synthetic: VecDeque::with_capacity(total_sops * n),
+            synthetic: VecDeque::with_capacity((total_sops + cfg.requests) * (n + 1)),
             scratch: vec![Completion::EMPTY; 64],
             failed_members: 0,
             zero: AlignedBuf::zeroed(chunk),
@@ -1555,6 +1596,7 @@ impl<C: Channel> Array<C> {
             .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
             .chain(own)
             .chain(batch)
+            .chain(self.fast_read_deadline_ns())
             .chain(self.ppl_deadline_ns())
             .min()
     }
@@ -1633,6 +1675,10 @@ impl<C: Channel> Array<C> {
             issued: false,
             device_ns: 0,
             ordered: false,
+            direct: NO_DIRECT,
+            direct_ns: 0,
+            fast_foreign: false,
+            retry_bad: NO_ENTRY,
         });
         if r.op.is_write() {
             self.writes_in_flight += 1;
@@ -1644,10 +1690,13 @@ impl<C: Channel> Array<C> {
             self.finish_req(idx);
         } else if r.op.is_flush() {
             self.start_flush(idx);
+        } else if r.op.is_read() && self.fast_read(idx) {
+            // Issued: one member read, no stripe operation (`read.rs`).
         } else {
             if r.op.is_write() {
                 self.note_write_end(r.offset_bytes + u64::from(r.len_bytes));
             }
+            self.backlog_writes += u32::from(!r.op.is_read());
             self.backlog.push_back(idx);
         }
         Ok(())

@@ -33,6 +33,7 @@ impl<C: Channel> Array<C> {
             if req.op.is_flush() {
                 // A flush covers what completed before it: it may pass queued writes.
                 remove_at(&mut self.backlog, i);
+                self.backlog_writes -= 1;
                 self.start_flush(ri);
                 any = true;
                 continue;
@@ -57,9 +58,13 @@ impl<C: Channel> Array<C> {
                 continue;
             }
             let req = self.reqs[ri as usize].as_mut().expect("backlogged request");
+            let read = req.op.is_read();
             let (stripe, start) = self.geo.stripe_of(req.offset + req.split);
             let end = (start + (req.len - req.split)).min(stripe_bytes);
             let buf_off = req.split;
+            // A fast-path read that met an unrecovered read error runs again without the
+            // member that returned it (`read.rs`).
+            let retry_bad = std::mem::replace(&mut req.retry_bad, super::NO_ENTRY);
             req.split += end - start;
             req.pending += 1;
             let fully = req.split == req.len;
@@ -84,6 +89,9 @@ impl<C: Channel> Array<C> {
             sop.io_error = false;
             sop.unsupported = false;
             sop.bad.clear();
+            if retry_bad != super::NO_ENTRY {
+                sop.bad.push(retry_bad);
+            }
             sop.regions = 0..0;
             sop.foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
             sop.gate = GateHold::None;
@@ -91,12 +99,12 @@ impl<C: Channel> Array<C> {
             sop.bulk = bulk;
             if fully {
                 remove_at(&mut self.backlog, i);
+                self.backlog_writes -= u32::from(!read);
                 if i > 0 {
                     self.stats.overtaking_requests += 1;
                 }
             }
             any = true;
-            let read = self.reqs[ri as usize].as_ref().expect("live").op.is_read();
             if read && self.waiting.is_empty() && !self.locked.conflicts(stripe, false) {
                 self.locked.take(stripe, s, false);
                 self.start_sop(s);
@@ -409,6 +417,7 @@ impl<C: Channel> Array<C> {
         self.flushes += 1;
         let Some(s) = self.free_sops.pop() else {
             // No operation free: wait in the backlog, in order with the other requests.
+            self.backlog_writes += 1;
             self.backlog.push_back(ri);
             return;
         };

@@ -210,6 +210,19 @@ fn run(level: Level, members: u16, shards: usize, seed: u64) {
             a
         });
     assert!(stats.ppl_records > 0, "no PPL record written");
+    // Idle: the member queues count nothing in the devices, record writes and flushes
+    // (their tags' operation indices lie past the stripe operations') included.
+    for (i, shard) in w.arr.shards().iter().enumerate() {
+        for m in 0..members {
+            for class in crate::qos::IoClass::ALL {
+                assert_eq!(
+                    shard.member_in_device(m, class),
+                    0,
+                    "seed {seed}: shard {i} member {m} {class:?}"
+                );
+            }
+        }
+    }
 
     let images: Vec<Vec<u8>> = w.devs.iter().map(SimDevice::contents).collect();
     let geo = *w.arr.geometry();

@@ -1,14 +1,247 @@
 //! Reads of healthy members, straight into the caller's buffer; and reads of a stripe a
 //! write pass holds, served from the pass's own data.
+//!
+//! # The fast path
+//! A read that lies inside one chunk of a healthy array, submitted with nothing queued
+//! ahead of it on its shard and no write holding its stripe, needs none of a stripe
+//! operation's machinery: it is one member read into the caller's buffer. [`Array::submit`]
+//! issues it at once ([`Array::fast_read`]) with the request itself as the member
+//! request's context (its operation index in the tag is one of the requests', past the
+//! stripe operations'; `tag_ops` in `mod.rs`), and the member read's completion completes
+//! the request. The guarantees stay those of a stripe operation's read:
+//! - *Ordering*: the read holds its stripe shared in the stripe holds (under its own
+//!   operation index) from issue to completion, so a write of the stripe waits for it as
+//!   for any read, and it is issued only when no write holds the stripe, no operation
+//!   waits for the stripe (a waiting write holds back every later operation of its
+//!   stripe) and no write or flush waits in the backlog, so it overtakes nothing but
+//!   reads (which need no order among themselves).
+//! - *Foreign stripes*: on a stripe another shard owns, the read also holds the stripe
+//!   gate ([`crate::shard::StripeGate`]) from issue to completion, exactly as a foreign
+//!   stripe operation's read does, so the owner writes no member of the stripe meanwhile;
+//!   when the gate refuses (the owner is writing the stripe), the read takes a stripe
+//!   operation, which goes to the owner.
+//! - *Errors*: a member error fails the member (an unrecovered read error only marks it
+//!   bad for the read, as a stripe operation does), and the request runs again, first in
+//!   the backlog, as a stripe operation: a degraded read from redundancy, which rewrites
+//!   the bad range. Its completion is never reported from the failed read.
+//! - *Timeouts*: [`Array::check_timeouts`] times out fast-path reads like stripe
+//!   operations' requests (the member is failed and its request aborted; the read then
+//!   runs again as above).
+//! - Replacement and member swaps: the member read carries the device id, as every
+//!   member request does, so a read in flight to a device swapped out completes against
+//!   it (its data was current) or, failing, runs again from the current devices.
 
-use crate::device::{Channel, Op};
+use crate::device::{Channel, IoError, Op, Request};
 use crate::geometry::Role;
+use crate::qos::IoClass;
+use crate::shard::owner;
 
 use super::cache::NONE;
-use super::{ppl, Array, Phase};
+use super::{ppl, Array, Phase, ReplaceState, MEMBER_BITS, NO_DIRECT, NO_ENTRY};
 
 impl<C: Channel> Array<C> {
     // ---- reads -----------------------------------------------------------------------------
+
+    /// The operation index in the tags (and the stripe hold) of request `ri`'s fast-path
+    /// read: past the stripe operations, the bitmap's slot and the logs' ([`super::tag_ops`]).
+    #[inline]
+    fn fast_op(&self, ri: u32) -> u32 {
+        self.bitmap_sop() + 1 + self.slots() as u32 + ri
+    }
+
+    /// The request whose fast-path read tag operation index `op` is, if it is one.
+    #[inline]
+    pub(super) fn fast_req_of(&self, op: u32) -> Option<u32> {
+        let base = self.bitmap_sop() + 1 + self.slots() as u32;
+        op.checked_sub(base)
+            .filter(|&ri| (ri as usize) < self.reqs.len())
+    }
+
+    /// Issues request `ri` (a valid read, just accepted) as a fast-path read (module docs)
+    /// if it may be one: the array has no member failed or being rebuilt, no write (or
+    /// flush) waits in the backlog (reads waiting there for a stripe operation need no
+    /// order against this one), no operation waits for the read's stripe, the read lies
+    /// inside one chunk, within the member's largest transfer, no write holds the stripe,
+    /// and on a stripe another shard owns, the stripe gate admits it. Returns whether it
+    /// was issued; `false` leaves the request untouched (it takes the backlog).
+    #[inline]
+    pub(super) fn fast_read(&mut self, ri: u32) -> bool {
+        if self.failed_members != 0 || self.backlog_writes != 0 {
+            return false;
+        }
+        let req = self.reqs[ri as usize].as_ref().expect("accepted request");
+        let chunk = u64::from(self.geo.geometry().chunk_bytes());
+        let (stripe, within) = self.geo.stripe_of(req.offset);
+        // Chunk sizes are powers of two (`Geometry::new`).
+        let (k, off) = (within >> chunk.trailing_zeros(), within & (chunk - 1));
+        if off + req.len > chunk
+            || self.locked.conflicts(stripe, false)
+            || self
+                .waiting
+                .iter()
+                .any(|&w| self.sops[w as usize].stripe == stripe)
+        {
+            return false;
+        }
+        let member = self.geo.stripe(stripe).data_member(k as u16);
+        let m = &self.members[usize::from(member)];
+        if req.len > u64::from(m.max_transfer) {
+            return false;
+        }
+        let foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
+        if foreign && !self.fast_foreign_gate(stripe) {
+            return false;
+        }
+        let op = self.fast_op(ri);
+        let id = m.id;
+        let request = Request {
+            tag: (u64::from(op) << MEMBER_BITS) | u64::from(id),
+            op: Op::Read,
+            offset_bytes: self.data_offset + stripe * chunk + off,
+            // Inside one chunk (checked above), so it fits.
+            len_bytes: req.len as u32,
+            // The caller's buffer, lent until the request completes (ArrayRequest
+            // contract), whole: the member read is the request.
+            buf: req.buf,
+        };
+        let now = self.now;
+        let req = self.reqs[ri as usize].as_mut().expect("accepted request");
+        req.split = req.len;
+        req.pending = 1;
+        req.direct = id;
+        req.direct_ns = now;
+        req.fast_foreign = foreign;
+        req.issued = true;
+        // As `count_issue` records it when a request's first member I/O goes out.
+        self.queue_wait[req.class.index()].record(now.saturating_sub(req.submit_ns));
+        self.locked.take(stripe, op, false);
+        self.stats.foreign_reads += u64::from(foreign);
+        let c = &mut self.members[usize::from(member)].counters;
+        c.reads += 1;
+        c.read_bytes += u64::from(request.len_bytes);
+        self.send(member, IoClass::ForegroundRead, request);
+        true
+    }
+
+    /// Whether a fast-path read of `stripe`, which another shard owns, may read the
+    /// members here: as for a foreign stripe operation's read (`start_sop`), no replace is
+    /// copying on this shard, the stripe gate admits the read (the owner writes nothing
+    /// of the stripe until it ends: counted from here until the read completes), and no
+    /// shard has failed a member this one has not. `false`: nothing is counted, and the
+    /// read takes a stripe operation (which goes to the owner).
+    fn fast_foreign_gate(&self, stripe: u64) -> bool {
+        let Some(gate) = &self.gate else {
+            return false;
+        };
+        if self
+            .replace
+            .is_some_and(|r| r.state == ReplaceState::Copying)
+            || !gate.try_read(stripe)
+        {
+            return false;
+        }
+        let members = &self.members;
+        if gate.lagging(|m| members[usize::from(m)].state.is_failed()) {
+            gate.end_read(stripe);
+            return false;
+        }
+        true
+    }
+
+    /// Request `ri`'s fast-path read (tag operation index `op`) came back from device entry
+    /// `member` (device id `id`) with `status`; `device_ns`: its time in the device, when
+    /// it went through the member queue. Completes the request, or — on an error — runs
+    /// it again as a stripe operation (module docs).
+    pub(super) fn fast_read_done(
+        &mut self,
+        op: u32,
+        ri: u32,
+        member: u16,
+        id: u16,
+        status: Result<(), IoError>,
+        device_ns: Option<u64>,
+    ) {
+        let now = self.now;
+        let Some(req) = self.reqs[ri as usize].as_mut().filter(|r| r.direct == id) else {
+            self.stats.stray_completions += 1;
+            return;
+        };
+        req.direct = NO_DIRECT;
+        if let Some(d) = device_ns {
+            req.device_ns = req.device_ns.max(d);
+        }
+        if std::mem::take(&mut req.fast_foreign) {
+            // Done with the members: the owner may write the stripe.
+            let (stripe, _) = self.geo.stripe_of(req.offset);
+            self.gate
+                .as_ref()
+                .expect("foreign reads only with a gate")
+                .end_read(stripe);
+        }
+        let m = &mut self.members[usize::from(member)];
+        // Saturates at the histogram's top (one hour); never allocates.
+        m.latency.record(now.saturating_sub(req.direct_ns).max(1));
+        self.locked.release(op);
+        let Err(e) = status else {
+            self.stats.direct_reads += 1;
+            self.stats.fast_reads += 1;
+            return self.finish_req(ri);
+        };
+        m.counters.errors += 1;
+        let mut retry_bad = NO_ENTRY;
+        if usize::from(member) >= self.slots() {
+            // A device that left the array (a replaced member read before the swap; a
+            // read never goes to a replacement): only run again from the current devices.
+            debug_assert_ne!(self.replacement_entry(), Some(member));
+        } else if e == IoError::Medium {
+            // A latent sector error: the stripe operation rebuilds the range from
+            // redundancy and rewrites it; the member stays in service (md's read-error
+            // handling, as in `member_done`).
+            self.stats.medium_errors += 1;
+            retry_bad = member;
+        } else {
+            self.fail_member(member, e);
+        }
+        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        req.retry_bad = retry_bad;
+        req.split = 0;
+        req.pending = 0;
+        // First in line: accepted before everything in the backlog.
+        self.backlog.push_front(ri);
+    }
+
+    /// Times out the fast-path reads whose member read outlived the command timeout
+    /// (as [`Self::check_timeouts`] does stripe operations' requests); returns whether any
+    /// did.
+    pub(super) fn fast_read_timeouts(&mut self) -> bool {
+        let mut any = false;
+        for ri in 0..self.reqs.len() as u32 {
+            let Some(req) = self.reqs[ri as usize].as_mut() else {
+                continue;
+            };
+            if req.direct == NO_DIRECT || self.now - req.direct_ns < self.io_timeout_ns {
+                continue;
+            }
+            // Abort again only after another full timeout.
+            req.direct_ns = self.now;
+            let id = req.direct;
+            if let Some(entry) = self.entry_of_id(id) {
+                any = true;
+                self.time_out(self.fast_op(ri), entry);
+            }
+        }
+        any
+    }
+
+    /// When the oldest fast-path read in flight times out, ns (array clock).
+    pub(super) fn fast_read_deadline_ns(&self) -> Option<u64> {
+        self.reqs
+            .iter()
+            .flatten()
+            .filter(|r| r.direct != NO_DIRECT)
+            .map(|r| r.direct_ns.saturating_add(self.io_timeout_ns))
+            .min()
+    }
 
     pub(super) fn start_read(&mut self, s: u32) {
         let g = *self.geo.geometry();

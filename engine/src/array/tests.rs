@@ -1335,9 +1335,11 @@ fn queue_wait_counts_same_turn_requests_and_times_later_ones() {
     // Issued in the same turn.
     arr.set_now(clock.now_ns());
     assert_eq!(rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut a), Ok(()));
-    // Accepted now, issued 5 µs later.
+    // Accepted now, issued 5 µs later: a read across a chunk boundary (two member
+    // reads) takes a stripe operation, which `process` issues (a read inside one chunk
+    // would go out at submission, on the fast path).
     arr.set_now(clock.now_ns());
-    submit_at(&mut arr, 3, ArrayOp::Read, 8192, &mut b);
+    submit_at(&mut arr, 3, ArrayOp::Read, 6144, &mut b);
     clock.advance_by(5_000);
     assert_eq!(complete(&mut arr, &clock, 3), Ok(()));
     let w = arr.queue_wait(small);
@@ -1643,4 +1645,321 @@ fn a_retried_degraded_read_repairs_what_its_earlier_rounds_read() {
         1,
         "D's latent sector, counted as repaired, is still unreadable"
     );
+}
+
+/// Issue 23: a read inside one chunk of a healthy array, with nothing queued ahead of it,
+/// goes out at submission as one member read without a stripe operation (`read.rs`, "the
+/// fast path"), and keeps a stripe operation's guarantees: a write submitted while it is in
+/// flight waits for it (the read returns the old bytes), a read of a stripe a write holds
+/// waits for (or is served from) the write, and reads across a chunk boundary, or of a
+/// degraded array, take stripe operations.
+#[test]
+fn single_chunk_reads_take_the_fast_path_and_keep_the_stripe_order() {
+    for level in [Level::Raid5, Level::Raid6] {
+        let (mut arr, devs, clock) = sim_array(level, 5, 4096, 512, 8, Profile::fixed(1000));
+        let cap = arr.geometry().capacity_bytes() as usize;
+        let mut data = fill_array(&mut arr, &clock, |i| (i * 13 + 5) as u8);
+        let base = arr.stats();
+        // Every chunk whole, then sub-chunk reads at block granularity.
+        let mut reads = 0;
+        for at in (0..cap).step_by(4096) {
+            let mut r = AlignedBuf::zeroed(4096);
+            assert_eq!(
+                rw(&mut arr, &clock, 100, ArrayOp::Read, at as u64, &mut r),
+                Ok(())
+            );
+            assert!(r[..] == data[at..at + 4096], "{level:?}: chunk at {at}");
+            reads += 1;
+        }
+        for (at, len) in [(512usize, 512usize), (4096 + 1024, 2048), (cap - 512, 512)] {
+            let mut r = AlignedBuf::zeroed(len);
+            assert_eq!(
+                rw(&mut arr, &clock, 101, ArrayOp::Read, at as u64, &mut r),
+                Ok(())
+            );
+            assert!(r[..] == data[at..at + len], "{level:?}: {at}+{len}");
+            reads += 1;
+        }
+        let s = arr.stats();
+        assert_eq!(s.fast_reads - base.fast_reads, reads, "{level:?}: {s:?}");
+        assert_eq!(s.direct_reads - base.direct_reads, reads);
+        // Across a chunk boundary: a stripe operation (two member reads).
+        let mut r = AlignedBuf::zeroed(1024);
+        assert_eq!(
+            rw(&mut arr, &clock, 102, ArrayOp::Read, 4096 - 512, &mut r),
+            Ok(())
+        );
+        assert!(r[..] == data[4096 - 512..4096 + 512]);
+        assert_eq!(arr.stats().fast_reads, s.fast_reads, "{level:?}");
+        assert_eq!(arr.stats().direct_reads, s.direct_reads + 1);
+
+        // A write submitted while a fast-path read of its range is in flight waits for it:
+        // the read returns the old bytes, a read after the write the new ones.
+        let at = 3 * 4096 + 1024;
+        let mut old = AlignedBuf::zeroed(2048);
+        arr.set_now(clock.now_ns());
+        submit_at(&mut arr, 200, ArrayOp::Read, at as u64, &mut old);
+        let fast = arr.stats().fast_reads;
+        let mut new = AlignedBuf::zeroed(2048);
+        new.iter_mut().for_each(|b| *b = 0xa5);
+        submit_at(
+            &mut arr,
+            201,
+            ArrayOp::Write { fua: false },
+            at as u64,
+            &mut new,
+        );
+        assert!(turn(&mut arr, &clock).is_empty());
+        assert_eq!(
+            arr.waiting.len(),
+            1,
+            "{level:?}: the write waits for the read"
+        );
+        assert_eq!(complete_all(&mut arr, &clock, &[200, 201]), vec![Ok(()); 2]);
+        assert_eq!(arr.stats().fast_reads, fast + 1);
+        assert!(
+            old[..] == data[at..at + 2048],
+            "{level:?}: the read saw the write"
+        );
+        data[at..at + 2048].copy_from_slice(&new);
+        // A read submitted while a write holds its stripe is no fast-path read; it sees
+        // the write whole.
+        new.iter_mut().for_each(|b| *b = 0x3c);
+        let mut after = AlignedBuf::zeroed(2048);
+        arr.set_now(clock.now_ns());
+        submit_at(
+            &mut arr,
+            202,
+            ArrayOp::Write { fua: false },
+            at as u64,
+            &mut new,
+        );
+        assert!(turn(&mut arr, &clock).is_empty());
+        submit_at(&mut arr, 203, ArrayOp::Read, at as u64, &mut after);
+        assert_eq!(complete_all(&mut arr, &clock, &[202, 203]), vec![Ok(()); 2]);
+        assert_eq!(arr.stats().fast_reads, fast + 1, "{level:?}");
+        assert!(after[..] == new[..], "{level:?}: the read missed the write");
+        data[at..at + 2048].copy_from_slice(&new);
+
+        // Degraded: stripe operations only.
+        devs[1].disappear();
+        let mut all = AlignedBuf::zeroed(cap);
+        assert_eq!(
+            rw(&mut arr, &clock, 300, ArrayOp::Read, 0, &mut all),
+            Ok(())
+        );
+        let before = arr.stats().fast_reads;
+        for at in (0..cap).step_by(4096) {
+            let mut r = AlignedBuf::zeroed(4096);
+            assert_eq!(
+                rw(&mut arr, &clock, 301, ArrayOp::Read, at as u64, &mut r),
+                Ok(())
+            );
+            assert!(
+                r[..] == data[at..at + 4096],
+                "{level:?}: degraded chunk at {at}"
+            );
+        }
+        assert_eq!(arr.stats().fast_reads, before, "{level:?}");
+        assert!(!arr.busy());
+    }
+}
+
+/// A fast-path read that meets a member error runs again as a stripe operation: an
+/// unrecovered read error is rebuilt from redundancy and rewritten once (the member stays
+/// in), any other error fails the member, and a hung command times out and fails it — the
+/// read returns the right bytes in every case, and nothing is left in flight.
+#[test]
+fn a_failed_fast_path_read_runs_again_from_redundancy() {
+    use crate::sim::{Fault, FaultRule, OpFilter};
+    let (mut arr, devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 8, Profile::fixed(1000));
+    let data = fill_array(&mut arr, &clock, |i| (i * 31 + 7) as u8);
+    let g = *arr.geometry().geometry();
+    let read = |arr: &mut Array<crate::sim::SimChannel>, tag, at: usize, len: usize| {
+        let mut r = AlignedBuf::zeroed(len);
+        assert_eq!(
+            rw(arr, &clock, tag, ArrayOp::Read, at as u64, &mut r),
+            Ok(())
+        );
+        assert!(
+            r[..] == data[at..at + len],
+            "read {tag} at {at}+{len} differs"
+        );
+    };
+
+    // A latent sector error under a read of data chunk 1 of stripe 2.
+    let m = g.stripe(2).data_member(1);
+    let (chunk, stripe_bytes) = (4096usize, g.stripe_data_bytes() as usize);
+    let at = 2 * stripe_bytes + chunk + 1024;
+    devs[usize::from(m)].add_latent_error(2 * 4096 + 1024..2 * 4096 + 1536);
+    let s0 = arr.stats();
+    read(&mut arr, 10, at, 2048);
+    let s1 = arr.stats();
+    assert_eq!(s1.medium_errors - s0.medium_errors, 1, "{s1:?}");
+    assert_eq!(s1.read_errors_repaired - s0.read_errors_repaired, 1);
+    assert_eq!(s1.degraded_reads - s0.degraded_reads, 1);
+    assert_eq!(
+        s1.fast_reads, s0.fast_reads,
+        "the failed read completes only once"
+    );
+    assert!(arr.member_states().all(|s| s == MemberState::Online));
+    // Repaired: the same read is a clean fast-path read now.
+    read(&mut arr, 11, at, 2048);
+    assert_eq!(arr.stats().fast_reads, s1.fast_reads + 1);
+    assert_eq!(arr.stats().medium_errors, s1.medium_errors);
+
+    // An I/O error fails the member; the read is served from redundancy.
+    let m = g.stripe(5).data_member(3);
+    devs[usize::from(m)].add_fault(FaultRule {
+        filter: OpFilter::Read,
+        range: None,
+        fault: Fault::Error(IoError::Io { errno: 5 }),
+        probability: 1.0,
+        count: Some(1),
+    });
+    let s2 = arr.stats();
+    read(&mut arr, 12, 5 * stripe_bytes + 3 * chunk, 4096);
+    assert_eq!(
+        arr.member_states().nth(usize::from(m)),
+        Some(MemberState::Failed(IoError::Io { errno: 5 }))
+    );
+    assert_eq!(arr.stats().fast_reads, s2.fast_reads);
+    assert_eq!(arr.stats().degraded_reads, s2.degraded_reads + 1);
+    assert!(!arr.busy());
+
+    // A hung command on a second member times out (RAID6: still redundant).
+    let (mut arr, devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 8, Profile::fixed(1000));
+    let data = fill_array(&mut arr, &clock, |i| (i * 31 + 7) as u8);
+    let m = g.stripe(4).data_member(0);
+    devs[usize::from(m)].add_fault(FaultRule {
+        filter: OpFilter::Read,
+        range: None,
+        fault: Fault::Hang,
+        probability: 1.0,
+        count: Some(1),
+    });
+    let t0 = clock.now_ns();
+    let at = 4 * stripe_bytes + 512;
+    let mut r = AlignedBuf::zeroed(1024);
+    assert_eq!(
+        rw(&mut arr, &clock, 13, ArrayOp::Read, at as u64, &mut r),
+        Ok(())
+    );
+    assert!(r[..] == data[at..at + 1024]);
+    let waited = clock.now_ns() - t0;
+    assert!(
+        (DEFAULT_IO_TIMEOUT_NS..2 * DEFAULT_IO_TIMEOUT_NS).contains(&waited),
+        "the read took {waited} ns"
+    );
+    assert_eq!(
+        arr.member_states().nth(usize::from(m)),
+        Some(MemberState::Failed(IoError::Timeout))
+    );
+    assert_eq!(arr.stats().timeouts, 1);
+    assert_eq!(arr.stats().fast_reads, 0);
+    assert!(!arr.busy());
+}
+
+/// A fast-path read of a stripe another shard owns holds the stripe gate while it reads,
+/// as a foreign stripe operation's read does: the owner's write of that stripe waits for it
+/// (and the read returns the old bytes), and a read arriving while the owner writes the
+/// stripe is no fast-path read — it goes to the owner and returns the new bytes.
+#[test]
+fn a_foreign_fast_path_read_holds_the_stripe_gate() {
+    use crate::shard::{owner, StripeGate};
+    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 4096, 512).unwrap();
+    let geo = ArrayGeometry::new(g, 8).unwrap();
+    let clock = SimClock::new();
+    let devs: Vec<SimDevice> = (0..4)
+        .map(|i| {
+            SimDevice::new(
+                &format!("d{i}"),
+                8 * 4096,
+                512,
+                Profile::fixed(1000),
+                clock.clone(),
+                i,
+            )
+            .unwrap()
+        })
+        .collect();
+    let gate = StripeGate::new(64, 64, 4);
+    let mut shards: Vec<Array<crate::sim::SimChannel>> = (0..2)
+        .map(|i| {
+            let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+            let mut a = Array::new(geo, chans, Parity::new(), ArrayConfig::default()).unwrap();
+            a.set_shard(i, 2);
+            a.set_gate(Some(Arc::clone(&gate)));
+            a
+        })
+        .collect();
+    let stripe_bytes = g.stripe_data_bytes();
+    // Stripe 1 belongs to shard 1; shard 0 reads it as a foreign read.
+    let s = 1u64;
+    let o = owner(s, 2);
+    let f = 1 - o;
+    let at = s * stripe_bytes + 4096 + 512;
+    let mut old = AlignedBuf::from_slice(&[0x11; 2048]);
+    assert_eq!(
+        rw(
+            &mut shards[o],
+            &clock,
+            1,
+            ArrayOp::Write { fua: false },
+            at,
+            &mut old
+        ),
+        Ok(())
+    );
+    // The foreign read goes out at submission and holds the gate...
+    let mut r = AlignedBuf::zeroed(2048);
+    shards[f].set_now(clock.now_ns());
+    submit_at(&mut shards[f], 2, ArrayOp::Read, at, &mut r);
+    let st = shards[f].stats();
+    assert_eq!((st.fast_reads, st.foreign_reads), (0, 1), "{st:?}");
+    // ...so the owner's write of the stripe waits for it.
+    let mut new = AlignedBuf::from_slice(&[0x22; 2048]);
+    shards[o].set_now(clock.now_ns());
+    submit_at(
+        &mut shards[o],
+        3,
+        ArrayOp::Write { fua: false },
+        at,
+        &mut new,
+    );
+    assert!(turn(&mut shards[o], &clock).is_empty());
+    assert_eq!(
+        shards[o].stats().gate_waits,
+        1,
+        "the write waits for the gate"
+    );
+    assert_eq!(complete(&mut shards[f], &clock, 2), Ok(()));
+    assert_eq!(shards[f].stats().fast_reads, 1);
+    assert!(
+        r[..] == old[..],
+        "the foreign read saw part of the owner's write"
+    );
+    // The write is under way now (its member reads in flight, the gate held): a foreign
+    // read of the stripe goes to the owner.
+    turn(&mut shards[o], &clock);
+    let mut r2 = AlignedBuf::zeroed(2048);
+    shards[f].set_now(clock.now_ns());
+    submit_at(&mut shards[f], 4, ArrayOp::Read, at, &mut r2);
+    assert!(turn(&mut shards[f], &clock).is_empty());
+    assert_eq!(
+        shards[f].stats().fast_reads,
+        1,
+        "no fast-path read under the owner's write"
+    );
+    let moved = shards[f].take_moved().expect("the read moved to the owner");
+    assert_eq!(moved.tag, 4);
+    shards[o].submit(moved).unwrap();
+    assert_eq!(
+        complete_all(&mut shards[o], &clock, &[3, 4]),
+        vec![Ok(()); 2]
+    );
+    assert!(r2[..] == new[..], "the moved read missed the owner's write");
+    for a in &shards {
+        assert!(!a.busy());
+    }
 }
