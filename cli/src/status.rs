@@ -604,7 +604,8 @@ pub struct StatsReport {
     /// Stripe reads served straight from the members (fast-path reads included).
     pub direct_reads: u64,
     /// Reads issued at submission as one member read, without a stripe operation (the
-    /// engine's fast path: inside one chunk, healthy array, nothing queued ahead).
+    /// engine's fast path: inside one chunk of an online member, no write or flush queued
+    /// ahead, no write holding or waiting for the stripe).
     #[serde(default)]
     pub fast_reads: u64,
     /// Stripe reads that rebuilt data from parity.

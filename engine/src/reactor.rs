@@ -1386,11 +1386,11 @@ impl<F: Frontend> Reactors<F> {
             zero_map_of(&devices, &geo, array_cfg.data_offset_bytes),
         ));
         // Foreign reads need more than one reactor; every slot counts at most the stripe
-        // operations of all reactors.
+        // operations of all reactors and as many fast-path reads (`Array::submit`).
         let gate = (n > 1 && cfg.foreign_reads).then(|| {
             StripeGate::new(
                 GATE_SLOTS,
-                n * (array_cfg.stripe_ops + array_cfg.background_ops),
+                2 * n * (array_cfg.stripe_ops + array_cfg.background_ops),
                 geo.geometry().members(),
             )
         });

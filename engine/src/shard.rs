@@ -182,8 +182,9 @@ const GATE_MAX: u32 = (1 << 16) - 1;
 const SLOTS_PER_LINE: u64 = 16;
 
 impl StripeGate {
-    /// A gate for reactors that have at most `ops_in_flight` stripe operations in flight
-    /// in all (the bound on any slot's count), with `slots` slots (rounded up to a power
+    /// A gate for reactors that have at most `ops_in_flight` stripe operations and
+    /// fast-path reads in flight in all (the bound on any slot's count; a shard holds the
+    /// gate for at most as many fast-path reads as it has stripe operations), with `slots` slots (rounded up to a power
     /// of two, at least 1024: a few KiB, so false conflicts stay rare).
     ///
     /// # Panics
@@ -339,8 +340,9 @@ impl<C: Channel> ShardedArray<C> {
         );
         let n = shards.len();
         let gate = (n > 1).then(|| {
+            // Each shard counts at most its stripe operations and as many fast-path reads.
             let ops: usize = shards.iter().map(Array::stripe_op_capacity).sum();
-            StripeGate::new(4096, ops, shards[0].geometry().geometry().members())
+            StripeGate::new(4096, 2 * ops, shards[0].geometry().geometry().members())
         });
         for (i, s) in shards.iter_mut().enumerate() {
             s.set_shard(i, n);

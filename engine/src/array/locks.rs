@@ -2,17 +2,21 @@
 //! rule, module docs of [`crate::array`]): a write or write-zeroes/discard holds its stripe
 //! *exclusively*; a read or a background operation holds it *shared*. A read may start
 //! beside shared holders; a write (or background operation) only on a stripe nobody holds.
+//! The holders are identified by the operation index their member requests' tags carry:
+//! stripe operations, and the fast-path reads (`read.rs`), which hold a stripe shared
+//! without a stripe operation (the bitmap's and the logs' indices, in between, never hold
+//! one).
 //!
 //! Holds are kept in a flat list with each operation's position in it, so taking and
 //! releasing are O(1); the common check of a read ("does a write hold my stripe?") is O(1)
 //! while no exclusive hold exists at all (a read-only load), O(holds) otherwise. The list
-//! never holds more than one entry per stripe operation, and its capacity is reserved at
+//! never holds more than one entry per operation index, and its capacity is reserved at
 //! construction: nothing allocates per I/O.
 
 /// No position: the operation holds nothing.
 const NONE: u32 = u32::MAX;
 
-/// The stripe holds of `ops` stripe operations (indices `0..ops`).
+/// The stripe holds of `ops` operation indices (`0..ops`).
 pub(crate) struct StripeLocks {
     /// (stripe, operation, exclusive), in no particular order.
     held: Vec<(u64, u32, bool)>,

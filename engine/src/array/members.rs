@@ -220,7 +220,7 @@ impl<C: Channel> Array<C> {
                 .reqs
                 .iter()
                 .flatten()
-                .any(|r| usize::from(r.direct) == id)
+                .any(|r| usize::from(r.fast_dev) == id)
             || self
                 .synthetic
                 .iter()

@@ -27,7 +27,9 @@
 //! order too, so a request cannot overtake an earlier one on any stripe.
 //!
 //! # Reads
-//! A read of healthy members goes straight into the caller's buffer. If a member of the
+//! A read of healthy members goes straight into the caller's buffer; one inside a single
+//! chunk, with nothing it must not overtake queued ahead of it, needs no stripe operation
+//! at all (`read.rs`, "the fast path"). If a member of the
 //! stripe has failed, or a read fails (which fails that member), the stripe's surviving
 //! chunks are read over the needed range and the lost data is rebuilt from parity.
 //!
@@ -65,7 +67,8 @@
 //! - `ops.rs`: request and operation lifecycle: splitting requests into stripe operations,
 //!   stripe ordering and the gate, starting, moving and finishing operations and requests,
 //!   flushes.
-//! - `read.rs`: direct reads of healthy members.
+//! - `read.rs`: direct reads of healthy members, the fast path (single-chunk reads without
+//!   a stripe operation), and reads served from a write pass.
 //! - `degraded.rs`: degraded reads, rebuilding lost data from parity.
 //! - `write.rs`: writes and parity generation; write-zeroes and discard.
 //! - `bitmap.rs`: the write-intent bitmap.
@@ -320,8 +323,9 @@ pub struct ArrayStats {
     /// Stripe reads served straight from the members (fast-path reads included).
     pub direct_reads: u64,
     /// Reads issued at submission as one member read, without a stripe operation
-    /// ([`Array::submit`]'s fast path: a read inside one chunk of a healthy array, with
-    /// nothing queued ahead of it and no write holding its stripe).
+    /// ([`Array::submit`]'s fast path: a read inside one chunk of an online member, with no
+    /// write or flush queued ahead of it, no operation waiting for its stripe and no write
+    /// holding it).
     pub fast_reads: u64,
     /// Stripe reads that rebuilt data from parity.
     pub degraded_reads: u64,
@@ -700,7 +704,7 @@ const _: () = assert!((MAX_RAID6_MEMBERS as u64 + 1) < (1 << MEMBER_BITS));
 /// `entry_of` value of a device id no entry holds.
 const NO_ENTRY: u16 = u16::MAX;
 /// [`ReqCtx::direct`] of a request that is not a fast-path read in flight.
-const NO_DIRECT: u16 = u16::MAX;
+const NO_FAST_DEV: u16 = u16::MAX;
 
 /// The operation indices member tags carry, for `total_sops` stripe operations, `slots`
 /// members and `requests` requests: the stripe operations (`0..total_sops`), the bitmap
@@ -795,7 +799,7 @@ impl<C: Channel> Member<C> {
             queue: MemberQueue::new(
                 cfg.depth,
                 queue_depth,
-                (total_sops + 1) * (chunk / max_transfer as usize + 1) + tag_ops,
+                (total_sops + 1) * (chunk / max_transfer as usize + 1) + tag_ops - (total_sops + 1),
                 tag_ops,
                 MEMBER_BITS,
             ),
@@ -839,12 +843,18 @@ struct ReqCtx {
     /// held): its latency is not the bulk share's signal ([`crate::qos::share`]).
     ordered: bool,
     /// The device id of its one member read while it is a fast-path read in flight
-    /// (`read.rs`, [`Array::submit`]); [`NO_DIRECT`] otherwise.
-    direct: u16,
-    /// When that member read was issued (or last timed out), ns (array clock).
-    direct_ns: u64,
-    /// That member read is of a stripe another shard owns and holds the stripe gate.
+    /// (`read.rs`, [`Array::submit`]); [`NO_FAST_DEV`] otherwise.
+    fast_dev: u16,
+    /// When that member read was issued (or last timed out, as a stripe operation's
+    /// `issued_ns`), ns (array clock).
+    fast_ns: u64,
+    /// It holds the stripe gate for a fast-path read of a stripe another shard owns
+    /// (counted in `fast_foreign_reads`).
     fast_foreign: bool,
+    /// Its fast-path read failed and it waits in the backlog for a stripe operation to run
+    /// it again, still holding the read's stripe hold (and gate hold): the operation takes
+    /// them over, so nothing that arrived after the read runs on its stripe first.
+    retry_held: bool,
     /// A member (slot) that returned an unrecovered read error to its fast-path read: the
     /// stripe operation that runs it again does without it and rewrites the range
     /// ([`NO_ENTRY`]: none).
@@ -1073,6 +1083,10 @@ pub struct Array<C: Channel> {
     /// are none, a fast-path read overtakes nothing it must not (reads need no order among
     /// themselves; `read.rs`).
     backlog_writes: u32,
+    /// Fast-path reads holding the stripe gate (requests with `fast_foreign`): at most the
+    /// stripe operations, so the gate's counts stay within what its callers size it for
+    /// ([`crate::shard::StripeGate::new`]).
+    fast_foreign_reads: u32,
     done: VecDeque<ArrayCompletion>,
     /// Member completions synthesised for requests a channel refused for good.
     synthetic: VecDeque<Completion>,
@@ -1348,6 +1362,7 @@ impl<C: Channel> Array<C> {
             ready: VecDeque::with_capacity(total_sops),
             backlog: VecDeque::with_capacity(cfg.requests),
             backlog_writes: 0,
+            fast_foreign_reads: 0,
             done: VecDeque::with_capacity(cfg.requests),
             synthetic: VecDeque::with_capacity((total_sops + cfg.requests) * (n + 1)),
             scratch: vec![Completion::EMPTY; 64],
@@ -1615,7 +1630,10 @@ impl<C: Channel> Array<C> {
     }
 
     /// Accepts a request. Malformed requests complete at once with
-    /// [`ArrayError::Invalid`] (returned by `poll`), never panic.
+    /// [`ArrayError::Invalid`] (returned by `poll`), never panic. A read that may take the
+    /// fast path (inside one chunk of an online member, nothing it must not overtake queued
+    /// ahead; `read.rs`) is issued to its member here; every other request waits for
+    /// [`Array::process`].
     ///
     /// # Errors
     /// [`ArrayError::QueueFull`] when the request pool is exhausted: poll, then retry.
@@ -1675,9 +1693,10 @@ impl<C: Channel> Array<C> {
             issued: false,
             device_ns: 0,
             ordered: false,
-            direct: NO_DIRECT,
-            direct_ns: 0,
+            fast_dev: NO_FAST_DEV,
+            fast_ns: 0,
             fast_foreign: false,
+            retry_held: false,
             retry_bad: NO_ENTRY,
         });
         if r.op.is_write() {

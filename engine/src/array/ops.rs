@@ -65,6 +65,7 @@ impl<C: Channel> Array<C> {
             // A fast-path read that met an unrecovered read error runs again without the
             // member that returned it (`read.rs`).
             let retry_bad = std::mem::replace(&mut req.retry_bad, super::NO_ENTRY);
+            let retry_held = req.retry_held;
             req.split += end - start;
             req.pending += 1;
             let fully = req.split == req.len;
@@ -105,6 +106,14 @@ impl<C: Channel> Array<C> {
                 }
             }
             any = true;
+            if retry_held {
+                // A failed fast-path read (inside one stripe, so split whole): its stripe
+                // operation takes over the stripe hold it kept and starts at once, ahead of
+                // what arrived after it and waits for the stripe.
+                debug_assert!(fully && read);
+                self.retry_fast_read(ri, s);
+                continue;
+            }
             if read && self.waiting.is_empty() && !self.locked.conflicts(stripe, false) {
                 self.locked.take(stripe, s, false);
                 self.start_sop(s);

@@ -2,9 +2,10 @@
 //! write pass holds, served from the pass's own data.
 //!
 //! # The fast path
-//! A read that lies inside one chunk of a healthy array, submitted with nothing queued
-//! ahead of it on its shard and no write holding its stripe, needs none of a stripe
-//! operation's machinery: it is one member read into the caller's buffer. [`Array::submit`]
+//! A read that lies inside one chunk of an online member (the array may be degraded: only
+//! the lost chunks need reconstruction), submitted with nothing queued ahead of it that it
+//! must not overtake and no write holding its stripe, needs none of a stripe operation's
+//! machinery: it is one member read into the caller's buffer. [`Array::submit`]
 //! issues it at once ([`Array::fast_read`]) with the request itself as the member
 //! request's context (its operation index in the tag is one of the requests', past the
 //! stripe operations'; `tag_ops` in `mod.rs`), and the member read's completion completes
@@ -21,9 +22,11 @@
 //!   when the gate refuses (the owner is writing the stripe), the read takes a stripe
 //!   operation, which goes to the owner.
 //! - *Errors*: a member error fails the member (an unrecovered read error only marks it
-//!   bad for the read, as a stripe operation does), and the request runs again, first in
-//!   the backlog, as a stripe operation: a degraded read from redundancy, which rewrites
-//!   the bad range. Its completion is never reported from the failed read.
+//!   bad for the read, as a stripe operation does), and the request runs again as a
+//!   stripe operation — a degraded read from redundancy, which rewrites the bad range —
+//!   that takes over the read's stripe hold (and gate hold): the failed read keeps them,
+//!   waiting first in the backlog for a free stripe operation, so nothing submitted after
+//!   it runs on its stripe first. Its completion is never reported from the failed read.
 //! - *Timeouts*: [`Array::check_timeouts`] times out fast-path reads like stripe
 //!   operations' requests (the member is failed and its request aborted; the read then
 //!   runs again as above).
@@ -37,7 +40,10 @@ use crate::qos::IoClass;
 use crate::shard::owner;
 
 use super::cache::NONE;
-use super::{ppl, Array, Phase, ReplaceState, MEMBER_BITS, NO_DIRECT, NO_ENTRY};
+use super::{
+    ppl, Array, ArrayError, GateHold, MemberState, Phase, ReplaceState, MEMBER_BITS, NO_ENTRY,
+    NO_FAST_DEV,
+};
 
 impl<C: Channel> Array<C> {
     // ---- reads -----------------------------------------------------------------------------
@@ -58,7 +64,8 @@ impl<C: Channel> Array<C> {
     }
 
     /// Issues request `ri` (a valid read, just accepted) as a fast-path read (module docs)
-    /// if it may be one: the array has no member failed or being rebuilt, no write (or
+    /// if it may be one: the array has not failed, the read's member is online (the
+    /// array may be degraded: a surviving chunk is read alike), no write (or
     /// flush) waits in the backlog (reads waiting there for a stripe operation need no
     /// order against this one), no operation waits for the read's stripe, the read lies
     /// inside one chunk, within the member's largest transfer, no write holds the stripe,
@@ -66,7 +73,7 @@ impl<C: Channel> Array<C> {
     /// was issued; `false` leaves the request untouched (it takes the backlog).
     #[inline]
     pub(super) fn fast_read(&mut self, ri: u32) -> bool {
-        if self.failed_members != 0 || self.backlog_writes != 0 {
+        if self.backlog_writes != 0 || self.array_failed() {
             return false;
         }
         let req = self.reqs[ri as usize].as_ref().expect("accepted request");
@@ -85,31 +92,36 @@ impl<C: Channel> Array<C> {
         }
         let member = self.geo.stripe(stripe).data_member(k as u16);
         let m = &self.members[usize::from(member)];
-        if req.len > u64::from(m.max_transfer) {
-            return false;
-        }
-        let foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
-        if foreign && !self.fast_foreign_gate(stripe) {
+        // A member being rebuilt (or failed) is left to stripe operations, which know
+        // where its rebuild stands; an online member's chunk is read alike in a degraded
+        // stripe, and background work beside the read writes only parity or the member
+        // being rebuilt (`start_waiting`).
+        if m.state != MemberState::Online || req.len > u64::from(m.max_transfer) {
             return false;
         }
         let op = self.fast_op(ri);
-        let id = m.id;
         let request = Request {
-            tag: (u64::from(op) << MEMBER_BITS) | u64::from(id),
+            tag: (u64::from(op) << MEMBER_BITS) | u64::from(m.id),
             op: Op::Read,
             offset_bytes: self.data_offset + stripe * chunk + off,
             // Inside one chunk (checked above), so it fits.
             len_bytes: req.len as u32,
             // The caller's buffer, lent until the request completes (ArrayRequest
-            // contract), whole: the member read is the request.
+            // contract), whole: the member read is the request. Its registered region
+            // (if any) comes with it.
             buf: req.buf,
         };
+        let id = m.id;
+        let foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
+        if foreign && !self.fast_foreign_gate(stripe) {
+            return false;
+        }
         let now = self.now;
         let req = self.reqs[ri as usize].as_mut().expect("accepted request");
         req.split = req.len;
         req.pending = 1;
-        req.direct = id;
-        req.direct_ns = now;
+        req.fast_dev = id;
+        req.fast_ns = now;
         req.fast_foreign = foreign;
         req.issued = true;
         // As `count_issue` records it when a request's first member I/O goes out.
@@ -124,18 +136,22 @@ impl<C: Channel> Array<C> {
     }
 
     /// Whether a fast-path read of `stripe`, which another shard owns, may read the
-    /// members here: as for a foreign stripe operation's read (`start_sop`), no replace is
-    /// copying on this shard, the stripe gate admits the read (the owner writes nothing
+    /// members here: fewer fast-path reads hold the gate on this shard than it has stripe
+    /// operations (the gate's counts are sized for twice the stripe operations); and as
+    /// for a foreign stripe operation's read (`start_sop`), no member is
+    /// being rebuilt (only the owner knows how far), no replace is copying on this shard, the stripe gate admits the read (the owner writes nothing
     /// of the stripe until it ends: counted from here until the read completes), and no
     /// shard has failed a member this one has not. `false`: nothing is counted, and the
     /// read takes a stripe operation (which goes to the owner).
-    fn fast_foreign_gate(&self, stripe: u64) -> bool {
+    fn fast_foreign_gate(&mut self, stripe: u64) -> bool {
         let Some(gate) = &self.gate else {
             return false;
         };
-        if self
-            .replace
-            .is_some_and(|r| r.state == ReplaceState::Copying)
+        if self.fast_foreign_reads as usize >= self.sops.len()
+            || self.rebuilding()
+            || self
+                .replace
+                .is_some_and(|r| r.state == ReplaceState::Copying)
             || !gate.try_read(stripe)
         {
             return false;
@@ -145,6 +161,7 @@ impl<C: Channel> Array<C> {
             gate.end_read(stripe);
             return false;
         }
+        self.fast_foreign_reads += 1;
         true
     }
 
@@ -162,27 +179,24 @@ impl<C: Channel> Array<C> {
         device_ns: Option<u64>,
     ) {
         let now = self.now;
-        let Some(req) = self.reqs[ri as usize].as_mut().filter(|r| r.direct == id) else {
+        let Some(req) = self.reqs[ri as usize].as_mut().filter(|r| r.fast_dev == id) else {
             self.stats.stray_completions += 1;
             return;
         };
-        req.direct = NO_DIRECT;
+        req.fast_dev = NO_FAST_DEV;
         if let Some(d) = device_ns {
             req.device_ns = req.device_ns.max(d);
         }
-        if std::mem::take(&mut req.fast_foreign) {
-            // Done with the members: the owner may write the stripe.
-            let (stripe, _) = self.geo.stripe_of(req.offset);
-            self.gate
-                .as_ref()
-                .expect("foreign reads only with a gate")
-                .end_read(stripe);
-        }
         let m = &mut self.members[usize::from(member)];
         // Saturates at the histogram's top (one hour); never allocates.
-        m.latency.record(now.saturating_sub(req.direct_ns).max(1));
-        self.locked.release(op);
+        m.latency.record(now.saturating_sub(req.fast_ns).max(1));
         let Err(e) = status else {
+            if std::mem::take(&mut req.fast_foreign) {
+                // Done with the members: the owner may write the stripe.
+                let (stripe, _) = self.geo.stripe_of(req.offset);
+                self.end_fast_foreign(stripe);
+            }
+            self.locked.release(op);
             self.stats.direct_reads += 1;
             self.stats.fast_reads += 1;
             return self.finish_req(ri);
@@ -206,8 +220,51 @@ impl<C: Channel> Array<C> {
         req.retry_bad = retry_bad;
         req.split = 0;
         req.pending = 0;
-        // First in line: accepted before everything in the backlog.
+        // It keeps its stripe hold (and gate hold) until the stripe operation that runs
+        // it again takes them over (`split_backlog`, `retry_fast_read`): a write submitted
+        // after it and waiting for the stripe must not run first. First in the backlog:
+        // it was accepted before everything there, and nothing ahead of it may block it.
+        req.retry_held = true;
         self.backlog.push_front(ri);
+    }
+
+    /// The fast-path read of request `ri` failed and its request got stripe operation `s`
+    /// (set up for its range, not started; `split_backlog`): `s` takes over the read's
+    /// stripe hold, and its gate hold on a stripe another shard owns, and runs the read
+    /// again — from redundancy without a failed or bad member, from the current devices
+    /// after a member swap; a foreign read goes to the owner when a member is being
+    /// rebuilt (as a foreign stripe operation's failed read does in `advance`).
+    pub(super) fn retry_fast_read(&mut self, ri: u32, s: u32) {
+        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        debug_assert!(req.retry_held && req.fast_dev == NO_FAST_DEV);
+        req.retry_held = false;
+        let foreign = std::mem::take(&mut req.fast_foreign);
+        let stripe = self.sops[s as usize].stripe;
+        debug_assert_eq!(foreign, self.sops[s as usize].foreign);
+        self.locked.release(self.fast_op(ri));
+        self.locked.take(stripe, s, false);
+        if foreign {
+            // The gate's count stays; the operation holds it now.
+            self.fast_foreign_reads -= 1;
+            self.sops[s as usize].gate = GateHold::Read;
+        }
+        if self.array_failed() {
+            return self.finish_sop(s, Err(ArrayError::Failed));
+        }
+        if foreign && self.rebuilding() {
+            return self.move_sop(s);
+        }
+        self.start_read(s);
+    }
+
+    /// A fast-path read of `stripe` (another shard's) is done with the members: it lets go
+    /// of the stripe gate.
+    fn end_fast_foreign(&mut self, stripe: u64) {
+        self.fast_foreign_reads -= 1;
+        self.gate
+            .as_ref()
+            .expect("foreign reads only with a gate")
+            .end_read(stripe);
     }
 
     /// Times out the fast-path reads whose member read outlived the command timeout
@@ -219,12 +276,12 @@ impl<C: Channel> Array<C> {
             let Some(req) = self.reqs[ri as usize].as_mut() else {
                 continue;
             };
-            if req.direct == NO_DIRECT || self.now - req.direct_ns < self.io_timeout_ns {
+            if req.fast_dev == NO_FAST_DEV || self.now - req.fast_ns < self.io_timeout_ns {
                 continue;
             }
             // Abort again only after another full timeout.
-            req.direct_ns = self.now;
-            let id = req.direct;
+            req.fast_ns = self.now;
+            let id = req.fast_dev;
             if let Some(entry) = self.entry_of_id(id) {
                 any = true;
                 self.time_out(self.fast_op(ri), entry);
@@ -238,8 +295,8 @@ impl<C: Channel> Array<C> {
         self.reqs
             .iter()
             .flatten()
-            .filter(|r| r.direct != NO_DIRECT)
-            .map(|r| r.direct_ns.saturating_add(self.io_timeout_ns))
+            .filter(|r| r.fast_dev != NO_FAST_DEV)
+            .map(|r| r.fast_ns.saturating_add(self.io_timeout_ns))
             .min()
     }
 
