@@ -2098,30 +2098,30 @@ fn two_gated_shards(
     (shards, devs, clock, gate)
 }
 
+/// On [`two_gated_shards`]: the owner of stripe 1 writes 2 KiB of 0x11 into its data chunk
+/// 1 (tag 1). Returns (stripe, owner shard, the other shard, array offset of the bytes,
+/// the bytes, the member holding them).
+fn owner_writes_stripe_1(
+    shards: &mut [Array<crate::sim::SimChannel>],
+    clock: &SimClock,
+) -> (u64, usize, usize, u64, AlignedBuf, u16) {
+    let g = *shards[0].geometry().geometry();
+    let s = 1u64;
+    let o = crate::shard::owner(s, 2);
+    let at = s * g.stripe_data_bytes() + 4096 + 512;
+    let mut old = AlignedBuf::from_slice(&[0x11; 2048]);
+    let w = ArrayOp::Write { fua: false };
+    assert_eq!(rw(&mut shards[o], clock, 1, w, at, &mut old), Ok(()));
+    (s, o, 1 - o, at, old, g.stripe(s).data_member(1))
+}
+
 /// A foreign fast-path read that meets a member error and runs again as a (foreign)
 /// stripe operation counts once in `foreign_reads`.
 #[test]
 fn a_retried_foreign_fast_read_counts_once() {
     use crate::sim::{Fault, FaultRule, OpFilter};
     let (mut shards, devs, clock, _gate) = two_gated_shards(ArrayConfig::default());
-    let g = *shards[0].geometry().geometry();
-    let s = 1u64;
-    let o = crate::shard::owner(s, 2);
-    let f = 1 - o;
-    let at = s * g.stripe_data_bytes() + 4096 + 512;
-    let mut old = AlignedBuf::from_slice(&[0x11; 2048]);
-    assert_eq!(
-        rw(
-            &mut shards[o],
-            &clock,
-            1,
-            ArrayOp::Write { fua: false },
-            at,
-            &mut old
-        ),
-        Ok(())
-    );
-    let m = g.stripe(s).data_member(1);
+    let (_, _, f, at, old, m) = owner_writes_stripe_1(&mut shards, &clock);
     devs[usize::from(m)].add_fault(FaultRule {
         filter: OpFilter::Read,
         range: None,
@@ -2248,31 +2248,14 @@ fn fast_reads_across_a_replace_swap() {
     }
 }
 
-/// a foreign fast-path read that meets a latent sector error runs again
+/// A foreign fast-path read that meets a latent sector error runs again
 /// as a foreign stripe operation, which hands it to the owner (the owner rewrites the
 /// range); the gate is left clear (the owner's next write of the stripe does not wait),
 /// nothing is left in flight.
 #[test]
 fn a_foreign_fast_read_with_a_medium_error_goes_to_the_owner() {
     let (mut shards, devs, clock, gate) = two_gated_shards(ArrayConfig::default());
-    let g = *shards[0].geometry().geometry();
-    let s = 1u64;
-    let o = crate::shard::owner(s, 2);
-    let f = 1 - o;
-    let at = s * g.stripe_data_bytes() + 4096 + 512;
-    let mut old = AlignedBuf::from_slice(&[0x11; 2048]);
-    assert_eq!(
-        rw(
-            &mut shards[o],
-            &clock,
-            1,
-            ArrayOp::Write { fua: false },
-            at,
-            &mut old
-        ),
-        Ok(())
-    );
-    let m = g.stripe(s).data_member(1);
+    let (s, o, f, at, old, m) = owner_writes_stripe_1(&mut shards, &clock);
     devs[usize::from(m)].add_latent_error(s * 4096 + 1024..s * 4096 + 1536);
     let mut r = AlignedBuf::zeroed(2048);
     shards[f].set_now(clock.now_ns());
