@@ -1145,10 +1145,10 @@ impl fmt::Display for StatusReport {
         writeln!(f)?;
         writeln!(
             f,
-            "  reads: {} direct ({} fast path), {} degraded · writes: {} full-stripe, {} rmw, {} rcw, {} degraded",
+            "  reads: {} direct, {} degraded ({} direct on the fast path) · writes: {} full-stripe, {} rmw, {} rcw, {} degraded",
             s.direct_reads,
-            s.fast_reads,
             s.degraded_reads,
+            s.fast_reads,
             s.full_stripe_writes,
             s.rmw_writes,
             s.rcw_writes,
