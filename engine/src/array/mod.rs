@@ -1087,6 +1087,14 @@ pub struct Array<C: Channel> {
     /// stripe operations, so the gate's counts stay within what its callers size it for
     /// ([`crate::shard::StripeGate::new`]).
     fast_foreign_reads: u32,
+    /// Fast-path reads in flight or waiting, failed, for a stripe operation to run them
+    /// again (`retry_held`). While there are any, `split_backlog` keeps the last free
+    /// stripe operation for such a retry: a failed read keeps its stripe hold, and the
+    /// operations that would free a stripe operation may all be waiting for that stripe.
+    fast_in_flight: u32,
+    /// `split_backlog` kept the last free stripe operation from a request: no new
+    /// fast-path read goes out until the ones in flight are done and the request has it.
+    fast_blocked: bool,
     done: VecDeque<ArrayCompletion>,
     /// Member completions synthesised for requests a channel refused for good.
     synthetic: VecDeque<Completion>,
@@ -1363,6 +1371,8 @@ impl<C: Channel> Array<C> {
             backlog: VecDeque::with_capacity(cfg.requests),
             backlog_writes: 0,
             fast_foreign_reads: 0,
+            fast_in_flight: 0,
+            fast_blocked: false,
             done: VecDeque::with_capacity(cfg.requests),
             synthetic: VecDeque::with_capacity((total_sops + cfg.requests) * (n + 1)),
             scratch: vec![Completion::EMPTY; 64],

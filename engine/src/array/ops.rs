@@ -24,6 +24,7 @@ impl<C: Channel> Array<C> {
         // later bytes still win and a read sees what some prefix of the submission order
         // wrote).
         let mut i = 0;
+        self.fast_blocked = false;
         while i < self.backlog.len() {
             let ri = self.backlog[i];
             let Some(s) = self.free_sops.last().copied() else {
@@ -37,6 +38,14 @@ impl<C: Channel> Array<C> {
                 self.start_flush(ri);
                 any = true;
                 continue;
+            }
+            if self.free_sops.len() == 1 && self.fast_in_flight > 0 && !req.retry_held {
+                // The last free operation is kept for a failed fast-path read's retry
+                // (`read.rs`): the read keeps its stripe hold until an operation takes it
+                // over, and every other operation may be waiting for that stripe. Until
+                // the fast-path reads in flight are done, no new one goes out.
+                self.fast_blocked = true;
+                break;
             }
             let bulk = req.class == RequestClass::BulkWrite;
             if bulk && self.bulk_sops >= self.bulk_share.cap() {

@@ -26,7 +26,10 @@
 //!   stripe operation — a degraded read from redundancy, which rewrites the bad range —
 //!   that takes over the read's stripe hold (and gate hold): the failed read keeps them,
 //!   waiting first in the backlog for a free stripe operation, so nothing submitted after
-//!   it runs on its stripe first. Its completion is never reported from the failed read.
+//!   it runs on its stripe first. One stripe operation is kept free for such a retry while
+//!   fast-path reads are in flight (`split_backlog`): the operations that would otherwise
+//!   free one may all be waiting for the read's stripe. Its completion is never reported
+//!   from the failed read.
 //! - *Timeouts*: [`Array::check_timeouts`] times out fast-path reads like stripe
 //!   operations' requests (the member is failed and its request aborted; the read then
 //!   runs again as above).
@@ -73,7 +76,7 @@ impl<C: Channel> Array<C> {
     /// was issued; `false` leaves the request untouched (it takes the backlog).
     #[inline]
     pub(super) fn fast_read(&mut self, ri: u32) -> bool {
-        if self.backlog_writes != 0 || self.array_failed() {
+        if self.backlog_writes != 0 || self.fast_blocked || self.array_failed() {
             return false;
         }
         let req = self.reqs[ri as usize].as_ref().expect("accepted request");
@@ -127,6 +130,7 @@ impl<C: Channel> Array<C> {
         // As `count_issue` records it when a request's first member I/O goes out.
         self.queue_wait[req.class.index()].record(now.saturating_sub(req.submit_ns));
         self.locked.take(stripe, op, false);
+        self.fast_in_flight += 1;
         self.stats.foreign_reads += u64::from(foreign);
         let c = &mut self.members[usize::from(member)].counters;
         c.reads += 1;
@@ -197,6 +201,7 @@ impl<C: Channel> Array<C> {
                 self.end_fast_foreign(stripe);
             }
             self.locked.release(op);
+            self.fast_in_flight -= 1;
             self.stats.direct_reads += 1;
             self.stats.fast_reads += 1;
             return self.finish_req(ri);
@@ -229,7 +234,8 @@ impl<C: Channel> Array<C> {
     }
 
     /// The fast-path read of request `ri` failed and its request got stripe operation `s`
-    /// (set up for its range, not started; `split_backlog`): `s` takes over the read's
+    /// (set up for its range, not started; `split_backlog`, which keeps the last free stripe
+    /// operation for this while fast-path reads are in flight): `s` takes over the read's
     /// stripe hold, and its gate hold on a stripe another shard owns, and runs the read
     /// again — from redundancy without a failed or bad member, from the current devices
     /// after a member swap; a foreign read goes to the owner when a member is being
@@ -238,6 +244,7 @@ impl<C: Channel> Array<C> {
         let req = self.reqs[ri as usize].as_mut().expect("live request");
         debug_assert!(req.retry_held && req.fast_dev == NO_FAST_DEV);
         req.retry_held = false;
+        self.fast_in_flight -= 1;
         let foreign = std::mem::take(&mut req.fast_foreign);
         let stripe = self.sops[s as usize].stripe;
         debug_assert_eq!(foreign, self.sops[s as usize].foreign);
