@@ -239,23 +239,10 @@ impl<C: Channel> Array<C> {
             return self.finish_sop(s, Err(ArrayError::Failed));
         }
         if self.sops[s as usize].foreign {
-            // Only the owner knows how far its stripes are rebuilt; while this shard still
-            // copies a replacement, an owner that has already swapped it in writes only the
-            // new device (this shard would read the old one); and a write holding the
-            // stripe goes first: in each case the owner serves the read.
-            let stripe = self.sops[s as usize].stripe;
-            let copying = self
-                .replace
-                .is_some_and(|r| r.state == ReplaceState::Copying);
-            let gate = self.gate.as_ref().expect("foreign reads only with a gate");
-            if self.rebuilding() || copying || !gate.try_read(stripe) {
+            if !self.foreign_read_gate(self.sops[s as usize].stripe) {
                 return self.move_sop(s);
             }
             self.sops[s as usize].gate = GateHold::Read;
-            let members = &self.members;
-            if gate.lagging(|m| members[usize::from(m)].state.is_failed()) {
-                return self.move_sop(s);
-            }
             self.stats.foreign_reads += 1;
             return self.dispatch_sop(s);
         }
@@ -263,6 +250,32 @@ impl<C: Channel> Array<C> {
             return;
         }
         self.dispatch_sop(s);
+    }
+
+    /// Whether a read of `stripe`, which another shard owns, may read the members here,
+    /// taking the stripe gate (counted until [`StripeGate::end_read`]; the owner writes
+    /// nothing of the stripe meanwhile). Not when: a member is being rebuilt (only the
+    /// owner knows how far its stripes are); this shard still copies a replacement (an
+    /// owner that has already swapped it in writes only the new device, and this shard
+    /// would read the old one); a write holds the stripe (it goes first); or some shard
+    /// has failed a member this one has not. `false`: nothing is counted, and the owner
+    /// serves the read.
+    ///
+    /// [`StripeGate::end_read`]: crate::shard::StripeGate::end_read
+    pub(super) fn foreign_read_gate(&self, stripe: u64) -> bool {
+        let gate = self.gate.as_ref().expect("foreign reads only with a gate");
+        let copying = self
+            .replace
+            .is_some_and(|r| r.state == ReplaceState::Copying);
+        if self.rebuilding() || copying || !gate.try_read(stripe) {
+            return false;
+        }
+        let members = &self.members;
+        if gate.lagging(|m| members[usize::from(m)].state.is_failed()) {
+            gate.end_read(stripe);
+            return false;
+        }
+        true
     }
 
     /// Whether a member is being rebuilt.

@@ -44,8 +44,7 @@ use crate::shard::owner;
 
 use super::cache::NONE;
 use super::{
-    ppl, Array, ArrayError, GateHold, MemberState, Phase, ReplaceState, MEMBER_BITS, NO_ENTRY,
-    NO_FAST_DEV,
+    ppl, Array, ArrayError, GateHold, MemberState, Phase, MEMBER_BITS, NO_ENTRY, NO_FAST_DEV,
 };
 
 impl<C: Channel> Array<C> {
@@ -141,28 +140,16 @@ impl<C: Channel> Array<C> {
 
     /// Whether a fast-path read of `stripe`, which another shard owns, may read the
     /// members here: fewer fast-path reads hold the gate on this shard than it has stripe
-    /// operations (the gate's counts are sized for twice the stripe operations); and as
-    /// for a foreign stripe operation's read (`start_sop`), no member is
-    /// being rebuilt (only the owner knows how far), no replace is copying on this shard, the stripe gate admits the read (the owner writes nothing
-    /// of the stripe until it ends: counted from here until the read completes), and no
-    /// shard has failed a member this one has not. `false`: nothing is counted, and the
-    /// read takes a stripe operation (which goes to the owner).
+    /// operations (the gate's counts are sized for twice the stripe operations), and the
+    /// gate admits it as it admits a foreign stripe operation's read
+    /// ([`Self::foreign_read_gate`]; counted from here until the read completes).
+    /// `false`: nothing is counted, and the read takes a stripe operation (which goes to
+    /// the owner).
     fn fast_foreign_gate(&mut self, stripe: u64) -> bool {
-        let Some(gate) = &self.gate else {
-            return false;
-        };
-        if self.fast_foreign_reads as usize >= self.sops.len()
-            || self.rebuilding()
-            || self
-                .replace
-                .is_some_and(|r| r.state == ReplaceState::Copying)
-            || !gate.try_read(stripe)
+        if self.gate.is_none()
+            || self.fast_foreign_reads as usize >= self.sops.len()
+            || !self.foreign_read_gate(stripe)
         {
-            return false;
-        }
-        let members = &self.members;
-        if gate.lagging(|m| members[usize::from(m)].state.is_failed()) {
-            gate.end_read(stripe);
             return false;
         }
         self.fast_foreign_reads += 1;

@@ -1888,51 +1888,9 @@ fn a_failed_fast_path_read_runs_again_from_redundancy() {
 /// stripe is no fast-path read — it goes to the owner and returns the new bytes.
 #[test]
 fn a_foreign_fast_path_read_holds_the_stripe_gate() {
-    use crate::shard::{owner, StripeGate};
-    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 4096, 512).unwrap();
-    let geo = ArrayGeometry::new(g, 8).unwrap();
-    let clock = SimClock::new();
-    let devs: Vec<SimDevice> = (0..4)
-        .map(|i| {
-            SimDevice::new(
-                &format!("d{i}"),
-                8 * 4096,
-                512,
-                Profile::fixed(1000),
-                clock.clone(),
-                i,
-            )
-            .unwrap()
-        })
-        .collect();
-    let gate = StripeGate::new(64, 64, 4);
-    let mut shards: Vec<Array<crate::sim::SimChannel>> = (0..2)
-        .map(|i| {
-            let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
-            let mut a = Array::new(geo, chans, Parity::new(), ArrayConfig::default()).unwrap();
-            a.set_shard(i, 2);
-            a.set_gate(Some(Arc::clone(&gate)));
-            a
-        })
-        .collect();
-    let stripe_bytes = g.stripe_data_bytes();
-    // Stripe 1 belongs to shard 1; shard 0 reads it as a foreign read.
-    let s = 1u64;
-    let o = owner(s, 2);
-    let f = 1 - o;
-    let at = s * stripe_bytes + 4096 + 512;
-    let mut old = AlignedBuf::from_slice(&[0x11; 2048]);
-    assert_eq!(
-        rw(
-            &mut shards[o],
-            &clock,
-            1,
-            ArrayOp::Write { fua: false },
-            at,
-            &mut old
-        ),
-        Ok(())
-    );
+    // Stripe 1's owner writes it; the other shard reads it as a foreign read.
+    let (mut shards, _devs, clock, _gate) = two_gated_shards(ArrayConfig::default());
+    let (_, o, f, at, old, _) = owner_writes_stripe_1(&mut shards, &clock);
     // The foreign read goes out at submission and holds the gate...
     let mut r = AlignedBuf::zeroed(2048);
     shards[f].set_now(clock.now_ns());
