@@ -386,6 +386,15 @@ impl World {
     fn member_read_bytes(&self, m: u16) -> u64 {
         self.devs[usize::from(m)].stats().bytes_read
     }
+
+    /// Unreadable ranges rebuilt and rewritten, over every shard.
+    fn read_errors_repaired(&self) -> u64 {
+        self.arr
+            .shards()
+            .iter()
+            .map(|s| s.stats().read_errors_repaired)
+            .sum()
+    }
 }
 
 fn blank(w: &World, name: &str, seed: u64) -> SimDevice {
@@ -1029,12 +1038,7 @@ fn scrub_repairs_read_errors_and_stops_when_a_member_fails() {
             .unwrap();
         assert_eq!(w.run_process(0), ProcessState::Finished);
         assert_eq!(w.arr.process_snapshot().unwrap().mismatch_cnt, 0);
-        let repaired: u64 = w
-            .arr
-            .shards()
-            .iter()
-            .map(|s| s.stats().read_errors_repaired)
-            .sum();
+        let repaired = w.read_errors_repaired();
         assert_eq!(repaired, 1);
         assert!(w
             .arr
@@ -1226,12 +1230,7 @@ fn rebuild_through_survivor_faults() {
             "a latent error failed its member"
         );
         assert!(states[4].is_failed(), "the hung member was not failed");
-        let repaired: u64 = w
-            .arr
-            .shards()
-            .iter()
-            .map(|s| s.stats().read_errors_repaired)
-            .sum();
+        let repaired = w.read_errors_repaired();
         assert_eq!(repaired, 2);
         w.assert_members_hold_model(&[0, 1, 2, 3, 5]);
         w.assert_reads_model();
@@ -1327,12 +1326,7 @@ fn a_raid6_rebuild_reads_only_the_survivors_it_needs() {
             let read = w.member_read_bytes(m) - reads[usize::from(m)];
             assert_eq!(read, want, "member {m} (bad {bad}), shards {shards}");
         }
-        let repaired: u64 = w
-            .arr
-            .shards()
-            .iter()
-            .map(|s| s.stats().read_errors_repaired)
-            .sum();
+        let repaired = w.read_errors_repaired();
         assert_eq!(repaired, 1, "shards {shards}");
         assert!(w
             .arr
