@@ -303,9 +303,7 @@ impl<C: Channel> Array<C> {
         any
     }
 
-    /// Reads the surviving chunks of the stripe whole, once the operation holds it: every
-    /// one, except the parity chunk that rebuilding a RAID6 stripe's one lost chunk does
-    /// not use.
+    /// Reads every surviving chunk of the stripe whole, once the operation holds it.
     pub(super) fn start_bg(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let kind = self.sops[s as usize].bg.expect("background operation");
@@ -355,7 +353,6 @@ impl<C: Channel> Array<C> {
         if lost.len() > usize::from(g.parity_chunks()) {
             return self.finish_bg(s, Err(ProcessError::Unrecoverable { stripe }));
         }
-        let st = self.layout(s);
         let sop = &mut self.sops[s as usize];
         sop.phase = Phase::BgRead;
         sop.io_error = false;
@@ -363,21 +360,9 @@ impl<C: Channel> Array<C> {
             start: 0,
             end: chunk,
         };
-        // A RAID6 stripe with one chunk lost is rebuilt from n − 2 of its n − 1
-        // survivors (`Parity::reconstruct`): a lost data chunk from the other data and P,
-        // a lost P or Q from the data alone, so the parity chunk that rebuild does not use
-        // is not read (md reads every survivor while recovering). That is a third less
-        // survivor time per stripe on 4 members, a fifth on 6. A read error on a survivor
-        // brings the operation back here with two chunks lost, and then every survivor is
-        // read.
-        let unused = match (&lost[..], st.q_member()) {
-            ([m], Some(q)) if *m == q => Some(st.p_member()),
-            ([_], Some(q)) => Some(q),
-            _ => None,
-        };
         sop.lost = lost;
         for m in 0..g.members() {
-            if !self.missing(s, m) && Some(m) != unused {
+            if !self.missing(s, m) {
                 let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                 self.io(s, m, Op::Read, 0, chunk, ptr);
             }

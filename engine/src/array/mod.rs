@@ -876,8 +876,7 @@ enum Phase {
     /// A FUA write-zeroes whose native zeroing has completed: flushing the members with a
     /// volatile write cache (member write-zeroes carry no FUA bit) before it completes.
     ZeroFlush,
-    /// A background operation reading the surviving chunks of its stripe whole (all but a
-    /// parity chunk its rebuild does not use: `Array::start_bg`).
+    /// A background operation reading every surviving chunk of its stripe whole.
     BgRead,
     /// A background operation writing rebuilt chunks or corrected parity.
     BgWrite,
