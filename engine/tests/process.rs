@@ -1264,6 +1264,47 @@ fn rebuild_through_survivor_faults() {
     }
 }
 
+/// A RAID6 rebuild reads every survivor, the parity its reconstruction does not use
+/// included (md's recovery does too), so it finds and rewrites an unrecovered read error
+/// there: after it the stripe survives two more member failures. A rebuild that skipped
+/// that read (tried in d1e4752, reverted) left the error, and the stripe was lost.
+#[test]
+fn a_rebuild_repairs_latent_errors_on_the_parity_it_does_not_use() {
+    let c = 8192u64;
+    for shards in [1usize, 2] {
+        let mut w = World::new(Level::Raid6, 5, c, 16, shards, 4400 + shards as u64);
+        w.fill();
+        let lost = 0u16;
+        // A stripe where the lost member holds data: its rebuild uses P, not Q.
+        let s = (0..16u64)
+            .find(|&s| matches!(w.geo.geometry().stripe(s).role(lost), Role::Data { .. }))
+            .expect("a data chunk of member 0");
+        let st = w.geo.geometry().stripe(s);
+        let q = st.q_member().expect("RAID6");
+        w.devs[usize::from(q)].add_latent_error(s * c + 1024..s * c + 2048);
+        w.devs[usize::from(lost)].disappear();
+        w.arr.fail_member(lost, IoError::Gone);
+        let spare = blank(&w, "spare", 1);
+        let chans = w.channels_to(&spare);
+        w.arr.replace_member(lost, chans).unwrap();
+        w.devs[usize::from(lost)] = spare;
+        assert_eq!(w.run_process(0), ProcessState::Finished, "shards {shards}");
+        assert_eq!(w.read_errors_repaired(), 1, "shards {shards}");
+        // Two data members of that stripe fail: P and Q rebuild them.
+        for k in 0..2 {
+            let m = st.data_member(k);
+            w.devs[usize::from(m)].disappear();
+            w.arr.fail_member(m, IoError::Gone);
+        }
+        w.assert_reads_model();
+        assert!(
+            w.failed.is_empty(),
+            "shards {shards}: stripe {s} lost: {:?}",
+            w.failed
+        );
+    }
+}
+
 /// A member replaced while a rebuild runs waits for it (md's rule), then is rebuilt by a
 /// rebuild of its own; both end byte-exact under client traffic.
 #[test]
