@@ -387,6 +387,29 @@ impl World {
         self.devs[usize::from(m)].stats().bytes_read
     }
 
+    /// The first stripe from `from` on where `member` holds a data chunk.
+    fn data_stripe_of(&self, member: u16, from: u64) -> u64 {
+        (from..self.geo.stripes())
+            .find(|&s| {
+                matches!(
+                    self.geo.geometry().stripe(s).role(member),
+                    Role::Data { .. }
+                )
+            })
+            .expect("a data chunk of the member")
+    }
+
+    /// Member `m`'s device vanishes and is failed; a blank device takes its slot (a
+    /// rebuild is then pending, started by `run_process`).
+    fn replace_with_blank(&mut self, m: u16, seed: u64) {
+        self.devs[usize::from(m)].disappear();
+        self.arr.fail_member(m, IoError::Gone);
+        let spare = blank(self, "spare", seed);
+        let chans = self.channels_to(&spare);
+        self.arr.replace_member(m, chans).unwrap();
+        self.devs[usize::from(m)] = spare;
+    }
+
     /// Unreadable ranges rebuilt and rewritten, over every shard.
     fn read_errors_repaired(&self) -> u64 {
         self.arr
@@ -1276,18 +1299,11 @@ fn a_rebuild_repairs_latent_errors_on_the_parity_it_does_not_use() {
         w.fill();
         let lost = 0u16;
         // A stripe where the lost member holds data: its rebuild uses P, not Q.
-        let s = (0..16u64)
-            .find(|&s| matches!(w.geo.geometry().stripe(s).role(lost), Role::Data { .. }))
-            .expect("a data chunk of member 0");
+        let s = w.data_stripe_of(lost, 0);
         let st = w.geo.geometry().stripe(s);
         let q = st.q_member().expect("RAID6");
         w.devs[usize::from(q)].add_latent_error(s * c + 1024..s * c + 2048);
-        w.devs[usize::from(lost)].disappear();
-        w.arr.fail_member(lost, IoError::Gone);
-        let spare = blank(&w, "spare", 1);
-        let chans = w.channels_to(&spare);
-        w.arr.replace_member(lost, chans).unwrap();
-        w.devs[usize::from(lost)] = spare;
+        w.replace_with_blank(lost, 1);
         assert_eq!(w.run_process(0), ProcessState::Finished, "shards {shards}");
         assert_eq!(w.read_errors_repaired(), 1, "shards {shards}");
         // Two data members of that stripe fail: P and Q rebuild them.
@@ -1302,6 +1318,39 @@ fn a_rebuild_repairs_latent_errors_on_the_parity_it_does_not_use() {
             "shards {shards}: stripe {s} lost: {:?}",
             w.failed
         );
+    }
+}
+
+/// A survivor hangs on a rebuild's read while a client keeps I/O going: the command
+/// timeout fails it (at the timeout scan after its deadline), the stripe is rebuilt from
+/// the others, and the rebuild ends byte-exact. Before `next_deadline_ns` reported such a
+/// deadline as the next scan, the virtual clock stopped at it and this never finished.
+#[test]
+fn a_survivor_hanging_mid_rebuild_under_client_io_is_timed_out() {
+    let c = 8192u64;
+    for shards in [1usize, 4] {
+        let mut w = World::new(Level::Raid6, 6, c, 48, shards, 4100 + shards as u64);
+        w.fill();
+        let lost = 0u16;
+        let s = w.data_stripe_of(lost, 5);
+        let p = w.geo.geometry().stripe(s).p_member();
+        w.devs[usize::from(p)].add_fault(FaultRule {
+            filter: OpFilter::Read,
+            range: Some(s * c..(s + 1) * c),
+            fault: Fault::Hang,
+            probability: 1.0,
+            count: Some(1),
+        });
+        w.replace_with_blank(lost, 7);
+        assert_eq!(w.run_process(4), ProcessState::Finished, "shards {shards}");
+        let states = w.arr.member_states();
+        assert!(states[usize::from(p)].is_failed(), "shards {shards}");
+        assert_eq!(states[usize::from(lost)], MemberState::Online);
+        assert!(w.failed.is_empty(), "shards {shards}: {:?}", w.failed);
+        assert_eq!(w.bad_reads, 0, "shards {shards}");
+        let ok: Vec<u16> = (0..6u16).filter(|&m| m != p).collect();
+        w.assert_members_hold_model(&ok);
+        w.assert_reads_model();
     }
 }
 

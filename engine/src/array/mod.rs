@@ -1615,15 +1615,21 @@ impl<C: Channel> Array<C> {
             .as_ref()
             .filter(|i| i.outstanding > 0)
             .map(|i| i.issued_ns.saturating_add(self.io_timeout_ns));
-        self.sops
+        // Stripe operations', fast-path reads' and logs' timeouts fire at a scan
+        // (`check_timeouts` scans at most every 1/16 of the timeout): a deadline that
+        // passes between two scans is acted on at the next one. Naming it earlier would
+        // wake an executor with nothing to do until then (a reactor spins, a virtual
+        // clock stops).
+        let scanned = self
+            .sops
             .iter()
             .filter(|s| s.outstanding > 0)
             .map(|s| s.issued_ns.saturating_add(self.io_timeout_ns))
-            .chain(own)
-            .chain(batch)
             .chain(self.fast_read_deadline_ns())
             .chain(self.ppl_deadline_ns())
             .min()
+            .map(|d| d.max(self.next_timeout_scan));
+        scanned.into_iter().chain(own).chain(batch).min()
     }
 
     /// Whether any request is still in progress (or, on the bitmap owner, a bitmap write;

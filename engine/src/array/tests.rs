@@ -391,6 +391,61 @@ fn hung_member_commands_time_out_and_fail_the_member() {
     }
 }
 
+/// A command deadline that passes between two timeout scans (`check_timeouts` scans at
+/// most every 1/16 of the timeout) is reported as the next scan, not as a time already
+/// past: an executor that waits for `next_deadline_ns` with nothing else to do must not
+/// wake to no work (a reactor would spin until the scan, a virtual clock would stop). Then
+/// the timeout fires at that scan and the read is served from redundancy.
+#[test]
+fn a_deadline_between_timeout_scans_is_reported_as_the_next_scan() {
+    use crate::sim::{Fault, FaultRule, OpFilter};
+    let (mut arr, devs, clock) = sim_array(Level::Raid5, 4, 4096, 512, 8, Profile::fixed(1000));
+    let data = fill_array(&mut arr, &clock, |i| (i * 5 + 1) as u8);
+    let member = arr.geometry().geometry().stripe(0).data_member(0);
+    devs[usize::from(member)].add_fault(FaultRule {
+        filter: OpFilter::Read,
+        range: None,
+        fault: Fault::Hang,
+        probability: 1.0,
+        count: Some(1),
+    });
+    let mut buf = AlignedBuf::zeroed(4096);
+    // SAFETY: the buffer outlives the request, which completes below.
+    let io = unsafe { IoBuf::from_slice(&mut buf) };
+    arr.set_now(clock.now_ns());
+    let t0 = clock.now_ns();
+    arr.submit(ArrayRequest {
+        tag: 7,
+        op: ArrayOp::Read,
+        offset_bytes: 0,
+        len_bytes: 4096,
+        buf: io,
+    })
+    .unwrap();
+    arr.process();
+    let deadline = t0 + DEFAULT_IO_TIMEOUT_NS;
+    // A scan just before the deadline (other work kept the executor turning).
+    clock.advance_to(deadline - 1000);
+    arr.set_now(clock.now_ns());
+    arr.process();
+    clock.advance_to(deadline);
+    arr.set_now(clock.now_ns());
+    let progressed = arr.process();
+    let next = arr.next_deadline_ns().expect("a command is outstanding");
+    assert!(
+        progressed || next > clock.now_ns(),
+        "idle at {} with the next deadline at {next}",
+        clock.now_ns()
+    );
+    assert_eq!(complete(&mut arr, &clock, 7), Ok(()));
+    assert!(buf[..] == data[..4096]);
+    assert_eq!(
+        arr.member_states().nth(usize::from(member)),
+        Some(MemberState::Failed(IoError::Timeout))
+    );
+    assert!(clock.now_ns() - t0 < DEFAULT_IO_TIMEOUT_NS + DEFAULT_IO_TIMEOUT_NS / 16 + 1);
+}
+
 /// The zero map (block status) follows the array's contents: a whole-stripe write-zeroes
 /// (with or without FUA) or discard marks its stripes zero once complete, any write to a
 /// stripe marks it data as it starts. Every stripe the map calls zero reads as zeroes.
