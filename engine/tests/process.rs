@@ -1354,6 +1354,41 @@ fn a_survivor_hanging_mid_rebuild_under_client_io_is_timed_out() {
     }
 }
 
+/// A torn stripe (data written, parity not: a crash) whose P is also unreadable: resync
+/// and repair regenerate P from the data and still check Q, which is stale too, so the
+/// stripe ends consistent; check counts the stale Q as a mismatch and writes no parity.
+/// Before, a stripe with a read error was only rebuilt, and Q stayed stale.
+#[test]
+fn a_scrub_of_a_torn_stripe_with_unreadable_parity_checks_the_other_parity() {
+    let c = 8192u64;
+    for kind in [ProcessKind::Resync, ProcessKind::Repair, ProcessKind::Check] {
+        let mut w = World::new(Level::Raid6, 5, c, 16, 1, 4500);
+        w.fill();
+        let g = *w.geo.geometry();
+        let s = 6u64;
+        let st = g.stripe(s);
+        let m = st.data_member(0);
+        let mut new = vec![0u8; c as usize];
+        w.rng.fill_bytes(&mut new);
+        w.devs[usize::from(m)].poke(s * c, &new);
+        let at = (s * g.stripe_data_bytes()) as usize;
+        w.model[at..at + c as usize].copy_from_slice(&new);
+        let p = st.p_member();
+        w.devs[usize::from(p)].add_latent_error(s * c + 1024..s * c + 2048);
+        w.arr.start_process(&ProcessRequest::whole(kind)).unwrap();
+        assert_eq!(w.run_process(0), ProcessState::Finished, "{kind:?}");
+        assert_eq!(w.read_errors_repaired(), 1, "{kind:?}");
+        let mismatches = w.arr.process_snapshot().unwrap().mismatch_cnt;
+        assert!(mismatches > 0, "{kind:?}: the stale Q was not counted");
+        if kind == ProcessKind::Check {
+            assert_eq!(w.inconsistent_stripes(), vec![s], "{kind:?}");
+        } else {
+            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new(), "{kind:?}");
+        }
+        w.assert_reads_model();
+    }
+}
+
 /// A member replaced while a rebuild runs waits for it (md's rule), then is rebuilt by a
 /// rebuild of its own; both end byte-exact under client traffic.
 #[test]

@@ -426,6 +426,9 @@ impl<C: Channel> Array<C> {
                 .as_ref()
                 .map(|p| p.targets.clone())
                 .unwrap_or_default();
+            let data_lost = lost
+                .iter()
+                .any(|&m| matches!(st.role(m), Role::Data { .. }));
             for m in lost {
                 let state = self.members[usize::from(m)].state;
                 let write = if self.sops[s as usize].bad.contains(&m) {
@@ -440,6 +443,14 @@ impl<C: Channel> Array<C> {
                     let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
                     self.io(s, m, Op::Write { fua: false }, 0, chunk, ptr);
                 }
+            }
+            // A scrub whose lost chunks are all parity (unreadable ranges of P or Q, just
+            // regenerated from the data) still checks the parity it could read: in a torn
+            // stripe that one is stale too, and a resync must leave the stripe
+            // consistent. (A lost data chunk was rebuilt from parity, which such a stripe
+            // cannot be checked against: nothing more to compare.)
+            if kind != ProcessKind::Rebuild && !data_lost {
+                self.scrub(s, kind);
             }
         } else if kind != ProcessKind::Rebuild {
             self.scrub(s, kind);
