@@ -315,6 +315,12 @@ impl SimDevice {
         self.state.borrow_mut().latent.push(range);
     }
 
+    /// The latent sector errors still on the device (byte ranges, in the order added): one
+    /// leaves when a successful write covers it whole.
+    pub fn latent_errors(&self) -> Vec<Range<u64>> {
+        self.state.borrow().latent.clone()
+    }
+
     /// Makes the device disappear: requests in flight complete with [`IoError::Gone`] at the
     /// next poll, and `submit` refuses everything from now on.
     pub fn disappear(&self) {
