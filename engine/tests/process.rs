@@ -1354,14 +1354,24 @@ fn a_survivor_hanging_mid_rebuild_under_client_io_is_timed_out() {
     }
 }
 
-/// A torn stripe (data written, parity not: a crash) whose P is also unreadable: resync
-/// and repair regenerate P from the data and still check Q, which is stale too, so the
-/// stripe ends consistent; check counts the stale Q as a mismatch and writes no parity.
-/// Before, a stripe with a read error was only rebuilt, and Q stayed stale.
+/// A torn stripe (data written, parity not: a crash) with an unreadable chunk — P, or
+/// another data chunk: resync and repair rebuild it (regenerate P from the data; rebuild
+/// the data from P) and still check Q, which is stale, so the stripe ends consistent;
+/// check counts the stale Q as a mismatch and writes no parity. Before, a stripe with a
+/// read error was only rebuilt, and Q stayed stale. (A data chunk rebuilt from stale P
+/// is not what was last written there: one erasure and one wrong chunk are beyond two
+/// parities; the model is updated to what the array now holds.)
 #[test]
-fn a_scrub_of_a_torn_stripe_with_unreadable_parity_checks_the_other_parity() {
+fn a_scrub_of_a_torn_stripe_with_an_unreadable_chunk_checks_the_other_parity() {
     let c = 8192u64;
-    for kind in [ProcessKind::Resync, ProcessKind::Repair, ProcessKind::Check] {
+    for (kind, unreadable) in [
+        (ProcessKind::Resync, Role::P),
+        (ProcessKind::Repair, Role::P),
+        (ProcessKind::Check, Role::P),
+        (ProcessKind::Resync, Role::Data { index: 1, slot: 1 }),
+        (ProcessKind::Check, Role::Data { index: 1, slot: 1 }),
+    ] {
+        let what = format!("{kind:?}, {unreadable:?} unreadable");
         let mut w = World::new(Level::Raid6, 5, c, 16, 1, 4500);
         w.fill();
         let g = *w.geo.geometry();
@@ -1373,18 +1383,26 @@ fn a_scrub_of_a_torn_stripe_with_unreadable_parity_checks_the_other_parity() {
         w.devs[usize::from(m)].poke(s * c, &new);
         let at = (s * g.stripe_data_bytes()) as usize;
         w.model[at..at + c as usize].copy_from_slice(&new);
-        let p = st.p_member();
-        w.devs[usize::from(p)].add_latent_error(s * c + 1024..s * c + 2048);
+        let bad = member_with(&w, s, unreadable);
+        w.devs[usize::from(bad)].add_latent_error(s * c + 1024..s * c + 2048);
         w.arr.start_process(&ProcessRequest::whole(kind)).unwrap();
-        assert_eq!(w.run_process(0), ProcessState::Finished, "{kind:?}");
-        assert_eq!(w.read_errors_repaired(), 1, "{kind:?}");
+        assert_eq!(w.run_process(0), ProcessState::Finished, "{what}");
+        assert_eq!(w.read_errors_repaired(), 1, "{what}");
         let mismatches = w.arr.process_snapshot().unwrap().mismatch_cnt;
-        assert!(mismatches > 0, "{kind:?}: the stale Q was not counted");
+        assert!(mismatches > 0, "{what}: the stale Q was not counted");
         if kind == ProcessKind::Check {
-            assert_eq!(w.inconsistent_stripes(), vec![s], "{kind:?}");
+            assert_eq!(w.inconsistent_stripes(), vec![s], "{what}");
         } else {
-            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new(), "{kind:?}");
+            assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new(), "{what}");
         }
+        if let Role::Data { index, .. } = unreadable {
+            // Rebuilt from the stale P: take what the member now holds.
+            let on = (s * c) as usize;
+            let img = w.devs[usize::from(bad)].contents();
+            let at = (s * g.stripe_data_bytes() + u64::from(index) * c) as usize;
+            w.model[at..at + c as usize].copy_from_slice(&img[on..on + c as usize]);
+        }
+        assert_eq!(w.devs[usize::from(bad)].latent_errors(), vec![], "{what}");
         w.assert_reads_model();
     }
 }

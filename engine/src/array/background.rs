@@ -444,13 +444,24 @@ impl<C: Channel> Array<C> {
                     self.io(s, m, Op::Write { fua: false }, 0, chunk, ptr);
                 }
             }
-            // A scrub whose lost chunks are all parity (unreadable ranges of P or Q, just
-            // regenerated from the data) still checks the parity it could read: in a torn
-            // stripe that one is stale too, and a resync must leave the stripe
-            // consistent. (A lost data chunk was rebuilt from parity, which such a stripe
-            // cannot be checked against: nothing more to compare.)
-            if kind != ProcessKind::Rebuild && !data_lost {
-                self.scrub(s, kind);
+            // A scrub still checks the parity it could read against the data as now
+            // rebuilt: in a torn stripe (a crash between data and parity writes) the
+            // readable parity is stale too, and a resync must leave the stripe consistent.
+            // An unreadable data chunk was rebuilt from P (from Q when P is lost too); on
+            // RAID6 with Q readable, a Q that disagrees says the stripe was torn and the
+            // rebuilt chunk may not hold what was last written there (one erasure and one
+            // wrong chunk are beyond two parities to correct), which is worth a warning.
+            if kind != ProcessKind::Rebuild {
+                let mismatched = self.scrub(s, kind);
+                if data_lost && mismatched > 0 {
+                    tracing::warn!(
+                        shard = self.shard,
+                        stripe = st.stripe(),
+                        %kind,
+                        "an unreadable data chunk was rebuilt from parity that the other \
+                         parity contradicts (a torn stripe): its contents may be stale"
+                    );
+                }
             }
         } else if kind != ProcessKind::Rebuild {
             self.scrub(s, kind);
@@ -497,11 +508,12 @@ impl<C: Channel> Array<C> {
         }
     }
 
-    /// Check / repair / resync of a stripe whose every chunk was read: computes P (and Q)
-    /// from the data, counts mismatching 4 KiB slices as md does (8 sectors each), and for
-    /// repair and resync writes the computed parity over the first to the last mismatching
-    /// slice of each parity chunk that mismatches.
-    fn scrub(&mut self, s: u32, kind: ProcessKind) {
+    /// Check / repair / resync of a stripe whose every chunk is in the operation's buffers
+    /// (read, or rebuilt where unreadable): computes P (and Q) from the data, counts
+    /// mismatching 4 KiB slices as md does (8 sectors each), and for repair and resync
+    /// writes the computed parity over the first to the last mismatching slice of each
+    /// parity chunk that mismatches. Returns the mismatching slices.
+    fn scrub(&mut self, s: u32, kind: ProcessKind) -> u64 {
         let g = *self.geo.geometry();
         let st = self.layout(s);
         let chunk = g.chunk_bytes() as usize;
@@ -559,7 +571,7 @@ impl<C: Channel> Array<C> {
             );
         }
         if !kind.rewrites_parity() {
-            return;
+            return mismatched_pages;
         }
         for (m, bad, sc) in [(Some(pm), p_bad, 2 * slot), (qm, q_bad, 2 * slot + 1)] {
             let (Some(m), Some((a, b))) = (m, bad) else {
@@ -577,6 +589,7 @@ impl<C: Channel> Array<C> {
                 ptr,
             );
         }
+        mismatched_pages
     }
 
     /// Ends background operation `s`: frees its stripe and slots, accounts it, and moves
