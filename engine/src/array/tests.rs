@@ -827,6 +827,26 @@ fn turn(arr: &mut Array<crate::sim::SimChannel>, clock: &SimClock) -> Vec<u64> {
     tags
 }
 
+/// Submits a read of `r` at `at` (tag `tags.0`), then a write of `w` over the same bytes
+/// (tag `tags.1`); checks that the write waits for the read (`what` names the case in the
+/// message), and drives both to completion, returning their statuses in that order.
+fn read_then_write_behind_it(
+    arr: &mut Array<crate::sim::SimChannel>,
+    clock: &SimClock,
+    tags: (u64, u64),
+    at: u64,
+    r: &mut [u8],
+    w: &mut [u8],
+    what: &str,
+) -> Vec<Result<(), ArrayError>> {
+    arr.set_now(clock.now_ns());
+    submit_at(arr, tags.0, ArrayOp::Read, at, r);
+    submit_at(arr, tags.1, ArrayOp::Write { fua: false }, at, w);
+    assert!(turn(arr, clock).is_empty());
+    assert_eq!(arr.waiting.len(), 1, "{what}: the write waits for the read");
+    complete_all(arr, clock, &[tags.0, tags.1])
+}
+
 /// Advances the sim until some operation's phase satisfies `phase` (no request may
 /// complete meanwhile).
 fn run_until(
@@ -1752,25 +1772,20 @@ fn single_chunk_reads_take_the_fast_path_and_keep_the_stripe_order() {
         // the read returns the old bytes, a read after the write the new ones.
         let at = 3 * 4096 + 1024;
         let mut old = AlignedBuf::zeroed(2048);
-        arr.set_now(clock.now_ns());
-        submit_at(&mut arr, 200, ArrayOp::Read, at as u64, &mut old);
         let fast = arr.stats().fast_reads;
         let mut new = AlignedBuf::zeroed(2048);
         new.iter_mut().for_each(|b| *b = 0xa5);
-        submit_at(
+        let what = format!("{level:?}");
+        let st = read_then_write_behind_it(
             &mut arr,
-            201,
-            ArrayOp::Write { fua: false },
+            &clock,
+            (200, 201),
             at as u64,
+            &mut old,
             &mut new,
+            &what,
         );
-        assert!(turn(&mut arr, &clock).is_empty());
-        assert_eq!(
-            arr.waiting.len(),
-            1,
-            "{level:?}: the write waits for the read"
-        );
-        assert_eq!(complete_all(&mut arr, &clock, &[200, 201]), vec![Ok(()); 2]);
+        assert_eq!(st, vec![Ok(()); 2]);
         assert_eq!(arr.stats().fast_reads, fast + 1);
         assert!(
             old[..] == data[at..at + 2048],
@@ -2035,24 +2050,11 @@ fn a_failed_fast_read_is_not_overtaken_by_a_later_write() {
         });
         let fast0 = arr.stats().fast_reads;
         let mut r = AlignedBuf::zeroed(len);
-        arr.set_now(clock.now_ns());
-        submit_at(&mut arr, 10, ArrayOp::Read, at as u64, &mut r);
         // A write of the same bytes, submitted after the read: it must not be seen.
         let mut w = AlignedBuf::from_slice(&vec![0xee; len]);
-        submit_at(
-            &mut arr,
-            11,
-            ArrayOp::Write { fua: false },
-            at as u64,
-            &mut w,
-        );
-        assert!(turn(&mut arr, &clock).is_empty());
-        assert_eq!(
-            arr.waiting.len(),
-            1,
-            "{fault:?}: the write waits for the read"
-        );
-        let st = complete_all(&mut arr, &clock, &[10, 11]);
+        let what = format!("{fault:?}");
+        let st =
+            read_then_write_behind_it(&mut arr, &clock, (10, 11), at as u64, &mut r, &mut w, &what);
         assert_eq!(st, vec![Ok(()); 2], "{fault:?}");
         assert_eq!(arr.stats().fast_reads, fast0);
         if r[..] != data[at..at + len] {
