@@ -1724,6 +1724,7 @@ impl<C: Channel> Array<C> {
         if invalid.is_some() {
             self.finish_req(idx);
         } else if r.op.is_flush() {
+            self.flushes += 1;
             self.start_flush(idx);
         } else if r.op.is_read() && self.fast_read(idx) {
             // Issued: one member read, no stripe operation (`read.rs`).

@@ -445,7 +445,6 @@ impl<C: Channel> Array<C> {
     }
 
     pub(super) fn start_flush(&mut self, ri: u32) {
-        self.flushes += 1;
         let Some(s) = self.free_sops.pop() else {
             // No operation free: wait in the backlog, in order with the other requests.
             self.backlog_writes += 1;
