@@ -93,8 +93,9 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// ferroraid's pacer: foreground latency allowed over its quiet baseline, as a
-    /// fraction (the pacer's default 0.10); for experiments.
-    #[arg(long, default_value_t = 0.10)]
+    /// fraction (the pacer's default, `FerroraidPacerConfig::default().tolerance`); for
+    /// experiments.
+    #[arg(long, default_value_t = FerroraidPacerConfig::default().tolerance)]
     tolerance: f64,
     /// Log ferroraid's pacer on stderr: every control window's inputs and verdict (samples,
     /// slow ones, p50/p99/max, baseline, allowance, rate and depth after it) and every probe
@@ -348,6 +349,11 @@ const BG_TARGET: f64 = 0.50;
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        args.tolerance.is_finite() && args.tolerance >= 0.0,
+        "--tolerance is a fraction of the quiet latency, 0 or more (got {})",
+        args.tolerance
+    );
     let limits = SpeedLimits::from_kib_per_s(args.speed_min_kib, args.speed_max_kib)
         .map_err(anyhow::Error::msg)?;
     let devs = (0..MEMBERS)

@@ -108,6 +108,11 @@ struct Args {
     /// every probe undone at once, in every ferroraid run.
     #[arg(long)]
     trace: bool,
+    /// ferroraid's pacer: foreground latency allowed over its quiet baseline, as a
+    /// fraction (the pacer's default, `FerroraidPacerConfig::default().tolerance`); for
+    /// experiments.
+    #[arg(long, default_value_t = FerroraidPacerConfig::default().tolerance)]
+    tolerance: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +151,8 @@ struct Env {
     chunk: u64,
     /// `--trace`.
     trace: bool,
+    /// `--tolerance`.
+    tolerance: f64,
 }
 
 /// One simulated run.
@@ -233,6 +240,7 @@ fn simulate(env: &Env, spec: &Spec) -> Outcome {
         PacerKind::Ferroraid => {
             let p = FerroraidPacer::new(FerroraidPacerConfig {
                 limits: env.limits,
+                tolerance: env.tolerance,
                 ..FerroraidPacerConfig::default()
             });
             if env.trace {
@@ -633,6 +641,11 @@ fn plot(
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        args.tolerance.is_finite() && args.tolerance >= 0.0,
+        "--tolerance is a fraction of the quiet latency, 0 or more (got {})",
+        args.tolerance
+    );
     let env = Env {
         limits: SpeedLimits {
             speed_min: args.speed_min_kib.saturating_mul(1024),
@@ -649,6 +662,7 @@ fn main() -> Result<()> {
         seed: args.seed,
         chunk: 0,
         trace: args.trace,
+        tolerance: args.tolerance,
     };
     let speed_min_mb = env.limits.speed_min as f64 / 1e6;
     let speed_min = env.limits.speed_min;

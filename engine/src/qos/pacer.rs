@@ -321,7 +321,11 @@ pub struct FerroraidPacerConfig {
     pub absent_ns: u64,
     /// Foreground latency allowed over its quiet p99 (the baseline), as a fraction: the
     /// p99 of each window is to stay within `baseline × (1 + tolerance)`, up to the quiet
-    /// device's own noise (0.10: foreground keeps ≥ ~90% of its quiet-device speed).
+    /// device's own noise (0.15: the foreground keeps ≥ ~85 % of its quiet-device speed,
+    /// the pacing scenario's target beside 64 readers; 0.10 until
+    /// 2026-12-05, which held a healthy array's 64 readers at 99.7 % and the resync below
+    /// its 30 %: `docs/BENCHMARKS.md`, "The pacing scenario's 64-job rows, measured
+    /// further").
     pub tolerance: f64,
     /// Most background operations in flight while foreground is present (the controller
     /// moves between 1 and this).
@@ -340,7 +344,7 @@ impl Default for FerroraidPacerConfig {
             limits: SpeedLimits::default(),
             window_ns: 10_000_000,
             absent_ns: 5_000_000,
-            tolerance: 0.10,
+            tolerance: 0.15,
             max_depth: 64,
             rebaseline_ns: 5 * NS_PER_S,
             quiet_probe_ns: 250_000_000,
