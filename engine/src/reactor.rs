@@ -957,8 +957,14 @@ impl<C: Channel> Io<'_, C> {
             }
         } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
             // Inside one stripe (most small requests): its one piece, without the
-            // iterator.
-            self.route(piece.owner, piece.request);
+            // iterator; served here, it goes straight into the shard when nothing routed
+            // earlier still waits in `local` (as `submit_whole` does).
+            let submitted = self.local.is_empty()
+                && self.served_here(piece.owner, &piece.request)
+                && self.array.submit_piece(piece.request).is_ok();
+            if !submitted {
+                self.route(piece.owner, piece.request);
+            }
             parent.remaining = 1;
         } else {
             for piece in split(tagged, self.geo, self.reactors) {
@@ -1010,8 +1016,15 @@ impl<C: Channel> Io<'_, C> {
         Ok(())
     }
 
+    /// Whether a piece for `owner` is submitted to this reactor's shard: its own stripes,
+    /// and reads of any stripe with foreign reads on.
+    #[inline]
+    fn served_here(&self, owner: usize, r: &ArrayRequest) -> bool {
+        owner == self.me || (self.foreign_reads && r.op.is_read())
+    }
+
     fn route(&mut self, owner: usize, r: ArrayRequest) {
-        if owner == self.me || (self.foreign_reads && r.op.is_read()) {
+        if self.served_here(owner, &r) {
             self.local.push_back(r);
         } else {
             self.outbox.push(owner, Msg::Piece(r));
