@@ -828,6 +828,9 @@ struct ReqCtx {
     error: Option<ArrayError>,
     /// When the shard accepted the request, ns (array clock): the pacer's latency.
     submit_ns: u64,
+    /// The shard's flush count when it accepted the request (`Array::flushes`): a write
+    /// pass is not held once a flush arrived after any of its writes ([`pass`]).
+    flushes_before: u64,
     /// Whether the pacer was told of the request (reads and writes, not flushes).
     paced: bool,
     /// A write that starts where one of the shard's last write requests ended: it
@@ -969,7 +972,8 @@ struct Sop {
     pass_fua: bool,
     /// Since when the pass is held for more writes, ns (leader only).
     held_ns: Option<u64>,
-    /// The shard's flush count when the pass started (a flush since ends any hold).
+    /// The fewest flushes the shard had accepted when any write of the pass was accepted
+    /// (leader only): a flush since then ends any hold.
     flushes_seen: u64,
     /// Per member: the blocks of its chunk the pass writes (data members; leader only).
     dirty: Vec<cache::BlockSet>,
@@ -1703,6 +1707,7 @@ impl<C: Channel> Array<C> {
             pending: 0,
             error: invalid,
             submit_ns: self.now,
+            flushes_before: self.flushes,
             paced,
             sequential,
             class,

@@ -142,6 +142,7 @@ impl<C: Channel> Array<C> {
             return self.start_write_single(s);
         }
         let fua = self.sop_fua(s);
+        let flushes_before = self.sop_flushes_before(s);
         {
             let sop = &mut self.sops[s as usize];
             debug_assert_eq!(sop.next, NONE);
@@ -149,7 +150,9 @@ impl<C: Channel> Array<C> {
             sop.pass_writes = 1;
             sop.pass_fua = fua;
             sop.held_ns = None;
-            sop.flushes_seen = self.flushes;
+            // Not the count now: a flush that arrived while this write waited for its
+            // stripe (or for an operation) is behind it too.
+            sop.flushes_seen = flushes_before;
             sop.io_error = false;
             for d in &mut sop.dirty {
                 d.clear();
@@ -174,6 +177,14 @@ impl<C: Channel> Array<C> {
             .expect("live request")
             .op
             .fua()
+    }
+
+    /// The shard's flush count when operation `s`'s request was accepted.
+    fn sop_flushes_before(&self, s: u32) -> u64 {
+        self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .expect("live request")
+            .flushes_before
     }
 
     /// Adds operation `f`'s footprint to the dirty blocks of the pass led by `lead`.
@@ -224,12 +235,14 @@ impl<C: Channel> Array<C> {
             }
             remove_at(&mut self.waiting, i);
             let fua = self.sop_fua(f);
+            let flushes_before = self.sop_flushes_before(f);
             self.sops[f as usize].phase = Phase::Batched;
             self.sops[tail as usize].next = f;
             tail = f;
             let sop = &mut self.sops[lead as usize];
             sop.pass_writes += 1;
             sop.pass_fua |= fua;
+            sop.flushes_seen = sop.flushes_seen.min(flushes_before);
             self.add_to_pass(lead, f);
         }
     }

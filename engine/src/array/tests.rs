@@ -117,6 +117,27 @@ fn sim_array(
     stripes: u64,
     profile: Profile,
 ) -> (Array<crate::sim::SimChannel>, Vec<SimDevice>, SimClock) {
+    sim_array_with(
+        level,
+        n,
+        chunk,
+        block,
+        stripes,
+        profile,
+        ArrayConfig::default(),
+    )
+}
+
+/// [`sim_array`] with the array configured by `cfg`.
+fn sim_array_with(
+    level: Level,
+    n: u16,
+    chunk: u64,
+    block: u32,
+    stripes: u64,
+    profile: Profile,
+    cfg: ArrayConfig,
+) -> (Array<crate::sim::SimChannel>, Vec<SimDevice>, SimClock) {
     let g = Geometry::new(level, Layout::LeftSymmetric, n, chunk, block).unwrap();
     let geo = ArrayGeometry::new(g, stripes).unwrap();
     let clock = SimClock::new();
@@ -135,7 +156,7 @@ fn sim_array(
         .collect();
     let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
     (
-        Array::new(geo, chans, Parity::new(), ArrayConfig::default()).unwrap(),
+        Array::new(geo, chans, Parity::new(), cfg).unwrap(),
         devs,
         clock,
     )
@@ -2391,4 +2412,103 @@ fn a_failed_fast_read_gets_a_stripe_operation_when_writes_fill_the_rest() {
         );
         assert!(!arr.busy());
     }
+}
+
+/// A write queued behind a read of its stripe starts its pass after a flush that arrived
+/// behind it (waiting in the backlog: no stripe operation free): the pass is not held
+/// ("never once a flush has arrived behind it", `pass.rs`). It was, until the flush count
+/// a pass compares with became the one its writes were accepted under (from a review).
+#[test]
+fn a_flush_behind_a_queued_write_ends_the_hold_of_its_later_pass() {
+    let chunk = 16usize << 10;
+    let stripe = 4 * chunk;
+    let cfg = ArrayConfig {
+        stripe_ops: 4,
+        bulk_share_percent: Some(100),
+        ..ArrayConfig::default()
+    };
+    let profile = Profile::fixed(10_000);
+    let (mut arr, _devs, clock) =
+        sim_array_with(Level::Raid6, 6, chunk as u64, 512, 8, profile, cfg);
+    // The clients' write depth: 8 writes in flight at once (FUA: never held).
+    let mut deep: Vec<AlignedBuf> = (0..8).map(|_| AlignedBuf::zeroed(4096)).collect();
+    for (i, b) in deep.iter_mut().enumerate() {
+        let off = (3 + i / 4) * stripe + (i % 4) * chunk;
+        submit_at(
+            &mut arr,
+            60 + i as u64,
+            ArrayOp::Write { fua: true },
+            off as u64,
+            b,
+        );
+    }
+    assert_eq!(
+        complete_all(&mut arr, &clock, &[60, 61, 62, 63, 64, 65, 66, 67]).len(),
+        8
+    );
+    // The stream's front: the start of stripe 2.
+    let _keep = prime_stream(&mut arr, &clock, 1, chunk);
+    // A: a read of stripe 2 across a chunk boundary (a stripe operation): it runs.
+    let mut a = AlignedBuf::zeroed(8192);
+    submit_at(
+        &mut arr,
+        50,
+        ArrayOp::Read,
+        (2 * stripe + chunk - 4096) as u64,
+        &mut a,
+    );
+    assert!(turn(&mut arr, &clock).is_empty());
+    let t0 = clock.now_ns();
+    clock.advance_to(t0 + 5_000);
+    // C, D: FUA writes of other stripes (never held), finishing after A.
+    let mut cd: Vec<AlignedBuf> = (0..2).map(|_| AlignedBuf::zeroed(4096)).collect();
+    for (i, w) in cd.iter_mut().enumerate() {
+        let off = ((5 + i) * stripe) as u64;
+        submit_at(
+            &mut arr,
+            51 + i as u64,
+            ArrayOp::Write { fua: true },
+            off,
+            w,
+        );
+    }
+    assert!(turn(&mut arr, &clock).is_empty());
+    // B: the stream's next chunk (stripe 2's first), queued behind the read A.
+    let mut b = AlignedBuf::zeroed(chunk);
+    b.fill(0xbb);
+    submit_at(
+        &mut arr,
+        53,
+        ArrayOp::Write { fua: false },
+        (2 * stripe) as u64,
+        &mut b,
+    );
+    assert!(turn(&mut arr, &clock).is_empty());
+    assert!(arr.free_sops.is_empty(), "every stripe operation busy");
+    // F: a flush, behind B: it waits in the backlog.
+    arr.submit(ArrayRequest::flush(54)).unwrap();
+    assert_eq!(arr.backlog.len(), 1);
+    let mut done = Vec::new();
+    for _ in 0..200 {
+        done.extend(turn(&mut arr, &clock));
+        if done.contains(&54) || done.contains(&53) {
+            break;
+        }
+        let next = arr.channels().filter_map(|c| c.next_completion_ns()).min();
+        match next {
+            Some(n) => clock.advance_to(n),
+            None => break,
+        }
+    }
+    assert!(
+        arr.held_passes.is_empty(),
+        "B's pass still held after the flush behind it completed: {:?}",
+        arr.held_passes
+    );
+    assert_eq!(arr.stats().held_passes, 0, "B's pass was held at all");
+    let rest: Vec<u64> = [50, 51, 52, 53]
+        .into_iter()
+        .filter(|t| !done.contains(t))
+        .collect();
+    assert_eq!(complete_all(&mut arr, &clock, &rest).len(), rest.len());
 }
