@@ -171,7 +171,7 @@ pub struct ServeArgs {
     /// nbd_idle_timeout_s, nbd_block_status = "on" | "off" (or true | false), tls = "off"
     /// | "allow" | "require", tls_cert, tls_key, tls_ca,
     /// queue_depth, stripe_ops, stripe_cache, write_hold_us, qos, qos_target_us, pacer,
-    /// speed_min, speed_max, and an
+    /// pacer_tolerance, speed_min, speed_max, and an
     /// [iscsi_chap] table: user, secret, mutual_user, mutual_secret, require_mutual).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -308,6 +308,12 @@ pub struct ServeArgs {
     /// foreground is seen) or `md-pending` (md 4.1+: wait only for its own requests).
     #[arg(long, value_name = "ferroraid|md-min|md-pending")]
     pacer: Option<String>,
+    /// ferroraid's pacer: how much background may add to the foreground's latency, percent
+    /// of its latency with background quiet (1..=1000; default 15: the foreground keeps
+    /// ~85 % of its speed; lower protects it more, higher lets background finish sooner).
+    /// Refused with another pacer.
+    #[arg(long, value_name = "PERCENT")]
+    pacer_tolerance: Option<u64>,
     /// Background floor, KiB/s per member (md's `speed_limit_min`; default 1000).
     #[arg(long, value_name = "KIB_PER_S")]
     speed_min: Option<u64>,
@@ -378,6 +384,7 @@ struct ServeFile {
     qos: Option<String>,
     qos_target_us: Option<u64>,
     pacer: Option<String>,
+    pacer_tolerance: Option<u64>,
     speed_min: Option<u64>,
     speed_max: Option<u64>,
 }
@@ -732,6 +739,17 @@ impl ServeArgs {
         }
         if let Some(p) = self.pacer.as_ref().or(file.pacer.as_ref()) {
             o.pacer = p.parse().map_err(anyhow::Error::msg)?;
+        }
+        if let Some(pct) = self.pacer_tolerance.or(file.pacer_tolerance) {
+            if o.pacer != engine::qos::pacer::PacerKind::Ferroraid {
+                bail!(
+                    "pacer_tolerance {pct}: only the ferroraid pacer has a tolerance (pacer is {})",
+                    o.pacer.name()
+                );
+            }
+            o.pacer_tolerance =
+                engine::qos::pacer::FerroraidPacerConfig::tolerance_from_percent(pct)
+                    .map_err(anyhow::Error::msg)?;
         }
         let speed_min = self
             .speed_min
@@ -1223,6 +1241,10 @@ mod tests {
         assert_eq!(o.pacer, PacerKind::MdPending);
         assert_eq!(o.speed_limits.speed_min, 5000 * 1024);
         assert_eq!(o.speed_limits.speed_max, 100_000 * 1024);
+        let default_tolerance = engine::qos::pacer::FerroraidPacerConfig::default().tolerance;
+        assert_eq!(o.pacer_tolerance, default_tolerance);
+        let o = options(&["--pacer-tolerance", "40", "m0"]).unwrap();
+        assert_eq!((o.pacer, o.pacer_tolerance), (PacerKind::Ferroraid, 0.40));
         assert_eq!(
             options(&["--pacer", "md-min", "m0"]).unwrap().pacer,
             PacerKind::MdMin
@@ -1234,6 +1256,10 @@ mod tests {
             &["--speed-max", "500", "m0"],
             &["--speed-max", "18446744073709551615", "m0"],
             &["--speed-min", "-1", "m0"],
+            &["--pacer-tolerance", "0", "m0"],
+            &["--pacer-tolerance", "1001", "m0"],
+            &["--pacer-tolerance", "0.2", "m0"],
+            &["--pacer", "md-min", "--pacer-tolerance", "20", "m0"],
         ] {
             let e = options(bad)
                 .err()
@@ -1264,6 +1290,15 @@ mod tests {
         );
         std::fs::write(&cfg, "devices = [\"m0\"]\npacer = \"slow\"\n").unwrap();
         assert!(options(&["--config", c]).is_err());
+        std::fs::write(&cfg, "devices = [\"m0\"]\npacer_tolerance = 25\n").unwrap();
+        assert_eq!(options(&["--config", c]).unwrap().pacer_tolerance, 0.25);
+        let o = options(&["--config", c, "--pacer-tolerance", "5"]).unwrap();
+        assert_eq!(o.pacer_tolerance, 0.05);
+        std::fs::write(&cfg, "devices = [\"m0\"]\npacer_tolerance = 2000\n").unwrap();
+        let Err(e) = options(&["--config", c]) else {
+            panic!("2000 % accepted");
+        };
+        assert!(e.to_string().contains("1 to 1000"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -138,6 +138,9 @@ pub struct ServeOptions {
     pub pacer: engine::qos::pacer::PacerKind,
     /// Its floor and ceiling, bytes/s per member (md's `speed_limit_min/max`).
     pub speed_limits: engine::qos::pacer::SpeedLimits,
+    /// ferroraid's pacer: foreground latency background may add, as a fraction of the
+    /// quiet latency (`engine::qos::pacer::FerroraidPacerConfig::tolerance`).
+    pub pacer_tolerance: f64,
 }
 
 impl ServeOptions {
@@ -175,6 +178,7 @@ impl ServeOptions {
             nvmf_allow_hosts: Vec::new(),
             pacer: engine::qos::pacer::PacerKind::default(),
             speed_limits: engine::qos::pacer::SpeedLimits::default(),
+            pacer_tolerance: engine::qos::pacer::FerroraidPacerConfig::default().tolerance,
         }
     }
 }
@@ -1371,10 +1375,10 @@ impl Target {
             requests: 1024,
             foreign_reads: true,
         };
-        let (pacer, limits) = (opts.pacer, opts.speed_limits);
+        let (pacer, limits, tolerance) = (opts.pacer, opts.speed_limits, opts.pacer_tolerance);
         let members = geo.geometry().members();
         let extras = Extras {
-            pacer: move |_| pacer.build(limits, members),
+            pacer: move |_| pacer.build(limits, members, tolerance),
             bitmap: intent.clone(),
             ppl,
             replace: resumed.as_ref().map(|r| engine::reactor::ResumeReplace {

@@ -253,7 +253,7 @@ fn run_once(
                 Box::new(inner)
             }
         }
-        Some(k) => k.build(limits, MEMBERS),
+        Some(k) => k.build(limits, MEMBERS, args.tolerance),
         None => Box::new(Unpaced),
     };
     arr.set_pacer(p);

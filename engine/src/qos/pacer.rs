@@ -338,6 +338,29 @@ pub struct FerroraidPacerConfig {
     pub quiet_probe_ns: u64,
 }
 
+/// Largest foreground latency tolerance an operator may give
+/// ([`FerroraidPacerConfig::tolerance_from_percent`]), percent: 10× the quiet latency.
+pub const MAX_TOLERANCE_PERCENT: u64 = 1000;
+
+impl FerroraidPacerConfig {
+    /// [`FerroraidPacerConfig::tolerance`] from a whole percentage (`ferroraid serve
+    /// --pacer-tolerance`): 15 gives 0.15, the default.
+    ///
+    /// # Errors
+    /// A message naming the accepted range for 0 (nothing would be allowed over the quiet
+    /// latency, not even the device's own noise in the median) or more than
+    /// [`MAX_TOLERANCE_PERCENT`].
+    pub fn tolerance_from_percent(percent: u64) -> Result<f64, String> {
+        if percent == 0 || percent > MAX_TOLERANCE_PERCENT {
+            return Err(format!(
+                "pacer tolerance {percent} %: expected 1 to {MAX_TOLERANCE_PERCENT} (percent of the \
+                 foreground's quiet latency that background may add)"
+            ));
+        }
+        Ok(percent as f64 / 100.0)
+    }
+}
+
 impl Default for FerroraidPacerConfig {
     fn default() -> Self {
         Self {
@@ -1012,11 +1035,14 @@ impl PacerKind {
     }
 
     /// A pacer of this kind with guard rails `limits`, for one shard of an array of
-    /// `members` member devices (md's idle test counts foreground per member).
-    pub fn build(self, limits: SpeedLimits, members: u16) -> Box<dyn Pacer> {
+    /// `members` member devices (md's idle test counts foreground per member);
+    /// `tolerance` is [`FerroraidPacerConfig::tolerance`] (md's pacers have none and
+    /// ignore it).
+    pub fn build(self, limits: SpeedLimits, members: u16, tolerance: f64) -> Box<dyn Pacer> {
         match self {
             PacerKind::Ferroraid => Box::new(FerroraidPacer::new(FerroraidPacerConfig {
                 limits,
+                tolerance,
                 ..FerroraidPacerConfig::default()
             })),
             PacerKind::MdMin => Box::new(MdPre41Pacer::new(limits).with_members(members)),

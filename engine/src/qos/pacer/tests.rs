@@ -408,13 +408,28 @@ fn md_idle_threshold_is_per_member() {
 fn pacer_kinds_parse_and_build() {
     for k in [PacerKind::Ferroraid, PacerKind::MdMin, PacerKind::MdPending] {
         assert_eq!(k.name().parse::<PacerKind>(), Ok(k));
-        let mut p = k.build(SpeedLimits::default(), 4);
+        let mut p = k.build(SpeedLimits::default(), 4, 0.15);
         // Nothing in flight, no foreground: every pacer admits at once.
         assert_eq!(p.admit(0, 64 << 10, 0), Admission::Now, "{}", k.name());
     }
     assert_eq!(PacerKind::default(), PacerKind::Ferroraid);
     let e = "fast".parse::<PacerKind>().unwrap_err();
     assert!(e.contains("md-pending"), "{e}");
+}
+
+#[test]
+fn tolerance_from_percent_is_checked() {
+    assert_eq!(FerroraidPacerConfig::tolerance_from_percent(15), Ok(0.15));
+    assert_eq!(
+        FerroraidPacerConfig::tolerance_from_percent(15),
+        Ok(FerroraidPacerConfig::default().tolerance),
+        "the default is a whole percentage"
+    );
+    assert_eq!(FerroraidPacerConfig::tolerance_from_percent(1000), Ok(10.0));
+    for bad in [0, 1001, u64::MAX] {
+        let e = FerroraidPacerConfig::tolerance_from_percent(bad).unwrap_err();
+        assert!(e.contains("1 to 1000"), "{bad}: {e}");
+    }
 }
 
 #[test]
