@@ -75,12 +75,25 @@ where
     c
 }
 
-/// A 127.0.0.1 TCP port that was free a moment ago (bound to port 0, then closed).
+/// A 127.0.0.1 TCP port that was free a moment ago (bound to port 0, then closed), and
+/// that no earlier call in this process returned: the kernel may hand the same ephemeral
+/// port to two binds in a row once the first is closed, and a target given it twice (an
+/// NBD and an NVMe/TCP listener, say) fails to start ("Address already in use").
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding 127.0.0.1:0")
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("binding 127.0.0.1:0")
+            .port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
