@@ -957,14 +957,8 @@ impl<C: Channel> Io<'_, C> {
             }
         } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
             // Inside one stripe (most small requests): its one piece, without the
-            // iterator; served here, it goes straight into the shard when nothing routed
-            // earlier still waits in `local` (as `submit_whole` does).
-            let submitted = self.local.is_empty()
-                && self.served_here(piece.owner, &piece.request)
-                && self.array.submit_piece(piece.request).is_ok();
-            if !submitted {
-                self.route(piece.owner, piece.request);
-            }
+            // iterator.
+            self.route(piece.owner, piece.request);
             parent.remaining = 1;
         } else {
             for piece in split(tagged, self.geo, self.reactors) {
@@ -998,16 +992,8 @@ impl<C: Channel> Io<'_, C> {
         }
         count_in_flight(self.in_flight, 1);
         // Validated once, here: the shard takes it unchecked (`Array::submit_piece`).
-        // Straight into the shard when nothing submitted earlier still waits for room
-        // there (`drive_array` takes `local` in order); `submit_piece` only accepts it,
-        // the shard runs it in this turn's `process` as it would from `local`.
         match self.array.validate(&r) {
-            Ok(()) if self.local.is_empty() => {
-                if self.array.submit_piece(r).is_err() {
-                    self.local.push_back(r);
-                }
-            }
-            Ok(()) => self.local.push_back(r),
+            Ok(()) => self.submit_local(r),
             Err(e) => self.done.push_back(ArrayCompletion {
                 tag: r.tag,
                 status: Err(e),
@@ -1016,16 +1002,21 @@ impl<C: Channel> Io<'_, C> {
         Ok(())
     }
 
-    /// Whether a piece for `owner` is submitted to this reactor's shard: its own stripes,
-    /// and reads of any stripe with foreign reads on.
-    #[inline]
-    fn served_here(&self, owner: usize, r: &ArrayRequest) -> bool {
-        owner == self.me || (self.foreign_reads && r.op.is_read())
+    /// Hands a validated piece to this reactor's shard: at once when nothing submitted
+    /// earlier still waits in `local` for room there (`submit_piece` only accepts it; the
+    /// shard runs it in this turn's `process`, as it would from `local`), else behind
+    /// those in `local`, which [`Reactor::drive_array`] takes in order.
+    fn submit_local(&mut self, r: ArrayRequest) {
+        if !(self.local.is_empty() && self.array.submit_piece(r).is_ok()) {
+            self.local.push_back(r);
+        }
     }
 
+    /// Sends a piece to the shard that serves it: this reactor's for its own stripes and,
+    /// with foreign reads on, for reads of any stripe; the owner's otherwise.
     fn route(&mut self, owner: usize, r: ArrayRequest) {
-        if self.served_here(owner, &r) {
-            self.local.push_back(r);
+        if owner == self.me || (self.foreign_reads && r.op.is_read()) {
+            self.submit_local(r);
         } else {
             self.outbox.push(owner, Msg::Piece(r));
         }

@@ -177,12 +177,7 @@ impl<C: Channel> Array<C> {
             let stripe = self.sops[s as usize].stripe;
             // A background operation waits for its stripe like a write (below: reads may
             // then join it).
-            let writes = self.sops[s as usize].bg.is_some()
-                || self.reqs[self.sops[s as usize].req as usize]
-                    .as_ref()
-                    .expect("live request")
-                    .op
-                    .is_write();
+            let writes = self.sops[s as usize].bg.is_some() || self.sop_req(s).op.is_write();
             let blocked = self.held.contains(&stripe) || self.locked.conflicts(stripe, writes);
             if blocked && !writes && !self.held.contains(&stripe) && self.read_from_pass(s) {
                 // The first waiting operation of its stripe, a read, served from the pass
@@ -363,9 +358,7 @@ impl<C: Channel> Array<C> {
     /// Starts operation `s`'s first phase (its stripe is held, its bits durable).
     #[inline]
     pub(super) fn dispatch_sop(&mut self, s: u32) {
-        let req = self.reqs[self.sops[s as usize].req as usize]
-            .as_ref()
-            .expect("live request");
+        let req = self.sop_req(s);
         if req.op.is_write() {
             // Before any member I/O: once this write completes, block status must not
             // call its stripe a hole (a whole-stripe zeroing sets the bit again as it
@@ -473,6 +466,17 @@ impl<C: Channel> Array<C> {
         if self.sops[s as usize].outstanding == 0 {
             self.ready.push_back(s);
         }
+    }
+
+    /// The client request foreground operation `s` serves.
+    ///
+    /// # Panics
+    /// If it has none live (a background operation, or a finished request): an engine bug.
+    #[inline]
+    pub(super) fn sop_req(&self, s: u32) -> &super::ReqCtx {
+        self.reqs[self.sops[s as usize].req as usize]
+            .as_ref()
+            .expect("live request")
     }
 
     /// Pointer to stripe-data byte `x` of operation `s` in the caller's buffer.

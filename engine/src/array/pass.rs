@@ -142,7 +142,7 @@ impl<C: Channel> Array<C> {
             return self.start_write_single(s);
         }
         let fua = self.sop_fua(s);
-        let flushes_before = self.sop_flushes_before(s);
+        let flushes_before = self.sop_req(s).flushes_before;
         {
             let sop = &mut self.sops[s as usize];
             debug_assert_eq!(sop.next, NONE);
@@ -172,19 +172,7 @@ impl<C: Channel> Array<C> {
 
     /// Whether operation `s` is a FUA write (or write-zeroes).
     pub(super) fn sop_fua(&self, s: u32) -> bool {
-        self.reqs[self.sops[s as usize].req as usize]
-            .as_ref()
-            .expect("live request")
-            .op
-            .fua()
-    }
-
-    /// The shard's flush count when operation `s`'s request was accepted.
-    fn sop_flushes_before(&self, s: u32) -> u64 {
-        self.reqs[self.sops[s as usize].req as usize]
-            .as_ref()
-            .expect("live request")
-            .flushes_before
+        self.sop_req(s).op.fua()
     }
 
     /// Adds operation `f`'s footprint to the dirty blocks of the pass led by `lead`.
@@ -235,7 +223,7 @@ impl<C: Channel> Array<C> {
             }
             remove_at(&mut self.waiting, i);
             let fua = self.sop_fua(f);
-            let flushes_before = self.sop_flushes_before(f);
+            let flushes_before = self.sop_req(f).flushes_before;
             self.sops[f as usize].phase = Phase::Batched;
             self.sops[tail as usize].next = f;
             tail = f;

@@ -201,9 +201,7 @@ impl<C: Channel> Array<C> {
         let st = self.layout(s);
         let w = self.footprint(s);
         let (req_op, req_buf) = {
-            let r = self.reqs[self.sops[s as usize].req as usize]
-                .as_ref()
-                .expect("live request");
+            let r = self.sop_req(s);
             (r.op, r.buf)
         };
         let (start, buf_off, base) = {
