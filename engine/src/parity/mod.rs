@@ -336,11 +336,12 @@ fn full<'a>(s: &[Option<&'a [u8]>]) -> ArrayVec<&'a [u8], MAX_DATA_CHUNKS> {
 }
 
 impl Parity {
-    /// The best kernel for this CPU ([`Kernel::best`]), streaming stores on.
+    /// The best kernel for this CPU ([`Kernel::best`]), with ordinary (cached) stores:
+    /// see [`Parity::streaming`] for when streaming stores pay.
     pub fn new() -> Self {
         Self {
             kernel: Kernel::best(),
-            streaming: true,
+            streaming: false,
         }
     }
 
@@ -354,13 +355,21 @@ impl Parity {
         }
         Ok(Self {
             kernel,
-            streaming: true,
+            streaming: false,
         })
     }
 
     /// Sets whether generated and recovered chunks are written with non-temporal
-    /// (cache-bypassing) stores. On (the default) suits parity headed for a device; off
-    /// suits results read back at once (scrub compares). Scalar ignores it.
+    /// (cache-bypassing) stores. Off (the default) suits the array's data path: its
+    /// outputs land in the stripe operations' pooled buffers, which are reused most
+    /// recently freed first and so stay in cache, and the member path reads them again at
+    /// once (a copy into a `mem` member or the page cache, a DMA that snoops the cache).
+    /// Streaming stores there cost every output line a trip to DRAM: full-stripe writes
+    /// over `mem` members ran 6–19 % slower and over `null` members 10–36 % slower with
+    /// them (`array-bench --workload seqwrite`, docs/BENCHMARKS.md "Cached parity stores").
+    /// On suits outputs larger than the cache that nothing reads soon (`parity-bench`'s
+    /// out-of-cache passes, where skipping the destination's read-for-ownership puts P+Q
+    /// ahead of ISA-L). Scalar ignores it.
     pub fn streaming(mut self, on: bool) -> Self {
         self.streaming = on;
         self
