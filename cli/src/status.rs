@@ -806,6 +806,16 @@ pub struct ProcessReport {
     /// Why the process ended early, when `state` is `failed` (`null` otherwise).
     #[serde(default)]
     pub error: Option<String>,
+    /// A RAID6 rebuild of one member on members that do not seek leaves the parity chunk
+    /// it does not use unread, and once the rebuild proper is done (`position_bytes` ==
+    /// `size_bytes`; the member is then in sync) reads those chunks so that an unreadable
+    /// one is still found and rewritten: how far that verification has come, bytes of
+    /// array capacity (0 when there is none).
+    #[serde(default)]
+    pub verify_position_bytes: u64,
+    /// How far it goes, bytes of array capacity (0 when there is none).
+    #[serde(default)]
+    pub verify_size_bytes: u64,
 }
 
 /// Whether a background process runs. Serialized lower-case.
@@ -834,6 +844,8 @@ impl ProcessReport {
             eta_s: None,
             mismatch_cnt: 0,
             error: None,
+            verify_position_bytes: 0,
+            verify_size_bytes: 0,
         }
     }
 }
@@ -1084,15 +1096,26 @@ impl fmt::Display for StatusReport {
             } else {
                 p.position_bytes as f64 * 100.0 / p.size_bytes as f64
             };
-            writeln!(
-                f,
-                "        Process : {} {pct:.1}% ({} of {}) at {}/s, eta {}",
-                p.kind,
-                human_bytes(p.position_bytes),
-                human_bytes(p.size_bytes),
-                human_bytes(p.rate_bytes_per_s),
-                p.eta_s.map_or_else(|| "unknown".to_string(), human_secs)
-            )?;
+            if p.verify_size_bytes > 0 && p.position_bytes >= p.size_bytes {
+                writeln!(
+                    f,
+                    "        Process : {} done; verifying the parity it did not read, {:.1}% ({} of {})",
+                    p.kind,
+                    p.verify_position_bytes as f64 * 100.0 / p.verify_size_bytes as f64,
+                    human_bytes(p.verify_position_bytes),
+                    human_bytes(p.verify_size_bytes),
+                )?;
+            } else {
+                writeln!(
+                    f,
+                    "        Process : {} {pct:.1}% ({} of {}) at {}/s, eta {}",
+                    p.kind,
+                    human_bytes(p.position_bytes),
+                    human_bytes(p.size_bytes),
+                    human_bytes(p.rate_bytes_per_s),
+                    p.eta_s.map_or_else(|| "unknown".to_string(), human_secs)
+                )?;
+            }
         }
         if matches!(p.kind, ProcessKind::Check | ProcessKind::Repair) || p.mismatch_cnt > 0 {
             writeln!(f, "   Mismatch Cnt : {}", p.mismatch_cnt)?;
@@ -1439,7 +1462,8 @@ pub(crate) mod tests {
         assert_eq!(keys(&v["exports"][0]), "address,name,protocol");
         assert_eq!(
             keys(&v["process"]),
-            "error,eta_s,kind,mismatch_cnt,position_bytes,rate_bytes_per_s,size_bytes,state"
+            "error,eta_s,kind,mismatch_cnt,position_bytes,rate_bytes_per_s,size_bytes,state,\
+             verify_position_bytes,verify_size_bytes"
         );
         assert_eq!(v["process"]["state"], "idle");
         assert_eq!(v["bitmap"], serde_json::Value::Null);
@@ -1482,6 +1506,39 @@ pub(crate) mod tests {
         assert!(failed.to_string().contains(
             "        Process : rebuild failed at 0 B of 1.00 MiB: rebuild target member 3 failed\n"
         ));
+        // A rebuild past its own walk, verifying the parity it left unread; older
+        // reports without those fields parse as no verification.
+        let mut verifying = sample(&[]);
+        verifying.process = ProcessReport {
+            kind: ProcessKind::Rebuild,
+            state: ProcessRunState::Running,
+            position_bytes: 1 << 20,
+            size_bytes: 1 << 20,
+            verify_position_bytes: 1 << 18,
+            verify_size_bytes: 1 << 20,
+            ..ProcessReport::idle()
+        };
+        assert!(verifying.to_string().contains(
+            "        Process : rebuild done; verifying the parity it did not read, 25.0% (256.00 KiB of 1.00 MiB)\n"
+        ), "{verifying}");
+        let mut old = serde_json::to_value(&verifying).unwrap();
+        assert_eq!(old["process"]["verify_size_bytes"], 1 << 20);
+        old["process"]
+            .as_object_mut()
+            .unwrap()
+            .remove("verify_position_bytes");
+        old["process"]
+            .as_object_mut()
+            .unwrap()
+            .remove("verify_size_bytes");
+        let back: StatusReport = serde_json::from_value(old).unwrap();
+        assert_eq!(
+            (
+                back.process.verify_position_bytes,
+                back.process.verify_size_bytes
+            ),
+            (0, 0)
+        );
         assert_eq!(v["array"]["state"], "degraded");
         assert_eq!(v["members"][2]["state"], "faulty");
         assert_eq!(v["reactors"]["mode"], "adaptive");

@@ -111,6 +111,7 @@ impl AnyDevice {
             volatile_cache: false,
             write_zeroes: false,
             discard: false,
+            rotational: false,
         })
     }
 }

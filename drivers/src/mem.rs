@@ -223,6 +223,7 @@ pub(crate) fn memory_device_info(
         volatile_cache: false,
         write_zeroes: true,
         discard: true,
+        rotational: false,
     })
 }
 

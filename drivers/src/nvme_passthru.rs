@@ -308,6 +308,9 @@ impl PassthruDevice {
             volatile_cache: ctrl.vwc,
             write_zeroes: ctrl.write_zeroes(),
             discard: ctrl.dsm() && ns.deallocated_reads_zeroes,
+            // NVMe rotational media (NVMe 2.0's Rotational Media bit) is not read yet; the
+            // solid-state NVMe devices this driver serves do not seek.
+            rotational: false,
         };
         Ok(Self {
             shared: Arc::new(Shared {

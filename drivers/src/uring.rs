@@ -1160,6 +1160,7 @@ fn base_info(shown: &str, config: &UringConfig, block: u32, capacity: u64) -> De
         volatile_cache: true,
         write_zeroes: true,
         discard: true,
+        rotational: true,
     }
 }
 
@@ -1214,9 +1215,15 @@ fn regular_file_info(
     };
     let capacity = check_capacity(shown, stx.stx_size, block)?;
     let (write_zeroes, discard) = probe_fallocate(path);
+    // The file system's device: a memory file system has none (and does not seek);
+    // otherwise its queue's `rotational` (a partition's is its disk's), rotating when
+    // sysfs cannot tell (a device-mapper stack answers for its top device).
+    let rotational =
+        !memory_backed(file) && SysfsQueue::of(stx.stx_dev_major, stx.stx_dev_minor).rotational();
     Ok(DeviceInfo {
         write_zeroes,
         discard,
+        rotational,
         ..base_info(shown, config, block, capacity)
     })
 }
@@ -1344,6 +1351,7 @@ fn block_device_info(
             write_zeroes: true,
             discard,
             queue_depth,
+            rotational: queue.rotational(),
             ..base_info(shown, config, block, capacity)
         },
         device_depth,
@@ -1383,6 +1391,12 @@ impl SysfsQueue {
 
     fn read_u64(&self, attr: &str) -> Option<u64> {
         self.read(attr)?.trim().parse().ok()
+    }
+
+    /// `queue/rotational`: whether the kernel says the device seeks (it is 1 unless the
+    /// driver marked the queue non-rotational); `true` when it cannot be read.
+    fn rotational(&self) -> bool {
+        self.read_u64("rotational") != Some(0)
     }
 
     /// The device's own command queue depth: `device/queue_depth` of a SCSI or SATA disk
@@ -1483,6 +1497,42 @@ mod tests {
     fn blkgetsize64_matches_the_kernel_header_on_x86_64() {
         #[cfg(target_arch = "x86_64")]
         assert_eq!(BLKGETSIZE64, 0x8008_1272);
+    }
+
+    /// `rotational` follows the file system's device: a file on a memory file system
+    /// never seeks; a file elsewhere gets its device's `queue/rotational` (read here
+    /// through the path `stat` names, not the driver's `statx`).
+    #[test]
+    fn rotational_follows_the_file_systems_device() {
+        use std::os::unix::fs::MetadataExt;
+        let cfg = UringConfig::default();
+        let member = |dir: &Path| {
+            let f = tempfile::NamedTempFile::new_in(dir).unwrap();
+            f.as_file().set_len(1 << 20).unwrap();
+            let dev = UringDevice::open(f.path(), &cfg).unwrap();
+            (f, dev.info().rotational)
+        };
+        if Path::new("/dev/shm").is_dir() {
+            let (_f, rotational) = member(Path::new("/dev/shm"));
+            assert!(!rotational, "a tmpfs file does not seek");
+        }
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (f, rotational) = member(here);
+        let dev = f.as_file().metadata().unwrap().dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        let flag = [
+            sys.join("queue/rotational"),
+            sys.join("../queue/rotational"),
+        ]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok());
+        match flag {
+            Some(v) => assert_eq!(rotational, v.trim() != "0", "{}: {v}", sys.display()),
+            // No block device behind the file system (tmpfs, overlay, a network file
+            // system): memory-backed ones do not seek, the others are assumed to.
+            None => assert_eq!(rotational, !memory_backed(f.as_file())),
+        }
     }
 
     #[test]

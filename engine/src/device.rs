@@ -45,6 +45,13 @@ pub struct DeviceInfo {
     /// parity (all zero for all-zero data) stays consistent. A device that may return old
     /// data after a discard reports `false`.
     pub discard: bool,
+    /// Whether the medium seeks (a rotating disk): reading every chunk of a run costs less
+    /// than skipping some, since a skipped chunk breaks the run with a seek. Linux's
+    /// `queue/rotational` (what md consults through `blk_queue_nonrot`); back ends that
+    /// cannot tell report `true`, the choice that keeps runs unbroken. The array uses it
+    /// to decide whether a RAID6 rebuild may leave the parity it does not need unread
+    /// (`Array::start_process`).
+    pub rotational: bool,
 }
 
 /// What a request does.
@@ -409,6 +416,7 @@ mod tests {
             volatile_cache: false,
             write_zeroes: true,
             discard: false,
+            rotational: false,
         }
     }
 

@@ -430,6 +430,14 @@ pub struct ShardProgress {
     /// Members being rebuilt by this process (rebuild), or the member being replaced
     /// (replace).
     pub targets: ArrayVec<u16, 2>,
+    /// Own stripes whose parity the rebuild's verification walk has checked: a RAID6
+    /// rebuild of one member on members that do not seek leaves the parity chunk it does
+    /// not use unread, and reads it once the rebuild proper is done (every stripe of the
+    /// ranges, so that an unrecovered read error there is still found and rewritten).
+    /// Not counted in `done_stripes`.
+    pub verify_done_stripes: u64,
+    /// Own stripes that walk covers; 0 when the process has none.
+    pub verify_total_stripes: u64,
 }
 
 /// A process over every shard: what status shows and what the superblock checkpoints.
@@ -465,6 +473,11 @@ pub struct ProcessSnapshot {
     pub mismatch_cnt: u64,
     /// Members being rebuilt (rebuild), or the member being replaced (replace).
     pub targets: ArrayVec<u16, 2>,
+    /// Stripes whose unread parity a rebuild has verified, over every shard
+    /// ([`ShardProgress::verify_done_stripes`]).
+    pub verify_done_stripes: u64,
+    /// Stripes that verification covers, over every shard; 0 when there is none.
+    pub verify_total_stripes: u64,
     /// Progress rate, per-member bytes per second, over the last window (`None` until two
     /// samples exist; filled in by [`RateWindow`] users such as the reactor handle).
     pub rate_bytes_per_s: Option<f64>,
@@ -509,6 +522,8 @@ impl ProcessSnapshot {
             total_member_bytes: total * chunk,
             mismatch_cnt: shards.iter().map(|s| s.mismatch_cnt).sum(),
             targets: first.targets.clone(),
+            verify_done_stripes: shards.iter().map(|s| s.verify_done_stripes).sum(),
+            verify_total_stripes: shards.iter().map(|s| s.verify_total_stripes).sum(),
             rate_bytes_per_s: None,
             eta_s: None,
         })
@@ -636,6 +651,8 @@ mod tests {
             mismatch_cnt: 8,
             in_flight: 0,
             targets: ArrayVec::new(),
+            verify_done_stripes: 3,
+            verify_total_stripes: 50,
         };
         let s = ProcessSnapshot::merge(
             &[
@@ -651,6 +668,7 @@ mod tests {
         assert_eq!(s.position_sectors, 9 * 128);
         assert_eq!(s.mismatch_cnt, 16);
         assert_eq!(s.size_member_bytes, 100 * 65536);
+        assert_eq!((s.verify_done_stripes, s.verify_total_stripes), (6, 100));
         let failed = ProcessState::Failed(ProcessError::ArrayFailed);
         let s = ProcessSnapshot::merge(&[shard(1, ProcessState::Running), shard(1, failed)], &geo)
             .unwrap();

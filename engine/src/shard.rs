@@ -624,6 +624,20 @@ impl<C: Channel> ShardedArray<C> {
                 .iter()
                 .any(|s| s.member_states().any(|m| m == MemberState::Rebuilding));
         }
+        // Members every shard has rebuilt go online on all, as the reactors do (a RAID6
+        // rebuild's targets, before its verification walk ends). Allocation-free.
+        if let Some(first) = self.shards.first() {
+            for m in first.rebuilt_members() {
+                if self.shards.iter().all(|s| s.rebuilt_members().contains(&m)) {
+                    for s in &mut self.shards {
+                        s.set_member_online(m);
+                    }
+                    any = true;
+                    // Members replaced during that rebuild are rebuilt next.
+                    self.rebuild_pending |= self.member_states().contains(&MemberState::Rebuilding);
+                }
+            }
+        }
         // Allocation-free: this runs every turn.
         let rebuild_done = self.shards.iter().all(|s| {
             s.process_progress().is_some_and(|p| {

@@ -1321,6 +1321,194 @@ fn a_rebuild_repairs_latent_errors_on_the_parity_it_does_not_use() {
     }
 }
 
+/// The RAID6 parity chunk that rebuilding `lost` in `stripe` does not use: P when `lost`
+/// holds Q there, else Q.
+fn unused_parity(w: &World, stripe: u64, lost: u16) -> u16 {
+    let st = w.geo.geometry().stripe(stripe);
+    let q = st.q_member().expect("a RAID6 stripe");
+    if lost == q {
+        st.p_member()
+    } else {
+        q
+    }
+}
+
+/// A RAID6 rebuild of one member on members that do not seek reads n − 2 of the n − 1
+/// survivors' chunks in each stripe, then, in a verification walk, the parity chunks it
+/// left unread: every survivor reads each stripe's chunk exactly once in all, with 1 and
+/// 2 shards. A latent error on a survivor the rebuild reads brings that stripe's other
+/// chunks in at once; the member comes back byte-exact, and the progress counts the
+/// verification on its own.
+#[test]
+fn a_raid6_rebuild_reads_n_minus_2_survivors_then_verifies_the_parity_it_skipped() {
+    for shards in [1usize, 2] {
+        let (members, stripes, c) = (6u16, 32u64, 8192u64);
+        let mut w = World::new(
+            Level::Raid6,
+            members,
+            c,
+            stripes,
+            shards,
+            1700 + shards as u64,
+        );
+        w.fill();
+        let lost = 1u16;
+        // A latent error on a survivor that stripe 9's rebuild reads (a data chunk).
+        let bad = (0..members)
+            .find(|&m| {
+                m != lost
+                    && m != unused_parity(&w, 9, lost)
+                    && matches!(w.geo.geometry().stripe(9).role(m), Role::Data { .. })
+            })
+            .expect("a data survivor");
+        w.devs[usize::from(bad)].add_latent_error(9 * c + 1024..9 * c + 1536);
+        let reads: Vec<u64> = (0..members).map(|m| w.member_read_bytes(m)).collect();
+        w.replace_with_blank(lost, 4);
+        assert_eq!(w.run_process(0), ProcessState::Finished, "shards {shards}");
+        for m in (0..members).filter(|&m| m != lost) {
+            // Each stripe's chunk once, in the rebuild or in its verification (reading the
+            // unused parity in both, or in neither, would make this more or less); stripe 9
+            // read again after the error by every survivor but the one that erred, whose
+            // failed read moved nothing.
+            let want = if m == bad {
+                (stripes - 1) * c
+            } else {
+                (stripes + 1) * c
+            };
+            let read = w.member_read_bytes(m) - reads[usize::from(m)];
+            assert_eq!(read, want, "member {m} (bad {bad}), shards {shards}");
+        }
+        let p = w.arr.process_snapshot().expect("a process ran");
+        assert_eq!(p.done_stripes, stripes, "shards {shards}");
+        assert_eq!(
+            (p.verify_done_stripes, p.verify_total_stripes),
+            (stripes, stripes),
+            "shards {shards}"
+        );
+        assert_eq!(w.read_errors_repaired(), 1, "shards {shards}");
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_reads_model();
+    }
+}
+
+/// A member replaced while a rebuild is verifying the parity it left unread: the rebuilt
+/// member is online already, the verification stops for the rebuild the new member needs,
+/// and that rebuild brings it back byte-exact under client I/O, with 1 and 2 shards.
+#[test]
+fn a_member_replaced_during_the_verification_walk_is_rebuilt_at_once() {
+    for shards in [1usize, 2] {
+        let (members, stripes, c) = (6u16, 64u64, 8192u64);
+        let mut w = World::new(
+            Level::Raid6,
+            members,
+            c,
+            stripes,
+            shards,
+            1750 + shards as u64,
+        );
+        w.fill();
+        w.replace_with_blank(1, 5);
+        w.run_until(2, |w| {
+            w.arr
+                .process_snapshot()
+                .is_some_and(|p| p.verify_done_stripes > 0)
+        });
+        let p = w.arr.process_snapshot().expect("a rebuild runs");
+        assert_eq!(p.state, ProcessState::Running, "shards {shards}");
+        assert!(
+            p.verify_done_stripes < p.verify_total_stripes,
+            "shards {shards}"
+        );
+        assert_eq!(
+            w.arr.member_states()[1],
+            MemberState::Online,
+            "rebuilt before its verification ends, shards {shards}"
+        );
+        w.devs[3].disappear();
+        w.arr.fail_member(3, IoError::Gone);
+        let spare = blank(&w, "spare3", 6);
+        // Put in as soon as the failed device has nothing outstanding.
+        w.run_until(2, |w| {
+            match w.arr.replace_member(3, w.channels_to(&spare)) {
+                Ok(()) => true,
+                Err(ProcessError::MemberBusy { .. }) => false,
+                Err(e) => panic!("replace refused: {e}"),
+            }
+        });
+        w.devs[3] = spare;
+        let p = w.arr.process_snapshot().expect("a rebuild runs");
+        assert!(
+            p.verify_done_stripes < p.verify_total_stripes,
+            "the replace came after the verification, shards {shards}"
+        );
+        // It gave way rather than holding the new member's rebuild back until it ends.
+        assert_eq!(p.state, ProcessState::Stopped, "shards {shards}");
+        assert_eq!(w.run_process(2), ProcessState::Finished, "shards {shards}");
+        let p = w.arr.process_snapshot().expect("a process ran");
+        assert_eq!(p.targets.as_slice(), &[3], "shards {shards}");
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        assert!(w.failed.is_empty(), "shards {shards}: {:?}", w.failed);
+        w.drain();
+        w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
+        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_reads_model();
+    }
+}
+
+/// On members that seek (rotating disks) a RAID6 rebuild reads every survivor's chunk in
+/// each stripe, as md does, so that each member's reads stay one sequential run; there
+/// is no verification walk.
+#[test]
+fn a_raid6_rebuild_on_disks_reads_every_survivor_and_verifies_nothing_after() {
+    let (members, stripes, c) = (5u16, 8u64, 8192u64);
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, members, c, BLOCK).unwrap();
+    let geo = ArrayGeometry::new(g, stripes).unwrap();
+    let clock = SimClock::new();
+    let disk = |name: &str, seed: u64| {
+        SimDevice::new(
+            name,
+            geo.member_data_bytes(),
+            BLOCK,
+            Profile::hdd_7200(true),
+            clock.clone(),
+            seed,
+        )
+        .unwrap()
+    };
+    let devs: Vec<SimDevice> = (0..members)
+        .map(|i| disk(&format!("d{i}"), 1800 + u64::from(i)))
+        .collect();
+    let mut w = World::over(devs, geo, clock.clone(), 1, 18, config());
+    w.fill();
+    let lost = 2u16;
+    w.devs[usize::from(lost)].disappear();
+    w.arr.fail_member(lost, IoError::Gone);
+    let reads: Vec<u64> = (0..members).map(|m| w.member_read_bytes(m)).collect();
+    let spare = disk("spare", 1900);
+    let chans = w.channels_to(&spare);
+    w.arr.replace_member(lost, chans).unwrap();
+    w.devs[usize::from(lost)] = spare;
+    assert_eq!(w.run_process(0), ProcessState::Finished);
+    for m in (0..members).filter(|&m| m != lost) {
+        let read = w.member_read_bytes(m) - reads[usize::from(m)];
+        assert_eq!(read, stripes * c, "member {m}");
+    }
+    let p = w.arr.process_snapshot().expect("a process ran");
+    assert_eq!((p.verify_done_stripes, p.verify_total_stripes), (0, 0));
+    w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
+    w.assert_reads_model();
+}
+
 /// A survivor hangs on a rebuild's read while a client keeps I/O going: the command
 /// timeout fails it (at the timeout scan after its deadline), the stripe is rebuilt from
 /// the others, and the rebuild ends byte-exact. Before `next_deadline_ns` reported such a

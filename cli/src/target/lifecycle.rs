@@ -234,6 +234,14 @@ impl Shared {
             eta_s: p.eta_s.map(|e| e.ceil() as u64),
             mismatch_cnt,
             error: None,
+            verify_position_bytes: p
+                .verify_done_stripes
+                .saturating_mul(stripe_bytes)
+                .min(capacity),
+            verify_size_bytes: p
+                .verify_total_stripes
+                .saturating_mul(stripe_bytes)
+                .min(capacity),
         }
     }
 

@@ -240,6 +240,9 @@ impl VfioNvmeDevice {
             volatile_cache: ctrl.identity.vwc,
             write_zeroes: ctrl.identity.write_zeroes(),
             discard: ctrl.identity.dsm() && ctrl.namespace.deallocated_reads_zeroes,
+            // NVMe rotational media (NVMe 2.0's Rotational Media bit) is not read yet; the
+            // solid-state NVMe devices this driver serves do not seek.
+            rotational: false,
         };
         Ok(Self {
             ctrl,

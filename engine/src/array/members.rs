@@ -254,6 +254,19 @@ impl<C: Channel> Array<C> {
         m.bitmap_recovery = false;
         m.max_transfer = max_transfer;
         self.cache.invalidate_all();
+        // A rebuild verifying the parity it left unread gives way to the rebuild this
+        // member now needs: it stops (its operations in flight finish first), and what it
+        // would have found is left to the next check or repair.
+        if let Some(p) = self.proc.as_mut() {
+            if p.verifying && p.state == ProcessState::Running {
+                p.state = ProcessState::Stopped;
+                tracing::info!(
+                    shard = self.shard,
+                    member = slot,
+                    "parity verification stopped: a replaced member needs a rebuild"
+                );
+            }
+        }
         if let Some(i) = &self.intent {
             i.shared.write_all();
         }

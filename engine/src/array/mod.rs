@@ -954,6 +954,10 @@ struct Sop {
     bg_slot: u8,
     /// When the background operation was issued, ns (for the pacer).
     bg_start_ns: u64,
+    /// A rebuild's parity-verification operation ([`Proc::tail`]): it reads the one
+    /// parity chunk the stripe's rebuild left unread, and rewrites it from the others
+    /// only if that read fails.
+    bg_verify: bool,
     /// Write-intent regions this operation counts in flight (empty: none).
     regions: Range<u64>,
     /// A read of a stripe another shard owns (a foreign read).
@@ -1042,11 +1046,28 @@ struct Proc {
     total: u64,
     mismatch_cnt: u64,
     targets: ArrayVec<u16, 2>,
+    /// A RAID6 rebuild of one member that leaves a parity chunk unread where it need not
+    /// read it ([`Array::start_bg`]): the walk over the same stripes that reads those
+    /// chunks afterwards (so an unrecovered read error on one is still found and
+    /// rewritten), taken when the rebuild's own walk is done. It covers every stripe of the
+    /// ranges, below a resume position too (the run that got there may have stopped before
+    /// its own verification).
+    tail: Option<ShardWalk>,
+    /// The walk is the verification walk (the rebuild proper is done: the position is
+    /// the end, and finished operations count in `verify_done`).
+    verifying: bool,
+    verify_done: u64,
+    verify_total: u64,
 }
 
 impl Proc {
     /// Lowest own stripe not yet done (see [`ShardProgress::position_stripes`]).
     fn position(&self, stripes: u64) -> u64 {
+        if self.verifying {
+            // The rebuild proper is done on every stripe; its verification walk does not
+            // move the checkpoint (a restart there resumes nothing).
+            return stripes;
+        }
         let mut pos = self.walk.peek().unwrap_or(stripes);
         for &x in &self.in_flight {
             pos = pos.min(x);
@@ -1346,6 +1367,7 @@ impl<C: Channel> Array<C> {
                     bg: None,
                     bg_slot: 0,
                     bg_start_ns: 0,
+                    bg_verify: false,
                     regions: 0..0,
                     foreign: false,
                     gate: GateHold::None,

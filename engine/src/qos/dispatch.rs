@@ -348,6 +348,7 @@ mod tests {
                 volatile_cache: false,
                 write_zeroes: false,
                 discard: false,
+                rotational: false,
             },
             cap,
             inside: Vec::new(),

@@ -267,6 +267,7 @@ impl SimDevice {
             volatile_cache: cached,
             write_zeroes: true,
             discard: true,
+            rotational: matches!(profile.seek, Seek::Disk { .. }),
         };
         Ok(Self {
             info: Rc::new(info.clone()),
