@@ -1102,7 +1102,10 @@ impl Shared {
 impl Shared {
     /// The state of `n` reactors serving an array of geometry `geo` whose data starts at
     /// `data_offset` bytes on members of type `device_type`; `resumed`: a replace is
-    /// resumed at start ([`RESUMED_REPLACE_SERIAL`]).
+    /// resumed at start ([`RESUMED_REPLACE_SERIAL`]). Each reactor's published member
+    /// states start as `initial` ([`ArrayConfig::initial_member_states`]), so a snapshot
+    /// taken before a reactor's first publication does not report a member being rebuilt
+    /// (or failed) as online — the management layer would record it in sync.
     fn new(
         host: Arc<HostShared>,
         geo: ArrayGeometry,
@@ -1110,7 +1113,9 @@ impl Shared {
         device_type: std::any::TypeId,
         resumed: bool,
         zero_map: Arc<ZeroMap>,
+        initial: &[MemberState],
     ) -> Self {
+        debug_assert_eq!(initial.len(), usize::from(geo.geometry().members()));
         let n = host.reactors();
         Shared {
             zero_map,
@@ -1125,8 +1130,12 @@ impl Shared {
                 .map(|_| {
                     Mutex::new(Published {
                         stats: ArrayStats::default(),
-                        members: (0..geo.geometry().members())
-                            .map(|_| MemberSnapshot::online())
+                        members: initial
+                            .iter()
+                            .map(|&state| MemberSnapshot {
+                                state,
+                                ..MemberSnapshot::online()
+                            })
                             .collect(),
                         process: None,
                         control_error: None,
@@ -1388,6 +1397,7 @@ impl<F: Frontend> Reactors<F> {
             std::any::TypeId::of::<D>(),
             replace.is_some(),
             zero_map_of(&devices, &geo, array_cfg.data_offset_bytes),
+            &array_cfg.initial_member_states(geo.geometry().members()),
         ));
         // Foreign reads need more than one reactor; every slot counts at most the stripe
         // operations of all reactors and as many fast-path reads (`Array::submit`).
@@ -1931,6 +1941,7 @@ where
         std::any::TypeId::of::<D>(),
         false,
         zero_map_of(devices, &geo, array_cfg.data_offset_bytes),
+        &array_cfg.initial_member_states(geo.geometry().members()),
     );
     let mut chans = Vec::with_capacity(devices.len());
     for d in devices {
@@ -2622,6 +2633,50 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Before any reactor has published, a snapshot reports the members as the array
+    /// configuration starts them: one assembled as being rebuilt is not online (the
+    /// management layer, whose first look may come before that publication, recorded such
+    /// a member in sync, and a restart then served its unrebuilt half as data).
+    #[test]
+    fn a_snapshot_before_the_first_publication_reports_the_configured_member_states() {
+        use crate::geometry::{Geometry, Layout, Level};
+        let geo = ArrayGeometry::new(
+            Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, 65536, 512).unwrap(),
+            16,
+        )
+        .unwrap();
+        let cfg = ArrayConfig {
+            rebuilding: [Some((1, 7)), None],
+            failed_members: [Some(4), None],
+            ..ArrayConfig::default()
+        };
+        let initial = cfg.initial_member_states(6);
+        let shared = Shared::new(
+            Arc::new(HostShared::new(2, Mode::Polled)),
+            geo,
+            0,
+            std::any::TypeId::of::<()>(),
+            false,
+            Arc::new(ZeroMap::new(&geo)),
+            &initial,
+        );
+        let handle = ReactorHandle {
+            shared: Arc::new(shared),
+        };
+        let states: Vec<MemberState> = handle.snapshot().members.iter().map(|m| m.state).collect();
+        assert_eq!(
+            states,
+            [
+                MemberState::Online,
+                MemberState::Rebuilding,
+                MemberState::Online,
+                MemberState::Online,
+                MemberState::Failed(IoError::Gone),
+                MemberState::Online,
+            ]
+        );
     }
 
     #[test]

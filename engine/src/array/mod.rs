@@ -673,6 +673,30 @@ impl ArrayStats {
     }
 }
 
+impl ArrayConfig {
+    /// The state each of an array's `members` starts in under this configuration, as
+    /// [`Array::new`] sets it: failed for `failed_members` (as [`Array::fail_member`]
+    /// with [`IoError::Gone`]), being rebuilt for `rebuilding`, online otherwise. Entries
+    /// `Array::new` would refuse (out of range, or both failed and being rebuilt) count
+    /// as failed, the worse state. What an executor reports before its shards have
+    /// reported anything: reporting such a member online would let a caller record it in
+    /// sync.
+    pub fn initial_member_states(&self, members: u16) -> Vec<MemberState> {
+        let mut out = vec![MemberState::Online; usize::from(members)];
+        for (m, _) in self.rebuilding.into_iter().flatten() {
+            if let Some(s) = out.get_mut(usize::from(m)) {
+                *s = MemberState::Rebuilding;
+            }
+        }
+        for m in self.failed_members.into_iter().flatten() {
+            if let Some(s) = out.get_mut(usize::from(m)) {
+                *s = MemberState::Failed(IoError::Gone);
+            }
+        }
+        out
+    }
+}
+
 impl Default for ArrayConfig {
     /// 256 requests, 32 stripe operations, data at offset 0, no member failed, 30 s
     /// command timeout, [`DEFAULT_BACKGROUND_OPS`] background operations, ferroraid's depth
