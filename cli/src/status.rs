@@ -833,6 +833,20 @@ pub enum ProcessRunState {
 }
 
 impl ProcessReport {
+    /// Whether a rebuild is restoring a member: a rebuild past its own walk, verifying the
+    /// parity it left unread, has its member in sync already.
+    pub fn rebuilding(&self) -> bool {
+        self.kind == ProcessKind::Rebuild && !self.verifying()
+    }
+
+    /// Whether a rebuild is in its verification walk (`verify_size_bytes` > 0 and its
+    /// own walk done).
+    pub fn verifying(&self) -> bool {
+        self.kind == ProcessKind::Rebuild
+            && self.verify_size_bytes > 0
+            && self.position_bytes >= self.size_bytes
+    }
+
     /// No background process.
     pub fn idle() -> ProcessReport {
         ProcessReport {
@@ -896,7 +910,7 @@ impl StatusReport {
         match self.array.state {
             ArrayState::Failed => EXIT_FAILED,
             ArrayState::Degraded => EXIT_DEGRADED,
-            _ if self.process.kind == ProcessKind::Rebuild => EXIT_DEGRADED,
+            _ if self.process.rebuilding() => EXIT_DEGRADED,
             _ => EXIT_HEALTHY,
         }
     }
@@ -994,6 +1008,7 @@ impl fmt::Display for StatusReport {
             // resyncing, rebuilding, checking, repairing, replacing (as /proc/mdstat
             // words them)
             (ProcessKind::Replace, _) => format!("{}, replacing", a.state),
+            _ if self.process.verifying() => format!("{}, verifying parity", a.state),
             (k, _) => format!("{}, {k}ing", a.state),
         };
         writeln!(f, "          State : {state}")?;
@@ -1096,7 +1111,7 @@ impl fmt::Display for StatusReport {
             } else {
                 p.position_bytes as f64 * 100.0 / p.size_bytes as f64
             };
-            if p.verify_size_bytes > 0 && p.position_bytes >= p.size_bytes {
+            if p.verifying() {
                 writeln!(
                     f,
                     "        Process : {} done; verifying the parity it did not read, {:.1}% ({} of {})",
@@ -1325,6 +1340,18 @@ pub(crate) mod tests {
         assert_eq!(sample(&[0, 1, 4]).exit_code(), EXIT_FAILED);
         let mut r = sample(&[]);
         r.process.kind = ProcessKind::Rebuild;
+        assert_eq!(r.exit_code(), EXIT_DEGRADED);
+        // Past its own walk, verifying the parity it left unread: the member is in sync.
+        r.process.size_bytes = 1 << 20;
+        r.process.position_bytes = 1 << 20;
+        r.process.verify_size_bytes = 1 << 20;
+        assert_eq!(r.exit_code(), EXIT_HEALTHY);
+        assert!(
+            r.to_string()
+                .contains("          State : clean, verifying parity\n"),
+            "{r}"
+        );
+        r.process.position_bytes = 1 << 19;
         assert_eq!(r.exit_code(), EXIT_DEGRADED);
         r.process.kind = ProcessKind::Resync;
         assert_eq!(r.exit_code(), EXIT_HEALTHY);

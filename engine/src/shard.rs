@@ -625,7 +625,8 @@ impl<C: Channel> ShardedArray<C> {
                 .any(|s| s.member_states().any(|m| m == MemberState::Rebuilding));
         }
         // Members every shard has rebuilt go online on all, as the reactors do (a RAID6
-        // rebuild's targets, before its verification walk ends). Allocation-free.
+        // rebuild's targets, before its verification walk ends). Allocation-free but when
+        // a member goes online (`member_states` then).
         if let Some(first) = self.shards.first() {
             for m in first.rebuilt_members() {
                 if self.shards.iter().all(|s| s.rebuilt_members().contains(&m)) {

@@ -16,7 +16,7 @@ use engine::buf::AlignedBuf;
 use engine::device::{BlockDevice, IoBuf, IoError};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level, Role};
 use engine::parity::Parity;
-use engine::process::{ProcessError, ProcessKind, ProcessRequest, ProcessState};
+use engine::process::{ProcessError, ProcessKind, ProcessRequest, ProcessSnapshot, ProcessState};
 use engine::qos::{Admission, Pacer};
 use engine::shard::ShardedArray;
 use engine::sim::{Fault, FaultRule, OpFilter, Profile, SimChannel, SimClock, SimDevice};
@@ -89,6 +89,14 @@ impl World {
             shards,
             seed,
         )
+    }
+
+    /// A six-member RAID6 of 8 KiB chunks over `stripes` stripes, filled
+    /// ([`Self::fill`]).
+    fn raid6_filled(stripes: u64, shards: usize, seed: u64) -> World {
+        let mut w = World::new(Level::Raid6, 6, 8192, stripes, shards, seed);
+        w.fill();
+        w
     }
 
     fn with_layout(
@@ -407,6 +415,31 @@ impl World {
         let spare = blank(self, "spare", seed);
         let chans = self.channels_to(&spare);
         self.arr.replace_member(m, chans).unwrap();
+        self.devs[usize::from(m)] = spare;
+    }
+
+    /// Runs with `client_qd` client requests in flight until the process's snapshot
+    /// satisfies `until`.
+    fn run_process_until(&mut self, client_qd: usize, until: impl Fn(&ProcessSnapshot) -> bool) {
+        self.run_until(client_qd, |w| {
+            w.arr.process_snapshot().is_some_and(|p| until(&p))
+        });
+    }
+
+    /// [`Self::replace_with_blank`] while the array runs with `client_qd` client requests
+    /// in flight: member `m` fails, and a blank device takes its slot as soon as the failed
+    /// device has nothing outstanding.
+    fn fail_and_replace_running(&mut self, m: u16, seed: u64, client_qd: usize) {
+        self.devs[usize::from(m)].disappear();
+        self.arr.fail_member(m, IoError::Gone);
+        let spare = blank(self, "spare", seed);
+        self.run_until(client_qd, |w| {
+            match w.arr.replace_member(m, w.channels_to(&spare)) {
+                Ok(()) => true,
+                Err(ProcessError::MemberBusy { .. }) => false,
+                Err(e) => panic!("replace refused: {e}"),
+            }
+        });
         self.devs[usize::from(m)] = spare;
     }
 
@@ -1343,15 +1376,7 @@ fn unused_parity(w: &World, stripe: u64, lost: u16) -> u16 {
 fn a_raid6_rebuild_reads_n_minus_2_survivors_then_verifies_the_parity_it_skipped() {
     for shards in [1usize, 2] {
         let (members, stripes, c) = (6u16, 32u64, 8192u64);
-        let mut w = World::new(
-            Level::Raid6,
-            members,
-            c,
-            stripes,
-            shards,
-            1700 + shards as u64,
-        );
-        w.fill();
+        let mut w = World::raid6_filled(stripes, shards, 1700 + shards as u64);
         let lost = 1u16;
         // A latent error on a survivor that stripe 9's rebuild reads (a data chunk).
         let bad = (0..members)
@@ -1403,22 +1428,10 @@ fn a_raid6_rebuild_reads_n_minus_2_survivors_then_verifies_the_parity_it_skipped
 #[test]
 fn a_member_replaced_during_the_verification_walk_is_rebuilt_at_once() {
     for shards in [1usize, 2] {
-        let (members, stripes, c) = (6u16, 64u64, 8192u64);
-        let mut w = World::new(
-            Level::Raid6,
-            members,
-            c,
-            stripes,
-            shards,
-            1750 + shards as u64,
-        );
-        w.fill();
+        let (members, stripes) = (6u16, 64u64);
+        let mut w = World::raid6_filled(stripes, shards, 1750 + shards as u64);
         w.replace_with_blank(1, 5);
-        w.run_until(2, |w| {
-            w.arr
-                .process_snapshot()
-                .is_some_and(|p| p.verify_done_stripes > 0)
-        });
+        w.run_process_until(2, |p| p.verify_done_stripes > 0);
         let p = w.arr.process_snapshot().expect("a rebuild runs");
         assert_eq!(p.state, ProcessState::Running, "shards {shards}");
         assert!(
@@ -1430,18 +1443,7 @@ fn a_member_replaced_during_the_verification_walk_is_rebuilt_at_once() {
             MemberState::Online,
             "rebuilt before its verification ends, shards {shards}"
         );
-        w.devs[3].disappear();
-        w.arr.fail_member(3, IoError::Gone);
-        let spare = blank(&w, "spare3", 6);
-        // Put in as soon as the failed device has nothing outstanding.
-        w.run_until(2, |w| {
-            match w.arr.replace_member(3, w.channels_to(&spare)) {
-                Ok(()) => true,
-                Err(ProcessError::MemberBusy { .. }) => false,
-                Err(e) => panic!("replace refused: {e}"),
-            }
-        });
-        w.devs[3] = spare;
+        w.fail_and_replace_running(3, 6, 2);
         let p = w.arr.process_snapshot().expect("a rebuild runs");
         assert!(
             p.verify_done_stripes < p.verify_total_stripes,
@@ -1461,6 +1463,58 @@ fn a_member_replaced_during_the_verification_walk_is_rebuilt_at_once() {
         w.drain();
         w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
         assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_reads_model();
+    }
+}
+
+/// A RAID6 rebuild of one member while another is missing reads every survivor (two
+/// chunks are lost in each stripe), so it skips nothing and takes no verification walk.
+#[test]
+fn a_rebuild_that_skipped_nothing_verifies_nothing() {
+    for shards in [1usize, 2] {
+        let (members, stripes, c) = (6u16, 16u64, 8192u64);
+        let mut w = World::raid6_filled(stripes, shards, 1780 + shards as u64);
+        w.devs[4].disappear();
+        w.arr.fail_member(4, IoError::Gone);
+        let reads: Vec<u64> = (0..members).map(|m| w.member_read_bytes(m)).collect();
+        w.replace_with_blank(1, 8);
+        assert_eq!(w.run_process(0), ProcessState::Finished, "shards {shards}");
+        let p = w.arr.process_snapshot().expect("a process ran");
+        assert_eq!(p.verify_done_stripes, 0, "shards {shards}");
+        for m in [0u16, 2, 3, 5] {
+            let read = w.member_read_bytes(m) - reads[usize::from(m)];
+            assert_eq!(read, stripes * c, "member {m}, shards {shards}");
+        }
+        assert_eq!(w.arr.member_states()[1], MemberState::Online);
+        w.assert_reads_model();
+    }
+}
+
+/// A member replaced while another's rebuild is still in its own walk waits for that
+/// rebuild only: the verification walk is left out, so the new member's rebuild starts as
+/// soon as the first member is rebuilt.
+#[test]
+fn a_rebuild_with_another_member_waiting_leaves_the_verification_out() {
+    for shards in [1usize, 2] {
+        let (members, stripes) = (6u16, 64u64);
+        let mut w = World::raid6_filled(stripes, shards, 1790 + shards as u64);
+        w.replace_with_blank(1, 9);
+        w.run_process_until(0, |p| p.done_stripes >= 8);
+        w.fail_and_replace_running(3, 10, 0);
+        w.run_until(0, |w| w.arr.member_states()[1] == MemberState::Online);
+        let p = w.arr.process_snapshot().expect("a process ran");
+        assert_eq!(p.verify_done_stripes, 0, "shards {shards}: {p:?}");
+        assert!(
+            p.targets.as_slice() == [3] || p.state == ProcessState::Finished,
+            "shards {shards}: {p:?}"
+        );
+        assert_eq!(w.run_process(0), ProcessState::Finished, "shards {shards}");
+        assert!(w
+            .arr
+            .member_states()
+            .iter()
+            .all(|s| *s == MemberState::Online));
+        w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
         w.assert_reads_model();
     }
 }

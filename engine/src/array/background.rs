@@ -126,6 +126,7 @@ impl<C: Channel> Array<C> {
             mismatch_cnt: 0,
             targets,
             tail,
+            skipped: false,
             verifying: false,
             verify_done: 0,
             verify_total,
@@ -246,6 +247,8 @@ impl<C: Channel> Array<C> {
         let failed = self.array_failed();
         let stripes = self.geo.stripes();
         let chunk = u64::from(self.geo.geometry().chunk_bytes());
+        let members = self.geo.geometry().members();
+        let slots = self.slots();
         let Some(p) = self.proc.as_mut() else {
             return false;
         };
@@ -256,10 +259,23 @@ impl<C: Channel> Array<C> {
         loop {
             if p.walk.peek().is_none() {
                 if p.in_flight.is_empty() && p.hold.is_none() {
-                    if let Some(tail) = p.tail.take() {
-                        // The rebuild proper is done on this shard: its targets are in
-                        // sync (`rebuilt_members`) while the parity it left unread is
-                        // verified.
+                    // The rebuild proper is done on this shard: its targets are in sync
+                    // (`rebuilt_members`) while the parity it left unread is verified —
+                    // if it left any, and unless another member waits for a rebuild of
+                    // its own, which the walk would hold back (the verification is then
+                    // the next check's or repair's).
+                    let waiting = self.members[..slots].iter().enumerate().any(|(m, mem)| {
+                        mem.state == MemberState::Rebuilding && !p.targets.contains(&(m as u16))
+                    });
+                    let tail = p.tail.take().filter(|_| p.skipped);
+                    if tail.is_some() && waiting {
+                        tracing::info!(
+                            shard = self.shard,
+                            "parity verification skipped: another member waits for a rebuild \
+                             (a check or repair covers the parity the rebuild did not read)"
+                        );
+                    }
+                    if let Some(tail) = tail.filter(|_| !waiting) {
                         p.walk = tail;
                         p.verifying = true;
                         for &t in &p.targets {
@@ -294,7 +310,8 @@ impl<C: Channel> Array<C> {
             if self.bg_sops.is_empty() || self.bg_wait || self.now < self.bg_not_before {
                 break;
             }
-            match self.pacer.admit(self.now, chunk, p.in_flight.len() as u32) {
+            let cost = bg_cost(chunk, members, p.verifying);
+            match self.pacer.admit(self.now, cost, p.in_flight.len() as u32) {
                 Admission::Now => {}
                 Admission::NotBefore(t) => {
                     self.bg_not_before = t.max(self.now + 1);
@@ -407,6 +424,11 @@ impl<C: Channel> Array<C> {
             }
             _ => None,
         };
+        if skip.is_some() {
+            if let Some(p) = self.proc.as_mut() {
+                p.skipped = true;
+            }
+        }
         self.begin_bg_read(s, lost);
         for m in 0..g.members() {
             if !self.missing(s, m) && Some(m) != skip {
@@ -698,8 +720,10 @@ impl<C: Channel> Array<C> {
     pub(super) fn finish_bg(&mut self, s: u32, status: Result<(), ProcessError>) {
         let stripes = self.geo.stripes();
         let chunk = u64::from(self.geo.geometry().chunk_bytes());
+        let members = self.geo.geometry().members();
         let sop = &mut self.sops[s as usize];
         debug_assert_eq!(sop.outstanding, 0);
+        let cost = bg_cost(chunk, members, sop.bg_verify);
         let stripe = sop.stripe;
         let slot = sop.bg_slot;
         let latency = self.now.saturating_sub(sop.bg_start_ns);
@@ -708,7 +732,7 @@ impl<C: Channel> Array<C> {
         self.bg_sops.push(s);
         self.bg_free.push(slot);
         self.bg_wait = false;
-        self.pacer.background_done(self.now, latency, chunk);
+        self.pacer.background_done(self.now, latency, cost);
         let p = self
             .proc
             .as_mut()
@@ -755,5 +779,18 @@ impl<C: Channel> Array<C> {
                 }
             }
         }
+    }
+}
+
+/// What one background operation counts for with the pacer, bytes per member: a chunk for
+/// the stripe it moves (md's per-device progress: `speed_min`/`speed_max` are per member),
+/// and for a rebuild's verification operation, which reads one chunk of one of the
+/// `members − 1` survivors, that chunk spread over them — so the walk runs at the member
+/// load the limits allow a rebuild rather than at a rebuild's stripe rate.
+fn bg_cost(chunk: u64, members: u16, verify: bool) -> u64 {
+    if verify {
+        chunk.div_ceil(u64::from(members.saturating_sub(1).max(1)))
+    } else {
+        chunk
     }
 }

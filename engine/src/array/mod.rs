@@ -1077,6 +1077,9 @@ struct Proc {
     /// ranges, below a resume position too (the run that got there may have stopped before
     /// its own verification).
     tail: Option<ShardWalk>,
+    /// The rebuild left a parity chunk unread somewhere on this shard: without that, the
+    /// verification walk has nothing to do and is not taken.
+    skipped: bool,
     /// The walk is the verification walk (the rebuild proper is done: the position is
     /// the end, and finished operations count in `verify_done`).
     verifying: bool,
