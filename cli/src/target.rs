@@ -1375,7 +1375,13 @@ impl Target {
             requests: 1024,
             foreign_reads: true,
         };
-        let (pacer, limits, tolerance) = (opts.pacer, opts.speed_limits, opts.pacer_tolerance);
+        // The operator's limits are the array's (md's, per member device); each reactor's
+        // shard paces its own stripes, so each gets its share.
+        let (pacer, limits, tolerance) = (
+            opts.pacer,
+            opts.speed_limits.per_shard(n),
+            opts.pacer_tolerance,
+        );
         let members = geo.geometry().members();
         let extras = Extras {
             pacer: move |_| pacer.build(limits, members, tolerance),

@@ -47,6 +47,18 @@ impl Default for SpeedLimits {
 }
 
 impl SpeedLimits {
+    /// The share of these limits one of `shards` shards gets: each shard paces its own
+    /// stripes with a pacer of its own, so the array's limits (md's are for the whole
+    /// array, per member device) are divided among them — rounded up, so a floor stays
+    /// above zero. `shards` 0 counts as 1.
+    pub fn per_shard(self, shards: usize) -> Self {
+        let n = u64::try_from(shards.max(1)).unwrap_or(u64::MAX);
+        Self {
+            speed_min: self.speed_min.div_ceil(n),
+            speed_max: self.speed_max.div_ceil(n),
+        }
+    }
+
     /// Limits from MB/s (10^6 bytes/s) per member, the unit of the `speed_min`/`speed_max`
     /// settings. A maximum below the minimum is raised to it.
     pub fn from_mb_per_s(min: u64, max: u64) -> Self {

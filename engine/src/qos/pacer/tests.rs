@@ -447,3 +447,20 @@ fn speed_limits_from_kib_are_checked() {
         5 * 1024
     );
 }
+
+/// Each of n shards gets 1/n of the array's limits (rounded up: a floor never reaches
+/// zero), so n reactors together honour what the operator set.
+#[test]
+fn speed_limits_are_shared_among_the_shards() {
+    let l = SpeedLimits::from_kib_per_s(1000, 200_000).unwrap();
+    assert_eq!(l.per_shard(1), l);
+    assert_eq!(l.per_shard(0), l);
+    let half = l.per_shard(2);
+    assert_eq!(
+        (half.speed_min, half.speed_max),
+        (500 * 1024, 100_000 * 1024)
+    );
+    let tiny = SpeedLimits::from_kib_per_s(1, 1).unwrap().per_shard(3);
+    assert_eq!((tiny.speed_min, tiny.speed_max), (342, 342));
+    assert!(3 * tiny.speed_max >= 1024 && 3 * (tiny.speed_max - 1) < 1024);
+}
