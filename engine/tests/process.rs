@@ -418,6 +418,19 @@ impl World {
         self.devs[usize::from(m)] = spare;
     }
 
+    /// The array is whole and exact: every member online, each holding its chunks of the
+    /// model byte for byte, and every stripe's parity consistent.
+    fn assert_in_sync(&self, what: &str) {
+        let states = self.arr.member_states();
+        assert!(
+            states.iter().all(|s| *s == MemberState::Online),
+            "{what}: {states:?}"
+        );
+        let members: Vec<u16> = (0..self.geo.geometry().members()).collect();
+        self.assert_members_hold_model(&members);
+        assert_eq!(self.inconsistent_stripes(), Vec::<u64>::new(), "{what}");
+    }
+
     /// Runs with `client_qd` client requests in flight until the process's snapshot
     /// satisfies `until`.
     fn run_process_until(&mut self, client_qd: usize, until: impl Fn(&ProcessSnapshot) -> bool) {
@@ -544,15 +557,9 @@ fn raid6_rebuilds_two_members_at_once() {
             w.arr.process_snapshot().unwrap().targets.as_slice(),
             &[1, 4]
         );
-        assert!(w
-            .arr
-            .member_states()
-            .iter()
-            .all(|s| *s == MemberState::Online));
         assert!(w.failed.is_empty(), "{:?}", w.failed);
         assert_eq!(w.bad_reads, 0);
-        w.assert_members_hold_model(&[0, 1, 2, 3, 4, 5]);
-        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_in_sync("");
     }
 }
 
@@ -1411,13 +1418,7 @@ fn a_raid6_rebuild_reads_n_minus_2_survivors_then_verifies_the_parity_it_skipped
             "shards {shards}"
         );
         assert_eq!(w.read_errors_repaired(), 1, "shards {shards}");
-        assert!(w
-            .arr
-            .member_states()
-            .iter()
-            .all(|s| *s == MemberState::Online));
-        w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
-        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_in_sync(&format!("shards {shards}"));
         w.assert_reads_model();
     }
 }
@@ -1428,7 +1429,7 @@ fn a_raid6_rebuild_reads_n_minus_2_survivors_then_verifies_the_parity_it_skipped
 #[test]
 fn a_member_replaced_during_the_verification_walk_is_rebuilt_at_once() {
     for shards in [1usize, 2] {
-        let (members, stripes) = (6u16, 64u64);
+        let stripes = 64u64;
         let mut w = World::raid6_filled(stripes, shards, 1750 + shards as u64);
         w.replace_with_blank(1, 5);
         w.run_process_until(2, |p| p.verify_done_stripes > 0);
@@ -1454,15 +1455,9 @@ fn a_member_replaced_during_the_verification_walk_is_rebuilt_at_once() {
         assert_eq!(w.run_process(2), ProcessState::Finished, "shards {shards}");
         let p = w.arr.process_snapshot().expect("a process ran");
         assert_eq!(p.targets.as_slice(), &[3], "shards {shards}");
-        assert!(w
-            .arr
-            .member_states()
-            .iter()
-            .all(|s| *s == MemberState::Online));
         assert!(w.failed.is_empty(), "shards {shards}: {:?}", w.failed);
         w.drain();
-        w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
-        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_in_sync(&format!("shards {shards}"));
         w.assert_reads_model();
     }
 }
@@ -1496,7 +1491,7 @@ fn a_rebuild_that_skipped_nothing_verifies_nothing() {
 #[test]
 fn a_rebuild_with_another_member_waiting_leaves_the_verification_out() {
     for shards in [1usize, 2] {
-        let (members, stripes) = (6u16, 64u64);
+        let stripes = 64u64;
         let mut w = World::raid6_filled(stripes, shards, 1790 + shards as u64);
         w.replace_with_blank(1, 9);
         w.run_process_until(0, |p| p.done_stripes >= 8);
@@ -1509,12 +1504,7 @@ fn a_rebuild_with_another_member_waiting_leaves_the_verification_out() {
             "shards {shards}: {p:?}"
         );
         assert_eq!(w.run_process(0), ProcessState::Finished, "shards {shards}");
-        assert!(w
-            .arr
-            .member_states()
-            .iter()
-            .all(|s| *s == MemberState::Online));
-        w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
+        w.assert_in_sync(&format!("shards {shards}"));
         w.assert_reads_model();
     }
 }
@@ -1559,7 +1549,7 @@ fn a_raid6_rebuild_on_disks_reads_every_survivor_and_verifies_nothing_after() {
     }
     let p = w.arr.process_snapshot().expect("a process ran");
     assert_eq!((p.verify_done_stripes, p.verify_total_stripes), (0, 0));
-    w.assert_members_hold_model(&(0..members).collect::<Vec<_>>());
+    w.assert_in_sync("disks");
     w.assert_reads_model();
 }
 
@@ -1679,15 +1669,9 @@ fn a_member_replaced_during_a_rebuild_is_rebuilt_next() {
         assert_eq!(w.arr.member_states()[4], MemberState::Rebuilding);
         assert_eq!(w.run_process(3), ProcessState::Finished);
         assert_eq!(w.arr.process_snapshot().unwrap().targets.as_slice(), &[4]);
-        assert!(w
-            .arr
-            .member_states()
-            .iter()
-            .all(|s| *s == MemberState::Online));
         assert!(w.failed.is_empty(), "{:?}", w.failed);
         assert_eq!(w.bad_reads, 0);
-        w.assert_members_hold_model(&[0, 1, 2, 3, 4, 5]);
-        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_in_sync("");
     }
 }
 
@@ -1985,15 +1969,9 @@ fn replacement_failing_stops_the_replace_and_leaves_the_array_unchanged() {
             w.arr.process_snapshot().unwrap().state,
             ProcessState::Failed(ProcessError::ReplacementFailed { member: 3 })
         );
-        assert!(w
-            .arr
-            .member_states()
-            .iter()
-            .all(|s| *s == MemberState::Online));
         assert!(w.failed.is_empty(), "{:?}", w.failed);
         assert_eq!(w.bad_reads, 0);
-        w.assert_members_hold_model(&[0, 1, 2, 3]);
-        assert_eq!(w.inconsistent_stripes(), Vec::<u64>::new());
+        w.assert_in_sync("");
         // The failed device gets nothing more.
         let before = bad.stats();
         for _ in 0..10 {

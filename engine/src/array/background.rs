@@ -420,7 +420,7 @@ impl<C: Channel> Array<C> {
                     .as_ref()
                     .is_some_and(|p| p.tail.is_some() && p.targets.contains(t)) =>
             {
-                self.unused_parity(s, *t).filter(|&u| !self.seeks(u))
+                self.skippable_parity(s, *t)
             }
             _ => None,
         };
@@ -449,8 +449,8 @@ impl<C: Channel> Array<C> {
     fn start_verify(&mut self, s: u32) {
         let target = self.proc.as_ref().and_then(|p| p.targets.first().copied());
         let unread = target
-            .and_then(|t| self.unused_parity(s, t))
-            .filter(|&u| !self.seeks(u) && !self.missing(s, u));
+            .and_then(|t| self.skippable_parity(s, t))
+            .filter(|&u| !self.missing(s, u));
         match unread {
             Some(u) => self.read_one_chunk(s, u),
             None => self.finish_bg(s, Ok(())),
@@ -486,6 +486,13 @@ impl<C: Channel> Array<C> {
         let st = self.layout(s);
         let q = st.q_member()?;
         Some(if lost == q { st.p_member() } else { q })
+    }
+
+    /// The parity chunk a rebuild of member `lost`'s chunk in operation `s`'s stripe leaves
+    /// unread: the one it does not use ([`Self::unused_parity`]), where that member does
+    /// not seek. The rebuild's skip and its verification both decide by it.
+    fn skippable_parity(&self, s: u32, lost: u16) -> Option<u16> {
+        self.unused_parity(s, lost).filter(|&u| !self.seeks(u))
     }
 
     /// Whether member `m`'s device seeks ([`crate::device::DeviceInfo::rotational`]).
