@@ -33,7 +33,7 @@ impl TracedPacer {
             self.windows = self.inner.windows();
             let w = self.inner.last_window();
             eprintln!(
-                "window t={:.4}s n={} over={} allowance={:.2} quiet_over={:.4} p50={:.1}µs (allowed {:.1}µs) p99={:.1}µs max={:.1}µs baseline={:.1}µs allowed={:.1}µs bg_in_flight={} verdict={:?} -> rate={:.2}MB/s depth={} answers now/notbefore/aftercompletion={:?}",
+                "window t={:.4}s n={} over={} allowance={:.2} quiet_over={:.4} p50={:.1}µs (allowed {:.1}µs) mean={:.1}µs (allowed {:.1}µs) p99={:.1}µs max={:.1}µs baseline={:.1}µs allowed={:.1}µs bg_in_flight={} verdict={:?} -> rate={:.2}MB/s depth={} answers now/notbefore/aftercompletion={:?}",
                 w.end_ns as f64 / 1e9,
                 w.samples,
                 w.over,
@@ -41,6 +41,8 @@ impl TracedPacer {
                 w.quiet_over,
                 w.p50_ns as f64 / 1e3,
                 w.allowed_p50_ns as f64 / 1e3,
+                w.mean_ns as f64 / 1e3,
+                w.allowed_mean_ns as f64 / 1e3,
                 w.p99_ns as f64 / 1e3,
                 w.max_ns as f64 / 1e3,
                 w.baseline_ns as f64 / 1e3,

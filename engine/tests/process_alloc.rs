@@ -347,3 +347,35 @@ fn ppl_logged_writes_allocate_nothing() {
         );
     }
 }
+
+/// ferroraid's pacer allocates nothing on its calls: quiet requests (the reference
+/// recomputed every 16, its winsorized mean iterated from the histogram), windows closed
+/// with and without background, misses and probes.
+#[test]
+fn ferroraid_pacer_allocates_nothing() {
+    use engine::qos::pacer::{FerroraidPacer, FerroraidPacerConfig};
+    use engine::qos::{Admission, Pacer};
+    let mut p = FerroraidPacer::new(FerroraidPacerConfig::default());
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let (mut now, mut in_flight, mut windows) = (0u64, 0u32, 0u64);
+    armed(|| {
+        for i in 0..200_000u64 {
+            p.foreground_submitted(now);
+            // Two latency levels; background in flight makes more requests slow.
+            let slow = (i * 37) % 100 < 5 + 3 * u64::from(in_flight);
+            let lat = if slow { 40_000 } else { 20_000 };
+            now += lat;
+            p.foreground_done(now, lat, 4096, true);
+            if i % 8 == 0 && in_flight > 0 {
+                in_flight -= 1;
+                p.background_done(now, 2_000_000, 256 << 10);
+            }
+            if let Admission::Now = p.admit(now, 256 << 10, in_flight) {
+                in_flight += 1;
+            }
+        }
+        windows = p.windows();
+    });
+    assert!(windows > 100, "windows closed: {windows}");
+    assert_eq!(ALLOCATIONS.load(Ordering::Relaxed) - before, 0);
+}

@@ -403,6 +403,12 @@ pub struct PacerWindow {
     pub p50_ns: u64,
     /// The median allowed: the quiet reference's median × (1 + tolerance), ns.
     pub allowed_p50_ns: u64,
+    /// The window's mean foreground latency, each request counted at most at
+    /// `allowed_ns` (winsorized), ns.
+    pub mean_ns: u64,
+    /// The mean allowed: the quiet reference's mean (winsorized the same way) ×
+    /// (1 + tolerance), plus three standard errors of a window this size, ns.
+    pub allowed_mean_ns: u64,
     /// The window's 99th-percentile foreground latency, ns.
     pub p99_ns: u64,
     /// The window's slowest foreground request, ns.
@@ -490,8 +496,12 @@ const NOISE_SIGMAS: f64 = 3.0;
 /// "background kept the p99 within tolerance", which the odd slow request of a noisy
 /// host does not fail. A window also misses when its median is over the quiet median ×
 /// `1 + tolerance` (a host stalling more than 1 % of requests makes the quiet p99 a
-/// stall). A miss cuts `R` and `D` in proportion to how far the window's
-/// allowed quantile is over the line (at most by half). Good windows raise whichever of
+/// stall), and when its mean, each request counted at most at the allowed latency, is over
+/// the quiet mean (counted the same way) × `1 + tolerance` plus three standard errors of
+/// the window's mean (latencies at a few levels — one or two service times of a deep
+/// queue — let background cost the foreground throughput while every quantile stays
+/// put). A miss cuts `R` and `D` in proportion to how far the window's
+/// allowed quantile, median or mean is over the line (at most by half). Good windows raise whichever of
 /// `R` and `D` held background back: at once while the step stays below the level that
 /// last missed (doubling below half of it, or before any miss; else a quarter more `R`,
 /// one more `D`), after `probe_after` good windows when it reaches that level (a probe of
@@ -517,6 +527,8 @@ pub struct FerroraidPacer {
     window: LatencyHistogram,
     /// Requests of the window slower than `allowed_ns`; the last window's sample count.
     window_over: u64,
+    /// Sum of the window's latencies, each at most `allowed_ns` (winsorized), ns.
+    window_sum_ns: u64,
     last_window_samples: u64,
     /// Quiet requests: the current and the previous epoch, and both merged (the
     /// reference; kept to avoid allocating when it is recomputed).
@@ -531,6 +543,11 @@ pub struct FerroraidPacer {
     allowed_ns: u64,
     /// The allowed median: the reference's median × (1 + tolerance), ns.
     allowed_median_ns: u64,
+    /// The allowed mean: the reference's mean, each request counted at most at
+    /// `allowed_ns`, × (1 + tolerance), ns; and the standard deviation of one such
+    /// (winsorized) quiet request, ns, for the window's noise margin.
+    allowed_mean_ns: f64,
+    quiet_sd_ns: f64,
     /// The reference's share of quiet requests slower than `allowed_ns` (estimated with
     /// one pseudo-observation each way, so a small reference is not taken for a
     /// noiseless device).
@@ -583,6 +600,7 @@ impl FerroraidPacer {
             window_start: 0,
             window: LatencyHistogram::new(),
             window_over: 0,
+            window_sum_ns: 0,
             last_window_samples: 0,
             quiet_cur: LatencyHistogram::new(),
             quiet_prev: LatencyHistogram::new(),
@@ -591,6 +609,8 @@ impl FerroraidPacer {
             baseline_ns: 0,
             allowed_ns: 0,
             allowed_median_ns: 0,
+            allowed_mean_ns: 0.0,
+            quiet_sd_ns: 0.0,
             quiet_over: 0.0,
             baseline_at: 0,
             quiet_until: 0,
@@ -753,6 +773,19 @@ impl FerroraidPacer {
         self.allowed_median_ns = r.highest_equivalent(median.max(1));
         let over = r.count_between(self.allowed_ns + 1, u64::MAX);
         self.quiet_over = (over as f64 + 1.0) / (n as f64 + 2.0);
+        // The winsorized mean and spread: a quiet request slower than `allowed_ns`
+        // counts as `allowed_ns` (the tail is the p99 test's; a host stall must not move
+        // the mean). Iterating the recorded buckets does not allocate.
+        let (mut sum, mut sum_sq) = (0.0f64, 0.0f64);
+        for v in r.iter_recorded() {
+            let x = v.value_iterated_to().min(self.allowed_ns) as f64;
+            let c = v.count_at_value() as f64;
+            sum += x * c;
+            sum_sq += x * x * c;
+        }
+        let mean = sum / n as f64;
+        self.quiet_sd_ns = (sum_sq / n as f64 - mean * mean).max(0.0).sqrt();
+        self.allowed_mean_ns = mean * (1.0 + self.cfg.tolerance);
         self.baseline_at = now;
         self.quiet_until = 0;
     }
@@ -790,7 +823,14 @@ impl FerroraidPacer {
         // That was this window's verdict; the next one judges the state restored.
         self.window.reset();
         self.window_over = 0;
+        self.window_sum_ns = 0;
         self.window_start = now;
+    }
+
+    /// The mean a window of `samples` requests may have: the allowed mean plus
+    /// `NOISE_SIGMAS` standard errors of the quiet requests' mean over that many, ns.
+    fn allowed_window_mean(&self, samples: u64) -> f64 {
+        self.allowed_mean_ns + NOISE_SIGMAS * self.quiet_sd_ns / (samples.max(1) as f64).sqrt()
     }
 
     fn close_window(&mut self, now: u64) {
@@ -807,7 +847,17 @@ impl FerroraidPacer {
             // quiet median. The p99 test alone protects nothing on a host whose stalls
             // are more than 1 % of requests (its quiet p99 is a stall).
             let median = self.window.histogram().value_at_quantile(0.5);
-            if self.window_over as f64 <= allowance && median <= self.allowed_median_ns {
+            // And the mean: what a closed-loop client's throughput follows. Quantiles
+            // are blind where latencies sit at a few levels (one or two service times
+            // of a deep queue): background can move requests from the fast level to
+            // the slow one, costing the foreground a fifth of its throughput, while
+            // the median and p99 stay where they were.
+            let mean = self.window_sum_ns as f64 / n as f64;
+            let allowed_mean = self.allowed_window_mean(n);
+            if self.window_over as f64 <= allowance
+                && median <= self.allowed_median_ns
+                && mean <= allowed_mean
+            {
                 verdict = WindowVerdict::Met;
                 if std::mem::take(&mut self.probing) {
                     // The last step held: the next probe comes twice as soon (after a
@@ -870,6 +920,7 @@ impl FerroraidPacer {
                     .max(self.allowed_ns + 1);
                 let f = (self.allowed_ns as f64 / over as f64)
                     .min(self.allowed_median_ns as f64 / median as f64)
+                    .min(allowed_mean / mean)
                     .max(MAX_CUT);
                 self.rate = ((self.rate as f64 * f) as u64).max(self.cfg.limits.speed_min);
                 self.depth = ((f64::from(self.depth) * f) as u32).max(1);
@@ -883,6 +934,8 @@ impl FerroraidPacer {
                 );
             }
         }
+        let mean_ns = self.window_sum_ns.checked_div(n).unwrap_or(0);
+        let allowed_mean_ns = self.allowed_window_mean(n) as u64;
         let w = self.window.histogram();
         self.last_window = PacerWindow {
             end_ns: now,
@@ -891,6 +944,8 @@ impl FerroraidPacer {
             allowance,
             p50_ns: w.value_at_quantile(0.5),
             allowed_p50_ns: self.allowed_median_ns,
+            mean_ns,
+            allowed_mean_ns,
             p99_ns: w.value_at_quantile(0.99),
             max_ns: w.max(),
             baseline_ns: self.baseline_ns,
@@ -915,6 +970,7 @@ impl FerroraidPacer {
         }
         self.window.reset();
         self.window_over = 0;
+        self.window_sum_ns = 0;
         self.depth_limited = false;
         self.rate_limited = false;
         self.last_window_samples = n;
@@ -934,6 +990,7 @@ impl Pacer for FerroraidPacer {
             // verdict.
             self.window.reset();
             self.window_over = 0;
+            self.window_sum_ns = 0;
             self.window_start = now_ns;
             self.grace = true;
             self.probing = false;
@@ -949,6 +1006,12 @@ impl Pacer for FerroraidPacer {
         self.fg_last_ns = now_ns;
         let lat = latency_ns.max(1);
         self.window.record(lat);
+        let capped = if self.baseline_ns > 0 {
+            lat.min(self.allowed_ns)
+        } else {
+            lat
+        };
+        self.window_sum_ns = self.window_sum_ns.saturating_add(capped);
         // Quiet: no background in flight at any time during this request.
         let quiet = self.bg_in_flight == 0 && self.bg_busy_ns <= now_ns.saturating_sub(lat);
         if self.baseline_ns > 0 && lat > self.allowed_ns {
