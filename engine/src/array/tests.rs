@@ -2512,3 +2512,59 @@ fn a_flush_behind_a_queued_write_ends_the_hold_of_its_later_pass() {
         .collect();
     assert_eq!(complete_all(&mut arr, &clock, &rest).len(), rest.len());
 }
+
+/// [`ArrayConfig::initial_member_states`] (what a reactor publishes before its first turn,
+/// and what the management layer may see first) is exactly what [`Array::new`] makes of
+/// the configuration, for every combination of failed and rebuilding members that it
+/// accepts, RAID5 and RAID6 — the two must not drift apart (a member reported online
+/// while it is being rebuilt was recorded in sync and lost its recovery offset).
+#[test]
+fn the_configured_member_states_are_what_the_array_starts_with() {
+    let n = 5u16;
+    let slots: Vec<Option<u16>> = std::iter::once(None).chain((0..n).map(Some)).collect();
+    let mut built = 0;
+    for level in [Level::Raid5, Level::Raid6] {
+        for &f0 in &slots {
+            for &f1 in &slots {
+                for &r0 in &slots {
+                    for &r1 in &slots {
+                        let cfg = ArrayConfig {
+                            failed_members: [f0, f1],
+                            rebuilding: [r0.map(|m| (m, 3)), r1.map(|m| (m, 5))],
+                            bitmap_recovery: [r1, None],
+                            ..ArrayConfig::default()
+                        };
+                        let g = Geometry::new(level, Layout::LeftSymmetric, n, 4096, 512).unwrap();
+                        let geo = ArrayGeometry::new(g, 8).unwrap();
+                        let chans = (0..n)
+                            .map(|_| {
+                                SimDevice::new(
+                                    "m",
+                                    8 * 4096,
+                                    512,
+                                    Profile::fixed(1000),
+                                    SimClock::new(),
+                                    1,
+                                )
+                                .unwrap()
+                                .open_channel()
+                                .unwrap()
+                            })
+                            .collect();
+                        let Ok(arr) = Array::new(geo, chans, Parity::new(), cfg) else {
+                            continue;
+                        };
+                        built += 1;
+                        let states: Vec<MemberState> = arr.member_states().collect();
+                        assert_eq!(
+                            states,
+                            cfg.initial_member_states(n),
+                            "{level:?} failed {f0:?} {f1:?} rebuilding {r0:?} {r1:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(built > 100, "combinations built: {built}");
+}
