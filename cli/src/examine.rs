@@ -62,6 +62,11 @@ pub struct ExamineReport {
     pub array_size_bytes: Option<u64>,
     /// The superblock generation (`events`).
     pub events: u64,
+    /// This member is rebuilt only below this many 512-byte sectors from its data offset
+    /// (`recovery_offset`, present when `MD_FEATURE_RECOVERY_OFFSET` is set: a rebuild or
+    /// a replace resumes there); `null` when the member is in sync.
+    #[serde(default)]
+    pub recovery_offset_sectors: Option<u64>,
     /// `"clean"` (parity known consistent: `resync_offset` = MaxSector) or `"active"`.
     pub state: ExamineState,
     /// This device's UUID in md's colon form (`device_uuid`).
@@ -535,6 +540,7 @@ pub fn examine_area(device: &str, bytes: &[u8]) -> Result<ExamineReport, Superbl
         component_size_bytes: sb.size.saturating_mul(512),
         array_size_bytes,
         events: sb.events,
+        recovery_offset_sectors: sb.recovering(),
         state: if sb.is_clean() {
             ExamineState::Clean
         } else {
@@ -682,6 +688,10 @@ impl fmt::Display for ExamineReport {
             self.data_offset_bytes / 512
         )?;
         writeln!(f, "   Super Offset : 8 sectors")?;
+        // mdadm's `examine_super1` prints it when MD_FEATURE_RECOVERY_OFFSET is set.
+        if let Some(r) = self.recovery_offset_sectors {
+            writeln!(f, "Recovery Offset : {r} sectors")?;
+        }
         writeln!(
             f,
             "          State : {}",

@@ -552,3 +552,40 @@ fn consistency_policy_refusals_and_resync_bitmap() {
         .unwrap();
     assert_eq!(sb.feature_map, 0x1);
 }
+
+/// A member rebuilt only part-way (`MD_FEATURE_RECOVERY_OFFSET`): `ferroraid examine`
+/// prints its "Recovery Offset : N sectors" line as `mdadm --examine` does
+/// (`examine_super1`), and `--json` gives it as `recovery_offset_sectors`; an in-sync
+/// member has neither.
+#[test]
+fn recovery_offset_line_agrees_with_mdadm() {
+    let dir = disk_tempdir();
+    let (files, mut sbs) = raid6_files(dir.path());
+    sbs[4].feature_map |= engine::metadata::Feature::RecoveryOffset.bit();
+    sbs[4].recovery_offset = 24_576;
+    write_superblock(&files[4], &sbs[4]).unwrap();
+    let (_, entries) = examine_json(&files[3..5]);
+    assert_eq!(entries[0]["recovery_offset_sectors"], Value::Null);
+    assert_eq!(entries[1]["recovery_offset_sectors"], 24_576);
+    let mut texts = Vec::new();
+    for (file, want) in [(&files[3], None), (&files[4], Some("24576 sectors"))] {
+        let out = ferroraid(&["examine", file.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let ours = key_values(&text);
+        assert_eq!(
+            ours.get("Recovery Offset").map(String::as_str),
+            want,
+            "{text}"
+        );
+        texts.push((file, text, ours));
+    }
+    let Some(mdadm) = mdadm() else { return };
+    for (file, text, ours) in texts {
+        let (md_text, md) = mdadm_examine(&mdadm, file);
+        assert_eq!(
+            ours.get("Recovery Offset"),
+            md.get("Recovery Offset"),
+            "ours\n{text}\nmdadm's\n{md_text}"
+        );
+    }
+}
