@@ -448,7 +448,7 @@ impl<C: Channel> Array<C> {
         } else {
             let r = sop.range;
             debug_assert!(r.start <= row_start && row_start as usize + len <= r.end as usize);
-            let par = sop.bufs[usize::from(parity)]
+            let par = sop.bufs[self.parity_buf(s, parity, sop.mode)]
                 .as_ptr()
                 .wrapping_add((row_start - r.start) as usize);
             for k in first..first + n {

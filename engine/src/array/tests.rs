@@ -669,6 +669,53 @@ fn write_zeroes_and_discard_keep_parity_consistent() {
     assert!(got[..] == want[..], "data differs after losing two members");
 }
 
+/// A full-stripe write generates its P (and Q) into its stripe operation's first chunk
+/// buffers whichever members they rotate onto (`Array::parity_buf`), and many run at once:
+/// every stripe written whole, healthy or with a member already missing, reads back after
+/// losing as many members as the parity covers — pairs chosen so that each stripe loses
+/// two data chunks, a data chunk and P, a data chunk and Q, or P and Q somewhere.
+#[test]
+fn full_stripe_writes_leave_the_right_parity_on_every_member() {
+    let cases: [(Level, u16, &[u16], &[u16]); 9] = [
+        (Level::Raid5, 4, &[], &[0]),
+        (Level::Raid5, 4, &[], &[1]),
+        (Level::Raid5, 4, &[], &[3]),
+        (Level::Raid5, 4, &[2], &[]),
+        (Level::Raid6, 6, &[], &[0, 1]),
+        (Level::Raid6, 6, &[], &[1, 4]),
+        (Level::Raid6, 6, &[], &[2, 5]),
+        (Level::Raid6, 6, &[3], &[0]),
+        (Level::Raid6, 6, &[0, 5], &[]),
+    ];
+    for (level, n, before, after) in cases {
+        let (mut arr, devs, clock) = sim_array(level, n, 4096, 512, 24, Profile::fixed(1000));
+        for &m in before {
+            devs[usize::from(m)].disappear();
+        }
+        let data = fill_array(&mut arr, &clock, |i| {
+            (i.wrapping_mul(31) % 251) as u8 ^ 0x5a
+        });
+        let st = arr.stats();
+        assert!(
+            st.full_stripe_writes + st.degraded_writes >= 24 && st.full_stripe_writes > 0,
+            "{level:?} {before:?}: {st:?}"
+        );
+        for &m in after {
+            devs[usize::from(m)].disappear();
+        }
+        let mut got = AlignedBuf::zeroed(data.len());
+        assert_eq!(
+            rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut got),
+            Ok(()),
+            "{level:?} lost {before:?} then {after:?}"
+        );
+        assert!(
+            got[..] == data[..],
+            "{level:?} lost {before:?} then {after:?}: read-back differs"
+        );
+    }
+}
+
 /// A device whose native write-zeroes fails as unsupported at run time (a loop device over
 /// tmpfs) does not fail the member: the stripe is rewritten from the zero buffer.
 #[test]

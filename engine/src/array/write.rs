@@ -346,7 +346,7 @@ impl<C: Channel> Array<C> {
                         }
                     }
                 }
-                self.gen_parity_from(s, &st, &srcs, r);
+                self.gen_parity_from(s, &st, &srcs, r, mode);
             }
             WriteMode::Rmw => {
                 // P ⊕= Σ (old ⊕ new), Q ⊕= Σ g^slot·(old ⊕ new) over R, in one kernel pass.
@@ -442,7 +442,7 @@ impl<C: Channel> Array<C> {
                     srcs[usize::from(st.q_slot(k))] =
                         self.sops[s as usize].bufs[m].as_ptr().wrapping_add(ri);
                 }
-                self.gen_parity_from(s, &st, &srcs, r);
+                self.gen_parity_from(s, &st, &srcs, r, mode);
             }
         }
 
@@ -475,8 +475,9 @@ impl<C: Channel> Array<C> {
             );
         }
         for m in [Some(st.p_member()), st.q_member()].into_iter().flatten() {
-            // The parity range starts at byte 0 of the member's buffer.
-            let ptr = self.sops[s as usize].bufs[usize::from(m)].as_mut_ptr();
+            // The parity range starts at byte 0 of the parity's buffer.
+            let b = self.parity_buf(s, m, mode);
+            let ptr = self.sops[s as usize].bufs[b].as_mut_ptr();
             self.io_write(s, m, Op::Write { fua }, r.start, r.len(), ptr);
         }
         if self.sops[s as usize].outstanding == 0 {
@@ -484,13 +485,31 @@ impl<C: Channel> Array<C> {
         }
     }
 
-    /// P (and Q) over `r` from data pointers in slot order, into the P/Q members' buffers.
+    /// Which of operation `s`'s chunk buffers holds the new rows of parity member `m` for
+    /// a single-operation write in `mode`. A full-stripe write reads nothing into its
+    /// buffers (every data source is the caller's buffer), so its P goes into buffer 0 and
+    /// its Q into buffer 1 whatever members P and Q rotate onto: the parity it generates
+    /// lands in the same one or two buffers of each operation, stripe after stripe, not in
+    /// one of `members` buffers (each store's line is then more often still in cache). The
+    /// other modes read old parity (RMW) or survivors (degraded) into the member's own
+    /// buffer and compute there.
+    pub(super) fn parity_buf(&self, s: u32, m: u16, mode: WriteMode) -> usize {
+        if mode == WriteMode::FullStripe {
+            usize::from(Some(m) == self.layout(s).q_member())
+        } else {
+            usize::from(m)
+        }
+    }
+
+    /// P (and Q) over `r` from data pointers in slot order, into the buffers
+    /// [`Self::parity_buf`] names for `mode`.
     fn gen_parity_from(
         &mut self,
         s: u32,
         st: &crate::geometry::StripeLayout,
         srcs: &[*const u8],
         r: ChunkRange,
+        mode: WriteMode,
     ) {
         let len = r.len() as usize;
         let mut data: ArrayVec<&[u8], MAX_DATA_CHUNKS> = ArrayVec::new();
@@ -500,12 +519,12 @@ impl<C: Channel> Array<C> {
             // this operation's chunk buffers at its start, where R begins (len <= chunk).
             data.push(unsafe { std::slice::from_raw_parts(p, len) });
         }
+        let pm = self.parity_buf(s, st.p_member(), mode);
+        let qm = st.q_member().map(|q| self.parity_buf(s, q, mode));
         let sop = &mut self.sops[s as usize];
         let (ri, rl) = (0usize, r.len() as usize);
-        let pm = usize::from(st.p_member());
-        match st.q_member() {
+        match qm {
             Some(qm) => {
-                let qm = usize::from(qm);
                 let (a, b) = if pm < qm {
                     let (lo, hi) = sop.bufs.split_at_mut(qm);
                     (&mut lo[pm], &mut hi[0])
