@@ -137,19 +137,70 @@ fn retire(
 
 /// Random non-overlapping-in-flight writes (sequential runs and random pieces, inside
 /// and across stripes) at queue depth 16, then a read of everything.
+/// Submits a write of `len` random bytes (from `next`) at `off`, FUA when `fua`, under tag
+/// `*tag` — unless it overlaps a write in flight (the reference could not tell which
+/// landed last); returns whether it did.
+fn submit_unless_overlapping(
+    w: &mut World,
+    inflight: &mut Vec<Inflight>,
+    tag: &mut u64,
+    (off, len, fua): (u64, u64, bool),
+    next: &mut impl FnMut() -> u64,
+) -> bool {
+    if inflight.iter().any(|x| x.1 < off + len && off < x.1 + x.2) {
+        return false;
+    }
+    let mut buf = AlignedBuf::zeroed(len as usize);
+    for b in buf.iter_mut() {
+        *b = next() as u8;
+    }
+    submit(w, *tag, ArrayOp::Write { fua }, off, &mut buf);
+    inflight.push((*tag, off, len, buf));
+    *tag += 1;
+    true
+}
+
+/// Completes every write in flight, then reads the whole `cap` bytes back and checks
+/// them against `reference` (`what` names the case).
+fn drain_and_check_read_back(
+    w: &mut World,
+    done: &mut Vec<ArrayCompletion>,
+    inflight: &mut Vec<Inflight>,
+    reference: &mut [u8],
+    seed: u64,
+    what: &str,
+) {
+    while !inflight.is_empty() {
+        step(w, done);
+        retire(done, inflight, reference, seed);
+    }
+    let mut whole = AlignedBuf::zeroed(reference.len());
+    submit(w, 0, ArrayOp::Read, 0, &mut whole);
+    while done.is_empty() {
+        step(w, done);
+    }
+    assert_eq!(done[0].status, Ok(()), "{what}");
+    assert!(whole[..] == reference[..], "{what}: read-back differs");
+}
+
+/// A xorshift64 generator seeded from `seed`: the tests' reproducible random stream.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    }
+}
+
 fn run(level: Level, members: u16, shards: usize, seed: u64) {
     let chunk = 8192;
     let stripes = 24;
     let mut w = world(level, members, chunk, stripes, shards, seed);
     let cap = w.arr.geometry().capacity_bytes();
     let mut reference = vec![0u8; cap as usize];
-    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(seed);
     let mut inflight: Vec<Inflight> = Vec::new();
     let mut done = Vec::new();
     let mut tag = 1u64;
@@ -159,7 +210,7 @@ fn run(level: Level, members: u16, shards: usize, seed: u64) {
             step(&mut w, &mut done);
             retire(&mut done, &mut inflight, &mut reference, seed);
         }
-        let (off, len) = if next() % 2 == 0 {
+        let (off, len) = if next().is_multiple_of(2) {
             let len = 512 * (1 + next() % 8);
             if seq + len > cap {
                 seq = 0;
@@ -170,36 +221,18 @@ fn run(level: Level, members: u16, shards: usize, seed: u64) {
             let len = 512 * (1 + next() % 40);
             ((next() % ((cap - len) / 512)) * 512, len)
         };
-        if inflight.iter().any(|x| x.1 < off + len && off < x.1 + x.2) {
-            continue;
-        }
-        let mut buf = AlignedBuf::zeroed(len as usize);
-        for b in buf.iter_mut() {
-            *b = next() as u8;
-        }
-        submit(
-            &mut w,
-            tag,
-            ArrayOp::Write {
-                fua: next() % 8 == 0,
-            },
-            off,
-            &mut buf,
-        );
-        inflight.push((tag, off, len, buf));
-        tag += 1;
+        let fua = next().is_multiple_of(8);
+        submit_unless_overlapping(&mut w, &mut inflight, &mut tag, (off, len, fua), &mut next);
     }
-    while !inflight.is_empty() {
-        step(&mut w, &mut done);
-        retire(&mut done, &mut inflight, &mut reference, seed);
-    }
-    let mut whole = AlignedBuf::zeroed(cap as usize);
-    submit(&mut w, 0, ArrayOp::Read, 0, &mut whole);
-    while done.is_empty() {
-        step(&mut w, &mut done);
-    }
-    assert_eq!(done[0].status, Ok(()));
-    assert!(whole[..] == reference[..], "seed {seed}: read-back differs");
+    let what = format!("seed {seed}");
+    drain_and_check_read_back(
+        &mut w,
+        &mut done,
+        &mut inflight,
+        &mut reference,
+        seed,
+        &what,
+    );
 
     let stats = w
         .arr
@@ -418,4 +451,122 @@ fn a_hung_record_write_times_out_and_fails_its_member() {
     assert_eq!(done[0].status, Ok(()));
     assert!(back[..] == data[..]);
     assert!(w.arr.shards().iter().all(|s| !s.busy()));
+}
+
+/// Review of 8e1e28d: full-stripe writes with the PPL on, healthy or with a member lost
+/// before or during the writes (stripes losing their P log, their Q log or both), mixed
+/// with partial writes of the same stripes: every write completes, everything reads back,
+/// and the survivors hold the parity of the data.
+#[test]
+fn full_stripe_writes_with_ppl_degraded() {
+    for (level, members) in [(Level::Raid5, 4), (Level::Raid6, 5), (Level::Raid6, 4)] {
+        let mut losses: Vec<Vec<u16>> = vec![vec![]];
+        for a in 0..members {
+            losses.push(vec![a]);
+            if level == Level::Raid6 {
+                losses.push(vec![a, (a + 1) % members]);
+            }
+        }
+        for lost in losses {
+            for shards in [1, 2] {
+                full_stripe_ppl_case(level, members, shards, &lost);
+            }
+        }
+    }
+}
+
+fn full_stripe_ppl_case(level: Level, members: u16, shards: usize, lost: &[u16]) {
+    let chunk = 8192u64;
+    let stripes = 12u64;
+    let seed = 11 + u64::from(members) + lost.iter().map(|&m| u64::from(m) * 7).sum::<u64>();
+    let what = format!("{level:?} n={members} shards={shards} lost {lost:?}");
+    let mut w = world(level, members, chunk, stripes, shards, seed);
+    let g = *w.arr.geometry().geometry();
+    let sb = g.stripe_data_bytes();
+    let cap = w.arr.geometry().capacity_bytes();
+    let mut reference = vec![0u8; cap as usize];
+    let mut next = xorshift(seed);
+    let mut inflight: Vec<Inflight> = Vec::new();
+    let mut done = Vec::new();
+    let mut tag = 1u64;
+    for i in 0..200u64 {
+        if i == 20 {
+            for &m in lost {
+                w.devs[usize::from(m)].disappear();
+            }
+        }
+        while inflight.len() >= 12 {
+            step(&mut w, &mut done);
+            retire(&mut done, &mut inflight, &mut reference, seed);
+        }
+        let (off, len) = match next() % 4 {
+            // one or two whole stripes
+            0 | 1 => {
+                let n = 1 + next() % 2;
+                let s = next() % (stripes - n + 1);
+                (s * sb, n * sb)
+            }
+            // a partial piece
+            _ => {
+                let len = 512 * (1 + next() % 24);
+                ((next() % ((cap - len) / 512)) * 512, len)
+            }
+        };
+        let fua = next().is_multiple_of(4);
+        submit_unless_overlapping(&mut w, &mut inflight, &mut tag, (off, len, fua), &mut next);
+    }
+    drain_and_check_read_back(
+        &mut w,
+        &mut done,
+        &mut inflight,
+        &mut reference,
+        seed,
+        &what,
+    );
+    // Media: survivors' data and parity.
+    let images: Vec<Vec<u8>> = w.devs.iter().map(SimDevice::contents).collect();
+    let parity = Parity::new();
+    let c = chunk as usize;
+    let nd = g.data_chunks();
+    for s in 0..stripes {
+        let st = g.stripe(s);
+        let at = DATA_OFFSET as usize + s as usize * c;
+        let mut owned: Vec<AlignedBuf> = (0..nd).map(|_| AlignedBuf::zeroed(c)).collect();
+        for k in 0..nd {
+            let d = &reference[(s as usize * usize::from(nd) + usize::from(k)) * c..][..c];
+            owned[usize::from(st.q_slot(k))].copy_from_slice(d);
+            let m = st.data_member(k);
+            if !lost.contains(&m) {
+                assert!(
+                    images[usize::from(m)][at..at + c] == d[..],
+                    "{what}: stripe {s} data {k}"
+                );
+            }
+        }
+        let rows: Vec<&[u8]> = owned.iter().map(|b| &b[..]).collect();
+        let (mut p, mut q) = (AlignedBuf::zeroed(c), AlignedBuf::zeroed(c));
+        match st.q_member() {
+            Some(_) => parity.gen_pq(&rows, &mut p, &mut q),
+            None => parity.gen_p(&rows, &mut p),
+        }
+        let pm = st.p_member();
+        if !lost.contains(&pm) {
+            assert!(
+                images[usize::from(pm)][at..at + c] == p[..],
+                "{what}: stripe {s} P on {pm}"
+            );
+        }
+        if let Some(qm) = st.q_member().filter(|qm| !lost.contains(qm)) {
+            assert!(
+                images[usize::from(qm)][at..at + c] == q[..],
+                "{what}: stripe {s} Q on {qm}"
+            );
+        }
+    }
+    if lost.is_empty() {
+        let geo = *w.arr.geometry();
+        if level == Level::Raid6 {
+            check_raid6_records(&images, &geo, &w.uuid, seed);
+        }
+    }
 }

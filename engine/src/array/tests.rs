@@ -139,17 +139,29 @@ fn sim_array_with(
     cfg: ArrayConfig,
 ) -> (Array<crate::sim::SimChannel>, Vec<SimDevice>, SimClock) {
     let g = Geometry::new(level, Layout::LeftSymmetric, n, chunk, block).unwrap();
+    sim_array_of(g, stripes, |_| (profile.clone(), 1), cfg)
+}
+
+/// An array of geometry `g` and `stripes` stripes over fresh simulated devices, member `i`
+/// with the profile and fault seed `device(i)` gives, configured by `cfg`.
+fn sim_array_of(
+    g: Geometry,
+    stripes: u64,
+    device: impl Fn(u16) -> (Profile, u64),
+    cfg: ArrayConfig,
+) -> (Array<crate::sim::SimChannel>, Vec<SimDevice>, SimClock) {
     let geo = ArrayGeometry::new(g, stripes).unwrap();
     let clock = SimClock::new();
-    let devs: Vec<SimDevice> = (0..n)
+    let devs: Vec<SimDevice> = (0..g.members())
         .map(|i| {
+            let (profile, seed) = device(i);
             SimDevice::new(
                 &format!("d{i}"),
-                stripes * chunk,
-                block,
-                profile.clone(),
+                stripes * u64::from(g.chunk_bytes()),
+                g.block_bytes(),
+                profile,
                 clock.clone(),
-                1,
+                seed,
             )
             .unwrap()
         })
@@ -2614,4 +2626,483 @@ fn the_configured_member_states_are_what_the_array_starts_with() {
         }
     }
     assert!(built > 100, "combinations built: {built}");
+}
+
+// ---- full-stripe writes: parity generated in the operation's buffers 0/1 (8e1e28d) reaches
+// every member and replacement, degraded, faulted, during a replace -------------------
+
+mod full_stripe_parity {
+    use super::*;
+    use crate::sim::{Fault, FaultRule, OpFilter};
+
+    /// An array of `n` members in `layout` over fresh simulated devices.
+    fn world(
+        level: Level,
+        layout: Layout,
+        n: u16,
+        stripes: u64,
+        cfg: ArrayConfig,
+    ) -> (Array<crate::sim::SimChannel>, Vec<SimDevice>, SimClock) {
+        let g = Geometry::new(level, layout, n, 4096, 512).unwrap();
+        sim_array_of(
+            g,
+            stripes,
+            |i| (Profile::fixed(1000 + 137 * u64::from(i)), u64::from(i) + 1),
+            cfg,
+        )
+    }
+
+    fn pattern(seed: u64, len: usize) -> AlignedBuf {
+        let mut b = AlignedBuf::zeroed(len);
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for v in b.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *v = x as u8;
+        }
+        b
+    }
+
+    /// Writes every stripe whole, one request per stripe, all submitted at once; returns
+    /// the statuses and the data.
+    fn write_stripes(
+        arr: &mut Array<crate::sim::SimChannel>,
+        clock: &SimClock,
+        seed: u64,
+        tag0: u64,
+    ) -> (Vec<Result<(), ArrayError>>, AlignedBuf) {
+        let cap = arr.geometry().capacity_bytes() as usize;
+        let sb = arr.geometry().geometry().stripe_data_bytes() as usize;
+        let mut data = pattern(seed, cap);
+        let mut tags = Vec::new();
+        arr.set_now(clock.now_ns());
+        for (i, piece) in data.chunks_mut(sb).enumerate() {
+            submit_at(
+                arr,
+                tag0 + i as u64,
+                ArrayOp::Write { fua: i % 3 == 0 },
+                (i * sb) as u64,
+                piece,
+            );
+            tags.push(tag0 + i as u64);
+        }
+        let st = complete_all(arr, clock, &tags);
+        (st, data)
+    }
+
+    /// Checks every member image not in `skip` against `data`: data chunks equal, P and Q
+    /// (where their member is not skipped) the parity of the data.
+    fn check_images(
+        images: &[Vec<u8>],
+        g: &Geometry,
+        stripes: u64,
+        data: &[u8],
+        skip: &[u16],
+        what: &str,
+    ) {
+        let c = g.chunk_bytes() as usize;
+        let nd = g.data_chunks();
+        let parity = Parity::new();
+        for s in 0..stripes {
+            let st = g.stripe(s);
+            let base = s as usize * c;
+            let mut rows: Vec<&[u8]> = vec![&[][..]; usize::from(nd)];
+            for k in 0..nd {
+                let d = &data[(s as usize * usize::from(nd) + usize::from(k)) * c..][..c];
+                rows[usize::from(st.q_slot(k))] = d;
+                let m = st.data_member(k);
+                if !skip.contains(&m) {
+                    assert!(
+                        images[usize::from(m)][base..base + c] == d[..],
+                        "{what}: stripe {s} data chunk {k} on member {m} differs"
+                    );
+                }
+            }
+            let mut p = AlignedBuf::zeroed(c);
+            let mut q = AlignedBuf::zeroed(c);
+            match st.q_member() {
+                Some(_) => parity.gen_pq(&rows, &mut p, &mut q),
+                None => parity.gen_p(&rows, &mut p),
+            }
+            let pm = st.p_member();
+            if !skip.contains(&pm) {
+                assert!(
+                    images[usize::from(pm)][base..base + c] == p[..],
+                    "{what}: stripe {s} P on member {pm} is wrong"
+                );
+            }
+            if let Some(qm) = st.q_member() {
+                if !skip.contains(&qm) {
+                    assert!(
+                        images[usize::from(qm)][base..base + c] == q[..],
+                        "{what}: stripe {s} Q on member {qm} is wrong"
+                    );
+                }
+            }
+        }
+    }
+
+    fn read_all(
+        arr: &mut Array<crate::sim::SimChannel>,
+        clock: &SimClock,
+        tag: u64,
+    ) -> (Result<(), ArrayError>, AlignedBuf) {
+        let cap = arr.geometry().capacity_bytes() as usize;
+        let mut got = AlignedBuf::zeroed(cap);
+        let st = rw(arr, clock, tag, ArrayOp::Read, 0, &mut got);
+        (st, got)
+    }
+
+    fn lost_sets(level: Level, n: u16) -> Vec<Vec<u16>> {
+        let mut v: Vec<Vec<u16>> = vec![vec![]];
+        for a in 0..n {
+            v.push(vec![a]);
+            if level == Level::Raid6 {
+                for b in a + 1..n {
+                    v.push(vec![a, b]);
+                }
+            }
+        }
+        v
+    }
+
+    /// Every layout, every set of members lost before the writes (so some stripes lose
+    /// P, some Q, some P and Q, some data): full-stripe writes (concurrent) first meet the
+    /// loss as member write errors, then run degraded; survivors hold the right data and
+    /// parity, and everything reads back, also after losing what redundancy remains.
+    #[test]
+    fn degraded_full_stripe_writes_every_layout_every_loss() {
+        let stripes = 10;
+        for (level, n) in [
+            (Level::Raid5, 3),
+            (Level::Raid5, 4),
+            (Level::Raid6, 4),
+            (Level::Raid6, 5),
+        ] {
+            for layout in Layout::ALL {
+                for lost in lost_sets(level, n) {
+                    let cfg = ArrayConfig {
+                        stripe_ops: 4,
+                        ..ArrayConfig::default()
+                    };
+                    let (mut arr, devs, clock) = world(level, layout, n, stripes, cfg);
+                    let g = *arr.geometry().geometry();
+                    let what = format!("{level:?} {layout:?} n={n} lost {lost:?}");
+                    let (st0, _) = write_stripes(&mut arr, &clock, 1, 10);
+                    assert!(st0.iter().all(Result::is_ok), "{what}: {st0:?}");
+                    for &m in &lost {
+                        devs[usize::from(m)].disappear();
+                    }
+                    // Round 1 meets the loss mid-write; round 2 runs degraded from the start.
+                    for round in 0..2u64 {
+                        let (st, data) =
+                            write_stripes(&mut arr, &clock, 100 + round, 1000 * (round + 1));
+                        assert!(st.iter().all(Result::is_ok), "{what} round {round}: {st:?}");
+                        let images: Vec<Vec<u8>> = devs.iter().map(SimDevice::contents).collect();
+                        check_images(
+                            &images,
+                            &g,
+                            stripes,
+                            &data,
+                            &lost,
+                            &format!("{what} round {round}"),
+                        );
+                        let (rs, got) = read_all(&mut arr, &clock, 5000 + round);
+                        assert_eq!(rs, Ok(()), "{what}");
+                        assert!(
+                            got[..] == data[..],
+                            "{what} round {round}: read-back differs"
+                        );
+                    }
+                    let stt = arr.stats();
+                    assert!(stt.full_stripe_writes >= 3 * stripes, "{what}: {stt:?}");
+                }
+            }
+        }
+    }
+
+    /// A member write error, a torn write or a hung write (timed out) on one member in the
+    /// middle of a run of concurrent full-stripe writes: the writes complete, the member
+    /// fails, the survivors hold the right data and parity, and (RAID6) everything reads
+    /// back after losing one more member.
+    #[test]
+    fn full_stripe_writes_with_a_member_write_fault() {
+        let stripes = 12;
+        for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
+            for layout in [
+                Layout::LeftSymmetric,
+                Layout::ParityFirst,
+                Layout::RightAsymmetric,
+            ] {
+                for victim in 0..n {
+                    for fault in [
+                        Fault::Error(IoError::Io { errno: 5 }),
+                        Fault::Torn { blocks: 1 },
+                        Fault::Hang,
+                    ] {
+                        let cfg = ArrayConfig {
+                            stripe_ops: 6,
+                            io_timeout_ns: 5_000_000,
+                            ..ArrayConfig::default()
+                        };
+                        let (mut arr, devs, clock) = world(level, layout, n, stripes, cfg);
+                        let g = *arr.geometry().geometry();
+                        let what = format!("{level:?} {layout:?} victim {victim} {fault:?}");
+                        devs[usize::from(victim)].add_fault(FaultRule {
+                            filter: OpFilter::Write,
+                            range: Some(4096 * 5..4096 * 6),
+                            fault,
+                            probability: 1.0,
+                            count: Some(1),
+                        });
+                        let (st, data) = write_stripes(&mut arr, &clock, 7, 10);
+                        assert!(st.iter().all(Result::is_ok), "{what}: {st:?}");
+                        let failed: Vec<u16> = arr
+                            .member_states()
+                            .enumerate()
+                            .filter(|(_, s)| s.is_failed())
+                            .map(|(m, _)| m as u16)
+                            .collect();
+                        assert_eq!(failed, vec![victim], "{what}");
+                        let images: Vec<Vec<u8>> = devs.iter().map(SimDevice::contents).collect();
+                        check_images(&images, &g, stripes, &data, &failed, &what);
+                        // Write again while degraded, then lose one more (RAID6).
+                        let (st, data) = write_stripes(&mut arr, &clock, 8, 100);
+                        assert!(st.iter().all(Result::is_ok), "{what}: {st:?}");
+                        let images: Vec<Vec<u8>> = devs.iter().map(SimDevice::contents).collect();
+                        check_images(&images, &g, stripes, &data, &failed, &what);
+                        if level == Level::Raid6 {
+                            devs[usize::from((victim + 2) % n)].disappear();
+                        }
+                        let (rs, got) = read_all(&mut arr, &clock, 999);
+                        assert_eq!(rs, Ok(()), "{what}");
+                        assert!(got[..] == data[..], "{what}: read-back differs");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drives the replace to its end while full-stripe writes run (optionally losing the
+    /// member being replaced part-way), swaps the replacement in, and checks every member
+    /// image, the replacement's included, then reads back after losing what parity covers.
+    fn replace_case(level: Level, n: u16, layout: Layout, slot: u16, fail_old: bool) {
+        let stripes = 16;
+        let cfg = ArrayConfig {
+            stripe_ops: 4,
+            ..ArrayConfig::default()
+        };
+        let (mut arr, devs, clock) = world(level, layout, n, stripes, cfg);
+        let g = *arr.geometry().geometry();
+        let what = format!("{level:?} {layout:?} replace {slot} fail_old {fail_old}");
+        write_stripes(&mut arr, &clock, 3, 10);
+        let new = SimDevice::new(
+            "new",
+            stripes * 4096,
+            512,
+            Profile::fixed(1500),
+            clock.clone(),
+            99,
+        )
+        .unwrap();
+        arr.start_replace(slot, new.open_channel().unwrap(), 1, 0)
+            .unwrap();
+        // Writes while the copy runs.
+        let mut data = pattern(4, arr.geometry().capacity_bytes() as usize);
+        let sb = g.stripe_data_bytes() as usize;
+        let mut rounds = 0u64;
+        let mut next_tag = 1000u64;
+        loop {
+            rounds += 1;
+            let mut tags = Vec::new();
+            arr.set_now(clock.now_ns());
+            data = pattern(4 + rounds, data.len());
+            for (i, piece) in data.chunks_mut(sb).enumerate() {
+                submit_at(
+                    &mut arr,
+                    next_tag,
+                    ArrayOp::Write { fua: false },
+                    (i * sb) as u64,
+                    piece,
+                );
+                tags.push(next_tag);
+                next_tag += 1;
+            }
+            if fail_old && rounds == 2 {
+                devs[usize::from(slot)].disappear();
+            }
+            let st = complete_all(&mut arr, &clock, &tags);
+            assert!(st.iter().all(Result::is_ok), "{what}: {st:?}");
+            if arr.replace_finished(1) || rounds > 50 {
+                break;
+            }
+            turn(&mut arr, &clock);
+            clock.advance_by(500);
+        }
+        for _ in 0..100_000 {
+            if arr.replace_finished(1) {
+                break;
+            }
+            turn(&mut arr, &clock);
+            clock.advance_by(1000);
+        }
+        assert!(
+            arr.replace_finished(1),
+            "{what}: replace never finished {:?}",
+            arr.replacement()
+        );
+        // Check the images now: the member's (if in service) and the replacement's.
+        let mut images: Vec<Vec<u8>> = devs.iter().map(SimDevice::contents).collect();
+        let skip: Vec<u16> = if fail_old { vec![slot] } else { vec![] };
+        check_images(
+            &images,
+            &g,
+            stripes,
+            &data,
+            &skip,
+            &format!("{what} before swap"),
+        );
+        images[usize::from(slot)] = new.contents();
+        check_images(
+            &images,
+            &g,
+            stripes,
+            &data,
+            &[],
+            &format!("{what} replacement"),
+        );
+        assert!(arr.complete_replace(1), "{what}");
+        turn(&mut arr, &clock);
+        // One more round of full-stripe writes on the swapped array.
+        let (st, data) = write_stripes(&mut arr, &clock, 77, 50_000);
+        assert!(st.iter().all(Result::is_ok), "{what}: {st:?}");
+        images = devs.iter().map(SimDevice::contents).collect();
+        images[usize::from(slot)] = new.contents();
+        check_images(
+            &images,
+            &g,
+            stripes,
+            &data,
+            &[],
+            &format!("{what} after swap"),
+        );
+        // Lose what parity covers (never the replacement's slot itself first).
+        let other = (slot + 1) % n;
+        devs[usize::from(other)].disappear();
+        if level == Level::Raid6 {
+            devs[usize::from((slot + 2) % n)].disappear();
+        }
+        let (rs, got) = read_all(&mut arr, &clock, 60_000);
+        assert_eq!(rs, Ok(()), "{what}");
+        assert!(got[..] == data[..], "{what}: read-back differs");
+    }
+
+    #[test]
+    fn full_stripe_writes_during_a_replace() {
+        for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
+            for layout in [Layout::LeftSymmetric, Layout::ParityLast] {
+                for slot in 0..n {
+                    for fail_old in [false, true] {
+                        replace_case(level, n, layout, slot, fail_old);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Degraded compare-and-write, OR-write and zeroing fallback over whole stripes, with P
+    /// or Q (or both) lost on some stripes.
+    #[test]
+    fn degraded_whole_stripe_combining_writes_and_zeroes() {
+        let stripes = 6u64;
+        for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
+            for lost in lost_sets(level, n).into_iter().filter(|l| !l.is_empty()) {
+                let (mut arr, devs, clock) = world(
+                    level,
+                    Layout::LeftSymmetric,
+                    n,
+                    stripes,
+                    ArrayConfig::default(),
+                );
+                let g = *arr.geometry().geometry();
+                let what = format!("{level:?} lost {lost:?}");
+                let (_, mut want) = write_stripes(&mut arr, &clock, 1, 10);
+                for &m in &lost {
+                    devs[usize::from(m)].disappear();
+                }
+                // Trigger detection of the loss.
+                let (_, w2) = write_stripes(&mut arr, &clock, 2, 100);
+                want.copy_from_slice(&w2);
+                let sb = g.stripe_data_bytes() as usize;
+                // Compare-and-write of stripes 1 and 2 (each whole).
+                for (j, stripe) in [1usize, 2].into_iter().enumerate() {
+                    let new = pattern(30 + stripe as u64, sb);
+                    let mut caw = AlignedBuf::zeroed(2 * sb);
+                    caw[..sb].copy_from_slice(&want[stripe * sb..(stripe + 1) * sb]);
+                    caw[sb..].copy_from_slice(&new);
+                    assert_eq!(
+                        rw(
+                            &mut arr,
+                            &clock,
+                            200 + 10 * j as u64,
+                            ArrayOp::CompareAndWrite { fua: j == 1 },
+                            (stripe * sb) as u64,
+                            &mut caw
+                        ),
+                        Ok(()),
+                        "{what} caw"
+                    );
+                    want[stripe * sb..(stripe + 1) * sb].copy_from_slice(&new);
+                }
+                // OR-write over stripes 3..5.
+                let mut orb = pattern(4, 2 * sb);
+                for (i, b) in orb.iter_mut().enumerate() {
+                    *b &= 0x0f;
+                    let _ = i;
+                }
+                let mut expect = orb.to_vec();
+                for (e, o) in expect.iter_mut().zip(&want[3 * sb..5 * sb]) {
+                    *e |= o;
+                }
+                assert_eq!(
+                    rw(
+                        &mut arr,
+                        &clock,
+                        201,
+                        ArrayOp::OrWrite { fua: false },
+                        3 * sb as u64,
+                        &mut orb
+                    ),
+                    Ok(()),
+                    "{what} or"
+                );
+                want[3 * sb..5 * sb].copy_from_slice(&expect);
+                // Write-zeroes of stripe 5 with native zeroing refused by one survivor.
+                let survivor = (0..n).find(|m| !lost.contains(m)).unwrap();
+                devs[usize::from(survivor)].add_fault(FaultRule {
+                    filter: OpFilter::Write,
+                    range: None,
+                    fault: Fault::Error(IoError::Unsupported),
+                    probability: 1.0,
+                    count: Some(1),
+                });
+                arr.submit(ArrayRequest {
+                    tag: 202,
+                    op: ArrayOp::WriteZeroes { fua: false },
+                    offset_bytes: 5 * sb as u64,
+                    len_bytes: sb as u32,
+                    buf: IoBuf::NONE,
+                })
+                .unwrap();
+                assert_eq!(complete(&mut arr, &clock, 202), Ok(()), "{what} zeroes");
+                want[5 * sb..6 * sb].fill(0);
+                let images: Vec<Vec<u8>> = devs.iter().map(SimDevice::contents).collect();
+                check_images(&images, &g, stripes, &want, &lost, &what);
+                let (rs, got) = read_all(&mut arr, &clock, 300);
+                assert_eq!(rs, Ok(()), "{what}");
+                assert!(got[..] == want[..], "{what}: read-back differs");
+            }
+        }
+    }
 }
