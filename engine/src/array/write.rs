@@ -486,8 +486,10 @@ impl<C: Channel> Array<C> {
     }
 
     /// Which of operation `s`'s chunk buffers holds the new rows of parity member `m` for
-    /// a single-operation write in `mode`. A full-stripe write reads nothing into its
-    /// buffers (every data source is the caller's buffer), so its P goes into buffer 0 and
+    /// a single-operation write in `mode`. A full-stripe write takes every data source from
+    /// the caller's buffer (or the zero buffer), so nothing its parity computation reads
+    /// lies in its buffers (a degraded compare-and-write or OR-write read survivors into
+    /// them, but `combine` has used them up before `write_out`), so its P goes into buffer 0 and
     /// its Q into buffer 1 whatever members P and Q rotate onto: the parity it generates
     /// lands in the same one or two buffers of each operation, stripe after stripe, not in
     /// one of `members` buffers (each store's line is then more often still in cache). The
