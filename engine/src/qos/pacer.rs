@@ -500,9 +500,9 @@ const NOISE_SIGMAS: f64 = 3.0;
 /// the quiet mean (counted the same way) × `1 + tolerance` plus three standard errors of
 /// the window's mean (latencies at a few levels — one or two service times of a deep
 /// queue — let background cost the foreground throughput while every quantile stays
-/// put). A miss cuts `R` and `D` in proportion to how far the window's
-/// allowed quantile, median or mean is over the line (at most by half). Good windows raise whichever of
-/// `R` and `D` held background back: at once while the step stays below the level that
+/// put). A miss cuts `R` and `D` in proportion to how far the window's allowed quantile,
+/// median or mean is over the line (at most by half). Good windows raise whichever of `R`
+/// and `D` held background back: at once while the step stays below the level that
 /// last missed (doubling below half of it, or before any miss; else a quarter more `R`,
 /// one more `D`), after `probe_after` good windows when it reaches that level (a probe of
 /// the frontier, undone as soon as it shows; each failed step doubles `probe_after`, each
