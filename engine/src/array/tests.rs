@@ -2635,21 +2635,36 @@ mod full_stripe_parity {
     use super::*;
     use crate::sim::{Fault, FaultRule, OpFilter};
 
-    /// An array of `n` members in `layout` over fresh simulated devices.
+    /// An array of `n` members in `layout` (4 KiB chunks, 512-byte blocks) over fresh
+    /// simulated devices, and its geometry.
     fn world(
         level: Level,
         layout: Layout,
         n: u16,
         stripes: u64,
         cfg: ArrayConfig,
-    ) -> (Array<crate::sim::SimChannel>, Vec<SimDevice>, SimClock) {
+    ) -> (
+        Array<crate::sim::SimChannel>,
+        Vec<SimDevice>,
+        SimClock,
+        Geometry,
+    ) {
         let g = Geometry::new(level, layout, n, 4096, 512).unwrap();
-        sim_array_of(
+        let (arr, devs, clock) = sim_array_of(
             g,
             stripes,
             |i| (Profile::fixed(1000 + 137 * u64::from(i)), u64::from(i) + 1),
             cfg,
-        )
+        );
+        (arr, devs, clock, g)
+    }
+
+    /// Four stripe operations, so that their buffers are reused from write to write.
+    fn four_ops() -> ArrayConfig {
+        ArrayConfig {
+            stripe_ops: 4,
+            ..ArrayConfig::default()
+        }
     }
 
     fn pattern(seed: u64, len: usize) -> AlignedBuf {
@@ -2782,12 +2797,8 @@ mod full_stripe_parity {
         ] {
             for layout in Layout::ALL {
                 for lost in lost_sets(level, n) {
-                    let cfg = ArrayConfig {
-                        stripe_ops: 4,
-                        ..ArrayConfig::default()
-                    };
-                    let (mut arr, devs, clock) = world(level, layout, n, stripes, cfg);
-                    let g = *arr.geometry().geometry();
+                    let cfg = four_ops();
+                    let (mut arr, devs, clock, g) = world(level, layout, n, stripes, cfg);
                     let what = format!("{level:?} {layout:?} n={n} lost {lost:?}");
                     let (st0, _) = write_stripes(&mut arr, &clock, 1, 10);
                     assert!(st0.iter().all(Result::is_ok), "{what}: {st0:?}");
@@ -2846,8 +2857,7 @@ mod full_stripe_parity {
                             io_timeout_ns: 5_000_000,
                             ..ArrayConfig::default()
                         };
-                        let (mut arr, devs, clock) = world(level, layout, n, stripes, cfg);
-                        let g = *arr.geometry().geometry();
+                        let (mut arr, devs, clock, g) = world(level, layout, n, stripes, cfg);
                         let what = format!("{level:?} {layout:?} victim {victim} {fault:?}");
                         devs[usize::from(victim)].add_fault(FaultRule {
                             filter: OpFilter::Write,
@@ -2889,12 +2899,8 @@ mod full_stripe_parity {
     /// image, the replacement's included, then reads back after losing what parity covers.
     fn replace_case(level: Level, n: u16, layout: Layout, slot: u16, fail_old: bool) {
         let stripes = 16;
-        let cfg = ArrayConfig {
-            stripe_ops: 4,
-            ..ArrayConfig::default()
-        };
-        let (mut arr, devs, clock) = world(level, layout, n, stripes, cfg);
-        let g = *arr.geometry().geometry();
+        let cfg = four_ops();
+        let (mut arr, devs, clock, g) = world(level, layout, n, stripes, cfg);
         let what = format!("{level:?} {layout:?} replace {slot} fail_old {fail_old}");
         write_stripes(&mut arr, &clock, 3, 10);
         let new = SimDevice::new(
@@ -3018,14 +3024,13 @@ mod full_stripe_parity {
         let stripes = 6u64;
         for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
             for lost in lost_sets(level, n).into_iter().filter(|l| !l.is_empty()) {
-                let (mut arr, devs, clock) = world(
+                let (mut arr, devs, clock, g) = world(
                     level,
                     Layout::LeftSymmetric,
                     n,
                     stripes,
                     ArrayConfig::default(),
                 );
-                let g = *arr.geometry().geometry();
                 let what = format!("{level:?} lost {lost:?}");
                 let (_, mut want) = write_stripes(&mut arr, &clock, 1, 10);
                 for &m in &lost {
