@@ -841,6 +841,10 @@ impl FerroraidPacer {
         let grace = std::mem::take(&mut self.grace);
         let n = self.window.len();
         let allowance = self.allowance(n);
+        // The window's mean, each request counted at most at `allowed_ns`, and the mean
+        // it may have (ns; 0 for an empty window).
+        let mean = self.window_sum_ns as f64 / n.max(1) as f64;
+        let allowed_mean = self.allowed_window_mean(n);
         let mut verdict = WindowVerdict::None;
         if present && !grace && self.baseline_ns > 0 && n >= WINDOW_SAMPLES {
             // The body of the latency too: the window's median within tolerance of the
@@ -852,8 +856,6 @@ impl FerroraidPacer {
             // of a deep queue): background can move requests from the fast level to
             // the slow one, costing the foreground a fifth of its throughput, while
             // the median and p99 stay where they were.
-            let mean = self.window_sum_ns as f64 / n as f64;
-            let allowed_mean = self.allowed_window_mean(n);
             if self.window_over as f64 <= allowance
                 && median <= self.allowed_median_ns
                 && mean <= allowed_mean
@@ -934,8 +936,6 @@ impl FerroraidPacer {
                 );
             }
         }
-        let mean_ns = self.window_sum_ns.checked_div(n).unwrap_or(0);
-        let allowed_mean_ns = self.allowed_window_mean(n) as u64;
         let w = self.window.histogram();
         self.last_window = PacerWindow {
             end_ns: now,
@@ -944,8 +944,8 @@ impl FerroraidPacer {
             allowance,
             p50_ns: w.value_at_quantile(0.5),
             allowed_p50_ns: self.allowed_median_ns,
-            mean_ns,
-            allowed_mean_ns,
+            mean_ns: mean as u64,
+            allowed_mean_ns: allowed_mean as u64,
             p99_ns: w.value_at_quantile(0.99),
             max_ns: w.max(),
             baseline_ns: self.baseline_ns,
