@@ -83,12 +83,18 @@ impl StripeLocks {
         if i == NONE {
             return;
         }
-        let (_, x, exclusive) = self.held.swap_remove(i as usize);
+        // `swap_remove` by hand: the moved hold's operation is taken from the popped
+        // value, not loaded back from the slot just stored to (that load waited on
+        // store-to-load forwarding on the fast-read path).
+        let last = self.held.pop().expect("a held stripe");
+        let (_, x, exclusive) = if (i as usize) < self.held.len() {
+            self.at[last.1 as usize] = i;
+            std::mem::replace(&mut self.held[i as usize], last)
+        } else {
+            last
+        };
         debug_assert_eq!(x, op);
         self.exclusive -= usize::from(exclusive);
-        if let Some(&(_, moved, _)) = self.held.get(i as usize) {
-            self.at[moved as usize] = i;
-        }
     }
 }
 

@@ -888,6 +888,34 @@ struct ReqCtx {
     retry_bad: u16,
 }
 
+impl ReqCtx {
+    /// What [`Array::accept`] starts a slot from before it fills in the request's own
+    /// fields: nothing split, pending or issued, no fast-path read, no retry.
+    const FREE: ReqCtx = ReqCtx {
+        tag: 0,
+        op: ArrayOp::Read,
+        buf: IoBuf::NONE,
+        offset: 0,
+        len: 0,
+        split: 0,
+        pending: 0,
+        error: None,
+        submit_ns: 0,
+        flushes_before: 0,
+        paced: false,
+        sequential: false,
+        class: RequestClass::Other,
+        issued: false,
+        device_ns: 0,
+        ordered: false,
+        fast_dev: NO_FAST_DEV,
+        fast_ns: 0,
+        fast_foreign: false,
+        retry_held: false,
+        retry_bad: NO_ENTRY,
+    };
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Queued,
@@ -1746,29 +1774,20 @@ impl<C: Channel> Array<C> {
                 RequestClass::Other => {}
             }
         }
-        self.reqs[idx as usize] = Some(ReqCtx {
-            tag: r.tag,
-            op: r.op,
-            buf: r.buf,
-            offset: r.offset_bytes,
-            len: u64::from(r.len_bytes),
-            split: 0,
-            pending: 0,
-            error: invalid,
-            submit_ns: self.now,
-            flushes_before: self.flushes,
-            paced,
-            sequential,
-            class,
-            issued: false,
-            device_ns: 0,
-            ordered: false,
-            fast_dev: NO_FAST_DEV,
-            fast_ns: 0,
-            fast_foreign: false,
-            retry_held: false,
-            retry_bad: NO_ENTRY,
-        });
+        // Filled field by field in its slot: a whole `Some(ReqCtx { .. })` was assembled
+        // on the stack and copied over, and the copy stalled on store-to-load forwarding.
+        let q = self.reqs[idx as usize].insert(ReqCtx::FREE);
+        q.tag = r.tag;
+        q.op = r.op;
+        q.buf = r.buf;
+        q.offset = r.offset_bytes;
+        q.len = u64::from(r.len_bytes);
+        q.error = invalid;
+        q.submit_ns = self.now;
+        q.flushes_before = self.flushes;
+        q.paced = paced;
+        q.sequential = sequential;
+        q.class = class;
         if r.op.is_write() {
             self.writes_in_flight += 1;
             if invalid.is_none() {

@@ -430,10 +430,18 @@ impl<C: Channel> Array<C> {
                 req.op.is_read(),
             );
         }
-        self.done.push_back(ArrayCompletion {
-            tag: req.tag,
-            status: req.error.map_or(Ok(()), Err),
-        });
+        // One push per outcome: a status chosen first and copied in was assembled on the
+        // stack and reloaded wider than it was stored (a store-to-load forwarding stall).
+        match req.error {
+            None => self.done.push_back(ArrayCompletion {
+                tag: req.tag,
+                status: Ok(()),
+            }),
+            Some(e) => self.done.push_back(ArrayCompletion {
+                tag: req.tag,
+                status: Err(e),
+            }),
+        }
         self.free_reqs.push(ri);
     }
 
