@@ -25,6 +25,17 @@
 //! always at least as many entries as foreground stripe operations, so a pass can always
 //! pin one (at most one pass per stripe operation runs at a time).
 //!
+//! # Recency
+//! Entries are evicted least recently used first, with one exception the pass decides
+//! ([`StripeCache::demote`], `pass.rs`'s `recycle_first`): a pass of a stream of
+//! sub-stripe writes that has written more than the whole cache holds, once it reaches
+//! its stripe's last data block, makes its entry the next one taken. Such a stream takes
+//! an entry for every stripe it writes, so it cannot find the stripe it left cached again
+//! before recency would evict it; recycled at once, the entry's buffers are still in the
+//! CPU's caches when the stream's next stripe is copied and its parity computed into
+//! them, instead of the least recently used entry's cold ones. What the entry holds stays
+//! valid until it is taken.
+//!
 //! The size is md's `stripe_cache_size` idea (raid5.c `NR_STRIPES`, 256 rows of 4 KiB per
 //! member by default, sysfs range 17..32768) at chunk granularity: an entry caches a whole
 //! chunk per member, so `entries × members × chunk_bytes` bytes.
@@ -288,6 +299,8 @@ pub(crate) struct StripeCache {
     epoch: u64,
     /// Whether validity survives a pass (`false`: entries are only working sets).
     keep: bool,
+    /// [`Self::demoted`].
+    demoted: u64,
 }
 
 impl StripeCache {
@@ -315,6 +328,7 @@ impl StripeCache {
             tail: NONE,
             epoch: 0,
             keep,
+            demoted: 0,
         };
         for e in 0..entries as u32 {
             c.push_tail(e);
@@ -382,6 +396,26 @@ impl StripeCache {
         self.push_tail(e);
     }
 
+    /// Makes unpinned entry `e` the least recently used: the next miss takes it, with
+    /// what it holds (a stripe a sequential stream has left, [`super::pass`]).
+    pub(crate) fn demote(&mut self, e: u32) {
+        assert!(!self.entries[e as usize].pinned, "entry {e} is pinned");
+        self.unlink(e);
+        self.push_head(e);
+        self.demoted += 1;
+    }
+
+    /// Entries [`Self::demote`] made the least recently used so far.
+    #[cfg(test)]
+    pub(crate) fn demoted(&self) -> u64 {
+        self.demoted
+    }
+
+    /// Entries in the cache.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Whether a pass that pinned entry `e` may still mark blocks valid (no
     /// [`Self::invalidate_all`] since).
     pub(crate) fn current(&self, e: u32) -> bool {
@@ -442,6 +476,21 @@ impl StripeCache {
         let ent = &mut self.entries[e as usize];
         ent.prev = NONE;
         ent.next = NONE;
+    }
+
+    fn push_head(&mut self, e: u32) {
+        let h = self.head;
+        {
+            let ent = &mut self.entries[e as usize];
+            ent.prev = NONE;
+            ent.next = h;
+        }
+        if h == NONE {
+            self.tail = e;
+        } else {
+            self.entries[h as usize].prev = e;
+        }
+        self.head = e;
     }
 
     fn push_tail(&mut self, e: u32) {
@@ -554,6 +603,36 @@ mod tests {
                 assert_eq!(s.count() as usize, m.iter().filter(|&&v| v).count());
             }
         }
+    }
+
+    #[test]
+    fn a_demoted_entry_is_taken_next_and_keeps_its_blocks_until_then() {
+        let mut c = StripeCache::new(3, 2, 4096, 512, true);
+        let mut pinned = Vec::new();
+        for stripe in [10, 11, 12] {
+            let (e, _) = c.pin(stripe);
+            c.entry_mut(e).valid[0].insert_range(0, 8);
+            pinned.push(e);
+        }
+        for &e in &pinned {
+            c.unpin(e, true);
+        }
+        // Recency now 10, 11, 12 (10 evicted first); 12 is made the next victim.
+        c.demote(pinned[2]);
+        assert_eq!(c.demoted(), 1);
+        assert!(c.holds(12), "demoted, not dropped");
+        let (e, hit) = c.pin(12);
+        assert_eq!((e, hit), (pinned[2], 8), "still a hit until taken");
+        c.unpin(e, true);
+        c.demote(e);
+        let (e, hit) = c.pin(13);
+        assert_eq!(
+            (e, hit),
+            (pinned[2], 0),
+            "the next miss takes the demoted entry"
+        );
+        assert!(!c.holds(12) && c.holds(10) && c.holds(11));
+        c.unpin(e, true);
     }
 
     #[test]

@@ -860,6 +860,11 @@ struct ReqCtx {
     /// A write that starts where one of the shard's last write requests ended: it
     /// continues a sequential stream ([`pass`]: only such writes are held to coalesce).
     sequential: bool,
+    /// A write's stream length through its last byte, bytes: the stream it continues
+    /// plus its own length (its own length when it continues none); 0 for other
+    /// requests. A pass whose stream has outgrown the stripe cache recycles its entry
+    /// first ([`pass`]).
+    stream_bytes: u64,
     /// Its class ([`RequestClass`]).
     class: RequestClass,
     /// Its first member request was issued (its queue wait is recorded).
@@ -904,6 +909,7 @@ impl ReqCtx {
         flushes_before: 0,
         paced: false,
         sequential: false,
+        stream_bytes: 0,
         class: RequestClass::Other,
         issued: false,
         device_ns: 0,
@@ -1245,8 +1251,9 @@ pub struct Array<C: Channel> {
     write_hold_ns: u64,
     /// The shard's write latency, ns: mean of its write phases (`note_write_latency`).
     write_latency_ns: u64,
-    /// Where the last write requests ended (array bytes), a ring ([`pass`]).
-    recent_write_ends: [u64; pass::RECENT_WRITES],
+    /// Where the last write requests ended (array bytes) and the length of the stream
+    /// each ended (bytes, [`ReqCtx::stream_bytes`]), a ring ([`pass`]).
+    recent_write_ends: [(u64, u64); pass::RECENT_WRITES],
     recent_write_next: usize,
     /// Client write operations (not background, not reads) with member I/O outstanding:
     /// their completions let the clients send more writes ([`pass`]).
@@ -1500,7 +1507,7 @@ impl<C: Channel> Array<C> {
             write_batch: cfg.write_batch.max(1),
             write_hold_ns: cfg.write_hold_ns,
             write_latency_ns: 0,
-            recent_write_ends: [u64::MAX; pass::RECENT_WRITES],
+            recent_write_ends: [(u64::MAX, 0); pass::RECENT_WRITES],
             recent_write_next: 0,
             write_ops_in_io: 0,
             writes_in_flight: 0,
@@ -1764,7 +1771,11 @@ impl<C: Channel> Array<C> {
             ));
         }
         let paced = invalid.is_none() && !r.op.is_flush();
-        let sequential = r.op.is_write() && self.recent_write_ends.contains(&r.offset_bytes);
+        let (sequential, stream_bytes) = if r.op.is_write() {
+            self.stream_through(r.offset_bytes, u64::from(r.len_bytes))
+        } else {
+            (false, 0)
+        };
         let class = RequestClass::of(r.op, u64::from(r.len_bytes), sequential);
         if paced {
             self.pacer.foreground_submitted(self.now);
@@ -1787,6 +1798,7 @@ impl<C: Channel> Array<C> {
         q.flushes_before = self.flushes;
         q.paced = paced;
         q.sequential = sequential;
+        q.stream_bytes = stream_bytes;
         q.class = class;
         if r.op.is_write() {
             self.writes_in_flight += 1;
@@ -1803,7 +1815,7 @@ impl<C: Channel> Array<C> {
             // Issued: one member read, no stripe operation (`read.rs`).
         } else {
             if r.op.is_write() {
-                self.note_write_end(r.offset_bytes + u64::from(r.len_bytes));
+                self.note_write_end(r.offset_bytes + u64::from(r.len_bytes), stream_bytes);
             }
             self.backlog_writes += u32::from(!r.op.is_read());
             self.backlog.push_back(idx);

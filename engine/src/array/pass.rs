@@ -39,7 +39,9 @@
 //!    the old rows in the leader's buffers for the deltas); **write** the written blocks
 //!    and P/Q of the touched rows from the entry, FUA if any write of the pass is.
 //! 5. **Finish**: on success the written blocks become valid in the cache; every
-//!    operation of the pass completes with the pass's status.
+//!    operation of the pass completes with the pass's status. A pass of a long stream of
+//!    sub-stripe writes that has left its stripe makes the entry the next one recycled
+//!    (`recycle_first`, the cache's "Recency" docs).
 //!
 //! A member I/O error while reading ends the gathering: the followers go back to the head
 //! of the stripe's waiting operations (in order) and the leader is planned again alone
@@ -452,12 +454,53 @@ impl<C: Channel> Array<C> {
             .is_some_and(|r| r.sequential)
     }
 
-    /// Remembers where a write request accepted by this shard ends (array byte offset),
-    /// for [`Self::continues_stream`]: the last [`RECENT_WRITES`] of them.
-    pub(super) fn note_write_end(&mut self, end: u64) {
+    /// Remembers where a write request accepted by this shard ends (array byte offset)
+    /// and its stream's length through that end (bytes), for [`Self::continues_stream`]
+    /// and [`Self::stream_through`]: the last [`RECENT_WRITES`] of them.
+    pub(super) fn note_write_end(&mut self, end: u64, stream_bytes: u64) {
         let i = self.recent_write_next % RECENT_WRITES;
-        self.recent_write_ends[i] = end;
+        self.recent_write_ends[i] = (end, stream_bytes);
         self.recent_write_next = self.recent_write_next.wrapping_add(1);
+    }
+
+    /// A write of `len` bytes at array byte `offset`, tested at submission: whether it
+    /// continues a sequential stream (it starts where one of the last [`RECENT_WRITES`]
+    /// write requests ended), and the stream's length through its end, bytes.
+    pub(super) fn stream_through(&self, offset: u64, len: u64) -> (bool, u64) {
+        match self
+            .recent_write_ends
+            .iter()
+            .find(|&&(end, _)| end == offset)
+        {
+            Some(&(_, before)) => (true, before.saturating_add(len)),
+            None => (false, len),
+        }
+    }
+
+    /// Whether pass `s`'s cache entry should be the next one recycled once the pass is
+    /// done: its leading write is smaller than a stripe and continues a stream longer
+    /// than the whole cache holds, and the pass reaches the stripe's last data block (the
+    /// stream has left the stripe). A stream of such writes takes an entry for every
+    /// stripe it writes, so it cannot find this stripe cached again before recency would
+    /// evict it anyway; the next stripe's pass then works in buffers the CPU's caches
+    /// still hold instead of the least recently used entry's (docs/BENCHMARKS.md, "Stripes
+    /// a stream has left"). A stream of writes of a stripe or more takes entries only for
+    /// the stripes its writes share at their ends (the rest are full-stripe writes), so
+    /// far fewer than its bytes suggest: those stay in recency order, to be found again
+    /// when the stream comes round a region the cache holds them for.
+    fn recycle_first(&self, s: u32) -> bool {
+        let sop = &self.sops[s as usize];
+        let Some(r) = self.reqs[sop.req as usize].as_ref() else {
+            return false;
+        };
+        let g = self.geo.geometry();
+        let cache_bytes = self.cache.len() as u64 * g.stripe_data_bytes();
+        if !r.sequential || r.len >= g.stripe_data_bytes() || r.stream_bytes <= cache_bytes {
+            return false;
+        }
+        let last = usize::from(self.layout(s).data_member(g.data_chunks() - 1));
+        let dirty = &sop.dirty[last];
+        dirty.contains(dirty.capacity() - 1)
     }
 
     /// The passes being held: gather what arrived, and issue those that need no reads any
@@ -950,7 +993,11 @@ impl<C: Channel> Array<C> {
                 ent.valid[m].union_with(set);
             }
         }
+        let recycle = self.recycle_first(s);
         self.cache.unpin(e, ok);
+        if recycle {
+            self.cache.demote(e);
+        }
         let mut f = std::mem::replace(&mut self.sops[s as usize].next, NONE);
         while f != NONE {
             let next = std::mem::replace(&mut self.sops[f as usize].next, NONE);
