@@ -27,14 +27,16 @@
 //!
 //! # Recency
 //! Entries are evicted least recently used first, with one exception the pass decides
-//! ([`StripeCache::demote`], `pass.rs`'s `recycle_first`): a pass of a stream of
-//! sub-stripe writes that has written more than the whole cache holds, once it reaches
-//! its stripe's last data block, makes its entry the next one taken. Such a stream takes
-//! an entry for every stripe it writes, so it cannot find the stripe it left cached again
-//! before recency would evict it; recycled at once, the entry's buffers are still in the
-//! CPU's caches when the stream's next stripe is copied and its parity computed into
-//! them, instead of the least recently used entry's cold ones. What the entry holds stays
-//! valid until it is taken.
+//! ([`StripeCache::demote`], `pass.rs`'s `recycle_first`): a pass of a sequential stream
+//! of sub-stripe writes, once it reaches its stripe's last data block, makes its entry the
+//! next one taken. Recycled at once, the entry's buffers are still in the CPU's caches
+//! when the stream's next stripe is copied and its parity computed into them, instead of
+//! the least recently used entry's cold ones. What the entry holds stays valid until it
+//! is taken. The cache remembers the stripes it demoted last (as many as it has
+//! entries, ARC's ghost list in spirit): a miss on one of them means a stream came back
+//! to a stripe it was made to leave — a region rewritten in laps that the cache could
+//! hold — and for the next twice-the-entries misses ([`StripeCache::cautious`]) only a
+//! stream longer than the whole cache recycles, so the region stays cached lap after lap.
 //!
 //! The size is md's `stripe_cache_size` idea (raid5.c `NR_STRIPES`, 256 rows of 4 KiB per
 //! member by default, sysfs range 17..32768) at chunk granularity: an entry caches a whole
@@ -301,6 +303,14 @@ pub(crate) struct StripeCache {
     keep: bool,
     /// [`Self::demoted`].
     demoted: u64,
+    /// The stripes demoted last, a ring of as many as there are entries (`u64::MAX`:
+    /// none): a miss on one of them means a stream came back to a stripe it was made to
+    /// leave ([`Self::cautious`]).
+    ghosts: Box<[u64]>,
+    ghost_next: usize,
+    /// Misses still to come before [`Self::cautious`] ends: set to twice the entries by a
+    /// miss on a ghost, counted down by every other miss.
+    cautious_misses: u32,
 }
 
 impl StripeCache {
@@ -329,6 +339,9 @@ impl StripeCache {
             epoch: 0,
             keep,
             demoted: 0,
+            ghosts: vec![u64::MAX; entries].into_boxed_slice(),
+            ghost_next: 0,
+            cautious_misses: 0,
         };
         for e in 0..entries as u32 {
             c.push_tail(e);
@@ -368,6 +381,11 @@ impl StripeCache {
         }
         let e = self.head;
         assert!(e != NONE, "every stripe cache entry is pinned");
+        if self.ghosts.contains(&stripe) {
+            self.cautious_misses = 2 * self.entries.len() as u32;
+        } else {
+            self.cautious_misses = self.cautious_misses.saturating_sub(1);
+        }
         self.unlink(e);
         let ent = &mut self.entries[e as usize];
         if ent.stripe != u64::MAX {
@@ -403,6 +421,16 @@ impl StripeCache {
         self.unlink(e);
         self.push_head(e);
         self.demoted += 1;
+        self.ghosts[self.ghost_next] = self.entries[e as usize].stripe;
+        self.ghost_next = (self.ghost_next + 1) % self.ghosts.len();
+    }
+
+    /// Whether a stream came back lately to a stripe it had been made to leave (a miss
+    /// on one of the last demoted stripes, within the last twice-the-entries misses):
+    /// recycling then loses hits, and only streams longer than the whole cache recycle
+    /// ([`super::pass`]'s `recycle_first`).
+    pub(crate) fn cautious(&self) -> bool {
+        self.cautious_misses > 0
     }
 
     /// Entries [`Self::demote`] made the least recently used so far.
@@ -633,6 +661,35 @@ mod tests {
         );
         assert!(!c.holds(12) && c.holds(10) && c.holds(11));
         c.unpin(e, true);
+    }
+
+    #[test]
+    fn a_miss_on_a_stripe_demoted_lately_makes_the_cache_cautious_for_a_while() {
+        let mut c = StripeCache::new(2, 1, 4096, 512, true);
+        for stripe in [1, 2] {
+            let (e, _) = c.pin(stripe);
+            c.unpin(e, true);
+            c.demote(e);
+        }
+        assert!(!c.cautious());
+        // A stripe never demoted: no change.
+        let (e, _) = c.pin(3);
+        c.unpin(e, true);
+        assert!(!c.cautious());
+        // Stripe 1 was demoted (and since evicted): a stream came back to it.
+        let (e, hit) = c.pin(1);
+        assert_eq!(hit, 0);
+        c.unpin(e, true);
+        assert!(c.cautious());
+        // Twice the entries of other misses end it.
+        for stripe in [10, 11, 12] {
+            let (e, _) = c.pin(stripe);
+            c.unpin(e, true);
+            assert!(c.cautious(), "after miss on {stripe}");
+        }
+        let (e, _) = c.pin(13);
+        c.unpin(e, true);
+        assert!(!c.cautious());
     }
 
     #[test]

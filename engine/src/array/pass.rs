@@ -478,24 +478,29 @@ impl<C: Channel> Array<C> {
     }
 
     /// Whether pass `s`'s cache entry should be the next one recycled once the pass is
-    /// done: its leading write is smaller than a stripe and continues a stream longer
-    /// than the whole cache holds, and the pass reaches the stripe's last data block (the
-    /// stream has left the stripe). A stream of such writes takes an entry for every
-    /// stripe it writes, so it cannot find this stripe cached again before recency would
-    /// evict it anyway; the next stripe's pass then works in buffers the CPU's caches
-    /// still hold instead of the least recently used entry's (docs/BENCHMARKS.md, "Stripes
-    /// a stream has left"). A stream of writes of a stripe or more takes entries only for
-    /// the stripes its writes share at their ends (the rest are full-stripe writes), so
-    /// far fewer than its bytes suggest: those stay in recency order, to be found again
-    /// when the stream comes round a region the cache holds them for.
+    /// done: its leading write is smaller than a stripe and continues a sequential
+    /// stream, and the pass reaches the stripe's last data block (the stream has left the
+    /// stripe). The stream's next stripe then works in buffers the CPU's caches still
+    /// hold instead of the least recently used entry's (docs/BENCHMARKS.md, "Stripes a
+    /// stream has left"). While the cache is [`cache::StripeCache::cautious`] (a stream
+    /// lately came back to a stripe it had left: a region rewritten in laps that the
+    /// cache can hold), only a stream longer than the whole cache recycles: it could not
+    /// find the stripe cached again before recency evicted it anyway. A stream of writes
+    /// of a stripe or more takes entries only for the stripes its writes share at their
+    /// ends (the rest are full-stripe writes), far fewer than its bytes suggest: those
+    /// stay in recency order.
     fn recycle_first(&self, s: u32) -> bool {
         let sop = &self.sops[s as usize];
         let Some(r) = self.reqs[sop.req as usize].as_ref() else {
             return false;
         };
         let g = self.geo.geometry();
-        let cache_bytes = self.cache.len() as u64 * g.stripe_data_bytes();
-        if !r.sequential || r.len >= g.stripe_data_bytes() || r.stream_bytes <= cache_bytes {
+        let after = if self.cache.cautious() {
+            self.cache.len() as u64 * g.stripe_data_bytes()
+        } else {
+            0
+        };
+        if !r.sequential || r.len >= g.stripe_data_bytes() || r.stream_bytes <= after {
             return false;
         }
         let last = usize::from(self.layout(s).data_member(g.data_chunks() - 1));
