@@ -862,8 +862,8 @@ struct ReqCtx {
     sequential: bool,
     /// A write's stream length through its last byte, bytes: the stream it continues
     /// plus its own length (its own length when it continues none); 0 for other
-    /// requests. A pass whose stream has outgrown the stripe cache recycles its entry
-    /// first ([`pass`]).
+    /// requests. While the stripe cache is cautious only a stream longer than the cache
+    /// recycles the stripes it leaves ([`pass`], `recycle_first`).
     stream_bytes: u64,
     /// Its class ([`RequestClass`]).
     class: RequestClass,

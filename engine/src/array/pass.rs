@@ -39,7 +39,7 @@
 //!    the old rows in the leader's buffers for the deltas); **write** the written blocks
 //!    and P/Q of the touched rows from the entry, FUA if any write of the pass is.
 //! 5. **Finish**: on success the written blocks become valid in the cache; every
-//!    operation of the pass completes with the pass's status. A pass of a long stream of
+//!    operation of the pass completes with the pass's status. A pass of a stream of
 //!    sub-stripe writes that has left its stripe makes the entry the next one recycled
 //!    (`recycle_first`, the cache's "Recency" docs).
 //!
