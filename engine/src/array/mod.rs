@@ -1169,6 +1169,11 @@ pub struct Array<C: Channel> {
     /// are none, a fast-path read overtakes nothing it must not (reads need no order among
     /// themselves; `read.rs`).
     backlog_writes: u32,
+    /// Requests in `backlog` of [`RequestClass::BulkWrite`]: when the bulk share or the
+    /// turn's bulk bytes are spent and only these are left behind the scan's position,
+    /// `split_backlog` stops instead of walking past each of them (a load of a request
+    /// slot apiece, every `process` call).
+    backlog_bulk: u32,
     /// Fast-path reads holding the stripe gate (requests with `fast_foreign`): at most the
     /// stripe operations, so the gate's counts stay within what its callers size it for
     /// ([`crate::shard::StripeGate::new`]).
@@ -1458,6 +1463,7 @@ impl<C: Channel> Array<C> {
             ready: VecDeque::with_capacity(total_sops),
             backlog: VecDeque::with_capacity(cfg.requests),
             backlog_writes: 0,
+            backlog_bulk: 0,
             fast_foreign_reads: 0,
             fast_in_flight: 0,
             fast_blocked: false,
@@ -1818,6 +1824,7 @@ impl<C: Channel> Array<C> {
                 self.note_write_end(r.offset_bytes + u64::from(r.len_bytes), stream_bytes);
             }
             self.backlog_writes += u32::from(!r.op.is_read());
+            self.backlog_bulk += u32::from(class == RequestClass::BulkWrite);
             self.backlog.push_back(idx);
         }
         Ok(())

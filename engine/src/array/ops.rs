@@ -24,12 +24,38 @@ impl<C: Channel> Array<C> {
         // later bytes still win and a read sees what some prefix of the submission order
         // wrote).
         let mut i = 0;
+        // Bulk writes in `backlog[..i]` (passed over by the scan, still waiting).
+        let mut bulk_before = 0;
         self.fast_blocked = false;
+        debug_assert_eq!(
+            self.backlog_bulk as usize,
+            self.backlog
+                .iter()
+                .filter(|&&r| {
+                    self.reqs[r as usize].as_ref().expect("backlogged").class
+                        == RequestClass::BulkWrite
+                })
+                .count()
+        );
         while i < self.backlog.len() {
             let ri = self.backlog[i];
             let Some(s) = self.free_sops.last().copied() else {
                 break;
             };
+            let cap_spent = self.bulk_sops >= self.bulk_share.cap();
+            let bytes_spent = self.turn_bulk_bytes >= self.bulk_bytes_per_turn;
+            if (cap_spent || bytes_spent)
+                && self.backlog.len() - i == (self.backlog_bulk - bulk_before) as usize
+            {
+                // Only bulk writes are left and none of them may start now: stop here
+                // with what passing over each of them (below) would have recorded.
+                if self.free_sops.len() == 1 && self.fast_in_flight > 0 {
+                    self.fast_blocked = true;
+                } else if !cap_spent {
+                    self.turn_bulk_deferred = true;
+                }
+                break;
+            }
             let req = self.reqs[ri as usize].as_ref().expect("backlogged request");
             if req.op.is_flush() {
                 // A flush covers what completed before it: it may pass queued writes.
@@ -48,14 +74,16 @@ impl<C: Channel> Array<C> {
                 break;
             }
             let bulk = req.class == RequestClass::BulkWrite;
-            if bulk && self.bulk_sops >= self.bulk_share.cap() {
+            if bulk && cap_spent {
+                bulk_before += 1;
                 i += 1;
                 continue;
             }
             // The turn's bulk bytes (`ArrayConfig::bulk_bytes_per_turn`) are spent: the rest of the bulk
             // work waits for the next `process` call, and what is behind it may go ahead.
-            if bulk && self.turn_bulk_bytes >= self.bulk_bytes_per_turn {
+            if bulk && bytes_spent {
                 self.turn_bulk_deferred = true;
+                bulk_before += 1;
                 i += 1;
                 continue;
             }
@@ -63,6 +91,7 @@ impl<C: Channel> Array<C> {
                 // Waits for the data of an earlier request, not for a stripe operation:
                 // not the bulk share's signal.
                 self.reqs[ri as usize].as_mut().expect("backlogged").ordered = true;
+                bulk_before += u32::from(bulk);
                 i += 1;
                 continue;
             }
@@ -110,6 +139,7 @@ impl<C: Channel> Array<C> {
             if fully {
                 remove_at(&mut self.backlog, i);
                 self.backlog_writes -= u32::from(!read);
+                self.backlog_bulk -= u32::from(bulk);
                 if i > 0 {
                     self.stats.overtaking_requests += 1;
                 }
