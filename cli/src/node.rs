@@ -53,6 +53,62 @@ pub struct NodeOptions {
     pub arrays: Vec<ServeOptions>,
 }
 
+/// The `--config` keys of the node's own settings: they shape the reactors, the
+/// management socket and the metrics endpoint, which keep them while the node runs.
+pub const NODE_SETTINGS: [&str; 5] = ["cores", "reactors", "mode", "rpc", "metrics"];
+
+/// What a reloaded configuration changed ([`Node::reload_defaults`]), by `--config` key.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ChangedSettings {
+    /// Node settings ([`NODE_SETTINGS`]) that differ from the node's start: not applied
+    /// until `serve` restarts.
+    pub node: Vec<&'static str>,
+    /// Array settings that differ from the last configuration: arrays started from now
+    /// on get them, running arrays keep their own.
+    pub arrays: Vec<&'static str>,
+}
+
+/// `o`'s settings by `--config` key (several keys where one option holds them), each
+/// with its value in `Debug` form — to compare, never to show (CHAP secrets are among
+/// them). Devices and exports are left out: they are each array's, not settings.
+fn settings(o: &ServeOptions) -> [(&'static str, String); 22] {
+    [
+        ("cores", format!("{:?}", o.cores)),
+        ("reactors", format!("{:?}", o.reactors)),
+        ("mode", format!("{:?}", o.mode)),
+        ("rpc", format!("{:?}", o.rpc)),
+        ("metrics", format!("{:?}", o.metrics)),
+        ("max_block", format!("{:?}", o.max_block_bytes)),
+        (
+            "nbd_max_connections, nbd_handshake_timeout_ms, nbd_max_handshakes, \
+             nbd_idle_timeout_s",
+            format!("{:?}", o.nbd_config),
+        ),
+        ("tls, tls_cert, tls_key, tls_ca", format!("{:?}", o.nbd_tls)),
+        ("nbd_block_status", format!("{:?}", o.nbd_block_status)),
+        ("force", format!("{:?}", o.force)),
+        ("run", format!("{:?}", o.run)),
+        ("io_timeout_ms", format!("{:?}", o.io_timeout)),
+        ("queue_depth", format!("{:?}", o.queue_depth)),
+        ("stripe_ops", format!("{:?}", o.stripe_ops)),
+        ("stripe_cache", format!("{:?}", o.stripe_cache_bytes)),
+        ("write_hold_us", format!("{:?}", o.write_hold)),
+        ("qos, qos_target_us", format!("{:?}", o.depth)),
+        ("iscsi_chap", format!("{:?}", o.iscsi_config)),
+        (
+            "nvmf_allow_hosts",
+            format!("{:?} {:?}", o.nvmf_allow_hosts, o.nvmf_config),
+        ),
+        ("pacer", format!("{:?}", o.pacer)),
+        ("speed_min, speed_max", format!("{:?}", o.speed_limits)),
+        ("pacer_tolerance", format!("{:?}", o.pacer_tolerance)),
+    ]
+}
+
+fn lock_defaults(m: &Mutex<ServeOptions>) -> MutexGuard<'_, ServeOptions> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A running node: the reactors, the arrays on them, the management socket and the
 /// metrics endpoint.
 pub struct Node {
@@ -63,7 +119,13 @@ pub struct Node {
 
 struct Inner {
     set: ReactorSet,
-    defaults: ServeOptions,
+    /// The node's options as it started: what a reload compares the node-wide settings
+    /// ([`NODE_SETTINGS`]) with.
+    started: ServeOptions,
+    /// What an array started from now on gets beside its devices and exports: the
+    /// start's options, with the array settings of the last reload
+    /// ([`Node::reload_defaults`]).
+    defaults: Mutex<ServeOptions>,
     /// The running arrays by short name ([`Target::name`]).
     arrays: Mutex<BTreeMap<String, Target>>,
     /// Serializes array starts and stops (they claim devices and names); requests to
@@ -135,7 +197,8 @@ impl Node {
         defaults.metrics = None;
         let inner = Arc::new(Inner {
             set,
-            defaults,
+            started: opts.defaults.clone(),
+            defaults: Mutex::new(defaults),
             arrays: Mutex::new(BTreeMap::new()),
             lifecycle: Mutex::new(()),
             creates: Mutex::new(BTreeMap::new()),
@@ -199,10 +262,45 @@ impl Node {
         self.inner.set.cores().to_vec()
     }
 
-    /// The options an array started with [`Node::start_array`] gets beside its devices
-    /// and exports.
-    pub fn defaults(&self) -> &ServeOptions {
-        &self.inner.defaults
+    /// The options an array started with [`Node::start_array`] or over JSON-RPC gets
+    /// beside its devices and exports.
+    pub fn defaults(&self) -> ServeOptions {
+        lock_defaults(&self.inner.defaults).clone()
+    }
+
+    /// Takes the array settings of a reloaded configuration (`new`, SIGHUP) as the
+    /// defaults of the arrays started from now on — by the reload, `ferroraid start` or
+    /// `array_create` — and returns what changed, by `--config` key: `node` lists the
+    /// settings of the node itself ([`NODE_SETTINGS`]: the reactors, the management
+    /// socket, the metrics endpoint), which keep their values until `serve` restarts
+    /// (compared with the start, so every reload names them again); `arrays` lists the
+    /// settings the arrays started from now on get, which running arrays do not (they
+    /// keep theirs until stopped and started again). Values are never returned: some
+    /// are secrets (CHAP).
+    pub fn reload_defaults(&self, new: &ServeOptions) -> ChangedSettings {
+        let mut d = lock_defaults(&self.inner.defaults);
+        let before = settings(&d);
+        let started = settings(&self.inner.started);
+        let after = settings(new);
+        let mut changed = ChangedSettings::default();
+        for ((key, old), ((_, first), (_, now))) in before.iter().zip(started.iter().zip(&after)) {
+            if NODE_SETTINGS.contains(key) {
+                if first != now {
+                    changed.node.push(key);
+                }
+            } else if old != now {
+                changed.arrays.push(key);
+            }
+        }
+        let mut next = new.clone();
+        next.devices.clear();
+        next.cores = d.cores.clone();
+        next.reactors = d.reactors;
+        next.mode = d.mode;
+        next.rpc = None;
+        next.metrics = None;
+        *d = next;
+        changed
     }
 
     /// Stops serving: the management socket and metrics endpoint close, every array is
@@ -331,7 +429,7 @@ impl Inner {
 
     /// The options of an array started over JSON-RPC.
     fn array_options(&self, devices: Vec<PathBuf>, e: &ExportParams) -> ServeOptions {
-        let mut o = self.defaults.clone();
+        let mut o = lock_defaults(&self.defaults).clone();
         o.devices = devices;
         o.nbd_tcp = e.nbd.clone();
         o.nbd_unix = e.nbd_unix.clone();
@@ -682,6 +780,44 @@ mod tests {
         .unwrap();
         let h = Arc::new(NodeHandler(OnceLock::from(Arc::clone(&node.inner))));
         (node, h)
+    }
+
+    /// A reload's settings (SIGHUP): array settings that changed are named and become
+    /// what arrays started from now on get (over JSON-RPC too); node settings that
+    /// changed are named on every reload (they wait for a restart) and never reach the
+    /// arrays' defaults; a reload that changes nothing names nothing.
+    #[test]
+    fn a_reload_names_what_it_changed_and_starts_arrays_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let mut new = ServeOptions::new(Vec::new());
+        new.mode = engine::reactor::Mode::Adaptive;
+        new.reactors = 2;
+        assert_eq!(node.reload_defaults(&new), ChangedSettings::default());
+        new.reactors = 4;
+        new.rpc = Some(dir.path().join("node.sock"));
+        new.queue_depth = 32;
+        new.stripe_cache_bytes = Some(8 << 20);
+        let changed = node.reload_defaults(&new);
+        assert_eq!(changed.node, ["reactors", "rpc"]);
+        assert_eq!(changed.arrays, ["queue_depth", "stripe_cache"]);
+        let d = node.defaults();
+        assert_eq!((d.queue_depth, d.stripe_cache_bytes), (32, Some(8 << 20)));
+        assert_eq!(
+            (d.reactors, d.rpc.clone()),
+            (2, None),
+            "the node's own stay"
+        );
+        let o =
+            h.0.get()
+                .unwrap()
+                .array_options(Vec::new(), &ExportParams::default());
+        assert_eq!((o.queue_depth, o.stripe_cache_bytes), (32, Some(8 << 20)));
+        // The same configuration again: the node settings still wait for a restart.
+        let again = node.reload_defaults(&new);
+        assert_eq!(again.node, ["reactors", "rpc"]);
+        assert!(again.arrays.is_empty(), "{again:?}");
+        node.stop().unwrap();
     }
 
     /// Routing by name is exact: a short name holding a `:` (`q:b:c` runs as `b:c`) never

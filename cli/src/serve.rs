@@ -857,8 +857,11 @@ pub fn run_serve(a: &ServeArgs) -> Result<()> {
 /// SIGHUP: re-reads the config (without `--config`: nothing to do) and starts every
 /// array it names that is not running (an
 /// array is running when one of its devices is a member of a running array). Never stops
-/// an array: one no longer in the config is logged. Errors are logged, never fatal (the
-/// running arrays serve on).
+/// an array: one no longer in the config is logged. Changed settings are logged by key:
+/// the array settings become those of every array started from now on (by this reload,
+/// `ferroraid start`, `array_create`); running arrays and the node's own settings
+/// ([`ferroraid::node::NODE_SETTINGS`]) keep theirs ([`Node::reload_defaults`]). Errors
+/// are logged, never fatal (the running arrays serve on).
 fn reload_config(a: &ServeArgs, node: &Node) {
     if a.config.is_none() {
         tracing::info!("SIGHUP: serve runs without --config: nothing to reload");
@@ -872,6 +875,21 @@ fn reload_config(a: &ServeArgs, node: &Node) {
             return;
         }
     };
+    let changed = node.reload_defaults(&opts.defaults);
+    if !changed.node.is_empty() {
+        tracing::warn!(
+            "reload: changed in the configuration, not applied until `serve` restarts (the \
+             reactors, the management socket and the metrics endpoint keep their settings): {}",
+            changed.node.join("; ")
+        );
+    }
+    if !changed.arrays.is_empty() {
+        tracing::warn!(
+            "reload: changed in the configuration, applied to arrays started from now on; \
+             running arrays keep their settings until stopped and started again: {}",
+            changed.arrays.join("; ")
+        );
+    }
     let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let mut running: Vec<(String, Vec<PathBuf>)> = Vec::new();
     node.for_each_array(|t| {

@@ -216,7 +216,7 @@ fn an_empty_appliance_creates_lists_stops_and_starts_arrays() {
 
 /// SIGHUP re-reads the config (issue 21): a table added since the start is assembled and
 /// served; a table removed leaves its array running (logged, never stopped silently); a
-/// config that no longer parses changes nothing.
+/// changed setting is logged by its key; a config that no longer parses changes nothing.
 #[test]
 fn sighup_starts_new_tables_and_never_stops_an_array() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,10 +284,19 @@ fn sighup_starts_new_tables_and_never_stops_an_array() {
             "{info}"
         );
     }
-    // alpha's table gone: alpha keeps running, and the log says so.
-    std::fs::write(&cfg, format!("{head}{}", table("beta", "b", pb))).unwrap();
+    // alpha's table gone: alpha keeps running, and the log says so. A setting changed
+    // beside it is named, with what it applies to.
+    std::fs::write(
+        &cfg,
+        format!("{head}queue_depth = 64\n{}", table("beta", "b", pb)),
+    )
+    .unwrap();
     srv.signal(libc::SIGHUP);
     srv.wait_log("no longer in the configuration");
+    srv.wait_log(
+        "applied to arrays started from now on; running arrays keep their settings until \
+         stopped and started again: queue_depth",
+    );
     assert_eq!(names(&rpc), ["alpha", "beta"]);
     // A config that does not parse: nothing changes, the process serves on.
     std::fs::write(&cfg, "this is = = not toml").unwrap();
