@@ -229,7 +229,8 @@ pub struct ServeArgs {
     /// Log, whose recovery makes it consistent first.
     #[arg(long)]
     run: bool,
-    /// Member command timeout, milliseconds (default 30000).
+    /// Member command timeout, milliseconds (default 30000): a member request outstanding
+    /// longer fails its member, and the request is served from redundancy. 0 disables it.
     #[arg(long)]
     io_timeout_ms: Option<u64>,
     /// Advertised NBD maximum block size (default 4M); reads and writes up to 32M are
@@ -277,7 +278,7 @@ pub struct ServeArgs {
     /// io_uring queue depth per member per reactor (default 128).
     #[arg(long)]
     queue_depth: Option<u32>,
-    /// Stripe operations per reactor (default 64).
+    /// Stripe operations per reactor, at least 1 (default 64).
     #[arg(long)]
     stripe_ops: Option<usize>,
     /// Stripe cache per reactor and member, bytes (suffixes K, M, G): the recently written
@@ -710,6 +711,10 @@ impl ServeArgs {
             o.queue_depth = q;
         }
         if let Some(s) = self.stripe_ops.or(file.stripe_ops) {
+            anyhow::ensure!(
+                s >= 1,
+                "stripe_ops 0: a reactor needs at least 1 stripe operation to serve writes"
+            );
             o.stripe_ops = s;
         }
         let stripe_cache = match (self.stripe_cache, &file.stripe_cache) {
@@ -1238,6 +1243,16 @@ mod tests {
         let e = options(&["--qos", "fast", "m0"]).err().unwrap();
         assert!(e.to_string().contains("expected"), "{e}");
         assert!(options(&["--qos-target-us", "0", "m0"]).is_err());
+    }
+
+    /// Stripe operations: the default, a flag, and 0 refused by name (it once became 1
+    /// without a word).
+    #[test]
+    fn stripe_ops_are_at_least_one() {
+        assert_eq!(options(&["m0"]).unwrap().stripe_ops, 64);
+        assert_eq!(options(&["--stripe-ops", "8", "m0"]).unwrap().stripe_ops, 8);
+        let e = options(&["--stripe-ops", "0", "m0"]).err().unwrap();
+        assert!(e.to_string().contains("stripe_ops 0"), "{e}");
     }
 
     #[test]
