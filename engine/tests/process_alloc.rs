@@ -2,8 +2,8 @@
 //! around the executor's calls into the engine (`submit`, `process`, `poll`), a repair
 //! that finds and rewrites mismatching parity, and a replace (writes mirrored to the
 //! replacement, the copy, the swap at completion), beside client reads and writes on 2
-//! shards, and writes logged in the Partial Parity Log (RAID5 and RAID6), must count zero
-//! allocations. A separate test binary because it replaces the global allocator.
+//! shards, writes logged in the Partial Parity Log (RAID5 and RAID6), and a stream of
+//! sub-stripe writes through the stripe cache, must count zero allocations. A separate test binary because it replaces the global allocator.
 
 use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::cell::Cell;
@@ -58,6 +58,39 @@ fn armed<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// Simulated NVMe SSD `i` of `bytes` bytes, 512-byte sectors, on `clock`.
+fn nvme(clock: &SimClock, i: u64, bytes: u64) -> SimDevice {
+    SimDevice::new(
+        &format!("d{i}"),
+        bytes,
+        512,
+        Profile::nvme_ssd(),
+        clock.clone(),
+        i,
+    )
+    .unwrap()
+}
+
+/// 4 KiB client requests, as many as `drive` wants: random reads and writes over `cap`
+/// bytes from seed `x`, until 2000 have gone out.
+fn random_io(cap: u64, mut x: u64) -> impl FnMut(u64) -> Option<(ArrayOp, u64)> {
+    move |issued| {
+        if issued > 2000 {
+            return None;
+        }
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let off = (x >> 20) % (cap / 4096) * 4096;
+        let op = if x & 1 == 0 {
+            ArrayOp::Read
+        } else {
+            ArrayOp::Write { fua: false }
+        };
+        Some((op, off))
+    }
+}
+
 #[test]
 fn repair_beside_client_io_allocates_nothing() {
     const CHUNK: u64 = 16384;
@@ -65,19 +98,7 @@ fn repair_beside_client_io_allocates_nothing() {
     let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
     let geo = ArrayGeometry::new(g, STRIPES).unwrap();
     let clock = SimClock::new();
-    let devs: Vec<SimDevice> = (0..6)
-        .map(|i| {
-            SimDevice::new(
-                &format!("d{i}"),
-                STRIPES * CHUNK,
-                512,
-                Profile::nvme_ssd(),
-                clock.clone(),
-                i,
-            )
-            .unwrap()
-        })
-        .collect();
+    let devs: Vec<SimDevice> = (0..6).map(|i| nvme(&clock, i, STRIPES * CHUNK)).collect();
     // Parity that matches nothing: every stripe of this never-written array holds random
     // P/Q bytes, so the repair rewrites parity everywhere.
     for (i, d) in devs.iter().enumerate() {
@@ -95,67 +116,11 @@ fn repair_beside_client_io_allocates_nothing() {
     let mut arr = ShardedArray::new(shards, 64);
     arr.start_process(&ProcessRequest::whole(ProcessKind::Repair))
         .unwrap();
-    // Client buffers, allocated up front: 4 KiB reads and writes, one per slot.
-    let mut bufs: Vec<AlignedBuf> = (0..4).map(|_| AlignedBuf::zeroed(4096)).collect();
-    let mut busy = [false; 4];
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 16];
-    let mut x = 12345u64;
-    let mut issued = 0u64;
     let cap = geo.capacity_bytes();
-    for _ in 0..5_000_000 {
-        let done = arr
-            .process_snapshot()
-            .is_some_and(|s| s.state == ProcessState::Finished);
-        if done {
-            break;
-        }
-        for (slot, b) in bufs.iter_mut().enumerate() {
-            if busy[slot] || issued > 2000 {
-                continue;
-            }
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let off = (x >> 20) % (cap / 4096) * 4096;
-            let op = if x & 1 == 0 {
-                ArrayOp::Read
-            } else {
-                ArrayOp::Write { fua: false }
-            };
-            // SAFETY: the buffer stays in `bufs`, untouched, until its request completes
-            // (its slot is busy until then).
-            let io = unsafe { IoBuf::from_slice(b) };
-            let r = ArrayRequest {
-                tag: slot as u64,
-                op,
-                offset_bytes: off,
-                len_bytes: 4096,
-                buf: io,
-            };
-            armed(|| arr.submit(r)).unwrap();
-            busy[slot] = true;
-            issued += 1;
-        }
-        arr.set_now(clock.now_ns());
-        let progressed = armed(|| arr.process());
-        let n = armed(|| arr.poll(&mut out));
-        for c in &out[..n] {
-            assert_eq!(c.status, Ok(()));
-            busy[c.tag as usize] = false;
-        }
-        if !progressed && n == 0 {
-            let next = arr
-                .shards()
-                .iter()
-                .flat_map(|s| s.channels().filter_map(|c| c.next_completion_ns()))
-                .chain(arr.next_deadline_ns())
-                .min();
-            clock.advance_to(next.unwrap_or(clock.now_ns() + 1000).max(clock.now_ns()));
-        }
-    }
+    let issued = drive(&mut arr, &clock, random_io(cap, 12345), |a, _| {
+        a.process_snapshot()
+            .is_some_and(|s| s.state == ProcessState::Finished)
+    });
     let snap = arr.process_snapshot().unwrap();
     assert_eq!(snap.state, ProcessState::Finished);
     assert!(snap.mismatch_cnt > 0);
@@ -167,14 +132,16 @@ fn repair_beside_client_io_allocates_nothing() {
     );
 }
 
-/// Runs `arr` with random 4 KiB client reads and writes (buffers allocated up front) until
-/// `done`, with the allocator armed around every call into the engine; returns the client
-/// requests issued.
+/// Runs `arr` with 4 KiB client requests, 4 in flight (buffers allocated up front; a
+/// write's filled with a byte of its number), each from `next` given the requests issued
+/// so far (`None`: no more for now), until `done` — given whether `next` said `None` —
+/// holds with none in flight; the allocator is armed around every call into the engine.
+/// Returns the client requests issued.
 fn drive(
     arr: &mut ShardedArray<SimChannel>,
     clock: &SimClock,
-    cap: u64,
-    mut done: impl FnMut(&ShardedArray<SimChannel>) -> bool,
+    mut next: impl FnMut(u64) -> Option<(ArrayOp, u64)>,
+    mut done: impl FnMut(&ShardedArray<SimChannel>, bool) -> bool,
 ) -> u64 {
     let mut bufs: Vec<AlignedBuf> = (0..4).map(|_| AlignedBuf::zeroed(4096)).collect();
     let mut busy = [false; 4];
@@ -182,25 +149,23 @@ fn drive(
         tag: 0,
         status: Ok(()),
     }; 16];
-    let mut x = 777u64;
     let mut issued = 0u64;
+    let mut exhausted = false;
     for _ in 0..5_000_000 {
-        if done(arr) && busy.iter().all(|b| !b) {
+        if done(arr, exhausted) && busy.iter().all(|b| !b) {
             break;
         }
         for (slot, b) in bufs.iter_mut().enumerate() {
-            if busy[slot] || issued > 2000 {
+            if busy[slot] {
                 continue;
             }
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let off = (x >> 20) % (cap / 4096) * 4096;
-            let op = if x & 1 == 0 {
-                ArrayOp::Read
-            } else {
-                ArrayOp::Write { fua: false }
+            let Some((op, off)) = next(issued) else {
+                exhausted = true;
+                continue;
             };
+            if op.is_write() {
+                b.fill(issued as u8);
+            }
             // SAFETY: the buffer stays in `bufs`, untouched, until its request completes
             // (its slot is busy until then).
             let io = unsafe { IoBuf::from_slice(b) };
@@ -232,6 +197,10 @@ fn drive(
             clock.advance_to(next.unwrap_or(clock.now_ns() + 1000).max(clock.now_ns()));
         }
     }
+    assert!(
+        done(arr, exhausted),
+        "still not done after 5,000,000 rounds"
+    );
     issued
 }
 
@@ -242,17 +211,7 @@ fn replace_beside_client_io_allocates_nothing() {
     let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, CHUNK, 512).unwrap();
     let geo = ArrayGeometry::new(g, STRIPES).unwrap();
     let clock = SimClock::new();
-    let dev = |i: u64| {
-        SimDevice::new(
-            &format!("d{i}"),
-            STRIPES * CHUNK,
-            512,
-            Profile::nvme_ssd(),
-            clock.clone(),
-            i,
-        )
-        .unwrap()
-    };
+    let dev = |i: u64| nvme(&clock, i, STRIPES * CHUNK);
     let devs: Vec<SimDevice> = (0..4).map(dev).collect();
     let new = dev(9);
     let shards = (0..2)
@@ -266,11 +225,16 @@ fn replace_beside_client_io_allocates_nothing() {
     let chans = (0..2).map(|_| new.open_channel().unwrap()).collect();
     arr.start_replace(1, chans, 0).unwrap();
     let before = ALLOCATIONS.load(Ordering::Relaxed);
-    let issued = drive(&mut arr, &clock, geo.capacity_bytes(), |a| {
-        a.replacement()
-            .is_some_and(|r| r.state != ReplaceState::Copying)
-            && !a.process_active()
-    });
+    let issued = drive(
+        &mut arr,
+        &clock,
+        random_io(geo.capacity_bytes(), 777),
+        |a, _| {
+            a.replacement()
+                .is_some_and(|r| r.state != ReplaceState::Copying)
+                && !a.process_active()
+        },
+    );
     assert_eq!(arr.replacement().unwrap().state, ReplaceState::Done);
     assert!(issued > 50, "{issued} client requests");
     assert_eq!(
@@ -278,6 +242,68 @@ fn replace_beside_client_io_allocates_nothing() {
         0,
         "allocations on the replace's data path"
     );
+}
+
+/// The stripe cache's write path allocates nothing: sequential 4 KiB writes (4 in
+/// flight) stream over an array four times the cache, so passes batch, recycle the stripes
+/// the stream leaves and remember them in the ghost ring; then a region of eight stripes
+/// (half the cache) is rewritten in laps, so the second lap misses on ghosts, the cache
+/// turns cautious and later laps hit cached stripes.
+#[test]
+fn stripe_cache_streams_and_laps_allocate_nothing() {
+    const CHUNK: u64 = 16384;
+    const STRIPES: u64 = 64;
+    let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, CHUNK, 512).unwrap();
+    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+    let clock = SimClock::new();
+    let devs: Vec<SimDevice> = (0..4).map(|i| nvme(&clock, i, STRIPES * CHUNK)).collect();
+    let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
+    let cfg = ArrayConfig {
+        stripe_cache_entries: 16,
+        stripe_ops: 8,
+        ..ArrayConfig::default()
+    };
+    let shards = vec![Array::new(geo, chans, Parity::new(), cfg).unwrap()];
+    let mut arr = ShardedArray::new(shards, 64);
+    let stripe = g.stripe_data_bytes();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    // Two passes over the whole array, then eight over its first eight stripes.
+    let written = stream(&mut arr, &clock, 0, STRIPES * stripe, 2);
+    let hits_before = arr.shards()[0].stats().cache_hit_stripes;
+    let rewritten = stream(&mut arr, &clock, 0, 8 * stripe, 8);
+    assert_eq!(
+        ALLOCATIONS.load(Ordering::Relaxed) - before,
+        0,
+        "allocations on the stripe cache's write path"
+    );
+    let st = arr.shards()[0].stats();
+    assert_eq!(written + rewritten, (2 * STRIPES + 64) * stripe / 4096);
+    assert!(st.batched_writes > st.write_passes, "{st:?}");
+    assert!(
+        st.cache_hit_stripes > hits_before,
+        "the rewritten region stays cached: {st:?}"
+    );
+}
+
+/// Writes `laps` times the range `start..end` of `arr` sequentially in 4 KiB writes,
+/// 4 in flight, with the allocator armed around the engine's calls; returns the writes.
+fn stream(
+    arr: &mut ShardedArray<SimChannel>,
+    clock: &SimClock,
+    start: u64,
+    end: u64,
+    laps: u64,
+) -> u64 {
+    let total = (end - start) / 4096 * laps;
+    let next = |i: u64| {
+        (i < total).then(|| {
+            (
+                ArrayOp::Write { fua: false },
+                start + i * 4096 % (end - start),
+            )
+        })
+    };
+    drive(arr, clock, next, |_, exhausted| exhausted)
 }
 
 /// The Partial Parity Log's write path allocates nothing: every write logged before it goes
@@ -301,17 +327,7 @@ fn ppl_logged_writes_allocate_nothing() {
         let geo = ArrayGeometry::new(g, STRIPES).unwrap();
         let clock = SimClock::new();
         let devs: Vec<SimDevice> = (0..members)
-            .map(|i| {
-                SimDevice::new(
-                    &format!("d{i}"),
-                    DATA_OFFSET + STRIPES * CHUNK,
-                    512,
-                    Profile::nvme_ssd(),
-                    clock.clone(),
-                    u64::from(i),
-                )
-                .unwrap()
-            })
+            .map(|i| nvme(&clock, u64::from(i), DATA_OFFSET + STRIPES * CHUNK))
             .collect();
         let shared = Arc::new(PplShared::new(
             usize::from(members),
@@ -335,9 +351,8 @@ fn ppl_logged_writes_allocate_nothing() {
         let records = |a: &ShardedArray<SimChannel>| -> u64 {
             a.shards().iter().map(|s| s.stats().ppl_records).sum()
         };
-        let issued = drive(&mut arr, &clock, geo.capacity_bytes(), |a| {
-            records(a) >= 300
-        });
+        let io = random_io(geo.capacity_bytes(), 777);
+        let issued = drive(&mut arr, &clock, io, |a, _| records(a) >= 300);
         assert!(records(&arr) >= 300, "{level}: {} records", records(&arr));
         assert!(issued > 300, "{level}: {issued} client requests");
         assert_eq!(

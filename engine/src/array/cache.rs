@@ -308,6 +308,10 @@ pub(crate) struct StripeCache {
     /// leave ([`Self::cautious`]).
     ghosts: Box<[u64]>,
     ghost_next: usize,
+    /// How many times each stripe is in `ghosts`: a miss asks it instead of scanning the
+    /// ring (which is as long as the cache, any size `--stripe-cache` gives). Sized at
+    /// construction for twice the ring, so inserting never grows it.
+    ghost_count: HashMap<u64, u32, FxBuildHasher>,
     /// Misses still to come before [`Self::cautious`] ends: set to twice the entries by a
     /// miss on a ghost, counted down by every other miss.
     cautious_misses: u32,
@@ -341,6 +345,7 @@ impl StripeCache {
             demoted: 0,
             ghosts: vec![u64::MAX; entries].into_boxed_slice(),
             ghost_next: 0,
+            ghost_count: HashMap::with_capacity_and_hasher(2 * entries, FxBuildHasher),
             cautious_misses: 0,
         };
         for e in 0..entries as u32 {
@@ -381,7 +386,7 @@ impl StripeCache {
         }
         let e = self.head;
         assert!(e != NONE, "every stripe cache entry is pinned");
-        if self.ghosts.contains(&stripe) {
+        if self.ghost_count.contains_key(&stripe) {
             self.cautious_misses = 2 * self.entries.len() as u32;
         } else {
             self.cautious_misses = self.cautious_misses.saturating_sub(1);
@@ -421,8 +426,22 @@ impl StripeCache {
         self.unlink(e);
         self.push_head(e);
         self.demoted += 1;
-        self.ghosts[self.ghost_next] = self.entries[e as usize].stripe;
+        let stripe = self.entries[e as usize].stripe;
+        let old = std::mem::replace(&mut self.ghosts[self.ghost_next], stripe);
         self.ghost_next = (self.ghost_next + 1) % self.ghosts.len();
+        if old != u64::MAX {
+            match self.ghost_count.get_mut(&old) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    self.ghost_count.remove(&old);
+                }
+                None => unreachable!("stripe {old} in the ghost ring but not counted"),
+            }
+        }
+        if stripe != u64::MAX {
+            *self.ghost_count.entry(stripe).or_insert(0) += 1;
+        }
+        debug_assert!(self.ghost_count.len() <= self.ghosts.len());
     }
 
     /// Whether a stream came back lately to a stripe it had been made to leave (a miss
@@ -661,6 +680,40 @@ mod tests {
         );
         assert!(!c.holds(12) && c.holds(10) && c.holds(11));
         c.unpin(e, true);
+    }
+
+    /// The ghost counts answer what a scan of the ring would, through random pins,
+    /// unpins and demotions that put stripes in the ring more than once; a stripe stops
+    /// being a ghost only when its last copy in the ring is overwritten.
+    #[test]
+    fn ghost_counts_answer_what_the_ring_holds() {
+        let mut c = StripeCache::new(4, 1, 4096, 512, true);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % n
+        };
+        for _ in 0..20_000 {
+            let (e, _) = c.pin(next(12));
+            c.unpin(e, true);
+            if next(3) > 0 {
+                c.demote(e);
+            }
+            for stripe in 0..12 {
+                assert_eq!(
+                    c.ghost_count.contains_key(&stripe),
+                    c.ghosts.contains(&stripe),
+                    "stripe {stripe}, ring {:?}",
+                    c.ghosts
+                );
+            }
+            assert_eq!(
+                c.ghost_count.values().sum::<u32>() as usize,
+                c.ghosts.iter().filter(|&&g| g != u64::MAX).count()
+            );
+        }
     }
 
     #[test]
