@@ -3183,3 +3183,611 @@ fn a_stream_recycles_the_stripes_it_left_unless_it_comes_back() {
         assert!(got[..] == want[..], "{what}: parity inconsistent");
     }
 }
+
+// Adversarial streams against the recycling stripe cache and the bulk backlog. Seeds
+// and length: FERRORAID_STRESS_SEEDS (how many, default 8), FERRORAID_STRESS_FROM (the
+// first, default 0), FERRORAID_STRESS_OPS (requests of the pure-stream runs, default
+// 3000); FERRORAID_STRESS_TRACE=FILE appends one line per run with a hash of the
+// completion order, to compare two builds' behaviour run by run (docs/TESTING.md).
+
+/// xorshift64*, deterministic per seed.
+struct StressRng(u64);
+impl StressRng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+struct StressPending {
+    write: bool,
+    off: u64,
+    len: u64,
+    buf: AlignedBuf,
+    want: Option<Vec<u8>>,
+}
+
+/// The backlog's bulk-write counter equals what the backlog holds.
+fn check_backlog_bulk(arr: &Array<crate::sim::SimChannel>, what: &str) {
+    let n = arr
+        .backlog
+        .iter()
+        .filter(|&&r| arr.reqs[r as usize].as_ref().expect("live").class == RequestClass::BulkWrite)
+        .count();
+    assert_eq!(arr.backlog_bulk as usize, n, "{what}: backlog_bulk drifted");
+}
+
+/// Streams of sub-stripe writes (several at once, each wrapping in a region of about the
+/// cache's size), write-zeroes and discards inside the streams, reads right behind the
+/// streams' cursors, random reads and writes, flushes, at a random queue depth, on a small
+/// stripe cache; members fail mid-stream (`fails`: at which op, up to the redundancy).
+/// Every read equals the reference; at the end the whole array reads back as written,
+/// and again with one more member gone when the redundancy allows. Returns the stripes
+/// the cache demoted (recycled) during the run.
+#[allow(clippy::too_many_arguments)]
+fn stream_stress(
+    level: Level,
+    members: u16,
+    seed: u64,
+    entries: usize,
+    streams: usize,
+    ops: usize,
+    fails: &[usize],
+    bulk_pct: Option<usize>,
+    turn_bytes: Option<u64>,
+    pure: bool,
+) -> u64 {
+    let chunk = 16u64 << 10;
+    let nstripes = 24u64;
+    let g = Geometry::new(level, Layout::LeftSymmetric, members, chunk, 512).unwrap();
+    let sb = g.stripe_data_bytes();
+    let cap = sb * nstripes;
+    let cfg = ArrayConfig {
+        requests: 32,
+        stripe_ops: 4,
+        stripe_cache_entries: entries,
+        bulk_share_percent: bulk_pct,
+        bulk_bytes_per_turn: turn_bytes.unwrap_or(BULK_BYTES_PER_TURN),
+        ..ArrayConfig::default()
+    };
+    let (mut arr, devs, clock) = sim_array_of(
+        g,
+        nstripes,
+        |i| {
+            let mut p = Profile::fixed(5_000 + 3_000 * u64::from(i));
+            if i % 2 == 1 {
+                p.write_bytes_per_s = 200 << 20;
+                p.parallelism = 2;
+            }
+            (p, 1 + u64::from(i))
+        },
+        cfg,
+    );
+    let what0 = format!("{level:?} members={members} seed={seed} entries={entries} streams={streams} fails={fails:?} bulk={bulk_pct:?} turn={turn_bytes:?} pure={pure}");
+    let mut rng = StressRng::new(seed);
+    let mut reference = vec![0u8; cap as usize];
+    // Streams: (region start, region length, cursor).
+    let cache_bytes = entries.max(4) as u64 * sb;
+    let mut strm: Vec<(u64, u64, u64)> = (0..streams)
+        .map(|_| {
+            let region = match rng.below(5) {
+                0 => cache_bytes - sb,
+                1 => cache_bytes,
+                2 => cache_bytes + sb,
+                3 => cache_bytes / 2,
+                _ => cap,
+            }
+            .clamp(sb, cap);
+            let start = if region == cap {
+                0
+            } else {
+                (rng.below((cap - region) / sb + 1)) * sb
+            };
+            (start, region, start)
+        })
+        .collect();
+    let mut inflight: std::collections::HashMap<u64, StressPending> =
+        std::collections::HashMap::new();
+    let mut tag = 1000u64;
+    let mut issued = 0usize;
+    let mut failed = 0usize;
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 16];
+    let redundancy = usize::from(g.parity_chunks());
+    let mut depth = 1 + rng.below(16) as usize;
+    let mut turns = 0u64;
+    let mut trace = 0xcbf2_9ce4_8422_2325u64;
+    let mut reads_checked = 0u64;
+    while issued < ops || !inflight.is_empty() {
+        turns += 1;
+        assert!(turns < 5_000_000, "{what0}: no end");
+        if failed < fails.len() && issued >= fails[failed] {
+            let m = ((seed as usize + 2 * failed) % usize::from(members)) as u16;
+            devs[usize::from(m)].disappear();
+            failed += 1;
+        }
+        if rng.below(64) == 0 {
+            depth = 1 + rng.below(16) as usize;
+        }
+        while issued < ops && inflight.len() < depth {
+            let mut kind = rng.below(100);
+            if pure {
+                // Mostly the streams, reads right behind them, a few flushes.
+                kind = if kind < 85 {
+                    0
+                } else if kind < 96 {
+                    60
+                } else {
+                    82
+                };
+            }
+            let (op, off, len) = if kind < 55 {
+                // A stream write.
+                let k = rng.below(strm.len() as u64) as usize;
+                let (start, region, cursor) = strm[k];
+                let max = if rng.below(4) == 0 { 64 } else { 16 };
+                let mut len = 512 * (1 + rng.below(max));
+                len = len.min(sb - 512).min(region);
+                let mut off = cursor;
+                if off + len > start + region {
+                    off = start;
+                }
+                strm[k].2 = off + len;
+                let op = match rng.below(20) {
+                    0 => ArrayOp::WriteZeroes {
+                        fua: rng.below(2) == 0,
+                    },
+                    1 => ArrayOp::Discard,
+                    2 => ArrayOp::Write { fua: true },
+                    _ => ArrayOp::Write { fua: false },
+                };
+                (op, off, len)
+            } else if kind < 70 {
+                // A read right behind a stream's cursor (the stripe it just left).
+                let k = rng.below(strm.len() as u64) as usize;
+                let (start, _, cursor) = strm[k];
+                let len = 512 * (1 + rng.below(2 * sb / 512));
+                let off = cursor
+                    .saturating_sub(len / 2 + 512 * rng.below(64))
+                    .max(start)
+                    / 512
+                    * 512;
+                let len = len.min(cap - off);
+                (ArrayOp::Read, off, len)
+            } else if kind < 80 {
+                let len = 512 * (1 + rng.below(3 * sb / 512));
+                let off = 512 * rng.below((cap - len) / 512 + 1);
+                (ArrayOp::Read, off, len)
+            } else if kind < 85 {
+                (ArrayOp::Flush, 0, 0)
+            } else {
+                let len = if rng.below(2) == 0 {
+                    512 * (1 + rng.below(16))
+                } else {
+                    512 * (1 + rng.below(3 * sb / 512))
+                };
+                let off = 512 * rng.below((cap - len) / 512 + 1);
+                let op = if rng.below(10) == 0 {
+                    ArrayOp::Discard
+                } else {
+                    ArrayOp::Write { fua: false }
+                };
+                (op, off, len)
+            };
+            let ov = |a: (u64, u64), b: (u64, u64)| a.0 < b.0 + b.1 && b.0 < a.0 + a.1;
+            let write = op.is_write();
+            let clash = inflight.values().any(|p| {
+                (write || p.write)
+                    && p.len > 0
+                    && ov((p.off, p.len), (off, len))
+                    && (write != p.write)
+            });
+            if clash {
+                break;
+            }
+            let mut buf = AlignedBuf::zeroed(len as usize);
+            let (a, b) = (off as usize, (off + len) as usize);
+            let want = match op {
+                ArrayOp::Write { .. } => {
+                    for x in buf.iter_mut() {
+                        *x = rng.next() as u8;
+                    }
+                    reference[a..b].copy_from_slice(&buf);
+                    None
+                }
+                ArrayOp::WriteZeroes { .. } => {
+                    reference[a..b].fill(0);
+                    None
+                }
+                ArrayOp::Discard => {
+                    let first = off.div_ceil(sb) * sb;
+                    let last = (off + len) / sb * sb;
+                    if first < last {
+                        reference[first as usize..last as usize].fill(0);
+                    }
+                    None
+                }
+                ArrayOp::Read => Some(reference[a..b].to_vec()),
+                _ => None,
+            };
+            tag += 1;
+            if op.is_flush() || matches!(op, ArrayOp::WriteZeroes { .. } | ArrayOp::Discard) {
+                // No buffer (a flush's range is 0, 0).
+                arr.submit(ArrayRequest {
+                    tag,
+                    op,
+                    offset_bytes: off,
+                    len_bytes: len as u32,
+                    buf: IoBuf::NONE,
+                })
+                .unwrap();
+            } else {
+                submit_at(&mut arr, tag, op, off, &mut buf);
+            }
+            inflight.insert(
+                tag,
+                StressPending {
+                    write,
+                    off,
+                    len: if op.is_flush() { 0 } else { len },
+                    buf,
+                    want,
+                },
+            );
+            issued += 1;
+        }
+        arr.set_now(clock.now_ns());
+        let progressed = arr.process();
+        check_backlog_bulk(&arr, &what0);
+        let n = arr.poll(&mut out);
+        for c in &out[..n] {
+            trace = trace.wrapping_mul(0x100_0000_01B3) ^ c.tag ^ clock.now_ns().rotate_left(32);
+            let p = inflight.remove(&c.tag).expect("known tag");
+            assert_eq!(
+                c.status,
+                Ok(()),
+                "{what0}: tag {} at {} len {}",
+                c.tag,
+                p.off,
+                p.len
+            );
+            if let Some(want) = p.want {
+                reads_checked += 1;
+                if p.buf[..] != want[..] {
+                    let first = (0..want.len()).find(|&i| p.buf[i] != want[i]).unwrap();
+                    panic!(
+                        "{what0}: read tag {} of {}+{} differs first at array byte {} (stripe {}) after {issued} ops",
+                        c.tag,
+                        p.off,
+                        p.len,
+                        p.off + first as u64,
+                        (p.off + first as u64) / sb
+                    );
+                }
+            }
+        }
+        if !progressed && n == 0 {
+            let next = arr
+                .channels()
+                .filter_map(|c| c.next_completion_ns())
+                .chain(arr.next_deadline_ns())
+                .min();
+            match next {
+                Some(t) => clock.advance_to(t.max(clock.now_ns())),
+                None => assert!(
+                    inflight.is_empty() || issued < ops,
+                    "{what0}: stalled with {} in flight",
+                    inflight.len()
+                ),
+            }
+        }
+    }
+    if let Ok(path) = std::env::var("FERRORAID_STRESS_TRACE") {
+        use std::io::Write as _;
+        let st = arr.stats();
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(
+            f,
+            "{what0} trace={trace:016x} now={} overtaking={} hits={} demoted={} reads={reads_checked}",
+            clock.now_ns(),
+            st.overtaking_requests,
+            st.cache_hit_stripes,
+            arr.cache.demoted()
+        )
+        .unwrap();
+    }
+    let mut got = AlignedBuf::zeroed(cap as usize);
+    assert_eq!(
+        rw(&mut arr, &clock, 1, ArrayOp::Read, 0, &mut got),
+        Ok(()),
+        "{what0}"
+    );
+    assert!(got[..] == reference[..], "{what0}: final read-back differs");
+    if failed < redundancy {
+        let m = ((seed as usize + 2 * failed + 1) % usize::from(members)) as u16;
+        devs[usize::from(m)].disappear();
+        let mut got = AlignedBuf::zeroed(cap as usize);
+        assert_eq!(
+            rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut got),
+            Ok(()),
+            "{what0}"
+        );
+        assert!(
+            got[..] == reference[..],
+            "{what0}: parity inconsistent (read with member {m} gone)"
+        );
+    }
+    arr.cache.demoted()
+}
+
+/// The seeds of the stream stress tests (see the comment above `StressRng`).
+fn stress_seeds() -> std::ops::Range<u64> {
+    let n = std::env::var("FERRORAID_STRESS_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8u64);
+    let from = std::env::var("FERRORAID_STRESS_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0u64);
+    from..from + n
+}
+
+#[test]
+fn streams_on_a_small_cache_read_back_what_was_written() {
+    for seed in stress_seeds() {
+        for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+            for entries in [4usize, 5, 8] {
+                for streams in [1usize, 2, 3] {
+                    stream_stress(
+                        level,
+                        members,
+                        seed,
+                        entries,
+                        streams,
+                        1500,
+                        &[],
+                        None,
+                        None,
+                        false,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn streams_with_members_failing_mid_stream_read_back_what_was_written() {
+    for seed in stress_seeds() {
+        for (level, members, fails) in [
+            (Level::Raid5, 5u16, &[700usize][..]),
+            (Level::Raid6, 6, &[500, 1000][..]),
+            (Level::Raid6, 6, &[900][..]),
+        ] {
+            for entries in [4usize, 6] {
+                for streams in [1usize, 2] {
+                    stream_stress(
+                        level, members, seed, entries, streams, 1500, fails, None, None, false,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn streams_with_a_pinned_bulk_share_read_back_what_was_written() {
+    for seed in stress_seeds() {
+        for pct in [1usize, 25, 50] {
+            for turn in [None, Some(512u64), Some(20 << 10)] {
+                stream_stress(
+                    Level::Raid5,
+                    5,
+                    seed,
+                    4,
+                    2,
+                    1500,
+                    &[],
+                    Some(pct),
+                    turn,
+                    false,
+                );
+                stream_stress(
+                    Level::Raid6,
+                    6,
+                    seed,
+                    5,
+                    3,
+                    1500,
+                    &[800],
+                    Some(pct),
+                    turn,
+                    false,
+                );
+            }
+        }
+    }
+}
+
+/// Bulk writes fill the bulk share (or spend the turn's bulk bytes) with small reads, a
+/// flush and a small non-sequential write behind them: those go ahead of the queued bulk
+/// writes (nothing starves), a read overlapping a queued bulk write waits for it and sees
+/// its data, the backlog's bulk counter stays exact, and everything reads back as written.
+#[test]
+fn requests_behind_waiting_bulk_writes_go_ahead_and_read_what_was_written() {
+    for (pct, turn) in [
+        (Some(25usize), BULK_BYTES_PER_TURN),
+        (Some(100), 512),
+        (Some(1), 512),
+        (None, 4096),
+    ] {
+        for level in [Level::Raid5, Level::Raid6] {
+            let members = if level == Level::Raid5 { 5 } else { 6 };
+            let cfg = ArrayConfig {
+                stripe_ops: 4,
+                stripe_cache_entries: 4,
+                bulk_share_percent: pct,
+                bulk_bytes_per_turn: turn,
+                ..ArrayConfig::default()
+            };
+            let g = Geometry::new(level, Layout::LeftSymmetric, members, 16 << 10, 512).unwrap();
+            let sb = g.stripe_data_bytes() as usize;
+            let (mut arr, _devs, clock) = sim_array_of(
+                g,
+                64,
+                |i| (Profile::fixed(20_000 + 1000 * u64::from(i)), 1),
+                cfg,
+            );
+            let what = format!("{level:?} pct={pct:?} turn={turn}");
+            let cap = arr.geometry().capacity_bytes() as usize;
+            let mut want = vec![0u8; cap];
+            // Six bulk writes of 3 stripes each over stripes 0..18.
+            let mut bufs: Vec<AlignedBuf> = Vec::new();
+            let mut tags = Vec::new();
+            for k in 0..6 {
+                let mut b = AlignedBuf::zeroed(3 * sb);
+                b.fill(10 + k as u8);
+                want[k * 3 * sb..(k + 1) * 3 * sb].copy_from_slice(&b);
+                bufs.push(b);
+                tags.push(10 + k as u64);
+            }
+            for (k, b) in bufs.iter_mut().enumerate() {
+                submit_at(
+                    &mut arr,
+                    10 + k as u64,
+                    ArrayOp::Write { fua: false },
+                    (k * 3 * sb) as u64,
+                    b,
+                );
+            }
+            // Behind them: a small read far away, a flush, a small write far away, a small
+            // read of what bulk write 4 writes, a sequential sub-stripe write (bulk).
+            let mut r1 = AlignedBuf::zeroed(4096);
+            submit_at(&mut arr, 1, ArrayOp::Read, (40 * sb + 512) as u64, &mut r1);
+            arr.submit(ArrayRequest {
+                tag: 2,
+                op: ArrayOp::Flush,
+                offset_bytes: 0,
+                len_bytes: 0,
+                buf: IoBuf::NONE,
+            })
+            .unwrap();
+            let mut w3 = AlignedBuf::zeroed(8192);
+            w3.fill(0xA3);
+            want[50 * sb + 4096..50 * sb + 4096 + 8192].copy_from_slice(&w3);
+            submit_at(
+                &mut arr,
+                3,
+                ArrayOp::Write { fua: false },
+                (50 * sb + 4096) as u64,
+                &mut w3,
+            );
+            let mut r4 = AlignedBuf::zeroed(8192);
+            let r4_at = 4 * 3 * sb + sb + 1024;
+            submit_at(&mut arr, 4, ArrayOp::Read, r4_at as u64, &mut r4);
+            let mut w5 = AlignedBuf::zeroed(4096);
+            w5.fill(0xB5);
+            want[18 * sb..18 * sb + 4096].copy_from_slice(&w5);
+            submit_at(
+                &mut arr,
+                5,
+                ArrayOp::Write { fua: false },
+                (18 * sb) as u64,
+                &mut w5,
+            );
+            tags.extend([1, 2, 3, 4, 5]);
+            let mut order = Vec::new();
+            let mut out = [ArrayCompletion {
+                tag: 0,
+                status: Ok(()),
+            }; 16];
+            for _ in 0..1_000_000 {
+                if order.len() == tags.len() {
+                    break;
+                }
+                arr.set_now(clock.now_ns());
+                let more = arr.process();
+                check_backlog_bulk(&arr, &what);
+                let n = arr.poll(&mut out);
+                for c in &out[..n] {
+                    assert_eq!(c.status, Ok(()), "{what}: tag {}", c.tag);
+                    order.push(c.tag);
+                }
+                if !more && n == 0 {
+                    let next = arr.channels().filter_map(|c| c.next_completion_ns()).min();
+                    clock.advance_to(next.expect("member I/O in flight"));
+                }
+            }
+            assert_eq!(
+                order.len(),
+                tags.len(),
+                "{what}: not all completed: {order:?}"
+            );
+            let pos = |t: u64| order.iter().position(|&x| x == t).unwrap();
+            for t in [1, 2, 3] {
+                assert!(
+                    pos(t) < pos(15),
+                    "{what}: {t} waited for the last bulk write: {order:?}"
+                );
+            }
+            assert!(r1.iter().all(|&b| b == 0), "{what}");
+            assert!(
+                r4[..] == want[r4_at..r4_at + 8192],
+                "{what}: overlapping read"
+            );
+            let mut got = AlignedBuf::zeroed(cap);
+            assert_eq!(rw(&mut arr, &clock, 99, ArrayOp::Read, 0, &mut got), Ok(()));
+            assert!(got[..] == want[..], "{what}: read-back differs");
+        }
+    }
+}
+
+/// Requests of each pure-stream run (see the comment above `StressRng`).
+fn stress_ops() -> usize {
+    std::env::var("FERRORAID_STRESS_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000)
+}
+
+/// Almost nothing but the streams (so they recycle constantly and the cache turns
+/// cautious and back), reads right behind the cursors, members failing mid-stream.
+#[test]
+fn pure_streams_recycle_and_read_back_what_was_written() {
+    let ops = stress_ops();
+    let mut demoted = 0;
+    for seed in stress_seeds() {
+        for (level, members, fails) in [
+            (Level::Raid5, 5u16, &[][..]),
+            (Level::Raid5, 5, &[ops / 2][..]),
+            (Level::Raid6, 6, &[][..]),
+            (Level::Raid6, 6, &[ops / 3, 2 * ops / 3][..]),
+        ] {
+            for entries in [0usize, 4, 5, 7] {
+                for streams in [1usize, 2, 3] {
+                    demoted += stream_stress(
+                        level, members, seed, entries, streams, ops, fails, None, None, true,
+                    );
+                }
+            }
+        }
+    }
+    assert!(demoted > 0, "the streams never recycled a stripe");
+}
