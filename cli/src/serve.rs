@@ -17,6 +17,7 @@ use engine::reactor::Mode;
 use ferroraid::create::{create, CreateOptions};
 use ferroraid::node::Node;
 use ferroraid::notify::NotifyState;
+use ferroraid::status::{ExportProtocol, ExportReport};
 use ferroraid::target::{ServeOptions, Target};
 use serde::Deserialize;
 
@@ -915,6 +916,20 @@ fn reload_config(a: &ServeArgs, node: &Node) {
             .position(|(_, paths)| devs.iter().any(|d| paths.contains(d)))
         {
             wanted[i] = true;
+            let name = &running[i].0;
+            node.for_each_array(|t| {
+                if t.name() != name {
+                    return;
+                }
+                if let Some((want, have)) = export_drift(o, &t.exports()) {
+                    tracing::warn!(
+                        array = %name,
+                        "reload: the configuration exports the array at {want}; it is \
+                         exported at {have} and stays so (`ferroraid export add|remove` \
+                         changes a running array's exports)"
+                    );
+                }
+            });
             continue;
         }
         match node.start_array(o) {
@@ -931,6 +946,71 @@ fn reload_config(a: &ServeArgs, node: &Node) {
             );
         }
     }
+}
+
+/// Where the configuration's array `o` is to be exported and where it is (`have`, its
+/// live exports) when they differ: each a list of `protocol address`, sorted. An NBD
+/// export with no address is the NBD default ([`ferroraid::nbd::DEFAULT_LISTEN`]);
+/// a configured TCP port 0 matches any port of its IP.
+fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, String)> {
+    let mut want: Vec<(ExportProtocol, String)> = Vec::new();
+    if o.nbd {
+        if o.nbd_tcp.is_empty() && o.nbd_unix.is_empty() {
+            let default = ferroraid::nbd::DEFAULT_LISTEN;
+            want.push((ExportProtocol::Nbd, default.to_string()));
+        }
+        want.extend(
+            o.nbd_tcp
+                .iter()
+                .map(|a| (ExportProtocol::Nbd, a.to_string())),
+        );
+        want.extend(
+            o.nbd_unix
+                .iter()
+                .map(|p| (ExportProtocol::Nbd, p.display().to_string())),
+        );
+    }
+    want.extend(
+        o.iscsi
+            .iter()
+            .map(|a| (ExportProtocol::Iscsi, a.to_string())),
+    );
+    want.extend(o.nvmf.iter().map(|a| (ExportProtocol::Nvmf, a.to_string())));
+    for (protocol, address) in &mut want {
+        let Ok(a) = address.parse::<SocketAddr>() else {
+            continue;
+        };
+        if a.port() != 0 {
+            continue;
+        }
+        let bound = have.iter().find(|h| {
+            h.protocol == *protocol
+                && h.address
+                    .parse::<SocketAddr>()
+                    .is_ok_and(|b| b.ip() == a.ip())
+        });
+        if let Some(h) = bound {
+            address.clone_from(&h.address);
+        }
+    }
+    let list = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let want = list(want.iter().map(|(p, a)| format!("{p} {a}")).collect());
+    let have = list(
+        have.iter()
+            .map(|h| format!("{} {}", h.protocol, h.address))
+            .collect(),
+    );
+    let show = |v: &[String]| {
+        if v.is_empty() {
+            "nothing".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    (want != have).then(|| (show(&want), show(&have)))
 }
 
 /// The one-line `STATUS=` of a running node (what `systemctl status` shows): each array
@@ -1243,6 +1323,43 @@ mod tests {
         let e = options(&["--qos", "fast", "m0"]).err().unwrap();
         assert!(e.to_string().contains("expected"), "{e}");
         assert!(options(&["--qos-target-us", "0", "m0"]).is_err());
+    }
+
+    /// A reload compares where the config exports a running array with where it is
+    /// exported: the NBD default when no address is given, port 0 as any port of its IP,
+    /// order ignored; a difference lists both sides.
+    #[test]
+    fn export_drift_compares_configured_and_live_exports() {
+        let live = |v: &[(ExportProtocol, &str)]| -> Vec<ExportReport> {
+            v.iter()
+                .map(|&(protocol, address)| ExportReport {
+                    protocol,
+                    address: address.to_string(),
+                    name: "a".into(),
+                })
+                .collect()
+        };
+        let nbd = ExportProtocol::Nbd;
+        let o = options(&["m0"]).unwrap();
+        assert_eq!(export_drift(&o, &live(&[(nbd, "127.0.0.1:10809")])), None);
+        let o = options(&["--nbd", "127.0.0.1:0", "--iscsi", "127.0.0.1:3261", "m0"]).unwrap();
+        let both = live(&[
+            (ExportProtocol::Iscsi, "127.0.0.1:3261"),
+            (nbd, "127.0.0.1:41234"),
+        ]);
+        assert_eq!(export_drift(&o, &both), None);
+        let o = options(&["--nbd", "127.0.0.1:10810", "m0"]).unwrap();
+        assert_eq!(
+            export_drift(&o, &live(&[(nbd, "127.0.0.1:10809")])),
+            Some((
+                "nbd 127.0.0.1:10810".to_string(),
+                "nbd 127.0.0.1:10809".to_string()
+            ))
+        );
+        assert_eq!(
+            export_drift(&o, &[]),
+            Some(("nbd 127.0.0.1:10810".to_string(), "nothing".to_string()))
+        );
     }
 
     /// Stripe operations: the default, a flag, and 0 refused by name (it once became 1

@@ -216,7 +216,8 @@ fn an_empty_appliance_creates_lists_stops_and_starts_arrays() {
 
 /// SIGHUP re-reads the config (issue 21): a table added since the start is assembled and
 /// served; a table removed leaves its array running (logged, never stopped silently); a
-/// changed setting is logged by its key; a config that no longer parses changes nothing.
+/// changed setting is logged by its key, and a running array's moved exports with both
+/// places; a config that no longer parses changes nothing.
 #[test]
 fn sighup_starts_new_tables_and_never_stops_an_array() {
     let dir = tempfile::tempdir().unwrap();
@@ -285,10 +286,12 @@ fn sighup_starts_new_tables_and_never_stops_an_array() {
         );
     }
     // alpha's table gone: alpha keeps running, and the log says so. A setting changed
-    // beside it is named, with what it applies to.
+    // beside it is named, with what it applies to; beta's table moved to another port:
+    // beta is still exported where it was, and the log says both.
+    let pb2 = free_port();
     std::fs::write(
         &cfg,
-        format!("{head}queue_depth = 64\n{}", table("beta", "b", pb)),
+        format!("{head}queue_depth = 64\n{}", table("beta", "b", pb2)),
     )
     .unwrap();
     srv.signal(libc::SIGHUP);
@@ -297,6 +300,10 @@ fn sighup_starts_new_tables_and_never_stops_an_array() {
         "applied to arrays started from now on; running arrays keep their settings until \
          stopped and started again: queue_depth",
     );
+    srv.wait_log(&format!(
+        "the configuration exports the array at nbd 127.0.0.1:{pb2}; it is exported at \
+         nbd 127.0.0.1:{pb} and stays so"
+    ));
     assert_eq!(names(&rpc), ["alpha", "beta"]);
     // A config that does not parse: nothing changes, the process serves on.
     std::fs::write(&cfg, "this is = = not toml").unwrap();
