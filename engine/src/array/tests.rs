@@ -493,14 +493,7 @@ fn the_zero_map_follows_zeroing_and_writes() {
     assert_eq!(map.zero_stripes(), 0);
     let op =
         |arr: &mut Array<crate::sim::SimChannel>, tag: u64, op: ArrayOp, off: u64, len: u64| {
-            arr.submit(ArrayRequest {
-                tag,
-                op,
-                offset_bytes: off,
-                len_bytes: len as u32,
-                buf: IoBuf::NONE,
-            })
-            .unwrap();
+            submit_dataless(arr, tag, op, off, len);
             assert_eq!(complete(arr, &clock, tag), Ok(()));
         };
     op(
@@ -573,14 +566,7 @@ fn a_fua_whole_stripe_write_zeroes_is_flushed_before_it_completes() {
         (0..6).map(|m| arr.member_counters(m).flushes).collect()
     };
     let zeroes = |arr: &mut Array<crate::sim::SimChannel>, tag: u64, fua: bool, st: u64| {
-        arr.submit(ArrayRequest {
-            tag,
-            op: ArrayOp::WriteZeroes { fua },
-            offset_bytes: st * stripe,
-            len_bytes: stripe as u32,
-            buf: IoBuf::NONE,
-        })
-        .unwrap();
+        submit_dataless(arr, tag, ArrayOp::WriteZeroes { fua }, st * stripe, stripe);
         assert_eq!(complete(arr, &clock, tag), Ok(()));
     };
     let before = flushes(&arr);
@@ -637,14 +623,7 @@ fn write_zeroes_and_discard_keep_parity_consistent() {
         (ArrayOp::Discard, 12 * stripe as u64 + 512, 4096),
     ];
     for (i, &(op, off, len)) in ops.iter().enumerate() {
-        arr.submit(ArrayRequest {
-            tag: 100 + i as u64,
-            op,
-            offset_bytes: off,
-            len_bytes: len,
-            buf: IoBuf::NONE,
-        })
-        .unwrap();
+        submit_dataless(&mut arr, 100 + i as u64, op, off, u64::from(len));
         assert_eq!(complete(&mut arr, &clock, 100 + i as u64), Ok(()));
         let (o, l) = (off as usize, len as usize);
         match op {
@@ -743,14 +722,13 @@ fn unsupported_native_zeroing_falls_back_to_writes() {
         probability: 1.0,
         count: Some(1),
     });
-    arr.submit(ArrayRequest {
-        tag: 2,
-        op: ArrayOp::WriteZeroes { fua: false },
-        offset_bytes: 0,
-        len_bytes: cap as u32,
-        buf: IoBuf::NONE,
-    })
-    .unwrap();
+    submit_dataless(
+        &mut arr,
+        2,
+        ArrayOp::WriteZeroes { fua: false },
+        0,
+        cap as u64,
+    );
     assert_eq!(complete(&mut arr, &clock, 2), Ok(()));
     assert!(arr.member_states().all(|m| m == MemberState::Online));
     devs[3].disappear();
@@ -885,6 +863,25 @@ fn submit_at(
         offset_bytes: off,
         len_bytes,
         buf: io,
+    })
+    .unwrap();
+}
+
+/// Submits a request that carries no data (write-zeroes, discard, flush: `off`/`len` 0,
+/// 0) of `len` array bytes at `off`.
+fn submit_dataless(
+    arr: &mut Array<crate::sim::SimChannel>,
+    tag: u64,
+    op: ArrayOp,
+    off: u64,
+    len: u64,
+) {
+    arr.submit(ArrayRequest {
+        tag,
+        op,
+        offset_bytes: off,
+        len_bytes: u32::try_from(len).expect("test request length"),
+        buf: IoBuf::NONE,
     })
     .unwrap();
 }
@@ -3092,14 +3089,13 @@ mod full_stripe_parity {
                     probability: 1.0,
                     count: Some(1),
                 });
-                arr.submit(ArrayRequest {
-                    tag: 202,
-                    op: ArrayOp::WriteZeroes { fua: false },
-                    offset_bytes: 5 * sb as u64,
-                    len_bytes: sb as u32,
-                    buf: IoBuf::NONE,
-                })
-                .unwrap();
+                submit_dataless(
+                    &mut arr,
+                    202,
+                    ArrayOp::WriteZeroes { fua: false },
+                    5 * sb as u64,
+                    sb as u64,
+                );
                 assert_eq!(complete(&mut arr, &clock, 202), Ok(()), "{what} zeroes");
                 want[5 * sb..6 * sb].fill(0);
                 let images: Vec<Vec<u8>> = devs.iter().map(SimDevice::contents).collect();
@@ -3424,15 +3420,7 @@ fn stream_stress(
             };
             tag += 1;
             if op.is_flush() || matches!(op, ArrayOp::WriteZeroes { .. } | ArrayOp::Discard) {
-                // No buffer (a flush's range is 0, 0).
-                arr.submit(ArrayRequest {
-                    tag,
-                    op,
-                    offset_bytes: off,
-                    len_bytes: len as u32,
-                    buf: IoBuf::NONE,
-                })
-                .unwrap();
+                submit_dataless(&mut arr, tag, op, off, len);
             } else {
                 submit_at(&mut arr, tag, op, off, &mut buf);
             }
@@ -3681,14 +3669,7 @@ fn requests_behind_waiting_bulk_writes_go_ahead_and_read_what_was_written() {
             // read of what bulk write 4 writes, a sequential sub-stripe write (bulk).
             let mut r1 = AlignedBuf::zeroed(4096);
             submit_at(&mut arr, 1, ArrayOp::Read, (40 * sb + 512) as u64, &mut r1);
-            arr.submit(ArrayRequest {
-                tag: 2,
-                op: ArrayOp::Flush,
-                offset_bytes: 0,
-                len_bytes: 0,
-                buf: IoBuf::NONE,
-            })
-            .unwrap();
+            submit_dataless(&mut arr, 2, ArrayOp::Flush, 0, 0);
             let mut w3 = AlignedBuf::zeroed(8192);
             w3.fill(0xA3);
             want[50 * sb + 4096..50 * sb + 4096 + 8192].copy_from_slice(&w3);
