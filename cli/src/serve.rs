@@ -917,19 +917,15 @@ fn reload_config(a: &ServeArgs, node: &Node) {
         {
             wanted[i] = true;
             let name = &running[i].0;
-            node.for_each_array(|t| {
-                if t.name() != name {
-                    return;
-                }
-                if let Some((want, have)) = export_drift(o, &t.exports()) {
-                    tracing::warn!(
-                        array = %name,
-                        "reload: the configuration exports the array at {want}; it is \
-                         exported at {have} and stays so (`ferroraid export add|remove` \
-                         changes a running array's exports)"
-                    );
-                }
-            });
+            let drift = node.with_array(name, |t| export_drift(o, &t.exports()));
+            if let Some(Some((want, have))) = drift {
+                tracing::warn!(
+                    array = %name,
+                    "reload: the configuration exports the array at {want}; it is \
+                     exported at {have} and stays so (`ferroraid export add|remove` \
+                     changes a running array's exports)"
+                );
+            }
             continue;
         }
         match node.start_array(o) {
@@ -948,34 +944,21 @@ fn reload_config(a: &ServeArgs, node: &Node) {
     }
 }
 
-/// Where the configuration's array `o` is to be exported and where it is (`have`, its
-/// live exports) when they differ: each a list of `protocol address`, sorted. An NBD
-/// export with no address is the NBD default ([`ferroraid::nbd::DEFAULT_LISTEN`]);
-/// a configured TCP port 0 matches any port of its IP.
+/// Where the configuration's array `o` is to be exported ([`ServeOptions::export_specs`])
+/// and where it is (`have`, its live exports) when they differ: each a list of
+/// `protocol address`, sorted. An NBD export with no address is the NBD default
+/// ([`ferroraid::nbd::DEFAULT_LISTEN`]); a configured TCP port 0 matches any port of its
+/// IP.
 fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, String)> {
     let mut want: Vec<(ExportProtocol, String)> = Vec::new();
-    if o.nbd {
-        if o.nbd_tcp.is_empty() && o.nbd_unix.is_empty() {
-            let default = ferroraid::nbd::DEFAULT_LISTEN;
-            want.push((ExportProtocol::Nbd, default.to_string()));
+    for spec in o.export_specs() {
+        let p = spec.protocol;
+        if p == ExportProtocol::Nbd && spec.tcp.is_empty() && spec.unix.is_empty() {
+            want.push((p, ferroraid::nbd::DEFAULT_LISTEN.to_string()));
         }
-        want.extend(
-            o.nbd_tcp
-                .iter()
-                .map(|a| (ExportProtocol::Nbd, a.to_string())),
-        );
-        want.extend(
-            o.nbd_unix
-                .iter()
-                .map(|p| (ExportProtocol::Nbd, p.display().to_string())),
-        );
+        want.extend(spec.tcp.iter().map(|a| (p, a.to_string())));
+        want.extend(spec.unix.iter().map(|u| (p, u.display().to_string())));
     }
-    want.extend(
-        o.iscsi
-            .iter()
-            .map(|a| (ExportProtocol::Iscsi, a.to_string())),
-    );
-    want.extend(o.nvmf.iter().map(|a| (ExportProtocol::Nvmf, a.to_string())));
     for (protocol, address) in &mut want {
         let Ok(a) = address.parse::<SocketAddr>() else {
             continue;

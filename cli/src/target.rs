@@ -144,6 +144,13 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
+    /// The exports these options start an array with: NBD unless `nbd` is off (no
+    /// address: the NBD default, [`crate::nbd::DEFAULT_LISTEN`]), iSCSI and NVMe/TCP
+    /// when they have addresses.
+    pub fn export_specs(&self) -> Vec<ExportSpec> {
+        exports::initial_specs(self)
+    }
+
     /// Defaults for `devices`: one reactor, polled, NBD on 127.0.0.1:10809, 4 MiB
     /// requests, no force, 30 s command timeout, queue depth 128, 64 stripe operations,
     /// ferroraid's depth controller with a derived target, ferroraid's pacer with md's
