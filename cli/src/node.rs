@@ -105,6 +105,20 @@ fn settings(o: &ServeOptions) -> [(&'static str, String); 22] {
     ]
 }
 
+/// The defaults of arrays started on a node (`Inner::defaults`): `o`'s settings, with the
+/// node's own (`cores`, `reactors`, `mode`) from `node`, and no devices, management
+/// socket or metrics endpoint (those are each array's, or the node's).
+fn array_defaults(o: &ServeOptions, node: &ServeOptions) -> ServeOptions {
+    let mut d = o.clone();
+    d.devices.clear();
+    d.cores.clone_from(&node.cores);
+    d.reactors = node.reactors;
+    d.mode = node.mode;
+    d.rpc = None;
+    d.metrics = None;
+    d
+}
+
 fn lock_defaults(m: &Mutex<ServeOptions>) -> MutexGuard<'_, ServeOptions> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -191,10 +205,7 @@ impl Node {
         let set = ReactorSet::start(&reactor_cores(&layout), opts.defaults.mode)
             .context("starting the reactors")?;
         info!(reactors = set.reactors(), cores = ?set.cores(), "reactors running");
-        let mut defaults = opts.defaults.clone();
-        defaults.devices.clear();
-        defaults.rpc = None;
-        defaults.metrics = None;
+        let defaults = array_defaults(&opts.defaults, &opts.defaults);
         let inner = Arc::new(Inner {
             set,
             started: opts.defaults.clone(),
@@ -292,14 +303,7 @@ impl Node {
                 changed.arrays.push(key);
             }
         }
-        let mut next = new.clone();
-        next.devices.clear();
-        next.cores = d.cores.clone();
-        next.reactors = d.reactors;
-        next.mode = d.mode;
-        next.rpc = None;
-        next.metrics = None;
-        *d = next;
+        *d = array_defaults(new, &self.inner.started);
         changed
     }
 
