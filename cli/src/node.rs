@@ -84,7 +84,18 @@ fn settings(o: &ServeOptions) -> [(&'static str, String); 22] {
              nbd_idle_timeout_s",
             format!("{:?}", o.nbd_config),
         ),
-        ("tls, tls_cert, tls_key, tls_ca", format!("{:?}", o.nbd_tls)),
+        // The files' contents, not only their names: a certificate renewed in place is
+        // a change.
+        (
+            "tls, tls_cert, tls_key, tls_ca",
+            format!(
+                "{:?} {:?}",
+                o.nbd_tls,
+                o.nbd_tls
+                    .as_ref()
+                    .map(crate::nbd::TlsConfig::credentials_id)
+            ),
+        ),
         ("nbd_block_status", format!("{:?}", o.nbd_block_status)),
         ("force", format!("{:?}", o.force)),
         ("run", format!("{:?}", o.run)),
@@ -821,6 +832,39 @@ mod tests {
         let again = node.reload_defaults(&new);
         assert_eq!(again.node, ["reactors", "rpc"]);
         assert!(again.arrays.is_empty(), "{again:?}");
+        node.stop().unwrap();
+    }
+
+    /// A certificate renewed in place (the same paths, other bytes) is a changed TLS
+    /// setting; the same files read again are not.
+    #[test]
+    fn a_reload_names_a_certificate_renewed_in_place() {
+        use crate::nbd::{TlsConfig, TlsMode};
+        let dir = tempfile::tempdir().unwrap();
+        let (node, _h) = node_with_one_array(dir.path());
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        let issue = || {
+            let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+            std::fs::write(&cert, c.cert.pem()).unwrap();
+            std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
+        };
+        let load = || {
+            let mut o = ServeOptions::new(Vec::new());
+            o.mode = engine::reactor::Mode::Adaptive;
+            o.reactors = 2;
+            o.nbd_tls =
+                Some(TlsConfig::from_pem_files(TlsMode::Require, &cert, &key, None).unwrap());
+            o
+        };
+        issue();
+        let first = node.reload_defaults(&load());
+        assert_eq!(first.arrays, ["tls, tls_cert, tls_key, tls_ca"]);
+        let same = node.reload_defaults(&load());
+        assert!(same.arrays.is_empty(), "the same files again: {same:?}");
+        issue();
+        let renewed = node.reload_defaults(&load());
+        assert_eq!(renewed.arrays, ["tls, tls_cert, tls_key, tls_ca"]);
+        assert!(renewed.node.is_empty(), "{renewed:?}");
         node.stop().unwrap();
     }
 

@@ -41,6 +41,7 @@
 //! not even in its unbuffered API).
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::io::{self, IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -123,6 +124,10 @@ pub struct TlsConfig {
     pub(crate) rustls: Arc<rustls::ServerConfig>,
     /// Whether clients must present a certificate signed by the configured CA.
     pub client_auth: bool,
+    /// A hash of the loaded credentials (chain, key, CAs): what tells a reload that
+    /// rewrote the files in place from one that read the same ones
+    /// ([`TlsConfig::credentials_id`]). Kept out of `Debug`: it is derived from the key.
+    credentials: u64,
 }
 
 impl fmt::Debug for TlsConfig {
@@ -189,6 +194,19 @@ impl TlsConfig {
         key: PrivateKeyDer<'static>,
         client_ca: Option<Vec<CertificateDer<'static>>>,
     ) -> Result<Self, TlsError> {
+        let credentials = {
+            // Change detection only (the operator's own files, never shown): std's SipHash
+            // is enough.
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for c in &chain {
+                c.as_ref().hash(&mut h);
+            }
+            key.secret_der().hash(&mut h);
+            for c in client_ca.iter().flatten() {
+                c.as_ref().hash(&mut h);
+            }
+            h.finish()
+        };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()?;
@@ -211,7 +229,16 @@ impl TlsConfig {
             mode,
             rustls: Arc::new(config),
             client_auth,
+            credentials,
         })
+    }
+
+    /// A 64-bit hash of the certificate chain, private key and client CAs (their DER
+    /// bytes), equal for two configurations loaded from the same credentials: how a
+    /// reload tells a certificate renewed in place (other bytes from the same paths) from
+    /// the same files read again. Not for display: it is derived from the private key.
+    pub(crate) fn credentials_id(&self) -> u64 {
+        self.credentials
     }
 
     /// A new server-side TLS session.
