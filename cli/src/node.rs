@@ -105,7 +105,12 @@ fn settings(o: &ServeOptions) -> [(&'static str, String); 22] {
         ("stripe_cache", format!("{:?}", o.stripe_cache_bytes)),
         ("write_hold_us", format!("{:?}", o.write_hold)),
         ("qos, qos_target_us", format!("{:?}", o.depth)),
-        ("iscsi_chap", format!("{:?}", o.iscsi_config)),
+        // The secrets too (by hash): `ChapConfig`'s Debug hides them, and a changed
+        // secret is a change.
+        (
+            "iscsi_chap",
+            format!("{:?} {:?}", o.iscsi_config, chap_secrets_id(o)),
+        ),
         (
             "nvmf_allow_hosts",
             format!("{:?} {:?}", o.nvmf_allow_hosts, o.nvmf_config),
@@ -114,6 +119,17 @@ fn settings(o: &ServeOptions) -> [(&'static str, String); 22] {
         ("speed_min, speed_max", format!("{:?}", o.speed_limits)),
         ("pacer_tolerance", format!("{:?}", o.pacer_tolerance)),
     ]
+}
+
+/// A hash of the CHAP secrets in `o` (none: `None`), for [`settings`] to see a secret
+/// change that the redacting `Debug` of [`crate::iscsi::ChapConfig`] hides. Never shown.
+fn chap_secrets_id(o: &ServeOptions) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let chap = o.iscsi_config.chap.as_ref()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    chap.secret.hash(&mut h);
+    chap.mutual.as_ref().map(|(_, s)| s).hash(&mut h);
+    Some(h.finish())
 }
 
 /// The defaults of arrays started on a node (`Inner::defaults`): `o`'s settings, with the
@@ -865,6 +881,41 @@ mod tests {
         let renewed = node.reload_defaults(&load());
         assert_eq!(renewed.arrays, ["tls, tls_cert, tls_key, tls_ca"]);
         assert!(renewed.node.is_empty(), "{renewed:?}");
+        node.stop().unwrap();
+    }
+
+    /// A changed CHAP secret (initiator's or mutual) is a changed `iscsi_chap` setting,
+    /// though `ChapConfig`'s Debug shows neither secret.
+    #[test]
+    fn a_reload_names_a_changed_chap_secret() {
+        use crate::iscsi::ChapConfig;
+        let dir = tempfile::tempdir().unwrap();
+        let (node, _h) = node_with_one_array(dir.path());
+        let with = |secret: &str, mutual: &str| {
+            let mut o = ServeOptions::new(Vec::new());
+            o.mode = engine::reactor::Mode::Adaptive;
+            o.reactors = 2;
+            o.iscsi_config.chap = Some(ChapConfig {
+                user: "u".into(),
+                secret: secret.into(),
+                mutual: Some(("t".into(), mutual.into())),
+                require_mutual: false,
+            });
+            o
+        };
+        assert_eq!(
+            node.reload_defaults(&with("initiator-1", "target-1"))
+                .arrays,
+            ["iscsi_chap"]
+        );
+        assert!(node
+            .reload_defaults(&with("initiator-1", "target-1"))
+            .arrays
+            .is_empty());
+        for (secret, mutual) in [("initiator-2", "target-1"), ("initiator-2", "target-2")] {
+            let changed = node.reload_defaults(&with(secret, mutual));
+            assert_eq!(changed.arrays, ["iscsi_chap"], "{secret} {mutual}");
+        }
         node.stop().unwrap();
     }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use engine::array::MemberState;
 use engine::geometry::{Geometry, Layout, Level};
@@ -520,7 +520,7 @@ impl ServeArgs {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading {}", p.display()))?;
-                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
+                toml::from_str(&text).map_err(|e| toml_error(p, &text, &e))?
             }
             None => ServeFile::default(),
         };
@@ -1250,6 +1250,26 @@ fn print_howto(url: &str, t: &Target, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A config file's parse error without the file's text: toml's own message quotes the
+/// offending line, and that line may hold a secret (`[iscsi_chap]`, the TLS key's path is
+/// harmless but a CHAP secret is not). Gives the file, the line and column (1-based) and
+/// toml's message.
+fn toml_error(path: &std::path::Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            anyhow!(
+                "parsing {}: line {line}, column {column}: {}",
+                path.display(),
+                e.message()
+            )
+        }
+        None => anyhow!("parsing {}: {}", path.display(), e.message()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1265,6 +1285,25 @@ mod tests {
         let mut v = vec!["serve"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v)?.serve.options()
+    }
+
+    /// A config that does not parse is reported by line and column, without quoting the
+    /// line (it may be a CHAP secret's).
+    #[test]
+    fn a_config_parse_error_never_quotes_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("node.toml");
+        std::fs::write(
+            &cfg,
+            "devices = [\"m0\"]\n[iscsi_chap]\nuser = \"u\"\nsecret = \"SuperSecretChap123\n",
+        )
+        .unwrap();
+        let e = format!(
+            "{:#}",
+            options(&["--config", cfg.to_str().unwrap()]).unwrap_err()
+        );
+        assert!(!e.contains("SuperSecret"), "{e}");
+        assert!(e.contains("node.toml: line 4, column"), "{e}");
     }
 
     #[test]
