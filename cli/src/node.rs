@@ -397,7 +397,9 @@ impl Inner {
         let mut o = opts.clone();
         o.rpc = None;
         o.metrics = None;
-        let t = Target::start_on(&o, Some(&self.set))?;
+        let t = Target::start_unless_named(&o, Some(&self.set), &|name| {
+            self.lock().contains_key(name)
+        })?;
         let name = t.name().to_string();
         if self.lock().contains_key(&name) {
             // Its devices differ (they were claimed): a second array of the same name,
@@ -775,10 +777,17 @@ mod tests {
 
     /// A node serving one RAID5 over four member files in `dir`, no export, adaptive
     /// reactors; its handler.
-    fn node_with_one_array(dir: &std::path::Path) -> (Node, Arc<NodeHandler>) {
-        let devices: Vec<PathBuf> = (0..4)
+    /// `members` member files `{prefix}{i}.img` of 16 MiB in `dir`, made a RAID5 named
+    /// `name` (64 KiB chunks).
+    fn created_array(
+        dir: &std::path::Path,
+        prefix: &str,
+        members: u16,
+        name: &str,
+    ) -> Vec<PathBuf> {
+        let devices: Vec<PathBuf> = (0..members)
             .map(|i| {
-                let p = dir.join(format!("m{i}.img"));
+                let p = dir.join(format!("{prefix}{i}.img"));
                 std::fs::File::create(&p)
                     .and_then(|f| f.set_len(16 << 20))
                     .unwrap();
@@ -786,8 +795,9 @@ mod tests {
             })
             .collect();
         crate::create::create(&crate::create::CreateOptions {
-            geometry: Geometry::new(Level::Raid5, Layout::LeftSymmetric, 4, 64 << 10, 512).unwrap(),
-            name: "alpha".into(),
+            geometry: Geometry::new(Level::Raid5, Layout::LeftSymmetric, members, 64 << 10, 512)
+                .unwrap(),
+            name: name.into(),
             devices: devices.clone(),
             assume_clean: false,
             force: false,
@@ -798,6 +808,11 @@ mod tests {
             consistency_policy: None,
         })
         .unwrap();
+        devices
+    }
+
+    fn node_with_one_array(dir: &std::path::Path) -> (Node, Arc<NodeHandler>) {
+        let devices = created_array(dir, "m", 4, "alpha");
         let mut defaults = ServeOptions::new(Vec::new());
         defaults.mode = engine::reactor::Mode::Adaptive;
         defaults.reactors = 2;
@@ -881,6 +896,45 @@ mod tests {
         let renewed = node.reload_defaults(&load());
         assert_eq!(renewed.arrays, ["tls, tls_cert, tls_key, tls_ca"]);
         assert!(renewed.node.is_empty(), "{renewed:?}");
+        node.stop().unwrap();
+    }
+
+    /// A second array whose superblocks carry a running array's name is refused before
+    /// anything is written to its members or bound: its member files are byte-identical
+    /// afterwards and its NBD address stays free.
+    #[test]
+    fn a_start_under_a_running_name_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let devices = created_array(dir.path(), "twin", 3, "alpha");
+        let contents =
+            || -> Vec<Vec<u8>> { devices.iter().map(|p| std::fs::read(p).unwrap()).collect() };
+        let before = contents();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let devs: Vec<String> = devices.iter().map(|p| p.display().to_string()).collect();
+        let v = handle_request(
+            &*h,
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?},"nbd":["127.0.0.1:{port}"]}},"id":1}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(v["error"]["code"], codes::ARRAY_NAME_IN_USE, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("nothing was written"),
+            "{v}"
+        );
+        assert!(before == contents(), "the twin's members were written");
+        std::net::TcpListener::bind(("127.0.0.1", port)).expect("its NBD address was never bound");
+        assert_eq!(node.array_names(), ["alpha"]);
         node.stop().unwrap();
     }
 

@@ -837,6 +837,21 @@ impl Target {
     /// # Errors
     /// As [`Target::start`].
     pub fn start_on(opts: &ServeOptions, set: Option<&ReactorSet>) -> Result<Target> {
+        Self::start_unless_named(opts, set, &|_| false)
+    }
+
+    /// [`Target::start_on`], refused when `taken(name)` says the array's name (the newest
+    /// superblock's short name) is already served: checked right after the superblocks
+    /// are read, before anything is written to a member or bound (a node's second array
+    /// of one name could not be told apart by its exports or by the `array` parameter).
+    ///
+    /// # Errors
+    /// As [`Target::start`]; a taken name.
+    pub fn start_unless_named(
+        opts: &ServeOptions,
+        set: Option<&ReactorSet>,
+        taken: &dyn Fn(&str) -> bool,
+    ) -> Result<Target> {
         ensure!(!opts.devices.is_empty(), "no member devices given");
         match crate::nbd::raise_open_files_limit() {
             Ok(n) => info!(limit = n, "open files limit (RLIMIT_NOFILE soft = hard)"),
@@ -894,6 +909,19 @@ impl Target {
             },
         )
         .context("assembling the array")?;
+        if let Ok(newest) = &candidates[assembly.newest].superblock {
+            let name = newest.short_name();
+            ensure!(
+                !taken(&name),
+                "an array named {name:?} is already running: a second one could not be told \
+                 apart (nothing was written to {})",
+                opts.devices
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         // md's rule (`mdadm --assemble` without `--run`): a role whose member the newest
         // superblock still counts as active, but whose device was not given, is a device
         // forgotten on the command line or gone missing — starting without it would record
