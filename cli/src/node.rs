@@ -57,6 +57,12 @@ pub struct NodeOptions {
 /// management socket and the metrics endpoint, which keep them while the node runs.
 pub const NODE_SETTINGS: [&str; 5] = ["cores", "reactors", "mode", "rpc", "metrics"];
 
+/// Settings of how the configuration's own arrays are assembled (mdadm's `--force` and
+/// `--run`): per start, as mdadm's flags are, so they apply to the arrays `serve` starts
+/// from its configuration (at start and at a reload) and never to a `ferroraid start` or
+/// `array_create`, which give their own.
+pub const CONFIG_START_SETTINGS: [&str; 2] = ["force", "run"];
+
 /// What a reloaded configuration changed ([`Node::reload_defaults`]), by `--config` key.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ChangedSettings {
@@ -66,6 +72,9 @@ pub struct ChangedSettings {
     /// Array settings that differ from the last configuration: arrays started from now
     /// on get them, running arrays keep their own.
     pub arrays: Vec<&'static str>,
+    /// [`CONFIG_START_SETTINGS`] that differ from the last configuration: the arrays the
+    /// configuration starts from now on are assembled with them.
+    pub config_starts: Vec<&'static str>,
 }
 
 /// `o`'s settings by `--config` key (several keys where one option holds them), each
@@ -325,6 +334,10 @@ impl Node {
             if NODE_SETTINGS.contains(key) {
                 if first != now {
                     changed.node.push(key);
+                }
+            } else if CONFIG_START_SETTINGS.contains(key) {
+                if old != now {
+                    changed.config_starts.push(key);
                 }
             } else if old != now {
                 changed.arrays.push(key);
@@ -863,6 +876,13 @@ mod tests {
         let again = node.reload_defaults(&new);
         assert_eq!(again.node, ["reactors", "rpc"]);
         assert!(again.arrays.is_empty(), "{again:?}");
+        // `force` and `run` are how the configuration's own arrays start, named apart.
+        new.run = true;
+        let run = node.reload_defaults(&new);
+        assert_eq!(
+            (run.arrays.len(), run.config_starts.as_slice()),
+            (0, &["run"][..])
+        );
         node.stop().unwrap();
     }
 

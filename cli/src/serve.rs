@@ -896,6 +896,12 @@ fn reload_config(a: &ServeArgs, node: &Node) {
             changed.arrays.join("; ")
         );
     }
+    if !changed.config_starts.is_empty() {
+        tracing::warn!(
+            "reload: changed in the configuration, applied to the arrays it starts from now              on (`ferroraid start` and `array_create` give their own --force/--run): {}",
+            changed.config_starts.join("; ")
+        );
+    }
     let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let mut running: Vec<(String, Vec<PathBuf>)> = Vec::new();
     node.for_each_array(|t| {
