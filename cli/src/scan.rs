@@ -102,6 +102,11 @@ pub fn scan(patterns: &[String]) -> Result<Scan> {
             }
         }
     }
+    Ok(examine_paths(paths))
+}
+
+/// Reads the superblock of every path in `paths` and groups them by array UUID.
+pub fn examine_paths(paths: Vec<PathBuf>) -> Scan {
     let mut by_uuid: BTreeMap<String, (Vec<ExamineReport>, Vec<PathBuf>)> = BTreeMap::new();
     let mut out = Scan::default();
     for path in paths {
@@ -145,7 +150,7 @@ pub fn scan(patterns: &[String]) -> Result<Scan> {
             devices,
         });
     }
-    Ok(out)
+    out
 }
 
 /// One `[[array]]` table of the `serve --config` file (docs/MANAGEMENT.md, "Finding
@@ -171,11 +176,25 @@ pub struct ArrayTable {
 }
 
 impl ArrayTable {
-    /// The member devices this table names: `devices` as given, or the devices the `scan`
-    /// globs find with this table's UUID (else name).
+    /// Whether `a` is the array this table names: its UUID when the table gives one,
+    /// else its name (md's `homehost:` prefix aside).
+    fn selects(&self, a: &FoundArray) -> bool {
+        match &self.uuid {
+            Some(u) => same_uuid(u, &a.uuid),
+            None => self
+                .name
+                .as_deref()
+                .is_some_and(|n| name_matches(n, &a.name)),
+        }
+    }
+
+    /// The member devices this table names: `devices` as given (checked, when the table
+    /// also gives `uuid` or `name`, to hold no other array's superblocks), or the devices
+    /// the `scan` globs find with this table's UUID (else name).
     ///
     /// # Errors
-    /// Both or neither of `devices` and `scan`; `scan` without `uuid` or `name`; a scan
+    /// Both or neither of `devices` and `scan`; `scan` without `uuid` or `name`; listed
+    /// `devices` holding another array's superblocks than the `uuid`/`name` given; a scan
     /// that finds no array, or several, that match (listing what it found); the scan's
     /// own errors.
     pub fn resolve(&self) -> Result<Vec<PathBuf>> {
@@ -183,6 +202,34 @@ impl ArrayTable {
             (Some(d), None) => {
                 if d.is_empty() {
                     bail!("[[array]] devices = []: name at least one member device");
+                }
+                if self.uuid.is_some() || self.name.is_some() {
+                    // The devices must be the named array's: another array's members
+                    // would otherwise start under this table.
+                    let found = examine_paths(d.clone());
+                    let wrong: Vec<&FoundArray> =
+                        found.arrays.iter().filter(|a| !self.selects(a)).collect();
+                    if !wrong.is_empty() {
+                        bail!(
+                            "[[array]] {}: the devices listed hold another array's superblocks \
+                             ({}): fix the table's devices, or its name/uuid",
+                            self.label(),
+                            wrong
+                                .iter()
+                                .map(|a| format!(
+                                    "{:?} uuid {} on {}",
+                                    a.name,
+                                    a.uuid,
+                                    a.devices
+                                        .iter()
+                                        .map(|d| d.path.display().to_string())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                ))
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        );
+                    }
                 }
                 Ok(d.clone())
             }
@@ -194,17 +241,8 @@ impl ArrayTable {
                     );
                 }
                 let found = scan(patterns)?;
-                let matching: Vec<&FoundArray> = found
-                    .arrays
-                    .iter()
-                    .filter(|a| match &self.uuid {
-                        Some(u) => same_uuid(u, &a.uuid),
-                        None => self
-                            .name
-                            .as_deref()
-                            .is_some_and(|n| name_matches(n, &a.name)),
-                    })
-                    .collect();
+                let matching: Vec<&FoundArray> =
+                    found.arrays.iter().filter(|a| self.selects(a)).collect();
                 match matching.as_slice() {
                     [one] => Ok(one.devices.iter().map(|d| d.path.clone()).collect()),
                     [] => bail!(
@@ -392,5 +430,63 @@ mod tests {
             assert!(e.contains(why), "{text}: no {why:?} in {e}");
         }
         assert!(toml::from_str::<ArrayTable>("nam = \"x\"").is_err());
+    }
+
+    /// A `devices` table that also gives `name` or `uuid` resolves only when its devices
+    /// hold that array (or no superblock at all: the start then says why).
+    #[test]
+    fn a_devices_table_with_a_name_checks_the_devices() {
+        use engine::geometry::{Geometry, Layout, Level};
+        let dir = tempfile::tempdir().unwrap();
+        let devices: Vec<PathBuf> = (0..3)
+            .map(|i| {
+                let p = dir.path().join(format!("m{i}.img"));
+                std::fs::File::create(&p)
+                    .and_then(|f| f.set_len(16 << 20))
+                    .unwrap();
+                p
+            })
+            .collect();
+        crate::create::create(&crate::create::CreateOptions {
+            geometry: Geometry::new(Level::Raid5, Layout::LeftSymmetric, 3, 64 << 10, 512).unwrap(),
+            name: "alpha".into(),
+            devices: devices.clone(),
+            assume_clean: true,
+            force: false,
+            progress: false,
+            zero_progress: None,
+            bitmap: engine::metadata::BitmapChoice::None,
+            bitmap_chunk_bytes: None,
+            consistency_policy: None,
+        })
+        .unwrap();
+        let uuid = examine_paths(devices.clone()).arrays[0].uuid.clone();
+        let list = format!("{devices:?}");
+        let table = |head: &str| format!("{head}\ndevices = {list}");
+        for ok in [
+            table("name = \"alpha\""),
+            table(&format!("uuid = \"{uuid}\"")),
+            table(""),
+        ] {
+            let t: ArrayTable = toml::from_str(&ok).unwrap();
+            assert_eq!(t.resolve().unwrap(), devices, "{ok}");
+        }
+        for wrong in [
+            table("name = \"beta\""),
+            table("uuid = \"00000000:00000000:00000000:00000000\""),
+        ] {
+            let e = refusal(&wrong);
+            assert!(
+                e.contains("another array's superblocks") && e.contains("\"alpha\""),
+                "{wrong}: {e}"
+            );
+        }
+        let blank = dir.path().join("blank.img");
+        std::fs::File::create(&blank)
+            .and_then(|f| f.set_len(16 << 20))
+            .unwrap();
+        let t: ArrayTable =
+            toml::from_str(&format!("name = \"beta\"\ndevices = [{blank:?}]")).unwrap();
+        assert_eq!(t.resolve().unwrap(), [blank]);
     }
 }

@@ -474,6 +474,22 @@ impl ServeArgs {
     /// As [`ServeArgs::options`]; a table that cannot be resolved (scan finds no such
     /// array) or whose exports do not parse; several tables with top-level exports.
     pub fn node_options(&self) -> Result<ferroraid::node::NodeOptions> {
+        let (opts, mut unusable) = self.node_options_by_table()?;
+        if unusable.is_empty() {
+            Ok(opts)
+        } else {
+            Err(unusable.swap_remove(0))
+        }
+    }
+
+    /// As [`ServeArgs::node_options`], but an `[[array]]` table that cannot be resolved
+    /// (a scan that finds no such array, listed devices holding another array) is left
+    /// out of `arrays` and returned beside them: a reload starts the other tables'
+    /// arrays and takes the settings, and logs these.
+    ///
+    /// # Errors
+    /// As [`ServeArgs::node_options`], less the tables' own.
+    fn node_options_by_table(&self) -> Result<(ferroraid::node::NodeOptions, Vec<anyhow::Error>)> {
         let (o, tables) = self.options_and_tables()?;
         if tables.is_empty() {
             let arrays = if o.devices.is_empty() {
@@ -481,10 +497,13 @@ impl ServeArgs {
             } else {
                 vec![o.clone()]
             };
-            return Ok(ferroraid::node::NodeOptions {
-                defaults: o,
-                arrays,
-            });
+            return Ok((
+                ferroraid::node::NodeOptions {
+                    defaults: o,
+                    arrays,
+                },
+                Vec::new(),
+            ));
         }
         if !(o.nbd_tcp.is_empty()
             && o.nbd_unix.is_empty()
@@ -498,19 +517,29 @@ impl ServeArgs {
             );
         }
         let mut arrays = Vec::with_capacity(tables.len());
+        let mut unusable = Vec::new();
         for t in &tables {
             let mut a = o.clone();
-            a.devices = t.resolve()?;
-            t.exports_into(&mut a)?;
+            let resolved = t.resolve().and_then(|devices| {
+                a.devices = devices;
+                t.exports_into(&mut a)
+            });
+            if let Err(e) = resolved {
+                unusable.push(e);
+                continue;
+            }
             // A table without NBD addresses is not exported over NBD (the default port
             // would be every table's).
             a.nbd = !(a.nbd_tcp.is_empty() && a.nbd_unix.is_empty());
             arrays.push(a);
         }
-        Ok(ferroraid::node::NodeOptions {
-            defaults: o,
-            arrays,
-        })
+        Ok((
+            ferroraid::node::NodeOptions {
+                defaults: o,
+                arrays,
+            },
+            unusable,
+        ))
     }
 
     /// The options (devices from the command line, the top level of the config, or its
@@ -874,8 +903,13 @@ fn reload_config(a: &ServeArgs, node: &Node) {
         return;
     }
     tracing::info!("SIGHUP: reloading the configuration");
-    let opts = match a.node_options() {
-        Ok(o) => o,
+    let opts = match a.node_options_by_table() {
+        Ok((o, unusable)) => {
+            for e in unusable {
+                tracing::error!("reload: cannot start an array: {e:#}");
+            }
+            o
+        }
         Err(e) => {
             tracing::error!("reload: the configuration is not usable, nothing changed: {e:#}");
             return;
@@ -923,6 +957,23 @@ fn reload_config(a: &ServeArgs, node: &Node) {
         {
             wanted[i] = true;
             let name = &running[i].0;
+            let unnamed: Vec<String> = running[i]
+                .1
+                .iter()
+                .filter(|p| !devs.contains(p))
+                .map(|p| p.display().to_string())
+                .collect();
+            if !unnamed.is_empty() {
+                // A member replaced since the configuration was written: the next start
+                // from it would leave this one out.
+                tracing::warn!(
+                    array = %name,
+                    "reload: the configuration does not name the running member(s) {}; \
+                     the array keeps running on them — add them to its table (a start from \
+                     this configuration would leave them out)",
+                    unnamed.join(", ")
+                );
+            }
             let drift = node.with_array(name, |t| export_drift(o, &t.exports()));
             if let Some(Some((want, have))) = drift {
                 tracing::warn!(
@@ -965,6 +1016,15 @@ fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, Stri
         want.extend(spec.tcp.iter().map(|a| (p, a.to_string())));
         want.extend(spec.unix.iter().map(|u| (p, u.display().to_string())));
     }
+    // A port-0 entry matches a bound port of its IP that no other entry names (an
+    // explicit entry's own, or one an earlier port-0 entry took).
+    let mut taken: Vec<bool> = have
+        .iter()
+        .map(|h| {
+            want.iter()
+                .any(|(p, a)| *p == h.protocol && *a == h.address)
+        })
+        .collect();
     for (protocol, address) in &mut want {
         let Ok(a) = address.parse::<SocketAddr>() else {
             continue;
@@ -972,14 +1032,15 @@ fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, Stri
         if a.port() != 0 {
             continue;
         }
-        let bound = have.iter().find(|h| {
-            h.protocol == *protocol
+        let bound = have.iter().zip(&taken).position(|(h, &t)| {
+            !t && h.protocol == *protocol
                 && h.address
                     .parse::<SocketAddr>()
                     .is_ok_and(|b| b.ip() == a.ip())
         });
-        if let Some(h) = bound {
-            address.clone_from(&h.address);
+        if let Some(i) = bound {
+            taken[i] = true;
+            address.clone_from(&have[i].address);
         }
     }
     let list = |mut v: Vec<String>| {
@@ -994,7 +1055,7 @@ fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, Stri
     );
     let show = |v: &[String]| {
         if v.is_empty() {
-            "nothing".to_string()
+            "no address".to_string()
         } else {
             v.join(", ")
         }
@@ -1386,7 +1447,20 @@ mod tests {
         );
         assert_eq!(
             export_drift(&o, &[]),
-            Some(("nbd 127.0.0.1:10810".to_string(), "nothing".to_string()))
+            Some(("nbd 127.0.0.1:10810".to_string(), "no address".to_string()))
+        );
+        // Port 0 beside an explicit port of the same IP takes the other bound port, not
+        // the explicit entry's (it once reported 36514 twice and a drift that was none).
+        let o = options(&["--nbd", "127.0.0.1:0", "--nbd", "127.0.0.1:36514", "m0"]).unwrap();
+        let bound = live(&[(nbd, "127.0.0.1:36514"), (nbd, "127.0.0.1:36513")]);
+        assert_eq!(export_drift(&o, &bound), None);
+        let one = live(&[(nbd, "127.0.0.1:36514")]);
+        assert_eq!(
+            export_drift(&o, &one),
+            Some((
+                "nbd 127.0.0.1:0, nbd 127.0.0.1:36514".to_string(),
+                "nbd 127.0.0.1:36514".to_string()
+            ))
         );
     }
 

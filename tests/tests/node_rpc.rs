@@ -310,5 +310,30 @@ fn sighup_starts_new_tables_and_never_stops_an_array() {
     srv.signal(libc::SIGHUP);
     srv.wait_log("the configuration is not usable, nothing changed");
     assert_eq!(names(&rpc), ["alpha", "beta"]);
+    // A table whose scan finds nothing fails alone: the settings beside it still apply.
+    // A table that leaves out a running member (one replaced since it was written, say)
+    // is named with the member it leaves out.
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap().display().to_string();
+    std::fs::write(
+        &cfg,
+        format!(
+            "{head}queue_depth = 64\nwrite_hold_us = 100\n{}[[array]]\nname = \"gone\"\nscan = [{:?}]\n\
+             [[array]]\nname = \"alpha\"\ndevices = [{:?}, {:?}, {:?}]\n",
+            table("beta", "b", pb2),
+            format!("{}/absent*.img", d.display()),
+            canon(&a[0]),
+            canon(&a[1]),
+            canon(&a[2]),
+        ),
+    )
+    .unwrap();
+    srv.signal(libc::SIGHUP);
+    srv.wait_log("reload: cannot start an array: [[array]] name \"gone\": no such array");
+    srv.wait_log("until stopped and started again: write_hold_us");
+    srv.wait_log(&format!(
+        "the configuration does not name the running member(s) {}",
+        canon(&a[3])
+    ));
+    assert_eq!(names(&rpc), ["alpha", "beta"]);
     srv.stop();
 }
