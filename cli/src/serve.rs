@@ -349,7 +349,8 @@ fn toml_bytes(v: &toml::Value, key: &str) -> Result<u64> {
 struct ServeFile {
     devices: Option<Vec<PathBuf>>,
     /// `[[array]]` tables: the array by its devices or by globs to scan
-    /// ([`ferroraid::scan::ArrayTable`]). One process serves one array for now.
+    /// ([`ferroraid::scan::ArrayTable`]); several tables: several arrays on the node's
+    /// reactors ([`ServeArgs::node_options`]).
     array: Option<Vec<ferroraid::scan::ArrayTable>>,
     cores: Option<Vec<usize>>,
     reactors: Option<usize>,
