@@ -746,14 +746,29 @@ impl Handler for NodeHandler {
         })?;
         let status = if p.start {
             inner.create_state(&p.name, "starting", None);
-            let o = inner.array_options(p.devices, &p.exports);
+            let o = inner.array_options(p.devices.clone(), &p.exports);
             let started = inner
                 .start_array(&o)
                 .map_err(start_error)
                 .and_then(|name| inner.status_of(&name));
             match started {
                 Ok(s) => Some(s),
-                Err(e) => {
+                Err(mut e) => {
+                    // The members carry the new array now: say so, and how to go on (a
+                    // second create would be refused on those superblocks without force).
+                    e.message = format!(
+                        "array_create {:?}: the array was created (uuid {}) but did not \
+                         start: {}; start it with `ferroraid start {}` (array_start) once \
+                         that is fixed",
+                        p.name,
+                        created.uuid,
+                        e.message,
+                        p.devices
+                            .iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    );
                     inner.create_state(&p.name, "failed", Some(e.message.clone()));
                     return Err(e);
                 }
@@ -788,8 +803,6 @@ mod tests {
     use super::*;
     use crate::rpc::handle_request;
 
-    /// A node serving one RAID5 over four member files in `dir`, no export, adaptive
-    /// reactors; its handler.
     /// `members` member files `{prefix}{i}.img` of 16 MiB in `dir`, made a RAID5 named
     /// `name` (64 KiB chunks).
     fn created_array(
@@ -824,6 +837,8 @@ mod tests {
         devices
     }
 
+    /// A node serving one RAID5 over four member files in `dir`, no export, adaptive
+    /// reactors; its handler.
     fn node_with_one_array(dir: &std::path::Path) -> (Node, Arc<NodeHandler>) {
         let devices = created_array(dir, "m", 4, "alpha");
         let mut defaults = ServeOptions::new(Vec::new());
@@ -955,6 +970,42 @@ mod tests {
         assert!(before == contents(), "the twin's members were written");
         std::net::TcpListener::bind(("127.0.0.1", port)).expect("its NBD address was never bound");
         assert_eq!(node.array_names(), ["alpha"]);
+        node.stop().unwrap();
+    }
+
+    /// A create whose start fails (its NBD address is taken) says the array exists now
+    /// and how to start it; `array_start` then starts it.
+    #[test]
+    fn a_create_that_cannot_start_says_it_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let devs: Vec<String> = (0..3)
+            .map(|i| {
+                let p = dir.path().join(format!("n{i}.img"));
+                std::fs::File::create(&p)
+                    .and_then(|f| f.set_len(16 << 20))
+                    .unwrap();
+                p.display().to_string()
+            })
+            .collect();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let call = |line: String| handle_request(&*h, line.as_bytes()).unwrap();
+        let v = call(format!(
+            r#"{{"jsonrpc":"2.0","method":"array_create","params":{{"name":"n","level":5,"devices":{devs:?},"assume_clean":true,"nbd":["127.0.0.1:{port}"]}},"id":1}}"#
+        ));
+        assert_eq!(v["error"]["code"], codes::ARRAY_START_FAILED, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("the array was created (uuid ")
+                && msg.contains(&format!("ferroraid start {}", devs.join(" "))),
+            "{msg}"
+        );
+        drop(taken);
+        let v = call(format!(
+            r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
+        ));
+        assert_eq!(v["result"]["array"]["name"], "n", "{v}");
         node.stop().unwrap();
     }
 
