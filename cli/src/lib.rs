@@ -15,6 +15,26 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+/// An error and its causes for people, one line: `error: cause: cause …` as anyhow's
+/// `{:#}` prints it, less every cause whose text the line already holds. Many error types
+/// put their cause's text in their own message and also return that cause as `source()`
+/// (ours, with thiserror's `{source}`; io wrappers of other crates): `{:#}` then says it
+/// twice.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let t = cause.to_string();
+        if out.contains(&t) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&t);
+    }
+    out
+}
+
 pub mod create;
 pub mod examine;
 pub mod frontends;

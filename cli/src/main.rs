@@ -208,7 +208,7 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(e.downcast_ref::<mgmt::Exit>().map_or(1, |x| x.0))
         }
         Err(e) => {
-            eprintln!("ferroraid: error: {e:#}");
+            eprintln!("ferroraid: error: {}", ferroraid::error_text(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -366,7 +366,7 @@ impl Node {
         let mut first_err = None;
         for name in self.inner.names() {
             if let Err(e) = self.inner.stop_array(&name) {
-                warn!(array = %name, "stopping: {e:#}");
+                warn!(array = %name, "stopping: {}", crate::error_text(&e));
                 first_err.get_or_insert(e);
             }
         }
@@ -424,7 +424,7 @@ impl Inner {
                  told apart (it was stopped again{})",
                 match stopped {
                     Ok(()) => String::new(),
-                    Err(e) => format!(", with an error: {e:#}"),
+                    Err(e) => format!(", with an error: {}", crate::error_text(&e)),
                 }
             );
         }
@@ -647,7 +647,10 @@ impl Handler for NodeHandler {
             Ok(clean) => Ok(ArrayStopReport { array: name, clean }),
             Err(e) => Err(RpcError::new(
                 codes::ARRAY_STOP_FAILED,
-                format!("array {name:?} stopped with an error: {e:#}"),
+                format!(
+                    "array {name:?} stopped with an error: {}",
+                    crate::error_text(&e)
+                ),
             )),
         }
     }
@@ -740,7 +743,7 @@ impl Handler for NodeHandler {
             consistency_policy,
         })
         .map_err(|e| {
-            let msg = format!("array_create {:?}: {e:#}", p.name);
+            let msg = format!("array_create {:?}: {}", p.name, crate::error_text(&e));
             inner.create_state(&p.name, "failed", Some(msg.clone()));
             RpcError::new(codes::ARRAY_CREATE_FAILED, msg)
         })?;
@@ -790,7 +793,7 @@ impl Handler for NodeHandler {
 /// An array start's failure as a JSON-RPC error: a name in use, or anything else with
 /// its reason.
 fn start_error(e: anyhow::Error) -> RpcError {
-    let msg = format!("{e:#}");
+    let msg = crate::error_text(&e);
     if msg.contains("is already running") {
         RpcError::new(codes::ARRAY_NAME_IN_USE, msg)
     } else {
@@ -803,6 +806,19 @@ mod tests {
     use super::*;
     use crate::rpc::handle_request;
 
+    /// `n` empty (sparse) member files `{prefix}{i}.img` of 16 MiB in `dir`, by path.
+    fn blank_members(dir: &std::path::Path, prefix: &str, n: u16) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                let p = dir.join(format!("{prefix}{i}.img"));
+                std::fs::File::create(&p)
+                    .and_then(|f| f.set_len(16 << 20))
+                    .unwrap();
+                p.display().to_string()
+            })
+            .collect()
+    }
+
     /// `members` member files `{prefix}{i}.img` of 16 MiB in `dir`, made a RAID5 named
     /// `name` (64 KiB chunks).
     fn created_array(
@@ -811,14 +827,9 @@ mod tests {
         members: u16,
         name: &str,
     ) -> Vec<PathBuf> {
-        let devices: Vec<PathBuf> = (0..members)
-            .map(|i| {
-                let p = dir.join(format!("{prefix}{i}.img"));
-                std::fs::File::create(&p)
-                    .and_then(|f| f.set_len(16 << 20))
-                    .unwrap();
-                p
-            })
+        let devices: Vec<PathBuf> = blank_members(dir, prefix, members)
+            .into_iter()
+            .map(PathBuf::from)
             .collect();
         crate::create::create(&crate::create::CreateOptions {
             geometry: Geometry::new(Level::Raid5, Layout::LeftSymmetric, members, 64 << 10, 512)
@@ -979,15 +990,7 @@ mod tests {
     fn a_create_that_cannot_start_says_it_created() {
         let dir = tempfile::tempdir().unwrap();
         let (node, h) = node_with_one_array(dir.path());
-        let devs: Vec<String> = (0..3)
-            .map(|i| {
-                let p = dir.path().join(format!("n{i}.img"));
-                std::fs::File::create(&p)
-                    .and_then(|f| f.set_len(16 << 20))
-                    .unwrap();
-                p.display().to_string()
-            })
-            .collect();
+        let devs = blank_members(dir.path(), "n", 3);
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().port();
         let call = |line: String| handle_request(&*h, line.as_bytes()).unwrap();
@@ -1006,6 +1009,26 @@ mod tests {
             r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
         ));
         assert_eq!(v["result"]["array"]["name"], "n", "{v}");
+        node.stop().unwrap();
+    }
+
+    /// A start refused by assembly names its reason once: the assembly error quotes the
+    /// superblock error it wraps, which anyhow's `{:#}` printed a second time.
+    #[test]
+    fn a_refused_start_says_why_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let devs = blank_members(dir.path(), "z", 3);
+        let v = handle_request(
+            &*h,
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert_eq!(msg.matches("no md superblock").count(), 1, "{msg}");
         node.stop().unwrap();
     }
 

@@ -853,7 +853,10 @@ pub fn run_serve(a: &ServeArgs) -> Result<()> {
     let node = match Node::start(&opts) {
         Ok(n) => n,
         Err(e) => {
-            let why = ferroraid::notify::status_line(&format!("start failed: {e:#}"));
+            let why = ferroraid::notify::status_line(&format!(
+                "start failed: {}",
+                ferroraid::error_text(&e)
+            ));
             notify(notifier.as_ref(), &[NotifyState::Status(&why)]);
             return Err(e);
         }
@@ -907,12 +910,18 @@ fn reload_config(a: &ServeArgs, node: &Node) {
     let opts = match a.node_options_by_table() {
         Ok((o, unusable)) => {
             for e in unusable {
-                tracing::error!("reload: cannot start an array: {e:#}");
+                tracing::error!(
+                    "reload: cannot start an array: {}",
+                    ferroraid::error_text(&e)
+                );
             }
             o
         }
         Err(e) => {
-            tracing::error!("reload: the configuration is not usable, nothing changed: {e:#}");
+            tracing::error!(
+                "reload: the configuration is not usable, nothing changed: {}",
+                ferroraid::error_text(&e)
+            );
             return;
         }
     };
@@ -988,7 +997,9 @@ fn reload_config(a: &ServeArgs, node: &Node) {
         }
         match node.start_array(o) {
             Ok(name) => tracing::info!(array = %name, "reload: array started"),
-            Err(e) => tracing::error!(devices = ?o.devices, "reload: cannot start an array: {e:#}"),
+            Err(e) => {
+                tracing::error!(devices = ?o.devices, "reload: cannot start an array: {}", ferroraid::error_text(&e))
+            }
         }
     }
     for ((name, _), w) in running.iter().zip(wanted) {
@@ -1387,7 +1398,11 @@ mod tests {
             ]
         );
         let e = options(&["--nvmf", "localhost", "m0"]).err().unwrap();
-        assert!(format!("{e:#}").contains("HOST:PORT"), "{e:#}");
+        assert!(
+            ferroraid::error_text(&e).contains("HOST:PORT"),
+            "{}",
+            ferroraid::error_text(&e)
+        );
         let dir = std::env::temp_dir().join(format!("ferroraid-nvmf-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = dir.join("serve.toml");

@@ -701,7 +701,7 @@ impl Handler for TargetHandler {
         }
         if !state.is_failed() {
             s.fail_role(role)
-                .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+                .map_err(|e| RpcError::internal(crate::error_text(&e)))?;
         }
         // Every reactor takes the command within a loop turn; report what they publish.
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
@@ -1468,7 +1468,7 @@ impl Target {
         if started.is_err() && !assembly.resync_needed {
             // Nothing was written: leave the array clean, as it was found.
             if let Err(e) = meta.record(&[], Some(Resync::Clean)) {
-                warn!("marking the array clean again: {e:#}");
+                warn!("marking the array clean again: {}", crate::error_text(&e));
             }
         }
         let reactors = started.context("starting the reactors")?;
@@ -1803,7 +1803,7 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
                 warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
             }
             if let Err(e) = m.record(&newly, None) {
-                warn!("recording failed members: {e:#}");
+                warn!("recording failed members: {}", crate::error_text(&e));
             }
         }
         shared.tend_processes(&mut m, &snap);

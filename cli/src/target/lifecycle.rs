@@ -437,7 +437,7 @@ impl Shared {
             // Out of service: its channels are closed once a new device takes the role.
             self.release_lock(old);
         }
-        let lock = claim(&p).map_err(|e| RpcError::device_unusable(path, format!("{e:#}")))?;
+        let lock = claim(&p).map_err(|e| RpcError::device_unusable(path, crate::error_text(&e)))?;
         let dev = drivers::any::open_member(&p, &self.member_cfg)
             .map_err(|e| RpcError::device_unusable(path, e))?;
         let info = dev.info().clone();
@@ -544,7 +544,7 @@ impl Shared {
         match self.failed_role_to_replace(&meta, &snap) {
             Some(role) => {
                 self.promote(&mut meta, idx, role)
-                    .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+                    .map_err(|e| RpcError::internal(crate::error_text(&e)))?;
                 drop(meta);
                 Ok(self.report_when_swapped(role))
             }
@@ -557,7 +557,7 @@ impl Shared {
                         ..RoleChanges::default()
                     },
                 )
-                .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+                .map_err(|e| RpcError::internal(crate::error_text(&e)))?;
                 info!(device = %p.display(), slot, "device added as a spare");
                 Ok(MemberReport::idle(
                     None,
@@ -700,7 +700,7 @@ impl Shared {
                 features: vec![(dev_number, Feature::RecoveryBitmap, true)],
             },
         )
-        .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        .map_err(|e| RpcError::internal(crate::error_text(&e)))?;
         let dev = Arc::new(dev);
         if let Err(e) = self.handle.readd_member(role, dev) {
             warn!(device = %p.display(), role, "cannot re-add the device: {e}");
@@ -787,7 +787,7 @@ impl Shared {
                 ..RoleChanges::default()
             },
         )
-        .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        .map_err(|e| RpcError::internal(crate::error_text(&e)))?;
         self.release_lock(&path);
         info!(device = %path.display(), "spare removed");
         Ok(Some(MemberReport::idle(
@@ -890,7 +890,7 @@ impl Shared {
                 break;
             };
             if let Err(e) = self.promote(meta, idx, role) {
-                warn!("hot spare: {e:#}");
+                warn!("hot spare: {}", crate::error_text(&e));
                 break;
             }
         }
@@ -913,7 +913,7 @@ impl Shared {
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
             }
             if let Err(e) = meta.record_with(&[], None, changes) {
-                warn!("recording rebuild progress: {e:#}");
+                warn!("recording rebuild progress: {}", crate::error_text(&e));
             }
         }
         // Transitions.
@@ -998,7 +998,10 @@ impl Shared {
         meta.book.rebuilding.retain(|r| !done.contains(r));
         if !changes.recovery.is_empty() {
             if let Err(e) = meta.record_with(&[], None, changes) {
-                warn!("recording rebuild progress at stop: {e:#}");
+                warn!(
+                    "recording rebuild progress at stop: {}",
+                    crate::error_text(&e)
+                );
             }
         }
         if !self.resync_pending.load(Ordering::Acquire) {
@@ -1150,7 +1153,7 @@ impl Shared {
                 features: vec![(dev_number, Feature::Replacement, true)],
             },
         )
-        .map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        .map_err(|e| RpcError::internal(crate::error_text(&e)))?;
         let serial = match self.handle.start_replace(role, Arc::clone(&dev), 0) {
             Ok(s) => s,
             Err(e) => {
@@ -1318,7 +1321,7 @@ impl Shared {
                 if let Some(pos) = replace.map(|p| p.position_sectors) {
                     if due && pos != b.checkpoint {
                         if let Err(e) = Self::checkpoint_replace(meta, &b, pos) {
-                            warn!("recording replace progress: {e:#}");
+                            warn!("recording replace progress: {}", crate::error_text(&e));
                         }
                     }
                 }
@@ -1345,7 +1348,10 @@ impl Shared {
                 ..RoleChanges::default()
             },
         ) {
-            warn!("recording the failed replacement: {e:#}");
+            warn!(
+                "recording the failed replacement: {}",
+                crate::error_text(&e)
+            );
         }
         for m in meta.members.iter_mut().filter(|m| m.replacement) {
             m.active = false;
@@ -1379,7 +1385,7 @@ impl Shared {
         let events = match meta.record_with(&[], None, changes) {
             Ok(ev) => ev,
             Err(e) => {
-                warn!("recording the completed replace: {e:#}");
+                warn!("recording the completed replace: {}", crate::error_text(&e));
                 return;
             }
         };
@@ -1401,7 +1407,10 @@ impl Shared {
                     // Then it must not pass for one generation behind: one more.
                     warn!(device = %o.path.display(), "writing the replaced device's superblock: {e}");
                     if let Err(e) = meta.record(&[], None) {
-                        warn!("one more generation after the replace: {e:#}");
+                        warn!(
+                            "one more generation after the replace: {}",
+                            crate::error_text(&e)
+                        );
                     }
                 }
             }
