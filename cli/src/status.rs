@@ -335,8 +335,14 @@ pub struct QosReport {
 }
 
 impl QosReport {
-    /// The report of an engine controller state.
+    /// The report of an engine controller state; the empty report (no policy) for a
+    /// member no reactor has reported on yet (a state with no depth limit: every running
+    /// controller allows at least one request; the snapshot before the reactors' first
+    /// publication holds `QosState::default()`, which would read as "ferroraid", depth 0).
     pub fn from_state(q: &engine::qos::QosState) -> QosReport {
+        if q.depth_limit == 0 {
+            return QosReport::default();
+        }
         let policy = match q.policy {
             engine::qos::DepthPolicy::Off => "off",
             engine::qos::DepthPolicy::WbtLike => "wbt-like",
@@ -1398,6 +1404,15 @@ pub(crate) mod tests {
         assert_eq!(v["qos"]["depth_limit"], 31);
         assert_eq!(v["qos"]["scale_step"], 6);
         assert_eq!(v["qos"]["read_p99_us"], 124.0);
+        // Before the reactors' first publication: no controller reported (it read as
+        // "ferroraid" with depth 0 for an array whose qos is off).
+        let fresh = MemberSnapshot {
+            qos: engine::qos::QosState::default(),
+            ..snap.clone()
+        };
+        let m = MemberReport::from_snapshot(0, Some("/dev/x".into()), &fresh);
+        assert_eq!(m.qos, QosReport::default());
+        assert_eq!(m.qos.policy, "");
         // A report without `qos` (an older target) parses, with zeroes.
         let mut old = v.clone();
         old.as_object_mut().unwrap().remove("qos");
