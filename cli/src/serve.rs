@@ -820,6 +820,11 @@ impl ServeArgs {
                 o.nvmf.clear();
                 t.exports_into(&mut o)?;
             }
+            // `nbd = []` says no NBD export, as it does among several tables (without the
+            // key, one table follows serve's default: NBD on 127.0.0.1:10809).
+            if t.nbd.as_ref().is_some_and(Vec::is_empty) {
+                o.nbd = false;
+            }
         }
         Ok((o, tables))
     }
@@ -1383,6 +1388,24 @@ mod tests {
         );
         assert!(!e.contains("SuperSecret"), "{e}");
         assert!(e.contains("node.toml: line 4, column"), "{e}");
+    }
+
+    /// One `[[array]]` table: `nbd = []` means no NBD export (as among several tables),
+    /// no `nbd` key follows serve's default, addresses are the table's.
+    #[test]
+    fn one_table_nbd_empty_means_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("node.toml");
+        let c = cfg.to_str().unwrap();
+        for (nbd, want) in [
+            ("nbd = []\n", (false, 0)),
+            ("", (true, 0)),
+            ("nbd = [\"127.0.0.1:10900\"]\n", (true, 1)),
+        ] {
+            std::fs::write(&cfg, format!("[[array]]\ndevices = [\"m0\"]\n{nbd}")).unwrap();
+            let o = options(&["--config", c]).unwrap();
+            assert_eq!((o.nbd, o.nbd_tcp.len()), want, "{nbd:?}");
+        }
     }
 
     #[test]
