@@ -1341,13 +1341,24 @@ fn print_howto(url: &str, t: &Target, dir: &Path) -> Result<()> {
 fn toml_error(path: &std::path::Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
     match e.span() {
         Some(span) => {
-            let before = &text[..span.start.min(text.len())];
+            let start = span.start.min(text.len());
+            let before = &text[..start];
             let line = before.matches('\n').count() + 1;
             let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-            anyhow!(
-                "parsing {}: line {line}, column {column}: {}",
-                path.display(),
+            // serde's message quotes a value of the wrong type (`invalid type: integer
+            // `123`, expected a string`): not when the line holds a secret.
+            let line_text = text[before.rfind('\n').map_or(0, |i| i + 1)..]
+                .lines()
+                .next()
+                .unwrap_or("");
+            let message = if line_text.to_ascii_lowercase().contains("secret") {
+                "not a valid value here (the message is not shown: the line holds a secret)"
+            } else {
                 e.message()
+            };
+            anyhow!(
+                "parsing {}: line {line}, column {column}: {message}",
+                path.display(),
             )
         }
         None => anyhow!("parsing {}: {}", path.display(), e.message()),
@@ -1382,12 +1393,31 @@ mod tests {
             "devices = [\"m0\"]\n[iscsi_chap]\nuser = \"u\"\nsecret = \"SuperSecretChap123\n",
         )
         .unwrap();
-        let e = format!(
-            "{:#}",
-            options(&["--config", cfg.to_str().unwrap()]).unwrap_err()
-        );
+        let parse_error = || {
+            format!(
+                "{:#}",
+                options(&["--config", cfg.to_str().unwrap()]).unwrap_err()
+            )
+        };
+        let e = parse_error();
         assert!(!e.contains("SuperSecret"), "{e}");
         assert!(e.contains("node.toml: line 4, column"), "{e}");
+        // A secret of the wrong type: serde's message would quote it.
+        for chap in [
+            "[iscsi_chap]\nuser = \"u\"\nsecret = 918273645",
+            "iscsi_chap = { user = \"u\", secret = 918273645 }",
+        ] {
+            std::fs::write(&cfg, format!("devices = [\"m0\"]\n{chap}\n")).unwrap();
+            let e = parse_error();
+            assert!(!e.contains("918273645") && e.contains("line "), "{e}");
+        }
+        // Other keys keep serde's message.
+        std::fs::write(&cfg, "devices = [\"m0\"]\nqueue_depth = \"deep\"\n").unwrap();
+        let e = parse_error();
+        assert!(
+            e.contains("line 2, column 15: invalid type: string \"deep\""),
+            "{e}"
+        );
     }
 
     /// One `[[array]]` table: `nbd = []` means no NBD export (as among several tables),
