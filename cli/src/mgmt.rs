@@ -5,7 +5,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use engine::metadata::ConsistencyPolicy;
 use ferroraid::examine::{examine_device, ExamineEntry};
@@ -206,7 +206,8 @@ pub fn status(a: &StatusArgs) -> Result<()> {
 /// Exit status 0 done, 1 refused (the message names the device), 4 no target.
 pub fn member(op: MemberOp, a: &MemberArgs) -> Result<()> {
     let mut c = connect(&a.rpc, &a.array)?;
-    let dev = a.device.as_str();
+    let dev = device_arg(&a.device)?;
+    let dev = dev.as_str();
     let result = match op {
         MemberOp::Fail => c.member_fail(dev),
         MemberOp::Remove => c.member_remove(dev),
@@ -328,7 +329,7 @@ pub fn process(kind: ProcessKind, a: &ProcessArgs) -> Result<()> {
 /// the array failed, ...), 4 no target.
 pub fn replace(a: &ReplaceArgs) -> Result<()> {
     let mut c = connect(&a.rpc, &a.array)?;
-    let m = match c.member_replace(&a.old, &a.new) {
+    let m = match c.member_replace(&device_arg(&a.old)?, &device_arg(&a.new)?) {
         Ok(m) => m,
         Err(ClientError::Rpc(e)) => anyhow::bail!("replace {} with {}: {e}", a.old, a.new),
         Err(e) => return Err(e.into()),
@@ -767,13 +768,41 @@ fn refused(what: &str, e: ClientError) -> anyhow::Error {
     }
 }
 
+/// `devices` made absolute against this process's working directory (`vfio:BDF` names
+/// kept): the target resolves a relative path in its own, and would open another file.
+///
+/// # Errors
+/// The working directory cannot be read.
+pub fn absolute_devices(devices: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    devices
+        .iter()
+        .map(|d| {
+            if d.to_string_lossy().starts_with("vfio:") {
+                Ok(d.clone())
+            } else {
+                std::path::absolute(d).with_context(|| format!("device {}", d.display()))
+            }
+        })
+        .collect()
+}
+
+/// A member argument (`fail|remove|add DEV`, `replace OLD NEW`): a slot number or a
+/// `vfio:BDF` name as given, a path made absolute ([`absolute_devices`]).
+fn device_arg(s: &str) -> Result<String> {
+    if s.parse::<u16>().is_ok() {
+        return Ok(s.to_string());
+    }
+    let p = absolute_devices(&[PathBuf::from(s)])?;
+    Ok(p[0].display().to_string())
+}
+
 /// `ferroraid start DEV...`: assembles and starts an array on a running target (the
 /// `array_start` method). Exit status 0 started, 1 refused (the reason on stderr), 4 no
 /// target.
 pub fn start(a: &StartArgs) -> Result<()> {
     let mut c = connect(&a.rpc, &None)?;
     let p = ArrayStartParams {
-        devices: a.devices.clone(),
+        devices: absolute_devices(&a.devices)?,
         force: a.force,
         run: a.run,
         exports: a.exports.params()?,
@@ -1025,4 +1054,27 @@ fn follow_create(path: &std::path::Path, name: &str, done: &std::sync::atomic::A
         std::thread::sleep(PROGRESS_POLL);
     }
     bar.finish_and_clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CLI sends member paths absolute (the target resolves relative ones in its own
+    /// working directory); slot numbers and `vfio:` names go as given.
+    #[test]
+    fn member_paths_go_absolute() {
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            absolute_devices(&[PathBuf::from("m0.img"), PathBuf::from("vfio:0000:00:04.0")])
+                .unwrap(),
+            [cwd.join("m0.img"), PathBuf::from("vfio:0000:00:04.0")]
+        );
+        assert_eq!(device_arg("3").unwrap(), "3");
+        assert_eq!(
+            device_arg("d/m1.img").unwrap(),
+            cwd.join("d/m1.img").display().to_string()
+        );
+        assert_eq!(device_arg("/dev/x").unwrap(), "/dev/x");
+    }
 }

@@ -627,6 +627,9 @@ impl Handler for NodeHandler {
 
     fn array_start(&self, p: ArrayStartParams) -> Result<StatusReport, RpcError> {
         let inner = self.inner()?;
+        for d in &p.devices {
+            RpcError::require_absolute(d)?;
+        }
         let o = inner.array_options(p.devices, &p.exports);
         let o = ServeOptions {
             force: p.force,
@@ -656,6 +659,9 @@ impl Handler for NodeHandler {
     }
 
     fn array_create(&self, p: ArrayCreateParams) -> Result<ArrayCreateReport, RpcError> {
+        for d in &p.devices {
+            RpcError::require_absolute(d)?;
+        }
         let inner = self.inner()?;
         let level = match p.level {
             5 => Level::Raid5,
@@ -1029,6 +1035,32 @@ mod tests {
         .unwrap();
         let msg = v["error"]["message"].as_str().unwrap();
         assert_eq!(msg.matches("no md superblock").count(), 1, "{msg}");
+        node.stop().unwrap();
+    }
+
+    /// Relative device paths are refused by the node (it would resolve them in its own
+    /// working directory, not the client's) before anything is written.
+    #[test]
+    fn relative_device_paths_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let call = |line: &str| handle_request(&*h, line.as_bytes()).unwrap();
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"array_create","params":{"name":"r","level":5,"devices":["r0.img","r1.img","r2.img"]},"id":1}"#,
+            r#"{"jsonrpc":"2.0","method":"array_start","params":{"devices":["r0.img","r1.img","r2.img"]},"id":1}"#,
+            r#"{"jsonrpc":"2.0","method":"member_add","params":{"array":"alpha","device":"r0.img"},"id":1}"#,
+        ] {
+            let v = call(line);
+            assert_eq!(v["error"]["code"], codes::INVALID_PARAMS, "{line}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("is a relative path"),
+                "{v}"
+            );
+        }
+        assert!(!std::path::Path::new("r0.img").exists());
         node.stop().unwrap();
     }
 

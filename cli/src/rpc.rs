@@ -262,6 +262,21 @@ impl RpcError {
         Self::new(codes::INVALID_PARAMS, format!("invalid params: {detail}"))
     }
 
+    /// `Err(`[`codes::INVALID_PARAMS`]`)` when `device` is a relative path: the node would
+    /// resolve it in its own working directory, not the client's, and could write another
+    /// file than the one meant (`vfio:BDF` names are not paths). The `ferroraid` CLI sends
+    /// absolute paths.
+    pub fn require_absolute(device: &std::path::Path) -> Result<(), RpcError> {
+        if device.is_relative() && !device.to_string_lossy().starts_with("vfio:") {
+            return Err(Self::invalid_params(format!(
+                "device {:?} is a relative path: the target would resolve it in its own \
+                 working directory, not yours; give an absolute path",
+                device.display().to_string()
+            )));
+        }
+        Ok(())
+    }
+
     /// [`codes::INTERNAL_ERROR`] with what failed.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         Self::new(codes::INTERNAL_ERROR, format!("internal error: {detail}"))

@@ -98,7 +98,8 @@ pub fn run_create(a: &CreateArgs) -> Result<()> {
         let p = ferroraid::rpc::ArrayCreateParams {
             name: a.name.clone(),
             level: a.level.md_level() as u8,
-            devices: a.devices.clone(),
+            // Absolute: the target resolves paths in its own working directory.
+            devices: crate::mgmt::absolute_devices(&a.devices)?,
             chunk_bytes: Some(a.chunk),
             layout: Some(a.layout.name().to_string()),
             assume_clean: a.assume_clean,
@@ -947,7 +948,8 @@ fn reload_config(a: &ServeArgs, node: &Node) {
     }
     if !changed.config_starts.is_empty() {
         tracing::warn!(
-            "reload: changed in the configuration, applied to the arrays it starts from now              on (`ferroraid start` and `array_create` give their own --force/--run): {}",
+            "reload: changed in the configuration, applied to the arrays it starts from now \
+             on (`ferroraid start` and `array_create` give their own --force/--run): {}",
             changed.config_starts.join("; ")
         );
     }

@@ -741,10 +741,12 @@ impl Handler for TargetHandler {
     }
 
     fn member_add(&self, path: &str) -> Result<MemberReport, RpcError> {
+        RpcError::require_absolute(std::path::Path::new(path))?;
         self.shared()?.add_device(path)
     }
 
     fn member_replace(&self, old: &str, new: &str) -> Result<MemberReport, RpcError> {
+        RpcError::require_absolute(std::path::Path::new(new))?;
         self.shared()?.replace(old, new)
     }
 
