@@ -1348,13 +1348,27 @@ fn toml_error(path: &std::path::Path, text: &str, e: &toml::de::Error) -> anyhow
             let line = before.matches('\n').count() + 1;
             let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
             // serde's message quotes a value of the wrong type (`invalid type: integer
-            // `123`, expected a string`): not when the line holds a secret.
+            // `123`, expected a string`): not where it may be a secret — inside the
+            // `[iscsi_chap]` table, or on a line that names CHAP or a secret (or spells a
+            // key with escapes, which could be either).
             let line_text = text[before.rfind('\n').map_or(0, |i| i + 1)..]
                 .lines()
                 .next()
-                .unwrap_or("");
-            let message = if line_text.to_ascii_lowercase().contains("secret") {
-                "not a valid value here (the message is not shown: the line holds a secret)"
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            let table = before
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| l.starts_with('['))
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            let secret = table.contains("chap")
+                || ["secret", "chap", "\\u", "\\x"]
+                    .iter()
+                    .any(|w| line_text.contains(w));
+            let message = if secret {
+                "not a valid value here (the message is not shown: it may quote a secret)"
             } else {
                 e.message()
             };
@@ -1408,6 +1422,8 @@ mod tests {
         for chap in [
             "[iscsi_chap]\nuser = \"u\"\nsecret = 918273645",
             "iscsi_chap = { user = \"u\", secret = 918273645 }",
+            "[iscsi_chap]\nuser = \"u\"\n\"s\\u0065cret\" = 918273645",
+            "iscsi_chap = \"918273645\"",
         ] {
             std::fs::write(&cfg, format!("devices = [\"m0\"]\n{chap}\n")).unwrap();
             let e = parse_error();
