@@ -709,9 +709,14 @@ impl Handler for NodeHandler {
         }
         let running = inner.lock().contains_key(short);
         if running || inner.resolve(&p.name).is_some() {
+            // Named as it runs: `host:gamma` would run as `gamma`.
             return Err(RpcError::new(
                 codes::ARRAY_NAME_IN_USE,
-                format!("an array named {:?} is already running", p.name),
+                format!(
+                    "an array named {short:?} is already running ({:?} would run under that \
+                     name)",
+                    p.name
+                ),
             ));
         }
         let progress = Arc::new(ZeroProgress::default());

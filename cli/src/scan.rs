@@ -176,16 +176,15 @@ pub struct ArrayTable {
 }
 
 impl ArrayTable {
-    /// Whether `a` is the array this table names: its UUID when the table gives one,
-    /// else its name (md's `homehost:` prefix aside).
+    /// Whether `a` is the array this table names: its UUID and its name (md's
+    /// `homehost:` prefix aside), each as far as the table gives them (at least one).
     fn selects(&self, a: &FoundArray) -> bool {
-        match &self.uuid {
-            Some(u) => same_uuid(u, &a.uuid),
-            None => self
-                .name
-                .as_deref()
-                .is_some_and(|n| name_matches(n, &a.name)),
-        }
+        let uuid = self.uuid.as_deref().is_none_or(|u| same_uuid(u, &a.uuid));
+        let name = self
+            .name
+            .as_deref()
+            .is_none_or(|n| name_matches(n, &a.name));
+        (self.uuid.is_some() || self.name.is_some()) && uuid && name
     }
 
     /// The member devices this table names: `devices` as given (checked, when the table
@@ -474,6 +473,7 @@ mod tests {
         for wrong in [
             table("name = \"beta\""),
             table("uuid = \"00000000:00000000:00000000:00000000\""),
+            table(&format!("name = \"beta\"\nuuid = \"{uuid}\"")),
         ] {
             let e = refusal(&wrong);
             assert!(

@@ -1033,7 +1033,11 @@ fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, Stri
             want.push((p, ferroraid::nbd::DEFAULT_LISTEN.to_string()));
         }
         want.extend(spec.tcp.iter().map(|a| (p, a.to_string())));
-        want.extend(spec.unix.iter().map(|u| (p, u.display().to_string())));
+        want.extend(
+            spec.unix
+                .iter()
+                .map(|u| (p, unix_path(&u.display().to_string()))),
+        );
     }
     // A port-0 entry matches a bound port of its IP that no other entry names (an
     // explicit entry's own, or one an earlier port-0 entry took).
@@ -1069,7 +1073,7 @@ fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, Stri
     let want = list(want.iter().map(|(p, a)| format!("{p} {a}")).collect());
     let have = list(
         have.iter()
-            .map(|h| format!("{} {}", h.protocol, h.address))
+            .map(|h| format!("{} {}", h.protocol, unix_path(&h.address)))
             .collect(),
     );
     let show = |v: &[String]| {
@@ -1080,6 +1084,16 @@ fn export_drift(o: &ServeOptions, have: &[ExportReport]) -> Option<(String, Stri
         }
     };
     (want != have).then(|| (show(&want), show(&have)))
+}
+
+/// A Unix socket path in one spelling (`a//b/./c` is `a/b/c`: the same socket); a TCP
+/// address (`IP:PORT`, no `/`) as given.
+fn unix_path(address: &str) -> String {
+    if !address.contains('/') {
+        return address.to_string();
+    }
+    let p: PathBuf = std::path::Path::new(address).components().collect();
+    p.display().to_string()
 }
 
 /// The one-line `STATUS=` of a running node (what `systemctl status` shows): each array
@@ -1541,6 +1555,10 @@ mod tests {
         let o = options(&["--nbd", "127.0.0.1:0", "--nbd", "127.0.0.1:36514", "m0"]).unwrap();
         let bound = live(&[(nbd, "127.0.0.1:36514"), (nbd, "127.0.0.1:36513")]);
         assert_eq!(export_drift(&o, &bound), None);
+        // A Unix socket path spelled with `//` or `/./` is the same socket.
+        let o = options(&["--nbd", "unix:/run/x//a/./n.sock", "m0"]).unwrap();
+        assert_eq!(export_drift(&o, &live(&[(nbd, "/run/x/a/n.sock")])), None);
+        let o = options(&["--nbd", "127.0.0.1:0", "--nbd", "127.0.0.1:36514", "m0"]).unwrap();
         let one = live(&[(nbd, "127.0.0.1:36514")]);
         assert_eq!(
             export_drift(&o, &one),
