@@ -480,18 +480,25 @@ impl ServeArgs {
         if unusable.is_empty() {
             Ok(opts)
         } else {
-            Err(unusable.swap_remove(0))
+            Err(unusable.swap_remove(0).1)
         }
     }
 
     /// As [`ServeArgs::node_options`], but an `[[array]]` table that cannot be resolved
-    /// (a scan that finds no such array, listed devices holding another array) is left
-    /// out of `arrays` and returned beside them: a reload starts the other tables'
-    /// arrays and takes the settings, and logs these.
+    /// (a scan that finds no such array, listed devices holding another array, an export
+    /// address that does not parse) is left out of `arrays` and returned beside them with
+    /// why: a reload starts the other tables' arrays and takes the settings, and logs
+    /// these.
     ///
     /// # Errors
     /// As [`ServeArgs::node_options`], less the tables' own.
-    fn node_options_by_table(&self) -> Result<(ferroraid::node::NodeOptions, Vec<anyhow::Error>)> {
+    #[allow(clippy::type_complexity)]
+    fn node_options_by_table(
+        &self,
+    ) -> Result<(
+        ferroraid::node::NodeOptions,
+        Vec<(ferroraid::scan::ArrayTable, anyhow::Error)>,
+    )> {
         let (o, tables) = self.options_and_tables()?;
         if tables.is_empty() {
             let arrays = if o.devices.is_empty() {
@@ -527,7 +534,7 @@ impl ServeArgs {
                 t.exports_into(&mut a)
             });
             if let Err(e) = resolved {
-                unusable.push(e);
+                unusable.push((t.clone(), e));
                 continue;
             }
             // A table without NBD addresses is not exported over NBD (the default port
@@ -913,16 +920,8 @@ fn reload_config(a: &ServeArgs, node: &Node) {
         return;
     }
     tracing::info!("SIGHUP: reloading the configuration");
-    let opts = match a.node_options_by_table() {
-        Ok((o, unusable)) => {
-            for e in unusable {
-                tracing::error!(
-                    "reload: cannot start an array: {}",
-                    ferroraid::error_text(&e)
-                );
-            }
-            o
-        }
+    let (opts, unusable) = match a.node_options_by_table() {
+        Ok(v) => v,
         Err(e) => {
             tracing::error!(
                 "reload: the configuration is not usable, nothing changed: {}",
@@ -966,6 +965,32 @@ fn reload_config(a: &ServeArgs, node: &Node) {
         ));
     });
     let mut wanted = vec![false; running.len()];
+    for (t, e) in &unusable {
+        // A running array's own table may be the one that does not resolve (an export
+        // typo, a changed name): it is still that array's, not a table gone.
+        let devs: Vec<PathBuf> = t.devices.iter().flatten().map(|p| canon(p)).collect();
+        let of = running.iter().position(|(name, paths)| {
+            devs.iter().any(|d| paths.contains(d))
+                || t.name
+                    .as_deref()
+                    .is_some_and(|n| ferroraid::scan::name_matches(n, name))
+        });
+        match of {
+            Some(i) => {
+                wanted[i] = true;
+                tracing::error!(
+                    array = %running[i].0,
+                    "reload: the array's table is not usable; the array keeps running as it \
+                     is: {}",
+                    ferroraid::error_text(e)
+                );
+            }
+            None => tracing::error!(
+                "reload: cannot start an array: {}",
+                ferroraid::error_text(e)
+            ),
+        }
+    }
     for o in &opts.arrays {
         let devs: Vec<PathBuf> = o.devices.iter().map(|p| canon(p)).collect();
         if let Some(i) = running

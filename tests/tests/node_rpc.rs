@@ -330,10 +330,30 @@ fn sighup_starts_new_tables_and_never_stops_an_array() {
     srv.signal(libc::SIGHUP);
     srv.wait_log("reload: cannot start an array: [[array]] name \"gone\": no such array");
     srv.wait_log("until stopped and started again: write_hold_us");
-    srv.wait_log(&format!(
+    let log = srv.wait_log(&format!(
         "the configuration does not name the running member(s) {}",
         canon(&a[3])
     ));
     assert_eq!(names(&rpc), ["alpha", "beta"]);
+    // A running array's own table that does not resolve (an export address that does
+    // not parse) is named as its table, not as an array the configuration left.
+    let gone = |log: &str| log.matches("no longer in the configuration").count();
+    let before = gone(&log);
+    std::fs::write(
+        &cfg,
+        format!(
+            "{head}queue_depth = 64\nwrite_hold_us = 100\n{}[[array]]\nname = \"alpha\"\n\
+             devices = [{:?}]\nnbd = [\"localhost:1\"]\n",
+            table("beta", "b", pb2),
+            canon(&a[0]),
+        ),
+    )
+    .unwrap();
+    srv.signal(libc::SIGHUP);
+    let log = srv.wait_log(
+        "reload: the array's table is not usable; the array keeps running as it is: \
+         [[array]] name \"alpha\": nbd \"localhost:1\"",
+    );
+    assert_eq!(gone(&log), before, "{log}");
     srv.stop();
 }
