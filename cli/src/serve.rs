@@ -457,7 +457,10 @@ impl ServeArgs {
     /// config of several `[[array]]` tables is [`ServeArgs::node_options`]' business).
     #[cfg(test)]
     fn options(&self) -> Result<ServeOptions> {
-        let (o, tables) = self.options_and_tables()?;
+        let (o, tables, failed) = self.options_and_tables()?;
+        if let Some((_, e)) = failed {
+            return Err(e);
+        }
         if !tables.is_empty() {
             bail!(
                 "the config has {} [[array]] tables: serve them with node_options",
@@ -499,9 +502,9 @@ impl ServeArgs {
         ferroraid::node::NodeOptions,
         Vec<(ferroraid::scan::ArrayTable, anyhow::Error)>,
     )> {
-        let (o, tables) = self.options_and_tables()?;
+        let (o, tables, failed) = self.options_and_tables()?;
         if tables.is_empty() {
-            let arrays = if o.devices.is_empty() {
+            let arrays = if o.devices.is_empty() || failed.is_some() {
                 Vec::new()
             } else {
                 vec![o.clone()]
@@ -511,7 +514,7 @@ impl ServeArgs {
                     defaults: o,
                     arrays,
                 },
-                Vec::new(),
+                failed.into_iter().collect(),
             ));
         }
         if !(o.nbd_tcp.is_empty()
@@ -553,7 +556,21 @@ impl ServeArgs {
 
     /// The options (devices from the command line, the top level of the config, or its
     /// one `[[array]]` table) and the config's `[[array]]` tables when it has several.
-    fn options_and_tables(&self) -> Result<(ServeOptions, Vec<ferroraid::scan::ArrayTable>)> {
+    ///
+    /// # Errors
+    /// The file cannot be read or parsed; settings that are not valid. A single table
+    /// that cannot be used (its devices not found, an export address that does not parse)
+    /// is not an error here: it comes back third, with why, and the options have no
+    /// devices (`options` refuses it; a reload starts nothing from it but takes the
+    /// settings).
+    #[allow(clippy::type_complexity)]
+    fn options_and_tables(
+        &self,
+    ) -> Result<(
+        ServeOptions,
+        Vec<ferroraid::scan::ArrayTable>,
+        Option<(ferroraid::scan::ArrayTable, anyhow::Error)>,
+    )> {
         let file: ServeFile = match &self.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
@@ -564,6 +581,7 @@ impl ServeArgs {
         };
         let mut tables = Vec::new();
         let mut one_table = None;
+        let mut one_table_error = None;
         let devices = if !self.devices.is_empty() {
             if file.array.as_ref().is_some_and(|t| !t.is_empty()) {
                 bail!("devices on the command line and [[array]] tables in the config: keep one");
@@ -576,7 +594,10 @@ impl ServeArgs {
             match t.as_slice() {
                 [t] => {
                     one_table = Some(t.clone());
-                    t.resolve()?
+                    t.resolve().unwrap_or_else(|e| {
+                        one_table_error = Some(e);
+                        Vec::new()
+                    })
                 }
                 [] => Vec::new(),
                 _ => {
@@ -588,7 +609,7 @@ impl ServeArgs {
             file.devices.clone().unwrap_or_default()
         };
         let rpc_given = self.rpc.is_some() || file.rpc.is_some();
-        if devices.is_empty() && tables.is_empty() && !rpc_given {
+        if devices.is_empty() && tables.is_empty() && !rpc_given && one_table_error.is_none() {
             bail!(
                 "no member devices: name them on the command line, or in --config as \
                  `devices` or [[array]] tables (or give --rpc to start arrays later with \
@@ -826,7 +847,10 @@ impl ServeArgs {
                 o.nbd_unix.clear();
                 o.iscsi.clear();
                 o.nvmf.clear();
-                t.exports_into(&mut o)?;
+                if let Err(e) = t.exports_into(&mut o) {
+                    one_table_error.get_or_insert(e);
+                    o.devices.clear();
+                }
             }
             // `nbd = []` says no NBD export, as it does among several tables (without the
             // key, one table follows serve's default: NBD on 127.0.0.1:10809).
@@ -834,7 +858,8 @@ impl ServeArgs {
                 o.nbd = false;
             }
         }
-        Ok((o, tables))
+        let failed = one_table.zip(one_table_error);
+        Ok((o, tables, failed))
     }
 }
 
@@ -1492,6 +1517,31 @@ mod tests {
             std::fs::write(&cfg, format!("[[array]]\ndevices = [\"m0\"]\n{nbd}")).unwrap();
             let o = options(&["--config", c]).unwrap();
             assert_eq!((o.nbd, o.nbd_tcp.len()), want, "{nbd:?}");
+        }
+    }
+
+    /// One `[[array]]` table that cannot be used: `serve` refuses to start, a reload gets
+    /// the settings and the table's error (it blocked the whole reload; several tables
+    /// never did).
+    #[test]
+    fn one_unusable_table_leaves_the_settings_to_a_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("node.toml");
+        let c = cfg.to_str().unwrap();
+        for table in [
+            format!(
+                "scan = [{:?}]\nname = \"gone\"\n",
+                format!("{}/absent*", dir.path().display())
+            ),
+            "devices = [\"m0\"]\nnbd = [\"localhost:1\"]\n".to_string(),
+        ] {
+            std::fs::write(&cfg, format!("queue_depth = 48\n[[array]]\n{table}")).unwrap();
+            assert!(options(&["--config", c]).is_err(), "{table}");
+            let args = Cli::try_parse_from(["serve", "--config", c]).unwrap().serve;
+            let (opts, unusable) = args.node_options_by_table().unwrap();
+            assert_eq!(unusable.len(), 1, "{table}");
+            assert!(opts.arrays.is_empty(), "{table}");
+            assert_eq!(opts.defaults.queue_depth, 48);
         }
     }
 
