@@ -530,9 +530,26 @@ impl ServeArgs {
         }
         let mut arrays = Vec::with_capacity(tables.len());
         let mut unusable = Vec::new();
-        for t in &tables {
+        let canon = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        // The devices of each table resolved so far, by table number (1-based).
+        let mut seen: Vec<(usize, Vec<PathBuf>)> = Vec::new();
+        for (n, t) in tables.iter().enumerate() {
             let mut a = o.clone();
             let resolved = t.resolve().and_then(|devices| {
+                // Two tables of one array would start it once and fail the other table
+                // on every reload ("in use"): say which tables share devices.
+                let mine: Vec<PathBuf> = devices.iter().map(canon).collect();
+                if let Some((first, _)) = seen
+                    .iter()
+                    .find(|(_, theirs)| theirs.iter().any(|d| mine.contains(d)))
+                {
+                    bail!(
+                        "[[array]] tables {first} and {} name the same devices: one table \
+                         per array",
+                        n + 1
+                    );
+                }
+                seen.push((n + 1, mine));
                 a.devices = devices;
                 t.exports_into(&mut a)
             });
@@ -1543,6 +1560,26 @@ mod tests {
             assert!(opts.arrays.is_empty(), "{table}");
             assert_eq!(opts.defaults.queue_depth, 48);
         }
+    }
+
+    /// Two tables naming the same devices: the later one is refused, naming both.
+    #[test]
+    fn two_tables_of_one_array_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("node.toml");
+        let c = cfg.to_str().unwrap();
+        let m = dir.path().join("m0.img");
+        std::fs::write(&m, b"").unwrap();
+        let table = |dev: &std::path::Path| format!("[[array]]\ndevices = [{dev:?}]\n");
+        // The second spells the same file another way.
+        let other = dir.path().join(".").join("m0.img");
+        std::fs::write(&cfg, format!("{}{}", table(&m), table(&other))).unwrap();
+        let args = Cli::try_parse_from(["serve", "--config", c]).unwrap().serve;
+        let (opts, unusable) = args.node_options_by_table().unwrap();
+        assert_eq!(opts.arrays.len(), 1);
+        let e = format!("{:#}", unusable[0].1);
+        assert!(e.contains("tables 1 and 2 name the same devices"), "{e}");
+        assert!(args.node_options().is_err());
     }
 
     #[test]
