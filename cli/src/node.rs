@@ -1069,6 +1069,43 @@ mod tests {
         node.stop().unwrap();
     }
 
+    /// A member smaller than the data area its superblock gives is refused at assembly,
+    /// before anything is written (it was "started", clients hung on it, and the error
+    /// came at stop, with the member recorded missing).
+    #[test]
+    fn a_member_too_small_for_its_data_area_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let devices = created_array(dir.path(), "s", 3, "small");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&devices[2])
+            .and_then(|f| f.set_len(8 << 20))
+            .unwrap();
+        let contents =
+            || -> Vec<Vec<u8>> { devices.iter().map(|p| std::fs::read(p).unwrap()).collect() };
+        let before = contents();
+        let devs: Vec<String> = devices.iter().map(|p| p.display().to_string()).collect();
+        let v = handle_request(
+            &*h,
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(v["error"]["code"], codes::ARRAY_START_FAILED, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("s2.img (role 2): it is smaller than the data offset plus the data area")
+                && msg.contains("nothing was written"),
+            "{msg}"
+        );
+        assert!(before == contents(), "the members were written");
+        assert_eq!(node.array_names(), ["alpha"]);
+        node.stop().unwrap();
+    }
+
     /// A changed CHAP secret (initiator's or mutual) is a changed `iscsi_chap` setting,
     /// though `ChapConfig`'s Debug shows neither secret.
     #[test]

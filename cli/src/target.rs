@@ -990,6 +990,38 @@ impl Target {
         }
         let data_offset_bytes = data_offset_sectors * 512;
         let member_bytes = data_offset_bytes + geo.member_data_bytes();
+        // Every device that takes a role must hold the data area its superblock gives (md
+        // refuses a device smaller than data_size too): checked before anything is
+        // written. Found only by the reactors, it was reported at stop, after the start
+        // had said "started" and clients had hung on the array.
+        let returning = readd_plan(&assembly);
+        for (role, m) in assembly.members.iter().enumerate() {
+            let c = match m {
+                Some(m) => Some(m.candidate),
+                None => returning
+                    .iter()
+                    .find(|r| usize::from(r.0) == role)
+                    .map(|r| r.1),
+            };
+            let Some(dev) = c.and_then(|c| opened[c].as_ref().map(|d| (c, d))) else {
+                continue;
+            };
+            let (c, dev) = dev;
+            let info = dev.info();
+            if let Err(e) = engine::array::device_fits(&geo, data_offset_bytes, role as u16, info) {
+                let why = match e {
+                    engine::process::ProcessError::Unfit { why, .. } => why,
+                    _ => "it cannot serve the array",
+                };
+                bail!(
+                    "{} (role {role}): {why} — {} bytes, and the superblock's data area ends \
+                     at byte {member_bytes}; nothing was written (give the member's own \
+                     device, or leave it out and rebuild onto one that fits)",
+                    opts.devices[c].display(),
+                    info.capacity_bytes
+                );
+            }
+        }
         let mut devices = Vec::with_capacity(usize::from(g.members()));
         let mut paths = Vec::with_capacity(usize::from(g.members()));
         let mut metas = Vec::new();
