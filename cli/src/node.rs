@@ -817,6 +817,18 @@ mod tests {
     use super::*;
     use crate::rpc::handle_request;
 
+    /// `array_start` of `devs` (paths) through `h`, no export: the JSON-RPC answer.
+    fn start_on(h: &NodeHandler, devs: &[String]) -> serde_json::Value {
+        handle_request(
+            h,
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
     /// `n` empty (sparse) member files `{prefix}{i}.img` of 16 MiB in `dir`, by path.
     fn blank_members(dir: &std::path::Path, prefix: &str, n: u16) -> Vec<String> {
         (0..n)
@@ -1016,9 +1028,7 @@ mod tests {
             "{msg}"
         );
         drop(taken);
-        let v = call(format!(
-            r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
-        ));
+        let v = start_on(&h, &devs);
         assert_eq!(v["result"]["array"]["name"], "n", "{v}");
         node.stop().unwrap();
     }
@@ -1030,14 +1040,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (node, h) = node_with_one_array(dir.path());
         let devs = blank_members(dir.path(), "z", 3);
-        let v = handle_request(
-            &*h,
-            format!(
-                r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
-            )
-            .as_bytes(),
-        )
-        .unwrap();
+        let v = start_on(&h, &devs);
         let msg = v["error"]["message"].as_str().unwrap();
         assert_eq!(msg.matches("no md superblock").count(), 1, "{msg}");
         node.stop().unwrap();
@@ -1086,14 +1089,7 @@ mod tests {
             || -> Vec<Vec<u8>> { devices.iter().map(|p| std::fs::read(p).unwrap()).collect() };
         let before = contents();
         let devs: Vec<String> = devices.iter().map(|p| p.display().to_string()).collect();
-        let v = handle_request(
-            &*h,
-            format!(
-                r#"{{"jsonrpc":"2.0","method":"array_start","params":{{"devices":{devs:?}}},"id":1}}"#
-            )
-            .as_bytes(),
-        )
-        .unwrap();
+        let v = start_on(&h, &devs);
         assert_eq!(v["error"]["code"], codes::ARRAY_START_FAILED, "{v}");
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(
