@@ -113,6 +113,11 @@ pub fn grow_consistency_policy(o: &GrowOptions) -> Result<Grown> {
         Some(i) => anyhow!("{}: {e}", o.devices[i].display()),
         None => anyhow!("{e}"),
     })?;
+    // Every device checked before the first write: a refusal after some were written
+    // would leave members with different policies and generations.
+    for (p, sb) in o.devices.iter().zip(&next) {
+        metadata_io::check_superblock_fits(p, sb)?;
+    }
     let mut ppl_sectors = Vec::new();
     if o.consistency_policy == ConsistencyPolicy::Ppl {
         for (p, sb) in o.devices.iter().zip(&next) {

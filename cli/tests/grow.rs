@@ -262,3 +262,28 @@ fn grow_refusals_write_nothing() {
         "{err}"
     );
 }
+
+/// A member too small for the data area its superblock gives is refused before any
+/// member is written (the others were switched before the write to it failed, leaving the
+/// members with different policies and generations).
+#[test]
+fn grow_checks_every_member_before_writing_one() {
+    let dir = disk_tempdir();
+    let files = member_files(dir.path(), "t", 5);
+    ok(&create("6", &["--consistency-policy", "ppl"], &files));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[4])
+        .and_then(|f| f.set_len(3 << 20))
+        .unwrap();
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    let out = grow("resync", &files);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&files[4].display().to_string()) && err.contains("within the device"),
+        "{err}"
+    );
+    let after: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    assert!(before == after, "grow wrote a member");
+}

@@ -405,6 +405,62 @@ pub fn write_init_ppl(
     Ok(())
 }
 
+/// Checks, writing nothing, that `sb` can be written as the superblock of the device at
+/// `path` ([`write_superblock`]'s checks): for a command that writes several members and
+/// must refuse before the first write rather than after some.
+///
+/// # Errors
+/// As [`write_superblock`], less the write and sync.
+pub fn check_superblock_fits(
+    path: impl AsRef<Path>,
+    sb: &Superblock,
+) -> Result<(), MetadataIoError> {
+    let path = path.as_ref();
+    superblock_area(path, sb)?;
+    let size = if needs_back_end(path) {
+        open_back_end(path)?.info().capacity_bytes
+    } else {
+        let mut f = File::open(path).map_err(io_err(path, "open"))?;
+        device_bytes(&mut f, path)?
+    };
+    superblock_fits(path, sb, size)
+}
+
+/// `sb` encoded in its 4 KiB area, when it sits where ferroraid writes superblocks.
+fn superblock_area(
+    path: &Path,
+    sb: &Superblock,
+) -> Result<[u8; SUPERBLOCK_AREA_BYTES], MetadataIoError> {
+    if sb.super_offset != SUPER_OFFSET_SECTORS {
+        return Err(MetadataIoError::WrongPosition {
+            path: path.to_path_buf(),
+            super_offset: sb.super_offset,
+        });
+    }
+    sb.to_area().map_err(|source| MetadataIoError::Superblock {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Whether a device of `size` bytes holds `sb`'s data area (and the superblock area).
+fn superblock_fits(path: &Path, sb: &Superblock, size: u64) -> Result<(), MetadataIoError> {
+    let needed = sb
+        .data_offset
+        .saturating_add(sb.data_size)
+        .saturating_mul(512)
+        .max(SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64);
+    if size < needed {
+        return Err(MetadataIoError::TooSmall {
+            path: path.to_path_buf(),
+            device_bytes: size,
+            needed_bytes: needed,
+            why: "the superblock's data_offset + data_size must lie within the device",
+        });
+    }
+    Ok(())
+}
+
 /// Writes `sb` as the member's superblock: the encoding zero-padded to the 4 KiB area at
 /// byte 4096 (one aligned write, fine for 4 KiB-sector devices), then `fdatasync`.
 /// The file or block device must exist; nothing outside the area is touched.
@@ -417,32 +473,10 @@ pub fn write_init_ppl(
 /// [`MetadataIoError::Io`] (open, write, sync).
 pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), MetadataIoError> {
     let path = path.as_ref();
-    if sb.super_offset != SUPER_OFFSET_SECTORS {
-        return Err(MetadataIoError::WrongPosition {
-            path: path.to_path_buf(),
-            super_offset: sb.super_offset,
-        });
-    }
-    let area = sb.to_area().map_err(|source| MetadataIoError::Superblock {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let needed = sb
-        .data_offset
-        .saturating_add(sb.data_size)
-        .saturating_mul(512)
-        .max(SUPERBLOCK_OFFSET_BYTES + SUPERBLOCK_AREA_BYTES as u64);
+    let area = superblock_area(path, sb)?;
     if needs_back_end(path) {
         let dev = open_back_end(path)?;
-        let size = dev.info().capacity_bytes;
-        if size < needed {
-            return Err(MetadataIoError::TooSmall {
-                path: path.to_path_buf(),
-                device_bytes: size,
-                needed_bytes: needed,
-                why: "the superblock's data_offset + data_size must lie within the device",
-            });
-        }
+        superblock_fits(path, sb, dev.info().capacity_bytes)?;
         return write_area_to(&dev, path, &area);
     }
     let mut f = OpenOptions::new()
@@ -450,14 +484,7 @@ pub fn write_superblock(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), M
         .open(path)
         .map_err(io_err(path, "open for writing"))?;
     let size = device_bytes(&mut f, path)?;
-    if size < needed {
-        return Err(MetadataIoError::TooSmall {
-            path: path.to_path_buf(),
-            device_bytes: size,
-            needed_bytes: needed,
-            why: "the superblock's data_offset + data_size must lie within the device",
-        });
-    }
+    superblock_fits(path, sb, size)?;
     f.write_all_at(&area, SUPERBLOCK_OFFSET_BYTES)
         .map_err(io_err(path, "write superblock"))?;
     f.sync_data().map_err(io_err(path, "sync superblock"))?;
