@@ -1201,6 +1201,13 @@ fn check_consistent(
         Some("size")
     } else if sb.events == newest.events && sb.resync_offset != newest.resync_offset {
         Some("resync_offset")
+    } else if sb.events == newest.events
+        && (sb.consistency_policy() != newest.consistency_policy()
+            || (sb.feature_map ^ newest.feature_map) & super::FERRORAID_FEATURE_RAID6_PPL != 0)
+    {
+        // One update writes the policy bits to every member (`grow`, create): members
+        // of one generation that differ would run the array under two policies.
+        Some("consistency policy (feature_map)")
     } else if sb.events == newest.events && {
         let n = sb.max_dev().max(newest.max_dev()) as u32;
         (0..n).any(|s| sb.role_of(s) != newest.role_of(s))

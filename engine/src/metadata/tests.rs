@@ -1120,6 +1120,26 @@ fn assembly_errors_name_the_device() {
         ),
         "{e}"
     );
+    // One member of the newest generation with another consistency policy's bits.
+    let mut mixed = array_sbs(Level::Raid5, 4, true);
+    for sb in &mut mixed {
+        sb.feature_map = Feature::Ppl.bit();
+        sb.set_ppl(ppl::MDADM_PPL_OFFSET_SECTORS, ppl::MDADM_PPL_SIZE_SECTORS);
+        sb.data_offset = sb.data_offset.max(4096);
+    }
+    assert!(assemble(&cands(&mixed), AssembleOptions::default()).is_ok());
+    mixed[1].feature_map = 0;
+    let e = assemble(&cands(&mixed), AssembleOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            AssembleError::Inconsistent {
+                field: "consistency policy (feature_map)",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let mut odd = sbs.clone();
     odd[2].chunksize = 256;
     let e = assemble(&cands(&odd), AssembleOptions::default()).unwrap_err();
