@@ -181,18 +181,42 @@ pub(crate) fn refuse_back_end_for_ppl(devices: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses the same device twice (also through a symlink or another path): it would be
-/// two roles on one device.
+/// What makes two paths one device: a block device's device number, else a file's
+/// (filesystem, inode) — symlinks, hard links and other spellings of one path agree;
+/// `None` for a path that cannot be looked at (a `vfio:` name, a missing file), which
+/// then compares by its canonical path.
+pub(crate) fn device_identity(p: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(p).ok()?;
+    Some(if m.file_type().is_block_device() {
+        (u64::MAX, m.rdev())
+    } else {
+        (m.dev(), m.ino())
+    })
+}
+
+/// Refuses the same device twice (also through a symlink, a hard link or another path):
+/// it would be two roles on one device.
 ///
 /// # Errors
 /// The two paths of the first device given twice.
 pub(crate) fn check_distinct(devices: &[PathBuf]) -> Result<()> {
-    let canon: Vec<PathBuf> = devices
+    let canon: Vec<(Option<(u64, u64)>, PathBuf)> = devices
         .iter()
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .map(|p| {
+            (
+                device_identity(p),
+                std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()),
+            )
+        })
         .collect();
+    let same =
+        |a: &(Option<(u64, u64)>, PathBuf), b: &(Option<(u64, u64)>, PathBuf)| match (a.0, b.0) {
+            (Some(x), Some(y)) => x == y,
+            _ => a.1 == b.1,
+        };
     for (i, a) in canon.iter().enumerate() {
-        if let Some(j) = canon[..i].iter().position(|b| b == a) {
+        if let Some(j) = canon[..i].iter().position(|b| same(a, b)) {
             bail!(
                 "{} and {} are the same device",
                 devices[j].display(),

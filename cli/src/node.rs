@@ -1102,6 +1102,23 @@ mod tests {
         node.stop().unwrap();
     }
 
+    /// A member given twice under another name (a hard link) is refused as the same
+    /// device, not as "in use" by another process.
+    #[test]
+    fn a_member_given_twice_is_named_the_same_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, h) = node_with_one_array(dir.path());
+        let devices = created_array(dir.path(), "s", 3, "twice");
+        let link = dir.path().join("s0-again.img");
+        std::fs::hard_link(&devices[0], &link).unwrap();
+        let mut devs: Vec<String> = devices.iter().map(|p| p.display().to_string()).collect();
+        devs.push(link.display().to_string());
+        let v = start_on(&h, &devs);
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("are the same device"), "{msg}");
+        node.stop().unwrap();
+    }
+
     /// A changed CHAP secret (initiator's or mutual) is a changed `iscsi_chap` setting,
     /// though `ChapConfig`'s Debug shows neither secret.
     #[test]

@@ -97,7 +97,15 @@ pub fn scan(patterns: &[String]) -> Result<Scan> {
             if path.is_dir() {
                 continue;
             }
-            if !paths.contains(&path) {
+            // One device matched twice (a symlink or hard link beside it) is one device.
+            let id = crate::create::device_identity(&path);
+            let seen = paths.contains(&path)
+                || id.is_some_and(|id| {
+                    paths
+                        .iter()
+                        .any(|p| crate::create::device_identity(p) == Some(id))
+                });
+            if !seen {
                 paths.push(path);
             }
         }
@@ -481,6 +489,12 @@ mod tests {
                 "{wrong}: {e}"
             );
         }
+        // A symlink and a hard link beside a member: still three devices to a scan.
+        std::os::unix::fs::symlink(&devices[0], dir.path().join("m0-sym.img")).unwrap();
+        std::fs::hard_link(&devices[0], dir.path().join("m0-hard.img")).unwrap();
+        let found = scan(&[format!("{}/m*.img", dir.path().display())]).unwrap();
+        assert_eq!(found.arrays.len(), 1);
+        assert_eq!(found.arrays[0].devices.len(), 3, "{found:?}");
         let blank = dir.path().join("blank.img");
         std::fs::File::create(&blank)
             .and_then(|f| f.set_len(16 << 20))

@@ -882,6 +882,9 @@ impl Target {
         let mcfg = MemberConfig::with_queue_depth(opts.queue_depth);
         let mut opened: Vec<Option<AnyDevice>> = Vec::new();
         let mut candidates = Vec::new();
+        // One device given twice (another path, a symlink, a hard link) would take two
+        // roles; said so here, before the second claim calls it "in use".
+        crate::create::check_distinct(&opts.devices)?;
         // Claim every device first: two targets writing the same members would corrupt them.
         let mut locks = Vec::with_capacity(opts.devices.len());
         for p in &opts.devices {
