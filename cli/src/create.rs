@@ -292,6 +292,22 @@ pub fn create(o: &CreateOptions) -> Result<Created> {
     new.bitmap_chunk_bytes = o.bitmap_chunk_bytes;
     new.consistency_policy = o.consistency_policy;
     let sbs = new.superblocks(&sectors, &mut rng)?;
+    // Every member gets the smallest one's size, as mdadm does; mdadm also warns when the
+    // largest exceeds it by more than 1 % (the rest of it goes unused).
+    if let (Some(small), Some(large)) = (
+        sectors.iter().enumerate().min_by_key(|&(_, s)| *s),
+        sectors.iter().enumerate().max_by_key(|&(_, s)| *s),
+    ) {
+        if *large.1 > small.1.saturating_add(small.1 / 100) {
+            tracing::warn!(
+                "{} is {} MiB larger than the smallest member, {}: every member holds only \
+                 the smallest one's size, and the rest goes unused",
+                o.devices[large.0].display(),
+                ((large.1 - small.1) * 512) >> 20,
+                o.devices[small.0].display()
+            );
+        }
+    }
     let consistency_policy = new.policy(sbs[0].size)?;
     let bitmap_area = new.initial_bitmap_area(sbs[0].size)?;
     let ppl_area = new.initial_ppl_area(sbs[0].size)?;

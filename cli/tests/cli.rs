@@ -177,3 +177,40 @@ fn demo_refuses_symlinks_and_dedups_failures() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("lost members [0]"));
 }
+
+/// Members of different sizes: the array takes the smallest one's size on every member,
+/// and, as mdadm does, `create` warns when the largest exceeds it by more than 1 %.
+#[test]
+fn create_warns_when_members_differ_in_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<String> = [64u64, 64, 80]
+        .iter()
+        .enumerate()
+        .map(|(i, mib)| {
+            let p = dir.path().join(format!("m{i}.img"));
+            std::fs::File::create(&p)
+                .and_then(|f| f.set_len(mib << 20))
+                .unwrap();
+            p.display().to_string()
+        })
+        .collect();
+    let mut args = vec![
+        "create",
+        "--level",
+        "5",
+        "--name",
+        "sizes",
+        "--assume-clean",
+    ];
+    args.extend(files.iter().map(String::as_str));
+    let out = ferroraid(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} is 16 MiB larger than the smallest member",
+            files[2]
+        )),
+        "{stderr}"
+    );
+}
