@@ -91,6 +91,24 @@ fn rw(
     complete(arr, clock, tag)
 }
 
+/// Reads `want.len()` bytes of the array from byte 0 (tag `tag`) and asserts that the read
+/// succeeds and returns `want`; `what` names the check in a failure.
+fn assert_reads_back(
+    arr: &mut Array<crate::sim::SimChannel>,
+    clock: &SimClock,
+    tag: u64,
+    want: &[u8],
+    what: &str,
+) {
+    let mut got = AlignedBuf::zeroed(want.len());
+    assert_eq!(
+        rw(arr, clock, tag, ArrayOp::Read, 0, &mut got),
+        Ok(()),
+        "{what}"
+    );
+    assert!(got[..] == want[..], "{what}");
+}
+
 /// Writes the whole array with `pattern(byte offset)` (tag 1) and returns what it wrote.
 fn fill_array(
     arr: &mut Array<crate::sim::SimChannel>,
@@ -599,7 +617,6 @@ fn a_fua_whole_stripe_write_zeroes_is_flushed_before_it_completes() {
 #[test]
 fn write_zeroes_and_discard_keep_parity_consistent() {
     let (mut arr, devs, clock) = sim_array(Level::Raid6, 6, 4096, 512, 16, Profile::fixed(1000));
-    let cap = arr.geometry().capacity_bytes() as usize;
     let stripe = arr.geometry().geometry().stripe_data_bytes() as usize;
     let data = fill_array(&mut arr, &clock, |i| (i % 251) as u8 | 1);
     let mut want = data.to_vec();
@@ -652,12 +669,13 @@ fn write_zeroes_and_discard_keep_parity_consistent() {
     assert!(matches!(status, Err(ArrayError::Invalid(_))), "{status:?}");
     devs[0].disappear();
     devs[3].disappear();
-    let mut got = AlignedBuf::zeroed(cap);
-    assert_eq!(
-        rw(&mut arr, &clock, 200, ArrayOp::Read, 0, &mut got),
-        Ok(())
+    assert_reads_back(
+        &mut arr,
+        &clock,
+        200,
+        &want,
+        "data differs after losing two members",
     );
-    assert!(got[..] == want[..], "data differs after losing two members");
 }
 
 /// A full-stripe write generates its P (and Q) into its stripe operation's first chunk
@@ -694,15 +712,12 @@ fn full_stripe_writes_leave_the_right_parity_on_every_member() {
         for &m in after {
             devs[usize::from(m)].disappear();
         }
-        let mut got = AlignedBuf::zeroed(data.len());
-        assert_eq!(
-            rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut got),
-            Ok(()),
-            "{level:?} lost {before:?} then {after:?}"
-        );
-        assert!(
-            got[..] == data[..],
-            "{level:?} lost {before:?} then {after:?}: read-back differs"
+        assert_reads_back(
+            &mut arr,
+            &clock,
+            2,
+            &data,
+            &format!("{level:?} lost {before:?} then {after:?}: read-back differs"),
         );
     }
 }
@@ -1128,9 +1143,7 @@ fn compare_and_write_matches_writes_and_mismatches_report_the_offset() {
             // Parity is right: the data survives the loss of two members.
             devs[0].disappear();
             devs[3].disappear();
-            let mut got = AlignedBuf::zeroed(image.len());
-            assert_eq!(rw(&mut arr, &clock, 99, ArrayOp::Read, 0, &mut got), Ok(()));
-            assert!(got[..] == image[..], "rebuilt data differs");
+            assert_reads_back(&mut arr, &clock, 99, &image, "rebuilt data differs");
         } else {
             assert!(arr.stats().degraded_reads > 0 || arr.stats().degraded_writes > 0);
         }
@@ -1275,18 +1288,17 @@ fn or_write_ors_old_data_across_stripes() {
             b[..] == image[off..off + len],
             "the buffer holds what was written"
         );
-        let mut got = AlignedBuf::zeroed(image.len());
-        assert_eq!(rw(&mut arr, &clock, 3, ArrayOp::Read, 0, &mut got), Ok(()));
-        assert!(got[..] == image[..], "degraded={degraded}");
+        assert_reads_back(&mut arr, &clock, 3, &image, &format!("degraded={degraded}"));
         devs[4].disappear();
         if !degraded {
             devs[0].disappear();
         }
-        let mut got = AlignedBuf::zeroed(image.len());
-        assert_eq!(rw(&mut arr, &clock, 4, ArrayOp::Read, 0, &mut got), Ok(()));
-        assert!(
-            got[..] == image[..],
-            "degraded={degraded}: parity inconsistent"
+        assert_reads_back(
+            &mut arr,
+            &clock,
+            4,
+            &image,
+            &format!("degraded={degraded}: parity inconsistent"),
         );
     }
 }
@@ -3170,13 +3182,21 @@ fn a_stream_recycles_the_stripes_it_left_unless_it_comes_back() {
                 "{what}: later laps find the region cached: {hits_per_lap:?}"
             );
         }
-        let mut got = AlignedBuf::zeroed(want.len());
-        assert_eq!(rw(&mut arr, &clock, 1, ArrayOp::Read, 0, &mut got), Ok(()));
-        assert!(got[..] == want[..], "{what}: read-back differs");
+        assert_reads_back(
+            &mut arr,
+            &clock,
+            1,
+            &want,
+            &format!("{what}: read-back differs"),
+        );
         devs[2].disappear();
-        let mut got = AlignedBuf::zeroed(want.len());
-        assert_eq!(rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut got), Ok(()));
-        assert!(got[..] == want[..], "{what}: parity inconsistent");
+        assert_reads_back(
+            &mut arr,
+            &clock,
+            2,
+            &want,
+            &format!("{what}: parity inconsistent"),
+        );
     }
 }
 
@@ -3500,25 +3520,22 @@ fn stream_stress(
         )
         .unwrap();
     }
-    let mut got = AlignedBuf::zeroed(cap as usize);
-    assert_eq!(
-        rw(&mut arr, &clock, 1, ArrayOp::Read, 0, &mut got),
-        Ok(()),
-        "{what0}"
+    assert_reads_back(
+        &mut arr,
+        &clock,
+        1,
+        &reference,
+        &format!("{what0}: final read-back differs"),
     );
-    assert!(got[..] == reference[..], "{what0}: final read-back differs");
     if failed < redundancy {
         let m = ((seed as usize + 2 * failed + 1) % usize::from(members)) as u16;
         devs[usize::from(m)].disappear();
-        let mut got = AlignedBuf::zeroed(cap as usize);
-        assert_eq!(
-            rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut got),
-            Ok(()),
-            "{what0}"
-        );
-        assert!(
-            got[..] == reference[..],
-            "{what0}: parity inconsistent (read with member {m} gone)"
+        assert_reads_back(
+            &mut arr,
+            &clock,
+            2,
+            &reference,
+            &format!("{what0}: parity inconsistent (read with member {m} gone)"),
         );
     }
     arr.cache.demoted()
@@ -3733,9 +3750,13 @@ fn requests_behind_waiting_bulk_writes_go_ahead_and_read_what_was_written() {
                 r4[..] == want[r4_at..r4_at + 8192],
                 "{what}: overlapping read"
             );
-            let mut got = AlignedBuf::zeroed(cap);
-            assert_eq!(rw(&mut arr, &clock, 99, ArrayOp::Read, 0, &mut got), Ok(()));
-            assert!(got[..] == want[..], "{what}: read-back differs");
+            assert_reads_back(
+                &mut arr,
+                &clock,
+                99,
+                &want,
+                &format!("{what}: read-back differs"),
+            );
         }
     }
 }
