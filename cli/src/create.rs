@@ -183,9 +183,8 @@ pub(crate) fn refuse_back_end_for_ppl(devices: &[PathBuf]) -> Result<()> {
 
 /// What makes two paths one device: a block device's device number, else a file's
 /// (filesystem, inode) — symlinks, hard links and other spellings of one path agree;
-/// `None` for a path that cannot be looked at (a `vfio:` name, a missing file), which
-/// then compares by its canonical path.
-pub(crate) fn device_identity(p: &std::path::Path) -> Option<(u64, u64)> {
+/// `None` for a path that cannot be looked at (a `vfio:` name, a missing file).
+fn device_identity(p: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let m = std::fs::metadata(p).ok()?;
     Some(if m.file_type().is_block_device() {
@@ -195,28 +194,36 @@ pub(crate) fn device_identity(p: &std::path::Path) -> Option<(u64, u64)> {
     })
 }
 
+/// What two paths of one device share, to compare devices (two members given as one,
+/// a scan's matches, serve's tables): [`device_identity`] where the device can be looked
+/// at, else its canonical path (or the path as given).
+#[derive(PartialEq, Eq)]
+pub enum DeviceKey {
+    /// Device number, or (filesystem, inode).
+    Node(u64, u64),
+    /// A path nothing could be read from.
+    Path(PathBuf),
+}
+
+impl DeviceKey {
+    /// The key of the device at `p`.
+    pub fn of(p: &std::path::Path) -> DeviceKey {
+        match device_identity(p) {
+            Some((a, b)) => DeviceKey::Node(a, b),
+            None => DeviceKey::Path(std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())),
+        }
+    }
+}
+
 /// Refuses the same device twice (also through a symlink, a hard link or another path):
 /// it would be two roles on one device.
 ///
 /// # Errors
 /// The two paths of the first device given twice.
 pub(crate) fn check_distinct(devices: &[PathBuf]) -> Result<()> {
-    let canon: Vec<(Option<(u64, u64)>, PathBuf)> = devices
-        .iter()
-        .map(|p| {
-            (
-                device_identity(p),
-                std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()),
-            )
-        })
-        .collect();
-    let same =
-        |a: &(Option<(u64, u64)>, PathBuf), b: &(Option<(u64, u64)>, PathBuf)| match (a.0, b.0) {
-            (Some(x), Some(y)) => x == y,
-            _ => a.1 == b.1,
-        };
-    for (i, a) in canon.iter().enumerate() {
-        if let Some(j) = canon[..i].iter().position(|b| same(a, b)) {
+    let keys: Vec<DeviceKey> = devices.iter().map(|p| DeviceKey::of(p)).collect();
+    for (i, a) in keys.iter().enumerate() {
+        if let Some(j) = keys[..i].iter().position(|b| b == a) {
             bail!(
                 "{} and {} are the same device",
                 devices[j].display(),

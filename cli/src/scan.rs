@@ -91,6 +91,7 @@ pub fn default_patterns() -> Vec<String> {
 /// directory the glob cannot list.
 pub fn scan(patterns: &[String]) -> Result<Scan> {
     let mut paths: Vec<PathBuf> = Vec::new();
+    let mut keys = Vec::new();
     for p in patterns {
         for entry in glob::glob(p).with_context(|| format!("scan pattern {p:?}"))? {
             let path = entry.with_context(|| format!("scan pattern {p:?}"))?;
@@ -98,14 +99,9 @@ pub fn scan(patterns: &[String]) -> Result<Scan> {
                 continue;
             }
             // One device matched twice (a symlink or hard link beside it) is one device.
-            let id = crate::create::device_identity(&path);
-            let seen = paths.contains(&path)
-                || id.is_some_and(|id| {
-                    paths
-                        .iter()
-                        .any(|p| crate::create::device_identity(p) == Some(id))
-                });
-            if !seen {
+            let key = crate::create::DeviceKey::of(&path);
+            if !keys.contains(&key) {
+                keys.push(key);
                 paths.push(path);
             }
         }

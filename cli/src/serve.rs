@@ -530,15 +530,17 @@ impl ServeArgs {
         }
         let mut arrays = Vec::with_capacity(tables.len());
         let mut unusable = Vec::new();
-        let canon = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
         // The devices of each table resolved so far, by table number (1-based).
-        let mut seen: Vec<(usize, Vec<PathBuf>)> = Vec::new();
+        let mut seen: Vec<(usize, Vec<ferroraid::create::DeviceKey>)> = Vec::new();
         for (n, t) in tables.iter().enumerate() {
             let mut a = o.clone();
             let resolved = t.resolve().and_then(|devices| {
                 // Two tables of one array would start it once and fail the other table
                 // on every reload ("in use"): say which tables share devices.
-                let mine: Vec<PathBuf> = devices.iter().map(canon).collect();
+                let mine: Vec<ferroraid::create::DeviceKey> = devices
+                    .iter()
+                    .map(|d| ferroraid::create::DeviceKey::of(d))
+                    .collect();
                 if let Some((first, _)) = seen
                     .iter()
                     .find(|(_, theirs)| theirs.iter().any(|d| mine.contains(d)))
