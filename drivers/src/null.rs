@@ -3,7 +3,8 @@
 //! measured through it is the engine's own.
 
 use engine::device::{
-    validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, Request, SubmitError,
+    validate_gather, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, Request,
+    SubmitError,
 };
 
 use crate::mem::{memory_device_info, Immediate};
@@ -59,10 +60,15 @@ impl Channel for NullChannel {
     }
 
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
-        validate(&self.info, &req)?;
+        validate_gather(&self.info, &req)?;
         self.done.admit()?;
         self.done.complete(req.tag);
         Ok(())
+    }
+
+    /// Gathered writes go nowhere, like every other write.
+    fn gathers(&self) -> bool {
+        true
     }
 
     fn kick(&mut self) {}

@@ -138,8 +138,8 @@ use std::time::Duration;
 
 use engine::buf::{AlignedBuf, BUF_ALIGN};
 use engine::device::{
-    validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, IoError, Op, Request,
-    SubmitError,
+    validate_gather, BlockDevice, Channel, Completion, DeviceError, DeviceInfo, IoError, Op,
+    Request, SubmitError,
 };
 use io_uring::{opcode, squeue, types, IoUring};
 
@@ -762,6 +762,19 @@ impl UringChannel {
         let ptr = req.buf.as_ptr();
         let len = req.len_bytes;
         let off = req.offset_bytes;
+        if let (Op::Write { fua }, Some(segs)) = (req.op, req.buf.segments()) {
+            // An iovec array (IoSeg is laid out as `struct iovec`), valid until the
+            // completion (IoBuf::gather contract), which is when the kernel is done with it.
+            return opcode::Writev::new(
+                MEMBER,
+                segs.as_ptr().cast::<libc::iovec>(),
+                segs.len() as u32,
+            )
+            .offset(off)
+            .rw_flags(write_flags(fua))
+            .build()
+            .user_data(u64::from(slot));
+        }
         let entry = match (req.op, req.buf.region()) {
             (Op::Read, Some(i)) => opcode::ReadFixed::new(MEMBER, ptr, len, i)
                 .offset(off)
@@ -972,7 +985,7 @@ impl Channel for UringChannel {
     /// `queue_depth` requests in flight, or when the kernel would not take entries off a
     /// full submission ring.
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
-        validate(&self.shared.info, &req)?;
+        validate_gather(&self.shared.info, &req)?;
         if !self.region_ok(&req) {
             return Err(SubmitError::Invalid(
                 "buffer not inside the registered region it names",
@@ -1049,7 +1062,27 @@ impl Channel for UringChannel {
         }
         self.kick();
     }
+
+    /// Gathered writes go out as one `IORING_OP_WRITEV` (`pwritev2(2)`), their pieces the
+    /// iovec array.
+    fn gathers(&self) -> bool {
+        true
+    }
 }
+
+// IoSeg is passed to the kernel as `struct iovec`: same size, alignment and field offsets.
+const _: () = {
+    assert!(std::mem::size_of::<engine::device::IoSeg>() == std::mem::size_of::<libc::iovec>());
+    assert!(std::mem::align_of::<engine::device::IoSeg>() == std::mem::align_of::<libc::iovec>());
+    assert!(
+        std::mem::offset_of!(engine::device::IoSeg, base)
+            == std::mem::offset_of!(libc::iovec, iov_base)
+    );
+    assert!(
+        std::mem::offset_of!(engine::device::IoSeg, len)
+            == std::mem::offset_of!(libc::iovec, iov_len)
+    );
+};
 
 /// `user_data` of abort requests: above every slot index.
 const CANCEL_USER_DATA: u64 = u64::MAX;

@@ -15,7 +15,10 @@
 //! the safety contract (the memory stays valid and untouched until the request completes),
 //! so submission itself is safe and allocation-free. Buffer pools (allocated at start) mint
 //! `IoBuf`s; registered-buffer indices (io_uring fixed buffers, vfio DMA mappings) travel
-//! with them.
+//! with them. A write may also carry a list of pieces ([`IoBuf::gather`], `pwritev(2)`'s
+//! iovec array) on channels that say they take one ([`Channel::gathers`]: io_uring, RAM,
+//! null, the simulator); the array writes a chunk that several client writes fill that
+//! way, without copying them together first.
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -92,7 +95,35 @@ pub struct IoBuf {
     ptr: NonNull<u8>,
     len: u32,
     region: Option<u16>,
+    /// 0: `ptr..ptr + len` is the data. Otherwise a gather list ([`IoBuf::gather`]): `ptr`
+    /// addresses `segs` [`IoSeg`]s whose lengths add up to `len`.
+    segs: u16,
 }
+
+/// One piece of a gathered write ([`IoBuf::gather`]): `len` bytes at `base`. Laid out as
+/// POSIX `struct iovec` (`<sys/uio.h>`), so a list of them is an iovec array that
+/// `pwritev(2)` / `IORING_OP_WRITEV` take as is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoSeg {
+    /// Start of the piece.
+    pub base: *mut u8,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl IoSeg {
+    /// An empty piece, to fill preallocated lists with.
+    pub const EMPTY: IoSeg = IoSeg {
+        base: std::ptr::null_mut(),
+        len: 0,
+    };
+}
+
+// SAFETY: an IoSeg only names memory; whoever builds an IoBuf from a list of them takes on
+// IoBuf::gather's contract (the pieces stay valid and unwritten while the request is in
+// flight), whichever thread the list lives on.
+unsafe impl Send for IoSeg {}
 
 // SAFETY: an IoBuf is a lent region of memory; from_raw's contract makes the device the only
 // user of that memory while the request is in flight, whichever thread it runs on.
@@ -104,6 +135,7 @@ impl IoBuf {
         ptr: NonNull::dangling(),
         len: 0,
         region: None,
+        segs: 0,
     };
 
     /// Lends `len` bytes at `ptr` to a device; `region` is the registered-buffer index the
@@ -116,7 +148,43 @@ impl IoBuf {
     /// that registered region. For O_DIRECT and DMA back ends the pointer must also be
     /// aligned to the device's block size (4 KiB alignment always suffices).
     pub unsafe fn from_raw(ptr: NonNull<u8>, len: u32, region: Option<u16>) -> Self {
-        Self { ptr, len, region }
+        Self {
+            ptr,
+            len,
+            region,
+            segs: 0,
+        }
+    }
+
+    /// Lends the `count` pieces listed at `list`, `len` bytes in all, as the data of one
+    /// write: the device writes them one after the other from the request's offset (a
+    /// gathered write, `pwritev(2)`). Only [`Op::Write`] takes such a buffer, and only on a
+    /// channel whose [`Channel::gathers`] is `true`; [`validate`] refuses it elsewhere.
+    ///
+    /// # Safety
+    /// From the submission of the request carrying this buffer until its completion is
+    /// returned by `poll` (or the channel is dropped): the list (`count` [`IoSeg`]s at
+    /// `list`) is valid and unchanged, every piece is valid memory that nothing writes,
+    /// and the pieces' lengths add up to `len`. For O_DIRECT and DMA back ends each piece's
+    /// address and length must also be multiples of the device's block size.
+    pub unsafe fn gather(list: NonNull<IoSeg>, count: u16, len: u32) -> Self {
+        Self {
+            ptr: list.cast(),
+            len,
+            region: None,
+            segs: count,
+        }
+    }
+
+    /// The pieces of a gathered buffer ([`IoBuf::gather`]); `None` for a contiguous one.
+    pub fn segments(&self) -> Option<&[IoSeg]> {
+        (self.segs > 0).then(|| {
+            // SAFETY: IoBuf::gather's contract: `segs` IoSegs at `ptr`, valid and unchanged
+            // while the request (and so this IoBuf) is in flight.
+            unsafe {
+                std::slice::from_raw_parts(self.ptr.cast::<IoSeg>().as_ptr(), self.segs.into())
+            }
+        })
     }
 
     /// Lends `buf` (not registered with any back end).
@@ -131,10 +199,12 @@ impl IoBuf {
             ptr: NonNull::new(buf.as_mut_ptr()).unwrap_or(NonNull::dangling()),
             len,
             region: None,
+            segs: 0,
         }
     }
 
-    /// Start of the buffer.
+    /// Start of the buffer (of a gathered buffer: of its list of pieces, see
+    /// [`IoBuf::segments`]).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -154,6 +224,9 @@ impl IoBuf {
 
 impl fmt::Debug for IoBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.segs > 0 {
+            return write!(f, "IoBuf({} pieces, {} bytes)", self.segs, self.len);
+        }
         write!(
             f,
             "IoBuf({:p}+{}, region {:?})",
@@ -300,6 +373,14 @@ pub trait Channel {
     fn abort(&mut self, tag: u64) {
         let _ = tag;
     }
+
+    /// Whether `submit` takes gathered write buffers ([`IoBuf::gather`]). Back ends that
+    /// do answer `true` and check requests with [`validate_gather`]; the default, `false`,
+    /// keeps them out ([`validate`] refuses them), and callers copy into one buffer
+    /// instead.
+    fn gathers(&self) -> bool {
+        false
+    }
 }
 
 /// A block device: its facts and a factory of per-reactor channels.
@@ -333,7 +414,53 @@ pub trait BlockDevice {
 ///
 /// # Errors
 /// [`SubmitError::Invalid`] naming the first problem found.
+#[inline]
 pub fn validate(info: &DeviceInfo, req: &Request) -> Result<(), SubmitError> {
+    if req.buf.segments().is_some() {
+        return Err(SubmitError::Invalid(
+            "gathered buffer on a channel that does not gather",
+        ));
+    }
+    validate_range(info, req)
+}
+
+/// [`validate`] for a channel that gathers ([`Channel::gathers`]): a gathered buffer is
+/// taken by writes only, with at least one piece, every piece a positive multiple of the
+/// block size long (its address aligned as the back end needs is the caller's promise,
+/// [`IoBuf::gather`]) and the pieces adding up to the request's length.
+///
+/// # Errors
+/// [`SubmitError::Invalid`] naming the first problem found.
+#[inline]
+pub fn validate_gather(info: &DeviceInfo, req: &Request) -> Result<(), SubmitError> {
+    if let Some(segs) = req.buf.segments() {
+        if !matches!(req.op, Op::Write { .. }) {
+            return Err(SubmitError::Invalid(
+                "a gathered buffer on a request that is not a write",
+            ));
+        }
+        let block = info.block_bytes as usize;
+        let mut total = 0usize;
+        for s in segs {
+            if s.len == 0 || !s.len.is_multiple_of(block) || s.base.is_null() {
+                return Err(SubmitError::Invalid(
+                    "a gathered piece is empty, null or not a multiple of the block size",
+                ));
+            }
+            total += s.len;
+        }
+        if total != req.len_bytes as usize {
+            return Err(SubmitError::Invalid(
+                "gathered pieces differ in length from the request",
+            ));
+        }
+    }
+    validate_range(info, req)
+}
+
+/// What [`validate`] and [`validate_gather`] share: op, buffer length, alignment, range.
+#[inline]
+fn validate_range(info: &DeviceInfo, req: &Request) -> Result<(), SubmitError> {
     let block = u64::from(info.block_bytes);
     match req.op {
         Op::Flush => {
@@ -456,6 +583,72 @@ mod tests {
             match validate(&i, &r) {
                 Err(SubmitError::Invalid(m)) => assert!(m.contains(why), "{m} vs {why}"),
                 other => panic!("{r:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// A gathered buffer: refused by `validate` (channels that do not gather); taken by
+    /// `validate_gather` for writes whose pieces are whole blocks adding up to the length.
+    #[test]
+    fn gathered_buffers_are_checked_piece_by_piece() {
+        let i = info();
+        let mut data = [0u8; 4096];
+        let p = data.as_mut_ptr();
+        let gathered = |segs: &mut [IoSeg], op: Op, len: u32| {
+            // SAFETY: never submitted; validation reads the list, not the pieces.
+            let buf = unsafe {
+                IoBuf::gather(
+                    NonNull::new(segs.as_mut_ptr()).unwrap(),
+                    segs.len() as u16,
+                    len,
+                )
+            };
+            Request {
+                tag: 1,
+                op,
+                offset_bytes: 1024,
+                len_bytes: len,
+                buf,
+            }
+        };
+        let w = Op::Write { fua: false };
+        let seg = |off: usize, len: usize| IoSeg {
+            base: p.wrapping_add(off),
+            len,
+        };
+        let mut good = [seg(2048, 512), seg(0, 1024)];
+        let r = gathered(&mut good, w, 1536);
+        assert_eq!(r.buf.segments().map(<[IoSeg]>::len), Some(2));
+        assert!(validate_gather(&i, &r).is_ok());
+        match validate(&i, &r) {
+            Err(SubmitError::Invalid(m)) => assert!(m.contains("does not gather"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        for (mut segs, op, len, why) in [
+            (
+                vec![seg(0, 512), seg(512, 512)],
+                Op::Read,
+                1024,
+                "not a write",
+            ),
+            (
+                vec![seg(0, 512), seg(512, 256)],
+                w,
+                768,
+                "multiple of the block",
+            ),
+            (vec![seg(0, 512), seg(512, 0)], w, 512, "empty"),
+            (
+                vec![seg(0, 512), seg(512, 512)],
+                w,
+                1536,
+                "differ in length",
+            ),
+            (vec![seg(0, 256 << 10)], w, 256 << 10, "maximum"),
+        ] {
+            match validate_gather(&i, &gathered(&mut segs, op, len)) {
+                Err(SubmitError::Invalid(m)) => assert!(m.contains(why), "{m} vs {why}"),
+                other => panic!("{why}: {other:?}"),
             }
         }
     }

@@ -12,8 +12,8 @@ use rand_chacha::ChaCha8Rng;
 use super::clock::SimClock;
 use super::profile::{Profile, Seek};
 use crate::device::{
-    check_memory_shape, validate, BlockDevice, Channel, Completion, DeviceError, DeviceInfo,
-    IoError, Op, Request, SubmitError,
+    check_memory_shape, validate, validate_gather, BlockDevice, Channel, Completion, DeviceError,
+    DeviceInfo, IoError, Op, Request, SubmitError,
 };
 
 /// Which requests a [`FaultRule`] applies to.
@@ -174,6 +174,8 @@ struct State {
     /// Latent sector errors: reads overlapping them fail until a write covers them.
     latent: Vec<Range<u64>>,
     gone: bool,
+    /// Whether channels take gathered writes ([`SimDevice::set_gather`]).
+    gather: bool,
     slowdown: u32,
     rng: ChaCha8Rng,
     stats: SimStats,
@@ -283,6 +285,7 @@ impl SimDevice {
                 faults: Vec::new(),
                 latent: Vec::new(),
                 gone: false,
+                gather: true,
                 slowdown: 1,
                 rng: ChaCha8Rng::seed_from_u64(seed),
                 stats: SimStats::default(),
@@ -331,6 +334,14 @@ impl SimDevice {
     /// Records every request of this device (as device `index`) in `log`.
     pub fn attach_log(&self, log: &IoLog, index: usize) {
         self.state.borrow_mut().log = Some((log.clone(), index));
+    }
+
+    /// Whether the device's channels take gathered writes ([`Channel::gathers`]; the
+    /// default, `true`, as the io_uring, RAM and null back ends do). `false` models a back
+    /// end that does not (NVMe passthrough, vfio): the array then copies a write's pieces
+    /// into one buffer, and a gathered request is refused as invalid.
+    pub fn set_gather(&self, gather: bool) {
+        self.state.borrow_mut().gather = gather;
     }
 
     /// Multiplies every service time by `factor` (≥ 1): a slow member.
@@ -719,7 +730,28 @@ impl State {
                 if let (Some(c), false) = (&mut self.cache, durable) {
                     c.volatile_write(req.offset_bytes, self.data[off..off + applied].to_vec());
                 }
-                if let Op::Write { .. } = req.op {
+                if let (Op::Write { .. }, Some(segs)) = (req.op, req.buf.segments()) {
+                    // A gathered write: its pieces in order, the first `applied` bytes.
+                    let mut at = 0;
+                    for seg in segs {
+                        let n = seg.len.min(applied - at);
+                        // SAFETY: validate_gather() checked the pieces add up to len and
+                        // bounded off+len by the capacity (= data.len()); each piece is
+                        // valid memory of seg.len bytes until this completion is returned
+                        // (IoBuf::gather contract), apart from our own Vec; at+n <= applied.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                seg.base,
+                                self.data.as_mut_ptr().add(off + at),
+                                n,
+                            )
+                        };
+                        at += n;
+                        if at == applied {
+                            break;
+                        }
+                    }
+                } else if let Op::Write { .. } = req.op {
                     // SAFETY: as above; `applied <= len`.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
@@ -769,7 +801,11 @@ impl Channel for SimChannel {
         if s.gone {
             return Err(SubmitError::Gone);
         }
-        validate(&s.info, &req)?;
+        if s.gather {
+            validate_gather(&s.info, &req)?;
+        } else {
+            validate(&s.info, &req)?;
+        }
         // Each channel (queue pair) holds up to the device's queue depth; requests of
         // several channels beyond what the device serves at once wait inside it for a
         // parallel unit, as a host's block layer would queue them.
@@ -874,6 +910,11 @@ impl Channel for SimChannel {
 
     fn in_flight(&self) -> usize {
         self.ready.len()
+    }
+
+    /// As set by [`SimDevice::set_gather`] (default `true`).
+    fn gathers(&self) -> bool {
+        self.dev.state.borrow().gather
     }
 
     /// Aborts hung requests with `tag`: they complete now with [`IoError::Timeout`]. A
