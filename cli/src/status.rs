@@ -659,6 +659,10 @@ pub struct StatsReport {
     /// Member bytes the stripe cache spared reading.
     #[serde(default)]
     pub cache_hit_bytes: u64,
+    /// Data chunks the write passes wrote gathered from several writes' buffers (one
+    /// member request each, no copy into the stripe cache).
+    #[serde(default)]
+    pub gathered_writes: u64,
     /// Partial Parity Log records written (each durable before the writes it describes).
     #[serde(default)]
     pub ppl_records: u64,
@@ -725,6 +729,7 @@ impl From<&ArrayStats> for StatsReport {
             pass_written_bytes: s.pass_written_bytes,
             cache_hit_stripes: s.cache_hit_stripes,
             cache_hit_bytes: s.cache_hit_bytes,
+            gathered_writes: s.gathered_writes,
             ppl_records: s.ppl_records,
             ppl_bytes: s.ppl_bytes,
             held_passes: s.held_passes,
@@ -1216,7 +1221,7 @@ impl fmt::Display for StatusReport {
             f,
             "  write passes: {} ({:.1} writes each), {} held ({:.0} µs on average, {} to the \
              bound) · stripe cache: {} hits, {} bytes not read · {:.2} bytes read per byte \
-             written",
+             written · {} chunks written gathered",
             s.write_passes,
             ratio(s.batched_writes, s.write_passes),
             s.held_passes,
@@ -1224,7 +1229,8 @@ impl fmt::Display for StatusReport {
             s.expired_holds,
             s.cache_hit_stripes,
             s.cache_hit_bytes,
-            ratio(s.write_read_bytes, s.pass_written_bytes)
+            ratio(s.write_read_bytes, s.pass_written_bytes),
+            s.gathered_writes
         )?;
         let q = &self.queue_wait_us;
         let wait = |l: &LatencyReport| {
@@ -1496,7 +1502,7 @@ pub(crate) mod tests {
             "batched_writes,bulk_share_cuts,bulk_share_ops,bulk_share_pool,bulk_share_raises,\
              cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
              direct_reads,discarded_stripes,discards_skipped,expired_holds,fast_reads,full_stripe_writes,\
-             held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
+             gathered_writes,held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
              pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\
              read_errors_repaired,rmw_writes,timeouts,write_passes,write_read_bytes,\
              zero_stripes,zeroed_stripes"

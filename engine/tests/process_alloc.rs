@@ -246,7 +246,8 @@ fn replace_beside_client_io_allocates_nothing() {
 
 /// The stripe cache's write path allocates nothing: sequential 4 KiB writes (4 in
 /// flight) stream over an array four times the cache, so passes batch, recycle the stripes
-/// the stream leaves and remember them in the ghost ring; then a region of eight stripes
+/// the stream leaves (its chunks written gathered from the writes' buffers) and remember
+/// them in the ghost ring; then a region of eight stripes
 /// (half the cache) is rewritten in laps, so the second lap misses on ghosts, the cache
 /// turns cautious and later laps hit cached stripes.
 #[test]
@@ -279,6 +280,7 @@ fn stripe_cache_streams_and_laps_allocate_nothing() {
     let st = arr.shards()[0].stats();
     assert_eq!(written + rewritten, (2 * STRIPES + 64) * stripe / 4096);
     assert!(st.batched_writes > st.write_passes, "{st:?}");
+    assert!(st.gathered_writes > 0, "no chunk written gathered: {st:?}");
     assert!(
         st.cache_hit_stripes > hits_before,
         "the rewritten region stays cached: {st:?}"

@@ -614,6 +614,7 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
     let held = std::sync::atomic::AtomicU64::new(0);
     let hits = std::sync::atomic::AtomicU64::new(0);
     let pass_reads = std::sync::atomic::AtomicU64::new(0);
+    let gathered = std::sync::atomic::AtomicU64::new(0);
     let covered: [std::sync::atomic::AtomicU64; 6] = Default::default();
     let rmw = std::sync::atomic::AtomicU64::new(0);
     let per_case = ops() >= DEFAULT_OPS;
@@ -683,6 +684,7 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
         held.fetch_add(st.held_passes, std::sync::atomic::Ordering::Relaxed);
         hits.fetch_add(st.cache_hit_stripes, std::sync::atomic::Ordering::Relaxed);
         pass_reads.fetch_add(st.pass_reads, std::sync::atomic::Ordering::Relaxed);
+        gathered.fetch_add(st.gathered_writes, std::sync::atomic::Ordering::Relaxed);
         if c.reactors > 1 {
             // Reads are served by the shard that received them; writes waited for such
             // reads of their stripe (the gate was exercised both ways).
@@ -697,13 +699,14 @@ fn healthy_arrays_match_reference_and_pass_the_oracle() {
     });
     let (held, hits) = (held.into_inner(), hits.into_inner());
     let pass_reads = pass_reads.into_inner();
+    let gathered = gathered.into_inner();
     eprintln!(
         "passes held: {held}, passes that found their stripe cached: {hits}, reads served \
-         from a write holding their stripe: {pass_reads}"
+         from a write holding their stripe: {pass_reads}, chunks written gathered: {gathered}"
     );
     assert!(
-        held > 0 && hits > 0 && pass_reads > 0,
-        "held {held}, cache hits {hits}, reads from writes {pass_reads}"
+        held > 0 && hits > 0 && pass_reads > 0 && gathered > 0,
+        "held {held}, cache hits {hits}, reads from writes {pass_reads}, gathered {gathered}"
     );
     let covered = covered.map(|a| a.into_inner());
     let names = [
@@ -810,6 +813,8 @@ struct CrashReport {
     batched: u64,
     held: u64,
     cache_hits: u64,
+    /// Data chunks written gathered from several writes' buffers.
+    gathered: u64,
     /// Passes issued between the arming of the torn writes and the crash (only their
     /// member writes can tear), and the writes they served.
     window_passes: u64,
@@ -851,6 +856,7 @@ impl CrashReport {
         self.batched += o.batched;
         self.held += o.held;
         self.cache_hits += o.cache_hits;
+        self.gathered += o.gathered;
         self.window_passes += o.window_passes;
         self.window_batched += o.window_batched;
         self.writes_in_flight += o.writes_in_flight;
@@ -932,6 +938,7 @@ fn crash_once(w: &CrashWorld, crash: usize, base: Vec<u8>, rep: &mut CrashReport
     rep.batched += st.batched_writes;
     rep.held += st.held_passes;
     rep.cache_hits += st.cache_hit_stripes;
+    rep.gathered += st.gathered_writes;
     rep.stripes += c.stripes;
     let in_flight_writes: Vec<&Pending> = inflight.iter().filter(|f| f.version.is_some()).collect();
     rep.writes_in_flight += in_flight_writes.len() as u64;
@@ -1139,7 +1146,7 @@ fn a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync() {
     let t = total.into_inner().unwrap();
     eprintln!(
         "{n} runs, {} crashes. At the crashes {} writes had taken the pass path in {} passes \
-         ({} held, {} found their stripe cached); between the arming of torn writes and the \
+         ({} held, {} found their stripe cached, {} chunks written gathered); between the arming of torn writes and the \
          crash {} passes served {} writes; {} client writes were in flight ({} sharing a \
          stripe with another), {} member writes lost and {} torn; {} stripes inconsistent, \
          {} of {} stripes dirty in the bitmap; {} resyncs interrupted by another crash ({} \
@@ -1151,6 +1158,7 @@ fn a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync() {
         t.passes,
         t.held,
         t.cache_hits,
+        t.gathered,
         t.window_passes,
         t.window_batched,
         t.writes_in_flight,
@@ -1174,6 +1182,8 @@ fn a_crash_with_torn_pass_writes_is_made_whole_by_the_bitmap_resync() {
         // ones that tore), and writes of one stripe were in flight together.
         assert!(t.window_batched > t.window_passes, "{t:?}");
         assert!(t.writes_sharing_a_stripe > 0, "{t:?}");
+        // Some of those passes wrote chunks gathered from the writes' buffers.
+        assert!(t.gathered > 0, "{t:?}");
         // The crashes left work for the resync, and the bitmap spared it some.
         assert!(t.inconsistent > 0 && t.mismatch_cnt > 0, "{t:?}");
         assert!(t.dirty_stripes < t.stripes, "{t:?}");

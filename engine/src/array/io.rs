@@ -1,7 +1,7 @@
 //! Member I/O: issuing, pumping and reaping member requests, their completions, and
 //! timeouts.
 
-use crate::device::{Channel, Completion, IoBuf, IoError, Op, Request, SubmitError};
+use crate::device::{Channel, Completion, IoBuf, IoError, IoSeg, Op, Request, SubmitError};
 use crate::qos::IoClass;
 
 use super::{Array, Phase, MEMBER_BITS, NO_ENTRY};
@@ -270,6 +270,52 @@ impl<C: Channel> Array<C> {
             self.io(s, member, op, chunk_off, len, ptr);
         } else if let Some(r) = self.replacement_of(member) {
             self.io_dev(s, r, op, chunk_off, len, ptr);
+        }
+    }
+
+    /// [`Self::io_write`] of a gathered write: the `count` pieces listed at `list`, `len`
+    /// bytes in all, to chunk offset `chunk_off` of the member (and its replacement), as one
+    /// request ([`IoBuf::gather`]). The caller checked that every device entry's channel
+    /// gathers and takes `len` bytes at once ([`Self::gathers`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn io_write_gathered(
+        &mut self,
+        s: u32,
+        member: u16,
+        fua: bool,
+        chunk_off: u32,
+        len: u32,
+        list: std::ptr::NonNull<IoSeg>,
+        count: u16,
+    ) {
+        let targets = if !self.is_failed(member) {
+            [Some(member), self.mirror_of(member, Op::Write { fua })]
+        } else {
+            [self.replacement_of(member), None]
+        };
+        for m in targets.into_iter().flatten() {
+            debug_assert!(!self.is_failed(m), "I/O planned on a failed member");
+            debug_assert!(len <= self.members[usize::from(m)].max_transfer);
+            let g = self.geo.geometry();
+            let stripe = self.sops[s as usize].stripe;
+            let base = self.data_offset + stripe * u64::from(g.chunk_bytes());
+            let op = Op::Write { fua };
+            // SAFETY: the list is the leader's `pass_gather` entry of this member, in the
+            // operation table allocated at start and left alone until the pass completes,
+            // which is after this request's completion; its pieces are ranges of the pass's
+            // callers' buffers, lent until their requests complete (also after this one),
+            // which nothing writes meanwhile; `find_direct` built them to add up to `len`.
+            let buf = unsafe { IoBuf::gather(list, count, len) };
+            let req = Request {
+                tag: self.tag_of(s, m),
+                op,
+                offset_bytes: base + u64::from(chunk_off),
+                len_bytes: len,
+                buf,
+            };
+            self.count_issue(s, m, op, len);
+            let class = self.class_of(s, op);
+            self.send(m, class, req);
         }
     }
 

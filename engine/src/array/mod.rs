@@ -380,6 +380,10 @@ pub struct ArrayStats {
     pub cache_hit_stripes: u64,
     /// Member bytes the passes would have read without the stripe cache.
     pub cache_hit_bytes: u64,
+    /// Data chunks the passes wrote gathered from several writes' buffers, one member
+    /// request each, nothing copied into the stripe cache (a stream of small writes that
+    /// moves on; `array/pass.rs`, `Gathered`).
+    pub gathered_writes: u64,
     /// PPL records written (each made durable before the writes it describes).
     pub ppl_records: u64,
     /// Bytes of those records: 4 KiB headers and partial parity.
@@ -659,6 +663,7 @@ impl ArrayStats {
         self.pass_written_bytes += o.pass_written_bytes;
         self.cache_hit_stripes += o.cache_hit_stripes;
         self.cache_hit_bytes += o.cache_hit_bytes;
+        self.gathered_writes += o.gathered_writes;
         self.ppl_records += o.ppl_records;
         self.ppl_bytes += o.ppl_bytes;
         self.held_passes += o.held_passes;
@@ -1046,6 +1051,10 @@ struct Sop {
     /// Per member: the address of chunk offset 0 in the caller's buffer when the pass
     /// writes that data chunk straight from it (0: from the cache entry; leader only).
     pass_direct: Vec<usize>,
+    /// Per member: the pieces of the callers' buffers the pass writes that data chunk from
+    /// when several of its writes cover every touched row of it together (a gathered
+    /// member write; empty: not gathered; leader only). See [`pass::Gathered`].
+    pass_gather: Vec<pass::Gathered>,
     /// The write's range of the stripe's logical data, bytes (a pass: the union of its
     /// writes, kept contiguous while a PPL is attached): what its PPL entries describe.
     ppl_lo: u64,
@@ -1449,6 +1458,7 @@ impl<C: Channel> Array<C> {
                     rows: cache::BlockSet::new(blocks),
                     need: (0..n).map(|_| cache::BlockSet::new(blocks)).collect(),
                     pass_direct: vec![0; n],
+                    pass_gather: (0..n).map(|_| pass::Gathered::default()).collect(),
                     ppl_lo: 0,
                     ppl_hi: 0,
                     ppl_logs: [ppl::NO_LOG; 2],

@@ -38,6 +38,11 @@
 //!    copied into the entry in submission order, later bytes winning; RMW keeps a copy of
 //!    the old rows in the leader's buffers for the deltas); **write** the written blocks
 //!    and P/Q of the touched rows from the entry, FUA if any write of the pass is.
+//!    A data chunk that one write covers over every touched row, or that several writes
+//!    cover one after the other (a stream of small writes moving on: [`Gathered`]), is not
+//!    copied: parity takes it from the writes' buffers and its member write goes out from
+//!    them (one gathered request, `IORING_OP_WRITEV`), and the entry does not hold its new
+//!    data.
 //! 5. **Finish**: on success the written blocks become valid in the cache; every
 //!    operation of the pass completes with the pass's status. A pass of a stream of
 //!    sub-stripe writes that has left its stripe makes the entry the next one recycled
@@ -53,7 +58,7 @@ use arrayvec::ArrayVec;
 use super::cache::{self, NONE};
 use super::ops::remove_at;
 use super::{Array, ArrayError, ArrayOp, Phase};
-use crate::device::{Channel, Op};
+use crate::device::{Channel, IoSeg, Op};
 use crate::geometry::{Role, MAX_RAID6_MEMBERS};
 use crate::parity::{Delta, MAX_DATA_CHUNKS};
 use crate::stripe::WriteMode;
@@ -79,6 +84,90 @@ pub(super) const RECENT_WRITES: usize = 8;
 
 /// Most members of any array (pointer tables on the stack).
 const MAX_MEMBERS: usize = MAX_RAID6_MEMBERS as usize;
+
+/// Most pieces of one gathered member write ([`Gathered`]): a 128 KiB chunk written 4 KiB
+/// at a time. A chunk written in more pieces is copied into the cache entry instead.
+pub(super) const MAX_GATHER: usize = 32;
+
+/// A data chunk that a pass writes straight from its writes' buffers, several writes
+/// together (one write alone uses `pass_direct`): their ranges follow each other in
+/// submission order without gap or overlap and cover every row the pass touches, so
+/// the member write is one gathered request ([`IoBuf::gather`]) and parity takes each
+/// row piece from the buffer that holds it. Nothing is copied into the cache entry, which
+/// then does not hold the chunk's new data (the next pass of a sequential stream, which
+/// writes other chunks of the stripe, is a read-modify-write against the old data of
+/// those, still cached). Only on members whose channels all gather, and not with a
+/// Partial Parity Log (its records are built from contiguous row ranges).
+#[derive(Default)]
+pub(super) struct Gathered {
+    /// Chunk offset of the first piece, bytes.
+    pub(super) start: u32,
+    /// The pieces, in chunk order (the buffers of the pass's writes, lent until they
+    /// complete, which is after the member write).
+    pub(super) segs: ArrayVec<IoSeg, MAX_GATHER>,
+}
+
+impl Gathered {
+    /// Whether the pass writes this chunk gathered.
+    pub(super) fn is_set(&self) -> bool {
+        !self.segs.is_empty()
+    }
+
+    /// A cursor at the first piece, for [`Gathered::piece`].
+    pub(super) fn cursor(&self) -> GatherCursor {
+        GatherCursor {
+            i: 0,
+            base: self.start,
+        }
+    }
+
+    /// The piece holding chunk byte `off` as (address of that byte, bytes from it to the
+    /// piece's end); `None` outside the pieces. Offsets asked through one cursor must
+    /// ascend (the cursor only moves forward).
+    pub(super) fn piece(&self, off: u32, c: &mut GatherCursor) -> Option<(*const u8, u32)> {
+        if off < c.base {
+            return None;
+        }
+        while let Some(s) = self.segs.get(c.i) {
+            let end = c.base + s.len as u32;
+            if off < end {
+                let at = s.base.wrapping_add((off - c.base) as usize);
+                return Some((at.cast_const(), end - off));
+            }
+            c.base = end;
+            c.i += 1;
+        }
+        None
+    }
+
+    /// [`Gathered::piece`] with a fresh cursor.
+    pub(super) fn find(&self, off: u32) -> Option<(*const u8, u32)> {
+        self.piece(off, &mut self.cursor())
+    }
+}
+
+/// Where an ascending walk over a [`Gathered`]'s pieces is: piece `i`, which starts at
+/// chunk byte `base`.
+pub(super) struct GatherCursor {
+    i: usize,
+    base: u32,
+}
+
+/// What [`Array::find_direct`] learns of one data chunk's writers in a pass.
+#[derive(Clone, Copy)]
+struct Writers {
+    /// How many operations write the chunk.
+    n: u32,
+    /// The last of them.
+    last: u32,
+    /// Chunk byte where the first one starts and the last one ends.
+    start: u32,
+    end: u32,
+    /// Each starts where the one before ended, all block-aligned.
+    follow: bool,
+    /// The chunk is written gathered.
+    gather: bool,
+}
 
 impl<C: Channel> Array<C> {
     /// Whether operation `s` (waiting, not yet started) may join a pass: a client write,
@@ -160,6 +249,9 @@ impl<C: Channel> Array<C> {
                 d.clear();
             }
             sop.pass_direct.fill(0);
+            for g in &mut sop.pass_gather {
+                g.segs.clear();
+            }
             sop.rows.clear();
             sop.ppl_lo = sop.start;
             sop.ppl_hi = sop.end;
@@ -490,6 +582,22 @@ impl<C: Channel> Array<C> {
     /// ends (the rest are full-stripe writes), far fewer than its bytes suggest: those
     /// stay in recency order.
     fn recycle_first(&self, s: u32) -> bool {
+        if !self.stream_moves_on(s) {
+            return false;
+        }
+        let g = self.geo.geometry();
+        let last = usize::from(self.layout(s).data_member(g.data_chunks() - 1));
+        let dirty = &self.sops[s as usize].dirty[last];
+        dirty.contains(dirty.capacity() - 1)
+    }
+
+    /// Whether pass `s` belongs to a stream that will not find what the pass leaves in
+    /// the cache again: its leading write is smaller than a stripe and continues a
+    /// sequential stream, and the cache is not [`cache::StripeCache::cautious`] (or the
+    /// stream is longer than the whole cache). What such a pass writes need not be cached:
+    /// the stream's later passes of the stripe write other chunks, and it does not come
+    /// back ([`Self::recycle_first`], and [`Gathered`]: gathered writes cache nothing).
+    fn stream_moves_on(&self, s: u32) -> bool {
         let sop = &self.sops[s as usize];
         let Some(r) = self.reqs[sop.req as usize].as_ref() else {
             return false;
@@ -500,12 +608,7 @@ impl<C: Channel> Array<C> {
         } else {
             0
         };
-        if !r.sequential || r.len >= g.stripe_data_bytes() || r.stream_bytes <= after {
-            return false;
-        }
-        let last = usize::from(self.layout(s).data_member(g.data_chunks() - 1));
-        let dirty = &sop.dirty[last];
-        dirty.contains(dirty.capacity() - 1)
+        r.sequential && r.len < g.stripe_data_bytes() && r.stream_bytes > after
     }
 
     /// The passes being held: gather what arrived, and issue those that need no reads any
@@ -679,6 +782,14 @@ impl<C: Channel> Array<C> {
     /// what they cost without a cache), and the entry does not hold their new data.
     /// `pass_direct[m]` is then the address of chunk offset 0 of member `m`'s chunk in the
     /// caller's buffer (only ever dereferenced inside that write's range).
+    ///
+    /// Chunks that several operations write, one after the other in submission order
+    /// without gap or overlap, over every touched row are marked the same way through
+    /// `pass_gather` ([`Gathered`]) when every member's channel gathers, no Partial Parity
+    /// Log is kept, and the pass belongs to a stream of small writes that moves on
+    /// ([`Self::stream_moves_on`]): a region rewritten in laps the cache can hold, or
+    /// large writes sharing a stripe at their ends, find their stripes cached again only
+    /// if the pass copies.
     fn find_direct(&mut self, s: u32) {
         let g = *self.geo.geometry();
         let c = u64::from(g.chunk_bytes());
@@ -693,27 +804,117 @@ impl<C: Channel> Array<C> {
             at = b;
             last = b;
         }
-        // Per data chunk: how many operations write it, and the last one's range.
-        let mut writers: ArrayVec<(u32, u32, u32, u32), MAX_DATA_CHUNKS> = ArrayVec::new();
+        let (lo, hi) = (first * unit, last * unit);
+        // Per data chunk: how many operations write it, the last one, the first one's
+        // start, the last one's end, and whether they follow each other block-aligned.
+        let mut writers: ArrayVec<Writers, MAX_DATA_CHUNKS> = ArrayVec::new();
         for _ in 0..g.data_chunks() {
-            writers.push((0, NONE, 0, 0));
+            writers.push(Writers {
+                n: 0,
+                last: NONE,
+                start: 0,
+                end: 0,
+                follow: true,
+                gather: false,
+            });
         }
         let mut f = s;
         while f != NONE {
             for (k, x) in self.footprint(f).chunks() {
                 let w = &mut writers[usize::from(k)];
-                *w = (w.0 + 1, f, x.start, x.end);
+                if w.n == 0 {
+                    w.start = x.start;
+                } else {
+                    w.follow &= x.start == w.end;
+                }
+                w.follow &= x.start.is_multiple_of(unit) && x.end.is_multiple_of(unit);
+                w.n += 1;
+                w.last = f;
+                w.end = x.end;
             }
             f = self.sops[f as usize].next;
         }
+        let mut gathered = false;
         for k in 0..g.data_chunks() {
-            let (n, f, xs, xe) = writers[usize::from(k)];
-            if n == 1 && xs <= first * unit && xe >= last * unit {
-                let p = self.client_ptr(f, u64::from(k) * c + u64::from(xs));
-                let m = usize::from(st.data_member(k));
-                self.sops[s as usize].pass_direct[m] = (p as usize).wrapping_sub(xs as usize);
+            let w = &mut writers[usize::from(k)];
+            let m = usize::from(st.data_member(k));
+            if w.n == 1 && w.start <= lo && w.end >= hi {
+                let p = self.client_ptr(w.last, u64::from(k) * c + u64::from(w.start));
+                self.sops[s as usize].pass_direct[m] = (p as usize).wrapping_sub(w.start as usize);
+            } else if w.n > 1
+                && w.n as usize <= MAX_GATHER
+                && w.follow
+                && w.start == lo
+                && w.end == hi
+                && self.gathers(hi - lo)
+                && self.stream_moves_on(s)
+            {
+                self.sops[s as usize].pass_gather[m].start = lo;
+                w.gather = true;
+                gathered = true;
             }
         }
+        if !gathered {
+            return;
+        }
+        // The pieces of the gathered chunks, in submission order (= chunk order).
+        let mut f = s;
+        while f != NONE {
+            for (k, x) in self.footprint(f).chunks() {
+                let m = usize::from(st.data_member(k));
+                if writers[usize::from(k)].gather {
+                    let p = self.client_ptr(f, u64::from(k) * c + u64::from(x.start));
+                    let seg = IoSeg {
+                        base: p,
+                        len: x.len() as usize,
+                    };
+                    self.sops[s as usize].pass_gather[m].segs.push(seg);
+                }
+            }
+            f = self.sops[f as usize].next;
+        }
+    }
+
+    /// Whether a data chunk's `len` bytes may go out as one gathered write: every device
+    /// entry's channel gathers and takes `len` bytes in one request, and no Partial Parity
+    /// Log is kept.
+    fn gathers(&self, len: u32) -> bool {
+        self.ppl.is_none()
+            && self
+                .members
+                .iter()
+                .all(|m| m.ch.gathers() && m.max_transfer >= len)
+    }
+
+    /// A cursor at the first piece of every member's gathered chunk of the pass led by `s`
+    /// (indexed by member; unused for chunks not gathered).
+    fn gather_cursors(&self, s: u32) -> ArrayVec<GatherCursor, MAX_MEMBERS> {
+        self.sops[s as usize]
+            .pass_gather
+            .iter()
+            .map(Gathered::cursor)
+            .collect()
+    }
+
+    /// Whether the pass led by `s` writes member `m`'s chunk from its callers' buffers
+    /// (one, `pass_direct`, or several, `pass_gather`) rather than from its cache entry.
+    pub(super) fn writes_direct(&self, s: u32, m: usize) -> bool {
+        let sop = &self.sops[s as usize];
+        sop.pass_direct[m] != 0 || sop.pass_gather[m].is_set()
+    }
+
+    /// The new data the pass led by `s` writes at chunk byte `off` of member `m` when it
+    /// writes that chunk from its callers' buffers ([`Self::writes_direct`]): the address
+    /// of that byte and how many bytes follow it contiguously (at least to the end of the
+    /// block; up to the piece's end when gathered). `None` when not written direct or
+    /// outside what the pass writes there.
+    pub(super) fn direct_data(&self, s: u32, m: usize, off: u32) -> Option<(*const u8, u32)> {
+        let sop = &self.sops[s as usize];
+        let direct = sop.pass_direct[m];
+        if direct != 0 {
+            return Some(((direct as *const u8).wrapping_add(off as usize), u32::MAX));
+        }
+        sop.pass_gather[m].find(off)
     }
 
     /// Copies the new data of every operation of the pass into the cache entry, in
@@ -727,8 +928,8 @@ impl<C: Channel> Array<C> {
         while f != NONE {
             let w = self.footprint(f);
             for (k, x) in w.chunks() {
-                if self.sops[s as usize].pass_direct[usize::from(st.data_member(k))] != 0 {
-                    // Written straight from the caller's buffer (see `find_direct`).
+                if self.writes_direct(s, usize::from(st.data_member(k))) {
+                    // Written straight from the callers' buffers (see `find_direct`).
                     continue;
                 }
                 let src = self.client_ptr(f, u64::from(k) * c + u64::from(x.start));
@@ -814,15 +1015,22 @@ impl<C: Channel> Array<C> {
                 // Keep the old contents of the touched rows of every written chunk in the
                 // leader's own buffers (same chunk offsets), overlay, then P/Q ⊕= Δ per
                 // run of touched rows. Blocks of a row the pass does not write have
-                // old = new there, so their Δ is zero.
+                // old = new there, so their Δ is zero. A chunk written from the callers'
+                // buffers (`find_direct`; only for a stream that moves on, which will not
+                // read the new data from the entry again) keeps its old contents in the
+                // entry and takes its new ones from those buffers, piece by piece.
+                if self.stream_moves_on(s) {
+                    self.find_direct(s);
+                }
                 let mut at = 0;
                 while let Some((a, b)) = self.sops[s as usize].rows.run_from(at) {
                     at = b;
                     let (off, len) = ((a * unit) as usize, ((b - a) * unit) as usize);
                     for k in 0..nd {
                         let m = usize::from(st.data_member(k));
+                        let direct = self.writes_direct(s, m);
                         let sop = &mut self.sops[s as usize];
-                        if sop.dirty[m].any_in(a, b) {
+                        if sop.dirty[m].any_in(a, b) && !direct {
                             // SAFETY: eb[m] is the pinned entry's chunk buffer of member m
                             // and sop.bufs[m] the leader's own chunk buffer: distinct
                             // allocations, off+len inside both.
@@ -840,63 +1048,127 @@ impl<C: Channel> Array<C> {
                 let mut at = 0;
                 while let Some((a, b)) = self.sops[s as usize].rows.run_from(at) {
                     at = b;
-                    let (off, len) = ((a * unit) as usize, ((b - a) * unit) as usize);
+                    let (mut pos, end) = (a * unit, b * unit);
                     let sop = &self.sops[s as usize];
-                    let mut deltas: ArrayVec<Delta<'_>, MAX_DATA_CHUNKS> = ArrayVec::new();
-                    for k in 0..nd {
-                        let m = usize::from(st.data_member(k));
-                        if sop.dirty[m].any_in(a, b) {
+                    let mut cursors = self.gather_cursors(s);
+                    while pos < end {
+                        // The piece from `pos` over which every source is contiguous.
+                        let mut news: ArrayVec<(usize, u16, *const u8), MAX_DATA_CHUNKS> =
+                            ArrayVec::new();
+                        let mut piece_end = end;
+                        for k in 0..nd {
+                            let m = usize::from(st.data_member(k));
+                            if !sop.dirty[m].any_in(a, b) {
+                                continue;
+                            }
+                            let new = if sop.pass_gather[m].is_set() {
+                                let (p, n) = sop.pass_gather[m]
+                                    .piece(pos, &mut cursors[m])
+                                    .expect("gathered pieces cover every touched row");
+                                piece_end = piece_end.min(pos + n);
+                                p
+                            } else if sop.pass_direct[m] != 0 {
+                                (sop.pass_direct[m] as *const u8).wrapping_add(pos as usize)
+                            } else {
+                                eb[m].wrapping_add(pos as usize).cast_const()
+                            };
+                            news.push((m, k, new));
+                        }
+                        let (off, len) = (pos as usize, (piece_end - pos) as usize);
+                        let mut deltas: ArrayVec<Delta<'_>, MAX_DATA_CHUNKS> = ArrayVec::new();
+                        for &(m, k, new) in &news {
+                            let old = if self.writes_direct(s, m) {
+                                // SAFETY: the entry's buffer of data member m (its old
+                                // contents: nothing is copied into a direct chunk), off+len
+                                // inside the chunk; only P/Q buffers are written below.
+                                unsafe { std::slice::from_raw_parts(eb[m].add(off), len) }
+                            } else {
+                                &sop.bufs[m][off..off + len]
+                            };
                             deltas.push(Delta {
                                 slot: st.q_slot(k) as u8,
-                                old: &sop.bufs[m][off..off + len],
-                                // SAFETY: the entry's buffer of data member m, off+len
-                                // inside the chunk; only P/Q buffers are written below.
-                                new: unsafe { std::slice::from_raw_parts(eb[m].add(off), len) },
+                                old,
+                                // SAFETY: the entry's buffer of data member m, or the
+                                // caller's buffer holding chunk bytes off..off+len of it
+                                // (`find_direct`: lent until the writes complete;
+                                // `piece_end` keeps the range inside one piece); only
+                                // P/Q buffers are written below.
+                                new: unsafe { std::slice::from_raw_parts(new, len) },
                             });
                         }
+                        let (p, q) = (eb[pm], qm.map(|q| eb[q]));
+                        // SAFETY: P's and Q's entry buffers (chunk bytes, off+len inside),
+                        // distinct from the data buffers the deltas read and from the
+                        // leader's buffers.
+                        unsafe {
+                            parity_into(&self.parity, p, q, off, len, ParityWork::Update(&deltas))
+                        };
+                        pos = piece_end;
                     }
-                    let (p, q) = (eb[pm], qm.map(|q| eb[q]));
-                    // SAFETY: P's and Q's entry buffers (chunk bytes, off+len inside),
-                    // distinct from the data buffers the deltas read and from the leader's
-                    // buffers.
-                    unsafe {
-                        parity_into(&self.parity, p, q, off, len, ParityWork::Update(&deltas))
-                    };
                 }
             }
             WriteMode::Rcw | WriteMode::FullStripe => {
                 self.find_direct(s);
                 self.overlay(s);
-                let mut data: ArrayVec<*const u8, MAX_DATA_CHUNKS> = ArrayVec::new();
+                // Per Q slot: chunk offset 0 of the data (entry, or the one caller's buffer),
+                // or the member whose chunk is gathered.
+                let mut data: ArrayVec<(*const u8, usize), MAX_DATA_CHUNKS> = ArrayVec::new();
                 for _ in 0..nd {
-                    data.push(std::ptr::null());
+                    data.push((std::ptr::null(), usize::MAX));
                 }
                 for k in 0..nd {
                     let m = usize::from(st.data_member(k));
-                    let direct = self.sops[s as usize].pass_direct[m];
-                    data[usize::from(st.q_slot(k))] = if direct != 0 {
-                        direct as *const u8
+                    let sop = &self.sops[s as usize];
+                    data[usize::from(st.q_slot(k))] = if sop.pass_gather[m].is_set() {
+                        (std::ptr::null(), m)
+                    } else if sop.pass_direct[m] != 0 {
+                        (sop.pass_direct[m] as *const u8, usize::MAX)
                     } else {
-                        eb[m]
+                        (eb[m].cast_const(), usize::MAX)
                     };
                 }
                 let mut at = 0;
                 while let Some((a, b)) = self.sops[s as usize].rows.run_from(at) {
                     at = b;
-                    let (off, len) = ((a * unit) as usize, ((b - a) * unit) as usize);
-                    let mut srcs: ArrayVec<&[u8], MAX_DATA_CHUNKS> = ArrayVec::new();
-                    for &p in &data {
-                        // SAFETY: each pointer addresses chunk offset 0 of a data chunk:
-                        // the entry's buffer (the whole chunk), or the caller's buffer of
-                        // the one write that covers every touched row of that chunk
-                        // (`find_direct`), so off..off+len lies in memory lent to us; P/Q
-                        // (written below) are other members' entry buffers.
-                        srcs.push(unsafe { std::slice::from_raw_parts(p.wrapping_add(off), len) });
+                    let (mut pos, end) = (a * unit, b * unit);
+                    let sop = &self.sops[s as usize];
+                    let mut cursors = self.gather_cursors(s);
+                    while pos < end {
+                        // The piece from `pos` over which every source is contiguous.
+                        let mut ptrs: ArrayVec<*const u8, MAX_DATA_CHUNKS> = ArrayVec::new();
+                        let mut piece_end = end;
+                        for &(p, m) in &data {
+                            if m == usize::MAX {
+                                ptrs.push(p.wrapping_add(pos as usize));
+                            } else {
+                                let (p, n) = sop.pass_gather[m]
+                                    .piece(pos, &mut cursors[m])
+                                    .expect("gathered pieces cover every touched row");
+                                piece_end = piece_end.min(pos + n);
+                                ptrs.push(p);
+                            }
+                        }
+                        let (off, len) = (pos as usize, (piece_end - pos) as usize);
+                        let mut srcs: ArrayVec<&[u8], MAX_DATA_CHUNKS> = ArrayVec::new();
+                        for &p in &ptrs {
+                            // SAFETY: each pointer addresses chunk byte `off` of a data
+                            // chunk: in the entry's buffer (the whole chunk), in the
+                            // caller's buffer of the one write that covers every touched
+                            // row of that chunk, or in the piece of a gathered chunk that
+                            // holds it, `piece_end` keeping off..off+len inside that piece
+                            // (`find_direct`; callers' buffers are lent until the writes
+                            // complete); P/Q (written below) are other members' entry
+                            // buffers.
+                            srcs.push(unsafe { std::slice::from_raw_parts(p, len) });
+                        }
+                        let (p, q) = (eb[pm], qm.map(|q| eb[q]));
+                        // SAFETY: P's and Q's entry buffers (chunk bytes, off+len inside),
+                        // distinct from every data source.
+                        unsafe {
+                            parity_into(&self.parity, p, q, off, len, ParityWork::Gen(&srcs))
+                        };
+                        pos = piece_end;
                     }
-                    let (p, q) = (eb[pm], qm.map(|q| eb[q]));
-                    // SAFETY: P's and Q's entry buffers (chunk bytes, off+len inside),
-                    // distinct from every data source.
-                    unsafe { parity_into(&self.parity, p, q, off, len, ParityWork::Gen(&srcs)) };
                 }
             }
             WriteMode::Degraded => unreachable!("degraded stripes take the single path"),
@@ -933,6 +1205,15 @@ impl<C: Channel> Array<C> {
                     break;
                 };
                 at = b;
+                if !set_is_rows && self.sops[s as usize].pass_gather[m].is_set() {
+                    let g = &self.sops[s as usize].pass_gather[m];
+                    debug_assert_eq!((g.start, g.segs.len() > 1), (a * unit, true));
+                    let list = std::ptr::NonNull::from(&g.segs[0]);
+                    let count = g.segs.len() as u16;
+                    self.stats.gathered_writes += 1;
+                    self.io_write_gathered(s, m as u16, fua, a * unit, (b - a) * unit, list, count);
+                    continue;
+                }
                 let direct = self.sops[s as usize].pass_direct[m];
                 let base = if direct != 0 && !set_is_rows {
                     direct as *mut u8
@@ -991,7 +1272,9 @@ impl<C: Channel> Array<C> {
             for m in 0..ent.valid.len() {
                 let set = match st.role(m as u16) {
                     // Written from the caller's buffer: the entry does not hold it.
-                    Role::Data { .. } if sop.pass_direct[m] != 0 => continue,
+                    Role::Data { .. } if sop.pass_direct[m] != 0 || sop.pass_gather[m].is_set() => {
+                        continue
+                    }
                     Role::Data { .. } => &sop.dirty[m],
                     _ => &sop.rows,
                 };

@@ -436,6 +436,8 @@ impl<C: Channel> Array<C> {
                 .wrapping_add(row_start as usize);
             for k in first..first + n {
                 let m = usize::from(st.data_member(k));
+                // No gathered chunks with a PPL (`Array::gathers`).
+                debug_assert!(!sop.pass_gather[m].is_set());
                 let direct = sop.pass_direct[m];
                 let base = if direct != 0 {
                     direct as *const u8

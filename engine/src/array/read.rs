@@ -372,24 +372,34 @@ impl<C: Channel> Array<C> {
         }
         for (k, r) in w.chunks() {
             let m = usize::from(st.data_member(k));
-            let direct = pass.pass_direct[m];
+            let direct = self.writes_direct(h, m);
             let dst = self.client_ptr(s, u64::from(k) * c + u64::from(r.start));
             for b in r.start / unit..r.end.div_ceil(unit) {
                 let (x, y) = (r.start.max(b * unit), r.end.min((b + 1) * unit));
-                // The new data of a block the pass writes from one caller's buffer is
+                // The new data of a block the pass writes from its callers' buffers is
                 // there (the entry keeps the old rows); every other block is in the entry.
-                let src = if direct != 0 && pass.dirty[m].contains(b) {
-                    (direct as *const u8).wrapping_add(x as usize)
+                let src = if direct && pass.dirty[m].contains(b) {
+                    match self.direct_data(h, m, x) {
+                        Some((p, n)) if n >= y - x => p,
+                        // Not one of the pass's pieces (cannot happen: `find_direct` covers
+                        // every written block, block-aligned): the read waits for the pass
+                        // (what it copied so far is overwritten then).
+                        _ => {
+                            debug_assert!(false, "a directly written block outside its pieces");
+                            return false;
+                        }
+                    }
                 } else {
                     entry.bufs[m].as_ptr().wrapping_add(x as usize)
                 };
                 // SAFETY: src addresses chunk bytes x..y of member m's chunk: in the
-                // pinned entry's chunk buffer (chunk bytes long), or in the caller's buffer
-                // of the write whose range covers every block the pass writes in that
-                // chunk (`find_direct`; lent until that write completes, which it has not:
-                // the pass still holds the stripe). dst is this read's own buffer for the
-                // same bytes (client_ptr, inside the request's buffer). `copy` (memmove)
-                // stays defined even if a client lent overlapping buffers.
+                // pinned entry's chunk buffer (chunk bytes long), or in the callers'
+                // buffers the pass writes that chunk from (`find_direct`: one write's range
+                // covering every block the pass writes there, or the block-aligned piece
+                // of one write holding block b; lent until those writes complete, which
+                // they have not: the pass still holds the stripe). dst is this read's own
+                // buffer for the same bytes (client_ptr, inside the request's buffer).
+                // `copy` (memmove) stays defined even if a client lent overlapping buffers.
                 unsafe {
                     std::ptr::copy(
                         src,

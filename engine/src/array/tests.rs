@@ -3248,8 +3248,10 @@ fn check_backlog_bulk(arr: &Array<crate::sim::SimChannel>, what: &str) {
 /// streams' cursors, random reads and writes, flushes, at a random queue depth, on a small
 /// stripe cache; members fail mid-stream (`fails`: at which op, up to the redundancy).
 /// Every read equals the reference; at the end the whole array reads back as written,
-/// and again with one more member gone when the redundancy allows. Returns the stripes
-/// the cache demoted (recycled) during the run.
+/// and again with one more member gone when the redundancy allows. Every fourth seed
+/// (3, 7, …) runs on members whose channels do not gather, so the passes copy what the
+/// others write gathered. Returns the stripes the cache demoted (recycled) during the run
+/// and the data chunks written gathered.
 #[allow(clippy::too_many_arguments)]
 fn stream_stress(
     level: Level,
@@ -3262,7 +3264,7 @@ fn stream_stress(
     bulk_pct: Option<usize>,
     turn_bytes: Option<u64>,
     pure: bool,
-) -> u64 {
+) -> (u64, u64) {
     let chunk = 16u64 << 10;
     let nstripes = 24u64;
     let g = Geometry::new(level, Layout::LeftSymmetric, members, chunk, 512).unwrap();
@@ -3289,7 +3291,11 @@ fn stream_stress(
         },
         cfg,
     );
-    let what0 = format!("{level:?} members={members} seed={seed} entries={entries} streams={streams} fails={fails:?} bulk={bulk_pct:?} turn={turn_bytes:?} pure={pure}");
+    let gather = seed % 4 != 3;
+    for d in &devs {
+        d.set_gather(gather);
+    }
+    let what0 = format!("{level:?} members={members} seed={seed} entries={entries} streams={streams} fails={fails:?} bulk={bulk_pct:?} turn={turn_bytes:?} pure={pure} gather={gather}");
     let mut rng = StressRng::new(seed);
     let mut reference = vec![0u8; cap as usize];
     // Streams: (region start, region length, cursor).
@@ -3538,7 +3544,14 @@ fn stream_stress(
             &format!("{what0}: parity inconsistent (read with member {m} gone)"),
         );
     }
-    arr.cache.demoted()
+    let gathered = arr.stats().gathered_writes;
+    if !gather {
+        assert_eq!(
+            gathered, 0,
+            "{what0}: gathered writes on members that do not gather"
+        );
+    }
+    (arr.cache.demoted(), gathered)
 }
 
 /// The seeds of the stream stress tests (see the comment above `StressRng`).
@@ -3775,6 +3788,7 @@ fn stress_ops() -> usize {
 fn pure_streams_recycle_and_read_back_what_was_written() {
     let ops = stress_ops();
     let mut demoted = 0;
+    let mut gathered = 0;
     for seed in stress_seeds() {
         for (level, members, fails) in [
             (Level::Raid5, 5u16, &[][..]),
@@ -3784,12 +3798,15 @@ fn pure_streams_recycle_and_read_back_what_was_written() {
         ] {
             for entries in [0usize, 4, 5, 7] {
                 for streams in [1usize, 2, 3] {
-                    demoted += stream_stress(
+                    let (d, g) = stream_stress(
                         level, members, seed, entries, streams, ops, fails, None, None, true,
                     );
+                    demoted += d;
+                    gathered += g;
                 }
             }
         }
     }
     assert!(demoted > 0, "the streams never recycled a stripe");
+    assert!(gathered > 0, "the streams never wrote a chunk gathered");
 }
