@@ -293,6 +293,9 @@ impl<C: Channel> Array<C> {
         } else {
             [self.replacement_of(member), None]
         };
+        // Counted once per chunk that goes anywhere (not for a member failed meanwhile
+        // without a replacement).
+        self.stats.gathered_writes += u64::from(targets[0].is_some());
         for m in targets.into_iter().flatten() {
             debug_assert!(!self.is_failed(m), "I/O planned on a failed member");
             debug_assert!(len <= self.members[usize::from(m)].max_transfer);

@@ -2098,6 +2098,8 @@ mod write;
 #[cfg(test)]
 mod bitmap_tests;
 #[cfg(test)]
+mod gather_tests;
+#[cfg(test)]
 mod ppl_tests;
 #[cfg(test)]
 mod tests;

@@ -1210,7 +1210,6 @@ impl<C: Channel> Array<C> {
                     debug_assert_eq!((g.start, g.segs.len() > 1), (a * unit, true));
                     let list = std::ptr::NonNull::from(&g.segs[0]);
                     let count = g.segs.len() as u16;
-                    self.stats.gathered_writes += 1;
                     self.io_write_gathered(s, m as u16, fua, a * unit, (b - a) * unit, list, count);
                     continue;
                 }

@@ -33,7 +33,7 @@ fn beyond_redundancy_is_an_error_never_wrong_data() {
 }
 
 /// Drives `arr` until every request in `tags` completes; returns their statuses in order.
-fn complete_all(
+pub(super) fn complete_all(
     arr: &mut Array<crate::sim::SimChannel>,
     clock: &SimClock,
     tags: &[u64],
@@ -42,8 +42,8 @@ fn complete_all(
     let mut out = [ArrayCompletion {
         tag: 0,
         status: Ok(()),
-    }; 4];
-    for _ in 0..100_000 {
+    }; 16];
+    for _ in 0..200_000 {
         arr.set_now(clock.now_ns());
         let progressed = arr.process();
         let n = arr.poll(&mut out);
@@ -162,7 +162,7 @@ fn sim_array_with(
 
 /// An array of geometry `g` and `stripes` stripes over fresh simulated devices, member `i`
 /// with the profile and fault seed `device(i)` gives, configured by `cfg`.
-fn sim_array_of(
+pub(super) fn sim_array_of(
     g: Geometry,
     stripes: u64,
     device: impl Fn(u16) -> (Profile, u64),
@@ -857,7 +857,7 @@ fn hold_bound_scales_with_write_latency_between_floor_and_cap() {
 }
 
 /// Submits `op` over `buf` at `off` with `tag` and returns at once (the caller drives).
-fn submit_at(
+pub(super) fn submit_at(
     arr: &mut Array<crate::sim::SimChannel>,
     tag: u64,
     op: ArrayOp,
@@ -884,7 +884,7 @@ fn submit_at(
 
 /// Submits a request that carries no data (write-zeroes, discard, flush: `off`/`len` 0,
 /// 0) of `len` array bytes at `off`.
-fn submit_dataless(
+pub(super) fn submit_dataless(
     arr: &mut Array<crate::sim::SimChannel>,
     tag: u64,
     op: ArrayOp,
@@ -941,12 +941,12 @@ fn read_then_write_behind_it(
 
 /// Advances the sim until some operation's phase satisfies `phase` (no request may
 /// complete meanwhile).
-fn run_until(
+pub(super) fn run_until(
     arr: &mut Array<crate::sim::SimChannel>,
     clock: &SimClock,
     phase: impl Fn(Phase) -> bool,
 ) {
-    for _ in 0..1000 {
+    for _ in 0..10_000 {
         let done = turn(arr, clock);
         assert!(done.is_empty(), "{done:?} completed before the phase");
         let live = |i: usize| !arr.free_sops.contains(&(i as u32));
@@ -958,8 +958,12 @@ fn run_until(
         {
             return;
         }
-        let next = arr.channels().filter_map(|c| c.next_completion_ns()).min();
-        clock.advance_to(next.expect("member I/O in flight"));
+        let next = arr
+            .channels()
+            .filter_map(|c| c.next_completion_ns())
+            .chain(arr.next_deadline_ns())
+            .min();
+        clock.advance_to(next.expect("member I/O in flight").max(clock.now_ns()));
     }
     panic!("no operation reached the phase");
 }
