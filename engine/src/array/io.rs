@@ -266,10 +266,19 @@ impl<C: Channel> Array<C> {
         len: u32,
         ptr: *mut u8,
     ) {
+        for m in self.write_targets(member, op).into_iter().flatten() {
+            self.io_dev(s, m, op, chunk_off, len, ptr);
+        }
+    }
+
+    /// The device entries a write of member `member`'s chunk goes to ([`Self::io_write`]):
+    /// the member and, while it is being replaced, its replacement; the replacement alone
+    /// when the member has failed; none when it has failed without one.
+    fn write_targets(&self, member: u16, op: Op) -> [Option<u16>; 2] {
         if !self.is_failed(member) {
-            self.io(s, member, op, chunk_off, len, ptr);
-        } else if let Some(r) = self.replacement_of(member) {
-            self.io_dev(s, r, op, chunk_off, len, ptr);
+            [Some(member), self.mirror_of(member, op)]
+        } else {
+            [self.replacement_of(member), None]
         }
     }
 
@@ -288,11 +297,8 @@ impl<C: Channel> Array<C> {
         list: std::ptr::NonNull<IoSeg>,
         count: u16,
     ) {
-        let targets = if !self.is_failed(member) {
-            [Some(member), self.mirror_of(member, Op::Write { fua })]
-        } else {
-            [self.replacement_of(member), None]
-        };
+        let op = Op::Write { fua };
+        let targets = self.write_targets(member, op);
         // Counted once per chunk that goes anywhere (not for a member failed meanwhile
         // without a replacement).
         self.stats.gathered_writes += u64::from(targets[0].is_some());
@@ -302,7 +308,6 @@ impl<C: Channel> Array<C> {
             let g = self.geo.geometry();
             let stripe = self.sops[s as usize].stripe;
             let base = self.data_offset + stripe * u64::from(g.chunk_bytes());
-            let op = Op::Write { fua };
             // SAFETY: the list is the leader's `pass_gather` entry of this member, in the
             // operation table allocated at start and left alone until the pass completes,
             // which is after this request's completion; its pieces are ranges of the pass's

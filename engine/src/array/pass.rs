@@ -834,27 +834,26 @@ impl<C: Channel> Array<C> {
             }
             f = self.sops[f as usize].next;
         }
-        let mut gathered = false;
+        // Pass-level conditions of gathering, asked once.
+        let may_gather = self.stream_moves_on(s) && self.gathers(hi - lo);
         for k in 0..g.data_chunks() {
             let w = &mut writers[usize::from(k)];
             let m = usize::from(st.data_member(k));
             if w.n == 1 && w.start <= lo && w.end >= hi {
                 let p = self.client_ptr(w.last, u64::from(k) * c + u64::from(w.start));
                 self.sops[s as usize].pass_direct[m] = (p as usize).wrapping_sub(w.start as usize);
-            } else if w.n > 1
+            } else if may_gather
+                && w.n > 1
                 && w.n as usize <= MAX_GATHER
                 && w.follow
                 && w.start == lo
                 && w.end == hi
-                && self.gathers(hi - lo)
-                && self.stream_moves_on(s)
             {
                 self.sops[s as usize].pass_gather[m].start = lo;
                 w.gather = true;
-                gathered = true;
             }
         }
-        if !gathered {
+        if !writers.iter().any(|w| w.gather) {
             return;
         }
         // The pieces of the gathered chunks, in submission order (= chunk order).
