@@ -284,7 +284,9 @@ pub struct ServeArgs {
     #[arg(long)]
     stripe_ops: Option<usize>,
     /// Stripe cache per reactor and member, bytes (suffixes K, M, G): the recently written
-    /// stripes a following sub-stripe write need not read again. md's `stripe_cache_size`
+    /// stripes a following sub-stripe write need not read again (random writes from their
+    /// second write to a stripe on: random rewrites of a hot region read nothing once
+    /// SIZE ≥ the region ÷ data members). md's `stripe_cache_size`
     /// is this in 4 KiB pages (default 256 = 1 MiB); ferroraid caches whole chunks, so it
     /// holds SIZE / chunk stripes, at least `--stripe-ops`. 0 keeps nothing between
     /// writes. Default: 64 stripes (4M with 64 KiB chunks).

@@ -249,7 +249,8 @@ fn replace_beside_client_io_allocates_nothing() {
 /// the stream leaves (its chunks written gathered from the writes' buffers) and remember
 /// them in the ghost ring; then a region of eight stripes
 /// (half the cache) is rewritten in laps, so the second lap misses on ghosts, the cache
-/// turns cautious and later laps hit cached stripes.
+/// turns cautious and later laps hit cached stripes; then random reads and writes over the
+/// whole array, whose writes that come back to a stripe go through the cache.
 #[test]
 fn stripe_cache_streams_and_laps_allocate_nothing() {
     const CHUNK: u64 = 16384;
@@ -272,6 +273,15 @@ fn stripe_cache_streams_and_laps_allocate_nothing() {
     let written = stream(&mut arr, &clock, 0, STRIPES * stripe, 2);
     let hits_before = arr.shards()[0].stats().cache_hit_stripes;
     let rewritten = stream(&mut arr, &clock, 0, 8 * stripe, 8);
+    // Random 4 KiB reads and writes over the whole array: a write that comes back to a
+    // stripe written around the cache lately runs as a pass through it.
+    let hits_before_random = arr.shards()[0].stats().cache_hit_stripes;
+    drive(
+        &mut arr,
+        &clock,
+        random_io(STRIPES * stripe, 7),
+        |_, exhausted| exhausted,
+    );
     assert_eq!(
         ALLOCATIONS.load(Ordering::Relaxed) - before,
         0,
@@ -284,6 +294,10 @@ fn stripe_cache_streams_and_laps_allocate_nothing() {
     assert!(
         st.cache_hit_stripes > hits_before,
         "the rewritten region stays cached: {st:?}"
+    );
+    assert!(
+        st.cache_hit_stripes > hits_before_random,
+        "random writes coming back to their stripes found them cached: {st:?}"
     );
 }
 

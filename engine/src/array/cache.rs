@@ -38,6 +38,20 @@
 //! hold — and for the next twice-the-entries misses ([`StripeCache::cautious`]) only a
 //! stream longer than the whole cache recycles, so the region stays cached lap after lap.
 //!
+//! # Admission
+//! Sequential streams and stripes already cached go through the cache. A random
+//! sub-stripe write to a stripe the cache does not hold goes around it (`pass.rs`'s
+//! single-operation path: no copy), and the cache notes the stripe in a direct-mapped
+//! filter ([`StripeCache::note_bypass`]); a write that comes back to a stripe still in
+//! the filter runs as a pass, so from its stripe's second write on, its old data and P/Q
+//! stay cached. A random writer over a region the cache can hold thus stops reading its
+//! members (16 KiB random 70/30 over NBD on RAID6: docs/BENCHMARKS.md, "Random
+//! rewrites through the stripe cache"), while one over a region far larger than the
+//! cache is rarely admitted and keeps the cheaper path. The pass decides whether to ask
+//! the filter at all: only on members whose writes take time (`pass.rs`,
+//! `CACHE_ADMIT_WRITE_LATENCY_NS`), since on RAM-speed members the copy costs more than
+//! the reads it saves.
+//!
 //! The size is md's `stripe_cache_size` idea (raid5.c `NR_STRIPES`, 256 rows of 4 KiB per
 //! member by default, sysfs range 17..32768) at chunk granularity: an entry caches a whole
 //! chunk per member, so `entries × members × chunk_bytes` bytes.
@@ -315,6 +329,13 @@ pub(crate) struct StripeCache {
     /// Misses still to come before [`Self::cautious`] ends: set to twice the entries by a
     /// miss on a ghost, counted down by every other miss.
     cautious_misses: u32,
+    /// The stripes that sub-stripe writes wrote around the cache lately
+    /// ([`Self::note_bypass`]), direct-mapped by a hash of the stripe number (`u64::MAX`:
+    /// none); twice as many slots as entries, rounded up to a power of two (fewer
+    /// collisions among the stripes the cache can hold).
+    bypassed: Box<[u64]>,
+    /// `64 - log2(bypassed.len())`: the shift that maps a hash to a slot.
+    bypass_shift: u32,
 }
 
 impl StripeCache {
@@ -347,6 +368,8 @@ impl StripeCache {
             ghost_next: 0,
             ghost_count: HashMap::with_capacity_and_hasher(2 * entries, FxBuildHasher),
             cautious_misses: 0,
+            bypassed: vec![u64::MAX; (2 * entries).next_power_of_two()].into_boxed_slice(),
+            bypass_shift: 64 - (2 * entries).next_power_of_two().trailing_zeros(),
         };
         for e in 0..entries as u32 {
             c.push_tail(e);
@@ -450,6 +473,43 @@ impl StripeCache {
     /// ([`super::pass`]'s `recycle_first`).
     pub(crate) fn cautious(&self) -> bool {
         self.cautious_misses > 0
+    }
+
+    /// Remembers that a sub-stripe write of `stripe` went around the cache (a random
+    /// write: it neither continued a stream nor found the stripe cached, and wrote from
+    /// its own buffers, `pass.rs`'s single-operation path). A write that comes back to
+    /// the stripe while [`Self::bypassed_lately`] says so goes through the cache instead,
+    /// and its stripe's blocks stay cached for the writes after it: random writes over a
+    /// region the cache can hold find their old data and P/Q there (ARC's ghost idea:
+    /// a stripe is admitted on its second write, so a random writer over a region much
+    /// larger than the cache, which would only evict, keeps the cheaper path).
+    pub(crate) fn note_bypass(&mut self, stripe: u64) {
+        if self.keep {
+            let slot = self.bypass_slot(stripe);
+            self.bypassed[slot] = stripe;
+        }
+    }
+
+    /// Whether a write of `stripe` went around the cache lately ([`Self::note_bypass`]):
+    /// among roughly the last twice-the-entries such writes (a slot keeps the last
+    /// stripe mapped to it, so collisions forget early). Always false without caching.
+    pub(crate) fn bypassed_lately(&self, stripe: u64) -> bool {
+        self.keep && self.bypassed[self.bypass_slot(stripe)] == stripe
+    }
+
+    /// The slot of `stripe` in `bypassed`: the top bits of MurmurHash3's 64-bit finalizer
+    /// (`fmix64`) of the stripe number, so that a shard's stripe numbers, whatever their
+    /// stride, spread over every slot (a plain multiplicative hash maps strides that are
+    /// powers of two onto a fraction of the slots).
+    pub(crate) fn bypass_slot(&self, stripe: u64) -> usize {
+        let mut x = stripe;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^= x >> 33;
+        // `checked_shr`: a one-slot table shifts by 64, which maps everything to slot 0.
+        x.checked_shr(self.bypass_shift).unwrap_or(0) as usize
     }
 
     /// Entries [`Self::demote`] made the least recently used so far.
@@ -743,6 +803,40 @@ mod tests {
         let (e, _) = c.pin(13);
         c.unpin(e, true);
         assert!(!c.cautious());
+    }
+
+    /// The bypass filter remembers the stripes written around the cache lately, spreads
+    /// a shard's strided stripe numbers over its slots, works with one slot, and says
+    /// nothing when caching is off.
+    #[test]
+    fn bypassed_stripes_are_remembered_until_their_slot_is_reused() {
+        let mut c = StripeCache::new(32, 1, 4096, 512, true);
+        assert!(!c.bypassed_lately(5));
+        c.note_bypass(5);
+        assert!(c.bypassed_lately(5) && !c.bypassed_lately(6));
+        // Stripes strided by 16 (a shard of 16 reactors) land in most of the 64 slots
+        // (64 keys hashed at random into 64 slots fill 40 on average).
+        let slots: std::collections::HashSet<usize> =
+            (0..64u64).map(|k| c.bypass_slot(k * 16)).collect();
+        assert!(slots.len() >= 36, "{} slots", slots.len());
+        // Within a slot the last stripe wins.
+        let other = (6..)
+            .find(|&x| c.bypass_slot(x) == c.bypass_slot(5))
+            .unwrap();
+        c.note_bypass(other);
+        assert!(c.bypassed_lately(other) && !c.bypassed_lately(5));
+        let mut one = StripeCache::new(1, 1, 4096, 512, true);
+        let (a, b) = (0..)
+            .map(|x| (x, x + 1))
+            .find(|&(a, b)| one.bypass_slot(a) == one.bypass_slot(b))
+            .unwrap();
+        one.note_bypass(a);
+        assert!(one.bypassed_lately(a));
+        one.note_bypass(b);
+        assert!(one.bypassed_lately(b) && !one.bypassed_lately(a));
+        let mut off = StripeCache::new(4, 1, 4096, 512, false);
+        off.note_bypass(3);
+        assert!(!off.bypassed_lately(3));
     }
 
     #[test]

@@ -67,7 +67,7 @@ fn check_all(arr: &mut Arr, devs: &[SimDevice], clock: &SimClock, want: &[u8], w
 
 /// Checks parity: every member image vs a recomputed parity from the data members.
 /// Returns the stripes whose P (or Q) disagrees.
-fn parity_mismatches(arr: &Arr, devs: &[SimDevice]) -> Vec<u64> {
+pub(super) fn parity_mismatches(arr: &Arr, devs: &[SimDevice]) -> Vec<u64> {
     let g = *arr.geometry().geometry();
     let stripes = arr.geometry().stripes();
     let chunk = g.chunk_bytes() as usize;

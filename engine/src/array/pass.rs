@@ -78,6 +78,16 @@ pub(super) const HOLD_WRITE_LATENCIES: u64 = 3;
 /// device's pre-read.
 pub(super) const MAX_HOLD_NS: u64 = 10_000_000;
 
+/// A random sub-stripe write is admitted to the stripe cache (`StripeCache::bypassed_lately`)
+/// only while the shard's measured write latency is at least this, ns (5 µs): caching it
+/// costs a copy of its data into the entry and a pass's bookkeeping (about 1 µs of
+/// reactor CPU, and 9 % of `null` RAID5 random-write IOPS when every member completes
+/// within the reactor turn that issued it), and saves member reads that take time only
+/// on real devices (NVMe flash 10–100 µs, a shared virtio disk hundreds of µs; RAM and
+/// `null` members complete in the turn they were issued, a measured latency of 0).
+/// docs/BENCHMARKS.md, "Random rewrites through the stripe cache".
+pub(super) const CACHE_ADMIT_WRITE_LATENCY_NS: u64 = 5_000;
+
 /// Write request ends remembered for the stream test at submission: enough for a few
 /// sequential streams interleaved with other writes, few enough to scan on every write.
 pub(super) const RECENT_WRITES: usize = 8;
@@ -216,15 +226,27 @@ impl<C: Channel> Array<C> {
     fn start_pass(&mut self, s: u32) {
         let stripe = self.sops[s as usize].stripe;
         // A write the cache cannot help — a whole stripe, or a write that neither continues
-        // a stream nor finds its stripe cached (random writes) — takes the single-operation
-        // path: no copy, its working set at the front of its own buffers (cache-hot
-        // whatever the offset). Writes of the stripe waiting behind it (rare for such
-        // writes) form the next pass. Decided without scanning the waiting operations:
-        // this runs for every write, and a random writer keeps a queue's worth waiting.
+        // a stream nor finds its stripe cached nor comes back to a stripe written around
+        // the cache lately (random writes over a region larger than the cache) — takes
+        // the single-operation path: no copy, its working set at the front of its own
+        // buffers (cache-hot whatever the offset). Writes of the stripe waiting behind it
+        // (rare for such writes) form the next pass. Decided without scanning the waiting
+        // operations: this runs for every write, and a random writer keeps a queue's
+        // worth waiting. A random write that comes back to its stripe while the cache
+        // remembers the first one (`StripeCache::bypassed_lately`) runs as a pass, and
+        // what it read and wrote stays cached for the writes after it — on members whose
+        // writes take time ([`CACHE_ADMIT_WRITE_LATENCY_NS`]).
         let full = self.footprint(s).is_full_stripe();
-        if full || !(self.continues_stream(s) || self.cache.holds(stripe)) {
+        let admits = self.write_latency_ns >= CACHE_ADMIT_WRITE_LATENCY_NS;
+        if full
+            || !(self.continues_stream(s)
+                || (admits && self.cache.bypassed_lately(stripe))
+                || self.cache.holds(stripe))
+        {
             if full {
                 self.cache.invalidate(stripe);
+            } else if admits {
+                self.cache.note_bypass(stripe);
             }
             let sop = &self.sops[s as usize];
             self.stats.write_passes += 1;
