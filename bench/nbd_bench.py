@@ -17,7 +17,7 @@ Prints a Markdown table with IOPS, MB/s and the ratio ferroraid / qemu-nbd per w
 median over --runs runs, and the machine. Needs fio, qemu-nbd, qemu-img.
 `--exe PATH` runs a given ferroraid binary (an older build, for before/after tables)
 instead of building this tree; `--only NAME,...` runs a subset of the workloads (by the
-short names in WORKLOADS).
+short names in WORKLOADS); `--serve-args` passes more options to `ferroraid serve`.
 """
 
 import argparse
@@ -120,6 +120,9 @@ def main():
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--exe", help="a prebuilt ferroraid binary to measure")
+    ap.add_argument("--serve-args", default="",
+                    help="extra arguments for `ferroraid serve`, split on spaces "
+                    "(e.g. '--stripe-cache 64M')")
     ap.add_argument("--only", help="comma-separated workload names: "
                     + ",".join(w[0] for w in ALL_WORKLOADS))
     a = ap.parse_args()
@@ -157,7 +160,7 @@ def main():
         port = free_port()
         srv = subprocess.Popen(
             [exe, "serve", "--polled", "--cores", str(target_cpu), "--nbd",
-             f"127.0.0.1:{port}", *members],
+             f"127.0.0.1:{port}", *a.serve_args.split(), *members],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_port(port, srv, "ferroraid serve")
@@ -191,7 +194,7 @@ def main():
           f"reactor; qemu-nbd: one {a.member_mib} MiB file, --cache=none --aio=io_uring; "
           f"files in {work}")
     print()
-    print(f"- ferroraid binary: {exe}")
+    print(f"- ferroraid binary: {exe}" + (f", serve {a.serve_args}" if a.serve_args else ""))
     print()
     print("| workload | ferroraid IOPS | ferroraid MB/s | qemu-nbd IOPS | qemu-nbd MB/s | ratio |")
     print("|---|---:|---:|---:|---:|---:|")
