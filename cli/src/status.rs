@@ -659,6 +659,10 @@ pub struct StatsReport {
     /// Member bytes the stripe cache spared reading.
     #[serde(default)]
     pub cache_hit_bytes: u64,
+    /// Random sub-stripe writes admitted to the stripe cache (they came back to a stripe
+    /// written around it lately).
+    #[serde(default)]
+    pub cache_admitted_writes: u64,
     /// Data chunks the write passes wrote gathered from several writes' buffers (one
     /// member request each, no copy into the stripe cache).
     #[serde(default)]
@@ -729,6 +733,7 @@ impl From<&ArrayStats> for StatsReport {
             pass_written_bytes: s.pass_written_bytes,
             cache_hit_stripes: s.cache_hit_stripes,
             cache_hit_bytes: s.cache_hit_bytes,
+            cache_admitted_writes: s.cache_admitted_writes,
             gathered_writes: s.gathered_writes,
             ppl_records: s.ppl_records,
             ppl_bytes: s.ppl_bytes,
@@ -1220,8 +1225,8 @@ impl fmt::Display for StatusReport {
         writeln!(
             f,
             "  write passes: {} ({:.1} writes each), {} held ({:.0} µs on average, {} to the \
-             bound) · stripe cache: {} hits, {} bytes not read · {:.2} bytes read per byte \
-             written · {} chunks written gathered",
+             bound) · stripe cache: {} hits, {} bytes not read, {} random writes admitted · \
+             {:.2} bytes read per byte written · {} chunks written gathered",
             s.write_passes,
             ratio(s.batched_writes, s.write_passes),
             s.held_passes,
@@ -1229,6 +1234,7 @@ impl fmt::Display for StatusReport {
             s.expired_holds,
             s.cache_hit_stripes,
             s.cache_hit_bytes,
+            s.cache_admitted_writes,
             ratio(s.write_read_bytes, s.pass_written_bytes),
             s.gathered_writes
         )?;
@@ -1500,7 +1506,7 @@ pub(crate) mod tests {
         assert_eq!(
             keys(&v["stats"]),
             "batched_writes,bulk_share_cuts,bulk_share_ops,bulk_share_pool,bulk_share_raises,\
-             cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
+             cache_admitted_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
              direct_reads,discarded_stripes,discards_skipped,expired_holds,fast_reads,full_stripe_writes,\
              gathered_writes,held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
              pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\

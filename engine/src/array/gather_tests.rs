@@ -68,46 +68,7 @@ fn check_all(arr: &mut Arr, devs: &[SimDevice], clock: &SimClock, want: &[u8], w
 /// Checks parity: every member image vs a recomputed parity from the data members.
 /// Returns the stripes whose P (or Q) disagrees.
 pub(super) fn parity_mismatches(arr: &Arr, devs: &[SimDevice]) -> Vec<u64> {
-    let g = *arr.geometry().geometry();
-    let stripes = arr.geometry().stripes();
-    let chunk = g.chunk_bytes() as usize;
-    let images: Vec<Vec<u8>> = devs
-        .iter()
-        .map(|d| {
-            let mut v = vec![0u8; stripes as usize * chunk];
-            d.peek(0, &mut v);
-            v
-        })
-        .collect();
-    let parity = Parity::new();
-    let mut bad = Vec::new();
-    for s in 0..stripes {
-        let st = g.stripe(s);
-        let at = s as usize * chunk;
-        let mut copies: Vec<AlignedBuf> = (0..g.data_chunks())
-            .map(|_| AlignedBuf::zeroed(chunk))
-            .collect();
-        for k in 0..g.data_chunks() {
-            let m = usize::from(st.data_member(k));
-            copies[usize::from(st.q_slot(k))].copy_from_slice(&images[m][at..at + chunk]);
-        }
-        let data: Vec<&[u8]> = copies.iter().map(|c| &c[..]).collect();
-        let mut p = AlignedBuf::zeroed(chunk);
-        let mut q = AlignedBuf::zeroed(chunk);
-        match st.q_member() {
-            Some(_) => parity.gen_pq(&data, &mut p, &mut q),
-            None => parity.gen_p(&data, &mut p),
-        }
-        let pm = usize::from(st.p_member());
-        let mut ok = images[pm][at..at + chunk] == p[..];
-        if let Some(qm) = st.q_member() {
-            ok &= images[usize::from(qm)][at..at + chunk] == q[..];
-        }
-        if !ok {
-            bad.push(s);
-        }
-    }
-    bad
+    super::admit_tests::parity_mismatches(arr, devs, 0)
 }
 
 /// A fresh array filled with a pattern (one whole-array write, tag 1); returns the

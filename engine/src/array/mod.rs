@@ -380,6 +380,10 @@ pub struct ArrayStats {
     pub cache_hit_stripes: u64,
     /// Member bytes the passes would have read without the stripe cache.
     pub cache_hit_bytes: u64,
+    /// Random sub-stripe writes admitted to the stripe cache: they came back to a stripe
+    /// written around the cache lately and ran as a pass through it
+    /// (`StripeCache::bypassed_lately`), so their stripe stays cached.
+    pub cache_admitted_writes: u64,
     /// Data chunks the passes wrote gathered from several writes' buffers, one member
     /// request each, nothing copied into the stripe cache (a stream of small writes that
     /// moves on; `array/pass.rs`, `Gathered`).
@@ -663,6 +667,7 @@ impl ArrayStats {
         self.pass_written_bytes += o.pass_written_bytes;
         self.cache_hit_stripes += o.cache_hit_stripes;
         self.cache_hit_bytes += o.cache_hit_bytes;
+        self.cache_admitted_writes += o.cache_admitted_writes;
         self.gathered_writes += o.gathered_writes;
         self.ppl_records += o.ppl_records;
         self.ppl_bytes += o.ppl_bytes;
@@ -2095,6 +2100,8 @@ mod ppl;
 mod read;
 mod write;
 
+#[cfg(test)]
+mod admit_tests;
 #[cfg(test)]
 mod bitmap_tests;
 #[cfg(test)]

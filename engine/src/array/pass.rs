@@ -238,11 +238,9 @@ impl<C: Channel> Array<C> {
         // writes take time ([`CACHE_ADMIT_WRITE_LATENCY_NS`]).
         let full = self.footprint(s).is_full_stripe();
         let admits = self.write_latency_ns >= CACHE_ADMIT_WRITE_LATENCY_NS;
-        if full
-            || !(self.continues_stream(s)
-                || (admits && self.cache.bypassed_lately(stripe))
-                || self.cache.holds(stripe))
-        {
+        let streams = self.continues_stream(s);
+        let admitted = !streams && admits && self.cache.bypassed_lately(stripe);
+        if full || !(streams || admitted || self.cache.holds(stripe)) {
             if full {
                 self.cache.invalidate(stripe);
             } else if admits {
@@ -254,6 +252,7 @@ impl<C: Channel> Array<C> {
             self.stats.pass_written_bytes += sop.end - sop.start;
             return self.start_write_single(s);
         }
+        self.stats.cache_admitted_writes += u64::from(admitted);
         let fua = self.sop_fua(s);
         let flushes_before = self.sop_req(s).flushes_before;
         {
