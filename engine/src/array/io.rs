@@ -106,7 +106,7 @@ impl<C: Channel> Array<C> {
             return self.bitmap_write_done(member, c.status);
         }
         if let Some(l) = self.ppl_log_of(s) {
-            return self.ppl_io_done(l, member, c.status);
+            return self.ppl_io_done(l, member, id, c.status);
         }
         if let Some(ri) = self.fast_req_of(s) {
             return self.fast_read_done(s, ri, member, id, c.status, device_ns);

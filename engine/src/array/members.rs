@@ -226,6 +226,7 @@ impl<C: Channel> Array<C> {
                 .iter()
                 .any(|c| (c.tag & ((1 << MEMBER_BITS) - 1)) as usize == id)
             || self.intent.as_ref().is_some_and(|i| i.per_member[id] > 0)
+            || self.ppl_in_flight_to(id)
     }
 
     /// Puts a new device's channel into the slot of failed member `slot`; the member is

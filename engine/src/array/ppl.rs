@@ -30,6 +30,13 @@
 //! is in a record whose turn has not ended (`deferred`). The deterministic crash tests
 //! (volatile member caches lost at the crash, `tests/tests/write_hole.rs`) do not reach
 //! that corner; removing the rule fails none of them.
+//!
+//! # A member being replaced
+//! Its log's records go to the replacement too, as its data writes do: when the
+//! replacement takes the slot (`Array::complete_replace`) its log is the one recovery
+//! reads, and holds the newest record. A log's requests in flight are known by device id,
+//! so one still out to the replaced device when it leaves its slot completes normally,
+//! and the leaving device stays attached until it is back (`entry_busy`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -87,12 +94,14 @@ struct ShardLog {
     state: LogState,
     /// The record: header, then partial parity (`PPL_HEADER_SIZE + space` bytes).
     buf: AlignedBuf,
-    /// Members the record's writes reached (bit per member entry).
+    /// Members the record's writes reached (bit per member slot).
     written: u64,
-    /// Members with a request of this log in flight (the record write, or a flush; at
-    /// most one each), and when the latest was sent (array clock, ns): for the command
-    /// timeout, and to recognise a late completion of an aborted request.
-    in_flight: u64,
+    /// Devices with a request of this log in flight (the record write and its copy on a
+    /// live replacement, or flushes; at most one each), by device id (`Member::id`, not
+    /// slot: a replaced member leaving its slot keeps its id until its requests are
+    /// back), and when the latest was sent (array clock, ns): for the command timeout,
+    /// and to recognise a late completion of an aborted request.
+    in_flight: u128,
     issued_ns: u64,
 }
 
@@ -131,6 +140,14 @@ impl<C: Channel> Array<C> {
         );
         assert!(!self.busy(), "attach the PPL before submitting requests");
         assert_eq!(shared.members(), self.slots(), "one log per member");
+        // One bit per member slot in `written`, per device id (members and a
+        // replacement) in `in_flight`.
+        assert!(
+            self.slots() <= usize::from(crate::ppl::MAX_PPL_MEMBERS),
+            "a PPL supports at most {} members",
+            crate::ppl::MAX_PPL_MEMBERS
+        );
+        const _: () = assert!((crate::ppl::MAX_PPL_MEMBERS as u32) < u128::BITS);
         let chunk = g.chunk_bytes() as usize;
         let space = PPL_SPACE_SIZE.max(chunk);
         // A record ends more than one header before the area's end
@@ -259,6 +276,13 @@ impl<C: Channel> Array<C> {
         })
     }
 
+    /// Whether a log has a request in flight to the device with id `id`.
+    pub(super) fn ppl_in_flight_to(&self, id: usize) -> bool {
+        self.ppl
+            .as_ref()
+            .is_some_and(|p| p.logs.iter().any(|l| l.in_flight & (1 << id) != 0))
+    }
+
     /// Whether some log waits for its turn (the executor must keep polling).
     pub fn ppl_waiting(&self) -> bool {
         self.ppl.as_ref().is_some_and(|p| {
@@ -366,26 +390,30 @@ impl<C: Channel> Array<C> {
         self.ppl = Some(p);
         self.stats.ppl_records += 1;
         self.stats.ppl_bytes += record_bytes;
-        // SAFETY: the record buffer belongs to this log and is not touched again until
-        // the record write completes (the log stays in `Writing` until then).
-        let buf = unsafe {
-            IoBuf::from_raw(
-                std::ptr::NonNull::new(ptr).expect("non-null buffer"),
-                record_bytes as u32,
-                None,
-            )
-        };
-        self.ppl_send(
-            l,
-            l as u16,
-            Op::Write { fua: true },
-            offset,
-            record_bytes as u32,
-            buf,
-        );
+        let op = Op::Write { fua: true };
+        // While member `l` is being replaced the record goes to the replacement too, as
+        // its data writes do (`Self::mirror_of`): once the replacement takes the slot its
+        // log is the one recovery reads, and it must hold every record whose writes may
+        // not be durable yet (the replacement's area was initialised empty when it
+        // joined, as md's `ppl_modify_log` writes an empty header on a new device).
+        let mirror = self.mirror_of(l as u16, op);
+        for dev in std::iter::once(l as u16).chain(mirror) {
+            // SAFETY: the record buffer belongs to this log and is not touched again
+            // until every write of the record completes (the log stays in `Writing`
+            // until its in-flight set is empty); both devices only read it.
+            let buf = unsafe {
+                IoBuf::from_raw(
+                    std::ptr::NonNull::new(ptr).expect("non-null buffer"),
+                    record_bytes as u32,
+                    None,
+                )
+            };
+            self.ppl_send(l, dev, op, offset, record_bytes as u32, buf);
+        }
     }
 
-    /// Sends one of log `l`'s requests (record write or flush) to member `member`.
+    /// Sends one of log `l`'s requests (record write or flush) to device entry `member`
+    /// (a member slot, or a live replacement).
     fn ppl_send(&mut self, l: usize, member: u16, op: Op, offset: u64, len: u32, buf: IoBuf) {
         let req = Request {
             tag: self.tag_of(self.ppl_sop(l), member),
@@ -401,9 +429,10 @@ impl<C: Channel> Array<C> {
         } else {
             m.counters.flushes += 1;
         }
+        let id = m.id;
         let log = &mut self.ppl.as_mut().expect("attached").logs[l];
-        debug_assert_eq!(log.in_flight & (1 << member), 0, "one request per member");
-        log.in_flight |= 1 << member;
+        debug_assert_eq!(log.in_flight & (1 << id), 0, "one request per device");
+        log.in_flight |= 1 << id;
         log.issued_ns = self.now;
         self.send(member, IoClass::Flush, req);
     }
@@ -508,15 +537,22 @@ impl<C: Channel> Array<C> {
         self.parity.streaming(false).fold_q(&data, q_new, dst);
     }
 
-    /// A record write or flush of log `l` to `member` is back.
-    pub(super) fn ppl_io_done(&mut self, l: usize, member: u16, status: Result<(), IoError>) {
+    /// A record write or flush of log `l` to device entry `member` (device id `id`) is
+    /// back.
+    pub(super) fn ppl_io_done(
+        &mut self,
+        l: usize,
+        member: u16,
+        id: u16,
+        status: Result<(), IoError>,
+    ) {
         let log = &mut self.ppl.as_mut().expect("attached").logs[l];
-        if log.in_flight & (1 << member) == 0 {
+        if log.in_flight & (1 << id) == 0 {
             // The late completion of a request already timed out and counted.
             self.stats.stray_completions += 1;
             return;
         }
-        log.in_flight &= !(1 << member);
+        log.in_flight &= !(1 << id);
         if let Err(e) = status {
             self.members[usize::from(member)].counters.errors += 1;
             // md fails the log's member when its record write fails (`ppl_log_endio`);
@@ -526,6 +562,9 @@ impl<C: Channel> Array<C> {
         }
         let p = self.ppl.as_mut().expect("attached");
         match p.logs[l].state {
+            // The record's copy on the other device (the member or its replacement) is
+            // still out.
+            LogState::Writing { .. } if p.logs[l].in_flight != 0 => {}
             LogState::Writing { ticket } => {
                 let record = std::mem::take(&mut p.logs[l].record);
                 let n = record.len() as u32;
@@ -589,11 +628,17 @@ impl<C: Channel> Array<C> {
         let written = p.logs[l].written;
         let mut flushes = 0;
         for m in 0..self.slots() as u16 {
-            if written & (1 << m) == 0 || !self.needs_flush(m) {
+            if written & (1 << m) == 0 {
                 continue;
             }
-            flushes += 1;
-            self.ppl_send(l, m, Op::Flush, 0, 0, IoBuf::NONE);
+            // A member being replaced: its replacement got the same writes.
+            let mirror = self.mirror_of(m, Op::Write { fua: false });
+            for dev in std::iter::once(m).chain(mirror) {
+                if self.needs_flush(dev) {
+                    flushes += 1;
+                    self.ppl_send(l, dev, Op::Flush, 0, 0, IoBuf::NONE);
+                }
+            }
         }
         let p = self.ppl.as_mut().expect("attached");
         if flushes == 0 {
@@ -625,8 +670,13 @@ impl<C: Channel> Array<C> {
             // Abort again only after another full timeout.
             log.issued_ns = self.now;
             let mask = log.in_flight;
-            for m in 0..self.slots() as u16 {
-                if mask & (1 << m) != 0 {
+            for id in 0..u128::BITS as u16 {
+                if mask & (1 << id) == 0 {
+                    continue;
+                }
+                // Every device with a request in flight keeps its entry
+                // (`Self::entry_busy`).
+                if let Some(m) = self.entry_of_id(id) {
                     any = true;
                     self.time_out(self.ppl_sop(l), m);
                 }

@@ -183,6 +183,17 @@ fn drain_and_check_read_back(
     assert!(whole[..] == reference[..], "{what}: read-back differs");
 }
 
+/// Every shard's counters added up.
+fn total_stats(w: &World) -> ArrayStats {
+    w.arr
+        .shards()
+        .iter()
+        .fold(ArrayStats::default(), |mut a, s| {
+            a.add(&s.stats());
+            a
+        })
+}
+
 /// A xorshift64 generator seeded from `seed`: the tests' reproducible random stream.
 fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -234,14 +245,7 @@ fn run(level: Level, members: u16, shards: usize, seed: u64) {
         &what,
     );
 
-    let stats = w
-        .arr
-        .shards()
-        .iter()
-        .fold(ArrayStats::default(), |mut a, s| {
-            a.add(&s.stats());
-            a
-        });
+    let stats = total_stats(&w);
     assert!(stats.ppl_records > 0, "no PPL record written");
     // Idle: the member queues count nothing in the devices, record writes and flushes
     // (their tags' operation indices lie past the stripe operations') included.
@@ -569,4 +573,122 @@ fn full_stripe_ppl_case(level: Level, members: u16, shards: usize, lost: &[u16])
             check_raid6_records(&images, &geo, &w.uuid, seed);
         }
     }
+}
+
+/// A member replaced under random writes on an array with a PPL: the replacement gets a
+/// copy of every record written while it is live, so when it takes the slot its log holds
+/// the newest record of the replaced member's; and a record write or flush still in
+/// flight to the leaving device when it leaves completes normally (it once came back as a
+/// stray completion there and its log waited for it forever, stalling every write of the
+/// stripe). Both shard counts; the seeds include swaps with a log request in flight to
+/// the leaving device (asserted, so the case cannot go untested).
+#[test]
+fn a_replaced_member_hands_its_log_to_the_replacement() {
+    let mut swaps_with_log_io = 0;
+    for seed in 0..24u64 {
+        let shards = 1 + (seed % 2) as usize;
+        swaps_with_log_io += replace_under_writes(shards, seed);
+    }
+    assert!(
+        swaps_with_log_io > 0,
+        "no swap found a log request in flight to the leaving device"
+    );
+}
+
+/// One case of [`a_replaced_member_hands_its_log_to_the_replacement`]; returns how many
+/// shards swapped with a log request still in flight to the leaving device.
+fn replace_under_writes(shards: usize, seed: u64) -> u32 {
+    let (members, chunk, stripes) = (5u16, 8192u64, 8u64);
+    let mut w = world(Level::Raid5, members, chunk, stripes, shards, seed);
+    let cap = w.arr.geometry().capacity_bytes();
+    let mut reference = vec![0u8; cap as usize];
+    let mut next = xorshift(seed + 100);
+    let (mut inflight, mut done, mut tag) = (Vec::new(), Vec::new(), 1u64);
+    let slot = (seed % u64::from(members)) as u16;
+    let new = SimDevice::new(
+        "r",
+        DATA_OFFSET + stripes * chunk,
+        512,
+        Profile::nvme_ssd(),
+        w.clock.clone(),
+        seed + 7,
+    )
+    .unwrap();
+    let chans = (0..shards).map(|_| new.open_channel().unwrap()).collect();
+    let what = format!("seed {seed} shards {shards} slot {slot}");
+    // Writes under way before the replace starts, and all through it.
+    let mut write = |w: &mut World, inflight: &mut Vec<Inflight>, tag: &mut u64| {
+        let len = 512 * (1 + next() % 24);
+        let off = (next() % ((cap - len) / 512)) * 512;
+        let fua = next().is_multiple_of(4);
+        submit_unless_overlapping(w, inflight, tag, (off, len, fua), &mut next);
+    };
+    for _ in 0..8 {
+        write(&mut w, &mut inflight, &mut tag);
+    }
+    w.arr.start_replace(slot, chans, 0).unwrap();
+    let mut with_log_io = 0;
+    let t0 = w.clock.now_ns();
+    while w.arr.replacement().unwrap().state != ReplaceState::Done {
+        assert!(
+            w.clock.now_ns() - t0 < DEFAULT_IO_TIMEOUT_NS,
+            "{what}: the replace does not finish"
+        );
+        if inflight.len() < 12 {
+            write(&mut w, &mut inflight, &mut tag);
+        }
+        step(&mut w, &mut done);
+        retire(&mut done, &mut inflight, &mut reference, seed);
+    }
+    let old = w.devs[usize::from(slot)].clone();
+    for sh in w.arr.shards() {
+        // The leaving device is the extra entry until its requests are back.
+        if sh.members.len() > sh.slots() {
+            let id = sh.members[sh.slots()].id;
+            with_log_io += u32::from(sh.ppl_in_flight_to(usize::from(id)));
+        }
+    }
+    let t1 = w.clock.now_ns();
+    while !inflight.is_empty() {
+        assert!(
+            w.clock.now_ns() - t1 < DEFAULT_IO_TIMEOUT_NS,
+            "{what}: writes stall after the swap"
+        );
+        step(&mut w, &mut done);
+        retire(&mut done, &mut inflight, &mut reference, seed);
+    }
+    let stats = total_stats(&w);
+    assert_eq!(stats.stray_completions, 0, "{what}");
+    assert_eq!(stats.timeouts, 0, "{what}");
+    // The replaced member's newest record (every record reached it before it left) is on
+    // the replacement at the same place — or a newer record of the replacement's own,
+    // written after the swap, lies over it.
+    let usable = AREA_BYTES / 512;
+    let mut area = vec![0u8; AREA_BYTES as usize];
+    old.peek(AREA_OFFSET, &mut area);
+    let was = scan_area(&area, usable, &w.uuid)
+        .newest
+        .unwrap_or_else(|| panic!("{what}: the replaced member logged nothing"));
+    let at = AREA_OFFSET + was.offset_sectors * 512;
+    let mut hdr = vec![0u8; crate::metadata::ppl::PPL_HEADER_SIZE];
+    new.peek(at, &mut hdr);
+    let there = crate::metadata::ppl::PplHeader::decode_for(&hdr, &w.uuid).unwrap_or_else(|e| {
+        panic!("{what}: no record on the replacement where the newest was: {e}")
+    });
+    assert!(
+        there == was.header || there.generation > was.header.generation,
+        "{what}: the replacement lacks the newest record ({} there, {} on the old member)",
+        there.generation,
+        was.header.generation
+    );
+    w.devs[usize::from(slot)] = new;
+    let mut whole = AlignedBuf::zeroed(cap as usize);
+    submit(&mut w, 0, ArrayOp::Read, 0, &mut whole);
+    while done.is_empty() {
+        step(&mut w, &mut done);
+    }
+    assert_eq!(done[0].status, Ok(()), "{what}");
+    assert!(whole[..] == reference[..], "{what}: read-back differs");
+    assert!(w.arr.shards().iter().all(|s| !s.busy()), "{what}");
+    with_log_io
 }

@@ -427,7 +427,8 @@ impl NewArray {
     ///   default when each member contributes more than 100 GiB; else `resync`;
     /// - `ppl`: md's PPL on RAID5 (mdadm allows level 5 only) and ferroraid's RAID6 PPL
     ///   extension on RAID6 (which kernel md cannot assemble); no internal bitmap
-    ///   ([`CreateError::PolicyConflict`]; `Auto` means none);
+    ///   ([`CreateError::PolicyConflict`]; `Auto` means none); at most
+    ///   [`crate::ppl::MAX_PPL_MEMBERS`] members ([`CreateError::PolicyConflict`]);
     /// - `resync`: no internal bitmap ([`CreateError::PolicyConflict`]);
     /// - `bitmap`: the internal bitmap (`Auto` becomes one; mdadm requires
     ///   `--bitmap=internal` spelled out), not `BitmapChoice::None`
@@ -457,6 +458,14 @@ impl NewArray {
                 p,
                 "needs an internal write-intent bitmap, but none was asked for (--bitmap none)",
             ),
+            (Some(p @ ConsistencyPolicy::Ppl), _)
+                if self.geometry.members() > crate::ppl::MAX_PPL_MEMBERS =>
+            {
+                conflict(
+                    p,
+                    "supports at most 64 members (md's limit, raid5-ppl.c ppl_init_log)",
+                )
+            }
             (Some(p), _) => Ok(p),
         }
     }

@@ -1573,6 +1573,18 @@ fn consistency_policy_refusals_follow_mdadm() {
     a.bitmap = BitmapChoice::None;
     let e = a.superblocks(&sizes, &mut rng()).unwrap_err();
     assert!(e.to_string().contains("needs an internal"), "{e}");
+    // md's PPL covers at most 64 members (`ppl_init_log`): 64 take it, 65 do not.
+    for (n, ok) in [(64u16, true), (65, false)] {
+        let mut wide = new_array(Level::Raid5, n, true);
+        wide.consistency_policy = Some(ConsistencyPolicy::Ppl);
+        let got = wide.policy(64 * MIB_SECTORS);
+        if ok {
+            assert_eq!(got, Ok(ConsistencyPolicy::Ppl));
+        } else {
+            let e = got.unwrap_err();
+            assert!(e.to_string().contains("at most 64 members"), "{e}");
+        }
+    }
 
     // resync: no bitmap, no PPL, mdadm's usual offset; bitmap: one even on a small array.
     a.consistency_policy = Some(ConsistencyPolicy::Resync);
@@ -1903,6 +1915,15 @@ fn policy_switch_refusals_name_the_reason() {
     let msg = |sbs: &[Superblock], to| refused(sbs, to).to_string();
 
     assert!(msg(&sbs, ConsistencyPolicy::Bitmap).contains("only ppl and resync"));
+    // Too many members for a PPL: switching to ppl is refused, to resync is not checked.
+    let mut wide = switch(&sbs, ConsistencyPolicy::Resync).unwrap();
+    for sb in &mut wide {
+        sb.raid_disks = 65;
+    }
+    assert_eq!(
+        refused(&wide, ConsistencyPolicy::Ppl),
+        PolicyChangeError::PplMembers { members: 65 }
+    );
     assert_eq!(
         refused(&[], ConsistencyPolicy::Resync),
         PolicyChangeError::Empty

@@ -322,6 +322,16 @@ pub enum PolicyChangeError {
         /// Why.
         error: SuperblockError,
     },
+    /// A PPL asked for an array of more members than a PPL supports
+    /// ([`crate::ppl::MAX_PPL_MEMBERS`], md's limit).
+    #[error(
+        "a PPL supports at most 64 members (md's limit, raid5-ppl.c ppl_init_log); the \
+         array has {members}"
+    )]
+    PplMembers {
+        /// `raid_disks`.
+        members: u32,
+    },
     /// A superblock of another array among the ones given.
     #[error(
         "superblock {index} belongs to array {uuid}, not {expected}: give the members of one array"
@@ -487,7 +497,8 @@ pub fn mdadm_ppl_placement(sb: &Superblock) -> Result<(i16, u16), i64> {
 /// # Errors
 /// In this order: [`PolicyChangeError::Target`] (`bitmap`), [`PolicyChangeError::Empty`],
 /// [`PolicyChangeError::Superblock`] (one ferroraid cannot serve),
-/// [`PolicyChangeError::ForeignArray`], [`PolicyChangeError::Dirty`],
+/// [`PolicyChangeError::ForeignArray`], [`PolicyChangeError::PplMembers`],
+/// [`PolicyChangeError::Dirty`],
 /// [`PolicyChangeError::Faulty`], [`PolicyChangeError::EventsDiffer`] (an active member
 /// not at the newest events), [`PolicyChangeError::Recovering`],
 /// [`PolicyChangeError::DuplicateRole`], [`PolicyChangeError::MissingRole`],
@@ -513,6 +524,11 @@ pub fn switch_consistency_policy(
                 expected: current[0].set_uuid,
             });
         }
+    }
+    if to == ConsistencyPolicy::Ppl && newest.raid_disks > u32::from(crate::ppl::MAX_PPL_MEMBERS) {
+        return Err(PolicyChangeError::PplMembers {
+            members: newest.raid_disks,
+        });
     }
     if !newest.is_clean() {
         return Err(PolicyChangeError::Dirty {

@@ -204,6 +204,13 @@ pub fn min_area_bytes(chunk_bytes: u32) -> u64 {
     3 * PPL_HEADER_SIZE as u64 + u64::from(chunk_bytes)
 }
 
+/// The most members an array with a Partial Parity Log may have: 64, md's limit
+/// (raid5-ppl.c `ppl_init_log`: "PPL doesn't support over %d disks", one bit per disk
+/// in `disk_flush_bitmap`, an `unsigned long`). ferroraid's logs keep one bit per member
+/// in the same way ([`crate::array::Array::attach_ppl`]); create, the policy switch and
+/// assembly refuse more.
+pub const MAX_PPL_MEMBERS: u16 = 64;
+
 /// What every shard of a RAID5 array with a PPL shares: one [`PplLog`] per member, where
 /// the area lies on each member, and the array's signature.
 #[derive(Debug)]
