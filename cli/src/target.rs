@@ -1962,6 +1962,14 @@ fn prepare_ppl(
     use drivers::ppl_io::PplFiles;
     use engine::ppl::{recover, reinit_areas, PplLayout, PplShared};
     let members = usize::from(geo.geometry().members());
+    if members > usize::from(engine::ppl::MAX_PPL_MEMBERS) {
+        anyhow::bail!(
+            "the array has {members} members and a partial parity log: a PPL supports at \
+             most {} (md's limit, raid5-ppl.c ppl_init_log); switch it to the resync \
+             policy (ferroraid grow --consistency-policy resync)",
+            engine::ppl::MAX_PPL_MEMBERS
+        );
+    }
     let present: Vec<bool> = (0..members)
         .map(|r| {
             paths.get(r).is_some_and(Option::is_some)

@@ -2764,3 +2764,89 @@ fn serve_tells_systemd_it_is_ready_only_once_the_export_answers() {
         "the reason, as on stderr: {failed:?}"
     );
 }
+
+/// The PPL area (byte offset, bytes) of member file `p`, from its superblock.
+fn ppl_area_of(p: &Path) -> (u64, u64) {
+    let sb = drivers::metadata_io::read_superblock(p).unwrap();
+    let (off, size) = sb.ppl();
+    assert!(size > 0, "{}: no PPL area", p.display());
+    let at = (sb.super_offset as i64 + i64::from(off)) as u64 * 512;
+    (at, u64::from(size) * 512)
+}
+
+/// A device joining an array with a Partial Parity Log starts with an empty log, as md
+/// writes one when a device joins (`ppl_modify_log`): a replacement whose PPL area holds
+/// records of this array from an earlier run (same signature, so recovery would take
+/// them for its own) has them wiped before it takes the slot, and so does a spare added
+/// later.
+#[test]
+fn a_device_joining_a_ppl_array_starts_with_an_empty_log() {
+    if tool("qemu-io").is_none() {
+        return;
+    }
+    let mut fx = TargetFixture::builder(5, 4)
+        .name("ppl-join")
+        .consistency_policy("ppl")
+        .rpc()
+        .build()
+        .expect("no tool needed");
+    let d = fx.dir().to_path_buf();
+    let mut reference = vec![0u8; 16 * MIB as usize];
+    qemu_io_patterns(fx.srv(), &d, &mut reference);
+    fx.stop();
+    let members = fx.array.members.clone();
+    let (at, len) = ppl_area_of(&members[0]);
+    let mut stale = vec![0u8; len as usize];
+    fs::File::open(&members[0])
+        .unwrap()
+        .read_exact_at(&mut stale, at)
+        .unwrap();
+    assert!(
+        stale.iter().skip(4096).any(|&b| b != 0),
+        "the first run left no record to go stale"
+    );
+    // Two blank devices (no superblock) carrying the first run's log of member 0.
+    let joining: Vec<PathBuf> = member_files(&d, "joining", 2, MEMBER_BYTES);
+    for p in &joining {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .write_all_at(&stale, at)
+            .unwrap();
+    }
+    let rpc = fx.rpc_arg();
+    let srv = fx.serve("again", &members, &["--rpc", &rpc]);
+    // Assembly re-initialised every member's area; nothing has been written since.
+    let mut empty = vec![0u8; len as usize];
+    fs::File::open(&members[1])
+        .unwrap()
+        .read_exact_at(&mut empty, at)
+        .unwrap();
+    assert_ne!(empty, stale);
+    let text = srv.mgmt(
+        &[
+            OsStr::new("replace"),
+            members[2].as_os_str(),
+            joining[0].as_os_str(),
+        ],
+        0,
+    );
+    assert!(text.contains("replace done"), "{text}");
+    let text = srv.mgmt(&[OsStr::new("add"), joining[1].as_os_str()], 0);
+    assert!(text.contains("spare"), "{text}");
+    for p in &joining {
+        let mut area = vec![0u8; len as usize];
+        fs::File::open(p)
+            .unwrap()
+            .read_exact_at(&mut area, at)
+            .unwrap();
+        assert!(
+            area == empty,
+            "{}: its PPL area is not the empty log of this run",
+            p.display()
+        );
+    }
+    let mut srv = srv;
+    srv.stop();
+}

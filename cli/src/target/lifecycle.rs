@@ -480,6 +480,25 @@ impl Shared {
         })
     }
 
+    /// On an array with a Partial Parity Log, writes the PPL area of device `p` (the user's
+    /// `path`), which joins the array with superblock `sb`, as a new member's is written
+    /// (zeroes and an empty header, [`metadata_io::write_init_ppl`]) — md does the same
+    /// when a device joins a log (raid5-ppl.c `ppl_modify_log` → `ppl_write_empty_header`):
+    /// records the device holds from an earlier life in this array (same signature) could
+    /// otherwise look newer than this run's to recovery. Call it before the device can be
+    /// written by the engine. Nothing without a PPL.
+    ///
+    /// # Errors
+    /// [`RpcError`] `device_unusable` when the write fails.
+    fn init_joining_ppl(&self, p: &Path, sb: &Superblock, path: &str) -> Result<(), RpcError> {
+        if self.assembly.ppl.is_none() {
+            return Ok(());
+        }
+        let area = engine::metadata::empty_ppl_area(&sb.set_uuid, sb.ppl().1);
+        metadata_io::write_init_ppl(p, sb, &area)
+            .map_err(|e| RpcError::device_unusable(path, format!("initialising its PPL area: {e}")))
+    }
+
     /// A free slot (`dev_number`) for a device joining, and the newest superblock.
     fn free_slot(meta: &Meta) -> Result<(u32, Superblock), RpcError> {
         let newest = meta
@@ -525,6 +544,7 @@ impl Shared {
             engine::metadata::Uuid::random(&mut rand::thread_rng()),
             data_size,
         );
+        self.init_joining_ppl(&p, &sb, path)?;
         metadata_io::write_superblock(&p, &sb)
             .map_err(|e| RpcError::device_unusable(path, format!("writing its superblock: {e}")))?;
         meta.members.push(MemberMeta {
@@ -675,6 +695,7 @@ impl Shared {
         sb.events = newest.events;
         sb.resync_offset = newest.resync_offset;
         sb.dev_roles.clone_from(&newest.dev_roles);
+        self.init_joining_ppl(&p, &sb, path)?;
         meta.members.push(MemberMeta {
             role: Some(role),
             path: p.clone(),
@@ -1095,6 +1116,12 @@ impl Shared {
                     meta.members[idx].spare = Some(dev);
                     return Err(RpcError::process_refused(e));
                 }
+                if let Err(e) =
+                    self.init_joining_ppl(&meta.members[idx].path, &meta.members[idx].sb, new)
+                {
+                    meta.members[idx].spare = Some(dev);
+                    return Err(e);
+                }
                 let m = &mut meta.members[idx];
                 m.role = Some(role);
                 m.replacement = true;
@@ -1123,6 +1150,7 @@ impl Shared {
                     engine::metadata::Uuid::random(&mut rand::thread_rng()),
                     data_size,
                 );
+                self.init_joining_ppl(&p, &sb, new)?;
                 metadata_io::write_superblock(&p, &sb).map_err(|e| {
                     RpcError::device_unusable(new, format!("writing its superblock: {e}"))
                 })?;
