@@ -2835,18 +2835,42 @@ fn a_device_joining_a_ppl_array_starts_with_an_empty_log() {
     assert!(text.contains("replace done"), "{text}");
     let text = srv.mgmt(&[OsStr::new("add"), joining[1].as_os_str()], 0);
     assert!(text.contains("spare"), "{text}");
-    for p in &joining {
+    let area_of = |p: &Path| {
         let mut area = vec![0u8; len as usize];
         fs::File::open(p)
             .unwrap()
             .read_exact_at(&mut area, at)
             .unwrap();
+        area
+    };
+    for p in &joining {
         assert!(
-            area == empty,
+            area_of(p) == empty,
             "{}: its PPL area is not the empty log of this run",
             p.display()
         );
     }
     let mut srv = srv;
+    srv.stop();
+    // A spare known since assembly (its area untouched by it) that a failure promotes.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&joining[1])
+        .unwrap()
+        .write_all_at(&stale, at)
+        .unwrap();
+    let mut now = members.clone();
+    now[2] = joining[0].clone();
+    now.push(joining[1].clone());
+    let mut srv = fx.serve("promote", &now, &["--rpc", &rpc]);
+    srv.mgmt(&[OsStr::new("fail"), members[3].as_os_str()], 0);
+    let spare = joining[1].to_str().unwrap().to_string();
+    srv.wait_status("the spare taking member 3's role", |st, _| {
+        st["members"][3]["device"].as_str() == Some(spare.as_str())
+    });
+    assert!(
+        area_of(&joining[1]) == empty,
+        "the promoted spare's PPL area is not the empty log of this run"
+    );
     srv.stop();
 }

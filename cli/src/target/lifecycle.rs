@@ -862,6 +862,13 @@ impl Shared {
             .take()
             .context("a spare has its device open")?;
         let path = meta.members[idx].path.clone();
+        // A spare known since assembly has not had its log emptied in this run.
+        if let Err(e) =
+            self.init_joining_ppl(&path, &meta.members[idx].sb, &path.display().to_string())
+        {
+            meta.members[idx].spare = Some(dev);
+            bail!("{}: {}", path.display(), e.message);
+        }
         meta.members[idx].role = Some(role);
         meta.record_with(
             &[],
