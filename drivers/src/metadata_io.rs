@@ -355,7 +355,29 @@ pub fn write_init_ppl(
     sb: &Superblock,
     area: &[u8],
 ) -> Result<(), MetadataIoError> {
-    let path = path.as_ref();
+    write_ppl_area(path.as_ref(), sb, Some(area))
+}
+
+/// Zeroes the whole PPL area of the member at `path` (superblock `sb`), then
+/// `fdatasync`: no record of an earlier life survives, and none is valid at its start
+/// either, so until the running array's log reaches the start of this area again
+/// recovery finds no log on it — which it counts as a mismatch (and a dirty array is
+/// resynced) rather than reading an empty, clean log. For a device that joins a running
+/// array, whose log continues wherever the array's log stands (see
+/// `engine::ppl::PplLog::rewind`).
+///
+/// # Errors
+/// As [`write_init_ppl`], less the header checks.
+pub fn wipe_ppl(path: impl AsRef<Path>, sb: &Superblock) -> Result<(), MetadataIoError> {
+    write_ppl_area(path.as_ref(), sb, None)
+}
+
+/// [`write_init_ppl`] (`area` given, checked) or [`wipe_ppl`] (`None`: zeroes).
+fn write_ppl_area(
+    path: &Path,
+    sb: &Superblock,
+    area: Option<&[u8]>,
+) -> Result<(), MetadataIoError> {
     let refuse = |why: String| MetadataIoError::Ppl {
         path: path.to_path_buf(),
         why,
@@ -366,6 +388,15 @@ pub fn write_init_ppl(
         Err(e) => return Err(refuse(e.to_string())),
     };
     let len = u64::from(ppl.size_sectors) * 512;
+    let wipe = area.is_none();
+    let zeroes;
+    let area = match area {
+        Some(a) => a,
+        None => {
+            zeroes = vec![0u8; len as usize];
+            &zeroes[..]
+        }
+    };
     if area.len() as u64 != len {
         return Err(refuse(format!(
             "{} bytes given for a {len}-byte area",
@@ -373,11 +404,13 @@ pub fn write_init_ppl(
         )));
     }
     // ppl_area() guarantees room for the header and a page: the slice is in bounds.
-    PplHeader::decode_for(&area[..PPL_HEADER_SIZE], &sb.set_uuid).map_err(|e| {
-        refuse(format!(
-            "the area does not start with this array's header: {e}"
-        ))
-    })?;
+    if !wipe {
+        PplHeader::decode_for(&area[..PPL_HEADER_SIZE], &sb.set_uuid).map_err(|e| {
+            refuse(format!(
+                "the area does not start with this array's header: {e}"
+            ))
+        })?;
+    }
     if needs_back_end(path) {
         return Err(refuse(
             "members reached through their back end (NVMe generic devices, vfio) are not \

@@ -2774,13 +2774,14 @@ fn ppl_area_of(p: &Path) -> (u64, u64) {
     (at, u64::from(size) * 512)
 }
 
-/// A device joining an array with a Partial Parity Log starts with an empty log, as md
-/// writes one when a device joins (`ppl_modify_log`): a replacement whose PPL area holds
-/// records of this array from an earlier run (same signature, so recovery would take
-/// them for its own) has them wiped before it takes the slot, and so does a spare added
-/// later.
+/// A device joining an array with a Partial Parity Log has its PPL area zeroed first: a
+/// replacement whose area holds records of this array from an earlier run (same
+/// signature, so recovery would take them for its own) has them wiped before it takes
+/// the slot, and so do a spare added later and a spare known since assembly that a
+/// failure promotes. (Zeroes, not md's empty header: the running log goes on past the
+/// area's start, and the engine rewinds the slot's log there at the swap.)
 #[test]
-fn a_device_joining_a_ppl_array_starts_with_an_empty_log() {
+fn a_device_joining_a_ppl_array_has_its_log_wiped() {
     if tool("qemu-io").is_none() {
         return;
     }
@@ -2817,13 +2818,7 @@ fn a_device_joining_a_ppl_array_starts_with_an_empty_log() {
     }
     let rpc = fx.rpc_arg();
     let srv = fx.serve("again", &members, &["--rpc", &rpc]);
-    // Assembly re-initialised every member's area; nothing has been written since.
-    let mut empty = vec![0u8; len as usize];
-    fs::File::open(&members[1])
-        .unwrap()
-        .read_exact_at(&mut empty, at)
-        .unwrap();
-    assert_ne!(empty, stale);
+    let empty = vec![0u8; len as usize];
     let text = srv.mgmt(
         &[
             OsStr::new("replace"),
@@ -2846,7 +2841,7 @@ fn a_device_joining_a_ppl_array_starts_with_an_empty_log() {
     for p in &joining {
         assert!(
             area_of(p) == empty,
-            "{}: its PPL area is not the empty log of this run",
+            "{}: its PPL area was not wiped",
             p.display()
         );
     }
@@ -2870,7 +2865,7 @@ fn a_device_joining_a_ppl_array_starts_with_an_empty_log() {
     });
     assert!(
         area_of(&joining[1]) == empty,
-        "the promoted spare's PPL area is not the empty log of this run"
+        "the promoted spare's PPL area was not wiped"
     );
     srv.stop();
 }

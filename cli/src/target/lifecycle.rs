@@ -480,13 +480,18 @@ impl Shared {
         })
     }
 
-    /// On an array with a Partial Parity Log, writes the PPL area of device `p` (the user's
-    /// `path`), which joins the array with superblock `sb`, as a new member's is written
-    /// (zeroes and an empty header, [`metadata_io::write_init_ppl`]) — md does the same
-    /// when a device joins a log (raid5-ppl.c `ppl_modify_log` → `ppl_write_empty_header`):
-    /// records the device holds from an earlier life in this array (same signature) could
-    /// otherwise look newer than this run's to recovery. Call it before the device can be
-    /// written by the engine. Nothing without a PPL.
+    /// On an array with a Partial Parity Log, zeroes the PPL area of device `p` (the
+    /// user's `path`), which joins the array with superblock `sb`
+    /// ([`metadata_io::wipe_ppl`]): records the device holds from an earlier life in this
+    /// array (same signature) could otherwise look newer than this run's to recovery (md
+    /// writes an empty header when a device joins a log, raid5-ppl.c `ppl_modify_log` →
+    /// `ppl_write_empty_header`). Not an empty header: the array's log goes on wherever it
+    /// stands, past the area's start, and an empty header there would read as a clean,
+    /// empty log and hide those records from recovery's walk; a zeroed start reads as no
+    /// log (a mismatch, so a dirty array is resynced) until the log comes back to it —
+    /// the engine rewinds it there when the device takes its slot
+    /// (`engine::ppl::PplLog::rewind`). Call it before the engine can write the device.
+    /// Nothing without a PPL.
     ///
     /// # Errors
     /// [`RpcError`] `device_unusable` when the write fails.
@@ -494,8 +499,7 @@ impl Shared {
         if self.assembly.ppl.is_none() {
             return Ok(());
         }
-        let area = engine::metadata::empty_ppl_area(&sb.set_uuid, sb.ppl().1);
-        metadata_io::write_init_ppl(p, sb, &area)
+        metadata_io::wipe_ppl(p, sb)
             .map_err(|e| RpcError::device_unusable(path, format!("initialising its PPL area: {e}")))
     }
 

@@ -245,6 +245,10 @@ impl<C: Channel> Array<C> {
         self.check_replace(slot, ch.info())?;
         let i = ch.info();
         let max_transfer = i.max_transfer_bytes / i.block_bytes * i.block_bytes;
+        if let Some(p) = &self.ppl {
+            // The slot's log goes on at the start of the new device's (zeroed) area.
+            p.rewind_log(usize::from(slot));
+        }
         let m = &mut self.members[usize::from(slot)];
         let old = std::mem::replace(&mut m.ch, ch);
         m.state = MemberState::Rebuilding;
@@ -583,6 +587,10 @@ impl<C: Channel> Array<C> {
         let r = self.replace.expect("checked");
         let (slot, extra) = (usize::from(r.member), self.slots());
         self.cache.invalidate_all();
+        if let Some(p) = &self.ppl {
+            // The slot's log goes on at the start of the replacement's (zeroed) area.
+            p.rewind_log(slot);
+        }
         self.members.swap(slot, extra);
         let (a, b) = (self.members[slot].id, self.members[extra].id);
         self.entry_of[usize::from(a)] = slot as u16;

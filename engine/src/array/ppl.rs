@@ -32,11 +32,16 @@
 //! that corner; removing the rule fails none of them.
 //!
 //! # A member being replaced
-//! Its log's records go to the replacement too, as its data writes do: when the
-//! replacement takes the slot (`Array::complete_replace`) its log is the one recovery
-//! reads, and holds the newest record. A log's requests in flight are known by device id,
-//! so one still out to the replaced device when it leaves its slot completes normally,
-//! and the leaving device stays attached until it is back (`entry_busy`).
+//! Its log stays on the member until the replacement takes the slot
+//! (`Array::complete_replace`); then the log's next record starts the area again
+//! ([`crate::ppl::PplLog::rewind`]): the replacement's area was zeroed when it joined, and
+//! recovery walks a log from the area's start. Records written to the replacement during
+//! the copy would not help: they could not be walked to, and a record of a write logged
+//! before its member failed mid-replace would be replayed over the later unlogged writes
+//! of its stripe (a reviewing session's reproduction). A log's requests in flight are
+//! known by device id, so one still out to the replaced device when it leaves its slot
+//! completes normally, and the leaving device stays attached until it is back
+//! (`entry_busy`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -116,6 +121,14 @@ pub(super) struct PplShard {
     /// Writes waiting for an earlier write of their stripe to leave its records' turns
     /// (the deferral rule in the module docs), in arrival order.
     deferred: VecDeque<u32>,
+}
+
+impl PplShard {
+    /// Member slot `slot`'s device changed: its log's next record starts the area again
+    /// ([`crate::ppl::PplLog::rewind`], the module docs).
+    pub(super) fn rewind_log(&self, slot: usize) {
+        self.shared.log(slot).rewind();
+    }
 }
 
 impl<C: Channel> Array<C> {
@@ -390,26 +403,23 @@ impl<C: Channel> Array<C> {
         self.ppl = Some(p);
         self.stats.ppl_records += 1;
         self.stats.ppl_bytes += record_bytes;
-        let op = Op::Write { fua: true };
-        // While member `l` is being replaced the record goes to the replacement too, as
-        // its data writes do (`Self::mirror_of`): once the replacement takes the slot its
-        // log is the one recovery reads, and it must hold every record whose writes may
-        // not be durable yet (the replacement's area was initialised empty when it
-        // joined, as md's `ppl_modify_log` writes an empty header on a new device).
-        let mirror = self.mirror_of(l as u16, op);
-        for dev in std::iter::once(l as u16).chain(mirror) {
-            // SAFETY: the record buffer belongs to this log and is not touched again
-            // until every write of the record completes (the log stays in `Writing`
-            // until its in-flight set is empty); both devices only read it.
-            let buf = unsafe {
-                IoBuf::from_raw(
-                    std::ptr::NonNull::new(ptr).expect("non-null buffer"),
-                    record_bytes as u32,
-                    None,
-                )
-            };
-            self.ppl_send(l, dev, op, offset, record_bytes as u32, buf);
-        }
+        // SAFETY: the record buffer belongs to this log and is not touched again until
+        // the record write completes (the log stays in `Writing` until then).
+        let buf = unsafe {
+            IoBuf::from_raw(
+                std::ptr::NonNull::new(ptr).expect("non-null buffer"),
+                record_bytes as u32,
+                None,
+            )
+        };
+        self.ppl_send(
+            l,
+            l as u16,
+            Op::Write { fua: true },
+            offset,
+            record_bytes as u32,
+            buf,
+        );
     }
 
     /// Sends one of log `l`'s requests (record write or flush) to device entry `member`
@@ -562,9 +572,6 @@ impl<C: Channel> Array<C> {
         }
         let p = self.ppl.as_mut().expect("attached");
         match p.logs[l].state {
-            // The record's copy on the other device (the member or its replacement) is
-            // still out.
-            LogState::Writing { .. } if p.logs[l].in_flight != 0 => {}
             LogState::Writing { ticket } => {
                 let record = std::mem::take(&mut p.logs[l].record);
                 let n = record.len() as u32;

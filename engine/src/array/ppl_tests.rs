@@ -27,6 +27,27 @@ struct World {
 }
 
 fn world(level: Level, members: u16, chunk: u64, stripes: u64, shards: usize, seed: u64) -> World {
+    world_with(
+        level,
+        members,
+        chunk,
+        stripes,
+        shards,
+        seed,
+        Profile::nvme_ssd(),
+    )
+}
+
+/// [`world`] on members of profile `profile`.
+fn world_with(
+    level: Level,
+    members: u16,
+    chunk: u64,
+    stripes: u64,
+    shards: usize,
+    seed: u64,
+    profile: Profile,
+) -> World {
     let g = Geometry::new(level, Layout::LeftSymmetric, members, chunk, 512).unwrap();
     let geo = ArrayGeometry::new(g, stripes).unwrap();
     let clock = SimClock::new();
@@ -36,7 +57,7 @@ fn world(level: Level, members: u16, chunk: u64, stripes: u64, shards: usize, se
                 &format!("d{i}"),
                 DATA_OFFSET + stripes * chunk,
                 512,
-                Profile::nvme_ssd(),
+                profile.clone(),
                 clock.clone(),
                 seed ^ u64::from(i),
             )
@@ -575,13 +596,14 @@ fn full_stripe_ppl_case(level: Level, members: u16, shards: usize, lost: &[u16])
     }
 }
 
-/// A member replaced under random writes on an array with a PPL: the replacement gets a
-/// copy of every record written while it is live, so when it takes the slot its log holds
-/// the newest record of the replaced member's; and a record write or flush still in
-/// flight to the leaving device when it leaves completes normally (it once came back as a
-/// stray completion there and its log waited for it forever, stalling every write of the
-/// stripe). Both shard counts; the seeds include swaps with a log request in flight to
-/// the leaving device (asserted, so the case cannot go untested).
+/// A member replaced under random writes on an array with a PPL: a record write or flush
+/// still in flight to the leaving device when it leaves its slot completes normally (it
+/// once came back as a stray completion there and its log waited for it forever,
+/// stalling every write of the stripe); and once the replacement holds the slot, the
+/// slot's next record lies at the start of its area, where recovery's walk begins (the
+/// log is rewound at the swap), so the walk finds the newest record there is. Both shard
+/// counts; the seeds include swaps with a log request in flight to the leaving device
+/// (asserted, so the case cannot go untested).
 #[test]
 fn a_replaced_member_hands_its_log_to_the_replacement() {
     let mut swaps_with_log_io = 0;
@@ -660,26 +682,52 @@ fn replace_under_writes(shards: usize, seed: u64) -> u32 {
     let stats = total_stats(&w);
     assert_eq!(stats.stray_completions, 0, "{what}");
     assert_eq!(stats.timeouts, 0, "{what}");
-    // The replaced member's newest record (every record reached it before it left) is on
-    // the replacement at the same place — or a newer record of the replacement's own,
-    // written after the swap, lies over it.
+    // The replacement holds no record from before it took the slot (its area was zeroed
+    // when it joined; records are not copied to it); the slot's log was rewound at the
+    // swap, so a write logged on the slot now puts its record at the area's start, where
+    // recovery's walk begins, and the walk finds the newest record there is.
+    let g = *w.arr.geometry();
+    let on_slot = (0..stripes)
+        .find(|&s| g.stripe(s).p_member() == slot)
+        .expect("some stripe has its parity on the slot");
+    let off = on_slot * g.geometry().stripe_data_bytes();
+    let mut buf = AlignedBuf::zeroed(512);
+    buf.fill(0x6b);
+    submit(&mut w, 9_999, ArrayOp::Write { fua: true }, off, &mut buf);
+    while done.is_empty() {
+        step(&mut w, &mut done);
+    }
+    assert_eq!(done[0].status, Ok(()), "{what}");
+    done.clear();
+    reference[off as usize..off as usize + 512].copy_from_slice(&buf);
     let usable = AREA_BYTES / 512;
     let mut area = vec![0u8; AREA_BYTES as usize];
-    old.peek(AREA_OFFSET, &mut area);
-    let was = scan_area(&area, usable, &w.uuid)
+    new.peek(AREA_OFFSET, &mut area);
+    let newest_anywhere = (0..usable - 8)
+        .filter_map(|s| {
+            let at = (s * 512) as usize;
+            crate::metadata::ppl::PplHeader::decode_for(
+                &area[at..at + crate::metadata::ppl::PPL_HEADER_SIZE],
+                &w.uuid,
+            )
+            .ok()
+            .map(|h| (h.generation, s))
+        })
+        .max()
+        .unwrap_or_else(|| panic!("{what}: no record on the replacement"));
+    let walked = scan_area(&area, usable, &w.uuid)
         .newest
-        .unwrap_or_else(|| panic!("{what}: the replaced member logged nothing"));
-    let at = AREA_OFFSET + was.offset_sectors * 512;
-    let mut hdr = vec![0u8; crate::metadata::ppl::PPL_HEADER_SIZE];
-    new.peek(at, &mut hdr);
-    let there = crate::metadata::ppl::PplHeader::decode_for(&hdr, &w.uuid).unwrap_or_else(|e| {
-        panic!("{what}: no record on the replacement where the newest was: {e}")
-    });
+        .map(|r| (r.header.generation, r.offset_sectors));
+    assert_eq!(
+        walked,
+        Some(newest_anywhere),
+        "{what}: recovery's walk misses the replacement's newest record"
+    );
+    let mut old_area = vec![0u8; AREA_BYTES as usize];
+    old.peek(AREA_OFFSET, &mut old_area);
     assert!(
-        there == was.header || there.generation > was.header.generation,
-        "{what}: the replacement lacks the newest record ({} there, {} on the old member)",
-        there.generation,
-        was.header.generation
+        scan_area(&old_area, usable, &w.uuid).newest.is_some(),
+        "{what}: the replaced member logged nothing"
     );
     w.devs[usize::from(slot)] = new;
     let mut whole = AlignedBuf::zeroed(cap as usize);
@@ -692,3 +740,6 @@ fn replace_under_writes(shards: usize, seed: u64) -> u32 {
     assert!(w.arr.shards().iter().all(|s| !s.busy()), "{what}");
     with_log_io
 }
+
+#[path = "ppl_replace_tests.rs"]
+mod replace_tests;

@@ -38,7 +38,7 @@
 //! stripe's parity members, with partial P and partial Q; [`recover`] pairs the two and
 //! rebuilds from them (module `raid6`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arrayvec::ArrayVec;
 use thiserror::Error;
@@ -146,12 +146,27 @@ pub struct PplLog {
     generation: AtomicU64,
     /// Bytes from the start of the area where the next record goes.
     next_offset: AtomicU64,
+    /// The next record goes to the area's start ([`Self::rewind`]).
+    rewind: AtomicBool,
 }
 
 impl PplLog {
     /// Takes a ticket: the caller's turn comes when [`Self::serving`] equals it.
     pub fn take_ticket(&self) -> u64 {
         self.next_ticket.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// Makes the next record placed ([`Self::place_record`]) start the area again, as a
+    /// wrap does. For a log whose member device changed (a replacement took the slot):
+    /// recovery walks a log from the area's start, and the new device holds none of the
+    /// records before it took the slot (its area was zeroed when it joined), so its log
+    /// is walkable once a record lies at its start. Every shard asks when it swaps the
+    /// device in; the first record after the last of them lands there (an earlier one
+    /// may land at the start of the old device's area, a wrap there). Until then the new
+    /// device's log reads as missing (recovery counts a mismatch; the turn rule makes the
+    /// newest record the only one whose writes may not be durable).
+    pub fn rewind(&self) {
+        self.rewind.store(true, Ordering::Release);
     }
 
     /// The ticket whose turn it is.
@@ -185,7 +200,9 @@ impl PplLog {
     pub fn place_record(&self, record_bytes: u64, area_bytes: u64) -> (u64, u64) {
         let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let mut off = self.next_offset.load(Ordering::Acquire);
-        if off + record_bytes + PPL_HEADER_SIZE as u64 >= area_bytes {
+        if self.rewind.swap(false, Ordering::AcqRel)
+            || off + record_bytes + PPL_HEADER_SIZE as u64 >= area_bytes
+        {
             off = 0;
         }
         self.next_offset
