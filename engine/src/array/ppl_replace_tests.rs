@@ -514,3 +514,32 @@ fn no_record_of_a_member_failed_mid_replace_is_replayed_over_later_writes() {
     // The replacement holds no record from before it took the slot: recovery replays nothing (its log reads as missing until a record lies at its start).
     assert!(check(&m), "stripe {s1}: recovery made the parity inconsistent (replayed a stale record from the replacement's log); {rep:?}");
 }
+
+/// A failed member's slot given a new device (`replace_member`, then a rebuild onto it):
+/// the slot's log is rewound, so the first write logged on the slot puts its record at
+/// the start of the new device's zeroed area, where recovery's walk begins, and the walk
+/// finds it. 1 and 2 shards.
+#[test]
+fn a_rebuilt_slot_logs_from_the_start_of_the_new_device() {
+    for shards in [1usize, 2] {
+        let (members, chunk, stripes, slot) = (4u16, 8192u64, 8u64, 2u16);
+        let mut w = world(Level::Raid5, members, chunk, stripes, shards, 5);
+        let sb = w.arr.geometry().geometry().stripe_data_bytes();
+        let (s1, new) = parity_stripe_and_replacement(&w, slot, stripes, chunk);
+        // Records on the slot's log first, so that it stands past the area's start.
+        for t in 1..=3 {
+            write_and_settle(&mut w, t, s1 * sb, false, t as u8);
+        }
+        w.arr.fail_member(slot, IoError::Io { errno: 5 });
+        write_and_settle(&mut w, 4, s1 * sb + 512, false, 4);
+        let chans = (0..shards).map(|_| new.open_channel().unwrap()).collect();
+        w.arr.replace_member(slot, chans).unwrap();
+        write_and_settle(&mut w, 5, s1 * sb + 1024, true, 5);
+        let mut area = vec![0u8; AREA_BYTES as usize];
+        new.peek(AREA_OFFSET, &mut area);
+        let walked = scan_area(&area, AREA_BYTES / 512, &w.uuid).newest;
+        let walked = walked.unwrap_or_else(|| panic!("{shards} shards: no log on the new device"));
+        assert_eq!(walked.offset_sectors, 0, "{shards} shards");
+        assert!(walked.header.generation >= 4, "{shards} shards: {walked:?}");
+    }
+}
