@@ -101,11 +101,11 @@ struct ShardLog {
     buf: AlignedBuf,
     /// Members the record's writes reached (bit per member slot).
     written: u64,
-    /// Devices with a request of this log in flight (the record write and its copy on a
-    /// live replacement, or flushes; at most one each), by device id (`Member::id`, not
-    /// slot: a replaced member leaving its slot keeps its id until its requests are
-    /// back), and when the latest was sent (array clock, ns): for the command timeout,
-    /// and to recognise a late completion of an aborted request.
+    /// Devices with a request of this log in flight (the record write, or the turn-end
+    /// flushes of the members and a live replacement; at most one each), by device id
+    /// (`Member::id`, not slot: a replaced member leaving its slot keeps its id until its
+    /// requests are back), and when the latest was sent (array clock, ns): for the
+    /// command timeout, and to recognise a late completion of an aborted request.
     in_flight: u128,
     issued_ns: u64,
 }
