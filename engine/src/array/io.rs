@@ -274,7 +274,7 @@ impl<C: Channel> Array<C> {
     /// The device entries a write of member `member`'s chunk goes to ([`Self::io_write`]):
     /// the member and, while it is being replaced, its replacement; the replacement alone
     /// when the member has failed; none when it has failed without one.
-    fn write_targets(&self, member: u16, op: Op) -> [Option<u16>; 2] {
+    pub(super) fn write_targets(&self, member: u16, op: Op) -> [Option<u16>; 2] {
         if !self.is_failed(member) {
             [Some(member), self.mirror_of(member, op)]
         } else {

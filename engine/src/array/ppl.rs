@@ -638,9 +638,13 @@ impl<C: Channel> Array<C> {
             if written & (1 << m) == 0 {
                 continue;
             }
-            // A member being replaced: its replacement got the same writes.
-            let mirror = self.mirror_of(m, Op::Write { fua: false });
-            for dev in std::iter::once(m).chain(mirror) {
+            // The devices the record's writes to slot `m` went to: the member, and its
+            // replacement while one is live (alone once the member has failed).
+            for dev in self
+                .write_targets(m, Op::Write { fua: false })
+                .into_iter()
+                .flatten()
+            {
                 if self.needs_flush(dev) {
                     flushes += 1;
                     self.ppl_send(l, dev, Op::Flush, 0, 0, IoBuf::NONE);
