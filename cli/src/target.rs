@@ -1464,6 +1464,9 @@ impl Target {
                 device: Arc::clone(&r.device) as Arc<dyn std::any::Any + Send + Sync>,
                 resume_stripe: r.stripe,
             }),
+            // The superblocks record a replace's swap before the reactors make it
+            // (lifecycle.rs, `tend_replace`).
+            confirm_replace: true,
         };
         let devices = Arc::new(devices);
         let started = match set {
@@ -1497,6 +1500,7 @@ impl Target {
                 path: m.path.clone(),
                 checkpoint: r.stripe * chunk_sectors,
                 error_at_start: None,
+                swap_recorded: None,
             });
         }
         if let (Ok(_), Some(i)) = (&started, &intent) {
@@ -1818,6 +1822,13 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
             m.state.is_failed()
                 && !meta.recorded_failed.contains(&(*r as u16))
                 && !meta.book.swapping.contains(&(*r as u16))
+                // The replaced member of a swap already recorded: recorded out, and the
+                // swap makes the slot whole.
+                && !meta
+                    .book
+                    .replacing
+                    .as_ref()
+                    .is_some_and(|b| b.role == *r as u16 && b.swap_recorded.is_some())
                 && meta
                     .members
                     .iter()

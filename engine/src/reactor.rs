@@ -178,8 +178,9 @@ pub struct ArraySnapshot {
     /// process start a shard found busy, a replacement device it could not open), if any.
     pub control_error: Option<ControlError>,
     /// The last replacement ([`ReactorHandle::start_replace`]), merged over the reactors:
-    /// failed if any reactor failed it, done once every reactor swapped it in, else
-    /// copying; with what the reactors sent to the replacement device while it was live.
+    /// failed if any reactor failed it, done once every reactor swapped it in, copied
+    /// once every reactor copied it and it waits for [`ReactorHandle::complete_replace`]
+    /// ([`Extras::confirm_replace`]), else copying; with what the reactors sent to the replacement device while it was live.
     pub replacement: Option<ReplacementSnapshot>,
     /// How long requests waited inside the array before their first member request, ns,
     /// per [`RequestClass`] (indexed by [`RequestClass::index`]), merged over the shards.
@@ -229,6 +230,13 @@ pub enum ControlError {
         member: u16,
         /// The device error.
         why: String,
+    },
+    /// [`ReactorHandle::complete_replace`] for a replacement that every reactor has not
+    /// copied (still copying, failed while copying, or not the current one).
+    #[error("replacement {serial} has not been copied by every reactor")]
+    NotCopied {
+        /// The serial asked for.
+        serial: u64,
     },
 }
 
@@ -440,7 +448,7 @@ impl ReactorHandle {
         if snap
             .replacement
             .as_ref()
-            .is_some_and(|r| r.info.member == slot && r.info.state == ReplaceState::Copying)
+            .is_some_and(|r| r.info.member == slot && r.info.state.is_live())
         {
             return Err(ProcessError::ReplaceBusy { member: slot }.into());
         }
@@ -507,6 +515,28 @@ impl ReactorHandle {
         Ok(serial)
     }
 
+    /// Swaps replacement `serial` into its slot on every reactor ([`Array::complete_replace`]
+    /// on each shard) once every reactor has copied it ([`ReplaceState::Copied`]; only
+    /// with [`Extras::confirm_replace`], else the reactors swap by themselves). The
+    /// caller records the swap durably first. [`ArraySnapshot::replacement`] turns
+    /// [`ReplaceState::Done`] when every reactor has swapped; a replacement that failed
+    /// after its copy is not swapped and turns [`ReplaceState::Failed`]. Asking again
+    /// (before or after the swap) is harmless.
+    ///
+    /// # Errors
+    /// [`ControlError::NotCopied`] when `serial` is not the current replacement or not
+    /// every reactor has copied it.
+    pub fn complete_replace(&self, serial: u64) -> Result<(), ControlError> {
+        if serial == 0 || self.shared.replace_copied.load(Ordering::Acquire) != serial {
+            return Err(ControlError::NotCopied { serial });
+        }
+        for to in 0..self.shared.control.len() {
+            self.shared
+                .send_control(to, Control::ReplaceDone { serial });
+        }
+        Ok(())
+    }
+
     /// Whether [`Self::start_replace`] would accept a device described by `info` for
     /// member `slot` now (against the last published state).
     ///
@@ -540,11 +570,7 @@ impl ReactorHandle {
         if lost > usize::from(self.shared.geo.geometry().parity_chunks()) {
             return Err(ProcessError::ArrayFailed.into());
         }
-        if let Some(r) = snap
-            .replacement
-            .as_ref()
-            .filter(|r| r.info.state == ReplaceState::Copying)
-        {
+        if let Some(r) = snap.replacement.as_ref().filter(|r| r.info.state.is_live()) {
             return Err(ProcessError::ReplaceBusy {
                 member: r.info.member,
             }
@@ -651,6 +677,13 @@ impl ReactorHandle {
                 }
             }
         }
+        if let Some(r) = &mut out.replacement {
+            if r.info.state == ReplaceState::Copying
+                && self.shared.replace_copied.load(Ordering::Acquire) == r.info.serial
+            {
+                r.info.state = ReplaceState::Copied;
+            }
+        }
         out
     }
 
@@ -674,6 +707,7 @@ fn merge_replace(a: ReplaceState, b: ReplaceState) -> ReplaceState {
     match (a, b) {
         (ReplaceState::Failed(e), _) | (_, ReplaceState::Failed(e)) => ReplaceState::Failed(e),
         (ReplaceState::Done, ReplaceState::Done) => ReplaceState::Done,
+        // A shard never reports `Copied` (the snapshot does); `Done` alone is not all.
         _ => ReplaceState::Copying,
     }
 }
@@ -1054,6 +1088,12 @@ struct Shared {
     replace_serial: AtomicU64,
     /// Reactors whose shard has finished the current replacement.
     replaced: AtomicUsize,
+    /// The replacement takes its slot only on [`ReactorHandle::complete_replace`]
+    /// ([`Extras::confirm_replace`]), not as soon as every reactor has copied it.
+    confirm_replace: bool,
+    /// Serial of the replacement every reactor has copied and that waits for
+    /// [`ReactorHandle::complete_replace`] (0: none).
+    replace_copied: AtomicU64,
     /// When the reactors started (the handle's clock for rates).
     epoch: Instant,
     /// Stripes known to read as zeroes (block status), shared with every shard.
@@ -1102,7 +1142,7 @@ impl Shared {
 impl Shared {
     /// The state of `n` reactors serving an array of geometry `geo` whose data starts at
     /// `data_offset` bytes on members of type `device_type`; `resumed`: a replace is
-    /// resumed at start ([`RESUMED_REPLACE_SERIAL`]). Each reactor's published member
+    /// resumed at start ([`RESUMED_REPLACE_SERIAL`]). `confirm_replace` starts false. Each reactor's published member
     /// states start as `initial` ([`ArrayConfig::initial_member_states`]), so a snapshot
     /// taken before a reactor's first publication does not report a member being rebuilt
     /// (or failed) as online — the management layer would record it in sync.
@@ -1156,6 +1196,8 @@ impl Shared {
                 .collect(),
             replace_serial: AtomicU64::new(if resumed { RESUMED_REPLACE_SERIAL } else { 0 }),
             replaced: AtomicUsize::new(0),
+            confirm_replace: false,
+            replace_copied: AtomicU64::new(0),
             epoch: Instant::now(),
             rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
         }
@@ -1176,6 +1218,13 @@ pub struct Extras<P> {
     /// to the member reaches the replacement, which holds the member's data below
     /// `resume_stripe` and must not miss one.
     pub replace: Option<ResumeReplace>,
+    /// A replacement copied on every reactor waits ([`ReplaceState::Copied`], writes
+    /// still reaching both devices) until [`ReactorHandle::complete_replace`] swaps it
+    /// in, instead of swapping at once. A caller that records the swap durably (the
+    /// target's superblocks) sets it and records first: otherwise a crash between the
+    /// swap and the record restarts on the old device, which missed the writes made
+    /// after the swap, and the resumed replace copies its stale data over the new ones.
+    pub confirm_replace: bool,
 }
 
 /// A replace found in progress at assembly ([`Extras::replace`]).
@@ -1257,6 +1306,7 @@ impl<F: Frontend> Reactors<F> {
                 bitmap: None,
                 ppl: None,
                 replace: None,
+                confirm_replace: false,
             },
         )
     }
@@ -1292,6 +1342,7 @@ impl<F: Frontend> Reactors<F> {
                 bitmap,
                 ppl: None,
                 replace: None,
+                confirm_replace: false,
             },
         )
     }
@@ -1368,6 +1419,7 @@ impl<F: Frontend> Reactors<F> {
             bitmap,
             ppl,
             replace,
+            confirm_replace,
         } = extras;
         let replace = replace.map(Arc::new);
         let pacer = Arc::new(pacer);
@@ -1390,7 +1442,7 @@ impl<F: Frontend> Reactors<F> {
             ));
         }
         let mut links = Links::mesh(n).into_iter();
-        let shared = Arc::new(Shared::new(
+        let mut shared = Shared::new(
             Arc::clone(&set.host),
             geo,
             array_cfg.data_offset_bytes,
@@ -1398,7 +1450,9 @@ impl<F: Frontend> Reactors<F> {
             replace.is_some(),
             zero_map_of(&devices, &geo, array_cfg.data_offset_bytes),
             &array_cfg.initial_member_states(geo.geometry().members()),
-        ));
+        );
+        shared.confirm_replace = confirm_replace;
+        let shared = Arc::new(shared);
         // Foreign reads need more than one reactor; every slot counts at most the stripe
         // operations of all reactors and as many fast-path reads (`Array::submit`).
         let gate = (n > 1 && cfg.foreign_reads).then(|| {
@@ -2441,8 +2495,13 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
                 let count = shared.replaced.fetch_add(1, Ordering::AcqRel) + 1;
                 if count == reactors {
                     shared.replaced.store(0, Ordering::Release);
-                    for to in 0..reactors {
-                        shared.send_control(to, Control::ReplaceDone { serial: r.serial });
+                    if shared.confirm_replace {
+                        // The caller records the swap, then asks for it.
+                        shared.replace_copied.store(r.serial, Ordering::Release);
+                    } else {
+                        for to in 0..reactors {
+                            shared.send_control(to, Control::ReplaceDone { serial: r.serial });
+                        }
                     }
                 }
             }

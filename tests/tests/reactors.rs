@@ -123,6 +123,17 @@ fn start_checkers_on(
     ops: u32,
     seed: u64,
 ) -> Result<Started, engine::reactor::ReactorError> {
+    start_checkers_with(set, reactors, ops, seed, false)
+}
+
+/// [`start_checkers_on`] with [`Extras::confirm_replace`] set as given.
+fn start_checkers_with(
+    set: Option<&ReactorSet>,
+    reactors: usize,
+    ops: u32,
+    seed: u64,
+    confirm_replace: bool,
+) -> Result<Started, engine::reactor::ReactorError> {
     let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
     let geo = ArrayGeometry::new(g, STRIPES).unwrap();
     let devices: Arc<Vec<MemDevice>> = Arc::new(
@@ -153,6 +164,7 @@ fn start_checkers_on(
         bitmap: None,
         ppl: None,
         replace: None,
+        confirm_replace,
     };
     let running = match set {
         Some(set) => Reactors::start_on(
@@ -181,6 +193,15 @@ fn start_checkers_on(
 /// Checks a stopped array's front-ends saw no error and its members (via the oracle) hold
 /// parity that verifies and the data the front-ends wrote.
 fn check_stopped(what: &str, done: &[Checker], devices: &[MemDevice]) {
+    check_images(
+        what,
+        done,
+        devices.iter().map(MemDevice::contents).collect(),
+    );
+}
+
+/// [`check_stopped`] on member images (member order).
+fn check_images(what: &str, done: &[Checker], images: Vec<Vec<u8>>) {
     let mut logical = Vec::new();
     for f in done {
         assert!(
@@ -191,7 +212,6 @@ fn check_stopped(what: &str, done: &[Checker], devices: &[MemDevice]) {
         assert!(f.finished());
         logical.extend_from_slice(&f.reference);
     }
-    let images: Vec<Vec<u8>> = devices.iter().map(|d| d.contents()).collect();
     if let Some(extracted) = oracle_extract_raid6_4k(what, &images) {
         assert!(
             extracted[..logical.len()] == logical[..],
@@ -444,6 +464,87 @@ fn rebuild_onto_a_replacement_while_clients_run() {
                 "{reactors} reactors: logical image differs after the rebuild"
             );
         }
+    }
+}
+
+/// A replace with [`Extras::confirm_replace`] (the target's: it records the swap in the
+/// superblocks first): once every reactor has copied the member, the replacement waits as
+/// `Copied` and every write still reaches the old device too, so that the array as the
+/// superblocks still describe it (the old device in the slot) holds every acknowledged
+/// write, and the new device holds the same. With the swap made as soon as the copy ended
+/// (as before), writes in that window reached only the new device: a crash there restarted
+/// on the old one, which had missed them. Then `complete_replace` swaps it in (refused
+/// before the copy and for another serial), and the array with the new device holds the
+/// data too.
+#[test]
+fn a_copied_replacement_waits_for_its_swap_and_the_old_member_keeps_every_write() {
+    use engine::array::ReplaceState;
+    use engine::reactor::ControlError;
+    for reactors in [1usize, 2] {
+        let what = format!("{reactors} reactors");
+        let seed = 1700 + reactors as u64;
+        // The crash side: the swap is never confirmed.
+        let (running, devices, _geo) = start_checkers_with(None, reactors, 8_000, seed, true)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let h = running.handle();
+        let new = Arc::new(MemDevice::new("new", STRIPES * CHUNK, 512, 64).unwrap());
+        let serial = h.start_replace(2, Arc::clone(&new), 0).unwrap();
+        assert_eq!(
+            h.complete_replace(serial),
+            Err(ControlError::NotCopied { serial }),
+            "{what}: not before the copy"
+        );
+        wait_for("the copy", || {
+            h.snapshot()
+                .replacement
+                .is_some_and(|r| r.info.serial == serial && r.info.state == ReplaceState::Copied)
+        });
+        assert_eq!(
+            h.complete_replace(serial + 1),
+            Err(ControlError::NotCopied { serial: serial + 1 })
+        );
+        let done = running.stop().unwrap();
+        let r = h.snapshot().replacement.expect("a replacement");
+        assert_eq!(
+            r.info.state,
+            ReplaceState::Copied,
+            "{what}: swapped unasked"
+        );
+        check_stopped(&format!("{what}, old member"), &done, &devices);
+        assert!(
+            new.contents() == devices[2].contents(),
+            "{what}: the replacement differs from the member it copied"
+        );
+        // The swap confirmed: the new device in the slot holds everything.
+        let (running, devices, _geo) =
+            start_checkers_with(None, reactors, 8_000, seed + 100, true).unwrap();
+        let h = running.handle();
+        let new = Arc::new(MemDevice::new("new", STRIPES * CHUNK, 512, 64).unwrap());
+        let serial = h.start_replace(2, Arc::clone(&new), 0).unwrap();
+        wait_for("the copy", || {
+            h.snapshot()
+                .replacement
+                .is_some_and(|r| r.info.state == ReplaceState::Copied)
+        });
+        h.complete_replace(serial).unwrap();
+        wait_for("the swap", || {
+            h.snapshot()
+                .replacement
+                .is_some_and(|r| r.info.state == ReplaceState::Done)
+        });
+        // Asking again is harmless.
+        h.complete_replace(serial).unwrap();
+        let done = running.stop().unwrap();
+        let images = (0..devices.len())
+            .map(|i| {
+                if i == 2 {
+                    new.contents()
+                } else {
+                    devices[i].contents()
+                }
+            })
+            .collect();
+        check_images(&format!("{what}, after the swap"), &done, images);
     }
 }
 

@@ -2136,11 +2136,18 @@ fn replace_a_member_during_client_writes() {
     let got = srv.read_all(&nbdcopy);
     srv.stop();
     let log = srv.log();
-    assert!(log.contains("replace complete"), "{}", srv.logs());
-    for l in log
-        .lines()
-        .filter(|l| l.contains("replace started") || l.contains("replace complete"))
-    {
+    // The superblocks record the swap before the reactors make it.
+    let (copied, complete) = (log.find("replace copied"), log.find("replace complete"));
+    assert!(
+        copied.is_some() && complete.is_some() && copied < complete,
+        "{}",
+        srv.logs()
+    );
+    for l in log.lines().filter(|l| {
+        l.contains("replace started")
+            || l.contains("replace copied")
+            || l.contains("replace complete")
+    }) {
         eprintln!("{l}");
     }
     a.members[2] = new.clone();

@@ -568,6 +568,7 @@ fn extras_for(
         bitmap: None,
         ppl,
         replace: None,
+        confirm_replace: false,
     }
 }
 

@@ -120,6 +120,10 @@ pub(super) struct ReplaceBook {
     /// The reactors' last refusal when it started: a different one about this replace
     /// later means a reactor could not take it.
     pub(super) error_at_start: Option<engine::reactor::ControlError>,
+    /// The superblocks already record the swap (the replacement in the role, the old
+    /// member's slot faulty) and the reactors were asked to make it: the old member's index
+    /// in `Meta::members` (`None`: no old member, it had failed), or `None` outside.
+    pub(super) swap_recorded: Option<Option<usize>>,
 }
 
 /// Whether a reactor's refusal `e` is about a replace of `role` (it could not open the
@@ -143,7 +147,8 @@ fn concerns_replace(e: &engine::reactor::ControlError, role: u16) -> bool {
                     | P::BadResume { .. }
             ) || matches!(p, P::Unfit { member, .. } if *member == role)
         }
-        C::NoSuchMember { .. } => false,
+        // Answered to the caller of `complete_replace`, never published by a reactor.
+        C::NoSuchMember { .. } | C::NotCopied { .. } => false,
     }
 }
 
@@ -1015,7 +1020,12 @@ impl Shared {
         // A replace that completed or failed meanwhile is recorded first; one still
         // copying records where it got to (it resumes there after a restart).
         self.tend_replace(&mut meta, &snap, p.as_ref());
-        if let Some(b) = meta.book.replacing.clone() {
+        if let Some(b) = meta
+            .book
+            .replacing
+            .clone()
+            .filter(|b| b.swap_recorded.is_none())
+        {
             if let Some(pos) = p
                 .as_ref()
                 .filter(|p| p.kind == EngineKind::Replace)
@@ -1230,6 +1240,7 @@ impl Shared {
             path: p.clone(),
             checkpoint: 0,
             error_at_start,
+            swap_recorded: None,
         });
         *self
             .last_checkpoint
@@ -1296,8 +1307,9 @@ impl Shared {
         Ok(())
     }
 
-    /// One monitor turn for a replace: progress checkpoints; when every reactor has swapped
-    /// the replacement in, the superblocks say so and the old device is let go; when the
+    /// One monitor turn for a replace: progress checkpoints; once every reactor has copied
+    /// the replacement, the superblocks record the swap and then the reactors make it
+    /// ([`Self::record_replace`]); once they have, the old device is let go; when the
     /// replacement failed (or the replace cannot finish), its slot is recorded faulty.
     pub(super) fn tend_replace(
         &self,
@@ -1365,13 +1377,17 @@ impl Shared {
                     }
                 }
             }
+            ReplaceState::Copied => self.record_replace(meta, &b),
             ReplaceState::Done => self.finish_replace(meta, &b),
             ReplaceState::Failed(e) => self.abandon_replace(meta, &b, &e.to_string()),
         }
     }
 
     /// The replace stopped without completing (`why`): the replacement's slot is recorded
-    /// faulty and the device let go; the array is as it was.
+    /// faulty and the device let go; the array is as it was. A swap already recorded
+    /// (the replacement failed after the record, before the reactors swapped: they keep
+    /// the old member, which had every write) is undone in the same generation: the old
+    /// member is back in its role.
     fn abandon_replace(&self, meta: &mut Meta, b: &ReplaceBook, why: &str) {
         warn!(
             device = %b.path.display(),
@@ -1379,11 +1395,33 @@ impl Shared {
             error = why,
             "replace stopped: the replacement is out; the array is unchanged"
         );
+        let mut roles = vec![(b.dev_number, DEV_ROLE_FAULTY)];
+        if let Some(recorded) = b.swap_recorded {
+            // The old member's superblock is rewritten whole in this generation: it must
+            // not pass for stale (it missed at most the record's own generations).
+            let newest = meta
+                .members
+                .iter()
+                .filter(|m| m.active)
+                .map(|m| m.sb.events)
+                .max()
+                .unwrap_or(0);
+            for m in meta.members.iter_mut() {
+                if m.active && m.sb.dev_number == b.dev_number && m.role == Some(b.role) {
+                    m.replacement = true;
+                }
+            }
+            if let Some(m) = recorded.map(|i| &mut meta.members[i]) {
+                m.active = true;
+                m.sb.events = m.sb.events.max(newest);
+                roles.push((m.sb.dev_number, b.role));
+            }
+        }
         if let Err(e) = meta.record_with(
             &[],
             None,
             RoleChanges {
-                roles: vec![(b.dev_number, DEV_ROLE_FAULTY)],
+                roles,
                 ..RoleChanges::default()
             },
         ) {
@@ -1401,10 +1439,60 @@ impl Shared {
         meta.book.replacing = None;
     }
 
-    /// The replacement holds its role on every reactor: its superblock loses the
-    /// replacement flag and recovery offset, the old member's slot is recorded faulty, and
-    /// the old device itself is told it is out (see the module docs), then let go.
+    /// Every reactor has copied the replacement ([`ReplaceState::Copied`]): the
+    /// superblocks record the swap ([`Self::record_replace_swap`]), then the reactors are
+    /// asked to make it ([`engine::reactor::ReactorHandle::complete_replace`]). In this
+    /// order a crash at any point restarts on devices that hold every acknowledged write:
+    /// before the record on the old member (every write still reaches it, and the replace
+    /// resumes from its checkpoint), after it on the replacement (every write reached it
+    /// too, and its superblock's sync flushed the copy). Swapping first, as the reactors
+    /// did before, left a window in which writes reached only the new device while the
+    /// superblocks still named the old one. A record that fails is retried next turn.
+    fn record_replace(&self, meta: &mut Meta, b: &ReplaceBook) {
+        if b.swap_recorded.is_none() {
+            let Some(old) = Self::record_replace_swap(meta, b) else {
+                return;
+            };
+            if let Some(x) = meta.book.replacing.as_mut() {
+                x.swap_recorded = Some(old);
+            }
+        }
+        if let Err(e) = self.handle.complete_replace(b.serial) {
+            warn!(
+                role = b.role,
+                "asking the reactors to swap the replacement in: {e}"
+            );
+        }
+    }
+
+    /// The replacement holds its role on every reactor: the swap is recorded if it was not
+    /// yet ([`Self::record_replace`]), and the old device is let go.
     fn finish_replace(&self, meta: &mut Meta, b: &ReplaceBook) {
+        let old = match b.swap_recorded {
+            Some(old) => old,
+            None => match Self::record_replace_swap(meta, b) {
+                Some(old) => old,
+                None => return,
+            },
+        };
+        let path = b.path.clone();
+        self.took_role(meta, b.role, &path);
+        meta.book.replacing = None;
+        let old_path = old.map(|i| meta.members[i].path.display().to_string());
+        info!(
+            role = b.role,
+            new = %b.path.display(),
+            old = %old_path.unwrap_or_else(|| "(failed)".into()),
+            "replace complete: the replacement holds the slot, the old device is out of the array"
+        );
+    }
+
+    /// Records a replacement in its role: its superblock loses the replacement flag and
+    /// recovery offset, the old member's slot is recorded faulty, and the old device itself
+    /// is told it is out (see the module docs). Returns the old member's index in
+    /// `meta.members` (`Some(None)`: it had no device left), or `None` when the
+    /// superblocks could not be written (logged; nothing changed in memory).
+    fn record_replace_swap(meta: &mut Meta, b: &ReplaceBook) -> Option<Option<usize>> {
         let old = meta
             .members
             .iter()
@@ -1418,17 +1506,17 @@ impl Shared {
         if let Some(o) = &old_meta {
             changes.roles.push((o.sb.dev_number, DEV_ROLE_FAULTY));
         }
-        for m in meta.members.iter_mut().filter(|m| m.replacement) {
-            m.replacement = false;
-        }
         let events = match meta.record_with(&[], None, changes) {
             Ok(ev) => ev,
             Err(e) => {
                 warn!("recording the completed replace: {}", crate::error_text(&e));
-                return;
+                return None;
             }
         };
-        if let Some(o) = &old_meta {
+        for m in meta.members.iter_mut().filter(|m| m.replacement) {
+            m.replacement = false;
+        }
+        if let (Some(o), Some(i)) = (&old_meta, old) {
             // The old device's own superblock: this generation, its slot faulty.
             let newest = meta
                 .members
@@ -1442,27 +1530,26 @@ impl Shared {
                 sb.utime = n.utime;
                 sb.resync_offset = n.resync_offset;
                 sb.dev_roles.clone_from(&n.dev_roles);
-                if let Err(e) = metadata_io::write_superblock(&o.path, &sb) {
-                    // Then it must not pass for one generation behind: one more.
-                    warn!(device = %o.path.display(), "writing the replaced device's superblock: {e}");
-                    if let Err(e) = meta.record(&[], None) {
-                        warn!(
-                            "one more generation after the replace: {}",
-                            crate::error_text(&e)
-                        );
+                match metadata_io::write_superblock(&o.path, &sb) {
+                    Ok(()) => meta.members[i].sb = sb,
+                    Err(e) => {
+                        // Then it must not pass for one generation behind: one more.
+                        warn!(device = %o.path.display(), "writing the replaced device's superblock: {e}");
+                        if let Err(e) = meta.record(&[], None) {
+                            warn!(
+                                "one more generation after the replace: {}",
+                                crate::error_text(&e)
+                            );
+                        }
                     }
                 }
             }
         }
-        let path = b.path.clone();
-        self.took_role(meta, b.role, &path);
-        meta.book.replacing = None;
         info!(
             role = b.role,
-            new = %b.path.display(),
-            old = %old_meta.as_ref().map(|o| o.path.display().to_string()).unwrap_or_else(|| "(failed)".into()),
-            "replace complete: the replacement holds the slot, the old device is out of the array"
+            "replace copied: the superblocks record the replacement in the slot; swapping it in"
         );
+        Some(old)
     }
 
     /// The superblock changes for the members being rebuilt: in sync once the reactors

@@ -760,6 +760,21 @@ pub enum ReplaceState {
     /// The replacement took the member's slot ([`Array::complete_replace`]); the old
     /// device is out of the array.
     Done,
+    /// Only in a reactor snapshot ([`crate::reactor::ArraySnapshot::replacement`]): every
+    /// shard has copied the member onto the replacement, and the swap waits for
+    /// [`crate::reactor::ReactorHandle::complete_replace`]
+    /// ([`crate::reactor::Extras::confirm_replace`]). Until then it is [`Self::Copying`]
+    /// in effect: every write to the member still reaches both devices, reads the member.
+    Copied,
+}
+
+impl ReplaceState {
+    /// Whether the replacement is still live beside its member ([`Self::Copying`] or
+    /// [`Self::Copied`]): written with it, not yet in its slot.
+    #[must_use]
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Copying | Self::Copied)
+    }
 }
 
 /// A member's replacement on one shard: which member, the caller's serial for it (so
