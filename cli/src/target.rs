@@ -455,11 +455,22 @@ impl Shared {
 
     /// Fails the member in `role` and records it faulty on the survivors' superblocks.
     fn fail_role(&self, role: u16) -> Result<()> {
-        self.handle.fail_member(role)?;
         let mut m = self
             .meta
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The old member of a replace whose swap is recorded is out already; failing the
+        // role now would fail the replacement on the reactors that swapped, and the
+        // record would name the replacement faulty.
+        ensure!(
+            !m.book
+                .replacing
+                .as_ref()
+                .is_some_and(|b| b.role == role && b.swap_recorded.is_some()),
+            "the member of slot {role} is being replaced and is already recorded out of the \
+             array: its replacement is taking the slot (fail the replacement to fail the slot)"
+        );
+        self.handle.fail_member(role)?;
         if !m.recorded_failed.contains(&role) {
             m.record(&[role], None)?;
         }
@@ -698,6 +709,17 @@ impl Handler for TargetHandler {
                     ),
                 ));
             }
+        }
+        if s.meta()
+            .book
+            .replacing
+            .as_ref()
+            .is_some_and(|b| b.role == role && b.swap_recorded.is_some())
+        {
+            return Err(RpcError::process_refused(format!(
+                "{sel} is being replaced and is already recorded out of the array: its \
+                 replacement is taking slot {role} (fail the replacement to fail the slot)"
+            )));
         }
         if !state.is_failed() {
             s.fail_role(role)

@@ -488,12 +488,14 @@ fn a_copied_replacement_waits_for_its_swap_and_the_old_member_keeps_every_write(
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let h = running.handle();
         let new = Arc::new(MemDevice::new("new", STRIPES * CHUNK, 512, 64).unwrap());
-        let serial = h.start_replace(2, Arc::clone(&new), 0).unwrap();
+        // Not before the copy (the first replace's serial is 1).
         assert_eq!(
-            h.complete_replace(serial),
-            Err(ControlError::NotCopied { serial }),
-            "{what}: not before the copy"
+            h.complete_replace(1),
+            Err(ControlError::NotCopied { serial: 1 }),
+            "{what}"
         );
+        let serial = h.start_replace(2, Arc::clone(&new), 0).unwrap();
+        assert_eq!(serial, 1);
         wait_for("the copy", || {
             h.snapshot()
                 .replacement

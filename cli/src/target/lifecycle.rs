@@ -1261,7 +1261,9 @@ impl Shared {
     }
 
     /// `member_fail` of the replacement device: the replace is cancelled (md fails the
-    /// replacement; the member keeps its slot). `None` when `sel` names no replacement.
+    /// replacement; the member keeps its slot) — unless the superblocks already record it
+    /// in the slot ([`Self::record_replace`]): then the slot fails (the array degraded,
+    /// the old device already out). `None` when `sel` names no replacement.
     pub(super) fn fail_replacement(&self, sel: &str) -> Option<MemberReport> {
         let b = self.meta().book.replacing.clone()?;
         let want = Path::new(sel);
@@ -1273,13 +1275,19 @@ impl Shared {
             return None;
         }
         self.handle.fail_replacement(b.serial);
-        info!(device = %b.path.display(), role = b.role, "replacement failed by the operator: replace cancelled");
+        if b.swap_recorded.is_some() {
+            warn!(device = %b.path.display(), role = b.role, "replacement failed by the operator after the superblocks recorded it in the slot: the slot fails");
+        } else {
+            info!(device = %b.path.display(), role = b.role, "replacement failed by the operator: replace cancelled");
+        }
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         while std::time::Instant::now() < deadline {
             let snap = self.handle.snapshot();
             if snap.replacement.as_ref().is_some_and(|r| {
                 r.info.serial == b.serial && matches!(r.info.state, ReplaceState::Failed(_))
-            }) {
+            }) || b.swap_recorded.is_some()
+                && snap.members[usize::from(b.role)].state.is_failed()
+            {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -1320,6 +1328,22 @@ impl Shared {
         let Some(b) = meta.book.replacing.clone() else {
             return;
         };
+        if b.swap_recorded.is_some() {
+            // The superblocks name the replacement in the slot: the swap is made whatever
+            // happens now (a replacement failing since fails the slot on every reactor,
+            // `Array::complete_replace`); never undone, since a reactor may have swapped
+            // already and written only the new device.
+            let done = snap
+                .replacement
+                .as_ref()
+                .is_some_and(|r| r.info.serial == b.serial && r.info.state == ReplaceState::Done);
+            if done {
+                self.finish_replace(meta, &b);
+            } else {
+                self.record_replace(meta, &b);
+            }
+            return;
+        }
         // A reactor that could not take the replace: it cannot complete.
         if let Some(e) = snap
             .control_error
@@ -1384,44 +1408,21 @@ impl Shared {
     }
 
     /// The replace stopped without completing (`why`): the replacement's slot is recorded
-    /// faulty and the device let go; the array is as it was. A swap already recorded
-    /// (the replacement failed after the record, before the reactors swapped: they keep
-    /// the old member, which had every write) is undone in the same generation: the old
-    /// member is back in its role.
+    /// faulty and the device let go; the array is as it was. Never after the swap was
+    /// recorded ([`Self::tend_replace`]).
     fn abandon_replace(&self, meta: &mut Meta, b: &ReplaceBook, why: &str) {
+        debug_assert!(b.swap_recorded.is_none());
         warn!(
             device = %b.path.display(),
             role = b.role,
             error = why,
             "replace stopped: the replacement is out; the array is unchanged"
         );
-        let mut roles = vec![(b.dev_number, DEV_ROLE_FAULTY)];
-        if let Some(recorded) = b.swap_recorded {
-            // The old member's superblock is rewritten whole in this generation: it must
-            // not pass for stale (it missed at most the record's own generations).
-            let newest = meta
-                .members
-                .iter()
-                .filter(|m| m.active)
-                .map(|m| m.sb.events)
-                .max()
-                .unwrap_or(0);
-            for m in meta.members.iter_mut() {
-                if m.active && m.sb.dev_number == b.dev_number && m.role == Some(b.role) {
-                    m.replacement = true;
-                }
-            }
-            if let Some(m) = recorded.map(|i| &mut meta.members[i]) {
-                m.active = true;
-                m.sb.events = m.sb.events.max(newest);
-                roles.push((m.sb.dev_number, b.role));
-            }
-        }
         if let Err(e) = meta.record_with(
             &[],
             None,
             RoleChanges {
-                roles,
+                roles: vec![(b.dev_number, DEV_ROLE_FAULTY)],
                 ..RoleChanges::default()
             },
         ) {
@@ -1441,13 +1442,16 @@ impl Shared {
 
     /// Every reactor has copied the replacement ([`ReplaceState::Copied`]): the
     /// superblocks record the swap ([`Self::record_replace_swap`]), then the reactors are
-    /// asked to make it ([`engine::reactor::ReactorHandle::complete_replace`]). In this
-    /// order a crash at any point restarts on devices that hold every acknowledged write:
-    /// before the record on the old member (every write still reaches it, and the replace
-    /// resumes from its checkpoint), after it on the replacement (every write reached it
-    /// too, and its superblock's sync flushed the copy). Swapping first, as the reactors
-    /// did before, left a window in which writes reached only the new device while the
-    /// superblocks still named the old one. A record that fails is retried next turn.
+    /// asked to make it ([`engine::reactor::ReactorHandle::complete_replace`]; asked again
+    /// each turn until they have). In this order a crash restarts on devices that hold
+    /// every acknowledged write: before the record on the old member (every write still
+    /// reaches it, and the replace resumes from its checkpoint), after it on the
+    /// replacement (every write reached it too, and its superblock's sync flushed the
+    /// copy). Swapping first, as the reactors did before, left a window in which writes
+    /// reached only the new device while the superblocks still named the old one. A
+    /// record that fails is retried next turn. Once recorded the swap is never undone: a
+    /// replacement failing now fails the slot on every reactor (degraded, recorded as any
+    /// member failure is, within a monitor turn).
     fn record_replace(&self, meta: &mut Meta, b: &ReplaceBook) {
         if b.swap_recorded.is_none() {
             let Some(old) = Self::record_replace_swap(meta, b) else {
@@ -1491,7 +1495,7 @@ impl Shared {
     /// recovery offset, the old member's slot is recorded faulty, and the old device itself
     /// is told it is out (see the module docs). Returns the old member's index in
     /// `meta.members` (`Some(None)`: it had no device left), or `None` when the
-    /// superblocks could not be written (logged; nothing changed in memory).
+    /// superblocks could not be written (logged; the monitor tries again next turn).
     fn record_replace_swap(meta: &mut Meta, b: &ReplaceBook) -> Option<Option<usize>> {
         let old = meta
             .members
@@ -1506,16 +1510,24 @@ impl Shared {
         if let Some(o) = &old_meta {
             changes.roles.push((o.sb.dev_number, DEV_ROLE_FAULTY));
         }
+        // Cleared first: a superblock write failing in this generation fails the role's
+        // device, which is the replacement now (`Meta::record_with` never picks one).
+        let flagged: Vec<usize> = (0..meta.members.len())
+            .filter(|&i| meta.members[i].replacement)
+            .collect();
+        for &i in &flagged {
+            meta.members[i].replacement = false;
+        }
         let events = match meta.record_with(&[], None, changes) {
             Ok(ev) => ev,
             Err(e) => {
                 warn!("recording the completed replace: {}", crate::error_text(&e));
+                for &i in &flagged {
+                    meta.members[i].replacement = true;
+                }
                 return None;
             }
         };
-        for m in meta.members.iter_mut().filter(|m| m.replacement) {
-            m.replacement = false;
-        }
         if let (Some(o), Some(i)) = (&old_meta, old) {
             // The old device's own superblock: this generation, its slot faulty.
             let newest = meta

@@ -550,8 +550,28 @@ impl<C: Channel> Array<C> {
     }
 
     /// Fails the live replacement numbered `serial` (a failure another shard saw, or the
-    /// operator's); returns whether it was live here.
+    /// operator's); returns whether it was live here. A replacement this shard has already
+    /// swapped in ([`Self::complete_replace`]) holds the member's slot: the member fails
+    /// (with `e`), as it does on the shards that had not swapped yet when it failed, so
+    /// that the slot is failed on every shard rather than served by the new device on some
+    /// and by the old one, which misses their writes, on others.
     pub fn fail_replacement(&mut self, serial: u64, e: IoError) -> bool {
+        if let Some(r) = self
+            .replace
+            .filter(|r| r.serial == serial && r.state == ReplaceState::Done)
+        {
+            if self.members[usize::from(r.member)].state.is_failed() {
+                return false;
+            }
+            tracing::warn!(
+                shard = self.shard,
+                member = r.member,
+                error = %e,
+                "the replacement failed after this shard swapped it in: the member fails"
+            );
+            self.fail_member(r.member, e);
+            return true;
+        }
         if self.replacement_entry().is_none() || self.replace.is_none_or(|r| r.serial != serial) {
             return false;
         }
@@ -580,7 +600,32 @@ impl<C: Channel> Array<C> {
     /// so that it is never re-added). Requests in flight to either device complete
     /// normally. A member that had failed during the replace is whole again. Returns
     /// whether it swapped.
+    ///
+    /// The executor asks only once every shard had finished, so a replacement that failed
+    /// here since then failed after its copy — on another shard it may already hold the
+    /// slot, and the caller may have recorded it there: the slot takes the failure (the
+    /// member fails with the replacement's error, [`ReplaceState::Done`]), so that it is
+    /// failed on every shard alike (see [`Self::fail_replacement`]); returns `true` then
+    /// too.
     pub fn complete_replace(&mut self, serial: u64) -> bool {
+        if let Some(r) = self.replace.filter(|r| r.serial == serial) {
+            if let ReplaceState::Failed(e) = r.state {
+                tracing::warn!(
+                    shard = self.shard,
+                    member = r.member,
+                    error = %e,
+                    "the replacement failed after every shard copied it: the member fails"
+                );
+                if !self.members[usize::from(r.member)].state.is_failed() {
+                    self.fail_member(r.member, e);
+                }
+                self.replace = Some(ReplaceInfo {
+                    state: ReplaceState::Done,
+                    ..r
+                });
+                return true;
+            }
+        }
         if !self.replace_finished(serial) {
             return false;
         }

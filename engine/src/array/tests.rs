@@ -2356,6 +2356,67 @@ fn fast_reads_across_a_replace_swap() {
     }
 }
 
+/// A replacement that fails after every shard copied it fails the slot on every shard,
+/// whether the shard had swapped it in already (the failure comes later:
+/// `fail_replacement` fails the member) or not (the swap comes later: `complete_replace`
+/// fails the member) — never the old device on some shards and the new one on others,
+/// which would leave the old device, missing the swapped shards' writes, in service. The
+/// data reads back from the others either way.
+#[test]
+fn a_replacement_failing_after_its_copy_fails_the_slot_on_every_shard() {
+    use crate::array::ReplaceState;
+    for swapped_first in [false, true] {
+        let (mut arr, _devs, clock) =
+            sim_array(Level::Raid5, 4, 4096, 512, 8, Profile::fixed(1000));
+        let data = fill_array(&mut arr, &clock, |i| (i * 7 + 3) as u8);
+        let new =
+            SimDevice::new("new", 8 * 4096, 512, Profile::fixed(1000), clock.clone(), 9).unwrap();
+        arr.start_replace(2, new.open_channel().unwrap(), 5, 0)
+            .unwrap();
+        for _ in 0..10_000 {
+            if arr.replace_finished(5) {
+                break;
+            }
+            turn(&mut arr, &clock);
+            clock.advance_by(1000);
+        }
+        assert!(arr.replace_finished(5));
+        // A late message about another replacement changes nothing.
+        assert!(!arr.fail_replacement(4, IoError::Gone));
+        if swapped_first {
+            assert!(arr.complete_replace(5));
+            assert!(arr.member_states().all(|s| s == MemberState::Online));
+            assert!(arr.fail_replacement(5, IoError::Io { errno: 5 }));
+        } else {
+            assert!(arr.fail_replacement(5, IoError::Io { errno: 5 }));
+            assert_eq!(arr.member_states().nth(2), Some(MemberState::Online));
+            assert!(arr.complete_replace(5));
+        }
+        let what = format!("swapped first: {swapped_first}");
+        assert_eq!(
+            arr.member_states().nth(2),
+            Some(MemberState::Failed(IoError::Io { errno: 5 })),
+            "{what}"
+        );
+        assert_eq!(
+            arr.replacement().unwrap().state,
+            ReplaceState::Done,
+            "{what}"
+        );
+        // Asked again: nothing more happens.
+        assert!(!arr.fail_replacement(5, IoError::Io { errno: 5 }), "{what}");
+        let mut got = AlignedBuf::zeroed(data.len());
+        arr.set_now(clock.now_ns());
+        submit_at(&mut arr, 90, ArrayOp::Read, 0, &mut got);
+        assert_eq!(
+            complete_all(&mut arr, &clock, &[90]),
+            vec![Ok(())],
+            "{what}"
+        );
+        assert!(got[..] == data[..], "{what}: read-back differs");
+    }
+}
+
 /// A foreign fast-path read that meets a latent sector error runs again
 /// as a foreign stripe operation, which hands it to the owner (the owner rewrites the
 /// range); the gate is left clear (the owner's next write of the stripe does not wait),
