@@ -2294,6 +2294,28 @@ fn foreign_fast_reads_stay_within_the_gate_bound() {
     );
 }
 
+/// Starts replacement `serial` of member `slot` of `arr` (8 stripes of 4 KiB chunks) on a
+/// new 1 µs sim device and turns the array until its copy finished; returns the device.
+fn replace_copied(
+    arr: &mut Array<crate::sim::SimChannel>,
+    clock: &SimClock,
+    slot: u16,
+    serial: u64,
+) -> SimDevice {
+    let new = SimDevice::new("new", 8 * 4096, 512, Profile::fixed(1000), clock.clone(), 9).unwrap();
+    arr.start_replace(slot, new.open_channel().unwrap(), serial, 0)
+        .unwrap();
+    for _ in 0..10_000 {
+        if arr.replace_finished(serial) {
+            break;
+        }
+        turn(arr, clock);
+        clock.advance_by(1000);
+    }
+    assert!(arr.replace_finished(serial));
+    new
+}
+
 /// fast-path reads in flight to a member across its replacement's swap:
 /// one completes from the old device, one hangs there and times out (its completion is a
 /// device leaving the array: no member fails) and runs again from the new one; the old
@@ -2305,17 +2327,7 @@ fn fast_reads_across_a_replace_swap() {
     let data = fill_array(&mut arr, &clock, |i| (i * 5 + 1) as u8);
     let g = *arr.geometry().geometry();
     let slot = 1u16;
-    let new = SimDevice::new("new", 8 * 4096, 512, Profile::fixed(1000), clock.clone(), 9).unwrap();
-    arr.start_replace(slot, new.open_channel().unwrap(), 1, 0)
-        .unwrap();
-    for _ in 0..10_000 {
-        if arr.replace_finished(1) {
-            break;
-        }
-        turn(&mut arr, &clock);
-        clock.advance_by(1000);
-    }
-    assert!(arr.replace_finished(1));
+    let _new = replace_copied(&mut arr, &clock, slot, 1);
     // Two fast-path reads of slot 1's data chunks: stripe s where slot 1 holds data.
     let s = (0..8)
         .find(|&s| (0..3).any(|k| g.stripe(s).data_member(k) == slot))
@@ -2369,18 +2381,7 @@ fn a_replacement_failing_after_its_copy_fails_the_slot_on_every_shard() {
         let (mut arr, _devs, clock) =
             sim_array(Level::Raid5, 4, 4096, 512, 8, Profile::fixed(1000));
         let data = fill_array(&mut arr, &clock, |i| (i * 7 + 3) as u8);
-        let new =
-            SimDevice::new("new", 8 * 4096, 512, Profile::fixed(1000), clock.clone(), 9).unwrap();
-        arr.start_replace(2, new.open_channel().unwrap(), 5, 0)
-            .unwrap();
-        for _ in 0..10_000 {
-            if arr.replace_finished(5) {
-                break;
-            }
-            turn(&mut arr, &clock);
-            clock.advance_by(1000);
-        }
-        assert!(arr.replace_finished(5));
+        let _new = replace_copied(&mut arr, &clock, 2, 5);
         // A late message about another replacement changes nothing.
         assert!(!arr.fail_replacement(4, IoError::Gone));
         if swapped_first {
