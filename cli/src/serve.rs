@@ -289,7 +289,9 @@ pub struct ServeArgs {
     /// SIZE ≥ the region ÷ data members). md's `stripe_cache_size`
     /// is this in 4 KiB pages (default 256 = 1 MiB); ferroraid caches whole chunks, so it
     /// holds SIZE / chunk stripes, at least `--stripe-ops`. 0 keeps nothing between
-    /// writes. Default: 64 stripes (4M with 64 KiB chunks).
+    /// writes. Default: every stripe of the array, within 1/64 of the machine's memory
+    /// (its cgroup's limit when lower) and 1 GiB per array over all reactors, at least 64
+    /// stripes (the start log's `stripe cache` line gives the size).
     #[arg(long, value_parser = crate::parse_bytes, value_name = "SIZE")]
     stripe_cache: Option<u64>,
     /// Shortest bound of the hold of a sub-stripe write that must pre-read, waiting for

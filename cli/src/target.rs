@@ -405,6 +405,70 @@ impl Meta {
     }
 }
 
+/// Share of the machine's memory ([`machine_memory_bytes`]) the default stripe cache of one
+/// array may take: 1/64 (384 MiB of 24 GiB).
+const DEFAULT_STRIPE_CACHE_MEMORY_SHARE: u64 = 64;
+
+/// The most memory the default stripe cache of one array takes, bytes, all reactors.
+const DEFAULT_STRIPE_CACHE_MAX_BYTES: u64 = 1 << 30;
+
+/// The stripe cache of an array served without `--stripe-cache`, entries per reactor
+/// (each holds one chunk per member: `members × chunk_bytes` bytes). A random writer over
+/// a region stops reading its members only once the cache holds the region (its old data
+/// and P/Q), so the default is sized to the machine rather than to md's 1 MiB per member:
+/// every stripe of the reactor's shard (`ceil(stripes / reactors)`: more could never be
+/// used), within 1/64 of `memory_bytes` and at most 1 GiB for the array over all
+/// `reactors` — but never fewer than [`engine::array::DEFAULT_STRIPE_CACHE_ENTRIES`] (the
+/// former default) where the shard has that many stripes. The engine raises it to the
+/// stripe operations at least (`ArrayConfig::stripe_cache_entries`).
+fn default_stripe_cache_entries(geo: &ArrayGeometry, reactors: usize, memory_bytes: u64) -> usize {
+    let g = geo.geometry();
+    let entry = u64::from(g.members()) * u64::from(g.chunk_bytes());
+    let reactors = reactors.max(1) as u64;
+    let shard_stripes = geo.stripes().div_ceil(reactors);
+    let budget = (memory_bytes / DEFAULT_STRIPE_CACHE_MEMORY_SHARE)
+        .min(DEFAULT_STRIPE_CACHE_MAX_BYTES)
+        / reactors
+        / entry.max(1);
+    let entries = budget
+        .max(engine::array::DEFAULT_STRIPE_CACHE_ENTRIES as u64)
+        .min(shard_stripes);
+    usize::try_from(entries).unwrap_or(usize::MAX)
+}
+
+/// The memory this process may use, bytes: the machine's physical memory
+/// (`sysconf(_SC_PHYS_PAGES)`), or the cgroup v2 limit of the process
+/// (`/sys/fs/cgroup/memory.max` of its cgroup) when that is lower. 4 GiB when neither can
+/// be read.
+fn machine_memory_bytes() -> u64 {
+    // SAFETY: sysconf reads a configuration value; no memory is passed.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let phys = match (u64::try_from(pages), u64::try_from(page)) {
+        (Ok(n), Ok(p)) if n > 0 && p > 0 => n.saturating_mul(p),
+        _ => 4 << 30,
+    };
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        })
+        .and_then(|path| {
+            std::fs::read_to_string(format!(
+                "/sys/fs/cgroup{}/memory.max",
+                path.trim_end_matches('/')
+            ))
+            .ok()
+        })
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    cgroup.map_or(phys, |c| c.min(phys))
+}
+
 /// `utime` for a superblock update: whole seconds, microseconds 0, as the kernel writes it
 /// (see [`MdTime`]: md reads the whole field as seconds).
 fn md_now() -> MdTime {
@@ -1453,8 +1517,8 @@ impl Target {
             bitmap_recovery,
             io_timeout_ns: u64::try_from(opts.io_timeout.as_nanos()).unwrap_or(u64::MAX),
             depth: opts.depth,
-            stripe_cache_entries: opts.stripe_cache_bytes.map_or(
-                engine::array::DEFAULT_STRIPE_CACHE_ENTRIES,
+            stripe_cache_entries: opts.stripe_cache_bytes.map_or_else(
+                || default_stripe_cache_entries(&geo, n, machine_memory_bytes()),
                 |b| {
                     usize::try_from(b / u64::from(geo.geometry().chunk_bytes()))
                         .unwrap_or(usize::MAX)
@@ -1463,6 +1527,20 @@ impl Target {
             write_hold_ns: u64::try_from(opts.write_hold.as_nanos()).unwrap_or(u64::MAX),
             ..ArrayConfig::default()
         };
+        info!(
+            stripes_per_reactor = array_cfg.stripe_cache_entries.max(array_cfg.stripe_ops),
+            mib = (array_cfg.stripe_cache_entries.max(array_cfg.stripe_ops) as u64
+                * n as u64
+                * u64::from(geo.geometry().members())
+                * u64::from(geo.geometry().chunk_bytes()))
+                >> 20,
+            sized = if opts.stripe_cache_bytes.is_some() {
+                "--stripe-cache"
+            } else {
+                "default"
+            },
+            "stripe cache"
+        );
         let rcfg = ReactorConfig {
             cores: cores.clone(),
             mode: opts.mode,
@@ -2071,4 +2149,50 @@ fn prepare_ppl(
         layout.area_bytes,
         engine::metadata::ppl::signature(&uuid),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::geometry::{Geometry, Layout, Level};
+
+    fn raid6(member_bytes: u64) -> ArrayGeometry {
+        let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, 65536, 512).unwrap();
+        ArrayGeometry::new(g, member_bytes / 65536).unwrap()
+    }
+
+    /// The default cache holds the whole shard where memory allows, is bounded by 1/64 of
+    /// memory and 1 GiB over all reactors, and keeps the former 64 stripes as a floor.
+    #[test]
+    fn the_default_stripe_cache_follows_the_array_and_the_memory() {
+        const GIB: u64 = 1 << 30;
+        let entry: u64 = 6 * 65536;
+        // 6 × 64 MiB members: every stripe (1024), on 24 GiB; two reactors, half each.
+        assert_eq!(
+            default_stripe_cache_entries(&raid6(64 << 20), 1, 24 * GIB),
+            1024
+        );
+        assert_eq!(
+            default_stripe_cache_entries(&raid6(64 << 20), 2, 24 * GIB),
+            512
+        );
+        // The demo's array (6 × 256 MiB, 4096 stripes): 1/64 of 24 GiB = 384 MiB.
+        assert_eq!(
+            default_stripe_cache_entries(&raid6(256 << 20), 1, 24 * GIB) as u64,
+            (384 << 20) / entry
+        );
+        // At most 1 GiB for the array, whatever the memory, split over the reactors.
+        assert_eq!(
+            default_stripe_cache_entries(&raid6(64 * GIB), 4, 256 * GIB) as u64,
+            GIB / 4 / entry
+        );
+        // A small machine: never below the former default.
+        assert_eq!(default_stripe_cache_entries(&raid6(64 * GIB), 1, GIB), 64);
+        // A small array: its stripes.
+        assert_eq!(
+            default_stripe_cache_entries(&raid6(9 << 20), 1, 24 * GIB),
+            144
+        );
+        assert!(machine_memory_bytes() > 0);
+    }
 }
