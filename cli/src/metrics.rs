@@ -512,7 +512,7 @@ fn encode_array(f: &mut Families, s: &Scrape) {
         None,
         &writes,
     );
-    let counters: [(&str, &str, Option<Unit>, f64); 20] = [
+    let counters: [(&str, &str, Option<Unit>, f64); 21] = [
         ("ferroraid_array_member_failures", "Members failed by I/O errors, timeouts or disappearance.", None, x.member_failures as f64),
         ("ferroraid_array_medium_errors", "Unrecovered read errors absorbed by rebuilding the range from redundancy.", None, x.medium_errors as f64),
         ("ferroraid_array_read_errors_repaired", "Ranges rewritten after being rebuilt from redundancy.", None, x.read_errors_repaired as f64),
@@ -526,6 +526,7 @@ fn encode_array(f: &mut Families, s: &Scrape) {
         ("ferroraid_array_stripe_cache_hits", "Write passes that found their stripe in the stripe cache.", None, x.cache_hit_stripes as f64),
         ("ferroraid_array_stripe_cache_hit", "Member bytes the stripe cache spared reading.", Some(Unit::Bytes), x.cache_hit_bytes as f64),
         ("ferroraid_array_stripe_cache_admitted_writes", "Random sub-stripe writes admitted to the stripe cache (they came back to a stripe written around it lately).", None, x.cache_admitted_writes as f64),
+        ("ferroraid_array_stripe_cache_reads", "Reads served from the stripe cache (no member read).", None, x.cache_reads as f64),
         ("ferroraid_array_gathered_writes", "Data chunks write passes wrote gathered from several writes' buffers (one member request, no copy).", None, x.gathered_writes as f64),
         ("ferroraid_array_held_passes", "Write passes held for more writes before reading (coalescing).", None, x.held_passes as f64),
         ("ferroraid_array_held", "Time write passes were held.", Some(Unit::Seconds), x.held_us as f64 / 1e6),

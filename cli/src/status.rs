@@ -663,6 +663,9 @@ pub struct StatsReport {
     /// written around it lately).
     #[serde(default)]
     pub cache_admitted_writes: u64,
+    /// Reads served from the stripe cache (no member read).
+    #[serde(default)]
+    pub cache_reads: u64,
     /// Data chunks the write passes wrote gathered from several writes' buffers (one
     /// member request each, no copy into the stripe cache).
     #[serde(default)]
@@ -734,6 +737,7 @@ impl From<&ArrayStats> for StatsReport {
             cache_hit_stripes: s.cache_hit_stripes,
             cache_hit_bytes: s.cache_hit_bytes,
             cache_admitted_writes: s.cache_admitted_writes,
+            cache_reads: s.cache_reads,
             gathered_writes: s.gathered_writes,
             ppl_records: s.ppl_records,
             ppl_bytes: s.ppl_bytes,
@@ -1225,7 +1229,8 @@ impl fmt::Display for StatusReport {
         writeln!(
             f,
             "  write passes: {} ({:.1} writes each), {} held ({:.0} µs on average, {} to the \
-             bound) · stripe cache: {} hits, {} bytes not read, {} random writes admitted · \
+             bound) · stripe cache: {} hits, {} bytes not read, {} random writes admitted, {} \
+             reads served · \
              {:.2} bytes read per byte written · {} chunks written gathered",
             s.write_passes,
             ratio(s.batched_writes, s.write_passes),
@@ -1235,6 +1240,7 @@ impl fmt::Display for StatusReport {
             s.cache_hit_stripes,
             s.cache_hit_bytes,
             s.cache_admitted_writes,
+            s.cache_reads,
             ratio(s.write_read_bytes, s.pass_written_bytes),
             s.gathered_writes
         )?;
@@ -1506,7 +1512,7 @@ pub(crate) mod tests {
         assert_eq!(
             keys(&v["stats"]),
             "batched_writes,bulk_share_cuts,bulk_share_ops,bulk_share_pool,bulk_share_raises,\
-             cache_admitted_writes,cache_hit_bytes,cache_hit_stripes,degraded_reads,degraded_writes,\
+             cache_admitted_writes,cache_hit_bytes,cache_hit_stripes,cache_reads,degraded_reads,degraded_writes,\
              direct_reads,discarded_stripes,discards_skipped,expired_holds,fast_reads,full_stripe_writes,\
              gathered_writes,held_passes,held_us,medium_errors,member_failures,overtaking_requests,pass_reads,\
              pass_written_bytes,ppl_bytes,ppl_records,rcw_writes,\

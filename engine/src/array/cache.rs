@@ -17,6 +17,11 @@
 //!   native write-zeroes and discards, read repair, background processes) invalidates the
 //!   stripe's entry first; a member failing, joining or being replaced invalidates every
 //!   entry. No acknowledged data lives only here: the cache is never the only copy.
+//! - Reads rely on these rules without holding the stripe ([`Self::lookup`],
+//!   `read.rs`'s `cache_read`): they are served only while no write holds or awaits the
+//!   stripe, and any holder that shares the stripe with them and writes a member (a
+//!   background operation, a read's repair) has invalidated the entry before its first
+//!   write. A new path that writes members must keep to it.
 //!
 //! # Limits
 //! The entries, their buffers and the stripe → entry map are allocated at construction;
@@ -51,6 +56,12 @@
 //! the filter at all: only on members whose writes take time (`pass.rs`,
 //! `CACHE_ADMIT_WRITE_LATENCY_NS`), since on RAM-speed members the copy costs more than
 //! the reads it saves.
+//!
+//! # Reads
+//! On the same members, a read of a stripe the shard owns that no write holds or awaits,
+//! whose blocks are all valid in the stripe's (unpinned) entry, is copied from the entry
+//! and completed at once (`read.rs`, `Array::cache_read`): valid blocks equal the member,
+//! and no pass is writing them.
 //!
 //! The size is md's `stripe_cache_size` idea (raid5.c `NR_STRIPES`, 256 rows of 4 KiB per
 //! member by default, sysfs range 17..32768) at chunk granularity: an entry caches a whole
@@ -230,6 +241,12 @@ impl BlockSet {
     pub(crate) fn run_from(&self, from: u32) -> Option<(u32, u32)> {
         let a = self.next(from, true);
         (a < self.bits).then(|| (a, self.next(a, false)))
+    }
+
+    /// Whether every block of `a..b` (non-empty) is in the set.
+    pub(crate) fn contains_range(&self, a: u32, b: u32) -> bool {
+        debug_assert!(a < b && b <= self.bits);
+        self.run_from(a).is_some_and(|(x, y)| x == a && y >= b)
     }
 
     /// Whether any block of `a..b` is in the set.
@@ -536,8 +553,8 @@ impl StripeCache {
             .is_some_and(|&e| self.entries[e as usize].valid.iter().any(|v| v.count() > 0))
     }
 
-    /// The unpinned entry of `stripe`, if the cache has one (its valid blocks equal the
-    /// members' contents while its stripe is held).
+    /// The unpinned entry of `stripe`, if the cache has one: its valid blocks equal the
+    /// members' contents while no pass writes the stripe (see "Rules").
     pub(crate) fn lookup(&self, stripe: u64) -> Option<u32> {
         self.map
             .get(&stripe)

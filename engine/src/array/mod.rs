@@ -384,6 +384,10 @@ pub struct ArrayStats {
     /// written around the cache lately and ran as a pass through it
     /// (`StripeCache::bypassed_lately`), so their stripe stays cached.
     pub cache_admitted_writes: u64,
+    /// Reads served from the stripe cache: every block they asked for was valid in their
+    /// stripe's entry, so no member was read (`array/read.rs`, `Array::cache_read`). Not
+    /// counted in `direct_reads` or `fast_reads`.
+    pub cache_reads: u64,
     /// Data chunks the passes wrote gathered from several writes' buffers, one member
     /// request each, nothing copied into the stripe cache (a stream of small writes that
     /// moves on; `array/pass.rs`, `Gathered`).
@@ -668,6 +672,7 @@ impl ArrayStats {
         self.cache_hit_stripes += o.cache_hit_stripes;
         self.cache_hit_bytes += o.cache_hit_bytes;
         self.cache_admitted_writes += o.cache_admitted_writes;
+        self.cache_reads += o.cache_reads;
         self.gathered_writes += o.gathered_writes;
         self.ppl_records += o.ppl_records;
         self.ppl_bytes += o.ppl_bytes;
@@ -899,6 +904,9 @@ struct ReqCtx {
     /// It waited for an earlier request's data (overlap in the backlog, or its stripe
     /// held): its latency is not the bulk share's signal ([`crate::qos::share`]).
     ordered: bool,
+    /// A read served from the stripe cache (`read.rs`, [`Array::cache_read`]): no member
+    /// I/O, so its latency is no sample for the pacer or the bulk share.
+    from_cache: bool,
     /// The device id of its one member read while it is a fast-path read in flight
     /// (`read.rs`, [`Array::submit`]); [`NO_FAST_DEV`] otherwise.
     fast_dev: u16,
@@ -939,6 +947,7 @@ impl ReqCtx {
         issued: false,
         device_ns: 0,
         ordered: false,
+        from_cache: false,
         fast_dev: NO_FAST_DEV,
         fast_ns: 0,
         fast_foreign: false,

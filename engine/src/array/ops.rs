@@ -448,17 +448,22 @@ impl<C: Channel> Array<C> {
                     self.now,
                     req.submit_ns,
                     req.device_ns,
-                    req.error.is_none() && !req.ordered,
+                    req.error.is_none() && !req.ordered && !req.from_cache,
                 ),
                 RequestClass::BulkWrite => self.bulk_reqs -= 1,
                 RequestClass::Other => {}
             }
-            self.pacer.foreground_done(
-                self.now,
-                self.now.saturating_sub(req.submit_ns),
-                req.len,
-                req.op.is_read(),
-            );
+            if req.from_cache {
+                self.pacer
+                    .foreground_done_unmeasured(self.now, req.len, req.op.is_read());
+            } else {
+                self.pacer.foreground_done(
+                    self.now,
+                    self.now.saturating_sub(req.submit_ns),
+                    req.len,
+                    req.op.is_read(),
+                );
+            }
         }
         // One push per outcome: a status chosen first and copied in was assembled on the
         // stack and reloaded wider than it was stored (a store-to-load forwarding stall).

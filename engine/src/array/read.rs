@@ -36,6 +36,14 @@
 //! - Replacement and member swaps: the member read carries the device id, as every
 //!   member request does, so a read in flight to a device swapped out completes against
 //!   it (its data was current) or, failing, runs again from the current devices.
+//!
+//! # From the stripe cache
+//! On members whose writes take time, a fast-path read of a stripe this shard owns whose
+//! blocks are all valid in the stripe's cache entry is copied from it and completed at
+//! submission ([`Array::cache_read`]): no member read, no stripe hold (nothing can write
+//! the stripe before it completes), no member error to handle (a latent sector error
+//! under a cached block is found by the next member read of it, as on md). Its latency is
+//! no sample for the pacer or the bulk share.
 
 use crate::device::{Channel, IoError, Op, Request};
 use crate::geometry::Role;
@@ -43,6 +51,7 @@ use crate::qos::IoClass;
 use crate::shard::owner;
 
 use super::cache::NONE;
+use super::pass::CACHE_ADMIT_WRITE_LATENCY_NS;
 use super::{
     ppl, Array, ArrayError, GateHold, MemberState, Phase, MEMBER_BITS, NO_ENTRY, NO_FAST_DEV,
 };
@@ -101,6 +110,12 @@ impl<C: Channel> Array<C> {
         if m.state != MemberState::Online || req.len > u64::from(m.max_transfer) {
             return false;
         }
+        let foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
+        if !foreign && self.cache_read(ri, stripe, member, off) {
+            return true;
+        }
+        let req = self.reqs[ri as usize].as_ref().expect("accepted request");
+        let m = &self.members[usize::from(member)];
         let op = self.fast_op(ri);
         let request = Request {
             tag: (u64::from(op) << MEMBER_BITS) | u64::from(m.id),
@@ -114,7 +129,6 @@ impl<C: Channel> Array<C> {
             buf: req.buf,
         };
         let id = m.id;
-        let foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
         if foreign && !self.fast_foreign_gate(stripe) {
             return false;
         }
@@ -135,6 +149,47 @@ impl<C: Channel> Array<C> {
         c.reads += 1;
         c.read_bytes += u64::from(request.len_bytes);
         self.send(member, IoClass::ForegroundRead, request);
+        true
+    }
+
+    /// Serves request `ri` (a fast-path read of `off..off + len` of `member`'s chunk in
+    /// `stripe`, which this shard owns, on the checks of [`Self::fast_read`]: no write
+    /// holds the stripe or waits for it) from the stripe cache when the stripe's entry
+    /// holds every block of it: copied into the caller's buffer and completed at once, no
+    /// member read. The entry's valid blocks equal the member (cache.rs, "Rules"), and no
+    /// pass is writing the stripe, so the read returns what a member read would. Only on
+    /// members whose writes take time ([`CACHE_ADMIT_WRITE_LATENCY_NS`], the rule that
+    /// admits random writes): on RAM-speed members the copy costs what the read would.
+    /// Returns whether it did.
+    fn cache_read(&mut self, ri: u32, stripe: u64, member: u16, off: u64) -> bool {
+        if self.write_latency_ns < CACHE_ADMIT_WRITE_LATENCY_NS {
+            return false;
+        }
+        let Some(e) = self.cache.lookup(stripe) else {
+            return false;
+        };
+        let unit = u64::from(self.geo.geometry().block_bytes());
+        let req = self.reqs[ri as usize].as_mut().expect("accepted request");
+        let len = req.len;
+        let m = usize::from(member);
+        let ent = self.cache.entry(e);
+        // A fast-path read lies inside one chunk and is block-aligned (`submit`).
+        if len == 0
+            || !ent.valid[m].contains_range((off / unit) as u32, (off + len).div_ceil(unit) as u32)
+        {
+            return false;
+        }
+        let src = &ent.bufs[m][off as usize..(off + len) as usize];
+        // SAFETY: `req.buf` is the caller's buffer of `len` bytes (`ArrayRequest`: lent
+        // until the request completes, which it does below); `src` is the cache's own
+        // buffer, `len` bytes inside one chunk (checked by `fast_read`).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), req.buf.as_ptr(), src.len()) };
+        req.issued = true;
+        req.from_cache = true;
+        let now = self.now;
+        self.queue_wait[req.class.index()].record(now.saturating_sub(req.submit_ns));
+        self.stats.cache_reads += 1;
+        self.finish_req(ri);
         true
     }
 

@@ -3283,7 +3283,8 @@ fn random_writes_that_come_back_to_their_stripes_are_cached() {
 }
 
 /// [`random_writes_that_come_back_to_their_stripes_are_cached`] on members of fixed
-/// `latency_ns`; `cached`: whether the hot laps must stop reading.
+/// `latency_ns`; `cached`: whether the hot laps must stop reading (and reads of what they
+/// wrote be served from the cache).
 fn random_rewrites(latency_ns: u64, cached: bool) {
     let chunk = 16u64 << 10;
     let stripe = 4 * chunk;
@@ -3375,6 +3376,59 @@ fn random_rewrites(latency_ns: u64, cached: bool) {
         assert_eq!(reads_per_lap, [12; 5], "{latency_ns} ns members");
         assert_eq!(arr.stats().cache_hit_stripes, 0, "{:?}", arr.stats());
     }
+    // Reads of the hot blocks: served from the cache where the laps are cached (no
+    // member read), from the members otherwise; and a block the cache lacks (the stripe's
+    // other chunks were never read or written through it) from its member.
+    let (before, served) = (member_reads(&devs), arr.stats().cache_reads);
+    let read_4k = |arr: &mut Array<crate::sim::SimChannel>, tag: u64, off: u64, want: &[u8]| {
+        let mut b = AlignedBuf::zeroed(4096);
+        assert_eq!(rw(arr, &clock, tag, ArrayOp::Read, off, &mut b), Ok(()));
+        assert!(
+            b[..] == want[off as usize..off as usize + 4096],
+            "read at {off}"
+        );
+        arr.stats().cache_reads - served
+    };
+    for (i, &(s, at)) in hot.iter().enumerate() {
+        read_4k(&mut arr, 900 + i as u64, s * stripe + at, &want);
+    }
+    let n = u64::from(cached) * 4;
+    assert_eq!(
+        arr.stats().cache_reads - served,
+        n,
+        "{latency_ns} ns members"
+    );
+    assert_eq!(
+        member_reads(&devs) - before,
+        4 - n,
+        "{latency_ns} ns members"
+    );
+    let off = hot[0].0 * stripe + (hot[0].1 + chunk) % stripe;
+    assert_eq!(
+        read_4k(&mut arr, 910, off, &want),
+        n,
+        "{latency_ns} ns members"
+    );
+    // A whole-stripe write of a hot stripe goes around the cache and drops its entry: a
+    // read of the block after it gets the new data, from the member.
+    let (s0, at0) = hot[0];
+    let mut whole = AlignedBuf::zeroed(stripe as usize);
+    whole.fill(0xe7);
+    let st = rw(
+        &mut arr,
+        &clock,
+        920,
+        ArrayOp::Write { fua: false },
+        s0 * stripe,
+        &mut whole,
+    );
+    assert_eq!(st, Ok(()));
+    want[(s0 * stripe) as usize..((s0 + 1) * stripe) as usize].fill(0xe7);
+    assert_eq!(
+        read_4k(&mut arr, 921, s0 * stripe + at0, &want),
+        n,
+        "{latency_ns} ns members"
+    );
     assert_reads_back(&mut arr, &clock, 1, &want, "read-back differs");
     let bad = super::gather_tests::parity_mismatches(&arr, &devs);
     assert!(bad.is_empty(), "P/Q wrong in stripes {bad:?}");

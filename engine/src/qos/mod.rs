@@ -86,6 +86,13 @@ pub trait Pacer: Send {
     fn foreground_submitted(&mut self, now_ns: u64);
     /// A foreground array request finished after `latency_ns`, having moved `bytes`.
     fn foreground_done(&mut self, now_ns: u64, latency_ns: u64, bytes: u64, read: bool);
+    /// A foreground array request finished without a member I/O (a read served from the
+    /// stripe cache), having moved `bytes`: done, but its latency says nothing about the
+    /// members and is no sample. The default reports it as [`Self::foreground_done`] with
+    /// latency 0, for pacers that do not measure latency.
+    fn foreground_done_unmeasured(&mut self, now_ns: u64, bytes: u64, read: bool) {
+        self.foreground_done(now_ns, 0, bytes, read);
+    }
     /// A background stripe operation finished after `latency_ns`, having moved
     /// `bytes_per_member` on each member it touched.
     fn background_done(&mut self, now_ns: u64, latency_ns: u64, bytes_per_member: u64);

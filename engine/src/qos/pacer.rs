@@ -1029,6 +1029,14 @@ impl Pacer for FerroraidPacer {
         self.close_window(now_ns);
     }
 
+    fn foreground_done_unmeasured(&mut self, now_ns: u64, _bytes: u64, _read: bool) {
+        // Present, no longer in flight; not in the window (a cache hit's latency would
+        // dilute the members' signal) nor a quiet sample.
+        self.fg_in_flight = self.fg_in_flight.saturating_sub(1);
+        self.fg_last_ns = now_ns;
+        self.close_window(now_ns);
+    }
+
     fn background_done(&mut self, now_ns: u64, _latency_ns: u64, _bytes_per_member: u64) {
         self.bg_in_flight = self.bg_in_flight.saturating_sub(1);
         self.bg_busy_ns = now_ns;
