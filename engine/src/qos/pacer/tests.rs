@@ -509,3 +509,26 @@ fn speed_limits_are_shared_among_the_shards() {
     assert_eq!((tiny.speed_min, tiny.speed_max), (342, 342));
     assert!(3 * tiny.speed_max >= 1024 && 3 * (tiny.speed_max - 1) < 1024);
 }
+
+/// Reads served from the stripe cache (`foreground_done_unmeasured`) are no samples: a
+/// window of measured requests with as many cache hits beside them counts the measured
+/// ones alone, and its median is theirs, while the hits still end the requests' time in
+/// flight.
+#[test]
+fn ferroraid_takes_no_sample_from_requests_served_without_a_member() {
+    let mut p = ferro(limits(10, 500));
+    let window = FerroraidPacerConfig::default().window_ns;
+    let (mut now, mut measured) = (0u64, 0u64);
+    while p.windows() == 0 {
+        p.foreground_submitted(now);
+        p.foreground_submitted(now);
+        now += 100_000;
+        p.foreground_done(now, 100_000, 4096, true);
+        measured += 1;
+        p.foreground_done_unmeasured(now, 4096, true);
+        assert!(now < 10 * window, "no window closed");
+    }
+    let w = p.last_window();
+    assert_eq!(w.samples, measured, "{w:?}");
+    assert!(w.p50_ns >= 90_000, "{w:?}");
+}
