@@ -153,7 +153,7 @@ thread_local! { static FAILED: std::cell::Cell<u64> = const { std::cell::Cell::n
 thread_local! { static REBUILT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
 thread_local! { static REPLACED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
 
-pub(super) fn admit_fuzz(seed: u64, iters: usize) -> (u64, u64) {
+pub(super) fn admit_fuzz(seed: u64, iters: usize) -> (u64, u64, u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let (level, n) = match rng.below(4) {
         0 => (Level::Raid5, 3u16),
@@ -548,7 +548,11 @@ pub(super) fn admit_fuzz(seed: u64, iters: usize) -> (u64, u64) {
         }
     }
     let st = arr.stats();
-    (st.cache_hit_stripes, st.cache_admitted_writes)
+    (
+        st.cache_hit_stripes,
+        st.cache_admitted_writes,
+        st.cache_reads,
+    )
 }
 
 #[test]
@@ -565,16 +569,19 @@ fn admit_fuzz_seeds() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(150);
-    let (mut hits, mut adm) = (0, 0);
+    let (mut hits, mut adm, mut reads) = (0, 0, 0);
     for seed in from..from + seeds {
-        let (h, a) = admit_fuzz(seed, iters);
+        let (h, a, r) = admit_fuzz(seed, iters);
         hits += h;
         adm += a;
+        reads += r;
     }
     assert!(hits > 0, "nothing hit the cache");
     let rep = REPLACED.with(|c| c.get());
-    eprintln!("cache hit stripes over all seeds: {hits}, admitted by the filter: {adm}, replaces {rep}, member failures {}, rebuilds {}", FAILED.with(|c| c.get()), REBUILT.with(|c| c.get()));
+    eprintln!("cache hit stripes over all seeds: {hits}, admitted by the filter: {adm}, reads served from the cache: {reads}, replaces {rep}, member failures {}, rebuilds {}", FAILED.with(|c| c.get()), REBUILT.with(|c| c.get()));
     assert!(adm > 0);
+    // The fuzz's reads (each checked against the model) reach the cache-read path too.
+    assert!(reads > 0, "no read was served from the stripe cache");
 }
 
 /// FUA writes and writes acknowledged before a completed flush survive a power cut of the
