@@ -55,12 +55,7 @@ fn world_cached(
 fn write_and_settle(w: &mut World, tag: u64, off: u64, fua: bool, fill: u8) {
     let mut b = AlignedBuf::zeroed(512);
     b.fill(fill);
-    let mut done = Vec::new();
-    submit(w, tag, ArrayOp::Write { fua }, off, &mut b);
-    while done.is_empty() {
-        step(w, &mut done);
-    }
-    assert_eq!(done[0].status, Ok(()));
+    assert_eq!(run_one(w, tag, ArrayOp::Write { fua }, off, &mut b), Ok(()));
     for _ in 0..50 {
         if w.arr.shards().iter().all(|s| !s.busy()) {
             break;
@@ -122,19 +117,9 @@ pub(super) fn crash_replace_case(
     {
         let mut fb = AlignedBuf::zeroed(cap as usize);
         fb.copy_from_slice(&reference);
-        submit(&mut w, 1, ArrayOp::Write { fua: false }, 0, &mut fb);
-        while done.is_empty() {
-            step(&mut w, &mut done);
-        }
-        assert_eq!(done[0].status, Ok(()));
-        done.clear();
-        let mut z: [u8; 0] = [];
-        submit(&mut w, 2, ArrayOp::Flush, 0, &mut z);
-        while done.is_empty() {
-            step(&mut w, &mut done);
-        }
-        assert_eq!(done[0].status, Ok(()));
-        done.clear();
+        let st = run_one(&mut w, 1, ArrayOp::Write { fua: false }, 0, &mut fb);
+        assert_eq!(st, Ok(()));
+        assert_eq!(run_one(&mut w, 2, ArrayOp::Flush, 0, &mut []), Ok(()));
     }
     let mut must: Vec<Option<u8>> = reference.iter().map(|&b| Some(b)).collect();
     let mut inflight: Vec<(u64, u64, u64, AlignedBuf, bool)> = Vec::new();
@@ -239,13 +224,7 @@ pub(super) fn crash_replace_case(
                         reference[off as usize..(off + len) as usize].copy_from_slice(&buf);
                     }
                 }
-                let mut z: [u8; 0] = [];
-                submit(&mut w, 5, ArrayOp::Flush, 0, &mut z);
-                while done.is_empty() {
-                    step(&mut w, &mut done);
-                }
-                assert_eq!(done[0].status, Ok(()));
-                done.clear();
+                assert_eq!(run_one(&mut w, 5, ArrayOp::Flush, 0, &mut []), Ok(()));
                 for (m, r) in must.iter_mut().zip(&reference) {
                     *m = Some(*r);
                 }

@@ -118,6 +118,25 @@ fn step(w: &mut World, done: &mut Vec<ArrayCompletion>) {
     }
 }
 
+/// Submits one request with nothing else in flight and steps until it completes (the
+/// completion must be its own, and the only one); returns its status.
+fn run_one(
+    w: &mut World,
+    tag: u64,
+    op: ArrayOp,
+    off: u64,
+    buf: &mut [u8],
+) -> Result<(), ArrayError> {
+    submit(w, tag, op, off, buf);
+    let mut done = Vec::new();
+    while done.is_empty() {
+        step(w, &mut done);
+    }
+    assert_eq!(done.len(), 1, "other requests were in flight: {done:?}");
+    assert_eq!(done[0].tag, tag);
+    done[0].status
+}
+
 fn submit(w: &mut World, tag: u64, op: ArrayOp, off: u64, buf: &mut [u8]) {
     // SAFETY: the caller keeps `buf` alive and untouched until the request completes.
     let io = unsafe {
@@ -468,12 +487,7 @@ fn a_hung_record_write_times_out_and_fails_its_member() {
         MemberState::Failed(IoError::Timeout)
     );
     let mut back = AlignedBuf::zeroed(4096);
-    submit(&mut w, 2, ArrayOp::Read, 0, &mut back);
-    done.clear();
-    while done.is_empty() {
-        step(&mut w, &mut done);
-    }
-    assert_eq!(done[0].status, Ok(()));
+    assert_eq!(run_one(&mut w, 2, ArrayOp::Read, 0, &mut back), Ok(()));
     assert!(back[..] == data[..]);
     assert!(w.arr.shards().iter().all(|s| !s.busy()));
 }
