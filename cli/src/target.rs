@@ -527,10 +527,7 @@ impl Shared {
         // role now would fail the replacement on the reactors that swapped, and the
         // record would name the replacement faulty.
         ensure!(
-            !m.book
-                .replacing
-                .as_ref()
-                .is_some_and(|b| b.role == role && b.swap_recorded.is_some()),
+            !m.book.swap_recorded_for(role),
             "the member of slot {role} is being replaced and is already recorded out of the \
              array: its replacement is taking the slot (fail the replacement to fail the slot)"
         );
@@ -774,12 +771,7 @@ impl Handler for TargetHandler {
                 ));
             }
         }
-        if s.meta()
-            .book
-            .replacing
-            .as_ref()
-            .is_some_and(|b| b.role == role && b.swap_recorded.is_some())
-        {
+        if s.meta().book.swap_recorded_for(role) {
             return Err(RpcError::process_refused(format!(
                 "{sel} is being replaced and is already recorded out of the array: its \
                  replacement is taking slot {role} (fail the replacement to fail the slot)"
@@ -1924,11 +1916,7 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
                 && !meta.book.swapping.contains(&(*r as u16))
                 // The replaced member of a swap already recorded: recorded out, and the
                 // swap makes the slot whole.
-                && !meta
-                    .book
-                    .replacing
-                    .as_ref()
-                    .is_some_and(|b| b.role == *r as u16 && b.swap_recorded.is_some())
+                && !meta.book.swap_recorded_for(*r as u16)
                 && meta
                     .members
                     .iter()

@@ -153,6 +153,14 @@ fn concerns_replace(e: &engine::reactor::ControlError, role: u16) -> bool {
 }
 
 impl ProcessBook {
+    /// Whether a replace of `role` has its swap recorded in the superblocks
+    /// ([`ReplaceBook::swap_recorded`]): the role's old member is out already.
+    pub(super) fn swap_recorded_for(&self, role: u16) -> bool {
+        self.replacing
+            .as_ref()
+            .is_some_and(|b| b.role == role && b.swap_recorded.is_some())
+    }
+
     /// The book of a target whose `roles` were assembled partly rebuilt.
     pub(super) fn resuming(roles: Vec<u16>) -> Self {
         ProcessBook {
