@@ -1559,6 +1559,10 @@ impl Target {
             // The superblocks record a replace's swap before the reactors make it
             // (lifecycle.rs, `tend_replace`).
             confirm_replace: true,
+            // Writes completed while a member failure is unrecorded wait for the monitor
+            // to record it (`monitor`): a crash before the record would reassemble with
+            // the failed member, stale, as current.
+            confirm_failures: true,
         };
         let devices = Arc::new(devices);
         let started = match set {
@@ -1906,7 +1910,14 @@ fn readd_plan(assembly: &Assembly) -> Vec<(u16, usize, bool)> {
     out
 }
 
-fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> {
+/// Roles the reactors failed whose failure the superblocks do not hold yet while they still
+/// name an active device in the role: a crash now would reassemble with that device as
+/// current, stale. A spare being promoted into a failed role (`swapping`) is recorded in
+/// it already, to be rebuilt.
+fn unrecorded_roles<'a>(
+    snap: &'a engine::reactor::ArraySnapshot,
+    meta: &'a Meta,
+) -> impl Iterator<Item = u16> + 'a {
     snap.members
         .iter()
         .enumerate()
@@ -1914,33 +1925,49 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
             m.state.is_failed()
                 && !meta.recorded_failed.contains(&(*r as u16))
                 && !meta.book.swapping.contains(&(*r as u16))
-                // The replaced member of a swap already recorded: recorded out, and the
-                // swap makes the slot whole.
-                && !meta.book.swap_recorded_for(*r as u16)
                 && meta
                     .members
                     .iter()
                     .any(|x| x.role == Some(*r as u16) && x.active)
         })
         .map(|(r, _)| r as u16)
+}
+
+/// The [`unrecorded_roles`] to record faulty now. Not the slot of a replace whose swap is
+/// recorded: its old member is recorded out already and the swap makes the slot whole (a
+/// replacement failing after it fails the slot, recorded once the replace ends).
+fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> {
+    unrecorded_roles(snap, meta)
+        .filter(|&r| !meta.book.swap_recorded_for(r))
         .collect()
 }
 
-/// Records members the reactors failed as faulty on the survivors' superblocks, and tends
-/// the background processes (hot spares, rebuild checkpoints, an owed resync).
+/// Records members the reactors failed as faulty on the survivors' superblocks, then lets
+/// the reactors complete the writes they held meanwhile ([`Extras::confirm_failures`]),
+/// and tends the background processes (hot spares, rebuild checkpoints, an owed resync).
+/// A record that fails keeps the writes held; it is tried again every turn (md retries its
+/// superblock update the same way while `MD_SB_CHANGE_PENDING` holds writes).
 fn monitor(shared: &Shared, stop: &AtomicBool) {
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(MONITOR_INTERVAL);
-        let snap = shared.handle.snapshot();
         let mut m = shared.meta();
+        // Before the snapshot: every failure they count is failed in it.
+        let marks = shared.handle.failure_marks();
+        let snap = shared.handle.snapshot();
         let newly = failed_roles(&snap, &m);
         if !newly.is_empty() {
             for r in &newly {
                 warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
             }
             if let Err(e) = m.record(&newly, None) {
-                warn!("recording failed members: {}", crate::error_text(&e));
+                warn!(
+                    "recording failed members (writes wait until it is recorded): {}",
+                    crate::error_text(&e)
+                );
             }
+        }
+        if unrecorded_roles(&snap, &m).next().is_none() {
+            shared.handle.failures_recorded(&marks);
         }
         shared.tend_processes(&mut m, &snap);
     }

@@ -537,6 +537,34 @@ impl ReactorHandle {
         Ok(())
     }
 
+    /// Each reactor's count of member failures as last published (failures of a member its
+    /// shard had in service, [`ArrayStats::member_failures`]), to hand back to
+    /// [`Self::failures_recorded`] once they are recorded. Taken before the
+    /// [`Self::snapshot`] whose failed members the caller records: every failure counted
+    /// here is failed in that snapshot (a reactor publishes its member states and its
+    /// count together, and counts only grow).
+    pub fn failure_marks(&self) -> FailureMarks {
+        FailureMarks(self.each_published(|p| p.stats.member_failures))
+    }
+
+    /// Says the member failures counted in `marks` ([`Self::failure_marks`]) are recorded
+    /// durably: each reactor releases the write completions it held for them
+    /// ([`Extras::confirm_failures`]) within a loop turn. Marks never go back (an older
+    /// `marks` changes nothing).
+    pub fn failures_recorded(&self, marks: &FailureMarks) {
+        for (to, (r, &m)) in self
+            .shared
+            .failures_recorded
+            .iter()
+            .zip(&marks.0)
+            .enumerate()
+        {
+            if r.fetch_max(m, Ordering::AcqRel) < m {
+                self.shared.wake(to);
+            }
+        }
+    }
+
     /// Whether [`Self::start_replace`] would accept a device described by `info` for
     /// member `slot` now (against the last published state).
     ///
@@ -690,14 +718,15 @@ impl ReactorHandle {
     /// Each reactor's loop counters, in reactor order, as last published (at most
     /// [`PUBLISH_INTERVAL`] old).
     pub fn reactor_loads(&self) -> Vec<ReactorLoad> {
+        self.each_published(|p| p.load)
+    }
+
+    /// `f` of what each reactor last published, in reactor order.
+    fn each_published<T>(&self, f: impl Fn(&Published) -> T) -> Vec<T> {
         self.shared
             .published
             .iter()
-            .map(|p| {
-                p.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .load
-            })
+            .map(|p| f(&p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)))
             .collect()
     }
 }
@@ -1094,6 +1123,10 @@ struct Shared {
     /// Serial of the replacement every reactor has copied and that waits for
     /// [`ReactorHandle::complete_replace`] (0: none).
     replace_copied: AtomicU64,
+    /// Per reactor: the member failures of its shard the caller has recorded durably
+    /// ([`ReactorHandle::failures_recorded`]); each shard holds its write completions
+    /// while its own count of failures is ahead ([`Extras::confirm_failures`]).
+    failures_recorded: Vec<Arc<AtomicU64>>,
     /// When the reactors started (the handle's clock for rates).
     epoch: Instant,
     /// Stripes known to read as zeroes (block status), shared with every shard.
@@ -1198,6 +1231,7 @@ impl Shared {
             replaced: AtomicUsize::new(0),
             confirm_replace: false,
             replace_copied: AtomicU64::new(0),
+            failures_recorded: (0..n).map(|_| Arc::new(AtomicU64::new(0))).collect(),
             epoch: Instant::now(),
             rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
         }
@@ -1225,6 +1259,24 @@ pub struct Extras<P> {
     /// swap and the record restarts on the old device, which missed the writes made
     /// after the swap, and the resumed replace copies its stale data over the new ones.
     pub confirm_replace: bool,
+    /// Each shard holds the completions of writes finished while a member failure it saw
+    /// is not yet recorded ([`Array::hold_writes_until_recorded`]) until the caller
+    /// records it and says so with [`ReactorHandle::failures_recorded`]. A caller that
+    /// records failures durably (the target's superblocks) sets it: otherwise a crash
+    /// before the record reassembles with the failed member as current, and its stale
+    /// chunks stand for writes acknowledged without it (md's `MD_SB_CHANGE_PENDING`).
+    pub confirm_failures: bool,
+}
+
+/// Each reactor's count of member failures, as published ([`ReactorHandle::failure_marks`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FailureMarks(Vec<u64>);
+
+impl FailureMarks {
+    /// Failures counted over every reactor (one member failed on `n` shards counts `n`).
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
 }
 
 /// A replace found in progress at assembly ([`Extras::replace`]).
@@ -1307,6 +1359,7 @@ impl<F: Frontend> Reactors<F> {
                 ppl: None,
                 replace: None,
                 confirm_replace: false,
+                confirm_failures: false,
             },
         )
     }
@@ -1343,6 +1396,7 @@ impl<F: Frontend> Reactors<F> {
                 ppl: None,
                 replace: None,
                 confirm_replace: false,
+                confirm_failures: false,
             },
         )
     }
@@ -1420,6 +1474,7 @@ impl<F: Frontend> Reactors<F> {
             ppl,
             replace,
             confirm_replace,
+            confirm_failures,
         } = extras;
         let replace = replace.map(Arc::new);
         let pacer = Arc::new(pacer);
@@ -1503,6 +1558,9 @@ impl<F: Frontend> Reactors<F> {
                     }
                     if let Some(g) = &gate {
                         array.set_gate(Some(Arc::clone(g)));
+                    }
+                    if confirm_failures {
+                        array.hold_writes_until_recorded(Arc::clone(&shared.failures_recorded[me]));
                     }
                     Ok(array)
                 })();

@@ -134,13 +134,7 @@ fn start_checkers_with(
     seed: u64,
     confirm_replace: bool,
 ) -> Result<Started, engine::reactor::ReactorError> {
-    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
-    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
-    let devices: Arc<Vec<MemDevice>> = Arc::new(
-        (0..6)
-            .map(|i| MemDevice::new(&format!("mem{i}"), STRIPES * CHUNK, 512, 64).unwrap())
-            .collect(),
-    );
+    let (devices, geo) = raid6_members();
     let region = (geo.capacity_bytes() / reactors as u64) / 512 * 512;
     let frontends: Vec<Checker> = (0..reactors)
         .map(|i| Checker {
@@ -153,8 +147,36 @@ fn start_checkers_with(
             errors: Vec::new(),
         })
         .collect();
+    let running = start_frontends(set, &devices, geo, frontends, confirm_replace, false)?;
+    Ok((running, devices, geo))
+}
+
+/// Six fresh `mem` members of a RAID6 (left-symmetric, 4 KiB chunks, [`STRIPES`] stripes)
+/// and its geometry.
+fn raid6_members() -> (Arc<Vec<MemDevice>>, ArrayGeometry) {
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+    let devices: Arc<Vec<MemDevice>> = Arc::new(
+        (0..6)
+            .map(|i| MemDevice::new(&format!("mem{i}"), STRIPES * CHUNK, 512, 64).unwrap())
+            .collect(),
+    );
+    (devices, geo)
+}
+
+/// Starts one adaptive reactor per front-end over `devices` (on `set`, else on reactors of
+/// the array's own), 16 requests each, foreign reads on, with
+/// [`Extras::confirm_replace`] and [`Extras::confirm_failures`] as given.
+fn start_frontends<F: Frontend + Send + 'static>(
+    set: Option<&ReactorSet>,
+    devices: &Arc<Vec<MemDevice>>,
+    geo: ArrayGeometry,
+    frontends: Vec<F>,
+    confirm_replace: bool,
+    confirm_failures: bool,
+) -> Result<Reactors<F>, engine::reactor::ReactorError> {
     let cfg = ReactorConfig {
-        cores: vec![None; reactors],
+        cores: vec![None; frontends.len()],
         mode: Mode::Adaptive,
         requests: 16,
         foreign_reads: true,
@@ -165,11 +187,12 @@ fn start_checkers_with(
         ppl: None,
         replace: None,
         confirm_replace,
+        confirm_failures,
     };
-    let running = match set {
+    match set {
         Some(set) => Reactors::start_on(
             set,
-            Arc::clone(&devices),
+            Arc::clone(devices),
             geo,
             Parity::new(),
             ArrayConfig::default(),
@@ -178,7 +201,7 @@ fn start_checkers_with(
             extras,
         ),
         None => Reactors::start_with(
-            Arc::clone(&devices),
+            Arc::clone(devices),
             geo,
             Parity::new(),
             ArrayConfig::default(),
@@ -186,8 +209,7 @@ fn start_checkers_with(
             frontends,
             extras,
         ),
-    }?;
-    Ok((running, devices, geo))
+    }
 }
 
 /// Checks a stopped array's front-ends saw no error and its members (via the oracle) hold
@@ -550,6 +572,196 @@ fn a_copied_replacement_waits_for_its_swap_and_the_old_member_keeps_every_write(
     }
 }
 
+/// What a [`GatedWriter`] and its test share.
+#[derive(Default)]
+struct WriteGate {
+    /// Blocks the writer may have written by now.
+    limit: std::sync::atomic::AtomicU32,
+    /// Blocks whose write was acknowledged.
+    acked: std::sync::atomic::AtomicU32,
+}
+
+/// Writes 4 KiB blocks `first..first + count` of the array in order, one at a time and
+/// each once, with the block's own pattern ([`block_pattern`]), while fewer than
+/// `gate.limit` are written; counts the acknowledged ones in `gate.acked`.
+struct GatedWriter {
+    first: u32,
+    count: u32,
+    next: u32,
+    in_flight: bool,
+    gate: Arc<WriteGate>,
+    buf: AlignedBuf,
+    errors: Vec<String>,
+}
+
+/// The contents a [`GatedWriter`] gives block `block`: different in every block.
+fn block_pattern(block: u32) -> Vec<u8> {
+    (0..CHUNK as u32)
+        .map(|i| ((block * 131 + i * 7 + 1) % 251) as u8)
+        .collect()
+}
+
+impl Frontend for GatedWriter {
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.in_flight
+            || self.next == self.count
+            || self.next >= self.gate.limit.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        let block = self.first + self.next;
+        self.buf[..CHUNK as usize].copy_from_slice(&block_pattern(block));
+        // SAFETY: the buffer belongs to this front-end and is untouched until `complete`.
+        let buf = unsafe {
+            IoBuf::from_raw(
+                NonNull::new(self.buf.as_mut_ptr()).unwrap(),
+                CHUNK as u32,
+                None,
+            )
+        };
+        let r = ArrayRequest {
+            tag: u64::from(block),
+            op: ArrayOp::Write { fua: false },
+            offset_bytes: u64::from(block) * CHUNK,
+            len_bytes: CHUNK as u32,
+            buf,
+        };
+        if io.submit(r).is_err() {
+            return false;
+        }
+        self.in_flight = true;
+        self.next += 1;
+        true
+    }
+
+    fn complete(&mut self, c: ArrayCompletion) {
+        self.in_flight = false;
+        match c.status {
+            Ok(()) => {
+                self.gate
+                    .acked
+                    .fetch_add(1, std::sync::atomic::Ordering::Release);
+            }
+            Err(e) => self
+                .errors
+                .push(format!("write of block {} failed: {e}", c.tag)),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.next == self.count && !self.in_flight
+    }
+}
+
+/// With [`Extras::confirm_failures`] (the target's: it records failures in the
+/// superblocks), a write finished after a member failed is acknowledged only once the
+/// caller says the failure is recorded. Before that the member is still current as far
+/// as a restart knows, and a crash would reassemble with its stale chunks: the member
+/// images taken while the writes wait, the failed member among them, hold every
+/// acknowledged write (without the hold, writes acknowledged after the failure read back
+/// stale from it). Then `failures_recorded` lets them complete, and the survivors hold
+/// every block.
+#[test]
+fn writes_after_a_member_failure_wait_until_it_is_recorded() {
+    use std::sync::atomic::Ordering;
+    for reactors in [1usize, 2] {
+        let what = format!("{reactors} reactors");
+        let (devices, geo) = raid6_members();
+        let blocks = (geo.capacity_bytes() / CHUNK) as u32;
+        let per = blocks / reactors as u32;
+        let gates: Vec<Arc<WriteGate>> = (0..reactors)
+            .map(|_| Arc::new(WriteGate::default()))
+            .collect();
+        let frontends: Vec<GatedWriter> = (0..reactors)
+            .map(|i| GatedWriter {
+                first: i as u32 * per,
+                count: per,
+                next: 0,
+                in_flight: false,
+                gate: Arc::clone(&gates[i]),
+                buf: AlignedBuf::zeroed(CHUNK as usize),
+                errors: Vec::new(),
+            })
+            .collect();
+        let running = start_frontends(None, &devices, geo, frontends, true, true).unwrap();
+        let h = running.handle();
+        let acked = || -> Vec<u32> {
+            gates
+                .iter()
+                .map(|g| g.acked.load(Ordering::Acquire))
+                .collect()
+        };
+        let (before, during) = (per / 3, 2 * per / 3);
+        for g in &gates {
+            g.limit.store(before, Ordering::Release);
+        }
+        wait_for("the first writes", || acked().iter().all(|&a| a == before));
+        h.fail_member(3).unwrap();
+        // Every reactor has failed it (each counts it once, published).
+        wait_for("the failure on every reactor", || {
+            h.failure_marks().total() == reactors as u64
+        });
+        assert!(h.snapshot().members[3].state.is_failed(), "{what}");
+        for g in &gates {
+            g.limit.store(during, Ordering::Release);
+        }
+        // Each writer's next write waits for the record.
+        wait_for("a write held on every reactor", || {
+            h.snapshot().requests_in_flight == reactors
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(
+            acked(),
+            vec![before; reactors],
+            "{what}: acknowledged before the record"
+        );
+        // A crash now: the images as they are, the failed member taken as current.
+        let images: Vec<Vec<u8>> = devices.iter().map(MemDevice::contents).collect();
+        let view: Vec<Option<&[u8]>> = images.iter().map(|i| Some(&i[..])).collect();
+        if let Some(logical) = oracle_images_raid6_4k(&what, &view, false) {
+            for (i, &n) in acked().iter().enumerate() {
+                for b in i as u32 * per..i as u32 * per + n {
+                    let at = (u64::from(b) * CHUNK) as usize;
+                    assert!(
+                        logical[at..at + CHUNK as usize] == block_pattern(b)[..],
+                        "{what}: acknowledged block {b} lost if the array restarts before the failure is recorded"
+                    );
+                }
+            }
+        }
+        // Recorded: the held writes complete, and later ones are not held.
+        h.failures_recorded(&h.failure_marks());
+        wait_for("the held writes", || acked().iter().all(|&a| a == during));
+        for g in &gates {
+            g.limit.store(per, Ordering::Release);
+        }
+        wait_for("every write", || acked().iter().all(|&a| a == per));
+        let done = running.stop().unwrap();
+        for f in &done {
+            assert!(f.errors.is_empty(), "{what}: {:?}", f.errors);
+        }
+        // The survivors hold every block.
+        let images: Vec<Vec<u8>> = devices.iter().map(MemDevice::contents).collect();
+        let view: Vec<Option<&[u8]>> = images
+            .iter()
+            .enumerate()
+            .map(|(m, i)| (m != 3).then_some(&i[..]))
+            .collect();
+        // (The oracle verifies no array with a member missing; the extract rebuilds every
+        // chunk of member 3 from P or Q.)
+        if let Some(logical) = oracle_images_raid6_4k(&what, &view, false) {
+            for b in 0..per * reactors as u32 {
+                let at = (u64::from(b) * CHUNK) as usize;
+                assert!(
+                    logical[at..at + CHUNK as usize] == block_pattern(b)[..],
+                    "{what}: block {b} after the record"
+                );
+            }
+        }
+    }
+}
+
 /// Another member failing while a RAID6 rebuilds (one failed plus one being rebuilt is
 /// still within its redundancy): the rebuild carries on and finishes, the rebuilt member
 /// comes online, the newly failed one stays failed, and clients see no error.
@@ -598,13 +810,26 @@ fn rebuild_survives_another_failure_on_raid6() {
 /// 0): `verify` must find no mismatch; returns what `extract` reads from them, or `None`
 /// without the oracle (after saying on stderr that `test` skips the check).
 fn oracle_extract_raid6_4k(test: &str, images: &[Vec<u8>]) -> Option<Vec<u8>> {
+    let images: Vec<Option<&[u8]>> = images.iter().map(|i| Some(&i[..])).collect();
+    oracle_images_raid6_4k(test, &images, true)
+}
+
+/// [`oracle_extract_raid6_4k`] with members given as missing (`None`: the oracle
+/// reconstructs their chunks from the others), and `verify` run only when asked (a
+/// member left stale fails it; the oracle verifies no array with a member missing).
+fn oracle_images_raid6_4k(test: &str, images: &[Option<&[u8]>], verify: bool) -> Option<Vec<u8>> {
     let oracle = Oracle::locate_or_skip(test)?;
     let dir = tempfile::tempdir().unwrap();
     let mut paths = Vec::new();
     for (i, img) in images.iter().enumerate() {
-        let p = dir.path().join(format!("m{i}.img"));
-        std::fs::write(&p, img).unwrap();
-        paths.push(p.display().to_string());
+        match img {
+            Some(img) => {
+                let p = dir.path().join(format!("m{i}.img"));
+                std::fs::write(&p, img).unwrap();
+                paths.push(p.display().to_string());
+            }
+            None => paths.push("missing".into()),
+        }
     }
     let common = [
         "--level",
@@ -614,11 +839,13 @@ fn oracle_extract_raid6_4k(test: &str, images: &[Vec<u8>]) -> Option<Vec<u8>> {
         "--chunk",
         "4096",
     ];
-    let mut args: Vec<String> = vec!["verify".into()];
-    args.extend(paths.iter().cloned());
-    args.extend(common.iter().map(|s| s.to_string()));
-    let out = oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
-    assert!(out.contains("mismatches 0"), "{out}");
+    if verify {
+        let mut args: Vec<String> = vec!["verify".into()];
+        args.extend(paths.iter().cloned());
+        args.extend(common.iter().map(|s| s.to_string()));
+        let out = oracle.run_ok(&args).unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.contains("mismatches 0"), "{out}");
+    }
     let img = dir.path().join("logical.img");
     let mut args: Vec<String> = vec!["extract".into()];
     args.extend(paths.iter().cloned());

@@ -569,6 +569,7 @@ fn extras_for(
         ppl,
         replace: None,
         confirm_replace: false,
+        confirm_failures: false,
     }
 }
 

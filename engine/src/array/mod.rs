@@ -80,6 +80,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrayvec::ArrayVec;
@@ -1225,6 +1226,13 @@ pub struct Array<C: Channel> {
     /// fast-path read goes out until the ones in flight are done and the request has it.
     fast_blocked: bool,
     done: VecDeque<ArrayCompletion>,
+    /// Member failures of this shard that the caller has recorded durably
+    /// ([`Array::hold_writes_until_recorded`]): write completions are held while
+    /// `stats.member_failures` is ahead of it. `None`: never held.
+    failures_recorded: Option<Arc<AtomicU64>>,
+    /// Completions of writes held until the member failures before them are recorded, in
+    /// completion order (capacity: every request).
+    held_writes: VecDeque<ArrayCompletion>,
     /// Member completions synthesised for requests a channel refused for good.
     synthetic: VecDeque<Completion>,
     scratch: Vec<Completion>,
@@ -1507,6 +1515,8 @@ impl<C: Channel> Array<C> {
             fast_in_flight: 0,
             fast_blocked: false,
             done: VecDeque::with_capacity(cfg.requests),
+            failures_recorded: None,
+            held_writes: VecDeque::new(),
             synthetic: VecDeque::with_capacity((total_sops + cfg.requests) * (n + 1)),
             scratch: vec![Completion::EMPTY; 64],
             failed_members: 0,
@@ -1622,6 +1632,45 @@ impl<C: Channel> Array<C> {
     /// an executor that needs to know when they next complete).
     pub fn channels(&self) -> impl Iterator<Item = &C> {
         self.members.iter().map(|m| &m.ch)
+    }
+
+    /// Holds the completion of every write (any [`ArrayOp::is_write`] request) that
+    /// finishes while this shard has member failures the caller has not yet recorded
+    /// durably: `recorded` is the caller's count of them, compared with this shard's
+    /// [`ArrayStats::member_failures`] (failures of a member it had in service, counted
+    /// once per member and shard). The held completions come out of [`Self::poll`] once
+    /// `recorded` reaches it (stored with `Release`; the caller then wakes the reactor).
+    /// Reads, flushes and the writes of a shard with no unrecorded failure are not held.
+    ///
+    /// Why: a write completed while a member is failed skips that member. Until the
+    /// superblocks say the member is faulty, a crash reassembles the array with it as
+    /// current, and its stale chunks then stand for data and parity that were
+    /// acknowledged: md holds such writes the same way until its superblock update is
+    /// written (`MD_SB_CHANGE_PENDING`, raid1's `bio_end_io_list`, raid5's `handle_stripe`).
+    ///
+    /// # Panics
+    /// If requests are in flight (attach before submitting any).
+    pub fn hold_writes_until_recorded(&mut self, recorded: Arc<AtomicU64>) {
+        assert!(
+            self.free_reqs.len() == self.reqs.len(),
+            "the write hold is attached before any request"
+        );
+        self.held_writes = VecDeque::with_capacity(self.reqs.len());
+        self.failures_recorded = Some(recorded);
+    }
+
+    /// Whether a write finishing now is held ([`Self::hold_writes_until_recorded`]).
+    #[inline]
+    pub(super) fn writes_held(&self) -> bool {
+        self.failures_recorded
+            .as_ref()
+            .is_some_and(|r| r.load(Ordering::Acquire) < self.stats.member_failures)
+    }
+
+    /// Write completions held for an unrecorded member failure
+    /// ([`Self::hold_writes_until_recorded`]).
+    pub fn held_writes(&self) -> usize {
+        self.held_writes.len()
     }
 
     /// What the array did so far.
@@ -1977,8 +2026,14 @@ impl<C: Channel> Array<C> {
         progress || self.turn_bulk_deferred
     }
 
-    /// Moves up to `out.len()` finished requests into `out`; returns how many.
+    /// Moves up to `out.len()` finished requests into `out`; returns how many. Writes held
+    /// for an unrecorded member failure ([`Self::hold_writes_until_recorded`]) come out
+    /// once it is recorded.
     pub fn poll(&mut self, out: &mut [ArrayCompletion]) -> usize {
+        if !self.held_writes.is_empty() && !self.writes_held() {
+            // Within `done`'s capacity: held and done together are at most every request.
+            self.done.extend(self.held_writes.drain(..));
+        }
         let n = self.done.len().min(out.len());
         for (o, c) in out.iter_mut().zip(self.done.drain(..n)) {
             *o = c;
