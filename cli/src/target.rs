@@ -242,6 +242,9 @@ struct Meta {
     members: Vec<MemberMeta>,
     /// Roles already recorded faulty (a role leaves the list when a device replaces it).
     recorded_failed: Vec<u16>,
+    /// Roles recorded faulty because their device's superblock could not be written
+    /// ([`Meta::record_with`]), for the monitor to fail on the reactors too.
+    unwritable: Vec<u16>,
     /// Background process bookkeeping of the monitor.
     book: lifecycle::ProcessBook,
     bitmap: BitmapSync,
@@ -339,6 +342,11 @@ impl Meta {
                         Err(e) => {
                             warn!(member = %m.path.display(), "superblock write failed: {e}");
                             match m.role {
+                                // A replacement is not its role's device: it is dropped
+                                // (the monitor cancels its replace, `tend_replace`);
+                                // failing the role would record the member it copies
+                                // faulty.
+                                Some(_) if m.replacement => m.active = false,
                                 Some(r) => write_failed.push(r),
                                 // A spare that cannot be written is dropped.
                                 None => m.active = false,
@@ -350,6 +358,11 @@ impl Meta {
             for r in &failed {
                 if !self.recorded_failed.contains(r) {
                     self.recorded_failed.push(*r);
+                }
+            }
+            for r in &write_failed {
+                if !self.unwritable.contains(r) {
+                    self.unwritable.push(*r);
                 }
             }
             if write_failed.is_empty() {
@@ -1441,6 +1454,7 @@ impl Target {
         let mut meta = Meta {
             members: metas,
             recorded_failed: Vec::new(),
+            unwritable: Vec::new(),
             book: lifecycle::ProcessBook::resuming(resumed_roles.clone()),
             bitmap: match &bitmap {
                 None => BitmapSync::None,
@@ -1942,11 +1956,12 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
         .collect()
 }
 
-/// Records members the reactors failed as faulty on the survivors' superblocks, then lets
-/// the reactors complete the writes they held meanwhile ([`Extras::confirm_failures`]),
-/// and tends the background processes (hot spares, rebuild checkpoints, an owed resync).
-/// A record that fails keeps the writes held; it is tried again every turn (md retries its
-/// superblock update the same way while `MD_SB_CHANGE_PENDING` holds writes).
+/// Records members the reactors failed as faulty on the survivors' superblocks, tends the
+/// background processes (hot spares, rebuild checkpoints, a replace, an owed resync), then
+/// lets the reactors complete the writes they held meanwhile ([`Extras::confirm_failures`])
+/// once no failed member or replacement is left unrecorded. A record that fails keeps the
+/// writes held; it is tried again every turn (md retries its superblock update the same
+/// way while `MD_SB_CHANGE_PENDING` holds writes).
 fn monitor(shared: &Shared, stop: &AtomicBool) {
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(MONITOR_INTERVAL);
@@ -1966,10 +1981,23 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
                 );
             }
         }
-        if unrecorded_roles(&snap, &m).next().is_none() {
-            shared.handle.failures_recorded(&marks);
+        // A member whose superblock could not be written is recorded faulty; the reactors
+        // stop using it too (md fails a member whose superblock write fails).
+        for r in std::mem::take(&mut m.unwritable) {
+            warn!(
+                role = r,
+                "the member's superblock could not be written: it is recorded faulty and failed"
+            );
+            if let Err(e) = shared.handle.fail_member(r) {
+                warn!(role = r, "failing the member: {e}");
+            }
         }
         shared.tend_processes(&mut m, &snap);
+        if unrecorded_roles(&snap, &m).next().is_none()
+            && !m.book.replacement_failure_unrecorded(&snap)
+        {
+            shared.handle.failures_recorded(&marks);
+        }
     }
 }
 

@@ -256,6 +256,8 @@ struct Published {
     queue_wait: [hdrhistogram::Histogram<u64>; 3],
     /// The reactor's own loop counters.
     load: ReactorLoad,
+    /// Failures the shard has seen that the caller records ([`Array::failures_to_record`]).
+    failures: u64,
 }
 
 /// A cloneable handle for management while the reactors run: fail members, read
@@ -537,14 +539,14 @@ impl ReactorHandle {
         Ok(())
     }
 
-    /// Each reactor's count of member failures as last published (failures of a member its
-    /// shard had in service, [`ArrayStats::member_failures`]), to hand back to
-    /// [`Self::failures_recorded`] once they are recorded. Taken before the
-    /// [`Self::snapshot`] whose failed members the caller records: every failure counted
-    /// here is failed in that snapshot (a reactor publishes its member states and its
-    /// count together, and counts only grow).
+    /// Each reactor's count of failures to record as last published (members its shard
+    /// had in service, and live replacements, that failed: [`Array::failures_to_record`]),
+    /// to hand back to [`Self::failures_recorded`] once they are recorded. Taken before the
+    /// [`Self::snapshot`] whose failures the caller records: every failure counted here is
+    /// failed in that snapshot (a reactor publishes its member and replacement states with
+    /// its count, and counts only grow).
     pub fn failure_marks(&self) -> FailureMarks {
-        FailureMarks(self.each_published(|p| p.stats.member_failures))
+        FailureMarks(self.each_published(|p| p.failures))
     }
 
     /// Says the member failures counted in `marks` ([`Self::failure_marks`]) are recorded
@@ -1123,7 +1125,7 @@ struct Shared {
     /// Serial of the replacement every reactor has copied and that waits for
     /// [`ReactorHandle::complete_replace`] (0: none).
     replace_copied: AtomicU64,
-    /// Per reactor: the member failures of its shard the caller has recorded durably
+    /// Per reactor: the failures of its shard the caller has recorded durably
     /// ([`ReactorHandle::failures_recorded`]); each shard holds its write completions
     /// while its own count of failures is ahead ([`Extras::confirm_failures`]).
     failures_recorded: Vec<Arc<AtomicU64>>,
@@ -1217,6 +1219,7 @@ impl Shared {
                         replace_latency: new_latency_histogram(),
                         queue_wait: std::array::from_fn(|_| new_latency_histogram()),
                         load: ReactorLoad::default(),
+                        failures: 0,
                     })
                 })
                 .collect(),
@@ -1259,8 +1262,8 @@ pub struct Extras<P> {
     /// swap and the record restarts on the old device, which missed the writes made
     /// after the swap, and the resumed replace copies its stale data over the new ones.
     pub confirm_replace: bool,
-    /// Each shard holds the completions of writes finished while a member failure it saw
-    /// is not yet recorded ([`Array::hold_writes_until_recorded`]) until the caller
+    /// Each shard holds the completions of writes finished while a member or replacement
+    /// failure it saw is not yet recorded ([`Array::hold_writes_until_recorded`]) until the caller
     /// records it and says so with [`ReactorHandle::failures_recorded`]. A caller that
     /// records failures durably (the target's superblocks) sets it: otherwise a crash
     /// before the record reassembles with the failed member as current, and its stale
@@ -1268,7 +1271,8 @@ pub struct Extras<P> {
     pub confirm_failures: bool,
 }
 
-/// Each reactor's count of member failures, as published ([`ReactorHandle::failure_marks`]).
+/// Each reactor's count of failures to record, as published
+/// ([`ReactorHandle::failure_marks`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FailureMarks(Vec<u64>);
 
@@ -2691,6 +2695,7 @@ fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
         array.queue_wait_into(c, &mut p.queue_wait[c.index()]);
     }
     p.process = array.process_progress();
+    p.failures = array.failures_to_record();
     p.replace = array.replacement();
     if let Some((c, h)) = array.replacement_io() {
         p.replace_counters = c;

@@ -664,102 +664,149 @@ impl Frontend for GatedWriter {
 /// every block.
 #[test]
 fn writes_after_a_member_failure_wait_until_it_is_recorded() {
-    use std::sync::atomic::Ordering;
     for reactors in [1usize, 2] {
-        let what = format!("{reactors} reactors");
-        let (devices, geo) = raid6_members();
-        let blocks = (geo.capacity_bytes() / CHUNK) as u32;
-        let per = blocks / reactors as u32;
-        let gates: Vec<Arc<WriteGate>> = (0..reactors)
-            .map(|_| Arc::new(WriteGate::default()))
-            .collect();
-        let frontends: Vec<GatedWriter> = (0..reactors)
-            .map(|i| GatedWriter {
-                first: i as u32 * per,
-                count: per,
-                next: 0,
-                in_flight: false,
-                gate: Arc::clone(&gates[i]),
-                buf: AlignedBuf::zeroed(CHUNK as usize),
-                errors: Vec::new(),
-            })
-            .collect();
-        let running = start_frontends(None, &devices, geo, frontends, true, true).unwrap();
-        let h = running.handle();
-        let acked = || -> Vec<u32> {
-            gates
-                .iter()
-                .map(|g| g.acked.load(Ordering::Acquire))
-                .collect()
-        };
-        let (before, during) = (per / 3, 2 * per / 3);
-        for g in &gates {
-            g.limit.store(before, Ordering::Release);
-        }
-        wait_for("the first writes", || acked().iter().all(|&a| a == before));
-        h.fail_member(3).unwrap();
-        // Every reactor has failed it (each counts it once, published).
-        wait_for("the failure on every reactor", || {
-            h.failure_marks().total() == reactors as u64
-        });
-        assert!(h.snapshot().members[3].state.is_failed(), "{what}");
-        for g in &gates {
-            g.limit.store(during, Ordering::Release);
-        }
-        // Each writer's next write waits for the record.
-        wait_for("a write held on every reactor", || {
-            h.snapshot().requests_in_flight == reactors
-        });
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        assert_eq!(
-            acked(),
-            vec![before; reactors],
-            "{what}: acknowledged before the record"
+        writes_wait_for_the_record(
+            &format!("member failure, {reactors} reactors"),
+            reactors,
+            |h| h.fail_member(3).unwrap(),
+            |images| images,
+            Some(3),
         );
-        // A crash now: the images as they are, the failed member taken as current.
-        let images: Vec<Vec<u8>> = devices.iter().map(MemDevice::contents).collect();
-        let view: Vec<Option<&[u8]>> = images.iter().map(|i| Some(&i[..])).collect();
-        if let Some(logical) = oracle_images_raid6_4k(&what, &view, false) {
-            for (i, &n) in acked().iter().enumerate() {
+    }
+}
+
+/// The same for a replacement that fails after its copy (before the swap is recorded):
+/// until the superblocks drop it, a restart resumes the replace onto it and takes what it
+/// holds below the checkpoint as copied, so writes finished since wait for the record.
+/// The images a restart would serve have the replacement in the member's slot.
+#[test]
+fn writes_after_a_replacement_failure_wait_until_it_is_recorded() {
+    use engine::array::ReplaceState;
+    for reactors in [1usize, 2] {
+        let new = Arc::new(MemDevice::new("new", STRIPES * CHUNK, 512, 64).unwrap());
+        let dev = Arc::clone(&new);
+        writes_wait_for_the_record(
+            &format!("replacement failure, {reactors} reactors"),
+            reactors,
+            move |h| {
+                let serial = h.start_replace(2, Arc::clone(&dev), 0).unwrap();
+                wait_for("the copy", || {
+                    h.snapshot().replacement.is_some_and(|r| {
+                        r.info.serial == serial && r.info.state == ReplaceState::Copied
+                    })
+                });
+                h.fail_replacement(serial);
+            },
+            move |mut images| {
+                images[2] = new.contents();
+                images
+            },
+            None,
+        );
+    }
+}
+
+/// Gated writers on `reactors` reactors with [`Extras::confirm_failures`]: a third of
+/// the blocks written, then `fail` (which the reactors count as a failure to record),
+/// then more writes, which must wait; the member images a restart would assemble then
+/// (`restart_images` of the devices' images) must hold every acknowledged block. After
+/// `failures_recorded` every write completes and the devices hold every block (without
+/// member `missing_at_end`, a failed one).
+fn writes_wait_for_the_record(
+    what: &str,
+    reactors: usize,
+    fail: impl FnOnce(&engine::reactor::ReactorHandle),
+    restart_images: impl FnOnce(Vec<Vec<u8>>) -> Vec<Vec<u8>>,
+    missing_at_end: Option<usize>,
+) {
+    use std::sync::atomic::Ordering;
+    let (devices, geo) = raid6_members();
+    let blocks = (geo.capacity_bytes() / CHUNK) as u32;
+    let per = blocks / reactors as u32;
+    let gates: Vec<Arc<WriteGate>> = (0..reactors)
+        .map(|_| Arc::new(WriteGate::default()))
+        .collect();
+    let frontends: Vec<GatedWriter> = (0..reactors)
+        .map(|i| GatedWriter {
+            first: i as u32 * per,
+            count: per,
+            next: 0,
+            in_flight: false,
+            gate: Arc::clone(&gates[i]),
+            buf: AlignedBuf::zeroed(CHUNK as usize),
+            errors: Vec::new(),
+        })
+        .collect();
+    let running = start_frontends(None, &devices, geo, frontends, true, true).unwrap();
+    let h = running.handle();
+    let acked = || -> Vec<u32> {
+        gates
+            .iter()
+            .map(|g| g.acked.load(Ordering::Acquire))
+            .collect()
+    };
+    let check = |what: &str, images: Vec<Option<Vec<u8>>>, upto: &[u32]| {
+        let view: Vec<Option<&[u8]>> = images.iter().map(Option::as_deref).collect();
+        // (The oracle verifies no array with a member missing or stale: extract only.)
+        if let Some(logical) = oracle_images_raid6_4k(what, &view, false) {
+            for (i, &n) in upto.iter().enumerate() {
                 for b in i as u32 * per..i as u32 * per + n {
                     let at = (u64::from(b) * CHUNK) as usize;
                     assert!(
                         logical[at..at + CHUNK as usize] == block_pattern(b)[..],
-                        "{what}: acknowledged block {b} lost if the array restarts before the failure is recorded"
+                        "{what}: acknowledged block {b} lost"
                     );
                 }
             }
         }
-        // Recorded: the held writes complete, and later ones are not held.
-        h.failures_recorded(&h.failure_marks());
-        wait_for("the held writes", || acked().iter().all(|&a| a == during));
-        for g in &gates {
-            g.limit.store(per, Ordering::Release);
-        }
-        wait_for("every write", || acked().iter().all(|&a| a == per));
-        let done = running.stop().unwrap();
-        for f in &done {
-            assert!(f.errors.is_empty(), "{what}: {:?}", f.errors);
-        }
-        // The survivors hold every block.
-        let images: Vec<Vec<u8>> = devices.iter().map(MemDevice::contents).collect();
-        let view: Vec<Option<&[u8]>> = images
-            .iter()
-            .enumerate()
-            .map(|(m, i)| (m != 3).then_some(&i[..]))
-            .collect();
-        // (The oracle verifies no array with a member missing; the extract rebuilds every
-        // chunk of member 3 from P or Q.)
-        if let Some(logical) = oracle_images_raid6_4k(&what, &view, false) {
-            for b in 0..per * reactors as u32 {
-                let at = (u64::from(b) * CHUNK) as usize;
-                assert!(
-                    logical[at..at + CHUNK as usize] == block_pattern(b)[..],
-                    "{what}: block {b} after the record"
-                );
-            }
-        }
+    };
+    let (before, during) = (per / 3, 2 * per / 3);
+    for g in &gates {
+        g.limit.store(before, Ordering::Release);
     }
+    wait_for("the first writes", || acked().iter().all(|&a| a == before));
+    fail(&h);
+    // Every reactor has counted it (published).
+    wait_for("the failure on every reactor", || {
+        h.failure_marks().total() == reactors as u64
+    });
+    for g in &gates {
+        g.limit.store(during, Ordering::Release);
+    }
+    // Each writer's next write waits for the record.
+    wait_for("a write held on every reactor", || {
+        h.snapshot().requests_in_flight == reactors
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(
+        acked(),
+        vec![before; reactors],
+        "{what}: acknowledged before the record"
+    );
+    // A crash now: the images a restart would assemble.
+    let images = restart_images(devices.iter().map(MemDevice::contents).collect());
+    check(
+        &format!("{what}, restarted before the record"),
+        images.into_iter().map(Some).collect(),
+        &acked(),
+    );
+    // Recorded: the held writes complete, and later ones are not held.
+    h.failures_recorded(&h.failure_marks());
+    wait_for("the held writes", || acked().iter().all(|&a| a == during));
+    for g in &gates {
+        g.limit.store(per, Ordering::Release);
+    }
+    wait_for("every write", || acked().iter().all(|&a| a == per));
+    let done = running.stop().unwrap();
+    for f in &done {
+        assert!(f.errors.is_empty(), "{what}: {:?}", f.errors);
+    }
+    let images = devices
+        .iter()
+        .enumerate()
+        .map(|(m, d)| (Some(m) != missing_at_end).then(|| d.contents()))
+        .collect();
+    check(&format!("{what}, after the record"), images, &acked());
 }
 
 /// Another member failing while a RAID6 rebuilds (one failed plus one being rebuilt is

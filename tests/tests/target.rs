@@ -1953,23 +1953,45 @@ fn resync_after_a_crash_covers_only_bitmap_dirty_regions() {
     );
 }
 
+/// A 6-member RAID6 fixture named `name`, filled from `seed`, served with JSON-RPC and
+/// background copies paced to 1 MiB/s per member (`--speed-max 1024`: a test finds a
+/// rebuild or replace of its 8 MiB members part-way for seconds); its server, taken, and
+/// nbdcopy. `None` without nbdcopy.
+fn paced_fixture(name: &str, seed: u64) -> Option<(TargetFixture, Server, PathBuf)> {
+    let nbdcopy = tool("nbdcopy")?;
+    let mut fx = TargetFixture::builder(6, 6)
+        .name(name)
+        .rpc()
+        .serve_args(&["--speed-max", "1024"])
+        .fill(seed)
+        .build()
+        .expect("nbdcopy is there");
+    let srv = fx.take_server();
+    Some((fx, srv, nbdcopy))
+}
+
+/// `ferroraid replace --no-wait OLD NEW`, which must succeed.
+fn replace_no_wait(srv: &Server, old: &Path, new: &Path) {
+    srv.mgmt(
+        &[
+            OsStr::new("replace"),
+            OsStr::new("--no-wait"),
+            old.as_os_str(),
+            new.as_os_str(),
+        ],
+        0,
+    );
+}
+
 /// A rebuild interrupted by a clean stop resumes where it got to: at 1 MiB/s per member
 /// (`--speed-max`) the stop finds it part-way, the new member's superblock records its
 /// `recovery_offset` (mdadm shows it), and a restart on the members resumes the rebuild
 /// there, finishes it, and leaves parity consistent and every member in sync.
 #[test]
 fn an_interrupted_rebuild_resumes_from_its_recovery_offset() {
-    let Some(nbdcopy) = tool("nbdcopy") else {
+    let Some((fx, mut srv, nbdcopy)) = paced_fixture("resume", 31) else {
         return;
     };
-    let mut fx = TargetFixture::builder(6, 6)
-        .name("resume")
-        .rpc()
-        .serve_args(&["--speed-max", "1024"])
-        .fill(31)
-        .build()
-        .expect("nbdcopy is there");
-    let mut srv = fx.take_server();
     let d = fx.dir();
     let mut a = fx.array.clone();
     let blank = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
@@ -2193,31 +2215,15 @@ fn replace_a_member_during_client_writes() {
 /// data and parity right.
 #[test]
 fn an_interrupted_replace_resumes_from_its_recovery_offset() {
-    let Some(nbdcopy) = tool("nbdcopy") else {
+    let Some((fx, mut srv, nbdcopy)) = paced_fixture("rresume", 41) else {
         return;
     };
-    let mut fx = TargetFixture::builder(6, 6)
-        .name("rresume")
-        .rpc()
-        .serve_args(&["--speed-max", "1024"])
-        .fill(41)
-        .build()
-        .expect("nbdcopy is there");
-    let mut srv = fx.take_server();
     let d = fx.dir();
     let mut a = fx.array.clone();
     let new = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
     let want = fx.data.clone();
     let old = a.members[2].clone();
-    srv.mgmt(
-        &[
-            OsStr::new("replace"),
-            OsStr::new("--no-wait"),
-            old.as_os_str(),
-            new.as_os_str(),
-        ],
-        0,
-    );
+    replace_no_wait(&srv, &old, &new);
     std::thread::sleep(Duration::from_secs(3));
     let (st, code) = srv.status();
     assert_eq!(st["process"]["kind"], "replace", "{st}");
@@ -2353,6 +2359,54 @@ fn replace_cancelled_by_a_failing_new_device_and_turned_into_a_rebuild() {
     a.images[1] = new.clone();
     a.oracle_verify(None);
     let _ = bad;
+}
+
+/// The replacement's superblock cannot be written (its file is gone mid-copy): the replace
+/// is cancelled and the member it was copying keeps its slot, in the superblocks too. The
+/// failed write used to fail the replacement's role, which recorded the member itself
+/// faulty (`Meta::record_with` took the role's device for the one that failed), and the
+/// array came back degraded after a restart.
+#[test]
+fn a_replacement_whose_superblock_cannot_be_written_is_cancelled_and_the_member_kept() {
+    let Some((fx, mut srv, nbdcopy)) = paced_fixture("runwritable", 45) else {
+        return;
+    };
+    let d = fx.dir();
+    let a = fx.array.clone();
+    let new = member_files(fx.dir(), "new", 1, MEMBER_BYTES).remove(0);
+    let want = fx.data.clone();
+    let old = a.members[2].clone();
+    replace_no_wait(&srv, &old, &new);
+    std::thread::sleep(Duration::from_millis(500));
+    // The reactors keep their open file; the next checkpoint (every 5 s) cannot open it
+    // to write its superblock. At 1 MiB/s the copy of 8 MiB is still going then.
+    std::fs::remove_file(&new).unwrap();
+    let st = srv.wait_status("the replace cancelled", |st, _| {
+        members_in(st, "replacing").is_empty() && st["process"]["state"] == "failed"
+    });
+    assert_eq!(st["process"]["kind"], "replace", "{st}");
+    assert_eq!(st["array"]["state"], "active", "{st}");
+    assert_eq!(st["members"][2]["device"].as_str(), old.to_str(), "{st}");
+    assert!(
+        srv.log()
+            .contains("the replacement's superblock could not be written"),
+        "{}",
+        srv.logs()
+    );
+    let got = srv.read_all(&nbdcopy);
+    assert_same("array after the cancelled replace", &got, &want);
+    srv.stop();
+    if mdadm().is_some() {
+        let text = mdadm_examine(d, &a.members[0]);
+        assert!(text.contains("Array State : AAAAAA"), "{text}");
+    }
+    let rpc = fx.rpc_arg();
+    let mut srv = fx.serve("restart", &a.members, &["--rpc", &rpc]);
+    let (st, code) = srv.status();
+    assert_eq!(st["array"]["state"], "active", "{st}");
+    assert_eq!(code, Some(0), "{st}");
+    srv.stop();
+    a.oracle_verify(None);
 }
 
 /// A member failed and removed for a short while, writes to two places meanwhile, then

@@ -161,6 +161,20 @@ impl ProcessBook {
             .is_some_and(|b| b.role == role && b.swap_recorded.is_some())
     }
 
+    /// Whether the replace in progress has a replacement the reactors failed whose failure
+    /// the superblocks do not hold yet ([`Shared::abandon_replace`] records it): a
+    /// restart would resume the replace onto it, taking the stripes below its checkpoint
+    /// as copied though they missed the writes since. Not after the swap is recorded (a
+    /// replacement failing then fails its slot, an unrecorded role until recorded).
+    pub(super) fn replacement_failure_unrecorded(&self, snap: &ArraySnapshot) -> bool {
+        self.replacing.as_ref().is_some_and(|b| {
+            b.swap_recorded.is_none()
+                && snap.replacement.as_ref().is_some_and(|r| {
+                    r.info.serial == b.serial && matches!(r.info.state, ReplaceState::Failed(_))
+                })
+        })
+    }
+
     /// The book of a target whose `roles` were assembled partly rebuilt.
     pub(super) fn resuming(roles: Vec<u16>) -> Self {
         ProcessBook {
@@ -1352,6 +1366,22 @@ impl Shared {
             }
             return;
         }
+        // The replacement's superblock could not be written (`Meta::record_with` dropped
+        // it): the replace cannot go on. Asked until the reactors report it failed; it is
+        // abandoned then (below).
+        if !meta.members.iter().any(|m| m.active && m.replacement)
+            && snap.replacement.as_ref().is_some_and(|r| {
+                r.info.serial == b.serial && !matches!(r.info.state, ReplaceState::Failed(_))
+            })
+        {
+            warn!(
+                role = b.role,
+                device = %b.path.display(),
+                "the replacement's superblock could not be written: cancelling the replace"
+            );
+            self.handle.fail_replacement(b.serial);
+            return;
+        }
         // A reactor that could not take the replace: it cannot complete.
         if let Some(e) = snap
             .control_error
@@ -1434,10 +1464,13 @@ impl Shared {
                 ..RoleChanges::default()
             },
         ) {
+            // Kept: tried again next turn, writes held meanwhile (a restart now would
+            // resume the replace onto the device that missed them).
             warn!(
-                "recording the failed replacement: {}",
+                "recording the failed replacement (writes wait until it is recorded): {}",
                 crate::error_text(&e)
             );
+            return;
         }
         for m in meta.members.iter_mut().filter(|m| m.replacement) {
             m.active = false;

@@ -1635,10 +1635,9 @@ impl<C: Channel> Array<C> {
     }
 
     /// Holds the completion of every write (any [`ArrayOp::is_write`] request) that
-    /// finishes while this shard has member failures the caller has not yet recorded
-    /// durably: `recorded` is the caller's count of them, compared with this shard's
-    /// [`ArrayStats::member_failures`] (failures of a member it had in service, counted
-    /// once per member and shard). The held completions come out of [`Self::poll`] once
+    /// finishes while this shard has failures the caller has not yet recorded durably:
+    /// `recorded` is the caller's count of them, compared with this shard's
+    /// [`Self::failures_to_record`]. The held completions come out of [`Self::poll`] once
     /// `recorded` reaches it (stored with `Release`; the caller then wakes the reactor).
     /// Reads, flushes and the writes of a shard with no unrecorded failure are not held.
     ///
@@ -1647,6 +1646,9 @@ impl<C: Channel> Array<C> {
     /// current, and its stale chunks then stand for data and parity that were
     /// acknowledged: md holds such writes the same way until its superblock update is
     /// written (`MD_SB_CHANGE_PENDING`, raid1's `bio_end_io_list`, raid5's `handle_stripe`).
+    /// A failed replacement is the same: until the superblocks drop it, a restart resumes
+    /// the replace from its checkpoint and takes the stripes below it, which missed the
+    /// writes since, as copied.
     ///
     /// # Panics
     /// If requests are in flight (attach before submitting any).
@@ -1659,12 +1661,19 @@ impl<C: Channel> Array<C> {
         self.failures_recorded = Some(recorded);
     }
 
+    /// Failures this shard has seen that a caller keeping superblocks records: members it
+    /// had in service that failed ([`ArrayStats::member_failures`], once per member) and
+    /// live replacements that failed ([`Self::replacement_failures`]). Only grows.
+    pub fn failures_to_record(&self) -> u64 {
+        self.stats.member_failures + self.replacement_failures
+    }
+
     /// Whether a write finishing now is held ([`Self::hold_writes_until_recorded`]).
     #[inline]
     pub(super) fn writes_held(&self) -> bool {
         self.failures_recorded
             .as_ref()
-            .is_some_and(|r| r.load(Ordering::Acquire) < self.stats.member_failures)
+            .is_some_and(|r| r.load(Ordering::Acquire) < self.failures_to_record())
     }
 
     /// Write completions held for an unrecorded member failure
