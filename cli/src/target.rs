@@ -264,6 +264,10 @@ impl Meta {
     /// superblock cannot be written is failed in the generation after (rule 3 of
     /// `engine::metadata::update`). A failed role with no device (missing at assembly) is
     /// recorded faulty in the slot `dev_roles` gives it. Returns the new `events`.
+    ///
+    /// # Errors
+    /// No member is left to write, or no member's superblock could be written: then no
+    /// role counts as recorded faulty (`recorded_failed` is unchanged).
     fn record(&mut self, failed_roles: &[u16], resync: Option<Resync>) -> Result<u64> {
         self.record_with(failed_roles, resync, RoleChanges::default())
     }
@@ -276,6 +280,8 @@ impl Meta {
         mut changes: RoleChanges,
     ) -> Result<u64> {
         let mut failed: Vec<u16> = failed_roles.to_vec();
+        // Every role failed in some generation of this call.
+        let mut recorded: Vec<u16> = Vec::new();
         loop {
             let current: Vec<Superblock> = self
                 .members
@@ -330,6 +336,7 @@ impl Meta {
                 .filter(|&i| self.members[i].active)
                 .collect();
             let mut events = 0;
+            let mut written = 0;
             for (i, sb) in active.into_iter().zip(next) {
                 let m = &mut self.members[i];
                 match sb {
@@ -337,6 +344,7 @@ impl Meta {
                     Some(sb) => match metadata_io::write_superblock(&m.path, &sb) {
                         Ok(()) => {
                             events = sb.events;
+                            written += 1;
                             m.sb = sb;
                         }
                         Err(e) => {
@@ -355,17 +363,24 @@ impl Meta {
                     },
                 }
             }
-            for r in &failed {
-                if !self.recorded_failed.contains(r) {
-                    self.recorded_failed.push(*r);
-                }
-            }
+            recorded.extend_from_slice(&failed);
             for r in &write_failed {
                 if !self.unwritable.contains(r) {
                     self.unwritable.push(*r);
                 }
             }
             if write_failed.is_empty() {
+                // Recorded only once a device took the last generation: the monitor holds
+                // writes until then (`unrecorded_roles`).
+                ensure!(
+                    written > 0,
+                    "no member's superblock could be written: nothing is recorded"
+                );
+                for r in recorded {
+                    if !self.recorded_failed.contains(&r) {
+                        self.recorded_failed.push(r);
+                    }
+                }
                 return Ok(events);
             }
             failed = write_failed;
@@ -1970,11 +1985,13 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
         let marks = shared.handle.failure_marks();
         let snap = shared.handle.snapshot();
         let newly = failed_roles(&snap, &m);
+        let mut recorded = true;
         if !newly.is_empty() {
             for r in &newly {
                 warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
             }
             if let Err(e) = m.record(&newly, None) {
+                recorded = false;
                 warn!(
                     "recording failed members (writes wait until it is recorded): {}",
                     crate::error_text(&e)
@@ -1988,12 +2005,25 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
                 role = r,
                 "the member's superblock could not be written: it is recorded faulty and failed"
             );
-            if let Err(e) = shared.handle.fail_member(r) {
-                warn!(role = r, "failing the member: {e}");
+            match m
+                .book
+                .replacing
+                .as_ref()
+                .filter(|b| b.role == r && b.swap_recorded.is_some())
+            {
+                // The slot is the replacement's: failed on every reactor, swapped or not
+                // (failing the role would fail the old member where it is not swapped yet).
+                Some(b) => shared.handle.fail_replacement(b.serial),
+                None => {
+                    if let Err(e) = shared.handle.fail_member(r) {
+                        warn!(role = r, "failing the member: {e}");
+                    }
+                }
             }
         }
         shared.tend_processes(&mut m, &snap);
-        if unrecorded_roles(&snap, &m).next().is_none()
+        if recorded
+            && unrecorded_roles(&snap, &m).next().is_none()
             && !m.book.replacement_failure_unrecorded(&snap)
         {
             shared.handle.failures_recorded(&marks);

@@ -806,6 +806,8 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|r| *r != role);
         meta.recorded_failed.retain(|r| *r != role);
+        // A superblock write that failed for the device before is not this one's.
+        meta.unwritable.retain(|r| *r != role);
         *self
             .last_checkpoint
             .lock()

@@ -1230,9 +1230,11 @@ pub struct Array<C: Channel> {
     /// ([`Array::hold_writes_until_recorded`]): write completions are held while
     /// `stats.member_failures` is ahead of it. `None`: never held.
     failures_recorded: Option<Arc<AtomicU64>>,
-    /// Completions of writes held until the member failures before them are recorded, in
-    /// completion order (capacity: every request).
-    held_writes: VecDeque<ArrayCompletion>,
+    /// Completions of writes held until the failures before them are recorded, in
+    /// completion order, each with its request slot: a held write keeps its slot (the
+    /// shard admits no more than its table holds, and [`Self::busy`] stays true), so the
+    /// queue never outgrows its capacity of every request.
+    held_writes: VecDeque<(u32, ArrayCompletion)>,
     /// Member completions synthesised for requests a channel refused for good.
     synthetic: VecDeque<Completion>,
     scratch: Vec<Completion>,
@@ -2040,8 +2042,12 @@ impl<C: Channel> Array<C> {
     /// once it is recorded.
     pub fn poll(&mut self, out: &mut [ArrayCompletion]) -> usize {
         if !self.held_writes.is_empty() && !self.writes_held() {
-            // Within `done`'s capacity: held and done together are at most every request.
-            self.done.extend(self.held_writes.drain(..));
+            // Within `done`'s capacity: held and done together are at most every request
+            // (each holds a request slot until it leaves here).
+            for (ri, c) in self.held_writes.drain(..) {
+                self.done.push_back(c);
+                self.free_reqs.push(ri);
+            }
         }
         let n = self.done.len().min(out.len());
         for (o, c) in out.iter_mut().zip(self.done.drain(..n)) {

@@ -465,21 +465,27 @@ impl<C: Channel> Array<C> {
                 );
             }
         }
-        // A write completed while a member failure is unrecorded waits for the record
-        // (`hold_writes_until_recorded`).
-        let out = if req.op.is_write() && self.writes_held() {
-            &mut self.held_writes
-        } else {
-            &mut self.done
-        };
+        // A write completed while a failure is unrecorded waits for the record, keeping
+        // its request slot (`hold_writes_until_recorded`).
+        if req.op.is_write() && self.writes_held() {
+            let status = req.error.map_or(Ok(()), Err);
+            self.held_writes.push_back((
+                ri,
+                ArrayCompletion {
+                    tag: req.tag,
+                    status,
+                },
+            ));
+            return;
+        }
         // One push per outcome: a status chosen first and copied in was assembled on the
         // stack and reloaded wider than it was stored (a store-to-load forwarding stall).
         match req.error {
-            None => out.push_back(ArrayCompletion {
+            None => self.done.push_back(ArrayCompletion {
                 tag: req.tag,
                 status: Ok(()),
             }),
-            Some(e) => out.push_back(ArrayCompletion {
+            Some(e) => self.done.push_back(ArrayCompletion {
                 tag: req.tag,
                 status: Err(e),
             }),
