@@ -477,6 +477,12 @@ fn encode_array(f: &mut Families, s: &Scrape) {
         None,
         st.requests_in_flight as f64,
     );
+    f.array_gauge(
+        "ferroraid_array_writes_awaiting_record",
+        "Write pieces finished while a member or replacement had failed, held until the superblocks record it.",
+        None,
+        st.writes_awaiting_record as f64,
+    );
     let x = &st.stats;
     let reads: Vec<(Labels, f64)> = [("direct", x.direct_reads), ("degraded", x.degraded_reads)]
         .iter()
@@ -933,6 +939,7 @@ mod tests {
                 stats: engine::array::ArrayStats::default(),
                 members,
                 requests_in_flight: 0,
+                writes_held: 0,
                 reactors: 2,
                 control_error: None,
                 replacement: None,

@@ -705,6 +705,7 @@ impl Shared {
                 ..StatsReport::from(&snap.stats)
             },
             requests_in_flight: snap.requests_in_flight as u64,
+            writes_awaiting_record: snap.writes_held as u64,
             exports: export_reports,
             process: self.process_report(),
             bitmap: self.bitmap_report(),

@@ -49,6 +49,7 @@ impl Mock {
             },
             stats: StatsReport::default(),
             requests_in_flight: 3,
+            writes_awaiting_record: 0,
             exports: vec![],
             process: ProcessReport::idle(),
             bitmap: None,

@@ -172,6 +172,9 @@ pub struct ArraySnapshot {
     pub members: Vec<MemberSnapshot>,
     /// Array requests accepted and not yet completed, all reactors.
     pub requests_in_flight: usize,
+    /// Of those, write pieces finished and held until a member or replacement failure is
+    /// recorded ([`Extras::confirm_failures`]), as last published.
+    pub writes_held: usize,
     /// Reactors running.
     pub reactors: usize,
     /// The last management command a reactor refused after the handle accepted it (a
@@ -258,6 +261,8 @@ struct Published {
     load: ReactorLoad,
     /// Failures the shard has seen that the caller records ([`Array::failures_to_record`]).
     failures: u64,
+    /// Write completions the shard holds for them ([`Array::held_writes`]).
+    writes_held: usize,
 }
 
 /// A cloneable handle for management while the reactors run: fail members, read
@@ -651,6 +656,7 @@ impl ReactorHandle {
                 .map(|_| MemberSnapshot::online())
                 .collect(),
             requests_in_flight: self.shared.requests_in_flight(),
+            writes_held: 0,
             reactors: self.shared.control.len(),
             control_error: None,
             replacement: None,
@@ -684,6 +690,7 @@ impl ReactorHandle {
                 }
             }
             out.stats.add(&p.stats);
+            out.writes_held += p.writes_held;
             for (o, h) in out.queue_wait.iter_mut().zip(&p.queue_wait) {
                 // Same bounds on both sides: cannot fail.
                 let _ = o.add(h);
@@ -1220,6 +1227,7 @@ impl Shared {
                         queue_wait: std::array::from_fn(|_| new_latency_histogram()),
                         load: ReactorLoad::default(),
                         failures: 0,
+                        writes_held: 0,
                     })
                 })
                 .collect(),
@@ -2696,6 +2704,7 @@ fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     }
     p.process = array.process_progress();
     p.failures = array.failures_to_record();
+    p.writes_held = array.held_writes();
     p.replace = array.replacement();
     if let Some((c, h)) = array.replacement_io() {
         p.replace_counters = c;

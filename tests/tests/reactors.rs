@@ -774,9 +774,10 @@ fn writes_wait_for_the_record(
     for g in &gates {
         g.limit.store(during, Ordering::Release);
     }
-    // Each writer's next write waits for the record.
+    // Each writer's next write waits for the record (and the reactors say so).
     wait_for("a write held on every reactor", || {
-        h.snapshot().requests_in_flight == reactors
+        let s = h.snapshot();
+        s.requests_in_flight == reactors && s.writes_held == reactors
     });
     // Marks taken before the failure release nothing.
     h.failures_recorded(&stale);

@@ -55,6 +55,7 @@ impl Mock {
                 },
                 stats: StatsReport::default(),
                 requests_in_flight: 0,
+                writes_awaiting_record: 0,
                 exports: vec![],
                 process: ProcessReport::idle(),
                 bitmap: None,
