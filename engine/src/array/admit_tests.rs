@@ -5,9 +5,11 @@
 //! (gone, failed by the operator, hung, torn writes), rebuilds, replaces and
 //! resync/repair, every read checked against a model, P/Q recomputed and a degraded
 //! read-back at the end; and power cuts of the members' volatile caches, FUA and flushed
-//! data checked afterwards. Knobs: FERRORAID_ADMIT_FROM / _SEEDS / _ITERS (fuzz seeds,
-//! default 0 / 40 / 150), FERRORAID_ADMIT_CRASH_SEEDS (default 50); a third of the RAID5
-//! seeds attach a PPL (FERRORAID_ADMIT_PPL=0: none).
+//! data checked afterwards. Odd seeds hold writes finished while a failure is unrecorded
+//! (`hold_writes_until_recorded`), a stand-in monitor recording it 50 µs later. Knobs:
+//! FERRORAID_ADMIT_FROM / _SEEDS / _ITERS (fuzz seeds, default 0 / 40 / 150),
+//! FERRORAID_ADMIT_CRASH_SEEDS (default 50); a third of the RAID5 seeds attach a PPL
+//! (FERRORAID_ADMIT_PPL=0: none).
 
 use std::sync::Arc;
 
@@ -91,13 +93,22 @@ fn step(arr: &mut Arr, clock: &SimClock, done: &mut Vec<(u64, Result<(), ArrayEr
     }; 16];
     arr.set_now(clock.now_ns());
     let progressed = arr.process();
+    let monitor = record_failures(arr, clock.now_ns());
+    let held = arr.held_writes();
     let n = arr.poll(&mut out);
+    // Released only once recorded: a step that still owes a record delivers none of them.
+    assert!(
+        monitor.is_none() || arr.held_writes() == held,
+        "held writes released before their failure was recorded"
+    );
+    HELD.with(|c| c.set(c.get() + (held - arr.held_writes()) as u64));
     done.extend(out[..n].iter().map(|c| (c.tag, c.status)));
     if !progressed && n == 0 {
         let next = arr
             .channels()
             .filter_map(|c| c.next_completion_ns())
             .chain(arr.next_deadline_ns())
+            .chain(monitor)
             .min();
         match next {
             Some(t) => clock.advance_to(t.max(clock.now_ns())),
@@ -152,6 +163,40 @@ impl Kind {
 thread_local! { static FAILED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
 thread_local! { static REBUILT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
 thread_local! { static REPLACED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
+// Write completions held for an unrecorded failure, over every seed.
+thread_local! { static HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
+
+/// The write hold of odd seeds ([`Array::hold_writes_until_recorded`]) and a stand-in for
+/// the target's monitor: a failure is recorded 50 µs (virtual) after a step first sees it
+/// unrecorded, so writes finished meanwhile wait, behind everything else the fuzz does.
+struct Recorder {
+    recorded: Arc<std::sync::atomic::AtomicU64>,
+    due: Option<u64>,
+}
+
+thread_local! { static RECORDER: std::cell::RefCell<Option<Recorder>> = const { std::cell::RefCell::new(None) }; }
+
+/// One monitor turn of the [`Recorder`], if this seed has one: returns when it next
+/// wants to run (ns), if it waits.
+fn record_failures(arr: &Arr, now: u64) -> Option<u64> {
+    use std::sync::atomic::Ordering;
+    RECORDER.with(|r| {
+        let mut r = r.borrow_mut();
+        let r = r.as_mut()?;
+        let owed = arr.failures_to_record();
+        if r.recorded.load(Ordering::Acquire) >= owed {
+            r.due = None;
+            return None;
+        }
+        let due = *r.due.get_or_insert(now + 50_000);
+        if now >= due {
+            r.recorded.store(owed, Ordering::Release);
+            r.due = None;
+            return None;
+        }
+        Some(due)
+    })
+}
 
 pub(super) fn admit_fuzz(seed: u64, iters: usize) -> (u64, u64, u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -201,6 +246,16 @@ pub(super) fn admit_fuzz(seed: u64, iters: usize) -> (u64, u64, u64) {
     let geo = ArrayGeometry::new(g, stripes).unwrap();
     let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
     let mut arr = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+    RECORDER.with(|r| {
+        *r.borrow_mut() = (seed % 2 == 1).then(|| {
+            let recorded = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            arr.hold_writes_until_recorded(Arc::clone(&recorded));
+            Recorder {
+                recorded,
+                due: None,
+            }
+        });
+    });
     if use_ppl {
         arr.attach_ppl(Arc::new(PplShared::new(
             usize::from(n),
@@ -210,7 +265,8 @@ pub(super) fn admit_fuzz(seed: u64, iters: usize) -> (u64, u64, u64) {
         )));
     }
     let what0 = format!(
-        "seed={seed} ppl={use_ppl} {level:?} n={n} chunk={chunk} block={block} entries={entries} ops={ops} stripes={stripes}"
+        "seed={seed} hold={} ppl={use_ppl} {level:?} n={n} chunk={chunk} block={block} entries={entries} ops={ops} stripes={stripes}",
+        seed % 2 == 1
     );
     let cap = arr.geometry().capacity_bytes();
     let sb = g.stripe_data_bytes();
@@ -582,6 +638,10 @@ fn admit_fuzz_seeds() {
     assert!(adm > 0);
     // The fuzz's reads (each checked against the model) reach the cache-read path too.
     assert!(reads > 0, "no read was served from the stripe cache");
+    // And writes finished while a failure was unrecorded were held (odd seeds).
+    let held = HELD.with(|c| c.get());
+    eprintln!("write completions held for a failure record: {held}");
+    assert!(held > 0, "no write was held for a failure record");
 }
 
 /// FUA writes and writes acknowledged before a completed flush survive a power cut of the
