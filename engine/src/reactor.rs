@@ -2110,6 +2110,9 @@ struct Reactor<'a, F, D: BlockDevice> {
     // Members whose failure this reactor has told the others about.
     announced: Vec<bool>,
     failures_seen: u64,
+    /// Whether the shard held write completions at its last look (published at once
+    /// when that changes, so status does not show writes waiting that are gone).
+    holding_seen: bool,
     next_publish: u64,
     // A replacement the shard could not take yet (requests to the old device outstanding);
     // `true`: a re-add.
@@ -2209,6 +2212,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             epoch,
             announced: vec![false; usize::from(members)],
             failures_seen: 0,
+            holding_seen: false,
             next_publish: 0,
             pending_replace: Vec::new(),
             pending_start: None,
@@ -2621,6 +2625,11 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
                     }
                 }
             }
+        }
+        let holding = self.array.held_writes() > 0;
+        if holding != self.holding_seen {
+            self.holding_seen = holding;
+            self.next_publish = 0;
         }
         if now >= self.next_publish {
             if let Ok(mut p) = shared.published[me].try_lock() {

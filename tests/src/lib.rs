@@ -383,23 +383,67 @@ impl Drop for LoopGuard {
 /// # Errors
 /// A message saying why the device could not be attached.
 pub fn attach_loop(file: &Path) -> Result<LoopGuard, String> {
-    let out = Command::new("losetup")
-        .args(["--find", "--show", "--direct-io=on"])
-        .arg(file)
-        .output()
-        .map_err(|e| format!("cannot run losetup: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "losetup failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
+    let out = run_system_tool(
+        "losetup",
+        Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(file),
+    )?;
     let dev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     if !dev.starts_with("/dev/loop") {
         return Err(format!("losetup printed {dev:?}, not a loop device"));
     }
     Ok(LoopGuard { dev })
+}
+
+/// Runs `cmd` (the system tool `name`), which must succeed: its output, or a message
+/// saying why not (the tool is missing, or it failed, with its stderr).
+fn run_system_tool(name: &str, cmd: &mut Command) -> Result<std::process::Output, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {name}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out)
+}
+
+/// A tmpfs of a given size mounted at a directory the caller owns (a file system that runs
+/// out of room: a member file on it fails its writes with ENOSPC), unmounted (`umount -l`)
+/// when dropped.
+pub struct TmpfsMount {
+    /// Where it is mounted.
+    pub dir: PathBuf,
+}
+
+impl TmpfsMount {
+    /// Mounts a tmpfs of `bytes` at `dir` (created), or says why not (no `mount`, not
+    /// root).
+    ///
+    /// # Errors
+    /// A message saying why it could not be mounted.
+    pub fn new(dir: &Path, bytes: u64) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        run_system_tool(
+            "mount",
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+                .arg(dir),
+        )?;
+        Ok(TmpfsMount {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
 }
 
 /// The workspace root (the directory above this crate's manifest).

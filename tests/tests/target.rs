@@ -2409,6 +2409,75 @@ fn a_replacement_whose_superblock_cannot_be_written_is_cancelled_and_the_member_
     a.oracle_verify(None);
 }
 
+/// A member whose device fails its writes (ENOSPC: its file is on a 3 MiB tmpfs and the
+/// clients write 8 MiB to it) while a client writes: the reactors fail it, the monitor
+/// records it faulty before the writes finished meanwhile are acknowledged, the client
+/// sees every write succeed and reads back what it wrote, nothing stays held, and after a
+/// restart on all six devices the member's stale data is left out (its slot recorded
+/// faulty on the others) and the data is still right.
+#[test]
+fn a_member_failing_its_writes_is_recorded_faulty_and_left_out_after_a_restart() {
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let mount = match ferroraid_tests::TmpfsMount::new(&d.join("small"), 3 << 20) {
+        Ok(m) => m,
+        Err(why) => {
+            assert!(
+                !ferroraid_tests::required("FERRORAID_REQUIRE_MOUNT"),
+                "FERRORAID_REQUIRE_MOUNT=1 but {why}"
+            );
+            eprintln!(
+                "SKIPPED a_member_failing_its_writes_is_recorded_faulty_and_left_out_after_a_restart: \
+                 {why} (needs root; FERRORAID_REQUIRE_MOUNT=1 makes this a failure)"
+            );
+            return;
+        }
+    };
+    let mut members = member_files(d, "m", 5, MEMBER_BYTES);
+    members.extend(member_files(&mount.dir, "full", 1, MEMBER_BYTES));
+    // No zeroing: it would fill the small file system at once (sparse files read zeroes).
+    let (array, _) = create_with(
+        d,
+        6,
+        "left-symmetric",
+        "enospc",
+        &members,
+        64 * KIB,
+        &["--assume-clean"],
+    );
+    let rpc = d.join("rpc.sock").display().to_string();
+    let mut srv = Server::serve(d, "serve", "enospc", &members, &["--rpc", &rpc]);
+    let src = d.join("fill.img");
+    let want = random_file(&src, array.size, 51);
+    srv.fill(&nbdcopy, &src);
+    let st = srv.wait_status("the member failed and recorded", |st, _| {
+        st["members"][5]["state"] == "faulty" && st["array"]["state"] == "degraded"
+    });
+    // Every write was acknowledged: none is held any more (as the reactors publish).
+    srv.wait_status("no write held", |st, _| st["writes_awaiting_record"] == 0);
+    assert_eq!(st["requests_in_flight"], 0, "{st}");
+    let log = srv.log();
+    assert!(
+        log.contains("member failed; recording it faulty"),
+        "{}",
+        srv.logs()
+    );
+    let got = srv.read_all(&nbdcopy);
+    assert_same("array after the member failed", &got, &want);
+    srv.stop();
+    let mut srv = Server::serve(d, "restart", "enospc", &members, &["--rpc", &rpc]);
+    let (st, code) = srv.status();
+    assert_eq!(st["array"]["state"], "degraded", "{st}");
+    assert_eq!(code, Some(1), "{st}");
+    let got = srv.read_all(&nbdcopy);
+    assert_same("array after the restart", &got, &want);
+    srv.stop();
+    drop(mount);
+}
+
 /// A member failed and removed for a short while, writes to two places meanwhile, then
 /// given back with `ferroraid add`: it rejoins its slot and only the bitmap's dirty
 /// regions are rebuilt (8 stripes of 128, 512 KiB written to it instead of 8 MiB), the
