@@ -1226,9 +1226,9 @@ pub struct Array<C: Channel> {
     /// fast-path read goes out until the ones in flight are done and the request has it.
     fast_blocked: bool,
     done: VecDeque<ArrayCompletion>,
-    /// Member failures of this shard that the caller has recorded durably
+    /// Failures of this shard that the caller has recorded durably
     /// ([`Array::hold_writes_until_recorded`]): write completions are held while
-    /// `stats.member_failures` is ahead of it. `None`: never held.
+    /// [`Array::failures_to_record`] is ahead of it. `None`: never held.
     failures_recorded: Option<Arc<AtomicU64>>,
     /// Completions of writes held until the failures before them are recorded, in
     /// completion order, each with its request slot: a held write keeps its slot (the
@@ -1678,7 +1678,7 @@ impl<C: Channel> Array<C> {
             .is_some_and(|r| r.load(Ordering::Acquire) < self.failures_to_record())
     }
 
-    /// Write completions held for an unrecorded member failure
+    /// Write completions held for an unrecorded member or replacement failure
     /// ([`Self::hold_writes_until_recorded`]).
     pub fn held_writes(&self) -> usize {
         self.held_writes.len()
@@ -2038,8 +2038,8 @@ impl<C: Channel> Array<C> {
     }
 
     /// Moves up to `out.len()` finished requests into `out`; returns how many. Writes held
-    /// for an unrecorded member failure ([`Self::hold_writes_until_recorded`]) come out
-    /// once it is recorded.
+    /// for an unrecorded failure ([`Self::hold_writes_until_recorded`]) come out once it
+    /// is recorded.
     pub fn poll(&mut self, out: &mut [ArrayCompletion]) -> usize {
         if !self.held_writes.is_empty() && !self.writes_held() {
             // Within `done`'s capacity: held and done together are at most every request
