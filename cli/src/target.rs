@@ -2006,12 +2006,7 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
                 role = r,
                 "the member's superblock could not be written: it is recorded faulty and failed"
             );
-            match m
-                .book
-                .replacing
-                .as_ref()
-                .filter(|b| b.role == r && b.swap_recorded.is_some())
-            {
+            match m.book.recorded_swap(r) {
                 // The slot is the replacement's: failed on every reactor, swapped or not
                 // (failing the role would fail the old member where it is not swapped yet).
                 Some(b) => shared.handle.fail_replacement(b.serial),

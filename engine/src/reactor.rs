@@ -554,7 +554,7 @@ impl ReactorHandle {
         FailureMarks(self.each_published(|p| p.failures))
     }
 
-    /// Says the member failures counted in `marks` ([`Self::failure_marks`]) are recorded
+    /// Says the failures counted in `marks` ([`Self::failure_marks`]) are recorded
     /// durably: each reactor releases the write completions it held for them
     /// ([`Extras::confirm_failures`]) within a loop turn. Marks never go back (an older
     /// `marks` changes nothing).
@@ -1271,11 +1271,11 @@ pub struct Extras<P> {
     /// after the swap, and the resumed replace copies its stale data over the new ones.
     pub confirm_replace: bool,
     /// Each shard holds the completions of writes finished while a member or replacement
-    /// failure it saw is not yet recorded ([`Array::hold_writes_until_recorded`]) until the caller
-    /// records it and says so with [`ReactorHandle::failures_recorded`]. A caller that
-    /// records failures durably (the target's superblocks) sets it: otherwise a crash
-    /// before the record reassembles with the failed member as current, and its stale
-    /// chunks stand for writes acknowledged without it (md's `MD_SB_CHANGE_PENDING`).
+    /// failure it saw is not yet recorded ([`Array::hold_writes_until_recorded`]), until
+    /// the caller records it and says so with [`ReactorHandle::failures_recorded`]. A
+    /// caller that records failures durably (the target's superblocks) sets it: otherwise
+    /// a crash before the record reassembles with the failed member as current, and its
+    /// stale chunks stand for writes acknowledged without it (md's `MD_SB_CHANGE_PENDING`).
     pub confirm_failures: bool,
 }
 

@@ -126,6 +126,17 @@ pub(super) struct ReplaceBook {
     pub(super) swap_recorded: Option<Option<usize>>,
 }
 
+impl ReplaceBook {
+    /// The state of this replacement in `snap`, merged over the reactors; `None` when they
+    /// report another replacement or none.
+    pub(super) fn state_in(&self, snap: &ArraySnapshot) -> Option<ReplaceState> {
+        snap.replacement
+            .as_ref()
+            .filter(|r| r.info.serial == self.serial)
+            .map(|r| r.info.state)
+    }
+}
+
 /// Whether a reactor's refusal `e` is about a replace of `role` (it could not open the
 /// device, or its shard refused the start).
 fn concerns_replace(e: &engine::reactor::ControlError, role: u16) -> bool {
@@ -156,9 +167,15 @@ impl ProcessBook {
     /// Whether a replace of `role` has its swap recorded in the superblocks
     /// ([`ReplaceBook::swap_recorded`]): the role's old member is out already.
     pub(super) fn swap_recorded_for(&self, role: u16) -> bool {
+        self.recorded_swap(role).is_some()
+    }
+
+    /// The replace of `role` whose swap the superblocks record
+    /// ([`Self::swap_recorded_for`]), if any.
+    pub(super) fn recorded_swap(&self, role: u16) -> Option<&ReplaceBook> {
         self.replacing
             .as_ref()
-            .is_some_and(|b| b.role == role && b.swap_recorded.is_some())
+            .filter(|b| b.role == role && b.swap_recorded.is_some())
     }
 
     /// Whether the replace in progress has a replacement the reactors failed whose failure
@@ -168,10 +185,7 @@ impl ProcessBook {
     /// replacement failing then fails its slot, an unrecorded role until recorded).
     pub(super) fn replacement_failure_unrecorded(&self, snap: &ArraySnapshot) -> bool {
         self.replacing.as_ref().is_some_and(|b| {
-            b.swap_recorded.is_none()
-                && snap.replacement.as_ref().is_some_and(|r| {
-                    r.info.serial == b.serial && matches!(r.info.state, ReplaceState::Failed(_))
-                })
+            b.swap_recorded.is_none() && matches!(b.state_in(snap), Some(ReplaceState::Failed(_)))
         })
     }
 
@@ -1307,10 +1321,8 @@ impl Shared {
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         while std::time::Instant::now() < deadline {
             let snap = self.handle.snapshot();
-            if snap.replacement.as_ref().is_some_and(|r| {
-                r.info.serial == b.serial && matches!(r.info.state, ReplaceState::Failed(_))
-            }) || b.swap_recorded.is_some()
-                && snap.members[usize::from(b.role)].state.is_failed()
+            if matches!(b.state_in(&snap), Some(ReplaceState::Failed(_)))
+                || b.swap_recorded.is_some() && snap.members[usize::from(b.role)].state.is_failed()
             {
                 break;
             }
@@ -1357,10 +1369,7 @@ impl Shared {
             // happens now (a replacement failing since fails the slot on every reactor,
             // `Array::complete_replace`); never undone, since a reactor may have swapped
             // already and written only the new device.
-            let done = snap
-                .replacement
-                .as_ref()
-                .is_some_and(|r| r.info.serial == b.serial && r.info.state == ReplaceState::Done);
+            let done = b.state_in(snap) == Some(ReplaceState::Done);
             if done {
                 self.finish_replace(meta, &b);
             } else {
@@ -1372,9 +1381,8 @@ impl Shared {
         // it): the replace cannot go on. Asked until the reactors report it failed; it is
         // abandoned then (below).
         if !meta.members.iter().any(|m| m.active && m.replacement)
-            && snap.replacement.as_ref().is_some_and(|r| {
-                r.info.serial == b.serial && !matches!(r.info.state, ReplaceState::Failed(_))
-            })
+            && b.state_in(snap)
+                .is_some_and(|s| !matches!(s, ReplaceState::Failed(_)))
         {
             warn!(
                 role = b.role,
