@@ -1978,9 +1978,15 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
 /// once no failed member or replacement is left unrecorded. A record that fails keeps the
 /// writes held; it is tried again every turn (md retries its superblock update the same
 /// way while `MD_SB_CHANGE_PENDING` holds writes).
+///
+/// Besides its turn every [`MONITOR_INTERVAL`], a reactor that publishes a new failure or
+/// starts holding writes for one wakes it ([`ReactorHandle::watch_failures`]), so a
+/// failure is recorded, and its held writes released, without waiting out the interval.
 fn monitor(shared: &Shared, stop: &AtomicBool) {
+    let me = std::thread::current();
+    shared.handle.watch_failures(move || me.unpark());
     while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(MONITOR_INTERVAL);
+        std::thread::park_timeout(MONITOR_INTERVAL);
         let mut m = shared.meta();
         // Before the snapshot: every failure they count is failed in it.
         let marks = shared.handle.failure_marks();

@@ -572,6 +572,21 @@ impl ReactorHandle {
         }
     }
 
+    /// Registers `notify`, called on a reactor's thread right after the reactor has
+    /// published a new failure to record (a member or replacement of its shard failed,
+    /// [`Array::failures_to_record`]) or has started holding write completions for one
+    /// ([`Extras::confirm_failures`]). The caller can then take its
+    /// [`Self::failure_marks`] and snapshot at once instead of at its next periodic look,
+    /// and held writes wait that much less. `notify` runs on the data path: it must be quick
+    /// and never block (unparking a thread, or a send on an unbounded channel). Calls may
+    /// repeat for one failure and come from several reactors at once.
+    ///
+    /// One watcher per reactor set: `false`, with `notify` dropped, when one is registered
+    /// already.
+    pub fn watch_failures(&self, notify: impl Fn() + Send + Sync + 'static) -> bool {
+        self.shared.failure_watcher.set(Box::new(notify)).is_ok()
+    }
+
     /// Whether [`Self::start_replace`] would accept a device described by `info` for
     /// member `slot` now (against the last published state).
     ///
@@ -1136,6 +1151,9 @@ struct Shared {
     /// ([`ReactorHandle::failures_recorded`]); each shard holds its write completions
     /// while its own count of failures is ahead ([`Extras::confirm_failures`]).
     failures_recorded: Vec<Arc<AtomicU64>>,
+    /// Called after a reactor has published a failure to record, or writes it holds for
+    /// one ([`ReactorHandle::watch_failures`]).
+    failure_watcher: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// When the reactors started (the handle's clock for rates).
     epoch: Instant,
     /// Stripes known to read as zeroes (block status), shared with every shard.
@@ -1243,6 +1261,7 @@ impl Shared {
             confirm_replace: false,
             replace_copied: AtomicU64::new(0),
             failures_recorded: (0..n).map(|_| Arc::new(AtomicU64::new(0))).collect(),
+            failure_watcher: OnceLock::new(),
             epoch: Instant::now(),
             rate: Mutex::new(RateWindow::new(RATE_WINDOW.as_nanos() as u64)),
         }
@@ -2113,6 +2132,10 @@ struct Reactor<'a, F, D: BlockDevice> {
     /// Whether the shard held write completions at its last look (published at once
     /// when that changes, so status does not show writes waiting that are gone).
     holding_seen: bool,
+    /// The failures to record ([`Array::failures_to_record`]) at the last look; a change,
+    /// or writes starting to wait, is told to the failure watcher once published.
+    to_record_seen: u64,
+    tell_watcher: bool,
     next_publish: u64,
     // A replacement the shard could not take yet (requests to the old device outstanding);
     // `true`: a re-add.
@@ -2213,6 +2236,8 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             announced: vec![false; usize::from(members)],
             failures_seen: 0,
             holding_seen: false,
+            to_record_seen: 0,
+            tell_watcher: false,
             next_publish: 0,
             pending_replace: Vec::new(),
             pending_start: None,
@@ -2629,6 +2654,13 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         let holding = self.array.held_writes() > 0;
         if holding != self.holding_seen {
             self.holding_seen = holding;
+            self.tell_watcher |= holding;
+            self.next_publish = 0;
+        }
+        let to_record = self.array.failures_to_record();
+        if to_record != self.to_record_seen {
+            self.to_record_seen = to_record;
+            self.tell_watcher = true;
             self.next_publish = 0;
         }
         if now >= self.next_publish {
@@ -2642,6 +2674,13 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
                     p.control_error = self.control_error.take();
                 }
                 self.next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
+                drop(p);
+                // After the publish: the watcher's marks and snapshot see what it is told.
+                if std::mem::take(&mut self.tell_watcher) {
+                    if let Some(notify) = shared.failure_watcher.get() {
+                        notify();
+                    }
+                }
             }
         }
     }

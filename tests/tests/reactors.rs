@@ -739,6 +739,14 @@ fn writes_wait_for_the_record(
         .collect();
     let running = start_frontends(None, &devices, geo, frontends, true, true).unwrap();
     let h = running.handle();
+    // The failure watcher: told by every reactor of the failure, and again by each shard
+    // that starts holding writes (what wakes the target's monitor).
+    let told = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = Arc::clone(&told);
+    assert!(h.watch_failures(move || {
+        count.fetch_add(1, Ordering::AcqRel);
+    }));
+    assert!(!h.watch_failures(|| {}), "{what}: a second watcher");
     let acked = || -> Vec<u32> {
         gates
             .iter()
@@ -766,11 +774,20 @@ fn writes_wait_for_the_record(
     }
     wait_for("the first writes", || acked().iter().all(|&a| a == before));
     let stale = h.failure_marks();
+    assert_eq!(
+        told.load(Ordering::Acquire),
+        0,
+        "{what}: told before a failure"
+    );
     fail(&h);
-    // Every reactor has counted it (published).
+    // Every reactor has counted it (published), and told the watcher.
     wait_for("the failure on every reactor", || {
         h.failure_marks().total() == reactors as u64
     });
+    wait_for("the watcher told of the failure", || {
+        told.load(Ordering::Acquire) >= reactors
+    });
+    let told_of_failure = told.load(Ordering::Acquire);
     for g in &gates {
         g.limit.store(during, Ordering::Release);
     }
@@ -778,6 +795,10 @@ fn writes_wait_for_the_record(
     wait_for("a write held on every reactor", || {
         let s = h.snapshot();
         s.requests_in_flight == reactors && s.writes_held == reactors
+    });
+    // (By each shard holding some: the writes may all be pieces of one shard's stripes.)
+    wait_for("the watcher told of the held writes", || {
+        told.load(Ordering::Acquire) > told_of_failure
     });
     // Marks taken before the failure release nothing.
     h.failures_recorded(&stale);
