@@ -18,6 +18,14 @@ median over --runs runs, and the machine. Needs fio, qemu-nbd, qemu-img.
 `--exe PATH` runs a given ferroraid binary (an older build, for before/after tables)
 instead of building this tree; `--only NAME,...` runs a subset of the workloads (by the
 short names in WORKLOADS); `--serve-args` passes more options to `ferroraid serve`.
+
+`--device-mb-s B` (root) puts every file behind a loop device of its own (`losetup
+--direct-io=on`) and runs both targets in a blkio cgroup (v1) that limits reads and writes
+of each loop device to B MB/s (`blkio.throttle.{read,write}_bps_device`): seven
+independent devices of equal bandwidth, so the RAID's members add bandwidth as separate
+drives do, and qemu-nbd serves one of those devices. With the files on tmpfs (`--dir
+/dev/shm/...`) the throttle is the only limit. The loop devices and the cgroup made here
+are removed at the end.
 """
 
 import argparse
@@ -85,6 +93,47 @@ def fio(uri, rw, bs, qd, seconds, size, cpu, extra=()):
     return sum(x["iops"] for x in sides), sum(x["bw_bytes"] for x in sides) / 1e6
 
 
+class Devices:
+    """Loop devices over `files`, each limited to `mb_s` MB/s for the tasks of one blkio
+    cgroup (v1). `wrap(cmd)` runs a command inside the cgroup; `close()` detaches the loop
+    devices attached here and removes the cgroup."""
+
+    ROOT = "/sys/fs/cgroup/blkio"
+
+    def __init__(self, files, mb_s):
+        if os.geteuid() != 0:
+            sys.exit("--device-mb-s needs root (losetup and a blkio cgroup)")
+        if not os.path.isdir(self.ROOT):
+            sys.exit(f"--device-mb-s needs the cgroup v1 blkio controller at {self.ROOT}")
+        self.loops = []
+        self.cgroup = os.path.join(self.ROOT, f"ferroraid-nbd-bench-{os.getpid()}")
+        os.mkdir(self.cgroup)
+        try:
+            for f in files:
+                dev = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", f],
+                                     check=True, capture_output=True,
+                                     text=True).stdout.strip()
+                self.loops.append(dev)
+                st = os.stat(dev)
+                rule = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)} {mb_s * 1_000_000}"
+                for knob in ("read_bps_device", "write_bps_device"):
+                    with open(os.path.join(self.cgroup, f"blkio.throttle.{knob}"), "w") as k:
+                        k.write(rule)
+        except BaseException:
+            self.close()
+            raise
+
+    def wrap(self, cmd):
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.cgroup, *cmd]
+
+    def close(self):
+        for dev in self.loops:
+            subprocess.run(["losetup", "-d", dev], check=False)
+        self.loops = []
+        if os.path.isdir(self.cgroup):
+            os.rmdir(self.cgroup)
+
+
 def prefill(uri, size, cpu):
     subprocess.run(
         ["taskset", "-c", str(cpu), "fio", "--name=fill", "--ioengine=nbd", f"--uri={uri}",
@@ -123,6 +172,9 @@ def main():
     ap.add_argument("--serve-args", default="",
                     help="extra arguments for `ferroraid serve`, split on spaces "
                     "(e.g. '--stripe-cache 64M')")
+    ap.add_argument("--device-mb-s", type=int,
+                    help="each file behind its own loop device limited to this many MB/s "
+                    "(root; see above)")
     ap.add_argument("--only", help="comma-separated workload names: "
                     + ",".join(w[0] for w in ALL_WORKLOADS))
     a = ap.parse_args()
@@ -133,7 +185,7 @@ def main():
         if unknown:
             sys.exit(f"unknown workloads {unknown}")
         WORKLOADS = [w for w in ALL_WORKLOADS if w[0] in names]
-    for tool in ("fio", "qemu-nbd", "taskset"):
+    for tool in ("fio", "qemu-nbd", "taskset") + (("losetup",) if a.device_mb_s else ()):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed")
     exe = release_binary(a.exe)
@@ -146,21 +198,35 @@ def main():
     for m in members:
         with open(m, "wb") as f:
             f.truncate(size)
+    single = os.path.join(work, "single.img")
+    with open(single, "wb") as f:
+        f.truncate(size)
+    devices = Devices(members + [single], a.device_mb_s) if a.device_mb_s else None
+    try:
+        run_all(a, exe, members, single, devices, target_cpu, client_cpu, work)
+    finally:
+        if devices:
+            devices.close()
+    if not a.dir:
+        shutil.rmtree(work)
+
+
+def run_all(a, exe, members, single, devices, target_cpu, client_cpu, work):
+    wrap = devices.wrap if devices else (lambda cmd: cmd)
+    if devices:
+        members, single = devices.loops[:-1], devices.loops[-1]
     subprocess.run([exe, "create", "--level", "6", "--name", "bench", "--force", *members],
                    check=True, capture_output=True)
     # The array's capacity is 4 data members' worth, less md's data offset; the
     # comparison uses the same byte range on both targets: one member's size less 8 MiB.
     span = f"{a.member_mib - 8}m"
-    single = os.path.join(work, "single.img")
-    with open(single, "wb") as f:
-        f.truncate(size)
 
     rows = {w[1]: ([], []) for w in WORKLOADS}
     for run in range(a.runs):
         port = free_port()
-        srv = subprocess.Popen(
+        srv = subprocess.Popen(wrap(
             [exe, "serve", "--polled", "--cores", str(target_cpu), "--nbd",
-             f"127.0.0.1:{port}", *a.serve_args.split(), *members],
+             f"127.0.0.1:{port}", *a.serve_args.split(), *members]),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_port(port, srv, "ferroraid serve")
@@ -171,10 +237,10 @@ def main():
         for (_, name, *_), r in zip(WORKLOADS, res):
             rows[name][0].append(r)
         port = free_port()
-        q = subprocess.Popen(
+        q = subprocess.Popen(wrap(
             ["taskset", "-c", str(target_cpu), "qemu-nbd", "-f", "raw", "--cache=none",
              "--aio=io_uring", "-x", "single", "-b", "127.0.0.1", "-p", str(port),
-             "--persistent", "--shared=8", single],
+             "--persistent", "--shared=8", single]),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_port(port, q, "qemu-nbd")
@@ -192,7 +258,9 @@ def main():
           f"fio on CPU {client_cpu}; {a.runs} runs of {a.seconds} s, medians")
     print(f"- ferroraid: RAID6, 6 members of {a.member_mib} MiB, 64 KiB chunk, one polled "
           f"reactor; qemu-nbd: one {a.member_mib} MiB file, --cache=none --aio=io_uring; "
-          f"files in {work}")
+          f"files in {work}"
+          + (f", each behind a loop device limited to {a.device_mb_s} MB/s (blkio)"
+             if devices else ""))
     print()
     print(f"- ferroraid binary: {exe}" + (f", serve {a.serve_args}" if a.serve_args else ""))
     print()
@@ -205,8 +273,6 @@ def main():
         ti = statistics.median(x[0] for x in theirs)
         tb = statistics.median(x[1] for x in theirs)
         print(f"| {name} | {oi:,.0f} | {ob:,.1f} | {ti:,.0f} | {tb:,.1f} | {oi / ti:.2f}× |")
-    if not a.dir:
-        shutil.rmtree(work)
 
 
 if __name__ == "__main__":
