@@ -562,6 +562,20 @@ impl StripeCache {
             .filter(|&e| !self.entries[e as usize].pinned)
     }
 
+    /// Makes unpinned entry `e` the most recently used: a read was served from it
+    /// (`read.rs`'s `cache_read`), so a stripe that is only read stays cached as one that
+    /// is written does. A demoted entry read again is no longer taken first.
+    pub(crate) fn touch(&mut self, e: u32) {
+        assert!(
+            !self.entries[e as usize].pinned,
+            "touching pinned entry {e}"
+        );
+        if self.tail != e {
+            self.unlink(e);
+            self.push_tail(e);
+        }
+    }
+
     /// Forgets what is cached of `stripe` (a path about to write its members without the
     /// cache). A pinned entry is left alone: its pass owns the stripe.
     pub(crate) fn invalidate(&mut self, stripe: u64) {
@@ -888,5 +902,31 @@ mod tests {
         c.unpin(e, true);
         c.invalidate(10);
         assert_eq!(c.pin(10).1, 0);
+    }
+
+    #[test]
+    fn a_read_entry_is_evicted_after_the_ones_not_used_since() {
+        let mut c = StripeCache::new(3, 3, 4096, 512, true);
+        let mut at = Vec::new();
+        for s in [10, 11, 12] {
+            let (e, _) = c.pin(s);
+            c.entry_mut(e).valid[0].insert_range(0, 8);
+            c.unpin(e, true);
+            at.push(e);
+        }
+        // 10 is the least recently used; a read of it makes 11 the next one taken.
+        c.touch(c.lookup(10).unwrap());
+        let (e, hit) = c.pin(13);
+        assert_eq!((e, hit), (at[1], 0));
+        c.unpin(e, true);
+        // Touching the most recent entry changes nothing; a demoted one read is kept.
+        c.touch(c.lookup(13).unwrap());
+        c.demote(c.lookup(12).unwrap());
+        c.touch(c.lookup(12).unwrap());
+        let (e, _) = c.pin(14);
+        assert_eq!(e, at[0], "stripe 10 was the least recently used");
+        c.unpin(e, true);
+        assert_eq!(c.lookup(12), Some(at[2]));
+        assert_eq!(c.lookup(13), Some(at[1]));
     }
 }

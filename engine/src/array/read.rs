@@ -189,6 +189,7 @@ impl<C: Channel> Array<C> {
         let now = self.now;
         self.queue_wait[req.class.index()].record(now.saturating_sub(req.submit_ns));
         self.stats.cache_reads += 1;
+        self.cache.touch(e);
         self.finish_req(ri);
         true
     }
