@@ -252,7 +252,8 @@ impl<C: Channel> Array<C> {
             self.stats.pass_written_bytes += sop.end - sop.start;
             return self.start_write_single(s);
         }
-        self.stats.cache_admitted_writes += u64::from(admitted);
+        // Admitted by the filter: not for a stripe the cache held anyway.
+        self.stats.cache_admitted_writes += u64::from(admitted && !self.cache.holds(stripe));
         let fua = self.sop_fua(s);
         let flushes_before = self.sop_req(s).flushes_before;
         {
