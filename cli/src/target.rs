@@ -1666,6 +1666,10 @@ impl Target {
                 .spawn(move || monitor(&shared, &stop))
                 .context("starting the member monitor")?
         };
+        // Woken by the reactors' failures; registered here, before anything can wait on it.
+        let thread = monitor.thread().clone();
+        let watching = shared.handle.watch_failures(move || thread.unpark());
+        debug_assert!(watching, "one monitor per array's reactors");
         let mut target = Target {
             intent: intent.clone(),
             shared: Arc::clone(&shared),
@@ -1839,6 +1843,7 @@ impl Target {
         }
         self.stop_monitor.store(true, Ordering::Release);
         if let Some(m) = self.monitor.take() {
+            m.thread().unpark();
             let _ = m.join();
         }
         // Record any failure the monitor had not yet written, then flush and mark clean.
@@ -1980,11 +1985,10 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
 /// way while `MD_SB_CHANGE_PENDING` holds writes).
 ///
 /// Besides its turn every [`MONITOR_INTERVAL`], a reactor that publishes a new failure or
-/// starts holding writes for one wakes it ([`ReactorHandle::watch_failures`]), so a
-/// failure is recorded, and its held writes released, without waiting out the interval.
+/// starts holding writes for one wakes it ([`ReactorHandle::watch_failures`], registered
+/// by its spawner), so a failure is recorded, and its held writes released, without
+/// waiting out the interval.
 fn monitor(shared: &Shared, stop: &AtomicBool) {
-    let me = std::thread::current();
-    shared.handle.watch_failures(move || me.unpark());
     while !stop.load(Ordering::Acquire) {
         std::thread::park_timeout(MONITOR_INTERVAL);
         let mut m = shared.meta();

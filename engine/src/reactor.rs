@@ -581,8 +581,8 @@ impl ReactorHandle {
     /// and never block (unparking a thread, or a send on an unbounded channel). Calls may
     /// repeat for one failure and come from several reactors at once.
     ///
-    /// One watcher per reactor set: `false`, with `notify` dropped, when one is registered
-    /// already.
+    /// One watcher per array's reactors (each array started on a [`ReactorSet`] has its
+    /// own): `false`, with `notify` dropped, when one is registered already.
     pub fn watch_failures(&self, notify: impl Fn() + Send + Sync + 'static) -> bool {
         self.shared.failure_watcher.set(Box::new(notify)).is_ok()
     }
