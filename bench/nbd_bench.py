@@ -100,11 +100,17 @@ class Devices:
 
     ROOT = "/sys/fs/cgroup/blkio"
 
-    def __init__(self, files, mb_s):
+    @classmethod
+    def check(cls, mb_s):
+        """Exits with the reason when devices of `mb_s` MB/s cannot be made here."""
+        if mb_s <= 0:
+            sys.exit("--device-mb-s takes a positive number of MB/s")
         if os.geteuid() != 0:
             sys.exit("--device-mb-s needs root (losetup and a blkio cgroup)")
-        if not os.path.isdir(self.ROOT):
-            sys.exit(f"--device-mb-s needs the cgroup v1 blkio controller at {self.ROOT}")
+        if not os.path.isfile(os.path.join(cls.ROOT, "blkio.throttle.write_bps_device")):
+            sys.exit(f"--device-mb-s needs the cgroup v1 blkio controller at {cls.ROOT}")
+
+    def __init__(self, files, mb_s):
         self.loops = []
         self.cgroup = os.path.join(self.ROOT, f"ferroraid-nbd-bench-{os.getpid()}")
         os.mkdir(self.cgroup)
@@ -127,11 +133,37 @@ class Devices:
         return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.cgroup, *cmd]
 
     def close(self):
+        """Detaches this run's loop devices and removes its cgroup; what cannot be undone
+        is reported, never raised (it would hide the error that brought us here)."""
         for dev in self.loops:
-            subprocess.run(["losetup", "-d", dev], check=False)
+            r = subprocess.run(["losetup", "-d", dev], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"warning: losetup -d {dev}: {r.stderr.strip()}", file=sys.stderr)
         self.loops = []
         if os.path.isdir(self.cgroup):
-            os.rmdir(self.cgroup)
+            # A process left inside (a server that would not stop) keeps the cgroup busy:
+            # move it back to the root first.
+            try:
+                with open(os.path.join(self.cgroup, "cgroup.procs")) as f:
+                    left = f.read().split()
+                for pid in left:
+                    with open(os.path.join(self.ROOT, "cgroup.procs"), "w") as f:
+                        f.write(pid)
+                os.rmdir(self.cgroup)
+            except OSError as e:
+                print(f"warning: removing {self.cgroup}: {e}", file=sys.stderr)
+
+
+def stop(proc, ask, timeout):
+    """Asks `proc` to stop (`ask(proc)`), killing it after `timeout` s; the timeout is
+    still raised (a server that does not stop on request is a finding)."""
+    ask(proc)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def prefill(uri, size, cpu):
@@ -185,9 +217,11 @@ def main():
         if unknown:
             sys.exit(f"unknown workloads {unknown}")
         WORKLOADS = [w for w in ALL_WORKLOADS if w[0] in names]
-    for tool in ("fio", "qemu-nbd", "taskset") + (("losetup",) if a.device_mb_s else ()):
+    for tool in ("fio", "qemu-nbd", "taskset") + (("losetup",) if a.device_mb_s is not None else ()):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed")
+    if a.device_mb_s is not None:
+        Devices.check(a.device_mb_s)
     exe = release_binary(a.exe)
     cpus = sorted(os.sched_getaffinity(0))
     target_cpu, client_cpu = cpus[-1], cpus[0]
@@ -201,14 +235,16 @@ def main():
     single = os.path.join(work, "single.img")
     with open(single, "wb") as f:
         f.truncate(size)
-    devices = Devices(members + [single], a.device_mb_s) if a.device_mb_s else None
+    devices = None
     try:
+        if a.device_mb_s is not None:
+            devices = Devices(members + [single], a.device_mb_s)
         run_all(a, exe, members, single, devices, target_cpu, client_cpu, work)
     finally:
         if devices:
             devices.close()
-    if not a.dir:
-        shutil.rmtree(work)
+        if not a.dir:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def run_all(a, exe, members, single, devices, target_cpu, client_cpu, work):
@@ -232,8 +268,7 @@ def run_all(a, exe, members, single, devices, target_cpu, client_cpu, work):
             wait_port(port, srv, "ferroraid serve")
             res = measure(f"nbd://127.0.0.1:{port}/bench", span, a.seconds, client_cpu)
         finally:
-            srv.send_signal(signal.SIGTERM)
-            srv.wait(timeout=60)
+            stop(srv, lambda p: p.send_signal(signal.SIGTERM), 60)
         for (_, name, *_), r in zip(WORKLOADS, res):
             rows[name][0].append(r)
         port = free_port()
@@ -246,8 +281,7 @@ def run_all(a, exe, members, single, devices, target_cpu, client_cpu, work):
             wait_port(port, q, "qemu-nbd")
             res = measure(f"nbd://127.0.0.1:{port}/single", span, a.seconds, client_cpu)
         finally:
-            q.terminate()
-            q.wait(timeout=30)
+            stop(q, subprocess.Popen.terminate, 30)
         for (_, name, *_), r in zip(WORKLOADS, res):
             rows[name][1].append(r)
         print(f"run {run + 1}/{a.runs} done", file=sys.stderr)
