@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
 use drivers::any::{open_member, AnyDevice, MemberConfig};
@@ -1989,6 +1989,8 @@ fn failed_roles(snap: &engine::reactor::ArraySnapshot, meta: &Meta) -> Vec<u16> 
 /// by its spawner), so a failure is recorded, and its held writes released, without
 /// waiting out the interval.
 fn monitor(shared: &Shared, stop: &AtomicBool) {
+    // A record that keeps failing is retried every turn, reported once per interval.
+    let mut failing_record = Repeating::new(RECORD_FAILURE_REPORT_INTERVAL);
     while !stop.load(Ordering::Acquire) {
         std::thread::park_timeout(MONITOR_INTERVAL);
         let mut m = shared.meta();
@@ -1998,15 +2000,27 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
         let newly = failed_roles(&snap, &m);
         let mut recorded = true;
         if !newly.is_empty() {
-            for r in &newly {
-                warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
+            let due = failing_record.due(Instant::now());
+            if due.is_some() {
+                for r in &newly {
+                    warn!(role = r, state = ?snap.members[usize::from(*r)].state, "member failed; recording it faulty");
+                }
             }
-            if let Err(e) = m.record(&newly, None) {
-                recorded = false;
-                warn!(
-                    "recording failed members (writes wait until it is recorded): {}",
-                    crate::error_text(&e)
-                );
+            match m.record(&newly, None) {
+                Ok(_) => failing_record.reset(),
+                Err(e) => {
+                    recorded = false;
+                    if let Some(left_out) = due {
+                        warn!(
+                            left_out,
+                            "recording failed members (writes wait until it is recorded; \
+                             retried every {} ms, reported every {} s): {}",
+                            MONITOR_INTERVAL.as_millis(),
+                            RECORD_FAILURE_REPORT_INTERVAL.as_secs(),
+                            crate::error_text(&e)
+                        );
+                    }
+                }
             }
         }
         // A member whose superblock could not be written is recorded faulty; the reactors
@@ -2034,6 +2048,50 @@ fn monitor(shared: &Shared, stop: &AtomicBool) {
         {
             shared.handle.failures_recorded(&marks);
         }
+    }
+}
+
+/// How often [`monitor`] reports again a record of failed members that keeps failing (it
+/// retries every [`MONITOR_INTERVAL`]; with no superblock writable that is for good).
+const RECORD_FAILURE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A condition seen on every monitor turn, reported at its first turn and then at most
+/// once per interval, with the count of turns left out since the last report.
+#[derive(Debug)]
+struct Repeating {
+    every: Duration,
+    last: Option<Instant>,
+    left_out: u64,
+}
+
+impl Repeating {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            left_out: 0,
+        }
+    }
+
+    /// The condition holds at `now`: `Some(turns left out since the last report)` when it
+    /// is to be reported now, else `None` (counted).
+    fn due(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < self.every => {
+                self.left_out += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.left_out))
+            }
+        }
+    }
+
+    /// The condition ended: its next occurrence is reported at once.
+    fn reset(&mut self) {
+        self.last = None;
+        self.left_out = 0;
     }
 }
 
@@ -2234,6 +2292,28 @@ fn prepare_ppl(
 mod tests {
     use super::*;
     use engine::geometry::{Geometry, Layout, Level};
+
+    #[test]
+    fn a_repeated_condition_is_reported_once_per_interval_with_what_was_left_out() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = Repeating::new(Duration::from_secs(10));
+        assert_eq!(r.due(t0), Some(0), "the first turn is reported");
+        assert_eq!(r.due(t0 + s), None);
+        assert_eq!(r.due(t0 + 9 * s), None);
+        assert_eq!(
+            r.due(t0 + 10 * s),
+            Some(2),
+            "ten seconds on, with the two left out"
+        );
+        assert_eq!(r.due(t0 + 11 * s), None);
+        r.reset();
+        assert_eq!(
+            r.due(t0 + 12 * s),
+            Some(0),
+            "a new episode is reported at once"
+        );
+    }
 
     fn raid6(member_bytes: u64) -> ArrayGeometry {
         let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, 65536, 512).unwrap();
