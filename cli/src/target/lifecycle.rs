@@ -1020,10 +1020,18 @@ impl Shared {
                 }
             }
         }
-        // A resync the array owes, once nothing else runs and it is whole.
+        // A resync the array owes, once nothing else runs and it is whole. Never while a
+        // replace is booked: one resumed at assembly may not show as running yet, and the
+        // reactors' refusal of the resync ("a replace is already running") would read as a
+        // refusal of the replace, which was then cancelled (kill -9 during a replace).
         let idle = p.as_ref().is_none_or(|p| p.state != ProcessState::Running);
         let whole = snap.members.iter().all(|m| m.state == MemberState::Online);
-        if idle && whole && self.resync_pending.load(Ordering::Acquire) && !meta.book.resync_held {
+        if idle
+            && whole
+            && meta.book.replacing.is_none()
+            && self.resync_pending.load(Ordering::Acquire)
+            && !meta.book.resync_held
+        {
             let req = self.resync_request(meta);
             if req.ranges.as_ref().is_some_and(Vec::is_empty) {
                 // The bitmap says nothing was being written: nothing to resync.
