@@ -410,6 +410,19 @@ impl Parity {
         }
     }
 
+    /// Copies `src` into `dst` with this engine's store policy: with
+    /// [`Parity::streaming`] on, a copy that bypasses the cache for the destination (no
+    /// read-for-ownership of its lines), as Linux's pmem driver writes persistent memory
+    /// (`memcpy_flushcache`). P over one data chunk is that chunk, so this is
+    /// [`Parity::gen_p`] of `[src]`, on the same kernels.
+    ///
+    /// # Panics
+    /// If the lengths differ, are not a multiple of [`ALIGN`] (64 bytes), or either buffer
+    /// is not [`ALIGN`]-aligned.
+    pub fn copy(&self, src: &[u8], dst: &mut [u8]) {
+        self.gen_p(&[src], dst)
+    }
+
     /// P = ⊕ data. `data`: 1..=255 chunks; `p`: output, same length.
     pub fn gen_p(&self, data: &[&[u8]], p: &mut [u8]) {
         check(p.len(), [p.as_ptr()], []);
