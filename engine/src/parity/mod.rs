@@ -411,8 +411,9 @@ impl Parity {
     }
 
     /// Copies `src` into `dst` with this engine's store policy: with
-    /// [`Parity::streaming`] on, a copy that bypasses the cache for the destination (no
-    /// read-for-ownership of its lines), as Linux's pmem driver writes persistent memory
+    /// [`Parity::streaming`] on and a SIMD kernel (scalar ignores it), a copy that bypasses
+    /// the cache for the destination (no read-for-ownership of its lines), ending with a
+    /// store fence, as Linux's pmem driver writes persistent memory
     /// (`memcpy_flushcache`). P over one data chunk is that chunk, so this is
     /// [`Parity::gen_p`] of `[src]`, on the same kernels.
     ///

@@ -316,17 +316,29 @@ proptest! {
     }
 }
 
-/// `copy` is a copy on every kernel and store policy: lengths of one unit, one unrolled
-/// step and a tail, into a destination holding other bytes.
+/// `copy` is a copy on every kernel and store policy: lengths of none, one unit, one
+/// unrolled step and a tail, into a destination holding other bytes, with nothing written
+/// past its end.
 #[test]
 fn copy_copies_on_every_kernel() {
     for par in kernels() {
-        for len in [64usize, 256, 4096 + 192, 64 << 10] {
-            let src = chunks(1, len, len as u64);
-            let mut dst = chunks(1, len, !(len as u64));
-            assert_ne!(&dst[0][..], &src[0][..]);
-            par.copy(&src[0], &mut dst[0]);
-            assert_eq!(&dst[0][..], &src[0][..], "{:?} len {len}", par.kernel());
+        for len in [0usize, 64, 256, 4096 + 192, 64 << 10] {
+            let src = chunks(1, len.max(64), len as u64);
+            let mut dst = chunks(1, len + 256, !(len as u64));
+            let tail = dst[0][len..].to_vec();
+            par.copy(&src[0][..len], &mut dst[0][..len]);
+            assert_eq!(
+                &dst[0][..len],
+                &src[0][..len],
+                "{:?} len {len}",
+                par.kernel()
+            );
+            assert_eq!(
+                &dst[0][len..],
+                &tail[..],
+                "{:?} len {len}: overrun",
+                par.kernel()
+            );
         }
     }
 }
