@@ -15,6 +15,10 @@
 #                     ${CARGO_TARGET_DIR:-target}/release/array-bench)
 #   --spdk-repo URL, --isal-repo URL, --spdk-commit REV   sources for --build (defaults:
 #                     GitHub, commit 3230130e = v26.09-pre; ISA-L at the commit SPDK pins)
+#                     Where GitHub cannot be reached, a local clone or git directory works
+#                     as URL (e.g. the tool library's `fetch` of spdk/spdk and intel/isa-l:
+#                     --spdk-repo /work/.mirror/spdk+spdk/repo --isal-repo
+#                     /work/.mirror/intel+isa-l/repo), if it holds the pinned commits
 #   --build-only      with --build: build, then stop
 #   --table DIR       print the table of an earlier results directory again, run nothing
 #
