@@ -33,8 +33,9 @@ thread_local! {
 }
 
 /// Copies `len` bytes from `src` to `dst` in the store: with `stream` (streaming stores;
-/// `None` where the CPU has no SIMD parity kernel) when `streamed` and both pointers and
-/// `len` are [`ALIGN`]-aligned, else `memcpy`.
+/// `None` where the CPU has no SIMD parity kernel) when `len` is at least
+/// [`STREAM_WRITE_MIN_BYTES`] and both pointers and `len` are [`ALIGN`]-aligned, else
+/// `memcpy`.
 ///
 /// # Safety
 /// `src` valid for reads and `dst` for writes of `len` bytes, not overlapping, and no one
@@ -42,15 +43,9 @@ thread_local! {
 // Not inlined: inlined, the kernel dispatch grew `submit`, and reads over `mem` members
 // (which never come here) measured 8-15 % slower with the same instruction count.
 #[inline(never)]
-unsafe fn write_store(
-    stream: Option<&Parity>,
-    streamed: bool,
-    src: *const u8,
-    dst: *mut u8,
-    len: usize,
-) {
+unsafe fn write_store(stream: Option<&Parity>, src: *const u8, dst: *mut u8, len: usize) {
     if let Some(stream) = stream.filter(|_| {
-        streamed
+        len >= STREAM_WRITE_MIN_BYTES
             && len.is_multiple_of(ALIGN)
             && (src as usize).is_multiple_of(ALIGN)
             && (dst as usize).is_multiple_of(ALIGN)
@@ -243,7 +238,6 @@ impl Channel for MemChannel {
                 unsafe {
                     write_store(
                         self.stream.as_ref(),
-                        seg.len >= STREAM_WRITE_MIN_BYTES,
                         seg.base,
                         self.store.base().add(at),
                         seg.len,
@@ -263,14 +257,7 @@ impl Channel for MemChannel {
             match req.op {
                 Op::Read => std::ptr::copy_nonoverlapping(base.add(off), req.buf.as_ptr(), len),
                 Op::Write { .. } => {
-                    let streamed = len >= STREAM_WRITE_MIN_BYTES;
-                    write_store(
-                        self.stream.as_ref(),
-                        streamed,
-                        req.buf.as_ptr(),
-                        base.add(off),
-                        len,
-                    )
+                    write_store(self.stream.as_ref(), req.buf.as_ptr(), base.add(off), len)
                 }
                 Op::WriteZeroes | Op::Discard => std::ptr::write_bytes(base.add(off), 0, len),
                 Op::Flush => {}
