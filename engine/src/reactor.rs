@@ -1024,43 +1024,48 @@ impl<C: Channel> Io<'_, C> {
         };
         // Counted until the completion reaches the front-end (see the stop rule).
         count_in_flight(self.in_flight, 1);
-        let mut parent = Parent {
-            tag: r.tag,
-            remaining: 0,
-            error: None,
-        };
         let tagged = ArrayRequest {
             tag: piece_tag(self.me, p),
             ..r
         };
+        let mut remaining = 0;
         // Validated once, here: the shards take the pieces unchecked
         // (`Array::submit_piece`).
-        if let Err(e) = self.array.validate(&r) {
-            parent.error = Some(e);
+        let invalid = self.array.validate(&r).err();
+        if invalid.is_some() {
+            // Refused below, with no piece sent anywhere.
         } else if r.op.is_flush() {
             for owner in 0..self.reactors {
                 self.route(owner, tagged);
-                parent.remaining += 1;
+                remaining += 1;
             }
         } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
             // Inside one stripe (most small requests): its one piece, without the
             // iterator.
             self.route(piece.owner, piece.request);
-            parent.remaining = 1;
+            remaining = 1;
         } else {
             for piece in split(tagged, self.geo, self.reactors) {
                 self.route(piece.owner, piece.request);
-                parent.remaining += 1;
+                remaining += 1;
             }
         }
-        let finished = parent.remaining == 0;
-        self.parents[p as usize] = Some(parent);
-        if finished {
-            let parent = self.parents[p as usize].take().expect("just stored");
+        if remaining == 0 {
+            // Refused (or no piece at all): done now, no parent entry.
             self.free.push(p);
             self.done.push_back(ArrayCompletion {
-                tag: parent.tag,
-                status: parent.error.map_or(Ok(()), Err),
+                tag: r.tag,
+                status: invalid.map_or(Ok(()), Err),
+            });
+        } else {
+            // Stored with a constant `error: None`, not from a `Parent` assembled on the
+            // stack on both paths: its copy into the slot stalled on store-to-load
+            // forwarding on every request. No piece can complete before this: the
+            // shards only take them here and run them later in the turn.
+            self.parents[p as usize] = Some(Parent {
+                tag: r.tag,
+                remaining,
+                error: None,
             });
         }
         Ok(())
@@ -2781,12 +2786,17 @@ fn account(
     }
     parent.remaining -= 1;
     if parent.remaining == 0 {
-        let parent = parents[p as usize].take().expect("live");
+        // Field by field, not `take()` of the whole entry and `map_or` on its error: those
+        // built the status on the stack with a narrow store read back by a wide load, a
+        // store-forwarding stall on every request of a multi-reactor array.
+        let tag = parent.tag;
+        let status = match parent.error {
+            None => Ok(()),
+            Some(e) => Err(e),
+        };
+        parents[p as usize] = None;
         free.push(p);
-        done.push_back(ArrayCompletion {
-            tag: parent.tag,
-            status: parent.error.map_or(Ok(()), Err),
-        });
+        done.push_back(ArrayCompletion { tag, status });
     }
 }
 
