@@ -61,9 +61,18 @@ impl<C: Channel> Array<C> {
             loop {
                 let n = self.members[mi].ch.poll(&mut self.scratch);
                 for i in 0..n {
-                    let c = self.scratch[i];
-                    let device_ns = self.members[mi].queue.completed(c.tag, self.now);
-                    self.member_done(c, device_ns);
+                    // The tag, then the status only where it is an error: the back end has
+                    // just written the entry with stores of its own widths, and a load
+                    // across two of them (the whole entry, or a success's status with its
+                    // unused payload) misses store-to-load forwarding, a stall per
+                    // completion.
+                    let tag = self.scratch[i].tag;
+                    let status = match self.scratch[i].status {
+                        Ok(()) => Ok(()),
+                        Err(_) => self.scratch[i].status,
+                    };
+                    let device_ns = self.members[mi].queue.completed(tag, self.now);
+                    self.member_done(Completion { tag, status }, device_ns);
                 }
                 any |= n > 0;
                 if n < self.scratch.len() {
