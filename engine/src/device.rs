@@ -293,10 +293,10 @@ pub enum IoError {
 
 /// A finished request.
 ///
-/// `repr(C)`: the tag first, at offset 0, then the status. Left to Rust's layout the tag
-/// sat at offset 16 behind the 12-byte status, and a back end's field-by-field copy into
-/// the poll array (8 + 4 + 8 + 4 bytes) left it straddling two stores: the array's first
-/// read of each tag then missed store-to-load forwarding (a stall of tens of cycles per
+/// `repr(C)`: the tag first, at offset 0, then the 12-byte status. Left to Rust's layout
+/// the tag sat at offset 16, behind the status, and a back end's copy of a whole entry
+/// into the poll array (compiled as 8 + 4 + 8 + 4 bytes) left it straddling two stores:
+/// the array's first read of each tag then missed store-to-load forwarding (a stall per
 /// member completion, `Array::reap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]

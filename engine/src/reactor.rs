@@ -1032,41 +1032,46 @@ impl<C: Channel> Io<'_, C> {
         // Validated once, here: the shards take the pieces unchecked
         // (`Array::submit_piece`).
         let invalid = self.array.validate(&r).err();
-        if invalid.is_some() {
-            // Refused below, with no piece sent anywhere.
-        } else if r.op.is_flush() {
-            for owner in 0..self.reactors {
-                self.route(owner, tagged);
-                remaining += 1;
-            }
-        } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
-            // Inside one stripe (most small requests): its one piece, without the
-            // iterator.
-            self.route(piece.owner, piece.request);
-            remaining = 1;
-        } else {
-            for piece in split(tagged, self.geo, self.reactors) {
+        if invalid.is_none() {
+            if r.op.is_flush() {
+                for owner in 0..self.reactors {
+                    self.route(owner, tagged);
+                    remaining += 1;
+                }
+            } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
+                // Inside one stripe (most small requests): its one piece, without the
+                // iterator.
                 self.route(piece.owner, piece.request);
-                remaining += 1;
+                remaining = 1;
+            } else {
+                for piece in split(tagged, self.geo, self.reactors) {
+                    self.route(piece.owner, piece.request);
+                    remaining += 1;
+                }
             }
         }
-        if remaining == 0 {
-            // Refused (or no piece at all): done now, no parent entry.
-            self.free.push(p);
-            self.done.push_back(ArrayCompletion {
-                tag: r.tag,
-                status: invalid.map_or(Ok(()), Err),
-            });
-        } else {
-            // Stored with a constant `error: None`, not from a `Parent` assembled on the
-            // stack on both paths: its copy into the slot stalled on store-to-load
-            // forwarding on every request. No piece can complete before this: the
-            // shards only take them here and run them later in the turn.
-            self.parents[p as usize] = Some(Parent {
-                tag: r.tag,
-                remaining,
-                error: None,
-            });
+        match invalid {
+            // Refused: done now, no piece sent, no parent entry.
+            Some(e) => {
+                self.free.push(p);
+                self.done.push_back(ArrayCompletion {
+                    tag: r.tag,
+                    status: Err(e),
+                });
+            }
+            // Stored with a constant `error: None` (a valid request has no error yet), not
+            // copied from a `Parent` assembled on the stack: that copy read a narrow store
+            // back with a wide load and stalled on store-to-load forwarding, every request.
+            // No piece can be accounted before this: `account` runs only in the reactor's
+            // `receive` and `drive_array`, never while the front-end holds this `Io`.
+            None => {
+                debug_assert!(remaining > 0, "a valid request has at least one piece");
+                self.parents[p as usize] = Some(Parent {
+                    tag: r.tag,
+                    remaining,
+                    error: None,
+                });
+            }
         }
         Ok(())
     }
