@@ -8,8 +8,10 @@
 #
 # ARRAY_BENCH: an array-bench binary (compare two by running this alternately for each);
 # WORKLOAD (randread), LEVEL (5), DEVICE (null), QD (array-bench's default): one
-# array-bench configuration, 1 reactor, 3 s, pinned to CPU $CPU (default 0; the reactor
-# then shares its core with nothing of this script's). Writes $OUT/LABEL.txt (default OUT=target/reactor-profile): "ns/IO function" lines,
+# array-bench configuration, 3 s, $REACTORS reactors (default 1) pinned from CPU $CPU
+# (default 0; one reactor then shares its core with nothing of this script's). With more
+# than one reactor the samples of every reactor thread count, over all their requests;
+# $EXTRA adds array-bench options (e.g. EXTRA=--local-only). Writes $OUT/LABEL.txt (default OUT=target/reactor-profile): "ns/IO function" lines,
 # largest first, and prints "LABEL iops=N cpu_ns_per_io=X". Needs perf (linux-perf); symbols
 # come from the release profile's debug information.
 set -euo pipefail
@@ -19,14 +21,19 @@ hz=4999
 mkdir -p "$out"
 qd_arg=()
 [ -n "$qd" ] && qd_arg=(--qd "$qd")
-perf record -q -F "$hz" -o "$out/$label.data" taskset -c "${CPU:-0}" "$bin" --device "$device" \
-    --reactors 1 --level "$level" --workload "$workload" "${qd_arg[@]}" --seconds 3 \
-    >"$out/$label.bench" 2>/dev/null
+reactors=${REACTORS:-1}
+cpus=${CPU:-0}
+[ "$reactors" -gt 1 ] && cpus="${CPU:-0}-$(( ${CPU:-0} + reactors - 1 ))"
+# shellcheck disable=SC2086 # EXTRA: options, split on purpose
+perf record -q -F "$hz" -o "$out/$label.data" taskset -c "$cpus" "$bin" --device "$device" \
+    --reactors "$reactors" --level "$level" --workload "$workload" "${qd_arg[@]}" --seconds 3 \
+    ${EXTRA:-} >"$out/$label.bench" 2>/dev/null
 # The array row's IOPS column (the 5th field of the markdown table).
 iops=$(grep -E '^\| (Null|Mem|File) ' "$out/$label.bench" | head -1 | awk -F'|' '{print $6 + 0}')
 [ "${iops%.*}" -gt 0 ] || { echo "no IOPS in $out/$label.bench" >&2; exit 1; }
 perf script -i "$out/$label.data" -F comm,ip,sym 2>/dev/null |
-    awk '$1 == "reactor-0" { $1 = ""; $2 = ""; sub(/^ +/, ""); print }' |
+    awk -v n="$reactors" '($1 == "reactor-0") || (n > 1 && $1 ~ /^reactor-[0-9]+$/) {
+        $1 = ""; $2 = ""; sub(/^ +/, ""); print }' |
     sort | uniq -c | sort -rn >"$out/$label.samples"
 awk -v io="$iops" -v hz="$hz" '{ n = $1; $1 = ""; sub(/^ /, "");
     printf "%7.1f ns  %s\n", n * 1e9 / hz / (io * 3), $0 }' "$out/$label.samples" >"$out/$label.txt"
