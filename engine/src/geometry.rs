@@ -649,7 +649,12 @@ impl StripeLayout {
     ///
     /// # Panics
     /// If `index >= data_chunks` (a programmer error).
+    #[inline]
     pub fn q_slot(&self, index: u16) -> u16 {
+        if self.q.is_none() {
+            assert!(index < self.data_chunks, "data index {index} out of range");
+            return index;
+        }
         self.slot_of_member(self.data_member(index))
     }
 

@@ -131,6 +131,43 @@ impl MemberSnapshot {
     }
 }
 
+/// A reactor's turn clock: nanoseconds since the reactor started, read once at the start of
+/// each turn ([`Reactor::turn`]) and given to the array as its clock (command timeouts,
+/// latency windows, pacing) and to the front end ([`Io::now_ns`]).
+///
+/// Reads the CPU's time-stamp counter through `quanta` (`rdtsc` and a multiply-shift,
+/// calibrated once per process against `CLOCK_MONOTONIC`) where the CPU has an invariant
+/// TSC and `rdtscp`, else `CLOCK_MONOTONIC` itself. A read costs ~10 ns against ~26 ns
+/// for `Instant::elapsed` (vDSO `clock_gettime`) on the Zen 4 VM of docs/BENCHMARKS.md, and
+/// a full-stripe write takes a turn of its own. Never goes backwards: a reading below the
+/// last one (a thread moved to a core whose counter lags) repeats the last one.
+struct TurnClock {
+    clock: quanta::Clock,
+    /// Raw counter value at the reactor's start.
+    start: u64,
+    /// Last value returned, ns.
+    last_ns: u64,
+}
+
+impl TurnClock {
+    fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let start = clock.raw();
+        Self {
+            clock,
+            start,
+            last_ns: 0,
+        }
+    }
+
+    /// Nanoseconds since [`Self::new`], monotonic.
+    fn now_ns(&mut self) -> u64 {
+        let ns = self.clock.delta_as_nanos(self.start, self.clock.raw());
+        self.last_ns = self.last_ns.max(ns);
+        self.last_ns
+    }
+}
+
 /// One reactor's loop, counted by the reactor itself and published with its statistics
 /// ([`ReactorHandle::reactor_loads`]). Times are wall-clock **nanoseconds** since the
 /// reactor started; every interval between two turn starts counts once, as busy or idle.
@@ -985,6 +1022,13 @@ pub struct Io<'a, C: Channel> {
 }
 
 impl<C: Channel> Io<'_, C> {
+    /// This reactor's clock at the start of the current turn: nanoseconds since the
+    /// reactor started (the array's clock, [`Array::now_ns`]). A front end that needs the
+    /// time once per poll reads it here instead of reading a clock of its own.
+    pub fn now_ns(&self) -> u64 {
+        self.array.now_ns()
+    }
+
     /// Block status of array bytes `[offset_bytes, offset_bytes + len_bytes)` (clipped to
     /// the array), from the array's [`ZeroMap`]: `extent(len_bytes, zero)` for each run in
     /// order (`zero`: reads as zeroes; else data), adjacent runs merged, until the range
@@ -1972,7 +2016,12 @@ fn host_loop(me: usize, host: &HostShared) {
     let mut nap = Duration::from_micros(1);
     loop {
         let mut progress = false;
-        while let Some(build) = host.adopting[me].pop() {
+        // `is_empty` first: `pop` on an empty queue issues a full fence (see
+        // `Reactor::control`).
+        while !host.adopting[me].is_empty() {
+            let Some(build) = host.adopting[me].pop() else {
+                break;
+            };
             progress = true;
             if let Some(s) = build() {
                 shards.push(s);
@@ -2135,7 +2184,7 @@ struct Reactor<'a, F, D: BlockDevice> {
     done: VecDeque<ArrayCompletion>,
     comps: Vec<ArrayCompletion>,
     counted_finished: bool,
-    epoch: Instant,
+    clock: TurnClock,
     // Members whose failure this reactor has told the others about.
     announced: Vec<bool>,
     failures_seen: u64,
@@ -2200,7 +2249,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             };
             64
         ];
-        let epoch = Instant::now();
+        let clock = TurnClock::new();
         let members = geo.geometry().members();
         array.set_shard(me, reactors);
         let rebuild_pending = array.pending_rebuild().is_some();
@@ -2242,7 +2291,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             done,
             comps,
             counted_finished: false,
-            epoch,
+            clock,
             announced: vec![false; usize::from(members)],
             failures_seen: 0,
             holding_seen: false,
@@ -2275,7 +2324,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
     /// the rings, the front-end, the shard, the reports, the messages out and the
     /// completions in. Whether anything made progress.
     fn turn(&mut self) -> bool {
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = self.clock.now_ns();
         self.array.set_now(now);
         self.count_turn(now);
         let mut progress = self.control();
@@ -2307,7 +2356,12 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
     fn control(&mut self) -> bool {
         let mut progress = false;
         let me = self.me;
-        // 0. Management commands.
+        // 0. Management commands. Looked at first with `is_empty` (two loads): `pop` on an
+        // empty queue issues a full fence, which waits for this turn's stores (a stripe's
+        // parity among them) to drain. A command pushed meanwhile is taken next turn.
+        if self.shared.control[me].is_empty() {
+            return false;
+        }
         while let Some(c) = self.shared.control[me].pop() {
             progress = true;
             match c {
@@ -2644,7 +2698,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         {
             self.rebuild_pending = true;
         }
-        let failures = self.array.stats().member_failures;
+        let failures = self.array.member_failures();
         if failures != self.failures_seen {
             self.failures_seen = failures;
             self.next_publish = 0;

@@ -266,8 +266,10 @@ struct LoadGen {
     /// Offsets of random workloads: a cheap generator (xoshiro256++, as bdevperf uses
     /// `rand_r`), so the generator's cost does not hide the array's.
     rng: SmallRng,
-    duration: Duration,
-    start: Option<(Instant, u64)>,
+    /// Timed length of the run, ns of the reactor's clock.
+    duration_ns: u64,
+    /// Start of the timed run: wall clock, thread CPU ns, reactor clock ns.
+    start: Option<(Instant, u64, u64)>,
     tally: Tally,
     stopping: bool,
     /// Side by side runs (`--arrays`): submit nothing until the flag is set, so that every
@@ -364,10 +366,14 @@ impl Frontend for LoadGen {
             }
             return any;
         }
-        let (t0, _) = *self
+        // The reactor's turn clock decides when the run ends (one clock read per turn, as
+        // bdevperf's run timer reads its reactor's tick count); the wall time and CPU time
+        // the figures divide by are read once at each end.
+        let now = io.now_ns();
+        let (t0, _, t0_ns) = *self
             .start
-            .get_or_insert_with(|| (Instant::now(), thread_cpu_ns()));
-        if t0.elapsed() >= self.duration {
+            .get_or_insert_with(|| (Instant::now(), thread_cpu_ns(), now));
+        if now.saturating_sub(t0_ns) >= self.duration_ns {
             if !self.stopping {
                 self.stopping = true;
                 self.tally.wall = t0.elapsed();
@@ -511,7 +517,7 @@ fn load_gens(
             bufs: (0..qd).map(|_| AlignedBuf::zeroed(bs as usize)).collect(),
             free: (0..qd).collect(),
             rng: SmallRng::seed_from_u64(100 + i as u64),
-            duration: Duration::from_secs_f64(args.seconds),
+            duration_ns: (args.seconds * 1e9) as u64,
             start: None,
             tally: Tally::default(),
             stopping: false,
@@ -918,7 +924,7 @@ where
                     bytes += g.tally.bytes;
                     errors += g.tally.errors;
                     wall = wall.max(g.tally.wall);
-                    if let Some((_, c0)) = g.start {
+                    if let Some((_, c0, _)) = g.start {
                         let c1 = c0 + g.tally.cpu_ns;
                         spans[i] = Some(spans[i].map_or((c0, c1), |(a, b)| (a.min(c0), b.max(c1))));
                     }

@@ -21,12 +21,9 @@ impl<C: Channel> Array<C> {
         for m in &mut self.members {
             m.queue.tick(self.now);
         }
+        // The share's figures reach `ArrayStats` when the stats are read (`Array::stats`),
+        // not copied here every turn.
         self.bulk_share.tick(self.now, self.bulk_reqs > 0);
-        let share = self.bulk_share.state();
-        self.stats.bulk_share_ops = u64::from(share.cap_ops);
-        self.stats.bulk_share_pool = u64::from(share.pool_ops);
-        self.stats.bulk_share_cuts = share.cuts;
-        self.stats.bulk_share_raises = share.raises;
     }
 
     /// Hands queued requests to the channels (class order, within the limits).

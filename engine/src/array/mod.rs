@@ -1686,7 +1686,20 @@ impl<C: Channel> Array<C> {
 
     /// What the array did so far.
     pub fn stats(&self) -> ArrayStats {
-        self.stats
+        let share = self.bulk_share.state();
+        ArrayStats {
+            bulk_share_ops: u64::from(share.cap_ops),
+            bulk_share_pool: u64::from(share.pool_ops),
+            bulk_share_cuts: share.cuts,
+            bulk_share_raises: share.raises,
+            ..self.stats
+        }
+    }
+
+    /// Members this shard has failed so far ([`ArrayStats::member_failures`]), without
+    /// assembling the whole [`ArrayStats`] (a reactor looks every turn).
+    pub fn member_failures(&self) -> u64 {
+        self.stats.member_failures
     }
 
     /// What this shard sent to member `m` so far.
@@ -1772,6 +1785,11 @@ impl<C: Channel> Array<C> {
     pub fn set_now(&mut self, now_ns: u64) {
         debug_assert!(now_ns >= self.now, "the array clock went backwards");
         self.now = self.now.max(now_ns);
+    }
+
+    /// The array's clock as last set ([`Self::set_now`]), ns; 0 before the first set.
+    pub fn now_ns(&self) -> u64 {
+        self.now
     }
 
     /// The earliest time (array clock, ns) at which a command timeout can fire, if any
