@@ -1922,7 +1922,8 @@ trait Hosted {
     fn turn(&mut self) -> bool;
     /// Whether the shard has stopped for good ([`Reactor::stopping`]).
     fn stopping(&mut self) -> bool;
-    /// Whether nothing waits in the shard's inbound rings (the last look before a park).
+    /// Whether nothing waits in the shard's inbound rings or its management queue (the last
+    /// look before a park).
     fn inbox_empty(&self) -> bool;
     /// Hands the stopped shard's front-end to [`Reactors::stop`].
     fn finish(self: Box<Self>);
@@ -1985,12 +1986,16 @@ impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> Hosted for HostedShard
     }
 
     fn inbox_empty(&self) -> bool {
-        self.r
-            .links
-            .inbox
-            .iter()
-            .flatten()
-            .all(rtrb::Consumer::is_empty)
+        // The management queue too: a command pushed after this turn's look at it, whose
+        // sender read the park flag before we set it, would otherwise wait out the nap.
+        self.r.shared.control[self.r.me].is_empty()
+            && self
+                .r
+                .links
+                .inbox
+                .iter()
+                .flatten()
+                .all(rtrb::Consumer::is_empty)
     }
 
     fn finish(self: Box<Self>) {

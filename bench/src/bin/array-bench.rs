@@ -252,13 +252,21 @@ const HUGE_PAGE: usize = 2 << 20;
 /// a full-stripe write then reads 256 KiB of client data through a few TLB entries, not
 /// 64. Where the kernel gives no huge pages the buffers are ordinary pages.
 struct ClientBufs {
-    map: memmap2::MmapMut,
-    /// Offset of the first buffer in `map` (the first 2 MiB boundary).
-    off: usize,
+    /// Owns the mapping. Not dereferenced after `new`: the buffers go out as raw pointers
+    /// (`ptr`), and a slice over the whole mapping would alias the buffers of requests in
+    /// flight.
+    _map: memmap2::MmapMut,
+    /// Start of buffer 0 (the mapping's first 2 MiB boundary).
+    base: NonNull<u8>,
     /// Bytes per buffer (a multiple of 4 KiB: `bs`).
     len: usize,
     count: usize,
 }
+
+// SAFETY: `base` points into the mapping that `_map` owns (moving the struct moves that
+// ownership, the address stays); the struct hands out only raw pointers, whose use the
+// generator's slot discipline governs (one request per buffer at a time).
+unsafe impl Send for ClientBufs {}
 
 impl ClientBufs {
     fn new(count: usize, len: usize) -> Result<Self> {
@@ -271,19 +279,21 @@ impl ClientBufs {
         let off = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
         // Fault every page in now, not inside the timed run.
         map[off..off + count * len].fill(0);
+        // `off` < HUGE_PAGE and the mapping is `count * len + HUGE_PAGE` bytes: in bounds.
+        let base = NonNull::new(map[off..].as_mut_ptr()).expect("a mapping is not at 0");
         Ok(Self {
-            map,
-            off,
+            _map: map,
+            base,
             len,
             count,
         })
     }
 
-    /// Buffer `i` (< `count`).
-    fn get(&mut self, i: usize) -> &mut [u8] {
+    /// Buffer `i` (< `count`): `len` bytes, 4 KiB aligned.
+    fn ptr(&self, i: usize) -> NonNull<u8> {
         assert!(i < self.count, "buffer {i} of {}", self.count);
-        let start = self.off + i * self.len;
-        &mut self.map[start..start + self.len]
+        // SAFETY: i * len + len <= count * len bytes from `base` lie inside the mapping.
+        unsafe { self.base.add(i * self.len) }
     }
 }
 
@@ -362,21 +372,15 @@ impl LoadGen {
 
     /// Request `op` at byte `off` with buffer `slot`.
     fn request_at(&mut self, slot: usize, off: u64, op: ArrayOp) -> ArrayRequest {
-        let b = self.bufs.get(slot);
+        let len = self.bufs.len as u32;
         // SAFETY: buffer `slot` is owned by this generator and untouched until its request
         // completes (the slot returns to `free` only then).
-        let buf = unsafe {
-            IoBuf::from_raw(
-                NonNull::new(b.as_mut_ptr()).expect("non-null"),
-                b.len() as u32,
-                None,
-            )
-        };
+        let buf = unsafe { IoBuf::from_raw(self.bufs.ptr(slot), len, None) };
         ArrayRequest {
             tag: slot as u64,
             op,
             offset_bytes: off,
-            len_bytes: b.len() as u32,
+            len_bytes: len,
             buf,
         }
     }
@@ -469,7 +473,7 @@ fn raw_load<D: BlockDevice>(
         .collect();
     let cap = devs[0].info().capacity_bytes;
     // The same kind of buffers as the array's generators use.
-    let mut bufs = ClientBufs::new(qd, bs as usize).expect("mapping the raw load's buffers");
+    let bufs = ClientBufs::new(qd, bs as usize).expect("mapping the raw load's buffers");
     let mut free: Vec<usize> = (0..qd).collect();
     let mut rng = SmallRng::seed_from_u64(7);
     let mut seq = 0u64;
@@ -491,7 +495,7 @@ fn raw_load<D: BlockDevice>(
                 _ => Op::Write { fua: false },
             };
             // SAFETY: buffer `slot` is untouched until its completion returns the slot.
-            let buf = unsafe { IoBuf::from_slice(bufs.get(slot)) };
+            let buf = unsafe { IoBuf::from_raw(bufs.ptr(slot), bs as u32, None) };
             next = (next + 1) % chans.len();
             let req = Request {
                 tag: slot as u64,
