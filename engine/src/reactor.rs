@@ -168,6 +168,21 @@ impl TurnClock {
     }
 }
 
+/// The next item of `q`, looked for with `is_empty` first (two loads). `ArrayQueue::pop` on
+/// an empty queue issues a full fence, which waits for every store the caller made (a
+/// stripe's parity among them) to drain: a consumer that looks every loop turn (a
+/// reactor's management and adoption queues, a front end's new connections) pays that on
+/// every turn that finds nothing. An item pushed while we look is taken at the next look,
+/// as after an empty `pop`.
+#[inline]
+pub fn pop_if_any<T>(q: &ArrayQueue<T>) -> Option<T> {
+    if q.is_empty() {
+        None
+    } else {
+        q.pop()
+    }
+}
+
 /// One reactor's loop, counted by the reactor itself and published with its statistics
 /// ([`ReactorHandle::reactor_loads`]). Times are wall-clock **nanoseconds** since the
 /// reactor started; every interval between two turn starts counts once, as busy or idle.
@@ -2021,12 +2036,7 @@ fn host_loop(me: usize, host: &HostShared) {
     let mut nap = Duration::from_micros(1);
     loop {
         let mut progress = false;
-        // `is_empty` first: `pop` on an empty queue issues a full fence (see
-        // `Reactor::control`).
-        while !host.adopting[me].is_empty() {
-            let Some(build) = host.adopting[me].pop() else {
-                break;
-            };
+        while let Some(build) = pop_if_any(&host.adopting[me]) {
             progress = true;
             if let Some(s) = build() {
                 shards.push(s);
@@ -2361,13 +2371,8 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
     fn control(&mut self) -> bool {
         let mut progress = false;
         let me = self.me;
-        // 0. Management commands. Looked at first with `is_empty` (two loads): `pop` on an
-        // empty queue issues a full fence, which waits for this turn's stores (a stripe's
-        // parity among them) to drain. A command pushed meanwhile is taken next turn.
-        if self.shared.control[me].is_empty() {
-            return false;
-        }
-        while let Some(c) = self.shared.control[me].pop() {
+        // 0. Management commands.
+        while let Some(c) = pop_if_any(&self.shared.control[me]) {
             progress = true;
             match c {
                 Control::FailMember(m, err) => {

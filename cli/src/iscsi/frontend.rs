@@ -47,7 +47,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use engine::array::{ArrayCompletion, ArrayError, ArrayOp, ArrayRequest};
 use engine::device::{Channel, IoBuf};
-use engine::reactor::{Frontend, Io};
+use engine::reactor::{pop_if_any, Frontend, Io};
 use tracing::{debug, info, warn};
 
 use super::login::{NewConn, SessionParams};
@@ -2480,7 +2480,7 @@ impl IscsiFrontend {
 impl Frontend for IscsiFrontend {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
         let mut progress = false;
-        while let Some(nc) = self.inbox.pop() {
+        while let Some(nc) = pop_if_any(&self.inbox) {
             self.adopt(nc);
             progress = true;
         }

@@ -38,7 +38,7 @@ use arrayvec::ArrayVec;
 use crossbeam_queue::ArrayQueue;
 use engine::array::{ArrayCompletion, ArrayError, ArrayOp, ArrayRequest};
 use engine::device::{Channel, IoBuf};
-use engine::reactor::{Frontend, Io};
+use engine::reactor::{pop_if_any, Frontend, Io};
 use tracing::{debug, info, warn};
 
 use super::conn::{Conn, Life, Reply, Rx, LINGER, NO_CTX, RBUF_BYTES, STATUS_CTX};
@@ -971,7 +971,7 @@ fn read_requests<C: Channel>(
 impl Frontend for NbdFrontend {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
         let mut progress = false;
-        while let Some(conn) = self.inbox.pop() {
+        while let Some(conn) = pop_if_any(&self.inbox) {
             self.adopt(conn);
             progress = true;
         }

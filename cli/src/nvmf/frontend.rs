@@ -43,7 +43,7 @@ use arrayvec::ArrayVec;
 use engine::array::{ArrayCompletion, ArrayError, ArrayOp, ArrayRequest};
 use engine::buf::AlignedBuf;
 use engine::device::{Channel, IoBuf};
-use engine::reactor::{Frontend, Io};
+use engine::reactor::{pop_if_any, Frontend, Io};
 use tracing::{debug, info, warn};
 
 use super::pdu::{
@@ -1997,7 +1997,7 @@ fn receive<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, rx: &mut Rx) -> 
 impl Frontend for NvmfFrontend {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
         let mut progress = false;
-        while let Some(n) = self.shared.inboxes[self.reactor].pop() {
+        while let Some(n) = pop_if_any(&self.shared.inboxes[self.reactor]) {
             if self.finished {
                 self.shared.held[self.reactor].fetch_sub(1, Ordering::AcqRel);
                 continue;
