@@ -417,6 +417,13 @@ impl Negotiation {
             Phase::Header => {
                 let h = proto::parse_option_header(&self.buf)?;
                 self.options += 1;
+                if h.option == proto::OPT_SET_META_CONTEXT {
+                    // proto.md NBD_CMD_BLOCK_STATUS: the client may ask only if the last
+                    // NBD_OPT_SET_META_CONTEXT returned a context "without error". So any
+                    // SET drops the earlier selection first, whatever answers it: too long,
+                    // malformed, refused in the clear or at shutdown, or answered.
+                    self.block_status = false;
+                }
                 if self.options > MAX_OPTIONS {
                     return Err(HandshakeError::TooManyOptions);
                 }
@@ -635,7 +642,9 @@ impl Negotiation {
     /// or its name; selected (id [`proto::BASE_ALLOCATION_ID`]) by its name. Unknown
     /// queries are silently not selected. SET needs structured replies
     /// (`NBD_REP_ERR_INVALID` otherwise) and replaces any earlier selection, also when
-    /// it fails; a name that is not the export's gets `NBD_REP_ERR_UNKNOWN`.
+    /// it fails (the option's header already dropped it, so every error path, this
+    /// function's and those before it, leaves nothing selected); a name that is not the
+    /// export's gets `NBD_REP_ERR_UNKNOWN`.
     fn meta_context(
         &mut self,
         option: u32,
@@ -644,7 +653,7 @@ impl Negotiation {
     ) {
         let set = option == proto::OPT_SET_META_CONTEXT;
         if set {
-            self.block_status = false;
+            debug_assert!(!self.block_status, "the SET's header dropped the selection");
             if !self.structured {
                 self.reply(
                     option,
@@ -1166,6 +1175,27 @@ mod tests {
         let r = negotiate(&mut n, &shared, &[(SET, mc(b"y", &[b"base:allocation"]))]);
         assert_eq!(r[0].1, proto::REP_ERR_UNKNOWN);
         assert!(!n.block_status);
+        let r = negotiate(
+            &mut n,
+            &shared,
+            &[
+                (SET, mc(b"x", &[b"base:allocation"])),
+                (SET, vec![0, 0, 0, 0, 0, 0, 0, 5, 1]),
+            ],
+        );
+        assert_eq!(r.last().unwrap().1, proto::REP_ERR_INVALID);
+        // A failed SET drops the earlier selection, whichever way it fails (proto.md
+        // NBD_CMD_BLOCK_STATUS: only a last SET answered without error selects).
+        assert!(!n.block_status, "selection kept past a malformed SET");
+        negotiate(&mut n, &shared, &[(SET, mc(b"x", &[b"base:allocation"]))]);
+        assert!(n.block_status);
+        let r = negotiate(
+            &mut n,
+            &shared,
+            &[(SET, vec![0; MAX_OPTION_BYTES as usize + 1])],
+        );
+        assert_eq!(r[0].1, proto::REP_ERR_TOO_BIG);
+        assert!(!n.block_status, "selection kept past an oversized SET");
         let r = negotiate(
             &mut n,
             &shared,
