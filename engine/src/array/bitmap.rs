@@ -62,11 +62,7 @@ impl<C: Channel> Array<C> {
             return false;
         };
         let sop = &mut self.sops[s as usize];
-        let writes = self.reqs[sop.req as usize]
-            .as_ref()
-            .expect("live request")
-            .op
-            .is_write();
+        let writes = self.reqs.get(sop.req).expect("live request").op.is_write();
         if !writes {
             return false;
         }

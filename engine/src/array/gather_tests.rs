@@ -811,7 +811,7 @@ fn gather_fuzz(level: Level, n: u16, chunk: u64, block: u32, seed: u64, iters: u
                 {
                     if std::env::var("FERRORAID_GATHER_TRACE").is_ok() {
                         let o = &arr.sops[l];
-                        let r = arr.reqs[o.req as usize].as_ref().unwrap();
+                        let r = arr.reqs.get(o.req).unwrap();
                         eprintln!(
                             "  leader {l}: writes {} mode {:?} gathered {:?} direct {:?} seq {} len {} stream {} cautious {}",
                             o.pass_writes,

@@ -125,7 +125,7 @@ impl<C: Channel> Array<C> {
         if let (Some(d), None) = (device_ns, self.sops[s as usize].bg.as_ref()) {
             // The request's slowest member request so far: what of its latency the
             // devices took (the bulk share measures the rest, [`crate::qos::share`]).
-            if let Some(r) = self.reqs[self.sops[s as usize].req as usize].as_mut() {
+            if let Some(r) = self.reqs.get_mut(self.sops[s as usize].req) {
                 r.device_ns = r.device_ns.max(d);
             }
         }
@@ -229,7 +229,7 @@ impl<C: Channel> Array<C> {
         if sop.bg.is_some() {
             return IoClass::Background;
         }
-        let req = self.reqs[sop.req as usize].as_ref().expect("live request");
+        let req = self.reqs.get(sop.req).expect("live request");
         if req.op.is_read() {
             IoClass::ForegroundRead
         } else {
@@ -447,7 +447,7 @@ impl<C: Channel> Array<C> {
             let sop = &self.sops[s as usize];
             let mut write = false;
             if sop.bg.is_none() {
-                if let Some(r) = self.reqs[sop.req as usize].as_mut() {
+                if let Some(r) = self.reqs.get_mut(sop.req) {
                     write = r.op.is_write() && !sop.foreign;
                     if !std::mem::replace(&mut r.issued, true) {
                         // Saturates at the histogram's top (one hour); never allocates.

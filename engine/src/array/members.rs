@@ -216,11 +216,7 @@ impl<C: Channel> Array<C> {
         let id = self.id_of(entry);
         self.members[usize::from(entry)].queue.queued() > 0
             || self.sops.iter().any(|s| s.per_member[id] > 0)
-            || self
-                .reqs
-                .iter()
-                .flatten()
-                .any(|r| usize::from(r.fast_dev) == id)
+            || self.reqs.live().any(|r| usize::from(r.fast_dev) == id)
             || self
                 .synthetic
                 .iter()

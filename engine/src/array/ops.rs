@@ -32,8 +32,7 @@ impl<C: Channel> Array<C> {
             self.backlog
                 .iter()
                 .filter(|&&r| {
-                    self.reqs[r as usize].as_ref().expect("backlogged").class
-                        == RequestClass::BulkWrite
+                    self.reqs.get(r).expect("backlogged").class == RequestClass::BulkWrite
                 })
                 .count()
         );
@@ -56,7 +55,7 @@ impl<C: Channel> Array<C> {
                 }
                 break;
             }
-            let req = self.reqs[ri as usize].as_ref().expect("backlogged request");
+            let req = self.reqs.get(ri).expect("backlogged request");
             if req.op.is_flush() {
                 // A flush covers what completed before it: it may pass queued writes.
                 remove_at(&mut self.backlog, i);
@@ -90,12 +89,12 @@ impl<C: Channel> Array<C> {
             if i > 0 && self.overlaps_earlier(i) {
                 // Waits for the data of an earlier request, not for a stripe operation:
                 // not the bulk share's signal.
-                self.reqs[ri as usize].as_mut().expect("backlogged").ordered = true;
+                self.reqs.get_mut(ri).expect("backlogged").ordered = true;
                 bulk_before += u32::from(bulk);
                 i += 1;
                 continue;
             }
-            let req = self.reqs[ri as usize].as_mut().expect("backlogged request");
+            let req = self.reqs.get_mut(ri).expect("backlogged request");
             let read = req.op.is_read();
             let (stripe, start) = self.geo.stripe_of(req.offset + req.split);
             let end = (start + (req.len - req.split)).min(stripe_bytes);
@@ -175,7 +174,7 @@ impl<C: Channel> Array<C> {
                 {
                     // Waits for its stripe (an earlier operation of it): ordering, whose
                     // length the devices decide — not the bulk share's signal.
-                    self.reqs[ri as usize].as_mut().expect("live").ordered = true;
+                    self.reqs.get_mut(ri).expect("live").ordered = true;
                 }
                 self.waiting.push_back(s);
             }
@@ -185,12 +184,10 @@ impl<C: Channel> Array<C> {
 
     /// Whether the backlogged request at `i` overlaps (array bytes) one queued before it.
     fn overlaps_earlier(&self, i: usize) -> bool {
-        let r = self.reqs[self.backlog[i] as usize]
-            .as_ref()
-            .expect("backlogged");
+        let r = self.reqs.get(self.backlog[i]).expect("backlogged");
         let (a, b) = (r.offset + r.split, r.offset + r.len);
         self.backlog.iter().take(i).any(|&e| {
-            let e = self.reqs[e as usize].as_ref().expect("backlogged");
+            let e = self.reqs.get(e).expect("backlogged");
             !e.op.is_flush() && e.offset + e.split < b && a < e.offset + e.len
         })
     }
@@ -358,7 +355,7 @@ impl<C: Channel> Array<C> {
         let ri = self.sops[s as usize].req;
         debug_assert!(!self.sops[s as usize].bulk, "a foreign read is never bulk");
         self.free_sops.push(s);
-        let req = self.reqs[ri as usize].take().expect("live request");
+        let req = self.reqs.take(ri).expect("live request");
         debug_assert!(req.pending == 1 && req.split == req.len);
         if req.paced {
             if req.class == RequestClass::SmallRead {
@@ -426,7 +423,7 @@ impl<C: Channel> Array<C> {
         if std::mem::take(&mut self.sops[s as usize].bulk) {
             self.bulk_sops -= 1;
         }
-        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        let req = self.reqs.get_mut(ri).expect("live request");
         if let Err(e) = status {
             req.error.get_or_insert(e);
         }
@@ -438,7 +435,7 @@ impl<C: Channel> Array<C> {
 
     #[inline]
     pub(super) fn finish_req(&mut self, ri: u32) {
-        let req = self.reqs[ri as usize].take().expect("live request");
+        let req = self.reqs.take(ri).expect("live request");
         if req.op.is_write() {
             self.writes_in_flight -= 1;
         }
@@ -500,7 +497,7 @@ impl<C: Channel> Array<C> {
             self.backlog.push_back(ri);
             return;
         };
-        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        let req = self.reqs.get_mut(ri).expect("live request");
         req.pending = 1;
         let sop = &mut self.sops[s as usize];
         sop.req = ri;
@@ -530,15 +527,15 @@ impl<C: Channel> Array<C> {
     /// If it has none live (a background operation, or a finished request): an engine bug.
     #[inline]
     pub(super) fn sop_req(&self, s: u32) -> &super::ReqCtx {
-        self.reqs[self.sops[s as usize].req as usize]
-            .as_ref()
+        self.reqs
+            .get(self.sops[s as usize].req)
             .expect("live request")
     }
 
     /// Pointer to stripe-data byte `x` of operation `s` in the caller's buffer.
     pub(super) fn client_ptr(&self, s: u32, x: u64) -> *mut u8 {
         let sop = &self.sops[s as usize];
-        let req = self.reqs[sop.req as usize].as_ref().expect("live request");
+        let req = self.reqs.get(sop.req).expect("live request");
         debug_assert!(sop.start <= x && x <= sop.end);
         if !req.op.has_buffer() {
             // Write-zeroes (or a discard rewritten as zeroes) takes its data from the

@@ -188,11 +188,7 @@ impl<C: Channel> Array<C> {
         if sop.bg.is_some() || sop.foreign {
             return false;
         }
-        match self.reqs[sop.req as usize]
-            .as_ref()
-            .expect("live request")
-            .op
-        {
+        match self.reqs.get(sop.req).expect("live request").op {
             ArrayOp::Write { .. } => true,
             ArrayOp::WriteZeroes { fua } => {
                 fua || !self.footprint(s).is_full_stripe() || !self.members_support(Op::WriteZeroes)
@@ -504,7 +500,7 @@ impl<C: Channel> Array<C> {
             || sop.pass_writes >= self.write_batch
             || self.hold_expired(s)
             // A compare-and-write or OR-write has already read under its hold: it goes on.
-            || self.reqs[sop.req as usize].as_ref().is_some_and(|r| r.op.combines())
+            || self.reqs.get(sop.req).is_some_and(|r| r.op.combines())
             // Requests waiting for a stripe operation (none free, or bulk writes at their
             // share of the pool): they may be the writes this pass waits for.
             || (!self.backlog.is_empty()
@@ -563,8 +559,8 @@ impl<C: Channel> Array<C> {
     /// was submitted ([`Array::note_write_end`]; tested at submission, where the stream's
     /// previous write is at most a few requests back whatever the client's queue depth).
     fn continues_stream(&self, s: u32) -> bool {
-        self.reqs[self.sops[s as usize].req as usize]
-            .as_ref()
+        self.reqs
+            .get(self.sops[s as usize].req)
             .is_some_and(|r| r.sequential)
     }
 
@@ -621,7 +617,7 @@ impl<C: Channel> Array<C> {
     /// back ([`Self::recycle_first`], and [`Gathered`]: gathered writes cache nothing).
     fn stream_moves_on(&self, s: u32) -> bool {
         let sop = &self.sops[s as usize];
-        let Some(r) = self.reqs[sop.req as usize].as_ref() else {
+        let Some(r) = self.reqs.get(sop.req) else {
             return false;
         };
         let g = self.geo.geometry();

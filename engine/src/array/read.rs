@@ -87,7 +87,7 @@ impl<C: Channel> Array<C> {
         if self.backlog_writes != 0 || self.fast_blocked || self.array_failed() {
             return false;
         }
-        let req = self.reqs[ri as usize].as_ref().expect("accepted request");
+        let req = self.reqs.get(ri).expect("accepted request");
         let chunk = u64::from(self.geo.geometry().chunk_bytes());
         let (stripe, within) = self.geo.stripe_of(req.offset);
         // Chunk sizes are powers of two (`Geometry::new`).
@@ -114,7 +114,7 @@ impl<C: Channel> Array<C> {
         if !foreign && self.cache_read(ri, stripe, member, off) {
             return true;
         }
-        let req = self.reqs[ri as usize].as_ref().expect("accepted request");
+        let req = self.reqs.get(ri).expect("accepted request");
         let m = &self.members[usize::from(member)];
         let op = self.fast_op(ri);
         let request = Request {
@@ -133,7 +133,7 @@ impl<C: Channel> Array<C> {
             return false;
         }
         let now = self.now;
-        let req = self.reqs[ri as usize].as_mut().expect("accepted request");
+        let req = self.reqs.get_mut(ri).expect("accepted request");
         req.split = req.len;
         req.pending = 1;
         req.fast_dev = id;
@@ -169,7 +169,7 @@ impl<C: Channel> Array<C> {
             return false;
         };
         let unit = u64::from(self.geo.geometry().block_bytes());
-        let req = self.reqs[ri as usize].as_mut().expect("accepted request");
+        let req = self.reqs.get_mut(ri).expect("accepted request");
         let len = req.len;
         let m = usize::from(member);
         let ent = self.cache.entry(e);
@@ -226,7 +226,7 @@ impl<C: Channel> Array<C> {
         device_ns: Option<u64>,
     ) {
         let now = self.now;
-        let Some(req) = self.reqs[ri as usize].as_mut().filter(|r| r.fast_dev == id) else {
+        let Some(req) = self.reqs.get_mut(ri).filter(|r| r.fast_dev == id) else {
             self.stats.stray_completions += 1;
             return;
         };
@@ -264,7 +264,7 @@ impl<C: Channel> Array<C> {
         } else {
             self.fail_member(member, e);
         }
-        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        let req = self.reqs.get_mut(ri).expect("live request");
         req.retry_bad = retry_bad;
         req.split = 0;
         req.pending = 0;
@@ -284,7 +284,7 @@ impl<C: Channel> Array<C> {
     /// after a member swap; a foreign read goes to the owner when a member is being
     /// rebuilt (as a foreign stripe operation's failed read does in `advance`).
     pub(super) fn retry_fast_read(&mut self, ri: u32, s: u32) {
-        let req = self.reqs[ri as usize].as_mut().expect("live request");
+        let req = self.reqs.get_mut(ri).expect("live request");
         debug_assert!(req.retry_held && req.fast_dev == NO_FAST_DEV);
         req.retry_held = false;
         self.fast_in_flight -= 1;
@@ -323,7 +323,7 @@ impl<C: Channel> Array<C> {
     pub(super) fn fast_read_timeouts(&mut self) -> bool {
         let mut any = false;
         for ri in 0..self.reqs.len() as u32 {
-            let Some(req) = self.reqs[ri as usize].as_mut() else {
+            let Some(req) = self.reqs.get_mut(ri) else {
                 continue;
             };
             if req.fast_dev == NO_FAST_DEV || self.now - req.fast_ns < self.io_timeout_ns {
@@ -343,8 +343,7 @@ impl<C: Channel> Array<C> {
     /// When the oldest fast-path read in flight times out, ns (array clock).
     pub(super) fn fast_read_deadline_ns(&self) -> Option<u64> {
         self.reqs
-            .iter()
-            .flatten()
+            .live()
             .filter(|r| r.fast_dev != NO_FAST_DEV)
             .map(|r| r.fast_ns.saturating_add(self.io_timeout_ns))
             .min()
@@ -476,7 +475,7 @@ impl<C: Channel> Array<C> {
     /// write's range is served.
     fn read_from_single(&mut self, s: u32, h: u32) -> bool {
         let (w, r) = (&self.sops[h as usize], &self.sops[s as usize]);
-        let op = self.reqs[w.req as usize].as_ref().map(|q| q.op);
+        let op = self.reqs.get(w.req).map(|q| q.op);
         let zeroes = matches!(op, Some(super::ArrayOp::WriteZeroes { .. }));
         let data = matches!(op, Some(super::ArrayOp::Write { .. }));
         if w.bg.is_some() || !(zeroes || data) || r.start < w.start || r.end > w.end {
@@ -509,7 +508,7 @@ impl<C: Channel> Array<C> {
     /// Read operation `s`, its data copied in: records its queue wait and completes it.
     fn served_from_pass(&mut self, s: u32) {
         let ri = self.sops[s as usize].req;
-        if let Some(r) = self.reqs[ri as usize].as_mut() {
+        if let Some(r) = self.reqs.get_mut(ri) {
             if !std::mem::replace(&mut r.issued, true) {
                 // As `count_issue` records it when a request's first member I/O goes out.
                 self.queue_wait[r.class.index()].record(self.now.saturating_sub(r.submit_ns));

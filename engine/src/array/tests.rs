@@ -1618,9 +1618,10 @@ fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
             break;
         }
         arr.set_now(clock.now_ns());
-        let backlog_bulk = arr.backlog.iter().any(|&r| {
-            arr.reqs[r as usize].as_ref().expect("live").class == RequestClass::BulkWrite
-        });
+        let backlog_bulk = arr
+            .backlog
+            .iter()
+            .any(|&r| arr.reqs.get(r).expect("live").class == RequestClass::BulkWrite);
         let room = !arr.free_sops.is_empty();
         let more = arr.process();
         assert!(arr.turn_bulk_bytes <= BULK_BYTES_PER_TURN);
@@ -3474,7 +3475,7 @@ fn check_backlog_bulk(arr: &Array<crate::sim::SimChannel>, what: &str) {
     let n = arr
         .backlog
         .iter()
-        .filter(|&&r| arr.reqs[r as usize].as_ref().expect("live").class == RequestClass::BulkWrite)
+        .filter(|&&r| arr.reqs.get(r).expect("live").class == RequestClass::BulkWrite)
         .count();
     assert_eq!(arr.backlog_bulk as usize, n, "{what}: backlog_bulk drifted");
 }
