@@ -653,7 +653,9 @@ impl Negotiation {
     ) {
         let set = option == proto::OPT_SET_META_CONTEXT;
         if set {
-            debug_assert!(!self.block_status, "the SET's header dropped the selection");
+            // Dropped at the option's header already (`step`); again here, so this function
+            // stands on its own.
+            self.block_status = false;
             if !self.structured {
                 self.reply(
                     option,

@@ -743,7 +743,7 @@ const MEMBER_BITS: u32 = 16;
 const _: () = assert!((MAX_RAID6_MEMBERS as u64 + 1) < (1 << MEMBER_BITS));
 /// `entry_of` value of a device id no entry holds.
 const NO_ENTRY: u16 = u16::MAX;
-/// [`ReqCtx::direct`] of a request that is not a fast-path read in flight.
+/// [`ReqCtx::fast_dev`] of a request that is not a fast-path read in flight.
 const NO_FAST_DEV: u16 = u16::MAX;
 
 /// The operation indices member tags carry, for `total_sops` stripe operations, `slots`
@@ -1009,7 +1009,8 @@ impl ReqSlots {
         self.0.iter().filter(|r| r.live)
     }
 
-    /// Frees slot `ri`, returning its request as it was (`None`: it was free).
+    /// Frees slot `ri`, returning its request's fields as they were (marked not live;
+    /// `None`: it was free).
     ///
     /// # Panics
     /// As [`Self::get`].
