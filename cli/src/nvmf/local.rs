@@ -102,7 +102,8 @@ impl LocalServer {
     /// # Errors
     /// The socket cannot be made non-blocking; the front-end holds
     /// [`NvmfConfig::max_connections_per_reactor`] connections (the listener closes such
-    /// a connection at once); its inbox is full ([`io::ErrorKind::WouldBlock`] for both).
+    /// a connection at once), or its inbox is full, which the limit rules out (the inbox
+    /// holds the limit's worth) ([`io::ErrorKind::WouldBlock`] for both).
     pub fn accept(&self, stream: UnixStream) -> io::Result<u64> {
         stream.set_nonblocking(true)?;
         let held = &self.shared.held[0];

@@ -54,8 +54,6 @@ use spec::{AnaState, CtrlKind, IoCounters, Portal, Subsystem};
 pub const DEFAULT_PORT: u16 = 4420;
 /// The IANA port for NVMe/TCP discovery (TCP 1.0 §3.1.2; `nvme discover`'s default).
 pub const DISCOVERY_PORT: u16 = 8009;
-/// Connections handed to one reactor waiting to be adopted.
-const INBOX_CAPACITY: usize = 64;
 
 /// Tunables of the NVMe/TCP target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,6 +263,7 @@ impl Shared {
         allow_hosts: Vec<String>,
         reactors: usize,
     ) -> Self {
+        let inbox_capacity = config.max_connections_per_reactor.max(1);
         Shared {
             subsystem,
             config,
@@ -279,8 +278,14 @@ impl Shared {
                 next: 1,
                 by_id: HashMap::new(),
             }),
+            // A reactor's inbox holds its whole connection limit: `held` counts the
+            // connections in the inbox and in the front-end's table together, and the
+            // listener pushes only below the limit, so a push never finds the inbox full
+            // (as NBD's inboxes). With a smaller inbox, a reactor that was slow to adopt
+            // (a loaded machine, its first turns) made the listener close connections it
+            // had room for.
             inboxes: (0..reactors)
-                .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
+                .map(|_| Arc::new(ArrayQueue::new(inbox_capacity)))
                 .collect(),
             held: (0..reactors).map(|_| AtomicUsize::new(0)).collect(),
             next_conn: AtomicU64::new(1),
@@ -489,6 +494,8 @@ fn accept_loop(l: TcpListener, shared: Arc<Shared>, portal: Arc<PortalState>) {
                     })
                     .is_err()
                 {
+                    // Cannot happen while `held` is counted right (the inbox holds the
+                    // limit's worth).
                     shared.held[r].fetch_sub(1, Ordering::AcqRel);
                     warn!(%peer, reactor = r, "closing: reactor inbox full");
                 }
