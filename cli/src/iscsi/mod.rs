@@ -57,8 +57,6 @@ use scsi::LunInfo;
 pub const DEFAULT_PORT: u16 = 3260;
 /// Prefix of every target name: the array name follows.
 pub const IQN_PREFIX: &str = "iqn.2026-11.org.ferroraid:";
-/// Connections handed to one reactor waiting to be adopted.
-const INBOX_CAPACITY: usize = 64;
 
 /// CHAP credentials (RFC 7143 §12.1.3, RFC 1994).
 #[derive(Clone, PartialEq, Eq)]
@@ -411,8 +409,12 @@ fn prepare(
     lun.max_compare_write_blocks =
         u8::try_from((largest / bs / 2).min(u32::from(lun.max_compare_write_blocks)))
             .unwrap_or(255);
+    // A reactor's inbox holds as many connections as its connection table: a login that
+    // finds it full would find the table full too. A smaller inbox closed logged-in
+    // connections the table had room for whenever the reactor was slow to adopt (a
+    // loaded machine), as NVMe/TCP's 64-entry inbox did.
     let inboxes: Vec<Arc<ArrayQueue<NewConn>>> = (0..reactors)
-        .map(|_| Arc::new(ArrayQueue::new(INBOX_CAPACITY)))
+        .map(|_| Arc::new(ArrayQueue::new(config.max_connections_per_reactor)))
         .collect();
     Ok(Arc::new(Shared {
         pr: Mutex::new(pr_state),
