@@ -278,12 +278,12 @@ impl Shared {
                 next: 1,
                 by_id: HashMap::new(),
             }),
-            // A reactor's inbox holds its whole connection limit: `held` counts the
-            // connections in the inbox and in the front-end's table together, and the
-            // listener pushes only below the limit, so a push never finds the inbox full
-            // (as NBD's inboxes). With a smaller inbox, a reactor that was slow to adopt
-            // (a loaded machine, its first turns) made the listener close connections it
-            // had room for.
+            // A reactor's inbox holds its whole connection limit, as NBD's do: `held`
+            // counts the connections in the inbox and in the front-end's table together,
+            // and the listeners push only below the limit, so a push finds the inbox full
+            // only when two portals' listeners race for the last slot. With a smaller
+            // inbox, a reactor that was slow to adopt (a loaded machine, its first turns)
+            // made the listener close connections it had room for.
             inboxes: (0..reactors)
                 .map(|_| Arc::new(ArrayQueue::new(inbox_capacity)))
                 .collect(),
@@ -494,8 +494,9 @@ fn accept_loop(l: TcpListener, shared: Arc<Shared>, portal: Arc<PortalState>) {
                     })
                     .is_err()
                 {
-                    // Cannot happen while `held` is counted right (the inbox holds the
-                    // limit's worth).
+                    // The inbox holds the limit's worth: only two portals' listeners
+                    // racing for a reactor's last slot (each read `held` below the limit)
+                    // can overfill it.
                     shared.held[r].fetch_sub(1, Ordering::AcqRel);
                     warn!(%peer, reactor = r, "closing: reactor inbox full");
                 }
