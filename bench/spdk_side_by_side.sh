@@ -100,6 +100,11 @@ for dev, sdev, raw in (("null", "raid5n", "nullraw"), ("mem", "raid5m", "mallocr
         [med(F(dev, l, "read")) for l in levels], iops)
     add(f"added ns per read ({name})", added(S(f"{sdev}-read"), S(f"{raw}-read")),
         [added(F(dev, l, "read"), F(dev, l, "read", "raw_iops")) for l in levels], ns)
+    add(f"raw member through a reactor, 4 KiB randread QD32 ({name}), IOPS", None,
+        [med(F(dev, l, "read", "reactor_raw_iops")) for l in levels], iops)
+    add(f"added ns per read ({name}), over the raw member through a reactor",
+        added(S(f"{sdev}-read"), S(f"{raw}-read")),
+        [added(F(dev, l, "read"), F(dev, l, "read", "reactor_raw_iops")) for l in levels], ns)
 for dev, sdev, raw in (("null", "raid5n", "nullraw"), ("mem", "raid5m", "mallocraw")):
     name = "null" if dev == "null" else "RAM"
     add(f"degraded 4 KiB randread ({name}), IOPS", med(S(f"{sdev}-degraded")),
@@ -111,6 +116,8 @@ for dev, sdev in (("mem", "raid5m"), ("null", "raid5n")):
     for qd in (8, 32):
         add(f"full-stripe write ({name}) QD{qd}, GB/s", med(S(f"{sdev}-write-qd{qd}")),
             [med(F(dev, l, f"write-qd{qd}")) for l in levels], gbs)
+    add(f"full-stripe write ({name}) QD8, no per-turn bulk bound, GB/s",
+        med(S(f"{sdev}-write-qd8")), [med(F(dev, l, "write-qd8-unbounded")) for l in levels], gbs)
 
 head = "| | SPDK raid5f | " + " | ".join(f"ferroraid RAID{l}" for l in levels)
 head += " | ferroraid RAID5 ÷ raid5f |" if "5" in levels else " |"
@@ -125,7 +132,13 @@ print()
 print("- IOPS: bdevperf's Total line and array-bench's array row; GB/s = IOPS × 256 KiB / 1e9.")
 print("- added ns = 1e9/raid_iops − 1e9/raw_iops (raw: SPDK's MallocRaw/NullRaw bdev, ferroraid's")
 print("  raw member row of the same array-bench run); for the ns rows a ratio above 1 means")
-print("  ferroraid's RAID layer adds more per I/O than raid5f's.")
+print("  ferroraid's RAID layer adds more per I/O than raid5f's. \"Over the raw member through a")
+print("  reactor\": ferroraid's raw reference run as its array is, by the same load generator on a")
+print("  reactor (array-bench --reactor-raw), as SPDK's runs through bdevperf; SPDK's column repeats")
+print("  its one added figure.")
+print("- \"No per-turn bulk bound\": array-bench --bulk-kib-per-turn max, beside raid5f's same QD8")
+print("  figure; the default bound (256 KiB per reactor turn) keeps a small read from waiting behind")
+print("  more than one stripe's copy and parity work (docs/PACING.md).")
 print("- SPDK full-stripe writes: randwrite of stripe-aligned 256 KiB; ferroraid: seqwrite of whole")
 print("  stripes. Degraded: SPDK removes the last member (Malloc4/Null4), ferroraid fails member 0.")
 def spread(side):
@@ -388,14 +401,17 @@ spdk_degraded() { # round case raid member
     printf '%s\tspdk\t%s\tiops\t%s\n' "$r" "$c" "$iops" >>"$tsv"
 }
 
-# array-bench rows: "| Mem | raid5 | Randread | 1 | IOPS | GB/s | CPU µs/IO | raw IOPS | ...".
-fr_run() { # round tag workload qd
+# array-bench rows: "| Mem | raid5 | Randread | 1 | IOPS | GB/s | CPU µs/IO | raw IOPS | ...",
+# with --reactor-raw two more columns at the end (the 15th field: the raw member through a
+# reactor, IOPS).
+fr_run() { # round tag workload qd [array-bench options...]
     local r=$1 tag=$2 w=$3 qd=$4 out
+    shift 4
     out=$results/r$r/ferroraid-$tag.txt
     log "round $r: ferroraid $tag"
     # In the background and waited for, so that a signal to this script reaches the trap now.
     taskset -c 0 "$array_bench" --device mem,null --level "$levels" --reactors 1 \
-        --workload "$w" --qd "$qd" --seconds "$seconds" >"$out" 2>&1 &
+        --workload "$w" --qd "$qd" --seconds "$seconds" "$@" >"$out" 2>&1 &
     child_pid=$!
     wait "$child_pid" || die "array-bench failed: $out"
     child_pid=""
@@ -406,6 +422,8 @@ fr_run() { # round tag workload qd
             printf "%s\tferroraid\t%s\tiops\t%s\n", r, c, t($6)
             printf "%s\tferroraid\t%s\traw_iops\t%s\n", r, c, t($9)
             printf "%s\tferroraid\t%s\tcpu_us\t%s\n", r, c, t($8)
+            if (NF >= 17 && t($15) + 0 > 0)
+                printf "%s\tferroraid\t%s\treactor_raw_iops\t%s\n", r, c, t($15)
             n++ }
         END { if (n == 0) exit 1 }' "$out" >>"$tsv" || die "no array-bench rows in $out"
 }
@@ -424,9 +442,14 @@ spdk_writes() { # round qd
     spdk_run "$1" "raid5m-write-qd$2" raid5m "$2" 262144 randwrite
     spdk_run "$1" "raid5n-write-qd$2" raid5n "$2" 262144 randwrite
 }
-fr_reads() { fr_run "$1" read randread 32; }
+fr_reads() { fr_run "$1" read randread 32 --reactor-raw; }
 fr_degr() { fr_run "$1" degraded degraded-randread 32; }
-fr_writes() { fr_run "$1" "write-qd$2" seqwrite "$2"; }
+fr_writes() {
+    fr_run "$1" "write-qd$2" seqwrite "$2"
+    # QD8 again without the per-turn bulk bound (docs/PACING.md, "Parity and copy work per
+    # turn"): what the bound that protects small reads costs a bulk writer alone.
+    [ "$2" != 8 ] || fr_run "$1" "write-qd$2-unbounded" seqwrite "$2" --bulk-kib-per-turn max
+}
 
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 flags=$(grep -m1 '^flags' /proc/cpuinfo)

@@ -183,6 +183,36 @@ struct Args {
     /// paired within a repetition. (The raw member references are not run in this mode.)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     arrays: u32,
+    /// Also measure the raw-member reference through a reactor: the same load generator,
+    /// hosted on a reactor beside an idle array, submitting straight to one member's
+    /// channel. The table gains two columns, its IOPS and the ns per I/O the array adds
+    /// over it (1e9/array IOPS − 1e9/reference IOPS, per reactor): like for like with
+    /// SPDK's added ns, whose raw reference runs through bdevperf and the bdev layer as its
+    /// RAID run does. (Not run with `--arrays`.)
+    #[arg(long)]
+    reactor_raw: bool,
+    /// KiB of bulk-write stripe operations one reactor turn admits
+    /// (`ArrayConfig::bulk_bytes_per_turn`; without the option the engine's
+    /// `BULK_BYTES_PER_TURN`, 256 KiB; docs/PACING.md, "Parity and copy work per turn");
+    /// `max`: no bound (for comparison: what the bound that protects small reads costs a
+    /// bulk writer alone).
+    #[arg(long, value_parser = parse_turn_bound)]
+    bulk_kib_per_turn: Option<TurnBound>,
+}
+
+/// `--bulk-kib-per-turn`'s value, bytes (`u64::MAX`: no bound).
+#[derive(Clone, Copy, Debug)]
+struct TurnBound(u64);
+
+/// Parses `--bulk-kib-per-turn`: a KiB count of at least 1, or `max`.
+fn parse_turn_bound(s: &str) -> Result<TurnBound, String> {
+    if s == "max" {
+        return Ok(TurnBound(u64::MAX));
+    }
+    match s.parse::<u64>() {
+        Ok(k) if (1..=u64::MAX >> 10).contains(&k) => Ok(TurnBound(k << 10)),
+        _ => Err(format!("{s}: expected a KiB count of at least 1, or `max`")),
+    }
 }
 
 /// Thread CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
@@ -212,6 +242,18 @@ struct Tally {
     errors: u64,
     wall: Duration,
     cpu_ns: u64,
+}
+
+impl Tally {
+    /// Adds one generator's timed figures (requests, bytes, errors, CPU time; the longest
+    /// wall time).
+    fn add_timed(&mut self, g: &Tally) {
+        self.ios += g.ios;
+        self.bytes += g.bytes;
+        self.errors += g.errors;
+        self.cpu_ns += g.cpu_ns;
+        self.wall = self.wall.max(g.wall);
+    }
 }
 
 /// The stripes one reactor owns (`stripe % reactors == me`, [`engine::shard::owner`]).
@@ -370,6 +412,39 @@ impl LoadGen {
         self.request_at(slot, off, op)
     }
 
+    /// Whether the timed run goes on at `now` (ns of the reactor's turn clock): the first
+    /// call starts it, and the first call `duration_ns` later ends it (then `false` for
+    /// good). The reactor's turn clock decides when the run ends (one clock read per turn,
+    /// as bdevperf's run timer reads its reactor's tick count); the wall time and CPU time
+    /// the figures divide by are read once at each end.
+    fn running(&mut self, now: u64) -> bool {
+        let (t0, _, t0_ns) = *self
+            .start
+            .get_or_insert_with(|| (Instant::now(), thread_cpu_ns(), now));
+        if now.saturating_sub(t0_ns) >= self.duration_ns {
+            if !self.stopping {
+                self.stopping = true;
+                self.tally.wall = t0.elapsed();
+                self.tally.cpu_ns = thread_cpu_ns() - self.start.expect("started").1;
+            }
+            return false;
+        }
+        true
+    }
+
+    /// The request of buffer `slot` came back, `ok` or failed: counted (inside the timed
+    /// run) and its buffer free again.
+    fn done(&mut self, slot: usize, ok: bool) {
+        if !ok {
+            self.tally.errors += 1;
+        }
+        if !self.stopping && !self.warming {
+            self.tally.ios += 1;
+            self.tally.bytes += self.bs;
+        }
+        self.free.push(slot);
+    }
+
     /// Request `op` at byte `off` with buffer `slot`.
     fn request_at(&mut self, slot: usize, off: u64, op: ArrayOp) -> ArrayRequest {
         let len = self.bufs.len as u32;
@@ -414,19 +489,7 @@ impl Frontend for LoadGen {
             }
             return any;
         }
-        // The reactor's turn clock decides when the run ends (one clock read per turn, as
-        // bdevperf's run timer reads its reactor's tick count); the wall time and CPU time
-        // the figures divide by are read once at each end.
-        let now = io.now_ns();
-        let (t0, _, t0_ns) = *self
-            .start
-            .get_or_insert_with(|| (Instant::now(), thread_cpu_ns(), now));
-        if now.saturating_sub(t0_ns) >= self.duration_ns {
-            if !self.stopping {
-                self.stopping = true;
-                self.tally.wall = t0.elapsed();
-                self.tally.cpu_ns = thread_cpu_ns() - self.start.expect("started").1;
-            }
+        if !self.running(io.now_ns()) {
             return false;
         }
         let mut any = false;
@@ -442,19 +505,133 @@ impl Frontend for LoadGen {
     }
 
     fn complete(&mut self, c: ArrayCompletion) {
-        if c.status.is_err() {
-            self.tally.errors += 1;
-        }
-        if !self.stopping && !self.warming {
-            self.tally.ios += 1;
-            self.tally.bytes += self.bs;
-        }
-        self.free.push(c.tag as usize);
+        self.done(c.tag as usize, c.status.is_ok());
     }
 
     fn finished(&self) -> bool {
         self.stopping && self.free.len() == self.bufs.count
     }
+}
+
+/// The raw-member reference through a reactor (`--reactor-raw`): a [`LoadGen`] hosted on a
+/// reactor as the array's generators are, whose requests go straight to a channel of one
+/// member (opened on the reactor's thread at the first poll) instead of through the array.
+/// The reactor hosts an idle array beside it, so each turn costs what it costs in the
+/// array run; the difference to the array run is then the array's own cost, as SPDK's
+/// raw reference (bdevperf over a raw bdev, through the bdev layer) leaves only raid5f's.
+struct RawGen<D: BlockDevice> {
+    gen: LoadGen,
+    devs: Arc<Vec<D>>,
+    /// Which of `devs` the load goes to.
+    dev: usize,
+    ch: Option<D::Channel>,
+    /// Completions reaped per poll (the reactor reaps member channels in batches of 64).
+    comps: Vec<Completion>,
+}
+
+impl<D> Frontend for RawGen<D>
+where
+    D: BlockDevice + Send + Sync + 'static,
+    D::Channel: Send + 'static,
+{
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        let ch = match &mut self.ch {
+            Some(ch) => ch,
+            None => self.ch.insert(
+                self.devs[self.dev]
+                    .open_channel()
+                    .expect("a raw member channel on the reactor"),
+            ),
+        };
+        // Completions first, as a reactor's turn reaps its member channels before its
+        // front-ends submit.
+        let mut any = false;
+        let n = ch.poll(&mut self.comps);
+        for c in &self.comps[..n] {
+            self.gen.done(c.tag as usize, c.status.is_ok());
+            any = true;
+        }
+        if !self.gen.running(io.now_ns()) {
+            return any;
+        }
+        while let Some(slot) = self.gen.free.pop() {
+            let r = self.gen.request(slot);
+            let op = match r.op {
+                ArrayOp::Read => Op::Read,
+                _ => Op::Write { fua: false },
+            };
+            let req = Request {
+                tag: r.tag,
+                op,
+                offset_bytes: r.offset_bytes,
+                len_bytes: r.len_bytes,
+                buf: r.buf,
+            };
+            if ch.submit(req).is_err() {
+                self.gen.free.push(slot);
+                break;
+            }
+            any = true;
+        }
+        ch.kick();
+        any
+    }
+
+    fn complete(&mut self, c: ArrayCompletion) {
+        // Nothing goes through the array; a completion from it would be a bug here.
+        debug_assert!(false, "the raw reference submits no array request");
+        self.gen.done(c.tag as usize, c.status.is_ok());
+    }
+
+    fn finished(&self) -> bool {
+        // Every buffer back: nothing in the member's channel.
+        self.gen.finished()
+    }
+}
+
+/// Runs `workload`'s load ([`LoadGen`], 4 KiB reads for `degraded-randread`) on `reactors`
+/// reactors straight on member 1 of `devices` (one channel per reactor), beside an idle
+/// array of `geo` over `devices`: the raw-member reference through a reactor
+/// ([`RawGen`]). Offsets are drawn over the member's capacity.
+fn run_reactor_raw<D>(
+    devices: Arc<Vec<D>>,
+    geo: ArrayGeometry,
+    workload: Workload,
+    reactors: usize,
+    args: &Args,
+) -> Result<Tally>
+where
+    D: BlockDevice + Send + Sync + 'static,
+    D::Channel: Send + 'static,
+{
+    let cap = devices[1].info().capacity_bytes;
+    let gens = load_gens(geo, workload, reactors, args, None)?
+        .into_iter()
+        .map(|mut gen| {
+            // The member's whole capacity, as the bare-loop reference (`raw_load`) uses.
+            gen.blocks = cap / gen.bs;
+            gen.region = (0, cap / gen.bs * gen.bs);
+            gen.own = None;
+            RawGen {
+                gen,
+                devs: Arc::clone(&devices),
+                dev: 1,
+                ch: None,
+                comps: vec![Completion::EMPTY; 64],
+            }
+        })
+        .collect();
+    let array = (geo, array_config(workload, args), Policy::Resync);
+    let (done, _) =
+        run_frontends(devices, array, gens, args).context("the raw reference through a reactor")?;
+    let mut t = Tally::default();
+    for g in done {
+        t.add_timed(&g.gen.tally);
+    }
+    if t.errors > 0 {
+        bail!("{} raw reference requests failed", t.errors);
+    }
+    Ok(t)
 }
 
 /// The same load straight on one member's channel (no array): the raw-device reference.
@@ -584,6 +761,9 @@ fn array_config(workload: Workload, args: &Args) -> ArrayConfig {
         requests: args.qd * 2,
         stripe_ops: args.qd * 2,
         data_offset_bytes: DATA_OFFSET,
+        bulk_bytes_per_turn: args
+            .bulk_kib_per_turn
+            .map_or(engine::array::BULK_BYTES_PER_TURN, |b| b.0),
         failed_members: [
             if workload == Workload::DegradedRandread {
                 Some(0)
@@ -642,26 +822,11 @@ where
     D: BlockDevice + Send + Sync + 'static,
 {
     let gens = load_gens(geo, workload, reactors, args, None)?;
-    let running = Reactors::start_with(
-        devices,
-        geo,
-        Parity::new(),
-        array_config(workload, args),
-        reactor_config(reactors, args),
-        gens,
-        extras_for(policy, geo),
-    )
-    .context("starting reactors")?;
-    let handle = running.handle();
-    let done = running.stop().context("stopping reactors")?;
-    let snap = handle.snapshot();
+    let array = (geo, array_config(workload, args), policy);
+    let (done, snap) = run_frontends(devices, array, gens, args)?;
     let mut t = Tally::default();
     for g in done {
-        t.ios += g.tally.ios;
-        t.bytes += g.tally.bytes;
-        t.errors += g.tally.errors;
-        t.cpu_ns += g.tally.cpu_ns;
-        t.wall = t.wall.max(g.tally.wall);
+        t.add_timed(&g.tally);
     }
     for m in &snap.members {
         t.member_ios += m.counters.reads + m.counters.writes;
@@ -676,6 +841,34 @@ where
         bail!("{} requests failed", t.errors);
     }
     Ok(t)
+}
+
+/// Runs `gens` on as many reactors ([`reactor_config`]), one each, over an array of
+/// `geo` on `devices` built with `cfg` and `policy`'s extras, until every one has
+/// finished; returns them and the array's figures at the end.
+fn run_frontends<F, D>(
+    devices: Arc<Vec<D>>,
+    (geo, cfg, policy): (ArrayGeometry, ArrayConfig, Policy),
+    gens: Vec<F>,
+    args: &Args,
+) -> Result<(Vec<F>, engine::reactor::ArraySnapshot)>
+where
+    F: Frontend,
+    D: BlockDevice + Send + Sync + 'static,
+{
+    let running = Reactors::start_with(
+        devices,
+        geo,
+        Parity::new(),
+        cfg,
+        reactor_config(gens.len(), args),
+        gens,
+        extras_for(policy, geo),
+    )
+    .context("starting reactors")?;
+    let handle = running.handle();
+    let done = running.stop().context("stopping reactors")?;
+    Ok((done, handle.snapshot()))
 }
 
 /// The CPUs this process may run on (its affinity mask, as `taskset` sets it), ascending:
@@ -755,6 +948,8 @@ struct Sample {
     cpu_us_per_io: f64,
     raw_iops: f64,
     spread_iops: f64,
+    /// The raw-member reference through a reactor (`--reactor-raw`, [`RawGen`]).
+    reactor_raw_iops: Option<f64>,
     /// Member requests per array stripe request (whole run).
     member_ios_per_io: f64,
     /// Stripe writes per write pass (whole run; 0 without writes).
@@ -825,23 +1020,30 @@ fn measure(
     let duration = Duration::from_secs_f64(args.seconds);
     // The array, then the same load on one raw member and spread over all of them.
     type Load = (Workload, Workload, u64, usize, Duration, Policy);
-    fn run_all<D: BlockDevice + Send + Sync + 'static>(
+    fn run_all<D>(
         devs: Vec<D>,
         geo: ArrayGeometry,
         (w, raw_w, bs, r, duration, policy): Load,
         args: &Args,
-    ) -> Result<(Tally, Tally, Tally)> {
+    ) -> Result<(Tally, Tally, Tally, Option<Tally>)>
+    where
+        D: BlockDevice + Send + Sync + 'static,
+        D::Channel: Send + 'static,
+    {
         let devs = Arc::new(devs);
         let t = run_array(Arc::clone(&devs), geo, w, r, policy, args)?;
-        Ok((
-            t,
-            raw_parallel(&devs[1..2], raw_w, bs, w.depth(args.qd), r, duration),
-            raw_parallel(&devs[..], raw_w, bs, w.depth(args.qd), r, duration),
-        ))
+        let raw = raw_parallel(&devs[1..2], raw_w, bs, w.depth(args.qd), r, duration);
+        let spread = raw_parallel(&devs[..], raw_w, bs, w.depth(args.qd), r, duration);
+        let reactor_raw = if args.reactor_raw {
+            Some(run_reactor_raw(Arc::clone(&devs), geo, raw_w, r, args)?)
+        } else {
+            None
+        };
+        Ok((t, raw, spread, reactor_raw))
     }
     let load = (w, raw_w, bs, r, duration, policy);
     let member = DATA_OFFSET + member;
-    let (t, raw, spread) = match kind {
+    let (t, raw, spread, reactor_raw) = match kind {
         DeviceKind::Null => run_all(
             (0..n)
                 .map(|i| NullDevice::new(&format!("null{i}"), member, 512, 1024))
@@ -873,6 +1075,7 @@ fn measure(
         cpu_us_per_io: t.cpu_ns as f64 / 1e3 / t.ios.max(1) as f64,
         raw_iops: raw.ios as f64 / raw.wall.as_secs_f64(),
         spread_iops: spread.ios as f64 / spread.wall.as_secs_f64(),
+        reactor_raw_iops: reactor_raw.map(|t| t.ios as f64 / t.wall.as_secs_f64()),
         member_ios_per_io: t.member_ios as f64 / t.requests.max(1) as f64,
         writes_per_pass: t.batched as f64 / t.passes.max(1) as f64,
     })
@@ -1235,9 +1438,17 @@ fn main() -> Result<()> {
     }
     println!(
         "| device | level | workload | reactors | IOPS | GB/s | CPU µs/IO | raw member IOPS (same threads) | array ÷ raw \
-         | raw spread over all members | array ÷ spread | member I/O per request | writes per pass |"
+         | raw spread over all members | array ÷ spread | member I/O per request | writes per pass |{}",
+        if args.reactor_raw {
+            " raw member through a reactor, IOPS | ns per I/O added over it (per reactor) |"
+        } else {
+            ""
+        }
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|{}",
+        if args.reactor_raw { "---:|---:|" } else { "" }
+    );
     let base = *args.reactors.iter().min().expect("clap requires a value");
     // Scaling rows, printed after the main table.
     let mut scaling: Vec<String> = Vec::new();
@@ -1265,8 +1476,25 @@ fn main() -> Result<()> {
                         samples.iter().map(|rep| f(&rep[i])).collect()
                     };
                     for (i, &r) in args.reactors.iter().enumerate() {
+                        let reactor_raw = if args.reactor_raw {
+                            let per = r as f64 * 1e9;
+                            format!(
+                                " {} | {} |",
+                                show(col(i, &|s| s.reactor_raw_iops.unwrap_or(0.0)), 0, 1.0, ""),
+                                show(
+                                    col(i, &|s| {
+                                        per / s.iops - per / s.reactor_raw_iops.unwrap_or(f64::NAN)
+                                    }),
+                                    1,
+                                    1.0,
+                                    ""
+                                ),
+                            )
+                        } else {
+                            String::new()
+                        };
                         println!(
-                        "| {kind:?} | raid{level} | {w:?}{} | {r} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                        "| {kind:?} | raid{level} | {w:?}{} | {r} | {} | {} | {} | {} | {} | {} | {} | {} | {} |{reactor_raw}",
                         policy.label(),
                         show(col(i, &|s| s.iops), 0, 1.0, ""),
                         show(col(i, &|s| s.gb_per_s), 2, 1.0, ""),
