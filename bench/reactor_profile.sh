@@ -19,6 +19,9 @@ bin=$1 label=$2 workload=${3:-randread} level=${4:-5} device=${5:-null} qd=${6:-
 out=${OUT:-target/reactor-profile}
 hz=4999
 mkdir -p "$out"
+# The reference would run on reactor threads too, and its samples be divided by the array's
+# requests.
+case " ${EXTRA:-} " in *" --reactor-raw "*) echo "EXTRA: --reactor-raw is not profiled here" >&2; exit 2 ;; esac
 qd_arg=()
 [ -n "$qd" ] && qd_arg=(--qd "$qd")
 reactors=${REACTORS:-1}

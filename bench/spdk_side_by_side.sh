@@ -27,7 +27,10 @@
 # member removed (SPDK: bdevperf -z, rpc bdev_raid_remove_base_bdev, perform_tests;
 # ferroraid: --workload degraded-randread, member 0 failed); full-stripe writes (256 KiB) at
 # QD8 and QD32 (SPDK: -w randwrite of stripe-aligned 256 KiB; ferroraid: seqwrite, one stripe
-# per request). SPDK: bdevperf -m 0x1 (reactor on CPU 0); ferroraid: array-bench --reactors 1
+# per request), and QD8 once more with array-bench --bulk-kib-per-turn max (no per-turn bulk
+# bound; a reference row). The read runs add array-bench --reactor-raw: its raw member through
+# a reactor, the like-for-like reference for "added ns" (SPDK's raw bdev runs through
+# bdevperf). SPDK: bdevperf -m 0x1 (reactor on CPU 0); ferroraid: array-bench --reactors 1
 # under taskset -c 0 (its reactor pins itself to the first allowed CPU). Both load generators run on their
 # reactor, so each side is one core in all.
 #

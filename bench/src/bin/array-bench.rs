@@ -36,7 +36,7 @@ use clap::{Parser, ValueEnum};
 use drivers::mem::MemDevice;
 use drivers::null::NullDevice;
 use engine::array::{ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest};
-use engine::device::{BlockDevice, Channel, Completion, IoBuf, Op, Request};
+use engine::device::{BlockDevice, Channel, Completion, IoBuf, Op, Request, SubmitError};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::qos::{Pacer, Unpaced};
@@ -515,36 +515,23 @@ impl Frontend for LoadGen {
 
 /// The raw-member reference through a reactor (`--reactor-raw`): a [`LoadGen`] hosted on a
 /// reactor as the array's generators are, whose requests go straight to a channel of one
-/// member (opened on the reactor's thread at the first poll) instead of through the array.
-/// The reactor hosts an idle array beside it, so each turn costs what it costs in the
-/// array run; the difference to the array run is then the array's own cost, as SPDK's
-/// raw reference (bdevperf over a raw bdev, through the bdev layer) leaves only raid5f's.
-struct RawGen<D: BlockDevice> {
+/// member (opened by [`run_reactor_raw`], moved to the reactor with the generator)
+/// instead of through the array. The reactor hosts an idle array beside it, so each turn
+/// costs what it costs in the array run; the difference to the array run is then the
+/// array's own cost, as SPDK's raw reference (bdevperf over a raw bdev, through the bdev
+/// layer) leaves only raid5f's.
+struct RawGen<Ch: Channel> {
     gen: LoadGen,
-    devs: Arc<Vec<D>>,
-    /// Which of `devs` the load goes to.
-    dev: usize,
-    ch: Option<D::Channel>,
+    ch: Ch,
     /// Completions reaped per poll (the reactor reaps member channels in batches of 64).
     comps: Vec<Completion>,
 }
 
-impl<D> Frontend for RawGen<D>
-where
-    D: BlockDevice + Send + Sync + 'static,
-    D::Channel: Send + 'static,
-{
+impl<Ch: Channel + Send + 'static> Frontend for RawGen<Ch> {
     fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
-        let ch = match &mut self.ch {
-            Some(ch) => ch,
-            None => self.ch.insert(
-                self.devs[self.dev]
-                    .open_channel()
-                    .expect("a raw member channel on the reactor"),
-            ),
-        };
-        // Completions first, as a reactor's turn reaps its member channels before its
-        // front-ends submit.
+        let ch = &mut self.ch;
+        // Completions, then new requests: as on the array path, each buffer makes at most
+        // one round trip per turn.
         let mut any = false;
         let n = ch.poll(&mut self.comps);
         for c in &self.comps[..n] {
@@ -567,9 +554,15 @@ where
                 len_bytes: r.len_bytes,
                 buf: r.buf,
             };
-            if ch.submit(req).is_err() {
-                self.gen.free.push(slot);
-                break;
+            match ch.submit(req) {
+                Ok(()) => {}
+                Err(SubmitError::QueueFull) => {
+                    self.gen.free.push(slot);
+                    break;
+                }
+                // Refused for good (e.g. over the member's largest transfer): counted as
+                // failed, so the run ends with an error instead of measuring nothing.
+                Err(_) => self.gen.done(slot, false),
             }
             any = true;
         }
@@ -589,10 +582,16 @@ where
     }
 }
 
-/// Runs `workload`'s load ([`LoadGen`], 4 KiB reads for `degraded-randread`) on `reactors`
-/// reactors straight on member 1 of `devices` (one channel per reactor), beside an idle
-/// array of `geo` over `devices`: the raw-member reference through a reactor
-/// ([`RawGen`]). Offsets are drawn over the member's capacity.
+/// Runs `workload`'s load ([`LoadGen`]; the caller gives 4 KiB reads for
+/// `degraded-randread`) on `reactors` reactors straight on member 1 of `devices` (one
+/// channel per reactor, opened here), beside an idle array of `geo` over `devices` (built
+/// for `workload` with no consistency policy whatever the row's): the raw-member reference
+/// through a reactor ([`RawGen`]). As the bare-loop reference ([`raw_load`]): random
+/// offsets over the member's capacity, sequential ones through all of it (`rewrite` with
+/// no untimed first pass), each reactor's generator starting its own share of the way in.
+///
+/// # Errors
+/// A channel that cannot be opened, reactors that cannot start, or requests that failed.
 fn run_reactor_raw<D>(
     devices: Arc<Vec<D>>,
     geo: ArrayGeometry,
@@ -607,20 +606,25 @@ where
     let cap = devices[1].info().capacity_bytes;
     let gens = load_gens(geo, workload, reactors, args, None)?
         .into_iter()
-        .map(|mut gen| {
-            // The member's whole capacity, as the bare-loop reference (`raw_load`) uses.
+        .enumerate()
+        .map(|(i, mut gen)| {
+            let span = cap / gen.bs * gen.bs;
             gen.blocks = cap / gen.bs;
-            gen.region = (0, cap / gen.bs * gen.bs);
+            gen.region = (0, span);
             gen.own = None;
-            RawGen {
+            gen.warming = false;
+            gen.rewrite_len = span;
+            gen.next_seq = span / reactors as u64 * i as u64 / gen.bs * gen.bs;
+            let ch = devices[1]
+                .open_channel()
+                .context("a raw member channel for a reactor")?;
+            Ok(RawGen {
                 gen,
-                devs: Arc::clone(&devices),
-                dev: 1,
-                ch: None,
+                ch,
                 comps: vec![Completion::EMPTY; 64],
-            }
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let array = (geo, array_config(workload, args), Policy::Resync);
     let (done, _) =
         run_frontends(devices, array, gens, args).context("the raw reference through a reactor")?;
@@ -916,7 +920,8 @@ fn raw_parallel<D: BlockDevice + Sync>(
         let hs: Vec<_> = (0..threads)
             .map(|i| {
                 // Named apart from the reactors, so `perf report --comm reactor-N` holds
-                // only the array's samples.
+                // only the array's samples (without `--reactor-raw`, whose reference
+                // runs on reactors too).
                 std::thread::Builder::new()
                     .name(format!("raw-{i}"))
                     .spawn_scoped(s, move || {
@@ -998,7 +1003,8 @@ fn file_members(
 }
 
 /// Runs one configuration: the array, then the same load on one raw member and spread
-/// over all members, on fresh devices.
+/// over all members, on fresh devices; with `--reactor-raw` also the raw member through a
+/// reactor ([`run_reactor_raw`]).
 #[allow(clippy::too_many_arguments)]
 fn measure(
     kind: DeviceKind,
