@@ -9,7 +9,9 @@ use std::sync::Arc;
 use drivers::mem::MemDevice;
 use engine::array::{ArrayCompletion, ArrayConfig, ArrayOp, ArrayRequest, MemberState};
 use engine::buf::AlignedBuf;
-use engine::device::{Channel, IoBuf};
+use engine::device::{
+    BlockDevice, Channel, Completion, DeviceError, DeviceInfo, IoBuf, IoError, Request, SubmitError,
+};
 use engine::geometry::{ArrayGeometry, Geometry, Layout, Level};
 use engine::parity::Parity;
 use engine::reactor::{Extras, Frontend, Io, Mode, ReactorConfig, ReactorSet, Reactors};
@@ -135,8 +137,16 @@ fn start_checkers_with(
     confirm_replace: bool,
 ) -> Result<Started, engine::reactor::ReactorError> {
     let (devices, geo) = raid6_members();
+    let frontends = checkers(geo, reactors, ops, seed);
+    let running = start_frontends(set, &devices, geo, frontends, confirm_replace, false)?;
+    Ok((running, devices, geo))
+}
+
+/// One [`Checker`] per reactor over `geo`'s capacity split evenly (512-byte multiples), each
+/// `ops` requests, seeded `seed + i`.
+fn checkers(geo: ArrayGeometry, reactors: usize, ops: u32, seed: u64) -> Vec<Checker> {
     let region = (geo.capacity_bytes() / reactors as u64) / 512 * 512;
-    let frontends: Vec<Checker> = (0..reactors)
+    (0..reactors)
         .map(|i| Checker {
             start: i as u64 * region,
             reference: vec![0; region as usize],
@@ -146,9 +156,7 @@ fn start_checkers_with(
             inflight: None,
             errors: Vec::new(),
         })
-        .collect();
-    let running = start_frontends(set, &devices, geo, frontends, confirm_replace, false)?;
-    Ok((running, devices, geo))
+        .collect()
 }
 
 /// Six fresh `mem` members of a RAID6 (left-symmetric, 4 KiB chunks, [`STRIPES`] stripes)
@@ -167,9 +175,9 @@ fn raid6_members() -> (Arc<Vec<MemDevice>>, ArrayGeometry) {
 /// Starts one adaptive reactor per front-end over `devices` (on `set`, else on reactors of
 /// the array's own), 16 requests each, foreign reads on, with
 /// [`Extras::confirm_replace`] and [`Extras::confirm_failures`] as given.
-fn start_frontends<F: Frontend + Send + 'static>(
+fn start_frontends<F: Frontend + Send + 'static, D: BlockDevice + Send + Sync + 'static>(
     set: Option<&ReactorSet>,
-    devices: &Arc<Vec<MemDevice>>,
+    devices: &Arc<Vec<D>>,
     geo: ArrayGeometry,
     frontends: Vec<F>,
     confirm_replace: bool,
@@ -224,6 +232,13 @@ fn check_stopped(what: &str, done: &[Checker], devices: &[MemDevice]) {
 
 /// [`check_stopped`] on member images (member order).
 fn check_images(what: &str, done: &[Checker], images: Vec<Vec<u8>>) {
+    let members: Vec<Option<&[u8]>> = images.iter().map(|i| Some(&i[..])).collect();
+    check_members(what, done, &members, true);
+}
+
+/// [`check_images`] with members given as missing (`None`: the oracle reconstructs their
+/// chunks from the others; [`oracle_images_raid6_4k`]), parity verified when `verify`.
+fn check_members(what: &str, done: &[Checker], images: &[Option<&[u8]>], verify: bool) {
     let mut logical = Vec::new();
     for f in done {
         assert!(
@@ -234,7 +249,7 @@ fn check_images(what: &str, done: &[Checker], images: Vec<Vec<u8>>) {
         assert!(f.finished());
         logical.extend_from_slice(&f.reference);
     }
-    if let Some(extracted) = oracle_extract_raid6_4k(what, &images) {
+    if let Some(extracted) = oracle_images_raid6_4k(what, images, verify) {
         assert!(
             extracted[..logical.len()] == logical[..],
             "{what}: logical image differs"
@@ -410,6 +425,168 @@ fn operator_fails_a_member_while_clients_run() {
         "requests reached the failed member after every reactor knew"
     );
     assert!(after.stats.degraded_reads + after.stats.degraded_writes > 0);
+}
+
+/// A `mem` member that dies on command: from the moment `dying` is set, every request it
+/// holds or is given completes with an I/O error (EIO) — those already copied too, as a
+/// device that fails with writes in its queue reports them failed whether or not they
+/// reached the media.
+struct Dying {
+    mem: MemDevice,
+    dying: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A channel of [`Dying`]: the `mem` channel, and the requests refused since the death
+/// (completed by `poll` as failed).
+struct DyingChannel {
+    ch: <MemDevice as BlockDevice>::Channel,
+    dying: Arc<std::sync::atomic::AtomicBool>,
+    failed: std::collections::VecDeque<u64>,
+}
+
+impl BlockDevice for Dying {
+    type Channel = DyingChannel;
+
+    fn info(&self) -> &DeviceInfo {
+        self.mem.info()
+    }
+
+    fn open_channel(&self) -> Result<DyingChannel, DeviceError> {
+        Ok(DyingChannel {
+            ch: self.mem.open_channel()?,
+            dying: Arc::clone(&self.dying),
+            failed: std::collections::VecDeque::new(),
+        })
+    }
+}
+
+impl DyingChannel {
+    fn dead(&self) -> bool {
+        self.dying.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// EIO, as a dying device reports it.
+const EIO: IoError = IoError::Io { errno: 5 };
+
+impl Channel for DyingChannel {
+    fn info(&self) -> &DeviceInfo {
+        self.ch.info()
+    }
+
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        if !self.dead() {
+            return self.ch.submit(req);
+        }
+        if self.in_flight() >= self.info().queue_depth as usize {
+            return Err(SubmitError::QueueFull);
+        }
+        self.failed.push_back(req.tag);
+        Ok(())
+    }
+
+    fn kick(&mut self) {
+        self.ch.kick();
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        let dead = self.dead();
+        let mut n = self.ch.poll(out);
+        if dead {
+            for c in &mut out[..n] {
+                c.status = Err(EIO);
+            }
+        }
+        while n < out.len() {
+            let Some(tag) = self.failed.pop_front() else {
+                break;
+            };
+            out[n] = Completion {
+                tag,
+                status: Err(EIO),
+            };
+            n += 1;
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.ch.in_flight() + self.failed.len()
+    }
+
+    fn abort(&mut self, tag: u64) {
+        self.ch.abort(tag);
+    }
+
+    fn gathers(&self) -> bool {
+        self.ch.gathers()
+    }
+}
+
+/// A member that dies under client reads and writes on two reactors (every request it had
+/// taken and every one sent to it after comes back with EIO, whether a read or a write):
+/// every reactor fails it — on an error of its own or by the other's message — and sends
+/// it nothing more; no client request fails; every read returns what its client last
+/// wrote; and the survivors (the oracle, the dead member missing) hold every client's
+/// data. (Whether a write is among the requests in flight at the moment of death varies
+/// from run to run; `engine::array::tests::full_stripe_writes_with_a_member_write_fault`
+/// pins that case down in the simulator.)
+#[test]
+fn a_member_that_dies_under_writes_is_failed_everywhere_and_loses_nothing() {
+    let reactors = 2usize;
+    let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, CHUNK, 512).unwrap();
+    let geo = ArrayGeometry::new(g, STRIPES).unwrap();
+    let dying = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let devices: Arc<Vec<Dying>> = Arc::new(
+        (0..6)
+            .map(|i| Dying {
+                mem: MemDevice::new(&format!("mem{i}"), STRIPES * CHUNK, 512, 64).unwrap(),
+                dying: if i == 2 {
+                    Arc::clone(&dying)
+                } else {
+                    Arc::new(std::sync::atomic::AtomicBool::new(false))
+                },
+            })
+            .collect(),
+    );
+    let frontends = checkers(geo, reactors, 20_000, 900);
+    let running = start_frontends(None, &devices, geo, frontends, false, false).unwrap();
+    let h = running.handle();
+    // The member dies once every member has served writes (as published): a fixed sleep
+    // may find the reactors not yet started on a loaded machine.
+    wait_for("writes published on every member", || {
+        h.snapshot().members.iter().all(|m| m.counters.writes > 0)
+    });
+    dying.store(true, std::sync::atomic::Ordering::Release);
+    wait_for("the failure published", || {
+        h.snapshot().members[2].state.is_failed()
+    });
+    assert_eq!(h.snapshot().members[2].state, MemberState::Failed(EIO));
+    // Once every reactor has published again (each within PUBLISH_INTERVAL) and had time
+    // to hear of the failure, nothing more reaches the member.
+    std::thread::sleep(3 * engine::reactor::PUBLISH_INTERVAL);
+    let before = h.snapshot().members[2].counters;
+    let done = running.stop().unwrap();
+    let after = h.snapshot();
+    assert!(
+        after.members[2].counters.errors > 0,
+        "the dead member's errors are counted"
+    );
+    assert_eq!(
+        after.members[2].counters, before,
+        "requests reached the dead member after every reactor knew"
+    );
+    assert!(after.stats.degraded_writes > 0, "writes went on degraded");
+    // Every request succeeded and every read matched (the checkers read back as they go),
+    // and the survivors hold every client's data (the oracle verifies no array with a
+    // member missing: it reconstructs the dead member's chunks).
+    let images: Vec<Vec<u8>> = devices.iter().map(|d| d.mem.contents()).collect();
+    let members: Vec<Option<&[u8]>> = images
+        .iter()
+        .enumerate()
+        .map(|(i, img)| (i != 2).then_some(&img[..]))
+        .collect();
+    check_members("a member that dies under writes", &done, &members, false);
 }
 
 /// Rebuild on real reactor threads: a member fails under client I/O, a blank `mem` device
