@@ -561,8 +561,12 @@ impl<Ch: Channel + Send + 'static> Frontend for RawGen<Ch> {
                     break;
                 }
                 // Refused for good (e.g. over the member's largest transfer): counted as
-                // failed, so the run ends with an error instead of measuring nothing.
-                Err(_) => self.gen.done(slot, false),
+                // failed, so the run ends with an error instead of measuring nothing. The
+                // buffer is free again at once: no more submissions this turn.
+                Err(_) => {
+                    self.gen.done(slot, false);
+                    break;
+                }
             }
             any = true;
         }
