@@ -629,9 +629,9 @@ where
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let array = (geo, array_config(workload, args), Policy::Resync);
-    let (done, _) =
-        run_frontends(devices, array, gens, args).context("the raw reference through a reactor")?;
+    let cfg = array_config(workload, args);
+    let (done, _) = run_frontends(devices, geo, cfg, Policy::Resync, gens, args)
+        .context("the raw reference through a reactor")?;
     let mut t = Tally::default();
     for g in done {
         t.add_timed(&g.gen.tally);
@@ -830,8 +830,8 @@ where
     D: BlockDevice + Send + Sync + 'static,
 {
     let gens = load_gens(geo, workload, reactors, args, None)?;
-    let array = (geo, array_config(workload, args), policy);
-    let (done, snap) = run_frontends(devices, array, gens, args)?;
+    let cfg = array_config(workload, args);
+    let (done, snap) = run_frontends(devices, geo, cfg, policy, gens, args)?;
     let mut t = Tally::default();
     for g in done {
         t.add_timed(&g.tally);
@@ -856,7 +856,9 @@ where
 /// finished; returns them and the array's figures at the end.
 fn run_frontends<F, D>(
     devices: Arc<Vec<D>>,
-    (geo, cfg, policy): (ArrayGeometry, ArrayConfig, Policy),
+    geo: ArrayGeometry,
+    cfg: ArrayConfig,
+    policy: Policy,
     gens: Vec<F>,
     args: &Args,
 ) -> Result<(Vec<F>, engine::reactor::ArraySnapshot)>
