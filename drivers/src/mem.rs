@@ -1,8 +1,10 @@
 //! `mem`: a RAM disk. Writes, zeroes and discards are done inside `submit` (a memory copy);
-//! a read's copy waits for the channel's next `poll` (or its next write), its first bytes
-//! prefetched at `submit` ([`READ_PREFETCH_BYTES`]); every request is handed back by the
-//! next `poll`. It exists to measure the engine's CPU cost with real data movement, and for
-//! tests that want to look at member contents.
+//! a read's copy waits for the channel's next `poll`, or runs before the next request
+//! that is not a read (write, zeroes, discard, flush), whichever comes first; on x86-64
+//! its first bytes are prefetched at `submit` ([`READ_PREFETCH_BYTES`]). Every request's
+//! completion waits for a `poll` (as many as its `out` holds, oldest first). It exists to
+//! measure the engine's CPU cost with real data movement, and for tests that want to look
+//! at member contents.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,15 +30,16 @@ const HUGE_PAGE: usize = 2 << 20;
 /// just read into cache: those keep `memcpy`.
 pub const STREAM_WRITE_MIN_BYTES: usize = 32 << 10;
 
-/// Bytes at the start of a read's source that `submit` prefetches (two 64-byte cache
-/// lines); the copy itself runs at the channel's next `poll`. A random 4 KiB read of a
+/// Bytes at the start of a read's source that `submit` prefetches on x86-64 (two 64-byte
+/// cache lines); the copy itself runs later (module docs). A random 4 KiB read of a
 /// RAM disk larger than the cache waits on DRAM (and often a TLB walk): begun at `submit`,
 /// that wait overlaps the engine's work on the other requests of the turn, and the
 /// hardware prefetcher carries on from the lines already asked for. On a Zen 4 VM (2
-/// vCPUs), 4 KiB random reads at QD32 over RAID5 of `mem` members went from 1.77–1.91 M
-/// to 2.19–2.25 M IOPS with 128 bytes, against 2.00–2.07 M with the copy deferred and
-/// nothing prefetched, 2.05–2.20 M with 64 bytes, 2.01–2.18 M with 256 and ~2.0 M with the
-/// whole 4 KiB (docs/BENCHMARKS.md, "RAM member reads copied at poll").
+/// vCPUs), 4 KiB random reads at QD32 over RAID5 of `mem` members, one reactor, three
+/// alternations: 1.77–1.91 M IOPS copying in `submit`; 2.19–2.25 M with 128 bytes
+/// prefetched, against 2.00–2.07 M with the copy deferred and nothing prefetched,
+/// 2.05–2.20 M with 64 bytes and 2.01–2.18 M with 256 (docs/BENCHMARKS.md, "RAM member
+/// reads copied at poll").
 pub const READ_PREFETCH_BYTES: usize = 128;
 
 #[cfg(test)]
@@ -128,10 +131,18 @@ impl Store {
 
 // SAFETY: channels on different reactors access the store concurrently through raw
 // copies, or slices that live for one request's copy of its own range (`write_store`).
-// Soundness rests on the engine's data-path invariant (DESIGN.md "The data path"):
-// a member byte range is written only by the reactor that owns its stripe, and no request
-// touching a range is issued while a write to an overlapping range is in flight. Under
-// that rule no two threads access the same bytes concurrently with one of them writing.
+// A read's copy runs after its `submit`, at the channel's next `poll` (or before the
+// channel's next request that is not a read), but before its completion leaves `poll`.
+// Soundness rests on the engine's data-path invariant (DESIGN.md "The data path"), in
+// both directions, from the issue of a request to the moment its completion is polled:
+// a member byte range is written only by the reactor that owns its stripe; no request
+// touching a range is issued while a write to an overlapping range is in flight; and no
+// write is issued to a range while a read of it is in flight. The owner's reads hold their
+// stripe shared until they are reaped, and another reactor's (foreign) reads hold the
+// stripe gate until theirs are (`Array::fast_read_done`, released with Release ordering
+// and taken by the owner's writes with Acquire, so the copy inside `poll`
+// happens-before the write). Under that rule no two threads access the same bytes
+// concurrently with one of them writing.
 unsafe impl Sync for Store {}
 // SAFETY: the mapping is owned; moving the store between threads moves ownership.
 unsafe impl Send for Store {}
@@ -237,7 +248,8 @@ pub struct MemChannel {
     reads: Vec<PendingRead>,
 }
 
-/// A read whose copy runs at the channel's next `poll` (or before its next write).
+/// A read whose copy runs at the channel's next `poll`, or before the channel's next
+/// request that is not a read.
 struct PendingRead {
     /// Store offset, bytes.
     off: usize,
@@ -403,8 +415,9 @@ pub(crate) fn memory_device_info(
     })
 }
 
-/// Requests a synchronous back end (`mem`, `null`) finished inside `submit`, waiting for
-/// `poll`: bounded by the queue depth, allocated once, never reallocated.
+/// Completions of a back end that finishes its requests without the kernel (`null`
+/// inside `submit`; `mem` inside `submit`, or at `poll` for reads), waiting for `poll`:
+/// bounded by the queue depth, allocated once, never reallocated.
 pub(crate) struct Immediate {
     done: VecDeque<Completion>,
     depth: usize,
@@ -549,7 +562,8 @@ mod tests {
 
     /// A read's copy waits for `poll`, but a write submitted after it on the same channel
     /// lands after it: the read returns what was there before the write, whether the
-    /// write is copied, streamed or zeroes; reads taken after the write see it.
+    /// write is copied, streamed or zeroes; reads taken after the write see it; every
+    /// read's data is in place when its completion is polled, one per `poll`.
     #[test]
     fn reads_return_what_was_there_before_a_later_write() {
         let big = STREAM_WRITE_MIN_BYTES;
@@ -576,17 +590,20 @@ mod tests {
             AlignedBuf::zeroed(big),
         );
         // Read A; write B (streamed where the CPU has a SIMD kernel); read B; zero the
-        // first 4 KiB; read the rest of it back — one poll for all five.
+        // first 4 KiB; read it back; their completions polled one at a time.
         ch.submit(req(2, Op::Read, big, io(&mut r1))).unwrap();
         ch.submit(req(3, w, big, io(&mut b))).unwrap();
         ch.submit(req(4, Op::Read, 4096, io(&mut r2))).unwrap();
         ch.submit(req(5, Op::WriteZeroes, 4096, IoBuf::NONE))
             .unwrap();
         ch.submit(req(6, Op::Read, big, io(&mut r3))).unwrap();
-        assert_eq!(ch.poll(&mut out), 5);
-        let tags: Vec<u64> = out[..5].iter().map(|c| c.tag).collect();
+        let mut tags = Vec::new();
+        while ch.in_flight() > 0 {
+            assert_eq!(ch.poll(&mut out[..1]), 1);
+            assert!(out[0].status.is_ok());
+            tags.push(out[0].tag);
+        }
         assert_eq!(tags, [2, 3, 4, 5, 6]);
-        assert!(out[..5].iter().all(|c| c.status.is_ok()));
         assert!(
             r1.iter().all(|&x| x == 0xa1),
             "the first read saw the later write"

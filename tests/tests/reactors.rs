@@ -428,7 +428,8 @@ fn operator_fails_a_member_while_clients_run() {
 }
 
 /// A `mem` member that dies on command: from the moment `dying` is set, every request it
-/// holds or is given completes with an I/O error (EIO) — those already copied too, as a
+/// holds or is given completes with an I/O error (EIO) — those whose data already moved
+/// too (a write inside `submit`, a read at the `poll` that reports it failed), as a
 /// device that fails with writes in its queue reports them failed whether or not they
 /// reached the media.
 struct Dying {

@@ -161,14 +161,15 @@ impl Channel for Delayed {
         }
         let service = self.service_ns(&req);
         let tag = req.tag;
-        // The data moves now (RAM); only the completion waits.
+        // The data moves now (RAM: inside `submit`, or for a read at the `poll` below);
+        // only the completion waits.
         self.inner.submit(req)?;
         let mut c = [Completion {
             tag: 0,
             status: Ok(()),
         }];
         let n = self.inner.poll(&mut c);
-        assert!(n == 1 && c[0].tag == tag, "mem completes inside submit");
+        assert!(n == 1 && c[0].tag == tag, "mem completes by its next poll");
         let now = ns_since(self.epoch);
         let (i, free) = self
             .units
