@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, ValueEnum};
 use drivers::mem::MemDevice;
 use drivers::null::NullDevice;
@@ -343,9 +343,12 @@ impl ClientBufs {
 struct LoadGen {
     workload: Workload,
     bs: u64,
-    /// Blocks of `bs` bytes in the array (random workloads draw one; divided once here, not
-    /// per request).
+    /// Blocks of `bs` bytes random workloads draw from, starting at `random_from`: the
+    /// whole array on the array path (divided once here, not per request).
     blocks: u64,
+    /// Byte offset of the first block random workloads draw (0 on the array path; the
+    /// reactor's own share of the member for the raw reference through a reactor).
+    random_from: u64,
     /// Region of the array this generator covers (sequential writes: disjoint per reactor).
     region: (u64, u64),
     next_seq: u64,
@@ -399,7 +402,7 @@ impl LoadGen {
                         let stripe = own.offset(self.rng.gen_range(0..own.count));
                         stripe + self.rng.gen_range(0..own.stripe_bytes / self.bs) * self.bs
                     }
-                    None => self.rng.gen_range(0..self.blocks) * self.bs,
+                    None => self.random_from + self.rng.gen_range(0..self.blocks) * self.bs,
                 };
                 let op = if w == Workload::Randwrite {
                     ArrayOp::Write { fua: false }
@@ -590,9 +593,11 @@ impl<Ch: Channel + Send + 'static> Frontend for RawGen<Ch> {
 /// `degraded-randread`) on `reactors` reactors straight on member 1 of `devices` (one
 /// channel per reactor, opened here), beside an idle array of `geo` over `devices` (built
 /// for `workload` with no consistency policy whatever the row's): the raw-member reference
-/// through a reactor ([`RawGen`]). As the bare-loop reference ([`raw_load`]): random
-/// offsets over the member's capacity, sequential ones through all of it (`rewrite` with
-/// no untimed first pass), each reactor's generator starting its own share of the way in.
+/// through a reactor ([`RawGen`]). As the bare-loop reference ([`raw_load`]) with one
+/// reactor: random offsets over the member's capacity, sequential ones through all of it
+/// (`rewrite` with no untimed first pass). With more, each reactor's generator keeps to its
+/// own share of the member (an equal part, disjoint from the others'): the shares make up
+/// the member, and no two reactors touch the same bytes.
 ///
 /// # Errors
 /// A channel that cannot be opened, reactors that cannot start, or requests that failed.
@@ -612,13 +617,20 @@ where
         .into_iter()
         .enumerate()
         .map(|(i, mut gen)| {
-            let span = cap / gen.bs * gen.bs;
-            gen.blocks = cap / gen.bs;
-            gen.region = (0, span);
+            // Each reactor its own share of the member: two reactors writing the same
+            // member bytes at once would race (a `mem` member's store is plain memory).
+            let share = cap / reactors as u64 / gen.bs * gen.bs;
+            ensure!(
+                share > 0,
+                "the member is smaller than one request per reactor"
+            );
+            gen.blocks = share / gen.bs;
+            gen.random_from = share * i as u64;
+            gen.region = (gen.random_from, gen.random_from + share);
             gen.own = None;
             gen.warming = false;
-            gen.rewrite_len = span;
-            gen.next_seq = span / reactors as u64 * i as u64 / gen.bs * gen.bs;
+            gen.rewrite_len = share;
+            gen.next_seq = 0;
             let ch = devices[1]
                 .open_channel()
                 .context("a raw member channel for a reactor")?;
@@ -642,15 +654,19 @@ where
     Ok(t)
 }
 
-/// The same load straight on one member's channel (no array): the raw-device reference.
 /// The same load straight on member channels (no array): round-robin over `devs` (one
-/// device: the "raw member" reference; all members: the same memory footprint as the array).
+/// device: the "raw member" reference; all members: the same memory footprint as the
+/// array). `part`: (this thread's index, threads): the thread keeps to its own share of
+/// each device (an equal part, disjoint from the other threads'; the shares make up the
+/// device), so no two threads touch the same bytes. Requests the device refused for good,
+/// or that completed with an error, count in [`Tally::errors`] (the caller fails the run).
 fn raw_load<D: BlockDevice>(
     devs: &[D],
     workload: Workload,
     bs: u64,
     qd: usize,
     duration: Duration,
+    part: (u64, u64),
 ) -> Tally {
     let mut chans: Vec<D::Channel> = devs
         .iter()
@@ -660,21 +676,23 @@ fn raw_load<D: BlockDevice>(
     // The same kind of buffers as the array's generators use.
     let bufs = ClientBufs::new(qd, bs as usize).expect("mapping the raw load's buffers");
     let mut free: Vec<usize> = (0..qd).collect();
-    let mut rng = SmallRng::seed_from_u64(7);
+    let mut rng = SmallRng::seed_from_u64(7 + part.0);
     let mut seq = 0u64;
-    let blocks = cap / bs;
+    let blocks = (cap / part.1 / bs).max(1);
+    let base = blocks * bs * part.0;
     let mut next = 0usize;
     let mut comps = vec![Completion::EMPTY; 64];
     let mut t = Tally::default();
     let (t0, c0) = (Instant::now(), thread_cpu_ns());
     while t0.elapsed() < duration {
         while let Some(slot) = free.pop() {
-            let off = if workload.sequential() {
-                seq = (seq + bs) % (blocks * bs);
-                seq
-            } else {
-                rng.gen_range(0..blocks) * bs
-            };
+            let off = base
+                + if workload.sequential() {
+                    seq = (seq + bs) % (blocks * bs);
+                    seq
+                } else {
+                    rng.gen_range(0..blocks) * bs
+                };
             let op = match workload {
                 Workload::Randread | Workload::DegradedRandread => Op::Read,
                 _ => Op::Write { fua: false },
@@ -689,19 +707,36 @@ fn raw_load<D: BlockDevice>(
                 len_bytes: bs as u32,
                 buf,
             };
-            if chans[next].submit(req).is_err() {
-                free.push(slot);
-                break;
+            match chans[next].submit(req) {
+                Ok(()) => {}
+                Err(SubmitError::QueueFull) => {
+                    free.push(slot);
+                    break;
+                }
+                // Refused for good (e.g. over the device's largest transfer): the run
+                // fails rather than measuring nothing.
+                Err(_) => {
+                    free.push(slot);
+                    t.errors += 1;
+                    break;
+                }
             }
         }
         for ch in &mut chans {
             ch.kick();
             let n = ch.poll(&mut comps);
             for c in &comps[..n] {
-                t.ios += 1;
-                t.bytes += bs;
+                if c.status.is_ok() {
+                    t.ios += 1;
+                    t.bytes += bs;
+                } else {
+                    t.errors += 1;
+                }
                 free.push(c.tag as usize);
             }
+        }
+        if t.errors > 0 {
+            break;
         }
     }
     t.wall = t0.elapsed();
@@ -741,6 +776,7 @@ fn load_gens(
                 workload,
                 bs,
                 blocks: cap / bs,
+                random_from: 0,
                 region: (i as u64 * share, (i as u64 + 1) * share),
                 next_seq: 0,
                 rewrite_len,
@@ -932,7 +968,7 @@ fn raw_parallel<D: BlockDevice + Sync>(
                     .name(format!("raw-{i}"))
                     .spawn_scoped(s, move || {
                         core_affinity::set_for_current(core_affinity::CoreId { id: cpu(i) });
-                        raw_load(dev, workload, bs, qd, duration)
+                        raw_load(dev, workload, bs, qd, duration, (i as u64, threads as u64))
                     })
                     .expect("spawning a raw-load thread")
             })
@@ -945,6 +981,7 @@ fn raw_parallel<D: BlockDevice + Sync>(
     for x in tallies {
         t.ios += x.ios;
         t.bytes += x.bytes;
+        t.errors += x.errors;
         t.cpu_ns += x.cpu_ns;
         t.wall = t.wall.max(x.wall);
     }
@@ -1046,6 +1083,16 @@ fn measure(
         let t = run_array(Arc::clone(&devs), geo, w, r, policy, args)?;
         let raw = raw_parallel(&devs[1..2], raw_w, bs, w.depth(args.qd), r, duration);
         let spread = raw_parallel(&devs[..], raw_w, bs, w.depth(args.qd), r, duration);
+        for (x, what) in [(&raw, "raw member"), (&spread, "all members")] {
+            if x.errors > 0 {
+                bail!(
+                    "{} requests of the {what} reference failed or were refused ({bs}-byte \
+                     requests; a member takes at most {} bytes per request)",
+                    x.errors,
+                    devs[1].info().max_transfer_bytes
+                );
+            }
+        }
         let reactor_raw = if args.reactor_raw {
             Some(run_reactor_raw(Arc::clone(&devs), geo, raw_w, r, args)?)
         } else {
