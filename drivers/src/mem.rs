@@ -35,11 +35,11 @@ pub const STREAM_WRITE_MIN_BYTES: usize = 32 << 10;
 /// RAM disk larger than the cache waits on DRAM (and often a TLB walk): begun at `submit`,
 /// that wait overlaps the engine's work on the other requests of the turn, and the
 /// hardware prefetcher carries on from the lines already asked for. On a Zen 4 VM (2
-/// vCPUs), 4 KiB random reads at QD32 over RAID5 of `mem` members, one reactor, three
-/// alternations: 1.77–1.91 M IOPS copying in `submit`; 2.19–2.25 M with 128 bytes
+/// vCPUs), 4 KiB random reads at QD32 over RAID5 of `mem` members, one reactor, runs
+/// alternated: 1.77–1.91 M IOPS copying in `submit`; 2.19–2.25 M with 128 bytes
 /// prefetched, against 2.00–2.07 M with the copy deferred and nothing prefetched,
-/// 2.05–2.20 M with 64 bytes and 2.01–2.18 M with 256 (docs/BENCHMARKS.md, "RAM member
-/// reads copied at poll").
+/// 2.05–2.20 M with 64 bytes, 2.01–2.23 M with 256 and 1.81–2.01 M with the whole read
+/// (docs/BENCHMARKS.md, "RAM member reads copied at poll").
 pub const READ_PREFETCH_BYTES: usize = 128;
 
 #[cfg(test)]
