@@ -356,8 +356,21 @@ impl<C: Channel> Array<C> {
     /// finished with them as targets): once every shard reports a member here, it may go
     /// online everywhere ([`Self::set_member_online`]).
     pub fn rebuilt_members(&self) -> ArrayVec<u16, 2> {
-        let stripes = self.geo.stripes();
         let mut out = ArrayVec::new();
+        debug_assert_eq!(
+            usize::from(self.failed_members),
+            self.members[..self.slots()]
+                .iter()
+                .filter(|m| m.state != MemberState::Online)
+                .count(),
+            "failed_members counts the members not online"
+        );
+        // Every member online: none being rebuilt. Asked every reactor turn, so the
+        // members' states (a cache line each) are read only while some member is not.
+        if self.failed_members == 0 {
+            return out;
+        }
+        let stripes = self.geo.stripes();
         for (m, mem) in self.members[..self.slots()].iter().enumerate() {
             if mem.state == MemberState::Rebuilding && mem.recovery_stripe >= stripes {
                 // At most the redundancy (2) members are being rebuilt.
