@@ -1944,19 +1944,31 @@ impl<C: Channel> Array<C> {
     /// # Errors
     /// [`ArrayError::QueueFull`] when the request pool is exhausted: poll, then retry.
     pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
-        let invalid = self.validate(&r).err();
+        let mut invalid = self.validate(&r).err();
+        if invalid.is_none() && !r.op.is_flush() && !self.may_serve(&r) {
+            invalid = Some(ArrayError::Invalid(
+                "a request for a stripe another reactor owns must be a read within one stripe",
+            ));
+        }
         self.accept(r, invalid)
     }
 
     /// [`Self::submit`] for a piece of a request the caller has already validated with
     /// [`Self::validate`] (a reactor's pieces: each a sub-range of a validated request, in
-    /// its buffer): the checks are not run a second time on the per-request path. Whether
-    /// this shard may serve the piece is still checked.
+    /// its buffer) and routed: the checks are not run a second time on the per-request
+    /// path. The reactors route a piece here only when this shard may serve it — its own
+    /// stripes, or (with the gate attached, which the reactors do exactly when foreign
+    /// reads are on) a read within one stripe (`Reactor::route`, `shard::split`,
+    /// `shard::one_piece`); debug builds check it.
     ///
     /// # Errors
     /// [`ArrayError::QueueFull`] when the request pool is exhausted: poll, then retry.
     pub(crate) fn submit_piece(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
         debug_assert_eq!(self.validate(&r), Ok(()), "a piece of a validated request");
+        debug_assert!(
+            r.op.is_flush() || self.may_serve(&r),
+            "a piece routed to a shard that may not serve it"
+        );
         self.accept(r, None)
     }
 
@@ -1966,12 +1978,6 @@ impl<C: Channel> Array<C> {
         let Some(idx) = self.free_reqs.pop() else {
             return Err(ArrayError::QueueFull);
         };
-        let mut invalid = invalid;
-        if invalid.is_none() && !r.op.is_flush() && !self.may_serve(&r) {
-            invalid = Some(ArrayError::Invalid(
-                "a request for a stripe another reactor owns must be a read within one stripe",
-            ));
-        }
         let paced = invalid.is_none() && !r.op.is_flush();
         let (sequential, stream_bytes) = if r.op.is_write() {
             self.stream_through(r.offset_bytes, u64::from(r.len_bytes))

@@ -2207,6 +2207,52 @@ fn two_gated_shards(
     (shards, devs, clock, gate)
 }
 
+/// Through the public [`Array::submit`], a shard refuses what it may not serve: another
+/// shard's stripe unless the request is a read within that one stripe and the gate is
+/// attached. The reactors' pieces ([`Array::submit_piece`]) are routed so and skip the
+/// check; a caller of `submit` is not trusted to.
+#[test]
+fn a_shard_refuses_what_another_shard_must_serve() {
+    let (mut shards, _devs, clock, _gate) = two_gated_shards(ArrayConfig::default());
+    let stripe = 12288u64;
+    let invalid = Err(ArrayError::Invalid(
+        "a request for a stripe another reactor owns must be a read within one stripe",
+    ));
+    // Shard 1 owns the odd stripes. Stripe 0 belongs to shard 0.
+    let s1 = &mut shards[1];
+    let mut b = AlignedBuf::zeroed(4096);
+    let w = ArrayOp::Write { fua: false };
+    assert_eq!(
+        rw(s1, &clock, 1, w, 0, &mut b),
+        invalid,
+        "a write of another's stripe"
+    );
+    assert_eq!(
+        rw(s1, &clock, 2, ArrayOp::Read, 0, &mut b),
+        Ok(()),
+        "a foreign read"
+    );
+    assert_eq!(
+        rw(s1, &clock, 3, w, stripe, &mut b),
+        Ok(()),
+        "a write of its own stripe"
+    );
+    let mut two = AlignedBuf::zeroed(8192);
+    assert_eq!(
+        rw(s1, &clock, 4, ArrayOp::Read, stripe - 4096, &mut two),
+        invalid,
+        "a read across another's stripe and its own"
+    );
+    // Without the gate, no foreign read either.
+    s1.set_gate(None);
+    assert_eq!(
+        rw(s1, &clock, 5, ArrayOp::Read, 0, &mut b),
+        invalid,
+        "no gate"
+    );
+    assert_eq!(rw(s1, &clock, 6, ArrayOp::Read, stripe, &mut b), Ok(()));
+}
+
 /// On [`two_gated_shards`]: the owner of stripe 1 writes 2 KiB of 0x11 into its data chunk
 /// 1 (tag 1). Returns (stripe, owner shard, the other shard, array offset of the bytes,
 /// the bytes, the member holding them).
