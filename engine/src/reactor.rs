@@ -1097,6 +1097,15 @@ impl<C: Channel> Io<'_, C> {
                     self.route(owner, tagged);
                     remaining += 1;
                 }
+            } else if self.foreign_reads && r.op.is_read() && {
+                let (_, within) = self.geo.stripe_of(r.offset_bytes);
+                within + u64::from(r.len_bytes) <= self.geo.geometry().stripe_data_bytes()
+            } {
+                // A read inside one stripe is served here whoever owns the stripe (the
+                // stripe gate; `route`): the request is its one piece, as `one_piece` would
+                // cut it, without working out the owner.
+                self.submit_local(tagged);
+                remaining = 1;
             } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
                 // Inside one stripe (most small requests): its one piece, without the
                 // iterator.
