@@ -2074,19 +2074,19 @@ impl<C: Channel> Array<C> {
         Ok(())
     }
 
-    /// Whether this shard may serve `r` (validated): its own stripes always; a stripe
-    /// another shard owns only as a foreign read — a read within that one stripe, with
-    /// the stripe gate attached ([`Array::set_gate`]).
+    /// Whether this shard may serve `r` (validated): with one shard, anything; with more,
+    /// a request within one stripe — any request of a stripe it owns, and of a stripe
+    /// another shard owns only a read, with the stripe gate attached ([`Array::set_gate`]:
+    /// a foreign read). Consecutive stripes have different owners ([`owner`]), so a
+    /// request over two stripes always reaches into another shard's.
     fn may_serve(&self, r: &ArrayRequest) -> bool {
         if self.shards == 1 {
             return true;
         }
         let (first, within) = self.geo.stripe_of(r.offset_bytes);
-        if owner(first, self.shards) == self.shard {
-            return true;
-        }
         let single = within + u64::from(r.len_bytes) <= self.geo.geometry().stripe_data_bytes();
-        r.op.is_read() && single && self.gate.is_some()
+        single
+            && (owner(first, self.shards) == self.shard || (r.op.is_read() && self.gate.is_some()))
     }
 
     /// Checks a request against the array: buffer length and alignment, block alignment,

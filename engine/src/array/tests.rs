@@ -2209,7 +2209,8 @@ fn two_gated_shards(
 
 /// Through the public [`Array::submit`], a shard refuses what it may not serve: another
 /// shard's stripe unless the request is a read within that one stripe and the gate is
-/// attached. The reactors' pieces ([`Array::submit_piece`]) are routed so and skip the
+/// attached, and any request over two stripes (one of them always another shard's),
+/// whichever stripe it starts in. The reactors' pieces ([`Array::submit_piece`]) are routed so and skip the
 /// check; a caller of `submit` is not trusted to.
 #[test]
 fn a_shard_refuses_what_another_shard_must_serve() {
@@ -2242,6 +2243,18 @@ fn a_shard_refuses_what_another_shard_must_serve() {
         rw(s1, &clock, 4, ArrayOp::Read, stripe - 4096, &mut two),
         invalid,
         "a read across another's stripe and its own"
+    );
+    // From its own stripe 1 into shard 0's stripe 2: a write and a read.
+    let end_of_1 = 2 * stripe - 4096;
+    assert_eq!(
+        rw(s1, &clock, 7, w, end_of_1, &mut two),
+        invalid,
+        "a write into another's"
+    );
+    assert_eq!(
+        rw(s1, &clock, 8, ArrayOp::Read, end_of_1, &mut two),
+        invalid,
+        "a read into another's"
     );
     // Without the gate, no foreign read either.
     s1.set_gate(None);
