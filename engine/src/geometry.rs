@@ -728,6 +728,15 @@ impl ArrayGeometry {
         StrengthReducedU64::div_rem(offset_bytes, self.stripe_div)
     }
 
+    /// The stripe holding all of array bytes `[offset_bytes, offset_bytes + len_bytes)`,
+    /// if one does (the range ends at or before that stripe's data ends); `None` for a
+    /// range that runs into the next stripe.
+    #[inline]
+    pub fn single_stripe(&self, offset_bytes: u64, len_bytes: u32) -> Option<u64> {
+        let (stripe, within) = self.stripe_of(offset_bytes);
+        (within + u64::from(len_bytes) <= self.geometry.stripe_data_bytes()).then_some(stripe)
+    }
+
     /// The stripe shape.
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
@@ -1029,8 +1038,9 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The division-free lookups agree with plain division for every member count
-        /// and layout, including stripe sizes that are not powers of two.
+        /// The division-free lookups (and `single_stripe`, built on them) agree with plain
+        /// division for every member count and layout, including stripe sizes that are
+        /// not powers of two.
         #[test]
         fn reciprocal_lookups_match_division(
             n in 4u16..=12,
@@ -1044,6 +1054,12 @@ mod tests {
             let a = ArrayGeometry::new(g, 1 << 20).unwrap();
             let sb = g.stripe_data_bytes();
             proptest::prop_assert_eq!(a.stripe_of(offset), (offset / sb, offset % sb));
+            // A range inside one stripe: its last byte in the first byte's stripe.
+            for len in [1u32, 512, 1 << 20] {
+                let last = offset + u64::from(len) - 1;
+                let want = (last / sb == offset / sb).then_some(offset / sb);
+                proptest::prop_assert_eq!(a.single_stripe(offset, len), want);
+            }
             let stripe = offset >> 12;
             proptest::prop_assert_eq!(a.stripe(stripe), g.stripe(stripe));
         }

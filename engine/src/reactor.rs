@@ -1097,10 +1097,13 @@ impl<C: Channel> Io<'_, C> {
                     self.route(owner, tagged);
                     remaining += 1;
                 }
-            } else if self.foreign_reads && r.op.is_read() && {
-                let (_, within) = self.geo.stripe_of(r.offset_bytes);
-                within + u64::from(r.len_bytes) <= self.geo.geometry().stripe_data_bytes()
-            } {
+            } else if self.foreign_reads
+                && r.op.is_read()
+                && self
+                    .geo
+                    .single_stripe(r.offset_bytes, r.len_bytes)
+                    .is_some()
+            {
                 // A read inside one stripe is served here whoever owns the stripe (the
                 // stripe gate; `route`): the request is its one piece, as `one_piece` would
                 // cut it, without working out the owner.

@@ -81,16 +81,15 @@ pub fn split(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> impl Iter
 /// [`split`].
 #[inline]
 pub fn one_piece(r: ArrayRequest, geo: &ArrayGeometry, reactors: usize) -> Option<Piece> {
-    let (stripe, within) = geo.stripe_of(r.offset_bytes);
-    let end = within + u64::from(r.len_bytes);
-    (end <= geo.geometry().stripe_data_bytes()).then(|| {
-        piece_of(
-            &r,
-            owner(stripe, reactors),
-            r.offset_bytes,
-            r.offset_bytes + u64::from(r.len_bytes),
-        )
-    })
+    geo.single_stripe(r.offset_bytes, r.len_bytes)
+        .map(|stripe| {
+            piece_of(
+                &r,
+                owner(stripe, reactors),
+                r.offset_bytes,
+                r.offset_bytes + u64::from(r.len_bytes),
+            )
+        })
 }
 
 /// The piece of `r` over array bytes `pos..stop` (inside `r`'s range), for `who`.

@@ -2083,10 +2083,11 @@ impl<C: Channel> Array<C> {
         if self.shards == 1 {
             return true;
         }
-        let (first, within) = self.geo.stripe_of(r.offset_bytes);
-        let single = within + u64::from(r.len_bytes) <= self.geo.geometry().stripe_data_bytes();
-        single
-            && (owner(first, self.shards) == self.shard || (r.op.is_read() && self.gate.is_some()))
+        self.geo
+            .single_stripe(r.offset_bytes, r.len_bytes)
+            .is_some_and(|s| {
+                owner(s, self.shards) == self.shard || (r.op.is_read() && self.gate.is_some())
+            })
     }
 
     /// Checks a request against the array: buffer length and alignment, block alignment,
@@ -2119,13 +2120,15 @@ impl<C: Channel> Array<C> {
                 "write-zeroes and discard carry no buffer",
             ));
         }
-        if matches!(r.op, ArrayOp::CompareAndWrite { .. }) {
-            let (_, within) = self.geo.stripe_of(r.offset_bytes);
-            if within + u64::from(r.len_bytes) > self.geo.geometry().stripe_data_bytes() {
-                return Err(ArrayError::Invalid(
-                    "a compare-and-write must lie inside one stripe",
-                ));
-            }
+        if matches!(r.op, ArrayOp::CompareAndWrite { .. })
+            && self
+                .geo
+                .single_stripe(r.offset_bytes, r.len_bytes)
+                .is_none()
+        {
+            return Err(ArrayError::Invalid(
+                "a compare-and-write must lie inside one stripe",
+            ));
         }
         self.geo
             .map_range(r.offset_bytes, u64::from(r.len_bytes))
