@@ -27,8 +27,8 @@
 # member removed (SPDK: bdevperf -z, rpc bdev_raid_remove_base_bdev, perform_tests;
 # ferroraid: --workload degraded-randread, member 0 failed); full-stripe writes (256 KiB) at
 # QD8 and QD32 (SPDK: -w randwrite of stripe-aligned 256 KiB; ferroraid: seqwrite, one stripe
-# per request), and QD8 once more with array-bench --bulk-kib-per-turn max (no per-turn bulk
-# bound; a reference row). The read runs add array-bench --reactor-raw: its raw member through
+# per request; the engine's per-turn bulk bound holds only after a request that is not a
+# bulk write, so these writers alone never meet it). The read runs add array-bench --reactor-raw: its raw member through
 # a reactor, the like-for-like reference for "added ns" (SPDK's raw bdev runs through
 # bdevperf). SPDK: bdevperf -m 0x1 (reactor on CPU 0); ferroraid: array-bench --reactors 1
 # under taskset -c 0 (its reactor pins itself to the first allowed CPU). Both load generators run on their
@@ -119,8 +119,6 @@ for dev, sdev in (("mem", "raid5m"), ("null", "raid5n")):
     for qd in (8, 32):
         add(f"full-stripe write ({name}) QD{qd}, GB/s", med(S(f"{sdev}-write-qd{qd}")),
             [med(F(dev, l, f"write-qd{qd}")) for l in levels], gbs)
-    add(f"full-stripe write ({name}) QD8, no per-turn bulk bound, GB/s",
-        med(S(f"{sdev}-write-qd8")), [med(F(dev, l, "write-qd8-unbounded")) for l in levels], gbs)
 
 head = "| | SPDK raid5f | " + " | ".join(f"ferroraid RAID{l}" for l in levels)
 head += " | ferroraid RAID5 ÷ raid5f |" if "5" in levels else " |"
@@ -139,9 +137,9 @@ print("  ferroraid's RAID layer adds more per I/O than raid5f's. \"Over the raw 
 print("  reactor\": ferroraid's raw reference run as its array is, by the same load generator on a")
 print("  reactor (array-bench --reactor-raw), as SPDK's runs through bdevperf; SPDK's column repeats")
 print("  its one added figure.")
-print("- \"No per-turn bulk bound\": array-bench --bulk-kib-per-turn max, beside raid5f's same QD8")
-print("  figure; the default bound (256 KiB per reactor turn) keeps a small read from waiting behind")
-print("  more than one stripe's copy and parity work (docs/PACING.md).")
+print("- Full-stripe writes: the engine's per-turn bulk bound (256 KiB per reactor turn) holds for")
+print("  a second after a request that is not a bulk write (docs/PACING.md); a writer alone never")
+print("  meets it.")
 print("- SPDK full-stripe writes: randwrite of stripe-aligned 256 KiB; ferroraid: seqwrite of whole")
 print("  stripes. Degraded: SPDK removes the last member (Malloc4/Null4), ferroraid fails member 0.")
 def spread(side):
@@ -449,9 +447,6 @@ fr_reads() { fr_run "$1" read randread 32 --reactor-raw; }
 fr_degr() { fr_run "$1" degraded degraded-randread 32; }
 fr_writes() {
     fr_run "$1" "write-qd$2" seqwrite "$2"
-    # QD8 again without the per-turn bulk bound (docs/PACING.md, "Parity and copy work per
-    # turn"): what the bound that protects small reads costs a bulk writer alone.
-    [ "$2" != 8 ] || fr_run "$1" "write-qd$2-unbounded" seqwrite "$2" --bulk-kib-per-turn max
 }
 
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)

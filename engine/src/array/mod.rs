@@ -555,8 +555,22 @@ pub const BULK_MIN_BYTES: u64 = 128 << 10;
 /// parity and copy work a reactor turn does ahead of a small read that arrives meanwhile.
 /// 256 KiB: the NBD and iSCSI front ends' receive budget per turn
 /// (`PAYLOAD_BYTES_PER_TURN`, docs/PACING.md), so admission keeps pace with what a turn
-/// receives.
+/// receives. The bound holds while there is something to protect: for
+/// [`TURN_BOUND_HOLD_NS`] after the shard accepted a request that is not a bulk write.
 pub const BULK_BYTES_PER_TURN: u64 = 256 << 10;
+
+/// How long the per-turn bulk bound ([`BULK_BYTES_PER_TURN`]) holds after the shard
+/// accepted a request other than a bulk write (a small read, a small or random write, a
+/// large read; not a flush), ns: 1 s. With none within it, a turn admits as many bulk
+/// operations as the bulk share allows: the bound's fixed cost per turn (~0.5 µs per
+/// 256 KiB stripe, docs/BENCHMARKS.md) then buys nothing, and the first small request
+/// after the quiet spell waits for at most one such turn before the bound is back (from
+/// the turn that accepts it). A second, not the bulk share's 10 ms window, so that a
+/// reader that comes back every few hundred ms still finds every turn bounded. Linux's
+/// writeback throttling likewise lets writes deepen past its default while only writes
+/// are seen (`block/blk-wbt.c`: with writes and no read samples, the window's verdict
+/// scales up, and the scaling step may go negative).
+pub const TURN_BOUND_HOLD_NS: u64 = 1_000_000_000;
 
 /// Pool sizes, fixed at construction.
 #[derive(Clone, Copy, Debug)]
@@ -614,7 +628,8 @@ pub struct ArrayConfig {
     /// requests) — for tests and comparisons.
     pub bulk_share_percent: Option<usize>,
     /// Bytes of bulk-write stripe operations one [`Array::process`] call admits (the first
-    /// of a call always): default [`BULK_BYTES_PER_TURN`]; `u64::MAX` removes the bound
+    /// of a call always) while the bound holds ([`TURN_BOUND_HOLD_NS`] after a request
+    /// that is not a bulk write): default [`BULK_BYTES_PER_TURN`]; `u64::MAX` removes it
     /// (comparisons, and simulator tests of the bulk share alone: in virtual time a turn
     /// costs nothing, so the bound only changes which requests of one instant go first).
     pub bulk_bytes_per_turn: u64,
@@ -1399,13 +1414,19 @@ pub struct Array<C: Channel> {
     /// not overlap.
     bulk_sops: u32,
     /// Bytes of bulk-write stripe operations admitted in this [`Array::process`] call (a
-    /// reactor turn): at most [`BULK_BYTES_PER_TURN`] (or one operation) per call.
+    /// reactor turn): at most `turn_bulk_limit` (or one operation) per call.
     turn_bulk_bytes: u64,
     /// A bulk write waited for the next call because this call's bulk bytes were spent:
     /// `process` reports progress so the executor calls again.
     turn_bulk_deferred: bool,
     /// [`ArrayConfig::bulk_bytes_per_turn`] (at least 1).
     bulk_bytes_per_turn: u64,
+    /// This [`Array::process`] call's bound on `turn_bulk_bytes`: `bulk_bytes_per_turn`
+    /// while the bound holds ([`TURN_BOUND_HOLD_NS`]), else `u64::MAX`.
+    turn_bulk_limit: u64,
+    /// `now` when the shard last accepted a paced request that is not a bulk write
+    /// (`None`: never).
+    last_unbulk_ns: Option<u64>,
     /// The bulk share's controller ([`crate::qos::share`]).
     bulk_share: BulkShare,
     /// Bulk-write requests accepted and not finished.
@@ -1652,6 +1673,8 @@ impl<C: Channel> Array<C> {
             turn_bulk_bytes: 0,
             turn_bulk_deferred: false,
             bulk_bytes_per_turn: cfg.bulk_bytes_per_turn.max(1),
+            turn_bulk_limit: cfg.bulk_bytes_per_turn.max(1),
+            last_unbulk_ns: None,
             pass_reads_on: true,
             bulk_share: BulkShare::new(
                 cfg.stripe_ops as u32,
@@ -1992,6 +2015,9 @@ impl<C: Channel> Array<C> {
                 RequestClass::BulkWrite => self.bulk_reqs += 1,
                 RequestClass::Other => {}
             }
+            if class != RequestClass::BulkWrite {
+                self.last_unbulk_ns = Some(self.now);
+            }
         }
         // Filled field by field in its slot (`ReqSlots`): a whole `Some(ReqCtx { .. })`
         // was assembled on the stack and copied over, and the copy stalled on
@@ -2149,11 +2175,21 @@ impl<C: Channel> Array<C> {
     /// per call (at least one operation): each admitted operation is copy and parity work
     /// done inside this call, so a call's length — what a small request arriving at the
     /// front door waits for — stays bounded however much bulk work is queued. When bulk
-    /// work waits for the next call for that reason, the call reports progress.
+    /// work waits for the next call for that reason, the call reports progress. The
+    /// bound holds for [`TURN_BOUND_HOLD_NS`] after the shard accepted a request that is
+    /// not a bulk write; with none within it, only the bulk share limits admission.
     pub fn process(&mut self) -> bool {
         let mut progress = false;
         self.turn_bulk_bytes = 0;
         self.turn_bulk_deferred = false;
+        let bound_holds = self
+            .last_unbulk_ns
+            .is_some_and(|t| self.now.saturating_sub(t) < TURN_BOUND_HOLD_NS);
+        self.turn_bulk_limit = if bound_holds {
+            self.bulk_bytes_per_turn
+        } else {
+            u64::MAX
+        };
         self.tick_members();
         loop {
             let mut round = false;

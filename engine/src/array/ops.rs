@@ -42,7 +42,7 @@ impl<C: Channel> Array<C> {
                 break;
             };
             let cap_spent = self.bulk_sops >= self.bulk_share.cap();
-            let bytes_spent = self.turn_bulk_bytes >= self.bulk_bytes_per_turn;
+            let bytes_spent = self.turn_bulk_bytes >= self.turn_bulk_limit;
             if (cap_spent || bytes_spent)
                 && self.backlog.len() - i == (self.backlog_bulk - bulk_before) as usize
             {
@@ -78,8 +78,9 @@ impl<C: Channel> Array<C> {
                 i += 1;
                 continue;
             }
-            // The turn's bulk bytes (`ArrayConfig::bulk_bytes_per_turn`) are spent: the rest of the bulk
-            // work waits for the next `process` call, and what is behind it may go ahead.
+            // The turn's bulk bytes (`ArrayConfig::bulk_bytes_per_turn`, while the bound
+            // holds) are spent: the rest of the bulk work waits for the next `process`
+            // call, and what is behind it may go ahead.
             if bulk && bytes_spent {
                 self.turn_bulk_deferred = true;
                 bulk_before += 1;

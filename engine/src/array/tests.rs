@@ -1528,46 +1528,95 @@ fn queue_wait_counts_same_turn_requests_and_times_later_ones() {
     );
 }
 
-/// Issue 24: one `process` call (a reactor turn) admits at most `BULK_BYTES_PER_TURN` of
-/// bulk-write stripe operations — the copy and parity work it does — however much bulk
-/// work is queued, so a small read that arrives while a bulk writer has 8 MiB queued gets
-/// its member read issued in the next call; every call admits some bulk work until none
-/// is left (no starvation), and the data comes back as written.
-#[test]
-fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
+/// RAID6 over six simulated members (64 KiB chunks: 256 KiB stripes, one turn's bulk
+/// bytes; 50 µs per member request), the bulk share pinned at the whole pool so that only
+/// the per-turn bound limits admission.
+fn bulk_turn_array() -> (Array<crate::sim::SimChannel>, Vec<SimDevice>, SimClock) {
     let g = Geometry::new(Level::Raid6, Layout::LeftSymmetric, 6, 64 << 10, 4096).unwrap();
-    let stripe = g.stripe_data_bytes();
     assert_eq!(
-        stripe, BULK_BYTES_PER_TURN,
-        "the test's stripes are one turn's bulk"
+        g.stripe_data_bytes(),
+        BULK_BYTES_PER_TURN,
+        "the tests' stripes are one turn's bulk"
     );
     let geo = ArrayGeometry::new(g, 256).unwrap();
     let clock = SimClock::new();
     let devs: Vec<SimDevice> = (0..6)
         .map(|i| {
-            let d = SimDevice::new(
+            SimDevice::new(
                 &format!("d{i}"),
                 256 * (64 << 10),
                 4096,
                 Profile::fixed(50_000),
                 clock.clone(),
                 1,
-            );
-            d.unwrap()
+            )
+            .unwrap()
         })
         .collect();
     let chans = devs.iter().map(|d| d.open_channel().unwrap()).collect();
-    // The bulk share may take the whole pool: only the per-turn bound limits admission.
     let cfg = ArrayConfig {
         bulk_share_percent: Some(100),
         ..ArrayConfig::default()
     };
-    let mut arr = Array::new(geo, chans, Parity::new(), cfg).unwrap();
-    let live_bulk = |arr: &Array<crate::sim::SimChannel>| {
-        (0..arr.sops.len())
-            .filter(|&i| !arr.free_sops.contains(&(i as u32)) && arr.sops[i].bulk)
-            .count()
-    };
+    let arr = Array::new(geo, chans, Parity::new(), cfg).unwrap();
+    (arr, devs, clock)
+}
+
+/// Stripe operations of bulk writes in flight or queued.
+fn live_bulk(arr: &Array<crate::sim::SimChannel>) -> usize {
+    (0..arr.sops.len())
+        .filter(|&i| !arr.free_sops.contains(&(i as u32)) && arr.sops[i].bulk)
+        .count()
+}
+
+/// After a `process` call that returned `more`: polls `arr`'s completions into `done`
+/// (each must have succeeded); with nothing done and nothing more to do, advances `clock`
+/// to the next member completion.
+fn collect_or_advance(
+    arr: &mut Array<crate::sim::SimChannel>,
+    clock: &SimClock,
+    more: bool,
+    done: &mut Vec<u64>,
+) {
+    let mut out = [ArrayCompletion {
+        tag: 0,
+        status: Ok(()),
+    }; 16];
+    let n = arr.poll(&mut out);
+    for c in &out[..n] {
+        assert_eq!(c.status, Ok(()), "tag {}", c.tag);
+        done.push(c.tag);
+    }
+    if !more && n == 0 {
+        let next = arr.channels().filter_map(|c| c.next_completion_ns()).min();
+        clock.advance_to(next.expect("member I/O in flight"));
+    }
+}
+
+/// Issue 24: one `process` call (a reactor turn) admits at most `BULK_BYTES_PER_TURN` of
+/// bulk-write stripe operations — the copy and parity work it does — however much bulk
+/// work is queued, while the bound holds (a small read was accepted within
+/// `TURN_BOUND_HOLD_NS`), so a small read that arrives while a bulk writer has 8 MiB
+/// queued gets its member read issued in the next call; every call admits some bulk work
+/// until none is left (no starvation), and the data comes back as written.
+#[test]
+fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
+    let (mut arr, _devs, clock) = bulk_turn_array();
+    let stripe = arr.geometry().geometry().stripe_data_bytes();
+
+    // A reader was here a moment ago: the bound holds.
+    let mut earlier = AlignedBuf::zeroed(4096);
+    assert_eq!(
+        rw(
+            &mut arr,
+            &clock,
+            3,
+            ArrayOp::Read,
+            100 * stripe,
+            &mut earlier
+        ),
+        Ok(())
+    );
 
     // Eight 1 MiB sequential writes (32 stripes), all queued at once.
     const MIB: usize = 1 << 20;
@@ -1609,10 +1658,6 @@ fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
 
     // Drain: every call admits at most one turn's bulk bytes, and some while any wait.
     let mut done = Vec::new();
-    let mut out = [ArrayCompletion {
-        tag: 0,
-        status: Ok(()),
-    }; 16];
     for _ in 0..100_000 {
         if done.len() == 9 {
             break;
@@ -1631,20 +1676,100 @@ fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
                 "bulk work waited with a free operation"
             );
         }
-        let n = arr.poll(&mut out);
-        for c in &out[..n] {
-            assert_eq!(c.status, Ok(()), "tag {}", c.tag);
-            done.push(c.tag);
-        }
-        if !more && n == 0 {
-            let next = arr.channels().filter_map(|c| c.next_completion_ns()).min();
-            clock.advance_to(next.expect("member I/O in flight"));
-        }
+        collect_or_advance(&mut arr, &clock, more, &mut done);
     }
     done.sort_unstable();
     assert_eq!(done, [1, 10, 11, 12, 13, 14, 15, 16, 17]);
     assert!(small.iter().all(|&b| b == 0), "never written: zeroes");
     let mut back = AlignedBuf::zeroed(8 * MIB);
+    assert_eq!(rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut back), Ok(()));
+    assert!(
+        back[..] == data[..],
+        "read-back differs from what was written"
+    );
+}
+
+/// The per-turn bulk bound holds only while something may wait behind it: with nothing
+/// but bulk writes accepted within `TURN_BOUND_HOLD_NS`, one turn admits every queued
+/// bulk stripe the pool has room for; from the turn that accepts a small read, every turn
+/// admits at most `BULK_BYTES_PER_TURN` (the read's member read going out meanwhile);
+/// `TURN_BOUND_HOLD_NS` after that read, turns are unbounded again. Data read back as
+/// written.
+#[test]
+fn the_turn_bound_holds_only_after_a_request_other_than_bulk_writes() {
+    let (mut arr, _devs, clock) = bulk_turn_array();
+    let stripe = arr.geometry().geometry().stripe_data_bytes();
+    let pool = ArrayConfig::default().stripe_ops;
+    assert_eq!(pool, 32, "the default pool: 8 MiB of these stripes");
+    const MIB: usize = 1 << 20;
+    let mut data = AlignedBuf::zeroed(24 * MIB);
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i * 29 + 3) as u8;
+    }
+    let mut done = Vec::new();
+    // Runs turns until `tags` have all completed; returns the most bulk bytes one turn
+    // admitted.
+    let drain =
+        |arr: &mut Array<crate::sim::SimChannel>, done: &mut Vec<u64>, until: usize| -> u64 {
+            let mut most = 0;
+            for _ in 0..100_000 {
+                if done.len() >= until {
+                    return most;
+                }
+                arr.set_now(clock.now_ns());
+                let more = arr.process();
+                most = most.max(arr.turn_bulk_bytes);
+                collect_or_advance(arr, &clock, more, done);
+            }
+            panic!("requests did not finish");
+        };
+
+    // Queues 1 MiB writes `ks` (tags 10 + k) of `data`, in place.
+    let write_mibs = |arr: &mut Array<crate::sim::SimChannel>,
+                      data: &mut AlignedBuf,
+                      ks: std::ops::Range<usize>| {
+        for k in ks {
+            let buf = &mut data[k * MIB..(k + 1) * MIB];
+            let (tag, off) = (10 + k as u64, (k * MIB) as u64);
+            submit_at(arr, tag, ArrayOp::Write { fua: false }, off, buf);
+        }
+    };
+
+    // Only bulk writes so far: the first turn admits all 32 stripes of eight 1 MiB writes.
+    write_mibs(&mut arr, &mut data, 0..8);
+    arr.set_now(clock.now_ns());
+    arr.process();
+    assert_eq!(
+        live_bulk(&arr),
+        pool,
+        "unbounded: the whole pool in one turn"
+    );
+    assert_eq!(arr.turn_bulk_bytes, pool as u64 * stripe);
+
+    // Eight more queue behind them, then a small read arrives: bounded from its turn on.
+    write_mibs(&mut arr, &mut data, 8..16);
+    let mut small = AlignedBuf::zeroed(4096);
+    submit_at(&mut arr, 1, ArrayOp::Read, 200 * stripe + 8192, &mut small);
+    let most = drain(&mut arr, &mut done, 17);
+    assert_eq!(
+        most, BULK_BYTES_PER_TURN,
+        "bounded while a reader was recent"
+    );
+    assert!(small.iter().all(|&b| b == 0), "never written: zeroes");
+    assert!(
+        clock.now_ns() < TURN_BOUND_HOLD_NS,
+        "the drain took longer than the hold: the test proves nothing"
+    );
+
+    // A hold after the read, bulk alone again: unbounded.
+    clock.advance_by(TURN_BOUND_HOLD_NS);
+    write_mibs(&mut arr, &mut data, 16..24);
+    arr.set_now(clock.now_ns());
+    arr.process();
+    assert_eq!(arr.turn_bulk_bytes, pool as u64 * stripe, "unbounded again");
+    drain(&mut arr, &mut done, 25);
+
+    let mut back = AlignedBuf::zeroed(24 * MIB);
     assert_eq!(rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut back), Ok(()));
     assert!(
         back[..] == data[..],
