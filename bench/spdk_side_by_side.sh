@@ -138,8 +138,8 @@ print("  reactor\": ferroraid's raw reference run as its array is, by the same l
 print("  reactor (array-bench --reactor-raw), as SPDK's runs through bdevperf; SPDK's column repeats")
 print("  its one added figure.")
 print("- Full-stripe writes: the engine's per-turn bulk bound (256 KiB per reactor turn) holds for")
-print("  a second after a request that is not a bulk write (docs/PACING.md); a writer alone never")
-print("  meets it.")
+print("  a second after a request that is not a bulk write (docs/PACING.md); these writers of")
+print("  256 KiB requests alone never meet it.")
 print("- SPDK full-stripe writes: randwrite of stripe-aligned 256 KiB; ferroraid: seqwrite of whole")
 print("  stripes. Degraded: SPDK removes the last member (Malloc4/Null4), ferroraid fails member 0.")
 def spread(side):

@@ -29,6 +29,7 @@
 //! started) that its command timeouts are measured on.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -42,7 +43,7 @@ use thiserror::Error;
 use crate::array::{
     device_fits, new_latency_histogram, Array, ArrayBuildError, ArrayCompletion, ArrayConfig,
     ArrayError, ArrayRequest, ArrayStats, MemberCounters, MemberState, ReplaceInfo, ReplaceState,
-    RequestClass,
+    RequestClass, TURN_BOUND_HOLD_NS,
 };
 use crate::bitmap::WriteIntent;
 use crate::device::{BlockDevice, Channel, DeviceError, IoError};
@@ -147,6 +148,9 @@ struct TurnClock {
     start: u64,
     /// Last value returned, ns.
     last_ns: u64,
+    /// Raw counter value of the last reading ([`TurnHold`] keeps these: every reactor's
+    /// clock counts the same raw units).
+    last_raw: u64,
 }
 
 impl TurnClock {
@@ -157,14 +161,50 @@ impl TurnClock {
             clock,
             start,
             last_ns: 0,
+            last_raw: start,
         }
     }
 
     /// Nanoseconds since [`Self::new`], monotonic.
     fn now_ns(&mut self) -> u64 {
-        let ns = self.clock.delta_as_nanos(self.start, self.clock.raw());
+        let raw = self.clock.raw();
+        self.last_raw = self.last_raw.max(raw);
+        let ns = self.clock.delta_as_nanos(self.start, raw);
         self.last_ns = self.last_ns.max(ns);
         self.last_ns
+    }
+
+    /// Nanoseconds from raw reading `then` to the last reading (0 if `then` is later).
+    fn since_ns(&self, then: u64) -> u64 {
+        self.clock.delta_as_nanos(then, self.last_raw)
+    }
+}
+
+/// When one reactor thread last saw a request that is not a bulk-sized write
+/// ([`Io::note_arrival`]: any read, any write under [`crate::array::BULK_MIN_BYTES`]; not
+/// a flush), as the raw counter of that turn's clock ([`TurnClock`]; 0: never). One per
+/// thread, shared by every shard it hosts: such a request waits for the thread's whole
+/// loop pass, the bulk work of every array hosted there, so every hosted shard keeps its
+/// per-turn bulk bound for [`TURN_BOUND_HOLD_NS`] after it
+/// ([`Array::set_turn_bound_held`]). Front ends note requests when they parse them
+/// ([`Io::note_arrival`]), before any queue of their own; read pieces other reactors send
+/// are noted as they arrive; a write piece (perhaps the short end of a bulk write) is
+/// noted only by the shard that accepts it.
+#[derive(Default)]
+struct TurnHold(Cell<u64>);
+
+impl TurnHold {
+    /// Notes a request that is not a bulk write, submitted in the turn whose clock read
+    /// `raw`.
+    #[inline]
+    fn note(&self, raw: u64) {
+        self.0.set(raw.max(1));
+    }
+
+    /// Whether the bound holds at `clock`'s last reading.
+    fn held(&self, clock: &TurnClock) -> bool {
+        let t = self.0.get();
+        t != 0 && clock.since_ns(t) < TURN_BOUND_HOLD_NS
     }
 }
 
@@ -1034,6 +1074,10 @@ pub struct Io<'a, C: Channel> {
     done: &'a mut VecDeque<ArrayCompletion>,
     /// This reactor's count of requests in flight ([`Shared::in_flight`]).
     in_flight: &'a AtomicUsize,
+    /// The thread's record of requests that are not bulk writes, and this turn's raw
+    /// clock reading to note in it.
+    hold: &'a TurnHold,
+    turn_raw: u64,
 }
 
 impl<C: Channel> Io<'_, C> {
@@ -1069,12 +1113,31 @@ impl<C: Channel> Io<'_, C> {
         }
     }
 
+    /// Notes a request the front end has received and will submit, now or once it has
+    /// room (a buffer, a request slot): `writes`, it changes the array (a write,
+    /// write-zeroes, discard, compare-and-write); `len_bytes`, its length (0 where not
+    /// known). Every request but a bulk-sized write (`writes` and at least
+    /// [`crate::array::BULK_MIN_BYTES`]) keeps the per-turn bulk bound of every shard
+    /// this thread runs for [`TURN_BOUND_HOLD_NS`] ([`Array::set_turn_bound_held`]): it
+    /// waits for their turns. Front ends call it when they parse a command that reaches
+    /// the array (not a flush), before any queue of their own; [`Self::submit`] calls it
+    /// too. A store to a cell of this thread's own: no lock, no shared line.
+    #[inline]
+    pub fn note_arrival(&self, writes: bool, len_bytes: u64) {
+        if !(writes && len_bytes >= crate::array::BULK_MIN_BYTES) {
+            self.hold.note(self.turn_raw);
+        }
+    }
+
     /// Submits an array request; its completion reaches the front-end's `complete`.
     ///
     /// # Errors
     /// [`ArrayError::QueueFull`] when this reactor's parent table is full (wait for
     /// completions); malformed requests complete with [`ArrayError::Invalid`].
     pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
+        if !r.op.is_flush() {
+            self.note_arrival(r.op.is_write(), u64::from(r.len_bytes));
+        }
         if self.reactors == 1 {
             return self.submit_whole(r);
         }
@@ -1945,8 +2008,9 @@ impl HostShared {
 
 /// One shard a reactor thread hosts, type-erased over its front-end and device types.
 trait Hosted {
-    /// One turn of the shard's loop ([`Reactor::turn`]). Whether it made progress.
-    fn turn(&mut self) -> bool;
+    /// One turn of the shard's loop ([`Reactor::turn`]); `hold`: the thread's. Whether it
+    /// made progress.
+    fn turn(&mut self, hold: &TurnHold) -> bool;
     /// Whether the shard has stopped for good ([`Reactor::stopping`]).
     fn stopping(&mut self) -> bool;
     /// Whether nothing waits in the shard's inbound rings or its management queue (the last
@@ -2004,8 +2068,8 @@ impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> HostedShard<F, D> {
 }
 
 impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> Hosted for HostedShard<F, D> {
-    fn turn(&mut self) -> bool {
-        self.r.turn()
+    fn turn(&mut self, hold: &TurnHold) -> bool {
+        self.r.turn(hold)
     }
 
     fn stopping(&mut self) -> bool {
@@ -2044,6 +2108,7 @@ impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> Hosted for HostedShard
 /// left.
 fn host_loop(me: usize, host: &HostShared) {
     let mut shards: Vec<Box<dyn Hosted>> = Vec::new();
+    let hold = TurnHold::default();
     let mut idle: u32 = 0;
     let mut nap = Duration::from_micros(1);
     loop {
@@ -2057,7 +2122,7 @@ fn host_loop(me: usize, host: &HostShared) {
         }
         let mut i = 0;
         while i < shards.len() {
-            progress |= shards[i].turn();
+            progress |= shards[i].turn(&hold);
             if shards[i].stopping() {
                 shards.swap_remove(i).finish();
                 host.hosted[me].store(shards.len(), Ordering::Release);
@@ -2110,13 +2175,14 @@ fn host_loop(me: usize, host: &HostShared) {
 /// a turn of a running reactor's loop ([`Reactors::start`]) with one reactor.
 pub struct LocalReactor<'s, F: Frontend, D: BlockDevice + Send + Sync + 'static> {
     r: Reactor<'s, F, D>,
+    hold: TurnHold,
 }
 
 impl<F: Frontend, D: BlockDevice + Send + Sync + 'static> LocalReactor<'_, F, D> {
     /// Runs one loop turn (the front-end's `poll`, the shard, completions delivered to the
     /// front-end). Whether anything made progress.
     pub fn turn(&mut self) -> bool {
-        self.r.turn()
+        self.r.turn(&self.hold)
     }
 
     /// The front-end.
@@ -2189,6 +2255,7 @@ where
         .expect("one reactor's links");
     let mut local = LocalReactor {
         r: Reactor::<F, D>::new(0, 1, geo, array, links, &shared, requests, false, fe, None),
+        hold: TurnHold::default(),
     };
     let out = body(&mut local);
     Ok((out, local.r.fe))
@@ -2350,14 +2417,15 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
     /// One turn of the loop, without the rest at its end: the clock, management commands,
     /// the rings, the front-end, the shard, the reports, the messages out and the
     /// completions in. Whether anything made progress.
-    fn turn(&mut self) -> bool {
+    fn turn(&mut self, hold: &TurnHold) -> bool {
         let now = self.clock.now_ns();
         self.array.set_now(now);
         self.count_turn(now);
         let mut progress = self.control();
         progress |= self.start_waiting();
-        progress |= self.receive();
-        progress |= self.front_end();
+        progress |= self.receive(hold);
+        progress |= self.front_end(hold);
+        self.array.set_turn_bound_held(hold.held(&self.clock));
         progress |= self.drive_array();
         self.report(now);
         progress |= self.send();
@@ -2543,7 +2611,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
     }
 
     /// Step 1: takes in what the other reactors sent. Whether there was anything.
-    fn receive(&mut self) -> bool {
+    fn receive(&mut self, hold: &TurnHold) -> bool {
         let mut progress = false;
         // 1. Inbound rings.
         // Everything a sender has published, as one chunk (one read of its write position,
@@ -2560,6 +2628,13 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
                 match msg {
                     Msg::Piece(r) => {
                         self.load.pieces_received += 1;
+                        // A read waits for this thread's turns: every shard it runs keeps
+                        // its bound (`TurnHold`). A write piece may be the short end of a
+                        // bulk write (pieces do not carry their request's length): only
+                        // the shard that accepts it notes it.
+                        if r.op.is_read() {
+                            hold.note(self.clock.last_raw);
+                        }
                         self.local.push_back(r);
                     }
                     Msg::Done(c) => account(&mut self.parents, &mut self.free, &mut self.done, c),
@@ -2571,7 +2646,7 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
     }
 
     /// Step 2: admits new work from the front-end. Whether it made progress.
-    fn front_end(&mut self) -> bool {
+    fn front_end(&mut self, hold: &TurnHold) -> bool {
         // 2. Front-end.
         let mut io = Io {
             me: self.me,
@@ -2585,6 +2660,8 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
             foreign_reads: self.foreign_reads,
             done: &mut self.done,
             in_flight: &self.shared.in_flight[self.me],
+            hold,
+            turn_raw: self.clock.last_raw,
         };
         self.fe.poll(&mut io)
     }
@@ -2887,6 +2964,58 @@ fn account(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::array::ArrayOp;
+    use crate::device::{Completion, DeviceError, DeviceInfo, IoBuf, Request, SubmitError};
+
+    /// A device that stores nothing (`drivers::null`'s, which this crate cannot use):
+    /// every request completes at the channel's next `poll`, its buffer untouched.
+    struct Nothing(DeviceInfo);
+
+    struct NothingChannel(DeviceInfo, Vec<u64>);
+
+    impl BlockDevice for Nothing {
+        type Channel = NothingChannel;
+
+        fn info(&self) -> &DeviceInfo {
+            &self.0
+        }
+
+        fn open_channel(&self) -> Result<NothingChannel, DeviceError> {
+            Ok(NothingChannel(self.0.clone(), Vec::new()))
+        }
+    }
+
+    impl Channel for NothingChannel {
+        fn info(&self) -> &DeviceInfo {
+            &self.0
+        }
+
+        fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+            crate::device::validate(&self.0, &req)?;
+            if self.1.len() >= self.0.queue_depth as usize {
+                return Err(SubmitError::QueueFull);
+            }
+            self.1.push(req.tag);
+            Ok(())
+        }
+
+        fn kick(&mut self) {}
+
+        fn poll(&mut self, out: &mut [Completion]) -> usize {
+            let n = out.len().min(self.1.len());
+            for (o, tag) in out.iter_mut().zip(self.1.drain(..n)) {
+                *o = Completion {
+                    tag,
+                    status: Ok(()),
+                };
+            }
+            n
+        }
+
+        fn in_flight(&self) -> usize {
+            self.1.len()
+        }
+    }
 
     fn done(tag: u64) -> Msg {
         Msg::Done(ArrayCompletion {
@@ -2950,6 +3079,136 @@ mod tests {
                 MemberState::Online,
             ]
         );
+    }
+
+    /// A request of [`Submits`]: op, array offset, bytes.
+    type Req = (ArrayOp, u64, u32);
+
+    /// Submits its requests at its first poll, each into a buffer of its own.
+    struct Submits {
+        reqs: Vec<Req>,
+        bufs: Vec<crate::buf::AlignedBuf>,
+        sent: bool,
+        done: usize,
+    }
+
+    impl Frontend for Submits {
+        fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+            if std::mem::replace(&mut self.sent, true) {
+                return false;
+            }
+            for (i, &(op, offset_bytes, len_bytes)) in self.reqs.iter().enumerate() {
+                // SAFETY: the buffers' heap memory lives as long as `self`: `run_local`
+                // moves the front end out before it drops the reactor, so no request can
+                // outlive them (and `Nothing` never touches a buffer).
+                let buf = unsafe { IoBuf::from_slice(&mut self.bufs[i][..]) };
+                let r = ArrayRequest {
+                    tag: i as u64,
+                    op,
+                    offset_bytes,
+                    len_bytes,
+                    buf,
+                };
+                io.submit(r).expect("room for every request");
+            }
+            true
+        }
+
+        fn complete(&mut self, c: ArrayCompletion) {
+            assert_eq!(c.status, Ok(()), "request {}", c.tag);
+            self.done += 1;
+        }
+
+        fn finished(&self) -> bool {
+            self.sent && self.done == self.reqs.len()
+        }
+    }
+
+    /// The reactor notes every request that is not a bulk-sized write its front end
+    /// submits in the thread's `TurnHold` (small reads, small writes; not a write of 256
+    /// KiB, not a flush) and gives the shard the hold's verdict in that turn (read after
+    /// it); the hold lapses `TURN_BOUND_HOLD_NS` after the last note.
+    #[test]
+    fn the_thread_hold_notes_requests_that_are_not_bulk_writes() {
+        use crate::geometry::{Geometry, Layout, Level};
+        let g = Geometry::new(Level::Raid5, Layout::LeftSymmetric, 5, 64 << 10, 4096).unwrap();
+        let geo = ArrayGeometry::new(g, 16).unwrap();
+        let cases: [(&[Req], bool); 4] = [
+            (&[(ArrayOp::Read, 4096, 4096)], true),
+            (&[(ArrayOp::Write { fua: false }, 8192, 4096)], true),
+            (&[(ArrayOp::Write { fua: false }, 0, 256 << 10)], false),
+            (&[(ArrayOp::Flush, 0, 0)], false),
+        ];
+        for (reqs, held) in cases {
+            let devs: Vec<Nothing> = (0..5)
+                .map(|i| {
+                    Nothing(DeviceInfo {
+                        name: format!("n{i}"),
+                        block_bytes: 4096,
+                        capacity_bytes: 16 * (64 << 10),
+                        queue_depth: 64,
+                        max_transfer_bytes: 1 << 20,
+                        volatile_cache: false,
+                        write_zeroes: false,
+                        discard: false,
+                        rotational: false,
+                    })
+                })
+                .collect();
+            let fe = Submits {
+                reqs: reqs.to_vec(),
+                bufs: reqs
+                    .iter()
+                    .map(|&(_, _, len)| crate::buf::AlignedBuf::zeroed(len.max(1) as usize))
+                    .collect(),
+                sent: false,
+                done: 0,
+            };
+            let (seen, fe) = run_local(
+                &devs,
+                geo,
+                Parity::new(),
+                ArrayConfig::default(),
+                8,
+                fe,
+                |r| {
+                    r.turn();
+                    let seen = r.r.array.turn_bound_held();
+                    for _ in 0..10_000 {
+                        if r.frontend().finished() {
+                            break;
+                        }
+                        r.turn();
+                    }
+                    seen
+                },
+            )
+            .unwrap();
+            assert!(fe.finished(), "{reqs:?}: requests did not finish");
+            assert_eq!(seen, held, "{reqs:?}");
+        }
+
+        // The hold lapses a hold's length after its last note.
+        let (mock_clock, mock) = quanta::Clock::mock();
+        // A counter past 0 (0 is "never"; a real counter is never there).
+        mock.increment(1_000u64);
+        let mut clock = TurnClock {
+            start: mock_clock.raw(),
+            clock: mock_clock,
+            last_ns: 0,
+            last_raw: 0,
+        };
+        clock.last_raw = clock.start;
+        clock.now_ns();
+        let hold = TurnHold::default();
+        assert!(!hold.held(&clock), "nothing noted");
+        hold.note(clock.last_raw);
+        mock.increment(TURN_BOUND_HOLD_NS - 1);
+        clock.now_ns();
+        assert!(hold.held(&clock));
+        mock.increment(1u64);
+        clock.now_ns();
+        assert!(!hold.held(&clock), "lapsed");
     }
 
     #[test]

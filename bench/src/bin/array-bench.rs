@@ -194,8 +194,9 @@ struct Args {
     /// KiB of bulk-write stripe operations one reactor turn admits
     /// (`ArrayConfig::bulk_bytes_per_turn`; without the option the engine's
     /// `BULK_BYTES_PER_TURN`, 256 KiB; docs/PACING.md, "Parity and copy work per turn");
-    /// `max`: no bound. The bound holds only for `TURN_BOUND_HOLD_NS` (1 s) after the shard
-    /// accepted a request that is not a bulk write, so a bulk writer alone never meets it.
+    /// `max`: no bound. The bound holds only for `TURN_BOUND_HOLD_NS` (1 s) after a request
+    /// that is not a bulk write, so a writer of 128 KiB or larger requests alone never
+    /// meets it.
     #[arg(long, value_parser = parse_turn_bound)]
     bulk_kib_per_turn: Option<TurnBound>,
 }

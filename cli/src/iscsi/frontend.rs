@@ -1563,6 +1563,15 @@ impl IscsiFrontend {
             self.reject(ci, pdu::reject::DATA_DIGEST, &bhs);
             return Handled::Consumed;
         }
+        // Before any wait for a task or buffer: the reactor's turns stay bounded for what
+        // is about to wait here (`Io::note_arrival`; a command served without the array
+        // waits for the turn too).
+        let (writes, len) = match plan {
+            Plan::Write { .. } => (true, out_bytes),
+            Plan::WriteSame { blocks, .. } => (true, u64::from(blocks) * u64::from(bs)),
+            _ => (false, 0),
+        };
+        io.note_arrival(writes, len);
         let Some((t, buf, buf_len)) = self.take_task(need_buf as u32) else {
             return Handled::Wait;
         };

@@ -778,6 +778,17 @@ fn read_requests<C: Channel>(
                     Verdict::WriteZeroes { fua } => Some(Op::WriteZeroes { fua }),
                     _ => None,
                 };
+                if let Some(op) = op {
+                    // Before any wait for a buffer or context: the reactor's turns stay
+                    // bounded for what is about to queue here (`Io::note_arrival`).
+                    let writes = matches!(
+                        op,
+                        Op::Write { .. } | Op::Trim { .. } | Op::WriteZeroes { .. }
+                    );
+                    if op != Op::Flush {
+                        io.note_arrival(writes, u64::from(req.length));
+                    }
+                }
                 let ctx = match op {
                     Some(op) => {
                         let Some(c) =

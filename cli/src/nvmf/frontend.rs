@@ -1612,6 +1612,16 @@ fn io_cmd<C: Channel>(x: &mut Ctx<'_, '_, C>, conn: &mut Conn, c: u16, data: &[u
             len as u32
         };
     }
+    // Before any wait for a buffer or request slot: the reactor's turns stay bounded for
+    // what is about to wait here (`Io::note_arrival`). A deallocate's length is that of
+    // its range list, so it counts as small.
+    if !matches!(kind, Kind::Flush) {
+        let writes = matches!(
+            kind,
+            Kind::Write { .. } | Kind::WriteZeroes { .. } | Kind::Dsm { .. }
+        );
+        x.io.note_arrival(writes, len);
+    }
     let needs_host_data = matches!(kind, Kind::Write { .. } | Kind::Compare | Kind::Dsm { .. });
     if needs_host_data && !data.is_empty() {
         // In-capsule data (≤ 4 KiB on an I/O queue): into the context's own buffer.

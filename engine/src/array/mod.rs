@@ -560,12 +560,15 @@ pub const BULK_MIN_BYTES: u64 = 128 << 10;
 pub const BULK_BYTES_PER_TURN: u64 = 256 << 10;
 
 /// How long the per-turn bulk bound ([`BULK_BYTES_PER_TURN`]) holds after the shard
-/// accepted a request other than a bulk write (a small read, a small or random write, a
-/// large read; not a flush), ns: 1 s. With none within it, a turn admits as many bulk
+/// accepted a request other than a bulk write ([`RequestClass`]: a small read, a write
+/// under [`BULK_MIN_BYTES`] that continues no stream, a large read; not a flush), or
+/// after its executor saw one elsewhere
+/// ([`Array::set_turn_bound_held`]), ns: 1 s. With none within it, a turn admits as many bulk
 /// operations as the bulk share allows: the bound's fixed cost per turn (~0.5 µs per
 /// 256 KiB stripe, docs/BENCHMARKS.md) then buys nothing, and the first small request
-/// after the quiet spell waits for at most one such turn before the bound is back (from
-/// the turn that accepts it). A second, not the bulk share's 10 ms window, so that a
+/// after the quiet spell waits for at most one such loop pass on each reactor thread it
+/// passes through before the bound is back (from the turn that notes it: the reactors
+/// note a request when the front end parses it, `reactor::Io::note_arrival`). A second, not the bulk share's 10 ms window, so that a
 /// reader that comes back every few hundred ms still finds every turn bounded. Linux's
 /// writeback throttling likewise lets writes deepen past its default while only writes
 /// are seen (`block/blk-wbt.c`: with writes and no read samples, the window's verdict
@@ -1427,6 +1430,9 @@ pub struct Array<C: Channel> {
     /// `now` when the shard last accepted a paced request that is not a bulk write
     /// (`None`: never).
     last_unbulk_ns: Option<u64>,
+    /// The executor's word that the bound holds whatever the shard accepted
+    /// ([`Array::set_turn_bound_held`]).
+    turn_bound_held: bool,
     /// The bulk share's controller ([`crate::qos::share`]).
     bulk_share: BulkShare,
     /// Bulk-write requests accepted and not finished.
@@ -1675,6 +1681,7 @@ impl<C: Channel> Array<C> {
             bulk_bytes_per_turn: cfg.bulk_bytes_per_turn.max(1),
             turn_bulk_limit: cfg.bulk_bytes_per_turn.max(1),
             last_unbulk_ns: None,
+            turn_bound_held: false,
             pass_reads_on: true,
             bulk_share: BulkShare::new(
                 cfg.stripe_ops as u32,
@@ -2167,6 +2174,22 @@ impl<C: Channel> Array<C> {
             })
     }
 
+    /// Whether the per-turn bulk bound ([`BULK_BYTES_PER_TURN`]) holds in the following
+    /// [`Self::process`] calls whatever this shard accepted: `true` while the executor saw,
+    /// within [`TURN_BOUND_HOLD_NS`], a request that is not a bulk write which waits for
+    /// this shard's turn without being accepted here — one sent to another shard, or to
+    /// another array driven by the same thread (the reactors set it before each turn's
+    /// `process`). The shard's own record of what it accepted counts either way.
+    pub fn set_turn_bound_held(&mut self, held: bool) {
+        self.turn_bound_held = held;
+    }
+
+    /// What the executor last said through [`Self::set_turn_bound_held`].
+    #[cfg(test)]
+    pub(crate) fn turn_bound_held(&self) -> bool {
+        self.turn_bound_held
+    }
+
     /// Runs the state machines: resubmits, reaps member completions, advances stripe
     /// operations, starts waiting ones, and kicks the channels. Returns whether anything
     /// happened (an executor idles when it returns false).
@@ -2182,9 +2205,10 @@ impl<C: Channel> Array<C> {
         let mut progress = false;
         self.turn_bulk_bytes = 0;
         self.turn_bulk_deferred = false;
-        let bound_holds = self
-            .last_unbulk_ns
-            .is_some_and(|t| self.now.saturating_sub(t) < TURN_BOUND_HOLD_NS);
+        let bound_holds = self.turn_bound_held
+            || self
+                .last_unbulk_ns
+                .is_some_and(|t| self.now.saturating_sub(t) < TURN_BOUND_HOLD_NS);
         self.turn_bulk_limit = if bound_holds {
             self.bulk_bytes_per_turn
         } else {

@@ -1641,6 +1641,7 @@ fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
 
     // A small read beyond the writes arrives: the next turn issues its member read.
     let mut small = AlignedBuf::zeroed(4096);
+    small.fill(0xa5);
     let read_at = 200 * stripe + 8192;
     submit_at(&mut arr, 1, ArrayOp::Read, read_at, &mut small);
     arr.set_now(clock.now_ns());
@@ -1693,8 +1694,8 @@ fn a_turn_admits_bounded_bulk_work_ahead_of_a_small_read() {
 /// but bulk writes accepted within `TURN_BOUND_HOLD_NS`, one turn admits every queued
 /// bulk stripe the pool has room for; from the turn that accepts a small read, every turn
 /// admits at most `BULK_BYTES_PER_TURN` (the read's member read going out meanwhile);
-/// `TURN_BOUND_HOLD_NS` after that read, turns are unbounded again. Data read back as
-/// written.
+/// `TURN_BOUND_HOLD_NS` after that read, turns are unbounded again, until the executor
+/// says the bound holds (`Array::set_turn_bound_held`). Data read back as written.
 #[test]
 fn the_turn_bound_holds_only_after_a_request_other_than_bulk_writes() {
     let (mut arr, _devs, clock) = bulk_turn_array();
@@ -1702,13 +1703,13 @@ fn the_turn_bound_holds_only_after_a_request_other_than_bulk_writes() {
     let pool = ArrayConfig::default().stripe_ops;
     assert_eq!(pool, 32, "the default pool: 8 MiB of these stripes");
     const MIB: usize = 1 << 20;
-    let mut data = AlignedBuf::zeroed(24 * MIB);
+    let mut data = AlignedBuf::zeroed(32 * MIB);
     for (i, b) in data.iter_mut().enumerate() {
         *b = (i * 29 + 3) as u8;
     }
     let mut done = Vec::new();
-    // Runs turns until `tags` have all completed; returns the most bulk bytes one turn
-    // admitted.
+    // Runs turns until `until` requests have completed in all; returns the most bulk
+    // bytes one turn admitted.
     let drain =
         |arr: &mut Array<crate::sim::SimChannel>, done: &mut Vec<u64>, until: usize| -> u64 {
             let mut most = 0;
@@ -1749,6 +1750,7 @@ fn the_turn_bound_holds_only_after_a_request_other_than_bulk_writes() {
     // Eight more queue behind them, then a small read arrives: bounded from its turn on.
     write_mibs(&mut arr, &mut data, 8..16);
     let mut small = AlignedBuf::zeroed(4096);
+    small.fill(0xa5);
     submit_at(&mut arr, 1, ArrayOp::Read, 200 * stripe + 8192, &mut small);
     let most = drain(&mut arr, &mut done, 17);
     assert_eq!(
@@ -1769,7 +1771,14 @@ fn the_turn_bound_holds_only_after_a_request_other_than_bulk_writes() {
     assert_eq!(arr.turn_bulk_bytes, pool as u64 * stripe, "unbounded again");
     drain(&mut arr, &mut done, 25);
 
-    let mut back = AlignedBuf::zeroed(24 * MIB);
+    // The executor says a small request waits elsewhere (another shard's, another
+    // array's): bounded with nothing of the kind accepted here.
+    arr.set_turn_bound_held(true);
+    write_mibs(&mut arr, &mut data, 24..32);
+    let most = drain(&mut arr, &mut done, 33);
+    assert_eq!(most, BULK_BYTES_PER_TURN, "bounded on the executor's word");
+
+    let mut back = AlignedBuf::zeroed(32 * MIB);
     assert_eq!(rw(&mut arr, &clock, 2, ArrayOp::Read, 0, &mut back), Ok(()));
     assert!(
         back[..] == data[..],
