@@ -186,10 +186,14 @@ impl TurnClock {
 /// thread, shared by every shard it hosts: such a request waits for the thread's whole
 /// loop pass, the bulk work of every array hosted there, so every hosted shard keeps its
 /// per-turn bulk bound for [`TURN_BOUND_HOLD_NS`] after it
-/// ([`Array::set_turn_bound_held`]). Front ends note requests when they parse them
-/// ([`Io::note_arrival`]), before any queue of their own; read pieces other reactors send
-/// are noted as they arrive; a write piece (perhaps the short end of a bulk write) is
-/// noted only by the shard that accepts it.
+/// ([`Array::set_turn_bound_held`]). Front ends note commands when they parse them
+/// ([`Io::note_arrival`]), before they wait for a buffer or a request slot;
+/// [`Io::submit`] notes every request again by its own length (a bulk write a front end
+/// cut into pieces may so note its short last piece: the safe direction); pieces from
+/// other reactors are noted as they arrive, by their origin's verdict on the whole
+/// request ([`UNBULK_PIECE`]). Writes under [`crate::array::BULK_MIN_BYTES`] count
+/// whether or not they continue a stream (the shard's own rule, [`RequestClass`], exempts
+/// stream writes; the thread has no stream table).
 #[derive(Default)]
 struct TurnHold(Cell<u64>);
 
@@ -1043,10 +1047,23 @@ enum Msg {
     Done(ArrayCompletion),
 }
 
+/// Bit 47 of a piece's tag: its request is not a bulk-sized write ([`waits_on_turns`]),
+/// so the reactor that receives it notes its thread's [`TurnHold`]. Outside the fields
+/// [`split_tag`] reads.
+const UNBULK_PIECE: u64 = 1 << 47;
+
 /// Tag of a piece executing on some reactor: origin reactor in the high 16 bits, the
-/// origin's parent slot below.
-fn piece_tag(origin: usize, parent: u32) -> u64 {
-    ((origin as u64) << 48) | u64::from(parent)
+/// origin's parent slot in the low 32, and [`UNBULK_PIECE`] when `unbulk`.
+fn piece_tag(origin: usize, parent: u32, unbulk: bool) -> u64 {
+    ((origin as u64) << 48) | u64::from(parent) | if unbulk { UNBULK_PIECE } else { 0 }
+}
+
+/// Whether a request (not a flush) that changes the array when `writes`, of `len_bytes`,
+/// keeps the per-turn bulk bound of the shards it waits for: all but a write of at least
+/// [`crate::array::BULK_MIN_BYTES`] ([`Io::note_arrival`]).
+#[inline]
+fn waits_on_turns(writes: bool, len_bytes: u64) -> bool {
+    !(writes && len_bytes >= crate::array::BULK_MIN_BYTES)
 }
 
 fn split_tag(tag: u64) -> (usize, u32) {
@@ -1119,12 +1136,13 @@ impl<C: Channel> Io<'_, C> {
     /// known). Every request but a bulk-sized write (`writes` and at least
     /// [`crate::array::BULK_MIN_BYTES`]) keeps the per-turn bulk bound of every shard
     /// this thread runs for [`TURN_BOUND_HOLD_NS`] ([`Array::set_turn_bound_held`]): it
-    /// waits for their turns. Front ends call it when they parse a command that reaches
-    /// the array (not a flush), before any queue of their own; [`Self::submit`] calls it
-    /// too. A store to a cell of this thread's own: no lock, no shared line.
+    /// waits for their turns. Front ends call it when they parse a command, before it
+    /// waits for a buffer or a request slot: every command that reaches the array but a
+    /// flush (iSCSI: every SCSI command but SYNCHRONIZE CACHE, as those served without
+    /// the array wait for the turn too); [`Self::submit`] notes its request again. A store to a cell of this thread's own: no lock, no shared line.
     #[inline]
     pub fn note_arrival(&self, writes: bool, len_bytes: u64) {
-        if !(writes && len_bytes >= crate::array::BULK_MIN_BYTES) {
+        if waits_on_turns(writes, len_bytes) {
             self.hold.note(self.turn_raw);
         }
     }
@@ -1135,8 +1153,9 @@ impl<C: Channel> Io<'_, C> {
     /// [`ArrayError::QueueFull`] when this reactor's parent table is full (wait for
     /// completions); malformed requests complete with [`ArrayError::Invalid`].
     pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
-        if !r.op.is_flush() {
-            self.note_arrival(r.op.is_write(), u64::from(r.len_bytes));
+        let unbulk = !r.op.is_flush() && waits_on_turns(r.op.is_write(), u64::from(r.len_bytes));
+        if unbulk {
+            self.hold.note(self.turn_raw);
         }
         if self.reactors == 1 {
             return self.submit_whole(r);
@@ -1147,7 +1166,7 @@ impl<C: Channel> Io<'_, C> {
         // Counted until the completion reaches the front-end (see the stop rule).
         count_in_flight(self.in_flight, 1);
         let tagged = ArrayRequest {
-            tag: piece_tag(self.me, p),
+            tag: piece_tag(self.me, p, unbulk),
             ..r
         };
         let mut remaining = 0;
@@ -2628,11 +2647,10 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
                 match msg {
                     Msg::Piece(r) => {
                         self.load.pieces_received += 1;
-                        // A read waits for this thread's turns: every shard it runs keeps
-                        // its bound (`TurnHold`). A write piece may be the short end of a
-                        // bulk write (pieces do not carry their request's length): only
-                        // the shard that accepts it notes it.
-                        if r.op.is_read() {
+                        // A piece of a request that is not a bulk-sized write (marked by
+                        // its origin, which saw the whole request) waits for this thread's
+                        // turns: every shard it runs keeps its bound (`TurnHold`).
+                        if r.tag & UNBULK_PIECE != 0 {
                             hold.note(self.clock.last_raw);
                         }
                         self.local.push_back(r);
@@ -3209,6 +3227,22 @@ mod tests {
         mock.increment(1u64);
         clock.now_ns();
         assert!(!hold.held(&clock), "lapsed");
+    }
+
+    /// A piece's tag carries its origin's verdict on the whole request (`UNBULK_PIECE`)
+    /// without disturbing the origin and parent slot that completions are routed by.
+    #[test]
+    fn a_piece_tag_carries_the_unbulk_mark_beside_origin_and_parent() {
+        for (origin, parent) in [(0usize, 0u32), (1, 7), (15, u32::MAX), (0xffff, 1 << 20)] {
+            for unbulk in [false, true] {
+                let t = piece_tag(origin, parent, unbulk);
+                assert_eq!(split_tag(t), (origin, parent));
+                assert_eq!(t & UNBULK_PIECE != 0, unbulk);
+            }
+        }
+        assert!(waits_on_turns(false, 1 << 30), "a read of any length");
+        assert!(waits_on_turns(true, crate::array::BULK_MIN_BYTES - 4096));
+        assert!(!waits_on_turns(true, crate::array::BULK_MIN_BYTES));
     }
 
     #[test]

@@ -1571,7 +1571,9 @@ impl IscsiFrontend {
             Plan::WriteSame { blocks, .. } => (true, u64::from(blocks) * u64::from(bs)),
             _ => (false, 0),
         };
-        io.note_arrival(writes, len);
+        if !matches!(plan, Plan::Flush) {
+            io.note_arrival(writes, len);
+        }
         let Some((t, buf, buf_len)) = self.take_task(need_buf as u32) else {
             return Handled::Wait;
         };

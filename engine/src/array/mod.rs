@@ -562,8 +562,8 @@ pub const BULK_BYTES_PER_TURN: u64 = 256 << 10;
 /// How long the per-turn bulk bound ([`BULK_BYTES_PER_TURN`]) holds after the shard
 /// accepted a request other than a bulk write ([`RequestClass`]: a small read, a write
 /// under [`BULK_MIN_BYTES`] that continues no stream, a large read; not a flush), or
-/// after its executor saw one elsewhere
-/// ([`Array::set_turn_bound_held`]), ns: 1 s. With none within it, a turn admits as many bulk
+/// after its executor saw one elsewhere ([`Array::set_turn_bound_held`]; the reactors
+/// count every read and every write under [`BULK_MIN_BYTES`], stream or not), ns: 1 s. With none within it, a turn admits as many bulk
 /// operations as the bulk share allows: the bound's fixed cost per turn (~0.5 µs per
 /// 256 KiB stripe, docs/BENCHMARKS.md) then buys nothing, and the first small request
 /// after the quiet spell waits for at most one such loop pass on each reactor thread it
@@ -2176,10 +2176,11 @@ impl<C: Channel> Array<C> {
 
     /// Whether the per-turn bulk bound ([`BULK_BYTES_PER_TURN`]) holds in the following
     /// [`Self::process`] calls whatever this shard accepted: `true` while the executor saw,
-    /// within [`TURN_BOUND_HOLD_NS`], a request that is not a bulk write which waits for
-    /// this shard's turn without being accepted here — one sent to another shard, or to
-    /// another array driven by the same thread (the reactors set it before each turn's
-    /// `process`). The shard's own record of what it accepted counts either way.
+    /// within [`TURN_BOUND_HOLD_NS`], a request that waits for this shard's turns and is
+    /// not a bulk write by the executor's rule — whether or not this shard accepts it: one
+    /// served by another shard, or by another array driven by the same thread (the
+    /// reactors set it before each turn's `process`, `reactor::TurnHold`). The shard's own
+    /// record of what it accepted counts either way.
     pub fn set_turn_bound_held(&mut self, held: bool) {
         self.turn_bound_held = held;
     }
