@@ -850,7 +850,7 @@ fn encode_reactors(f: &mut Families, s: &Scrape) {
         })
         .collect();
     type Pick = fn(&ReactorLoad) -> f64;
-    let counters: [(&str, &str, Option<Unit>, Pick); 5] = [
+    let counters: [(&str, &str, Option<Unit>, Pick); 6] = [
         (
             "ferroraid_reactor_turns",
             "Loop turns of the reactor.",
@@ -880,6 +880,12 @@ fn encode_reactors(f: &mut Families, s: &Scrape) {
             "Request pieces received from other reactors.",
             None,
             |l| l.pieces_received as f64,
+        ),
+        (
+            "ferroraid_reactor_bound_held_turns",
+            "Loop turns whose per-turn bulk-write bound held because the reactor saw a request other than a bulk write within the last second.",
+            None,
+            |l| l.bound_held_turns as f64,
         ),
     ];
     for (name, help, unit, pick) in counters {
@@ -953,6 +959,7 @@ mod tests {
                     idle_ns: 500_000_000,
                     pieces_sent: 3,
                     pieces_received: 4,
+                    bound_held_turns: 5,
                 },
                 ReactorLoad::default(),
             ],
@@ -1054,6 +1061,13 @@ mod tests {
                 &format!(r#"ferroraid_reactor_pieces_received_total{{{a},reactor="0",core="0"}}"#)
             ),
             Some(4.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                &format!(r#"ferroraid_reactor_bound_held_turns_total{{{a},reactor="0",core="0"}}"#)
+            ),
+            Some(5.0)
         );
         // Every family has HELP and TYPE once, and no series repeats.
         let mut seen = std::collections::HashSet::new();

@@ -244,6 +244,11 @@ pub struct ReactorLoad {
     pub pieces_sent: u64,
     /// Pieces other reactors sent to this one.
     pub pieces_received: u64,
+    /// Turns whose per-turn bulk bound held by the reactor thread's own record: a request
+    /// that is not a bulk-sized write seen by the thread within
+    /// [`crate::array::TURN_BOUND_HOLD_NS`] (noted by a front end, or a piece so marked
+    /// by its origin), whatever the shard accepted itself (`Array::set_turn_bound_held`).
+    pub bound_held_turns: u64,
 }
 
 impl ReactorLoad {
@@ -2444,7 +2449,9 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
         progress |= self.start_waiting();
         progress |= self.receive(hold);
         progress |= self.front_end(hold);
-        self.array.set_turn_bound_held(hold.held(&self.clock));
+        let held = hold.held(&self.clock);
+        self.load.bound_held_turns += u64::from(held);
+        self.array.set_turn_bound_held(held);
         progress |= self.drive_array();
         self.report(now);
         progress |= self.send();

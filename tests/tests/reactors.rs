@@ -321,6 +321,33 @@ fn reactor_set_refuses_mismatched_front_ends() {
     set.shutdown();
 }
 
+/// The per-turn bulk bound's thread record (`engine::reactor`'s `TurnHold`) reaches a
+/// reactor that only serves pieces: reactor 0's front end sends small writes (at most
+/// 32 KiB) to reactor 1's stripes, and reactor 1's thread, whose own front end submits
+/// nothing, counts turns whose bound held by that record (`bound_held_turns`), from the
+/// pieces' marks. Data checked as the other runs are.
+#[test]
+fn small_pieces_hold_the_turn_bound_on_the_reactor_that_serves_them() {
+    let (devices, geo) = raid6_members();
+    let mut frontends = checkers(geo, 2, 300, 41);
+    frontends[1].ops_left = 0;
+    let running = start_frontends(None, &devices, geo, frontends, false, false).unwrap();
+    let h = running.handle();
+    let done = running.stop().unwrap();
+    let loads = h.reactor_loads();
+    assert!(loads[1].pieces_received > 0, "{loads:?}");
+    assert!(loads[0].bound_held_turns > 0, "{loads:?}");
+    assert!(
+        loads[1].bound_held_turns > 0,
+        "the pieces did not arm the serving thread: {loads:?}"
+    );
+    check_stopped(
+        "small_pieces_hold_the_turn_bound_on_the_reactor_that_serves_them",
+        &done,
+        &devices,
+    );
+}
+
 #[test]
 fn reactors_route_pieces_and_keep_data_and_parity_right() {
     for reactors in [1usize, 2, 3] {
