@@ -1144,7 +1144,8 @@ impl<C: Channel> Io<'_, C> {
     /// waits for their turns. Front ends call it when they parse a command, before it
     /// waits for a buffer or a request slot: every command that reaches the array but a
     /// flush (iSCSI: every SCSI command but SYNCHRONIZE CACHE, as those served without
-    /// the array wait for the turn too); [`Self::submit`] notes its request again. A store to a cell of this thread's own: no lock, no shared line.
+    /// the array wait for the turn too); [`Self::submit`] notes its request again. A
+    /// store to a cell of this thread's own: no lock, no shared line.
     #[inline]
     pub fn note_arrival(&self, writes: bool, len_bytes: u64) {
         if waits_on_turns(writes, len_bytes) {

@@ -556,20 +556,21 @@ pub const BULK_MIN_BYTES: u64 = 128 << 10;
 /// 256 KiB: the NBD and iSCSI front ends' receive budget per turn
 /// (`PAYLOAD_BYTES_PER_TURN`, docs/PACING.md), so admission keeps pace with what a turn
 /// receives. The bound holds while there is something to protect: for
-/// [`TURN_BOUND_HOLD_NS`] after the shard accepted a request that is not a bulk write.
+/// [`TURN_BOUND_HOLD_NS`] after a request that is not a bulk write.
 pub const BULK_BYTES_PER_TURN: u64 = 256 << 10;
 
 /// How long the per-turn bulk bound ([`BULK_BYTES_PER_TURN`]) holds after the shard
 /// accepted a request other than a bulk write ([`RequestClass`]: a small read, a write
 /// under [`BULK_MIN_BYTES`] that continues no stream, a large read; not a flush), or
 /// after its executor saw one elsewhere ([`Array::set_turn_bound_held`]; the reactors
-/// count every read and every write under [`BULK_MIN_BYTES`], stream or not), ns: 1 s. With none within it, a turn admits as many bulk
-/// operations as the bulk share allows: the bound's fixed cost per turn (~0.5 µs per
-/// 256 KiB stripe, docs/BENCHMARKS.md) then buys nothing, and the first small request
-/// after the quiet spell waits for at most one such loop pass on each reactor thread it
-/// passes through before the bound is back (from the turn that notes it: the reactors
-/// note a request when the front end parses it, `reactor::Io::note_arrival`). A second, not the bulk share's 10 ms window, so that a
-/// reader that comes back every few hundred ms still finds every turn bounded. Linux's
+/// count every read and every write under [`BULK_MIN_BYTES`], stream or not), ns: 1 s.
+/// With none within it, a turn admits as many bulk operations as the bulk share allows:
+/// the bound's fixed cost per turn (~0.5 µs per 256 KiB stripe, docs/BENCHMARKS.md) then
+/// buys nothing, and the first small request after the quiet spell waits for at most one
+/// such loop pass on each reactor thread it passes through before the bound is back
+/// (from the turn that notes it: the reactors note a request when the front end parses
+/// it, `reactor::Io::note_arrival`). A second, not the bulk share's 10 ms window, so
+/// that a reader that comes back every few hundred ms still finds every turn bounded. Linux's
 /// writeback throttling likewise lets writes deepen past its default while only writes
 /// are seen (`block/blk-wbt.c`: with writes and no read samples, the window's verdict
 /// scales up, and the scaling step may go negative).
@@ -2201,7 +2202,8 @@ impl<C: Channel> Array<C> {
     /// front door waits for — stays bounded however much bulk work is queued. When bulk
     /// work waits for the next call for that reason, the call reports progress. The
     /// bound holds for [`TURN_BOUND_HOLD_NS`] after the shard accepted a request that is
-    /// not a bulk write; with none within it, only the bulk share limits admission.
+    /// not a bulk write, or while the executor says so ([`Self::set_turn_bound_held`]);
+    /// otherwise only the bulk share limits admission.
     pub fn process(&mut self) -> bool {
         let mut progress = false;
         self.turn_bulk_bytes = 0;
