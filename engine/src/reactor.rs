@@ -66,7 +66,8 @@ pub const ADAPTIVE_MAX_SLEEP: Duration = Duration::from_micros(200);
 /// Capacity of the ring from one reactor to another, in messages (n × (n − 1) rings for n
 /// reactors; a full ring keeps the sender's further messages in its outbox).
 pub const RING_CAPACITY: usize = 1024;
-/// Slots of the stripe gate shared by the reactors of an array (4 bytes each: 64 KiB): far
+/// Slots of the stripe gate shared by the reactors of an array (4 bytes each, 16 in a
+/// 128-byte block: 128 KiB): far
 /// more than the stripe operations in flight, so two of them rarely share a slot (a
 /// false conflict costs a hop or a short wait, never correctness).
 pub const GATE_SLOTS: usize = 16384;
@@ -1046,11 +1047,19 @@ impl Links {
 
 #[derive(Clone, Copy)]
 enum Msg {
-    /// A piece of a request owned by the receiving reactor; `tag` = (origin, parent).
+    /// A piece of a request owned by the receiving reactor; `tag` = (origin, parent), or
+    /// a whole request ([`WHOLE_PIECE`]).
     Piece(ArrayRequest),
-    /// A piece sent away has finished; `tag` = parent slot on the receiver.
+    /// A piece sent away has finished; `tag` = parent slot on the receiver, or a whole
+    /// request's caller tag with [`WHOLE_PIECE`] ([`back_to_origin`]).
     Done(ArrayCompletion),
 }
+
+/// Bit 46 of a piece's tag: the piece is its whole request, and the low 32 bits are the
+/// caller's tag, not a parent slot (a request inside one stripe whose caller's tag fits
+/// 32 bits, [`Io::submit`]): its completion goes to the front end as it is, with no parent
+/// entry to fill, count down and free. Outside the fields [`split_tag`] reads.
+const WHOLE_PIECE: u64 = 1 << 46;
 
 /// Bit 47 of a piece's tag: its request is not a bulk-sized write ([`waits_on_turns`]),
 /// so the reactor that receives it notes its thread's [`TurnHold`]. Outside the fields
@@ -1064,15 +1073,25 @@ fn piece_tag(origin: usize, parent: u32, unbulk: bool) -> u64 {
 }
 
 /// Whether a request (not a flush) that changes the array when `writes`, of `len_bytes`,
-/// keeps the per-turn bulk bound of the shards it waits for: all but a write of at least
-/// [`crate::array::BULK_MIN_BYTES`] ([`Io::note_arrival`]).
+/// keeps the per-turn bulk bound of the shards it waits for: all but a bulk-sized write
+/// ([`crate::array::RequestClass::bulk_sized_write`]; [`Io::note_arrival`]).
 #[inline]
 fn waits_on_turns(writes: bool, len_bytes: u64) -> bool {
-    !(writes && len_bytes >= crate::array::BULK_MIN_BYTES)
+    !crate::array::RequestClass::bulk_sized_write(writes, len_bytes)
 }
 
 fn split_tag(tag: u64) -> (usize, u32) {
     ((tag >> 48) as usize, (tag & 0xffff_ffff) as u32)
+}
+
+/// What finished piece `c` tells its origin ([`Msg::Done`], or [`account`] there): the
+/// parent slot, with [`WHOLE_PIECE`] when the low 32 bits are the caller's tag.
+#[inline]
+fn back_to_origin(c: ArrayCompletion) -> ArrayCompletion {
+    ArrayCompletion {
+        tag: c.tag & (WHOLE_PIECE | 0xffff_ffff),
+        status: c.status,
+    }
 }
 
 struct Parent {
@@ -1153,11 +1172,16 @@ impl<C: Channel> Io<'_, C> {
         }
     }
 
-    /// Submits an array request; its completion reaches the front-end's `complete`.
+    /// Submits an array request; its completion reaches the front-end's `complete`. With
+    /// more than one reactor, a request (not a flush) inside one stripe whose tag fits 32
+    /// bits (NBD's; not iSCSI's or NVMe/TCP's, which set high bits) goes out
+    /// as its own one piece ([`WHOLE_PIECE`]); any other takes a parent entry that
+    /// collects its pieces' outcomes.
     ///
     /// # Errors
-    /// [`ArrayError::QueueFull`] when this reactor's parent table is full (wait for
-    /// completions); malformed requests complete with [`ArrayError::Invalid`].
+    /// [`ArrayError::QueueFull`] when this reactor has as many requests in flight as its
+    /// parent table has entries (wait for completions); malformed requests complete with
+    /// [`ArrayError::Invalid`].
     pub fn submit(&mut self, r: ArrayRequest) -> Result<(), ArrayError> {
         let unbulk = !r.op.is_flush() && waits_on_turns(r.op.is_write(), u64::from(r.len_bytes));
         if unbulk {
@@ -1166,72 +1190,79 @@ impl<C: Channel> Io<'_, C> {
         if self.reactors == 1 {
             return self.submit_whole(r);
         }
-        let Some(p) = self.free.pop() else {
+        // Requests in flight are bounded by the parent table's size, whether or not they
+        // take an entry: entries in use never exceed the count (an entry is freed before
+        // its request's completion is delivered), so one is free below.
+        if self.in_flight.load(Ordering::Relaxed) >= self.parents.len() {
             return Err(ArrayError::QueueFull);
-        };
+        }
         // Counted until the completion reaches the front-end (see the stop rule).
         count_in_flight(self.in_flight, 1);
+        // Validated once, here: the shards take the pieces unchecked
+        // (`Array::submit_piece`).
+        let invalid = self.array.validate(&r).err();
+        if let Some(e) = invalid {
+            // Refused: done now, no piece sent, no parent entry.
+            self.done.push_back(ArrayCompletion {
+                tag: r.tag,
+                status: Err(e),
+            });
+            return Ok(());
+        }
+        if !r.op.is_flush() && r.tag <= u64::from(u32::MAX) {
+            if let Some(stripe) = self.geo.single_stripe(r.offset_bytes, r.len_bytes) {
+                // Inside one stripe, its own one piece (as `one_piece` cuts it), under its
+                // caller's tag: no parent entry.
+                let whole = ArrayRequest {
+                    tag: piece_tag(self.me, r.tag as u32, unbulk) | WHOLE_PIECE,
+                    ..r
+                };
+                if self.foreign_reads && r.op.is_read() {
+                    // Served here whoever owns the stripe (the stripe gate; `route`),
+                    // without working out the owner.
+                    self.submit_local(whole);
+                } else {
+                    self.route(owner(stripe, self.reactors), whole);
+                }
+                return Ok(());
+            }
+        }
+        let p = self
+            .free
+            .pop()
+            .expect("a parent entry is free while fewer requests than entries are in flight");
         let tagged = ArrayRequest {
             tag: piece_tag(self.me, p, unbulk),
             ..r
         };
         let mut remaining = 0;
-        // Validated once, here: the shards take the pieces unchecked
-        // (`Array::submit_piece`).
-        let invalid = self.array.validate(&r).err();
-        if invalid.is_none() {
-            if r.op.is_flush() {
-                for owner in 0..self.reactors {
-                    self.route(owner, tagged);
-                    remaining += 1;
-                }
-            } else if self.foreign_reads
-                && r.op.is_read()
-                && self
-                    .geo
-                    .single_stripe(r.offset_bytes, r.len_bytes)
-                    .is_some()
-            {
-                // A read inside one stripe is served here whoever owns the stripe (the
-                // stripe gate; `route`): the request is its one piece, as `one_piece` would
-                // cut it, without working out the owner.
-                self.submit_local(tagged);
-                remaining = 1;
-            } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
-                // Inside one stripe (most small requests): its one piece, without the
-                // iterator.
+        if r.op.is_flush() {
+            for owner in 0..self.reactors {
+                self.route(owner, tagged);
+                remaining += 1;
+            }
+        } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
+            // Inside one stripe, but a caller's tag over 32 bits: its one piece, without
+            // the iterator, under a parent entry.
+            self.route(piece.owner, piece.request);
+            remaining = 1;
+        } else {
+            for piece in split(tagged, self.geo, self.reactors) {
                 self.route(piece.owner, piece.request);
-                remaining = 1;
-            } else {
-                for piece in split(tagged, self.geo, self.reactors) {
-                    self.route(piece.owner, piece.request);
-                    remaining += 1;
-                }
+                remaining += 1;
             }
         }
-        match invalid {
-            // Refused: done now, no piece sent, no parent entry.
-            Some(e) => {
-                self.free.push(p);
-                self.done.push_back(ArrayCompletion {
-                    tag: r.tag,
-                    status: Err(e),
-                });
-            }
-            // Stored with a constant `error: None` (a valid request has no error yet), not
-            // copied from a `Parent` assembled on the stack: that copy read a narrow store
-            // back with a wide load and stalled on store-to-load forwarding, every request.
-            // No piece can be accounted before this: `account` runs only in the reactor's
-            // `receive` and `drive_array`, never while the front-end holds this `Io`.
-            None => {
-                debug_assert!(remaining > 0, "a valid request has at least one piece");
-                self.parents[p as usize] = Some(Parent {
-                    tag: r.tag,
-                    remaining,
-                    error: None,
-                });
-            }
-        }
+        // Stored with a constant `error: None` (a valid request has no error yet), not
+        // copied from a `Parent` assembled on the stack: that copy read a narrow store
+        // back with a wide load and stalled on store-to-load forwarding, every request.
+        // No piece can be accounted before this: `account` runs only in the reactor's
+        // `receive` and `drive_array`, never while the front-end holds this `Io`.
+        debug_assert!(remaining > 0, "a valid request has at least one piece");
+        self.parents[p as usize] = Some(Parent {
+            tag: r.tag,
+            remaining,
+            error: None,
+        });
         Ok(())
     }
 
@@ -2732,11 +2763,8 @@ impl<'a, F: Frontend, D: BlockDevice + Send + Sync + 'static> Reactor<'a, F, D> 
                 self.done.extend(&self.comps[..k]);
             } else {
                 for &c in &self.comps[..k] {
-                    let (origin, p) = split_tag(c.tag);
-                    let back = ArrayCompletion {
-                        tag: u64::from(p),
-                        status: c.status,
-                    };
+                    let (origin, _) = split_tag(c.tag);
+                    let back = back_to_origin(c);
                     if origin == me {
                         account(&mut self.parents, &mut self.free, &mut self.done, back);
                     } else {
@@ -2958,12 +2986,23 @@ fn publish<C: Channel>(array: &Array<C>, p: &mut Published) {
     }
 }
 
+/// Takes finished piece `c` ([`back_to_origin`]'s form) on its origin reactor: a whole
+/// request ([`WHOLE_PIECE`]) is done under its caller's tag; a piece counts down its parent
+/// entry, which is done (its first error, else success) when the last piece is in.
 fn account(
     parents: &mut [Option<Parent>],
     free: &mut Vec<u32>,
     done: &mut VecDeque<ArrayCompletion>,
     c: ArrayCompletion,
 ) {
+    if c.tag & WHOLE_PIECE != 0 {
+        // A whole request: done, under its caller's tag.
+        done.push_back(ArrayCompletion {
+            tag: c.tag & 0xffff_ffff,
+            status: c.status,
+        });
+        return;
+    }
     let p = c.tag as u32;
     let parent = parents[p as usize]
         .as_mut()

@@ -44,7 +44,11 @@ struct Checker {
     buf: AlignedBuf,
     rng: Rng,
     ops_left: u32,
-    inflight: Option<(bool, u64, u64)>,
+    /// Added to each request's tag (`tag_base + ops_left`): its width decides whether a
+    /// request inside one stripe goes out without a parent entry (`Io::submit`).
+    tag_base: u64,
+    /// Write, offset, length and tag of the request in flight.
+    inflight: Option<(bool, u64, u64, u64)>,
     errors: Vec<String>,
 }
 
@@ -65,8 +69,9 @@ impl Frontend for Checker {
         // SAFETY: the buffer belongs to this front-end and is untouched until `complete`.
         let io_buf =
             unsafe { IoBuf::from_raw(NonNull::new(b.as_mut_ptr()).unwrap(), len as u32, None) };
+        let tag = self.tag_base.wrapping_add(u64::from(self.ops_left));
         let r = ArrayRequest {
-            tag: u64::from(self.ops_left),
+            tag,
             op: if write {
                 ArrayOp::Write { fua: false }
             } else {
@@ -77,7 +82,7 @@ impl Frontend for Checker {
             buf: io_buf,
         };
         if io.submit(r).is_ok() {
-            self.inflight = Some((write, off, len));
+            self.inflight = Some((write, off, len, tag));
             self.ops_left -= 1;
             true
         } else {
@@ -86,8 +91,11 @@ impl Frontend for Checker {
     }
 
     fn complete(&mut self, c: ArrayCompletion) {
-        let (write, off, len) = self.inflight.take().expect("one request in flight");
-        if let Err(e) = c.status {
+        let (write, off, len, tag) = self.inflight.take().expect("one request in flight");
+        if c.tag != tag {
+            self.errors
+                .push(format!("request {tag:#x} completed as {:#x}", c.tag));
+        } else if let Err(e) = c.status {
             self.errors.push(format!("request {} failed: {e}", c.tag));
         } else if !write
             && self.buf[..len as usize] != self.reference[off as usize..(off + len) as usize]
@@ -153,6 +161,7 @@ fn checkers(geo: ArrayGeometry, reactors: usize, ops: u32, seed: u64) -> Vec<Che
             buf: AlignedBuf::zeroed(64 * 512),
             rng: Rng::new(seed + i as u64),
             ops_left: ops,
+            tag_base: 0,
             inflight: None,
             errors: Vec::new(),
         })
@@ -386,6 +395,99 @@ fn reactors_route_pieces_and_keep_data_and_parity_right() {
             &done,
             &devices,
         );
+    }
+}
+
+/// A request comes back under the tag its front end gave it, whatever the tag's width: a
+/// request inside one stripe whose tag fits 32 bits goes out without a parent entry (its
+/// tag carried in the piece's), others through one, and both keep data and parity right
+/// on two reactors (reads and writes inside one stripe and across stripes, on either
+/// reactor's stripes).
+#[test]
+fn requests_complete_under_their_callers_tags_whatever_the_tags_width() {
+    for tag_base in [0, 1 << 40, u64::MAX - 4000] {
+        let (devices, geo) = raid6_members();
+        let mut fes = checkers(geo, 2, 1500, 91);
+        for f in &mut fes {
+            f.tag_base = tag_base;
+        }
+        let running = start_frontends(None, &devices, geo, fes, false, false).unwrap();
+        let done = running.stop().unwrap();
+        check_stopped(
+            &format!("tags from {tag_base:#x}, 2 reactors"),
+            &done,
+            &devices,
+        );
+    }
+}
+
+/// Submits single-stripe reads with small tags (no parent entry each) until the reactor
+/// refuses one, and then nothing more.
+struct Flood {
+    buf: AlignedBuf,
+    accepted: usize,
+    done: usize,
+    refused: bool,
+}
+
+impl Frontend for Flood {
+    fn poll<C: Channel>(&mut self, io: &mut Io<'_, C>) -> bool {
+        if self.refused {
+            return false;
+        }
+        while self.accepted < 1000 {
+            let i = self.accepted;
+            let b = &mut self.buf[i * 512..(i + 1) * 512];
+            // SAFETY: each request has its own 512 bytes of the front end's buffer,
+            // untouched until the reactors stop (the buffer outlives them).
+            let buf = unsafe { IoBuf::from_raw(NonNull::new(b.as_mut_ptr()).unwrap(), 512, None) };
+            let r = ArrayRequest {
+                tag: i as u64,
+                op: ArrayOp::Read,
+                offset_bytes: i as u64 * 512,
+                len_bytes: 512,
+                buf,
+            };
+            match io.submit(r) {
+                Ok(()) => self.accepted += 1,
+                Err(e) => {
+                    assert_eq!(e, engine::array::ArrayError::QueueFull);
+                    break;
+                }
+            }
+        }
+        self.refused = true;
+        true
+    }
+
+    fn complete(&mut self, c: ArrayCompletion) {
+        assert_eq!(c.status, Ok(()));
+        self.done += 1;
+    }
+
+    fn finished(&self) -> bool {
+        self.refused && self.done == self.accepted
+    }
+}
+
+/// A reactor takes at most as many requests in flight as its parent table has entries
+/// (`ReactorConfig::requests`), also when none of them takes an entry.
+#[test]
+fn requests_without_parent_entries_are_bounded_like_the_rest() {
+    let (devices, geo) = raid6_members();
+    let fes: Vec<Flood> = (0..2)
+        .map(|_| Flood {
+            buf: AlignedBuf::zeroed(1000 * 512),
+            accepted: 0,
+            done: 0,
+            refused: false,
+        })
+        .collect();
+    let running = start_frontends(None, &devices, geo, fes, false, false).unwrap();
+    let done = running.stop().unwrap();
+    for f in &done {
+        assert_eq!(f.accepted, 16, "the configured requests per reactor");
+        assert_eq!(f.done, 16);
     }
 }
 

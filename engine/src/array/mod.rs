@@ -528,12 +528,23 @@ impl RequestClass {
         }
     }
 
+    /// Whether a request that changes the array when `writes` (a write, write-zeroes,
+    /// discard, compare-and-write, OR-write), of `len_bytes` bytes, is a bulk write by its
+    /// size alone (at least [`BULK_MIN_BYTES`]): [`RequestClass::BulkWrite`] whatever the
+    /// stream it belongs to. The reactors' turn hold counts every other request
+    /// (`reactor::waits_on_turns`), as they see no streams.
+    #[inline]
+    pub fn bulk_sized_write(writes: bool, len_bytes: u64) -> bool {
+        writes && len_bytes >= BULK_MIN_BYTES
+    }
+
     /// The class of a request of `op` over `len_bytes` bytes; `sequential`: it starts
     /// where one of the shard's recent write requests ended.
     pub fn of(op: ArrayOp, len_bytes: u64, sequential: bool) -> Self {
         if op.is_read() && len_bytes <= BULK_MIN_BYTES {
             Self::SmallRead
-        } else if op.is_write() && (len_bytes >= BULK_MIN_BYTES || sequential) {
+        } else if Self::bulk_sized_write(op.is_write(), len_bytes) || (op.is_write() && sequential)
+        {
             Self::BulkWrite
         } else {
             Self::Other
