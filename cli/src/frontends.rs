@@ -3,8 +3,10 @@
 //!
 //! [`TargetFrontend`] polls each present front-end every loop turn and routes each array
 //! completion back to the front-end that submitted it by its tag: the iSCSI front-end
-//! sets [`crate::iscsi::frontend::TAG_BIT`] (bit 63) on its tags, the NVMe/TCP front-end
-//! [`crate::nvmf::frontend::TAG_BIT`] (bit 62); NBD tags are context indexes below 2^16.
+//! sets [`crate::iscsi::frontend::TAG_BIT`] (bit 45) on its tags, the NVMe/TCP front-end
+//! [`crate::nvmf::frontend::TAG_BIT`] (bit 44); NBD tags are context indexes below 2^16.
+//! Every tag is below [`engine::reactor::WHOLE_TAG_LIMIT`] (checked at compile time), so a
+//! request inside one stripe goes between reactors without a parent entry.
 //! At most one front-end per protocol is in a reactor's slot at a time (the
 //! [`Attacher`] refuses a second while the first still drains), so the tag bits always
 //! name one front-end.
@@ -36,6 +38,19 @@ use crate::nbd::NbdFrontend;
 use crate::nvmf::frontend::TAG_BIT as NVMF_TAG_BIT;
 use crate::nvmf::NvmfFrontend;
 use crate::status::ExportProtocol;
+
+// The tag spaces stay apart and below the reactors' whole-piece limit: iSCSI's marker over
+// a task index (`u16`); NVMe/TCP's over slot << 16 | context (below 2^32); NBD's context
+// indexes below 2^16.
+const _: () = assert!(
+    TAG_BIT != NVMF_TAG_BIT
+        && TAG_BIT.is_power_of_two()
+        && NVMF_TAG_BIT.is_power_of_two()
+        && TAG_BIT > 0xFFFF_FFFF
+        && NVMF_TAG_BIT > 0xFFFF_FFFF
+        && TAG_BIT + 0xFFFF < engine::reactor::WHOLE_TAG_LIMIT
+        && NVMF_TAG_BIT + 0xFFFF_FFFF < engine::reactor::WHOLE_TAG_LIMIT
+);
 
 /// Front-ends a reactor's inbox holds at most: one per protocol (the [`Attacher`] posts
 /// a protocol's front-end only when none of that protocol is queued or in a slot).

@@ -1055,11 +1055,17 @@ enum Msg {
     Done(ArrayCompletion),
 }
 
-/// Bit 46 of a piece's tag: the piece is its whole request, and the low 32 bits are the
-/// caller's tag, not a parent slot (a request inside one stripe whose caller's tag fits
-/// 32 bits, [`Io::submit`]): its completion goes to the front end as it is, with no parent
-/// entry to fill, count down and free. Outside the fields [`split_tag`] reads.
-const WHOLE_PIECE: u64 = 1 << 46;
+/// Callers' tags below this (2^46) can ride in a piece's tag: [`Io::submit`] sends a
+/// request inside one stripe with such a tag as its own one piece, with no parent entry.
+/// The front ends keep their tags below it (NBD's context indexes, iSCSI's and NVMe/TCP's
+/// marker bits 45 and 44).
+pub const WHOLE_TAG_LIMIT: u64 = 1 << 46;
+
+/// Bit 46 of a piece's tag: the piece is its whole request, and the bits below it are the
+/// caller's tag (below [`WHOLE_TAG_LIMIT`]), not a parent slot: its completion goes to
+/// the front end as it is, with no parent entry to fill, count down and free. Outside the
+/// fields [`split_tag`] reads for a parent slot, and below the origin's.
+const WHOLE_PIECE: u64 = WHOLE_TAG_LIMIT;
 
 /// Bit 47 of a piece's tag: its request is not a bulk-sized write ([`waits_on_turns`]),
 /// so the reactor that receives it notes its thread's [`TurnHold`]. Outside the fields
@@ -1085,11 +1091,11 @@ fn split_tag(tag: u64) -> (usize, u32) {
 }
 
 /// What finished piece `c` tells its origin ([`Msg::Done`], or [`account`] there): the
-/// parent slot, with [`WHOLE_PIECE`] when the low 32 bits are the caller's tag.
+/// parent slot, or the caller's tag with [`WHOLE_PIECE`].
 #[inline]
 fn back_to_origin(c: ArrayCompletion) -> ArrayCompletion {
     ArrayCompletion {
-        tag: c.tag & (WHOLE_PIECE | 0xffff_ffff),
+        tag: c.tag & (WHOLE_PIECE | (WHOLE_TAG_LIMIT - 1)),
         status: c.status,
     }
 }
@@ -1173,10 +1179,9 @@ impl<C: Channel> Io<'_, C> {
     }
 
     /// Submits an array request; its completion reaches the front-end's `complete`. With
-    /// more than one reactor, a request (not a flush) inside one stripe whose tag fits 32
-    /// bits (NBD's; not iSCSI's or NVMe/TCP's, which set high bits) goes out
-    /// as its own one piece ([`WHOLE_PIECE`]); any other takes a parent entry that
-    /// collects its pieces' outcomes.
+    /// more than one reactor, a request (not a flush) inside one stripe whose tag is below
+    /// [`WHOLE_TAG_LIMIT`] goes out as its own one piece ([`WHOLE_PIECE`]); any other
+    /// takes a parent entry that collects its pieces' outcomes.
     ///
     /// # Errors
     /// [`ArrayError::QueueFull`] when this reactor has as many requests in flight as its
@@ -1209,12 +1214,12 @@ impl<C: Channel> Io<'_, C> {
             });
             return Ok(());
         }
-        if !r.op.is_flush() && r.tag <= u64::from(u32::MAX) {
+        if !r.op.is_flush() && r.tag < WHOLE_TAG_LIMIT {
             if let Some(stripe) = self.geo.single_stripe(r.offset_bytes, r.len_bytes) {
                 // Inside one stripe, its own one piece (as `one_piece` cuts it), under its
                 // caller's tag: no parent entry.
                 let whole = ArrayRequest {
-                    tag: piece_tag(self.me, r.tag as u32, unbulk) | WHOLE_PIECE,
+                    tag: piece_tag(self.me, 0, unbulk) | WHOLE_PIECE | r.tag,
                     ..r
                 };
                 if self.foreign_reads && r.op.is_read() {
@@ -2998,7 +3003,7 @@ fn account(
     if c.tag & WHOLE_PIECE != 0 {
         // A whole request: done, under its caller's tag.
         done.push_back(ArrayCompletion {
-            tag: c.tag & 0xffff_ffff,
+            tag: c.tag & (WHOLE_TAG_LIMIT - 1),
             status: c.status,
         });
         return;
@@ -3285,6 +3290,32 @@ mod tests {
                 let t = piece_tag(origin, parent, unbulk);
                 assert_eq!(split_tag(t), (origin, parent));
                 assert_eq!(t & UNBULK_PIECE != 0, unbulk);
+            }
+        }
+        // A whole request's piece: the caller's tag, up to the limit, comes back whole to
+        // the origin, past the unbulk mark, and leaves the parent table alone.
+        for caller in [
+            0u64,
+            7,
+            1 << 45,
+            (1 << 44) | 0xFFFF_FFFF,
+            WHOLE_TAG_LIMIT - 1,
+        ] {
+            for (origin, unbulk) in [(0usize, false), (3, true), (0xffff, true)] {
+                let t = piece_tag(origin, 0, unbulk) | WHOLE_PIECE | caller;
+                assert_eq!(split_tag(t).0, origin);
+                assert_eq!(t & UNBULK_PIECE != 0, unbulk);
+                let back = back_to_origin(ArrayCompletion {
+                    tag: t,
+                    status: Err(ArrayError::Failed),
+                });
+                let (mut parents, mut free, mut done) = (vec![None], vec![0], VecDeque::new());
+                account(&mut parents, &mut free, &mut done, back);
+                assert_eq!(
+                    done.pop_front().map(|c| (c.tag, c.status)),
+                    Some((caller, Err(ArrayError::Failed)))
+                );
+                assert!(parents[0].is_none() && free == [0]);
             }
         }
         assert!(waits_on_turns(false, 1 << 30), "a read of any length");

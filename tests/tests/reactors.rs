@@ -399,13 +399,22 @@ fn reactors_route_pieces_and_keep_data_and_parity_right() {
 }
 
 /// A request comes back under the tag its front end gave it, whatever the tag's width: a
-/// request inside one stripe whose tag fits 32 bits goes out without a parent entry (its
-/// tag carried in the piece's), others through one, and both keep data and parity right
-/// on two reactors (reads and writes inside one stripe and across stripes, on either
-/// reactor's stripes).
+/// request inside one stripe whose tag is below `WHOLE_TAG_LIMIT` goes out without a parent
+/// entry (its tag carried in the piece's), others through one, and both keep data and
+/// parity right on two reactors (reads and writes inside one stripe and across stripes, on
+/// either reactor's stripes). Bases: small tags; iSCSI's and NVMe/TCP's marker bits; tags
+/// just under the limit; tags from the limit up (parent entries).
 #[test]
 fn requests_complete_under_their_callers_tags_whatever_the_tags_width() {
-    for tag_base in [0, 1 << 40, u64::MAX - 4000] {
+    let limit = engine::reactor::WHOLE_TAG_LIMIT;
+    for tag_base in [
+        0,
+        1 << 45,
+        (1 << 44) | (0xFFFF << 16),
+        limit - 4000,
+        limit,
+        u64::MAX - 4000,
+    ] {
         let (devices, geo) = raid6_members();
         let mut fes = checkers(geo, 2, 1500, 91);
         for f in &mut fes {

@@ -73,9 +73,11 @@ pub(crate) const TX_BYTES: usize = 4 * (MAX_SEND_SEGMENT as usize + 128);
 fn tx_reserve(rx: &Framing) -> usize {
     pdu::pdu_bytes(rx.max_recv_data as usize, rx) + 2 * BHS_BYTES + 64
 }
-/// Tag bit that marks array requests as this front-end's (the NBD front-end on the same
-/// reactor uses tags below it).
-pub const TAG_BIT: u64 = 1 << 63;
+/// Tag bit that marks array requests as this front-end's (bit 45; the NBD front-end on the
+/// same reactor uses tags below 2^16, the NVMe/TCP one bit 44). Tags below
+/// [`engine::reactor::WHOLE_TAG_LIMIT`] let a request inside one stripe travel between
+/// reactors without a parent entry.
+pub const TAG_BIT: u64 = 1 << 45;
 /// Task slots beyond one per buffer: commands that find no buffer still get a slot to be
 /// answered TASK SET FULL from.
 pub(crate) const BARE_TASKS: usize = 256;

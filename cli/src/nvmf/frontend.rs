@@ -60,9 +60,10 @@ use crate::nbd::conn::{discard_unread, Discarded, LINGER};
 use crate::nbd::pool::{BufId, BufPool};
 use crate::nbd::BufferClass;
 
-/// Bit 62 marks the NVMe/TCP front-end's array tags (iSCSI uses bit 63, NBD tags are
-/// below 2^16).
-pub const TAG_BIT: u64 = 1 << 62;
+/// Bit 44 marks the NVMe/TCP front-end's array tags (iSCSI uses bit 45, NBD tags are
+/// below 2^16); slot << 16 | context stays below 2^32 (at most 0xFFFF connections per
+/// reactor, `local.rs`), so every tag is below [`engine::reactor::WHOLE_TAG_LIMIT`].
+pub const TAG_BIT: u64 = 1 << 44;
 /// PDUs one connection handles in one loop turn before the others get theirs.
 pub const PDUS_PER_TURN: usize = 64;
 /// Per-command buffer, bytes: transfers up to this size need no pool buffer.
