@@ -55,7 +55,7 @@ use crate::process::{
 };
 use crate::qos::QosState;
 use crate::qos::{Pacer, Unpaced};
-use crate::shard::{merge_state, one_piece, owner, split, StripeGate};
+use crate::shard::{merge_state, owner, split, StripeGate};
 use crate::zero_map::ZeroMap;
 
 /// Idle loop turns before an adaptive reactor starts sleeping.
@@ -1214,23 +1214,21 @@ impl<C: Channel> Io<'_, C> {
             });
             return Ok(());
         }
-        if !r.op.is_flush() && r.tag < WHOLE_TAG_LIMIT {
-            if let Some(stripe) = self.geo.single_stripe(r.offset_bytes, r.len_bytes) {
-                // Inside one stripe, its own one piece (as `one_piece` cuts it), under its
-                // caller's tag: no parent entry.
-                let whole = ArrayRequest {
-                    tag: piece_tag(self.me, 0, unbulk) | WHOLE_PIECE | r.tag,
-                    ..r
-                };
-                if self.foreign_reads && r.op.is_read() {
-                    // Served here whoever owns the stripe (the stripe gate; `route`),
-                    // without working out the owner.
-                    self.submit_local(whole);
-                } else {
-                    self.route(owner(stripe, self.reactors), whole);
-                }
-                return Ok(());
-            }
+        // Inside one stripe (most small requests): the request is its own one piece, as
+        // `one_piece` would cut it.
+        let single = if r.op.is_flush() {
+            None
+        } else {
+            self.geo.single_stripe(r.offset_bytes, r.len_bytes)
+        };
+        if let Some(stripe) = single.filter(|_| r.tag < WHOLE_TAG_LIMIT) {
+            // Under its caller's tag: no parent entry.
+            let whole = ArrayRequest {
+                tag: piece_tag(self.me, 0, unbulk) | WHOLE_PIECE | r.tag,
+                ..r
+            };
+            self.route_in(stripe, whole);
+            return Ok(());
         }
         let p = self
             .free
@@ -1246,10 +1244,10 @@ impl<C: Channel> Io<'_, C> {
                 self.route(owner, tagged);
                 remaining += 1;
             }
-        } else if let Some(piece) = one_piece(tagged, self.geo, self.reactors) {
-            // Inside one stripe, but a caller's tag over 32 bits: its one piece, without
-            // the iterator, under a parent entry.
-            self.route(piece.owner, piece.request);
+        } else if let Some(stripe) = single {
+            // Inside one stripe, but a caller's tag at or above the limit: under a parent
+            // entry.
+            self.route_in(stripe, tagged);
             remaining = 1;
         } else {
             for piece in split(tagged, self.geo, self.reactors) {
@@ -1301,6 +1299,16 @@ impl<C: Channel> Io<'_, C> {
     fn submit_local(&mut self, r: ArrayRequest) {
         if !(self.local.is_empty() && self.array.submit_piece(r).is_ok()) {
             self.local.push_back(r);
+        }
+    }
+
+    /// [`Self::route`] for a piece of `stripe`, working out the owner only when the piece
+    /// is not a read served here whoever owns the stripe (foreign reads).
+    fn route_in(&mut self, stripe: u64, r: ArrayRequest) {
+        if self.foreign_reads && r.op.is_read() {
+            self.submit_local(r);
+        } else {
+            self.route(owner(stripe, self.reactors), r);
         }
     }
 
