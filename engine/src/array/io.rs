@@ -108,14 +108,16 @@ impl<C: Channel> Array<C> {
             self.stats.stray_completions += 1;
             return;
         };
+        // The tag spaces are disjoint (stripe operations, the bitmap's, the PPL logs',
+        // then the fast-path reads'): the data path's most common completion first.
+        if let Some(ri) = self.fast_req_of(s) {
+            return self.fast_read_done(s, ri, member, id, c.status, device_ns);
+        }
         if s == self.bitmap_sop() {
             return self.bitmap_write_done(member, c.status);
         }
         if let Some(l) = self.ppl_log_of(s) {
             return self.ppl_io_done(l, member, id, c.status);
-        }
-        if let Some(ri) = self.fast_req_of(s) {
-            return self.fast_read_done(s, ri, member, id, c.status, device_ns);
         }
         let known = (s as usize) < self.sops.len() && self.sops[s as usize].outstanding > 0;
         if !known {

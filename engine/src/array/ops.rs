@@ -436,7 +436,24 @@ impl<C: Channel> Array<C> {
 
     #[inline]
     pub(super) fn finish_req(&mut self, ri: u32) {
-        let req = self.reqs.take(ri).expect("live request");
+        // The fields used below, read in place (a copy of the whole slot through
+        // `ReqSlots::take` moved some 150 bytes per request for ten fields).
+        let req = {
+            let r = self.reqs.get_mut(ri).expect("live request");
+            r.live = false;
+            Finished {
+                tag: r.tag,
+                op: r.op,
+                len: r.len,
+                error: r.error,
+                submit_ns: r.submit_ns,
+                device_ns: r.device_ns,
+                paced: r.paced,
+                class: r.class,
+                ordered: r.ordered,
+                from_cache: r.from_cache,
+            }
+        };
         if req.op.is_write() {
             self.writes_in_flight -= 1;
         }
@@ -593,4 +610,18 @@ pub(super) fn remove_at(q: &mut std::collections::VecDeque<u32>, i: usize) {
     } else {
         q.remove(i);
     }
+}
+
+/// The fields of a request slot that [`Array::finish_req`] reads when it frees the slot.
+struct Finished {
+    tag: u64,
+    op: ArrayOp,
+    len: u64,
+    error: Option<ArrayError>,
+    submit_ns: u64,
+    device_ns: u64,
+    paced: bool,
+    class: RequestClass,
+    ordered: bool,
+    from_cache: bool,
 }

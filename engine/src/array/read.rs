@@ -111,7 +111,12 @@ impl<C: Channel> Array<C> {
             return false;
         }
         let foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
-        if !foreign && self.cache_read(ri, stripe, member, off) {
+        // The latency test first, here: on RAM-speed members (the rule in `cache_read`)
+        // the read skips the call.
+        if !foreign
+            && self.write_latency_ns >= CACHE_ADMIT_WRITE_LATENCY_NS
+            && self.cache_read(ri, stripe, member, off)
+        {
             return true;
         }
         let req = self.reqs.get(ri).expect("accepted request");
@@ -157,14 +162,12 @@ impl<C: Channel> Array<C> {
     /// holds the stripe or waits for it) from the stripe cache when the stripe's entry
     /// holds every block of it: copied into the caller's buffer and completed at once, no
     /// member read. The entry's valid blocks equal the member (cache.rs, "Rules"), and no
-    /// pass is writing the stripe, so the read returns what a member read would. Only on
-    /// members whose writes take time ([`CACHE_ADMIT_WRITE_LATENCY_NS`], the rule that
-    /// admits random writes): on RAM-speed members the copy costs what the read would.
-    /// Returns whether it did.
+    /// pass is writing the stripe, so the read returns what a member read would. Called
+    /// only on members whose writes take time ([`CACHE_ADMIT_WRITE_LATENCY_NS`], the rule
+    /// that admits random writes; `fast_read` checks it): on RAM-speed members the copy
+    /// costs what the read would. Returns whether it did.
     fn cache_read(&mut self, ri: u32, stripe: u64, member: u16, off: u64) -> bool {
-        if self.write_latency_ns < CACHE_ADMIT_WRITE_LATENCY_NS {
-            return false;
-        }
+        debug_assert!(self.write_latency_ns >= CACHE_ADMIT_WRITE_LATENCY_NS);
         let Some(e) = self.cache.lookup(stripe) else {
             return false;
         };

@@ -184,6 +184,7 @@ impl BulkShare {
     }
 
     /// The baseline small-read latency, ns (0: none yet).
+    #[inline]
     pub fn baseline_ns(&self) -> u64 {
         let b = self.best_cur.median_ns.min(self.best_prev.median_ns);
         if b == u64::MAX {
@@ -194,6 +195,7 @@ impl BulkShare {
     }
 
     /// The small-read latency allowed beside bulk work, ns (0: no baseline yet).
+    #[inline]
     pub fn allowed_ns(&self) -> u64 {
         match self.baseline_ns() {
             0 => 0,
