@@ -417,6 +417,7 @@ impl DepthController {
 
     /// The effective target, ns: the derived or configured one, or (before calibration)
     /// twice the best read seen.
+    #[inline]
     fn effective_target(&self) -> u64 {
         if self.target_ns > 0 {
             self.target_ns
