@@ -32,7 +32,6 @@
 //! 2 significant digits) reset in place; nothing allocates per I/O or per window.
 
 use crate::latency::LatencyHistogram;
-use arrayvec::ArrayVec;
 
 use super::law::ProbeLaw;
 use super::IoClass;
@@ -140,6 +139,9 @@ const MAX_WINDOW_NS: u64 = 1_000_000_000;
 const MIN_TARGET_NS: u64 = 50_000;
 /// Quiet reads per target recalibration.
 const QUIET_SAMPLES: u64 = 64;
+// The p99 of `QUIET_SAMPLES` samples by nearest rank (the ⌈0.99 n⌉-th smallest) is their
+// largest while n ≤ 100: the controller keeps the running maximum, not the samples.
+const _: () = assert!((QUIET_SAMPLES * 99).div_ceil(100) == QUIET_SAMPLES);
 /// Target = quiet p99 × 5/4.
 const TARGET_NUM: u64 = 5;
 const TARGET_DEN: u64 = 4;
@@ -168,10 +170,12 @@ pub struct DepthController {
     window_len: u64,
     reads: LatencyHistogram,
     writes: u64,
-    /// Latencies of reads that found the device quiet since the last calibration, ns (a
-    /// plain list: 64 samples need no histogram, and clearing a 1 ns–1 h histogram after
-    /// every 64 reads cost more than the reads' own accounting).
-    quiet: ArrayVec<u64, { QUIET_SAMPLES as usize }>,
+    /// Reads that found the device quiet since the last calibration, and the largest of
+    /// their latencies, ns: their p99 by nearest rank once there are `QUIET_SAMPLES`
+    /// (see the assertion there). A list of the samples and a selection over it cost
+    /// some ten instructions per read more.
+    quiet_reads: u64,
+    quiet_max_ns: u64,
     /// Reads in the device now, and since when the device had one (wbt's `sync_issue`).
     reads_in_flight: u32,
     read_since: u64,
@@ -224,7 +228,8 @@ impl DepthController {
             },
             reads: LatencyHistogram::new(),
             writes: 0,
-            quiet: ArrayVec::new(),
+            quiet_reads: 0,
+            quiet_max_ns: 0,
             reads_in_flight: 0,
             read_since: 0,
             best_read_ns: u64::MAX,
@@ -315,8 +320,9 @@ impl DepthController {
                 self.reads.record(lat);
                 self.best_read_ns = self.best_read_ns.min(lat);
                 if quiet && self.cfg.target_latency_ns.is_none() {
-                    self.quiet.push(lat);
-                    if self.quiet.is_full() {
+                    self.quiet_reads += 1;
+                    self.quiet_max_ns = self.quiet_max_ns.max(lat);
+                    if self.quiet_reads == QUIET_SAMPLES {
                         self.calibrate();
                     }
                 }
@@ -341,13 +347,13 @@ impl DepthController {
     }
 
     fn calibrate(&mut self) {
+        debug_assert_eq!(self.quiet_reads, QUIET_SAMPLES);
+        // p99 by nearest rank: with `QUIET_SAMPLES` samples, the largest.
+        let p99 = std::mem::take(&mut self.quiet_max_ns);
+        self.quiet_reads = 0;
         if self.cfg.policy != DepthPolicy::Ferroraid {
-            self.quiet.clear();
             return;
         }
-        // p99 by nearest rank: the ⌈0.99 n⌉-th smallest sample.
-        let rank = (self.quiet.len() * 99).div_ceil(100);
-        let p99 = *self.quiet.select_nth_unstable(rank - 1).1;
         let t = (p99.saturating_mul(TARGET_NUM) / TARGET_DEN).max(MIN_TARGET_NS);
         if t != self.target_ns {
             tracing::debug!(
@@ -359,7 +365,6 @@ impl DepthController {
         self.target_ns = t;
         self.window_len = (t.saturating_mul(WINDOW_READS) * TARGET_DEN / TARGET_NUM)
             .clamp(WINDOW_NS, MAX_WINDOW_NS);
-        self.quiet.clear();
     }
 
     /// Advances the controller to `now_ns`: closes the window when it is over.
@@ -640,6 +645,32 @@ mod tests {
         }
         *now = (*now).max(c.window_start + c.current_window());
         c.tick(*now, true);
+    }
+
+    /// The target is 5/4 of the p99, by nearest rank, of each run of 64 quiet reads: their
+    /// largest, whatever their order; reads that found writes in the device do not count.
+    #[test]
+    fn target_is_the_p99_of_each_64_quiet_reads() {
+        let mut c = ferro(32);
+        let read = |c: &mut DepthController, at: u64, lat: u64, quiet: bool| {
+            c.on_dispatch(at, IoClass::ForegroundRead);
+            c.on_complete(at + lat, IoClass::ForegroundRead, lat, quiet);
+        };
+        // 63 quiet reads of 100 µs with one of 300 µs among them, and 1 s reads that were
+        // not quiet between them.
+        for i in 0..64u64 {
+            let lat = if i == 17 { 300_000 } else { 100_000 };
+            read(&mut c, i * 1_000, lat, true);
+            read(&mut c, i * 1_000, 1_000_000_000, false);
+        }
+        assert_eq!(c.effective_target(), 375_000, "5/4 of the largest of 64");
+        // The next 64 start afresh: their largest alone sets the target.
+        for i in 0..63u64 {
+            read(&mut c, 100_000 + i, 200_000 - i * 1_000, true);
+            assert_eq!(c.effective_target(), 375_000, "recalibrated only at 64");
+        }
+        read(&mut c, 200_000, 80_000, true);
+        assert_eq!(c.effective_target(), 250_000);
     }
 
     #[test]
