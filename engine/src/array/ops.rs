@@ -436,8 +436,8 @@ impl<C: Channel> Array<C> {
 
     #[inline]
     pub(super) fn finish_req(&mut self, ri: u32) {
-        // The fields used below, read in place (a copy of the whole slot through
-        // `ReqSlots::take` moved some 150 bytes per request for ten fields).
+        // The fields used below, read in place: `ReqSlots::take` copied the whole slot
+        // (every field of `ReqCtx`) per request for these ten.
         let req = {
             let r = self.reqs.get_mut(ri).expect("live request");
             r.live = false;

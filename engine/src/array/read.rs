@@ -111,8 +111,9 @@ impl<C: Channel> Array<C> {
             return false;
         }
         let foreign = self.shards > 1 && owner(stripe, self.shards) != self.shard;
-        // The latency test first, here: on RAM-speed members (the rule in `cache_read`)
-        // the read skips the call.
+        // The stripe cache serves reads only on members whose writes take time
+        // (`cache_read`'s docs): tested here, so that on RAM-speed members the read
+        // skips the call.
         if !foreign
             && self.write_latency_ns >= CACHE_ADMIT_WRITE_LATENCY_NS
             && self.cache_read(ri, stripe, member, off)

@@ -140,7 +140,7 @@ const MIN_TARGET_NS: u64 = 50_000;
 /// Quiet reads per target recalibration.
 const QUIET_SAMPLES: u64 = 64;
 // The p99 of `QUIET_SAMPLES` samples by nearest rank (the ⌈0.99 n⌉-th smallest) is their
-// largest while n ≤ 100: the controller keeps the running maximum, not the samples.
+// largest while n < 100 (⌈0.99 n⌉ = n): the controller keeps the running maximum, not the samples.
 const _: () = assert!((QUIET_SAMPLES * 99).div_ceil(100) == QUIET_SAMPLES);
 /// Target = quiet p99 × 5/4.
 const TARGET_NUM: u64 = 5;
