@@ -479,12 +479,20 @@ impl QueueWait {
 
     /// Records one wait of `wait_ns` (saturates at the histogram's top, one hour; never
     /// allocates).
+    #[inline]
     fn record(&mut self, wait_ns: u64) {
         if wait_ns == 0 {
             self.same_turn += 1;
         } else {
-            self.hist.saturating_record(wait_ns);
+            self.record_waited(wait_ns);
         }
+    }
+
+    /// [`Self::record`]'s histogram path, out of line: a fast-path read never waits, and
+    /// the histogram's code inlined at every call kept `record` a call.
+    #[inline(never)]
+    fn record_waited(&mut self, wait_ns: u64) {
+        self.hist.saturating_record(wait_ns);
     }
 
     /// Resets `out` and adds every wait to it, the 0 ns ones as 1 ns.

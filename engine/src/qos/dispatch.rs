@@ -98,13 +98,16 @@ impl MemberQueue {
     /// queue empty and its class within its limit goes to the channel at once, without
     /// passing through its queue (the common case on the data path: nothing waits, so
     /// class order is not at stake). Returns what was dispatched; refusals as for `pump`.
+    // Always inline, a refusal out of line (`send_refused`): the data path's common case
+    // is a few compares, the channel's submit and `dispatched`.
+    #[inline(always)]
     pub fn send<C: Channel>(
         &mut self,
         class: IoClass,
         req: Request,
         ch: &mut C,
         now_ns: u64,
-        mut refused: impl FnMut(Request, SubmitError),
+        refused: impl FnMut(Request, SubmitError),
     ) -> Pumped {
         let i = class.index();
         let idle = self.waiting == 0;
@@ -119,19 +122,30 @@ impl MemberQueue {
                 self.dispatched(class, &req, now_ns);
                 Pumped { submitted: 1 }
             }
-            Err(SubmitError::QueueFull) if ch.in_flight() > 0 => {
-                self.enqueue(class, req);
-                Pumped::default()
-            }
-            Err(SubmitError::QueueFull) => {
-                refused(req, SubmitError::Gone);
-                Pumped::default()
-            }
-            Err(e) => {
-                refused(req, e);
-                Pumped::default()
-            }
+            Err(e) => self.send_refused(class, req, e, ch, refused),
         }
+    }
+
+    /// [`Self::send`] when the channel refused `req` with `e`: a full channel with
+    /// requests of ours in it keeps it queued; a full channel with none of ours in it
+    /// will never take it ([`SubmitError::Gone`], as in [`Self::pump`]); any other
+    /// refusal goes to `refused`.
+    #[cold]
+    #[inline(never)]
+    fn send_refused<C: Channel>(
+        &mut self,
+        class: IoClass,
+        req: Request,
+        e: SubmitError,
+        ch: &mut C,
+        mut refused: impl FnMut(Request, SubmitError),
+    ) -> Pumped {
+        match e {
+            SubmitError::QueueFull if ch.in_flight() > 0 => self.enqueue(class, req),
+            SubmitError::QueueFull => refused(req, SubmitError::Gone),
+            e => refused(req, e),
+        }
+        Pumped::default()
     }
 
     /// Requests waiting in the queues (all classes).
@@ -262,7 +276,7 @@ impl MemberQueue {
     /// A request with `tag` came back from the device at `now_ns` (any status): updates
     /// the in-device counts and feeds its latency to the controller. Unknown tags (a
     /// back-end bug the engine counts separately) are ignored.
-    #[inline]
+    #[inline(always)]
     pub fn completed(&mut self, tag: u64, now_ns: u64) -> Option<u64> {
         let slot = (tag >> self.slot_shift) as usize;
         let s = self.sent.get_mut(slot)?;
@@ -472,6 +486,44 @@ mod tests {
         q.completed(2, 10);
         q.pump(&mut ch, 10, never);
         assert_eq!(ch.order, [1, 2, 4, 3]);
+        assert_eq!(q.queued(), 0);
+    }
+
+    /// `send`'s refusals: a full channel with requests of ours in it keeps the request
+    /// queued; a full one with none of ours will never take it (`Gone`).
+    #[test]
+    fn send_queues_on_a_full_channel_and_refuses_on_a_dead_one() {
+        let mut ch = rec(1);
+        let mut q = MemberQueue::new(DepthConfig::default(), 4, 8, 8, 0);
+        let mut got = Vec::new();
+        q.send(
+            IoClass::ForegroundRead,
+            req(1, Op::Read),
+            &mut ch,
+            0,
+            |r, e| got.push((r.tag, e)),
+        );
+        q.send(
+            IoClass::ForegroundRead,
+            req(2, Op::Read),
+            &mut ch,
+            0,
+            |r, e| got.push((r.tag, e)),
+        );
+        assert_eq!((ch.order.as_slice(), q.queued()), (&[1][..], 1));
+        ch.inside.clear();
+        q.completed(1, 10);
+        q.pump(&mut ch, 10, |r, e| got.push((r.tag, e)));
+        assert_eq!((ch.order.as_slice(), q.queued()), (&[1, 2][..], 0));
+        let mut dead = rec(0);
+        q.send(
+            IoClass::ForegroundWrite,
+            req(3, Op::Write { fua: false }),
+            &mut dead,
+            20,
+            |r, e| got.push((r.tag, e)),
+        );
+        assert_eq!(got, [(3, SubmitError::Gone)]);
         assert_eq!(q.queued(), 0);
     }
 

@@ -238,7 +238,7 @@ impl BulkShare {
     /// whose length the devices decide — count as done but give no latency). The signal
     /// is the rest, the read's time inside the target: device time is the depth
     /// controller's to control.
-    #[inline]
+    #[inline(always)]
     pub fn small_read_done(&mut self, now_ns: u64, submit_ns: u64, device_ns: u64, ok: bool) {
         self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
         if self.reads_in_flight > 0 {
