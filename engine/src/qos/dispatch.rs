@@ -98,8 +98,8 @@ impl MemberQueue {
     /// queue empty and its class within its limit goes to the channel at once, without
     /// passing through its queue (the common case on the data path: nothing waits, so
     /// class order is not at stake). Returns what was dispatched; refusals as for `pump`.
-    // Always inline, a refusal out of line (`send_refused`): the data path's common case
-    // is a few compares, the channel's submit and `dispatched`.
+    // Always inline, a submit error out of line (`send_refused`): the data path's common
+    // case is a few compares, the channel's submit and `dispatched`.
     #[inline(always)]
     pub fn send<C: Channel>(
         &mut self,
@@ -126,11 +126,11 @@ impl MemberQueue {
         }
     }
 
-    /// [`Self::send`] when the channel refused `req` with `e`: a full channel with
-    /// requests of ours in it keeps it queued; a full channel with none of ours in it
-    /// will never take it ([`SubmitError::Gone`], as in [`Self::pump`]); any other
-    /// refusal goes to `refused`.
-    #[cold]
+    /// [`Self::send`] when the channel's submit failed with `e`: a full channel with
+    /// requests of ours in it keeps `req` queued (back-pressure, routine under a queue
+    /// deeper than the device's: not cold); a full channel with none of ours in it will
+    /// never take it ([`SubmitError::Gone`], as in [`Self::pump`]); any other error goes
+    /// to `refused`.
     #[inline(never)]
     fn send_refused<C: Channel>(
         &mut self,
@@ -329,6 +329,8 @@ mod tests {
         cap: usize,
         inside: Vec<u64>,
         order: Vec<u64>,
+        /// Refuses every request with this, when set.
+        refuse: Option<SubmitError>,
     }
 
     impl Channel for Rec {
@@ -336,6 +338,9 @@ mod tests {
             &self.info
         }
         fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+            if let Some(e) = self.refuse {
+                return Err(e);
+            }
             if self.inside.len() >= self.cap {
                 return Err(SubmitError::QueueFull);
             }
@@ -369,6 +374,7 @@ mod tests {
             cap,
             inside: Vec::new(),
             order: Vec::new(),
+            refuse: None,
         }
     }
 
@@ -525,6 +531,20 @@ mod tests {
         );
         assert_eq!(got, [(3, SubmitError::Gone)]);
         assert_eq!(q.queued(), 0);
+        // Any other refusal reaches the caller as it is, nothing queued or counted.
+        let mut bad = rec(4);
+        bad.refuse = Some(SubmitError::Invalid("test"));
+        let p = q.send(
+            IoClass::ForegroundRead,
+            req(5, Op::Read),
+            &mut bad,
+            30,
+            |r, e| got.push((r.tag, e)),
+        );
+        assert_eq!(p, Pumped::default());
+        assert_eq!(got[1..], [(5, SubmitError::Invalid("test"))]);
+        assert_eq!(q.queued(), 0);
+        assert_eq!(q.in_device(IoClass::ForegroundRead), 1, "only request 2");
     }
 
     #[test]
